@@ -1,0 +1,617 @@
+"""Recipes: read, validate, merge and resolve them for a device. Torch-free.
+
+A pipeline recipe (``recipes/sdxl.yaml``) names its components and points each at a component recipe
+(``use: vae.sdxl`` = entry ``sdxl`` of ``recipes/components/vae.yaml``). Resolution merges, per component and
+per key, in this order (later wins)::
+
+    component recipe (use:, then select:)  <  pipeline recipe  <  pipeline devices: sections (in tag order)
+    <  override files (each with its own devices: sections)  <  override dicts  <  --set flags
+
+then picks the compute dtype: an explicit ``dtype`` (checked against the device), else the first of the
+component's ordered ``dtypes`` that the device picks unasked, else float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import dtypes as dt
+from .devices import DeviceCaps, DeviceProfile, device_caps
+from .errors import Problems, RecipeError
+from .files import parse_yaml, read_yaml, recipes_dir
+
+__all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "Overrides"]
+
+SCHEMAS = (1,)
+OUTPUTS = ("input", "compute")
+# Keys of a component policy, with the type each must have. `dtype` forces the compute dtype.
+POLICY_KEYS: dict[str, str] = {
+    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "dtype",
+    "output": "output", "keep_fp32": "str-list", "entry": "str-list", "nan_guard": "bool",
+    "upcast_attention": "bool", "why": "str", "select": "select",
+}
+OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry"}
+PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "components", "devices", "why"}
+OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
+
+Overrides = "str | Path | Mapping[str, Any] | Sequence[str | Path | Mapping[str, Any]] | None"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Why a field of a resolved component has its value."""
+
+    field: str
+    value: str
+    rule: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentPlan:
+    """One component of a resolved recipe: its dtypes, islands and entry points, and why."""
+
+    name: str
+    storage: str
+    compute: str
+    output: str
+    handed_over: str
+    keep_fp32: tuple[str, ...]
+    entry: tuple[str, ...]
+    nan_guard: bool
+    upcast_attention: bool
+    dtypes: tuple[str, ...]
+    classes: tuple[str, ...]
+    recipe: str
+    why: str
+    decisions: tuple[Decision, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["decisions"] = [dataclasses.asdict(x) for x in self.decisions]
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A recipe fully resolved for one device. Frozen; prints as a table; ``to_json()`` for machines.
+
+    Example:
+        >>> r = get_recipe("sdxl", device="t4")
+        >>> r["vae"].compute, r["unet"].compute
+        ('float32', 'float16')
+    """
+
+    name: str
+    schema: int
+    model: str | None
+    pipelines: tuple[str, ...]
+    latents_from: str | None
+    device: DeviceProfile
+    device_tags: tuple[str, ...]
+    plans: tuple[ComponentPlan, ...]
+    sources: tuple[str, ...]
+
+    @property
+    def components(self) -> dict[str, ComponentPlan]:
+        return {p.name: p for p in self.plans}
+
+    def __getitem__(self, name: str) -> ComponentPlan:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(f"recipe {self.name!r} has no component {name!r}; it has {[p.name for p in self.plans]}")
+
+    def __contains__(self, name: object) -> bool:
+        return any(p.name == name for p in self.plans)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "schema": self.schema, "model": self.model, "pipelines": list(self.pipelines),
+                "latents_from": self.latents_from, "device": self.device.to_dict(), "device_tags": list(self.device_tags),
+                "components": {p.name: p.to_dict() for p in self.plans}, "sources": list(self.sources)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self, why: bool = True) -> str:
+        head = ("component", "storage", "compute", "hands over", "fp32 islands", "notes")
+        rows = []
+        for p in self.plans:
+            notes = [n for n, on in (("nan-guard", p.nan_guard), ("attn-upcast", p.upcast_attention)) if on]
+            rows.append((p.name, p.storage, p.compute, p.handed_over, ", ".join(p.keep_fp32) or "-", " ".join(notes) or "-"))
+        widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+        out = [f"recipe {self.name} for {self.device.label()}  [tags: {', '.join(self.device_tags)}]",
+               line(head), line(tuple("-" * w for w in widths)), *map(line, rows)]
+        if why:
+            out.append("")
+            out.append("decisions:")
+            for p in self.plans:
+                for d in p.decisions:
+                    out.append(f"  {p.name}.{d.field} = {d.value}: {d.rule} [{d.source}]")
+        return "\n".join(out)
+
+    __str__ = table
+
+
+# --------------------------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass
+class _Layer:
+    """One source of policy values: component -> key -> value, plus device sections."""
+
+    source: str
+    components: dict[str, dict[str, Any]]
+    devices: dict[str, dict[str, dict[str, Any]]]
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(recipes_dir().parent))
+    except ValueError:
+        return str(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _component_file(stem: str) -> tuple[str, dict[str, Any]]:
+    path = recipes_dir() / "components" / f"{stem}.yaml"
+    if not path.is_file():
+        raise KeyError(stem)
+    data = read_yaml(path)
+    source = _rel(path)
+    problems = Problems(source)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: components' and 'components'")
+    _check_schema(data, problems)
+    if data.get("kind") != "components":
+        problems.add("kind", f"{data.get('kind')!r} is not 'components'; component recipes live in recipes/components/")
+    comps = data.get("components")
+    if not isinstance(comps, dict) or not comps:
+        problems.add("components", "missing or empty; give at least one named component policy")
+        comps = {}
+    for name, policy in comps.items():
+        _check_policy(policy, f"components.{name}", problems, allowed=set(POLICY_KEYS))
+    problems.raise_if_any()
+    return source, comps
+
+
+def _pipeline_file(name: str) -> tuple[str, dict[str, Any]]:
+    if name.endswith((".yaml", ".yml")):
+        return _read_pipeline(Path(name), name)  # a user's file is re-read every time: it may have changed
+    return _shipped_pipeline(name)
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_pipeline(name: str) -> tuple[str, dict[str, Any]]:
+    path = recipes_dir() / f"{name}.yaml"
+    return _read_pipeline(path, _rel(path))
+
+
+def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
+    data = read_yaml(path)
+    problems = Problems(source)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: pipeline' and 'components'")
+    _check_schema(data, problems)
+    _unknown(data, PIPELINE_KEYS, "", problems)
+    if data.get("kind") != "pipeline":
+        problems.add("kind", f"{data.get('kind')!r} is not 'pipeline'")
+    comps = data.get("components")
+    if not isinstance(comps, dict) or not comps:
+        problems.add("components", "missing or empty")
+        comps = {}
+    for comp, policy in comps.items():
+        _check_policy(policy, f"components.{comp}", problems, allowed=set(POLICY_KEYS) - {"select"})
+    _check_devices(data.get("devices"), set(comps), problems)
+    if data.get("latents_from") is not None and data["latents_from"] not in comps:
+        problems.add("latents_from", f"{data['latents_from']!r} is not one of its components {sorted(comps)}")
+    problems.raise_if_any()
+    return source, data
+
+
+def list_recipes(kind: str = "all") -> list[str]:
+    """Names of the shipped recipes: pipeline recipes (``sdxl``) and component recipes (``vae.sdxl``).
+
+    Example:
+        >>> [n for n in list_recipes("pipeline") if n in ("sdxl", "svd")]
+        ['sdxl', 'svd']
+    """
+    root = recipes_dir()
+    pipelines = sorted(p.stem for p in root.glob("*.yaml") if p.stem != "devices")
+    components = sorted(f"{p.stem}.{c}" for p in (root / "components").glob("*.yaml") for c in _component_file(p.stem)[1])
+    return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
+
+
+def _close(word: str, options: Iterable[str]) -> str:
+    near = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _check_schema(data: Mapping[str, Any], problems: Problems) -> None:
+    schema = data.get("schema")
+    if schema is None:
+        problems.add("schema", "missing; add 'schema: 1' at the top")
+    elif schema not in SCHEMAS:
+        problems.add("schema", f"{schema!r} is not supported (this hf_precision reads schema {', '.join(map(str, SCHEMAS))}); "
+                     "upgrade hf_precision or rewrite the file for schema 1")
+
+
+def _unknown(data: Mapping[str, Any], allowed: set[str], path: str, problems: Problems) -> None:
+    for key in data:
+        if key not in allowed:
+            problems.add(f"{path}{'.' if path else ''}{key}",
+                         f"unknown key {key!r}; allowed: {', '.join(sorted(allowed))}{_close(key, allowed)}")
+
+
+def _check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
+    """Validate one policy value and return it normalised (canonical dtype names)."""
+    def bad(allowed: str) -> None:
+        problems.add(path, f"bad value {value!r} ({type(value).__name__}); allowed: {allowed}")
+
+    if kind == "dtype":
+        canon = dt.canonical(value) if isinstance(value, str) else None
+        if canon is None:
+            suggestion = _close(str(value), [a for n, al in dt.DTYPES.items() for a in (n, *al)])
+            if str(value).lower() == "half":
+                suggestion = " ('half' is ambiguous: write float16 or bfloat16)"
+            problems.add(path, f"unknown dtype {value!r}; allowed: {dt.allowed_names()}{suggestion}")
+        return canon
+    if kind == "dtype-list":
+        if not isinstance(value, list) or not value:
+            bad("a non-empty list of dtype names, e.g. [float16, bfloat16, float32]")
+            return None
+        return [_check_value("dtype", v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if kind in ("str-list", "list"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            bad("a list of strings, e.g. [time_embedding, 'down_blocks.*.norm*']")
+            return None
+        return list(value)
+    if kind == "str":
+        if not isinstance(value, str):
+            bad("a string")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            bad("true or false")
+        return value
+    if kind == "output":
+        if isinstance(value, str) and value in OUTPUTS:
+            return value
+        canon = dt.canonical(value) if isinstance(value, str) else None
+        if canon is None:
+            bad(f"{' or '.join(OUTPUTS)} or a dtype name ({', '.join(dt.DTYPES)})")
+        return canon
+    if kind == "select":
+        if not isinstance(value, list) or not all(isinstance(v, dict) and isinstance(v.get("config"), dict)
+                                                  and isinstance(v.get("use"), str) for v in value):
+            bad("a list of {config: {key: value}, use: file.entry, why: text}")
+        return value
+    raise AssertionError(kind)
+
+
+def _check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(policy, dict):
+        problems.add(path, f"expected a mapping of policy keys, got {policy!r}; e.g. {{dtype: float16}}")
+        return {}
+    _unknown(policy, allowed, path, problems)
+    return {k: _check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
+
+
+def _known_tags() -> list[str]:
+    from .devices import _devices_file
+
+    return [r["id"] for r in _devices_file()["rules"]]
+
+
+def _check_devices(devices: Any, components: set[str] | None, problems: Problems) -> dict[str, dict[str, dict[str, Any]]]:
+    if devices is None:
+        return {}
+    if not isinstance(devices, dict):
+        problems.add("devices", f"expected a mapping of device tag -> components, got {devices!r}")
+        return {}
+    tags = _known_tags()
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for tag, comps in devices.items():
+        if tag not in tags:
+            problems.add(f"devices.{tag}", f"unknown device tag {tag!r}; allowed: {', '.join(tags)}{_close(tag, tags)}")
+            continue
+        if not isinstance(comps, dict):
+            problems.add(f"devices.{tag}", f"expected component -> policy, got {comps!r}")
+            continue
+        out[tag] = {}
+        for comp, policy in comps.items():
+            if components is not None and comp not in components:
+                problems.add(f"devices.{tag}.{comp}", f"unknown component {comp!r}; this recipe has {', '.join(sorted(components))}"
+                             f"{_close(comp, components)}")
+                continue
+            out[tag][comp] = _check_policy(policy, f"devices.{tag}.{comp}", problems, allowed=OVERRIDE_KEYS)
+    return out
+
+
+# ------------------------------------------------------------------------------------------ overrides
+
+
+def parse_set(flags: Iterable[str]) -> dict[str, Any]:
+    """Turn ``--set component.key=value`` flags into an override dict; values are YAML scalars or lists.
+
+    Example:
+        >>> parse_set(["unet.dtype=fp16", "unet.keep_fp32=[time_embedding]"])
+        {'components': {'unet': {'dtype': 'fp16', 'keep_fp32': ['time_embedding']}}}
+    """
+    out: dict[str, Any] = {"components": {}}
+    problems = Problems("--set")
+    for flag in flags:
+        key, eq, raw = str(flag).partition("=")
+        parts = key.strip().split(".")
+        if not eq or len(parts) not in (2, 4) or (len(parts) == 4 and parts[0] != "devices") or not all(parts):
+            problems.add(repr(flag), "expected component.key=value (e.g. --set vae.dtype=float32) "
+                         "or devices.TAG.component.key=value")
+            continue
+        try:
+            value = parse_yaml(raw, f"--set {flag}")
+        except RecipeError as err:
+            problems.add(repr(flag), str(err))
+            continue
+        if len(parts) == 2:
+            out["components"].setdefault(parts[0], {})[parts[1]] = value
+        else:
+            out.setdefault("devices", {}).setdefault(parts[1], {}).setdefault(parts[2], {})[parts[3]] = value
+    problems.raise_if_any()
+    return out
+
+
+def _override_layer(item: str | Path | Mapping[str, Any], components: set[str], index: int) -> _Layer:
+    if isinstance(item, (str, Path)):
+        source = str(item)
+        data = read_yaml(item)
+        if data is None:
+            data = {}
+        file = True
+    elif isinstance(item, Mapping):
+        source = "--set" if item.get("__source__") == "--set" else (f"overrides dict" + (f" #{index + 1}" if index else ""))
+        data = {k: v for k, v in item.items() if k != "__source__"}
+        file = False
+    else:
+        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(item).__name__} {item!r}")
+    problems = Problems(source)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping like 'components: {{vae: {{dtype: float32}}}}', got {type(data).__name__}")
+    if file or "schema" in data:
+        _check_schema(data, problems)
+    if not file and not (set(data) & OVERRIDE_TOP_KEYS):
+        data = {"components": data}  # a dict may give components directly: {"unet": {"dtype": "float16"}}
+    _unknown(data, OVERRIDE_TOP_KEYS, "", problems)
+    comps: dict[str, dict[str, Any]] = {}
+    raw = data.get("components") or {}
+    if not isinstance(raw, dict):
+        problems.add("components", f"expected component -> policy, got {raw!r}")
+        raw = {}
+    for comp, policy in raw.items():
+        if comp not in components:
+            problems.add(f"components.{comp}", f"unknown component {comp!r}; this recipe has {', '.join(sorted(components))}"
+                         f"{_close(comp, components)}")
+            continue
+        comps[comp] = _check_policy(policy, f"components.{comp}", problems, allowed=OVERRIDE_KEYS)
+    devices = _check_devices(data.get("devices"), components, problems)
+    problems.raise_if_any()
+    return _Layer(source, comps, devices)
+
+
+def _as_list(overrides: Any) -> list[Any]:
+    if overrides is None:
+        return []
+    if isinstance(overrides, (str, Path, Mapping)):
+        return [overrides]
+    return list(overrides)
+
+
+# ----------------------------------------------------------------------------------------- resolving
+
+
+def _component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, Any]]:
+    stem, _, entry = ref.partition(".")
+    try:
+        file_source, comps = _component_file(stem)
+    except KeyError:
+        files = sorted(p.stem for p in (recipes_dir() / "components").glob("*.yaml"))
+        raise RecipeError(f"{source}: {path}.use: no component recipe file {stem!r}; allowed: {', '.join(files)}"
+                          f"{_close(stem, files)}") from None
+    if entry not in comps:
+        raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {entry!r}; allowed: "
+                          f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(entry, comps)}")
+    return f"{file_source}:{entry}", comps[entry]
+
+
+def _base_policy(ref: str, source: str, path: str, config: Mapping[str, Any] | None,
+                 seen: tuple[str, ...] = ()) -> dict[str, tuple[Any, str]]:
+    """Follow ``use:`` chains and ``select:`` rules; returns key -> (value, source)."""
+    if ref in seen:
+        raise RecipeError(f"{source}: {path}.use: cycle {' -> '.join((*seen, ref))}")
+    where, policy = _component_entry(ref, source, path)
+    merged: dict[str, tuple[Any, str]] = {}
+    if "use" in policy:
+        merged = _base_policy(policy["use"], where, "use", config, (*seen, ref))
+    for key, value in policy.items():
+        if key not in ("use", "select"):
+            merged[key] = (_normalise(key, value), where)
+    for rule in policy.get("select", ()):
+        if config is not None and all(config.get(k) == v for k, v in rule["config"].items()):
+            merged = _base_policy(rule["use"], where, "select", config, (*seen, ref))
+            why = " ".join(str(rule.get("why", "")).split())
+            merged["selected"] = (f"{rule['use']} because config has {rule['config']}" + (f" ({why})" if why else ""), where)
+            break
+    merged.setdefault("recipe", (ref, where))
+    return merged
+
+
+def _normalise(key: str, value: Any) -> Any:
+    if key == "dtypes":
+        return [dt.canonical(v) for v in value]
+    if key in ("dtype", "storage"):
+        return dt.canonical(value)
+    if key == "output" and value not in OUTPUTS:
+        return dt.canonical(value)
+    if key == "why":
+        return " ".join(str(value).split())
+    return value
+
+
+def _apply_layer(policies: dict[str, dict[str, tuple[Any, str]]], layer_components: Mapping[str, Mapping[str, Any]],
+                 source: str, configs: Mapping[str, Mapping[str, Any]] | None) -> None:
+    for comp, policy in layer_components.items():
+        target = policies[comp]
+        if "use" in policy:
+            target.clear()
+            target.update(_base_policy(policy["use"], source, f"components.{comp}", (configs or {}).get(comp)))
+        for key, value in policy.items():
+            if key != "use":
+                target[key] = (_normalise(key, value), source)
+
+
+def get_recipe(name: str = "sdxl", device: str | DeviceProfile | None = None, overrides: Any = None,
+               configs: Mapping[str, Mapping[str, Any]] | None = None) -> Recipe:
+    """Resolve a shipped recipe for a device, with optional overrides. Pure data: no torch, no weights.
+
+    Args:
+        name (`str`): a pipeline recipe (``"sdxl"``, ``"svd"`` ...; see :func:`list_recipes`), a component
+            recipe (``"vae.sdxl"``), which resolves to a one-component recipe, or the path of your own
+            pipeline recipe file (``"my_arch.yaml"``, same schema as the shipped ones).
+        device (`str` or `DeviceProfile`, *optional*): a present device (``"cuda:1"``), a preset (``"t4"``,
+            ``"m1-macos13"``) or a description (``"cuda:sm=8.0"``). Defaults to the best present device.
+        overrides: a YAML path, a dict, or a list of them, merged in order over the recipe.
+        configs (*optional*): component -> its ``config.json`` dict, for recipes that choose by config (the
+            fp16-fix VAE is recognised by ``force_upcast: false``).
+
+    Returns:
+        `Recipe`: frozen; per component its storage, compute and output dtypes, float32 islands and the rule
+        behind each decision.
+
+    Raises:
+        RecipeError: unknown recipe, device, component, key or dtype; a dtype the device cannot compute.
+
+    Example:
+        >>> r = get_recipe("sdxl", device="a100", overrides={"vae": {"dtype": "float32"}})
+        >>> r["vae"].compute, r["unet"].compute, r["unet"].keep_fp32
+        ('float32', 'float16', ('time_embedding', 'add_embedding'))
+    """
+    caps = device_caps(device)
+    configs = configs or {}
+    pipelines = list_recipes("pipeline")
+    if "." in name:
+        stem = name.split(".", 1)[0]
+        data = {"schema": 1, "model": None, "pipelines": [], "latents_from": None, "components": {stem: {"use": name}}}
+        source = "get_recipe"
+        _component_entry(name, source, f"components.{stem}")
+    elif name in pipelines or str(name).endswith((".yaml", ".yml")):
+        source, data = _pipeline_file(str(name))
+    else:
+        options = pipelines + list_recipes("component")
+        raise RecipeError(f"recipe {name!r}: unknown; allowed: {', '.join(options)}{_close(name, options)}")
+
+    components = list(data["components"])
+    policies: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in components}
+    _apply_layer(policies, data["components"], source, configs)
+    device_sections = _check_devices(data.get("devices"), set(components), Problems(source))
+    layers = [_Layer(source, {}, device_sections)]
+    sources = [source]
+    for i, item in enumerate(_as_list(overrides)):
+        layer = _override_layer(item, set(components), i)
+        layers.append(layer)
+        sources.append(layer.source)
+    for layer in layers:
+        _apply_layer(policies, layer.components, layer.source, configs)
+        for tag in caps.tags:
+            _apply_layer(policies, layer.devices.get(tag, {}), f"{layer.source} devices.{tag}", configs)
+
+    problems: list[str] = []
+    resolved = [_resolve_component(c, policies[c], caps, problems) for c in components]
+    if problems:
+        raise RecipeError(problems)
+    latents_from = data.get("latents_from")
+    by_name = {p.name: p for p in resolved}
+    final = []
+    for p in resolved:
+        if p.output == "input":
+            src = by_name.get(latents_from) if latents_from else p
+            handed = (src or p).compute
+            rule = (f"the dtype its input latents arrive in: the pipeline takes it from {latents_from}"
+                    if latents_from and latents_from != p.name else "the dtype its inputs arrive in")
+        else:
+            handed = p.compute if p.output == "compute" else p.output
+            rule = "its compute dtype" if p.output == "compute" else f"output: {p.output}"
+        decisions = (*p.decisions, Decision("hands over", handed, rule, p.recipe))
+        final.append(dataclasses.replace(p, handed_over=handed, decisions=decisions))
+    return Recipe(name=name, schema=int(data.get("schema", 1)), model=data.get("model"),
+                  pipelines=tuple(data.get("pipelines") or ()), latents_from=latents_from, device=caps.profile,
+                  device_tags=caps.tags, plans=tuple(final), sources=tuple(sources))
+
+
+def _why_device(caps: DeviceCaps, dtype: str) -> str:
+    for tag, why in caps.why.items():
+        if dt.short(dtype) in why or dtype in why:
+            return f"rule {tag}: {why}"
+    return "; ".join(f"rule {t}" for t in caps.tags)
+
+
+def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: DeviceCaps, problems: list[str]) -> ComponentPlan:
+    get = lambda k, default=None: policy.get(k, (default, ""))[0]
+    src = lambda k: policy.get(k, (None, "default"))[1]
+    decisions: list[Decision] = []
+    if "selected" in policy:
+        decisions.append(Decision("recipe", get("recipe"), f"selected {get('selected')}", src("selected")))
+    tolerated = list(get("dtypes") or ["float32"])
+    device = caps.profile.label()
+    forced = get("dtype")
+    if forced:
+        if forced not in caps.compute:
+            fix = next((d for d in tolerated if d in caps.auto), "float32")
+            problems.append(
+                f"{src('dtype')}: components.{name}.dtype: {forced} cannot be computed on {device}; "
+                f"allowed there: {', '.join(caps.compute)} ({_why_device(caps, forced)}); "
+                f"fix: --set {name}.dtype={fix} (YAML: components: {{{name}: {{dtype: {fix}}}}})")
+        compute = forced
+        note = "" if forced in tolerated else f" (outside the tolerated {tolerated}; NaN guard advised)"
+        decisions.append(Decision("compute", compute, "forced by dtype" + note, src("dtype")))
+    else:
+        compute = next((d for d in tolerated if d in caps.auto), "float32")
+        if compute in tolerated:
+            rule = (f"first of the tolerated dtypes {tolerated} that {caps.profile.type} picks unasked "
+                    f"(auto: {list(caps.auto)}; tags {', '.join(caps.tags)})")
+        else:
+            rule = f"none of the tolerated dtypes {tolerated} is picked unasked on this device (auto: {list(caps.auto)}): float32"
+        decisions.append(Decision("compute", compute, rule, src("dtypes")))
+    storage = get("storage") or compute
+    if get("storage"):
+        if storage not in caps.storage:
+            problems.append(f"{src('storage')}: components.{name}.storage: {storage} cannot be stored on {device}; "
+                            f"allowed there: {', '.join(caps.storage)}; fix: --set {name}.storage={compute}")
+        decisions.append(Decision("storage", storage, "set by storage (cast to the compute dtype on use)", src("storage")))
+    else:
+        decisions.append(Decision("storage", storage, "same as compute", src("dtypes") if not forced else src("dtype")))
+    islands = tuple(get("keep_fp32") or ())
+    if islands:
+        active = compute != "float32"
+        decisions.append(Decision("keep_fp32", ", ".join(islands),
+                                  "float32 islands" + ("" if active else " (no-op: the component already computes in fp32)"),
+                                  src("keep_fp32")))
+    nan_guard = bool(get("nan_guard")) and compute in dt.HALF
+    if get("nan_guard"):
+        decisions.append(Decision("nan_guard", str(nan_guard).lower(),
+                                  "re-run in bf16/fp32 when the output is not finite" if nan_guard else "off: not in half precision",
+                                  src("nan_guard")))
+    explicit_upcast = get("upcast_attention")
+    upcast = explicit_upcast if explicit_upcast is not None else (caps.upcast_attention and compute in dt.HALF)
+    if upcast:
+        decisions.append(Decision("upcast_attention", "true", "set" if explicit_upcast is not None else
+                                  _why_device(caps, "attention"), src("upcast_attention") if explicit_upcast is not None else "devices.yaml"))
+    return ComponentPlan(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
+                         keep_fp32=islands, entry=tuple(get("entry") or ("",)), nan_guard=nan_guard,
+                         upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
+                         recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions))
