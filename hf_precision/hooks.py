@@ -1,0 +1,239 @@
+"""Boundary casting with native torch forward hooks.
+
+Only component entry points and float32 islands are hooked, never every layer: per-layer hooks cost ~30% on
+CPU (facts 2.3), one boundary hook costs one cast of the inputs. Target dtypes and devices are read from the
+module's parameters at call time, so the hooks stay correct after the pipeline moves or upcasts a component
+(``upcast_vae``, offloading); ``hf_precision.check`` reports when that drifts from the plan.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map_only
+from torch.utils.hooks import RemovableHandle
+
+__all__ = ["cast_tree", "EntryHook", "IslandHook", "attach", "NO_CAST_ARGS"]
+
+# Timesteps feed sinusoidal projections that diffusers computes in fp32 and casts afterwards; casting a
+# fractional timestep to fp16 first would round it (999.4 -> 999.5). They are moved, never cast.
+NO_CAST_ARGS = frozenset({"timestep", "timesteps", "t"})
+
+
+def cast_tree(tree: Any, dtype: torch.dtype | None, device: torch.device | None = None) -> Any:
+    """Cast floating tensors in a nested structure to ``dtype`` and move every tensor to ``device``.
+
+    Integer and bool tensors (token ids, integer timesteps, masks) are moved but never cast; non-tensors are
+    returned as they are.
+
+    Example:
+        >>> out = cast_tree({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)}, torch.float16)
+        >>> out["x"].dtype, out["ids"].dtype
+        (torch.float16, torch.int64)
+    """
+    def fix(t: torch.Tensor) -> torch.Tensor:
+        want_dtype = dtype if dtype is not None and t.is_floating_point() and t.dtype != dtype else None
+        want_device = device if device is not None and t.device != device else None
+        if want_dtype is None and want_device is None:
+            return t
+        return t.to(device=want_device, dtype=want_dtype)
+
+    return tree_map_only(torch.Tensor, fix, tree)
+
+
+def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any], skip: frozenset[str]) -> torch.Tensor | None:
+    for name, value in kwargs.items():
+        if name not in skip and isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value
+    for value in args:
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value
+    return None
+
+
+def _rewrite_dtype_kwargs(kwargs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    # PixArt passes the activation dtype as an argument (AdaLayerNormSingle(hidden_dtype=...)); a cast of the
+    # tensors alone would leave the embedder computing in the wrong dtype (facts 1.3, P5).
+    if not any(k.endswith("_dtype") for k in kwargs):
+        return kwargs
+    return {k: dtype if k.endswith("_dtype") and isinstance(v, torch.dtype) and v.is_floating_point else v
+            for k, v in kwargs.items()}
+
+
+class _ParamRef:
+    """Finds a reference parameter by path each time: offloading replaces Parameter objects."""
+
+    def __init__(self, root: torch.nn.Module, skip: Callable[[str], bool]):
+        self.owner: torch.nn.Module | None = None
+        self.leaf = ""
+        for name, param in root.named_parameters():
+            if param.is_floating_point() and not skip(name):
+                path, _, self.leaf = name.rpartition(".")
+                self.owner = root.get_submodule(path) if path else root
+                break
+
+    def get(self) -> torch.Tensor | None:
+        if self.owner is None:
+            return None
+        return self.owner._parameters.get(self.leaf)
+
+
+def _execution_device(module: torch.nn.Module, root: torch.nn.Module, ref: _ParamRef) -> torch.device | None:
+    for m in (module, root):
+        dev = getattr(getattr(m, "_hf_hook", None), "execution_device", None)
+        if dev is not None:
+            return torch.device(dev)
+    param = ref.get()
+    if param is not None and param.device.type != "meta":
+        return param.device
+    # Sequential offload keeps weights on meta and moves them per leaf: ask diffusers where they run.
+    from diffusers.utils.torch_utils import get_module_execution_device
+
+    dev = get_module_execution_device(module)
+    return None if dev.type == "meta" else dev
+
+
+class EntryHook:
+    """Casts what enters a component to its compute dtype and device; hands outputs over as planned.
+
+    ``output`` is ``"input"`` (back to the dtype and device the primary input arrived in), ``"compute"`` or a
+    ``torch.dtype``. ``compute`` is the planned compute dtype: it is used when the weights are stored in
+    another dtype (layerwise casting); otherwise the weights' current dtype wins.
+    """
+
+    def __init__(self, name: str, module: torch.nn.Module, root: torch.nn.Module, *, compute: torch.dtype,
+                 storage: torch.dtype, output: str | torch.dtype, islands: list[str], nan_guard: Any = None):
+        self.name, self.module, self.root = name, module, root
+        self.planned_compute, self.storage, self.output = compute, storage, output
+        prefix = ""
+        for n, m in root.named_modules():
+            if m is module:
+                prefix = n
+                break
+        full = lambda p: f"{prefix}.{p}" if prefix else p
+        self.ref = _ParamRef(module, lambda p: any(full(p) == i or full(p).startswith(i + ".") for i in islands if i))
+        try:
+            params = list(inspect.signature(module.forward).parameters)
+        except (TypeError, ValueError):
+            params = []
+        self.positional = [p for p in params if p not in ("self",)]
+        self.nan_guard = nan_guard
+        self._arrived: list[tuple[torch.dtype, torch.device] | None] = []
+
+    def dtype(self) -> torch.dtype:
+        param = self.ref.get()
+        if param is None or self.storage != self.planned_compute and param.dtype == self.storage:
+            return self.planned_compute
+        return param.dtype
+
+    def pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        dtype = self.dtype()
+        device = _execution_device(module, self.root, self.ref)
+        keep = frozenset(n for i, n in enumerate(self.positional[: len(args)]) if n in NO_CAST_ARGS)
+        primary = _first_floating(
+            tuple(a for i, a in enumerate(args) if i >= len(self.positional) or self.positional[i] not in NO_CAST_ARGS),
+            kwargs, NO_CAST_ARGS)
+        self._arrived.append((primary.dtype, primary.device) if primary is not None else None)
+        new_args = tuple(cast_tree(a, None if i < len(self.positional) and self.positional[i] in keep else dtype, device)
+                         for i, a in enumerate(args))
+        new_kwargs = {k: cast_tree(v, None if k in NO_CAST_ARGS else dtype, device) for k, v in kwargs.items()}
+        return new_args, _rewrite_dtype_kwargs(new_kwargs, dtype)
+
+    def post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        arrived = self._arrived.pop() if self._arrived else None
+        if self.nan_guard is not None:
+            out = self.nan_guard(self, module, args, kwargs, out)
+        if self.output == "compute":
+            return out
+        if self.output == "input":
+            if arrived is None:
+                return out
+            return cast_tree(out, arrived[0], arrived[1])
+        return cast_tree(out, self.output, arrived[1] if arrived else None)
+
+
+class IslandHook:
+    """Runs a float32 island inside a half-precision component: fp32 in, the component's dtype out."""
+
+    def __init__(self, module: torch.nn.Module, outer_dtype: Callable[[], torch.dtype]):
+        self.ref = _ParamRef(module, lambda _: False)
+        self.outer_dtype = outer_dtype
+
+    def dtype(self) -> torch.dtype:
+        param = self.ref.get()
+        return torch.float32 if param is None else param.dtype
+
+    def pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        dtype = self.dtype()
+        return cast_tree(args, dtype), _rewrite_dtype_kwargs(cast_tree(kwargs, dtype), dtype)
+
+    def post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        return cast_tree(out, self.outer_dtype())
+
+
+def attach(module: torch.nn.Module, hook: EntryHook | IslandHook) -> list[RemovableHandle]:
+    """Register a hook's pre and post functions as native forward hooks; returns the removable handles."""
+    return [module.register_forward_pre_hook(hook.pre, with_kwargs=True),
+            module.register_forward_hook(hook.post, with_kwargs=True)]
+
+
+def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[[str, torch.dtype, torch.dtype], None]):
+    """A post-forward check: when an output is not finite, re-run the entry module in the next fallback dtype.
+
+    The whole component is cast (islands stay fp32) and keeps the new dtype for the rest of the session.
+    """
+    state = {"busy": False}
+
+    def guard(hook: EntryHook, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        if state["busy"]:
+            return out
+        while not _finite(out):
+            current = hook.dtype()
+            remaining = [d for d in fallbacks if d.itemsize >= current.itemsize and d != current]
+            if not remaining:
+                return out
+            target = remaining[0]
+            _cast_component(hook.root, target, current)
+            on_switch(component, current, target)
+            state["busy"] = True
+            try:
+                with torch.no_grad():
+                    out = module(*cast_tree(args, target), **_rewrite_dtype_kwargs(cast_tree(kwargs, target), target))
+            finally:
+                state["busy"] = False
+        return out
+
+    return guard
+
+
+def _finite(out: Any) -> bool:
+    ok = True
+
+    def check(t: torch.Tensor) -> torch.Tensor:
+        nonlocal ok
+        if ok and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            ok = False
+        return t
+
+    tree_map_only(torch.Tensor, check, out)
+    return ok
+
+
+def _cast_component(root: torch.nn.Module, target: torch.dtype, current: torch.dtype) -> None:
+    # Only parameters in the component's current dtype move: float32 islands stay float32.
+    with torch.no_grad():
+        for tensor in (*root.parameters(), *root.buffers()):
+            if tensor.dtype == current:
+                tensor.data = tensor.data.to(target)
+
+
+def warn_switch(component: str, old: torch.dtype, new: torch.dtype) -> None:
+    name = str(new).removeprefix("torch.")
+    warnings.warn(f"hf_precision: {component} produced non-finite values in {str(old).removeprefix('torch.')}; "
+                  f"re-ran it in {name} and keeps {name} for this session. Make it permanent with "
+                  f"--set {component}.dtype={name} (YAML: components: {{{component}: {{dtype: {name}}}}})",
+                  RuntimeWarning, stacklevel=2)
