@@ -278,11 +278,14 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
         # Storage differs from compute: weights are cast per layer on use (diffusers layerwise casting).
         # Cast everything to compute first so the islands and non-hooked layers hold the compute dtype.
         changed = _cast_parameters(module, compute, islands, device)
-        from diffusers.hooks import apply_layerwise_casting
+        if _has_layerwise_casting(module):
+            applied.actions.append(f"{plan.name}: layerwise casting was already enabled: kept as it is")
+        else:
+            from diffusers.hooks import apply_layerwise_casting
 
-        apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
-                                skip_modules_pattern=_glob_regex(islands) + ["pos_embed", "patch_embed", "norm"])
-        applied.actions.append(f"{plan.name}: weights stored in {plan.storage}, cast to {plan.compute} per layer on use")
+            apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
+                                    skip_modules_pattern=_glob_regex(islands) + ["pos_embed", "patch_embed", "norm"])
+            applied.actions.append(f"{plan.name}: weights stored in {plan.storage}, cast to {plan.compute} per layer on use")
     else:
         changed = _cast_parameters(module, storage, islands, device)
     if changed:
@@ -308,8 +311,9 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
     entries = []
     root_hook = None
     for entry in plan.entry:
-        sub = getattr(module, entry, None) if entry else module
-        if not isinstance(sub, torch.nn.Module):
+        try:
+            sub = module.get_submodule(entry) if entry else module
+        except AttributeError:
             continue  # e.g. AutoencoderKL(use_post_quant_conv=False) has no post_quant_conv
         hook = EntryHook(plan.name, sub, module, compute=compute, storage=storage, output=output, islands=islands,
                          nan_guard=guard)
@@ -323,6 +327,12 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
             applied._handles += attach(module.get_submodule(island), IslandHook(module.get_submodule(island), outer.dtype))
     applied._modules[plan.name] = module
     object.__setattr__(module, _ATTR, applied)
+
+
+def _has_layerwise_casting(module: torch.nn.Module) -> bool:
+    # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
+    return any(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).get("layerwise_casting") is not None
+               for m in module.modules())
 
 
 def _computable(recipe: Recipe, plan: ComponentPlan) -> tuple[str, ...]:

@@ -113,15 +113,16 @@ def _args_show(p: argparse.ArgumentParser) -> None:
 
 
 def _load_optional_commands() -> None:
-    # Commands that live next to their implementation register themselves on import.
+    # Each hf_precision/cli_*.py module registers its subcommands with @command on import (only the parsers:
+    # the heavy work is imported by the handler when the command runs).
     import importlib
+    import pkgutil
 
-    for module in ("hf_precision.commands",):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name != module:
-                raise
+    import hf_precision
+
+    for info in sorted(pkgutil.iter_modules(hf_precision.__path__), key=lambda i: i.name):
+        if info.name.startswith("cli_"):
+            importlib.import_module(f"hf_precision.{info.name}")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -441,6 +441,7 @@ def _base_policy(ref: str, source: str, path: str, config: Mapping[str, Any] | N
     for key, value in policy.items():
         if key not in ("use", "select"):
             merged[key] = (_normalise(key, value), where)
+    merged["recipe"] = (ref, where)  # the entry asked for, not the innermost one of its `use:` chain
     for rule in policy.get("select", ()):
         if config is not None and all(config.get(k) == v for k, v in rule["config"].items()):
             merged = _base_policy(rule["use"], where, "select", config, (*seen, ref))
@@ -504,13 +505,14 @@ def get_recipe(name: str = "sdxl", device: str | DeviceProfile | None = None, ov
     caps = device_caps(device)
     configs = configs or {}
     pipelines = list_recipes("pipeline")
-    if "." in name:
+    name = str(name)
+    if name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
+        source, data = _pipeline_file(name)
+    elif "." in name:
         stem = name.split(".", 1)[0]
         data = {"schema": 1, "model": None, "pipelines": [], "latents_from": None, "components": {stem: {"use": name}}}
         source = "get_recipe"
         _component_entry(name, source, f"components.{stem}")
-    elif name in pipelines or str(name).endswith((".yaml", ".yml")):
-        source, data = _pipeline_file(str(name))
     else:
         options = pipelines + list_recipes("component")
         raise RecipeError(f"recipe {name!r}: unknown; allowed: {', '.join(options)}{_close(name, options)}")

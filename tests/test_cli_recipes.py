@@ -1,0 +1,170 @@
+"""The ``hf-precision`` command line, run as a user runs it (a subprocess): recipes, devices, show, --help."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hf_precision.cli import build_parser
+
+_SCRIPT = Path(sys.executable).parent / "hf-precision"
+CLI = [str(_SCRIPT)] if _SCRIPT.exists() else ([shutil.which("hf-precision")] if shutil.which("hf-precision")
+                                               else [sys.executable, "-m", "hf_precision.cli"])
+
+pytestmark = pytest.mark.slow
+
+
+def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, **(env or {})})
+
+
+def ok(*args: str, **kwargs) -> str:
+    proc = cli(*args, **kwargs)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    return proc.stdout
+
+
+def user_error(*args: str, **kwargs) -> str:
+    """A bad input: exit 2, one message on stderr naming the command, no traceback, nothing on stdout."""
+    proc = cli(*args, **kwargs)
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    return proc.stderr
+
+
+def test_recipes(tmp_path):
+    out = ok("recipes", cwd=tmp_path)
+    assert "pipeline recipes:  dit, pixart, sd15, sdxl, svd" in out
+    assert "component recipes:" in out and "vae.sdxl" in out and "vae.fp16_fix" in out
+    data = json.loads(ok("recipes", "--json", cwd=tmp_path))
+    assert "sdxl" in data["pipeline"] and "unet.sdxl" in data["component"]
+
+
+def test_devices(tmp_path):
+    out = ok("devices", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    lines = out.splitlines()
+    assert lines[0].startswith("this machine")
+    for preset in ("cpu-avx2", "cpu-amx", "t4", "gtx1660", "a100", "h100", "m1-macos13", "m2-macos15", "arc-a770"):
+        assert any(line.startswith(f"{preset} ") for line in lines), preset
+    assert "t4            cuda (Tesla T4, sm 7.5)" in out
+    assert "attention upcast" in out  # m2-macos15
+    rows = {r["device"]: r for r in json.loads(ok("devices", "--json", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}))}
+    assert rows["t4"]["compute"] == ["float32", "float16"] and rows["t4"]["tags"] == ["cuda"]
+    assert rows["a100"]["tags"] == ["cuda", "cuda-sm80"] and "bfloat16" in rows["a100"]["auto"]
+    assert rows["m2-macos15"]["upcast_attention"] is True
+    assert rows["this machine"]["label"]
+
+
+def test_show_table(tmp_path):
+    out = ok("show", "sdxl", "--device", "t4", cwd=tmp_path)
+    lines = out.splitlines()
+    assert lines[0].startswith("recipe sdxl for cuda (Tesla T4, sm 7.5)")
+    assert lines[1].split()[:3] == ["component", "storage", "compute"]
+    rows = {line.split()[0]: line.split()[1:4] for line in lines[3:7]}
+    assert rows == {"text_encoder": ["float16"] * 3, "text_encoder_2": ["float16"] * 3, "unet": ["float16"] * 3,
+                    "vae": ["float32"] * 3}
+    assert "time_embedding, add_embedding" in out
+    assert "decisions:" in out and "vae.compute = float32:" in out
+    brief = ok("show", "sdxl", "--device", "t4", "--brief", cwd=tmp_path)
+    assert "decisions:" not in brief and len(brief.strip().splitlines()) == 7
+
+
+def test_show_json(tmp_path):
+    data = json.loads(ok("show", "sdxl", "--device", "a100", "--json", cwd=tmp_path))
+    assert data["name"] == "sdxl" and data["device"]["capability"] == "8.0"
+    vae = data["components"]["vae"]
+    assert (vae["compute"], vae["storage"], vae["handed_over"]) == ("bfloat16", "bfloat16", "float32")
+    assert data["components"]["unet"]["compute"] == "float16"
+    assert data["components"]["unet"]["keep_fp32"] == ["time_embedding", "add_embedding"]
+
+
+def test_show_with_overrides_and_set(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("schema: 1\ncomponents:\n  vae: {dtype: float32}\n  unet: {dtype: float32}\n")
+    data = json.loads(ok("show", "sdxl", "--device", "a100", "--overrides", str(path), "--set", "unet.dtype=bf16",
+                         "--set", "unet.keep_fp32=[time_embedding]", "--json", cwd=tmp_path))
+    assert data["components"]["vae"]["compute"] == "float32"     # file
+    assert data["components"]["unet"]["compute"] == "bfloat16"   # --set wins over the file
+    assert data["components"]["unet"]["keep_fp32"] == ["time_embedding"]
+    assert data["sources"] == ["recipes/sdxl.yaml", str(path), "--set"]
+
+
+@pytest.mark.parametrize("device, vae, unet", [("cuda:sm=8.0,name=GeForce GTX 1660", "bfloat16", "bfloat16"),
+                                               ("cuda:sm75", "float32", "float16"),
+                                               ("mps:macos=13.6", "float32", "float16"),
+                                               ("mps:macos=15.1", "bfloat16", "float16")])
+def test_show_describes_a_device_that_is_not_present(tmp_path, device, vae, unet):
+    data = json.loads(ok("show", "sdxl", "--device", device, "--json", cwd=tmp_path))
+    assert data["device"]["present"] is False
+    assert (data["components"]["vae"]["compute"], data["components"]["unet"]["compute"]) == (vae, unet)
+
+
+def test_show_component_recipe_and_user_file(tmp_path):
+    data = json.loads(ok("show", "dit.flux", "--device", "h100", "--json", cwd=tmp_path))
+    assert data["components"]["dit"]["compute"] == "bfloat16"
+    arch = tmp_path / "arch.yaml"
+    arch.write_text("schema: 1\nkind: pipeline\nlatents_from: unet\ncomponents:\n  unet: {use: unet.sd15}\n"
+                    "  vae: {use: vae.sdxl}\n")
+    data = json.loads(ok("show", "arch.yaml", "--device", "t4", "--json", cwd=tmp_path))
+    assert data["components"]["unet"]["compute"] == "float16" and data["components"]["vae"]["compute"] == "float32"
+
+
+def test_show_uncomputable_dtype_exits_2_with_the_fix(tmp_path):
+    err = user_error("show", "sdxl", "--device", "t4", "--set", "vae.dtype=bf16", cwd=tmp_path)
+    assert err.startswith("hf-precision show: error: --set: components.vae.dtype: bfloat16 cannot be computed on "
+                          "cuda (Tesla T4, sm 7.5)")
+    assert "fix: --set vae.dtype=float32" in err
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("show", "sdxll", "--device", "t4"), "did you mean 'sdxl'?"),
+    (("show", "sdxl", "--device", "tpu"), "unknown device type 'tpu'"),
+    (("show", "sdxl", "--device", "t4", "--set", "vae.dtype"), "expected component.key=value"),
+    (("show", "sdxl", "--device", "t4", "--set", "vea.dtype=fp32"), "did you mean 'vae'?"),
+    (("show", "sdxl", "--device", "t4", "--overrides", "missing.yaml"), "missing.yaml: file not found"),
+    (("show", "sdxl", "--device", "cuda"), "this machine has no cuda device; to plan for a device that is not here"),
+])
+def test_show_bad_input_exits_2(tmp_path, args, needle):
+    err = user_error(*args, cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+    assert err.startswith("hf-precision show: error: ")
+    assert needle in err
+
+
+def test_show_reports_every_problem_of_a_file(tmp_path):
+    path = tmp_path / "many.yaml"
+    path.write_text("schema: 1\ncomponents:\n  unet: {dtpye: float16, nan_guard: 'yes'}\n  vea: {dtype: float32}\n")
+    err = user_error("show", "sdxl", "--device", "t4", "--overrides", str(path), cwd=tmp_path)
+    assert "3 problems:" in err and err.count(str(path)) == 3
+
+
+def _subcommands() -> list[str]:
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction"]
+    return sorted(sub.choices)
+
+
+def test_known_subcommands_exist():
+    assert {"recipes", "devices", "show"} <= set(_subcommands())
+
+
+@pytest.mark.parametrize("command", _subcommands())
+def test_help_of_every_subcommand(command, tmp_path):
+    out = ok(command, "--help", cwd=tmp_path)
+    assert out.startswith(f"usage: hf-precision {command}")
+
+
+def test_top_level_help(tmp_path):
+    out = ok("--help", cwd=tmp_path)
+    assert "usage: hf-precision" in out and "examples:" in out
+    for command in _subcommands():
+        assert command in out
+    proc = cli(cwd=tmp_path)  # no command: help and exit 2
+    assert proc.returncode == 2 and "usage: hf-precision" in proc.stdout

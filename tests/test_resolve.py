@@ -1,0 +1,394 @@
+"""Table-driven resolution: every shipped recipe on every kind of device the project promises to plan for.
+
+The expectations below are written from the device facts (issue #2 and docs/DESIGN.md), not computed by the
+code under test: a device row says what a component gets for each kind of dtype tolerance, a component row
+says which tolerance it has and what it hands over. A recipe added to ``recipes/`` without a row here fails
+``test_tables_cover_every_shipped_recipe`` on purpose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hf_precision as hp
+from hf_precision.recipe import Decision, parse_set
+
+FP32, BF16, FP16 = "float32", "bfloat16", "float16"
+HALF = {BF16, FP16}
+
+# --------------------------------------------------------------------------------------------------------------
+# Device facts. Columns: what a component gets whose tolerated compute dtypes are
+#   ANY       = [float16, bfloat16, float32]  (most UNets, DiTs, CLIP/T5 encoders, the SD1.x VAE)
+#   BF16_ONLY = [bfloat16, float32]           (SDXL VAE, Flux-like DiTs: fp16 overflows)
+#   BF16_PREF = [bfloat16, float16, float32]  (video DiTs: bf16 first, fp16 acceptable)
+# and whether half-precision components get their attention softmax upcast to fp32.
+# --------------------------------------------------------------------------------------------------------------
+ANY, BF16_ONLY, BF16_PREF = "any", "bf16_only", "bf16_pref"
+
+#            device spec                  ANY   BF16_ONLY BF16_PREF upcast   fact
+DEVICES = {
+    "cpu-avx2":            dict(any=FP32, bf16_only=FP32, bf16_pref=FP32, upcast=False),  # no native bf16: fp32
+    "cpu-avx512":          dict(any=FP32, bf16_only=FP32, bf16_pref=FP32, upcast=False),  # avx512_bf16 but no AMX: fp32 is faster
+    "cpu-amx":             dict(any=BF16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # AMX: bf16 where tolerated
+    "cpu:amx":             dict(any=BF16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # same, described
+    "v100":                dict(any=FP16, bf16_only=FP32, bf16_pref=FP16, upcast=False),  # sm 7.0: fp16, no bf16
+    "t4":                  dict(any=FP16, bf16_only=FP32, bf16_pref=FP16, upcast=False),  # sm 7.5: fp16, no bf16
+    "cuda:sm75":           dict(any=FP16, bf16_only=FP32, bf16_pref=FP16, upcast=False),  # same, described
+    "gtx1660":             dict(any=FP32, bf16_only=FP32, bf16_pref=FP32, upcast=False),  # fp16 broken on GTX 16xx
+    "a100":                dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # sm 8.0: fp16 and bf16
+    "l4":                  dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # sm 8.9
+    "h100":                dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # sm 9.0
+    "cuda:sm=9.0":         dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # same, described
+    "m1-macos13":          dict(any=FP16, bf16_only=FP32, bf16_pref=FP16, upcast=False),  # MPS: no bf16 before macOS 14
+    "mps:macos=13.6":      dict(any=FP16, bf16_only=FP32, bf16_pref=FP16, upcast=False),  # same, described
+    "m2-macos15":          dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=True),   # bf16; half attention upcast
+    "arc-a770":            dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # XPU: fp16 and bf16
+}
+
+# --------------------------------------------------------------------------------------------------------------
+# Component recipes: tolerance, what they hand over, float32 islands, NaN guard.
+#   hands over: "compute" (encoders), "float32" (VAEs: decoded images are fp32), "latents" (denoisers: the
+#   dtype the latents arrive in = compute dtype of the pipeline's `latents_from` component; alone: own compute)
+# --------------------------------------------------------------------------------------------------------------
+SDXL_ISLANDS = ("time_embedding", "add_embedding")
+T5_ISLANDS = ("encoder.block.*.layer.*.DenseReluDense.wo",)
+VAE_ENTRY = ("encoder", "quant_conv", "post_quant_conv", "decoder")
+
+CLIP_TEXT_ENTRY = ("", "final_layer_norm", "text_model.final_layer_norm", "text_projection")
+#                  recipe            tolerance  hands over  keep_fp32       nan_guard  entry
+COMPONENTS = {
+    "clip.text":    dict(tol=ANY,       out="compute", islands=(),           guard=False, entry=CLIP_TEXT_ENTRY),
+    "clip.vision":  dict(tol=ANY,       out="compute", islands=(),           guard=False, entry=("",)),
+    "t5.encoder":   dict(tol=ANY,       out="compute", islands=T5_ISLANDS,   guard=False, entry=("",)),
+    "unet.sd15":    dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
+    "unet.sdxl":    dict(tol=ANY,       out="latents", islands=SDXL_ISLANDS, guard=False, entry=("",)),
+    "unet.svd":     dict(tol=ANY,       out="latents", islands=SDXL_ISLANDS, guard=False, entry=("",)),
+    "dit.dit":      dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
+    "dit.pixart":   dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
+    "dit.flux":     dict(tol=BF16_ONLY, out="latents", islands=(),           guard=False, entry=("",)),
+    "dit.video":    dict(tol=BF16_PREF, out="latents", islands=(),           guard=False, entry=("",)),
+    "vae.kl":       dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
+    "vae.sdxl":     dict(tol=BF16_ONLY, out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
+    "vae.fp16_fix": dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
+    "vae.temporal": dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=("encoder", "quant_conv", "decoder")),
+}
+
+# Pipeline recipes: component -> component recipe, and where the latents' dtype comes from.
+PIPELINES = {
+    "sdxl":   dict(components={"text_encoder": "clip.text", "text_encoder_2": "clip.text", "unet": "unet.sdxl",
+                               "vae": "vae.sdxl"}, latents_from="text_encoder_2"),
+    "sd15":   dict(components={"text_encoder": "clip.text", "unet": "unet.sd15", "vae": "vae.kl"},
+                   latents_from="text_encoder"),
+    "svd":    dict(components={"image_encoder": "clip.vision", "unet": "unet.svd", "vae": "vae.temporal"},
+                   latents_from="image_encoder"),
+    "pixart": dict(components={"text_encoder": "t5.encoder", "transformer": "dit.pixart", "vae": "vae.kl"},
+                   latents_from="text_encoder"),
+    "dit":    dict(components={"transformer": "dit.dit", "vae": "vae.kl"}, latents_from="transformer"),
+}
+
+
+def expected_compute(device: str, recipe: str) -> str:
+    return DEVICES[device][COMPONENTS[recipe]["tol"]]
+
+
+def assert_component(plan: hp.ComponentPlan, device: str, recipe: str, latents_dtype: str) -> None:
+    spec, facts = COMPONENTS[recipe], DEVICES[device]
+    compute = expected_compute(device, recipe)
+    handed = {"compute": compute, "float32": FP32, "latents": latents_dtype}[spec["out"]]
+    where = f"{recipe} as {plan.name!r} on {device}"
+    assert (plan.storage, plan.compute, plan.handed_over) == (compute, compute, handed), where
+    assert plan.recipe == recipe, where
+    assert plan.keep_fp32 == spec["islands"], where
+    assert plan.entry == spec["entry"], where
+    assert plan.nan_guard == (spec["guard"] and compute in HALF), where
+    assert plan.upcast_attention == (facts["upcast"] and compute in HALF), where
+    fields = [d.field for d in plan.decisions]
+    assert {"compute", "storage", "hands over"} <= set(fields), where
+    assert all(d.rule.strip() and d.value for d in plan.decisions), where
+
+
+def test_tables_cover_every_shipped_recipe():
+    assert sorted(hp.list_recipes("pipeline")) == sorted(PIPELINES), "add a row to PIPELINES for a new pipeline recipe"
+    assert sorted(hp.list_recipes("component")) == sorted(COMPONENTS), "add a row to COMPONENTS for a new component recipe"
+    # every preset the issue names is covered by a row
+    presets = hp.list_presets()
+    for name in ("cpu-avx2", "cpu-avx512", "cpu-amx", "v100", "t4", "gtx1660", "a100", "l4", "h100",
+                 "m1-macos13", "m2-macos15", "arc-a770"):
+        assert name in presets and name in DEVICES
+
+
+def test_device_rows_describe_the_devices_the_issue_names():
+    """The rows are about the hardware the issue lists, not just about preset names."""
+    facts = {name: hp.device_profile(name) for name in DEVICES}
+    assert facts["v100"].capability == (7, 0) and facts["t4"].capability == (7, 5)
+    assert facts["a100"].capability == (8, 0) and facts["l4"].capability == (8, 9) and facts["h100"].capability == (9, 0)
+    assert "GTX 1660" in facts["gtx1660"].name
+    assert facts["m1-macos13"].macos[:1] == (13,) and facts["m2-macos15"].macos[:1] == (15,)
+    assert facts["arc-a770"].type == "xpu"
+    assert "amx_bf16" in facts["cpu-amx"].cpu_flags and "amx_bf16" not in facts["cpu-avx512"].cpu_flags
+    assert (facts["cuda:sm75"].type, facts["cuda:sm75"].capability, facts["cuda:sm75"].present) == ("cuda", (7, 5), False)
+    assert facts["mps:macos=13.6"].macos == (13, 6)
+
+
+@pytest.mark.parametrize("pipeline", sorted(PIPELINES))
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_pipeline_recipe(pipeline: str, device: str):
+    spec = PIPELINES[pipeline]
+    recipe = hp.get_recipe(pipeline, device=device)
+    assert list(recipe.components) == list(spec["components"])
+    assert recipe.latents_from == spec["latents_from"]
+    latents = expected_compute(device, spec["components"][spec["latents_from"]])
+    for comp, comp_recipe in spec["components"].items():
+        assert_component(recipe[comp], device, comp_recipe, latents)
+
+
+@pytest.mark.parametrize("component", sorted(COMPONENTS))
+@pytest.mark.parametrize("device", list(DEVICES))
+def test_component_recipe(component: str, device: str):
+    recipe = hp.get_recipe(component, device=device)
+    (plan,) = recipe.plans
+    assert plan.name == component.split(".")[0]
+    # alone, a denoiser's latents arrive in its own compute dtype
+    assert_component(plan, device, component, expected_compute(device, component))
+
+
+# ------------------------------------------------------------------------------------------- spot checks
+
+
+def test_known_expectations_spelled_out():
+    """The design's examples, literally, so the tables above cannot drift from them unnoticed."""
+    def dtypes(name, device, **kw):
+        return {c: p.compute for c, p in hp.get_recipe(name, device=device, **kw).components.items()}
+
+    assert set(dtypes("sdxl", "cpu-avx512").values()) == {FP32}
+    assert set(dtypes("sdxl", "cpu-amx").values()) == {BF16}
+    assert dtypes("sdxl", "t4") == {"text_encoder": FP16, "text_encoder_2": FP16, "unet": FP16, "vae": FP32}
+    assert dtypes("sdxl", "v100")["vae"] == FP32
+    assert set(dtypes("sdxl", "gtx1660").values()) == {FP32}
+    assert dtypes("sdxl", "a100") == {"text_encoder": FP16, "text_encoder_2": FP16, "unet": FP16, "vae": BF16}
+    assert dtypes("dit.flux", "h100") == {"dit": BF16}
+    assert dtypes("dit.flux", "t4") == {"dit": FP32}
+    assert dtypes("sdxl", "m1-macos13")["vae"] == FP32
+    assert dtypes("sdxl", "m2-macos15")["vae"] == BF16
+    assert hp.get_recipe("sdxl", device="m2-macos15")["unet"].upcast_attention is True
+    assert hp.get_recipe("sdxl", device="m1-macos13")["unet"].upcast_attention is False
+    assert dtypes("sdxl", "arc-a770")["vae"] == BF16
+    svd = hp.get_recipe("svd", device="t4")
+    assert (svd["unet"].handed_over, svd["vae"].handed_over, svd["image_encoder"].handed_over) == (FP16, FP32, FP16)
+
+
+@pytest.mark.parametrize("device, vae", [("t4", FP16), ("a100", FP16), ("m1-macos13", FP16), ("gtx1660", FP32)])
+def test_fp16_fix_vae_selected_by_config(device, vae):
+    recipe = hp.get_recipe("sdxl", device=device, configs={"vae": {"force_upcast": False}})
+    plan = recipe["vae"]
+    assert plan.compute == plan.storage == vae
+    assert plan.recipe == "vae.fp16_fix"
+    assert plan.dtypes == (FP16, BF16, FP32)
+    selected = [d for d in plan.decisions if d.field == "recipe"]
+    assert selected and "vae.fp16_fix" in selected[0].rule and "force_upcast" in selected[0].rule
+
+
+def test_vae_config_without_the_fix_keeps_the_sdxl_vae():
+    for configs in (None, {"vae": {"force_upcast": True}}, {"unet": {"force_upcast": False}}):
+        plan = hp.get_recipe("sdxl", device="t4", configs=configs)["vae"]
+        assert (plan.recipe, plan.compute) == ("vae.sdxl", FP32)
+        assert not [d for d in plan.decisions if d.field == "recipe"]
+
+
+def test_islands_are_reported():
+    recipe = hp.get_recipe("sdxl", device="t4")
+    unet = recipe["unet"]
+    assert unet.keep_fp32 == SDXL_ISLANDS
+    (island,) = [d for d in unet.decisions if d.field == "keep_fp32"]
+    assert island.value == "time_embedding, add_embedding" and "float32 islands" in island.rule
+    assert "no-op" not in island.rule
+    assert "time_embedding, add_embedding" in str(recipe)
+    assert tuple(recipe.to_dict()["components"]["unet"]["keep_fp32"]) == SDXL_ISLANDS
+    # on a device that computes in fp32 anyway the islands are kept but reported as a no-op
+    cpu_island = [d for d in hp.get_recipe("sdxl", device="cpu-avx2")["unet"].decisions if d.field == "keep_fp32"]
+    assert "no-op" in cpu_island[0].rule
+
+
+def test_every_decision_carries_a_rule():
+    for device in ("t4", "m2-macos15", "cpu-amx"):
+        recipe = hp.get_recipe("sdxl", device=device, configs={"vae": {"force_upcast": False}})
+        for plan in recipe.plans:
+            assert plan.decisions
+            for d in plan.decisions:
+                assert isinstance(d, Decision)
+                assert d.field and d.value and d.rule.strip() and d.source, (plan.name, d)
+    # the device rule is named where it decides
+    unet = hp.get_recipe("sdxl", device="m2-macos15")["unet"]
+    (upcast,) = [d for d in unet.decisions if d.field == "upcast_attention"]
+    assert "mps-macos14.5" in upcast.rule
+    compute = [d for d in hp.get_recipe("sdxl", device="t4")["vae"].decisions if d.field == "compute"][0]
+    assert "bfloat16" in compute.rule and "float32" in compute.rule
+
+
+def test_recipe_is_frozen():
+    recipe = hp.get_recipe("sdxl", device="t4")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe.name = "other"  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe["vae"].compute = FP16  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        recipe["vae"].decisions[0].value = FP16  # type: ignore[misc]
+    assert isinstance(recipe.plans, tuple) and isinstance(recipe["unet"].keep_fp32, tuple)
+    # the components mapping is a fresh view: changing it does not change the recipe
+    recipe.components.pop("vae")
+    assert "vae" in recipe and recipe["vae"].compute == FP32
+
+
+def test_recipe_prints_as_a_table():
+    recipe = hp.get_recipe("sdxl", device="t4")
+    text = str(recipe)
+    lines = text.splitlines()
+    assert lines[0].startswith("recipe sdxl for cuda (Tesla T4, sm 7.5)")
+    assert "tags: cuda" in lines[0]
+    header = lines[1].split()
+    assert header[:3] == ["component", "storage", "compute"] and "islands" in lines[1]
+    assert set(lines[2]) <= {"-", " "}
+    rows = {line.split()[0]: line.split() for line in lines[3:3 + len(recipe.plans)]}
+    assert set(rows) == {"text_encoder", "text_encoder_2", "unet", "vae"}
+    assert rows["vae"][1:4] == [FP32, FP32, FP32]
+    assert rows["unet"][1:4] == [FP16, FP16, FP16]
+    assert "decisions:" in text and "vae.compute = float32" in text
+    brief = recipe.table(why=False)
+    assert "decisions:" not in brief and len(brief.splitlines()) == 3 + len(recipe.plans)
+
+
+def test_recipe_serialises_to_json():
+    recipe = hp.get_recipe("sdxl", device="m2-macos15", overrides={"unet": {"keep_fp32": ["time_embedding"]}})
+    data = json.loads(recipe.to_json())
+    assert data["name"] == "sdxl" and data["schema"] == 1 and data["latents_from"] == "text_encoder_2"
+    assert data["device"]["type"] == "mps" and data["device"]["macos"] == "15.1"
+    assert data["device_tags"] == list(recipe.device_tags)
+    assert list(data["components"]) == list(recipe.components)
+    for name, plan in recipe.components.items():
+        got = data["components"][name]
+        assert (got["storage"], got["compute"], got["handed_over"]) == (plan.storage, plan.compute, plan.handed_over)
+        assert got["keep_fp32"] == list(plan.keep_fp32)
+        assert got["upcast_attention"] == plan.upcast_attention
+        assert [d["field"] for d in got["decisions"]] == [d.field for d in plan.decisions]
+    assert json.loads(recipe.to_json(indent=None)) == data
+
+
+def test_resolving_does_not_import_torch():
+    code = ("import sys, hf_precision as hp\n"
+            "r = hp.get_recipe('sdxl', device='t4')\n"
+            "hp.get_recipe('svd', device='cuda:sm=8.0', overrides={'vae': {'dtype': 'float32'}})\n"
+            "[hp.get_recipe(n, device='m2-macos15') for n in hp.list_recipes()]\n"
+            "str(r); r.to_json()\n"
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "ok"
+
+
+# ------------------------------------------------------------------------------------------- overrides
+
+
+def test_override_merge_order_file_then_dict_then_set(tmp_path):
+    file = tmp_path / "mine.yaml"
+    file.write_text("schema: 1\ncomponents:\n"
+                    "  text_encoder: {dtype: float32}\n"
+                    "  unet: {dtype: float32, keep_fp32: [time_embedding]}\n"
+                    "  vae: {dtype: float32}\n")
+    as_dict = {"unet": {"dtype": "bfloat16"}, "vae": {"dtype": "bfloat16"}}
+    as_set = {**parse_set(["unet.dtype=fp16"]), "__source__": "--set"}
+    recipe = hp.get_recipe("sdxl", device="a100", overrides=[file, as_dict, as_set])
+    assert recipe["text_encoder"].compute == FP32      # only the file sets it
+    assert recipe["text_encoder_2"].compute == FP16    # nobody sets it: the recipe
+    assert recipe["vae"].compute == BF16               # dict beats file
+    assert recipe["unet"].compute == FP16              # --set beats dict and file
+    assert recipe["unet"].keep_fp32 == ("time_embedding",)  # a list replaces the recipe's list
+    src = lambda comp: next(d.source for d in recipe[comp].decisions if d.field == "compute")
+    assert (src("text_encoder"), src("vae"), src("unet")) == (str(file), "overrides dict #2", "--set")
+    assert recipe.sources == ("recipes/sdxl.yaml", str(file), "overrides dict #2", "--set")
+    # the CLI builds the same order: --overrides files first, then --set flags
+    from hf_precision.cli import build_parser, overrides_from
+
+    args = build_parser().parse_args(["show", "sdxl", "--set", "unet.dtype=fp16", "--overrides", str(file)])
+    layers = overrides_from(args)
+    assert layers[0] == str(file) and layers[-1]["__source__"] == "--set"
+    assert hp.get_recipe("sdxl", device="a100", overrides=layers)["unet"].compute == FP16
+
+
+def test_later_override_file_wins(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("schema: 1\ncomponents: {vae: {dtype: float32}, unet: {dtype: float32}}\n")
+    b.write_text("schema: 1\ncomponents: {vae: {dtype: bfloat16}}\n")
+    recipe = hp.get_recipe("sdxl", device="h100", overrides=[a, b])
+    assert (recipe["vae"].compute, recipe["unet"].compute) == (BF16, FP32)
+
+
+@pytest.mark.parametrize("device, unet", [("a100", BF16), ("l4", BF16), ("t4", FP16), ("gtx1660", FP32),
+                                          ("m2-macos15", FP16), ("cpu-amx", BF16)])
+def test_device_sections_apply_only_on_matching_tags(device, unet):
+    overrides = {"devices": {"cuda-sm80": {"unet": {"dtype": "bfloat16"}}}}
+    assert hp.get_recipe("sdxl", device=device, overrides=overrides)["unet"].compute == unet
+
+
+def test_device_sections_order_within_and_across_layers(tmp_path):
+    # within one layer the matching device section beats the layer's plain components
+    layer = {"components": {"unet": {"dtype": "float32"}}, "devices": {"cuda-sm80": {"unet": {"dtype": "bfloat16"}}}}
+    assert hp.get_recipe("sdxl", device="a100", overrides=layer)["unet"].compute == BF16
+    assert hp.get_recipe("sdxl", device="t4", overrides=layer)["unet"].compute == FP32
+    # a later layer's plain value beats an earlier layer's device section
+    file = tmp_path / "dev.yaml"
+    file.write_text("schema: 1\ndevices:\n  mps-macos14: {vae: {dtype: float32}}\n  mps: {unet: {dtype: float32}}\n")
+    on15 = hp.get_recipe("sdxl", device="m2-macos15", overrides=[file])
+    on13 = hp.get_recipe("sdxl", device="m1-macos13", overrides=[file])
+    assert (on15["vae"].compute, on15["unet"].compute) == (FP32, FP32)
+    assert on13["unet"].compute == FP32 and on13["vae"].compute == FP32  # mps tag matches both, 14 only on 15
+    assert hp.get_recipe("sdxl", device="m2-macos15", overrides=[file, {"vae": {"dtype": "bf16"}}])["vae"].compute == BF16
+    assert hp.get_recipe("sdxl", device="a100", overrides=[file])["vae"].compute == BF16  # no mps tag: untouched
+    # --set can address a device section too
+    flags = {**parse_set(["devices.cuda-sm89.vae.dtype=float32"]), "__source__": "--set"}
+    assert hp.get_recipe("sdxl", device="l4", overrides=flags)["vae"].compute == FP32
+    assert hp.get_recipe("sdxl", device="a100", overrides=flags)["vae"].compute == BF16
+
+
+def test_forced_dtype_outside_the_tolerated_list_is_accepted_with_a_note():
+    recipe = hp.get_recipe("sdxl", device="a100", overrides={"vae": {"dtype": "float16"}})
+    vae = recipe["vae"]
+    assert (vae.storage, vae.compute, vae.handed_over) == (FP16, FP16, FP32)
+    (decision,) = [d for d in vae.decisions if d.field == "compute"]
+    assert "forced" in decision.rule and "outside the tolerated" in decision.rule and "bfloat16" in decision.rule
+    assert decision.source == "overrides dict"
+    assert vae.nan_guard is True
+    # inside the list: no note
+    inside = [d for d in hp.get_recipe("sdxl", device="a100", overrides={"vae": {"dtype": "fp32"}})["vae"].decisions
+              if d.field == "compute"][0]
+    assert "forced" in inside.rule and "outside" not in inside.rule
+
+
+def test_storage_override_differs_from_compute():
+    recipe = hp.get_recipe("sdxl", device="l4", overrides={"unet": {"storage": "fp8"}})
+    unet = recipe["unet"]
+    assert (unet.storage, unet.compute, unet.handed_over) == ("float8_e4m3fn", FP16, FP16)
+    assert any(d.field == "storage" and "cast to the compute dtype" in d.rule for d in unet.decisions)
+
+
+def test_denoiser_hands_over_the_latents_dtype_not_its_own():
+    # the UNet computes bf16 but the latents follow text_encoder_2 (fp16): that is what the pipeline sees
+    recipe = hp.get_recipe("sdxl", device="a100", overrides={"unet": {"dtype": "bfloat16"}})
+    assert (recipe["unet"].compute, recipe["unet"].handed_over) == (BF16, FP16)
+    recipe = hp.get_recipe("sdxl", device="a100", overrides={"text_encoder_2": {"dtype": "bfloat16"}})
+    assert (recipe["unet"].compute, recipe["unet"].handed_over) == (FP16, BF16)
+    hand = [d for d in recipe["unet"].decisions if d.field == "hands over"][0]
+    assert "text_encoder_2" in hand.rule
+
+
+def test_device_profile_object_is_accepted():
+    profile = hp.DeviceProfile(type="cuda", name="Tesla T4", capability=(7, 5))
+    assert hp.get_recipe("sdxl", device=profile)["vae"].compute == FP32
+    assert hp.get_recipe("sdxl", device=profile).device is profile
