@@ -15,11 +15,14 @@ from .devices import device_profile
 from .errors import RecipeError
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .recipe import ComponentPlan, Recipe, get_recipe, list_recipes, _pipeline_file
-from .select import match_modules, outermost, suggest
+from .select import inside, resolve_islands
 
-__all__ = ["apply_recipe", "Applied", "recipe_for_class", "resolve_placement"]
+__all__ = ["apply_recipe", "Applied", "recipe_for_class", "resolve_placement", "component_islands", "planned_dtypes"]
 
 _ATTR = "_hf_precision_applied"
+# Modules diffusers' layerwise casting leaves in the compute dtype (besides the islands): precision-sensitive
+# embeddings and norms, as in diffusers' own DEFAULT_SKIP_MODULES_PATTERN.
+LAYERWISE_SKIP = ("pos_embed", "patch_embed", "norm")
 
 
 @dataclasses.dataclass
@@ -55,13 +58,12 @@ class Applied:
         problems = []
         for name, module in self._modules.items():
             plan = self.recipe[name]
-            island_names = self.islands.get(name, [])
-            inside = lambda p: any(p == i or p.startswith(i + ".") for i in island_names)
+            planned = planned_dtypes(module, plan, self.islands.get(name, []))
             wrong: dict[str, int] = {}
             for pname, param in module.named_parameters():
-                if not param.is_floating_point():
+                if pname not in planned:
                     continue
-                want = "float32" if inside(pname.rsplit(".", 1)[0]) else plan.storage
+                want = planned[pname]
                 have = dt.from_torch(param.dtype)
                 if have != want:
                     key = f"{'island ' if want == 'float32' and plan.storage != 'float32' else ''}{have}!={want}"
@@ -183,7 +185,7 @@ def resolve_per_device(recipe: str, devices: Mapping[str, str], overrides: Any,
 def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: list[str], device: str | None) -> int:
     """Cast floating parameters and buffers in place: islands to fp32, the rest to storage. Returns how many changed."""
     changed = 0
-    in_island = lambda name: any(name == i or name.startswith(i + ".") for i in islands)
+    in_island = lambda name: inside(name, islands)
     with torch.no_grad():
         for mod_name, mod in module.named_modules():
             for kind in ("_parameters", "_buffers"):
@@ -202,6 +204,58 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
 
 def _glob_regex(patterns: list[str]) -> list[str]:
     return [fnmatch.translate(p).replace(r"\Z", "$") for p in patterns]
+
+
+def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
+    """The float32 islands of a built component under a plan (outermost matched modules; none in fp32)."""
+    names = [n for n, _ in module.named_modules() if n]
+    return resolve_islands(plan.name, plan.keep_fp32, names, owner=type(module).__name__,
+                           active=plan.compute != "float32", strict=strict)
+
+
+def _layerwise_layers(module: torch.nn.Module, islands: list[str]) -> set[str]:
+    """Modules diffusers' ``apply_layerwise_casting`` stores in the storage dtype (its traversal, with our skips)."""
+    try:
+        from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS as supported
+    except ImportError:  # older diffusers: the same list
+        nn = torch.nn
+        supported = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
+    patterns = _glob_regex(islands) + list(LAYERWISE_SKIP)
+    found: set[str] = set()
+
+    def walk(mod: torch.nn.Module, prefix: str) -> None:
+        if any(re.search(p, prefix) for p in patterns):
+            return
+        if isinstance(mod, supported):
+            found.add(prefix)
+            return
+        for child_name, child in mod.named_children():
+            walk(child, f"{prefix}.{child_name}" if prefix else child_name)
+
+    walk(module, "")
+    return found
+
+
+def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, str]:
+    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
+
+    Islands are float32. With ``storage == compute`` every other parameter is in the storage dtype; otherwise the
+    layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
+    on the meta device (no weights needed); tied parameters are listed once.
+    """
+    layerwise = _layerwise_layers(module, islands) if plan.storage != plan.compute else set()
+    out: dict[str, str] = {}
+    for pname, param in module.named_parameters():
+        if not param.is_floating_point():
+            continue
+        owner = pname.rpartition(".")[0]
+        if inside(owner, islands):
+            out[pname] = "float32"
+        elif plan.storage == plan.compute or inside(owner, layerwise):
+            out[pname] = plan.storage
+        else:
+            out[pname] = plan.compute
+    return out
 
 
 def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = None, overrides: Any = None,
@@ -262,18 +316,14 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
     if isinstance(old, Applied) and not old.removed:
         # The module is shared with another pipeline (from_pipe): its previous hooks go, they never stack.
         old.remove()
-    names = [n for n, _ in module.named_modules() if n]
-    islands: list[str] = []
-    if plan.keep_fp32:
-        matched = match_modules(names, list(plan.keep_fp32))
-        missing = [p for p, m in matched.items() if not m]
-        if missing and strict:
-            hints = "; ".join(f"{p!r}: did you mean {suggest(p, names) or 'nothing close'}?" for p in missing)
-            raise RecipeError(f"{plan.name}.keep_fp32: pattern(s) {missing} match no module of {type(module).__name__} "
-                              f"({hints}). Patterns are full-match globs over module names; fix them with "
-                              f"--set {plan.name}.keep_fp32=[...] or pass strict=False")
-        islands = outermost([n for p in plan.keep_fp32 for n in matched[p]]) if plan.compute != "float32" else []
+    islands = component_islands(plan, module, strict=strict)
     compute, storage = dt.to_torch(plan.compute), dt.to_torch(plan.storage)
+    if islands and _has_layerwise_casting(module):
+        # Layerwise-cast leaves recast their own weights on every call; an island around them cannot hold fp32.
+        taken = [i for i in islands if _has_layerwise_casting(module.get_submodule(i))]
+        islands = [i for i in islands if i not in taken]
+        if taken:
+            applied.actions.append(f"{plan.name}: islands {taken} left to the layerwise casting already enabled on them")
     if plan.storage != plan.compute:
         # Storage differs from compute: weights are cast per layer on use (diffusers layerwise casting).
         # Cast everything to compute first so the islands and non-hooked layers hold the compute dtype.
@@ -284,7 +334,7 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
             from diffusers.hooks import apply_layerwise_casting
 
             apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
-                                    skip_modules_pattern=_glob_regex(islands) + ["pos_embed", "patch_embed", "norm"])
+                                    skip_modules_pattern=_glob_regex(islands) + list(LAYERWISE_SKIP))
             applied.actions.append(f"{plan.name}: weights stored in {plan.storage}, cast to {plan.compute} per layer on use")
     else:
         changed = _cast_parameters(module, storage, islands, device)

@@ -55,3 +55,15 @@ def saved_pipeline(tmp_path_factory, tiny_pipes):
         return folders[key]
 
     return get
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` need CUDA: they are skipped (reported as skipped, never as passed) without it."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

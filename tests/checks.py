@@ -1,0 +1,60 @@
+"""Assertions shared by the loader tests: outputs are finite, parameters follow the plan."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from hf_precision.apply import Applied
+from hf_precision.recipe import Recipe
+
+
+def output_array(out: Any) -> np.ndarray:
+    """The images or frames of a pipeline output as one float array."""
+    data = getattr(out, "images", None)
+    if data is None:
+        data = out.frames
+    if isinstance(data, torch.Tensor):
+        return data.float().cpu().numpy()
+    if isinstance(data, list):
+        return np.stack([np.asarray(x, dtype=np.float32) for x in data])
+    return np.asarray(data, dtype=np.float32)
+
+
+def assert_finite(out: Any) -> np.ndarray:
+    arr = output_array(out)
+    assert arr.size > 0
+    assert np.isfinite(arr).all(), f"{(~np.isfinite(arr)).sum()} non-finite values in the output"
+    return arr
+
+
+def assert_plan_dtypes(pipe: Any, recipe: Recipe) -> None:
+    """Every floating parameter of each planned component holds the planned dtype; islands hold float32.
+
+    Guards against vacuous passes: a half plan must have half parameters, and islands must be non-empty.
+    """
+    applied: Applied = pipe._hf_precision_applied
+    for plan in recipe.plans:
+        module = getattr(pipe, plan.name, None)
+        if module is None:
+            continue
+        islands = applied.islands.get(plan.name, [])
+        inside = lambda name: any(name == i or name.startswith(i + ".") for i in islands)
+        seen = set()
+        for name, param in module.named_parameters():
+            if not param.is_floating_point():
+                continue
+            have = str(param.dtype).removeprefix("torch.")
+            if inside(name.rsplit(".", 1)[0]):
+                assert have == "float32", f"{plan.name}.{name} is {have}, island should be float32"
+            elif plan.storage != plan.compute:
+                assert have in (plan.storage, plan.compute), f"{plan.name}.{name} is {have}"
+            else:
+                assert have == plan.storage, f"{plan.name}.{name} is {have}, plan says {plan.storage}"
+            seen.add(have)
+        assert plan.storage in seen or plan.compute in seen, f"{plan.name}: no parameter in {plan.storage}"
+        if plan.keep_fp32 and plan.compute != "float32":
+            left = any("left to the layerwise casting" in a for a in applied.actions)
+            assert islands or left, f"{plan.name}: keep_fp32 {plan.keep_fp32} produced no island"

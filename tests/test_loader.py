@@ -1,0 +1,253 @@
+"""load_pipeline / apply_recipe end to end on tiny pipelines saved to disk and loaded offline."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import hf_precision as hp
+from hf_precision.apply import resolve_per_device
+from hf_precision.synthetic import example_call_kwargs, example_img2img_kwargs
+from checks import assert_finite, assert_plan_dtypes
+
+# The device table of the foundation issue: CPU without native bf16, CPU with AMX, CUDA 7.0, 7.5 (T4),
+# GTX 1660, 8.0, 8.9, 9.0, MPS on macOS 13 and 15, XPU. Every layout runs here on the CPU.
+DEVICES = ["cpu-avx512", "cpu-amx", "v100", "t4", "gtx1660", "a100", "l4", "h100", "m1-macos13", "m2-macos15", "arc-a770"]
+KINDS = ["sdxl", "sdxl-img2img", "svd", "pixart", "dit", "sd15"]
+
+
+def _run(pipe, kind):
+    kwargs = example_img2img_kwargs() if kind == "sdxl-img2img" else example_call_kwargs(kind)
+    return pipe(**kwargs, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_recipe_on_every_device_layout(kind, device, saved_pipeline):
+    from diffusers import StableDiffusionXLImg2ImgPipeline
+
+    base = kind.split("-")[0]
+    recipe = hp.get_recipe(base, device=device)
+    cls = StableDiffusionXLImg2ImgPipeline if kind == "sdxl-img2img" else None
+    pipe = hp.load_pipeline(saved_pipeline(base), "cpu", recipe=recipe, pipeline_class=cls)
+    assert_plan_dtypes(pipe, recipe)
+    assert_finite(_run(pipe, kind))
+    if kind == "sdxl-img2img":
+        assert type(pipe).__name__ == "StableDiffusionXLImg2ImgPipeline"
+
+
+def test_recipe_chosen_from_model_index_and_this_machine(saved_pipeline):
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu")
+    applied = pipe._hf_precision_applied
+    assert applied.recipe.name == "sdxl"
+    assert applied.recipe.device.present
+    assert_finite(_run(pipe, "sdxl"))
+
+
+def test_islands_hold_exact_checkpoint_values_even_from_the_fp16_variant(saved_pipeline, tiny_pipes):
+    folder = saved_pipeline("sdxl", fp16_variant=True)
+    pipe = hp.load_pipeline(folder, "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    reference = tiny_pipes["sdxl"].unet
+    for name in ("time_embedding.linear_1.weight", "add_embedding.linear_2.bias"):
+        got = pipe.unet.get_parameter(name)
+        assert got.dtype == torch.float32
+        assert torch.equal(got, reference.get_parameter(name)), f"{name} went through a half round trip"
+    assert pipe.unet.conv_in.weight.dtype == torch.float16
+
+
+def test_fp16_variant_chosen_only_for_half_plans(saved_pipeline, monkeypatch):
+    from diffusers import DiffusionPipeline
+
+    seen = []
+    original = DiffusionPipeline.from_pretrained.__func__
+
+    def spy(cls, *args, **kwargs):
+        seen.append(kwargs.get("variant"))
+        return original(cls, *args, **kwargs)
+
+    monkeypatch.setattr(DiffusionPipeline, "from_pretrained", classmethod(spy))
+    folder = saved_pipeline("sdxl", fp16_variant=True)
+    hp.load_pipeline(folder, "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    hp.load_pipeline(folder, "cpu", recipe=hp.get_recipe("sdxl", device="cpu-avx2"))
+    assert seen == ["fp16", None]
+
+
+def test_per_component_devices_get_their_own_dtypes():
+    recipe = resolve_per_device("sdxl", {"text_encoder": "cpu-avx2", "text_encoder_2": "cpu-avx2", "unet": "a100",
+                                         "vae": "a100"}, None, {})
+    assert (recipe["text_encoder"].compute, recipe["unet"].compute, recipe["vae"].compute) == \
+        ("float32", "float16", "bfloat16")
+
+
+def test_device_mapping_places_components(saved_pipeline):
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), {"text_encoder": "cpu", "default": "cpu"},
+                            recipe=hp.get_recipe("sdxl", device="t4"))
+    assert pipe._hf_precision_applied.devices == {c: "cpu" for c in ("text_encoder", "text_encoder_2", "unet", "vae")}
+    with pytest.raises(hp.RecipeError, match="unknown component"):
+        hp.load_pipeline(saved_pipeline("sdxl"), {"transformer": "cpu"})
+    with pytest.raises(hp.RecipeError, match="not a device this process can place"):
+        hp.load_pipeline(saved_pipeline("sdxl"), "t4")
+
+
+def test_user_dtype_is_an_override(saved_pipeline):
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", dtype=torch.float16)
+    assert {pipe.unet.dtype, pipe.vae.dtype, pipe.text_encoder.dtype} == {torch.float16}
+    assert pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32  # islands stay
+    assert_finite(_run(pipe, "sdxl"))
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", torch_dtype={"vae": torch.float32, "default": torch.bfloat16})
+    assert (pipe.vae.dtype, pipe.unet.dtype) == (torch.float32, torch.bfloat16)
+    assert_finite(_run(pipe, "sdxl"))
+    with pytest.raises(hp.RecipeError, match="not both"):
+        hp.load_pipeline(saved_pipeline("sdxl"), "cpu", dtype=torch.float16, torch_dtype=torch.float16)
+
+
+def test_overrides_file_and_dict(saved_pipeline, tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text("schema: 1\ncomponents:\n  vae: {dtype: bfloat16}\n")
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe="sdxl", overrides=[path, {"unet": {"dtype": "float16"}}])
+    assert (pipe.vae.dtype, pipe.unet.dtype) == (torch.bfloat16, torch.float16)
+    assert_finite(_run(pipe, "sdxl"))
+
+
+def test_load_errors(saved_pipeline, tmp_path, monkeypatch):
+    folder = tmp_path / "unknown"
+    shutil.copytree(saved_pipeline("sdxl"), folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index["_class_name"] = "KandinskyPipeline"
+    (folder / "model_index.json").write_text(json.dumps(index))
+    with pytest.raises(hp.RecipeError, match=r"no recipe for pipeline class 'KandinskyPipeline'.*recipe='sdxl'"):
+        hp.load_pipeline(folder, "cpu")
+    from diffusers import StableDiffusionXLPipeline
+
+    pipe = hp.load_pipeline(folder, "cpu", recipe="sdxl", pipeline_class=StableDiffusionXLPipeline)
+    assert pipe._hf_precision_applied.recipe.name == "sdxl"  # the explicit recipe works
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(hp.RecipeError, match=r"HF_HUB_OFFLINE is set.*load_pipeline\('\./stable-diffusion-xl-base-1.0'\)"):
+        hp.load_pipeline("sdxl", "cpu")
+    with pytest.raises(hp.RecipeError, match="remote"):
+        hp.load_pipeline(saved_pipeline("sdxl"), "cpu", trust_remote_code=True)
+    with pytest.raises(hp.RecipeError, match="model_index.json"):
+        hp.load_pipeline(tmp_path, "cpu")
+
+
+def test_pickle_files_need_an_opt_in(saved_pipeline, tmp_path):
+    folder = tmp_path / "bin"
+    shutil.copytree(saved_pipeline("dit"), folder)
+    from safetensors.torch import load_file
+
+    for st in folder.glob("*/*.safetensors"):
+        torch.save(load_file(st), st.with_name("diffusion_pytorch_model.bin"))
+        st.unlink()
+    with pytest.raises(hp.RecipeError, match="use_safetensors=False"):
+        hp.load_pipeline(folder, "cpu", recipe=hp.get_recipe("dit", device="t4"))
+    pipe = hp.load_pipeline(folder, "cpu", recipe=hp.get_recipe("dit", device="t4"), use_safetensors=False)
+    assert_finite(_run(pipe, "dit"))
+
+
+# ------------------------------------------------------------------ surviving what users do next
+
+
+def test_model_offload_after_loading(saved_pipeline):
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    pipe.enable_model_cpu_offload(device="cpu")
+    assert_finite(_run(pipe, "sdxl"))
+    assert pipe.unet._forward_pre_hooks, "entry hooks were dropped by offloading"
+
+
+def test_model_offload_before_applying(tiny_pipe):
+    pipe = tiny_pipe("svd")
+    pipe.enable_model_cpu_offload(device="cpu")
+    recipe = hp.get_recipe("svd", device="t4")
+    hp.apply_recipe(pipe, recipe)
+    assert_plan_dtypes(pipe, recipe)
+    assert_finite(_run(pipe, "svd"))
+
+
+@pytest.mark.gpu
+def test_sequential_offload_on_gpu(saved_pipeline):
+    # On CPU-only torch 2.13, enable_sequential_cpu_offload fails inside accelerate even for plain diffusers.
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    pipe.enable_sequential_cpu_offload(device="cuda")
+    assert_finite(_run(pipe, "sdxl"))
+
+
+@pytest.mark.parametrize("how", ["module.compile", "torch.compile"])
+def test_compiled_denoiser(saved_pipeline, how):
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    if how == "module.compile":
+        pipe.unet.compile(backend="eager")
+    else:
+        pipe.unet = torch.compile(pipe.unet, backend="aot_eager")
+    assert_finite(_run(pipe, "sdxl"))
+
+
+def test_lora_loading_after_the_recipe(saved_pipeline, tmp_path, tiny_pipes):
+    from diffusers import StableDiffusionXLPipeline
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    import copy
+
+    donor = copy.deepcopy(tiny_pipes["sdxl"].unet)
+    donor.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
+                                 init_lora_weights="gaussian"))
+    with torch.no_grad():  # peft starts lora_B at zero: make the adapter actually change the output
+        for name, param in donor.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    StableDiffusionXLPipeline.save_lora_weights(tmp_path, unet_lora_layers=get_peft_model_state_dict(donor))
+
+    recipe = hp.get_recipe("sdxl", device="t4")
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=recipe)
+    before = _run(pipe, "sdxl").images
+    pipe.load_lora_weights(tmp_path)
+    after = assert_finite(_run(pipe, "sdxl"))
+    assert (after != before).any(), "the LoRA had no effect"
+    assert pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32
+
+
+def test_erasing_the_plan_is_reported(saved_pipeline):
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    applied = pipe._hf_precision_applied
+    assert applied.verify() == []
+    pipe.to(torch.float16)
+    problems = applied.verify()
+    assert any("unet" in p and "island" in p for p in problems), problems
+    assert any(p.startswith("vae:") and "float16" in p for p in problems), problems
+    assert_finite(_run(pipe, "sdxl"))  # the lazy hooks still keep it running
+
+
+def test_applying_twice_does_not_stack_and_remove_restores(tiny_pipe):
+    pipe = tiny_pipe("sdxl")
+    forward = pipe.unet.forward
+    first = hp.apply_recipe(pipe, hp.get_recipe("sdxl", device="t4"), device="cpu")
+    counts = (len(pipe.unet._forward_pre_hooks), len(pipe.unet.time_embedding._forward_hooks))
+    second = hp.apply_recipe(pipe, hp.get_recipe("sdxl", device="t4"), device="cpu")
+    assert (len(pipe.unet._forward_pre_hooks), len(pipe.unet.time_embedding._forward_hooks)) == counts == (1, 1)
+    assert first.removed and not second.removed
+    second.remove()
+    assert not pipe.unet._forward_pre_hooks and not pipe.unet.time_embedding._forward_hooks
+    assert pipe.unet.forward == forward
+    assert not hasattr(pipe.unet, "_hf_precision_applied")
+
+
+def test_shared_components_do_not_stack(tiny_pipe):
+    from diffusers import StableDiffusionXLImg2ImgPipeline
+
+    pipe = tiny_pipe("sdxl")
+    recipe = hp.get_recipe("sdxl", device="t4")
+    hp.apply_recipe(pipe, recipe, device="cpu")
+    img2img = StableDiffusionXLImg2ImgPipeline(**pipe.components)
+    hp.apply_recipe(img2img, recipe, device="cpu")
+    assert len(pipe.unet._forward_pre_hooks) == 1
+    assert_finite(img2img(**example_img2img_kwargs(), generator=torch.Generator().manual_seed(0)))
+
+
+def test_strict_island_patterns(tiny_pipe):
+    pipe = tiny_pipe("sdxl")
+    with pytest.raises(hp.RecipeError, match=r"time_embeding.*did you mean.*time_embedding"):
+        hp.apply_recipe(pipe, "sdxl", device="cpu", overrides={"unet": {"dtype": "float16", "keep_fp32": ["time_embeding"]}})
