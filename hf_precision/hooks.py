@@ -123,6 +123,7 @@ class EntryHook:
         self.positional = [p for p in params if p not in ("self",)]
         self.nan_guard = nan_guard
         self._arrived: list[tuple[torch.dtype, torch.device] | None] = []
+        self._originals: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
 
     def dtype(self) -> torch.dtype:
         param = self.ref.get()
@@ -138,6 +139,8 @@ class EntryHook:
             tuple(a for i, a in enumerate(args) if i >= len(self.positional) or self.positional[i] not in NO_CAST_ARGS),
             kwargs, NO_CAST_ARGS)
         self._arrived.append((primary.dtype, primary.device) if primary is not None else None)
+        if self.nan_guard is not None:
+            self._originals.append((args, kwargs))  # references only: a re-run starts from the uncast inputs
         new_args = tuple(cast_tree(a, None if i < len(self.positional) and self.positional[i] in keep else dtype, device)
                          for i, a in enumerate(args))
         new_kwargs = {k: cast_tree(v, None if k in NO_CAST_ARGS else dtype, device) for k, v in kwargs.items()}
@@ -146,7 +149,8 @@ class EntryHook:
     def post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         arrived = self._arrived.pop() if self._arrived else None
         if self.nan_guard is not None:
-            out = self.nan_guard(self, module, args, kwargs, out)
+            original_args, original_kwargs = self._originals.pop() if self._originals else (args, kwargs)
+            out = self.nan_guard(self, module, original_args, original_kwargs, out)
         if self.output == "compute":
             return out
         if self.output == "input":
@@ -201,8 +205,8 @@ def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[
             on_switch(component, current, target)
             state["busy"] = True
             try:
-                with torch.no_grad():
-                    out = module(*cast_tree(args, target), **_rewrite_dtype_kwargs(cast_tree(kwargs, target), target))
+                with torch.no_grad():  # the entry hook itself casts the original inputs to the new dtype
+                    out = module(*args, **kwargs)
             finally:
                 state["busy"] = False
         return out

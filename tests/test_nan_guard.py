@@ -1,0 +1,73 @@
+"""NaN guard: a VAE whose fp16 activations really overflow is re-run in bf16 or fp32 and keeps that dtype."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_precision as hp
+
+
+def _overflowing_vae():
+    """A tiny VAE whose decoder.conv_in output exceeds 65504: fine in fp32, inf/NaN in fp16."""
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    vae = AutoencoderKL(block_out_channels=[8, 16], norm_num_groups=4, layers_per_block=1, latent_channels=4,
+                        down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                        force_upcast=False)
+    with torch.no_grad():
+        vae.decoder.conv_in.weight.mul_(1e5)
+        vae.decoder.conv_in.bias.mul_(1e5)
+    return vae
+
+
+def _latents():
+    return torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+
+
+def test_the_vae_really_overflows_in_fp16():
+    vae = _overflowing_vae()
+    with torch.no_grad():
+        peak = vae.decoder.conv_in(vae.post_quant_conv(_latents())).abs().max()
+        assert peak > 65504, f"activations only reach {peak}"
+        assert torch.isfinite(vae.decode(_latents()).sample).all()
+        half = vae.to(torch.float16).decode(_latents().half()).sample
+    assert not torch.isfinite(half).all()
+
+
+@pytest.mark.parametrize("device, fallback", [("t4", torch.float32), ("a100", torch.bfloat16)])
+def test_guard_reruns_and_keeps_the_fallback(device, fallback):
+    vae = _overflowing_vae()
+    with torch.no_grad():
+        reference = vae.decode(_latents()).sample
+    recipe = hp.get_recipe("vae.fp16_fix", device=device)
+    assert recipe["vae"].compute == "float16" and recipe["vae"].nan_guard
+    hp.apply_recipe(vae, recipe, device="cpu")
+    assert vae.decoder.conv_in.weight.dtype == torch.float16
+
+    with pytest.warns(RuntimeWarning, match=rf"re-ran it in {str(fallback)[6:]}.*--set vae\.dtype={str(fallback)[6:]}"):
+        with torch.no_grad():
+            image = vae.decode(_latents()).sample
+    assert torch.isfinite(image).all()
+    assert image.dtype == torch.float32
+    scale = reference.abs().max()
+    # The weights were stored in fp16 before the fallback, so even the fp32 re-run carries fp16 weight rounding
+    # (~5e-4 relative); bf16 activations add their own 8-bit mantissa error.
+    tolerance = 2e-3 if fallback == torch.float32 else 5e-2
+    assert (image - reference).abs().max() <= tolerance * scale
+
+    assert vae.decoder.conv_in.weight.dtype == fallback, "the fallback must stick for the session"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no second warning: the fallback is kept
+        with torch.no_grad():
+            again = vae.decode(_latents()).sample
+    assert torch.isfinite(again).all()
+
+
+def test_guard_is_off_outside_half_precision_and_opt_in_elsewhere():
+    assert not hp.get_recipe("vae.sdxl", device="t4")["vae"].nan_guard  # fp32 there: nothing to guard
+    assert not hp.get_recipe("sdxl", device="t4")["unet"].nan_guard
+    assert hp.get_recipe("sdxl", device="t4", overrides={"unet": {"nan_guard": True}})["unet"].nan_guard
