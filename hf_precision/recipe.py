@@ -17,7 +17,7 @@ import dataclasses
 import difflib
 import functools
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from .devices import DeviceCaps, DeviceProfile, device_caps
 from .errors import Problems, RecipeError
 from .files import parse_yaml, read_yaml, recipes_dir
 
-__all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "Overrides"]
+__all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -39,8 +39,6 @@ POLICY_KEYS: dict[str, str] = {
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry"}
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "components", "devices", "why"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
-
-Overrides = "str | Path | Mapping[str, Any] | Sequence[str | Path | Mapping[str, Any]] | None"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -375,7 +373,7 @@ def _override_layer(item: str | Path | Mapping[str, Any], components: set[str], 
             data = {}
         file = True
     elif isinstance(item, Mapping):
-        source = "--set" if item.get("__source__") == "--set" else (f"overrides dict" + (f" #{index + 1}" if index else ""))
+        source = "--set" if item.get("__source__") == "--set" else ("overrides dict" + (f" #{index + 1}" if index else ""))
         data = {k: v for k, v in item.items() if k != "__source__"}
         file = False
     else:

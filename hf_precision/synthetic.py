@@ -24,7 +24,7 @@ import copy
 import json
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 __all__ = [
     "CLIP_VOCAB_MERGES",
@@ -485,6 +485,14 @@ def count_parameters(pipe) -> dict[str, int]:
     return counts
 
 
+def _seeded(seed: int, build: Callable[[], Any]) -> Any:
+    """Build one component from a fixed seed, so each component's weights do not depend on the others'."""
+    import torch
+
+    torch.manual_seed(seed)
+    return build()
+
+
 def make_tokenizer(folder: str | Path | None = None):
     """A handmade CLIP BPE tokenizer (76 tokens, ``model_max_length=77``), built offline.
 
@@ -550,7 +558,6 @@ def make_sdxl(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     >>> pipe(**example_call_kwargs("sdxl")).images.shape
     (1, 32, 32, 3)
     """
-    import torch
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -560,14 +567,10 @@ def make_sdxl(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     _derive(configs, explicit, "unet", "cross_attention_dim", te1["hidden_size"] + te2["hidden_size"])
     _derive(configs, explicit, "unet", "projection_class_embeddings_input_dim", te2["projection_dim"] + 6 * time_dim)
 
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(**configs["unet"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(**configs["vae"])
-    torch.manual_seed(seed)
-    text_encoder = CLIPTextModel(CLIPTextConfig(**te1))
-    torch.manual_seed(seed)
-    text_encoder_2 = CLIPTextModelWithProjection(CLIPTextConfig(**te2))
+    unet = _seeded(seed, lambda: UNet2DConditionModel(**configs["unet"]))
+    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
+    text_encoder = _seeded(seed, lambda: CLIPTextModel(CLIPTextConfig(**te1)))
+    text_encoder_2 = _seeded(seed, lambda: CLIPTextModelWithProjection(CLIPTextConfig(**te2)))
     scheduler = EulerDiscreteScheduler(**configs["scheduler"])
     pipe = StableDiffusionXLPipeline(
         vae=vae,
@@ -590,19 +593,15 @@ def make_sd15(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     >>> pipe(**example_call_kwargs("sd15")).images.shape
     (1, 32, 32, 3)
     """
-    import torch
     from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
     from transformers import CLIPTextConfig, CLIPTextModel
 
     configs, explicit = _resolve_size("sd15", size)
     _derive(configs, explicit, "unet", "cross_attention_dim", configs["text_encoder"]["hidden_size"])
 
-    torch.manual_seed(seed)
-    unet = UNet2DConditionModel(**configs["unet"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(**configs["vae"])
-    torch.manual_seed(seed)
-    text_encoder = CLIPTextModel(CLIPTextConfig(**configs["text_encoder"]))
+    unet = _seeded(seed, lambda: UNet2DConditionModel(**configs["unet"]))
+    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
+    text_encoder = _seeded(seed, lambda: CLIPTextModel(CLIPTextConfig(**configs["text_encoder"])))
     pipe = StableDiffusionPipeline(
         vae=vae,
         text_encoder=text_encoder,
@@ -626,7 +625,6 @@ def make_svd(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     """
     import warnings
 
-    import torch
     from diffusers import (
         AutoencoderKLTemporalDecoder,
         EulerDiscreteScheduler,
@@ -640,12 +638,9 @@ def make_svd(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     _derive(configs, explicit, "unet", "cross_attention_dim", configs["image_encoder"]["projection_dim"])
     _derive(configs, explicit, "unet", "projection_class_embeddings_input_dim", 3 * time_dim)
 
-    torch.manual_seed(seed)
-    unet = UNetSpatioTemporalConditionModel(**configs["unet"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKLTemporalDecoder(**configs["vae"])
-    torch.manual_seed(seed)
-    image_encoder = CLIPVisionModelWithProjection(CLIPVisionConfig(**configs["image_encoder"]))
+    unet = _seeded(seed, lambda: UNetSpatioTemporalConditionModel(**configs["unet"]))
+    vae = _seeded(seed, lambda: AutoencoderKLTemporalDecoder(**configs["vae"]))
+    image_encoder = _seeded(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(**configs["image_encoder"])))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "torchvision not available, falling back to the PIL processor"
         feature_extractor = CLIPImageProcessor(**configs["feature_extractor"])
@@ -666,7 +661,6 @@ def make_pixart(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     >>> pipe(**example_call_kwargs("pixart")).images.shape
     (1, 32, 32, 3)
     """
-    import torch
     from diffusers import AutoencoderKL, DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
     from transformers import T5Config, T5EncoderModel
 
@@ -675,12 +669,9 @@ def make_pixart(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     _derive(configs, explicit, "transformer", "caption_channels", configs["text_encoder"]["d_model"])
     configs["text_encoder"]["vocab_size"] = max(configs["text_encoder"]["vocab_size"], len(tokenizer))
 
-    torch.manual_seed(seed)
-    transformer = PixArtTransformer2DModel(**configs["transformer"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(**configs["vae"])
-    torch.manual_seed(seed)
-    text_encoder = T5EncoderModel(T5Config(**configs["text_encoder"]))
+    transformer = _seeded(seed, lambda: PixArtTransformer2DModel(**configs["transformer"]))
+    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
+    text_encoder = _seeded(seed, lambda: T5EncoderModel(T5Config(**configs["text_encoder"])))
     pipe = PixArtAlphaPipeline(
         tokenizer=tokenizer,
         text_encoder=text_encoder,
@@ -698,14 +689,11 @@ def make_dit(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     >>> pipe(**example_call_kwargs("dit")).images.shape
     (1, 16, 16, 3)
     """
-    import torch
     from diffusers import AutoencoderKL, DDIMScheduler, DiTPipeline, DiTTransformer2DModel
 
     configs, _ = _resolve_size("dit", size)
-    torch.manual_seed(seed)
-    transformer = DiTTransformer2DModel(**configs["transformer"])
-    torch.manual_seed(seed)
-    vae = AutoencoderKL(**configs["vae"])
+    transformer = _seeded(seed, lambda: DiTTransformer2DModel(**configs["transformer"]))
+    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
     pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=DDIMScheduler(**configs["scheduler"]))
     return _finish(pipe)
 
