@@ -292,7 +292,9 @@ def device_caps(spec: str | DeviceProfile | None = None) -> DeviceCaps:
         >>> "bfloat16" in caps.compute, caps.tags
         (False, ('cuda',))
     """
-    profile = device_profile(spec)
+    # A profile object is used as is, never passed through device_profile's cache: lru_cache would hand back an
+    # earlier *equal* profile instead of this one (recipe.device is profile would then fail).
+    profile = spec if isinstance(spec, DeviceProfile) else device_profile(spec)
     lists: dict[str, list[str]] = {"compute": [], "auto": [], "storage": []}
     tags: list[str] = []
     why: dict[str, str] = {}

@@ -10,7 +10,9 @@ import difflib
 from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 
-__all__ = ["matches", "match_modules", "outermost", "suggest"]
+from .errors import RecipeError
+
+__all__ = ["matches", "match_modules", "outermost", "suggest", "inside", "resolve_islands"]
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
@@ -51,3 +53,50 @@ def suggest(pattern: str, names: Iterable[str], n: int = 3) -> list[str]:
     names = list(names)
     short = [x for x in names if x.count(".") <= pattern.count(".") + 1]
     return difflib.get_close_matches(pattern, short or names, n=n, cutoff=0.5)
+
+
+def inside(name: str, roots: Iterable[str]) -> bool:
+    """Whether a dotted module name is one of ``roots`` or nested inside one.
+
+    Example:
+        >>> inside("time_embedding.linear_1", ["time_embedding"]), inside("time_embedding_2", ["time_embedding"])
+        (True, False)
+    """
+    return any(name == r or name.startswith(r + ".") for r in roots)
+
+
+def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str], *, owner: str,
+                    active: bool = True, strict: bool = True) -> list[str]:
+    """The float32 islands of a component: the outermost modules its ``keep_fp32`` patterns match.
+
+    Shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.plan`, so both decide the same way.
+
+    Args:
+        component (`str`): The component name, for messages (``"unet"``).
+        patterns (`Sequence[str]`): The ``keep_fp32`` globs.
+        names (`Sequence[str]`): Every dotted module name of the component (``named_modules()``, without ``""``).
+        owner (`str`): The component's class name, for messages.
+        active (`bool`, *optional*, defaults to `True`): False when the component computes in float32: patterns
+            are still checked, but there are no islands.
+        strict (`bool`, *optional*, defaults to `True`): Raise when a pattern matches no module.
+
+    Returns:
+        `list[str]`: Outermost matched module names, in pattern order.
+
+    Raises:
+        RecipeError: A pattern matches no module (``strict``); the message suggests close names.
+
+    Example:
+        >>> resolve_islands("unet", ["time_embedding"], ["time_embedding", "time_embedding.linear_1"], owner="UNet")
+        ['time_embedding']
+    """
+    if not patterns:
+        return []
+    matched = match_modules(names, list(patterns))
+    missing = [p for p, m in matched.items() if not m]
+    if missing and strict:
+        hints = "; ".join(f"{p!r}: did you mean {suggest(p, names) or 'nothing close'}?" for p in missing)
+        raise RecipeError(f"{component}.keep_fp32: pattern(s) {missing} match no module of {owner} "
+                          f"({hints}). Patterns are full-match globs over module names; fix them with "
+                          f"--set {component}.keep_fp32=[...] or pass strict=False")
+    return outermost([n for p in patterns for n in matched[p]]) if active else []
