@@ -15,20 +15,20 @@ _EXPORTS = {
     "Recipe": "recipe", "ComponentPlan": "recipe", "get_recipe": "recipe", "list_recipes": "recipe",
     "DeviceProfile": "devices", "device_profile": "devices", "device_caps": "devices", "list_presets": "devices",
     "load_pipeline": "load", "apply_recipe": "apply", "Applied": "apply",
-    "plan": "plan", "Plan": "plan",
-    "check": "check", "CheckReport": "check",
-    "explain": "explain", "MismatchError": "explain",
+    "plan": "planner", "Plan": "planner",
+    "check": "checker", "CheckReport": "checker",
+    "explain": "mismatch", "MismatchError": "mismatch",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from .apply import Applied, apply_recipe
-    from .check import CheckReport, check
+    from .checker import CheckReport, check
     from .devices import DeviceProfile, device_caps, device_profile, list_presets
     from .errors import RecipeError
-    from .explain import MismatchError, explain
+    from .mismatch import MismatchError, explain
     from .load import load_pipeline
-    from .plan import Plan, plan
+    from .planner import Plan, plan
     from .recipe import ComponentPlan, Recipe, get_recipe, list_recipes
 
 

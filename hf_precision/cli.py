@@ -161,4 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m hf_precision.cli` runs this file as __main__; the subcommand modules register on the real
+    # hf_precision.cli module, so dispatch through it.
+    from hf_precision.cli import main as _main
+
+    sys.exit(_main())

@@ -3,7 +3,7 @@
 Only component entry points and float32 islands are hooked, never every layer: per-layer hooks cost ~30% on
 CPU (facts 2.3), one boundary hook costs one cast of the inputs. Target dtypes and devices are read from the
 module's parameters at call time, so the hooks stay correct after the pipeline moves or upcasts a component
-(``upcast_vae``, offloading); ``hf_precision.check`` reports when that drifts from the plan.
+(``upcast_vae``, offloading); ``hf_precision.checker`` reports when that drifts from the plan.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Tests for hf_precision.explain: message parsing (every §2.1 family, CPU and CUDA wordings) and the context."""
+"""Tests for hf_precision.mismatch: message parsing (every §2.1 family, CPU and CUDA wordings) and the context."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-import hf_precision.explain as explain_mod
-from hf_precision.explain import MismatchError, explain, explain_error, parse_mismatch
+import hf_precision.mismatch as explain_mod
+from hf_precision.mismatch import MismatchError, explain, explain_error, parse_mismatch
 
 HALF = [pytest.param(torch.float16, id="fp16"), pytest.param(torch.bfloat16, id="bf16")]
 NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float64: "float64"}
@@ -517,6 +517,6 @@ def test_doctests():
 
 
 def test_no_torch_import_at_import_time():
-    code = "import sys, hf_precision.explain; print('torch' in sys.modules)"
+    code = "import sys, hf_precision.mismatch; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -1,0 +1,153 @@
+"""``hf-precision plan`` and ``hf-precision check``: the diagnostics subcommands (registered on import by cli.py).
+
+Only the argument parsers live at module level; the handlers import torch, diffusers and the work itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from .cli import _add_recipe_args, command, overrides_from
+from .errors import RecipeError
+
+__all__: list[str] = []
+
+
+@command("plan", "plan a pipeline from its configs alone (meta device, no weights): parameters, bytes per dtype, "
+                 "float32 modules and why", "hf_precision.cli_diagnose:_cmd_plan")
+def _args_plan(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME_OR_FOLDER",
+                   help="a recipe alias (sdxl, svd, pixart, dit, sd15: the real configs shipped with hf_precision), a "
+                        "folder with model_index.json and component config.json files (weights not needed), or a "
+                        "Hub id")
+    _add_recipe_args(p)
+    p.add_argument("--recipe", default=None, metavar="NAME",
+                   help="recipe to plan with (default: the alias, or the one covering model_index.json's _class_name)")
+    p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON (exact byte counts)")
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from .planner import plan
+
+    result = plan(args.name, device=args.device, recipe=args.recipe, overrides=overrides_from(args) or None,
+                  modules=args.modules)
+    print(result.to_json() if args.json else result.table(modules=args.modules))
+    return 0
+
+
+@command("check", "run a saved pipeline once (1 step, tiny) and report dtype/device mismatches, erased float32 "
+                  "islands, drift and casts; exit 1 when something is wrong", "hf_precision.cli_diagnose:_cmd_check")
+def _args_check(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", metavar="PATH", help="a diffusers pipeline folder (model_index.json and weights)")
+    _add_recipe_args(p, device_help="device to load and run on: cpu, cuda, cuda:1, mps, xpu. Default: the best "
+                                    "present device")
+    p.add_argument("--for", dest="for_device", default=None, metavar="DEVICE",
+                   help="resolve the recipe for another device (a preset such as t4 or a100) and run that layout on "
+                        "--device: checks a T4 layout on this machine")
+    p.add_argument("--recipe", default=None, metavar="NAME",
+                   help="recipe to load with (default: the one covering model_index.json's _class_name)")
+    p.add_argument("--plain", action="store_true",
+                   help="load with plain diffusers (DiffusionPipeline.from_pretrained(PATH, dtype=...)), no recipe and "
+                        "no hooks: shows what breaks without hf_precision")
+    p.add_argument("--dtype", action="append", default=[], metavar="[COMPONENT=]DTYPE",
+                   help="with --plain: the from_pretrained dtype, one for all (--dtype float16) or per component "
+                        "(--dtype unet=float16; the rest float32 unless --dtype default=... is given); repeatable")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def _plain_dtype(values: list[str]) -> Any:
+    """``--dtype`` flags -> what ``from_pretrained(dtype=...)`` takes: one torch dtype or a component mapping."""
+    from . import dtypes as dt
+
+    def one(text: str, flag: str) -> Any:
+        name = dt.canonical(text)
+        if name is None:
+            raise RecipeError(f"--dtype {flag}: unknown dtype {text!r}; allowed: {dt.allowed_names()}")
+        return dt.to_torch(name)
+
+    if not values:
+        return None
+    if len(values) == 1 and "=" not in values[0]:
+        return one(values[0], values[0])
+    mapping: dict[str, Any] = {}
+    for flag in values:
+        component, eq, name = flag.partition("=")
+        if not eq or not component.strip():
+            raise RecipeError(f"--dtype {flag}: with several --dtype flags write COMPONENT=DTYPE "
+                              f"(e.g. --dtype unet=float16 --dtype default=float32)")
+        mapping[component.strip()] = one(name.strip(), flag)
+    mapping.setdefault("default", one("float32", "default=float32"))
+    return mapping
+
+
+def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
+    from diffusers import DiffusionPipeline
+
+    dtype = _plain_dtype(dtypes)
+    kwargs = {"dtype": dtype} if dtype is not None else {}
+    try:
+        pipe = DiffusionPipeline.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as err:
+        raise RecipeError(f"{path}: plain diffusers cannot load it ({err})") from None
+    if device is not None:
+        from .apply import _torch_device
+
+        pipe.to(_torch_device(device, "--device"))
+    return pipe
+
+
+def _validate_early(path: str, recipe: str | None, device: Any, overrides: Any) -> None:
+    """Resolve the recipe before diffusers is imported: a bad --set fails in a second, not after a load."""
+    import json
+    from pathlib import Path
+
+    from .apply import recipe_for_class
+    from .recipe import get_recipe
+
+    index_file = Path(path).expanduser() / "model_index.json"
+    if not index_file.is_file():
+        return  # load_pipeline says what is missing
+    try:
+        name = recipe or recipe_for_class(str(json.loads(index_file.read_text()).get("_class_name")))
+    except RecipeError:
+        return  # an unknown pipeline class: load_pipeline reports it with the options
+    get_recipe(name, device=device, overrides=overrides)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .checker import check
+
+    if not Path(args.path).expanduser().is_dir():
+        raise RecipeError(f"{args.path}: no such folder; check runs a saved pipeline: pass its folder (model_index.json "
+                          f"and weights). To plan without weights: hf-precision plan {args.path}")
+    if args.plain:
+        used = [flag for flag, on in (("--recipe", args.recipe), ("--overrides", args.overrides), ("--set", args.set_),
+                                      ("--for", args.for_device)) if on]
+        if used:
+            raise RecipeError(f"--plain loads without a recipe: drop {', '.join(used)} (or drop --plain)")
+        pipe = _load_plain(args.path, args.dtype, args.device)
+    else:
+        if args.dtype:
+            raise RecipeError("--dtype goes with --plain; with a recipe write --set COMPONENT.dtype=DTYPE")
+        recipe: Any = args.recipe
+        overrides: Any = overrides_from(args) or None
+        _validate_early(args.path, recipe, args.for_device or args.device, overrides)
+        from .load import load_pipeline
+
+        if args.for_device:
+            from .apply import recipe_for_class
+            from .load import _component_configs, locate
+            from .recipe import get_recipe
+
+            where, index, folder = locate(args.path)
+            recipe = get_recipe(recipe or recipe_for_class(str(index.get("_class_name"))), device=args.for_device,
+                                overrides=overrides, configs=_component_configs(where, index, folder))
+            overrides = None
+        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides)
+    report = check(pipe)
+    print(report.to_json() if args.json else report.table())
+    return report.exit_code

@@ -1,0 +1,61 @@
+"""Text-to-image through the loader, for users who have weights: ``hf-precision generate``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from .errors import RecipeError
+
+__all__ = ["generate"]
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
+
+
+def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, steps: int = 30, height: int | None = None,
+             width: int | None = None, guidance: float | None = None, negative_prompt: str | None = None, seed: int = 0,
+             recipe: str | None = None, overrides: Any = None) -> Path:
+    """Generate one image with a text-to-image pipeline loaded through :func:`hf_precision.load_pipeline`.
+
+    The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind.
+
+    Example:
+        >>> import tempfile
+        >>> from hf_precision.synthetic import make_sdxl, save_pipeline
+        >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
+        >>> generate(str(folder), "a cat", Path(tempfile.mkdtemp()) / "cat.png", device="cpu", steps=2,
+        ...          height=32, width=32).suffix
+        '.png'
+    """
+    import torch
+
+    from .load import load_pipeline
+
+    out = Path(out)
+    if out.suffix.lower() not in IMAGE_SUFFIXES:
+        raise RecipeError(f"--out {out}: unsupported image type {out.suffix!r}; allowed: {', '.join(IMAGE_SUFFIXES)}")
+    if not out.parent.exists():
+        raise RecipeError(f"--out {out}: folder {out.parent} does not exist; create it first")
+    if steps < 1:
+        raise RecipeError(f"--steps {steps}: must be at least 1")
+    for name, value in (("height", height), ("width", width)):
+        if value is not None and (value <= 0 or value % 8):
+            raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
+    pipe = load_pipeline(model, device, recipe=recipe, overrides=overrides)
+    if "prompt" not in __import__("inspect").signature(pipe.__call__).parameters:
+        raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
+                          "use `hf-precision video` for SVD")
+    kwargs: dict[str, Any] = {"prompt": prompt, "num_inference_steps": steps}
+    for key, value in (("height", height), ("width", width), ("guidance_scale", guidance),
+                       ("negative_prompt", negative_prompt)):
+        if value is not None:
+            kwargs[key] = value
+    image = pipe(**kwargs, generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
+    try:
+        image.save(tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out

@@ -1,0 +1,508 @@
+"""plan: what a recipe does to a pipeline, worked out from its configs alone (meta device, no weights, no GPU).
+
+Every component is built from its ``config.json`` on torch's ``meta`` device (shapes without storage), the recipe
+is resolved for the device you name, and the same island rule and per-parameter dtypes as
+:func:`hf_precision.apply_recipe` (``select.resolve_islands``, ``apply.planned_dtypes``) give exact byte counts:
+``hf-precision plan sdxl --device t4`` tells you, before downloading 7 GB, that the SDXL VAE stays float32 on a
+T4 and how much memory the whole pipeline takes compared with plain float32.
+
+Recipe aliases (``sdxl``, ``svd``, ``pixart``, ``dit``, ``sd15``) use the real configs shipped in
+``hf_precision/model_configs/``; any local folder with ``model_index.json`` and component ``config.json`` files
+works too, with or without weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import textwrap
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from . import dtypes as dt
+from .errors import RecipeError
+from .recipe import ComponentPlan, Recipe, _pipeline_file, get_recipe, list_recipes
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["plan", "Plan", "PlannedComponent", "Island", "ModuleRow", "shipped_configs", "build_on_meta"]
+
+CONFIGS_DIR = Path(__file__).resolve().parent / "model_configs"
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+@dataclasses.dataclass(frozen=True)
+class Island:
+    """A module that stays float32 inside a half-precision component."""
+
+    module: str
+    params: int
+    why: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleRow:
+    """One module of a component: class, parameters (its own and its children's) and their planned dtype(s)."""
+
+    name: str
+    cls: str
+    params: int
+    dtype: str
+    island: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class PlannedComponent:
+    """One component of a :class:`Plan`.
+
+    ``bytes_by_dtype`` maps a canonical dtype name to the bytes of the parameters planned in it; ``fp32_bytes`` is
+    what the same parameters take in float32 (plain ``from_pretrained`` without a dtype).
+    """
+
+    name: str
+    cls: str
+    library: str
+    params: int
+    bytes_by_dtype: dict[str, int]
+    total_bytes: int
+    fp32_bytes: int
+    storage: str
+    compute: str
+    handed_over: str
+    islands: list[Island]
+    keep_fp32: tuple[str, ...]
+    fp32_why: str | None
+    why: str
+    modules: list[ModuleRow] | None = None
+
+    @property
+    def island_params(self) -> int:
+        return sum(i.params for i in self.islands)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "modules"}
+        d["keep_fp32"] = list(self.keep_fp32)
+        d["islands"] = [i.to_dict() for i in self.islands]
+        d["island_params"] = self.island_params
+        if self.modules is not None:
+            d["modules"] = [m.to_dict() for m in self.modules]
+        return d
+
+
+@dataclasses.dataclass
+class Plan:
+    """What a recipe does to a pipeline: per component its parameters, bytes per dtype, float32 modules and why.
+
+    Printing a plan gives a table with sizes in GB/MB; ``to_dict()``/``to_json()`` carry the exact byte counts.
+
+    Attributes:
+        name (`str`): What was asked for (``"sdxl"``, a folder).
+        source (`str`): Where the configs came from.
+        pipeline (`str`): The pipeline class of ``model_index.json``.
+        recipe (`Recipe`): The resolved recipe.
+        components (`dict[str, PlannedComponent]`): In recipe order.
+        skipped (`list[str]`): Components of ``model_index.json`` that are not planned, and why.
+    """
+
+    name: str
+    source: str
+    pipeline: str
+    recipe: Recipe
+    components: dict[str, PlannedComponent]
+    skipped: list[str]
+
+    @property
+    def params(self) -> int:
+        return sum(c.params for c in self.components.values())
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(c.total_bytes for c in self.components.values())
+
+    @property
+    def fp32_bytes(self) -> int:
+        return sum(c.fp32_bytes for c in self.components.values())
+
+    def __getitem__(self, name: str) -> PlannedComponent:
+        try:
+            return self.components[name]
+        except KeyError:
+            raise KeyError(f"plan has no component {name!r}; it has {list(self.components)}") from None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "source": self.source, "pipeline": self.pipeline,
+                "device": self.recipe.device.label(), "params": self.params, "total_bytes": self.total_bytes,
+                "fp32_bytes": self.fp32_bytes, "saved_bytes": self.fp32_bytes - self.total_bytes,
+                "components": {n: c.to_dict() for n, c in self.components.items()}, "skipped": list(self.skipped),
+                "recipe": json.loads(self.recipe.to_json())}  # JSON types (lists, not tuples): to_dict == loads(to_json)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self, modules: bool = False) -> str:
+        """The plan as text; ``modules=True`` adds every module of every component (needs ``plan(..., modules=True)``)."""
+        head = ("component", "class", "parameters", "storage", "compute", "hands over", "float32 modules", "size",
+                "all-fp32")
+        rows = []
+        for c in self.components.values():
+            if c.fp32_why is not None:
+                fp32 = "whole component"
+            elif c.islands:
+                fp32 = _island_summary(c)
+            else:
+                fp32 = "-"
+            rows.append((c.name, c.cls, f"{c.params:,}", c.storage, c.compute, c.handed_over, fp32,
+                         _size(c.total_bytes), _size(c.fp32_bytes)))
+        total = ("total", "", f"{self.params:,}", "", "", "", "", _size(self.total_bytes), _size(self.fp32_bytes))
+        right = {2, 7, 8}
+        widths = [max(len(r[i]) for r in (head, *rows, total)) for i in range(len(head))]
+        line = lambda r: "  ".join(c.rjust(w) if i in right else c.ljust(w)
+                                   for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        out = [f"plan: recipe {self.recipe.name} for {self.recipe.device.label()}",
+               f"pipeline: {self.pipeline} from {self.source} (built from configs on the meta device, no weights)",
+               "", line(head), line(tuple("-" * w for w in widths)), *map(line, rows), line(total), ""]
+        saved = self.fp32_bytes - self.total_bytes
+        pct = f" ({100 * saved / self.fp32_bytes:.0f}%)" if self.fp32_bytes else ""
+        out.append(f"weights: {self.total_bytes:,} bytes ({_size(self.total_bytes)}) with this recipe, "
+                   f"{self.fp32_bytes:,} bytes ({_size(self.fp32_bytes)}) all-fp32: saves {_size(saved)}{pct}")
+        out.append("(1 GB = 10^9 bytes; weights only, activations come on top)")
+        out += ["", "bytes by dtype:"]
+        for c in self.components.values():
+            parts = " + ".join(f"{name} {n:,} ({_size(n)})" for name, n in c.bytes_by_dtype.items())
+            out.append(f"  {c.name}: {parts}")
+        stays = [c for c in self.components.values() if c.fp32_why is not None or c.islands]
+        if stays:
+            out += ["", "stays float32, and why:"]
+            device_notes: list[str] = []
+            for c in stays:
+                if c.fp32_why is not None:
+                    out.append(f"  {c.name} (whole component, {c.params:,} parameters, {_size(c.fp32_bytes)}):")
+                    why, _, device = c.fp32_why.partition(". Device: ")
+                    out += _wrap(why + ("." if device else ""), "      ")
+                    if device and device not in device_notes:
+                        device_notes.append(device)
+                    continue
+                width = max(len(f"{c.name}.{i.module}") for i in c.islands)
+                shown = c.islands if len(c.islands) <= 8 else c.islands[:6]
+                for i in shown:
+                    out.append(f"  {c.name}.{i.module}".ljust(width + 2) + f"  {i.params:>12,} parameters  "
+                               f"{_size(i.params * 4)}")
+                if len(shown) < len(c.islands):
+                    rest = c.islands[len(shown):]
+                    out.append(f"  ... and {len(rest)} more ({sum(i.params for i in rest):,} parameters)")
+                out += _wrap(c.islands[0].why, "      ")
+            for note in device_notes:
+                out += _wrap(f"device: {note}", "  ")
+        if self.skipped:
+            out += ["", "not planned: " + "; ".join(self.skipped)]
+        if modules:
+            out += ["", "modules:"]
+            for c in self.components.values():
+                if c.modules is None:
+                    out.append(f"  {c.name}: (plan(..., modules=True) lists them)")
+                    continue
+                rows_m = [(f"{c.name}.{m.name}" if m.name else c.name, m.cls, f"{m.params:,}", m.dtype,
+                           "island" if m.island else "") for m in c.modules]
+                w = [max(len(r[i]) for r in rows_m) for i in range(5)]
+                for r in rows_m:
+                    out.append(f"  {r[0].ljust(w[0])}  {r[1].ljust(w[1])}  {r[2].rjust(w[2])}  {r[3].ljust(w[3])}  "
+                               f"{r[4]}".rstrip())
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.table(modules=any(c.modules is not None for c in self.components.values()))
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    return textwrap.wrap(text, width=110, initial_indent=indent, subsequent_indent=indent) or []
+
+
+def _island_summary(c: PlannedComponent) -> str:
+    if len(c.islands) <= 3:
+        return ", ".join(i.module for i in c.islands)
+    return f"{len(c.islands)} modules ({', '.join(c.keep_fp32)})"
+
+
+# --------------------------------------------------------------------------------------------- finding configs
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The real pipeline configs shipped with hf_precision: folder name and recipe alias -> folder.
+
+    Example:
+        >>> shipped_configs()["sdxl"].name
+        'stable-diffusion-xl-base-1.0'
+    """
+    folders = {d.name: d for d in sorted(CONFIGS_DIR.iterdir()) if (d / "model_index.json").is_file()}
+    out = dict(folders)
+    for alias in list_recipes("pipeline"):
+        model = str(_pipeline_file(alias)[1].get("model") or "")
+        base = model.rstrip("/").split("/")[-1]
+        if base in folders:
+            out[alias] = folders[base]
+    return out
+
+
+def _locate(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
+    """(source, model_index.json, component -> config.json) for a folder, an alias, or a Hub id."""
+    text = str(name)
+    folder = Path(text).expanduser()
+    if not folder.is_dir():
+        shipped = shipped_configs()
+        base = text.rstrip("/").split("/")[-1]
+        if text in shipped:
+            folder = shipped[text]
+        elif text.count("/") == 1 and base in shipped and not text.startswith((".", "/", "~")):
+            folder = shipped[base]  # a Hub id whose configs ship with hf_precision: no download
+    if folder.is_dir():
+        index_file = folder / "model_index.json"
+        if not index_file.is_file():
+            raise RecipeError(f"{folder}: no model_index.json; point at a diffusers pipeline folder (model_index.json "
+                              f"and one folder per component with its config.json; weights are not needed)")
+        index = json.loads(index_file.read_text())
+        configs = {}
+        for comp, spec in index.items():
+            path = folder / comp / "config.json"
+            if not comp.startswith("_") and isinstance(spec, (list, tuple)) and path.is_file():
+                configs[comp] = json.loads(path.read_text())
+        try:
+            source = str(folder.relative_to(CONFIGS_DIR.parent.parent))
+        except ValueError:
+            source = str(folder)
+        return source, index, configs
+    from .load import _component_configs, locate
+
+    where, index, local = locate(text)  # a Hub id: only the small JSON files are fetched
+    return where, dict(index), _component_configs(where, index, local)
+
+
+# --------------------------------------------------------------------------------------------- building
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """Silence the config warnings diffusers and transformers log while building from a config."""
+    import warnings
+
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    levels = dlog.get_verbosity(), tlog.get_verbosity()
+    dlog.set_verbosity_error()
+    tlog.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        dlog.set_verbosity(levels[0])
+        tlog.set_verbosity(levels[1])
+
+
+def build_on_meta(library: str, class_name: str, config: Mapping[str, Any]) -> nn.Module:
+    """Build a model from its config on the meta device: real shapes and module names, no memory for weights.
+
+    Diffusers classes use ``from_config`` (``Transformer2DModel`` configs dispatch to ``PixArtTransformer2DModel``
+    or ``DiTTransformer2DModel``). Transformers classes are built from their config class; the model class is the
+    one ``model_index.json`` names, else ``config.architectures[0]`` (``AutoModel`` would build T5's decoder too).
+    Everything is built under ``torch.device("meta")``, where T5's tied input embedding counts once (under
+    ``accelerate.init_empty_weights()`` it would count 131,596,288 parameters too many).
+
+    Example:
+        >>> m = build_on_meta("diffusers", "AutoencoderKL", {"block_out_channels": [8], "norm_num_groups": 4})
+        >>> next(m.parameters()).device.type
+        'meta'
+    """
+    import importlib
+
+    import torch
+
+    with _quiet():
+        if library == "transformers":
+            import transformers
+
+            model_type = config.get("model_type")
+            if model_type not in transformers.CONFIG_MAPPING:
+                raise RecipeError(f"{class_name}: config.json has model_type {model_type!r}, which this transformers "
+                                  f"{transformers.__version__} does not know; upgrade transformers")
+            conf = transformers.CONFIG_MAPPING[model_type].from_dict(dict(config))
+            cls = getattr(transformers, class_name, None)
+            if cls is None and getattr(conf, "architectures", None):
+                cls = getattr(transformers, conf.architectures[0], None)
+            if cls is None:
+                raise RecipeError(f"{class_name}: not a transformers class (transformers {transformers.__version__})")
+            with torch.device("meta"):
+                return cls(conf)
+        import diffusers
+
+        cls = getattr(diffusers, class_name, None)
+        if cls is None and library not in ("diffusers", None):
+            with contextlib.suppress(ImportError):
+                cls = getattr(importlib.import_module(f"diffusers.pipelines.{library}"), class_name, None)
+        if cls is None or not hasattr(cls, "from_config"):
+            raise RecipeError(f"{class_name}: not a diffusers model class (diffusers {diffusers.__version__}); "
+                              f"upgrade diffusers or check model_index.json")
+        with torch.device("meta"):
+            return cls.from_config(dict(config))
+
+
+# --------------------------------------------------------------------------------------------- planning
+
+
+def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
+         overrides: Any = None, modules: bool = False) -> Plan:
+    """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
+
+    Nothing is downloaded or allocated: each component is built on the meta device from its ``config.json``, the
+    recipe is resolved for ``device`` (which need not be present: ``"t4"``, ``"a100"``, ``"m1-macos13"``), and
+    each parameter is counted in the dtype :func:`~hf_precision.apply_recipe` would give it (islands float32, the
+    rest the storage dtype). A ``keep_fp32`` pattern that matches no module is an error, as in ``apply_recipe``.
+
+    Args:
+        name_or_path (`str` or `Path`): A recipe alias (``"sdxl"``, ``"svd"``, ``"pixart"``, ``"dit"``,
+            ``"sd15"``: the real configs shipped in ``hf_precision/model_configs/``), the name of a shipped folder
+            or its Hub id (``"stabilityai/stable-diffusion-xl-base-1.0"``), a local folder with
+            ``model_index.json`` and component ``config.json`` files (weights not needed), or another Hub id
+            (only its JSON files are fetched).
+        device (*optional*): A device preset (``"t4"``), a present device (``"cuda"``) or a description
+            (``"cuda:sm75"``). Defaults to the best present device.
+        recipe (`Recipe` or `str`, *optional*): A recipe name, or a resolved :class:`Recipe` used as is. Defaults
+            to the alias itself, else the recipe that covers the ``_class_name`` of ``model_index.json``.
+        overrides (*optional*): Override file(s) or dict(s) merged over the recipe (see ``get_recipe``).
+        modules (`bool`, *optional*, defaults to `False`): Also list every module with its parameters and
+            planned dtype (``Plan.table(modules=True)``, ``hf-precision plan --modules``).
+
+    Returns:
+        `Plan`: print it for a table; ``to_json()`` carries exact byte counts.
+
+    Raises:
+        RecipeError: Unknown name, recipe, device or override; a ``keep_fp32`` pattern that matches nothing; a
+            dtype the device cannot compute.
+
+    Example:
+        >>> p = plan("sdxl", device="t4")
+        >>> p["vae"].compute, p["vae"].total_bytes == 83_653_863 * 4
+        ('float32', True)
+        >>> [(i.module, i.params) for i in p["unet"].islands]
+        [('time_embedding', 2050560), ('add_embedding', 5245440)]
+        >>> plan("sdxl", device="a100")["vae"].compute
+        'bfloat16'
+    """
+    from .apply import component_islands, planned_dtypes, recipe_for_class
+    from .devices import device_caps
+
+    text = str(name_or_path)
+    source, index, configs = _locate(text)
+    pipeline = str(index.get("_class_name", "?"))
+    if isinstance(recipe, Recipe):
+        if overrides:
+            raise RecipeError("plan: overrides need a recipe name, not a resolved Recipe: pass recipe='sdxl', "
+                              "overrides=... or resolve with get_recipe(name, device, overrides)")
+        resolved = recipe
+    else:
+        if recipe is None:
+            recipe = text if text in list_recipes("pipeline") else recipe_for_class(pipeline)
+        resolved = get_recipe(str(recipe), device=device, overrides=overrides, configs=configs)
+
+    caps = device_caps(resolved.device)
+    device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")
+    components: dict[str, PlannedComponent] = {}
+    skipped: list[str] = []
+    for comp, spec in index.items():
+        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] is None:
+            continue
+        if comp not in resolved and comp in configs:
+            skipped.append(f"{comp} ({spec[1]}): not in recipe {resolved.name}, left as loaded")
+    for cp in resolved.plans:
+        spec = index.get(cp.name)
+        if not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] is None:
+            skipped.append(f"{cp.name}: not in {pipeline}'s model_index.json")
+            continue
+        if cp.name not in configs:
+            skipped.append(f"{cp.name} ({spec[1]}): no {cp.name}/config.json")
+            continue
+        module = build_on_meta(str(spec[0]), str(spec[1]), configs[cp.name])
+        islands = component_islands(cp, module)
+        components[cp.name] = _plan_component(cp, module, str(spec[0]), islands, planned_dtypes(module, cp, islands),
+                                              modules, device_why)
+        del module
+    return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)
+
+
+def _decision(cp: ComponentPlan, field: str) -> Any:
+    return next((d for d in cp.decisions if d.field == field), None)
+
+
+def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands: list[str], planned: dict[str, str],
+                    with_modules: bool, device_why: str) -> PlannedComponent:
+    from .select import inside
+
+    params = 0
+    fp32_bytes = 0
+    by_dtype: dict[str, int] = {}
+    own: dict[str, list[tuple[int, str]]] = {}
+    for pname, param in module.named_parameters():
+        n = param.numel()
+        params += n
+        name = planned.get(pname) or dt.from_torch(param.dtype)
+        size = n * (dt.itemsize(name) if name in dt.DTYPES else param.element_size())
+        by_dtype[name] = by_dtype.get(name, 0) + size
+        fp32_bytes += n * 4 if param.is_floating_point() else size
+        own.setdefault(pname.rpartition(".")[0], []).append((n, name))
+    order = {name: i for i, name in enumerate(dt.DTYPES)}
+    by_dtype = dict(sorted(by_dtype.items(), key=lambda kv: (order.get(kv[0], 99), kv[0])))
+
+    island_why = cp.why or "kept float32 by the recipe"
+    keep = _decision(cp, "keep_fp32")
+    if keep is not None:
+        island_why = f"keep_fp32 [{keep.source}]: {island_why}"
+    counts = {i: sum(p.numel() for p in module.get_submodule(i).parameters()) for i in islands}
+    island_rows = [Island(i, counts[i], island_why) for i in islands]
+
+    fp32_why = None
+    if cp.compute == "float32" and cp.storage == "float32":
+        compute = _decision(cp, "compute")
+        fp32_why = f"compute float32: {compute.rule if compute else 'the recipe says so'}"
+        if device_why:
+            fp32_why += f". Device: {device_why}"  # the device picks no half dtype unasked: the device decided
+        elif cp.why:
+            fp32_why += f". {cp.why}"  # the device would take half precision: the recipe decided
+    compute_decision = _decision(cp, "compute")
+
+    rows = None
+    if with_modules:
+        totals: dict[str, int] = {}
+        dtypes_of: dict[str, set[str]] = {}
+        for owner, items in own.items():
+            parts = owner.split(".") if owner else []
+            for k in range(len(parts) + 1):
+                prefix = ".".join(parts[:k])
+                totals[prefix] = totals.get(prefix, 0) + sum(n for n, _ in items)
+                dtypes_of.setdefault(prefix, set()).update(d for _, d in items)
+        rows = [ModuleRow(name=n, cls=type(m).__name__, params=totals.get(n, 0),
+                          dtype="+".join(sorted(dtypes_of.get(n, ()), key=lambda d: order.get(d, 99))) or "-",
+                          island=inside(n, islands))
+                for n, m in module.named_modules()]
+    return PlannedComponent(name=cp.name, cls=type(module).__name__, library=library, params=params,
+                            bytes_by_dtype=by_dtype, total_bytes=sum(by_dtype.values()), fp32_bytes=fp32_bytes,
+                            storage=cp.storage, compute=cp.compute, handed_over=cp.handed_over, islands=island_rows,
+                            keep_fp32=tuple(cp.keep_fp32), fp32_why=fp32_why,
+                            why=compute_decision.rule if compute_decision else "", modules=rows)
