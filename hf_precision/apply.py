@@ -276,6 +276,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         Applying again replaces the previous hooks instead of stacking them.
 
     Example:
+        >>> from hf_precision import get_recipe
         >>> from hf_precision.synthetic import make_sdxl
         >>> pipe = make_sdxl()
         >>> applied = apply_recipe(pipe, get_recipe("sdxl", device="t4"), device="cpu")

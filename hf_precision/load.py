@@ -126,6 +126,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
 
     Example:
         >>> import tempfile
+        >>> from hf_precision import get_recipe
         >>> from hf_precision.synthetic import make_sdxl, save_pipeline
         >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
         >>> pipe = load_pipeline(folder, "cpu", recipe=get_recipe("sdxl", device="t4"))
