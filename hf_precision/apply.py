@@ -112,7 +112,13 @@ def _components(pipe: Any) -> dict[str, torch.nn.Module]:
     return {k: v for k, v in comps.items() if isinstance(v, torch.nn.Module)}
 
 
-def _torch_device(spec: Any, what: str) -> torch.device:
+def torch_device(spec: Any, what: str) -> torch.device:
+    """A device tensors can be placed on, or a ``RecipeError`` that explains presets are for planning only.
+
+    Example:
+        >>> torch_device("cpu", "device")
+        device(type='cpu')
+    """
     try:
         dev = torch.device(spec)
     except (RuntimeError, TypeError):
@@ -134,9 +140,9 @@ def resolve_placement(device: Any, names: list[str], current: Mapping[str, torch
         out = {}
         for n in names:
             spec = device.get(n, device.get("default"))
-            out[n] = None if spec is None else str(_torch_device(spec, f"device[{n!r}]"))
+            out[n] = None if spec is None else str(torch_device(spec, f"device[{n!r}]"))
         return out
-    dev = str(_torch_device(device, "device"))
+    dev = str(torch_device(device, "device"))
     return {n: dev for n in names}
 
 

@@ -92,9 +92,9 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
     except (OSError, ValueError) as err:
         raise RecipeError(f"{path}: plain diffusers cannot load it ({err})") from None
     if device is not None:
-        from .apply import _torch_device
+        from .apply import torch_device
 
-        pipe.to(_torch_device(device, "--device"))
+        pipe.to(torch_device(device, "--device"))
     return pipe
 
 
@@ -140,12 +140,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         if args.for_device:
             from .apply import recipe_for_class
-            from .load import _component_configs, locate
+            from .load import component_configs, locate
             from .recipe import get_recipe
 
             where, index, folder = locate(args.path)
             recipe = get_recipe(recipe or recipe_for_class(str(index.get("_class_name"))), device=args.for_device,
-                                overrides=overrides, configs=_component_configs(where, index, folder))
+                                overrides=overrides, configs=component_configs(where, index, folder))
             overrides = None
         pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides)
     report = check(pipe)

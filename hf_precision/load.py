@@ -12,7 +12,7 @@ from . import dtypes as dt
 from .errors import RecipeError
 from .recipe import Recipe, _pipeline_file, list_recipes
 
-__all__ = ["load_pipeline", "locate"]
+__all__ = ["load_pipeline", "locate", "component_configs"]
 
 
 def _offline_error(name: str, err: BaseException) -> RecipeError:
@@ -54,7 +54,16 @@ def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = N
     return text, dict(index), None
 
 
-def _component_configs(where: str, index: Mapping[str, Any], folder: Path | None) -> dict[str, dict[str, Any]]:
+def component_configs(where: str, index: Mapping[str, Any], folder: Path | None) -> dict[str, dict[str, Any]]:
+    """Each component's ``config.json`` (what recipes ``select:`` on, e.g. the fp16-fix VAE's ``force_upcast``).
+
+    Example:
+        >>> import tempfile
+        >>> from hf_precision.synthetic import make_sdxl, save_pipeline
+        >>> where, index, folder = locate(save_pipeline(make_sdxl(), tempfile.mkdtemp()))
+        >>> component_configs(where, index, folder)["vae"]["force_upcast"]
+        True
+    """
     configs = {}
     for comp, spec in index.items():
         if comp.startswith("_") or not isinstance(spec, (list, tuple)) or spec[0] is None:
@@ -155,7 +164,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
         device = device_profile(None).torch_device()
     present = [c for c in recipe_components if c in index]
     placement = resolve_placement(device, present, {})
-    configs = _component_configs(where, index, folder)
+    configs = component_configs(where, index, folder)
     if isinstance(recipe, Recipe):
         if layers:
             raise RecipeError("load_pipeline: overrides need a recipe name, not a resolved Recipe: pass recipe='sdxl', "

@@ -288,10 +288,10 @@ def _locate(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
         except ValueError:
             source = str(folder)
         return source, index, configs
-    from .load import _component_configs, locate
+    from .load import component_configs, locate
 
     where, index, local = locate(text)  # a Hub id: only the small JSON files are fetched
-    return where, dict(index), _component_configs(where, index, local)
+    return where, dict(index), component_configs(where, index, local)
 
 
 # --------------------------------------------------------------------------------------------- building

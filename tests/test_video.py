@@ -1,0 +1,244 @@
+"""scripts/generate_video.py (``hf-precision video``) on the tiny SVD, on CPU: outputs read back, two processes under
+``accelerate launch``, and each bad input giving one message, exit code 2 and nothing written."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "generate_video.py"
+_ACCELERATE = Path(sys.executable).parent / "accelerate"
+ACCELERATE = [str(_ACCELERATE), "launch"] if _ACCELERATE.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+SMALL = ["--height", "32", "--width", "48", "--frames", "3", "--steps", "2", "--decode-chunk-size", "2", "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def svd_folder(saved_pipeline) -> Path:
+    """The tiny SVD saved once per session (conftest's session cache)."""
+    return saved_pipeline("svd")
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory) -> Path:
+    """A folder of three small input images."""
+    from PIL import Image
+
+    folder = tmp_path_factory.mktemp("images")
+    for i, color in enumerate(["red", "green", "blue"]):
+        Image.new("RGB", (40 + 8 * i, 40), color).save(folder / f"img{i}.png")
+    return folder
+
+
+def script(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180,
+                          cwd=cwd, env=env, check=False)
+
+
+def read_video(path: Path) -> np.ndarray:
+    import imageio.v3 as iio
+
+    return iio.imread(path, index=None, **({"plugin": "FFMPEG"} if path.suffix == ".mp4" else {}))
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Temporary files or folders of an interrupted write (``.NAME.tmp-*``, ``.NAME.old-*``)."""
+    return [p.name for p in folder.rglob("*") if p.name.startswith(".") or ".tmp-" in p.name or ".old-" in p.name]
+
+
+# --------------------------------------------------------------------------------------------- outputs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("suffix", [".mp4", ".gif"])
+def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_path, suffix):
+    out = tmp_path / f"clip{suffix}"
+    proc = script("--model", str(svd_folder), "--image", str(images / "img0.png"), "--out", str(out), *SMALL,
+                  "--fps", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    frames = read_video(out)
+    assert frames.shape[:3] == (3, 32, 48), frames.shape  # frames, height, width
+    assert frames.shape[3] in (3, 4) and frames.dtype == np.uint8
+    assert frames.std() > 0  # not a blank video
+    assert re.search(r"peak memory [\d.]+ MiB \(peak RSS of the process", proc.stdout)
+    assert re.search(r"[\d.]+ s per denoising step", proc.stdout)
+    assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # not left with mkstemp's private mode
+    assert leftovers(tmp_path) == []
+
+
+def test_png_frames_in_process_with_model_offload(svd_folder, images, tmp_path, capsys):
+    from PIL import Image
+
+    from hf_precision.video import main
+
+    out = tmp_path / "frames"
+    rc = main(["--model", str(svd_folder), "--image", str(images / "img1.png"), "--out", str(out), *SMALL,
+               "--device", "cpu", "--offload", "model", "--forward-chunking"])
+    assert rc == 0, capsys.readouterr().err
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["frame_000.png", "frame_001.png", "frame_002.png"]
+    assert {Image.open(out / n).size for n in names} == {(48, 32)}
+    assert "offload model" in capsys.readouterr().out
+    assert leftovers(tmp_path) == []
+
+
+def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch):
+    import torch
+    from diffusers import StableVideoDiffusionPipeline
+
+    from hf_precision import apply_recipe, get_recipe
+    from hf_precision.synthetic import _image
+    from hf_precision.video import generate_video
+
+    pipe = tiny_pipe("svd")
+    apply_recipe(pipe, get_recipe("svd", device="cpu", overrides={"unet": {"dtype": "bfloat16"}}), device="cpu")
+    seen = []
+    original = StableVideoDiffusionPipeline.__call__
+
+    def spy(self, *args, **kwargs):
+        seen.append((kwargs["latents"].dtype, kwargs["output_type"]))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StableVideoDiffusionPipeline, "__call__", spy)
+    kwargs = {"height": 32, "width": 32, "frames": 3, "steps": 2, "decode_chunk_size": 2, "seed": 7, "progress": False}
+    first = generate_video(pipe, _image(32), **kwargs)
+    second = generate_video(pipe, _image(32), **kwargs)
+    assert seen == [(torch.bfloat16, "latent")] * 2  # noise drawn in the UNet's compute dtype, decoded here
+    assert first.frames.dtype == np.float32 and first.frames.shape == (3, 32, 32, 3)
+    assert 0.0 <= first.frames.min() and first.frames.max() <= 1.0
+    np.testing.assert_array_equal(first.frames, second.frames)
+    assert first.seconds_per_step > 0 and first.peak_memory >= first.peak_before_decode > 0
+
+
+def test_save_video_refuses_odd_mp4_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
+    from hf_precision import RecipeError
+    from hf_precision.video import save_video
+
+    with pytest.raises(RecipeError, match="even width and height"):
+        save_video(np.zeros((2, 31, 32, 3), np.float32), tmp_path / "odd.mp4")
+    target = tmp_path / "keep.gif"
+    target.write_bytes(b"old")
+
+    class Boom(Exception):
+        pass
+
+    def broken(*args, **kwargs):
+        raise Boom()
+
+    from PIL import Image
+
+    monkeypatch.setattr(Image.Image, "save", broken)
+    with pytest.raises(Boom):
+        save_video(np.zeros((2, 8, 8, 3), np.float32), target)
+    assert target.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.gif"]
+
+
+# --------------------------------------------------------------------------------------------- two processes
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_accelerate_two_processes_write_each_output_once(svd_folder, images, tmp_path):
+    out = tmp_path / "videos"
+    cmd = [*ACCELERATE, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(SCRIPT), "--model", str(svd_folder), "--image", str(images), "--out", str(out), "--device", "cpu", *SMALL]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["img0.mp4", "img1.mp4", "img2.mp4"]
+    wrote = re.findall(r"\[process (\d)/2\] wrote (\S+)", proc.stdout)
+    assert sorted(Path(w).name for _, w in wrote) == ["img0.mp4", "img1.mp4", "img2.mp4"]  # once each
+    assert {rank for rank, _ in wrote} == {"0", "1"}  # both processes worked
+    assert "done: 3 video(s) from 2 process(es)" in proc.stdout
+    for name in ("img0.mp4", "img1.mp4", "img2.mp4"):
+        assert read_video(out / name).shape[:3] == (3, 32, 48)
+    assert leftovers(tmp_path / "videos") == []
+
+
+# --------------------------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture(scope="session")
+def bad_inputs(tmp_path_factory, saved_pipeline) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("bad")
+    (folder / "text.png").write_text("this is not a png\n")
+    mixed = folder / "mixed"
+    mixed.mkdir()
+    shutil.copy(folder / "text.png", mixed / "b.png")
+    from PIL import Image
+
+    Image.new("RGB", (16, 16)).save(mixed / "a.png")
+    return {"text": folder / "text.png", "mixed": mixed, "sdxl": saved_pipeline("sdxl")}
+
+
+CASES = {
+    "missing image": (lambda b, svd: ["--model", str(svd), "--image", str(b["text"].parent / "nope.png")],
+                      "nope.png: no such file or folder"),
+    "unreadable image": (lambda b, svd: ["--model", str(svd), "--image", str(b["text"])],
+                         "cannot read it as an image"),
+    "unreadable image in a folder": (lambda b, svd: ["--model", str(svd), "--image", str(b["mixed"])],
+                                     "b.png: cannot read it as an image"),
+    "non-SVD model folder": (lambda b, svd: ["--model", str(b["sdxl"]), "--image", str(b["mixed"] / "a.png")],
+                             "is a StableDiffusionXLPipeline (model_index.json), not a Stable Video Diffusion pipeline"),
+    "height not a multiple of 8": (lambda b, svd: ["--model", str(svd), "--image", str(b["mixed"] / "a.png"),
+                                                   "--height", "30"], "--height 30: must be a positive multiple of 8"),
+    "zero frames": (lambda b, svd: ["--model", str(svd), "--image", str(b["mixed"] / "a.png"), "--frames", "0"],
+                    "--frames 0: must be at least 1"),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("case", "out_name"), [(c, o) for c in CASES for o in ("out.mp4", "outdir")
+                                                if not (o == "out.mp4" and "folder" in c and "model" not in c)])
+def test_bad_input_exit_2_and_nothing_written(case, out_name, bad_inputs, svd_folder, tmp_path):
+    make_args, message = CASES[case]
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = script(*make_args(bad_inputs, svd_folder), "--out", str(work / out_name), cwd=work)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    assert message in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("generate_video.py: error:")
+    assert list(work.iterdir()) == []  # no output, no temporary file
+
+
+@pytest.mark.slow
+def test_subcommand_shares_the_options_and_the_errors(tmp_path):
+    exe = Path(sys.executable).parent / "hf-precision"
+    cli = [str(exe)] if exe.exists() else [sys.executable, "-m", "hf_precision.cli"]
+    helped = subprocess.run([*cli, "video", "--help"], capture_output=True, text=True, timeout=60, check=False)
+    assert helped.returncode == 0
+    for option in ("--decode-chunk-size", "--offload", "--forward-chunking", "--motion-bucket-id", "--demo",
+                   "OUT/IMG.mp4"):
+        assert option in helped.stdout
+    proc = subprocess.run([*cli, "video", "--image", str(tmp_path / "nope.png"), "--out", str(tmp_path / "x.mp4")],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("hf-precision video: error: --image")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_doctests():
+    import doctest
+
+    from hf_precision import video
+
+    result = doctest.testmod(video, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 4 and result.failed == 0
