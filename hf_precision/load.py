@@ -185,9 +185,10 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     if "variant" not in kwargs and denoiser is not None and denoiser.storage in half and _has_fp16_variant(folder):
         kwargs["variant"] = "fp16"
     kwargs.setdefault("use_safetensors", True)
+    streamed = _stream_components(folder, index, plans, dtype_map, placement, kwargs)
     cls = pipeline_class or DiffusionPipeline
     try:
-        pipe = cls.from_pretrained(where, dtype=dtype_map, **kwargs)
+        pipe = cls.from_pretrained(where, dtype=dtype_map, **streamed, **kwargs)
     except OSError as err:
         if folder is None:
             raise _offline_error(where, err) from None
@@ -196,6 +197,39 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     _reload_islands_fp32(pipe, resolved, folder)
     apply_recipe(pipe, resolved, device=placement)
     return pipe
+
+
+def _stream_components(folder: Path | None, index: Mapping[str, Any], plans: Mapping[str, Any],
+                       dtype_map: Mapping[str, Any], placement: Mapping[str, str | None], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Components read tensor by tensor into their planned dtypes (see stream.py); the rest go to from_pretrained."""
+    import torch
+
+    from .select import matches
+    from .stream import stream_component
+
+    if folder is None or not kwargs.get("use_safetensors", True) or \
+            {"device_map", "quantization_config", "low_cpu_mem_usage", "revision"} & set(kwargs):
+        return {}
+    out = {}
+    for name, plan in plans.items():
+        spec = index.get(name)
+        if not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] is None or name in kwargs:
+            continue
+        islands = list(plan.keep_fp32) if plan.compute != "float32" else []
+        storage = dtype_map[name]
+
+        def target(key: str, _: torch.dtype, islands: list[str] = islands, storage: torch.dtype = storage) -> torch.dtype:
+            parts = key.split(".")[:-1]
+            inside = islands and any(matches(".".join(parts[:i]), islands) for i in range(1, len(parts) + 1))
+            return torch.float32 if inside else storage
+
+        # A component planned in fp32 reads the full-precision files even when the rest use the fp16 variant.
+        variant = kwargs.get("variant") if storage in (torch.float16, torch.bfloat16) else None
+        module = stream_component(spec[0], spec[1], folder / name, variant=variant, target=target,
+                                  device=placement.get(name) or "cpu")
+        if module is not None:
+            out[name] = module
+    return out
 
 
 def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None) -> None:

@@ -251,3 +251,40 @@ def test_strict_island_patterns(tiny_pipe):
     pipe = tiny_pipe("sdxl")
     with pytest.raises(hp.RecipeError, match=r"time_embeding.*did you mean.*time_embedding"):
         hp.apply_recipe(pipe, "sdxl", device="cpu", overrides={"unet": {"dtype": "float16", "keep_fp32": ["time_embeding"]}})
+
+
+def test_components_are_streamed_into_their_dtypes(saved_pipeline, tiny_pipes, monkeypatch):
+    """Every component is read tensor by tensor (no memory map) straight into its planned dtype; an fp32
+    component reads the full-precision files even when the rest come from the fp16 variant."""
+    from hf_precision import load as loader
+
+    streamed = {}
+    original = loader._stream_components
+    monkeypatch.setattr(loader, "_stream_components", lambda *a, **k: streamed.update(original(*a, **k)) or dict(streamed))
+    pipe = hp.load_pipeline(saved_pipeline("sdxl", fp16_variant=True), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    assert sorted(streamed) == ["text_encoder", "text_encoder_2", "unet", "vae"]
+    assert all(pipe.components[name] is module for name, module in streamed.items())
+    reference = tiny_pipes["sdxl"]
+    for key, value in pipe.vae.state_dict().items():
+        assert value.dtype == torch.float32 and torch.equal(value, reference.vae.state_dict()[key]), key
+    for key, value in pipe.unet.state_dict().items():
+        want = reference.unet.state_dict()[key]
+        if key.startswith(("time_embedding.", "add_embedding.")):
+            assert value.dtype == torch.float32 and torch.equal(value, want), key
+        else:
+            assert value.dtype == torch.float16 and torch.equal(value, want.half()), key
+    assert_finite(_run(pipe, "sdxl"))
+
+
+def test_unexpected_files_fall_back_to_from_pretrained(saved_pipeline, tmp_path):
+    """A checkpoint whose keys do not match the model (renamed layout) is left to diffusers/transformers."""
+    from safetensors.torch import load_file, save_file
+
+    from hf_precision.stream import stream_component
+
+    folder = tmp_path / "renamed"
+    shutil.copytree(saved_pipeline("dit"), folder)
+    file = next((folder / "transformer").glob("*.safetensors"))
+    save_file({f"model.{k}": v for k, v in load_file(file).items()}, file)
+    assert stream_component("diffusers", "DiTTransformer2DModel", folder / "transformer", variant=None,
+                            target=lambda key, dtype: torch.float16) is None
