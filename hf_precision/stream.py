@@ -2,8 +2,8 @@
 
 ``from_pretrained`` memory-maps the safetensors files: every page it touches counts in the process's RSS until
 the file is closed, so loading fp32 files into fp16 peaks near 2.4x the final weights (measured in
-``scripts/benchmark.py``). Here each tensor is read with ``readinto`` into a buffer of the file's dtype and cast
-to its target (float32 for islands): the peak is the final weights plus one tensor. Anything unexpected (sharded
+``scripts/benchmark.py``). Here each tensor is cast from the mapping to its target dtype (float32 for islands) and its
+pages are released right after: the peak is the final weights plus one tensor. Anything unexpected (sharded
 index gaps, missing or extra keys, shape differences, another library) returns ``None`` and the caller falls back to
 ``from_pretrained``, so this is an optimisation, never a second source of truth.
 """
@@ -11,13 +11,15 @@ index gaps, missing or extra keys, shape differences, another library) returns `
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+import mmap
+import warnings
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-__all__ = ["read_header", "read_tensor", "stream_component", "weight_files"]
+__all__ = ["read_header", "stream_component", "weight_files"]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -35,26 +37,31 @@ def read_header(path: Path) -> tuple[int, dict[str, Any]]:
     return 8 + length, header
 
 
-def read_tensor(f: Any, base: int, info: dict[str, Any], scratch: torch.Tensor | None = None) -> torch.Tensor:
-    """Read one tensor of an open safetensors file (no memory map).
+def _mapped_tensors(path: Path, base: int, header: dict[str, Any],
+                    target: Callable[[str, torch.dtype], torch.dtype]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each tensor of a file, cast (as a fresh copy) to its target dtype.
 
-    With ``scratch`` (a uint8 buffer at least as large as the tensor) the bytes land there and the returned tensor is
-    a view of it, valid until the next read: callers cast or copy it. Reusing one buffer keeps the allocator from
-    piling up freed temporaries (glibc keeps them resident once its mmap threshold has grown).
+    The file is memory-mapped, so the cast reads the page cache directly (no intermediate copy), and each tensor's
+    pages are dropped from this process with MADV_DONTNEED right after: they stay in the page cache, but the
+    process's RSS only ever holds the converted weights plus one tensor of the file.
     """
-    dtype = _DTYPES[info["dtype"]]
-    start, end = info["data_offsets"]
-    if scratch is None:
-        out = torch.empty(info["shape"], dtype=dtype)
-        raw = out.view(-1).view(torch.uint8)
-    else:
-        raw = scratch[: end - start]
-        out = raw.view(dtype).view(info["shape"]) if end > start else torch.empty(info["shape"], dtype=dtype)
-    if end > start:
-        f.seek(base + start)
-        if f.readinto(raw.numpy()) != end - start:
-            raise OSError(f"{f.name}: truncated tensor data")
-    return out
+    page = mmap.PAGESIZE
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        for key, info in header.items():
+            dtype = _DTYPES[info["dtype"]]
+            start, end = (base + o for o in info["data_offsets"])
+            if end == start:
+                yield key, torch.empty(info["shape"], dtype=dtype)
+                continue
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "buffer is not writable": it is only read, then copied
+                source = torch.frombuffer(mapped, dtype=dtype, count=(end - start) // dtype.itemsize, offset=start)
+            want = target(key, dtype) if dtype.is_floating_point else dtype
+            tensor = source.view(info["shape"]).to(want, copy=True)
+            del source  # the mapping can only be closed once no tensor views it
+            low = start // page * page
+            mapped.madvise(mmap.MADV_DONTNEED, low, end - low)
+            yield key, tensor
 
 
 def weight_files(comp_dir: Path, variant: str | None) -> list[Path]:
@@ -125,16 +132,10 @@ def stream_component(library: str, class_name: str, comp_dir: Path, *, variant: 
         for key, info in header.items():
             if list(expected[key].shape) != list(info["shape"]) or info["dtype"] not in _DTYPES:
                 return None
-    largest = max((i["data_offsets"][1] - i["data_offsets"][0] for _, _, h in tables for i in h.values()), default=0)
-    scratch = torch.empty(largest, dtype=torch.uint8)
     with torch.no_grad():
         for path, base, header in tables:
-            with open(path, "rb", buffering=0) as f:
-                for key, info in header.items():
-                    view = read_tensor(f, base, info, scratch)
-                    want = target(key, view.dtype) if view.is_floating_point() else view.dtype
-                    tensor = view.to(want, copy=True)  # a fresh tensor: the scratch buffer is reused
-                    _assign(model, key, tensor.to(device))
+            for key, tensor in _mapped_tensors(path, base, header, target):
+                _assign(model, key, tensor.to(device))
     if hasattr(model, "tie_weights"):
         model.tie_weights()  # T5's embed_tokens shares shared.weight, which the file stores once
     if any(t.device.type == "meta" for t in (*model.parameters(), *model.buffers())):
