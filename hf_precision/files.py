@@ -29,8 +29,10 @@ def parse_yaml(text: str, source: str) -> Any:
     """Parse YAML with the safe loader; malformed YAML and Python-object tags become one ``RecipeError``."""
     import yaml
 
+    # libyaml's safe loader when PyYAML has it (same rules, ~10x faster: recipes are read on every load).
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=loader)
     except yaml.constructor.ConstructorError as err:
         mark = err.problem_mark
         line = f" line {mark.line + 1}" if mark is not None else ""

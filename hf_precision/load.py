@@ -194,7 +194,10 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             raise _offline_error(where, err) from None
         raise RecipeError(f"{where}: cannot load it ({err}). If the folder only has .bin files, opt in to pickle "
                           f"files with use_safetensors=False; if it only has fp16 files, pass variant='fp16'") from None
-    _reload_islands_fp32(pipe, resolved, folder)
+    # Streamed components read their islands exactly as stored, unless they came from the half variant files;
+    # everything else went through a half dtype and gets its islands re-read from the full-precision files.
+    exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
+    _reload_islands_fp32(pipe, resolved, folder, skip=exact)
     apply_recipe(pipe, resolved, device=placement)
     return pipe
 
@@ -232,7 +235,7 @@ def _stream_components(folder: Path | None, index: Mapping[str, Any], plans: Map
     return out
 
 
-def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None) -> None:
+def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: set[str] = frozenset()) -> None:
     """Re-read float32 islands from the checkpoint so they hold the exact stored values, not a half round trip.
 
     Only the island tensors are read (safetensors reads single tensors), so the model is never built in fp32.
@@ -244,7 +247,7 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None) -> None
 
     for plan in recipe.plans:
         module = getattr(pipe, plan.name, None)
-        if module is None or not plan.keep_fp32 or plan.compute == "float32":
+        if module is None or plan.name in skip or not plan.keep_fp32 or plan.compute == "float32":
             continue
         names = [n for n, _ in module.named_modules() if n]
         islands = outermost([n for ms in match_modules(names, list(plan.keep_fp32)).values() for n in ms])
