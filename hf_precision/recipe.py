@@ -38,6 +38,7 @@ POLICY_KEYS: dict[str, str] = {
 }
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry"}
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "components", "devices", "why"}
+COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 
 
@@ -165,17 +166,7 @@ def _component_file(stem: str) -> tuple[str, dict[str, Any]]:
     data = read_yaml(path)
     source = _rel(path)
     problems = Problems(source)
-    if not isinstance(data, dict):
-        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: components' and 'components'")
-    _check_schema(data, problems)
-    if data.get("kind") != "components":
-        problems.add("kind", f"{data.get('kind')!r} is not 'components'; component recipes live in recipes/components/")
-    comps = data.get("components")
-    if not isinstance(comps, dict) or not comps:
-        problems.add("components", "missing or empty; give at least one named component policy")
-        comps = {}
-    for name, policy in comps.items():
-        _check_policy(policy, f"components.{name}", problems, allowed=set(POLICY_KEYS))
+    comps = _check_file(data, "components", COMPONENT_FILE_KEYS, set(POLICY_KEYS), source, problems)
     problems.raise_if_any()
     return source, comps
 
@@ -195,18 +186,7 @@ def _shipped_pipeline(name: str) -> tuple[str, dict[str, Any]]:
 def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
     data = read_yaml(path)
     problems = Problems(source)
-    if not isinstance(data, dict):
-        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: pipeline' and 'components'")
-    _check_schema(data, problems)
-    _unknown(data, PIPELINE_KEYS, "", problems)
-    if data.get("kind") != "pipeline":
-        problems.add("kind", f"{data.get('kind')!r} is not 'pipeline'")
-    comps = data.get("components")
-    if not isinstance(comps, dict) or not comps:
-        problems.add("components", "missing or empty")
-        comps = {}
-    for comp, policy in comps.items():
-        _check_policy(policy, f"components.{comp}", problems, allowed=set(POLICY_KEYS) - {"select"})
+    comps = _check_file(data, "pipeline", PIPELINE_KEYS, set(POLICY_KEYS) - {"select"}, source, problems)
     _check_devices(data.get("devices"), set(comps), problems)
     if data.get("latents_from") is not None and data["latents_from"] not in comps:
         problems.add("latents_from", f"{data['latents_from']!r} is not one of its components {sorted(comps)}")
@@ -230,6 +210,25 @@ def list_recipes(kind: str = "all") -> list[str]:
 def _close(word: str, options: Iterable[str]) -> str:
     near = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
     return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def _check_file(data: Any, kind: str, top_keys: set[str], policy_keys: set[str], source: str,
+                problems: Problems) -> dict[str, Any]:
+    """The checks every recipe file gets: a mapping, schema, known top-level keys, its kind, its component policies."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: {kind}' and 'components'")
+    _check_schema(data, problems)
+    _unknown(data, top_keys, "", problems)
+    if data.get("kind") != kind:
+        where = "recipes/components/" if kind == "components" else "recipes/"
+        problems.add("kind", f"{data.get('kind')!r} is not {kind!r}; {kind} recipes live in {where}")
+    comps = data.get("components")
+    if not isinstance(comps, dict) or not comps:
+        problems.add("components", "missing or empty; give at least one named component policy")
+        comps = {}
+    for name, policy in comps.items():
+        _check_policy(policy, f"components.{name}", problems, allowed=policy_keys)
+    return comps
 
 
 def _check_schema(data: Mapping[str, Any], problems: Problems) -> None:
