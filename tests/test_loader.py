@@ -288,3 +288,51 @@ def test_unexpected_files_fall_back_to_from_pretrained(saved_pipeline, tmp_path)
     save_file({f"model.{k}": v for k, v in load_file(file).items()}, file)
     assert stream_component("diffusers", "DiTTransformer2DModel", folder / "transformer", variant=None,
                             target=lambda key, dtype: torch.float16) is None
+
+
+@pytest.mark.parametrize("mode", ["tiling", "slicing"])
+def test_tiled_and_sliced_decoding_cross_the_vae_boundary(saved_pipeline, mode):
+    """An fp32 VAE beside fp16 latents (the T4 layout, facts S6/S13) also decodes through the tiled and sliced paths."""
+    from diffusers import DiffusionPipeline
+
+    plain = DiffusionPipeline.from_pretrained(saved_pipeline("sdxl"), dtype={"default": torch.float16, "vae": torch.float32})
+    getattr(plain.vae, f"enable_{mode}")()
+    if mode == "tiling":
+        plain.vae.tile_sample_min_size, plain.vae.tile_latent_min_size = 16, 8  # tiles on a 32x32 image
+    with pytest.raises(RuntimeError, match=r"Input type \(c10::Half\) and bias type \(float\)"):
+        _run(plain, "sdxl")
+
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    getattr(pipe.vae, f"enable_{mode}")()
+    if mode == "tiling":
+        pipe.vae.tile_sample_min_size, pipe.vae.tile_latent_min_size = 16, 8
+    calls = []
+    pipe.vae.decoder.register_forward_pre_hook(lambda m, args: calls.append(args[0].dtype))
+    assert_finite(_run(pipe, "sdxl"))
+    assert calls and set(calls) == {torch.float32}
+    if mode == "tiling":
+        assert len(calls) > 1, "the decoder was not called per tile"
+
+
+def test_integer_inputs_and_timesteps_are_never_cast(saved_pipeline):
+    """Entry casts touch floating activations only: token ids stay int64, the (fractional) timestep stays fp32."""
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="cpu-avx2",
+                                                                              overrides={"unet": {"dtype": "float16"}}))
+    seen = {}
+
+    def unet_inputs(module, args, kwargs):
+        seen["sample"], seen["timestep"] = args[0].dtype, args[1].dtype
+        seen["text"] = kwargs["encoder_hidden_states"].dtype
+        seen["added"] = {k: v.dtype for k, v in kwargs["added_cond_kwargs"].items()}
+
+    def text_inputs(module, args, kwargs):
+        seen["ids"] = (args[0] if args else kwargs["input_ids"]).dtype
+
+    pipe.unet.register_forward_pre_hook(unet_inputs, with_kwargs=True)  # runs after the entry cast
+    pipe.text_encoder.register_forward_pre_hook(text_inputs, with_kwargs=True)
+    out = _run(pipe, "sdxl")
+    assert seen["sample"] == seen["text"] == torch.float16  # latents arrive fp32 (te2 is fp32) and are cast
+    assert set(seen["added"].values()) == {torch.float16}
+    assert seen["timestep"] == torch.float32, "the timestep must reach the sinusoidal projection uncast"
+    assert seen["ids"] == torch.int64
+    assert_finite(out)
