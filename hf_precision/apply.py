@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from . import dtypes as dt
-from .devices import device_profile
+from .devices import device_caps, device_profile
 from .errors import RecipeError
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .recipe import ComponentPlan, Recipe, get_recipe, list_recipes, _pipeline_file
@@ -128,7 +128,7 @@ def torch_device(spec: Any, what: str) -> torch.device:
     return dev
 
 
-def resolve_placement(device: Any, names: list[str], current: Mapping[str, torch.nn.Module]) -> dict[str, str | None]:
+def resolve_placement(device: Any, names: list[str]) -> dict[str, str | None]:
     """Component -> torch device string (``None``: leave it where it is)."""
     if device is None:
         return {n: None for n in names}
@@ -167,9 +167,6 @@ def _resolve(pipe: Any, comps: Mapping[str, torch.nn.Module], recipe: Recipe | s
                               "pass recipe='sdxl', overrides=... or resolve with get_recipe(name, device, overrides)")
         return recipe
     if recipe is None:
-        if "" in comps:
-            raise RecipeError(f"apply_recipe: name a component recipe for a bare {type(comps[''] ).__name__}, "
-                              f"e.g. recipe='dit.video'; component recipes: {', '.join(list_recipes('component'))}")
         recipe = recipe_for_class(type(pipe).__name__)
     configs = {n: _config_dict(m) for n, m in comps.items()}
     devices = {n: placement.get(n) or _module_device(m) for n, m in comps.items()}
@@ -292,10 +289,11 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     comps = _components(pipe)
     if "" in comps:
         if not isinstance(recipe, (str, Recipe)):
-            _resolve(pipe, comps, recipe, {}, overrides)  # raises the helpful error
+            raise RecipeError(f"apply_recipe: name a component recipe for a bare {type(comps['']).__name__}, "
+                              f"e.g. recipe='dit.video'; component recipes: {', '.join(list_recipes('component'))}")
         stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
-    placement = resolve_placement(device, list(comps), comps)
+    placement = resolve_placement(device, list(comps))
     resolved = _resolve(pipe, comps, recipe, placement, overrides)
 
     previous = getattr(pipe, _ATTR, None)
@@ -361,22 +359,20 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
 
     guard = None
     if plan.nan_guard:
-        fallbacks = [d for d in (torch.bfloat16, torch.float32) if dt.from_torch(d) in
-                     _computable(applied.recipe, plan) and d != compute]
+        computable = device_caps(applied.recipe.device).compute
+        fallbacks = [d for d in (torch.bfloat16, torch.float32) if dt.from_torch(d) in computable and d != compute]
         guard = nan_guard(fallbacks, plan.name, warn_switch)
     output: Any = plan.output if plan.output in ("input", "compute") else dt.to_torch(plan.output)
     entries = []
-    root_hook = None
     for entry in plan.entry:
         try:
             sub = module.get_submodule(entry) if entry else module
         except AttributeError:
             continue  # e.g. AutoencoderKL(use_post_quant_conv=False) has no post_quant_conv
         hook = EntryHook(plan.name, sub, module, compute=compute, storage=storage, output=output, islands=islands,
-                         nan_guard=guard)
+                         prefix=entry, nan_guard=guard)
         applied._handles += attach(sub, hook)
         entries.append(entry or "(forward)")
-        root_hook = root_hook or hook
     applied.hooked[plan.name] = entries
     if islands:
         outer = EntryHook(plan.name, module, module, compute=compute, storage=storage, output="compute", islands=islands)
@@ -390,12 +386,6 @@ def _has_layerwise_casting(module: torch.nn.Module) -> bool:
     # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
     return any(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).get("layerwise_casting") is not None
                for m in module.modules())
-
-
-def _computable(recipe: Recipe, plan: ComponentPlan) -> tuple[str, ...]:
-    from .devices import device_caps
-
-    return device_caps(recipe.device).compute
 
 
 def _upcast_attention(module: torch.nn.Module) -> int:

@@ -17,6 +17,8 @@ import torch
 from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
+from .select import inside
+
 __all__ = ["cast_tree", "EntryHook", "IslandHook", "attach", "NO_CAST_ARGS"]
 
 # Timesteps feed sinusoidal projections that diffusers computes in fp32 and casts afterwards; casting a
@@ -117,21 +119,19 @@ class EntryHook:
     """
 
     def __init__(self, name: str, module: torch.nn.Module, root: torch.nn.Module, *, compute: torch.dtype,
-                 storage: torch.dtype, output: str | torch.dtype, islands: list[str], nan_guard: Any = None):
+                 storage: torch.dtype, output: str | torch.dtype, islands: list[str], prefix: str = "",
+                 nan_guard: Any = None):
+        """``prefix`` is ``module``'s dotted name inside ``root`` ("" for the component itself)."""
         self.name, self.module, self.root = name, module, root
         self.planned_compute, self.storage, self.output = compute, storage, output
-        prefix = ""
-        for n, m in root.named_modules():
-            if m is module:
-                prefix = n
-                break
         full = lambda p: f"{prefix}.{p}" if prefix else p
-        self.ref = _ParamRef(module, lambda p: any(full(p) == i or full(p).startswith(i + ".") for i in islands if i))
+        self.ref = _ParamRef(module, lambda p: inside(full(p), islands))
         try:
-            params = list(inspect.signature(module.forward).parameters)
+            params = [p for p in inspect.signature(module.forward).parameters if p != "self"]
         except (TypeError, ValueError):
             params = []
-        self.positional = [p for p in params if p not in ("self",)]
+        # Positions of timestep arguments, found once: they are moved but never cast (see NO_CAST_ARGS).
+        self.uncast_positions = frozenset(i for i, p in enumerate(params) if p in NO_CAST_ARGS)
         self.nan_guard = nan_guard
         self._arrived: list[tuple[torch.dtype, torch.device] | None] = []
         self._originals: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -145,15 +145,12 @@ class EntryHook:
     def pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         dtype = self.dtype()
         device = _execution_device(module, self.root, self.ref)
-        keep = frozenset(n for i, n in enumerate(self.positional[: len(args)]) if n in NO_CAST_ARGS)
-        primary = _first_floating(
-            tuple(a for i, a in enumerate(args) if i >= len(self.positional) or self.positional[i] not in NO_CAST_ARGS),
-            kwargs, NO_CAST_ARGS)
+        uncast = self.uncast_positions
+        primary = _first_floating(tuple(a for i, a in enumerate(args) if i not in uncast), kwargs, NO_CAST_ARGS)
         self._arrived.append((primary.dtype, primary.device) if primary is not None else None)
         if self.nan_guard is not None:
             self._originals.append((args, kwargs))  # references only: a re-run starts from the uncast inputs
-        new_args = tuple(cast_tree(a, None if i < len(self.positional) and self.positional[i] in keep else dtype, device)
-                         for i, a in enumerate(args))
+        new_args = tuple(cast_tree(a, None if i in uncast else dtype, device) for i, a in enumerate(args))
         new_kwargs = {k: cast_tree(v, None if k in NO_CAST_ARGS else dtype, device) for k, v in kwargs.items()}
         return new_args, _rewrite_dtype_kwargs(new_kwargs, dtype)
 

@@ -82,8 +82,7 @@ def component_configs(where: str, index: Mapping[str, Any], folder: Path | None)
 
 
 def _has_fp16_variant(folder: Path | None) -> bool:
-    return folder is not None and any(folder.glob("*/*.fp16.safetensors")) or \
-        folder is not None and any(folder.glob("*/*.fp16-*.safetensors"))
+    return folder is not None and any(any(folder.glob(f"*/{p}")) for p in ("*.fp16.safetensors", "*.fp16-*.safetensors"))
 
 
 def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> dict[str, Any] | None:
@@ -163,7 +162,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     if device is None:
         device = device_profile(None).torch_device()
     present = [c for c in recipe_components if c in index]
-    placement = resolve_placement(device, present, {})
+    placement = resolve_placement(device, present)
     configs = component_configs(where, index, folder)
     if isinstance(recipe, Recipe):
         if layers:
@@ -243,14 +242,13 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
     import torch
     from safetensors import safe_open
 
-    from .select import match_modules, outermost
+    from .apply import component_islands
 
     for plan in recipe.plans:
         module = getattr(pipe, plan.name, None)
         if module is None or plan.name in skip or not plan.keep_fp32 or plan.compute == "float32":
             continue
-        names = [n for n, _ in module.named_modules() if n]
-        islands = outermost([n for ms in match_modules(names, list(plan.keep_fp32)).values() for n in ms])
+        islands = component_islands(plan, module, strict=False)  # apply_recipe reports bad patterns right after
         wanted = {f"{i}.{p}" for i in islands for p, _ in module.get_submodule(i).named_parameters()}
         files = _weight_files(folder / plan.name) if folder is not None else []
         found: dict[str, torch.Tensor] = {}
@@ -268,5 +266,6 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
 
 def _weight_files(comp_dir: Path) -> list[Path]:
     # Islands prefer the full-precision files even when the half variant was loaded for everything else.
-    files = sorted(comp_dir.glob("*.safetensors"))
-    return [f for f in files if ".fp16." not in f.name and ".fp16-" not in f.name] or files
+    from .stream import weight_files
+
+    return weight_files(comp_dir, None) or sorted(comp_dir.glob("*.safetensors"))

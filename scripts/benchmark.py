@@ -1060,12 +1060,17 @@ def render(res: dict[str, Any]) -> str:
                      f"start, {la[1]:.2f} at its end ({env['cpu']['logical_cpus']} CPUs)._")
             L.append("")
 
+    def section_ok(name: str) -> bool:
+        """Print the section's machine load; False (with the error written) when the section did not run."""
+        machine_load(name)
+        if failed(name):
+            L.extend([f"{'ERROR: ' if sec.get(name, {}).get('error') else ''}{failed(name)}", ""])
+            return False
+        return True
+
     # ---- 1. load
     L += ["## 1. Load", ""]
-    machine_load("load")
-    if failed("load"):
-        L += [f"{'ERROR: ' if sec.get('load', {}).get('error') else ''}{failed('load')}", ""]
-    else:
+    if section_ok("load"):
         L.append(f"Each load runs in a fresh subprocess ({cfg['load_repeats']} per loader, order alternating; page cache "
                  f"warm; fp32 safetensors on disk, cast while loading). Plain diffusers gets "
                  f"`dtype={json.dumps(ld['dtype_map'])}` (the dict load_pipeline passes). Baseline = RSS after importing "
@@ -1100,10 +1105,7 @@ def render(res: dict[str, Any]) -> str:
 
     # ---- 2. runtime
     L += ["## 2. Runtime overhead (one denoiser call)", ""]
-    machine_load("runtime")
-    if failed("runtime"):
-        L += [f"{'ERROR: ' if sec.get('runtime', {}).get('error') else ''}{failed('runtime')}", ""]
-    else:
+    if section_ok("runtime"):
         i = rt["inputs"]
         L.append(f"UNet {rt['params']:,} parameters, {rt['modules']} modules; inputs: batch {i['batch']} (CFG), latents "
                  f"{i['batch']}x4x{i['latent']}x{i['latent']}, 77 text tokens; inputs arrive in the pipeline's latents dtype "
@@ -1145,10 +1147,7 @@ def render(res: dict[str, Any]) -> str:
 
     # ---- 3. memory
     L += ["## 3. Memory (weight bytes)", ""]
-    machine_load("memory")
-    if failed("memory"):
-        L += [f"{'ERROR: ' if sec.get('memory', {}).get('error') else ''}{failed('memory')}", ""]
-    else:
+    if section_ok("memory"):
         b = mem["benchmarked"]
         L.append("'all-half': every floating tensor in the recipe's half dtype (2 bytes); 'fp32': what `torch.autocast` "
                  "keeps in memory. Real SDXL: the shipped SDXL-base configs built on the meta device (parameters only).")
@@ -1172,10 +1171,7 @@ def render(res: dict[str, Any]) -> str:
 
     # ---- 4. fidelity
     L += ["## 4. Fidelity (final image vs an fp32 reference)", ""]
-    machine_load("fidelity")
-    if failed("fidelity"):
-        L += [f"{'ERROR: ' if sec.get('fidelity', {}).get('error') else ''}{failed('fidelity')}", ""]
-    else:
+    if section_ok("fidelity"):
         L.append(f"{fid['image'][0]}x{fid['image'][1]} image, {fid['steps']} Euler steps, guidance 5, seeds 0..{fid['seeds'] - 1}; "
                  f"images in [0, 1]. Reference: the same weights loaded in fp32, no hooks. Naive: the fp32 pipeline "
                  f"`.to(torch.{fid['naive_cast']})`"
@@ -1198,10 +1194,7 @@ def render(res: dict[str, Any]) -> str:
     # ---- 5. scale
     sc = sec.get("scale", {})
     L += ["## 5. Scale (resolve and apply on the meta device, real SDXL configs)", ""]
-    machine_load("scale")
-    if failed("scale"):
-        L += [f"{'ERROR: ' if sec.get('scale', {}).get('error') else ''}{failed('scale')}", ""]
-    else:
+    if section_ok("scale"):
         cold = sc.get("cold_resolve", {})
         if "error" in cold:
             L.append(f"- Cold resolve failed: {cold['error']}")
