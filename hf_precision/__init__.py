@@ -1,5 +1,9 @@
 """hf_precision: declarative dtype and device recipes for Hugging Face diffusers pipelines.
 
+Layers, each importing only the ones above it in this list (tests/test_layers.py enforces it):
+``errors``/``dtypes`` -> ``recipe`` (torch-free) -> ``runtime`` -> ``diagnose`` -> ``apps`` -> ``cli``;
+``testing`` (tiny random-weight pipelines that ship) imports only ``errors``/``dtypes`` and diffusers.
+
 Only names are bound here; each submodule is imported on first use (nothing happens at import time).
 """
 
@@ -13,23 +17,19 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "RecipeError": "errors",
     "Recipe": "recipe", "ComponentPlan": "recipe", "get_recipe": "recipe", "list_recipes": "recipe",
-    "DeviceProfile": "devices", "device_profile": "devices", "device_caps": "devices", "list_presets": "devices",
-    "load_pipeline": "load", "apply_recipe": "apply", "Applied": "apply",
-    "plan": "planner", "Plan": "planner",
-    "check": "checker", "CheckReport": "checker",
-    "explain": "mismatch", "MismatchError": "mismatch",
+    "DeviceProfile": "recipe", "device_profile": "recipe", "device_caps": "recipe", "list_presets": "recipe",
+    "load_pipeline": "runtime", "apply_recipe": "runtime", "Applied": "runtime", "applied": "runtime",
+    "plan": "diagnose", "Plan": "diagnose",
+    "check": "diagnose", "CheckReport": "diagnose",
+    "explain": "diagnose", "MismatchError": "diagnose",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .apply import Applied, apply_recipe
-    from .checker import CheckReport, check
-    from .devices import DeviceProfile, device_caps, device_profile, list_presets
+    from .diagnose import CheckReport, MismatchError, Plan, check, explain, plan
     from .errors import RecipeError
-    from .mismatch import MismatchError, explain
-    from .load import load_pipeline
-    from .planner import Plan, plan
-    from .recipe import ComponentPlan, Recipe, get_recipe, list_recipes
+    from .recipe import ComponentPlan, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
+    from .runtime import Applied, applied, apply_recipe, load_pipeline
 
 
 def __getattr__(name: str) -> Any:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import reprlib
 from collections.abc import Iterable
+from os import PathLike
+from typing import Any
 
-__all__ = ["RecipeError", "Problems"]
+__all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "excerpt"]
 
 
 class RecipeError(ValueError):
@@ -22,6 +25,50 @@ class RecipeError(ValueError):
                          f"{len(self.problems)} problems:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
+class DamagedFileError(RecipeError):
+    """A model file (``model_index.json``, a ``config.json``, a ``.safetensors`` file) that exists but cannot be used.
+
+    ``path`` is the file, ``component`` its pipeline component (``None`` for ``model_index.json``), ``problem`` what
+    is wrong and ``fix`` how to get a good copy.
+
+    Example:
+        >>> err = DamagedFileError("/m/vae/config.json", "not valid JSON", "save it again", component="vae")
+        >>> print(err)
+        /m/vae/config.json (component vae): not valid JSON; save it again
+    """
+
+    def __init__(self, path: str | PathLike[str], problem: str, fix: str, *, component: str | None = None):
+        self.path, self.problem, self.fix, self.component = str(path), problem, fix, component
+        where = f"{self.path} (component {component})" if component else self.path
+        super().__init__(f"{where}: {problem}; {fix}")
+
+
+# One repr for every bad value an error quotes: bounded in length, and cheap even for a huge value (reprlib stops
+# after a few items instead of building the whole repr first).
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset = 3, 6, 6, 6, 6
+_REPR.maxstring = _REPR.maxother = _REPR.maxlong = 200
+
+
+def excerpt(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` cut to at most ``limit`` characters, for quoting a bad value in an error message.
+
+    Example:
+        >>> excerpt("float16")
+        "'float16'"
+        >>> excerpt("x" * 10_000)
+        "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...(10,000 characters)"
+    """
+    text = _REPR.repr(value)
+    if len(text) <= limit:
+        return text
+    size = f"{len(value):,} items" if isinstance(value, (list, tuple, dict, set)) else \
+        f"{len(value):,} characters" if isinstance(value, str) else \
+        f"{len(value):,} bytes" if isinstance(value, bytes) else "cut"
+    tail = f"...({size})"
+    return text[:max(limit - len(tail), 8)] + tail
+
+
 class Problems:
     """Collects problems while walking a source, then raises them together."""
 
@@ -36,3 +83,23 @@ class Problems:
     def raise_if_any(self) -> None:
         if self.items:
             raise RecipeError(self.items)
+
+
+def override_line(component: str, key: str, value: object) -> str:
+    """The one way every message spells a fix: the ``--set`` flag and the same override in YAML.
+
+    Lists are written in flow style, so the line can be pasted into a shell (quoted) or a YAML file as is.
+
+    Example:
+        >>> override_line("unet", "dtype", "float16")
+        '--set unet.dtype=float16 (YAML: components: {unet: {dtype: float16}})'
+        >>> override_line("vae", "keep_fp32", ["decoder.mid_block", "post_quant_conv"])
+        '--set vae.keep_fp32=[decoder.mid_block,post_quant_conv] (YAML: components: {vae: {keep_fp32: [decoder.mid_block, post_quant_conv]}})'
+    """
+    if isinstance(value, (list, tuple)):
+        flag, yaml_value = f"[{','.join(map(str, value))}]", f"[{', '.join(map(str, value))}]"
+    elif isinstance(value, bool):
+        flag = yaml_value = str(value).lower()
+    else:
+        flag = yaml_value = str(value)
+    return f"--set {component}.{key}={flag} (YAML: components: {{{component}: {{{key}: {yaml_value}}}}})"

@@ -46,6 +46,8 @@ import types
 from pathlib import Path
 from typing import Any, Callable
 
+import hf_precision
+
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -230,7 +232,7 @@ def resolve_size(text: str) -> tuple[str | dict[str, Any], str]:
 
 def prepare_pipeline(size: str | dict[str, Any], key: str, cache: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """Build the random-weight SDXL pipeline once and save it (fp32 safetensors) under ``cache``; reuse it later."""
-    from hf_precision.synthetic import count_parameters, make_sdxl, save_pipeline
+    from hf_precision.testing.pipelines import count_parameters, make_sdxl, save_pipeline
 
     folder = cache / f"sdxl-{key}"
     marker = folder / "bench_size.json"
@@ -252,7 +254,7 @@ def prepare_pipeline(size: str | dict[str, Any], key: str, cache: Path, log: Cal
 
 
 def recipe_for(recipe_device: str, device: str) -> Any:
-    from hf_precision.recipe import get_recipe
+    from hf_precision.recipe.resolution import get_recipe
 
     return get_recipe("sdxl", device=device if recipe_device == "this" else recipe_device)
 
@@ -329,10 +331,10 @@ def worker_load(args: argparse.Namespace) -> None:
     import safetensors.torch  # noqa: F401
     import transformers
 
-    import hf_precision.apply  # noqa: F401
-    import hf_precision.hooks  # noqa: F401
-    import hf_precision.load as hpload
-    from hf_precision.recipe import get_recipe
+    import hf_precision.runtime.apply  # noqa: F401
+    import hf_precision.runtime.hooks  # noqa: F401
+    import hf_precision.runtime.load as hpload
+    from hf_precision.recipe.resolution import get_recipe
 
     quiet_libraries()
     folder = Path(args.folder)
@@ -349,8 +351,8 @@ def worker_load(args: argparse.Namespace) -> None:
     base_sample.sample()
     stages: dict[str, float] = {}
     if args.worker_load == "recipe":  # time the library's own stages inside load_pipeline
-        import hf_precision.apply as hpapply
-        import hf_precision.recipe as hprecipe
+        import hf_precision.runtime.apply as hpapply
+        import hf_precision.recipe.resolution as hprecipe
 
         def timed(owner: Any, attr: str, label: str) -> None:
             fn = getattr(owner, attr, None)
@@ -597,7 +599,7 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], log: Callable[[str
     compute, storage = hdt.to_torch(plan.compute), hdt.to_torch(plan.storage)
     latents_dtype = hdt.to_torch(recipe[recipe.latents_from].compute) if recipe.latents_from else compute
     hooked = pipes["recipe"].unet
-    islands = list(pipes["recipe"]._hf_precision_applied.islands.get("unet", []))
+    islands = list(hf_precision.applied(pipes["recipe"]).islands.get("unet", []))
     cfg = hooked.config
 
     # The floor is the recipe's own UNet object with its hooks detached and the islands wrapped in a hand-written
@@ -624,7 +626,7 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], log: Callable[[str
         "added_cond_kwargs": {"text_embeds": torch.randn(b, te2_proj, generator=gen),
                               "time_ids": torch.tensor([[side * 8.0, side * 8.0, 0, 0, side * 8.0, side * 8.0][:n_time_ids]] * b)},
     }
-    from hf_precision.hooks import cast_tree
+    from hf_precision.runtime.hooks import cast_tree
 
     arrive = cast_tree(inputs32, latents_dtype, torch.device(device))           # what the pipeline hands the UNet
     pre_cast = cast_tree(inputs32, compute, torch.device(device))               # hand-cast once, outside the timing
@@ -733,7 +735,7 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], log: Callable[[str
 def count_layout_bytes(module: Any, plan: Any) -> int:
     """Parameter bytes a component takes under a recipe plan: islands fp32, the rest the storage dtype."""
     from hf_precision import dtypes as hdt
-    from hf_precision.select import inside, match_modules, outermost
+    from hf_precision.recipe.patterns import inside, match_modules, outermost
 
     islands: list[str] = []
     if plan.keep_fp32 and plan.compute != "float32":
@@ -789,7 +791,7 @@ def build_meta_sdxl(log: Callable[[str], None]) -> dict[str, Any]:
 
 def bench_memory(ctx: dict[str, Any], pipes: dict[str, Any], meta: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     from hf_precision import dtypes as hdt
-    from hf_precision.recipe import get_recipe
+    from hf_precision.recipe.resolution import get_recipe
 
     recipe = ctx["recipe"]
     half_size = hdt.itemsize(recipe["unet"].compute) if recipe["unet"].compute in ("float16", "bfloat16") else 2
@@ -903,7 +905,7 @@ def bench_fidelity(ctx: dict[str, Any], pipes: dict[str, Any], log: Callable[[st
 def _cold_resolve_seconds(device: str) -> dict[str, Any]:
     """First resolve in a fresh process (YAML read and parsed; torch-free), then the cached resolves."""
     code = (
-        "import time, json, sys; t0 = time.perf_counter(); from hf_precision.recipe import get_recipe; t1 = time.perf_counter();"
+        "import time, json, sys; t0 = time.perf_counter(); from hf_precision.recipe.resolution import get_recipe; t1 = time.perf_counter();"
         f"r = get_recipe('sdxl', device={device!r}); t2 = time.perf_counter(); w = []\n"
         f"for _ in range(20):\n s = time.perf_counter(); get_recipe('sdxl', device={device!r}); w.append(time.perf_counter() - s)\n"
         "print(json.dumps({'import': t1 - t0, 'first': t2 - t1, 'warm': w, 'torch_imported': 'torch' in sys.modules}))"
@@ -918,8 +920,8 @@ def _cold_resolve_seconds(device: str) -> dict[str, Any]:
 def bench_scale(ctx: dict[str, Any], meta: dict[str, Any], log: Callable[[str], None]) -> dict[str, Any]:
     import torch
 
-    from hf_precision.apply import apply_recipe
-    from hf_precision.recipe import get_recipe
+    from hf_precision.runtime.apply import apply_recipe
+    from hf_precision.recipe.resolution import get_recipe
 
     dev = ctx["recipe_device"] if ctx["recipe_device"] != "this" else ctx["device"]
     configs = {c: json.loads((REAL_SDXL / c / "config.json").read_text()) for c in meta}
@@ -1231,7 +1233,7 @@ def render(res: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size", default="mid", help="mid (~287M parameters, default), tiny, or a JSON object / file of "
-                   "per-component config overrides for hf_precision.synthetic.make_sdxl")
+                   "per-component config overrides for hf_precision.testing.pipelines.make_sdxl")
     p.add_argument("--device", default="cpu", help="where the pipelines run (default cpu)")
     p.add_argument("--recipe-device", default="t4", help="the layout to benchmark: a device preset (default t4: fp16 "
                    "UNet with fp32 islands, fp32 VAE) or 'this' (what --device itself gets)")
@@ -1318,7 +1320,7 @@ def main(argv: list[str] | None = None) -> int:
     if {"runtime", "memory", "fidelity"} & set(sections):
         from diffusers import DiffusionPipeline
 
-        from hf_precision.load import load_pipeline
+        from hf_precision.runtime.load import load_pipeline
 
         pipes["fp32"] = DiffusionPipeline.from_pretrained(ctx["folder"], dtype=torch.float32, use_safetensors=True).to(args.device)
         pipes["recipe"] = load_pipeline(ctx["folder"], args.device, recipe=recipe)

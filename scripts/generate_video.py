@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Image-to-video with Stable Video Diffusion in the dtypes the svd recipe picks for your device.
 
-A thin wrapper: the logic lives in ``hf_precision.video`` (also ``hf-precision video``). Run with ``--help``, or
+A thin wrapper: the logic lives in ``hf_precision.apps.video`` (also ``hf-precision video``). Run with ``--help``, or
 ``python scripts/generate_video.py --demo --out demo.mp4`` offline. Several processes:
 ``accelerate launch --multi_gpu --num_processes 2 scripts/generate_video.py --image photos/ --out videos/``.
 """
 
 import sys
 
-from hf_precision.video import main
+from hf_precision.cli.video import main
 
 if __name__ == "__main__":
     sys.exit(main(prog="generate_video.py"))

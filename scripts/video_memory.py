@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Peak memory of SVD image-to-video against ``--decode-chunk-size``, measured on an SVD-shaped model (no weights).
 
-Builds ``hf_precision.synthetic.make_svd(size="mid")`` (random weights, 168.5M parameters: the SVD UNet's 4 levels
+Builds ``hf_precision.testing.pipelines.make_svd(size="mid")`` (random weights, 168.5M parameters: the SVD UNet's 4 levels
 with temporal blocks at 0.3x width, the full-depth temporal VAE decoder at 0.5x width), saves it once, then runs
 ``scripts/generate_video.py`` in a fresh subprocess per chunk size so every row starts from an empty process and
 its peak RSS (``VmHWM``) belongs to that run alone. The folder is saved with an fp16 variant, as SVD-xt is on the
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     from PIL import Image
 
-    from hf_precision.synthetic import count_parameters, make_svd, save_pipeline
+    from hf_precision.testing.pipelines import count_parameters, make_svd, save_pipeline
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="hf_precision_video_memory_"))
     model = work / f"svd-{args.size}"

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hf_precision.apply import Applied
-from hf_precision.recipe import Recipe
+import hf_precision as hp
+from hf_precision.recipe.resolution import Recipe
 
 
 def output_array(out: Any) -> np.ndarray:
@@ -35,12 +35,13 @@ def assert_plan_dtypes(pipe: Any, recipe: Recipe) -> None:
 
     Guards against vacuous passes: a half plan must have half parameters, and islands must be non-empty.
     """
-    applied: Applied = pipe._hf_precision_applied
+    record = hp.applied(pipe)
+    assert record is not None, "the pipeline was not applied"
     for plan in recipe.plans:
         module = getattr(pipe, plan.name, None)
         if module is None:
             continue
-        islands = applied.islands.get(plan.name, [])
+        islands = record.islands.get(plan.name, [])
         inside = lambda name: any(name == i or name.startswith(i + ".") for i in islands)
         seen = set()
         for name, param in module.named_parameters():
@@ -56,5 +57,5 @@ def assert_plan_dtypes(pipe: Any, recipe: Recipe) -> None:
             seen.add(have)
         assert plan.storage in seen or plan.compute in seen, f"{plan.name}: no parameter in {plan.storage}"
         if plan.keep_fp32 and plan.compute != "float32":
-            left = any("left to the layerwise casting" in a for a in applied.actions)
+            left = any("left to the layerwise casting" in a for a in record.actions)
             assert islands or left, f"{plan.name}: keep_fp32 {plan.keep_fp32} produced no island"

@@ -1,4 +1,10 @@
-"""Shared fixtures: tiny random-weight pipelines (built once per session) and saved pipeline folders."""
+"""Shared fixtures: tiny random-weight pipelines (built once per session) and saved pipeline folders.
+
+Running the suite as another CPU: ``HF_PRECISION_CPU_FLAGS=amx pytest`` (or ``pytest --cpu-flags amx``) makes the
+device probe report those flags, in this process and in every subprocess the tests start (see
+``hf_precision/devices.py``). Tests whose expectation depends on what the probe reads are marked ``probe``;
+``.ci/run`` runs them once more as an AMX CPU and once as a CPU without AVX512 or AMX.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +30,7 @@ def tiny_pipes() -> dict:
 @pytest.fixture
 def tiny_pipe(tiny_pipes):
     """Factory: ``tiny_pipe(kind)`` returns a fresh deep copy of the session's tiny pipeline of ``kind``."""
-    from hf_precision.synthetic import make_pipeline
+    from hf_precision.testing.pipelines import make_pipeline
 
     def get(kind: str):
         if kind not in tiny_pipes:
@@ -41,7 +47,7 @@ def saved_pipeline(tmp_path_factory, tiny_pipes):
     With ``fp16_variant=True`` the folder holds both ``*.safetensors`` and ``*.fp16.safetensors`` (and, as
     on the Hub, transformers ``config.json`` files that say ``"dtype": "float16"``).
     """
-    from hf_precision.synthetic import make_pipeline, save_pipeline
+    from hf_precision.testing.pipelines import make_pipeline, save_pipeline
 
     folders: dict[tuple[str, bool], Path] = {}
 
@@ -55,6 +61,61 @@ def saved_pipeline(tmp_path_factory, tiny_pipes):
         return folders[key]
 
     return get
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("hf_precision")
+    group.addoption("--cpu-flags", default=None, metavar="FLAGS",
+                    help="run as a CPU with these flags: sets HF_PRECISION_CPU_FLAGS (e.g. amx, avx2, none, "
+                         "'avx2,avx512f,avx512_bf16') for the tests and their subprocesses")
+    group.addoption("--cpu-name", default=None, metavar="NAME", help="sets HF_PRECISION_CPU_NAME likewise")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "probe: the expectation depends on what the device probe reads about this "
+                                       "machine (CPU flags, the dtypes the cpu rules pick); .ci/run reruns these "
+                                       "as an AMX CPU and as a CPU without it")
+    from hf_precision.recipe.devices import CPU_FLAGS_ENV, CPU_NAME_ENV, cpu_flags_from_env, cpu_name_from_env, set_probe
+    from hf_precision.errors import RecipeError
+
+    for option, variable in (("--cpu-flags", CPU_FLAGS_ENV), ("--cpu-name", CPU_NAME_ENV)):
+        if config.getoption(option) is not None:
+            os.environ[variable] = config.getoption(option)
+    try:
+        cpu_flags_from_env(), cpu_name_from_env()
+    except RecipeError as e:
+        raise pytest.UsageError(str(e)) from None
+    set_probe(None)  # profiles read before the options were applied are dropped
+
+
+def pytest_report_header(config):
+    from hf_precision.recipe.devices import CPU_FLAGS_ENV, device_caps
+
+    caps = device_caps("cpu")
+    flags = sorted(f for f in caps.profile.cpu_flags if f.startswith(("avx512_bf16", "avx512_fp16", "amx")))
+    source = f"{CPU_FLAGS_ENV}={os.environ[CPU_FLAGS_ENV]!r}" if os.environ.get(CPU_FLAGS_ENV, "").strip() else "this CPU"
+    return (f"hf_precision cpu ({source}): {caps.profile.label()}; bf16/fp16 flags: {', '.join(flags) or 'none'}; "
+            f"cpu rules: {', '.join(caps.tags)}; picks unasked: {', '.join(caps.auto)}")
+
+
+@pytest.fixture
+def cpu_as(monkeypatch):
+    """Factory: ``cpu_as("amx")`` makes the device probe report those CPU flags (``HF_PRECISION_CPU_FLAGS``)
+    for the rest of the test and its subprocesses; returns ``device_caps("cpu")``. Undone after the test."""
+    from hf_precision.recipe.devices import CPU_FLAGS_ENV, CPU_NAME_ENV, device_caps, set_probe
+
+    def install(flags: str, name: str | None = None):
+        monkeypatch.setenv(CPU_FLAGS_ENV, flags)
+        if name is None:
+            monkeypatch.delenv(CPU_NAME_ENV, raising=False)
+        else:
+            monkeypatch.setenv(CPU_NAME_ENV, name)
+        set_probe(None)
+        return device_caps("cpu")
+
+    yield install
+    monkeypatch.undo()
+    set_probe(None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,7 +1,7 @@
 """Every dtype layout of the pipeline-level error table (diffusers-dtype-facts.md, section 2.2).
 
 One ``Layout`` per row (S1-S27 SDXL, V1-V9 SVD, P1-P5 PixArt, D1-D3 DiT, plus D2b), on the tiny
-random pipelines of ``hf_precision.synthetic``:
+random pipelines of ``hf_precision.testing``:
 
 * ``overrides`` says the layout in the DESIGN.md override format (``{component: {"dtype": ...,
   "storage": ..., "keep_fp32": [globs]}}``; components not named stay float32). ``keep_fp32`` globs are
@@ -118,7 +118,7 @@ def _reload(pipe, *, fp16_variant: bool = False, **from_pretrained_kwargs) -> No
     import torch
     from diffusers import DiffusionPipeline
 
-    from hf_precision.synthetic import save_pipeline
+    from hf_precision.testing.pipelines import save_pipeline
 
     reference = copy.deepcopy(pipe)
     for component in reference.components.values():

@@ -49,7 +49,7 @@ def test_json_has_every_section_without_errors(quick_run):
     assert data["sections"]["runtime"]["seconds"]["hooks"]["samples"]
     # the floor computes exactly what the recipe computes
     assert data["sections"]["runtime"]["max_abs_diff_vs_hooks"]["floor"] == 0.0
-    # exact byte counts on the real SDXL configs agree with hf_precision.planner where it is available
+    # exact byte counts on the real SDXL configs agree with hf_precision.diagnose.planner where it is available
     for row in data["sections"]["memory"]["real_sdxl"].values():
         assert row.get("plan_agrees", True) is True
     fid = data["sections"]["fidelity"]

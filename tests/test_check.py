@@ -1,4 +1,4 @@
-"""hf_precision.checker on tiny pipelines, and the `plan` / `check` commands run as a user runs them."""
+"""hf_precision.diagnose.checker on tiny pipelines, and the `plan` / `check` commands run as a user runs them."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import hf_precision as hp
-from hf_precision.checker import CheckReport, default_call
+from hf_precision.diagnose.checker import CheckReport, default_call
 from hf_precision.errors import RecipeError
-from hf_precision.mismatch import MismatchError
+from hf_precision.diagnose.mismatch import MismatchError
 
 SDXL_ISLANDS = ["unet.time_embedding", "unet.add_embedding"]
 
@@ -72,7 +72,7 @@ def test_pipe_to_half_erases_the_islands(t4_sdxl):
     assert "erased float32 islands:" in text and "unet.time_embedding" in text and "drift from the plan:" in text
 
     # the fix in the report works
-    hp.apply_recipe(t4_sdxl, t4_sdxl._hf_precision_applied.recipe)
+    hp.apply_recipe(t4_sdxl, hp.applied(t4_sdxl).recipe)
     assert hp.check(t4_sdxl).ok
 
 
@@ -84,7 +84,9 @@ def test_a_plain_mismatched_pipeline_reports_the_crash(tiny_pipe):
     assert isinstance(report.error, MismatchError)
     assert report.error.module == "unet.time_embedding.linear_1"
     assert (report.error.got, report.error.expected) == ("float32", "float16")
-    assert "--set unet.dtype=float16" in report.error.fix
+    # unet is already float16: the fix makes the other components agree (issue 11 item 9), never unet.dtype=float16
+    assert "--set unet.dtype=float16" not in report.error.fix
+    assert "--set text_encoder_2.dtype=float16" in report.error.fix
     assert not report.mismatches  # the crash is reported once, as the error
     text = report.table()
     assert "the call failed:" in text and "unet.time_embedding.linear_1" in text and "fix:" in text
@@ -205,7 +207,7 @@ def test_cli(saved_pipeline, tmp_path):
     rc, stdout, _ = out["plain"]
     assert rc == 1, stdout
     assert "no hf_precision recipe" in stdout and "unet.time_embedding.linear_1" in stdout
-    assert "--set unet.dtype=float16" in stdout
+    assert "unet.dtype=float16" not in stdout and "text_encoder_2.dtype=float16" in stdout  # issue 11 item 9
 
     rc, stdout, stderr = out["bad_set"]
     assert rc == 2 and stdout == "" and "'half'" in stderr and "hf-precision check: error:" in stderr
@@ -259,7 +261,7 @@ def test_cli_in_process(saved_pipeline, tmp_path, capsys):
 def test_doctests():
     import doctest
 
-    import hf_precision.checker as check_module
+    import hf_precision.diagnose.checker as check_module
 
     result = doctest.testmod(check_module, optionflags=doctest.ELLIPSIS)
     assert result.attempted > 0 and result.failed == 0

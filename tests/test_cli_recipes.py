@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import hf_precision as hp
 from hf_precision.cli import build_parser
 
 _SCRIPT = Path(sys.executable).parent / "hf-precision"
@@ -48,6 +49,7 @@ def test_recipes(tmp_path):
     assert "sdxl" in data["pipeline"] and "unet.sdxl" in data["component"]
 
 
+@pytest.mark.probe
 def test_devices(tmp_path):
     out = ok("devices", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
     lines = out.splitlines()
@@ -60,7 +62,27 @@ def test_devices(tmp_path):
     assert rows["t4"]["compute"] == ["float32", "float16"] and rows["t4"]["tags"] == ["cuda"]
     assert rows["a100"]["tags"] == ["cuda", "cuda-sm80"] and "bfloat16" in rows["a100"]["auto"]
     assert rows["m2-macos15"]["upcast_attention"] is True
-    assert rows["this machine"]["label"]
+    here = rows["this machine"]
+    assert here["label"]
+    if here["label"].startswith("cpu"):  # CUDA is hidden above; an Apple or XPU machine lists its GPU here
+        caps = hp.device_caps("cpu")   # this process reads the same HF_PRECISION_CPU_FLAGS as the command
+        assert (here["auto"], here["tags"]) == (list(caps.auto), list(caps.tags))
+
+
+@pytest.mark.parametrize("flags, unet", [("amx", "bfloat16"), ("avx2,avx512f,avx512_bf16", "float32"), ("none", "float32")])
+def test_commands_run_as_another_cpu(tmp_path, flags, unet):
+    """HF_PRECISION_CPU_FLAGS reaches the command line: `show --device cpu` resolves as on that CPU."""
+    env = {"HF_PRECISION_CPU_FLAGS": flags, "HF_PRECISION_CPU_NAME": ""}
+    data = json.loads(ok("show", "sdxl", "--device", "cpu", "--json", cwd=tmp_path, env=env))
+    assert data["components"]["unet"]["compute"] == unet
+    assert data["device"]["present"] is True and data["device"]["name"].endswith("flags from HF_PRECISION_CPU_FLAGS")
+    assert ("cpu-amx" in data["device_tags"]) is (flags == "amx")
+
+
+def test_bad_cpu_flags_env_is_a_user_error(tmp_path):
+    err = user_error("devices", cwd=tmp_path, env={"HF_PRECISION_CPU_FLAGS": "amx_bf16;avx2"})
+    assert err.startswith("hf-precision devices: error: HF_PRECISION_CPU_FLAGS='amx_bf16;avx2': 'amx_bf16;avx2' is "
+                          "not a CPU flag name")
 
 
 def test_show_table(tmp_path):

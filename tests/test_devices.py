@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import hf_precision as hp
-from hf_precision import devices
-from hf_precision.devices import DeviceProfile, SystemProbe, device_caps, device_profile, list_presets, set_probe
+from hf_precision.recipe import devices
+from hf_precision.recipe.devices import DeviceProfile, SystemProbe, device_caps, device_profile, list_presets, set_probe
 
 
 class FakeProbe(SystemProbe):
@@ -143,12 +143,73 @@ def test_set_probe_clears_the_cache(use_probe):
     assert device_profile(None).type == "cpu"
 
 
+@pytest.mark.probe
 def test_real_probe_answers_on_this_machine():
     """The unreplaced probe returns a usable profile (on this machine most likely the CPU)."""
     profile = device_profile(None)
     assert profile.present and profile.type in ("cpu", "cuda", "mps", "xpu")
     assert isinstance(profile.label(), str) and profile.label().startswith(profile.type)
     assert SystemProbe().count("cpu") == 1
+    cpu = device_profile("cpu")
+    assert cpu.present and cpu.cpu_flags == SystemProbe().cpu_flags() and cpu.name == SystemProbe().cpu_name()
+
+
+# ------------------------------------------------------------------------- running as another CPU (env)
+
+AMX = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"})
+
+
+def test_real_flags_come_from_proc_cpuinfo_when_not_overridden(monkeypatch):
+    monkeypatch.delenv(devices.CPU_FLAGS_ENV, raising=False)
+    monkeypatch.delenv(devices.CPU_NAME_ENV, raising=False)
+    try:
+        lines = open("/proc/cpuinfo", encoding="utf-8").read().splitlines()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo on this system: the probe reads no CPU flags here")
+    keyed = [line.partition(":") for line in lines]
+    flags = next((v.split() for k, _, v in keyed if k.strip() in ("flags", "Features")), [])
+    assert SystemProbe().cpu_flags() == frozenset(flags)
+    assert "HF_PRECISION" not in SystemProbe().cpu_name()
+
+
+@pytest.mark.parametrize("value, flags", [
+    ("avx2,avx512f,avx512_bf16,amx_tile,amx_bf16", AMX),
+    ("amx", AMX),                                               # the cpu:amx description's set
+    (" AVX2 + avx512f  avx512_bf16,,amx_tile amx_bf16 ", AMX),   # any of ', +' and spaces; case does not matter
+    ("avx512", frozenset({"avx2", "avx512f", "avx512_bf16"})),
+    ("avx512,avx512_fp16", frozenset({"avx2", "avx512f", "avx512_bf16", "avx512_fp16"})),
+    ("avx2", frozenset({"avx2"})),
+    ("none", frozenset()),                                      # macOS, Windows; arm64 to the x86 rules
+])
+def test_cpu_flags_env_replaces_what_the_probe_reads(cpu_as, value, flags):
+    caps = cpu_as(value)
+    profile = device_profile("cpu")
+    assert profile.cpu_flags == flags and profile.present
+    assert profile.name.endswith(f"flags from {devices.CPU_FLAGS_ENV}")  # a simulated CPU says so in every label
+    assert caps.auto == (("bfloat16", "float32") if "amx_bf16" in flags else ("float32",))
+    assert ("cpu-amx" in caps.tags) is ("amx_bf16" in flags)
+    assert hp.get_recipe("sdxl", device="cpu")["unet"].compute == caps.auto[0]
+    assert device_profile(None).type != "cpu" or device_profile(None) == profile
+
+
+def test_cpu_flag_shorthands_are_the_device_descriptions():
+    for short in devices.CPU_FLAG_SETS:
+        assert devices.cpu_flags_from_env({devices.CPU_FLAGS_ENV: short}) == device_profile(f"cpu:{short}").cpu_flags
+
+
+def test_cpu_name_env(cpu_as):
+    cpu_as("amx", name="Intel Xeon Platinum 8480+")
+    assert device_profile("cpu").label() == "cpu (Intel Xeon Platinum 8480+)"
+    assert devices.cpu_name_from_env({devices.CPU_NAME_ENV: "  "}) is None
+
+
+def test_env_is_read_again_after_set_probe_none(cpu_as, monkeypatch):
+    cpu_as("amx")
+    assert device_caps("cpu").auto[0] == "bfloat16"
+    monkeypatch.setenv(devices.CPU_FLAGS_ENV, "avx2")
+    assert device_caps("cpu").auto[0] == "bfloat16"  # profiles are cached for the process ...
+    set_probe(None)
+    assert device_caps("cpu").auto[0] == "float32"   # ... and set_probe(None) re-reads
 
 
 # ---------------------------------------------------------------------------------------- descriptions

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import hf_precision as hp
-from hf_precision import devices
-from hf_precision.recipe import parse_set
+from hf_precision.recipe import devices
+from hf_precision.recipe.resolution import parse_set
 
 
 def raises(fn, *args, **kwargs) -> str:
@@ -156,6 +156,27 @@ def test_absent_device_tells_how_to_describe_one(no_accelerator, spec):
     assert "cuda:sm75" in msg and "mps:macos=13.6" in msg and "t4" in msg
     # and the default falls back to the CPU instead of failing
     assert hp.device_profile(None).type == "cpu"
+
+
+@pytest.mark.parametrize("value, bad", [("amx_bf16;avx2", "'amx_bf16;avx2'"), ("avx2,none", "'none'"),
+                                        ("-avx2", "'-avx2'"), ("avx2,amx/bf16", "'amx/bf16'")])
+def test_bad_cpu_flags_env_names_the_variable(monkeypatch, value, bad):
+    monkeypatch.setenv(devices.CPU_FLAGS_ENV, value)
+    devices.set_probe(None)
+    try:
+        msg = raises(hp.get_recipe, "sdxl", device="cpu")
+    finally:
+        monkeypatch.undo()
+        devices.set_probe(None)
+    assert msg.startswith(f"HF_PRECISION_CPU_FLAGS={value!r}: {bad} is not a CPU flag name")
+    assert "allowed: flag names as /proc/cpuinfo spells them" in msg and "amx, avx512, avx2" in msg
+    assert "HF_PRECISION_CPU_FLAGS=avx2,avx512f,avx512_bf16,amx_tile,amx_bf16" in msg and "unset it" in msg
+
+
+@pytest.mark.parametrize("value", ["Xeon\nRapids", "x" * 201])
+def test_bad_cpu_name_env_names_the_variable(value):
+    msg = raises(devices.cpu_name_from_env, {devices.CPU_NAME_ENV: value})
+    assert msg.startswith("HF_PRECISION_CPU_NAME=") and "one printable line of at most 200 characters" in msg
 
 
 def test_dtype_the_device_cannot_compute_names_the_fix():

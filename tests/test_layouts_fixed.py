@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from hf_precision.synthetic import example_call_kwargs
+from hf_precision.testing.pipelines import example_call_kwargs
 from layouts import LAYOUTS, apply_plain
 from checks import assert_finite, assert_plan_dtypes
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import hf_precision as hp
-from hf_precision.apply import resolve_per_device
-from hf_precision.synthetic import example_call_kwargs, example_img2img_kwargs
+from hf_precision.recipe import resolve
+from hf_precision.testing.pipelines import example_call_kwargs, example_img2img_kwargs
 from checks import assert_finite, assert_plan_dtypes
 
 # The device table of the foundation issue: CPU without native bf16, CPU with AMX, CUDA 7.0, 7.5 (T4),
@@ -39,11 +39,19 @@ def test_every_recipe_on_every_device_layout(kind, device, saved_pipeline):
         assert type(pipe).__name__ == "StableDiffusionXLImg2ImgPipeline"
 
 
+@pytest.mark.probe
 def test_recipe_chosen_from_model_index_and_this_machine(saved_pipeline):
+    """No recipe given: the sdxl recipe (from model_index.json) for this CPU, whose dtypes the cpu rules of
+    devices.yaml pick from the flags the probe reads (bf16 with AMX, float32 without)."""
     pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu")
-    applied = pipe._hf_precision_applied
+    applied = hp.applied(pipe)
     assert applied.recipe.name == "sdxl"
-    assert applied.recipe.device.present
+    assert applied.recipe.device.present and applied.recipe.device == hp.device_profile("cpu")
+    expected = hp.get_recipe("sdxl", device="cpu")
+    assert {p.name: p.compute for p in applied.recipe.plans} == {p.name: p.compute for p in expected.plans}
+    auto = hp.device_caps("cpu").auto[0]
+    assert applied.recipe["unet"].compute == auto  # the UNet tolerates every dtype: it gets the CPU's first pick
+    assert_plan_dtypes(pipe, applied.recipe)
     assert_finite(_run(pipe, "sdxl"))
 
 
@@ -76,16 +84,47 @@ def test_fp16_variant_chosen_only_for_half_plans(saved_pipeline, monkeypatch):
 
 
 def test_per_component_devices_get_their_own_dtypes():
-    recipe = resolve_per_device("sdxl", {"text_encoder": "cpu-avx2", "text_encoder_2": "cpu-avx2", "unet": "a100",
-                                         "vae": "a100"}, None, {})
+    recipe = resolve("sdxl", layout={"text_encoder": "cpu-avx2", "text_encoder_2": "cpu-avx2", "default": "a100"})
     assert (recipe["text_encoder"].compute, recipe["unet"].compute, recipe["vae"].compute) == \
         ("float32", "float16", "bfloat16")
+    assert recipe["unet"].resolved_for != recipe["text_encoder"].resolved_for
+    assert recipe.device == hp.device_profile("a100")  # the denoiser's device names the recipe
+
+
+def test_layout_runs_another_devices_plan_here(saved_pipeline, tiny_pipe):
+    # "resolve for that device, place on this one" is one parameter of load_pipeline, apply_recipe and resolve.
+    t4 = hp.get_recipe("sdxl", device="t4")
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", layout="t4")
+    record = hp.applied(pipe)
+    assert {p.name: (p.compute, p.keep_fp32) for p in record.recipe.plans} == \
+        {p.name: (p.compute, p.keep_fp32) for p in t4.plans}
+    assert {p.device for p in record.recipe.plans} == {"cpu"}
+    assert pipe.unet.dtype == torch.float16 and pipe.vae.dtype == torch.float32
+    applied = hp.apply_recipe(tiny_pipe("sdxl"), device="cpu", layout="t4")
+    assert applied.recipe["unet"].compute == "float16" and applied.recipe["unet"].resolved_for == t4["unet"].resolved_for
+
+
+def test_resolve_is_one_door_with_clear_errors():
+    placed = resolve(pipeline_class="StableDiffusionXLPipeline", devices={"text_encoder": "cpu", "default": "cpu"})
+    assert {p.name: p.device for p in placed.plans} == dict.fromkeys(("text_encoder", "text_encoder_2", "unet", "vae"), "cpu")
+    unplaced = resolve("sdxl", layout="a100")
+    assert {p.device for p in unplaced.plans} == {None}
+    assert unplaced == hp.get_recipe("sdxl", device="a100")  # unplaced and resolved for a100: get_recipe's answer
+    with pytest.raises(hp.RecipeError, match="layout='t4'"):
+        resolve("sdxl", devices="t4")  # a preset is a device you plan for: it belongs in layout=
+    with pytest.raises(hp.RecipeError, match="overrides need a recipe name"):
+        resolve(hp.get_recipe("sdxl"), overrides={"vae": {"dtype": "float32"}})
+    with pytest.raises(hp.RecipeError, match="unknown component.*'unte'.*did you mean 'unet'"):
+        resolve("sdxl", layout={"unte": "t4"})
+    with pytest.raises(hp.RecipeError, match="no recipe for pipeline class"):
+        resolve(pipeline_class="NoSuchPipeline")
+
 
 
 def test_device_mapping_places_components(saved_pipeline):
     pipe = hp.load_pipeline(saved_pipeline("sdxl"), {"text_encoder": "cpu", "default": "cpu"},
                             recipe=hp.get_recipe("sdxl", device="t4"))
-    assert pipe._hf_precision_applied.devices == {c: "cpu" for c in ("text_encoder", "text_encoder_2", "unet", "vae")}
+    assert hp.applied(pipe).devices == {c: "cpu" for c in ("text_encoder", "text_encoder_2", "unet", "vae")}
     with pytest.raises(hp.RecipeError, match="unknown component"):
         hp.load_pipeline(saved_pipeline("sdxl"), {"transformer": "cpu"})
     with pytest.raises(hp.RecipeError, match="not a device this process can place"):
@@ -118,12 +157,13 @@ def test_load_errors(saved_pipeline, tmp_path, monkeypatch):
     index = json.loads((folder / "model_index.json").read_text())
     index["_class_name"] = "KandinskyPipeline"
     (folder / "model_index.json").write_text(json.dumps(index))
-    with pytest.raises(hp.RecipeError, match=r"no recipe for pipeline class 'KandinskyPipeline'.*recipe='sdxl'"):
+    # the edited index names a class whose required components the folder lacks: refused before any weight is read
+    with pytest.raises(hp.RecipeError, match=r"KandinskyPipeline needs the components .*movq.*pipeline_class="):
         hp.load_pipeline(folder, "cpu")
     from diffusers import StableDiffusionXLPipeline
 
     pipe = hp.load_pipeline(folder, "cpu", recipe="sdxl", pipeline_class=StableDiffusionXLPipeline)
-    assert pipe._hf_precision_applied.recipe.name == "sdxl"  # the explicit recipe works
+    assert hp.applied(pipe).recipe.name == "sdxl"  # the explicit recipe works
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(hp.RecipeError, match=r"HF_HUB_OFFLINE is set.*load_pipeline\('\./stable-diffusion-xl-base-1.0'\)"):
@@ -167,12 +207,49 @@ def test_model_offload_before_applying(tiny_pipe):
     assert_finite(_run(pipe, "svd"))
 
 
+def _record_unet_and_island_inputs(pipe) -> list[tuple[str, torch.dtype, str]]:
+    """(module, input dtype, input device type) as the UNet's first layer and its fp32 island receive them.
+
+    The pre-hooks are registered after hf_precision's, so they see what its casts produced; accelerate's offload
+    hooks run inside ``forward``, so the weights are still on ``meta`` here and only the inputs tell where and in
+    what dtype the layer runs."""
+    seen: list[tuple[str, torch.dtype, str]] = []
+    for name in ("conv_in", "time_embedding.linear_1"):
+        pipe.unet.get_submodule(name).register_forward_pre_hook(
+            lambda module, args, name=name: seen.append((name, args[0].dtype, args[0].device.type)))
+    return seen
+
+
+def test_sequential_offload_hooks_on_cpu(saved_pipeline):
+    """What enable_sequential_cpu_offload installs (accelerate.cpu_offload on every component: weights on meta,
+    moved to the execution device per layer), with the CPU as execution device. diffusers itself refuses a
+    CPU-only machine and turns device="cpu" into "cpu:0", which accelerate 1.15 cannot offload to; see the gpu
+    test below for the real call."""
+    from accelerate import cpu_offload
+
+    recipe = hp.get_recipe("sdxl", device="t4")
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=recipe)
+    for name, model in pipe.components.items():
+        if isinstance(model, torch.nn.Module):
+            cpu_offload(model, torch.device("cpu"), offload_buffers=len(model._parameters) > 0)
+    assert pipe.unet.conv_in.weight.device.type == "meta"  # the hooks must not take the device from the weights
+    seen = _record_unet_and_island_inputs(pipe)
+    assert_finite(_run(pipe, "sdxl"))
+    assert ("conv_in", torch.float16, "cpu") in seen and ("time_embedding.linear_1", torch.float32, "cpu") in seen
+    assert_plan_dtypes(pipe, recipe)
+
+
 @pytest.mark.gpu
 def test_sequential_offload_on_gpu(saved_pipeline):
-    # On CPU-only torch 2.13, enable_sequential_cpu_offload fails inside accelerate even for plain diffusers.
-    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
+    # Loaded on the CPU, then streamed layer by layer to the GPU by diffusers' own call (device "cuda" -> "cuda:0").
+    recipe = hp.get_recipe("sdxl", device="t4")
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=recipe)
     pipe.enable_sequential_cpu_offload(device="cuda")
+    assert pipe.unet.conv_in.weight.device.type == "meta" and pipe._execution_device.type == "cuda"
+    seen = _record_unet_and_island_inputs(pipe)
     assert_finite(_run(pipe, "sdxl"))
+    assert ("conv_in", torch.float16, "cuda") in seen and ("time_embedding.linear_1", torch.float32, "cuda") in seen
+    assert_plan_dtypes(pipe, recipe)
 
 
 @pytest.mark.parametrize("how", ["module.compile", "torch.compile"])
@@ -212,7 +289,7 @@ def test_lora_loading_after_the_recipe(saved_pipeline, tmp_path, tiny_pipes):
 
 def test_erasing_the_plan_is_reported(saved_pipeline):
     pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
-    applied = pipe._hf_precision_applied
+    applied = hp.applied(pipe)
     assert applied.verify() == []
     pipe.to(torch.float16)
     problems = applied.verify()
@@ -232,7 +309,7 @@ def test_applying_twice_does_not_stack_and_remove_restores(tiny_pipe):
     second.remove()
     assert not pipe.unet._forward_pre_hooks and not pipe.unet.time_embedding._forward_hooks
     assert pipe.unet.forward == forward
-    assert not hasattr(pipe.unet, "_hf_precision_applied")
+    assert hp.applied(pipe.unet) is None
 
 
 def test_shared_components_do_not_stack(tiny_pipe):
@@ -256,7 +333,7 @@ def test_strict_island_patterns(tiny_pipe):
 def test_components_are_streamed_into_their_dtypes(saved_pipeline, tiny_pipes, monkeypatch):
     """Every component is read tensor by tensor (no memory map) straight into its planned dtype; an fp32
     component reads the full-precision files even when the rest come from the fp16 variant."""
-    from hf_precision import load as loader
+    from hf_precision.runtime import load as loader
 
     streamed = {}
     original = loader._stream_components
@@ -280,7 +357,7 @@ def test_unexpected_files_fall_back_to_from_pretrained(saved_pipeline, tmp_path)
     """A checkpoint whose keys do not match the model (renamed layout) is left to diffusers/transformers."""
     from safetensors.torch import load_file, save_file
 
-    from hf_precision.stream import stream_component
+    from hf_precision.runtime.stream import stream_component
 
     folder = tmp_path / "renamed"
     shutil.copytree(saved_pipeline("dit"), folder)

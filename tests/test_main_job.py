@@ -17,31 +17,166 @@ def run(*args, cwd=None):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, env=ENV, cwd=cwd, timeout=600)
 
 
-def test_demo_writes_an_image_and_a_clip_and_reports(tmp_path):
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """One run of `hf-precision demo --json` for every test below: (stdout, measurements, output folder)."""
+    out = tmp_path_factory.mktemp("demo") / "out"
+    result = run("demo", "--out", out, "--json")
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    split = result.stdout.rindex("\n{")  # what the demo printed, then the --json dump
+    return result.stdout[:split], json.loads(result.stdout[split + 1:]), out
+
+
+def _flat(text):
+    """Whitespace collapsed: the demo wraps long lines (a CUDA error message is longer than one line)."""
+    return " ".join(text.split())
+
+
+def _plain_diffusers_failure(saved_pipeline):
+    """What plain diffusers raises on this host for the demo's T4 user layout, and the innermost module that was
+    executing when it did: derived here with torch's global module hooks, not copied from one CPU's wording."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from hf_precision.apps.demo import T4_USER_LAYOUT
+    from hf_precision.testing import example_call_kwargs
+
+    pipe = DiffusionPipeline.from_pretrained(str(saved_pipeline("sdxl")),
+                                             dtype={k: getattr(torch, v) for k, v in T4_USER_LAYOUT.items()})
+    pipe.set_progress_bar_config(disable=True)
+    names = {id(m): f"{c}.{n}" if n else c for c, comp in pipe.components.items()
+             if isinstance(comp, torch.nn.Module) for n, m in comp.named_modules()}
+    stack = []
+
+    def enter(module, args):
+        stack.append(names.get(id(module)))
+
+    def leave(module, args, output):  # returns None: a forward hook's return value would replace the output
+        stack.pop()
+
+    hooks = [torch.nn.modules.module.register_module_forward_pre_hook(enter),
+             torch.nn.modules.module.register_module_forward_hook(leave)]
+    try:
+        with pytest.raises(RuntimeError) as info:
+            pipe(**example_call_kwargs("sdxl"), generator=torch.Generator().manual_seed(0))
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return str(info.value), stack[-1]
+
+
+def test_demo_shows_the_plain_diffusers_error_and_its_explanation(demo, saved_pipeline):
+    text, measured, _ = demo
+    message, module = _plain_diffusers_failure(saved_pipeline)
+    assert module is not None and module.startswith("unet.")  # the fp32 text encoders feed the fp16 UNet
+    plain = measured["plain_diffusers"]
+    assert plain["error"] == f"RuntimeError: {message}" and _flat(plain["error"]) in _flat(text)
+    assert plain["module"] == module
+    first_line = plain["explained"].splitlines()[0]
+    assert first_line.startswith(f"dtype mismatch in {module}:") and _flat(first_line) in _flat(text)
+    # the loader runs the same folder with the T4 recipe: finite, in the dtypes that recipe plans
+    import hf_precision as hp
+
+    loader = plain["loader"]
+    assert loader["finite"] and loader["nonfinite"] == 0 and "all values finite" in text
+    for component in hp.get_recipe("sdxl", device="t4").plans:
+        assert loader["dtypes"][component.name].split(",")[0] == component.compute, component.name
+
+
+def test_demo_shows_real_model_savings(demo):
+    import hf_precision as hp
+
+    text, measured, _ = demo
+    rows = {(r["model"], r["device"]): r for r in measured["plans"]}
+    assert set(rows) == {(m, d) for m in ("sdxl", "svd") for d in ("t4", "a100")}
+    for (model, device), row in rows.items():
+        plan = hp.plan(model, device=device)
+        assert row["params"] == plan.params and row["fp32_bytes"] == 4 * plan.params
+        assert row["total_bytes"] == plan.total_bytes and row["saved_bytes"] == row["fp32_bytes"] - row["total_bytes"]
+        assert row["saved_bytes"] > 0, (model, device)
+        assert row["stays_fp32"] and all(v["why"] for v in row["stays_fp32"].values())
+    assert rows[("sdxl", "t4")]["stays_fp32"].keys() >= {"vae"}  # no bf16 on a T4: the SDXL VAE stays fp32
+    assert "vae" not in rows[("sdxl", "a100")]["stays_fp32"]  # bf16 on an A100
+    vae_why = " ".join(hp.get_recipe("sdxl", device="t4")["vae"].why.split())
+    assert rows[("sdxl", "t4")]["stays_fp32"]["vae"]["why"] == vae_why
+    assert "what stays float32, and why" in text and _flat(text).count(vae_why) == 1  # each why printed once
+
+
+def test_demo_shows_the_nan_guard_falling_back(demo):
+    text, measured, _ = demo
+    guard = measured["nan_guard"]
+    assert guard["peak_activation"] > 65504
+    assert 0 < guard["unguarded_nonfinite"] <= guard["values"]
+    assert guard["guarded_nonfinite"] == 0 and guard["dtype_after"] == "float32"  # a T4 has no bf16 to fall back to
+    assert guard["override"] == "--set vae.dtype=float32" and f"make it permanent: {guard['override']}" in text
+    assert any("re-ran it in float32" in w for w in guard["warning"])
+    assert all(_flat(f"warning: {w}") in _flat(text) for w in guard["warning"])
+
+
+def test_demo_runs_this_machines_recipe_and_writes_files(demo):
     from PIL import Image
 
-    result = run("demo", "--out", tmp_path / "out", "--json")
-    assert result.returncode == 0, result.stderr[-3000:]
-    text = result.stdout
+    from hf_precision.recipe.devices import device_caps
+    from hf_precision.dtypes import HALF
+
+    text, measured, out = demo
     assert "RANDOM" in text  # says plainly the weights are random
+    parts = [text.index(f"======== {n}. ") for n in range(1, 5)]
+    assert parts == sorted(parts), "the parts are printed in order"
     for section in ("plan: recipe sdxl", "plan: recipe svd", "check StableDiffusionXLPipeline", "max |recipe - fp32|"):
         assert section in text, section
-    measured = json.loads(text[text.rindex("\n{") + 1:])
+    machine = measured["machine"]
+    full_precision = not HALF & set(device_caps("cpu").auto)  # the demo subprocess runs on the CPU
+    assert (machine["why_float32"] is not None) == full_precision
     for kind in ("sdxl", "svd"):
-        assert measured[kind]["nonfinite"] == 0 and measured[kind]["check_ok"]
-        assert 0 <= measured[kind]["max_abs"] < 0.5
-    with Image.open(tmp_path / "out" / "sdxl.png") as image:
+        stats = machine[kind]
+        assert stats["nonfinite"] == 0 and stats["check_ok"]
+        # Issue 11 item 6: no bound fitted on one CPU (0.5 held on one, a GPU host measured 0.89). Random tiny
+        # weights amplify rounding by an amount that depends on the host's kernels, so the bound comes from the
+        # same host: the recipe's picture must be nearer its fp32 reference than halfway to the fp32 picture of
+        # the next seed (a different sample), measured in mean |difference|, which one saturated pixel cannot swing.
+        assert stats["mean_abs"] < 0.5 * stats["other_seed_mean_abs"], stats
+        if full_precision:
+            assert stats["saved_bytes"] == 0 and stats["max_abs"] == 0  # same arithmetic as the reference
+        else:
+            assert stats["saved_bytes"] > 0
+    if full_precision:  # nothing may read as 0 without saying why
+        assert "why this part saves nothing" in text and "(saves 0 B:" in text and "(difference 0:" in text
+    with Image.open(out / "sdxl.png") as image:
         assert image.size == (256, 256)
-    with Image.open(tmp_path / "out" / "svd.gif") as clip:
+    with Image.open(out / "svd.gif") as clip:
         assert clip.n_frames == 4
-    assert not list((tmp_path / "out").glob("*.tmp*"))
+    assert json.loads((out / "report.json").read_text())["ok"] is True
+    assert not list(out.glob("*.tmp*"))
 
 
 def test_demo_runs_another_devices_layout(tmp_path):
-    result = run("demo", "--out", tmp_path, "--layout", "t4")
+    result = run("demo", "--out", tmp_path, "--layout", "t4", "--json")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "layout: cuda (Tesla T4, sm 7.5)" in result.stdout
-    assert "vae: float32/float32" in result.stdout and "unet: float16/float16" in result.stdout
+    text = result.stdout
+    assert "part 4 layout: cuda (Tesla T4, sm 7.5)" in text
+    assert "vae: float32/float32" in text and "unet: float16/float16" in text
+    machine = json.loads(text[text.rindex("\n{") + 1:])["machine"]
+    assert machine["why_float32"] is None and "why this part saves nothing" not in text
+    for kind in ("sdxl", "svd"):
+        assert machine[kind]["saved_bytes"] > 0 and machine[kind]["nonfinite"] == 0
+        assert machine[kind]["mean_abs"] < 0.5 * machine[kind]["other_seed_mean_abs"]  # see the test above
+
+
+@pytest.mark.parametrize("device, says", [
+    ("cpu-avx512", ["Rule cpu:", "amx_bf16", "rule cpu-amx:", "--layout cpu-amx"]),
+    ("cpu-avx2", ["Rule cpu:", "avx512_bf16", "amx_bf16", "--layout cpu-amx"]),
+    ("gtx1080", ["Rule cuda-pascal:"]),
+    ("cpu-amx", None), ("t4", None), ("a100", None), ("m1-macos13", None),
+])
+def test_why_float32_is_derived_from_the_device_rules(device, says):
+    from hf_precision.apps.demo import why_float32
+
+    text = why_float32(device)
+    if says is None:
+        assert text is None
+    else:
+        assert text is not None and all(s in text for s in says), text
 
 
 def test_generate_writes_a_png(saved_pipeline, tmp_path):

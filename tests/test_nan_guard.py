@@ -6,24 +6,16 @@ import pytest
 import torch
 
 import hf_precision as hp
+from hf_precision.testing import make_overflowing_vae
 
 
 def _overflowing_vae():
     """A tiny VAE whose decoder.conv_in output exceeds 65504: fine in fp32, inf/NaN in fp16."""
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    vae = AutoencoderKL(block_out_channels=[8, 16], norm_num_groups=4, layers_per_block=1, latent_channels=4,
-                        down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
-                        force_upcast=False)
-    with torch.no_grad():
-        vae.decoder.conv_in.weight.mul_(1e5)
-        vae.decoder.conv_in.bias.mul_(1e5)
-    return vae
+    return make_overflowing_vae()[0]
 
 
 def _latents():
-    return torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(1))
+    return make_overflowing_vae()[1]
 
 
 def test_the_vae_really_overflows_in_fp16():

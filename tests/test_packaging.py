@@ -71,7 +71,7 @@ def test_installed_wheel_finds_every_recipe(wheel, tmp_path):
         import json, sys
         from pathlib import Path
         import hf_precision
-        from hf_precision.files import recipes_dir
+        from hf_precision.recipe.files import recipes_dir
         site = Path({str(site)!r}).resolve()
         assert Path(hf_precision.__file__).resolve().is_relative_to(site), hf_precision.__file__
         root = recipes_dir().resolve()

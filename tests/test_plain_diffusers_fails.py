@@ -20,7 +20,7 @@ try:
 except ImportError:  # tests/ imported as a package
     from tests.layouts import LAYOUTS, LAYOUTS_BY_ID, apply_plain, matched_modules
 
-from hf_precision.synthetic import example_call_kwargs
+from hf_precision.testing.pipelines import example_call_kwargs
 
 TABLE_IDS = (
     [f"S{i}" for i in range(1, 28)]

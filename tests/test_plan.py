@@ -1,4 +1,4 @@
-"""hf_precision.planner: real configs built on the meta device, exact parameter and byte counts, islands and why."""
+"""hf_precision.diagnose.planner: real configs built on the meta device, exact parameter and byte counts, islands and why."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 
 import hf_precision as hp
 from hf_precision.errors import RecipeError
-from hf_precision.planner import CONFIGS_DIR, Plan, build_on_meta, plan, shipped_configs
+from hf_precision.diagnose.planner import Plan, build_on_meta, plan
+from hf_precision.runtime.source import CONFIGS_DIR, shipped_configs
 
 COUNTS = json.loads((CONFIGS_DIR / "PARAM_COUNTS.json").read_text())["components"]
 FOLDER_ALIAS = {"stable-diffusion-xl-base-1.0": "sdxl", "stable-video-diffusion-img2vid-xt": "svd",
@@ -232,8 +233,9 @@ def test_fp8_storage_counts_layerwise_casting():
 
 def test_planned_dtypes_are_what_apply_recipe_does():
     """plan counts with the same rule apply_recipe casts with (fp8 storage included)."""
-    from hf_precision.apply import apply_recipe, planned_dtypes
-    from hf_precision.synthetic import make_sdxl
+    from hf_precision.runtime.apply import apply_recipe
+    from hf_precision.runtime.layout import planned_dtypes
+    from hf_precision.testing.pipelines import make_sdxl
 
     for overrides in (None, {"unet": {"storage": "float8_e4m3fn"}}):
         pipe = make_sdxl()
@@ -287,7 +289,7 @@ def test_planning_allocates_no_weights():
 
 
 def test_public_api_and_module_names():
-    import hf_precision.planner as plan_module
+    import hf_precision.diagnose.planner as plan_module
 
     assert hp.plan("dit", device="a100")["vae"].params == SDXL_VAE
     assert plan_module.Plan is Plan
@@ -297,8 +299,8 @@ def test_public_api_and_module_names():
 def test_doctests():
     import doctest
 
-    import hf_precision.planner as plan_module
-    import hf_precision.select as select_module
+    import hf_precision.diagnose.planner as plan_module
+    import hf_precision.recipe.patterns as select_module
 
     for module in (plan_module, select_module):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)

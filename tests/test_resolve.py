@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import hf_precision as hp
-from hf_precision.recipe import Decision, parse_set
+from hf_precision.recipe.resolution import Decision, parse_set
 
 FP32, BF16, FP16 = "float32", "bfloat16", "float16"
 HALF = {BF16, FP16}
@@ -314,7 +314,8 @@ def test_override_merge_order_file_then_dict_then_set(tmp_path):
     assert (src("text_encoder"), src("vae"), src("unet")) == (str(file), "overrides dict #2", "--set")
     assert recipe.sources == ("recipes/sdxl.yaml", str(file), "overrides dict #2", "--set")
     # the CLI builds the same order: --overrides files first, then --set flags
-    from hf_precision.cli import build_parser, overrides_from
+    from hf_precision.cli import build_parser
+    from hf_precision.cli.common import overrides_from
 
     args = build_parser().parse_args(["show", "sdxl", "--set", "unet.dtype=fp16", "--overrides", str(file)])
     layers = overrides_from(args)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hf_precision as hp
-from hf_precision.recipe import SCHEMAS
+from hf_precision.recipe.resolution import SCHEMAS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "schema1"
 PIPELINE = FIXTURES / "sdxl_pipeline.yaml"
@@ -111,7 +111,8 @@ def test_frozen_override_loads(pipeline, device):
 
 
 def test_frozen_override_through_the_cli_layers():
-    from hf_precision.cli import build_parser, overrides_from
+    from hf_precision.cli import build_parser
+    from hf_precision.cli.common import overrides_from
 
     args = build_parser().parse_args(["show", str(PIPELINE), "--device", "l4", "--overrides", str(OVERRIDE),
                                       "--set", "unet.storage=float16"])

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from hf_precision.synthetic import example_call_kwargs, make_tokenizer
+from hf_precision.testing.pipelines import example_call_kwargs, make_tokenizer
 from checks import assert_finite
 
 
@@ -124,8 +124,20 @@ def test_omnilmm_vision_encoder_on_another_device(saved_pipeline):
     pipe = hp.load_pipeline(saved_pipeline("svd"), {"image_encoder": "cuda", "default": "cpu"},
                             recipe=hp.get_recipe("svd", device="t4"))
     assert pipe.image_encoder.device.type == "cuda" and pipe.unet.device.type == "cpu"
-    pixel_values = torch.randn(1, 3, 224, 224)  # on the CPU
-    with pytest.raises(RuntimeError, match="same device"):
-        torch.nn.functional.conv2d(pixel_values, pipe.image_encoder.vision_model.embeddings.patch_embedding.weight)
+    pixel_values = torch.randn(1, 3, 224, 224)  # on the CPU, float32
+    weight = pipe.image_encoder.vision_model.embeddings.patch_embedding.weight  # on CUDA, float16 (t4 recipe)
+    with pytest.raises(RuntimeError) as info:
+        torch.nn.functional.conv2d(pixel_values, weight)
+    # CUDA words this "Input type (torch.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same
+    # ...", other builds "Expected all tensors to be on the same device ...": judge what explain reports, not one
+    # wording. It is a device mismatch, and when the wording carries the dtypes, a dtype mismatch too.
+    err = hp.explain(info.value)
+    assert isinstance(err, hp.MismatchError) and err.kind == "device", str(info.value)
+    assert {err.got.split(":")[0], err.expected.split(":")[0]} == {"cpu", "cuda"}
+    if err.sides_known:
+        assert err.got == "cpu" and err.expected.startswith("cuda")
+    if err.dtypes is not None:
+        assert err.dtypes == ("float32", str(weight.dtype).removeprefix("torch."))
+        assert str(err).startswith("device and dtype mismatch")
     assert torch.isfinite(pipe.image_encoder(pixel_values).image_embeds).all()
     assert_finite(pipe(**example_call_kwargs("svd"), generator=torch.Generator().manual_seed(0)))

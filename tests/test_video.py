@@ -44,6 +44,32 @@ def script(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
                           cwd=cwd, env=env, check=False)
 
 
+def _ffmpeg_missing() -> str | None:
+    """Why mp4 cannot be written here (no imageio-ffmpeg, or no ffmpeg binary it can find), or None."""
+    try:
+        import imageio_ffmpeg
+
+        imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError) as e:
+        return f"mp4 needs an ffmpeg backend (pip install imageio-ffmpeg): {type(e).__name__}: {e}"
+    return None
+
+
+FFMPEG_MISSING = _ffmpeg_missing()
+needs_ffmpeg = pytest.mark.skipif(FFMPEG_MISSING is not None, reason=FFMPEG_MISSING or "")
+
+# What the script's peak-memory line says it measured, per device type it ran on (hf_precision/video.py, _Memory).
+MEMORY_WORDING = {"cpu": "peak RSS of the process", "cuda": "torch.cuda.max_memory_allocated on cuda",
+                  "xpu": "torch.xpu.max_memory_allocated on xpu", "mps": "torch.mps.driver_allocated_memory"}
+
+
+def device_it_ran_on(stdout: str) -> str:
+    """The device type from the script's ``svd recipe for <device label>: ...`` line."""
+    found = re.search(r"^svd recipe for (cpu|cuda|mps|xpu)\b", stdout, re.MULTILINE)
+    assert found, stdout
+    return found[1]
+
+
 def read_video(path: Path) -> np.ndarray:
     import imageio.v3 as iio
 
@@ -59,8 +85,13 @@ def leftovers(folder: Path) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("suffix", [".mp4", ".gif"])
+@pytest.mark.probe
+@pytest.mark.parametrize("suffix", [pytest.param(".mp4", marks=needs_ffmpeg), ".gif"])
 def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_path, suffix):
+    """No --device: the script runs on the best present device (a GPU where there is one) and its memory line
+    names what it measured there."""
+    from hf_precision.recipe.devices import device_profile
+
     out = tmp_path / f"clip{suffix}"
     proc = script("--model", str(svd_folder), "--image", str(images / "img0.png"), "--out", str(out), *SMALL,
                   "--fps", "5")
@@ -70,7 +101,9 @@ def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_
     assert frames.shape[:3] == (3, 32, 48), frames.shape  # frames, height, width
     assert frames.shape[3] in (3, 4) and frames.dtype == np.uint8
     assert frames.std() > 0  # not a blank video
-    assert re.search(r"peak memory [\d.]+ MiB \(peak RSS of the process", proc.stdout)
+    ran_on = device_it_ran_on(proc.stdout)
+    assert ran_on == device_profile(None).type  # the same choice this process makes
+    assert re.search(rf"peak memory [\d.]+ MiB \({re.escape(MEMORY_WORDING[ran_on])}", proc.stdout), proc.stdout
     assert re.search(r"[\d.]+ s per denoising step", proc.stdout)
     assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # not left with mkstemp's private mode
     assert leftovers(tmp_path) == []
@@ -79,7 +112,7 @@ def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_
 def test_png_frames_in_process_with_model_offload(svd_folder, images, tmp_path, capsys):
     from PIL import Image
 
-    from hf_precision.video import main
+    from hf_precision.cli.video import main
 
     out = tmp_path / "frames"
     rc = main(["--model", str(svd_folder), "--image", str(images / "img1.png"), "--out", str(out), *SMALL,
@@ -92,13 +125,14 @@ def test_png_frames_in_process_with_model_offload(svd_folder, images, tmp_path, 
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.probe
 def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch):
     import torch
     from diffusers import StableVideoDiffusionPipeline
 
     from hf_precision import apply_recipe, get_recipe
-    from hf_precision.synthetic import _image
-    from hf_precision.video import generate_video
+    from hf_precision.testing.pipelines import example_image
+    from hf_precision.apps.video import generate_video
 
     pipe = tiny_pipe("svd")
     apply_recipe(pipe, get_recipe("svd", device="cpu", overrides={"unet": {"dtype": "bfloat16"}}), device="cpu")
@@ -111,8 +145,8 @@ def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch)
 
     monkeypatch.setattr(StableVideoDiffusionPipeline, "__call__", spy)
     kwargs = {"height": 32, "width": 32, "frames": 3, "steps": 2, "decode_chunk_size": 2, "seed": 7, "progress": False}
-    first = generate_video(pipe, _image(32), **kwargs)
-    second = generate_video(pipe, _image(32), **kwargs)
+    first = generate_video(pipe, example_image(32), **kwargs)
+    second = generate_video(pipe, example_image(32), **kwargs)
     assert seen == [(torch.bfloat16, "latent")] * 2  # noise drawn in the UNet's compute dtype, decoded here
     assert first.frames.dtype == np.float32 and first.frames.shape == (3, 32, 32, 3)
     assert 0.0 <= first.frames.min() and first.frames.max() <= 1.0
@@ -122,7 +156,7 @@ def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch)
 
 def test_save_video_refuses_odd_mp4_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
     from hf_precision import RecipeError
-    from hf_precision.video import save_video
+    from hf_precision.apps.video import save_video
 
     with pytest.raises(RecipeError, match="even width and height"):
         save_video(np.zeros((2, 31, 32, 3), np.float32), tmp_path / "odd.mp4")
@@ -155,19 +189,23 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_accelerate_two_processes_write_each_output_once(svd_folder, images, tmp_path):
+    # The split between processes does not depend on the encoder: without an ffmpeg backend the clips are gifs.
+    fmt = "mp4" if FFMPEG_MISSING is None else "gif"
     out = tmp_path / "videos"
     cmd = [*ACCELERATE, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
            "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           str(SCRIPT), "--model", str(svd_folder), "--image", str(images), "--out", str(out), "--device", "cpu", *SMALL]
+           str(SCRIPT), "--model", str(svd_folder), "--image", str(images), "--out", str(out), "--device", "cpu",
+           "--format", fmt, *SMALL]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == ["img0.mp4", "img1.mp4", "img2.mp4"]
+    names = [f"img{i}.{fmt}" for i in range(3)]
+    assert sorted(p.name for p in out.iterdir()) == names
     wrote = re.findall(r"\[process (\d)/2\] wrote (\S+)", proc.stdout)
-    assert sorted(Path(w).name for _, w in wrote) == ["img0.mp4", "img1.mp4", "img2.mp4"]  # once each
+    assert sorted(Path(w).name for _, w in wrote) == names  # once each
     assert {rank for rank, _ in wrote} == {"0", "1"}  # both processes worked
     assert "done: 3 video(s) from 2 process(es)" in proc.stdout
-    for name in ("img0.mp4", "img1.mp4", "img2.mp4"):
+    for name in names:
         assert read_video(out / name).shape[:3] == (3, 32, 48)
     assert leftovers(tmp_path / "videos") == []
 
@@ -238,7 +276,7 @@ def test_subcommand_shares_the_options_and_the_errors(tmp_path):
 def test_doctests():
     import doctest
 
-    from hf_precision import video
+    from hf_precision.apps import video
 
     result = doctest.testmod(video, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 4 and result.failed == 0

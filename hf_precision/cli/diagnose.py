@@ -8,20 +8,20 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .cli import _add_recipe_args, command, overrides_from
-from .errors import RecipeError
+from .common import add_recipe_args, command, overrides_from
+from ..errors import RecipeError
 
 __all__: list[str] = []
 
 
 @command("plan", "plan a pipeline from its configs alone (meta device, no weights): parameters, bytes per dtype, "
-                 "float32 modules and why", "hf_precision.cli_diagnose:_cmd_plan")
+                 "float32 modules and why", "hf_precision.cli.diagnose:_cmd_plan")
 def _args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("name", metavar="NAME_OR_FOLDER",
                    help="a recipe alias (sdxl, svd, pixart, dit, sd15: the real configs shipped with hf_precision), a "
                         "folder with model_index.json and component config.json files (weights not needed), or a "
                         "Hub id")
-    _add_recipe_args(p)
+    add_recipe_args(p)
     p.add_argument("--recipe", default=None, metavar="NAME",
                    help="recipe to plan with (default: the alias, or the one covering model_index.json's _class_name)")
     p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
@@ -29,7 +29,7 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    from .planner import plan
+    from ..diagnose.planner import plan
 
     result = plan(args.name, device=args.device, recipe=args.recipe, overrides=overrides_from(args) or None,
                   modules=args.modules)
@@ -38,14 +38,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 @command("check", "run a saved pipeline once (1 step, tiny) and report dtype/device mismatches, erased float32 "
-                  "islands, drift and casts; exit 1 when something is wrong", "hf_precision.cli_diagnose:_cmd_check")
+                  "islands, drift and casts; exit 1 when something is wrong", "hf_precision.cli.diagnose:_cmd_check")
 def _args_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH", help="a diffusers pipeline folder (model_index.json and weights)")
-    _add_recipe_args(p, device_help="device to load and run on: cpu, cuda, cuda:1, mps, xpu. Default: the best "
+    add_recipe_args(p, device_help="device to load and run on: cpu, cuda, cuda:1, mps, xpu. Default: the best "
                                     "present device")
-    p.add_argument("--for", dest="for_device", default=None, metavar="DEVICE",
+    p.add_argument("--layout", "--for", dest="for_device", default=None, metavar="DEVICE",
                    help="resolve the recipe for another device (a preset such as t4 or a100) and run that layout on "
-                        "--device: checks a T4 layout on this machine")
+                        "--device: checks a T4 layout on this machine (--for is the old name)")
     p.add_argument("--recipe", default=None, metavar="NAME",
                    help="recipe to load with (default: the one covering model_index.json's _class_name)")
     p.add_argument("--plain", action="store_true",
@@ -59,7 +59,7 @@ def _args_check(p: argparse.ArgumentParser) -> None:
 
 def _plain_dtype(values: list[str]) -> Any:
     """``--dtype`` flags -> what ``from_pretrained(dtype=...)`` takes: one torch dtype or a component mapping."""
-    from . import dtypes as dt
+    from .. import dtypes as dt
 
     def one(text: str, flag: str) -> Any:
         name = dt.canonical(text)
@@ -89,10 +89,15 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
     kwargs = {"dtype": dtype} if dtype is not None else {}
     try:
         pipe = DiffusionPipeline.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as err:
+    except Exception as err:
+        from ..runtime.load import check_files
+
+        check_files(path)  # a damaged file: name it and say how to get a good copy
+        if not isinstance(err, (OSError, ValueError)):
+            raise
         raise RecipeError(f"{path}: plain diffusers cannot load it ({err})") from None
     if device is not None:
-        from .apply import torch_device
+        from ..runtime.apply import torch_device
 
         pipe.to(torch_device(device, "--device"))
     return pipe
@@ -100,17 +105,16 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
 
 def _validate_early(path: str, recipe: str | None, device: Any, overrides: Any) -> None:
     """Resolve the recipe before diffusers is imported: a bad --set fails in a second, not after a load."""
-    import json
     from pathlib import Path
 
-    from .apply import recipe_for_class
-    from .recipe import get_recipe
+    from ..recipe.files import read_json
+    from ..recipe.resolution import get_recipe, recipe_for_class
 
     index_file = Path(path).expanduser() / "model_index.json"
     if not index_file.is_file():
         return  # load_pipeline says what is missing
     try:
-        name = recipe or recipe_for_class(str(json.loads(index_file.read_text()).get("_class_name")))
+        name = recipe or recipe_for_class(str(read_json(index_file).get("_class_name")))
     except RecipeError:
         return  # an unknown pipeline class: load_pipeline reports it with the options
     get_recipe(name, device=device, overrides=overrides)
@@ -119,7 +123,7 @@ def _validate_early(path: str, recipe: str | None, device: Any, overrides: Any) 
 def _cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .checker import check
+    from ..diagnose.checker import check
 
     if not Path(args.path).expanduser().is_dir():
         raise RecipeError(f"{args.path}: no such folder; check runs a saved pipeline: pass its folder (model_index.json "
@@ -136,18 +140,9 @@ def _cmd_check(args: argparse.Namespace) -> int:
         recipe: Any = args.recipe
         overrides: Any = overrides_from(args) or None
         _validate_early(args.path, recipe, args.for_device or args.device, overrides)
-        from .load import load_pipeline
+        from ..runtime.load import load_pipeline
 
-        if args.for_device:
-            from .apply import recipe_for_class
-            from .load import component_configs, locate
-            from .recipe import get_recipe
-
-            where, index, folder = locate(args.path)
-            recipe = get_recipe(recipe or recipe_for_class(str(index.get("_class_name"))), device=args.for_device,
-                                overrides=overrides, configs=component_configs(where, index, folder))
-            overrides = None
-        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides)
+        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.for_device)
     report = check(pipe)
     print(report.to_json() if args.json else report.table())
     return report.exit_code

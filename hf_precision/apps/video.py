@@ -31,14 +31,14 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import RecipeError
+from ..errors import RecipeError
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "FORMATS", "VideoResult", "add_arguments", "build_parser", "generate_video", "load_video_pipeline", "main",
-    "plan_outputs", "run", "save_video",
+    "FORMATS", "Job", "VideoResult", "generate_video", "load_video_pipeline", "model_class", "plan_outputs",
+    "read_image", "save_video",
 ]
 
 SVD_CLASS = "StableVideoDiffusionPipeline"
@@ -49,84 +49,8 @@ OFFLOAD = ("none", "model", "sequential")
 DEFAULTS = {"height": 576, "width": 1024, "frames": None, "steps": 25, "decode_chunk_size": 8}
 DEMO_DEFAULTS = {"height": 64, "width": 64, "frames": 8, "steps": 4, "decode_chunk_size": 4}
 
-USAGE = """examples:
-  %(prog)s --demo --out demo.mp4                      # offline: a tiny random SVD built here
-  %(prog)s --model ./stable-video-diffusion-img2vid-xt --image cat.png --out cat.mp4
-  %(prog)s --image cat.png --out cat.gif --frames 14 --decode-chunk-size 2 --offload model
-  %(prog)s --image photos/ --out videos/ --format gif  # one videos/<stem>.gif per image
-  accelerate launch --multi_gpu --num_processes 2 scripts/generate_video.py --image photos/ --out videos/
-      (no GPU: N CPU processes over gloo; add --device cpu to stay on CPU on a GPU machine. accelerate 1.15's
-       `launch --cpu` starts a single process: see docs/video.md)
-
-outputs:
-  --image FILE:   --out x.mp4 (H.264, yuv420p), --out x.gif, or --out DIR (no suffix): DIR/frame_000.png ...
-  --image FOLDER: --out is a folder; each image IMG.* gives OUT/IMG.mp4, OUT/IMG.gif or OUT/IMG/frame_000.png
-                  (--format, default mp4). Two images with the same stem are refused.
-  Existing outputs are replaced; a folder is only replaced if it holds nothing but frame_*.png files.
-  Bad input (missing or unreadable image, a model that is not SVD, impossible sizes) exits with code 2 before
-  anything is written.
-"""
-
 
 # --------------------------------------------------------------------------------------------- arguments
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``scripts/generate_video.py`` and ``hf-precision video`` (one definition for both)."""
-    from .cli import _add_recipe_args
-
-    if p.epilog is None:  # the subcommand parser of `hf-precision video` gets the same examples and output rules
-        p.epilog = USAGE
-        p.formatter_class = argparse.RawDescriptionHelpFormatter
-    p.add_argument("--model", default=None,
-                   help="local diffusers SVD folder or Hub id (default: svd = stabilityai/stable-video-diffusion-img2vid-xt)")
-    p.add_argument("--image", default=None, help="input image file, or a folder of images (png, jpg, webp, bmp, tif)")
-    p.add_argument("--out", default=None,
-                   help="output: FILE.mp4, FILE.gif or a folder of PNG frames for one image; a folder for a folder of "
-                        "images (see 'outputs' below). Default with --demo: demo.mp4")
-    p.add_argument("--format", choices=FORMATS, default=None,
-                   help="output format for a folder of images (default mp4); for one image it must agree with --out")
-    p.add_argument("--height", type=int, default=None, help="frame height in pixels, a multiple of 8 (default 576)")
-    p.add_argument("--width", type=int, default=None, help="frame width in pixels, a multiple of 8 (default 1024)")
-    p.add_argument("--frames", type=int, default=None,
-                   help="number of frames (default: the model's num_frames, 14 for SVD, 25 for SVD-xt)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default 25)")
-    p.add_argument("--fps", type=int, default=7, help="frames per second: the video's rate and SVD's fps conditioning (default 7)")
-    p.add_argument("--motion-bucket-id", type=int, default=127, help="more motion with higher values (default 127)")
-    p.add_argument("--noise-aug-strength", type=float, default=0.02,
-                   help="noise added to the conditioning image; more gives more motion, less likeness (default 0.02)")
-    p.add_argument("--decode-chunk-size", type=int, default=None,
-                   help="frames decoded at once (default 8); 1-2 on 8 GB GPUs: the decode peak grows with it")
-    p.add_argument("--offload", choices=OFFLOAD, default="none",
-                   help="model: one component at a time on the accelerator (enable_model_cpu_offload); sequential: "
-                        "one layer at a time (slowest, least memory; accelerators only)")
-    p.add_argument("--forward-chunking", action="store_true",
-                   help="UNet feed-forward in chunks (unet.enable_forward_chunking): less memory, slower")
-    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same video on any device")
-    _add_recipe_args(p, device_help="device to run on: cpu, cuda, cuda:1, mps, xpu (default: the best present device; "
-                                    "under accelerate launch: each process's own device)")
-    p.add_argument("--demo", action="store_true",
-                   help="build a tiny random SVD pipeline locally and run it (no network, no weights)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
-
-
-def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Image-to-video with Stable Video Diffusion, in the dtypes the svd recipe picks for "
-                               "your device.")
-    add_arguments(parser)
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
-    """Entry point of ``scripts/generate_video.py``: bad input prints one message and returns 2."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except RecipeError as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
 
 
 # --------------------------------------------------------------------------------------------- validation
@@ -141,24 +65,7 @@ class Job:
     format: str
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    problems = []
-    for name in ("height", "width"):
-        value = getattr(args, name)
-        if value is not None and (value <= 0 or value % 8):
-            problems.append(f"--{name} {value}: must be a positive multiple of 8 (SVD's VAE works on 8x8 blocks; "
-                            f"e.g. {max(8, round(value / 8) * 8)})")
-    for name, low in (("frames", 1), ("steps", 1), ("fps", 1), ("decode_chunk_size", 1), ("motion_bucket_id", 0)):
-        value = getattr(args, name)
-        if value is not None and value < low:
-            problems.append(f"--{name.replace('_', '-')} {value}: must be at least {low}")
-    if args.noise_aug_strength < 0:
-        problems.append(f"--noise-aug-strength {args.noise_aug_strength}: must be >= 0")
-    if problems:
-        raise RecipeError(problems)
-
-
-def _read_image(path: Path) -> Any:
+def read_image(path: Path) -> Any:
     from PIL import Image, UnidentifiedImageError
 
     try:
@@ -231,7 +138,7 @@ def plan_outputs(image: str, out: str, fmt: str | None = None) -> list[Job]:
             _check_frame_folder(job.out)
         elif job.out.is_dir():
             raise RecipeError(f"--out: {job.out} is a folder; cannot write a {job.format} file there")
-        _read_image(job.image)
+        read_image(job.image)
     return jobs
 
 
@@ -242,8 +149,8 @@ def _check_frame_folder(folder: Path) -> None:
                           f"(it would be replaced)")
 
 
-def _model_class(model: str) -> str:
-    from .load import locate
+def model_class(model: str) -> str:
+    from ..runtime.source import locate
 
     where, index, _ = locate(model)
     cls = str(index.get("_class_name"))
@@ -268,14 +175,13 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     Raises:
         RecipeError: not an SVD pipeline, unknown device, bad overrides, sequential offload on CPU.
     """
-    from .apply import torch_device
-    from .devices import device_profile
-    from .load import component_configs, load_pipeline, locate
-    from .recipe import get_recipe
+    from ..recipe.devices import device_profile
+    from ..runtime.apply import torch_device
+    from ..runtime.load import load_pipeline
 
     if offload not in OFFLOAD:
         raise RecipeError(f"offload={offload!r}: use one of {', '.join(OFFLOAD)}")
-    where = _model_class(model)
+    where = model_class(model)
     dev = torch_device(device if device is not None else device_profile(None).torch_device(), "--device")
     layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
     if offload == "none":
@@ -285,10 +191,8 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
             raise RecipeError("--offload sequential needs an accelerator (cuda, xpu, mps): it streams weights from "
                               "the CPU to one, and on a CPU there is nowhere to stream them to (accelerate's "
                               "sequential hooks also fail there). Use --offload none or model")
-        _, index, folder = locate(where)
-        recipe = get_recipe("svd", device=device_profile(str(dev)), overrides=list(layers),
-                            configs=component_configs(where, index, folder))
-        pipe = load_pipeline(where, "cpu", recipe=recipe, **kwargs)
+        # Resolved for the accelerator, loaded on the CPU: the offload hooks move each component when it runs.
+        pipe = load_pipeline(where, "cpu", recipe="svd", overrides=list(layers) or None, layout=str(dev), **kwargs)
         if offload == "model":
             pipe.enable_model_cpu_offload(device=dev)
         else:
@@ -380,11 +284,13 @@ def _execution_device(pipe: Any) -> Any:
 def _compute_dtype(pipe: Any, component: str) -> Any:
     import torch
 
-    from . import dtypes as dt
+    from .. import dtypes as dt
 
-    applied = getattr(pipe, "_hf_precision_applied", None)
-    if applied is not None and component in applied.recipe:
-        return dt.to_torch(applied.recipe[component].compute)
+    from ..runtime import applied
+
+    record = applied(pipe)
+    if record is not None and component in record.recipe:
+        return dt.to_torch(record.recipe[component].compute)
     module = getattr(pipe, component)
     return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
 
@@ -403,10 +309,10 @@ def generate_video(pipe: Any, image: Any, *, height: int, width: int, frames: in
         time and the device's peak memory.
 
     Example:
-        >>> from hf_precision.synthetic import make_svd, _image
+        >>> from hf_precision.testing.pipelines import make_svd, example_image
         >>> from hf_precision import apply_recipe
         >>> pipe = make_svd(); _ = apply_recipe(pipe, device="cpu")
-        >>> r = generate_video(pipe, _image(32), height=32, width=32, frames=3, steps=2, progress=False)
+        >>> r = generate_video(pipe, example_image(32), height=32, width=32, frames=3, steps=2, progress=False)
         >>> r.frames.shape, r.frames.dtype
         ((3, 32, 32, 3), dtype('float32'))
     """
@@ -573,100 +479,3 @@ def save_video(frames: np.ndarray, out: str | os.PathLike[str], fps: int = 7, fo
 # --------------------------------------------------------------------------------------------- the command
 
 
-def _demo_inputs(workdir: Path, image: str | None) -> tuple[str, str]:
-    """Save a tiny random SVD pipeline and (unless one was given) a synthetic input image under ``workdir``."""
-    import numpy as np
-    from PIL import Image
-
-    from .synthetic import make_svd, save_pipeline
-
-    model = save_pipeline(make_svd(), workdir / "tiny-svd")
-    if image is None:
-        y, x = np.mgrid[0:128, 0:128] / 127.0
-        rgb = np.stack([x, y, 1 - (x - 0.5) ** 2 * 4 * (y > 0.5)], axis=-1)
-        image = str(workdir / "demo.png")
-        Image.fromarray((rgb * 255).astype(np.uint8)).save(image)
-    return str(model), image
-
-
-def _want_cpu(device: str | None) -> bool:
-    if device is not None:
-        return device.split(":")[0].strip().lower() == "cpu"
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return True
-    import torch
-
-    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the video command from parsed arguments (``hf-precision video`` calls this). Raises RecipeError on bad input."""
-    if args.demo and args.model:
-        raise RecipeError("--demo builds its own tiny model; drop --model (or drop --demo to use your model)")
-    if not args.demo and not args.image:
-        raise RecipeError("--image is required (a file or a folder of images); or try --demo")
-    if not args.demo and not args.out:
-        raise RecipeError("--out is required: FILE.mp4, FILE.gif, or a folder")
-    defaults = DEMO_DEFAULTS if args.demo else DEFAULTS
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    _check_numbers(args)
-    out = args.out or "demo.mp4"
-    with contextlib.ExitStack() as stack:
-        if args.demo:
-            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hf_precision_video_")))
-            model, image = _demo_inputs(workdir, args.image)
-        else:
-            model, image = args.model or "svd", args.image
-        jobs = plan_outputs(image, out, args.format)
-        if not args.demo:
-            _model_class(model)
-        return _generate_all(args, model, jobs)
-
-
-def _generate_all(args: argparse.Namespace, model: str, jobs: list[Job]) -> int:
-    from accelerate import PartialState
-
-    from .cli import overrides_from
-
-    cpu = _want_cpu(args.device)
-    # cpu=True is what makes PartialState see a CPU run started by torchrun/accelerate as MULTI_CPU (gloo).
-    state = PartialState(cpu=cpu)
-    distributed = state.num_processes > 1
-    device = args.device
-    if distributed:
-        device = "cpu" if cpu else str(state.device)  # each process its own GPU
-    elif device is None and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        device = "cpu"  # `accelerate launch --cpu`
-    tag = f"[process {state.process_index}/{state.num_processes}] " if distributed else ""
-    say: Callable[[str], None] = lambda text: print(f"{tag}{text}", flush=True)
-
-    with state.split_between_processes(jobs) as mine:
-        mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no image twice
-    if mine:
-        pipe = load_video_pipeline(model, device, overrides=overrides_from(args) or None, offload=args.offload,
-                                   forward_chunking=args.forward_chunking)
-        applied = pipe._hf_precision_applied
-        plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
-        say(f"svd recipe for {applied.recipe.device.label()}: {plans}; offload {args.offload}")
-    for job in mine:
-        image = _read_image(job.image)
-        result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
-                                steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
-                                noise_aug_strength=args.noise_aug_strength, decode_chunk_size=args.decode_chunk_size,
-                                seed=args.seed, progress=not args.quiet and state.is_local_main_process,
-                                desc=job.image.name)
-        save_video(result.frames, job.out, fps=args.fps, format=job.format)
-        n, h, w, _ = result.frames.shape
-        say(f"wrote {job.out} ({n} frames, {w}x{h}, {job.format})")
-        say(result.summary())
-    state.wait_for_everyone()
-    if state.is_main_process:
-        missing = [str(j.out) for j in jobs if not j.out.exists()]
-        if missing:
-            print(f"error: {len(missing)} output(s) missing: {', '.join(missing)}", file=sys.stderr)
-            return 1
-        if len(jobs) > 1 or distributed:
-            say(f"done: {len(jobs)} video(s) from {state.num_processes} process(es) in {jobs[0].out.parent}")
-    return 0

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .errors import RecipeError
+from ..errors import RecipeError
 
 __all__ = ["generate"]
 
@@ -22,7 +22,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
 
     Example:
         >>> import tempfile
-        >>> from hf_precision.synthetic import make_sdxl, save_pipeline
+        >>> from hf_precision.testing.pipelines import make_sdxl, save_pipeline
         >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
         >>> generate(str(folder), "a cat", Path(tempfile.mkdtemp()) / "cat.png", device="cpu", steps=2,
         ...          height=32, width=32).suffix
@@ -30,7 +30,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     """
     import torch
 
-    from .load import load_pipeline
+    from ..runtime.load import load_pipeline
 
     out = Path(out)
     if out.suffix.lower() not in IMAGE_SUFFIXES:

@@ -4,7 +4,7 @@ For tests, the demo, scripts and benchmarks. Every builder works offline, builds
 deterministic given ``seed`` (``torch.manual_seed(seed)`` before each component). ``size`` is a preset
 name (``"tiny"``, ``"mid"``) or a dict of per-component config overrides merged over a preset::
 
-    >>> from hf_precision.synthetic import make_pipeline, example_call_kwargs
+    >>> from hf_precision.testing.pipelines import make_pipeline, example_call_kwargs
     >>> pipe = make_pipeline("sdxl")                       # 115,931 parameters
     >>> image = pipe(**example_call_kwargs("sdxl")).images  # 32x32, 2 steps, ~50 ms on CPU
 
@@ -38,6 +38,7 @@ __all__ = [
     "example_call_kwargs",
     "example_img2img_kwargs",
     "make_dit",
+    "make_overflowing_vae",
     "make_pipeline",
     "make_pixart",
     "make_sd15",
@@ -712,6 +713,37 @@ def make_pipeline(kind: str, size: str | Mapping[str, Any] = "tiny", seed: int =
     return _BUILDERS[kind](size=size, seed=seed)
 
 
+def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
+    """A tiny ``AutoencoderKL`` whose decoder really overflows float16, plus latents to decode with it.
+
+    ``decoder.conv_in`` (weight and bias) is multiplied by ``scale``, so its output exceeds fp16's maximum
+    (65504): the decode is finite in float32 (the GroupNorm that follows normalises the large values) and
+    inf/NaN in float16, which is what the NaN guard is for. Returns ``(vae, latents)``; latents are float32.
+
+    >>> import torch
+    >>> vae, latents = make_overflowing_vae()
+    >>> bool(torch.isfinite(vae.decode(latents).sample).all())
+    True
+    >>> bool(torch.isfinite(vae.half().decode(latents.half()).sample).all())
+    False
+    """
+    import torch
+    from diffusers import AutoencoderKL
+
+    def build():
+        vae = AutoencoderKL(block_out_channels=[8, 16], norm_num_groups=4, layers_per_block=1, latent_channels=4,
+                            down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                            force_upcast=False)
+        with torch.no_grad():
+            vae.decoder.conv_in.weight.mul_(scale)
+            vae.decoder.conv_in.bias.mul_(scale)
+        return vae.eval()
+
+    vae = _seeded(seed, build)
+    latents = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(seed + 1))
+    return vae, latents
+
+
 def _finish(pipe):
     for component in pipe.components.values():
         if hasattr(component, "eval") and hasattr(component, "parameters"):
@@ -753,7 +785,7 @@ def save_pipeline(pipe, folder: str | Path, *, fp16_variant: bool = False) -> Pa
     return folder
 
 
-def _image(size: int = 32, seed: int = 0):
+def example_image(size: int = 32, seed: int = 0):
     import numpy as np
     from PIL import Image
 
@@ -784,7 +816,7 @@ def example_call_kwargs(kind: str, *, size: str = "tiny", output_type: str = "np
         }
     if kind == "svd":
         return {
-            "image": _image(side),
+            "image": example_image(side),
             "height": side,
             "width": side,
             "num_frames": 2,
@@ -819,7 +851,7 @@ def example_img2img_kwargs(*, output_type: str = "np") -> dict[str, Any]:
     """
     return {
         "prompt": "a cat",
-        "image": _image(32, seed=1),
+        "image": example_image(32, seed=1),
         "strength": 0.6,
         "num_inference_steps": 2,
         "guidance_scale": 5.0,

@@ -8,7 +8,7 @@
   later ``pipe.to(torch.float16)``;
 - **drift**: components whose parameters are no longer in the dtype the applied recipe planned;
 - **casts**: every place a hook changed a dtype (component entries, island boundaries), with how often;
-- **the crash**, if the call raised a mismatch: :func:`hf_precision.mismatch` turns it into a finding naming the
+- **the crash**, if the call raised a mismatch: :func:`hf_precision.diagnose.mismatch` turns it into a finding naming the
   module and the override line that fixes it, instead of a traceback.
 
 ``CheckReport.exit_code`` is 0 when all is well and 1 when something is wrong (``hf-precision check`` exits with
@@ -23,8 +23,8 @@ import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import dtypes as dt
-from .errors import RecipeError
+from .. import dtypes as dt
+from ..errors import RecipeError, override_line
 
 if TYPE_CHECKING:
     from torch import nn
@@ -203,11 +203,26 @@ def _error_dict(err: BaseException | None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------- the default call
 
 
+def _denoiser_name(pipe: Any) -> str | None:
+    """The denoiser the recipe names (applied, or the one covering this pipeline class), else the largest model."""
+    from ..recipe.resolution import pipeline_spec, recipe_for_class
+    from ..runtime.apply import applied
+
+    record = applied(pipe)
+    if record is not None and record.recipe.denoiser:
+        return record.recipe.denoiser
+    try:
+        return pipeline_spec(recipe_for_class(type(pipe).__name__)).get("denoiser")
+    except RecipeError:
+        comps = _components(pipe)
+        return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
+
+
 def _side(pipe: Any) -> int:
     """The smallest image side that runs every level of the denoiser: VAE factor x its downsampling x 2, >= 32."""
     vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
     down = 1
-    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
     config = getattr(denoiser, "config", None)
     if config is not None:
         blocks = config.get("block_out_channels") if hasattr(config, "get") else None
@@ -427,7 +442,7 @@ def _mismatch_fix(component: str, rel: str, kind: str, got: str, expected: str, 
         if expected == "float32":
             return (f"{component}.{rel} holds float32 parameters inside a {main} {component}: declare it a float32 "
                     f"island so hooks cast around it: hf_precision.apply_recipe(pipe, overrides={{'{component}': "
-                    f"{{'keep_fp32': ['{rel}']}}}}) (CLI: --set {component}.keep_fp32=[{rel}]; the list replaces "
+                    f"{{'keep_fp32': ['{rel}']}}}}) ({override_line(component, 'keep_fp32', [rel])}; the list replaces "
                     f"the recipe's, so keep its islands in it), or cast it back: pipe.{component}.{rel}.to(torch.{main})")
         return (f"{component}.{rel} holds {expected} parameters inside a {main} {component}: cast it back with "
                 f"pipe.{component}.{rel}.to(torch.{main}); only float32 islands can be declared (keep_fp32)")
@@ -437,63 +452,51 @@ def _mismatch_fix(component: str, rel: str, kind: str, got: str, expected: str, 
                 f"path, device={{'{component}': '{expected}'}})); or put the pipeline on one device: "
                 f"pipe.to('{expected}')")
     if applied:
-        island = f"--set {component}.keep_fp32=[{rel}]" if rel else ""
+        island = override_line(component, "keep_fp32", [rel]) if rel else ""
         return (f"{component} receives {got} here but its weights are {expected}: re-apply the recipe "
                 f"(hf_precision.apply_recipe(pipe)) so the boundary hooks cast it, or make the plan agree with "
-                f"--set {component}.dtype={got}" + (f"; if {rel} must stay float32, declare it: {island}"
-                                                    if island and got == "float32" else ""))
+                f"{override_line(component, 'dtype', got)}" + (f"; if {rel} must stay float32, declare it: {island}"
+                                                               if island and got == "float32" else ""))
     return (f"{component} receives {got} but its weights are {expected}: hf_precision.apply_recipe(pipe) casts what "
             f"enters each component to its dtype; to keep this layout: hf_precision.apply_recipe(pipe, overrides="
-            f"{{'{component}': {{'dtype': '{expected}'}}}}) (YAML: components: {{{component}: {{dtype: {expected}}}}}; "
-            f"CLI: --set {component}.dtype={expected})")
+            f"{{'{component}': {{'dtype': '{expected}'}}}}) ({override_line(component, 'dtype', expected)})")
 
 
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
-    from .apply import planned_dtypes
-    from .select import inside
+    from ..runtime.layout import drift
 
     erased: dict[tuple[str, str, str], int] = {}
-    drift: dict[tuple[str, str, str, str], int] = {}
+    drifted: dict[tuple[str, str, str, str], int] = {}
     notes: list[str] = []
-    for name, module in applied._modules.items():
+    for name, module in applied.modules.items():
         current = comps.get(name)
         if current is not module:
             notes.append(f"{name} was replaced after the recipe was applied, so it has no boundary hooks: re-apply "
                          f"with hf_precision.apply_recipe(pipe)")
             continue
-        plan = applied.recipe[name]
-        islands = applied.islands.get(name, [])
-        planned = planned_dtypes(module, plan, islands)
+        for d in drift(name, module, applied.recipe[name], applied.islands.get(name, [])):
+            if d.island is not None:
+                erased[(name, d.island, d.have)] = erased.get((name, d.island, d.have), 0) + d.count
+            else:
+                drifted[(name, "dtype", d.have, d.want)] = drifted.get((name, "dtype", d.have, d.want), 0) + d.count
         want_device = applied.devices.get(name)
-        for pname, param in module.named_parameters():
-            want = planned.get(pname)
-            owner = pname.rpartition(".")[0]
-            if want is not None and dt.from_torch(param.dtype) != want:
-                have = dt.from_torch(param.dtype)
-                island = next((i for i in islands if inside(owner, [i])), None)
-                if island is not None:
-                    erased[(name, island, have)] = erased.get((name, island, have), 0) + 1
-                else:
-                    drift[(name, "dtype", have, want)] = drift.get((name, "dtype", have, want), 0) + 1
+        for param in module.parameters():
             if want_device and param.device.type != "meta" and str(param.device) != str(want_device):
                 key = (name, "device", str(param.device), str(want_device))
-                drift[key] = drift.get(key, 0) + 1
+                drifted[key] = drifted.get(key, 0) + 1
     out_erased = []
     for (c, island, have), n in erased.items():
-        rest = ", ".join(i for i in applied.islands.get(c, []) if i != island)
         out_erased.append(ErasedIsland(
             module=f"{c}.{island}", component=c, dtype=have, tensors=n,
             fix=(f"a cast after loading (pipe.to(torch.{have})?) erased it: move pipelines with pipe.to(device), "
                  f"not pipe.to(dtype). Reload with hf_precision.load_pipeline(...) or re-apply: "
-                 f"hf_precision.apply_recipe(pipe, pipe._hf_precision_applied.recipe); to run it in {have} on "
-                 f"purpose, leave it out: --set {c}.keep_fp32=[{rest}] (YAML: components: {{{c}: {{keep_fp32: "
-                 f"[{rest}]}}}})")))
+                 f"hf_precision.apply_recipe(pipe, hf_precision.applied(pipe).recipe); to run it in {have} on "
+                 f"purpose, leave it out: {override_line(c, 'keep_fp32', [i for i in applied.islands.get(c, []) if i != island])}")))
     out_drift = []
-    for (c, what, have, want), n in drift.items():
+    for (c, what, have, want), n in drifted.items():
         if what == "dtype":
             fix = (f"reload with hf_precision.load_pipeline(...) or re-apply: hf_precision.apply_recipe(pipe, "
-                   f"pipe._hf_precision_applied.recipe); to plan {c} in {have} instead: --set {c}.dtype={have} "
-                   f"(YAML: components: {{{c}: {{dtype: {have}}}}})")
+                   f"hf_precision.applied(pipe).recipe); to plan {c} in {have} instead: {override_line(c, 'dtype', have)}")
         else:
             fix = (f"{c} was moved after the recipe was applied (the hooks follow it, so this runs); to plan for "
                    f"{have}, re-apply: hf_precision.apply_recipe(pipe, device='{have}')")
@@ -527,7 +530,7 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
     Example:
         >>> import torch
         >>> from hf_precision import apply_recipe, get_recipe
-        >>> from hf_precision.synthetic import make_sdxl
+        >>> from hf_precision.testing.pipelines import make_sdxl
         >>> pipe = make_sdxl()
         >>> _ = apply_recipe(pipe, get_recipe("sdxl", device="t4"), device="cpu")
         >>> check(pipe).exit_code
@@ -540,11 +543,12 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
     """
     import torch
 
-    from .apply import Applied
+    from ..runtime.apply import Applied
+    from ..runtime.apply import applied as applied_record
     from .mismatch import explain
 
     comps = _components(pipe)
-    applied = getattr(pipe, "_hf_precision_applied", None)
+    applied = applied_record(pipe)
     if not isinstance(applied, Applied) or applied.removed:
         applied = None
     run = call if call is not None else default_call(pipe)

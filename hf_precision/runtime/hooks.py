@@ -3,7 +3,7 @@
 Only component entry points and float32 islands are hooked, never every layer: per-layer hooks cost ~30% on
 CPU (facts 2.3), one boundary hook costs one cast of the inputs. Target dtypes and devices are read from the
 module's parameters at call time, so the hooks stay correct after the pipeline moves or upcasts a component
-(``upcast_vae``, offloading); ``hf_precision.checker`` reports when that drifts from the plan.
+(``upcast_vae``, offloading); ``hf_precision.diagnose.checker`` reports when that drifts from the plan.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ import torch
 from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
-from .select import inside
+from ..errors import override_line
+from ..recipe.patterns import inside
+from ..recipe.resolution import DEFAULT_NO_CAST
 
-__all__ = ["cast_tree", "EntryHook", "IslandHook", "attach", "NO_CAST_ARGS"]
+__all__ = ["cast_tree", "EntryHook", "IslandHook", "attach"]
 
-# Timesteps feed sinusoidal projections that diffusers computes in fp32 and casts afterwards; casting a
-# fractional timestep to fp16 first would round it (999.4 -> 999.5). They are moved, never cast.
-NO_CAST_ARGS = frozenset({"timestep", "timesteps", "t"})
 
 
 def cast_tree(tree: Any, dtype: torch.dtype | None, device: torch.device | None = None) -> Any:
@@ -36,6 +35,9 @@ def cast_tree(tree: Any, dtype: torch.dtype | None, device: torch.device | None 
         >>> out = cast_tree({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)}, torch.float16)
         >>> out["x"].dtype, out["ids"].dtype
         (torch.float16, torch.int64)
+        >>> cache = [None, torch.ones(1, dtype=torch.float16)]
+        >>> cast_tree(cache, torch.float16) is cache  # nothing to change: the very list a model may fill in place
+        True
     """
     # This runs on every component call: plain tensors, None, numbers and shallow dicts/tuples (the usual
     # arguments) are handled directly; only other containers go through pytree (~10 us per call).
@@ -43,10 +45,15 @@ def cast_tree(tree: Any, dtype: torch.dtype | None, device: torch.device | None 
         return _fix(tree, dtype, device)
     if tree is None or isinstance(tree, (int, float, bool, str, torch.dtype)):
         return tree
+    # A container whose items need no change is handed back as the same object: some models fill a list they are
+    # given in place (the causal caches of the Wan and QwenImage 3D VAEs, `feat_cache`/`feat_idx`), and a copy
+    # would silently drop what they wrote.
     if type(tree) in (tuple, list):
-        return type(tree)(cast_tree(x, dtype, device) for x in tree)
+        items = [cast_tree(x, dtype, device) for x in tree]
+        return tree if all(a is b for a, b in zip(items, tree)) else type(tree)(items)
     if type(tree) is dict:
-        return {k: cast_tree(v, dtype, device) for k, v in tree.items()}
+        changed = {k: cast_tree(v, dtype, device) for k, v in tree.items()}
+        return tree if all(changed[k] is v for k, v in tree.items()) else changed
     return tree_map_only(torch.Tensor, lambda t: _fix(t, dtype, device), tree)
 
 
@@ -120,18 +127,20 @@ class EntryHook:
 
     def __init__(self, name: str, module: torch.nn.Module, root: torch.nn.Module, *, compute: torch.dtype,
                  storage: torch.dtype, output: str | torch.dtype, islands: list[str], prefix: str = "",
-                 nan_guard: Any = None):
+                 nan_guard: Any = None, no_cast: frozenset[str] = frozenset(DEFAULT_NO_CAST)):
         """``prefix`` is ``module``'s dotted name inside ``root`` ("" for the component itself)."""
         self.name, self.module, self.root = name, module, root
         self.planned_compute, self.storage, self.output = compute, storage, output
         full = lambda p: f"{prefix}.{p}" if prefix else p
-        self.ref = _ParamRef(module, lambda p: inside(full(p), islands))
+        island_set = frozenset(islands)
+        self.ref = _ParamRef(module, lambda p: inside(full(p), island_set))
         try:
             params = [p for p in inspect.signature(module.forward).parameters if p != "self"]
         except (TypeError, ValueError):
             params = []
-        # Positions of timestep arguments, found once: they are moved but never cast (see NO_CAST_ARGS).
-        self.uncast_positions = frozenset(i for i, p in enumerate(params) if p in NO_CAST_ARGS)
+        # Arguments the recipe's no_cast names (timesteps, ids, guidance), found once: moved, never cast.
+        self.no_cast = no_cast
+        self.uncast_positions = frozenset(i for i, p in enumerate(params) if p in no_cast)
         self.nan_guard = nan_guard
         self._arrived: list[tuple[torch.dtype, torch.device] | None] = []
         self._originals: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
@@ -146,19 +155,23 @@ class EntryHook:
         dtype = self.dtype()
         device = _execution_device(module, self.root, self.ref)
         uncast = self.uncast_positions
-        primary = _first_floating(tuple(a for i, a in enumerate(args) if i not in uncast), kwargs, NO_CAST_ARGS)
+        primary = _first_floating(tuple(a for i, a in enumerate(args) if i not in uncast), kwargs, self.no_cast)
         self._arrived.append((primary.dtype, primary.device) if primary is not None else None)
         if self.nan_guard is not None:
             self._originals.append((args, kwargs))  # references only: a re-run starts from the uncast inputs
         new_args = tuple(cast_tree(a, None if i in uncast else dtype, device) for i, a in enumerate(args))
-        new_kwargs = {k: cast_tree(v, None if k in NO_CAST_ARGS else dtype, device) for k, v in kwargs.items()}
+        new_kwargs = {k: cast_tree(v, None if k in self.no_cast else dtype, device) for k, v in kwargs.items()}
         return new_args, _rewrite_dtype_kwargs(new_kwargs, dtype)
 
     def post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
         arrived = self._arrived.pop() if self._arrived else None
+        originals = self._originals.pop() if self.nan_guard is not None and self._originals else (args, kwargs)
+        if out is None:
+            # The forward raised (post hooks are always called): the stacks are popped above, so nothing keeps
+            # references to the failed call's inputs; torch re-raises the error after this.
+            return None
         if self.nan_guard is not None:
-            original_args, original_kwargs = self._originals.pop() if self._originals else (args, kwargs)
-            out = self.nan_guard(self, module, original_args, original_kwargs, out)
+            out = self.nan_guard(self, module, originals[0], originals[1], out)
         if self.output == "compute":
             return out
         if self.output == "input":
@@ -179,18 +192,34 @@ class IslandHook:
         param = self.ref.get()
         return torch.float32 if param is None else param.dtype
 
-    def pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
         dtype = self.dtype()
+        if not kwargs and all(type(a) is torch.Tensor for a in args):
+            # The usual island call (a norm, an MLP: tensors only) takes this path: a hook runs for every island on
+            # every call, so it builds nothing it does not need, and returns None (arguments unchanged) when the
+            # inputs already are float32.
+            if all(a.dtype == dtype or not a.is_floating_point() for a in args):
+                return None
+            return tuple(a.to(dtype) if a.dtype != dtype and a.is_floating_point() else a for a in args), kwargs
         return cast_tree(args, dtype), _rewrite_dtype_kwargs(cast_tree(kwargs, dtype), dtype)
 
     def post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
-        return cast_tree(out, self.outer_dtype())
+        if out is None:
+            return None
+        outer = self.outer_dtype()
+        if type(out) is torch.Tensor:
+            return out.to(outer) if out.dtype != outer and out.is_floating_point() else None
+        return cast_tree(out, outer)
 
 
 def attach(module: torch.nn.Module, hook: EntryHook | IslandHook) -> list[RemovableHandle]:
-    """Register a hook's pre and post functions as native forward hooks; returns the removable handles."""
+    """Register a hook's pre and post functions as native forward hooks; returns the removable handles.
+
+    The post hook is always called, also when the forward raises, so that the hook's per-call stacks stay
+    balanced and no reference to a failed call's inputs outlives it.
+    """
     return [module.register_forward_pre_hook(hook.pre, with_kwargs=True),
-            module.register_forward_hook(hook.post, with_kwargs=True)]
+            module.register_forward_hook(hook.post, with_kwargs=True, always_call=True)]
 
 
 def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[[str, torch.dtype, torch.dtype], None]):
@@ -247,5 +276,5 @@ def warn_switch(component: str, old: torch.dtype, new: torch.dtype) -> None:
     name = str(new).removeprefix("torch.")
     warnings.warn(f"hf_precision: {component} produced non-finite values in {str(old).removeprefix('torch.')}; "
                   f"re-ran it in {name} and keeps {name} for this session. Make it permanent with "
-                  f"--set {component}.dtype={name} (YAML: components: {{{component}: {{dtype: {name}}}}})",
+                  f"{override_line(component, 'dtype', name)}",
                   RuntimeWarning, stacklevel=2)

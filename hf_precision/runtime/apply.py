@@ -3,26 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
-import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from . import dtypes as dt
-from .devices import device_caps, device_profile
-from .errors import RecipeError
+from .. import dtypes as dt
+from ..recipe.devices import device_caps
+from ..errors import RecipeError, override_line
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
-from .recipe import ComponentPlan, Recipe, get_recipe, list_recipes, _pipeline_file
-from .select import inside, resolve_islands
+from .layout import component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
+from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, resolve
+from ..recipe.patterns import inside
 
-__all__ = ["apply_recipe", "Applied", "recipe_for_class", "resolve_placement", "component_islands", "planned_dtypes"]
+__all__ = ["apply_recipe", "applied", "Applied", "torch_device"]
 
 _ATTR = "_hf_precision_applied"
-# Modules diffusers' layerwise casting leaves in the compute dtype (besides the islands): precision-sensitive
-# embeddings and norms, as in diffusers' own DEFAULT_SKIP_MODULES_PATTERN.
-LAYERWISE_SKIP = ("pos_embed", "patch_embed", "norm")
 
 
 @dataclasses.dataclass
@@ -42,6 +39,13 @@ class Applied:
     _handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     _modules: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict, repr=False)
     removed: bool = False
+    # Seconds per stage: "apply" always; load_pipeline adds "resolve", "stream", "from_pretrained", "reload_islands".
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    @property
+    def modules(self) -> dict[str, torch.nn.Module]:
+        """Component name -> the module this application hooked (what ``verify`` and ``hp.check`` inspect)."""
+        return dict(self._modules)
 
     def remove(self) -> None:
         """Remove every hook this application added (dtypes and devices stay as they are)."""
@@ -57,23 +61,11 @@ class Applied:
         """Problems where parameters no longer match the plan (e.g. islands erased by ``pipe.to(torch.float16)``)."""
         problems = []
         for name, module in self._modules.items():
-            plan = self.recipe[name]
-            planned = planned_dtypes(module, plan, self.islands.get(name, []))
-            wrong: dict[str, int] = {}
-            for pname, param in module.named_parameters():
-                if pname not in planned:
-                    continue
-                want = planned[pname]
-                have = dt.from_torch(param.dtype)
-                if have != want:
-                    key = f"{'island ' if want == 'float32' and plan.storage != 'float32' else ''}{have}!={want}"
-                    wrong[key] = wrong.get(key, 0) + 1
-            for key, count in wrong.items():
-                have, want = key.split(" ")[-1].split("!=")
-                what = "float32 island parameters" if key.startswith("island") else "parameters"
-                problems.append(f"{name}: {count} {what} are {have}, the plan says {want} "
+            for d in drift(name, module, self.recipe[name], self.islands.get(name, [])):
+                what = "float32 island parameters" if d.island is not None else "parameters"
+                problems.append(f"{name}: {d.count} {what} are {d.have}, the plan says {d.want} "
                                 f"(was the pipeline cast with pipe.to(dtype)? reload it, or re-apply: "
-                                f"hf_precision.apply_recipe(pipe); override: --set {name}.dtype={have})")
+                                f"hf_precision.apply_recipe(pipe); to plan it in {d.have}: {override_line(name, 'dtype', d.have)})")
         return problems
 
     def report(self) -> str:
@@ -90,17 +82,6 @@ class Applied:
         return "\n".join(lines)
 
     __str__ = report
-
-
-def recipe_for_class(class_name: str) -> str:
-    """The pipeline recipe whose ``pipelines`` list names this pipeline class."""
-    for name in list_recipes("pipeline"):
-        if class_name in (_pipeline_file(name)[1].get("pipelines") or ()):
-            return name
-    known = {n: _pipeline_file(n)[1].get("pipelines") for n in list_recipes("pipeline")}
-    raise RecipeError(f"no recipe for pipeline class {class_name!r}; recipes and the classes they cover: "
-                      + "; ".join(f"{n}: {', '.join(c)}" for n, c in known.items())
-                      + ". Pass one explicitly, e.g. recipe='sdxl' (or --recipe sdxl), or write your own recipe YAML")
 
 
 def _components(pipe: Any) -> dict[str, torch.nn.Module]:
@@ -124,26 +105,8 @@ def torch_device(spec: Any, what: str) -> torch.device:
     except (RuntimeError, TypeError):
         raise RecipeError(f"{what}: {spec!r} is not a device this process can place tensors on (cpu, cuda, cuda:1, mps, xpu). "
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
-                          f"recipe=hf_precision.get_recipe(NAME, device={spec!r}), device='cpu'") from None
+                          f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
     return dev
-
-
-def resolve_placement(device: Any, names: list[str]) -> dict[str, str | None]:
-    """Component -> torch device string (``None``: leave it where it is)."""
-    if device is None:
-        return {n: None for n in names}
-    if isinstance(device, Mapping):
-        unknown = [k for k in device if k not in names and k != "default"]
-        if unknown:
-            raise RecipeError(f"device mapping: unknown component(s) {unknown}; components: {', '.join(names)}, "
-                              f"or 'default' for the rest")
-        out = {}
-        for n in names:
-            spec = device.get(n, device.get("default"))
-            out[n] = None if spec is None else str(torch_device(spec, f"device[{n!r}]"))
-        return out
-    dev = str(torch_device(device, "device"))
-    return {n: dev for n in names}
 
 
 def _config_dict(module: torch.nn.Module) -> dict[str, Any]:
@@ -159,36 +122,11 @@ def _module_device(module: torch.nn.Module) -> str:
     return "cpu"
 
 
-def _resolve(pipe: Any, comps: Mapping[str, torch.nn.Module], recipe: Recipe | str | None, placement: Mapping[str, str | None],
-             overrides: Any) -> Recipe:
-    if isinstance(recipe, Recipe):
-        if overrides:
-            raise RecipeError("apply_recipe: overrides need a recipe name, not a resolved Recipe: "
-                              "pass recipe='sdxl', overrides=... or resolve with get_recipe(name, device, overrides)")
-        return recipe
-    if recipe is None:
-        recipe = recipe_for_class(type(pipe).__name__)
-    configs = {n: _config_dict(m) for n, m in comps.items()}
-    devices = {n: placement.get(n) or _module_device(m) for n, m in comps.items()}
-    return resolve_per_device(recipe, devices, overrides, configs)
-
-
-def resolve_per_device(recipe: str, devices: Mapping[str, str], overrides: Any,
-                       configs: Mapping[str, Mapping[str, Any]]) -> Recipe:
-    """Resolve a recipe with each component on its own device ("text encoders on the CPU, UNet on the GPU")."""
-    by_device = {spec: get_recipe(recipe, device=device_profile(spec), overrides=overrides, configs=configs)
-                 for spec in sorted(set(devices.values()))}
-    main = by_device[devices.get("unet") or devices.get("transformer") or next(iter(devices.values()))]
-    if len(by_device) == 1:
-        return main
-    plans = tuple(by_device[devices[p.name]][p.name] if p.name in devices else p for p in main.plans)
-    return dataclasses.replace(main, plans=plans)
-
-
 def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: list[str], device: str | None) -> int:
     """Cast floating parameters and buffers in place: islands to fp32, the rest to storage. Returns how many changed."""
     changed = 0
-    in_island = lambda name: inside(name, islands)
+    island_set = frozenset(islands)
+    in_island = lambda name: inside(name, island_set)
     with torch.no_grad():
         for mod_name, mod in module.named_modules():
             for kind in ("_parameters", "_buffers"):
@@ -205,64 +143,26 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
     return changed
 
 
-def _glob_regex(patterns: list[str]) -> list[str]:
-    return [fnmatch.translate(p).replace(r"\Z", "$") for p in patterns]
+def applied(pipe: Any) -> Applied | None:
+    """The record :func:`apply_recipe` (or :func:`~hf_precision.load_pipeline`) left on ``pipe``, or ``None``.
 
+    Works for a pipeline and for a bare component that was applied on its own.
 
-def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
-    """The float32 islands of a built component under a plan (outermost matched modules; none in fp32)."""
-    names = [n for n, _ in module.named_modules() if n]
-    return resolve_islands(plan.name, plan.keep_fp32, names, owner=type(module).__name__,
-                           active=plan.compute != "float32", strict=strict)
-
-
-def _layerwise_layers(module: torch.nn.Module, islands: list[str]) -> set[str]:
-    """Modules diffusers' ``apply_layerwise_casting`` stores in the storage dtype (its traversal, with our skips)."""
-    try:
-        from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS as supported
-    except ImportError:  # older diffusers: the same list
-        nn = torch.nn
-        supported = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
-    patterns = _glob_regex(islands) + list(LAYERWISE_SKIP)
-    found: set[str] = set()
-
-    def walk(mod: torch.nn.Module, prefix: str) -> None:
-        if any(re.search(p, prefix) for p in patterns):
-            return
-        if isinstance(mod, supported):
-            found.add(prefix)
-            return
-        for child_name, child in mod.named_children():
-            walk(child, f"{prefix}.{child_name}" if prefix else child_name)
-
-    walk(module, "")
-    return found
-
-
-def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, str]:
-    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
-
-    Islands are float32. With ``storage == compute`` every other parameter is in the storage dtype; otherwise the
-    layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
-    on the meta device (no weights needed); tied parameters are listed once.
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> pipe = make_pipeline("dit")
+        >>> applied(pipe) is None
+        True
+        >>> record = apply_recipe(pipe, device="cpu")
+        >>> applied(pipe) is record
+        True
     """
-    layerwise = _layerwise_layers(module, islands) if plan.storage != plan.compute else set()
-    out: dict[str, str] = {}
-    for pname, param in module.named_parameters():
-        if not param.is_floating_point():
-            continue
-        owner = pname.rpartition(".")[0]
-        if inside(owner, islands):
-            out[pname] = "float32"
-        elif plan.storage == plan.compute or inside(owner, layerwise):
-            out[pname] = plan.storage
-        else:
-            out[pname] = plan.compute
-    return out
+    record = getattr(pipe, _ATTR, None)
+    return record if isinstance(record, Applied) else None
 
 
 def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = None, overrides: Any = None,
-                 *, strict: bool = True) -> Applied:
+                 *, layout: Any = None, strict: bool = True) -> Applied:
     """Apply a recipe to a pipeline you built: dtypes, placement, float32 islands and boundary hooks, in place.
 
     Args:
@@ -272,6 +172,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         device (*optional*): ``"cpu"``, ``"cuda:1"`` ..., or a mapping component -> device (``"default"`` for the
             rest). ``None`` leaves components where they are. Each component is resolved for its own device.
         overrides (*optional*): YAML path, dict or a list of them (see ``get_recipe``).
+        layout (*optional*): the device whose rules choose the dtypes when it is not where the pipeline runs
+            (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution`.
         strict (`bool`, defaults to `True`): a ``keep_fp32`` pattern that matches no module is an error.
 
     Returns:
@@ -279,10 +181,9 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         Applying again replaces the previous hooks instead of stacking them.
 
     Example:
-        >>> from hf_precision import get_recipe
-        >>> from hf_precision.synthetic import make_sdxl
+        >>> from hf_precision.testing.pipelines import make_sdxl
         >>> pipe = make_sdxl()
-        >>> applied = apply_recipe(pipe, get_recipe("sdxl", device="t4"), device="cpu")
+        >>> applied = apply_recipe(pipe, device="cpu", layout="t4")
         >>> pipe.unet.conv_in.weight.dtype, pipe.unet.time_embedding.linear_1.weight.dtype, pipe.vae.dtype
         (torch.float16, torch.float32, torch.float32)
     """
@@ -293,12 +194,21 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
                               f"e.g. recipe='dit.video'; component recipes: {', '.join(list_recipes('component'))}")
         stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
-    placement = resolve_placement(device, list(comps))
-    resolved = _resolve(pipe, comps, recipe, placement, overrides)
+    if device is None and not isinstance(recipe, Recipe):
+        device = {n: _module_device(m) for n, m in comps.items()}  # resolve each for where it sits
+    for spec in (device.values() if isinstance(device, Mapping) else [device]):
+        if spec is not None:
+            torch_device(spec, "device")
+    from .source import models_of_pipeline
+
+    resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
+                       configs={n: _config_dict(m) for n, m in comps.items()}, components=list(comps),
+                       models=models_of_pipeline(pipe) if "" not in comps else None)
 
     previous = getattr(pipe, _ATTR, None)
     if isinstance(previous, Applied) and not previous.removed:
         previous.remove()
+    started = time.perf_counter()
     applied = Applied(recipe=resolved, devices={}, actions=[], hooked={}, islands={}, skipped=[])
     for name in comps:
         if name not in resolved:
@@ -308,11 +218,12 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         if module is None:
             applied.skipped.append(f"{plan.name}: not in this pipeline")
             continue
-        _apply_component(applied, plan, module, placement.get(plan.name), strict)
+        _apply_component(applied, plan, module, plan.device, strict)
     try:
         object.__setattr__(pipe, _ATTR, applied)
     except (AttributeError, TypeError):
         pass
+    applied.timings["apply"] = time.perf_counter() - started
     return applied
 
 
@@ -321,11 +232,16 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
     if isinstance(old, Applied) and not old.removed:
         # The module is shared with another pipeline (from_pipe): its previous hooks go, they never stack.
         old.remove()
+    if plan.classes and type(module).__name__ not in plan.classes:
+        raise RecipeError(f"recipe {applied.recipe.name}: component {plan.name} is a {type(module).__name__}, but its "
+                          f"component recipe {plan.recipe} is for {', '.join(plan.classes)}; its islands and entry points "
+                          f"would not fit. Use a recipe for this class, or override the component recipe: "
+                          f"{override_line(plan.name, 'use', '<component recipe>')} (hf-precision recipes lists them)")
     islands = component_islands(plan, module, strict=strict)
     compute, storage = dt.to_torch(plan.compute), dt.to_torch(plan.storage)
-    if islands and _has_layerwise_casting(module):
+    if islands and has_layerwise_casting(module):
         # Layerwise-cast leaves recast their own weights on every call; an island around them cannot hold fp32.
-        taken = [i for i in islands if _has_layerwise_casting(module.get_submodule(i))]
+        taken = [i for i in islands if has_layerwise_casting(module.get_submodule(i))]
         islands = [i for i in islands if i not in taken]
         if taken:
             applied.actions.append(f"{plan.name}: islands {taken} left to the layerwise casting already enabled on them")
@@ -333,13 +249,13 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
         # Storage differs from compute: weights are cast per layer on use (diffusers layerwise casting).
         # Cast everything to compute first so the islands and non-hooked layers hold the compute dtype.
         changed = _cast_parameters(module, compute, islands, device)
-        if _has_layerwise_casting(module):
+        if has_layerwise_casting(module):
             applied.actions.append(f"{plan.name}: layerwise casting was already enabled: kept as it is")
         else:
             from diffusers.hooks import apply_layerwise_casting
 
             apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
-                                    skip_modules_pattern=_glob_regex(islands) + list(LAYERWISE_SKIP))
+                                    skip_modules_pattern=layerwise_skip_regexes(islands, plan.layerwise_skip))
             applied.actions.append(f"{plan.name}: weights stored in {plan.storage}, cast to {plan.compute} per layer on use")
     else:
         changed = _cast_parameters(module, storage, islands, device)
@@ -370,7 +286,7 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
         except AttributeError:
             continue  # e.g. AutoencoderKL(use_post_quant_conv=False) has no post_quant_conv
         hook = EntryHook(plan.name, sub, module, compute=compute, storage=storage, output=output, islands=islands,
-                         prefix=entry, nan_guard=guard)
+                         prefix=entry, nan_guard=guard, no_cast=frozenset(plan.no_cast))
         applied._handles += attach(sub, hook)
         entries.append(entry or "(forward)")
     applied.hooked[plan.name] = entries
@@ -380,12 +296,6 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
             applied._handles += attach(module.get_submodule(island), IslandHook(module.get_submodule(island), outer.dtype))
     applied._modules[plan.name] = module
     object.__setattr__(module, _ATTR, applied)
-
-
-def _has_layerwise_casting(module: torch.nn.Module) -> bool:
-    # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
-    return any(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).get("layerwise_casting") is not None
-               for m in module.modules())
 
 
 def _upcast_attention(module: torch.nn.Module) -> int:

@@ -2,7 +2,7 @@
 
 Every component is built from its ``config.json`` on torch's ``meta`` device (shapes without storage), the recipe
 is resolved for the device you name, and the same island rule and per-parameter dtypes as
-:func:`hf_precision.apply_recipe` (``select.resolve_islands``, ``apply.planned_dtypes``) give exact byte counts:
+:func:`hf_precision.apply_recipe` (``recipe.patterns.resolve_islands``, ``runtime.layout.planned_dtypes``) give exact byte counts:
 ``hf-precision plan sdxl --device t4`` tells you, before downloading 7 GB, that the SDXL VAE stays float32 on a
 T4 and how much memory the whole pipeline takes compared with plain float32.
 
@@ -21,16 +21,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import dtypes as dt
-from .errors import RecipeError
-from .recipe import ComponentPlan, Recipe, _pipeline_file, get_recipe, list_recipes
+from .. import dtypes as dt
+from ..errors import RecipeError
+from ..runtime.source import CONFIGS_DIR, configs_of, shipped_configs
+from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, pipeline_spec, resolve
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["plan", "Plan", "PlannedComponent", "Island", "ModuleRow", "shipped_configs", "build_on_meta"]
+__all__ = ["plan", "Plan", "PlannedComponent", "Island", "ModuleRow", "build_on_meta"]
 
-CONFIGS_DIR = Path(__file__).resolve().parent / "model_configs"
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -244,56 +244,6 @@ def _island_summary(c: PlannedComponent) -> str:
 # --------------------------------------------------------------------------------------------- finding configs
 
 
-def shipped_configs() -> dict[str, Path]:
-    """The real pipeline configs shipped with hf_precision: folder name and recipe alias -> folder.
-
-    Example:
-        >>> shipped_configs()["sdxl"].name
-        'stable-diffusion-xl-base-1.0'
-    """
-    folders = {d.name: d for d in sorted(CONFIGS_DIR.iterdir()) if (d / "model_index.json").is_file()}
-    out = dict(folders)
-    for alias in list_recipes("pipeline"):
-        model = str(_pipeline_file(alias)[1].get("model") or "")
-        base = model.rstrip("/").split("/")[-1]
-        if base in folders:
-            out[alias] = folders[base]
-    return out
-
-
-def _locate(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]]]:
-    """(source, model_index.json, component -> config.json) for a folder, an alias, or a Hub id."""
-    text = str(name)
-    folder = Path(text).expanduser()
-    if not folder.is_dir():
-        shipped = shipped_configs()
-        base = text.rstrip("/").split("/")[-1]
-        if text in shipped:
-            folder = shipped[text]
-        elif text.count("/") == 1 and base in shipped and not text.startswith((".", "/", "~")):
-            folder = shipped[base]  # a Hub id whose configs ship with hf_precision: no download
-    if folder.is_dir():
-        index_file = folder / "model_index.json"
-        if not index_file.is_file():
-            raise RecipeError(f"{folder}: no model_index.json; point at a diffusers pipeline folder (model_index.json "
-                              f"and one folder per component with its config.json; weights are not needed)")
-        index = json.loads(index_file.read_text())
-        configs = {}
-        for comp, spec in index.items():
-            path = folder / comp / "config.json"
-            if not comp.startswith("_") and isinstance(spec, (list, tuple)) and path.is_file():
-                configs[comp] = json.loads(path.read_text())
-        try:
-            source = str(folder.relative_to(CONFIGS_DIR.parent.parent))
-        except ValueError:
-            source = str(folder)
-        return source, index, configs
-    from .load import component_configs, locate
-
-    where, index, local = locate(text)  # a Hub id: only the small JSON files are fetched
-    return where, dict(index), component_configs(where, index, local)
-
-
 # --------------------------------------------------------------------------------------------- building
 
 
@@ -406,21 +356,17 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         >>> plan("sdxl", device="a100")["vae"].compute
         'bfloat16'
     """
-    from .apply import component_islands, planned_dtypes, recipe_for_class
-    from .devices import device_caps
+    from ..recipe.devices import device_caps
+    from ..runtime.layout import component_islands, planned_dtypes
 
     text = str(name_or_path)
-    source, index, configs = _locate(text)
+    source, index, configs = configs_of(text)
     pipeline = str(index.get("_class_name", "?"))
-    if isinstance(recipe, Recipe):
-        if overrides:
-            raise RecipeError("plan: overrides need a recipe name, not a resolved Recipe: pass recipe='sdxl', "
-                              "overrides=... or resolve with get_recipe(name, device, overrides)")
-        resolved = recipe
-    else:
-        if recipe is None:
-            recipe = text if text in list_recipes("pipeline") else recipe_for_class(pipeline)
-        resolved = get_recipe(str(recipe), device=device, overrides=overrides, configs=configs)
+    if recipe is None and text in list_recipes("pipeline"):
+        recipe = text
+    # Nothing is placed: the plan is for `device`, built on the meta device.
+    resolved = resolve(recipe, pipeline_class=pipeline, layout=device if not isinstance(recipe, Recipe) else None,
+                       overrides=overrides, configs=configs)
 
     caps = device_caps(resolved.device)
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")
@@ -453,7 +399,7 @@ def _decision(cp: ComponentPlan, field: str) -> Any:
 
 def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands: list[str], planned: dict[str, str],
                     with_modules: bool, device_why: str) -> PlannedComponent:
-    from .select import inside
+    from ..recipe.patterns import inside
 
     params = 0
     fp32_bytes = 0

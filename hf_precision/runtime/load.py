@@ -2,83 +2,70 @@
 
 from __future__ import annotations
 
-import json
 import os
+import re
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import dtypes as dt
-from .errors import RecipeError
-from .recipe import Recipe, _pipeline_file, list_recipes
+from .. import dtypes as dt
+from ..errors import DamagedFileError, RecipeError
+from ..recipe.files import damaged_file, download_command, read_json
+from ..recipe.resolution import Recipe, recipe_components, recipe_for_class, resolve
+from .source import check_folder_fits, component_configs, locate, offline_error
 
-__all__ = ["load_pipeline", "locate", "component_configs"]
-
-
-def _offline_error(name: str, err: BaseException) -> RecipeError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
-    why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub could not be reached"
-    return RecipeError(
-        f"{name!r}: not a local folder, and {why} ({type(err).__name__}). Download it where there is network "
-        f"(`huggingface-cli download {name} --local-dir ./{name.split('/')[-1]}`) and pass the folder: "
-        f"hf_precision.load_pipeline('./{name.split('/')[-1]}')")
+__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files"]
 
 
-def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = None) -> tuple[str, dict[str, Any], Path | None]:
-    """Where a pipeline lives: (id or path, its model_index.json, local folder or None).
+def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None) -> None:
+    """Check every JSON and safetensors file of a pipeline folder; the first damaged one is a ``DamagedFileError``.
 
-    Recipe aliases (``"sdxl"``) map to the Hub id written in the recipe.
-    """
-    text = str(name_or_path)
-    folder = Path(text).expanduser()
-    if folder.is_dir():
-        index = folder / "model_index.json"
-        if not index.is_file():
-            raise RecipeError(f"{folder}: no model_index.json; point at a diffusers pipeline folder (the one that holds "
-                              f"model_index.json and unet/ or transformer/, vae/ ...)")
-        return str(folder), json.loads(index.read_text()), folder
-    if text in list_recipes("pipeline"):
-        model = _pipeline_file(text)[1].get("model")
-        if not model:
-            raise RecipeError(f"recipe {text!r} names no model; pass a folder or Hub id")
-        text = model
-    if os.sep in text and text.count("/") != 1 or text.startswith((".", "/", "~")):
-        raise RecipeError(f"{text}: no such folder; pass an existing diffusers folder, a Hub id (org/name) or a recipe "
-                          f"alias ({', '.join(list_recipes('pipeline'))})")
-    from diffusers import DiffusionPipeline
-
-    try:
-        index = DiffusionPipeline.load_config(text)
-    except Exception as err:  # offline, unknown repo, no connection: all mean "use a local folder"
-        raise _offline_error(text, err) from None
-    return text, dict(index), None
-
-
-def component_configs(where: str, index: Mapping[str, Any], folder: Path | None) -> dict[str, dict[str, Any]]:
-    """Each component's ``config.json`` (what recipes ``select:`` on, e.g. the fp16-fix VAE's ``force_upcast``).
+    Only headers are read (sizes and offsets against the file), so this is quick whatever the weights weigh. Called
+    when loading failed, to turn a deep library error into one naming the file, its component and the fix.
 
     Example:
         >>> import tempfile
-        >>> from hf_precision.synthetic import make_sdxl, save_pipeline
-        >>> where, index, folder = locate(save_pipeline(make_sdxl(), tempfile.mkdtemp()))
-        >>> component_configs(where, index, folder)["vae"]["force_upcast"]
-        True
+        >>> from hf_precision.testing import make_sdxl, save_pipeline
+        >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
+        >>> check_files(folder)  # a good folder: nothing to say
+        >>> _ = (folder / "vae" / "config.json").write_text("{")
+        >>> check_files(folder)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.DamagedFileError: ...config.json (component vae): damaged file: not valid JSON ...
     """
-    configs = {}
-    for comp, spec in index.items():
-        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or spec[0] is None:
-            continue
-        path = folder / comp / "config.json" if folder is not None else None
-        if path is not None and path.is_file():
-            configs[comp] = json.loads(path.read_text())
-        elif folder is None:
-            try:
-                from huggingface_hub import hf_hub_download
+    from .stream import read_header
 
-                configs[comp] = json.loads(Path(hf_hub_download(where, f"{comp}/config.json")).read_text())
-            except Exception:
-                pass
-    return configs
+    folder = Path(folder)
+    if index is None:
+        index = read_json(folder / "model_index.json")
+    for comp, spec in index.items():
+        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or not spec or spec[0] is None:
+            continue
+        comp_dir = folder / comp
+        if not comp_dir.is_dir():
+            continue
+        for file in sorted(comp_dir.iterdir()):
+            if file.suffix == ".json":
+                read_json(file)
+            elif file.suffix == ".safetensors":
+                read_header(file)
+
+
+def _damage_or_none(where: str, folder: Path | None, index: Mapping[str, Any]) -> DamagedFileError | None:
+    if folder is None:  # a Hub id: its files are in the local cache
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(where, local_files_only=True))
+        except Exception:
+            return None
+    try:
+        check_files(folder, index)
+    except DamagedFileError as err:
+        return err
+    return None
 
 
 def _has_fp16_variant(folder: Path | None) -> bool:
@@ -105,7 +92,7 @@ def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> dict[str
 
 
 def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, recipe: Recipe | str | None = None,
-                  overrides: Any = None, pipeline_class: Any = None, **kwargs: Any) -> Any:
+                  overrides: Any = None, layout: Any = None, pipeline_class: Any = None, **kwargs: Any) -> Any:
     """Load a diffusers pipeline with every component in its planned dtype, on its device, agreeing at runtime.
 
     Args:
@@ -114,10 +101,12 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
         device (*optional*): ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` ... or a mapping component -> device
             (``{"text_encoder": "cpu", "text_encoder_2": "cpu", "default": "cuda"}``); each component gets the
             dtype its own device supports. Default: the best present device.
-        recipe (*optional*): a recipe name, or a resolved :class:`Recipe` whose layout is applied as is (how you run
-            a T4 layout on this machine: ``recipe=get_recipe("sdxl", device="t4"), device="cpu"``). Default: chosen
-            from ``model_index.json``'s ``_class_name``.
+        recipe (*optional*): a recipe name, or a resolved :class:`Recipe` whose layout is applied as is. Default:
+            chosen from ``model_index.json``'s ``_class_name``.
         overrides (*optional*): YAML path, dict, or a list of them, merged over the recipe.
+        layout (*optional*): the device whose rules choose the dtypes, when that is not where the pipeline runs:
+            ``layout="t4", device="cpu"`` loads the T4 layout on this CPU (a preset, a description such as
+            ``"cuda:sm=7.5"``, or a mapping component -> device).
         pipeline_class (*optional*): the class to build (``StableDiffusionXLImg2ImgPipeline``, an AutoPipeline);
             defaults to the class in ``model_index.json``.
         **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...). ``dtype`` /
@@ -125,80 +114,115 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             files; remote code is refused.
 
     Returns:
-        The diffusers pipeline itself (not a wrapper), ready to call. ``pipe._hf_precision_applied`` holds the
-        :class:`~hf_precision.apply.Applied` report.
+        The diffusers pipeline itself (not a wrapper), ready to call. ``hf_precision.applied(pipe)`` returns the
+        :class:`~hf_precision.runtime.apply.Applied` report.
 
     Raises:
         RecipeError: unknown recipe or pipeline class, bad overrides, a dtype the device cannot compute, an
-            offline Hub id, remote code.
+            offline Hub id, remote code. Its subclass ``DamagedFileError``: a damaged or unreadable
+            ``model_index.json``, ``config.json`` or safetensors file (named, with how to get a good copy).
 
     Example:
         >>> import tempfile
-        >>> from hf_precision import get_recipe
-        >>> from hf_precision.synthetic import make_sdxl, save_pipeline
+        >>> from hf_precision.testing.pipelines import make_sdxl, save_pipeline
         >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
-        >>> pipe = load_pipeline(folder, "cpu", recipe=get_recipe("sdxl", device="t4"))
+        >>> pipe = load_pipeline(folder, "cpu", layout="t4")
         >>> pipe.unet.dtype, pipe.vae.dtype
         (torch.float16, torch.float32)
     """
     import torch
     from diffusers import DiffusionPipeline
 
-    from .apply import apply_recipe, recipe_for_class, resolve_per_device, resolve_placement
-    from .devices import device_profile
+    from ..recipe.devices import device_profile
+    from .apply import apply_recipe, torch_device
+
+    start = time.perf_counter()
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
             raise RecipeError(f"load_pipeline: {flag} is refused: hf_precision never runs code downloaded with a model")
     where, index, folder = locate(name_or_path)
+    check_folder_fits(where, index, pipeline_class)
+    present = [c for c, spec in index.items() if not c.startswith("_") and isinstance(spec, (list, tuple)) and spec[0]]
     if recipe is None:
-        recipe = recipe_for_class(str(index.get("_class_name")))
-    if isinstance(recipe, Recipe):
-        recipe_components = [p.name for p in recipe.plans]
-    else:
-        recipe_components = list(_pipeline_file(str(recipe))[1]["components"])
-    layers = [x for x in [_user_dtype_layer(kwargs, recipe_components)] if x]
+        pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
+        try:
+            recipe = recipe_for_class(pipeline)
+        except RecipeError:  # no shipped recipe lists the class: compose one from its components
+            from ..recipe.compose import compose_spec
+            from .source import models_of_index
+
+            recipe = compose_spec(pipeline, models_of_index(index))  # type: ignore[assignment]
+    layers = [x for x in [_user_dtype_layer(kwargs, recipe_components(recipe))] if x]
     if overrides is not None:
         layers += list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]
     if device is None:
         device = device_profile(None).torch_device()
-    present = [c for c in recipe_components if c in index]
-    placement = resolve_placement(device, present)
-    configs = component_configs(where, index, folder)
-    if isinstance(recipe, Recipe):
-        if layers:
-            raise RecipeError("load_pipeline: overrides need a recipe name, not a resolved Recipe: pass recipe='sdxl', "
-                              "overrides=... (or resolve with get_recipe(name, device, overrides))")
-        resolved = recipe
-    else:
-        resolved = resolve_per_device(str(recipe), {c: d for c, d in placement.items() if d}, layers, configs)
+    for spec in (device.values() if isinstance(device, Mapping) else [device]):
+        if spec is not None:
+            torch_device(spec, "device")
+    resolved = resolve(recipe, pipeline_class=str(index.get("_class_name")), devices=device, layout=layout,
+                       overrides=layers or None, configs=component_configs(where, index, folder), components=present)
+    placement = {p.name: p.device for p in resolved.plans}
 
+    timings = {"resolve": time.perf_counter() - start}
     plans = {p.name: p for p in resolved.plans}
     half = {"float16", "bfloat16"}
-    latents = resolved.latents_from and plans.get(resolved.latents_from)
-    default = dt.to_torch(latents.compute) if latents else torch.float32
-    # Always give 'default': a component missing from the dict would otherwise load as fp32 (facts 1.2).
-    dtype_map: dict[str, Any] = {"default": default}
-    for name, plan in plans.items():
-        dtype_map[name] = dt.to_torch(plan.compute if plan.storage not in half | {"float32"} else plan.storage)
-    denoiser = next((plans[n] for n in ("unet", "transformer") if n in plans), None)
+    dtype_map = from_pretrained_dtypes(resolved)
+    denoiser = plans.get(resolved.denoiser) if resolved.denoiser else None
     if "variant" not in kwargs and denoiser is not None and denoiser.storage in half and _has_fp16_variant(folder):
         kwargs["variant"] = "fp16"
     kwargs.setdefault("use_safetensors", True)
+    mark = time.perf_counter()
     streamed = _stream_components(folder, index, plans, dtype_map, placement, kwargs)
+    timings["stream"] = time.perf_counter() - mark
     cls = pipeline_class or DiffusionPipeline
+    mark = time.perf_counter()
     try:
         pipe = cls.from_pretrained(where, dtype=dtype_map, **streamed, **kwargs)
-    except OSError as err:
+    except Exception as err:  # a damaged file surfaces as OSError, SafetensorError, ValueError ...: name it
+        damage = _damage_or_none(where, folder, index)
+        if damage is not None:
+            raise damage from None
+        if not isinstance(err, OSError):
+            raise
         if folder is None:
-            raise _offline_error(where, err) from None
+            raise offline_error(where, err) from None
         raise RecipeError(f"{where}: cannot load it ({err}). If the folder only has .bin files, opt in to pickle "
                           f"files with use_safetensors=False; if it only has fp16 files, pass variant='fp16'") from None
     # Streamed components read their islands exactly as stored, unless they came from the half variant files;
     # everything else went through a half dtype and gets its islands re-read from the full-precision files.
+    timings["from_pretrained"] = time.perf_counter() - mark
     exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
+    mark = time.perf_counter()
     _reload_islands_fp32(pipe, resolved, folder, skip=exact)
-    apply_recipe(pipe, resolved, device=placement)
+    timings["reload_islands"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    record = apply_recipe(pipe, resolved)
+    timings["apply"] = time.perf_counter() - mark
+    record.timings.update(timings)
     return pipe
+
+
+def from_pretrained_dtypes(recipe: Recipe) -> dict[str, Any]:
+    """The ``dtype=`` dict ``from_pretrained`` gets for a resolved recipe: each component's stored dtype.
+
+    ``"default"`` is always given (a component missing from the dict would otherwise load as float32:
+    ``pipeline_utils.py`` takes ``dtype.get(name, dtype.get("default", torch.float32))``). Weights stored in fp8
+    load in their compute dtype; layerwise casting stores them afterwards.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> from_pretrained_dtypes(get_recipe("sdxl", device="t4"))["vae"]
+        torch.float32
+    """
+    import torch
+
+    plans = {p.name: p for p in recipe.plans}
+    latents = plans.get(recipe.latents_from) if recipe.latents_from else None
+    dtype_map: dict[str, Any] = {"default": dt.to_torch(latents.compute) if latents else torch.float32}
+    for name, plan in plans.items():
+        dtype_map[name] = dt.to_torch(plan.compute if plan.storage not in {"float16", "bfloat16", "float32"} else plan.storage)
+    return dtype_map
 
 
 def _stream_components(folder: Path | None, index: Mapping[str, Any], plans: Mapping[str, Any],
@@ -206,7 +230,7 @@ def _stream_components(folder: Path | None, index: Mapping[str, Any], plans: Map
     """Components read tensor by tensor into their planned dtypes (see stream.py); the rest go to from_pretrained."""
     import torch
 
-    from .select import matches
+    from ..recipe.patterns import matches
     from .stream import stream_component
 
     if folder is None or not kwargs.get("use_safetensors", True) or \
@@ -242,7 +266,8 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
     import torch
     from safetensors import safe_open
 
-    from .apply import component_islands
+    from .layout import component_islands
+    from .stream import read_header
 
     for plan in recipe.plans:
         module = getattr(pipe, plan.name, None)
@@ -253,6 +278,7 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
         files = _weight_files(folder / plan.name) if folder is not None else []
         found: dict[str, torch.Tensor] = {}
         for file in files:
+            read_header(file)  # a damaged file is named, not a SafetensorError from inside safe_open
             with safe_open(str(file), framework="pt") as f:
                 for key in wanted & set(f.keys()):
                     found[key] = f.get_tensor(key)

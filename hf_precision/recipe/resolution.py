@@ -21,12 +21,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import dtypes as dt
+from .. import dtypes as dt
 from .devices import DeviceCaps, DeviceProfile, device_caps
-from .errors import Problems, RecipeError
+from ..errors import Problems, RecipeError, excerpt, override_line
 from .files import parse_yaml, read_yaml, recipes_dir
 
-__all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set"]
+__all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "pipeline_spec", "placement",
+           "recipe_components", "recipe_for_class", "resolve", "component_entries"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -34,10 +35,19 @@ OUTPUTS = ("input", "compute")
 POLICY_KEYS: dict[str, str] = {
     "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "dtype",
     "output": "output", "keep_fp32": "str-list", "entry": "str-list", "nan_guard": "bool",
-    "upcast_attention": "bool", "why": "str", "select": "select",
+    "upcast_attention": "bool", "why": "str", "select": "select", "no_cast": "str-list", "layerwise_skip": "str-list",
 }
-OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry"}
-PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "components", "devices", "why"}
+OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
+                 "no_cast", "layerwise_skip"}
+# Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
+# projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
+# would change them. Recipes extend the list per architecture (Flux: guidance, img_ids, txt_ids).
+DEFAULT_NO_CAST = ("timestep", "timesteps", "t")
+# Modules kept in the compute dtype when weights are stored in another dtype (diffusers layerwise casting): the
+# same precision-sensitive families diffusers skips by default (hooks/layerwise_casting.py
+# DEFAULT_SKIP_MODULES_PATTERN), written as globs on module names under the one matching rule.
+DEFAULT_LAYERWISE_SKIP = ("*pos_embed*", "*patch_embed*", "*norm*")
+PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why"}
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 
@@ -70,6 +80,12 @@ class ComponentPlan:
     recipe: str
     why: str
     decisions: tuple[Decision, ...]
+    # Where the component sits (a torch device string such as "cuda:0"), or None for a plan placed nowhere yet
+    # (a meta-device plan); and the device whose rules chose its dtypes (differs under a layout).
+    device: str | None = None
+    resolved_for: str = ""
+    no_cast: tuple[str, ...] = DEFAULT_NO_CAST
+    layerwise_skip: tuple[str, ...] = DEFAULT_LAYERWISE_SKIP
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -96,6 +112,7 @@ class Recipe:
     device_tags: tuple[str, ...]
     plans: tuple[ComponentPlan, ...]
     sources: tuple[str, ...]
+    denoiser: str | None = None
 
     @property
     def components(self) -> dict[str, ComponentPlan]:
@@ -112,7 +129,7 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "schema": self.schema, "model": self.model, "pipelines": list(self.pipelines),
-                "latents_from": self.latents_from, "device": self.device.to_dict(), "device_tags": list(self.device_tags),
+                "latents_from": self.latents_from, "denoiser": self.denoiser, "device": self.device.to_dict(), "device_tags": list(self.device_tags),
                 "components": {p.name: p.to_dict() for p in self.plans}, "sources": list(self.sources)}
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -171,10 +188,30 @@ def _component_file(stem: str) -> tuple[str, dict[str, Any]]:
     return source, comps
 
 
+def component_entries(stem: str) -> dict[str, Any]:
+    """The validated entries of one component recipe file (``recipes/components/<stem>.yaml``).
+
+    Example:
+        >>> sorted(component_entries("clip"))
+        ['text', 'vision']
+    """
+    return _component_file(stem)[1]
+
+
 def _pipeline_file(name: str) -> tuple[str, dict[str, Any]]:
     if name.endswith((".yaml", ".yml")):
         return _read_pipeline(Path(name), name)  # a user's file is re-read every time: it may have changed
     return _shipped_pipeline(name)
+
+
+def pipeline_spec(name: str) -> dict[str, Any]:
+    """The validated data of a pipeline recipe: a shipped name (``"sdxl"``) or a path to a user's YAML file.
+
+    Example:
+        >>> "StableDiffusionXLPipeline" in pipeline_spec("sdxl")["pipelines"]
+        True
+    """
+    return _pipeline_file(name)[1]
 
 
 @functools.lru_cache(maxsize=None)
@@ -184,12 +221,16 @@ def _shipped_pipeline(name: str) -> tuple[str, dict[str, Any]]:
 
 
 def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
-    data = read_yaml(path)
+    return _check_pipeline(read_yaml(path), source)
+
+
+def _check_pipeline(data: Any, source: str) -> tuple[str, dict[str, Any]]:
     problems = Problems(source)
     comps = _check_file(data, "pipeline", PIPELINE_KEYS, set(POLICY_KEYS) - {"select"}, source, problems)
     _check_devices(data.get("devices"), set(comps), problems)
-    if data.get("latents_from") is not None and data["latents_from"] not in comps:
-        problems.add("latents_from", f"{data['latents_from']!r} is not one of its components {sorted(comps)}")
+    for key in ("latents_from", "denoiser"):
+        if data.get(key) is not None and data[key] not in comps:
+            problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
     problems.raise_if_any()
     return source, data
 
@@ -208,6 +249,8 @@ def list_recipes(kind: str = "all") -> list[str]:
 
 
 def _close(word: str, options: Iterable[str]) -> str:
+    if len(str(word)) > 100:  # no name is that long, and difflib's cost grows with it
+        return ""
     near = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
     return f"; did you mean {near[0]!r}?" if near else ""
 
@@ -221,7 +264,7 @@ def _check_file(data: Any, kind: str, top_keys: set[str], policy_keys: set[str],
     _unknown(data, top_keys, "", problems)
     if data.get("kind") != kind:
         where = "recipes/components/" if kind == "components" else "recipes/"
-        problems.add("kind", f"{data.get('kind')!r} is not {kind!r}; {kind} recipes live in {where}")
+        problems.add("kind", f"{excerpt(data.get('kind'))} is not {kind!r}; {kind} recipes live in {where}")
     comps = data.get("components")
     if not isinstance(comps, dict) or not comps:
         problems.add("components", "missing or empty; give at least one named component policy")
@@ -236,7 +279,7 @@ def _check_schema(data: Mapping[str, Any], problems: Problems) -> None:
     if schema is None:
         problems.add("schema", "missing; add 'schema: 1' at the top")
     elif schema not in SCHEMAS:
-        problems.add("schema", f"{schema!r} is not supported (this hf_precision reads schema {', '.join(map(str, SCHEMAS))}); "
+        problems.add("schema", f"{excerpt(schema)} is not supported (this hf_precision reads schema {', '.join(map(str, SCHEMAS))}); "
                      "upgrade hf_precision or rewrite the file for schema 1")
 
 
@@ -244,13 +287,13 @@ def _unknown(data: Mapping[str, Any], allowed: set[str], path: str, problems: Pr
     for key in data:
         if key not in allowed:
             problems.add(f"{path}{'.' if path else ''}{key}",
-                         f"unknown key {key!r}; allowed: {', '.join(sorted(allowed))}{_close(key, allowed)}")
+                         f"unknown key {excerpt(key)}; allowed: {', '.join(sorted(allowed))}{_close(key, allowed)}")
 
 
 def _check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
     """Validate one policy value and return it normalised (canonical dtype names)."""
     def bad(allowed: str) -> None:
-        problems.add(path, f"bad value {value!r} ({type(value).__name__}); allowed: {allowed}")
+        problems.add(path, f"bad value {excerpt(value)} ({type(value).__name__}); allowed: {allowed}")
 
     if kind == "dtype":
         canon = dt.canonical(value) if isinstance(value, str) else None
@@ -258,7 +301,7 @@ def _check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
             suggestion = _close(str(value), [a for n, al in dt.DTYPES.items() for a in (n, *al)])
             if str(value).lower() == "half":
                 suggestion = " ('half' is ambiguous: write float16 or bfloat16)"
-            problems.add(path, f"unknown dtype {value!r}; allowed: {dt.allowed_names()}{suggestion}")
+            problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
         return canon
     if kind == "dtype-list":
         if not isinstance(value, list) or not value:
@@ -295,37 +338,37 @@ def _check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
 
 def _check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) -> dict[str, Any]:
     if not isinstance(policy, dict):
-        problems.add(path, f"expected a mapping of policy keys, got {policy!r}; e.g. {{dtype: float16}}")
+        problems.add(path, f"expected a mapping of policy keys, got {excerpt(policy)}; e.g. {{dtype: float16}}")
         return {}
     _unknown(policy, allowed, path, problems)
     return {k: _check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
 
 
 def _known_tags() -> list[str]:
-    from .devices import _devices_file
+    from .devices import rule_ids
 
-    return [r["id"] for r in _devices_file()["rules"]]
+    return rule_ids()
 
 
 def _check_devices(devices: Any, components: set[str] | None, problems: Problems) -> dict[str, dict[str, dict[str, Any]]]:
     if devices is None:
         return {}
     if not isinstance(devices, dict):
-        problems.add("devices", f"expected a mapping of device tag -> components, got {devices!r}")
+        problems.add("devices", f"expected a mapping of device tag -> components, got {excerpt(devices)}")
         return {}
     tags = _known_tags()
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for tag, comps in devices.items():
         if tag not in tags:
-            problems.add(f"devices.{tag}", f"unknown device tag {tag!r}; allowed: {', '.join(tags)}{_close(tag, tags)}")
+            problems.add(f"devices.{tag}", f"unknown device tag {excerpt(tag)}; allowed: {', '.join(tags)}{_close(tag, tags)}")
             continue
         if not isinstance(comps, dict):
-            problems.add(f"devices.{tag}", f"expected component -> policy, got {comps!r}")
+            problems.add(f"devices.{tag}", f"expected component -> policy, got {excerpt(comps)}")
             continue
         out[tag] = {}
         for comp, policy in comps.items():
             if components is not None and comp not in components:
-                problems.add(f"devices.{tag}.{comp}", f"unknown component {comp!r}; this recipe has {', '.join(sorted(components))}"
+                problems.add(f"devices.{tag}.{comp}", f"unknown component {excerpt(comp)}; this recipe has {', '.join(sorted(components))}"
                              f"{_close(comp, components)}")
                 continue
             out[tag][comp] = _check_policy(policy, f"devices.{tag}.{comp}", problems, allowed=OVERRIDE_KEYS)
@@ -348,13 +391,13 @@ def parse_set(flags: Iterable[str]) -> dict[str, Any]:
         key, eq, raw = str(flag).partition("=")
         parts = key.strip().split(".")
         if not eq or len(parts) not in (2, 4) or (len(parts) == 4 and parts[0] != "devices") or not all(parts):
-            problems.add(repr(flag), "expected component.key=value (e.g. --set vae.dtype=float32) "
+            problems.add(excerpt(flag), "expected component.key=value (e.g. --set vae.dtype=float32) "
                          "or devices.TAG.component.key=value")
             continue
         try:
-            value = parse_yaml(raw, f"--set {flag}")
+            value = parse_yaml(raw, f"--set {excerpt(flag)}")
         except RecipeError as err:
-            problems.add(repr(flag), str(err))
+            problems.add(excerpt(flag), str(err))
             continue
         if len(parts) == 2:
             out["components"].setdefault(parts[0], {})[parts[1]] = value
@@ -376,7 +419,7 @@ def _override_layer(item: str | Path | Mapping[str, Any], components: set[str], 
         data = {k: v for k, v in item.items() if k != "__source__"}
         file = False
     else:
-        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(item).__name__} {item!r}")
+        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(item).__name__} {excerpt(item)}")
     problems = Problems(source)
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: expected a mapping like 'components: {{vae: {{dtype: float32}}}}', got {type(data).__name__}")
@@ -388,11 +431,11 @@ def _override_layer(item: str | Path | Mapping[str, Any], components: set[str], 
     comps: dict[str, dict[str, Any]] = {}
     raw = data.get("components") or {}
     if not isinstance(raw, dict):
-        problems.add("components", f"expected component -> policy, got {raw!r}")
+        problems.add("components", f"expected component -> policy, got {excerpt(raw)}")
         raw = {}
     for comp, policy in raw.items():
         if comp not in components:
-            problems.add(f"components.{comp}", f"unknown component {comp!r}; this recipe has {', '.join(sorted(components))}"
+            problems.add(f"components.{comp}", f"unknown component {excerpt(comp)}; this recipe has {', '.join(sorted(components))}"
                          f"{_close(comp, components)}")
             continue
         comps[comp] = _check_policy(policy, f"components.{comp}", problems, allowed=OVERRIDE_KEYS)
@@ -418,10 +461,10 @@ def _component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, A
         file_source, comps = _component_file(stem)
     except KeyError:
         files = sorted(p.stem for p in (recipes_dir() / "components").glob("*.yaml"))
-        raise RecipeError(f"{source}: {path}.use: no component recipe file {stem!r}; allowed: {', '.join(files)}"
+        raise RecipeError(f"{source}: {path}.use: no component recipe file {excerpt(stem)}; allowed: {', '.join(files)}"
                           f"{_close(stem, files)}") from None
     if entry not in comps:
-        raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {entry!r}; allowed: "
+        raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {excerpt(entry)}; allowed: "
                           f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(entry, comps)}")
     return f"{file_source}:{entry}", comps[entry]
 
@@ -473,14 +516,14 @@ def _apply_layer(policies: dict[str, dict[str, tuple[Any, str]]], layer_componen
                 target[key] = (_normalise(key, value), source)
 
 
-def get_recipe(name: str = "sdxl", device: str | DeviceProfile | None = None, overrides: Any = None,
+def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfile | None = None, overrides: Any = None,
                configs: Mapping[str, Mapping[str, Any]] | None = None) -> Recipe:
     """Resolve a shipped recipe for a device, with optional overrides. Pure data: no torch, no weights.
 
     Args:
-        name (`str`): a pipeline recipe (``"sdxl"``, ``"svd"`` ...; see :func:`list_recipes`), a component
-            recipe (``"vae.sdxl"``), which resolves to a one-component recipe, or the path of your own
-            pipeline recipe file (``"my_arch.yaml"``, same schema as the shipped ones).
+        name (`str` or `dict`): a pipeline recipe (``"sdxl"``, ``"svd"`` ...; see :func:`list_recipes`), a component
+            recipe (``"vae.sdxl"``), which resolves to a one-component recipe, the path of your own pipeline recipe
+            file (``"my_arch.yaml"``, same schema as the shipped ones), or a composed recipe's data.
         device (`str` or `DeviceProfile`, *optional*): a present device (``"cuda:1"``), a preset (``"t4"``,
             ``"m1-macos13"``) or a description (``"cuda:sm=8.0"``). Defaults to the best present device.
         overrides: a YAML path, a dict, or a list of them, merged in order over the recipe.
@@ -502,8 +545,13 @@ def get_recipe(name: str = "sdxl", device: str | DeviceProfile | None = None, ov
     caps = device_caps(device)
     configs = configs or {}
     pipelines = list_recipes("pipeline")
+    if isinstance(name, Mapping):  # a composed recipe (recipe.compose): data, validated like a file
+        source, data = _check_pipeline(dict(name), f"composed for {', '.join(name.get('pipelines') or ['?'])}")
+        name = f"composed:{(data.get('pipelines') or ['?'])[0]}"
     name = str(name)
-    if name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
+    if name.startswith("composed:"):
+        pass  # read above
+    elif name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
         source, data = _pipeline_file(name)
     elif "." in name:
         stem = name.split(".", 1)[0]
@@ -512,7 +560,7 @@ def get_recipe(name: str = "sdxl", device: str | DeviceProfile | None = None, ov
         _component_entry(name, source, f"components.{stem}")
     else:
         options = pipelines + list_recipes("component")
-        raise RecipeError(f"recipe {name!r}: unknown; allowed: {', '.join(options)}{_close(name, options)}")
+        raise RecipeError(f"recipe {excerpt(name)}: unknown; allowed: {', '.join(options)}{_close(name, options)}")
 
     components = list(data["components"])
     policies: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in components}
@@ -547,9 +595,11 @@ def get_recipe(name: str = "sdxl", device: str | DeviceProfile | None = None, ov
             rule = "its compute dtype" if p.output == "compute" else f"output: {p.output}"
         decisions = (*p.decisions, Decision("hands over", handed, rule, p.recipe))
         final.append(dataclasses.replace(p, handed_over=handed, decisions=decisions))
+    label = caps.profile.label()
     return Recipe(name=name, schema=int(data.get("schema", 1)), model=data.get("model"),
                   pipelines=tuple(data.get("pipelines") or ()), latents_from=latents_from, device=caps.profile,
-                  device_tags=caps.tags, plans=tuple(final), sources=tuple(sources))
+                  device_tags=caps.tags, plans=tuple(dataclasses.replace(p, resolved_for=label) for p in final),
+                  sources=tuple(sources), denoiser=data.get("denoiser"))
 
 
 def _why_device(caps: DeviceCaps, dtype: str) -> str:
@@ -574,7 +624,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
             problems.append(
                 f"{src('dtype')}: components.{name}.dtype: {forced} cannot be computed on {device}; "
                 f"allowed there: {', '.join(caps.compute)} ({_why_device(caps, forced)}); "
-                f"fix: --set {name}.dtype={fix} (YAML: components: {{{name}: {{dtype: {fix}}}}})")
+                f"fix: {override_line(name, 'dtype', fix)}")
         compute = forced
         note = "" if forced in tolerated else f" (outside the tolerated {tolerated}; NaN guard advised)"
         decisions.append(Decision("compute", compute, "forced by dtype" + note, src("dtype")))
@@ -590,7 +640,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
     if get("storage"):
         if storage not in caps.storage:
             problems.append(f"{src('storage')}: components.{name}.storage: {storage} cannot be stored on {device}; "
-                            f"allowed there: {', '.join(caps.storage)}; fix: --set {name}.storage={compute}")
+                            f"allowed there: {', '.join(caps.storage)}; fix: {override_line(name, 'storage', compute)}")
         decisions.append(Decision("storage", storage, "set by storage (cast to the compute dtype on use)", src("storage")))
     else:
         decisions.append(Decision("storage", storage, "same as compute", src("dtypes") if not forced else src("dtype")))
@@ -613,4 +663,177 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
     return ComponentPlan(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
                          keep_fp32=islands, entry=tuple(get("entry") or ("",)), nan_guard=nan_guard,
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
-                         recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions))
+                         recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions),
+                         no_cast=tuple(get("no_cast") or DEFAULT_NO_CAST),
+                         layerwise_skip=tuple(get("layerwise_skip") or DEFAULT_LAYERWISE_SKIP))
+
+
+# ------------------------------------------------------------------------------------- the one door
+
+
+def recipe_for_class(class_name: str) -> str:
+    """The shipped pipeline recipe whose ``pipelines`` list names this diffusers pipeline class.
+
+    Example:
+        >>> recipe_for_class("StableDiffusionXLImg2ImgPipeline")
+        'sdxl'
+    """
+    known = {n: tuple(pipeline_spec(n).get("pipelines") or ()) for n in list_recipes("pipeline")}
+    for name, classes in known.items():
+        if class_name in classes:
+            return name
+    raise RecipeError(f"no recipe for pipeline class {class_name!r}; recipes and the classes they cover: "
+                      + "; ".join(f"{n}: {', '.join(c)}" for n, c in known.items())
+                      + ". Pass one explicitly, e.g. recipe='sdxl' (or --recipe sdxl), or write your own recipe YAML")
+
+
+def recipe_components(recipe: str | Recipe) -> list[str]:
+    """The component names a recipe plans, without resolving it (a resolved Recipe, a pipeline or component recipe).
+
+    Example:
+        >>> recipe_components("svd"), recipe_components("vae.sdxl")
+        (['image_encoder', 'unet', 'vae'], ['vae'])
+    """
+    if isinstance(recipe, Recipe):
+        return [p.name for p in recipe.plans]
+    if isinstance(recipe, Mapping):
+        return list(recipe["components"])
+    name = str(recipe)
+    if name in list_recipes("pipeline") or name.endswith((".yaml", ".yml")):
+        return list(pipeline_spec(name)["components"])
+    return [name.split(".", 1)[0]]
+
+
+def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> dict[str, str | None]:
+    """Component -> the torch device string it is placed on (``None``: not placed), checked without torch.
+
+    ``devices`` is one device for all (``"cuda:1"``) or a mapping component -> device with an optional
+    ``"default"``; its keys may also name ``also`` (other components of the pipeline, which no recipe plans and
+    which stay where they are). Presets and descriptions (``"t4"``, ``"cuda:sm=7.5"``) are devices you plan for, not ones
+    tensors can sit on: they belong in ``layout=``.
+
+    Example:
+        >>> placement({"text_encoder": "cpu", "default": "CUDA:1"}, ["text_encoder", "unet"])
+        {'text_encoder': 'cpu', 'unet': 'cuda:1'}
+    """
+    from .devices import TYPES
+
+    names = list(names)
+
+    def one(spec: Any, what: str) -> str | None:
+        if spec is None:
+            return None
+        text = str(spec).strip().lower()
+        kind, colon, index = text.partition(":")
+        if kind in TYPES and (not colon or index.isdigit()):
+            return text
+        raise RecipeError(f"{what}: {spec!r} is not a device tensors can be placed on ({', '.join(TYPES)}, or with an "
+                          f"index: cuda:1). To run the layout of a device you do not have, place the pipeline here and "
+                          f"resolve for that device: layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)")
+
+    if devices is None:
+        return {n: None for n in names}
+    if isinstance(devices, Mapping):
+        known = [*names, *(a for a in also if a not in names)]
+        unknown = sorted(str(k) for k in devices if k not in known and k != "default")
+        if unknown:
+            raise RecipeError(f"device mapping: unknown component(s) {unknown}; components: {', '.join(known)}, "
+                              f"or 'default' for the rest{_close(unknown[0], known)}")
+        return {n: one(devices.get(n, devices.get("default")), f"device[{n!r}]") for n in names}
+    place = one(devices, "device")
+    return {n: place for n in names}
+
+
+def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = None, devices: Any = None,
+            layout: Any = None, overrides: Any = None, configs: Mapping[str, Mapping[str, Any]] | None = None,
+            components: Iterable[str] = (), models: Mapping[str, tuple[str, str]] | None = None) -> Recipe:
+    """The one door from "which recipe, which devices, which overrides" to one frozen plan.
+
+    ``load_pipeline``, ``apply_recipe``, ``plan``, ``check``, the demo and the video program each call this once.
+
+    Args:
+        recipe (`str` or `Recipe`, *optional*): a recipe name or a user's recipe file; ``None`` picks it from
+            ``pipeline_class``. A resolved :class:`Recipe` is taken as is (only placed): it cannot take overrides.
+        pipeline_class (`str`, *optional*): the diffusers pipeline class (``model_index.json``'s ``_class_name``).
+        devices (*optional*): where the components sit: ``"cuda"``, ``"cpu"``, or ``{component: device,
+            "default": device}``. ``None``: placed nowhere (a plan on the meta device).
+        layout (*optional*): the device(s) whose rules choose the dtypes, when they are not where the components
+            sit: a preset (``"t4"``), a description (``"cuda:sm=7.5"``), a :class:`DeviceProfile`, or a mapping
+            like ``devices``. Default: each component's own device (the best present device when unplaced). This
+            is "resolve for that device, place on this one": how a T4 layout runs on a CPU.
+        overrides (*optional*): a YAML path, a dict, or a list of them, merged over the recipe.
+        configs (*optional*): component -> its ``config.json`` dict, for recipes that choose by config.
+        components (*optional*): every component the pipeline has; a ``devices`` mapping may name these too.
+        models (*optional*): component -> (model class, role) of the pipeline's ``nn.Module`` components; when no
+            shipped recipe lists ``pipeline_class``, the recipe is composed from them (:mod:`hf_precision.recipe.compose`).
+
+    Returns:
+        `Recipe`: frozen; each component's plan records its device (``plan.device``) and the device its dtypes were
+        chosen for (``plan.resolved_for``).
+
+    Raises:
+        RecipeError: no recipe for the class, a device that cannot hold tensors passed as ``devices``, a resolved
+            Recipe with overrides or a layout, or anything :func:`get_recipe` refuses.
+
+    Example:
+        >>> r = resolve(pipeline_class="StableDiffusionXLPipeline", devices="cpu", layout="t4")
+        >>> r["unet"].compute, r["unet"].device, r["unet"].resolved_for
+        ('float16', 'cpu', 'cuda (Tesla T4, sm 7.5)')
+    """
+    from .devices import device_profile
+
+    if isinstance(recipe, Recipe):
+        if overrides:
+            raise RecipeError("overrides need a recipe name, not a resolved Recipe: pass recipe='sdxl', overrides=... "
+                              "(or resolve with hf_precision.get_recipe(name, device, overrides))")
+        if layout is not None:
+            raise RecipeError("a resolved Recipe already has its layout; pass the recipe name with layout=..., "
+                              "or resolve it for that device with hf_precision.get_recipe(name, device=...)")
+        if devices is None:
+            return recipe  # nothing to place: the very object (callers may hold on to it)
+        place = placement(devices, [p.name for p in recipe.plans], components)
+        plans = tuple(dataclasses.replace(p, device=place.get(p.name) or p.device) for p in recipe.plans)
+        return dataclasses.replace(recipe, plans=plans)
+    if recipe is None:
+        if not pipeline_class:
+            raise RecipeError("resolve: name a recipe (recipe='sdxl') or give the pipeline class it is for")
+        try:
+            recipe = recipe_for_class(str(pipeline_class))
+        except RecipeError:
+            if models is None:
+                raise
+            from .compose import compose_spec
+
+            recipe = compose_spec(str(pipeline_class), models)  # type: ignore[assignment]
+    name: Any = recipe if isinstance(recipe, Mapping) else str(recipe)
+    best = layout if layout is not None and not isinstance(layout, Mapping) else None
+    first = get_recipe(name, device=best, overrides=overrides, configs=configs)
+    names = [p.name for p in first.plans]
+    place = placement(devices, names, components)
+
+    def rules_for(component: str) -> Any:
+        if isinstance(layout, Mapping):
+            chosen = layout.get(component, layout.get("default"))
+            if chosen is not None:
+                return chosen
+        elif layout is not None:
+            return layout
+        return place[component]  # None: the best present device
+
+    wanted = {n: rules_for(n) for n in names}
+    if isinstance(layout, Mapping):
+        unknown = sorted(str(k) for k in layout if k not in names and k != "default")
+        if unknown:
+            raise RecipeError(f"layout mapping: unknown component(s) {unknown}; components: {', '.join(names)}, "
+                              f"or 'default' for the rest{_close(unknown[0], names)}")
+    by_spec: dict[str, Recipe] = {}
+    for spec in wanted.values():
+        key = repr(spec)
+        if key not in by_spec:
+            profile = device_profile(spec)
+            by_spec[key] = first if profile == first.device else get_recipe(name, device=profile, overrides=overrides,
+                                                                            configs=configs)
+    main_name = first.denoiser if first.denoiser in wanted else names[0]
+    main = by_spec[repr(wanted[main_name])]
+    plans = tuple(dataclasses.replace(by_spec[repr(wanted[p.name])][p.name], device=place[p.name]) for p in main.plans)
+    return dataclasses.replace(main, plans=plans)

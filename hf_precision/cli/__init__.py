@@ -1,0 +1,70 @@
+"""The ``hf-precision`` command line. User errors exit with code 2 and one message, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..errors import RecipeError
+from .common import COMMANDS
+
+__all__ = ["main", "build_parser"]
+
+EXAMPLES = """examples:
+  hf-precision recipes
+  hf-precision devices
+  hf-precision show sdxl --device t4
+  hf-precision show svd --device a100 --set vae.dtype=float32 --json
+  hf-precision plan sdxl --device t4
+  hf-precision check ./my-sdxl-folder --device cpu
+  hf-precision demo --out demo_output
+"""
+
+
+# The subcommand modules, in the order `hf-precision --help` lists them; each registers its commands with
+# @command on import (parsers only: the heavy work is imported by the handler when the command runs).
+COMMAND_MODULES = ("recipes", "diagnose", "run", "video")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``hf-precision`` parser with every subcommand."""
+    import importlib
+
+    for name in COMMAND_MODULES:
+        importlib.import_module(f"{__name__}.{name}")
+    parser = argparse.ArgumentParser(prog="hf-precision", description="Dtype and device recipes for diffusers pipelines.",
+                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (help, add_args, _) in COMMANDS.items():
+        p = sub.add_parser(name, help=help, description=help)
+        add_args(p)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``hf-precision``.
+
+    Example:
+        >>> main(["show", "sdxl", "--device", "t4", "--brief"])  # doctest: +ELLIPSIS
+        recipe sdxl for cuda (Tesla T4, sm 7.5)...
+        0
+    """
+    import importlib
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    module, _, func = COMMANDS[args.command][2].partition(":")
+    handler = getattr(importlib.import_module(module), func)
+    try:
+        return int(handler(args) or 0)
+    except RecipeError as err:
+        print(f"hf-precision {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+

@@ -1,0 +1,81 @@
+"""``hf-precision recipes | devices | show``: the shipped recipes, the device presets, a resolved recipe."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import add_recipe_args, command, overrides_from
+
+__all__: list[str] = []
+
+
+def _cmd_recipes(args: argparse.Namespace) -> int:
+    from ..recipe.resolution import list_recipes
+
+    data = {"pipeline": list_recipes("pipeline"), "component": list_recipes("component")}
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        print("pipeline recipes:  " + ", ".join(data["pipeline"]))
+        print("component recipes: " + ", ".join(data["component"]))
+        print("\nshow one with: hf-precision show NAME --device DEVICE")
+    return 0
+
+
+def _cmd_devices(args: argparse.Namespace) -> int:
+    from ..recipe.devices import device_caps, list_presets
+
+    rows = []
+    for name in ["this machine", *list_presets()]:
+        caps = device_caps(None if name == "this machine" else name)
+        rows.append({"device": name, "label": caps.profile.label(), "compute": list(caps.compute),
+                     "auto": list(caps.auto), "storage": list(caps.storage), "tags": list(caps.tags),
+                     "upcast_attention": caps.upcast_attention})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for r in rows:
+        print(f"{r['device']:<13} {r['label']}")
+        print(f"{'':<13} compute {','.join(r['compute'])}  picks unasked {','.join(r['auto'])}  tags {','.join(r['tags'])}"
+              + ("  attention upcast" if r["upcast_attention"] else ""))
+    return 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    from ..errors import RecipeError
+    from ..recipe.resolution import get_recipe, resolve
+
+    if (args.name is None) == (args.pipeline_class is None):
+        raise RecipeError("show takes a recipe name (hf-precision show sdxl) or --class PIPELINE_CLASS, one of the two")
+    if args.pipeline_class:
+        from ..runtime.source import models_of_class
+
+        recipe = resolve(pipeline_class=args.pipeline_class, models=models_of_class(args.pipeline_class),
+                         layout=args.device, overrides=overrides_from(args) or None)
+    else:
+        recipe = get_recipe(args.name, device=args.device, overrides=overrides_from(args))
+    print(recipe.to_json() if args.json else recipe.table(why=not args.brief))
+    return 0
+
+
+@command("recipes", "list the shipped recipes", "hf_precision.cli.recipes:_cmd_recipes")
+def _args_recipes(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+@command("devices", "list this machine and the device presets you can plan for", "hf_precision.cli.recipes:_cmd_devices")
+def _args_devices(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+@command("show", "resolve a recipe for a device and print it", "hf_precision.cli.recipes:_cmd_show")
+def _args_show(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", nargs="?", default=None,
+                   help="recipe name (sdxl, svd, vae.sdxl ...) or path to your own recipe YAML")
+    p.add_argument("--class", dest="pipeline_class", default=None, metavar="PIPELINE_CLASS",
+                   help="a diffusers pipeline class (FluxControlNetPipeline): its shipped recipe, or one composed from "
+                        "the component recipes of the classes in its signature")
+    add_recipe_args(p)
+    p.add_argument("--json", action="store_true", help="print the resolved recipe as JSON")
+    p.add_argument("--brief", action="store_true", help="table only, without the decisions")

@@ -1,0 +1,505 @@
+"""Device profiles: describe a device (present or not) and derive what it can compute from ``devices.yaml``.
+
+Detection of the present device lives in :class:`SystemProbe`; tests replace it with ``set_probe``. Nothing
+here imports torch except the probe's own methods.
+
+Running as another CPU. Two environment variables replace what the probe reads about the present CPU, so that
+the ``cpu`` rules of ``devices.yaml`` (and everything built on them: recipes for ``device="cpu"``, plans, the
+``devices`` command, the test suite) behave as on that CPU. Torch itself is not affected: kernels still run on
+the real CPU, which computes every dtype the ``cpu`` rules allow, only at another speed.
+
+* ``HF_PRECISION_CPU_FLAGS``: the CPU's feature flags as ``/proc/cpuinfo`` spells them, separated by commas,
+  spaces or ``+`` (``avx2,avx512f,avx512_bf16,amx_tile,amx_bf16``). ``amx``, ``avx512`` and ``avx2`` stand for
+  the flag sets of the ``cpu:amx``, ``cpu:avx512`` and ``cpu:avx2`` device descriptions; ``none`` means a CPU
+  without flags (what macOS and Windows report; to the x86 rules an arm64 CPU is the same). Unset or empty:
+  the real flags.
+* ``HF_PRECISION_CPU_NAME``: the CPU's name. Unset: the real name, marked as simulated when the flags are.
+
+``HF_PRECISION_CPU_FLAGS=amx pytest`` runs the suite as a Sapphire Rapids Xeon would; ``=avx2`` as a CPU
+without AVX512 or AMX. A value that is not a list of flag names raises :class:`RecipeError` naming the variable.
+The values are read when a profile is first built (profiles are cached; ``set_probe(None)`` re-reads them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import platform
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..dtypes import canonical
+from ..errors import RecipeError, excerpt
+from .files import read_yaml, recipes_dir
+
+__all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
+           "list_presets", "rule_ids", "check_devices_file", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
+
+TYPES = ("cpu", "cuda", "mps", "xpu")
+
+CPU_FLAGS_ENV = "HF_PRECISION_CPU_FLAGS"
+CPU_NAME_ENV = "HF_PRECISION_CPU_NAME"
+
+# Shorthands shared by the ``cpu:amx`` device descriptions and HF_PRECISION_CPU_FLAGS. ``amx`` is Sapphire
+# Rapids' bf16 set; ``avx512`` an AVX512 CPU with avx512_bf16 but no AMX (AMD Zen 4, Cooper Lake).
+CPU_FLAG_SETS: dict[str, tuple[str, ...]] = {
+    "amx": ("avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"),
+    "avx512": ("avx2", "avx512f", "avx512_bf16"),
+    "avx2": ("avx2",),
+}
+_FLAG = re.compile(r"[a-z0-9][a-z0-9_]*")
+
+
+def _version(text: object) -> tuple[int, ...]:
+    parts = re.findall(r"\d+", str(text))[:3]
+    # No version part has 7 digits; a longer run is not a version (and int() refuses over 4,300 digits).
+    return () if any(len(p) > 6 for p in parts) else tuple(int(p) for p in parts)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceProfile:
+    """What matters about a device for precision decisions. It can describe a device that is not present.
+
+    Example:
+        >>> DeviceProfile(type="cuda", capability=(7, 5), name="Tesla T4").label()
+        'cuda (Tesla T4, sm 7.5)'
+    """
+
+    type: str
+    index: int | None = None
+    name: str = ""
+    capability: tuple[int, int] | None = None
+    macos: tuple[int, ...] | None = None
+    cpu_flags: frozenset[str] = frozenset()
+    present: bool = False
+
+    def label(self) -> str:
+        bits = [self.name] if self.name else []
+        if self.capability:
+            bits.append(f"sm {self.capability[0]}.{self.capability[1]}")
+        if self.macos:
+            bits.append("macOS " + ".".join(map(str, self.macos)))
+        if self.type == "cpu" and self.cpu_flags and not self.name:
+            bits.append("+".join(sorted(f for f in self.cpu_flags if f.startswith(("avx512_bf16", "amx")))) or "no bf16 ISA")
+        where = self.type if self.index is None else f"{self.type}:{self.index}"
+        return f"{where} ({', '.join(bits)})" if bits else where
+
+    def torch_device(self) -> str:
+        """The torch device string (``cuda:1``, ``cpu``) for a present device."""
+        return self.type if self.index is None else f"{self.type}:{self.index}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "index": self.index, "name": self.name,
+                "capability": ".".join(map(str, self.capability)) if self.capability else None,
+                "macos": ".".join(map(str, self.macos)) if self.macos else None,
+                "cpu_flags": sorted(self.cpu_flags), "present": self.present}
+
+
+@dataclasses.dataclass(frozen=True)
+class DeviceCaps:
+    """A profile with the rules of ``devices.yaml`` applied."""
+
+    profile: DeviceProfile
+    compute: tuple[str, ...]
+    auto: tuple[str, ...]
+    storage: tuple[str, ...]
+    upcast_attention: bool
+    tags: tuple[str, ...]
+    why: Mapping[str, str]
+
+
+def cpu_flags_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
+    """The CPU flags ``HF_PRECISION_CPU_FLAGS`` asks for, or None when it is unset or empty.
+
+    Example:
+        >>> sorted(cpu_flags_from_env({"HF_PRECISION_CPU_FLAGS": "avx512, +amx_bf16"}))
+        ['amx_bf16', 'avx2', 'avx512_bf16', 'avx512f']
+        >>> cpu_flags_from_env({"HF_PRECISION_CPU_FLAGS": "none"})
+        frozenset()
+    """
+    raw = (os.environ if environ is None else environ).get(CPU_FLAGS_ENV, "")
+    tokens = [t for t in re.split(r"[\s,+]+", raw.strip().lower()) if t]
+    if not tokens:
+        return None
+    if tokens == ["none"]:
+        return frozenset()
+    bad = [t for t in tokens if not _FLAG.fullmatch(t) or t == "none"]
+    if bad:
+        raise RecipeError(
+            f"{CPU_FLAGS_ENV}={raw!r}: {', '.join(map(repr, bad))} is not a CPU flag name; allowed: flag names as "
+            f"/proc/cpuinfo spells them (letters, digits, '_'), separated by commas, spaces or '+', the shorthands "
+            f"{', '.join(CPU_FLAG_SETS)}, or 'none' alone for a CPU without flags. Example: "
+            f"{CPU_FLAGS_ENV}=avx2,avx512f,avx512_bf16,amx_tile,amx_bf16 (or =amx); unset it to read this CPU")
+    return frozenset(f for t in tokens for f in CPU_FLAG_SETS.get(t, (t,)))
+
+
+def cpu_name_from_env(environ: Mapping[str, str] | None = None) -> str | None:
+    """The CPU name ``HF_PRECISION_CPU_NAME`` asks for, or None when it is unset or empty.
+
+    Example:
+        >>> cpu_name_from_env({"HF_PRECISION_CPU_NAME": " Xeon 8480+ "})
+        'Xeon 8480+'
+    """
+    raw = (os.environ if environ is None else environ).get(CPU_NAME_ENV, "")
+    if not raw.strip():
+        return None
+    if not raw.isprintable() or len(raw) > 200:
+        raise RecipeError(f"{CPU_NAME_ENV}={raw[:60]!r}: a CPU name is one printable line of at most 200 "
+                          f"characters, e.g. {CPU_NAME_ENV}='Intel Xeon Platinum 8480+'; unset it to read this CPU")
+    return raw.strip()
+
+
+class SystemProbe:
+    """Reads the present machine. Replace it in tests with :func:`set_probe`.
+
+    The CPU's flags and name come from ``HF_PRECISION_CPU_FLAGS`` / ``HF_PRECISION_CPU_NAME`` when they are set
+    (see the module docstring), else from ``/proc/cpuinfo``.
+    """
+
+    def cpu_flags(self) -> frozenset[str]:
+        override = cpu_flags_from_env()
+        if override is not None:
+            return override
+        # x86 lists its features as "flags", arm64 as "Features"; elsewhere (macOS, Windows) nothing is read.
+        return frozenset(_cpuinfo_field("flags", "Features").split())
+
+    def cpu_name(self) -> str:
+        override = cpu_name_from_env()
+        if override is not None:
+            return override
+        name = _cpuinfo_field("model name") or platform.processor() or "CPU"
+        if cpu_flags_from_env() is not None:
+            return f"{name}, flags from {CPU_FLAGS_ENV}"
+        return name
+
+    def macos(self) -> tuple[int, ...] | None:
+        release = platform.mac_ver()[0]
+        return _version(release) if release else None
+
+    def count(self, kind: str) -> int:
+        import torch
+
+        if kind == "cuda":
+            return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if kind == "mps":
+            return int(torch.backends.mps.is_available())
+        if kind == "xpu":
+            xpu = getattr(torch, "xpu", None)
+            return xpu.device_count() if xpu is not None and xpu.is_available() else 0
+        return 1
+
+    def cuda(self, index: int) -> tuple[str, tuple[int, int]]:
+        import torch
+
+        return torch.cuda.get_device_name(index), tuple(torch.cuda.get_device_capability(index))  # type: ignore[return-value]
+
+    def xpu_name(self, index: int) -> str:
+        import torch
+
+        return torch.xpu.get_device_name(index)
+
+
+def _cpuinfo_field(*keys: str) -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if sep and key.strip() in keys:
+                    return value.strip()
+    except OSError:
+        pass
+    return ""
+
+
+_probe: SystemProbe = SystemProbe()
+
+
+def set_probe(probe: SystemProbe | None) -> SystemProbe:
+    """Replace the machine reader (tests); ``None`` restores the real one. Returns the previous probe."""
+    global _probe
+    previous, _probe = _probe, probe or SystemProbe()
+    device_profile.cache_clear()
+    return previous
+
+
+# The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
+# `capabilty`) is an error, never a condition that silently holds for every device.
+DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets")
+RULE_KEYS = ("id", "when", "compute", "auto", "storage", "upcast_attention", "why")
+WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
+PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
+
+
+@functools.lru_cache(maxsize=1)
+def _devices_file() -> dict[str, Any]:
+    path = recipes_dir() / "devices.yaml"
+    data = read_yaml(path)
+    check_devices_file(data, str(path))
+    return data
+
+
+def check_devices_file(data: Any, source: str) -> None:
+    """Validate a device rules file; every problem is reported at once, each naming the key and the fix.
+
+    Example:
+        >>> check_devices_file({"schema": 1, "kind": "devices", "presets": {},
+        ...                     "rules": [{"id": "x", "when": {"type": "cuda", "capabilty": ">=8.0"}}]}, "my.yaml")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: my.yaml: rules[0] (x).when: unknown key 'capabilty'; allowed: type, capability, macos, cpu_flags, name_contains; did you mean 'capability'?
+    """
+    import difflib
+
+    from ..errors import Problems
+
+    problems = Problems(source)
+
+    def unknown(mapping: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
+        for key in mapping:
+            if key not in allowed:
+                near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
+                problems.add(where, f"unknown key {key!r}; allowed: {', '.join(allowed)}"
+                             + (f"; did you mean {near[0]!r}?" if near else ""))
+
+    def version(cond: Any, where: str) -> None:
+        if not re.fullmatch(r"\s*(>=|<=|>|<|==)?\s*\d+(\.\d+)*\s*", str(cond)):
+            problems.add(where, f"bad version condition {cond!r}; write e.g. '>=8.0' or '<7.0'")
+
+    def dtype_edits(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
+            return
+        for item in value:
+            name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
+            if canonical(name) is None:
+                problems.add(where, f"unknown dtype {item!r}; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2")
+
+    if not isinstance(data, dict) or data.get("kind") != "devices":
+        problems.add("", "not a device rules file (expected a mapping with 'kind: devices')")
+        problems.raise_if_any()
+    unknown(data, DEVICES_TOP_KEYS, "")
+    if data.get("schema") != 1:
+        problems.add("schema", f"schema {data.get('schema')!r} is not supported (this hf_precision reads schema 1)")
+    rules = data.get("rules")
+    if not isinstance(rules, list):
+        problems.add("rules", "expected a list of rules")
+        rules = []
+    seen: set[str] = set()
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            problems.add(f"rules[{i}]", f"expected a mapping with id and when, got {rule!r}")
+            continue
+        where = f"rules[{i}] ({rule.get('id', '?')})"
+        unknown(rule, RULE_KEYS, where)
+        if not isinstance(rule.get("id"), str) or not rule.get("id"):
+            problems.add(where, "every rule needs an id (it becomes a device tag)")
+        elif rule["id"] in seen:
+            problems.add(where, f"duplicate id {rule['id']!r}: each rule's id is a distinct device tag")
+        seen.add(str(rule.get("id")))
+        when = rule.get("when", {})
+        if not isinstance(when, dict):
+            problems.add(f"{where}.when", f"expected a mapping of conditions, got {when!r}")
+            when = {}
+        unknown(when, WHEN_KEYS, f"{where}.when")
+        if "type" in when and when["type"] not in TYPES:
+            problems.add(f"{where}.when.type", f"unknown device type {when['type']!r}; allowed: {', '.join(TYPES)}")
+        for key in ("capability", "macos"):
+            if key in when:
+                version(when[key], f"{where}.when.{key}")
+        for key in ("cpu_flags", "name_contains"):
+            if key in when and not (isinstance(when[key], list) and all(isinstance(x, str) for x in when[key])):
+                problems.add(f"{where}.when.{key}", f"expected a list of strings, got {when[key]!r}")
+        for key in ("compute", "auto", "storage"):
+            if key in rule:
+                dtype_edits(rule[key], f"{where}.{key}")
+        if "upcast_attention" in rule and not isinstance(rule["upcast_attention"], bool):
+            problems.add(f"{where}.upcast_attention", f"expected true or false, got {rule['upcast_attention']!r}")
+    presets = data.get("presets", {})
+    if not isinstance(presets, dict):
+        problems.add("presets", "expected a mapping of preset name -> device fields")
+        presets = {}
+    for name, fields in presets.items():
+        if not isinstance(fields, dict):
+            problems.add(f"presets.{name}", f"expected device fields such as {{type: cuda, capability: '7.5'}}, got {fields!r}")
+            continue
+        unknown(fields, PRESET_KEYS, f"presets.{name}")
+        if fields.get("type") not in TYPES:
+            problems.add(f"presets.{name}.type", f"unknown device type {fields.get('type')!r}; allowed: {', '.join(TYPES)}")
+        for key in ("capability", "macos"):
+            if key in fields and not re.fullmatch(r"\d+(\.\d+)*", str(fields[key])):
+                problems.add(f"presets.{name}.{key}", f"expected a version such as '7.5', got {fields[key]!r}")
+    problems.raise_if_any()
+
+
+def rule_ids() -> list[str]:
+    """The ids of the device rules in ``devices.yaml``: the tags a recipe's ``devices:`` section may name.
+
+    Example:
+        >>> "cuda" in rule_ids()
+        True
+    """
+    return [r["id"] for r in _devices_file()["rules"]]
+
+
+def list_presets() -> dict[str, DeviceProfile]:
+    """Named devices you can plan for without having them (``t4``, ``a100``, ``m1-macos13``, ``cpu-amx`` ...)."""
+    return {name: _profile_from_fields(spec, f"devices.yaml: presets.{name}")
+            for name, spec in _devices_file()["presets"].items()}
+
+
+def _profile_from_fields(fields: Mapping[str, Any], source: str) -> DeviceProfile:
+    kind = fields.get("type")
+    if kind not in TYPES:
+        raise RecipeError(f"{source}: unknown device type {excerpt(kind)}; allowed: {', '.join(TYPES)}")
+    cap = fields.get("capability")
+    macos = fields.get("macos")
+    return DeviceProfile(type=kind, index=fields.get("index"), name=str(fields.get("name", "")),
+                         capability=tuple(_version(cap)[:2]) if cap is not None else None,  # type: ignore[arg-type]
+                         macos=_version(macos) if macos is not None else None,
+                         cpu_flags=frozenset(fields.get("cpu_flags", ())))
+
+
+_SPEC_HELP = ("use a preset ({presets}), a present device (cpu, cuda, cuda:1, mps, xpu), or describe one: "
+              "cuda:sm75, cuda:sm=8.0,name=GeForce GTX 1660, mps:macos=13.6, cpu:amx, cpu:avx2")
+
+
+def _spec_error(spec: str, why: str) -> RecipeError:
+    return RecipeError(f"device {excerpt(spec)}: {why}; " + _SPEC_HELP.format(presets=", ".join(list_presets())))
+
+
+@functools.lru_cache(maxsize=64)
+def device_profile(spec: str | DeviceProfile | None = None) -> DeviceProfile:
+    """Profile for a device spec; ``None`` means the best present device (cuda > mps > xpu > cpu).
+
+    Example:
+        >>> device_profile("t4").capability
+        (7, 5)
+        >>> device_profile("cuda:sm=8.0").capability
+        (8, 0)
+    """
+    if isinstance(spec, DeviceProfile):
+        return spec
+    if spec is None:
+        for kind in ("cuda", "mps", "xpu"):
+            if _probe.count(kind):
+                return _present(kind, 0 if kind != "mps" else None, kind)
+        return _present("cpu", None, "cpu")
+    text = str(spec).strip()
+    presets = list_presets()
+    if text.lower() in presets:
+        return presets[text.lower()]
+    kind, _, rest = text.partition(":")
+    kind = kind.lower()
+    if kind not in TYPES:
+        raise _spec_error(text, f"unknown device type {excerpt(kind)}")
+    if rest == "" or rest.isdigit():
+        return _present(kind, int(rest) if rest else (0 if kind in ("cuda", "xpu") else None), text)
+    return _described(kind, rest, text)
+
+
+def _present(kind: str, index: int | None, spec: str) -> DeviceProfile:
+    if kind == "cpu":
+        return DeviceProfile(type="cpu", name=_probe.cpu_name(), cpu_flags=_probe.cpu_flags(), present=True)
+    count = _probe.count(kind)
+    if count == 0 or (index is not None and index >= count):
+        have = f"{count} {kind} device(s)" if count else f"no {kind} device"
+        raise _spec_error(spec, f"this machine has {have}; to plan for a device that is not here, describe it")
+    if kind == "cuda":
+        name, cap = _probe.cuda(index or 0)
+        return DeviceProfile(type="cuda", index=index, name=name, capability=cap, present=True)
+    if kind == "mps":
+        return DeviceProfile(type="mps", name="Apple GPU", macos=_probe.macos(), present=True)
+    return DeviceProfile(type="xpu", index=index, name=_probe.xpu_name(index or 0), present=True)
+
+
+def _described(kind: str, rest: str, spec: str) -> DeviceProfile:
+    fields: dict[str, Any] = {"type": kind}
+    for part in rest.split(","):
+        part = part.strip()
+        if m := re.fullmatch(r"sm_?(\d)(\d)", part):
+            fields["capability"] = f"{m[1]}.{m[2]}"
+        elif part in ("amx", "avx2", "avx512"):
+            fields["cpu_flags"] = list(CPU_FLAG_SETS[part])
+        elif "=" in part:
+            key, value = (s.strip() for s in part.split("=", 1))
+            key = {"sm": "capability", "cc": "capability"}.get(key, key)
+            if key not in ("capability", "macos", "name", "flags"):
+                raise _spec_error(spec, f"unknown field {excerpt(key)} (fields: sm/cc, macos, name, flags)")
+            if key in ("capability", "macos") and not _version(value):
+                raise _spec_error(spec, f"{key}={excerpt(value)} is not a version like 8.0")
+            fields["cpu_flags" if key == "flags" else key] = value.split("+") if key == "flags" else value
+        else:
+            raise _spec_error(spec, f"cannot read {excerpt(part)}")
+    if kind == "cuda" and "capability" not in fields:
+        raise _spec_error(spec, "a described CUDA device needs its compute capability (cuda:sm75 or cuda:sm=7.5)")
+    if kind == "mps" and "macos" not in fields:
+        raise _spec_error(spec, "a described MPS device needs its macOS version (mps:macos=13.6)")
+    return _profile_from_fields(fields, f"device {excerpt(spec)}")
+
+
+def _cmp(value: tuple[int, ...] | None, cond: str) -> bool:
+    if value is None:
+        return False
+    m = re.fullmatch(r"\s*(>=|<=|>|<|==)?\s*([\d.]+)\s*", str(cond))
+    if not m:
+        raise RecipeError(f"devices.yaml: bad version condition {excerpt(cond)}; write e.g. '>=8.0'")
+    op, want = m[1] or "==", _version(m[2])
+    have = tuple(value) + (0,) * (len(want) - len(value))
+    have = have[: max(len(want), 1)]
+    return {">=": have >= want, "<=": have <= want, ">": have > want, "<": have < want, "==": have == want}[op]
+
+
+def _holds(when: Mapping[str, Any], p: DeviceProfile) -> bool:
+    if when.get("type", p.type) != p.type:
+        return False
+    if "capability" in when and not _cmp(p.capability, when["capability"]):
+        return False
+    if "macos" in when and not _cmp(p.macos, when["macos"]):
+        return False
+    if not set(when.get("cpu_flags", ())) <= p.cpu_flags:
+        return False
+    names = when.get("name_contains")
+    return not names or any(n.lower() in p.name.lower() for n in names)
+
+
+def _edit(current: list[str], change: list[str]) -> list[str]:
+    if all(not str(c).startswith(("+", "-")) for c in change):
+        return [canonical(c) or str(c) for c in change]
+    out = list(current)
+    for c in change:
+        name = canonical(str(c)[1:]) or str(c)[1:]
+        if str(c).startswith("+") and name not in out:
+            out.append(name)
+        elif str(c).startswith("-") and name in out:
+            out.remove(name)
+    return out
+
+
+def device_caps(spec: str | DeviceProfile | None = None) -> DeviceCaps:
+    """What a device computes, may pick unasked and can store, from the rules of ``devices.yaml``.
+
+    Example:
+        >>> caps = device_caps("t4")
+        >>> "bfloat16" in caps.compute, caps.tags
+        (False, ('cuda',))
+    """
+    # A profile object is used as is, never passed through device_profile's cache: lru_cache would hand back an
+    # earlier *equal* profile instead of this one (recipe.device is profile would then fail).
+    profile = spec if isinstance(spec, DeviceProfile) else device_profile(spec)
+    lists: dict[str, list[str]] = {"compute": [], "auto": [], "storage": []}
+    tags: list[str] = []
+    why: dict[str, str] = {}
+    upcast = False
+    for rule in _devices_file()["rules"]:
+        if not _holds(rule.get("when", {}), profile):
+            continue
+        tags.append(rule["id"])
+        why[rule["id"]] = " ".join(str(rule.get("why", "")).split())
+        for key in lists:
+            if key in rule:
+                lists[key] = _edit(lists[key], list(rule[key]))
+        upcast = bool(rule.get("upcast_attention", upcast))
+    return DeviceCaps(profile=profile, compute=tuple(lists["compute"]), auto=tuple(lists["auto"]),
+                      storage=tuple(lists["storage"]), upcast_attention=upcast, tags=tuple(tags), why=why)

@@ -1,0 +1,138 @@
+"""Which tensor holds which dtype: the one model of a component's planned dtypes, used by apply, load, plan and check.
+
+Islands are the outermost modules the recipe's ``keep_fp32`` globs match (one matching rule: full match); they
+hold float32. With storage == compute every other floating parameter holds that dtype; with storage != compute
+(diffusers layerwise casting) the layers diffusers casts per call hold the storage dtype and the rest the compute
+dtype. :func:`drift` compares a built component with that model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import re
+from typing import Any
+
+import torch
+
+from .. import dtypes as dt
+from ..recipe.patterns import inside, resolve_islands
+from ..recipe.resolution import ComponentPlan
+
+__all__ = ["layerwise_skip_regexes", "component_islands", "planned_dtypes", "has_layerwise_casting", "drift", "Drifted"]
+
+
+def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
+    """The skip patterns handed to diffusers' layerwise casting, which ``re.search``es dotted module names.
+
+    Each is anchored at both ends so it means exactly what the recipe's glob means under the one matching rule
+    (full match): island ``time_embedding`` skips that module and its children, never ``down_blocks.0.time_embedding``
+    or ``xtime_embedding``.
+
+    Example:
+        >>> import re
+        >>> rx = layerwise_skip_regexes(["time_embedding"], ("*norm*",))
+        >>> [any(re.search(p, n) for p in rx) for n in ["time_embedding", "time_embedding.linear_1",
+        ...                                             "down_blocks.0.time_embedding", "xtime_embedding", "mid.norm1"]]
+        [True, True, False, False, True]
+    """
+    return [rf"^{re.escape(i)}(\..*)?$" for i in islands] + ["^" + fnmatch.translate(g) for g in skip]
+
+
+def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
+    """The float32 islands of a built component under a plan (outermost matched modules; none in fp32)."""
+    names = [n for n, _ in module.named_modules() if n]
+    return resolve_islands(plan.name, plan.keep_fp32, names, owner=type(module).__name__,
+                           active=plan.compute != "float32", strict=strict)
+
+
+def _layerwise_layers(module: torch.nn.Module, islands: list[str], skip: tuple[str, ...]) -> set[str]:
+    """Modules diffusers' ``apply_layerwise_casting`` stores in the storage dtype (its traversal, with our skips)."""
+    try:
+        from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS as supported
+    except ImportError:  # older diffusers: the same list
+        nn = torch.nn
+        supported = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
+    patterns = layerwise_skip_regexes(islands, skip)
+    found: set[str] = set()
+
+    def walk(mod: torch.nn.Module, prefix: str) -> None:
+        if any(re.search(p, prefix) for p in patterns):
+            return
+        if isinstance(mod, supported):
+            found.add(prefix)
+            return
+        for child_name, child in mod.named_children():
+            walk(child, f"{prefix}.{child_name}" if prefix else child_name)
+
+    walk(module, "")
+    return found
+
+
+def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, str]:
+    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
+
+    Islands are float32. With ``storage == compute`` every other parameter is in the storage dtype; otherwise the
+    layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
+    on the meta device (no weights needed); tied parameters are listed once.
+    """
+    layerwise = _layerwise_layers(module, islands, plan.layerwise_skip) if plan.storage != plan.compute else set()
+    islands = frozenset(islands)  # type: ignore[assignment]
+    out: dict[str, str] = {}
+    for pname, param in module.named_parameters():
+        if not param.is_floating_point():
+            continue
+        owner = pname.rpartition(".")[0]
+        if inside(owner, islands):
+            out[pname] = "float32"
+        elif plan.storage == plan.compute or inside(owner, layerwise):
+            out[pname] = plan.storage
+        else:
+            out[pname] = plan.compute
+    return out
+
+
+def has_layerwise_casting(module: torch.nn.Module) -> bool:
+    # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
+    return any(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).get("layerwise_casting") is not None
+               for m in module.modules())
+
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Drifted:
+    """Parameters of one component whose dtype is not the planned one, grouped.
+
+    ``island`` is the float32 island they belong to (``None`` outside islands); ``count`` how many tensors.
+    """
+
+    component: str
+    island: str | None
+    have: str
+    want: str
+    count: int
+
+
+def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> list[Drifted]:
+    """Where a component's parameters left the plan (a ``pipe.to(dtype)`` after loading, a hand cast).
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4")["unet"]
+        >>> m = torch.nn.Sequential(torch.nn.Linear(2, 2)).to(torch.float16)
+        >>> drift("unet", m, plan, []), drift("unet", m.float(), plan, [])
+        ([], [Drifted(component='unet', island=None, have='float32', want='float16', count=2)])
+    """
+    planned = planned_dtypes(module, plan, islands)
+    roots = frozenset(islands)
+    found: dict[tuple[str | None, str, str], int] = {}
+    for pname, param in module.named_parameters():
+        want = planned.get(pname)
+        have = dt.from_torch(param.dtype) if param.is_floating_point() else None
+        if want is None or have is None or have == want:
+            continue
+        owner = pname.rpartition(".")[0]
+        island = next((i for i in islands if inside(owner, [i])), None) if inside(owner, roots) else None
+        found[(island, have, want)] = found.get((island, have, want), 0) + 1
+    return [Drifted(name, island, have, want, n) for (island, have, want), n in found.items()]

@@ -1,0 +1,150 @@
+"""The layer rule, enforced: imports run one way, nobody imports another module's private names, and the recipe
+layer stays torch-free.
+
+    errors, dtypes, lazy  <-  recipe/  <-  runtime/  <-  diagnose/  <-  apps/  <-  cli/
+    testing/ (fixtures that ship) imports only errors/dtypes/lazy, torch, diffusers and transformers.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import hf_precision
+
+PACKAGE = Path(hf_precision.__file__).resolve().parent
+# Rank of each layer: a module may import its own layer and the layers of lower rank.
+RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "apps": 4, "cli": 5}
+# testing/ sits beside the layers: the programs (apps, cli) may use its tiny pipelines, it uses none of the layers.
+TESTING_MAY_IMPORT = {"errors", "dtypes", "lazy", "testing"}
+TESTING_USERS = {"apps", "cli", "testing"}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "recipes" not in p.relative_to(PACKAGE).parts)
+
+
+def _dotted(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
+    """(line, absolute module, imported names) for every import in ``path``, relative ones resolved."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = _dotted(path) if path.name == "__init__.py" else _dotted(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names = [a.name for a in node.names]
+            found.append((node.lineno, module, names))
+            if module == "hf_precision" or (node.level and not node.module):
+                # `from .. import testing`: the names are modules
+                found += [(node.lineno, f"{module}.{n}", []) for n in names]
+    return found
+
+
+def _layer(dotted: str) -> str | None:
+    parts = dotted.split(".")
+    if parts[0] != "hf_precision" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _layer_violations(own: str | None, imports: list[tuple[int, str, list[str]]]) -> list[str]:
+    bad = []
+    for line, module, _ in imports:
+        target = _layer(module)
+        if own is None or target is None or target == own:
+            continue
+        if target == "testing":
+            if own not in TESTING_USERS:
+                bad.append(f"line {line}: {module} (only apps/ and cli/ may use the shipped fixtures)")
+        elif own == "testing":
+            if target not in TESTING_MAY_IMPORT:
+                bad.append(f"line {line}: {module} (testing/ may import only errors, dtypes and lazy)")
+        elif target not in RANKS:
+            bad.append(f"line {line}: {module} is not a known layer; add it to RANKS in this test and to DESIGN.md")
+        elif RANKS[target] > RANKS.get(own, 0):
+            bad.append(f"line {line}: {own}/ imports {module}, a higher layer ({target}/)")
+    return bad
+
+
+def _private_imports(imports: list[tuple[int, str, list[str]]]) -> list[str]:
+    return [f"line {line}: from {module} import {name}" for line, module, names in imports
+            if module.startswith("hf_precision") for name in names if name.startswith("_") and not name.startswith("__")]
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_imports_follow_the_layer_order(path: Path) -> None:
+    bad = _layer_violations(_layer(_dotted(path)), _imports(path))
+    assert not bad, f"{path.relative_to(PACKAGE)} breaks the layer rule:\n  " + "\n  ".join(bad)
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_module_imports_another_modules_private_names(path: Path) -> None:
+    bad = _private_imports(_imports(path))
+    assert not bad, f"{path.relative_to(PACKAGE)} imports private names (make them public where they live):\n  " + "\n  ".join(bad)
+
+
+def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
+    # The rule must be able to fail: an upward, a fixture and a private import written into a recipe-layer module.
+    fake = PACKAGE / "recipe" / "_layer_probe.py"
+    fake.write_text("from ..runtime.apply import apply_recipe\nfrom .. import testing\nfrom .files import _private\n")
+    try:
+        imports = _imports(fake)
+    finally:
+        fake.unlink()
+    bad = _layer_violations("recipe", imports)
+    assert any("hf_precision.runtime.apply" in b for b in bad), bad
+    assert any("hf_precision.testing" in b for b in bad), bad
+    assert _private_imports(imports) == ["line 3: from hf_precision.recipe.files import _private"]
+
+
+def test_recipe_layer_is_torch_free() -> None:
+    code = (
+        "import sys\n"
+        "import hf_precision.recipe as r\n"
+        "for name in r.list_recipes('pipeline'):\n"
+        "    for device in [*r.list_presets(), 'cpu']:\n"
+        "        r.get_recipe(name, device=device)\n"
+        "heavy = sorted(m for m in ('torch', 'diffusers', 'transformers', 'accelerate') if m in sys.modules)\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"import hf_precision.recipe pulled in: {out.stdout.strip()}"
+
+
+def test_package_import_does_no_work() -> None:
+    code = "import sys, hf_precision, hf_precision.runtime, hf_precision.diagnose, hf_precision.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("package", ["recipe", "runtime", "diagnose", "apps", "testing"])
+def test_face_names_never_collide_with_submodules(package: str) -> None:
+    # Importing a submodule binds its name on the package; a face that exports a function of the same name
+    # (recipe.resolve() in a module resolve.py) would then hand out the module instead of the function.
+    import importlib
+    import pkgutil
+
+    face = importlib.import_module(f"hf_precision.{package}")
+    submodules = {m.name for m in pkgutil.iter_modules(face.__path__)}
+    for name in submodules:
+        importlib.import_module(f"hf_precision.{package}.{name}")
+    clashes = sorted(set(face._EXPORTS) & submodules)
+    assert not clashes, f"hf_precision.{package} exports {clashes}, which are also submodule names"
+    for name in face._EXPORTS:
+        assert not isinstance(getattr(face, name), type(face)), f"hf_precision.{package}.{name} is a module"
