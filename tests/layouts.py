@@ -1,4 +1,4 @@
-"""Every dtype layout of the pipeline-level error table (diffusers-dtype-facts.md, section 2.2).
+"""Every dtype layout of the pipeline-level error table (docs/facts.md#f11-layout-table).
 
 One ``Layout`` per row (S1-S27 SDXL, V1-V9 SVD, P1-P5 PixArt, D1-D3 DiT, plus D2b), on the tiny
 random pipelines of ``hf_precision.testing``:
