@@ -119,6 +119,8 @@ def test_every_facts_anchor_cited_exists():
     assert len(anchors) >= 10
     cited, bad = 0, []
     for path in repo_files():
+        if path.relative_to(ROOT) in RULE_FILES:
+            continue
         text = path.read_text(encoding="utf-8", errors="replace")
         links = FACTS_LINK.findall(text)
         if path == FACTS:
