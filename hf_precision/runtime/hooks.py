@@ -1,7 +1,7 @@
 """Boundary casting with native torch forward hooks.
 
 Only component entry points and float32 islands are hooked, never every layer: no-op hooks on every layer added
-15% to a small UNet's call on CPU, one boundary hook costs one cast of the inputs
+10-15% to a small UNet's call on CPU, one boundary hook costs one cast of the inputs
 (docs/facts.md#f10-hook-overhead-one-entry-hook-vs-a-hook-per-layer). Target dtypes and devices are read from the
 module's parameters at call time, so the hooks stay correct after the pipeline moves or upcasts a component
 (``upcast_vae``, offloading); ``hf_precision.diagnose.checker`` reports when that drifts from the plan.
