@@ -79,7 +79,8 @@ def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any], skip: frozens
 def _rewrite_dtype_kwargs(kwargs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     # PixArt passes the activation dtype as an argument (AdaLayerNormSingle(hidden_dtype=...)); a cast of the
     # tensors alone would leave the embedder computing in the wrong dtype (diffusers v0.42.1
-    # src/diffusers/models/transformers/pixart_transformer_2d.py:309; docs/facts.md#f7-embedders-take-their-dtype-as-an-argument-hidden_dtype).
+    # src/diffusers/models/transformers/pixart_transformer_2d.py:309;
+    # docs/facts.md#f7-embedders-take-their-dtype-as-an-argument-hidden_dtype).
     if not any(k.endswith("_dtype") for k in kwargs):
         return kwargs
     return {k: dtype if k.endswith("_dtype") and isinstance(v, torch.dtype) and v.is_floating_point else v
