@@ -111,7 +111,8 @@ def test_onetrainer_sdxl_output_embedding_layer_norm_half_vs_float():
 
 def test_imaginairy_svd_fp16_on_cpu_with_fp32_noise(tiny_pipe, saved_pipeline):
     """brycedrennan/imaginAIry#442: SVD in fp16 with noise created in fp32 fails with mat1/mat2 Float vs Half
-    (their fix was creating the noise in fp16). hf_precision runs the fp16 layout on the CPU whatever dtype the noise has."""
+    (their fix was creating the noise in fp16). hf_precision runs the fp16 layout on the CPU whatever dtype the noise
+    has."""
     plain = tiny_pipe("svd").to(torch.float16)
     noise = torch.randn(1, 2, 4, 16, 16)  # fp32 noise, as the user made it (32x32 frames, VAE factor 2)
     with pytest.raises(RuntimeError, match="mat1 and mat2 must have the same dtype, but got Float and Half"):
