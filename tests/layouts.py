@@ -1,4 +1,4 @@
-"""Every dtype layout of the pipeline-level error table (diffusers-dtype-facts.md, section 2.2).
+"""Every dtype layout of the pipeline-level error table (docs/facts.md#f11-layout-table).
 
 One ``Layout`` per row (S1-S27 SDXL, V1-V9 SVD, P1-P5 PixArt, D1-D3 DiT, plus D2b), on the tiny
 random pipelines of ``hf_precision.testing``:
@@ -339,7 +339,7 @@ LAYOUTS: tuple[Layout, ...] = (
     # --------------------------------------------------------------------------------- PixArt
     Layout(
         "P1", "pixart", _all(BF16, *PIXART_ALL), None, None,
-        "model == inputs; the table says fp32/bf16/fp16 all run, this row pins the whole-bf16 case",
+        "model == inputs; fp32, bf16 and fp16 all run, this row pins the whole-bf16 case",
     ),
     Layout(
         "P2", "pixart", _all(BF16, "transformer"), _conv("float", "c10::BFloat16"), "transformer.pos_embed.proj",
@@ -371,19 +371,19 @@ LAYOUTS: tuple[Layout, ...] = (
     # ------------------------------------------------------------------------------------ DiT
     Layout(
         "D1", "dit", _all(F16, *DIT_ALL), None, None,
-        "model == input; the table says fp32/fp16/bf16 all run, this row pins the whole-fp16 case",
+        "model == input; fp32, fp16 and bf16 all run, this row pins the whole-fp16 case",
     ),
     Layout(
         "D2", "dit", _all(F16, "transformer"), _conv("c10::Half", "float"), "vae.post_quant_conv",
-        "DIFFERS FROM THE TABLE (transformer.pos_embed.proj, 'Input type (float) and bias type (c10::Half)'): "
         "DiTPipeline creates latents in transformer.dtype, so an fp16 transformer never sees fp32 input in "
-        "the pipeline; the fp16 latents then fail in the fp32 VAE. The table's failure is model-level (call "
-        "the transformer with fp32 latents); see D2b for a pipeline path to it",
+        "the pipeline; the fp16 latents then fail in the fp32 VAE. Called directly with fp32 latents the "
+        "transformer fails in transformer.pos_embed.proj ('Input type (float) and bias type (c10::Half)'); "
+        "see D2b for a pipeline path to that failure",
     ),
     Layout(
         "D2b", "dit", {"transformer": {"dtype": F32, "storage": F16}}, _conv("float", "c10::Half"),
         "transformer.pos_embed.proj",
-        "extra row (not in the table): the D2 failure reached through the pipeline. DiT loaded fp16, then "
+        "the model-level D2 failure reached through the pipeline. DiT loaded fp16, then "
         "enable_layerwise_casting(storage fp16, compute fp32): transformer.dtype reports fp32 so latents "
         "are fp32, but the skipped pos_embed/norm modules stay fp16",
         setup=dit_fp16_then_layerwise_compute_fp32,

@@ -1,4 +1,4 @@
-"""Every failing layout of the facts table: plain diffusers raises, the same layout through hf_precision runs.
+"""Every failing layout of docs/facts.md#f11-layout-table: plain diffusers raises, through hf_precision it runs.
 
 Each test first reproduces the failure on a fresh copy (asserting the exact error), then applies the same
 layout with ``apply_recipe`` (after the row's own setup, i.e. the user's situation) and checks the call

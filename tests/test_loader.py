@@ -369,7 +369,10 @@ def test_unexpected_files_fall_back_to_from_pretrained(saved_pipeline, tmp_path)
 
 @pytest.mark.parametrize("mode", ["tiling", "slicing"])
 def test_tiled_and_sliced_decoding_cross_the_vae_boundary(saved_pipeline, mode):
-    """An fp32 VAE beside fp16 latents (the T4 layout, facts S6/S13) also decodes through the tiled and sliced paths."""
+    """An fp32 VAE beside fp16 latents (the T4 layout) also decodes through the tiled and sliced paths.
+
+    Plain diffusers fails on this layout: rows S6 and S13 of docs/facts.md#f11-layout-table.
+    """
     from diffusers import DiffusionPipeline
 
     plain = DiffusionPipeline.from_pretrained(saved_pipeline("sdxl"), dtype={"default": torch.float16, "vae": torch.float32})

@@ -1,4 +1,4 @@
-"""Plain diffusers really fails on these dtype layouts (facts section 2.2), row by row.
+"""Plain diffusers really fails on these dtype layouts (docs/facts.md#f11-layout-table), row by row.
 
 Each layout of ``tests/layouts.py`` is applied by hand (``apply_plain``: ``.to(dtype)``, ``.float()`` on
 keep_fp32 modules, then the row's setup) to a tiny random pipeline, which is then called once. Rows with

@@ -11,7 +11,10 @@ from checks import assert_finite
 
 
 def test_opensora_video_dit_conv3d_bf16_fed_fp32():
-    """Open-Sora: a video DiT with a Conv3d patch embedding in bf16 fed fp32 latents, timesteps and text."""
+    """Open-Sora: a video DiT with a Conv3d patch embedding in bf16 fed fp32 latents, timesteps and text.
+
+    Open-Sora casts all three at forward entry (hpcaitech/Open-Sora opensora/models/stdit/stdit3.py, STDiT3.forward).
+    """
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
@@ -83,7 +86,10 @@ def test_onetrainer_fp16_vae_decodes_fp32_latents():
 
 def test_onetrainer_sdxl_output_embedding_layer_norm_half_vs_float():
     """OneTrainer builds SDXL's pooled 'output embedding' by calling text_encoder_2's final_layer_norm and
-    text_projection on fp32 hidden states; with an fp16 encoder the layer_norm sees Half weights vs Float input."""
+    text_projection on fp32 hidden states; with an fp16 encoder the layer_norm sees Half weights vs Float input.
+
+    Nerogar/OneTrainer modules/model/util/clip_util.py (encode_clip) calls final_layer_norm by hand.
+    """
     from transformers import CLIPTextConfig, CLIPTextModelWithProjection
 
     torch.manual_seed(0)
@@ -104,8 +110,9 @@ def test_onetrainer_sdxl_output_embedding_layer_norm_half_vs_float():
 
 
 def test_imaginairy_svd_fp16_on_cpu_with_fp32_noise(tiny_pipe, saved_pipeline):
-    """imaginAIry #442: SVD in fp16 with noise created in fp32 fails with mat1/mat2 Float vs Half (their fix was
-    creating the noise in fp16). hf_precision runs the fp16 layout on the CPU whatever dtype the noise has."""
+    """brycedrennan/imaginAIry#442: SVD in fp16 with noise created in fp32 fails with mat1/mat2 Float vs Half
+    (their fix was creating the noise in fp16). hf_precision runs the fp16 layout on the CPU whatever dtype the noise
+    has."""
     plain = tiny_pipe("svd").to(torch.float16)
     noise = torch.randn(1, 2, 4, 16, 16)  # fp32 noise, as the user made it (32x32 frames, VAE factor 2)
     with pytest.raises(RuntimeError, match="mat1 and mat2 must have the same dtype, but got Float and Half"):

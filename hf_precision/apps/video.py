@@ -4,8 +4,8 @@
 svd recipe decides the dtypes per device (fp16 on CUDA, fp16 with fp32 attention on recent macOS, float32 or
 bfloat16 on CPU as ``recipes/devices.yaml`` says). What this module adds on top of the pipeline:
 
-* noise is drawn in the UNet's compute dtype from a CPU generator (imaginAIry#442 drew fp32 noise next to an fp16
-  model; a CPU generator gives the same video on every device);
+* noise is drawn in the UNet's compute dtype from a CPU generator (brycedrennan/imaginAIry#442 drew fp32 noise
+  next to an fp16 model; a CPU generator gives the same video on every device);
 * the pipeline stops at the latents and the frames are decoded here, ``--decode-chunk-size`` frames at a time, so
   the decode peak is bounded (diffusers#6385: "abnormally high VRAM") and one progress bar covers denoising and
   decoding; frames come back as float32 for saving;
@@ -331,8 +331,8 @@ def generate_video(pipe: Any, image: Any, *, height: int, width: int, frames: in
     scale = pipe.vae_scale_factor
     shape = (1, frames, pipe.unet.config.in_channels // 2, height // scale, width // scale)
     generator = torch.Generator("cpu").manual_seed(seed)
-    # Noise in the UNet's compute dtype (imaginAIry#442 drew fp32 noise for an fp16 model); drawn on the CPU so the
-    # same seed gives the same video on CUDA, MPS and CPU.
+    # Noise in the UNet's compute dtype (brycedrennan/imaginAIry#442 drew fp32 noise for an fp16 model); drawn on
+    # the CPU so the same seed gives the same video on CUDA, MPS and CPU.
     latents = torch.randn(shape, generator=generator, dtype=_compute_dtype(pipe, "unet")).to(device)
     chunks = -(-frames // decode_chunk_size)
     timing: dict[str, float] = {}

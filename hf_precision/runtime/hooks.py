@@ -1,7 +1,8 @@
 """Boundary casting with native torch forward hooks.
 
-Only component entry points and float32 islands are hooked, never every layer: per-layer hooks cost ~30% on
-CPU (facts 2.3), one boundary hook costs one cast of the inputs. Target dtypes and devices are read from the
+Only component entry points and float32 islands are hooked, never every layer: no-op hooks on every layer added
+10-15% to a small UNet's call on CPU, one boundary hook costs one cast of the inputs
+(docs/facts.md#f10-hook-overhead-one-entry-hook-vs-a-hook-per-layer). Target dtypes and devices are read from the
 module's parameters at call time, so the hooks stay correct after the pipeline moves or upcasts a component
 (``upcast_vae``, offloading); ``hf_precision.diagnose.checker`` reports when that drifts from the plan.
 """
@@ -77,7 +78,9 @@ def _first_floating(args: tuple[Any, ...], kwargs: dict[str, Any], skip: frozens
 
 def _rewrite_dtype_kwargs(kwargs: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     # PixArt passes the activation dtype as an argument (AdaLayerNormSingle(hidden_dtype=...)); a cast of the
-    # tensors alone would leave the embedder computing in the wrong dtype (facts 1.3, P5).
+    # tensors alone would leave the embedder computing in the wrong dtype (diffusers v0.42.1
+    # src/diffusers/models/transformers/pixart_transformer_2d.py:309;
+    # docs/facts.md#f7-embedders-take-their-dtype-as-an-argument-hidden_dtype).
     if not any(k.endswith("_dtype") for k in kwargs):
         return kwargs
     return {k: dtype if k.endswith("_dtype") and isinstance(v, torch.dtype) and v.is_floating_point else v

@@ -8,8 +8,8 @@ name (``"tiny"``, ``"mid"``) or a dict of per-component config overrides merged 
     >>> pipe = make_pipeline("sdxl")                       # 115,931 parameters
     >>> image = pipe(**example_call_kwargs("sdxl")).images  # 32x32, 2 steps, ~50 ms on CPU
 
-The ``"tiny"`` presets are the smallest configs that still run every code path (see
-``diffusers-dtype-facts.md`` section 3). ``"mid"`` presets keep the real block structure (SDXL UNet
+The ``"tiny"`` presets are the smallest configs that still run every module (see
+``docs/facts.md#f12-the-tiny-test-pipelines-run-every-module``). ``"mid"`` presets keep the real block structure (SDXL UNet
 with 3 levels and 1/2/5 transformer layers, SVD UNet with 4 levels) at about 287M (SDXL) / 169M (SVD)
 parameters, for memory and speed measurements; call them with ``example_call_kwargs(kind, size="mid")``
 (64x64 images).
