@@ -26,7 +26,7 @@ EXAMPLES = """examples:
 
 # The subcommand modules, in the order `hf-precision --help` lists them; each registers its commands with
 # @command on import (parsers only: the heavy work is imported by the handler when the command runs).
-COMMAND_MODULES = ("recipes", "diagnose", "run", "video")
+COMMAND_MODULES = ("recipes", "diagnose", "run", "video", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

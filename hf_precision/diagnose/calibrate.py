@@ -148,7 +148,7 @@ class CalibrationResult:
                 ev = self.evidence.get(c, {}).get(island)
                 if ev:
                     text = f"{ev[0].line(self.target)}" + (f" (+{len(ev) - 1} more inside)" if len(ev) > 1 else "")
-                    out.append(f"      - {q(island)}  # {text}; +{_size(self.island_bytes[c].get(island, 0))}")
+                    out.append(f"      - {q(island)}  # {text}; +{_size(self.island_bytes.get(c, {}).get(island, 0))}")
                     whys.append(f"{island}: {text}")
                 else:
                     out.append(f"      - {q(island)}  # from the shipped recipe")
@@ -185,7 +185,7 @@ class CalibrationResult:
                 out.append(f"  {c}: whole component float32 (+{_size(self.component_bytes[c])})")
             for island in self.islands.get(c, []):
                 ev = self.evidence[c][island]
-                out.append(f"  {c}.{island}: +{_size(self.island_bytes[c].get(island, 0))} "
+                out.append(f"  {c}.{island}: +{_size(self.island_bytes.get(c, {}).get(island, 0))} "
                            f"(whole {c}: +{_size(self.component_bytes[c])}); {ev[0].line(self.target)}"
                            + (f" (+{len(ev) - 1} more inside)" if len(ev) > 1 else ""))
         out.append(f"extra bytes: {_size(self.extra_bytes)} ({self.extra_bytes} B); whole affected components in "
@@ -352,7 +352,8 @@ def _compare(label: str, ref: Any, got: Any, first_bad: str = "") -> RunError:
                     float(diff.max()) if diff.size else math.nan, first_bad)
 
 
-def _default_call(pipe: Any, prompt: str | None, image: Any, steps: int | None) -> dict[str, Any]:
+def _default_call(pipe: Any, prompt: str | None, image: Any, steps: int | None,
+                  size: tuple[int | None, int | None] = (None, None)) -> dict[str, Any]:
     params = inspect.signature(pipe.__call__).parameters
     kwargs: dict[str, Any] = {}
     if "prompt" in params and image is None or prompt is not None:
@@ -364,6 +365,9 @@ def _default_call(pipe: Any, prompt: str | None, image: Any, steps: int | None) 
     elif "image" in params and params["image"].default is inspect.Parameter.empty:
         raise RecipeError(f"calibrate: {type(pipe).__name__} needs an input image: pass image=... (CLI: --image FILE)")
     kwargs["num_inference_steps"] = steps or 4
+    for key, value in zip(("height", "width"), size):
+        if value and key in params:
+            kwargs[key] = value
     return kwargs
 
 
@@ -495,7 +499,8 @@ def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, t
 def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] | Callable[[Any], Any] | None = None, *,
               target: str | None = None, steps: int | None = None, bound: float = 0.05, progress: bool = True,
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
-              rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None) -> CalibrationResult:
+              rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
+              size: tuple[int | None, int | None] = (None, None)) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -511,6 +516,9 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         progress (*optional*): show a tqdm bar over runs and steps.
         reference (*optional*): ``"float32"`` or ``"bfloat16"`` (ranges only); default: float32 if it fits memory.
         run_on (*optional*): where the runs happen; default the best present device.
+        recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
+            verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
+        prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
 
     Returns:
         `CalibrationResult`: ``islands`` {component: [module names]}, ``evidence``, ``extra_bytes``, ``errors``
@@ -555,6 +563,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         numel = {n: sum(t.numel() for t in m.parameters() if t.is_floating_point())
                  for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
         ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16")
+    clock["load"] = time.perf_counter() - clock["start"]
     if offload:
         pipe.enable_model_cpu_offload(device=run_on)
     previous = applied(pipe)
@@ -597,7 +606,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     steps_of = _Steps(plan.denoiser if plan.denoiser in comps else None)
     kwargs: dict[str, Any] | None = None
     if not callable(call):
-        kwargs = dict(call) if call is not None else _default_call(pipe, prompt, image, steps)
+        kwargs = dict(call) if call is not None else _default_call(pipe, prompt, image, steps, size)
         if steps is not None:
             kwargs["num_inference_steps"] = steps
         params = inspect.signature(pipe.__call__).parameters
@@ -613,6 +622,9 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
 
         bar = tqdm(total=2 * n_steps, desc="calibrate", unit="step", leave=True)
         steps_of.bar = bar
+    bar_config = dict(getattr(pipe, "_progress_bar_config", {}) or {})
+    if hasattr(pipe, "set_progress_bar_config"):
+        pipe.set_progress_bar_config(**{**bar_config, "disable": True})  # one bar: ours, over runs and steps
     pre_handle = comps[steps_of.denoiser].register_forward_pre_hook(steps_of.pre) if steps_of.denoiser else None
 
     def run(label: str, layer: dict[str, Any], run_layout: Any) -> tuple[Any, Recorder]:
@@ -651,7 +663,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     try:
         ref_out, ref = run(f"reference {ref_dtype}", {n: {"dtype": ref_dtype, "storage": ref_dtype, "keep_fp32": [],
                                                             "nan_guard": False} for n in [p.name for p in plan.plans if p.name in comps]}, None)
-        clock["reference"] = time.perf_counter() - clock["start"]
+        clock["reference"] = time.perf_counter() - clock["start"] - clock["load"]
         if not _compare("reference", ref_out, ref_out).finite:
             bad = ref.first_bad
             raise RecipeError(f"calibrate: the {ref_dtype} reference run of {model} is itself not finite"
@@ -712,6 +724,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
             pre_handle.remove()
         if bar is not None:
             bar.close()
+        if hasattr(pipe, "set_progress_bar_config"):
+            pipe._progress_bar_config = bar_config
         restore()
         if previous is not None and not owned:
             apply_recipe(pipe, previous.recipe)
@@ -725,12 +739,15 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         if n in whole and "" not in evidence.get(n, {}):
             evidence.setdefault(n, {})[""] = _evidence(n, "", ref.stats, limit)
     islands = {n: v for n, v in islands.items() if v}
-    island_bytes = {n: {i: choosers[n].bytes(i) for i in outermost([*recipe_names.get(n, []), *islands.get(n, [])])}
-                    for n in names}
     component_bytes = {n: choosers[n].bytes("") for n in names}
-    # What the islands add to what the recipe's own islands already keep in float32.
-    extra = sum(choosers[n].bytes(i) - sum(choosers[n].bytes(r) for r in recipe_names.get(n, []) if inside(r, [i]))
-                for n, v in islands.items() for i in v if not inside(i, recipe_names.get(n, [])))
+
+    def net(n: str, i: str) -> int:  # what an island adds to what the recipe's own islands keep in float32
+        if inside(i, recipe_names.get(n, [])):
+            return 0
+        return choosers[n].bytes(i) - sum(choosers[n].bytes(r) for r in recipe_names.get(n, []) if inside(r, [i]))
+
+    island_bytes = {n: {i: net(n, i) for i in v} for n, v in islands.items()}
+    extra = sum(b for per in island_bytes.values() for b in per.values())
     extra += sum(component_bytes[n] for n in whole)
     notes += _compare_recipe(islands, whole, recipe_names, recipe_fp32, ref.stats, limit, target, layout or run_on)
     if after.finite and after.mean_abs > bound:
