@@ -46,7 +46,7 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..diagnose.calibrate import calibrate
+    from ..diagnose.calibrator import calibrate
 
     result = calibrate(args.model, args.device, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=args.run_on, recipe=args.recipe,

@@ -11,10 +11,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pipelines import _finish, _seeded, make_t5_tokenizer, make_tokenizer
+from .pipelines import make_t5_tokenizer, make_tokenizer
 
 __all__ = ["make_sd3", "make_wan", "plant_vae_up_block", "plant_t5_feed_forward", "plant_time_embedding",
            "sd3_call_kwargs", "wan_call_kwargs", "module_bytes"]
+
+
+def _seeded(seed: int, build: Any) -> Any:
+    import torch
+
+    torch.manual_seed(seed)  # each component's weights depend on its own seed only
+    return build()
+
+
+def _finish(pipe: Any) -> Any:
+    import torch
+
+    for component in pipe.components.values():
+        if isinstance(component, torch.nn.Module):
+            component.eval()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 def _t5(vocab: int, seed: int):
