@@ -556,7 +556,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         where, _, folder = locate(pipe_or_folder)
         numel = _folder_numel(folder) if folder is not None else {}
         ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16")
-        pipe = load_pipeline(where, None if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype))
+        pipe = load_pipeline(where, "cpu" if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype))
         owned = True
     else:
         pipe, owned = pipe_or_folder, False
@@ -564,10 +564,12 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
                  for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
         ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16")
     clock["load"] = time.perf_counter() - clock["start"]
+    comps = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     if offload:
         pipe.enable_model_cpu_offload(device=run_on)
+    # A pipeline already offloaded (accelerate hooks) stays where it is: the hooks move each component when it runs.
+    offload = offload or any(hasattr(m, "_hf_hook") for m in comps.values())
     previous = applied(pipe)
-    comps = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     configs = {n: (dict(m.config) if isinstance(getattr(m, "config", None), Mapping) else
                    (m.config.to_dict() if hasattr(getattr(m, "config", None), "to_dict") else {})) for n, m in comps.items()}
     plan = resolve(recipe, pipeline_class=type(pipe).__name__, devices=None if offload else run_on, layout=layout,
