@@ -303,6 +303,7 @@ class _Steps:
     def __init__(self, denoiser: str | None):
         self.denoiser, self.step, self.calls, self.callback = denoiser, 0, 0, False
         self.bar: Any = None
+        self.current = ""
 
     def on_step_end(self, pipe: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
         self.step = i + 1
@@ -318,6 +319,9 @@ class _Steps:
         self.calls += 1
 
     def phase(self, comp: str) -> str:
+        if comp != self.current and self.bar is not None:
+            self.current = comp
+            self.bar.set_postfix_str(comp, refresh=True)  # the bar shows the component that is running
         if comp == self.denoiser:
             return f"step {self.step}"
         if not self.calls:
@@ -470,12 +474,16 @@ def _folder_numel(folder: Path) -> dict[str, int]:
     return out
 
 
-def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, target: str) -> tuple[str, bool]:
-    """(reference dtype, offload) that fit this machine, or a RecipeError that says what to do."""
+def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, target: str,
+                 resident: int = 0) -> tuple[str, bool]:
+    """(reference dtype, offload) that fit this machine, or a RecipeError that says what to do.
+
+    ``resident``: bytes of the pipeline already in memory on ``run_on`` (they are not counted again).
+    """
     available = _available_bytes(run_on)
     total, largest = sum(numel.values()), max(numel.values(), default=0)
     # The reference weights stay in memory while a half copy of the component runs: 1 + half/reference per value.
-    need = lambda dtype, n: int(n * (dt.itemsize(dtype) + dt.itemsize(target)))
+    need = lambda dtype, n: max(0, int(n * (dt.itemsize(dtype) + dt.itemsize(target))) - resident)
     choices = [reference] if reference else ["float32", "bfloat16"]
     if available is None:
         return choices[0], False
@@ -560,9 +568,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         owned = True
     else:
         pipe, owned = pipe_or_folder, False
-        numel = {n: sum(t.numel() for t in m.parameters() if t.is_floating_point())
-                 for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
-        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16")
+        params = [t for m in pipe.components.values() if isinstance(m, torch.nn.Module) for t in m.parameters()
+                  if t.is_floating_point()]
+        numel = {"pipeline": sum(t.numel() for t in params)}
+        resident = sum(t.numel() * t.element_size() for t in params if str(t.device).startswith(run_on.split(":")[0]))
+        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", resident)
     clock["load"] = time.perf_counter() - clock["start"]
     comps = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
     if offload:
@@ -712,7 +722,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
             half_bad = {nm for (c, nm), s in half.stats.items() if c == comp and not math.isfinite(s.in_max)}
             start = _parent(name) if input_bad else name
             island = ch.island_for(start, lambda m: m in half_bad)
-            if island in islands.get(comp, []) or island == "":
+            grown = [i for i in islands.get(comp, []) if inside(island, [i])]
+            if grown and island:
+                # An island's own output overflowed when cast back to the half dtype: take the next level up.
+                island = ch.island_for(_parent(grown[0]))
+            if island == "":
                 whole.append(comp)
                 islands.pop(comp, None)
                 evidence.setdefault(comp, {})[""] = [Evidence(comp, "", name, "half run", math.inf, half.stats[(comp, name)].out_step, 1.0)]
