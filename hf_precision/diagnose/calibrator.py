@@ -568,10 +568,10 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         owned = True
     else:
         pipe, owned = pipe_or_folder, False
-        params = [t for m in pipe.components.values() if isinstance(m, torch.nn.Module) for t in m.parameters()
-                  if t.is_floating_point()]
-        numel = {"pipeline": sum(t.numel() for t in params)}
-        resident = sum(t.numel() * t.element_size() for t in params if str(t.device).startswith(run_on.split(":")[0]))
+        models = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+        numel = {n: sum(t.numel() for t in m.parameters() if t.is_floating_point()) for n, m in models.items()}
+        resident = sum(t.numel() * t.element_size() for m in models.values() for t in m.parameters()
+                       if t.is_floating_point() and t.device.type == torch.device(run_on).type)
         ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", resident)
     clock["load"] = time.perf_counter() - clock["start"]
     comps = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
