@@ -26,9 +26,12 @@ import math
 import os
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from .. import dtypes as dt
 from ..errors import RecipeError
@@ -221,8 +224,6 @@ class _Stat:
 
 
 def _tensors(tree: Any, depth: int = 0):
-    import torch
-
     if isinstance(tree, torch.Tensor):
         if tree.is_floating_point() and tree.numel():
             yield tree
@@ -237,8 +238,8 @@ def _tensors(tree: Any, depth: int = 0):
 class Recorder:
     """Forward hooks on every module with parameters: max |input| and |output| per module, per step, per component.
 
-    One ``abs().amax()`` per tensor and call; the share beyond ``limit`` is counted only when the maximum exceeds
-    it. ``first_bad`` is the first call (in post-hook order: inner modules finish first) whose output is not finite.
+    One ``aminmax`` pass per new tensor (an input that is the output just measured is not read again); the share
+    beyond ``limit`` is counted only when the maximum exceeds it. ``first_bad`` is the first call (in post-hook order: inner modules finish first) whose output is not finite.
     """
 
     def __init__(self, components: Mapping[str, Any], limit: float, phase: Callable[[str], str]):
@@ -247,6 +248,7 @@ class Recorder:
         self.ranges: dict[str, dict[str, float]] = {}
         self.first_bad: tuple[str, str, bool] | None = None
         self.handles: list[Any] = []
+        self._seen: dict[int, tuple[Any, float]] = {}
         for comp, root in components.items():
             for name, module in root.named_modules():
                 if next(module.parameters(), None) is None:
@@ -257,9 +259,16 @@ class Recorder:
     def _measure(self, tree: Any) -> tuple[float, float]:
         biggest, tensors = 0.0, []
         for t in _tensors(tree):
-            a = t.detach().abs().amax()
-            v = float(a)
-            v = math.inf if v != v else v  # NaN: as bad as inf
+            seen = self._seen.get(id(t))
+            if seen is not None and seen[0]() is t:
+                v = seen[1]  # a module's input is usually the output its producer just had measured
+            else:
+                low, high = torch.aminmax(t.detach())  # one pass, no |x| copy
+                v = max(-float(low), float(high))
+                v = math.inf if v != v else v  # NaN: as bad as inf
+                if len(self._seen) > 4096:
+                    self._seen.clear()
+                self._seen[id(t)] = (weakref.ref(t), v)
             tensors.append(t)
             biggest = max(biggest, v)
         share = 0.0
@@ -289,6 +298,7 @@ class Recorder:
         return post
 
     def remove(self) -> None:
+        self._seen.clear()
         for h in self.handles:
             h.remove()
         self.handles.clear()
