@@ -239,7 +239,8 @@ class Recorder:
     """Forward hooks on every module with parameters: max |input| and |output| per module, per step, per component.
 
     One ``aminmax`` pass per new tensor (an input that is the output just measured is not read again); the share
-    beyond ``limit`` is counted only when the maximum exceeds it. ``first_bad`` is the first call (in post-hook order: inner modules finish first) whose output is not finite.
+    beyond ``limit`` is counted only when the maximum exceeds it. ``first_bad`` is the first call (in post-hook
+    order: inner modules finish first) whose output is not finite.
     """
 
     def __init__(self, components: Mapping[str, Any], limit: float, phase: Callable[[str], str]):
@@ -657,14 +658,14 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         steps_of.step, steps_of.calls = 0, 0
         try:
             torch.manual_seed(seed)
-            if kwargs is None:
-                out = call(pipe)  # type: ignore[misc, operator]
-            else:
-                args = dict(kwargs)
-                gen = args.get("generator")
-                gen_device = gen.device if isinstance(gen, torch.Generator) else "cpu"
-                args["generator"] = torch.Generator(gen_device).manual_seed(seed)
-                with torch.no_grad():
+            with torch.no_grad():
+                if kwargs is None:
+                    out = call(pipe)  # type: ignore[misc, operator]
+                else:
+                    args = dict(kwargs)
+                    gen = args.get("generator")
+                    where = gen.device if isinstance(gen, torch.Generator) else "cpu"
+                    args["generator"] = torch.Generator(where).manual_seed(seed)  # every run: the same noise
                     out = pipe(**args)
             return _output_array(out), rec
         finally:
@@ -674,17 +675,14 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
 
     def layer(dtype: str, islands: Mapping[str, list[str]], whole: list[str] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        for n in [p.name for p in plan.plans if p.name in comps]:
-            if n not in names:
-                continue
+        for n in names:  # storage = dtype: no layerwise casting, which apply cannot take back between runs
             d = "float32" if n in whole else dtype
             out[n] = {"dtype": d, "storage": d, "keep_fp32": list(islands.get(n, [])), "nan_guard": False}
         return out
 
     notes: list[str] = []
     try:
-        ref_out, ref = run(f"reference {ref_dtype}", {n: {"dtype": ref_dtype, "storage": ref_dtype, "keep_fp32": [],
-                                                            "nan_guard": False} for n in [p.name for p in plan.plans if p.name in comps]}, None)
+        ref_out, ref = run(f"reference {ref_dtype}", layer(ref_dtype, {}), None)
         clock["reference"] = time.perf_counter() - clock["start"] - clock["load"]
         if not _compare("reference", ref_out, ref_out).finite:
             bad = ref.first_bad
@@ -739,7 +737,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
             if island == "":
                 whole.append(comp)
                 islands.pop(comp, None)
-                evidence.setdefault(comp, {})[""] = [Evidence(comp, "", name, "half run", math.inf, half.stats[(comp, name)].out_step, 1.0)]
+                step = half.stats[(comp, name)].out_step
+                evidence.setdefault(comp, {})[""] = [Evidence(comp, "", name, "half run", math.inf, step, 1.0)]
             else:
                 islands[comp] = ch.collapse([*islands.get(comp, []), island], slack)
                 evidence.setdefault(comp, {}).setdefault(island, []).append(
