@@ -22,11 +22,12 @@ _EXPORTS = {
     "plan": "diagnose", "Plan": "diagnose",
     "check": "diagnose", "CheckReport": "diagnose",
     "explain": "diagnose", "MismatchError": "diagnose",
+    "calibrate": "diagnose", "CalibrationResult": "diagnose",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .diagnose import CheckReport, MismatchError, Plan, check, explain, plan
+    from .diagnose import CalibrationResult, CheckReport, MismatchError, Plan, calibrate, check, explain, plan
     from .errors import RecipeError
     from .recipe import ComponentPlan, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
     from .runtime import Applied, applied, apply_recipe, load_pipeline

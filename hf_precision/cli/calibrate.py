@@ -1,0 +1,64 @@
+"""``hf-precision calibrate``: measure the float32 islands a model needs in half precision, write them as overrides.
+
+Only the argument parser lives at module level; the handler imports torch, diffusers and the work itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .common import command
+
+__all__: list[str] = []
+
+
+@command("calibrate", "measure where a model leaves the half dtype's range (a float32 run with recording hooks) and "
+                      "write the smallest float32 islands that make the half run finite, as an override file",
+         "hf_precision.cli.calibrate:_cmd_calibrate")
+def _args_calibrate(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL", help="a diffusers pipeline folder (model_index.json and weights)")
+    p.add_argument("--device", default=None, metavar="LAYOUT",
+                   help="the layout to calibrate: a preset (t4, a100, m1-macos13, cpu-amx) or a device; its recipe gives "
+                        "the target half dtype. The runs happen on --run-on. Default: the best present device")
+    p.add_argument("--run-on", default=None, metavar="DEVICE",
+                   help="where the runs happen: cpu, cuda, cuda:1, mps (default: the best present device)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", default=None, help="the prompt of the runs (default: a fixed one)")
+    source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
+    p.add_argument("--steps", type=int, default=4, help="denoising steps per run (default: 4)")
+    p.add_argument("--height", type=int, default=None)
+    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--target", default=None, choices=["float16", "bfloat16"],
+                   help="the half dtype to calibrate (default: the layout's denoiser dtype)")
+    p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
+                   help="the reference run's dtype (default: float32 when it fits memory; bfloat16 gives ranges only)")
+    p.add_argument("--bound", type=float, default=0.05,
+                   help="mean absolute error of the final image (0..1) the islands should stay within (default: 0.05)")
+    p.add_argument("--recipe", default=None, metavar="NAME", help="recipe (default: chosen from model_index.json)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="islands.yaml", metavar="YAML",
+                   help="override file to write (default: islands.yaml); load it with --overrides")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the islands, bytes and errors as JSON")
+
+
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..diagnose.calibrator import calibrate
+
+    result = calibrate(args.model, args.device, None, target=args.target, steps=args.steps, bound=args.bound,
+                       progress=not args.no_progress, reference=args.reference, run_on=args.run_on, recipe=args.recipe,
+                       seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width))
+    path = result.write(args.out)
+    if args.json:
+        print(json.dumps({"islands": result.islands, "whole": result.whole, "extra_bytes": result.extra_bytes,
+                          "whole_component_bytes": result.whole_component_bytes(),
+                          "errors": {k: dataclasses.asdict(v) for k, v in result.errors.items()},
+                          "notes": result.notes, "out": str(path)}, indent=2))
+    else:
+        print(result.table())
+        print(f"wrote {path}: load it with hp.load_pipeline({args.model!r}, device, overrides={str(path)!r}) "
+              f"or --overrides {path}; the islands cost {result.extra_bytes} extra bytes")
+    return 0 if result.finite else 1

@@ -1,0 +1,142 @@
+"""hf-precision calibrate: planted fp16 overflows in tiny SDXL, SD3 and Wan pipelines are found, and fixed by islands.
+
+Each pipeline has weights scaled so that known modules overflow fp16 while the float32 run stays sane
+(hf_precision/testing/calibration.py). A test checks the failure without the islands (an fp16 run that is not
+finite, loaded independently of calibrate) and its absence with them, that the islands are the planted modules or
+their parents, and that they cost fewer bytes than keeping the whole component in float32.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import hf_precision as hp
+from hf_precision.cli import main
+from hf_precision.diagnose import calibrator
+from hf_precision.recipe.patterns import inside
+from hf_precision.runtime.apply import apply_recipe
+from hf_precision.testing.calibration import (make_sd3, make_wan, module_bytes, plant_t5_feed_forward,
+                                              plant_time_embedding, plant_vae_up_block, sd3_call_kwargs, wan_call_kwargs)
+from hf_precision.testing.pipelines import example_call_kwargs, make_sdxl, save_pipeline
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+HALF_DELTA = 4 - 2  # bytes an fp32 island adds per value over float16
+
+
+def _frames(out):
+    value = getattr(out, "images", None)
+    return np.asarray(out.frames if value is None else value, dtype=np.float64)
+
+
+def _run(pipe, kwargs):
+    return _frames(pipe(**kwargs, generator=torch.Generator().manual_seed(0)))
+
+
+def _covers(islands, planted):
+    """Every planted module is inside an island, and every island holds a planted module."""
+    return (all(any(inside(p, [i]) for i in islands) for p in planted)
+            and all(any(inside(p, [i]) for p in planted) for i in islands))
+
+
+@pytest.fixture(scope="module")
+def sdxl_folder(tmp_path_factory):
+    pipe = make_sdxl()
+    planted = plant_vae_up_block(pipe.vae, block=0, resnets=(0, 1))
+    return save_pipeline(pipe, tmp_path_factory.mktemp("sdxl_planted")), planted, module_bytes(pipe.vae, HALF_DELTA)
+
+
+def test_sdxl_vae_up_block_cli(sdxl_folder, tmp_path, capsys):
+    folder, planted, vae_bytes = sdxl_folder
+    out = tmp_path / "islands.yaml"
+    kwargs = {**example_call_kwargs("sdxl"), "num_inference_steps": 1}
+    rc = main(["calibrate", str(folder), "--device", "t4", "--run-on", "cpu", "--steps", "1", "--height", "32",
+               "--width", "32", "--out", str(out), "--no-progress", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out.is_file()
+    islands = report["islands"]["vae"]
+    assert _covers(islands, planted), (islands, planted)
+    assert all(inside(i, ["decoder.up_blocks.0"]) for i in islands)  # the up block, never the whole decoder
+    assert set(report["islands"]) == {"vae"} and not report["whole"]
+    assert 0 < report["extra_bytes"] < vae_bytes
+    assert report["errors"]["naive"]["finite"] is False and report["errors"]["islands"]["finite"] is True
+
+    # The shipped T4 recipe keeps the whole VAE in fp32: the measured islands are a subset, and the output says so.
+    assert hp.get_recipe("sdxl", device="t4")["vae"].compute == "float32"
+    assert any(n.startswith(f"vae.{i}: inside what the recipe keeps in float32") for i in islands for n in report["notes"])
+
+    # Independently of calibrate: the fp16 VAE without islands overflows, the written file fixes it.
+    no_guard = {"vae": {"dtype": "float16", "nan_guard": False}}
+    broken = hp.load_pipeline(folder, "cpu", layout="t4", overrides=no_guard)
+    assert not np.isfinite(_run(broken, kwargs)).all()
+    fixed = hp.load_pipeline(folder, "cpu", layout="t4", overrides=[str(out), no_guard])
+    assert fixed.vae.dtype == torch.float16 and hp.applied(fixed).islands["vae"] == islands
+    assert np.isfinite(_run(fixed, kwargs)).all()
+
+
+def test_sd3_t5_feed_forward():
+    pipe = make_sd3()
+    planted = plant_t5_feed_forward(pipe.text_encoder_3)
+    before = {k: v.clone() for k, v in pipe.text_encoder_3.state_dict().items()}
+    kwargs = {**sd3_call_kwargs(), "num_inference_steps": 1}
+    result = hp.calibrate(pipe, "t4", kwargs, progress=False)
+
+    # The island is the feed-forward around the planted `wo`: its input (a product inside the feed-forward) is what
+    # leaves the range, so `wo` alone (what the T5 recipe and transformers keep in fp32) cannot hold it.
+    assert result.islands == {"text_encoder_3": ["encoder.block.1.layer.1.DenseReluDense"]}
+    assert _covers(result.islands["text_encoder_3"], planted)
+    assert not result.errors["naive"].finite and result.finite
+    assert 0 < result.extra_bytes < module_bytes(pipe.text_encoder_3, HALF_DELTA)
+    # calibrate hands the pipeline back as it found it
+    assert pipe.text_encoder_3.dtype == torch.float32
+    assert all(torch.equal(before[k], v) for k, v in pipe.text_encoder_3.state_dict().items())
+
+    # The recipe's own T4 layout (wo in fp32) does not fix this overflow; the override does.
+    no_guard = {"text_encoder_3": {"nan_guard": False}}
+    apply_recipe(pipe, device="cpu", layout="t4", overrides=[{"text_encoder_3": {"dtype": "float16"}}, no_guard])
+    assert not np.isfinite(_run(pipe, kwargs)).all()
+    pipe = make_sd3()
+    plant_t5_feed_forward(pipe.text_encoder_3)
+    apply_recipe(pipe, device="cpu", layout="t4", overrides=[result.overrides(), no_guard])
+    assert np.isfinite(_run(pipe, kwargs)).all()
+
+
+def test_wan_time_embedding(tmp_path):
+    pipe = make_wan()
+    planted = plant_time_embedding(pipe.transformer)
+    kwargs = {**wan_call_kwargs(), "num_inference_steps": 1}
+    result = hp.calibrate(pipe, "t4", kwargs, progress=False)
+
+    assert result.islands == {"transformer": ["condition_embedder.time_embedder"]}
+    assert _covers(result.islands["transformer"], planted)
+    assert not result.errors["naive"].finite and result.finite
+    whole = module_bytes(pipe.transformer, HALF_DELTA)
+    assert result.extra_bytes == module_bytes(pipe.transformer.condition_embedder.time_embedder, HALF_DELTA) < whole
+    evidence = result.evidence["transformer"]["condition_embedder.time_embedder"][0]
+    assert evidence.module == planted[0] and evidence.max_abs > 65504 and evidence.step.startswith("step ")
+
+    path = result.write(tmp_path / "wan.yaml")
+    text = path.read_text()
+    assert "condition_embedder.time_embedder" in text and f"{evidence.max_abs:.3g}" in text
+    apply_recipe(pipe, device="cpu", layout="t4", overrides=[str(path), {"transformer": {"nan_guard": False}}])
+    assert pipe.transformer.condition_embedder.time_embedder.linear_1.weight.dtype == torch.float32
+    assert pipe.transformer.proj_out.weight.dtype == torch.float16
+    assert np.isfinite(_run(pipe, kwargs)).all()
+
+
+def test_refuses_what_does_not_fit(sdxl_folder, monkeypatch):
+    folder, _, _ = sdxl_folder
+    monkeypatch.setattr(calibrator, "_available_bytes", lambda device: 1000)
+    with pytest.raises(hp.RecipeError, match="reference='bfloat16'") as err:
+        hp.calibrate(folder, "t4", run_on="cpu", progress=False)
+    assert "available" in str(err.value) and "Traceback" not in str(err.value)
+
+
+def test_target_the_layout_cannot_compute():
+    assert "bfloat16" not in hp.device_caps("t4").compute
+    with pytest.raises(hp.RecipeError, match="cannot be computed"):
+        hp.calibrate(make_wan(), "t4", wan_call_kwargs(), target="bfloat16", progress=False)
