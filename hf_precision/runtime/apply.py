@@ -162,7 +162,7 @@ def applied(pipe: Any) -> Applied | None:
 
 
 def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = None, overrides: Any = None,
-                 *, layout: Any = None, strict: bool = True) -> Applied:
+                 *, layout: Any = None, strict: bool = True, force: bool = False) -> Applied:
     """Apply a recipe to a pipeline you built: dtypes, placement, float32 islands and boundary hooks, in place.
 
     Args:
@@ -175,6 +175,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         layout (*optional*): the device whose rules choose the dtypes when it is not where the pipeline runs
             (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution`.
         strict (`bool`, defaults to `True`): a ``keep_fp32`` pattern that matches no module is an error.
+        force (`bool`, defaults to `False`): apply a pipeline recipe whose ``pipelines`` list does not name this
+            pipeline's class (otherwise a ``RecipeError`` names the recipes that do).
 
     Returns:
         `Applied`: a report of what was done; ``.remove()`` takes the hooks off, ``.verify()`` checks for drift.
@@ -203,7 +205,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
 
     resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
                        configs={n: _config_dict(m) for n, m in comps.items()}, components=list(comps),
-                       models=models_of_pipeline(pipe) if "" not in comps else None)
+                       models=models_of_pipeline(pipe) if "" not in comps else None, force=force)
 
     previous = getattr(pipe, _ATTR, None)
     if isinstance(previous, Applied) and not previous.removed:

@@ -274,7 +274,7 @@ def pipeline_class(name: str) -> type:
 
     cls = getattr(diffusers, name, None)
     if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
-        near = difflib.get_close_matches(name, [n for n in dir(diffusers) if n.endswith("Pipeline")], n=3)
+        near = difflib.get_close_matches(name, [n for n in dir(diffusers) if n.endswith("Pipeline")], n=3, cutoff=0.8)
         raise RecipeError(f"{name!r} is not a diffusers pipeline class"
                           + (f"; did you mean {', '.join(map(repr, near))}?" if near else ""))
     return cls
