@@ -13,8 +13,8 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..apps.video import (DEFAULTS, DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, generate_video, load_video_pipeline, model_class,
-                          plan_outputs, read_image, save_video)
+from ..apps.video import (DEFAULTS, DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, check_out, generate_video, load_video_pipeline,
+                          model_class, plan_outputs, read_image, save_video)
 from ..errors import RecipeError
 from ..runtime import applied as applied_record
 from .common import add_recipe_args, command, overrides_from
@@ -154,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, key, value)
     _check_numbers(args)
     out = args.out or "demo.mp4"
+    if not (args.image and Path(args.image).expanduser().is_dir()):
+        check_out(out, args.format)  # before --demo builds its model (plan_outputs checks the rest before loading)
     with contextlib.ExitStack() as stack:
         if args.demo:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hf_precision_video_")))
