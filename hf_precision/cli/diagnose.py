@@ -31,6 +31,12 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..runtime.source import check_name, shipped_configs
+
+    if not Path(args.name).expanduser().is_dir() and args.name not in shipped_configs():
+        check_name(args.name)  # a typo fails in a blink, before torch and diffusers are imported
     from ..diagnose.planner import plan
 
     result = plan(args.name, device=args.device, recipe=args.recipe, overrides=overrides_from(args) or None,

@@ -16,7 +16,6 @@ from pathlib import Path
 from ..apps.video import (DEFAULTS, DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, check_out, generate_video, load_video_pipeline,
                           model_class, plan_outputs, read_image, save_video)
 from ..errors import RecipeError
-from ..runtime import applied as applied_record
 from .common import add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
@@ -170,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _generate_all(args: argparse.Namespace, model: str, jobs: list[Job]) -> int:
     from accelerate import PartialState
+
+    from ..runtime import applied as applied_record
 
     cpu = _want_cpu(args.device)
     # cpu=True is what makes PartialState see a CPU run started by torchrun/accelerate as MULTI_CPU (gloo).

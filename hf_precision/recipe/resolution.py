@@ -449,6 +449,9 @@ def _as_list(overrides: Any) -> list[Any]:
         return []
     if isinstance(overrides, (str, Path, Mapping)):
         return [overrides]
+    if not isinstance(overrides, (list, tuple)):
+        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(overrides).__name__} "
+                          f"{excerpt(overrides)}; e.g. overrides={{'vae': {{'dtype': 'float32'}}}}")
     return list(overrides)
 
 
@@ -465,7 +468,7 @@ def _component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, A
                           f"{_close(stem, files)}") from None
     if entry not in comps:
         raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {excerpt(entry)}; allowed: "
-                          f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(entry, comps)}")
+                          f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(ref, [f'{stem}.{c}' for c in comps])}")
     return f"{file_source}:{entry}", comps[entry]
 
 
