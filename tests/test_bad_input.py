@@ -282,10 +282,10 @@ CASES = [
     ("keyword", "api", lambda env: hp.get_recipe("sdxl", device="t4", overrides=42), RecipeError, "overrides: expected a YAML path"),
     # --- scripts: output paths are checked before any model is loaded or built
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{afile}/x.png"], RecipeError, "afile is a file, not a folder"),
-    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}/x.bmp"], RecipeError, "unknown output type '.bmp'"),
+    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}/x.bmp"], RecipeError, "unsupported image type '.bmp'"),
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}/nodir/x.png"], RecipeError, "does not exist"),
-    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{adir}"], RecipeError, "unknown output type '.mp4'"),
-    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}"], RecipeError, "unknown output type"),
+    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{adir}"], RecipeError, "unsupported image type '.mp4'"),
+    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}"], RecipeError, "unsupported image type"),
     ("script", "video", ["--demo", "--out", "{afile}/x.mp4"], RecipeError, "afile is a file, not a folder"),
     ("script", "video", ["--demo", "--out", "{empty}/x.avi"], RecipeError, "unknown output type '.avi'"),
     ("script", "video", ["--demo", "--out", "{adir}"], RecipeError, "adir.mp4: is a folder"),
@@ -406,8 +406,11 @@ def test_wrong_recipe_for_class_changes_nothing_and_both_fixes_work(env):
     assert {n: p.dtype for n, p in pipe.unet.named_parameters()} == before
     named = re.search(r"pass recipe='(\w+)'", msg)[1]
     assert hp.apply_recipe(pipe, named, device="cpu", layout="t4").recipe.name == "sdxl"
-    forced = hp.apply_recipe(_sdxl_pipe(env), "sd15", device="cpu", layout="t4", force=True)
+    forced_pipe = _sdxl_pipe(env)
+    forced = hp.apply_recipe(forced_pipe, "sd15", device="cpu", layout="t4", force=True)
     assert forced.recipe.name == "sd15" and "unet" in forced.modules
+    # what the check prevented: the sd15 recipe does recast the SDXL UNet when forced
+    assert forced_pipe.unet.conv_in.weight.dtype != before["conv_in.weight"]
 
 
 def test_fix_keyword_is_followed(env):
@@ -415,6 +418,10 @@ def test_fix_keyword_is_followed(env):
         name = re.search(r"did you mean '(\w+)'", msg)[1]
         return hp.load_pipeline(env.sdxl, "cpu", layout="t4", **{name: True})
 
+    # plain diffusers only logs the misspelling and goes on
+    from diffusers import DiffusionPipeline
+
+    assert DiffusionPipeline.from_pretrained(env.sdxl, use_safetensor=True) is not None
     pipe = _follow(lambda: hp.load_pipeline(env.sdxl, "cpu", layout="t4", use_safetensor=True), fix, "use_safetensor")
     assert pipe.unet.dtype == torch.float16
 

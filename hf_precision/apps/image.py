@@ -35,7 +35,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
 
     from ..runtime.load import load_pipeline
 
-    out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=False)
+    out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=False, what="image")
     if steps < 1:
         raise RecipeError(f"--steps {steps}: must be at least 1")
     for name, value in (("height", height), ("width", width)):

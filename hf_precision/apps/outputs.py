@@ -18,7 +18,7 @@ __all__ = ["check_output"]
 
 
 def check_output(path: str | os.PathLike[str], *, flag: str = "--out", suffixes: Iterable[str] | None = None,
-                 folder: bool = False, create_parents: bool = True) -> Path:
+                 folder: bool = False, create_parents: bool = True, what: str = "output") -> Path:
     """``path`` as a ``Path`` if a run can write it there, else a ``RecipeError`` naming the flag, the path and the fix.
 
     Args:
@@ -28,6 +28,7 @@ def check_output(path: str | os.PathLike[str], *, flag: str = "--out", suffixes:
         folder: the output is a folder (PNG frames, one video per image): an existing file there is refused.
         create_parents: missing parent folders will be created (their nearest existing ancestor must be a
             writable folder); when False the parent folder must exist.
+        what: what the file is (``"image"``), for the message.
 
     Example:
         >>> import tempfile
@@ -45,7 +46,7 @@ def check_output(path: str | os.PathLike[str], *, flag: str = "--out", suffixes:
     if suffixes is not None and not folder:
         allowed = tuple(s.lower() for s in suffixes)
         if target.suffix.lower() not in allowed:
-            raise RecipeError(f"{flag} {shown}: unknown output type {target.suffix or '(no suffix)'!r}; allowed: "
+            raise RecipeError(f"{flag} {shown}: unsupported {what} type {target.suffix or '(no suffix)'!r}; allowed: "
                               f"{', '.join(allowed)}")
     if target.is_dir() and not folder:
         raise RecipeError(f"{flag} {shown}: is a folder; name a file in it")
