@@ -154,7 +154,7 @@ def _check_keywords(kwargs: Mapping[str, Any], classes: list[Any]) -> None:
     unknown = [k for k in kwargs if k not in allowed and k not in ("dtype", "torch_dtype")]
     if not unknown:
         return
-    options = sorted(allowed | set(_OWN_KEYWORDS))
+    options = sorted((allowed | set(_OWN_KEYWORDS)) - {"trust_remote_code", "custom_pipeline", "custom_revision"})
     hints = []
     for key in unknown:
         near = difflib.get_close_matches(key, options, n=1, cutoff=0.6) if len(key) < 100 else []
