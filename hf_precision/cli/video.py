@@ -155,6 +155,10 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or "demo.mp4"
     if not (args.image and Path(args.image).expanduser().is_dir()):
         check_out(out, args.format)  # before --demo builds its model (plan_outputs checks the rest before loading)
+    if args.device is not None:
+        from ..runtime.apply import torch_device
+
+        torch_device(args.device, "--device")  # a preset such as t4 fails here, not after --demo built its model
     with contextlib.ExitStack() as stack:
         if args.demo:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hf_precision_video_")))
