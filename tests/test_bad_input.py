@@ -276,6 +276,12 @@ CASES = [
                                                    overrides={"unet": {"keep_fp32": ["time_embeding"]}}),
      RecipeError, "'time_embeding': did you mean ['time_embedding'"),
     ("recipe", "cli", ["plan", "sdxl", *T4, "--set", "unet.keep_fp32=[nonexistent]"], RecipeError, "['nonexistent'] match no module"),
+    ("recipe", "cli", ["plan", "sdxl", *T4, "--set", "vae.entry=[decoderr]"], RecipeError, "vae.entry: ['decoderr'] name no module"),
+    ("recipe", "api", lambda env: hp.apply_recipe(_sdxl_pipe(env), device="cpu", layout="t4",
+                                                   overrides={"unet": {"layerwise_skip": ["*nrom*"]}}),
+     RecipeError, "unet.layerwise_skip: ['*nrom*'] name no module"),
+    ("recipe", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", layout="t4", overrides={"vae": {"entry": ["decoderr"]}}),
+     RecipeError, "did you mean ['decoder'"),
     ("recipe", "api", lambda env: hp.plan(str(env.path("typo-class")), "t4"), RecipeError,
      "no recipe for pipeline class 'StableDiffusionXLPipelinee'"),
     # --- keywords
@@ -483,6 +489,18 @@ def test_fix_keep_fp32_line_is_followed(env):
 
     record = _follow(lambda: hp.apply_recipe(_sdxl_pipe(env), device="cpu", layout="t4", overrides=bad), fix, "did you mean")
     assert record.islands["unet"] == ["time_embedding", "add_embedding"]
+
+
+def test_fix_entry_name_is_followed(env):
+    from hf_precision.recipe.resolution import parse_set
+
+    bad = {"vae": {"entry": ["decoderr"]}}
+
+    def fix(msg):
+        return hp.apply_recipe(_sdxl_pipe(env), device="cpu", layout="t4", overrides=[bad, parse_set([re.search(r"--set (\S+)", msg)[1]])])
+
+    record = _follow(lambda: hp.apply_recipe(_sdxl_pipe(env), device="cpu", layout="t4", overrides=bad), fix, "decoderr")
+    assert record.hooked["vae"] == ["decoder"]
 
 
 def test_fix_dtype_keyword_is_followed(env):

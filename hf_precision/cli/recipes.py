@@ -61,22 +61,22 @@ def _cmd_show(args: argparse.Namespace) -> int:
     unchecked = _unchecked_patterns(recipe)
     if unchecked:
         target = args.name if args.name in list_recipes("pipeline") else "FOLDER_WITH_THE_MODEL_CONFIGS"
-        print(f"hf-precision show: note: keep_fp32 patterns were not checked against the model's modules (show reads "
+        print(f"hf-precision show: note: module names and patterns were not checked against the model's modules (show reads "
               f"no model configs): {'; '.join(unchecked)}. To check them: hf-precision plan {target} with the same "
               f"--device/--overrides/--set (plan builds each component from its config.json)", file=sys.stderr)
     return 0
 
 
 def _unchecked_patterns(recipe: Any) -> list[str]:
-    """``component: [patterns] (source)`` for each keep_fp32 list that came from the user, not a shipped recipe.
+    """``component.key: [names] (source)`` for each keep_fp32/entry/layerwise_skip list the user set (not shipped).
 
     Shipped recipes' patterns are checked against the real configs by the tests; a user's may match nothing.
     """
     out = []
     for plan in recipe.plans:
         for d in plan.decisions:
-            if d.field == "keep_fp32" and not d.source.startswith("recipes/"):
-                out.append(f"{plan.name}: [{d.value}] ({d.source})")
+            if d.field in ("keep_fp32", "entry", "layerwise_skip") and not d.source.startswith("recipes/"):
+                out.append(f"{plan.name}.{d.field}: [{d.value}] ({d.source})")
     return out
 
 

@@ -359,7 +359,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         'bfloat16'
     """
     from ..recipe.devices import device_caps
-    from ..runtime.layout import component_islands, planned_dtypes
+    from ..runtime.layout import check_user_names, component_islands, planned_dtypes
 
     text = str(name_or_path)
     source, index, configs = configs_of(text)
@@ -388,6 +388,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             skipped.append(f"{cp.name} ({spec[1]}): no {cp.name}/config.json")
             continue
         module = build_on_meta(str(spec[0]), str(spec[1]), configs[cp.name])
+        check_user_names(cp, module)
         islands = component_islands(cp, module)
         components[cp.name] = _plan_component(cp, module, str(spec[0]), islands, planned_dtypes(module, cp, islands),
                                               modules, device_why)

@@ -13,7 +13,7 @@ from .. import dtypes as dt
 from ..recipe.devices import device_caps
 from ..errors import RecipeError, override_line
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
-from .layout import component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
+from .layout import check_user_names, component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
 from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, resolve
 from ..recipe.patterns import inside
 
@@ -239,6 +239,8 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
                           f"component recipe {plan.recipe} is for {', '.join(plan.classes)}; its islands and entry points "
                           f"would not fit. Use a recipe for this class, or override the component recipe: "
                           f"{override_line(plan.name, 'use', '<component recipe>')} (hf-precision recipes lists them)")
+    if strict:
+        check_user_names(plan, module)
     islands = component_islands(plan, module, strict=strict)
     compute, storage = dt.to_torch(plan.compute), dt.to_torch(plan.storage)
     if islands and has_layerwise_casting(module):
