@@ -272,6 +272,8 @@ CASES = [
     ("recipe", "cli", ["show", "nosuch", *T4], RecipeError, "recipe 'nosuch': unknown"),
     ("recipe", "api", lambda env: hp.get_recipe("vae.nosuch"), RecipeError, "has no entry 'nosuch'"),
     ("recipe", "api", lambda env: hp.apply_recipe(_sdxl_pipe(env).unet), RecipeError, "name a component recipe"),
+    ("recipe", "api", lambda env: hp.apply_recipe(_sdxl_pipe(env).unet, "sdxl"), RecipeError,
+     "'sdxl' is a pipeline recipe; name a component recipe for a bare UNet2DConditionModel"),
     ("recipe", "api", lambda env: hp.apply_recipe(_sdxl_pipe(env), device="cpu", layout="t4",
                                                    overrides={"unet": {"keep_fp32": ["time_embeding"]}}),
      RecipeError, "'time_embeding': did you mean ['time_embedding'"),

@@ -191,8 +191,9 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     """
     comps = _components(pipe)
     if "" in comps:
-        if not isinstance(recipe, (str, Recipe)):
-            raise RecipeError(f"apply_recipe: name a component recipe for a bare {type(comps['']).__name__}, "
+        if not isinstance(recipe, (str, Recipe)) or (isinstance(recipe, str) and recipe in list_recipes("pipeline")):
+            got = f"{recipe!r} is a pipeline recipe; " if isinstance(recipe, str) else ""
+            raise RecipeError(f"apply_recipe: {got}name a component recipe for a bare {type(comps['']).__name__}, "
                               f"e.g. recipe='dit.video'; component recipes: {', '.join(list_recipes('component'))}")
         stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
