@@ -312,6 +312,8 @@ CASES = [
     ("script", "video", ["--image", "{not-image}", "--out", "{empty}/x.mp4"], RecipeError, "cannot read it as an image"),
     ("script", "video", ["--demo", "--out", "{empty}/x.gif", "--format", "mp4"], RecipeError, "--format is mp4"),
     ("script", "cli", ["video", "--demo", "--out", "{afile}/x.gif"], RecipeError, "afile is a file, not a folder"),
+    ("script", "cli", ["demo", "--out", "{afile}"], RecipeError, "afile: exists and is not a folder"),
+    ("script", "cli", ["demo", "--out", "{afile}/report"], RecipeError, "afile is a file, not a folder"),
     # --- real processes: the installed entry points print one line and exit 2
     ("script", "sub", [sys.executable, "-m", "hf_precision.cli", "plan", "42"], RecipeError, "'42': no such folder"),
     ("script", "sub", [sys.executable, str(ROOT / "scripts" / "generate_video.py"), "--demo", "--out", "{afile}/x.mp4"],

@@ -25,6 +25,9 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ..apps.demo import run_demo
+    from ..apps.outputs import check_output
+
+    check_output(args.out, folder=True)  # before the demo builds and runs its pipelines
 
     results = run_demo(args.out, device=args.device, layout=args.layout, seed=args.seed)
     if args.json:
