@@ -296,6 +296,9 @@ CASES = [
     ("keyword", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", dtype=torch.float16, torch_dtype=torch.float16),
      RecipeError, "not both"),
     ("keyword", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", trust_remote_code=True), RecipeError, "trust_remote_code is refused"),
+    ("keyword", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", pipeline_class="StableDiffusionXLPipelinee"),
+     RecipeError, "pipeline_class='StableDiffusionXLPipelinee' is not a diffusers pipeline class; did you mean"),
+    ("keyword", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", pipeline_class=42), RecipeError, "pipeline_class=42"),
     ("keyword", "api", lambda env: hp.get_recipe("sdxl", device="t4", overrides=42), RecipeError, "overrides: expected a YAML path"),
     # --- scripts: output paths are checked before any model is loaded or built
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{afile}/x.png"], RecipeError, "afile is a file, not a folder"),

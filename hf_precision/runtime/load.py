@@ -181,6 +181,26 @@ def _index_class(where: str, index: Mapping[str, Any]) -> Any:
         raise RecipeError(f"{where}: model_index.json: _class_name {err}; {fix}") from None
 
 
+def _as_class(value: Any) -> Any:
+    """``pipeline_class=`` as a class: a diffusers pipeline or AutoPipeline class, or its name."""
+    import diffusers
+
+    from .source import pipeline_class as find_class
+
+    if value is None or (isinstance(value, type) and hasattr(value, "from_pretrained")):
+        return value
+    if isinstance(value, str):
+        cls = getattr(diffusers, value, None)
+        if isinstance(cls, type) and value.startswith("AutoPipeline") and hasattr(cls, "from_pretrained"):
+            return cls
+        try:
+            return find_class(value)  # a pipeline class, or a RecipeError with the close names
+        except RecipeError as err:
+            raise RecipeError(f"load_pipeline: pipeline_class={err}") from None
+    raise RecipeError(f"load_pipeline: pipeline_class={excerpt(value)}: expected a diffusers pipeline class such as "
+                      f"diffusers.StableDiffusionXLImg2ImgPipeline, or its name")
+
+
 def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
     """Components whose folder holds pickle weights (``*.bin``, ``*.pt``) and no safetensors file."""
     if folder is None:
@@ -249,6 +269,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
             raise RecipeError(f"load_pipeline: {flag} is refused: hf_precision never runs code downloaded with a model")
+    pipeline_class = _as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
     index_class = _index_class(where, index) if pipeline_class is None else None
     _check_keywords(kwargs, [c for c in (pipeline_class, index_class) if c is not None])
