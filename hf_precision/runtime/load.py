@@ -272,7 +272,11 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     pipeline_class = _as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
     index_class = _index_class(where, index) if pipeline_class is None else None
-    _check_keywords(kwargs, [c for c in (pipeline_class, index_class) if c is not None])
+    if index_class is None:  # an AutoPipeline builds the index's class: its components are keywords too
+        import diffusers
+
+        index_class = getattr(diffusers, str(index.get("_class_name")), None)
+    _check_keywords(kwargs, [c for c in (pipeline_class, index_class) if isinstance(c, type)])
     check_folder_fits(where, index, pipeline_class)
     present = [c for c, spec in index.items() if not c.startswith("_") and isinstance(spec, (list, tuple)) and spec[0]]
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
