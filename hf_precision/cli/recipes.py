@@ -61,8 +61,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     unchecked = _unchecked_patterns(recipe)
     if unchecked:
         target = args.name if args.name in list_recipes("pipeline") else "FOLDER_WITH_THE_MODEL_CONFIGS"
-        print(f"hf-precision show: note: module names and patterns were not checked against the model's modules (show reads "
-              f"no model configs): {'; '.join(unchecked)}. To check them: hf-precision plan {target} with the same "
+        print(f"hf-precision show: note: module names and patterns were not checked against the model's modules "
+              f"(show reads no model configs): {'; '.join(unchecked)}. To check them: hf-precision plan {target} with the same "
               f"--device/--overrides/--set (plan builds each component from its config.json)", file=sys.stderr)
     return 0
 

@@ -667,8 +667,8 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
         # Shipped recipes' names are checked against the real configs by the tests; the user's are checked where the
         # modules are known (apply_recipe, load_pipeline, plan), which find them through this decision.
         if get(key) and not src(key).startswith("recipes/"):
-            decisions.append(Decision(key, ", ".join(v or "(forward)" for v in get(key)), "set by the user: must name modules of the component",
-                                      src(key)))
+            names = ", ".join(v or "(forward)" for v in get(key))
+            decisions.append(Decision(key, names, "set by the user: must name modules of the component", src(key)))
     return ComponentPlan(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
                          keep_fp32=islands, entry=tuple(get("entry") or ("",)), nan_guard=nan_guard,
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),

@@ -19,7 +19,8 @@ from .. import dtypes as dt
 from ..recipe.patterns import inside, resolve_islands
 from ..recipe.resolution import ComponentPlan
 
-__all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting", "drift", "Drifted"]
+__all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
+           "drift", "Drifted"]
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:

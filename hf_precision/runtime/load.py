@@ -211,7 +211,8 @@ def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
         if comp.startswith("_") or not isinstance(spec, (list, tuple)) or not d.is_dir():
             continue
         names = [p.name for p in d.iterdir()]
-        if not any(n.endswith(".safetensors") for n in names) and any(n.endswith((".bin", ".pt", ".pth", ".ckpt")) for n in names):
+        pickled = any(n.endswith((".bin", ".pt", ".pth", ".ckpt")) for n in names)
+        if pickled and not any(n.endswith(".safetensors") for n in names):
             out.append(comp)
     return out
 
