@@ -89,7 +89,7 @@ def test_unknown_recipe_name():
 
 def test_unknown_component_recipe_entry():
     msg = raises(hp.get_recipe, "vae.sdxll", device="t4")
-    assert "has no entry 'sdxll'" in msg and "vae.sdxl" in msg and "did you mean 'sdxl'?" in msg
+    assert "has no entry 'sdxll'" in msg and "vae.sdxl" in msg and "did you mean 'vae.sdxl'?" in msg
     msg = raises(hp.get_recipe, "sdxl", device="t4", overrides={"vae": {"use": "vea.kl"}})
     assert "components.vae.use: no component recipe file 'vea'" in msg and "did you mean 'vae'?" in msg
 

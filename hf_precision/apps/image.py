@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RecipeError
+from .outputs import check_output
 
 __all__ = ["generate"]
 
@@ -15,10 +16,12 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, steps: int = 30, height: int | None = None,
              width: int | None = None, guidance: float | None = None, negative_prompt: str | None = None, seed: int = 0,
-             recipe: str | None = None, overrides: Any = None) -> Path:
+             recipe: str | None = None, overrides: Any = None, force: bool = False) -> Path:
     """Generate one image with a text-to-image pipeline loaded through :func:`hf_precision.load_pipeline`.
 
-    The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind.
+    The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind;
+    ``out`` is checked (a known suffix, an existing writable folder) before the model is loaded. ``force`` uses
+    ``recipe`` even for a pipeline class it does not list.
 
     Example:
         >>> import tempfile
@@ -32,17 +35,13 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
 
     from ..runtime.load import load_pipeline
 
-    out = Path(out)
-    if out.suffix.lower() not in IMAGE_SUFFIXES:
-        raise RecipeError(f"--out {out}: unsupported image type {out.suffix!r}; allowed: {', '.join(IMAGE_SUFFIXES)}")
-    if not out.parent.exists():
-        raise RecipeError(f"--out {out}: folder {out.parent} does not exist; create it first")
+    out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=False, what="image")
     if steps < 1:
         raise RecipeError(f"--steps {steps}: must be at least 1")
     for name, value in (("height", height), ("width", width)):
         if value is not None and (value <= 0 or value % 8):
             raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
-    pipe = load_pipeline(model, device, recipe=recipe, overrides=overrides)
+    pipe = load_pipeline(model, device, recipe=recipe, overrides=overrides, force=force)
     if "prompt" not in __import__("inspect").signature(pipe.__call__).parameters:
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
                           "use `hf-precision video` for SVD")

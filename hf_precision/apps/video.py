@@ -32,12 +32,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from .outputs import check_output
 
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "FORMATS", "Job", "VideoResult", "generate_video", "load_video_pipeline", "model_class", "plan_outputs",
+    "FORMATS", "Job", "VideoResult", "check_out", "generate_video", "load_video_pipeline", "model_class", "plan_outputs",
     "read_image", "save_video",
 ]
 
@@ -114,8 +115,7 @@ def plan_outputs(image: str, out: str, fmt: str | None = None) -> list[Job]:
         if _format_of(target) in ("mp4", "gif"):
             raise RecipeError(f"--out {out}: with a folder of images --out is a folder (one video per image); choose "
                               f"the format with --format {'|'.join(FORMATS)}")
-        if target.exists() and not target.is_dir():
-            raise RecipeError(f"--out {out}: exists and is not a folder")
+        check_output(target, folder=True)
         fmt = fmt or "mp4"
         stems: dict[str, Path] = {}
         for img in images:
@@ -125,21 +125,37 @@ def plan_outputs(image: str, out: str, fmt: str | None = None) -> list[Job]:
             stems[img.stem] = img
         jobs = [Job(img, target / (img.stem if fmt == "png" else f"{img.stem}.{fmt}"), fmt) for img in images]
     else:
-        from_suffix = _format_of(target)
-        if from_suffix is None:
-            raise RecipeError(f"--out {out}: unknown output type {target.suffix!r}; use .mp4, .gif, or a folder "
-                              f"name without suffix for PNG frames")
-        if fmt is not None and fmt != from_suffix:
-            raise RecipeError(f"--out {out} is a{'n' if from_suffix == 'mp4' else ''} {from_suffix} output but "
-                              f"--format is {fmt}; drop --format or change the suffix")
-        jobs = [Job(images[0], target, from_suffix)]
+        jobs = [Job(images[0], check_out(out, fmt), _format_of(target) or "")]
     for job in jobs:
+        check_output(job.out, folder=job.format == "png")
         if job.format == "png":
             _check_frame_folder(job.out)
-        elif job.out.is_dir():
-            raise RecipeError(f"--out: {job.out} is a folder; cannot write a {job.format} file there")
         read_image(job.image)
     return jobs
+
+
+def check_out(out: str, fmt: str | None = None) -> Path:
+    """Check ``--out`` for one video before anything else runs (``--demo`` builds its model first).
+
+    Example:
+        >>> import tempfile
+        >>> check_out(str(Path(tempfile.mkdtemp()) / "cat.avi"))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --out .../cat.avi: unknown output type '.avi'; use .mp4, .gif, or a folder ...
+    """
+    target = Path(out).expanduser()
+    from_suffix = _format_of(target)
+    if from_suffix is None:
+        raise RecipeError(f"--out {out}: unknown output type {target.suffix!r}; use .mp4, .gif, or a folder "
+                          f"name without suffix for PNG frames")
+    if fmt is not None and fmt != from_suffix:
+        raise RecipeError(f"--out {out} is a{'n' if from_suffix == 'mp4' else ''} {from_suffix} output but "
+                          f"--format is {fmt}; drop --format or change the suffix")
+    check_output(target, folder=from_suffix == "png")
+    if from_suffix == "png":
+        _check_frame_folder(target)
+    return target
 
 
 def _check_frame_folder(folder: Path) -> None:

@@ -24,15 +24,23 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
     add_recipe_args(p)
     p.add_argument("--recipe", default=None, metavar="NAME",
                    help="recipe to plan with (default: the alias, or the one covering model_index.json's _class_name)")
+    p.add_argument("--force", action="store_true",
+                   help="use --recipe even for a pipeline class its pipelines: list does not name")
     p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (exact byte counts)")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..runtime.source import check_name, shipped_configs
+
+    if not Path(args.name).expanduser().is_dir() and args.name not in shipped_configs():
+        check_name(args.name)  # a typo fails in a blink, before torch and diffusers are imported
     from ..diagnose.planner import plan
 
     result = plan(args.name, device=args.device, recipe=args.recipe, overrides=overrides_from(args) or None,
-                  modules=args.modules)
+                  modules=args.modules, force=args.force)
     print(result.to_json() if args.json else result.table(modules=args.modules))
     return 0
 
@@ -48,6 +56,8 @@ def _args_check(p: argparse.ArgumentParser) -> None:
                         "--device: checks a T4 layout on this machine (--for is the old name)")
     p.add_argument("--recipe", default=None, metavar="NAME",
                    help="recipe to load with (default: the one covering model_index.json's _class_name)")
+    p.add_argument("--force", action="store_true",
+                   help="use --recipe even for a pipeline class its pipelines: list does not name")
     p.add_argument("--plain", action="store_true",
                    help="load with plain diffusers (DiffusionPipeline.from_pretrained(PATH, dtype=...)), no recipe and "
                         "no hooks: shows what breaks without hf_precision")
@@ -130,7 +140,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                           f"and weights). To plan without weights: hf-precision plan {args.path}")
     if args.plain:
         used = [flag for flag, on in (("--recipe", args.recipe), ("--overrides", args.overrides), ("--set", args.set_),
-                                      ("--for", args.for_device)) if on]
+                                      ("--for", args.for_device), ("--force", args.force)) if on]
         if used:
             raise RecipeError(f"--plain loads without a recipe: drop {', '.join(used)} (or drop --plain)")
         pipe = _load_plain(args.path, args.dtype, args.device)
@@ -142,7 +152,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         _validate_early(args.path, recipe, args.for_device or args.device, overrides)
         from ..runtime.load import load_pipeline
 
-        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.for_device)
+        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.for_device,
+                             force=args.force)
     report = check(pipe)
     print(report.to_json() if args.json else report.table())
     return report.exit_code

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
+from typing import Any
 
 from .common import add_recipe_args, command, overrides_from
 
@@ -44,7 +46,7 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from ..errors import RecipeError
-    from ..recipe.resolution import get_recipe, resolve
+    from ..recipe.resolution import get_recipe, list_recipes, resolve
 
     if (args.name is None) == (args.pipeline_class is None):
         raise RecipeError("show takes a recipe name (hf-precision show sdxl) or --class PIPELINE_CLASS, one of the two")
@@ -56,7 +58,26 @@ def _cmd_show(args: argparse.Namespace) -> int:
     else:
         recipe = get_recipe(args.name, device=args.device, overrides=overrides_from(args))
     print(recipe.to_json() if args.json else recipe.table(why=not args.brief))
+    unchecked = _unchecked_patterns(recipe)
+    if unchecked:
+        target = args.name if args.name in list_recipes("pipeline") else "FOLDER_WITH_THE_MODEL_CONFIGS"
+        print(f"hf-precision show: note: module names and patterns were not checked against the model's modules "
+              f"(show reads no model configs): {'; '.join(unchecked)}. To check them: hf-precision plan {target} with the same "
+              f"--device/--overrides/--set (plan builds each component from its config.json)", file=sys.stderr)
     return 0
+
+
+def _unchecked_patterns(recipe: Any) -> list[str]:
+    """``component.key: [names] (source)`` for each keep_fp32/entry/layerwise_skip list the user set (not shipped).
+
+    Shipped recipes' patterns are checked against the real configs by the tests; a user's may match nothing.
+    """
+    out = []
+    for plan in recipe.plans:
+        for d in plan.decisions:
+            if d.field in ("keep_fp32", "entry", "layerwise_skip") and not d.source.startswith("recipes/"):
+                out.append(f"{plan.name}.{d.field}: [{d.value}] ({d.source})")
+    return out
 
 
 @command("recipes", "list the shipped recipes", "hf_precision.cli.recipes:_cmd_recipes")

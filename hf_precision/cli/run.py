@@ -25,6 +25,9 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from ..apps.demo import run_demo
+    from ..apps.outputs import check_output
+
+    check_output(args.out, folder=True)  # before the demo builds and runs its pipelines
 
     results = run_demo(args.out, device=args.device, layout=args.layout, seed=args.seed)
     if args.json:
@@ -44,6 +47,8 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--negative-prompt", default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--recipe", default=None, help="recipe name (default: chosen from model_index.json)")
+    p.add_argument("--force", action="store_true",
+                   help="use --recipe even for a pipeline class its pipelines: list does not name")
     add_recipe_args(p)
 
 
@@ -52,6 +57,6 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     path = generate(args.model, args.prompt, args.out, device=args.device, steps=args.steps, height=args.height,
                     width=args.width, guidance=args.guidance, negative_prompt=args.negative_prompt, seed=args.seed,
-                    recipe=args.recipe, overrides=overrides_from(args) or None)
+                    recipe=args.recipe, overrides=overrides_from(args) or None, force=args.force)
     print(f"wrote {path}")
     return 0

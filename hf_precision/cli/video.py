@@ -13,10 +13,9 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..apps.video import (DEFAULTS, DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, generate_video, load_video_pipeline, model_class,
-                          plan_outputs, read_image, save_video)
+from ..apps.video import (DEFAULTS, DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, check_out, generate_video, load_video_pipeline,
+                          model_class, plan_outputs, read_image, save_video)
 from ..errors import RecipeError
-from ..runtime import applied as applied_record
 from .common import add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
@@ -154,6 +153,12 @@ def run(args: argparse.Namespace) -> int:
             setattr(args, key, value)
     _check_numbers(args)
     out = args.out or "demo.mp4"
+    if not (args.image and Path(args.image).expanduser().is_dir()):
+        check_out(out, args.format)  # before --demo builds its model (plan_outputs checks the rest before loading)
+    if args.device is not None:
+        from ..runtime.apply import torch_device
+
+        torch_device(args.device, "--device")  # a preset such as t4 fails here, not after --demo built its model
     with contextlib.ExitStack() as stack:
         if args.demo:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hf_precision_video_")))
@@ -168,6 +173,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _generate_all(args: argparse.Namespace, model: str, jobs: list[Job]) -> int:
     from accelerate import PartialState
+
+    from ..runtime import applied as applied_record
 
     cpu = _want_cpu(args.device)
     # cpu=True is what makes PartialState see a CPU run started by torchrun/accelerate as MULTI_CPU (gloo).

@@ -318,7 +318,7 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any]) -> n
 
 
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
-         overrides: Any = None, modules: bool = False) -> Plan:
+         overrides: Any = None, modules: bool = False, force: bool = False) -> Plan:
     """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
 
     Nothing is downloaded or allocated: each component is built on the meta device from its ``config.json``, the
@@ -339,6 +339,8 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         overrides (*optional*): Override file(s) or dict(s) merged over the recipe (see ``get_recipe``).
         modules (`bool`, *optional*, defaults to `False`): Also list every module with its parameters and
             planned dtype (``Plan.table(modules=True)``, ``hf-precision plan --modules``).
+        force (`bool`, *optional*, defaults to `False`): Plan with ``recipe`` even when its ``pipelines`` list does
+            not name the pipeline class.
 
     Returns:
         `Plan`: print it for a table; ``to_json()`` carries exact byte counts.
@@ -357,7 +359,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         'bfloat16'
     """
     from ..recipe.devices import device_caps
-    from ..runtime.layout import component_islands, planned_dtypes
+    from ..runtime.layout import check_user_names, component_islands, planned_dtypes
 
     text = str(name_or_path)
     source, index, configs = configs_of(text)
@@ -366,7 +368,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         recipe = text
     # Nothing is placed: the plan is for `device`, built on the meta device.
     resolved = resolve(recipe, pipeline_class=pipeline, layout=device if not isinstance(recipe, Recipe) else None,
-                       overrides=overrides, configs=configs)
+                       overrides=overrides, configs=configs, force=force)
 
     caps = device_caps(resolved.device)
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")
@@ -386,6 +388,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             skipped.append(f"{cp.name} ({spec[1]}): no {cp.name}/config.json")
             continue
         module = build_on_meta(str(spec[0]), str(spec[1]), configs[cp.name])
+        check_user_names(cp, module)
         islands = component_islands(cp, module)
         components[cp.name] = _plan_component(cp, module, str(spec[0]), islands, planned_dtypes(module, cp, islands),
                                               modules, device_why)

@@ -106,8 +106,12 @@ def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str
     matched = match_modules(names, list(patterns))
     missing = [p for p, m in matched.items() if not m]
     if missing and strict:
-        hints = "; ".join(f"{p!r}: did you mean {suggest(p, names) or 'nothing close'}?" for p in missing)
+        close = {p: suggest(p, names) for p in missing}
+        hints = "; ".join(f"{p!r}: did you mean {close[p] or 'nothing close'}?" for p in missing)
+        # The fix keeps the patterns that match and puts the closest name in place of each that does not (or
+        # drops it), so following it gets past this error.
+        fixed = list(dict.fromkeys(close[p][0] if close.get(p) else p for p in patterns if p not in close or close[p]))
         raise RecipeError(f"{component}.keep_fp32: pattern(s) {missing} match no module of {owner} "
-                          f"({hints}). Patterns are full-match globs over module names; fix them with "
-                          f"{override_line(component, 'keep_fp32', ['...'])} or pass strict=False")
+                          f"({hints}). Patterns are full-match globs over module names; fix: "
+                          f"{override_line(component, 'keep_fp32', fixed)}")
     return outermost([n for p in patterns for n in matched[p]]) if active else []

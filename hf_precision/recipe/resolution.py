@@ -27,7 +27,7 @@ from ..errors import Problems, RecipeError, excerpt, override_line
 from .files import parse_yaml, read_yaml, recipes_dir
 
 __all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "pipeline_spec", "placement",
-           "recipe_components", "recipe_for_class", "resolve", "component_entries"]
+           "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -415,7 +415,7 @@ def _override_layer(item: str | Path | Mapping[str, Any], components: set[str], 
             data = {}
         file = True
     elif isinstance(item, Mapping):
-        source = "--set" if item.get("__source__") == "--set" else ("overrides dict" + (f" #{index + 1}" if index else ""))
+        source = str(item.get("__source__") or ("overrides dict" + (f" #{index + 1}" if index else "")))
         data = {k: v for k, v in item.items() if k != "__source__"}
         file = False
     else:
@@ -449,6 +449,9 @@ def _as_list(overrides: Any) -> list[Any]:
         return []
     if isinstance(overrides, (str, Path, Mapping)):
         return [overrides]
+    if not isinstance(overrides, (list, tuple)):
+        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(overrides).__name__} "
+                          f"{excerpt(overrides)}; e.g. overrides={{'vae': {{'dtype': 'float32'}}}}")
     return list(overrides)
 
 
@@ -465,7 +468,7 @@ def _component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, A
                           f"{_close(stem, files)}") from None
     if entry not in comps:
         raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {excerpt(entry)}; allowed: "
-                          f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(entry, comps)}")
+                          f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(ref, [f'{stem}.{c}' for c in comps])}")
     return f"{file_source}:{entry}", comps[entry]
 
 
@@ -660,6 +663,12 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
     if upcast:
         decisions.append(Decision("upcast_attention", "true", "set" if explicit_upcast is not None else
                                   _why_device(caps, "attention"), src("upcast_attention") if explicit_upcast is not None else "devices.yaml"))
+    for key in ("entry", "layerwise_skip"):
+        # Shipped recipes' names are checked against the real configs by the tests; the user's are checked where the
+        # modules are known (apply_recipe, load_pipeline, plan), which find them through this decision.
+        if get(key) and not src(key).startswith("recipes/"):
+            names = ", ".join(v or "(forward)" for v in get(key))
+            decisions.append(Decision(key, names, "set by the user: must name modules of the component", src(key)))
     return ComponentPlan(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
                          keep_fp32=islands, entry=tuple(get("entry") or ("",)), nan_guard=nan_guard,
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
@@ -684,7 +693,38 @@ def recipe_for_class(class_name: str) -> str:
             return name
     raise RecipeError(f"no recipe for pipeline class {class_name!r}; recipes and the classes they cover: "
                       + "; ".join(f"{n}: {', '.join(c)}" for n, c in known.items())
-                      + ". Pass one explicitly, e.g. recipe='sdxl' (or --recipe sdxl), or write your own recipe YAML")
+                      + ". To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
+                      "--force); or write your own recipe YAML that lists the class under pipelines:")
+
+
+def check_recipe_class(recipe: str, listed: Iterable[str], pipeline_class: str | None, force: bool = False) -> None:
+    """Refuse a pipeline recipe for a pipeline class it does not list (its islands and entry points may not fit).
+
+    Component recipes (``listed`` empty) fit any pipeline; ``force=True`` opts in.
+
+    Example:
+        >>> check_recipe_class("sdxl", ["StableDiffusionXLPipeline"], "StableVideoDiffusionPipeline")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: recipe 'sdxl' is for StableDiffusionXLPipeline, not \
+StableVideoDiffusionPipeline: its components, float32 islands and entry points may not fit. The recipe that lists \
+StableVideoDiffusionPipeline: svd: pass recipe='svd' (CLI: --recipe svd), or leave the recipe out to have it \
+chosen; to apply 'sdxl' anyway: force=True (CLI: --force)
+    """
+    listed = tuple(listed)
+    if force or not pipeline_class or not listed or pipeline_class in listed:
+        return
+    others = [n for n in list_recipes("pipeline") if pipeline_class in (pipeline_spec(n).get("pipelines") or ())]
+    if others:
+        fix = (f"The recipe{'s' if len(others) > 1 else ''} that list{'' if len(others) > 1 else 's'} {pipeline_class}: "
+               f"{', '.join(others)}: pass recipe={others[0]!r} (CLI: --recipe {others[0]}), or leave the recipe out to "
+               f"have it chosen")
+    else:
+        fix = (f"No shipped recipe lists {pipeline_class}: leave the recipe out and one is composed from the "
+               f"pipeline's components")
+    raise RecipeError(f"recipe {excerpt(recipe)} is for {', '.join(listed)}, not {pipeline_class}: its components, "
+                      f"float32 islands and entry points may not fit. {fix}; to apply {excerpt(recipe)} anyway: "
+                      f"force=True (CLI: --force)")
 
 
 def recipe_components(recipe: str | Recipe) -> list[str]:
@@ -746,7 +786,8 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
 
 def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = None, devices: Any = None,
             layout: Any = None, overrides: Any = None, configs: Mapping[str, Mapping[str, Any]] | None = None,
-            components: Iterable[str] = (), models: Mapping[str, tuple[str, str]] | None = None) -> Recipe:
+            components: Iterable[str] = (), models: Mapping[str, tuple[str, str]] | None = None,
+            force: bool = False) -> Recipe:
     """The one door from "which recipe, which devices, which overrides" to one frozen plan.
 
     ``load_pipeline``, ``apply_recipe``, ``plan``, ``check``, the demo and the video program each call this once.
@@ -766,6 +807,8 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         components (*optional*): every component the pipeline has; a ``devices`` mapping may name these too.
         models (*optional*): component -> (model class, role) of the pipeline's ``nn.Module`` components; when no
             shipped recipe lists ``pipeline_class``, the recipe is composed from them (:mod:`hf_precision.recipe.compose`).
+        force (`bool`, defaults to `False`): accept a pipeline recipe whose ``pipelines`` list does not name
+            ``pipeline_class`` (otherwise a ``RecipeError`` names the recipes that do).
 
     Returns:
         `Recipe`: frozen; each component's plan records its device (``plan.device``) and the device its dtypes were
@@ -783,6 +826,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
     from .devices import device_profile
 
     if isinstance(recipe, Recipe):
+        check_recipe_class(recipe.name, recipe.pipelines, pipeline_class, force)
         if overrides:
             raise RecipeError("overrides need a recipe name, not a resolved Recipe: pass recipe='sdxl', overrides=... "
                               "(or resolve with hf_precision.get_recipe(name, device, overrides))")
@@ -808,6 +852,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
     name: Any = recipe if isinstance(recipe, Mapping) else str(recipe)
     best = layout if layout is not None and not isinstance(layout, Mapping) else None
     first = get_recipe(name, device=best, overrides=overrides, configs=configs)
+    check_recipe_class(first.name, first.pipelines, pipeline_class, force)
     names = [p.name for p in first.plans]
     place = placement(devices, names, components)
 

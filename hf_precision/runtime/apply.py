@@ -13,7 +13,7 @@ from .. import dtypes as dt
 from ..recipe.devices import device_caps
 from ..errors import RecipeError, override_line
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
-from .layout import component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
+from .layout import check_user_names, component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
 from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, resolve
 from ..recipe.patterns import inside
 
@@ -162,7 +162,7 @@ def applied(pipe: Any) -> Applied | None:
 
 
 def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = None, overrides: Any = None,
-                 *, layout: Any = None, strict: bool = True) -> Applied:
+                 *, layout: Any = None, strict: bool = True, force: bool = False) -> Applied:
     """Apply a recipe to a pipeline you built: dtypes, placement, float32 islands and boundary hooks, in place.
 
     Args:
@@ -175,6 +175,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         layout (*optional*): the device whose rules choose the dtypes when it is not where the pipeline runs
             (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution`.
         strict (`bool`, defaults to `True`): a ``keep_fp32`` pattern that matches no module is an error.
+        force (`bool`, defaults to `False`): apply a pipeline recipe whose ``pipelines`` list does not name this
+            pipeline's class (otherwise a ``RecipeError`` names the recipes that do).
 
     Returns:
         `Applied`: a report of what was done; ``.remove()`` takes the hooks off, ``.verify()`` checks for drift.
@@ -189,8 +191,9 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     """
     comps = _components(pipe)
     if "" in comps:
-        if not isinstance(recipe, (str, Recipe)):
-            raise RecipeError(f"apply_recipe: name a component recipe for a bare {type(comps['']).__name__}, "
+        if not isinstance(recipe, (str, Recipe)) or (isinstance(recipe, str) and recipe in list_recipes("pipeline")):
+            got = f"{recipe!r} is a pipeline recipe; " if isinstance(recipe, str) else ""
+            raise RecipeError(f"apply_recipe: {got}name a component recipe for a bare {type(comps['']).__name__}, "
                               f"e.g. recipe='dit.video'; component recipes: {', '.join(list_recipes('component'))}")
         stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
@@ -203,7 +206,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
 
     resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
                        configs={n: _config_dict(m) for n, m in comps.items()}, components=list(comps),
-                       models=models_of_pipeline(pipe) if "" not in comps else None)
+                       models=models_of_pipeline(pipe) if "" not in comps else None, force=force)
 
     previous = getattr(pipe, _ATTR, None)
     if isinstance(previous, Applied) and not previous.removed:
@@ -237,6 +240,8 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
                           f"component recipe {plan.recipe} is for {', '.join(plan.classes)}; its islands and entry points "
                           f"would not fit. Use a recipe for this class, or override the component recipe: "
                           f"{override_line(plan.name, 'use', '<component recipe>')} (hf-precision recipes lists them)")
+    if strict:
+        check_user_names(plan, module)
     islands = component_islands(plan, module, strict=strict)
     compute, storage = dt.to_torch(plan.compute), dt.to_torch(plan.storage)
     if islands and has_layerwise_casting(module):

@@ -19,7 +19,8 @@ from .. import dtypes as dt
 from ..recipe.patterns import inside, resolve_islands
 from ..recipe.resolution import ComponentPlan
 
-__all__ = ["layerwise_skip_regexes", "component_islands", "planned_dtypes", "has_layerwise_casting", "drift", "Drifted"]
+__all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
+           "drift", "Drifted"]
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
@@ -44,6 +45,46 @@ def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: b
     names = [n for n, _ in module.named_modules() if n]
     return resolve_islands(plan.name, plan.keep_fp32, names, owner=type(module).__name__,
                            active=plan.compute != "float32", strict=strict)
+
+
+def check_user_names(plan: ComponentPlan, module: torch.nn.Module) -> None:
+    """Refuse ``entry`` names and ``layerwise_skip`` globs the user set that name no module of the component.
+
+    A misspelled entry would leave the component's inputs uncast; a misspelled skip glob would store the layers it
+    meant to keep (norms, embeddings) in the storage dtype: a silent change of dtype.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("sdxl", device="t4", overrides={"vae": {"entry": ["decoderr"]}})["vae"]
+        >>> check_user_names(plan, torch.nn.ModuleDict({"decoder": torch.nn.Linear(1, 1)}))
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: vae.entry: ['decoderr'] name no module of ModuleDict (overrides dict; \
+'decoderr': did you mean ['decoder']?); fix: --set vae.entry=[decoder] (YAML: components: {vae: {entry: [decoder]}})
+    """
+    from ..errors import RecipeError, override_line
+    from ..recipe.patterns import suggest
+
+    names = [n for n, _ in module.named_modules() if n]
+    known = set(names)
+    problems = []
+    for d in plan.decisions:
+        if d.field == "entry":
+            values, found = list(plan.entry), lambda e: e == "" or e in known
+        elif d.field == "layerwise_skip":
+            values, found = list(plan.layerwise_skip), lambda p: any(fnmatch.fnmatchcase(n, p) for n in names)
+        else:
+            continue
+        missing = [v for v in values if not found(v)]
+        if not missing:
+            continue
+        close = {m: suggest(m, names) for m in missing}
+        hints = "; ".join(f"{m!r}: did you mean {close[m] or 'nothing close'}?" for m in missing)
+        fixed = list(dict.fromkeys(close[v][0] if close.get(v) else v for v in values if v not in close or close[v]))
+        problems.append(f"{plan.name}.{d.field}: {missing} name no module of {type(module).__name__} ({d.source}; "
+                        f"{hints}); fix: {override_line(plan.name, d.field, fixed)}")
+    if problems:
+        raise RecipeError(problems)
 
 
 def _layerwise_layers(module: torch.nn.Module, islands: list[str], skip: tuple[str, ...]) -> set[str]:

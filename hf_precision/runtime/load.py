@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import dtypes as dt
-from ..errors import DamagedFileError, RecipeError
+from ..errors import DamagedFileError, RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
 from ..recipe.resolution import Recipe, recipe_components, recipe_for_class, resolve
 from .source import check_folder_fits, component_configs, locate, offline_error
 
-__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files"]
+__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
 
 
 def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None) -> None:
@@ -72,27 +72,154 @@ def _has_fp16_variant(folder: Path | None) -> bool:
     return folder is not None and any(any(folder.glob(f"*/{p}")) for p in ("*.fp16.safetensors", "*.fp16-*.safetensors"))
 
 
+def _dtype_name(value: Any, keyword: str) -> str:
+    """The canonical name of a ``dtype=`` value (a torch dtype or a name), or a RecipeError naming the keyword."""
+    name = dt.canonical(value) if isinstance(value, str) else None
+    if name is None and not isinstance(value, str):
+        try:
+            name = dt.canonical(dt.from_torch(value))
+        except Exception:  # not a torch dtype at all (an int, a class ...)
+            name = None
+    if name is None:
+        raise RecipeError(f"load_pipeline: {keyword}={excerpt(value)}: not a floating dtype hf_precision can plan; "
+                          f"allowed: {dt.allowed_names()} (e.g. dtype=torch.float16, or per component "
+                          f"dtype={{'unet': torch.float16, 'default': torch.float32}})")
+    return name
+
+
 def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> dict[str, Any] | None:
     # A dtype passed the diffusers way is taken as an override (lowest priority among overrides): a single dtype
     # forces every component, a dict forces the components it names. Islands, entry casts and the NaN guard stay.
     if "dtype" in kwargs and "torch_dtype" in kwargs:
         raise RecipeError("load_pipeline: pass dtype or torch_dtype, not both (dtype is the current name)")
+    keyword = "dtype" if "dtype" in kwargs else "torch_dtype"
     value = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
     if value is None:
         return None
+    source = {"__source__": f"load_pipeline {keyword}="}
     if isinstance(value, Mapping):
         default = value.get("default")
-        layer = {c: {"dtype": dt.from_torch(v) if not isinstance(v, str) else v} for c, v in value.items() if c != "default"}
+        layer: dict[str, Any] = {c: {"dtype": _dtype_name(v, f"{keyword}[{c!r}]")} for c, v in value.items() if c != "default"}
         if default is not None:
+            name = _dtype_name(default, f"{keyword}['default']")
             for c in components:
-                layer.setdefault(c, {"dtype": dt.from_torch(default) if not isinstance(default, str) else default})
-        return layer
-    name = value if isinstance(value, str) else dt.from_torch(value)
-    return {c: {"dtype": name} for c in components}
+                layer.setdefault(c, {"dtype": name})
+        return {"components": layer, **source}
+    name = _dtype_name(value, keyword)
+    return {"components": {c: {"dtype": name} for c in components}, **source}
+
+
+# load_pipeline's own keywords: a misspelling of one of them is suggested too.
+_OWN_KEYWORDS = ("device", "recipe", "overrides", "layout", "pipeline_class", "force")
+
+
+def from_pretrained_keywords(*classes: Any) -> set[str] | None:
+    """The keywords ``from_pretrained`` of these pipeline classes takes, read from diffusers itself.
+
+    ``DiffusionPipeline.from_pretrained`` takes ``**kwargs``: its documented arguments and those it pops, plus each
+    pipeline's ``__init__`` arguments (components such as ``vae=`` and options such as ``add_watermarker=``).
+    Anything else is only logged by diffusers and ignored. ``None`` when diffusers' source cannot be read.
+
+    Example:
+        >>> from diffusers import StableDiffusionXLPipeline
+        >>> {"variant", "use_safetensors", "vae", "add_watermarker"} <= from_pretrained_keywords(StableDiffusionXLPipeline)
+        True
+    """
+    import inspect
+
+    from diffusers import DiffusionPipeline
+
+    method = DiffusionPipeline.from_pretrained
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):
+        return None
+    names = set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", source))
+    names |= set(re.findall(r"^\s+(\w+) \(`", method.__doc__ or "", re.M))
+    for cls in classes:
+        try:
+            params = inspect.signature(cls.__init__).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names |= {p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return names - {"pretrained_model_name_or_path"}
+
+
+def _check_keywords(kwargs: Mapping[str, Any], classes: list[Any]) -> None:
+    import difflib
+
+    allowed = from_pretrained_keywords(*classes)
+    if allowed is None:
+        return
+    unknown = [k for k in kwargs if k not in allowed and k not in ("dtype", "torch_dtype")]
+    if not unknown:
+        return
+    options = sorted((allowed | set(_OWN_KEYWORDS)) - {"trust_remote_code", "custom_pipeline", "custom_revision"})
+    hints = []
+    for key in unknown:
+        near = difflib.get_close_matches(key, options, n=1, cutoff=0.6) if len(key) < 100 else []
+        hints.append(f"{excerpt(key)}" + (f" (did you mean {near[0]!r}?)" if near else ""))
+    names = ", ".join(getattr(c, "__name__", str(c)) for c in classes)
+    raise RecipeError(f"load_pipeline: unknown keyword{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: neither "
+                      f"load_pipeline nor {names}.from_pretrained takes it (diffusers would ignore it). Allowed: "
+                      f"{', '.join(options)}")
+
+
+def _index_class(where: str, index: Mapping[str, Any]) -> Any:
+    """The diffusers class ``model_index.json`` names, or a RecipeError with the close names and how to go on."""
+    from .source import pipeline_class as find_class
+
+    name = str(index.get("_class_name"))
+    try:
+        return find_class(name)
+    except RecipeError as err:
+        near = re.findall(r"'(\w+)'", str(err).partition("did you mean")[2])
+        fix = (f"pass the class it was saved from, e.g. pipeline_class=diffusers.{near[0]}, or fix _class_name in "
+               f"model_index.json" if near else
+               "hf_precision never runs custom pipeline code: pass pipeline_class= a diffusers class with the same "
+               "components, or fix _class_name in model_index.json")
+        raise RecipeError(f"{where}: model_index.json: _class_name {err}; {fix}") from None
+
+
+def _as_class(value: Any) -> Any:
+    """``pipeline_class=`` as a class: a diffusers pipeline or AutoPipeline class, or its name."""
+    import diffusers
+
+    from .source import pipeline_class as find_class
+
+    if value is None or (isinstance(value, type) and hasattr(value, "from_pretrained")):
+        return value
+    if isinstance(value, str):
+        cls = getattr(diffusers, value, None)
+        if isinstance(cls, type) and value.startswith("AutoPipeline") and hasattr(cls, "from_pretrained"):
+            return cls
+        try:
+            return find_class(value)  # a pipeline class, or a RecipeError with the close names
+        except RecipeError as err:
+            raise RecipeError(f"load_pipeline: pipeline_class={err}") from None
+    raise RecipeError(f"load_pipeline: pipeline_class={excerpt(value)}: expected a diffusers pipeline class such as "
+                      f"diffusers.StableDiffusionXLImg2ImgPipeline, or its name")
+
+
+def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
+    """Components whose folder holds pickle weights (``*.bin``, ``*.pt``) and no safetensors file."""
+    if folder is None:
+        return []
+    out = []
+    for comp, spec in index.items():
+        d = folder / comp
+        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or not d.is_dir():
+            continue
+        names = [p.name for p in d.iterdir()]
+        pickled = any(n.endswith((".bin", ".pt", ".pth", ".ckpt")) for n in names)
+        if pickled and not any(n.endswith(".safetensors") for n in names):
+            out.append(comp)
+    return out
 
 
 def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, recipe: Recipe | str | None = None,
-                  overrides: Any = None, layout: Any = None, pipeline_class: Any = None, **kwargs: Any) -> Any:
+                  overrides: Any = None, layout: Any = None, pipeline_class: Any = None, force: bool = False,
+                  **kwargs: Any) -> Any:
     """Load a diffusers pipeline with every component in its planned dtype, on its device, agreeing at runtime.
 
     Args:
@@ -109,9 +236,12 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             ``"cuda:sm=7.5"``, or a mapping component -> device).
         pipeline_class (*optional*): the class to build (``StableDiffusionXLImg2ImgPipeline``, an AutoPipeline);
             defaults to the class in ``model_index.json``.
-        **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...). ``dtype`` /
-            ``torch_dtype`` are taken as an override (lowest priority); ``use_safetensors=False`` opts in to pickle
-            files; remote code is refused.
+        force (`bool`, defaults to `False`): use ``recipe`` even though its ``pipelines`` list does not name this
+            pipeline class (otherwise a ``RecipeError`` names the recipes that do).
+        **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...); a keyword it does
+            not take is a ``RecipeError`` with the close names. ``dtype`` / ``torch_dtype`` are taken as an
+            override (lowest priority); ``use_safetensors=False`` opts in to pickle files (``*.bin``; safetensors
+            files are still read where a component has them); remote code is refused.
 
     Returns:
         The diffusers pipeline itself (not a wrapper), ready to call. ``hf_precision.applied(pipe)`` returns the
@@ -140,11 +270,18 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
             raise RecipeError(f"load_pipeline: {flag} is refused: hf_precision never runs code downloaded with a model")
+    pipeline_class = _as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
+    index_class = _index_class(where, index) if pipeline_class is None else None
+    if index_class is None:  # an AutoPipeline builds the index's class: its components are keywords too
+        import diffusers
+
+        index_class = getattr(diffusers, str(index.get("_class_name")), None)
+    _check_keywords(kwargs, [c for c in (pipeline_class, index_class) if isinstance(c, type)])
     check_folder_fits(where, index, pipeline_class)
     present = [c for c, spec in index.items() if not c.startswith("_") and isinstance(spec, (list, tuple)) and spec[0]]
+    pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
     if recipe is None:
-        pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
         try:
             recipe = recipe_for_class(pipeline)
         except RecipeError:  # no shipped recipe lists the class: compose one from its components
@@ -160,8 +297,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     for spec in (device.values() if isinstance(device, Mapping) else [device]):
         if spec is not None:
             torch_device(spec, "device")
-    resolved = resolve(recipe, pipeline_class=str(index.get("_class_name")), devices=device, layout=layout,
-                       overrides=layers or None, configs=component_configs(where, index, folder), components=present)
+    resolved = resolve(recipe, pipeline_class=pipeline, devices=device, layout=layout, overrides=layers or None,
+                       configs=component_configs(where, index, folder), components=present, force=force)
     placement = {p.name: p.device for p in resolved.plans}
 
     timings = {"resolve": time.perf_counter() - start}
@@ -177,6 +314,11 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     timings["stream"] = time.perf_counter() - mark
     cls = pipeline_class or DiffusionPipeline
     mark = time.perf_counter()
+    if kwargs.get("use_safetensors") is False:
+        # diffusers passes use_safetensors=False on to transformers, which then refuses the model.safetensors it
+        # saves itself (transformers 5 always writes safetensors); None reads safetensors where present, pickle
+        # where a component has nothing else: the opt-in the user asked for.
+        kwargs["use_safetensors"] = None
     try:
         pipe = cls.from_pretrained(where, dtype=dtype_map, **streamed, **kwargs)
     except Exception as err:  # a damaged file surfaces as OSError, SafetensorError, ValueError ...: name it
@@ -187,8 +329,14 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             raise
         if folder is None:
             raise offline_error(where, err) from None
-        raise RecipeError(f"{where}: cannot load it ({err}). If the folder only has .bin files, opt in to pickle "
-                          f"files with use_safetensors=False; if it only has fp16 files, pass variant='fp16'") from None
+        pickled = _pickle_only(folder, index) if kwargs.get("use_safetensors") else []
+        if pickled:
+            raise RecipeError(f"{where}: {', '.join(pickled)} hold{'s' if len(pickled) == 1 else ''} only pickle weights "
+                              f"(.bin), which are refused by default (loading a pickle can run code): opt in with "
+                              f"use_safetensors=False if you trust the files, or save them again with "
+                              f"safe_serialization=True") from None
+        raise RecipeError(f"{where}: cannot load it ({err}). If the folder only has fp16 files, pass variant='fp16'; "
+                          f"otherwise no fix is known here: check the folder against the model's file list") from None
     # Streamed components read their islands exactly as stored, unless they came from the half variant files;
     # everything else went through a half dtype and gets its islands re-read from the full-precision files.
     timings["from_pretrained"] = time.perf_counter() - mark
@@ -197,7 +345,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     _reload_islands_fp32(pipe, resolved, folder, skip=exact)
     timings["reload_islands"] = time.perf_counter() - mark
     mark = time.perf_counter()
-    record = apply_recipe(pipe, resolved)
+    record = apply_recipe(pipe, resolved, force=force)
     timings["apply"] = time.perf_counter() - mark
     record.timings.update(timings)
     return pipe

@@ -21,14 +21,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import RecipeError
+from ..errors import RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
 from ..recipe.resolution import Recipe, list_recipes, pipeline_spec
 
 # The real configs (no weights) that ship for offline plans: hf_precision/model_configs/<hub basename>/.
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "model_configs"
 
-__all__ = ["locate", "component_configs", "configs_of", "shipped_configs", "offline_error", "CONFIGS_DIR",
+__all__ = ["locate", "check_name", "component_configs", "configs_of", "shipped_configs", "offline_error", "CONFIGS_DIR",
            "role_of", "models_of_pipeline", "models_of_index", "models_of_class", "pipeline_class"]
 
 def offline_error(name: str, err: BaseException) -> RecipeError:
@@ -58,9 +58,7 @@ def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = N
         if not model:
             raise RecipeError(f"recipe {text!r} names no model; pass a folder or Hub id")
         text = model
-    if os.sep in text and text.count("/") != 1 or text.startswith((".", "/", "~")):
-        raise RecipeError(f"{text}: no such folder; pass an existing diffusers folder, a Hub id (org/name) or a recipe "
-                          f"alias ({', '.join(list_recipes('pipeline'))})")
+    check_name(text)
     from diffusers import DiffusionPipeline
 
     try:
@@ -72,6 +70,40 @@ def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = N
             raise damaged_file(Path(damaged[1]), "not valid JSON", repo=text) from None
         raise offline_error(text, err) from None
     return text, dict(index), None
+
+
+def check_name(text: str) -> None:
+    """Refuse, before any Hub lookup, a name that is neither an existing folder, a recipe alias nor a Hub id.
+
+    A Hub id is ``org/name`` (letters, digits, ``-_.``); ``42``, ``sdxxl`` or ``./missing`` are a typo or a missing
+    folder, never something to look up online.
+
+    Example:
+        >>> check_name("stabilityai/sdxl-turbo")
+        >>> check_name("sdxxl")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: 'sdxxl': no such folder, and not a recipe alias or a Hub id (org/name); \
+did you mean 'sdxl'? Pass an existing diffusers folder, a Hub id such as stabilityai/stable-diffusion-xl-base-1.0, \
+or a recipe alias (dit, pixart, sd15, sdxl, svd)
+    """
+    import difflib
+
+    aliases = list_recipes("pipeline")
+    if text in aliases:
+        return
+    looks_like_path = text.startswith((".", "/", "~")) or os.sep in text and text.count("/") != 1
+    if not looks_like_path and re.fullmatch(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}", text) \
+            and ".." not in text and not text.endswith((".", "-")):
+        return
+    near = difflib.get_close_matches(text, aliases, n=1, cutoff=0.6) if len(text) < 100 else []
+    folder = Path(text).expanduser()
+    what = f"{excerpt(text)}: no such folder" + ("" if looks_like_path else ", and not a recipe alias or a Hub id (org/name)")
+    if looks_like_path and folder.exists():
+        what = f"{excerpt(text)}: not a folder"
+    example = pipeline_spec("sdxl").get("model") if "sdxl" in aliases else "org/name"
+    raise RecipeError(f"{what}{f'; did you mean {near[0]!r}?' if near else '.'} Pass an existing diffusers folder, a "
+                      f"Hub id such as {example}, or a recipe alias ({', '.join(aliases)})")
 
 
 def component_configs(where: str, index: Mapping[str, Any], folder: Path | None) -> dict[str, dict[str, Any]]:
@@ -134,6 +166,8 @@ def configs_of(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]
             folder = shipped[text]
         elif text.count("/") == 1 and base in shipped and not text.startswith((".", "/", "~")):
             folder = shipped[base]  # a Hub id whose configs ship with hf_precision: no download
+        else:
+            check_name(text)
     if folder.is_dir():
         index_file = folder / "model_index.json"
         if not index_file.is_file():
@@ -240,7 +274,7 @@ def pipeline_class(name: str) -> type:
 
     cls = getattr(diffusers, name, None)
     if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
-        near = difflib.get_close_matches(name, [n for n in dir(diffusers) if n.endswith("Pipeline")], n=3)
+        near = difflib.get_close_matches(name, [n for n in dir(diffusers) if n.endswith("Pipeline")], n=3, cutoff=0.8)
         raise RecipeError(f"{name!r} is not a diffusers pipeline class"
                           + (f"; did you mean {', '.join(map(repr, near))}?" if near else ""))
     return cls
