@@ -74,10 +74,25 @@ def _user_dtypes(family: str, folder) -> tuple[dict, torch.dtype]:
     return {"transformer": half, "default": torch.float32}, half
 
 
+# SanaPipeline makes its latents in fp32 and casts them to the transformer's and the VAE's dtype itself
+# (diffusers/pipelines/sana/pipeline_sana.py:891, :904, :959): plain diffusers runs this layout there.
+PLAIN_RUNS = {"sana"}
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_user_dtype_dict_is_honoured(family, folders):
+def test_user_dtype_dict_plain_diffusers_fails_hf_precision_runs(family, folders):
+    from diffusers import DiffusionPipeline
+
     folder = folders(family)
     dtypes, half = _user_dtypes(family, folder)
+    plain = DiffusionPipeline.from_pretrained(folder, dtype=dtypes)
+    plain.set_progress_bar_config(disable=True)
+    if family in PLAIN_RUNS:
+        assert np.isfinite(np.asarray(_run(plain, family).images)).all()
+    else:
+        with pytest.raises(RuntimeError, match=r"dtype|type"):
+            _run(plain, family)
+
     pipe = hp.load_pipeline(folder, "cpu", dtype=dtypes)
     assert pipe.transformer.dtype == half
     for name, module in pipe.components.items():
@@ -85,34 +100,6 @@ def test_user_dtype_dict_is_honoured(family, folders):
             assert module.dtype == torch.float32, f"{name} is {module.dtype}"
     assert_plan_dtypes(pipe, hp.applied(pipe).recipe)
     assert_finite(_run(pipe, family))
-
-
-# SanaPipeline makes its latents in fp32 and casts them to the transformer's and the VAE's dtype itself
-# (diffusers/pipelines/sana/pipeline_sana.py:891, :904, :959), so plain diffusers runs this layout there.
-PLAIN_FAILS = [f for f in FAMILIES if f != "sana"]
-
-
-@pytest.mark.parametrize("family", PLAIN_FAILS)
-def test_plain_diffusers_fails_where_hf_precision_runs(family, folders):
-    from diffusers import DiffusionPipeline
-
-    folder = folders(family)
-    dtypes, _ = _user_dtypes(family, folder)
-    plain = DiffusionPipeline.from_pretrained(folder, dtype=dtypes)
-    plain.set_progress_bar_config(disable=True)
-    with pytest.raises(RuntimeError, match=r"dtype|type"):
-        _run(plain, family)
-    assert_finite(_run(hp.load_pipeline(folder, "cpu", dtype=dtypes), family))
-
-
-def test_sana_casts_for_itself(folders):
-    from diffusers import DiffusionPipeline
-
-    folder = folders("sana")
-    dtypes, _ = _user_dtypes("sana", folder)
-    plain = DiffusionPipeline.from_pretrained(folder, dtype=dtypes)
-    plain.set_progress_bar_config(disable=True)
-    assert np.isfinite(np.asarray(_run(plain, "sana").images)).all()
 
 
 def test_every_family_class_is_named_by_one_recipe():
