@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from .pipelines import _finish, _seeded, example_image, make_t5_tokenizer, make_tokenizer
+from .pipelines import example_image, make_t5_tokenizer, make_tokenizer
 
 __all__ = ["FAMILIES", "Family", "make_bert_tokenizer", "make_gemma_tokenizer", "make_qwen2_tokenizer"]
 
@@ -37,6 +37,22 @@ class Family:
     def call_kwargs(self, output_type: str = "np") -> dict[str, Any]:
         """Fresh call kwargs (no generator: add one)."""
         return {**self.kwargs(), "output_type": output_type}
+
+
+def _seeded(seed: int, build: Callable[[], Any]) -> Any:
+    # Each component from a fixed seed, so its weights do not depend on the order the others were built in.
+    import torch
+
+    torch.manual_seed(seed)
+    return build()
+
+
+def _finish(pipe):
+    for component in pipe.components.values():
+        if hasattr(component, "eval") and hasattr(component, "parameters"):
+            component.eval()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
 
 
 # --------------------------------------------------------------------------------------------- tokenizers
