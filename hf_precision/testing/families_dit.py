@@ -313,11 +313,12 @@ def make_qwenimage(seed: int = 0):
         patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
         joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4)))
     vae = _seeded(seed, lambda: AutoencoderKLQwenImage(
-        base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        base_dim=8, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
         latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
     config = Qwen2_5_VLConfig(
         text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
-                     "num_key_value_heads": 2, "vocab_size": len(tokenizer),
+                     "num_key_value_heads": 2, "vocab_size": len(tokenizer), "bos_token_id": None,
+                     "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
                      "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
                      "rope_theta": 1000000.0},
         vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
