@@ -93,13 +93,13 @@ COMPONENTS = {
     "mmdit.lumina2":               dict(tol=BF16_ONLY, out="latents", islands=(), guard=False, entry=("",)),
     "mmdit.qwenimage":             dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
     "mmdit.qwenimage_controlnet":  dict(tol=BF16_PREF, out="compute", islands=(), guard=False, entry=("",)),
-    "textenc.gemma2":              dict(tol=BF16_ONLY, out="compute", islands=(), guard=False, entry=("",)),
+    "textenc.gemma2":              dict(tol=BF16_PREF, out="compute", islands=(), guard=True,  entry=("",)),
     "textenc.qwen25vl":            dict(tol=BF16_ONLY, out="compute", islands=(), guard=False, entry=("",)),
     "textenc.bert":                dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
     "textenc.umt5":                dict(tol=ANY,       out="compute", islands=T5_ISLANDS, guard=False, entry=("",)),
     "textenc.siglip":              dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
     "autoencoders.kl16":           dict(tol=ANY,       out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
-    "autoencoders.dc":             dict(tol=BF16_ONLY, out="float32", islands=(), guard=True,  entry=("encoder", "decoder")),
+    "autoencoders.dc":             dict(tol=BF16_PREF, out="float32", islands=(), guard=True,  entry=("encoder", "decoder")),
     "autoencoders.qwenimage":      dict(tol=BF16_ONLY, out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
 }
 
