@@ -93,6 +93,6 @@ def test_show_prints_a_composed_recipe(capsys):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        rc = main(["show", "--class", "FluxControlNetPipeline", "--device", "a100", "--brief"])
+        rc = main(["show", "--class", "ZImageControlNetPipeline", "--device", "a100", "--brief"])
     out = capsys.readouterr().out
-    assert rc == 0 and "composed:FluxControlNetPipeline" in out and "controlnet" in out and "transformer" in out
+    assert rc == 0 and "composed:ZImageControlNetPipeline" in out and "controlnet" in out and "transformer" in out

@@ -83,7 +83,7 @@ def test_unknown_device_tag_in_a_device_section():
 
 def test_unknown_recipe_name():
     msg = raises(hp.get_recipe, "sdxll", device="t4")
-    assert "recipe 'sdxll': unknown" in msg and "allowed: dit, pixart, sd15, sdxl, svd" in msg
+    assert "recipe 'sdxll': unknown" in msg and "allowed: " + ", ".join(hp.list_recipes("pipeline")) in msg
     assert "did you mean 'sdxl'?" in msg
 
 

@@ -76,7 +76,31 @@ COMPONENTS = {
     "vae.kl":       dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
     "vae.sdxl":     dict(tol=BF16_ONLY, out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
     "vae.fp16_fix": dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
+    "autoencoders.kl_any": dict(tol=ANY, out="float32", islands=(),       guard=True,  entry=VAE_ENTRY),
     "vae.temporal": dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=("encoder", "quant_conv", "decoder")),
+    # transformer image families (recipes/components/mmdit.yaml, textenc.yaml, autoencoders.yaml)
+    "mmdit.sd3":                   dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.sd35":                  dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.sd3_controlnet":        dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "mmdit.flux":                  dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.flux_controlnet":       dict(tol=BF16_PREF, out="compute", islands=(), guard=False, entry=("",)),
+    "mmdit.redux_embedder":        dict(tol=BF16_PREF, out="compute", islands=(), guard=False, entry=("",)),
+    "mmdit.auraflow":              dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.hunyuandit":            dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.hunyuandit_controlnet": dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "mmdit.sana":                  dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.sana_controlnet":       dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "mmdit.lumina2":               dict(tol=BF16_ONLY, out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.qwenimage":             dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
+    "mmdit.qwenimage_controlnet":  dict(tol=BF16_PREF, out="compute", islands=(), guard=False, entry=("",)),
+    "textenc.gemma2":              dict(tol=BF16_PREF, out="compute", islands=(), guard=True,  entry=("",)),
+    "textenc.qwen25vl":            dict(tol=BF16_ONLY, out="compute", islands=(), guard=False, entry=("",)),
+    "textenc.bert":                dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "textenc.umt5":                dict(tol=ANY,       out="compute", islands=T5_ISLANDS, guard=False, entry=("",)),
+    "textenc.siglip":              dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "autoencoders.kl16":           dict(tol=ANY,       out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
+    "autoencoders.dc":             dict(tol=BF16_PREF, out="float32", islands=(), guard=True,  entry=("encoder", "decoder")),
+    "autoencoders.qwenimage":      dict(tol=BF16_ONLY, out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
 }
 
 # Pipeline recipes: component -> component recipe, and where the latents' dtype comes from.
@@ -87,9 +111,29 @@ PIPELINES = {
                    latents_from="text_encoder"),
     "svd":    dict(components={"image_encoder": "clip.vision", "unet": "unet.svd", "vae": "vae.temporal"},
                    latents_from="image_encoder"),
-    "pixart": dict(components={"text_encoder": "t5.encoder", "transformer": "dit.pixart", "vae": "vae.kl"},
+    "pixart": dict(components={"text_encoder": "t5.encoder", "transformer": "dit.pixart", "vae": "autoencoders.kl_any"},
                    latents_from="text_encoder"),
     "dit":    dict(components={"transformer": "dit.dit", "vae": "vae.kl"}, latents_from="transformer"),
+    "sd3":        dict(components={"text_encoder": "clip.text", "text_encoder_2": "clip.text", "text_encoder_3": "t5.encoder",
+                                   "transformer": "mmdit.sd3", "vae": "autoencoders.kl16", "controlnet": "mmdit.sd3_controlnet",
+                                   "image_encoder": "textenc.siglip"}, latents_from="text_encoder_3"),
+    "flux":       dict(components={"text_encoder": "clip.text", "text_encoder_2": "t5.encoder", "transformer": "mmdit.flux",
+                                   "vae": "autoencoders.kl16", "controlnet": "mmdit.flux_controlnet",
+                                   "image_encoder": "clip.vision"}, latents_from="text_encoder_2"),
+    "flux_redux": dict(components={"image_encoder": "textenc.siglip", "image_embedder": "mmdit.redux_embedder",
+                                   "text_encoder": "clip.text", "text_encoder_2": "t5.encoder"}, latents_from=None),
+    "sana":       dict(components={"text_encoder": "textenc.gemma2", "transformer": "mmdit.sana", "vae": "autoencoders.dc",
+                                   "controlnet": "mmdit.sana_controlnet"}, latents_from=None),
+    "auraflow":   dict(components={"text_encoder": "textenc.umt5", "transformer": "mmdit.auraflow",
+                                   "vae": "autoencoders.kl_any"}, latents_from="text_encoder"),
+    "lumina2":    dict(components={"text_encoder": "textenc.gemma2", "transformer": "mmdit.lumina2",
+                                   "vae": "autoencoders.kl16"}, latents_from="text_encoder"),
+    "hunyuandit": dict(components={"text_encoder": "textenc.bert", "text_encoder_2": "t5.encoder",
+                                   "transformer": "mmdit.hunyuandit", "vae": "autoencoders.kl_any",
+                                   "controlnet": "mmdit.hunyuandit_controlnet"}, latents_from="transformer"),
+    "qwenimage":  dict(components={"text_encoder": "textenc.qwen25vl", "transformer": "mmdit.qwenimage",
+                                   "vae": "autoencoders.qwenimage", "controlnet": "mmdit.qwenimage_controlnet"},
+                       latents_from="text_encoder"),
 }
 
 
@@ -100,7 +144,8 @@ def expected_compute(device: str, recipe: str) -> str:
 def assert_component(plan: hp.ComponentPlan, device: str, recipe: str, latents_dtype: str) -> None:
     spec, facts = COMPONENTS[recipe], DEVICES[device]
     compute = expected_compute(device, recipe)
-    handed = {"compute": compute, "float32": FP32, "latents": latents_dtype}[spec["out"]]
+    # without latents_from (SanaPipeline makes fp32 latents itself) a denoiser hands back what it computes in
+    handed = {"compute": compute, "float32": FP32, "latents": latents_dtype or compute}[spec["out"]]
     where = f"{recipe} as {plan.name!r} on {device}"
     assert (plan.storage, plan.compute, plan.handed_over) == (compute, compute, handed), where
     assert plan.recipe == recipe, where
@@ -143,7 +188,7 @@ def test_pipeline_recipe(pipeline: str, device: str):
     recipe = hp.get_recipe(pipeline, device=device)
     assert list(recipe.components) == list(spec["components"])
     assert recipe.latents_from == spec["latents_from"]
-    latents = expected_compute(device, spec["components"][spec["latents_from"]])
+    latents = expected_compute(device, spec["components"][spec["latents_from"]]) if spec["latents_from"] else None
     for comp, comp_recipe in spec["components"].items():
         assert_component(recipe[comp], device, comp_recipe, latents)
 

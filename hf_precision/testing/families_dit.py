@@ -1,0 +1,351 @@
+"""Tiny random-weight pipelines of the transformer image families (SD3, Flux, PixArt-Sigma, Sana, AuraFlow, Lumina 2,
+HunyuanDiT, QwenImage), built offline from configs.
+
+The configs follow ``get_dummy_components`` of diffusers' own tests (tests/pipelines/<family>/test_*.py), with the
+Hub tokenizers those tests download replaced by tokenizers made here from a handful of pieces (CLIP, T5, Gemma,
+Qwen2 byte-level BPE, BERT WordPiece). Each family is a :class:`Family`: the pipeline class, a ``build(seed)``
+that returns the pipeline in float32, the call kwargs for a 2-step run and the output attribute::
+
+    >>> from hf_precision.testing.families_dit import FAMILIES
+    >>> spec = FAMILIES["flux"]
+    >>> pipe = spec.build(0)
+    >>> pipe(**spec.call_kwargs()).images.shape
+    (1, 32, 32, 3)
+
+Nothing heavy is imported at module import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from .pipelines import example_image, make_t5_tokenizer, make_tokenizer
+
+__all__ = ["FAMILIES", "Family", "make_bert_tokenizer", "make_gemma_tokenizer", "make_qwen2_tokenizer"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """One family's tiny pipeline: how to build it and how to call it for two steps."""
+
+    pipeline: str
+    build: Callable[[int], Any]
+    kwargs: Callable[[], dict[str, Any]]
+    output: str = "images"
+
+    def call_kwargs(self, output_type: str = "np") -> dict[str, Any]:
+        """Fresh call kwargs (no generator: add one)."""
+        return {**self.kwargs(), "output_type": output_type}
+
+
+def _seeded(seed: int, build: Callable[[], Any]) -> Any:
+    # Each component from a fixed seed, so its weights do not depend on the order the others were built in.
+    import torch
+
+    torch.manual_seed(seed)
+    return build()
+
+
+def _finish(pipe):
+    for component in pipe.components.values():
+        if hasattr(component, "eval") and hasattr(component, "parameters"):
+            component.eval()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+# --------------------------------------------------------------------------------------------- tokenizers
+
+_WORDS = ("a", "cat", "dog", "the", "photo", "of", "red", "blue")
+
+
+def make_gemma_tokenizer():
+    """A handmade Gemma tokenizer (byte-fallback BPE over single characters), built offline.
+
+    >>> tok = make_gemma_tokenizer()
+    >>> tok.pad_token_id, len(tok("a cat").input_ids) > 2
+    (0, True)
+    """
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:\n") | {"\u2581"})
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=300)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable character table, which byte-level BPE vocabularies are written in.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def make_qwen2_tokenizer():
+    """A handmade Qwen2 tokenizer: byte-level BPE with the 256 bytes and Qwen's chat special tokens, built offline.
+
+    >>> tok = make_qwen2_tokenizer()
+    >>> tok.decode(tok("a cat").input_ids)
+    'a cat'
+    """
+    from transformers import Qwen2Tokenizer
+
+    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=1024)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                                                         "<|vision_end|>", "<|image_pad|>"]})
+    return tok
+
+
+def make_bert_tokenizer():
+    """A handmade BERT WordPiece tokenizer (a few words and single characters), built offline.
+
+    >>> make_bert_tokenizer()("a cat").input_ids
+    [2, 5, 6, 3]
+    """
+    from transformers import BertTokenizer
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS, *"abcdefghijklmnopqrstuvwxyz0123456789"]
+    tokens += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+    return BertTokenizer(vocab=vocab, model_max_length=77)
+
+
+# --------------------------------------------------------------------------------------------- shared parts
+
+
+def _vae_kl(**overrides: Any):
+    from diffusers import AutoencoderKL
+
+    config = dict(block_out_channels=[8, 16], in_channels=3, out_channels=3, latent_channels=4, layers_per_block=1,
+                  norm_num_groups=4, down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
+                  sample_size=32)
+    config.update(overrides)
+    return AutoencoderKL(**config)
+
+
+def _clip(projection: bool):
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(hidden_size=8, intermediate_size=16, num_attention_heads=2, num_hidden_layers=2,
+                            vocab_size=99, max_position_embeddings=77, projection_dim=8, bos_token_id=0,
+                            eos_token_id=1, pad_token_id=1)
+    return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
+
+
+def _t5(d_model: int = 32, umt5: bool = False):
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
+
+    kwargs = dict(d_model=d_model, d_kv=8, d_ff=37, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                  dropout_rate=0.0, feed_forward_proj="gated-gelu", is_encoder_decoder=False, vocab_size=200)
+    return UMT5EncoderModel(UMT5Config(**kwargs)) if umt5 else T5EncoderModel(T5Config(**kwargs))
+
+
+def _gemma2():
+    from transformers import Gemma2Config, Gemma2Model
+
+    config = Gemma2Config(head_dim=16, hidden_size=8, intermediate_size=64, num_attention_heads=2, num_hidden_layers=1,
+                          num_key_value_heads=2, vocab_size=64, max_position_embeddings=512, pad_token_id=0,
+                          eos_token_id=1, bos_token_id=2, attn_implementation="eager")
+    return Gemma2Model(config)
+
+
+def _text_kwargs(**extra: Any) -> dict[str, Any]:
+    return {"prompt": "a cat", "height": 32, "width": 32, "num_inference_steps": 2, **extra}
+
+
+# --------------------------------------------------------------------------------------------- builders
+
+
+def make_sd3(seed: int = 0):
+    """A random-weight ``StableDiffusion3Pipeline`` (two CLIP towers, T5, SD3 transformer, 16-channel-style VAE)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    transformer = _seeded(seed, lambda: SD3Transformer2DModel(
+        sample_size=16, patch_size=1, in_channels=4, num_layers=1, attention_head_dim=8, num_attention_heads=4,
+        caption_projection_dim=32, joint_attention_dim=32, pooled_projection_dim=16, out_channels=4))
+    pipe = StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=_seeded(seed, lambda: _vae_kl(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
+                                          scaling_factor=1.5035)),
+        text_encoder=_seeded(seed, lambda: _clip(True)), tokenizer=make_tokenizer(),
+        text_encoder_2=_seeded(seed + 1, lambda: _clip(True)), tokenizer_2=make_tokenizer(),
+        text_encoder_3=_seeded(seed, _t5), tokenizer_3=make_t5_tokenizer(),
+    )
+    return _finish(pipe)
+
+
+def _flux_parts(seed: int, in_channels: int = 16, guidance: bool = True) -> dict[str, Any]:
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+
+    transformer = _seeded(seed, lambda: FluxTransformer2DModel(
+        patch_size=1, in_channels=in_channels, out_channels=4 * 4, num_layers=1, num_single_layers=1,
+        attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=8,
+        guidance_embeds=guidance, axes_dims_rope=[4, 4, 8]))
+    return dict(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=_seeded(seed, lambda: _vae_kl(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159,
+                                          scaling_factor=0.3611)),
+        text_encoder=_seeded(seed, lambda: _clip(False)), tokenizer=make_tokenizer(),
+        text_encoder_2=_seeded(seed, _t5), tokenizer_2=make_t5_tokenizer(),
+    )
+
+
+def make_flux(seed: int = 0):
+    """A random-weight ``FluxPipeline`` (dev-style: guidance embedding on)."""
+    from diffusers import FluxPipeline
+
+    return _finish(FluxPipeline(**_flux_parts(seed)))
+
+
+def make_flux_controlnet(seed: int = 0):
+    """A random-weight ``FluxControlNetPipeline`` (the Flux transformer plus a one-block Flux ControlNet)."""
+    from diffusers import FluxControlNetModel, FluxControlNetPipeline
+
+    controlnet = _seeded(seed, lambda: FluxControlNetModel(
+        patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=32, pooled_projection_dim=8, guidance_embeds=True, axes_dims_rope=[4, 4, 8]))
+    return _finish(FluxControlNetPipeline(**_flux_parts(seed), controlnet=controlnet))
+
+
+def make_pixart_sigma(seed: int = 0):
+    """A random-weight ``PixArtSigmaPipeline`` whose VAE has the SDXL VAE's config (scaling_factor 0.13025)."""
+    from diffusers import DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
+
+    from .pipelines import PIXART_SIZES
+
+    transformer = _seeded(seed, lambda: PixArtTransformer2DModel(**PIXART_SIZES["tiny"]["transformer"]))
+    pipe = PixArtSigmaPipeline(
+        tokenizer=make_t5_tokenizer(), text_encoder=_seeded(seed, _t5), transformer=transformer,
+        vae=_seeded(seed, lambda: _vae_kl(scaling_factor=0.13025, force_upcast=True)),
+        scheduler=DPMSolverMultistepScheduler(),
+    )
+    return _finish(pipe)
+
+
+def make_sana(seed: int = 0):
+    """A random-weight ``SanaPipeline`` (Gemma 2 text encoder, linear-attention DiT, DC-AE)."""
+    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
+
+    transformer = _seeded(seed, lambda: SanaTransformer2DModel(
+        patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2, attention_head_dim=4,
+        num_cross_attention_heads=2, cross_attention_head_dim=4, cross_attention_dim=8, caption_channels=8,
+        sample_size=32))
+    vae = _seeded(seed, lambda: AutoencoderDC(
+        in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types=("ResBlock", "EfficientViTBlock"),
+        decoder_block_types=("ResBlock", "EfficientViTBlock"), encoder_block_out_channels=(8, 8),
+        decoder_block_out_channels=(8, 8), encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
+        encoder_layers_per_block=(1, 1), decoder_layers_per_block=[1, 1], downsample_block_type="conv",
+        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407))
+    pipe = SanaPipeline(tokenizer=make_gemma_tokenizer(), text_encoder=_seeded(seed, _gemma2), vae=vae,
+                        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
+    return _finish(pipe)
+
+
+def make_auraflow(seed: int = 0):
+    """A random-weight ``AuraFlowPipeline`` (UMT5 encoder; the VAE has the SDXL VAE's config)."""
+    from diffusers import AuraFlowPipeline, AuraFlowTransformer2DModel, FlowMatchEulerDiscreteScheduler
+
+    transformer = _seeded(seed, lambda: AuraFlowTransformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1, attention_head_dim=8,
+        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32, out_channels=4, pos_embed_max_size=64))
+    pipe = AuraFlowPipeline(
+        tokenizer=make_t5_tokenizer(), text_encoder=_seeded(seed, lambda: _t5(umt5=True)),
+        vae=_seeded(seed, lambda: _vae_kl(scaling_factor=0.13025, force_upcast=True)), transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler())
+    return _finish(pipe)
+
+
+def make_lumina2(seed: int = 0):
+    """A random-weight ``Lumina2Pipeline`` (Gemma 2 text encoder, Lumina-Next-style DiT, Flux-style VAE)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler, Lumina2Pipeline, Lumina2Transformer2DModel
+
+    transformer = _seeded(seed, lambda: Lumina2Transformer2DModel(
+        sample_size=16, patch_size=2, in_channels=4, hidden_size=8, num_layers=2, num_refiner_layers=1,
+        num_attention_heads=1, num_kv_heads=1, multiple_of=16, ffn_dim_multiplier=None, norm_eps=1e-5,
+        scaling_factor=1.0, axes_dim_rope=[4, 2, 2], cap_feat_dim=8))
+    pipe = Lumina2Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(),
+        vae=_seeded(seed, lambda: _vae_kl(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
+                                          scaling_factor=1.5035)),
+        text_encoder=_seeded(seed, _gemma2), tokenizer=make_gemma_tokenizer())
+    return _finish(pipe)
+
+
+def make_hunyuandit(seed: int = 0):
+    """A random-weight ``HunyuanDiTPipeline`` (BERT + T5 encoders; the VAE has the sdxl-vae-fp16-fix config)."""
+    from diffusers import DDPMScheduler, HunyuanDiT2DModel, HunyuanDiTPipeline
+    from transformers import BertConfig, BertModel
+
+    transformer = _seeded(seed, lambda: HunyuanDiT2DModel(
+        sample_size=16, num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=3, in_channels=4,
+        cross_attention_dim=32, cross_attention_dim_t5=32, pooled_projection_dim=16, hidden_size=24,
+        activation_fn="gelu-approximate"))
+    bert = _seeded(seed, lambda: BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                      intermediate_size=37, vocab_size=128, max_position_embeddings=128),
+                                           add_pooling_layer=False))
+    pipe = HunyuanDiTPipeline(
+        vae=_seeded(seed, lambda: _vae_kl(block_out_channels=[8], down_block_types=["DownEncoderBlock2D"],
+                                          up_block_types=["UpDecoderBlock2D"], scaling_factor=0.13025,
+                                          force_upcast=False)),
+        text_encoder=bert, tokenizer=make_bert_tokenizer(), transformer=transformer, scheduler=DDPMScheduler(),
+        safety_checker=None, feature_extractor=None, requires_safety_checker=False,
+        text_encoder_2=_seeded(seed, _t5), tokenizer_2=make_t5_tokenizer())
+    return _finish(pipe)
+
+
+def make_qwenimage(seed: int = 0):
+    """A random-weight ``QwenImagePipeline`` (Qwen2.5-VL text encoder, MMDiT, causal 3D VAE)."""
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = make_qwen2_tokenizer()
+    special = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>")}
+    transformer = _seeded(seed, lambda: QwenImageTransformer2DModel(
+        patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16, num_attention_heads=3,
+        joint_attention_dim=16, guidance_embeds=False, axes_dims_rope=(8, 4, 4)))
+    vae = _seeded(seed, lambda: AutoencoderKLQwenImage(
+        base_dim=8, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4, latents_std=[1.0] * 4))
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "vocab_size": len(tokenizer), "bos_token_id": None,
+                     "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"},
+                     "rope_theta": 1000000.0},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer), vision_start_token_id=special["<|vision_start|>"],
+        vision_end_token_id=special["<|vision_end|>"], vision_token_id=special["<|image_pad|>"],
+        image_token_id=special["<|image_pad|>"])
+    text_encoder = _seeded(seed, lambda: Qwen2_5_VLForConditionalGeneration(config))
+    pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
+                             tokenizer=tokenizer, transformer=transformer)
+    return _finish(pipe)
+
+
+FAMILIES: dict[str, Family] = {
+    "sd3": Family("StableDiffusion3Pipeline", make_sd3, lambda: _text_kwargs(guidance_scale=5.0, max_sequence_length=16)),
+    "flux": Family("FluxPipeline", make_flux, lambda: _text_kwargs(guidance_scale=3.5, max_sequence_length=16)),
+    "flux_controlnet": Family("FluxControlNetPipeline", make_flux_controlnet, lambda: _text_kwargs(
+        guidance_scale=3.5, max_sequence_length=16, control_image=example_image(32, seed=2), controlnet_conditioning_scale=0.7)),
+    "pixart_sigma": Family("PixArtSigmaPipeline", make_pixart_sigma, lambda: _text_kwargs(
+        guidance_scale=4.5, use_resolution_binning=False, clean_caption=False, max_sequence_length=16)),
+    "sana": Family("SanaPipeline", make_sana, lambda: _text_kwargs(
+        guidance_scale=4.5, max_sequence_length=16, complex_human_instruction=None, use_resolution_binning=False,
+        clean_caption=False)),
+    "auraflow": Family("AuraFlowPipeline", make_auraflow, lambda: _text_kwargs(guidance_scale=5.0, max_sequence_length=16)),
+    "lumina2": Family("Lumina2Pipeline", make_lumina2, lambda: _text_kwargs(guidance_scale=4.0, max_sequence_length=16,
+                                                                         system_prompt="")),
+    "hunyuandit": Family("HunyuanDiTPipeline", make_hunyuandit, lambda: _text_kwargs(
+        guidance_scale=5.0, use_resolution_binning=False, height=16, width=16)),
+    "qwenimage": Family("QwenImagePipeline", make_qwenimage, lambda: _text_kwargs(
+        true_cfg_scale=1.0, max_sequence_length=16)),
+}

@@ -1,0 +1,149 @@
+"""Transformer image families (SD3, Flux, PixArt-Sigma, Sana, AuraFlow, Lumina 2, HunyuanDiT, QwenImage): each tiny
+pipeline is saved once, loaded back through ``load_pipeline`` under several device layouts and with a user's dtype
+dict, runs two steps to a finite image, and holds the dtypes its resolved recipe plans. Plain diffusers fails the
+same user layout. The shipped real configs build on the meta device with the published parameter counts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import hf_precision as hp
+from hf_precision.recipe import recipe_for_class
+from hf_precision.runtime.source import CONFIGS_DIR
+from hf_precision.testing.families_dit import FAMILIES
+from hf_precision.testing.pipelines import save_pipeline
+from checks import assert_finite, assert_plan_dtypes
+
+LAYOUTS = ["cpu", "t4", "a100", "m2-macos14"]  # this CPU's own rules, fp16 CUDA, bf16 CUDA, MPS with bf16
+HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Family -> its tiny pipeline saved once for the module (built lazily)."""
+    saved: dict[str, object] = {}
+
+    def get(family: str):
+        if family not in saved:
+            saved[family] = save_pipeline(FAMILIES[family].build(0), tmp_path_factory.mktemp(family))
+        return saved[family]
+
+    return get
+
+
+def _configs(folder) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in folder.glob("*/config.json")}
+
+
+def _run(pipe, family: str):
+    spec = FAMILIES[family]
+    return pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0))
+
+
+def _alias(family: str) -> str:
+    return recipe_for_class(FAMILIES[family].pipeline)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_loads_runs_and_follows_the_plan(family, layout, folders):
+    folder = folders(family)
+    pipe = hp.load_pipeline(folder, "cpu", layout=None if layout == "cpu" else layout)
+    record = hp.applied(pipe)
+    # The plan the loader followed is the one the recipe gives for that device and these configs, derived here
+    # independently (no dtype is written down in this test).
+    expected = hp.get_recipe(_alias(family), device=layout, configs=_configs(folder))
+    assert record.recipe.name == expected.name
+    present = [p for p in expected.plans if getattr(pipe, p.name, None) is not None]
+    assert present, "no planned component is in the pipeline"
+    for plan in present:
+        got = record.recipe[plan.name]
+        assert (got.compute, got.storage, got.keep_fp32) == (plan.compute, plan.storage, plan.keep_fp32), plan.name
+    assert_plan_dtypes(pipe, record.recipe)
+    assert_finite(_run(pipe, family))
+
+
+def _user_dtypes(family: str, folder) -> tuple[dict, torch.dtype]:
+    """A user's layout: the denoiser in the first half dtype its recipe tolerates, everything else float32."""
+    plan = hp.get_recipe(_alias(family), device="cpu", configs=_configs(folder))["transformer"]
+    half = next(HALF[d] for d in plan.dtypes if d in HALF)
+    return {"transformer": half, "default": torch.float32}, half
+
+
+# SanaPipeline makes its latents in fp32 and casts them to the transformer's and the VAE's dtype itself
+# (diffusers/pipelines/sana/pipeline_sana.py:891, :904, :959): plain diffusers runs this layout there.
+PLAIN_RUNS = {"sana"}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_user_dtype_dict_plain_diffusers_fails_hf_precision_runs(family, folders):
+    from diffusers import DiffusionPipeline
+
+    folder = folders(family)
+    dtypes, half = _user_dtypes(family, folder)
+    plain = DiffusionPipeline.from_pretrained(folder, dtype=dtypes)
+    plain.set_progress_bar_config(disable=True)
+    if family in PLAIN_RUNS:
+        assert np.isfinite(np.asarray(_run(plain, family).images)).all()
+    else:
+        with pytest.raises(RuntimeError, match=r"dtype|type"):
+            _run(plain, family)
+
+    pipe = hp.load_pipeline(folder, "cpu", dtype=dtypes)
+    assert pipe.transformer.dtype == half
+    for name, module in pipe.components.items():
+        if name != "transformer" and isinstance(module, torch.nn.Module):
+            assert module.dtype == torch.float32, f"{name} is {module.dtype}"
+    assert_plan_dtypes(pipe, hp.applied(pipe).recipe)
+    assert_finite(_run(pipe, family))
+
+
+def test_every_family_class_is_named_by_one_recipe():
+    for family, spec in FAMILIES.items():
+        assert spec.pipeline in hp.get_recipe(recipe_for_class(spec.pipeline)).pipelines, family
+
+
+def test_the_sdxl_vae_is_told_apart_by_config(folders):
+    # PixArt-Sigma, AuraFlow and HunyuanDiT ship the SDXL VAE: on a T4 (no bf16) it must not run fp16 unless it is
+    # the fp16-fix (force_upcast false), which HunyuanDiT's tiny VAE imitates.
+    for family in ("pixart_sigma", "auraflow", "hunyuandit"):
+        configs = _configs(folders(family))
+        vae = hp.get_recipe(_alias(family), device="t4", configs=configs)["vae"]
+        fix = configs["vae"].get("force_upcast") is False
+        assert (vae.compute == "float16") == fix, (family, vae.compute, vae.recipe)
+
+
+# ------------------------------------------------------------------------------------------ real configs
+
+SHIPPED = sorted(p.parent.name for p in CONFIGS_DIR.glob("*/SOURCE.json"))
+
+
+def _published(folder: str) -> dict[str, dict]:
+    return json.loads((CONFIGS_DIR / folder / "SOURCE.json").read_text())["published_params"]
+
+
+@pytest.mark.parametrize("folder", SHIPPED)
+def test_shipped_configs_match_published_param_counts(folder):
+    from hf_precision.diagnose.planner import build_on_meta
+
+    index = json.loads((CONFIGS_DIR / folder / "model_index.json").read_text())
+    assert _published(folder), f"{folder}/SOURCE.json names no published parameter count"
+    for component, published in _published(folder).items():
+        library, cls = index[component]
+        config = json.loads((CONFIGS_DIR / folder / component / "config.json").read_text())
+        params = sum(p.numel() for p in build_on_meta(library, cls, config).parameters())
+        if published.get("exact"):
+            assert params == published["params"], (component, params)
+        else:  # a rounded figure from a model card or paper ("12B"): within 2%
+            assert abs(params - published["params"]) <= 0.02 * published["params"], (component, params)
+
+
+@pytest.mark.parametrize("folder", SHIPPED)
+def test_plan_of_the_shipped_model_works_offline(folder):
+    alias = next(n for n in hp.list_recipes("pipeline") if (hp.get_recipe(n).model or "").rsplit("/", 1)[-1] == folder)
+    plan = hp.plan(alias, device="t4")
+    assert plan.total_bytes > 0 and all(c.params > 0 for c in plan.components.values())
