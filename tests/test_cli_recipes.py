@@ -132,8 +132,8 @@ def test_show_describes_a_device_that_is_not_present(tmp_path, device, vae, unet
 
 
 def test_show_component_recipe_and_user_file(tmp_path):
-    data = json.loads(ok("show", "dit.flux", "--device", "h100", "--json", cwd=tmp_path))
-    assert data["components"]["dit"]["compute"] == "bfloat16"
+    data = json.loads(ok("show", "mmdit.flux", "--device", "h100", "--json", cwd=tmp_path))
+    assert data["components"]["mmdit"]["compute"] == "bfloat16"
     arch = tmp_path / "arch.yaml"
     arch.write_text("schema: 1\nkind: pipeline\nlatents_from: unet\ncomponents:\n  unet: {use: unet.sd15}\n"
                     "  vae: {use: vae.sdxl}\n")

@@ -71,7 +71,6 @@ COMPONENTS = {
     "unet.svd":     dict(tol=ANY,       out="latents", islands=SDXL_ISLANDS, guard=False, entry=("",)),
     "dit.dit":      dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
     "dit.pixart":   dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
-    "dit.flux":     dict(tol=BF16_ONLY, out="latents", islands=(),           guard=False, entry=("",)),
     "dit.video":    dict(tol=BF16_PREF, out="latents", islands=(),           guard=False, entry=("",)),
     "vae.kl":       dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
     "vae.sdxl":     dict(tol=BF16_ONLY, out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
@@ -217,8 +216,8 @@ def test_known_expectations_spelled_out():
     assert dtypes("sdxl", "v100")["vae"] == FP32
     assert set(dtypes("sdxl", "gtx1660").values()) == {FP32}
     assert dtypes("sdxl", "a100") == {"text_encoder": FP16, "text_encoder_2": FP16, "unet": FP16, "vae": BF16}
-    assert dtypes("dit.flux", "h100") == {"dit": BF16}
-    assert dtypes("dit.flux", "t4") == {"dit": FP32}
+    assert dtypes("mmdit.flux", "h100") == {"mmdit": BF16}
+    assert dtypes("mmdit.flux", "t4") == {"mmdit": FP16}  # diffusers clips fp16 activations (transformer_flux.py:409)
     assert dtypes("sdxl", "m1-macos13")["vae"] == FP32
     assert dtypes("sdxl", "m2-macos15")["vae"] == BF16
     assert hp.get_recipe("sdxl", device="m2-macos15")["unet"].upcast_attention is True
