@@ -45,10 +45,17 @@ class VideoFamily:
     builder: Callable[[int], Any]
     kwargs: Callable[[], dict] = field(repr=False)
     time_mlp: str = ""             # transformer submodule with linear_1/linear_2 (timestep embedding MLP)
+    prepare: Callable[[Any], Any] | None = field(default=None, repr=False)
 
     def build(self, seed: int = 0):
-        """A fresh float32 pipeline, deterministic given ``seed``."""
-        return self.builder(seed)
+        """A fresh float32 pipeline, deterministic given ``seed``, ready to call."""
+        return self.ready(self.builder(seed))
+
+    def ready(self, pipe):
+        """Apply the settings a saved folder does not keep (Allegro's VAE only decodes tiled); returns ``pipe``."""
+        if self.prepare is not None:
+            self.prepare(pipe)
+        return pipe
 
     def call_kwargs(self, **overrides) -> dict:
         """Kwargs for a 2-step call with ``output_type="np"`` (add a ``generator``)."""
@@ -376,6 +383,116 @@ def _hunyuan_kwargs() -> dict:
             "output_type": "np"}
 
 
+def _build_hunyuan_video_i2v(seed: int):
+    """HunyuanVideo I2V: a tiny Llava text encoder (Llama + CLIP vision) reads the image with the prompt."""
+    from diffusers import (FlowMatchEulerDiscreteScheduler, HunyuanVideoImageToVideoPipeline,
+                           HunyuanVideoTransformer3DModel)
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
+
+    tokenizer = make_llama_tokenizer()
+    text_config = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3, hidden_size=16, intermediate_size=37,
+                              num_attention_heads=4, num_hidden_layers=2, vocab_size=200, hidden_act="gelu")
+    vision_config = CLIPVisionConfig(hidden_size=8, intermediate_size=37, projection_dim=32, num_attention_heads=4,
+                                     num_hidden_layers=2, image_size=224)
+    text_encoder = _seed(seed, lambda: LlavaForConditionalGeneration(LlavaConfig(
+        vision_config=vision_config, text_config=text_config, pad_token_id=3, image_token_index=199)))
+    tokenizer_2, text_encoder_2 = _clip_text(seed)
+    transformer = _seed(seed, lambda: HunyuanVideoTransformer3DModel(
+        in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=False,
+        text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type="latent_concat"))
+    image_processor = CLIPImageProcessor(
+        crop_size=224, do_center_crop=True, do_normalize=True, do_resize=True, resample=3, size=224,
+        image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711])
+    return _finish(HunyuanVideoImageToVideoPipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2,
+        transformer=transformer, vae=_hunyuan_vae(seed), scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
+        image_processor=image_processor))
+
+
+def _hunyuan_i2v_kwargs() -> dict:
+    template = {"template": "{}", "crop_start": 0, "image_emb_len": 49, "image_emb_start": 5, "image_emb_end": 54}
+    return dict(_hunyuan_kwargs(), image=_image(16), prompt_template=template, max_sequence_length=64)
+
+
+# ---------------------------------------------------------------------------------------------
+# Mochi, Allegro, Latte
+# ---------------------------------------------------------------------------------------------
+
+
+def _build_mochi(seed: int):
+    from diffusers import AutoencoderKLMochi, FlowMatchEulerDiscreteScheduler, MochiPipeline, MochiTransformer3DModel
+
+    tokenizer, text_encoder = _t5(seed)
+
+    def transformer():
+        model = MochiTransformer3DModel(
+            patch_size=2, num_attention_heads=2, attention_head_dim=8, num_layers=2, pooled_projection_dim=16,
+            in_channels=12, out_channels=None, qk_norm="rms_norm", text_embed_dim=32, time_embed_dim=4,
+            activation_fn="swiglu", max_sequence_length=16)
+        model.pos_frequencies.data.zero_()  # as diffusers' test: random frequencies make RoPE meaningless
+        return model
+
+    vae = _seed(seed, lambda: AutoencoderKLMochi(
+        latent_channels=12, out_channels=3, encoder_block_out_channels=(32, 32, 32, 32),
+        decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1)))
+    return _finish(MochiPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=_seed(seed, transformer),
+                                 vae=vae, scheduler=FlowMatchEulerDiscreteScheduler()))
+
+
+def _mochi_kwargs() -> dict:
+    return {"prompt": "a cat", "negative_prompt": "", "num_inference_steps": 2, "guidance_scale": 4.5,
+            "height": 16, "width": 16, "num_frames": 7, "max_sequence_length": 16, "output_type": "np"}
+
+
+def _build_allegro(seed: int):
+    from diffusers import AllegroPipeline, AllegroTransformer3DModel, AutoencoderKLAllegro, DDIMScheduler
+
+    tokenizer, text_encoder = _t5(seed, d_model=24)
+    transformer = _seed(seed, lambda: AllegroTransformer3DModel(
+        num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, num_layers=1,
+        cross_attention_dim=24, sample_width=8, sample_height=8, sample_frames=8, caption_channels=24))
+    vae = _seed(seed, lambda: AutoencoderKLAllegro(
+        in_channels=3, out_channels=3, down_block_types=("AllegroDownBlock3D",) * 4,
+        up_block_types=("AllegroUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
+        layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4))
+    return _finish(AllegroPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
+                                   scheduler=DDIMScheduler()))
+
+
+def _allegro_tiling(pipe):
+    # AutoencoderKLAllegro._decode raises NotImplementedError without tiling (diffusers v0.42.1
+    # models/autoencoders/autoencoder_kl_allegro.py:841); tiling is not saved in the folder.
+    pipe.vae.enable_tiling()
+
+
+def _allegro_kwargs() -> dict:
+    return {"prompt": "a cat", "negative_prompt": "", "num_inference_steps": 2, "guidance_scale": 6.0,
+            "height": 16, "width": 16, "num_frames": 8, "max_sequence_length": 16, "clean_caption": False,
+            "output_type": "np"}
+
+
+def _build_latte(seed: int):
+    from diffusers import AutoencoderKL, DDIMScheduler, LattePipeline, LatteTransformer3DModel
+
+    tokenizer, text_encoder = _t5(seed)
+    transformer = _seed(seed, lambda: LatteTransformer3DModel(
+        sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8, num_attention_heads=3, caption_channels=32,
+        in_channels=4, cross_attention_dim=24, out_channels=8, attention_bias=True, activation_fn="gelu-approximate",
+        num_embeds_ada_norm=1000, norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6,
+        video_length=2))
+    vae = _seed(seed, lambda: AutoencoderKL(
+        block_out_channels=[8, 16], norm_num_groups=4, layers_per_block=1, latent_channels=4,
+        down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2))
+    return _finish(LattePipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
+                                 scheduler=DDIMScheduler()))
+
+
+def _latte_kwargs() -> dict:
+    return {"prompt": "a cat", "negative_prompt": "a dog", "num_inference_steps": 2, "guidance_scale": 5.0,
+            "height": 16, "width": 16, "video_length": 2, "clean_caption": False, "output_type": "np"}
+
+
 # ---------------------------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------------------------
@@ -399,6 +516,14 @@ FAMILIES: dict[str, VideoFamily] = {spec.name: spec for spec in (
                 _cogvideox_v2v_kwargs, "time_embedding"),
     VideoFamily("hunyuan_video", "hunyuan_video", "HunyuanVideoPipeline", "t2v", _build_hunyuan_video,
                 _hunyuan_kwargs, "time_text_embed.timestep_embedder"),
+    VideoFamily("hunyuan_video_i2v", "hunyuan_video", "HunyuanVideoImageToVideoPipeline", "i2v",
+                _build_hunyuan_video_i2v, _hunyuan_i2v_kwargs, "time_text_embed.timestep_embedder"),
+    VideoFamily("mochi", "mochi", "MochiPipeline", "t2v", _build_mochi, _mochi_kwargs,
+                "time_embed.timestep_embedder"),
+    VideoFamily("allegro", "allegro", "AllegroPipeline", "t2v", _build_allegro, _allegro_kwargs,
+                "adaln_single.emb.timestep_embedder", _allegro_tiling),
+    VideoFamily("latte", "latte", "LattePipeline", "t2v", _build_latte, _latte_kwargs,
+                "adaln_single.emb.timestep_embedder"),
 )}
 
 
