@@ -462,8 +462,11 @@ def _build_allegro(seed: int):
 
 def _allegro_tiling(pipe):
     # AutoencoderKLAllegro._decode raises NotImplementedError without tiling (diffusers v0.42.1
-    # models/autoencoders/autoencoder_kl_allegro.py:841); tiling is not saved in the folder.
+    # models/autoencoders/autoencoder_kl_allegro.py:841); tiling is not saved in the folder. Its tile is
+    # 24 frames x sample_size (autoencoder_kl_allegro.py:789-795): larger than the tiny 8x16x16 video, so no
+    # tile would be decoded and the frames would be all zeros; one tile is the whole tiny video here.
     pipe.vae.enable_tiling()
+    pipe.vae.kernel = pipe.vae.stride = (8, 16, 16)
 
 
 def _allegro_kwargs() -> dict:
