@@ -82,14 +82,17 @@ def _seed(seed: int, build: Callable[[], Any]) -> Any:
     return build()
 
 
-def _t5(seed: int, **overrides):
-    from transformers import T5Config, T5EncoderModel
+def _t5(seed: int, umt5: bool = False, **overrides):
+    """Handmade T5 tokenizer + tiny T5 encoder (``umt5``: the UMT5 encoder Wan uses)."""
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
     from .pipelines import make_t5_tokenizer
 
     tokenizer = make_t5_tokenizer()
     config = dict(_T5_TINY, **overrides)
     config["vocab_size"] = max(config["vocab_size"], len(tokenizer))
+    if umt5:
+        return tokenizer, _seed(seed, lambda: UMT5EncoderModel(UMT5Config(**config)))
     return tokenizer, _seed(seed, lambda: T5EncoderModel(T5Config(**config)))
 
 
@@ -158,7 +161,7 @@ def _wan_scheduler():
 def _build_wan(seed: int):
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    tokenizer, text_encoder = _t5(seed)
+    tokenizer, text_encoder = _t5(seed, umt5=True)
     transformer = _seed(seed, lambda: WanTransformer3DModel(**_WAN_TRANSFORMER))
     return _finish(WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
                                transformer=transformer, scheduler=_wan_scheduler()))
@@ -169,7 +172,7 @@ def _build_wan_i2v(seed: int):
     from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-    tokenizer, text_encoder = _t5(seed)
+    tokenizer, text_encoder = _t5(seed, umt5=True)
     transformer = _seed(seed, lambda: WanTransformer3DModel(**dict(_WAN_TRANSFORMER, in_channels=36, image_dim=4)))
     image_encoder = _seed(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
         hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
@@ -183,7 +186,7 @@ def _build_wan_i2v(seed: int):
 def _build_wan_vace(seed: int):
     from diffusers import WanVACEPipeline, WanVACETransformer3DModel
 
-    tokenizer, text_encoder = _t5(seed)
+    tokenizer, text_encoder = _t5(seed, umt5=True)
     transformer = _seed(seed, lambda: WanVACETransformer3DModel(**dict(
         _WAN_TRANSFORMER, num_layers=3, vace_layers=[0, 2], vace_in_channels=96)))
     return _finish(WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
