@@ -125,3 +125,43 @@ def test_every_family_pipeline_class_is_in_its_recipe():
 
     for spec in FAMILIES.values():
         assert recipe_for_class(spec.pipeline_class) == spec.family
+
+
+def _shipped_video_folders():
+    from hf_precision.recipe.resolution import recipe_for_class
+
+    root = __import__("pathlib").Path(hp.__file__).parent / "model_configs"
+    families = {spec.family for spec in FAMILIES.values()}
+    found = []
+    for source in sorted(root.glob("*/SOURCE.json")):
+        cls = json.loads((source.parent / "model_index.json").read_text())["_class_name"]
+        if recipe_for_class(cls) in families:
+            found.append(source.parent)
+    return found
+
+
+@pytest.mark.parametrize("path", _shipped_video_folders(), ids=lambda p: p.name)
+def test_shipped_video_configs_plan_offline_with_published_parameter_counts(path):
+    """`hf-precision plan <alias> --device t4` builds the shipped folder on the meta device; each component's count
+    matches SOURCE.json's published one (exact where the source is exact, else within 2%: counts derived from file
+    sizes on the Hub are rounded), and each planned dtype is the T4 recipe's."""
+    from hf_precision.diagnose.planner import plan
+    from hf_precision.recipe.resolution import recipe_for_class
+
+    source = json.loads((path / "SOURCE.json").read_text())
+    cls = json.loads((path / "model_index.json").read_text())["_class_name"]
+    alias = recipe_for_class(cls)
+    result = plan(alias, device="t4")
+    assert result.source.endswith(path.name) and result.pipeline == cls
+    expected = hp.get_recipe(alias, device="t4")
+    for name, planned in result.components.items():
+        assert planned.params > 0 and planned.total_bytes > 0
+        assert planned.compute == expected[name].compute
+    assert source["published_params"], f"{path.name}: SOURCE.json publishes no parameter count"
+    for component, published in source["published_params"].items():
+        count = result.components[component].params
+        if published.get("exact"):
+            assert count == published["params"], f"{path.name}/{component}: {count:,} != {published['params']:,}"
+        else:
+            assert abs(count - published["params"]) <= 0.02 * published["params"], (
+                f"{path.name}/{component}: {count:,} is more than 2% from {published['params']:,} ({published['source']})")
