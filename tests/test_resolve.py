@@ -30,6 +30,8 @@ HALF = {BF16, FP16}
 # and whether half-precision components get their attention softmax upcast to fp32.
 # --------------------------------------------------------------------------------------------------------------
 ANY, BF16_ONLY, BF16_PREF = "any", "bf16_only", "bf16_pref"
+# FP32_FIRST = [float32, bfloat16] (Wan, Mochi, Allegro VAEs): float32 on every device unless asked otherwise
+FP32_FIRST = "fp32_first"
 
 #            device spec                  ANY   BF16_ONLY BF16_PREF upcast   fact
 DEVICES = {
@@ -71,7 +73,6 @@ COMPONENTS = {
     "unet.svd":     dict(tol=ANY,       out="latents", islands=SDXL_ISLANDS, guard=False, entry=("",)),
     "dit.dit":      dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
     "dit.pixart":   dict(tol=ANY,       out="latents", islands=(),           guard=False, entry=("",)),
-    "dit.video":    dict(tol=BF16_PREF, out="latents", islands=(),           guard=False, entry=("",)),
     "vae.kl":       dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
     "vae.sdxl":     dict(tol=BF16_ONLY, out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
     "vae.fp16_fix": dict(tol=ANY,       out="float32", islands=(),           guard=True,  entry=VAE_ENTRY),
@@ -100,6 +101,25 @@ COMPONENTS = {
     "autoencoders.kl16":           dict(tol=ANY,       out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
     "autoencoders.dc":             dict(tol=BF16_PREF, out="float32", islands=(), guard=True,  entry=("encoder", "decoder")),
     "autoencoders.qwenimage":      dict(tol=BF16_ONLY, out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
+    # video families (recipes/components/video*.yaml)
+    "video.wan":           dict(tol=BF16_PREF,  out="latents", islands=("condition_embedder.time_embedder", "rope"), guard=False, entry=("",)),
+    "video.ltx":           dict(tol=BF16_ONLY,  out="latents", islands=("time_embed",),  guard=False, entry=("",)),
+    "video.cogvideox_5b":  dict(tol=BF16_ONLY,  out="latents", islands=("time_embedding",), guard=False, entry=("",)),
+    "video.cogvideox":     dict(tol=BF16_ONLY,  out="latents", islands=("time_embedding",), guard=False, entry=("",)),
+    "video.cogvideox_2b":  dict(tol=ANY,        out="latents", islands=("time_embedding",), guard=False, entry=("",)),
+    "video.hunyuan_video": dict(tol=BF16_ONLY,  out="latents", islands=("time_text_embed", "context_embedder.time_text_embed"), guard=False, entry=("",)),
+    "video.mochi":         dict(tol=BF16_ONLY,  out="latents", islands=("time_embed.timestep_embedder",), guard=False, entry=("",)),
+    "video.allegro":       dict(tol=BF16_ONLY,  out="latents", islands=("adaln_single",), guard=False, entry=("",)),
+    "video.latte":         dict(tol=ANY,        out="latents", islands=("adaln_single",), guard=False, entry=("",)),
+    "video_vae.wan":       dict(tol=FP32_FIRST, out="float32", islands=(), guard=True, entry=VAE_ENTRY),
+    "video_vae.ltx":       dict(tol=BF16_ONLY,  out="float32", islands=(), guard=True, entry=("encoder", "decoder")),
+    "video_vae.cogvideox": dict(tol=BF16_PREF,  out="float32", islands=(), guard=True, entry=VAE_ENTRY),
+    "video_vae.hunyuan_video": dict(tol=BF16_PREF, out="float32", islands=(), guard=True, entry=VAE_ENTRY),
+    "video_vae.mochi":     dict(tol=FP32_FIRST, out="float32", islands=(), guard=True, entry=("encoder", "decoder")),
+    "video_vae.allegro":   dict(tol=FP32_FIRST, out="float32", islands=(), guard=True, entry=VAE_ENTRY),
+    "video_text.umt5":     dict(tol=BF16_PREF,  out="compute", islands=T5_ISLANDS, guard=False, entry=("",)),
+    "video_text.llama":    dict(tol=ANY,        out="compute", islands=(), guard=False, entry=("",)),
+    "video_text.siglip":   dict(tol=ANY,        out="compute", islands=(), guard=False, entry=("",)),
 }
 
 # Pipeline recipes: component -> component recipe, and where the latents' dtype comes from.
@@ -133,11 +153,30 @@ PIPELINES = {
     "qwenimage":  dict(components={"text_encoder": "textenc.qwen25vl", "transformer": "mmdit.qwenimage",
                                    "vae": "autoencoders.qwenimage", "controlnet": "mmdit.qwenimage_controlnet"},
                        latents_from="text_encoder"),
+    # video families: latents_from None = the pipeline makes fp32 latents and the transformer's entry cast gives
+    # them its own compute dtype, which it hands back
+    "wan":    dict(components={"text_encoder": "video_text.umt5", "image_encoder": "clip.vision",
+                               "transformer": "video.wan", "transformer_2": "video.wan", "vae": "video_vae.wan"},
+                   latents_from=None, denoiser="transformer"),
+    "ltx":    dict(components={"text_encoder": "t5.encoder", "transformer": "video.ltx", "vae": "video_vae.ltx"},
+                   latents_from=None, denoiser="transformer"),
+    "cogvideox": dict(components={"text_encoder": "t5.encoder", "transformer": "video.cogvideox",
+                                  "vae": "video_vae.cogvideox"}, latents_from="text_encoder"),
+    "hunyuan_video": dict(components={"text_encoder": "video_text.llama", "text_encoder_2": "clip.text",
+                                      "transformer": "video.hunyuan_video", "vae": "video_vae.hunyuan_video",
+                                      "image_encoder": "video_text.siglip"}, latents_from=None, denoiser="transformer"),
+    "mochi":  dict(components={"text_encoder": "t5.encoder", "transformer": "video.mochi", "vae": "video_vae.mochi"},
+                   latents_from=None, denoiser="transformer"),
+    "allegro": dict(components={"text_encoder": "t5.encoder", "transformer": "video.allegro",
+                                "vae": "video_vae.allegro"}, latents_from="text_encoder"),
+    "latte":  dict(components={"text_encoder": "t5.encoder", "transformer": "video.latte", "vae": "vae.kl"},
+                   latents_from="text_encoder"),
 }
 
 
 def expected_compute(device: str, recipe: str) -> str:
-    return DEVICES[device][COMPONENTS[recipe]["tol"]]
+    tol = COMPONENTS[recipe]["tol"]
+    return FP32 if tol == FP32_FIRST else DEVICES[device][tol]
 
 
 def assert_component(plan: hp.ComponentPlan, device: str, recipe: str, latents_dtype: str) -> None:
@@ -187,7 +226,8 @@ def test_pipeline_recipe(pipeline: str, device: str):
     recipe = hp.get_recipe(pipeline, device=device)
     assert list(recipe.components) == list(spec["components"])
     assert recipe.latents_from == spec["latents_from"]
-    latents = expected_compute(device, spec["components"][spec["latents_from"]]) if spec["latents_from"] else None
+    src = spec["latents_from"] or spec.get("denoiser")
+    latents = expected_compute(device, spec["components"][src]) if src else None
     for comp, comp_recipe in spec["components"].items():
         assert_component(recipe[comp], device, comp_recipe, latents)
 

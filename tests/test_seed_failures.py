@@ -29,8 +29,8 @@ def test_opensora_video_dit_conv3d_bf16_fed_fp32():
     with pytest.raises(RuntimeError, match=r"Input type \(float\) and bias type \(c10::BFloat16\)"):
         model(latents, timestep, text)
 
-    recipe = hp.get_recipe("dit.video", device="a100")
-    assert recipe["dit"].compute == "bfloat16"
+    recipe = hp.get_recipe("video.wan", device="a100")
+    assert recipe["video"].compute == "bfloat16"
     hp.apply_recipe(model, recipe, device="cpu")
     out = model(latents, timestep, text).sample
     assert out.dtype == torch.float32, "the output must come back in the dtype the latents arrived in"

@@ -166,7 +166,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     """Apply a recipe to a pipeline you built: dtypes, placement, float32 islands and boundary hooks, in place.
 
     Args:
-        pipe: a diffusers pipeline, or a bare model (then name a component recipe, e.g. ``recipe="dit.video"``).
+        pipe: a diffusers pipeline, or a bare model (then name a component recipe, e.g. ``recipe="video.wan"``).
         recipe (`Recipe` or `str`, *optional*): a resolved recipe (its layout is applied as is, whatever device it
             was resolved for), a recipe name, or ``None`` to choose by pipeline class.
         device (*optional*): ``"cpu"``, ``"cuda:1"`` ..., or a mapping component -> device (``"default"`` for the
@@ -194,7 +194,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         if not isinstance(recipe, (str, Recipe)) or (isinstance(recipe, str) and recipe in list_recipes("pipeline")):
             got = f"{recipe!r} is a pipeline recipe; " if isinstance(recipe, str) else ""
             raise RecipeError(f"apply_recipe: {got}name a component recipe for a bare {type(comps['']).__name__}, "
-                              f"e.g. recipe='dit.video'; component recipes: {', '.join(list_recipes('component'))}")
+                              f"e.g. recipe='video.wan'; component recipes: {', '.join(list_recipes('component'))}")
         stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
     if device is None and not isinstance(recipe, Recipe):

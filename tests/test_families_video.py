@@ -1,0 +1,167 @@
+"""Video families (Wan, LTX-Video, CogVideoX, HunyuanVideo, Mochi, Allegro, Latte) load and run in every layout.
+
+Tiny pipelines from ``hf_precision.testing.video_families`` are saved once per session and loaded back through
+``load_pipeline(folder, "cpu", layout=L)``; dtypes are compared with an independently resolved plan for the same
+layout, never with constants. Where plain diffusers fails on a layout a user picks (a half transformer next to an
+fp32 text encoder and VAE), the failure is reproduced first. A planted fp16 overflow in the timestep MLP shows the
+recipe's fp32 islands at work: all-fp16 gives inf/NaN frames, the recipe layout finite ones.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import torch
+
+import hf_precision as hp
+from checks import assert_finite, assert_plan_dtypes
+from hf_precision.recipe.resolution import resolve
+from hf_precision.testing.pipelines import save_pipeline
+from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+# One pipeline per recipe family runs every layout; the other modes (i2v, vace, v2v, condition) run one half layout.
+MAIN = ["wan", "ltx", "cogvideox", "hunyuan_video", "mochi", "allegro", "latte"]
+MODES = [name for name in FAMILIES if name not in MAIN]
+# cpu: this machine's rules (whatever they pick); t4: fp16 CUDA; a100: bf16 CUDA; m1-macos13: MPS without bf16.
+LAYOUTS = ["cpu", "t4", "a100", "m1-macos13"]
+# Plain diffusers with a half transformer and everything else fp32: these families fail (dtype mismatch); Wan and
+# HunyuanVideo cast latents and embeddings to the transformer's dtype themselves (pipeline_wan.py:549,
+# pipeline_hunyuan_video.py:602) and run.
+PLAIN_FAILS = ["ltx", "cogvideox", "mochi", "allegro", "latte"]
+MISMATCH = re.compile(r"dtype|type \(.*\) and bias type|Half|BFloat16|Float", re.I)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """Factory: the saved tiny pipeline of a family, built and saved once per module."""
+    folders = {}
+
+    def get(name):
+        if name not in folders:
+            folders[name] = save_pipeline(FAMILIES[name].build(0), tmp_path_factory.mktemp(name))
+        return folders[name]
+
+    return get
+
+
+def _configs(path):
+    return {d.name: json.loads((d / "config.json").read_text()) for d in path.iterdir() if (d / "config.json").exists()}
+
+
+def _run(name, pipe):
+    spec = FAMILIES[name]
+    return pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0))
+
+
+def _load_and_check(name, folder, layout):
+    spec = FAMILIES[name]
+    path = folder(name)
+    pipe = spec.ready(hp.load_pipeline(path, "cpu", layout=layout))
+    expected = resolve(pipeline_class=spec.pipeline_class, devices="cpu", layout=layout, configs=_configs(path))
+    assert hp.applied(pipe).recipe.name == expected.name == spec.family
+    assert_plan_dtypes(pipe, expected)
+    assert_finite(_run(name, pipe))
+    return pipe, expected
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("name", MAIN)
+def test_family_loads_and_runs_in_the_planned_dtypes(name, layout, folder):
+    _load_and_check(name, folder, layout)
+
+
+@pytest.mark.parametrize("name", MODES)
+def test_other_modes_load_and_run_in_the_fp16_layout(name, folder):
+    pipe, expected = _load_and_check(name, folder, "t4")
+    assert any(p.compute == "float16" for p in expected.plans if getattr(pipe, p.name, None) is not None)
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_a_user_dtype_dict_is_honoured_where_plain_diffusers_fails(name, folder):
+    """A from_pretrained-style per-component dtype dict: fp16 transformer, fp32 text encoder and VAE. Plain
+    diffusers raises a dtype mismatch with it for the PLAIN_FAILS families; hf_precision honours it and runs."""
+    from diffusers import DiffusionPipeline
+
+    dtype = {"transformer": torch.float16, "text_encoder": torch.float32, "vae": torch.float32}
+    if name in PLAIN_FAILS:
+        plain = FAMILIES[name].ready(DiffusionPipeline.from_pretrained(folder(name), dtype=dtype))
+        plain.set_progress_bar_config(disable=True)
+        with pytest.raises(RuntimeError, match=MISMATCH):
+            _run(name, plain)
+    pipe = FAMILIES[name].ready(hp.load_pipeline(folder(name), "cpu", dtype=dtype))
+    planned = hp.applied(pipe).recipe
+    assert planned["transformer"].compute == "float16"
+    assert planned["text_encoder"].compute == planned["vae"].compute == "float32"
+    assert_plan_dtypes(pipe, planned)
+    assert_finite(_run(name, pipe))
+
+
+@pytest.mark.parametrize("name", MAIN)
+def test_planted_fp16_overflow_needs_the_recipes_fp32_islands(name):
+    """All-fp16 overflows in the timestep MLP (inf/NaN frames); the recipe keeps that MLP fp32 and stays finite,
+    even with the transformer forced to fp16 on a T4 layout."""
+    spec = FAMILIES[name]
+    planted = plant_fp16_overflow(spec.build(0), name)
+    naive = spec.ready(copy.deepcopy(planted).to(torch.float16))
+    frames = _run(name, naive).frames
+    assert not torch.isfinite(torch.as_tensor(frames, dtype=torch.float32)).all()
+
+    hp.apply_recipe(planted, spec.family, "cpu", layout="t4", overrides={"transformer": {"dtype": "float16"}})
+    record = hp.applied(planted)
+    assert record.recipe["transformer"].compute == "float16"
+    assert any(spec.time_mlp == island or spec.time_mlp.startswith(island + ".")
+               for island in record.islands["transformer"])
+    assert_finite(_run(name, planted))
+
+
+def test_every_family_pipeline_class_is_in_its_recipe():
+    """Each builder's class resolves to its family's named recipe (not a composed one)."""
+    from hf_precision.recipe.resolution import recipe_for_class
+
+    for spec in FAMILIES.values():
+        assert recipe_for_class(spec.pipeline_class) == spec.family
+
+
+def _shipped_video_folders():
+    from hf_precision.recipe.resolution import recipe_for_class
+
+    root = __import__("pathlib").Path(hp.__file__).parent / "model_configs"
+    families = {spec.family for spec in FAMILIES.values()}
+    found = []
+    for source in sorted(root.glob("*/SOURCE.json")):
+        cls = json.loads((source.parent / "model_index.json").read_text())["_class_name"]
+        if recipe_for_class(cls) in families:
+            found.append(source.parent)
+    return found
+
+
+@pytest.mark.parametrize("path", _shipped_video_folders(), ids=lambda p: p.name)
+def test_shipped_video_configs_plan_offline_with_published_parameter_counts(path):
+    """`hf-precision plan <alias> --device t4` builds the shipped folder on the meta device; each component's count
+    matches SOURCE.json's published one (exact where the source is exact, else within 2%: counts derived from file
+    sizes on the Hub are rounded), and each planned dtype is the T4 recipe's."""
+    from hf_precision.diagnose.planner import plan
+    from hf_precision.recipe.resolution import recipe_for_class
+
+    source = json.loads((path / "SOURCE.json").read_text())
+    cls = json.loads((path / "model_index.json").read_text())["_class_name"]
+    alias = recipe_for_class(cls)
+    result = plan(alias, device="t4")
+    assert result.source.endswith(path.name) and result.pipeline == cls
+    expected = hp.get_recipe(alias, device="t4")
+    for name, planned in result.components.items():
+        assert planned.params > 0 and planned.total_bytes > 0
+        assert planned.compute == expected[name].compute
+    assert source["published_params"], f"{path.name}: SOURCE.json publishes no parameter count"
+    for component, published in source["published_params"].items():
+        count = result.components[component].params
+        if published.get("exact"):
+            assert count == published["params"], f"{path.name}/{component}: {count:,} != {published['params']:,}"
+        else:
+            assert abs(count - published["params"]) <= 0.02 * published["params"], (
+                f"{path.name}/{component}: {count:,} is more than 2% from {published['params']:,} ({published['source']})")
