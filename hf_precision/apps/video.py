@@ -219,20 +219,28 @@ def _check_frame_folder(folder: Path) -> None:
                           f"(it would be replaced)")
 
 
-def model_spec(model: str) -> tuple[str, Any]:
+def model_spec(model: str, configs_only: bool = False) -> tuple[str, Any]:
     """Where a video model is and its :class:`~hf_precision.apps.video_families.VideoSpec` (mode, frame and size
     rules), read from ``model_index.json`` and the component configs; nothing is loaded.
+
+    With ``configs_only`` (``--plan``) the configs shipped in ``hf_precision/model_configs`` also count (``svd``,
+    ``stabilityai/stable-video-diffusion-img2vid-xt``), as for :func:`hf_precision.plan`.
 
     Raises:
         RecipeError: no such model, or not a video pipeline.
     """
-    from ..runtime.source import component_configs, locate
+    from ..runtime.source import component_configs, configs_of, locate
     from .video_families import video_spec
 
-    where, index, folder = locate(model)
+    if configs_only:
+        where = model
+        _, index, configs = configs_of(model)
+    else:
+        where, index, folder = locate(model)
+        configs = component_configs(where, index, folder)
     cls = str(index.get("_class_name"))
     try:
-        spec = video_spec(cls, index, component_configs(where, index, folder))
+        spec = video_spec(cls, index, configs)
     except RecipeError as err:
         raise RecipeError(f"--model {model}: {err}") from None
     return where, spec

@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
             model, image = _demo_inputs(workdir, args.image)
         else:
             model, image = args.model or "svd", args.image
-        where, spec = model_spec(model)
+        where, spec = model_spec(model, configs_only=args.plan)
         defaults = dict(DEMO_DEFAULTS) if args.demo else {**spec.defaults, "decode_chunk_size": 8}
         for key, value in defaults.items():
             if getattr(args, key, None) is None:
