@@ -98,8 +98,25 @@ class _LiveBytes:
             del self.refs[key]
 
 
+def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
+    """Transient bytes PyTorch's CPU conv3d takes beyond its output (aten/src/ATen/native/Convolution.cpp,
+    ``ConvParams::use_mkldnn``): float32 with ``N*C*D*H <= 20480`` and a kernel of at most 3x3 runs ``slow_conv3d``,
+    which unfolds the input into a (C_in*kD*kH*kW) x (output voxels) column buffer; otherwise oneDNN, which reorders
+    a copy of the input."""
+    x, w = args[0], args[1]
+    if x.dim() != 5 or x.dtype.itemsize != 4:
+        return 0
+    groups = args[8] if len(args) > 8 else 1
+    n, c, d, h = x.shape[:4]
+    native = groups == 1 and not (w.shape[-1] > 3 and w.shape[-2] > 3) and n == 1 and n * c * d * h <= 20480
+    if native:
+        return int(w.shape[1] * w.shape[2] * w.shape[3] * w.shape[4] * out.shape[2] * out.shape[3] * out.shape[4]
+                   * x.element_size())
+    return int(x.numel() * x.element_size())
+
+
 @contextlib.contextmanager
-def _counting() -> Iterator[_LiveBytes]:
+def _counting(cpu: bool = False) -> Iterator[_LiveBytes]:
     import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -113,6 +130,8 @@ def _counting() -> Iterator[_LiveBytes]:
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor) and t.device.type == "meta":
                     live.add(t)
+            if cpu and func is torch.ops.aten.convolution.default:
+                live.peak = max(live.peak, live.live + _cpu_conv3d_workspace(args, out))
             return out
 
     sdpa = F.scaled_dot_product_attention
@@ -223,13 +242,13 @@ def _denoise_peak(spec: Any, module: Any, dtype: Any, text_dim_of: int, height: 
 
 
 def _decode_peak(spec: Any, vae: Any, dtype: Any, den_config: Mapping[str, Any], height: int, width: int,
-                 frames: int, chunk: int | None) -> int:
+                 frames: int, chunk: int | None, cpu: bool = False) -> int:
     import torch
 
     f, h, w = _latent_shape(spec, den_config, height, width, frames)
     c = vae.config.latent_channels if "latent_channels" in vae.config else vae.config.z_dim
     meta = {"device": "meta", "dtype": dtype}
-    with _counting() as live:
+    with _counting(cpu) as live:
         if spec.family == "svd":
             z = torch.empty(frames, c, h, w, **meta)
             n = chunk or frames
@@ -275,10 +294,25 @@ class _Model:
     text: dict[str, int]
     leaf: dict[str, int]
     loose: dict[str, int]
+    cpu: bool = False
     cache: dict[tuple[Any, ...], int] = dataclasses.field(default_factory=dict)
 
 
+_MODELS: dict[tuple[str, str, str], _Model] = {}
+
+
 def _load_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _Model:
+    key = (str(where), spec.pipeline, str(layout))
+    if overrides is None and key in _MODELS:
+        return _MODELS[key]
+    model = _build_model(where, spec, layout, overrides)
+    if overrides is None:
+        _MODELS.clear()  # one model at a time: a 14B transformer on meta still has ~10^5 Python objects
+        _MODELS[key] = model
+    return model
+
+
+def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _Model:
     from .. import dtypes as dt
     from ..diagnose.planner import plan
     from ..runtime.source import configs_of
@@ -316,7 +350,8 @@ def _load_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _M
         if name.startswith("text_encoder"):
             length = 77 if "CLIP" in type(module).__name__ else TEXT_LENGTH.get(spec.family, 256)
             text[name] = _text_peak(module, length)
-    return _Model(spec=spec, plan=p, modules=modules, dtypes=dtypes, text=text, leaf=leaf, loose=loose)
+    return _Model(spec=spec, plan=p, modules=modules, dtypes=dtypes, text=text, leaf=leaf, loose=loose,
+                  cpu=p.recipe.device.type == "cpu")
 
 
 def _resident(model: _Model, names: list[str], offload: str) -> int:
@@ -355,7 +390,7 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
     key = ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames)
     if key not in model.cache:
         model.cache[key] = _decode_peak(spec, vae, model.dtypes["vae"], den.config, height, width, frames,
-                                        settings.decode_chunk_size)
+                                        settings.decode_chunk_size, model.cpu)
     dec = model.cache[key]
     phases["VAE decode"] = _resident(model, ["vae"], settings.offload) + dec
     return Prediction(settings=settings, phases=phases,

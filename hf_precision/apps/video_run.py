@@ -162,7 +162,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
         raise RecipeError(problems)
     kwargs: dict[str, Any] = {"height": height, "width": width, "num_frames": frames, "num_inference_steps": steps,
                               "generator": torch.Generator("cpu").manual_seed(seed), "output_type": "np",
-                              **spec.extra, **extra}
+                              **{**spec.extra, **extra}}
     if spec.takes_prompt:
         kwargs["prompt"] = prompt or ""
     if spec.takes_image:

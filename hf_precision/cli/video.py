@@ -62,6 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", default=None, help="text prompt (text-to-video; or with --image where the pipeline takes both)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="a text file with one prompt per line: one video each")
     p.add_argument("--negative-prompt", default=None, help="negative prompt, where the pipeline takes one")
+    p.add_argument("--max-sequence-length", type=int, default=None,
+                   help="text tokens the prompt is padded to (default: the pipeline's; Wan 512, LTX 128)")
     p.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the pipeline's)")
     p.add_argument("--image", default=None, help="input image file, or a folder of images (png, jpg, webp, bmp, tif)")
     p.add_argument("--out", default=None,
@@ -332,6 +334,8 @@ def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any, bas
         return result.frames, result.summary()
     memory = PhaseMemory(pipe._execution_device, baseline=baseline)
     extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
+    if args.max_sequence_length is not None:
+        extra["max_sequence_length"] = args.max_sequence_length
     result = generate_clip(pipe, spec, prompt=job.prompt, image=image, height=args.height, width=args.width,
                            frames=args.frames, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
                            bar=bar, memory=memory, **extra)
