@@ -156,6 +156,31 @@ def test_failed_clip_reported_and_batch_goes_on(folders, image, tmp_path, capsys
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000-first.gif", "002-last.gif"]
 
 
+def test_ctrl_c_keeps_finished_outputs_and_leaves_no_partial_file(folders, image, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    from hf_precision.cli.video import main
+
+    real = Image.Image.save
+    calls = []
+
+    def interrupted(self, fp, *a, **k):  # Ctrl-C while the second clip's GIF is being written
+        calls.append(fp)
+        if len(calls) == 2:
+            Path(fp).write_bytes(b"GIF89a half")
+            raise KeyboardInterrupt
+        return real(self, fp, *a, **k)
+
+    monkeypatch.setattr(Image.Image, "save", interrupted)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one\ntwo\nthree\n")
+    args = _args("wan", folders("wan"), tmp_path / "out", image)
+    args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
+    assert main([*args, "--format", "gif"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000-one.gif"]  # no half file, no temp file
+
+
 # --------------------------------------------------------------------------------------------- offload
 
 
@@ -258,7 +283,7 @@ def test_plan_of_real_wan_configs_chooses_for_8gb_and_24gb(capsys):
     from hf_precision.cli.video import main
 
     where, spec = model_spec(str(WAN_1_3B), configs_only=True)
-    kwargs = {"layout": "t4", "height": 320, "width": 512, "frames": 17}
+    kwargs = {"layout": "t4", "height": 256, "width": 256, "frames": 9}
     choices = {gb: choose(where, spec, budget=gb * 10**9, **kwargs) for gb in (8, 24)}
     for gb, c in choices.items():
         assert c.fits and c.prediction.peak <= gb * 10**9
@@ -268,7 +293,7 @@ def test_plan_of_real_wan_configs_chooses_for_8gb_and_24gb(capsys):
     assert weights > 8 * 10**9 and choices[8].settings.offload != "none"  # the weights alone do not fit
     assert len(choices[24].tried) < len(choices[8].tried)  # 24 GB stops at a faster candidate
     assert main(["--model", str(WAN_1_3B), "--prompt", "x", "--plan", "--layout", "t4", "--max-memory", "8GB",
-                 "--height", "320", "--width", "512", "--frames", "17"]) == 0
+                 "--height", "256", "--width", "256", "--frames", "9"]) == 0
     out = capsys.readouterr().out
     assert "WanPipeline (text-to-video) for cuda (Tesla T4, sm 7.5)" in out
     assert f"chosen for 8.00 GB: {choices[8].settings.label()}" in out

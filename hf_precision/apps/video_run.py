@@ -3,8 +3,8 @@
 Phases are told apart by forward pre-hooks on the components (text encoders, the VAE encoder for an input image,
 the denoiser, the VAE decoder): when a component of a new phase starts, the peak of the previous phase is read and
 the peak counter is reset. CUDA/XPU: ``reset_peak_memory_stats`` and ``max_memory_allocated``. CPU on Linux: the
-process's ``VmHWM`` reset through ``/proc/self/clear_refs`` (``5``, see proc(5)), minus the RSS before the model was
-loaded; elsewhere the RSS sampled at every hook.
+process's ``VmHWM`` reset through ``/proc/self/clear_refs`` (``5``, see proc(5)) above the RSS at the phase's start,
+plus the loaded weight bytes; elsewhere the RSS sampled at every hook.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import RecipeError
 
-__all__ = ["PhaseMemory", "ClipResult", "generate_clip", "rss"]
+__all__ = ["PhaseMemory", "ClipResult", "generate_clip", "rss", "weight_bytes"]
 
 PHASES = ("text encoding", "image encoding", "denoising", "VAE decode")
 
@@ -34,6 +34,16 @@ def rss() -> int:
     return peak_rss()
 
 
+def weight_bytes(pipe: Any) -> int:
+    """Bytes of the parameters and buffers of a pipeline's model components, as loaded."""
+    total = 0
+    for component in pipe.components.values():
+        if hasattr(component, "parameters"):
+            total += sum(t.numel() * t.element_size() for t in component.parameters())
+            total += sum(t.numel() * t.element_size() for t in component.buffers())
+    return total
+
+
 def _reset_hwm() -> bool:
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
@@ -44,26 +54,31 @@ def _reset_hwm() -> bool:
 
 
 class PhaseMemory:
-    """Peak memory per phase on one device; ``baseline`` (CPU: RSS before the model was loaded) is subtracted.
+    """Peak memory per phase on one device.
+
+    CPU: the RSS high-water mark above the RSS when the phase started, plus ``weights`` (the bytes of the loaded
+    parameters and buffers): what the phase adds on top of the model, without the process's own overhead (the
+    interpreter, libraries, thread pools), as ``max_memory_allocated`` leaves out the CUDA context.
 
     Example:
-        >>> m = PhaseMemory("cpu", baseline=rss()); m.enter("denoising"); m.finish()
-        >>> list(m.peaks) == ["denoising"] and m.peaks["denoising"] >= 0
+        >>> m = PhaseMemory("cpu", weights=1000); m.enter("denoising"); m.finish()
+        >>> list(m.peaks) == ["denoising"] and m.peaks["denoising"] >= 1000
         True
     """
 
-    def __init__(self, device: Any, baseline: int = 0):
+    def __init__(self, device: Any, weights: int = 0):
         import torch
 
         self.torch = torch
         self.device = torch.device(device)
-        self.baseline = baseline if self.device.type == "cpu" else 0
+        self.weights = weights if self.device.type == "cpu" else 0
+        self.start = 0
         self.peaks: dict[str, int] = {}
         self.phase: str | None = None
         self.sampled = 0
         self.kind = {"cuda": "torch.cuda.max_memory_allocated", "xpu": "torch.xpu.max_memory_allocated",
-                     "mps": "torch.mps.driver_allocated_memory (sampled)"}.get(self.device.type, "process RSS above "
-                                                                                 "the RSS before loading")
+                     "mps": "torch.mps.driver_allocated_memory (sampled)"}.get(
+                         self.device.type, "CPU: RSS peak above the phase's start + loaded weight bytes")
 
     def _read(self) -> int:
         torch, dev = self.torch, self.device
@@ -75,7 +90,7 @@ class PhaseMemory:
             return max(self.sampled, int(torch.mps.driver_allocated_memory()))
         from .video import peak_rss
 
-        return max(self.sampled, peak_rss()) - self.baseline
+        return max(0, max(self.sampled, peak_rss()) - self.start) + self.weights
 
     def _reset(self) -> None:
         torch, dev = self.torch, self.device
@@ -85,8 +100,10 @@ class PhaseMemory:
             torch.cuda.reset_peak_memory_stats(dev)
         elif dev.type == "xpu":
             torch.xpu.reset_peak_memory_stats(dev)
-        elif dev.type == "cpu" and not _reset_hwm():
-            self.sampled = rss()
+        elif dev.type == "cpu":
+            self.start = rss()
+            if not _reset_hwm():
+                self.sampled = self.start
 
     def sample(self) -> None:
         if self.device.type == "mps":
@@ -171,7 +188,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
         kwargs["image"] = image
     if guidance_scale is not None:
         kwargs["guidance_scale"] = guidance_scale
-    memory = memory or PhaseMemory(pipe._execution_device)
+    memory = memory or PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
     handles = []
     for module, phase in _phase_modules(pipe):
         def pre(mod: Any, args: Any, phase: str = phase) -> None:

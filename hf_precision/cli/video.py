@@ -131,6 +131,10 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except RecipeError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outputs are renamed into place only when complete: nothing partial is left
+        print(f"{parser.prog}: interrupted; finished outputs are kept, the one in progress was not written",
+              file=sys.stderr)
+        return 130
 
 
 def _check_numbers(args: argparse.Namespace, spec: Any) -> None:
@@ -209,6 +213,11 @@ def run(args: argparse.Namespace) -> int:
             model, image = _demo_inputs(workdir, args.image)
         else:
             model, image = args.model or "svd", args.image
+        jobs: list[Job] = []
+        if not args.plan:  # inputs and outputs first: a missing image fails before any model lookup
+            prompts = read_prompts(args.prompts) if args.prompts else ([args.prompt] if args.prompt is not None else None)
+            existing = "skip" if args.skip_existing else ("overwrite" if args.overwrite else "error")
+            jobs = plan_outputs(image, args.out or "demo.mp4", args.format, prompts=prompts, existing=existing)
         where, spec = model_spec(model, configs_only=args.plan)
         defaults = dict(DEMO_DEFAULTS) if args.demo else {**spec.defaults, "decode_chunk_size": 8}
         for key, value in defaults.items():
@@ -223,9 +232,6 @@ def run(args: argparse.Namespace) -> int:
             from ..apps.video_plan import print_plan
 
             return print_plan(where, spec, args)
-        prompts = read_prompts(args.prompts) if args.prompts else ([args.prompt] if args.prompt is not None else None)
-        existing = "skip" if args.skip_existing else ("overwrite" if args.overwrite else "error")
-        jobs = plan_outputs(image, args.out or "demo.mp4", args.format, prompts=prompts, existing=existing)
         if not jobs:
             print(f"nothing to do: all {args.out} outputs exist (--skip-existing)", flush=True)
             return 0
@@ -248,7 +254,6 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
     from accelerate import PartialState
     from tqdm import tqdm
 
-    from ..apps.video_run import PhaseMemory, generate_clip, rss
 
     cpu = _want_cpu(args.device)
     # cpu=True is what makes PartialState see a CPU run started by torchrun/accelerate as MULTI_CPU (gloo).
@@ -266,7 +271,6 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
         mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no job twice
     failed: list[str] = []
     if mine:
-        baseline = rss()
         settings = _settings(args, model, spec, device or _default_device())
         extra = {"layout": args.layout} if args.layout else {}
         pipe = load_video_pipeline(model, device, overrides=overrides_from(args) or None, settings=settings, **extra)
@@ -281,7 +285,7 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
             for n, job in enumerate(mine, 1):
                 bar.set_description(f"video {n}/{len(mine)}")
                 try:
-                    frames, summary = _one(pipe, spec, job, args, bar, baseline)
+                    frames, summary = _one(pipe, spec, job, args, bar)
                     if not np_isfinite(frames):
                         raise RecipeError("the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
                                           "--set transformer.dtype=float32 and report the model")
@@ -322,8 +326,8 @@ def _default_device() -> str:
     return str(device_profile(None).torch_device())
 
 
-def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any, baseline: int) -> tuple[Any, str]:
-    from ..apps.video_run import PhaseMemory, generate_clip
+def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any) -> tuple[Any, str]:
+    from ..apps.video_run import PhaseMemory, generate_clip, weight_bytes
 
     image = read_image(job.image) if job.image is not None else None
     if spec.family == "svd":
@@ -332,7 +336,7 @@ def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any, bas
                                 noise_aug_strength=args.noise_aug_strength, decode_chunk_size=args.decode_chunk_size,
                                 seed=args.seed, progress=False, bar=bar)
         return result.frames, result.summary()
-    memory = PhaseMemory(pipe._execution_device, baseline=baseline)
+    memory = PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
     extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
     if args.max_sequence_length is not None:
         extra["max_sequence_length"] = args.max_sequence_length
