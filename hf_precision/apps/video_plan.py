@@ -174,6 +174,12 @@ def _text_peak(module: Any, length: int) -> int:
     return live.peak
 
 
+def _text_len(spec: Any) -> int:
+    """Tokens the denoiser sees: ``--max-sequence-length`` or the config's, else the pipeline's default."""
+    fixed = spec.extra.get("max_sequence_length")
+    return int(fixed) if fixed else TEXT_LENGTH.get(spec.family, 256) - (95 if spec.family == "hunyuan" else 0)
+
+
 def _latent_shape(spec: Any, config: Mapping[str, Any], height: int, width: int, frames: int) -> tuple[int, ...]:
     spatial = spec.size_multiple // _patch(spec, config)
     f = (frames - 1) // spec.frame_step + 1 if spec.frame_step > 1 else frames
@@ -197,7 +203,7 @@ def _denoise_peak(spec: Any, module: Any, dtype: Any, text_dim_of: int, height: 
         t = torch.ones(b, **meta)
         if spec.family == "wan":
             x = torch.empty(b, cfg.in_channels, f, h, w, **meta)
-            text = torch.empty(b, TEXT_LENGTH["wan"], cfg.text_dim, **meta)
+            text = torch.empty(b, _text_len(spec), cfg.text_dim, **meta)
             extra = {}
             if cfg.get("image_dim"):
                 extra["encoder_hidden_states_image"] = torch.empty(b, 257, cfg.image_dim, **meta)
@@ -205,15 +211,14 @@ def _denoise_peak(spec: Any, module: Any, dtype: Any, text_dim_of: int, height: 
         elif spec.family == "ltx":
             p, pt = cfg.patch_size, cfg.patch_size_t
             x = torch.empty(b, (f // pt) * (h // p) * (w // p), cfg.in_channels, **meta)
-            text = torch.empty(b, TEXT_LENGTH["ltx"], cfg.caption_channels, **meta)
-            mask = torch.ones(b, TEXT_LENGTH["ltx"], device="meta", dtype=torch.long)
+            text = torch.empty(b, _text_len(spec), cfg.caption_channels, **meta)
+            mask = torch.ones(b, _text_len(spec), device="meta", dtype=torch.long)
             out = module(hidden_states=x, encoder_hidden_states=text, timestep=t, encoder_attention_mask=mask,
                          num_frames=f // pt, height=h // p, width=w // p, rope_interpolation_scale=(1.0, 1.0, 1.0),
                          return_dict=False)
         elif spec.family == "cogvideox":
             x = torch.empty(b, f, cfg.in_channels, h, w, **meta)
-            length = int(cfg.get("max_text_seq_length", 226))
-            text = torch.empty(b, length, cfg.text_embed_dim, **meta)
+            text = torch.empty(b, _text_len(spec), cfg.text_embed_dim, **meta)
             rope = None
             if cfg.get("use_rotary_positional_embeddings"):
                 p = cfg.patch_size
@@ -223,7 +228,7 @@ def _denoise_peak(spec: Any, module: Any, dtype: Any, text_dim_of: int, height: 
                          return_dict=False)
         elif spec.family == "hunyuan":
             x = torch.empty(b, cfg.in_channels, f, h, w, **meta)
-            length = TEXT_LENGTH["hunyuan"] - 95
+            length = _text_len(spec)
             text = torch.empty(b, length, cfg.text_embed_dim, **meta)
             mask = torch.ones(b, length, device="meta", dtype=torch.long)
             pooled = torch.empty(b, cfg.pooled_projection_dim, **meta)
@@ -348,7 +353,8 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     text = {}
     for name, module in modules.items():
         if name.startswith("text_encoder"):
-            length = 77 if "CLIP" in type(module).__name__ else TEXT_LENGTH.get(spec.family, 256)
+            # HunyuanVideo's Llama reads the prompt template too: 95 tokens cropped after encoding
+            length = 77 if "CLIP" in type(module).__name__ else _text_len(spec) + (95 if spec.family == "hunyuan" else 0)
             text[name] = _text_peak(module, length)
     return _Model(spec=spec, plan=p, modules=modules, dtypes=dtypes, text=text, leaf=leaf, loose=loose,
                   cpu=p.recipe.device.type == "cpu")

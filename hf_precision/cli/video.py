@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
@@ -219,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
             existing = "skip" if args.skip_existing else ("overwrite" if args.overwrite else "error")
             jobs = plan_outputs(image, args.out or "demo.mp4", args.format, prompts=prompts, existing=existing)
         where, spec = model_spec(model, configs_only=args.plan)
+        if args.max_sequence_length is not None:
+            spec = dataclasses.replace(spec, extra={**spec.extra, "max_sequence_length": args.max_sequence_length})
         defaults = dict(DEMO_DEFAULTS) if args.demo else {**spec.defaults, "decode_chunk_size": 8}
         for key, value in defaults.items():
             if getattr(args, key, None) is None:
@@ -338,8 +341,6 @@ def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any) -> 
         return result.frames, result.summary()
     memory = PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
     extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
-    if args.max_sequence_length is not None:
-        extra["max_sequence_length"] = args.max_sequence_length
     result = generate_clip(pipe, spec, prompt=job.prompt, image=image, height=args.height, width=args.width,
                            frames=args.frames, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
                            bar=bar, memory=memory, **extra)
