@@ -312,3 +312,15 @@ def test_plan_predicts_measured_tiny_run_within_bounds(folders):
     tiled = predict(where, spec, layout="cpu", height=16, width=16, frames=5, settings=pipe_settings)
     assert tiled.phases["VAE decode"] <= pred.phases["VAE decode"]
     assert load_video_pipeline(where, "cpu", settings=pipe_settings).vae.use_tiling
+
+
+def test_doctests_of_the_video_modules():
+    """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
+    chunking switched on and off on the meta UNet)."""
+    import doctest
+
+    from hf_precision.apps import video_families, video_plan, video_run
+
+    for module in (video_families, video_plan, video_run):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__

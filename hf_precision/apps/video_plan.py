@@ -191,8 +191,7 @@ def _patch(spec: Any, config: Mapping[str, Any]) -> int:
     return int(p[-1] if isinstance(p, (list, tuple)) else (p or 1))
 
 
-def _denoise_peak(spec: Any, module: Any, dtype: Any, text_dim_of: int, height: int, width: int, frames: int,
-                  guidance: bool) -> int:
+def _denoise_peak(spec: Any, module: Any, dtype: Any, height: int, width: int, frames: int, guidance: bool) -> int:
     import torch
 
     cfg = module.config
@@ -380,7 +379,7 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
     else:  # the UNet has no disable_forward_chunking: undo it through the blocks' own setter
         for m in den.modules():
             if hasattr(m, "set_chunk_feed_forward"):
-                m.set_chunk_feed_forward(None, 0)
+                m.set_chunk_feed_forward(None)  # TemporalBasicTransformerBlock takes no dim
     vae = model.modules["vae"]
     if hasattr(vae, "enable_tiling"):
         (vae.enable_tiling if settings.vae_tiling else vae.disable_tiling)()
@@ -390,7 +389,7 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
         phases["text encoding"] = max(_resident(model, [n], settings.offload) + model.text[n] for n in text_names)
     key = ("denoise", settings.forward_chunking, height, width, frames, guidance)
     if key not in model.cache:
-        model.cache[key] = _denoise_peak(spec, den, model.dtypes[spec.denoiser], 0, height, width, frames, guidance)
+        model.cache[key] = _denoise_peak(spec, den, model.dtypes[spec.denoiser], height, width, frames, guidance)
     act = model.cache[key]
     phases["denoising"] = _resident(model, [spec.denoiser, "transformer_2"], settings.offload) + act
     key = ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames)
@@ -410,7 +409,7 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
     Example:
         >>> from hf_precision.apps.video import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
-        >>> p = predict(where, spec, layout="t4", height=576, width=1024, frames=14,
+        >>> p = predict(where, spec, layout="t4", height=256, width=256, frames=14,
         ...             settings=MemorySettings(decode_chunk_size=2))
         >>> sorted(p.phases), p.peak > p.weights["unet"]
         (['VAE decode', 'denoising'], True)
@@ -469,7 +468,7 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
     Example:
         >>> from hf_precision.apps.video import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
-        >>> c = choose(where, spec, layout="t4", budget=8 * 10**9, height=576, width=1024, frames=14)
+        >>> c = choose(where, spec, layout="t4", budget=8 * 10**9, height=256, width=256, frames=14)
         >>> c.fits, c.prediction.peak <= 8 * 10**9
         (True, True)
     """
@@ -491,8 +490,6 @@ def _accelerator(layout: Any) -> bool:
 
 def choose_for_args(where: str, spec: Any, args: Any, device: Any) -> Choice:
     """The choice for parsed CLI arguments (``--max-memory``, ``--layout``/``--device``, sizes)."""
-    from .video_families import FAMILY_DEFAULTS  # noqa: F401  (the defaults are already on args)
-
     layout = args.layout or device
     budget = parse_size(args.max_memory) if args.max_memory else free_memory(device)
     return choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
