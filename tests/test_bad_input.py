@@ -213,7 +213,7 @@ CASES = [
     ("flag", "video", ["--demo", "--height", "30"], RecipeError, "--height 30"),
     ("flag", "video", ["--demo", "--frames", "0"], RecipeError, "--frames 0"),
     ("flag", "video", ["--demo", "--model", "{sdxl}"], RecipeError, "drop --model"),
-    ("flag", "video", ["--out", "{empty}/x.mp4"], RecipeError, "--image is required"),
+    ("flag", "video", ["--out", "{empty}/x.mp4"], RecipeError, "nothing to do: give --prompt TEXT, --prompts FILE (one per line) or --image"),
     ("flag", "video", ["--demo", "--offload", "bogus"], SystemExit, "invalid choice: 'bogus'"),
     # --- devices
     ("device", "cli", ["show", "sdxl", "--device", "tpu"], RecipeError, "'tpu'"),
@@ -248,7 +248,7 @@ CASES = [
     ("folder", "cli", ["show", "--class", "StableDiffusionXLPipelinee", *T4], RecipeError,
      "did you mean 'StableDiffusionXLPipeline'"),
     ("folder", "video", ["--model", "{sdxl}", "--image", "{image}", "--out", "{empty}/x.mp4"], RecipeError,
-     "not a Stable Video Diffusion pipeline"),
+     "which is not a diffusers video pipeline"),
     # --- weights
     ("weights", "api", lambda env: hp.load_pipeline(env.path("truncated"), "cpu"), DamagedFileError, "(component unet): damaged file: truncated"),
     ("weights", "api", lambda env: hp.load_pipeline(env.path("garbled"), "cpu"), DamagedFileError, "header is not valid JSON"),

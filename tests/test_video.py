@@ -234,7 +234,7 @@ CASES = {
     "unreadable image in a folder": (lambda b, svd: ["--model", str(svd), "--image", str(b["mixed"])],
                                      "b.png: cannot read it as an image"),
     "non-SVD model folder": (lambda b, svd: ["--model", str(b["sdxl"]), "--image", str(b["mixed"] / "a.png")],
-                             "is a StableDiffusionXLPipeline (model_index.json), not a Stable Video Diffusion pipeline"),
+                             "model_index.json names StableDiffusionXLPipeline, which is not a diffusers video pipeline"),
     "height not a multiple of 8": (lambda b, svd: ["--model", str(svd), "--image", str(b["mixed"] / "a.png"),
                                                    "--height", "30"], "--height 30: must be a positive multiple of 8"),
     "zero frames": (lambda b, svd: ["--model", str(svd), "--image", str(b["mixed"] / "a.png"), "--frames", "0"],

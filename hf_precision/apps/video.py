@@ -38,16 +38,15 @@ if TYPE_CHECKING:
     import numpy as np
 
 __all__ = [
-    "FORMATS", "Job", "VideoResult", "check_out", "generate_video", "load_video_pipeline", "model_class", "plan_outputs",
-    "read_image", "save_video",
+    "FORMATS", "Job", "MemorySettings", "VideoResult", "apply_memory_settings", "check_out", "generate_video",
+    "load_video_pipeline", "model_class", "model_spec", "plan_outputs", "read_image", "read_prompts", "save_video",
 ]
 
 SVD_CLASS = "StableVideoDiffusionPipeline"
 FORMATS = ("mp4", "gif", "png")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-OFFLOAD = ("none", "model", "sequential")
-# SVD's training resolution and the diffusers defaults; the demo model is tiny and uses its own defaults.
-DEFAULTS = {"height": 576, "width": 1024, "frames": None, "steps": 25, "decode_chunk_size": 8}
+OFFLOAD = ("none", "model", "group", "sequential")
+# The demo model (a tiny SVD) is tiny and uses its own defaults; models use their family's (video_families.py).
 DEMO_DEFAULTS = {"height": 64, "width": 64, "frames": 8, "steps": 4, "decode_chunk_size": 4}
 
 
@@ -59,11 +58,16 @@ DEMO_DEFAULTS = {"height": 64, "width": 64, "frames": 8, "steps": 4, "decode_chu
 
 @dataclasses.dataclass(frozen=True)
 class Job:
-    """One input image and where its video goes."""
+    """One video to make: its prompt and/or input image, and where it goes."""
 
-    image: Path
+    image: Path | None
     out: Path
     format: str
+    prompt: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.image.name if self.image is not None else (self.prompt or "")[:40]
 
 
 def read_image(path: Path) -> Any:
@@ -89,6 +93,19 @@ def _list_images(image: str) -> tuple[list[Path], bool]:
     raise RecipeError(f"--image {path}: no such file or folder")
 
 
+def read_prompts(path: str) -> list[str]:
+    """The prompts of a ``--prompts`` file: one per line; blank lines and lines starting with ``#`` are skipped."""
+    file = Path(path).expanduser()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise RecipeError(f"--prompts {path}: cannot read it as UTF-8 text ({type(err).__name__}: {err})") from None
+    prompts = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if not prompts:
+        raise RecipeError(f"--prompts {path}: no prompts (one per line; # starts a comment)")
+    return prompts
+
+
 def _format_of(out: Path) -> str | None:
     suffix = out.suffix.lower()
     if suffix == "":
@@ -98,19 +115,81 @@ def _format_of(out: Path) -> str | None:
     return None
 
 
-def plan_outputs(image: str, out: str, fmt: str | None = None) -> list[Job]:
-    """The (image, output, format) jobs for ``--image``/``--out``/``--format``, checked before any model is loaded.
+def _slug(text: str, limit: int = 40) -> str:
+    words = "".join(c.lower() if c.isalnum() else " " for c in text).split()
+    return "-".join(words)[:limit].strip("-") or "video"
 
-    Every image is opened and decoded once here, so an unreadable image fails before anything is loaded or written.
+
+def plan_outputs(image: str | None, out: str, fmt: str | None = None, *, prompts: Sequence[str] | None = None,
+                 existing: str = "error") -> list[Job]:
+    """The jobs for ``--image``/``--prompt(s)``/``--out``/``--format``, checked before any model is loaded.
+
+    Inputs: an image file or folder (image-to-video; with one prompt it goes with every image, with a prompt list
+    the i-th prompt goes with the i-th image in name order), or prompts alone (text-to-video: one video per prompt,
+    ``OUT/000-<words of the prompt>.mp4``). Every image is opened once here, so an unreadable image fails before
+    anything is loaded or written. ``existing``: what to do with outputs that are already there: ``"error"`` (one
+    RecipeError naming them, the default), ``"skip"`` (drop those jobs) or ``"overwrite"``.
 
     Example:
         >>> import tempfile; from PIL import Image
         >>> d = Path(tempfile.mkdtemp()); Image.new("RGB", (8, 8)).save(d / "cat.png")
         >>> [(j.out.name, j.format) for j in plan_outputs(str(d), str(d / "videos"), "gif")]
         [('cat.gif', 'gif')]
+        >>> [j.out.name for j in plan_outputs(None, str(d / "clips"), prompts=["A cat.", "A dog!"])]
+        ['000-a-cat.mp4', '001-a-dog.mp4']
     """
-    images, folder = _list_images(image)
+    if existing not in ("error", "skip", "overwrite"):
+        raise RecipeError(f"existing={existing!r}: use error, skip or overwrite")
+    prompts = list(prompts or [])
     target = Path(out).expanduser()
+    if image is None:
+        if not prompts:
+            raise RecipeError("nothing to do: give --prompt TEXT, --prompts FILE (one per line) or --image")
+        jobs = _prompt_jobs(prompts, target, out, fmt)
+    else:
+        jobs = _image_jobs(image, target, out, fmt)
+        if len(prompts) > 1 and len(prompts) != len(jobs):
+            raise RecipeError(f"--prompts has {len(prompts)} prompts but --image {image} holds {len(jobs)} images; "
+                              f"give one prompt for all images, or one line per image (in name order)")
+        jobs = [dataclasses.replace(j, prompt=prompts[i] if len(prompts) > 1 else (prompts[0] if prompts else None))
+                for i, j in enumerate(jobs)]
+    for job in jobs:
+        check_output(job.out, folder=job.format == "png")
+        if job.format == "png":
+            _check_frame_folder(job.out)
+        elif job.out.is_dir():
+            raise RecipeError(f"--out: {job.out} is a folder; cannot write a {job.format} file there")
+        if job.image is not None:
+            read_image(job.image)
+    there = [j for j in jobs if j.out.exists()]
+    if there and existing == "error":
+        names = ", ".join(str(j.out) for j in there[:5]) + (f" and {len(there) - 5} more" if len(there) > 5 else "")
+        raise RecipeError(f"--out: {len(there)} output(s) exist already: {names}; add --skip-existing to make only the "
+                          f"missing ones, or --overwrite to replace them")
+    if existing == "skip":
+        jobs = [j for j in jobs if not j.out.exists()]
+    return jobs
+
+
+def _prompt_jobs(prompts: list[str], target: Path, out: str, fmt: str | None) -> list[Job]:
+    if len(prompts) == 1 and _format_of(target) in ("mp4", "gif"):
+        if fmt is not None and fmt != _format_of(target):
+            raise RecipeError(f"--out {out} is a {_format_of(target)} output but --format is {fmt}; drop --format or "
+                              f"change the suffix")
+        return [Job(None, target, str(_format_of(target)), prompts[0])]
+    if _format_of(target) is None or _format_of(target) in ("mp4", "gif"):
+        raise RecipeError(f"--out {out}: with {len(prompts)} prompts --out is a folder (one video per prompt); choose "
+                          f"the format with --format {'|'.join(FORMATS)}")
+    if target.exists() and not target.is_dir():
+        raise RecipeError(f"--out {out}: exists and is not a folder")
+    fmt = fmt or "mp4"
+    digits = max(3, len(str(len(prompts) - 1)))
+    names = [f"{i:0{digits}d}-{_slug(p)}" for i, p in enumerate(prompts)]
+    return [Job(None, target / (n if fmt == "png" else f"{n}.{fmt}"), fmt, p) for n, p in zip(names, prompts)]
+
+
+def _image_jobs(image: str, target: Path, out: str, fmt: str | None) -> list[Job]:
+    images, folder = _list_images(image)
     if folder:
         if _format_of(target) in ("mp4", "gif"):
             raise RecipeError(f"--out {out}: with a folder of images --out is a folder (one video per image); choose "
@@ -123,15 +202,8 @@ def plan_outputs(image: str, out: str, fmt: str | None = None) -> list[Job]:
                 raise RecipeError(f"--image {image}: {stems[img.stem].name} and {img.name} would both write "
                                   f"{img.stem}.{fmt}; rename one")
             stems[img.stem] = img
-        jobs = [Job(img, target / (img.stem if fmt == "png" else f"{img.stem}.{fmt}"), fmt) for img in images]
-    else:
-        jobs = [Job(images[0], check_out(out, fmt), _format_of(target) or "")]
-    for job in jobs:
-        check_output(job.out, folder=job.format == "png")
-        if job.format == "png":
-            _check_frame_folder(job.out)
-        read_image(job.image)
-    return jobs
+        return [Job(img, target / (img.stem if fmt == "png" else f"{img.stem}.{fmt}"), fmt) for img in images]
+    return [Job(images[0], check_out(out, fmt), str(_format_of(target)))]
 
 
 def check_out(out: str, fmt: str | None = None) -> Path:
@@ -165,56 +237,123 @@ def _check_frame_folder(folder: Path) -> None:
                           f"(it would be replaced)")
 
 
-def model_class(model: str) -> str:
-    from ..runtime.source import locate
+def model_spec(model: str, configs_only: bool = False) -> tuple[str, Any]:
+    """Where a video model is and its :class:`~hf_precision.apps.video_families.VideoSpec` (mode, frame and size
+    rules), read from ``model_index.json`` and the component configs; nothing is loaded.
 
-    where, index, _ = locate(model)
+    With ``configs_only`` (``--plan``) the configs shipped in ``hf_precision/model_configs`` also count (``svd``,
+    ``stabilityai/stable-video-diffusion-img2vid-xt``), as for :func:`hf_precision.plan`.
+
+    Raises:
+        RecipeError: no such model, or not a video pipeline.
+    """
+    from ..runtime.source import component_configs, configs_of, locate
+    from .video_families import video_spec
+
+    if configs_only:
+        where = model
+        _, index, configs = configs_of(model)
+    else:
+        where, index, folder = locate(model)
+        configs = component_configs(where, index, folder)
     cls = str(index.get("_class_name"))
-    if cls != SVD_CLASS:
-        raise RecipeError(f"--model {model}: this is a {cls} (model_index.json), not a Stable Video Diffusion "
-                          f"pipeline ({SVD_CLASS}); pass an SVD folder or Hub id, e.g. "
-                          f"stabilityai/stable-video-diffusion-img2vid-xt")
-    return where
+    try:
+        spec = video_spec(cls, index, configs)
+    except RecipeError as err:
+        raise RecipeError(f"--model {model}: {err}") from None
+    return where, spec
+
+
+def model_class(model: str) -> str:
+    """Where a video model is (folder or Hub id), after checking that ``model_index.json`` names a video pipeline."""
+    return model_spec(model)[0]
 
 
 # --------------------------------------------------------------------------------------------- loading
 
 
-def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None, offload: str = "none",
-                        forward_chunking: bool = False, **kwargs: Any) -> Any:
-    """Load an SVD pipeline with the svd recipe for ``device``, optionally offloaded.
+@dataclasses.dataclass(frozen=True)
+class MemorySettings:
+    """The diffusers memory features a run uses; :mod:`hf_precision.apps.video_plan` chooses them for a budget."""
 
-    With ``offload="model"``/``"sequential"`` the recipe is resolved for ``device`` (fp16 on CUDA) but the weights are
-    loaded on the CPU and moved to ``device`` by accelerate's offload hooks, so a GPU too small for the whole pipeline
-    never holds it at once.
+    offload: str = "none"
+    vae_tiling: bool = False
+    vae_slicing: bool = False
+    forward_chunking: bool = False
+    decode_chunk_size: int | None = None
+
+    def label(self) -> str:
+        parts = [f"offload {self.offload}"]
+        parts += [name for name, on in (("VAE tiling", self.vae_tiling), ("VAE slicing", self.vae_slicing),
+                                        ("feed-forward chunking", self.forward_chunking)) if on]
+        if self.decode_chunk_size:
+            parts.append(f"decode chunk {self.decode_chunk_size}")
+        return ", ".join(parts)
+
+
+def apply_memory_settings(pipe: Any, settings: MemorySettings, device: Any) -> None:
+    """Turn on the diffusers memory features of ``settings`` on a pipeline loaded on the CPU or on ``device``.
+
+    Offload hooks come from diffusers/accelerate (``enable_model_cpu_offload``, ``enable_group_offload`` with CUDA
+    streams where there are streams, ``enable_sequential_cpu_offload``); they move weights as they are, so the
+    recipe's dtypes and fp32 islands stay as applied.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if settings.offload == "model":
+        pipe.enable_model_cpu_offload(device=dev)
+    elif settings.offload == "group":
+        pipe.enable_group_offload(onload_device=dev, offload_device=torch.device("cpu"), offload_type="leaf_level",
+                                  use_stream=dev.type == "cuda")
+    elif settings.offload == "sequential":
+        pipe.enable_sequential_cpu_offload(device=dev)
+    vae = getattr(pipe, "vae", None)
+    if settings.vae_tiling and hasattr(vae, "enable_tiling"):
+        vae.enable_tiling()
+    if settings.vae_slicing and hasattr(vae, "enable_slicing"):
+        vae.enable_slicing()
+    denoiser = getattr(pipe, "unet", None) or getattr(pipe, "transformer", None)
+    if settings.forward_chunking:
+        if not hasattr(denoiser, "enable_forward_chunking"):
+            raise RecipeError(f"--forward-chunking: {type(denoiser).__name__} has no enable_forward_chunking in "
+                              f"diffusers; drop the option")
+        denoiser.enable_forward_chunking()
+
+
+def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None, offload: str = "none",
+                        forward_chunking: bool = False, settings: MemorySettings | None = None,
+                        **kwargs: Any) -> Any:
+    """Load a video pipeline (SVD, Wan, LTX-Video, CogVideoX, HunyuanVideo, ...) with its recipe for ``device``.
+
+    The pipeline class comes from ``model_index.json`` and the recipe from the class (``load_pipeline``). With an
+    offload mode the recipe is resolved for ``device`` (fp16 on a T4) but the weights are loaded on the CPU and moved
+    by diffusers' offload hooks, so a GPU too small for the whole pipeline never holds it at once.
 
     Raises:
-        RecipeError: not an SVD pipeline, unknown device, bad overrides, sequential offload on CPU.
+        RecipeError: not a video pipeline, unknown device, bad overrides, sequential offload on CPU.
     """
     from ..recipe.devices import device_profile
     from ..runtime.apply import torch_device
     from ..runtime.load import load_pipeline
 
-    if offload not in OFFLOAD:
-        raise RecipeError(f"offload={offload!r}: use one of {', '.join(OFFLOAD)}")
+    settings = settings or MemorySettings(offload=offload, forward_chunking=forward_chunking)
+    if settings.offload not in OFFLOAD:
+        raise RecipeError(f"offload={settings.offload!r}: use one of {', '.join(OFFLOAD)}")
     where = model_class(model)
     dev = torch_device(device if device is not None else device_profile(None).torch_device(), "--device")
     layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
-    if offload == "none":
-        pipe = load_pipeline(where, str(dev), recipe="svd", overrides=list(layers) or None, **kwargs)
+    if settings.offload == "none":
+        pipe = load_pipeline(where, str(dev), overrides=list(layers) or None, **kwargs)
     else:
-        if dev.type == "cpu" and offload == "sequential":
+        if dev.type == "cpu" and settings.offload == "sequential":
             raise RecipeError("--offload sequential needs an accelerator (cuda, xpu, mps): it streams weights from "
                               "the CPU to one, and on a CPU there is nowhere to stream them to (accelerate's "
-                              "sequential hooks also fail there). Use --offload none or model")
+                              "sequential hooks also fail there). Use --offload none, model or group")
         # Resolved for the accelerator, loaded on the CPU: the offload hooks move each component when it runs.
-        pipe = load_pipeline(where, "cpu", recipe="svd", overrides=list(layers) or None, layout=str(dev), **kwargs)
-        if offload == "model":
-            pipe.enable_model_cpu_offload(device=dev)
-        else:
-            pipe.enable_sequential_cpu_offload(device=dev)
-    if forward_chunking:
-        pipe.unet.enable_forward_chunking()
+        kwargs.setdefault("layout", str(dev))
+        pipe = load_pipeline(where, "cpu", overrides=list(layers) or None, **kwargs)
+    apply_memory_settings(pipe, settings, dev)
     return pipe
 
 
@@ -313,7 +452,8 @@ def _compute_dtype(pipe: Any, component: str) -> Any:
 
 def generate_video(pipe: Any, image: Any, *, height: int, width: int, frames: int | None = None, steps: int = 25,
                    fps: int = 7, motion_bucket_id: int = 127, noise_aug_strength: float = 0.02,
-                   decode_chunk_size: int = 8, seed: int = 0, progress: bool = True, desc: str = "") -> VideoResult:
+                   decode_chunk_size: int = 8, seed: int = 0, progress: bool = True, desc: str = "",
+                   bar: Any = None) -> VideoResult:
     """Generate one video from ``image`` (a PIL image) with an SVD ``pipe`` loaded by :func:`load_video_pipeline`.
 
     The noise is drawn from a CPU generator seeded with ``seed`` in the UNet's compute dtype; the pipeline returns
@@ -356,7 +496,9 @@ def generate_video(pipe: Any, image: Any, *, height: int, width: int, frames: in
     def first_step(module: Any, args: Any) -> None:
         timing.setdefault("start", time.perf_counter())
 
-    bar = tqdm(total=steps + chunks, desc=desc or "video", unit="step", disable=not progress, leave=False)
+    own_bar = bar is None  # the batch's bar when the caller has one: steps, decode chunks and items on one bar
+    if own_bar:
+        bar = tqdm(total=steps + chunks, desc=desc or "video", unit="step", disable=not progress, leave=False)
     bar.set_postfix_str("denoising")
 
     def on_step_end(p: Any, i: int, t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -369,7 +511,7 @@ def generate_video(pipe: Any, image: Any, *, height: int, width: int, frames: in
     pipe.set_progress_bar_config(disable=True)
     handle = pipe.unet.register_forward_pre_hook(first_step)
     try:
-        with bar, torch.no_grad():
+        with (bar if own_bar else contextlib.nullcontext()), torch.no_grad():
             latents = pipe(image, height=height, width=width, num_frames=frames, num_inference_steps=steps, fps=fps,
                            motion_bucket_id=motion_bucket_id, noise_aug_strength=noise_aug_strength,
                            generator=generator, latents=latents, output_type="latent",

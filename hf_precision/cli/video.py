@@ -7,14 +7,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
+from typing import Any
 from pathlib import Path
 
-from ..apps.video import (DEFAULTS, DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, check_out, generate_video, load_video_pipeline,
-                          model_class, plan_outputs, read_image, save_video)
+from ..apps.video import (DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, MemorySettings, check_out, generate_video,
+                          load_video_pipeline, model_spec, plan_outputs, read_image, read_prompts, save_video)
 from ..errors import RecipeError
 from .common import add_recipe_args, command, overrides_from
 
@@ -23,6 +25,10 @@ __all__ = ["add_arguments", "build_parser", "main", "run"]
 
 USAGE = """examples:
   %(prog)s --demo --out demo.mp4                      # offline: a tiny random SVD built here
+  %(prog)s --model ./Wan2.1-T2V-1.3B-Diffusers --prompt "a cat surfing" --out cat.mp4
+  %(prog)s --model ./LTX-Video --prompts prompts.txt --out videos/ --skip-existing
+  %(prog)s --model ./CogVideoX-5b-I2V --image photos/ --prompt "slow pan" --out videos/
+  %(prog)s --model ./Wan2.1-T2V-14B-Diffusers --prompt "a cat" --out cat.mp4 --plan --device t4 --max-memory 16GB
   %(prog)s --model ./stable-video-diffusion-img2vid-xt --image cat.png --out cat.mp4
   %(prog)s --image cat.png --out cat.gif --frames 14 --decode-chunk-size 2 --offload model
   %(prog)s --image photos/ --out videos/ --format gif  # one videos/<stem>.gif per image
@@ -30,13 +36,18 @@ USAGE = """examples:
       (no GPU: N CPU processes over gloo; add --device cpu to stay on CPU on a GPU machine. accelerate 1.15's
        `launch --cpu` starts a single process: see docs/video.md)
 
+modes (the pipeline class comes from the model folder's model_index.json):
+  text-to-video (Wan, LTX-Video, CogVideoX, HunyuanVideo): --prompt TEXT or --prompts FILE (one video per line)
+  image-to-video (SVD, Wan I2V, LTX I2V, CogVideoX I2V): --image FILE or FOLDER, plus --prompt where the pipeline
+  takes one (--prompts FILE: the i-th line goes with the i-th image in name order)
+
 outputs:
-  --image FILE:   --out x.mp4 (H.264, yuv420p), --out x.gif, or --out DIR (no suffix): DIR/frame_000.png ...
+  --image FILE / one --prompt: --out x.mp4 (H.264, yuv420p), --out x.gif, or --out DIR (no suffix): DIR/frame_000.png
   --image FOLDER: --out is a folder; each image IMG.* gives OUT/IMG.mp4, OUT/IMG.gif or OUT/IMG/frame_000.png
-                  (--format, default mp4). Two images with the same stem are refused.
-  Existing outputs are replaced; a folder is only replaced if it holds nothing but frame_*.png files.
-  Bad input (missing or unreadable image, a model that is not SVD, impossible sizes) exits with code 2 before
-  anything is written.
+  --prompts FILE: --out is a folder; line i gives OUT/00i-<first words>.mp4 (--format, default mp4)
+  An output that exists is an error unless --skip-existing (keep it) or --overwrite (replace it). A failed clip is
+  reported and the batch goes on (exit code 1 at the end). Bad input (missing or unreadable image, a model that is
+  not a video pipeline, impossible sizes or frame counts) exits with code 2 before the model is loaded.
 """
 
 
@@ -46,27 +57,51 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.epilog = USAGE
         p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.add_argument("--model", default=None,
-                   help="local diffusers SVD folder or Hub id (default: svd = stabilityai/stable-video-diffusion-img2vid-xt)")
+                   help="local diffusers video model folder or Hub id: Wan, LTX-Video, CogVideoX, HunyuanVideo, SVD "
+                        "(default: svd = stabilityai/stable-video-diffusion-img2vid-xt)")
+    p.add_argument("--prompt", default=None, help="text prompt (text-to-video; or with --image where the pipeline takes both)")
+    p.add_argument("--prompts", default=None, metavar="FILE", help="a text file with one prompt per line: one video each")
+    p.add_argument("--negative-prompt", default=None, help="negative prompt, where the pipeline takes one")
+    p.add_argument("--max-sequence-length", type=int, default=None,
+                   help="text tokens the prompt is padded to (default: the pipeline's; Wan 512, LTX 128)")
+    p.add_argument("--guidance-scale", type=float, default=None, help="classifier-free guidance (default: the pipeline's)")
     p.add_argument("--image", default=None, help="input image file, or a folder of images (png, jpg, webp, bmp, tif)")
     p.add_argument("--out", default=None,
                    help="output: FILE.mp4, FILE.gif or a folder of PNG frames for one image; a folder for a folder of "
                         "images (see 'outputs' below). Default with --demo: demo.mp4")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format for a folder of images (default mp4); for one image it must agree with --out")
-    p.add_argument("--height", type=int, default=None, help="frame height in pixels, a multiple of 8 (default 576)")
-    p.add_argument("--width", type=int, default=None, help="frame width in pixels, a multiple of 8 (default 1024)")
+    p.add_argument("--height", type=int, default=None,
+                   help="frame height in pixels (default per family: Wan 480, LTX 480, CogVideoX 480, HunyuanVideo "
+                        "320, SVD 576); a multiple of the VAE factor x patch size (16 for Wan, 32 for LTX)")
+    p.add_argument("--width", type=int, default=None, help="frame width in pixels (default per family: 832, 704, 720, 512, 1024)")
     p.add_argument("--frames", type=int, default=None,
-                   help="number of frames (default: the model's num_frames, 14 for SVD, 25 for SVD-xt)")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default 25)")
+                   help="number of frames (default per family: Wan 81, LTX 161, CogVideoX 49, HunyuanVideo 61, SVD the "
+                        "UNet's num_frames); 3D VAEs need t*k+1 (Wan/CogVideoX/Hunyuan 4k+1, LTX 8k+1)")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default per family: 50, 30 HunyuanVideo, 25 SVD)")
     p.add_argument("--fps", type=int, default=7, help="frames per second: the video's rate and SVD's fps conditioning (default 7)")
     p.add_argument("--motion-bucket-id", type=int, default=127, help="more motion with higher values (default 127)")
     p.add_argument("--noise-aug-strength", type=float, default=0.02,
                    help="noise added to the conditioning image; more gives more motion, less likeness (default 0.02)")
     p.add_argument("--decode-chunk-size", type=int, default=None,
                    help="frames decoded at once (default 8); 1-2 on 8 GB GPUs: the decode peak grows with it")
-    p.add_argument("--offload", choices=OFFLOAD, default="none",
-                   help="model: one component at a time on the accelerator (enable_model_cpu_offload); sequential: "
-                        "one layer at a time (slowest, least memory; accelerators only)")
+    p.add_argument("--offload", choices=OFFLOAD, default=None,
+                   help="model: one component at a time on the accelerator (enable_model_cpu_offload); group: layers "
+                        "streamed ahead of use (enable_group_offload, CUDA streams); sequential: one layer at a time "
+                        "(slowest, least memory; accelerators only). Default: none, or what --max-memory chooses")
+    p.add_argument("--vae-tiling", action="store_true", help="decode in spatial tiles (vae.enable_tiling)")
+    p.add_argument("--vae-slicing", action="store_true", help="decode one video of the batch at a time (vae.enable_slicing)")
+    p.add_argument("--plan", action="store_true",
+                   help="print the predicted peak memory per phase and the settings chosen for --max-memory, from the "
+                        "configs on the meta device (no weights), and exit")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory budget, e.g. 16GB or 12GiB: choose the cheapest offload/tiling/chunking that fits "
+                        "(default with --plan: the device's free memory; on CPU the available RAM)")
+    p.add_argument("--layout", default=None,
+                   help="resolve the dtypes for another device than the one it runs on, e.g. --device cpu --layout t4 "
+                        "(the T4 fp16 layout, run on this CPU)")
+    p.add_argument("--skip-existing", action="store_true", help="keep outputs that exist and make only the missing ones")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs that exist (default: refuse)")
     p.add_argument("--forward-chunking", action="store_true",
                    help="UNet feed-forward in chunks (unet.enable_forward_chunking): less memory, slower")
     p.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same video on any device")
@@ -74,13 +109,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "under accelerate launch: each process's own device)")
     p.add_argument("--demo", action="store_true",
                    help="build a tiny random SVD pipeline locally and run it (no network, no weights)")
+    p.add_argument("--fail-fast", action="store_true", help="stop at the first failed clip (default: report it, go on)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, description="Image-to-video with Stable Video Diffusion, in the dtypes the svd recipe picks for "
-                               "your device.")
+        prog=prog, description="Text-to-video and image-to-video for Wan, LTX-Video, CogVideoX, HunyuanVideo and "
+                               "Stable Video Diffusion, in the dtypes the recipe picks for your device, with a memory "
+                               "plan that fits the GPU.")
     add_arguments(parser)
     return parser
 
@@ -94,16 +131,23 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     except RecipeError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # outputs are renamed into place only when complete: nothing partial is left
+        print(f"{parser.prog}: interrupted; finished outputs are kept, the one in progress was not written",
+              file=sys.stderr)
+        return 130
 
 
-def _check_numbers(args: argparse.Namespace) -> None:
-    problems = []
-    for name in ("height", "width"):
-        value = getattr(args, name)
-        if value is not None and (value <= 0 or value % 8):
-            problems.append(f"--{name} {value}: must be a positive multiple of 8 (SVD's VAE works on 8x8 blocks; "
-                            f"e.g. {max(8, round(value / 8) * 8)})")
-    for name, low in (("frames", 1), ("steps", 1), ("fps", 1), ("decode_chunk_size", 1), ("motion_bucket_id", 0)):
+def _check_numbers(args: argparse.Namespace, spec: Any) -> None:
+    problems = spec.check(height=args.height, width=args.width, frames=args.frames) if spec.family != "svd" else []
+    if spec.family == "svd":
+        for name in ("height", "width"):
+            value = getattr(args, name)
+            if value <= 0 or value % 8:
+                problems.append(f"--{name} {value}: must be a positive multiple of 8 (SVD's VAE works on 8x8 blocks; "
+                                f"e.g. {max(8, round(value / 8) * 8)})")
+        if args.frames is not None and args.frames < 1:
+            problems.append(f"--frames {args.frames}: must be at least 1")
+    for name, low in (("steps", 1), ("fps", 1), ("decode_chunk_size", 1), ("motion_bucket_id", 0)):
         value = getattr(args, name)
         if value is not None and value < low:
             problems.append(f"--{name.replace('_', '-')} {value}: must be at least {low}")
@@ -111,6 +155,22 @@ def _check_numbers(args: argparse.Namespace) -> None:
         problems.append(f"--noise-aug-strength {args.noise_aug_strength}: must be >= 0")
     if problems:
         raise RecipeError(problems)
+
+
+def _check_mode(args: argparse.Namespace, spec: Any) -> None:
+    if args.prompt is not None and args.prompts is not None:
+        raise RecipeError("--prompt and --prompts: give one of them")
+    has_text = args.prompt is not None or args.prompts is not None
+    if spec.takes_image and not spec.takes_prompt and has_text:
+        raise RecipeError(f"{spec.pipeline} is image-to-video without a prompt: drop --prompt/--prompts")
+    if not spec.takes_image and args.image:
+        raise RecipeError(f"{spec.pipeline} is text-to-video: it takes no --image; use an image-to-video model "
+                          f"(e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, Lightricks/LTX-Video with "
+                          f"LTXImageToVideoPipeline, THUDM/CogVideoX-5b-I2V) or drop --image")
+    if spec.takes_image and not args.image:
+        raise RecipeError(f"{spec.pipeline} is image-to-video: give --image FILE or FOLDER")
+    if not spec.takes_image and not has_text:
+        raise RecipeError(f"{spec.pipeline} is text-to-video: give --prompt TEXT or --prompts FILE")
 
 
 def _demo_inputs(workdir: Path, image: str | None) -> tuple[str, str]:
@@ -143,18 +203,12 @@ def run(args: argparse.Namespace) -> int:
     """Run the video command from parsed arguments (``hf-precision video`` calls this). Raises RecipeError on bad input."""
     if args.demo and args.model:
         raise RecipeError("--demo builds its own tiny model; drop --model (or drop --demo to use your model)")
-    if not args.demo and not args.image:
-        raise RecipeError("--image is required (a file or a folder of images); or try --demo")
-    if not args.demo and not args.out:
+    if args.skip_existing and args.overwrite:
+        raise RecipeError("--skip-existing and --overwrite: choose one")
+    if not args.demo and not args.out and not args.plan:
         raise RecipeError("--out is required: FILE.mp4, FILE.gif, or a folder")
-    defaults = DEMO_DEFAULTS if args.demo else DEFAULTS
-    for key, value in defaults.items():
-        if getattr(args, key) is None:
-            setattr(args, key, value)
-    _check_numbers(args)
-    out = args.out or "demo.mp4"
-    if not (args.image and Path(args.image).expanduser().is_dir()):
-        check_out(out, args.format)  # before --demo builds its model (plan_outputs checks the rest before loading)
+    if args.demo and not args.plan:
+        check_out(args.out or "demo.mp4", args.format)  # before --demo builds its model
     if args.device is not None:
         from ..runtime.apply import torch_device
 
@@ -165,14 +219,49 @@ def run(args: argparse.Namespace) -> int:
             model, image = _demo_inputs(workdir, args.image)
         else:
             model, image = args.model or "svd", args.image
-        jobs = plan_outputs(image, out, args.format)
+        jobs: list[Job] = []
+        if not args.plan:  # inputs and outputs first: a missing image fails before any model lookup
+            prompts = read_prompts(args.prompts) if args.prompts else ([args.prompt] if args.prompt is not None else None)
+            existing = "skip" if args.skip_existing else ("overwrite" if args.overwrite else "error")
+            jobs = plan_outputs(image, args.out or "demo.mp4", args.format, prompts=prompts, existing=existing)
+        where, spec = model_spec(model, configs_only=args.plan)
+        if args.max_sequence_length is not None:
+            spec = dataclasses.replace(spec, extra={**spec.extra, "max_sequence_length": args.max_sequence_length})
+        defaults = dict(DEMO_DEFAULTS) if args.demo else {**spec.defaults, "decode_chunk_size": 8}
+        for key, value in defaults.items():
+            if getattr(args, key, None) is None:
+                setattr(args, key, value or None)
+        if args.frames is None and spec.family != "svd":
+            args.frames = spec.defaults["frames"]
+        _check_numbers(args, spec)
         if not args.demo:
-            model_class(model)
-        return _generate_all(args, model, jobs)
+            _check_mode(args, spec)
+        if args.plan:
+            from ..apps.video_plan import print_plan
+
+            return print_plan(where, spec, args)
+        if not jobs:
+            print(f"nothing to do: all {args.out} outputs exist (--skip-existing)", flush=True)
+            return 0
+        return _generate_all(args, where, spec, jobs)
 
 
-def _generate_all(args: argparse.Namespace, model: str, jobs: list[Job]) -> int:
+def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> MemorySettings:
+    if args.max_memory is None:
+        return MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
+                              vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
+                              decode_chunk_size=args.decode_chunk_size if spec.family == "svd" else None)
+    from ..apps.video_plan import choose_for_args
+
+    choice = choose_for_args(where, spec, args, device)
+    print(choice.describe(), flush=True)
+    return choice.settings
+
+
+def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) -> int:
     from accelerate import PartialState
+    from tqdm import tqdm
+
 
     from ..runtime import applied as applied_record
 
@@ -189,25 +278,42 @@ def _generate_all(args: argparse.Namespace, model: str, jobs: list[Job]) -> int:
     say: Callable[[str], None] = lambda text: print(f"{tag}{text}", flush=True)
 
     with state.split_between_processes(jobs) as mine:
-        mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no image twice
+        mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no job twice
+    failed: list[str] = []
     if mine:
-        pipe = load_video_pipeline(model, device, overrides=overrides_from(args) or None, offload=args.offload,
-                                   forward_chunking=args.forward_chunking)
+        settings = _settings(args, model, spec, device or _default_device())
+        extra = {"layout": args.layout} if args.layout else {}
+        pipe = load_video_pipeline(model, device, overrides=overrides_from(args) or None, settings=settings, **extra)
         applied = applied_record(pipe)
         plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
-        say(f"svd recipe for {applied.recipe.device.label()}: {plans}; offload {args.offload}")
-    for job in mine:
-        image = read_image(job.image)
-        result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
-                                steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
-                                noise_aug_strength=args.noise_aug_strength, decode_chunk_size=args.decode_chunk_size,
-                                seed=args.seed, progress=not args.quiet and state.is_local_main_process,
-                                desc=job.image.name)
-        save_video(result.frames, job.out, fps=args.fps, format=job.format)
-        n, h, w, _ = result.frames.shape
-        say(f"wrote {job.out} ({n} frames, {w}x{h}, {job.format})")
-        say(result.summary())
+        say(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {settings.label()}")
+        svd = spec.family == "svd"
+        per_clip = args.steps + (-(-(args.frames or 0) // args.decode_chunk_size) if svd and args.frames else 0)
+        bar = tqdm(total=per_clip * len(mine), unit="step", disable=args.quiet or not state.is_local_main_process,
+                   leave=False)
+        with bar:
+            for n, job in enumerate(mine, 1):
+                bar.set_description(f"video {n}/{len(mine)}")
+                try:
+                    frames, summary = _one(pipe, spec, job, args, bar)
+                    if not np_isfinite(frames):
+                        raise RecipeError("the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
+                                          "--set transformer.dtype=float32 and report the model")
+                    save_video(frames, job.out, fps=args.fps, format=job.format)
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except Exception as err:  # one bad clip must not end the batch: report it and go on
+                    if args.fail_fast:
+                        raise
+                    failed.append(str(job.out))
+                    say(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
+                    continue
+                f, h, w, _ = frames.shape
+                say(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
+                say(summary)
     state.wait_for_everyone()
+    if failed:
+        print(f"{tag}error: {len(failed)} clip(s) failed: {', '.join(failed)}", file=sys.stderr, flush=True)
     if state.is_main_process:
         missing = [str(j.out) for j in jobs if not j.out.exists()]
         if missing:
@@ -215,11 +321,40 @@ def _generate_all(args: argparse.Namespace, model: str, jobs: list[Job]) -> int:
             return 1
         if len(jobs) > 1 or distributed:
             say(f"done: {len(jobs)} video(s) from {state.num_processes} process(es) in {jobs[0].out.parent}")
-    return 0
+    return 1 if failed else 0
 
 
+def np_isfinite(frames: Any) -> bool:
+    import numpy as np
 
-@command("video", "image-to-video with Stable Video Diffusion: mp4, gif or PNG frames (try --demo)",
+    return bool(np.isfinite(frames).all())
+
+
+def _default_device() -> str:
+    from ..recipe.devices import device_profile
+
+    return str(device_profile(None).torch_device())
+
+
+def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any) -> tuple[Any, str]:
+    from ..apps.video_run import PhaseMemory, generate_clip, weight_bytes
+
+    image = read_image(job.image) if job.image is not None else None
+    if spec.family == "svd":
+        result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
+                                steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
+                                noise_aug_strength=args.noise_aug_strength, decode_chunk_size=args.decode_chunk_size,
+                                seed=args.seed, progress=False, bar=bar)
+        return result.frames, result.summary()
+    memory = PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
+    extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
+    result = generate_clip(pipe, spec, prompt=job.prompt, image=image, height=args.height, width=args.width,
+                           frames=args.frames, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
+                           bar=bar, memory=memory, **extra)
+    return result.frames, f"peak memory per phase: {memory.summary()}; {result.seconds:.2f} s"
+
+
+@command("video", "text/image-to-video for Wan, LTX, CogVideoX, HunyuanVideo, SVD: mp4, gif, PNG (try --demo)",
          "hf_precision.cli.video:run")
 def _args_video(p: argparse.ArgumentParser) -> None:
     add_arguments(p)

@@ -691,9 +691,12 @@ def recipe_for_class(class_name: str) -> str:
     for name, classes in known.items():
         if class_name in classes:
             return name
-    raise RecipeError(f"no recipe for pipeline class {class_name!r}; recipes and the classes they cover: "
-                      + "; ".join(f"{n}: {', '.join(c)}" for n, c in known.items())
-                      + ". To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
+    # Every family's class list would make a page-long line: name the close classes and the recipes only.
+    covered = {c: n for n, classes in known.items() for c in classes}
+    near = difflib.get_close_matches(class_name, list(covered), n=3, cutoff=0.8)
+    hint = (f"did you mean {', '.join(f'{c!r} (recipe {covered[c]})' for c in near)}? " if near else "")
+    raise RecipeError(f"no recipe for pipeline class {class_name!r}; {hint}pipeline recipes: {', '.join(known)} "
+                      f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
                       "--force); or write your own recipe YAML that lists the class under pipelines:")
 
 

@@ -1,0 +1,326 @@
+"""The video script on every video family (Wan, LTX-Video, CogVideoX, HunyuanVideo; T2V and I2V), tiny random
+weights on CPU: the pipeline class from the folder, the mode from the arguments, frame/size rules checked before
+loading, batch safety (exists -> error, --skip-existing, a failed clip does not end the batch), offload keeping the
+recipe's dtypes, and the memory plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
+
+# The tiny family, and (height, width, frames) that satisfy its own rules (frames t*k+1, size multiples).
+SIZES = {"wan": (16, 16, 5), "ltx": (32, 32, 9), "ltx_i2v": (32, 32, 9), "cogvideox": (16, 16, 9),
+         "cogvideox_i2v": (16, 16, 9), "hunyuan_video": (16, 16, 5), "wan_i2v": (16, 16, 5)}
+I2V = {"ltx_i2v", "cogvideox_i2v", "wan_i2v"}
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Every tiny family saved once for this module (``overflow=True``: with the fp16 overflow planted)."""
+    from hf_precision.testing.pipelines import save_pipeline
+
+    cache: dict[tuple[str, bool], Path] = {}
+
+    def get(kind: str, overflow: bool = False) -> Path:
+        if (kind, overflow) not in cache:
+            pipe = FAMILIES[kind].build(0)
+            if overflow:
+                plant_fp16_overflow(pipe, kind)
+            cache[kind, overflow] = save_pipeline(pipe, tmp_path_factory.mktemp(kind))
+        return cache[kind, overflow]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory) -> Path:
+    from hf_precision.testing.pipelines import example_image
+
+    path = tmp_path_factory.mktemp("img") / "in.png"
+    example_image(32).save(path)
+    return path
+
+
+def _args(kind: str, folder: Path, out: Path, image: Path, *extra: str) -> list[str]:
+    h, w, f = SIZES[kind]
+    inputs = ["--image", str(image), "--prompt", "slow pan"] if kind in I2V else ["--prompt", "a cat"]
+    return ["--model", str(folder), *inputs, "--out", str(out), "--height", str(h), "--width", str(w),
+            "--frames", str(f), "--steps", "2", "--device", "cpu", "--max-sequence-length", "16", "--quiet", *extra]
+
+
+def _gif_frames(path: Path) -> np.ndarray:
+    import imageio.v3 as iio
+
+    return iio.imread(path, index=None)
+
+
+# --------------------------------------------------------------------------------------------- every family
+
+
+@pytest.mark.parametrize("kind,layout", [
+    ("wan", "t4"), ("ltx", "t4"), ("cogvideox", "t4"), ("hunyuan_video", "t4"), ("ltx_i2v", "a100"),
+    ("cogvideox_i2v", "cpu"), ("hunyuan_video", "cpu"),
+])
+def test_family_end_to_end_under_layout(kind, layout, folders, image, tmp_path, capsys):
+    """The class comes from model_index.json, the mode from the arguments; the layout's dtypes are used and the
+    clip is finite and written atomically."""
+    from hf_precision import plan
+    from hf_precision.cli.video import main
+
+    out = tmp_path / "clip.gif"
+    rc = main(_args(kind, folders(kind), out, image, "--layout", layout))
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    h, w, f = SIZES[kind]
+    frames = _gif_frames(out)
+    assert frames.shape[:3] == (f, h, w)
+    recipe_line = next(line for line in captured.out.splitlines() if " recipe for " in line)
+    expect = plan(str(folders(kind)), device=layout)  # what the family's recipe says for this layout
+    for name in ("transformer", "vae"):
+        assert f"{name} {expect[name].compute}" in recipe_line, recipe_line
+    assert not recipe_line.startswith("composed:"), recipe_line  # the family's named recipe, not a composed one
+    assert re.search(r"denoising [\d.]+ MiB", captured.out) and re.search(r"VAE decode [\d.]+ MiB", captured.out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.gif"]  # no temporary file left
+
+
+# --------------------------------------------------------------------------------------------- checked up front
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--frames", "6"], "frames must be 4*k+1; e.g. --frames 5 or 9"),
+    (["--height", "24"], "needs a positive multiple of 16"),
+    (["--image", "IMAGE"], "is text-to-video: it takes no --image"),
+])
+def test_bad_arguments_one_message_before_loading(extra, message, folders, image, tmp_path, capsys, monkeypatch):
+    from hf_precision.apps import video
+    from hf_precision.cli.video import main
+
+    monkeypatch.setattr(video, "load_video_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
+    extra = [str(image) if e == "IMAGE" else e for e in extra]
+    assert main(_args("wan", folders("wan"), tmp_path / "x.gif", image) + extra) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_output_refused_then_skipped_or_overwritten(folders, image, tmp_path, capsys, monkeypatch):
+    from hf_precision.cli import video as cli
+    from hf_precision.cli.video import main
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\n\n# a comment\na dog\n")
+    out = tmp_path / "clips"
+    out.mkdir()
+    (out / "000-a-cat.gif").write_bytes(b"old")
+    base = _args("wan", folders("wan"), out, image)
+    base[base.index("--prompt"):base.index("--prompt") + 2] = ["--prompts", str(prompts)]
+    base[base.index("--out") + 1:base.index("--out") + 2] = [str(out), "--format", "gif"]
+    loads = []
+    real = cli.load_video_pipeline
+    monkeypatch.setattr(cli, "load_video_pipeline", lambda *a, **k: loads.append(1) or real(*a, **k))
+    assert main(base) == 2
+    assert "1 output(s) exist already" in capsys.readouterr().err and loads == []  # refused before loading
+    assert (out / "000-a-cat.gif").read_bytes() == b"old"
+    assert main([*base, "--skip-existing"]) == 0
+    assert (out / "000-a-cat.gif").read_bytes() == b"old"  # kept
+    assert _gif_frames(out / "001-a-dog.gif").shape[0] == 5  # made
+    assert main([*base, "--overwrite"]) == 0
+    assert _gif_frames(out / "000-a-cat.gif").shape[0] == 5  # replaced
+
+
+def test_failed_clip_reported_and_batch_goes_on(folders, image, tmp_path, capsys, monkeypatch):
+    from hf_precision.apps import video_run
+    from hf_precision.cli.video import main
+
+    real = video_run.generate_clip
+
+    def flaky(pipe, spec, *, prompt=None, **kw):
+        if prompt == "bad":
+            raise RuntimeError("out of memory (simulated)")
+        return real(pipe, spec, prompt=prompt, **kw)
+
+    monkeypatch.setattr(video_run, "generate_clip", flaky)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("first\nbad\nlast\n")
+    args = _args("wan", folders("wan"), tmp_path / "out", image)
+    args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
+    assert main([*args, "--format", "gif"]) == 1
+    captured = capsys.readouterr()
+    assert "failed: " in captured.out and "out of memory (simulated)" in captured.out
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000-first.gif", "002-last.gif"]
+
+
+def test_ctrl_c_keeps_finished_outputs_and_leaves_no_partial_file(folders, image, tmp_path, capsys, monkeypatch):
+    from PIL import Image
+
+    from hf_precision.cli.video import main
+
+    real = Image.Image.save
+    calls = []
+
+    def interrupted(self, fp, *a, **k):  # Ctrl-C while the second clip's GIF is being written
+        calls.append(fp)
+        if len(calls) == 2:
+            Path(fp).write_bytes(b"GIF89a half")
+            raise KeyboardInterrupt
+        return real(self, fp, *a, **k)
+
+    monkeypatch.setattr(Image.Image, "save", interrupted)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("one\ntwo\nthree\n")
+    args = _args("wan", folders("wan"), tmp_path / "out", image)
+    args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
+    assert main([*args, "--format", "gif"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000-one.gif"]  # no half file, no temp file
+
+
+# --------------------------------------------------------------------------------------------- offload
+
+
+@pytest.mark.parametrize("offload", ["model", "group"])
+def test_offload_keeps_recipe_dtypes_and_agrees(offload, folders):
+    """diffusers' offload hooks move weights as they are: the T4 layout's fp16 weights and fp32 modules stay, and
+    the clip matches the one without offload."""
+    import torch
+
+    from hf_precision.apps.video import MemorySettings, load_video_pipeline, model_spec
+    from hf_precision.apps.video_run import generate_clip
+
+    folder = str(folders("wan"))
+    _, spec = model_spec(folder)
+    spec = dataclasses.replace(spec, extra={"max_sequence_length": 16})
+    clips, dtypes = [], []
+    for settings in (MemorySettings(), MemorySettings(offload=offload)):
+        pipe = load_video_pipeline(folder, "cpu", settings=settings, layout="t4")
+        dtypes.append({n: p.dtype for n, p in pipe.transformer.named_parameters()})
+        clips.append(generate_clip(pipe, spec, prompt="a cat", height=16, width=16, frames=5, steps=2).frames)
+    assert dtypes[0] == dtypes[1] and torch.float16 in set(dtypes[0].values())
+    assert np.isfinite(clips[1]).all()
+    np.testing.assert_allclose(clips[0], clips[1], atol=1e-3)
+
+
+# --------------------------------------------------------------------------------------------- fp16 that holds
+
+
+@pytest.mark.parametrize("kind", ["wan", "ltx", "cogvideox", "hunyuan_video"])
+def test_planted_fp16_overflow_naive_nan_recipe_finite(kind, folders, tmp_path, capsys):
+    """The time-embedding MLP overflows fp16 as in the real models: plain diffusers in fp16 gives inf/NaN frames;
+    the script under the T4 fp16 layout (the recipe keeps that MLP fp32) writes finite frames."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    from hf_precision.cli.video import main
+
+    folder = folders(kind, overflow=True)
+    # Naive: every weight cast to fp16 with .to() (from_pretrained(torch_dtype=fp16) would keep diffusers'
+    # _keep_in_fp32_modules, e.g. Wan's time_embedder, in fp32 already).
+    naive = DiffusionPipeline.from_pretrained(str(folder)).to(torch.float16)
+    h, w, f = SIZES[kind]
+    kwargs = FAMILIES[kind].call_kwargs(height=h, width=w, num_frames=f)
+    with np.errstate(invalid="ignore"):
+        frames = naive(**kwargs, generator=torch.Generator().manual_seed(0)).frames
+    assert not np.isfinite(np.asarray(frames, dtype=np.float32)).all()
+    out = tmp_path / "ok.gif"
+    assert main(_args(kind, folder, out, tmp_path, "--layout", "t4")) == 0, capsys.readouterr().err
+    assert "half" not in capsys.readouterr().err
+    assert _gif_frames(out).shape[0] == f
+
+
+# --------------------------------------------------------------------------------------------- two processes
+
+
+@pytest.mark.slow
+def test_accelerate_two_processes_split_a_prompt_file(folders, tmp_path):
+    """`accelerate launch --num_processes 2` over gloo on CPU: each prompt's video is written once, by one process."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    exe = Path(sys.executable).parent / "accelerate"
+    launch = [str(exe), "launch"] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a cat\na dog\na fox\n")
+    out = tmp_path / "videos"
+    args = _args("wan", folders("wan"), out, tmp_path)
+    args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
+    cmd = [*launch, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+           "--dynamo_backend", "no", "--main_process_port", str(port), str(root / "scripts" / "generate_video.py"),
+           *args, "--format", "gif", "--layout", "t4"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(root)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    names = ["000-a-cat.gif", "001-a-dog.gif", "002-a-fox.gif"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    wrote = re.findall(r"\[process (\d)/2\] wrote (\S+)", proc.stdout)
+    assert sorted(Path(w).name for _, w in wrote) == names  # each once
+    assert {rank for rank, _ in wrote} == {"0", "1"}
+    assert all(_gif_frames(out / n).shape[0] == 5 for n in names)
+
+
+# --------------------------------------------------------------------------------------------- the memory plan
+
+WAN_1_3B = Path(__file__).parent / "fixtures" / "wan2.1-t2v-1.3b-configs"
+
+
+def test_plan_of_real_wan_configs_chooses_for_8gb_and_24gb(capsys):
+    """Wan 2.1 1.3B's real configs, no weights, for a T4: the choice is the first candidate (fastest first) whose
+    predicted peak fits, and 8 GB (less than the weights) needs offload while 24 GB does not need as much."""
+    from hf_precision.apps.video import model_spec
+    from hf_precision.apps.video_plan import choose
+    from hf_precision.cli.video import main
+
+    where, spec = model_spec(str(WAN_1_3B), configs_only=True)
+    kwargs = {"layout": "t4", "height": 256, "width": 256, "frames": 9}
+    choices = {gb: choose(where, spec, budget=gb * 10**9, **kwargs) for gb in (8, 24)}
+    for gb, c in choices.items():
+        assert c.fits and c.prediction.peak <= gb * 10**9
+        assert all(t.peak > gb * 10**9 for t in c.tried[:-1]) and c.tried[-1] is c.prediction
+        assert set(c.prediction.phases) == {"text encoding", "denoising", "VAE decode"}
+    weights = sum(choices[8].prediction.weights.values())
+    assert weights > 8 * 10**9 and choices[8].settings.offload != "none"  # the weights alone do not fit
+    assert len(choices[24].tried) < len(choices[8].tried)  # 24 GB stops at a faster candidate
+    assert main(["--model", str(WAN_1_3B), "--prompt", "x", "--plan", "--layout", "t4", "--max-memory", "8GB",
+                 "--height", "256", "--width", "256", "--frames", "9"]) == 0
+    out = capsys.readouterr().out
+    assert "WanPipeline (text-to-video) for cuda (Tesla T4, sm 7.5)" in out
+    assert f"chosen for 8.00 GB: {choices[8].settings.label()}" in out
+
+
+def test_plan_predicts_measured_tiny_run_within_bounds(folders):
+    """The prediction for the tiny Wan counts activations the run really makes (not zero, and not above what
+    the run measured above its pre-load RSS)."""
+    from hf_precision.apps.video import MemorySettings, load_video_pipeline, model_spec
+    from hf_precision.apps.video_plan import predict
+
+    where, spec = model_spec(str(folders("wan")))
+    pred = predict(where, spec, layout="cpu", height=16, width=16, frames=5)
+    assert 0 < pred.phases["denoising"] and pred.phases["VAE decode"] > sum(pred.weights.values())
+    pipe_settings = MemorySettings(vae_tiling=True)
+    tiled = predict(where, spec, layout="cpu", height=16, width=16, frames=5, settings=pipe_settings)
+    assert tiled.phases["VAE decode"] <= pred.phases["VAE decode"]
+    assert load_video_pipeline(where, "cpu", settings=pipe_settings).vae.use_tiling
+
+
+def test_doctests_of_the_video_modules():
+    """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
+    chunking switched on and off on the meta UNet)."""
+    import doctest
+
+    from hf_precision.apps import video_families, video_plan, video_run
+
+    for module in (video_families, video_plan, video_run):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__
