@@ -6,6 +6,7 @@ user writes by hand (fp16 denoiser, everything else fp32) fails in plain diffuse
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import numpy as np
@@ -34,6 +35,18 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+_BUILT: dict = {}
+
+
+def _built(family: str):
+    """A fresh copy of the family's tiny pipeline, built once per module."""
+    if family not in _BUILT:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            _BUILT[family] = make_family(family)
+    return copy.deepcopy(_BUILT[family])
+
+
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """``saved(family)``: the family's tiny pipeline saved once per module (float32 safetensors)."""
@@ -41,12 +54,11 @@ def saved(tmp_path_factory):
 
     def get(family: str):
         if family not in folders:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                folders[family] = save_pipeline(make_family(family), tmp_path_factory.mktemp(family))
+            folders[family] = save_pipeline(_built(family), tmp_path_factory.mktemp(family))
         return folders[family]
 
-    return get
+    yield get
+    _BUILT.clear()
 
 
 def _load(family: str, folder, **kwargs):
@@ -58,7 +70,7 @@ def _load(family: str, folder, **kwargs):
         if spec.loads:
             dtype = kwargs.pop("dtype", None)
             return hp.load_pipeline(folder, "cpu", **({"dtype": dtype} if dtype else {}), **kwargs)
-        pipe = make_family(family)
+        pipe = _built(family)
         hp.apply_recipe(pipe, spec.recipe, device="cpu", layout=kwargs.get("layout"), overrides=kwargs.get("overrides"))
         return pipe
 
@@ -78,7 +90,7 @@ def _denoiser(family: str) -> str:
 def test_every_family_has_a_named_recipe_that_plans_all_its_models():
     for family, spec in FAMILIES.items():
         assert recipe_for_class(spec.pipeline) == spec.recipe, family
-        pipe = make_family(family)
+        pipe = _built(family)
         assert type(pipe).__name__ == spec.pipeline
         planned = set(hp.get_recipe(spec.recipe).components)
         unplanned = set(models_of_pipeline(pipe)) - planned
@@ -111,7 +123,7 @@ def test_hand_written_fp16_denoiser_fails_in_plain_diffusers_and_runs_here(famil
         plain = getattr(diffusers, spec.pipeline).from_pretrained(saved(family),
                                                                    dtype={denoiser: torch.float16, "default": torch.float32})
     else:
-        plain = make_family(family)
+        plain = _built(family)
         getattr(plain, denoiser).to(torch.float16)
     plain.set_progress_bar_config(disable=True)
     assert getattr(plain, denoiser).dtype == torch.float16
