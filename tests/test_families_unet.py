@@ -141,3 +141,27 @@ def test_hand_written_fp16_denoiser_fails_in_plain_diffusers_and_runs_here(famil
     assert others and all(record.recipe[n].compute == "float32" for n in others)
     assert_plan_dtypes(pipe, record.recipe)
     _run(family, pipe)
+
+
+# Real configs shipped for these families (no weights): folder -> the recipe alias whose `model:` it is.
+SHIPPED = {"stable-cascade-prior": "cascade_prior", "kandinsky-3": "kandinsky3"}
+
+
+@pytest.mark.parametrize("folder", sorted(SHIPPED))
+def test_shipped_configs_build_to_the_published_parameter_counts(folder):
+    import json
+
+    from hf_precision.runtime.source import CONFIGS_DIR, shipped_configs
+
+    alias = SHIPPED[folder]
+    assert shipped_configs()[alias] == CONFIGS_DIR / folder
+    source = json.loads((CONFIGS_DIR / folder / "SOURCE.json").read_text())
+    assert {f["path"] for f in source["files"]} >= {"model_index.json"} | {f"{c}/config.json" for c in source["published_params"]}
+    planned = hp.plan(alias, device="t4")  # every component built on the meta device from the shipped configs
+    assert planned.params == sum(c.params for c in planned.components.values()) > 0
+    for component, published in source["published_params"].items():
+        got = planned[component].params
+        if published.get("approx"):  # the authors publish rounded counts ("3.6B", "267M"): within 2%
+            assert abs(got - published["params"]) <= 0.02 * published["params"], (component, got, published)
+        else:
+            assert got == published["params"], component
