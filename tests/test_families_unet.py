@@ -165,3 +165,25 @@ def test_shipped_configs_build_to_the_published_parameter_counts(folder):
             assert abs(got - published["params"]) <= 0.02 * published["params"], (component, got, published)
         else:
             assert got == published["params"], component
+
+
+@pytest.mark.parametrize("family", ["sd_controlnet", "sdxl_controlnet"])
+def test_fp32_controlnet_beside_an_fp16_pipeline(family):
+    """A ControlNet kept fp32 (as users do when fp16 ControlNet weights misbehave) next to an fp16 pipeline: plain
+    diffusers feeds it fp16 prompt embeddings and fails; the recipe's entry casts make the same layout run."""
+    plain = _built(family)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain.to(torch.float16)
+        plain.controlnet.to(torch.float32)
+        if family.startswith("sdxl"):
+            plain.vae.to(torch.float32)  # the SDXL VAE is never fp16 (vae.sdxl)
+    with pytest.raises(RuntimeError, match=DTYPE_MISMATCH):
+        _run(family, plain)
+
+    pipe = _built(family)
+    recipe = hp.get_recipe(FAMILIES[family].recipe, device="t4", overrides={"controlnet": {"dtype": "float32"}})
+    hp.apply_recipe(pipe, recipe, device="cpu")
+    assert (recipe["controlnet"].compute, recipe["unet"].compute) == ("float32", "float16")
+    assert_plan_dtypes(pipe, recipe)
+    _run(family, pipe)
