@@ -43,9 +43,9 @@ def test_no_pipeline_class_diffusers_ships_lacks_a_recipe():
 
 
 def test_composition_uses_component_recipes_and_finds_the_denoiser_by_role():
-    models = models_of_class("StableDiffusionXLControlNetPipeline")
-    with pytest.warns(UserWarning, match=r"controlnet \(ControlNetModel\).*--set controlnet.dtype=float32"):
-        spec = compose_spec("StableDiffusionXLControlNetPipeline", models)
+    models = models_of_class("StableDiffusionXLControlNetXSPipeline")
+    with pytest.warns(UserWarning, match=r"controlnet \(ControlNetXSAdapter\).*--set controlnet.dtype=float32"):
+        spec = compose_spec("StableDiffusionXLControlNetXSPipeline", models)
     assert spec["denoiser"] == "unet"
     assert spec["components"]["unet"]["use"].startswith("unet.")
     assert spec["components"]["text_encoder_2"] == {"use": "clip.text"}

@@ -32,6 +32,7 @@ HALF = {BF16, FP16}
 ANY, BF16_ONLY, BF16_PREF = "any", "bf16_only", "bf16_pref"
 # FP32_FIRST = [float32, bfloat16] (Wan, Mochi, Allegro VAEs): float32 on every device unless asked otherwise
 FP32_FIRST = "fp32_first"
+FP32_ONLY = "fp32_only"  # [float32]: float32 on every device (the x4 upscaler's VAE, the DPT depth estimator)
 
 #            device spec                  ANY   BF16_ONLY BF16_PREF upcast   fact
 DEVICES = {
@@ -120,14 +121,33 @@ COMPONENTS = {
     "video_text.umt5":     dict(tol=BF16_PREF,  out="compute", islands=T5_ISLANDS, guard=False, entry=("",)),
     "video_text.llama":    dict(tol=ANY,        out="compute", islands=(), guard=False, entry=("",)),
     "video_text.siglip":   dict(tol=ANY,        out="compute", islands=(), guard=False, entry=("",)),
+    # UNet image and video families (ControlNets, adapters, AnimateDiff, I2VGen-XL, Kandinsky 3, Stable Cascade)
+    "control.controlnet":     dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "control.adapter":        dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "control.motion_adapter": dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "motion.unet":            dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "motion.i2vgen":          dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "kandinsky3.unet":        dict(tol=ANY,       out="latents", islands=(), guard=False, entry=("",)),
+    "kandinsky3.movq":        dict(tol=ANY,       out="float32", islands=(), guard=True,
+                                   entry=("encoder", "quant_conv", "quantize", "post_quant_conv", "decoder")),
+    "cascade.prior":          dict(tol=BF16_ONLY, out="latents", islands=(), guard=False, entry=("",)),
+    "cascade.decoder":        dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
+    "cascade.vqgan":          dict(tol=BF16_PREF, out="float32", islands=(), guard=True,
+                                   entry=("in_block", "down_blocks", "vquantizer", "up_blocks", "out_block")),
+    "extras.safety_checker":  dict(tol=ANY,       out="compute", islands=(), guard=False, entry=("",)),
+    "extras.depth_estimator": dict(tol=FP32_ONLY, out="compute", islands=(), guard=False, entry=("",)),
+    "extras.x4_upscaler_vae": dict(tol=FP32_ONLY, out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
 }
 
 # Pipeline recipes: component -> component recipe, and where the latents' dtype comes from.
 PIPELINES = {
     "sdxl":   dict(components={"text_encoder": "clip.text", "text_encoder_2": "clip.text", "unet": "unet.sdxl",
-                               "vae": "vae.sdxl"}, latents_from="text_encoder_2"),
-    "sd15":   dict(components={"text_encoder": "clip.text", "unet": "unet.sd15", "vae": "vae.kl"},
-                   latents_from="text_encoder"),
+                               "vae": "vae.sdxl", "controlnet": "control.controlnet", "adapter": "control.adapter",
+                               "image_encoder": "clip.vision"}, latents_from="text_encoder_2"),
+    "sd15":   dict(components={"text_encoder": "clip.text", "unet": "unet.sd15", "vae": "vae.kl",
+                               "controlnet": "control.controlnet", "adapter": "control.adapter",
+                               "image_encoder": "clip.vision", "safety_checker": "extras.safety_checker",
+                               "depth_estimator": "extras.depth_estimator"}, latents_from="text_encoder"),
     "svd":    dict(components={"image_encoder": "clip.vision", "unet": "unet.svd", "vae": "vae.temporal"},
                    latents_from="image_encoder"),
     "pixart": dict(components={"text_encoder": "t5.encoder", "transformer": "dit.pixart", "vae": "autoencoders.kl_any"},
@@ -171,12 +191,29 @@ PIPELINES = {
                                 "vae": "video_vae.allegro"}, latents_from="text_encoder"),
     "latte":  dict(components={"text_encoder": "t5.encoder", "transformer": "video.latte", "vae": "vae.kl"},
                    latents_from="text_encoder"),
+    "sd_upscale": dict(components={"text_encoder": "clip.text", "unet": "unet.sd15", "vae": "extras.x4_upscaler_vae"},
+                       latents_from="text_encoder"),
+    "animatediff": dict(components={"text_encoder": "clip.text", "unet": "motion.unet",
+                                    "motion_adapter": "control.motion_adapter", "controlnet": "control.controlnet",
+                                    "image_encoder": "clip.vision", "vae": "vae.kl"}, latents_from="text_encoder"),
+    "animatediff_sdxl": dict(components={"text_encoder": "clip.text", "text_encoder_2": "clip.text",
+                                         "unet": "motion.unet", "motion_adapter": "control.motion_adapter",
+                                         "image_encoder": "clip.vision", "vae": "vae.sdxl"}, latents_from="text_encoder_2"),
+    "i2vgenxl": dict(components={"text_encoder": "clip.text", "image_encoder": "clip.vision", "unet": "motion.i2vgen",
+                                 "vae": "vae.kl"}, latents_from="text_encoder"),
+    "kandinsky3": dict(components={"text_encoder": "t5.encoder", "unet": "kandinsky3.unet", "movq": "kandinsky3.movq"},
+                       latents_from="text_encoder"),
+    "cascade_prior": dict(components={"text_encoder": "clip.text", "image_encoder": "clip.vision",
+                                      "prior": "cascade.prior"}, latents_from="prior"),
+    "cascade": dict(components={"text_encoder": "clip.text", "decoder": "cascade.decoder", "vqgan": "cascade.vqgan",
+                                "prior_text_encoder": "clip.text", "prior_image_encoder": "clip.vision",
+                                "prior_prior": "cascade.prior"}, latents_from="decoder"),
 }
 
 
 def expected_compute(device: str, recipe: str) -> str:
     tol = COMPONENTS[recipe]["tol"]
-    return FP32 if tol == FP32_FIRST else DEVICES[device][tol]
+    return FP32 if tol in (FP32_FIRST, FP32_ONLY) else DEVICES[device][tol]
 
 
 def assert_component(plan: hp.ComponentPlan, device: str, recipe: str, latents_dtype: str) -> None:
@@ -248,7 +285,10 @@ def test_component_recipe(component: str, device: str):
 def test_known_expectations_spelled_out():
     """The design's examples, literally, so the tables above cannot drift from them unnoticed."""
     def dtypes(name, device, **kw):
-        return {c: p.compute for c, p in hp.get_recipe(name, device=device, **kw).components.items()}
+        # the four models every SDXL checkpoint has (the recipe also plans ControlNets, adapters, image encoders)
+        core = ("text_encoder", "text_encoder_2", "unet", "vae")
+        plans = hp.get_recipe(name, device=device, **kw).components.items()
+        return {c: p.compute for c, p in plans if name != "sdxl" or c in core}
 
     assert set(dtypes("sdxl", "cpu-avx512").values()) == {FP32}
     assert set(dtypes("sdxl", "cpu-amx").values()) == {BF16}
@@ -339,7 +379,7 @@ def test_recipe_prints_as_a_table():
     assert header[:3] == ["component", "storage", "compute"] and "islands" in lines[1]
     assert set(lines[2]) <= {"-", " "}
     rows = {line.split()[0]: line.split() for line in lines[3:3 + len(recipe.plans)]}
-    assert set(rows) == {"text_encoder", "text_encoder_2", "unet", "vae"}
+    assert set(rows) == set(recipe.components) >= {"text_encoder", "text_encoder_2", "unet", "vae"}
     assert rows["vae"][1:4] == [FP32, FP32, FP32]
     assert rows["unet"][1:4] == [FP16, FP16, FP16]
     assert "decisions:" in text and "vae.compute = float32" in text

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError
-from ..runtime.source import CONFIGS_DIR, configs_of, shipped_configs
+from ..runtime.source import CONFIGS_DIR, configs_of, models_of_index, shipped_configs
 from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, pipeline_spec, resolve
 
 if TYPE_CHECKING:
@@ -368,7 +368,8 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         recipe = text
     # Nothing is placed: the plan is for `device`, built on the meta device.
     resolved = resolve(recipe, pipeline_class=pipeline, layout=device if not isinstance(recipe, Recipe) else None,
-                       overrides=overrides, configs=configs, force=force)
+                       overrides=overrides, configs=configs, force=force,
+                       models=models_of_index(index) if recipe is None else None)  # composed when no recipe lists it
 
     caps = device_caps(resolved.device)
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")
