@@ -38,9 +38,24 @@ def norm_modules(module: Any) -> list[str]:
     return [n for n, m in module.named_modules() if n and type(m).__name__ in NORM_TYPES]
 
 
+# Globs that name every norm of a diffusers UNet (resnets' norm1/norm2, attentions' norm, transformer blocks'
+# norm1..3, conv_norm_out): what a user would write. Checked against the module types before use.
+NORM_GLOBS = ["*norm", "*norm[0-9]", "*norm_out"]
+
+
 def island_overrides(names: list[str]) -> dict[str, Any]:
     """A ``keep_fp32`` override that makes exactly these UNet modules float32 islands."""
     return {"components": {"unet": {"keep_fp32": list(names)}}}
+
+
+def all_norms_override(module: Any) -> tuple[dict[str, Any], int]:
+    """Every norm of ``module`` an island: the globs when they name exactly the norms, else the literal names."""
+    from hf_precision.recipe.patterns import match_modules
+
+    norms = norm_modules(module)
+    names = [n for n, _ in module.named_modules() if n]
+    globbed = {n for found in match_modules(names, NORM_GLOBS).values() for n in found}
+    return island_overrides(NORM_GLOBS if globbed == set(norms) else norms), len(norms)
 
 
 def linear_fit(xs: list[float], ys: list[float]) -> dict[str, float] | None:
@@ -225,10 +240,8 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> 
     for variant in ("recipe", "islands"):
         pipe = pipes["recipe"]
         if variant == "islands":
-            names = norm_modules(pipe.unet)
-            out["island_count"] = len(names)
-            hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"],
-                            overrides=[*ctx["overrides"], island_overrides(names)])
+            over, out["island_count"] = all_norms_override(pipe.unet)
+            hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=[*ctx["overrides"], over])
         record = hp.applied(pipe)
         plan = record.recipe["unet"]
         compute = hdt.to_torch(plan.compute)
@@ -311,8 +324,8 @@ def bench_apply(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
         with progress.step("apply", f"apply scaling: {label} (meta device)"):
             unet = build_on_meta("diffusers", "UNet2DConditionModel", {**base, **change})
             holder = types.SimpleNamespace(components={"unet": unet})
-            names = norm_modules(unet)
-            over = [island_overrides(names)]
+            over_one, n_islands = all_norms_override(unet)
+            over = [over_one]
             first_samples, again = [], []
             for _ in range(ctx["apply_repeats"]):
                 # A fresh application each time: remove() leaves the module as it was (nothing cast on meta).
@@ -323,7 +336,7 @@ def bench_apply(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
                 record = hp.apply_recipe(holder, "sdxl", device="cpu", layout=ctx["load_layout"], overrides=over)
                 again.append(time.perf_counter() - t0)
                 record.remove()
-            rows.append({"label": label, "modules": sum(1 for _ in unet.modules()), "islands": len(names),
+            rows.append({"label": label, "modules": sum(1 for _ in unet.modules()), "islands": n_islands,
                          "params": sum(p.numel() for p in unet.parameters()), "first": stats(first_samples),
                          "reapply": stats(again),
                          "ratio": stats([a / f for a, f in zip(again, first_samples)])})
