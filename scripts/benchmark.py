@@ -75,26 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     size, key = pipeline.resolve_size(args.size)
     layout = args.layout or (args.device if on_gpu else "t4")
 
-    # 1. Is any compute dtype of the layout slow here? Say so before measuring anything.
-    progress.say("probing fp16 / bf16 speed against fp32 on this machine ...")
-    probe = speed.probe(args.device)
-    asked = hp.get_recipe("sdxl", device=layout)
-    override, note = speed.effective_layout(asked, probe["slow"], exact=args.layout is not None)
-    run_layout = layout
-    if override:  # the structure of the asked layout, resolved for this device (whose rules allow the substitute)
-        run_layout = args.device
-        try:
-            hp.get_recipe("sdxl", device=run_layout, overrides=override)
-        except hp.RecipeError:
-            override, note = speed.effective_layout(asked, probe["slow"], exact=False, fast="float32")
-    ratios = ", ".join(f"{k} {v:.1f}x fp32's time" if v else f"{k} fails" for k, v in probe["ratio"].items())
-    progress.say(f"probe: {ratios} (slow above {speed.SLOW_RATIO}x): {note}")
-    overrides = [override] if override else []
-    real = pipeline.check_real_fits(layout) if key == "real" else None
-
     tiny = key == "tiny"
     ctx: dict[str, Any] = {
-        "device": args.device, "layout": run_layout, "load_layout": layout, "overrides": overrides, "threads": threads,
+        "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
         "script": str(Path(__file__).resolve()), "quick": quick,
         "load_repeats": args.repeats or (1 if quick else 3), "pairs": args.pairs or (2 if quick else 6),
         "hook_calls": 2 if quick else 3, "batch": 2, "latent": args.latent or (16 if tiny else 32),
@@ -116,6 +99,25 @@ def main(argv: list[str] | None = None) -> int:
             for kind, count, guess in (steps if isinstance(steps, list) else [steps]):
                 progress.plan(kind, count, guess)
 
+    # 1. Is any compute dtype of the layout slow here? Say so before measuring anything.
+    progress.say("probing fp16 / bf16 speed against fp32 on this machine ...")
+    probe = speed.probe(args.device)
+    asked = hp.get_recipe("sdxl", device=layout)
+    override, note = speed.effective_layout(asked, probe["slow"], exact=args.layout is not None)
+    run_layout = layout
+    if override:  # the structure of the asked layout, resolved for this device (whose rules allow the substitute)
+        run_layout = args.device
+        try:
+            hp.get_recipe("sdxl", device=run_layout, overrides=override)
+        except hp.RecipeError:
+            override, note = speed.effective_layout(asked, probe["slow"], exact=False, fast="float32")
+    ratios = ", ".join(f"{k} {v:.1f}x fp32's time" if v else f"{k} fails" for k, v in probe["ratio"].items())
+    progress.say(f"probe: {ratios} (slow above {speed.SLOW_RATIO}x): {note}")
+    overrides = [override] if override else []
+    ctx["overrides"] = overrides
+    real = pipeline.check_real_fits(layout) if key == "real" else None
+
+    ctx["layout"] = run_layout
     prepared = pipeline.prepare(size, key, out_dir / "cache", progress.say)
     ctx["folder"] = prepared["folder"]
     command = "python scripts/benchmark.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
@@ -124,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "config": {"command": command.strip(), "size": key, "params": prepared["params"], "layout": layout,
                    "layout_label": asked.device.label(), "asked_layout": pipeline.layout_text(asked),
                    "exact": args.layout is not None, "note": note, "overrides": overrides, "real_memory": real,
-                   **{k: v for k, v in ctx.items() if not callable(v) and k not in ("overrides", "script")}},
+                   "run_layout_device": run_layout,
+                   **{k: v for k, v in ctx.items() if not callable(v) and k not in ("overrides", "script", "layout")}},
         "probe": probe, "targets": common.TARGETS, "sections": {},
     }
 

@@ -84,6 +84,7 @@ def prepare(size: str | dict[str, Any], key: str, cache: Path, say: Any) -> dict
     if marker.is_file() and marker.read_text() == stamp and (folder / "model_index.json").is_file():
         return {"folder": str(folder), "params": json.loads((folder / "bench_params.json").read_text()),
                 "built_s": None, "reused": True}
+    say(f"building the {key} pipeline with random weights and saving it to {folder} (once; later runs reuse it) ...")
     t0 = time.perf_counter()
     pipe = make_sdxl(size=size, seed=0)
     counts = count_parameters(pipe)
