@@ -101,7 +101,7 @@ def load_section(ld: dict[str, Any]) -> list[str]:
     L.append("- Stages inside load_pipeline (from `hf_precision.applied(pipe).timings`): "
              + ", ".join(f"{k} {fmt(v['median'], 'ms', 1)}" for k, v in st.items() if v.get("median") is not None)
              + f"; time load_pipeline / plain {fmt_stats(ld['time_ratio'], 'x', 2)}.")
-    L.append("- **Peak RSS** (`ru_maxrss` minus the baseline) counts every resident page, including the pages of the "
+    L.append("- **Peak RSS** (`VmHWM`, reset before the load, minus the baseline) counts every resident page, including the pages of the "
              "memory-mapped safetensors files plain diffusers reads through; those pages are file-backed and the kernel "
              "can drop them under pressure. **Peak anonymous memory** (`RssAnon` from `/proc/self/status`, sampled every "
              "5 ms) counts the process's private memory only: what must fit in RAM. load_pipeline reads tensor by tensor "
