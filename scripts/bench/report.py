@@ -52,8 +52,10 @@ def targets(sec: dict[str, Any]) -> list[list[str]]:
         lay = rt["layouts"]
         rows.append(["Runtime: hooks over the no-hook floor, benchmarked layout (paired)",
                      fmt_stats(lay["recipe"]["overhead"], "%"), "≤ 1%", verdict(rt["pass_overhead"])])
-        rows.append([f"Islands: hooks' own time / denoiser call, {lay['islands']['islands']} islands",
-                     fmt(lay["islands"]["hook_share"], "%"), "≤ 1%", verdict(rt["pass_island_share"])])
+        isl = lay["islands"]
+        rows.append([f"Islands: hooks' own time beyond the casts an island needs / denoiser call, {isl['islands']} islands",
+                     f"{fmt(isl['hook_extra_share'], '%')} ({fmt(isl['hook_extra'], 'us', 0)} per call; with the casts "
+                     f"{fmt(isl['hook_share'], '%')})", "≤ 1%", verdict(rt["pass_island_share"])])
         rows.append([f"Islands: hooks over the floor, {lay['islands']['islands']} islands (paired)",
                      fmt_stats(lay["islands"]["overhead"], "%"), "≤ 1%", verdict(rt["pass_island_paired"])])
         fit = rt.get("scaling", {}).get("fit") or {}
@@ -121,9 +123,15 @@ def runtime_section(rt: dict[str, Any]) -> list[str]:
         label = "benchmarked layout" if name == "recipe" else f"every norm an island ({r['islands']})"
         rows.append([label, f"{r['compute']} ({r['islands']} islands)", fmt_stats(r["floor_s"], "ms", 0),
                      fmt_stats(r["overhead"], "%"), fmt(r["hook_time"]["per_call"]["median"], "us", 0),
-                     fmt(r["hook_share"], "%"), r["hook_time"]["hook_calls_per_call"], fmt(r["max_abs_diff_floor"])])
+                     fmt(r["floor_cast_time"]["median"], "us", 0), fmt(r["hook_extra_share"], "%"),
+                     r["hook_time"]["hook_calls_per_call"], fmt(r["max_abs_diff_floor"])])
     L += [md_table(["variant", "compute", "floor time per call", "hooks over floor (paired)", "hooks' own time per call",
-                    "own time / call", "hook calls per call", "max |Δ| floor vs hooks"], rows), ""]
+                    "floor's hand-written casts per call", "hooks beyond the casts / call", "hook calls per call",
+                    "max |Δ| floor vs hooks"], rows), ""]
+    L.append("- The hooks' own time includes the casts they perform (activations to fp32 and back at every island). "
+             "The floor performs the same casts in its hand-written wrapper; their time, taken the same way, is "
+             "subtracted to give what the hooks cost beyond the casts any island needs.")
+    L.append("")
     sc = rt.get("scaling", {})
     if sc.get("rows"):
         L.append("Hooks' own time against the number of islands (the first N norms made islands):")

@@ -105,7 +105,12 @@ def _hand_island_class() -> type:
     import torch
 
     class HandIsland(torch.nn.Module):
-        """The minimal hand-written island: floating inputs to fp32, the output back to the compute dtype."""
+        """The minimal hand-written island: floating inputs to fp32, the output back to the compute dtype.
+
+        ``HandIsland.cast_seconds`` adds up the time of its casts: the work any island must do, hooks or not.
+        """
+
+        cast_seconds = 0.0
 
         def __init__(self, inner: torch.nn.Module, out_dtype: torch.dtype):
             super().__init__()
@@ -113,8 +118,14 @@ def _hand_island_class() -> type:
 
         def forward(self, *args: Any, **kwargs: Any) -> Any:
             cast = lambda x: x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
-            out = self.inner(*[cast(a) for a in args], **{k: cast(v) for k, v in kwargs.items()})
-            return out.to(self.out_dtype) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+            t0 = time.perf_counter()
+            args, kwargs = [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
+            t1 = time.perf_counter()
+            out = self.inner(*args, **kwargs)
+            t2 = time.perf_counter()
+            out = out.to(self.out_dtype) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+            HandIsland.cast_seconds += (t1 - t0) + (time.perf_counter() - t2)
+            return out
 
     return HandIsland
 
@@ -128,7 +139,7 @@ class Floor:
         self.pipe, self.hp = pipe, hp
         record = hp.applied(pipe)
         self.recipe = record.recipe
-        wrapper = _hand_island_class()
+        wrapper = self.hand = _hand_island_class()
         self.swaps = []
         for name in record.islands.get("unet", []):
             parent_name, _, leaf = name.rpartition(".")
@@ -261,16 +272,27 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> 
                 floor.hooks_off()
                 res["max_abs_diff_floor"] = float((bare().float() - ref).abs().max())
                 floor.hooks_on()
-            with progress.step("unet_call", f"runtime ({variant}): hooks' own time"):
+            with progress.step("unet_call", f"runtime ({variant}): hooks' own time, and the floor's hand-written casts"):
                 res["hook_time"] = hook_time(pipe, hooked, ctx["hook_calls"])
+                floor.hooks_off()
+                casts = []
+                for _ in range(ctx["hook_calls"]):
+                    floor.hand.cast_seconds = 0.0
+                    bare()
+                    casts.append(floor.hand.cast_seconds)
+                floor.hooks_on()
+                res["floor_cast_time"] = stats(casts)
             res.update(paired(progress, "unet_pair", f"runtime ({variant})", floor, hooked, bare, ctx["pairs"], device))
         res["hook_share"] = res["hook_time"]["per_call"]["median"] / res["floor_s"]["median"]
+        # What the hooks cost beyond the casts an island needs anyway (the floor's hand-written casts do the same).
+        res["hook_extra"] = res["hook_time"]["per_call"]["median"] - res["floor_cast_time"]["median"]
+        res["hook_extra_share"] = res["hook_extra"] / res["floor_s"]["median"]
         out["layouts"][variant] = res
     # back to the benchmarked recipe for the fidelity section
     hp.apply_recipe(pipes["recipe"], "sdxl", device=device, layout=ctx["layout"], overrides=ctx["overrides"])
     isl, rec = out["layouts"]["islands"], out["layouts"]["recipe"]
     out["pass_overhead"] = rec["overhead"]["median"] <= TARGETS["runtime_overhead"]
-    out["pass_island_share"] = isl["hook_share"] <= TARGETS["island_hook_share"]
+    out["pass_island_share"] = isl["hook_extra_share"] <= TARGETS["island_hook_share"]
     out["pass_island_paired"] = isl["overhead"]["median"] <= TARGETS["runtime_overhead"]
     out["modules"] = sum(1 for _ in pipes["recipe"].unet.modules())
     out["params"] = sum(p.numel() for p in pipes["recipe"].unet.parameters())
