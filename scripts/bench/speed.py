@@ -3,14 +3,13 @@
 A CPU without AVX512-FP16 / AMX-FP16 runs float16 matmuls and convolutions through slow fallback kernels (a
 mid-size SDXL UNet call took 29 s in fp16 against ~1 s in fp32 on a 2-core AVX512 CPU without them); bfloat16 is
 slow in the same way without AVX512-BF16 / AMX. The probe times a short matmul and a convolution in each dtype
-next to the same work in float32 (interleaved, median of a few repeats) and calls a dtype slow when it takes more
+next to the same work in float32 (interleaved, the fastest of a few repeats) and calls a dtype slow when it takes more
 than ``SLOW_RATIO`` times as long. The CPU flags ``hf_precision.recipe.device_caps`` reads are recorded beside the
 measurement, to explain it, not to decide it.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from typing import Any
 
@@ -41,7 +40,7 @@ def fast_substitute(slow: dict[str, bool]) -> str:
     return "bfloat16" if not slow.get("bfloat16", True) else "float32"
 
 
-def probe(device: str = "cpu", repeats: int = 5, size: int = 384) -> dict[str, Any]:
+def probe(device: str = "cpu", repeats: int = 7, size: int = 384) -> dict[str, Any]:
     """Time a matmul and a 3x3 convolution per dtype against float32 (interleaved), and decide which are slow."""
     import torch
 
@@ -75,14 +74,16 @@ def probe(device: str = "cpu", repeats: int = 5, size: int = 384) -> dict[str, A
     for _ in range(repeats):
         for d in live:
             times[d].append(run(d))
-    fp32 = statistics.median(times[torch.float32])
+    # The minimum, not the median: other processes only ever add time, and a busy machine inflated the median bf16
+    # ratio from 0.7x to 2.7x in one run, which would have called a fast dtype slow.
+    fp32 = min(times[torch.float32])
     out: dict[str, Any] = {"fp32_s": fp32, "ratio": {}, "slow": {}, "errors": errors, "slow_ratio": SLOW_RATIO}
     for d in (torch.float16, torch.bfloat16):
         name = str(d).removeprefix("torch.")
         if name in errors:
             out["ratio"][name], out["slow"][name] = None, True
             continue
-        med = statistics.median(times[d])
+        med = min(times[d])
         out["ratio"][name] = med / fp32 if fp32 > 0 else None
         out["slow"][name] = is_slow(med, fp32)
     try:
