@@ -1,0 +1,200 @@
+"""The markdown report of one benchmark run (every figure from that run's JSON)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .common import TARGETS, fmt, fmt_stats, md_table, verdict
+
+LINEAR_SLOPE = 1.25  # a log-log slope up to this counts as linear growth (1.0 = exactly linear)
+
+
+def header(res: dict[str, Any]) -> list[str]:
+    env, cfg, cpu = res["env"], res["config"], res["env"]["cpu"]
+    L = [f"# hf_precision benchmark ({cfg['size']} SDXL-shaped pipeline, {cfg['params']['total']:,} parameters)", "",
+         f"- Command: `{cfg['command']}`",
+         f"- Date: {env['date']}; total wall time {res.get('wall_s', 0):.0f} s "
+         f"({res['progress']['steps']} measured steps)",
+         f"- CPU: {cpu['model']} ({cpu['logical_cpus']} logical CPUs, {cpu['machine']}); speed flags present: "
+         f"{' '.join(cpu['flags']) or '-'}; absent: {' '.join(cpu['absent']) or '-'}; torch CPU capability: "
+         f"{env['torch_cpu_capability']}",
+         f"- GPU: {env['gpu'] or 'none (not measured: no GPU in this run)'}",
+         f"- torch {env['torch']}, diffusers {env['diffusers']}, transformers {env['transformers']}, accelerate "
+         f"{env['accelerate']}, Python {env['python']}; torch threads {env['threads']}; device {env['device']}",
+         f"- Load average (1, 5, 15 min) at start {env.get('loadavg_start')}, at end {env.get('loadavg_end')} "
+         f"(other processes on the machine add noise)"]
+    pr = res["probe"]
+    ratios = ", ".join(f"{k} {v:.2f}x" if v else f"{k}: cannot compute" for k, v in pr["ratio"].items())
+    L.append(f"- Speed probe (a {384}x{384} matmul + a 3x3 conv, time / fp32's time): {ratios}; slow above "
+             f"{pr['slow_ratio']}x: {', '.join(k for k, v in pr['slow'].items() if v) or 'none'}")
+    L.append(f"- Layout asked: `{cfg['layout']}` ({cfg['layout_label']}): {cfg['asked_layout']}")
+    L.append(f"- **{cfg['note'][0].upper() + cfg['note'][1:]}.**")
+    if cfg.get("run_layout"):
+        L.append(f"- Layout measured in runtime and fidelity: {cfg['run_layout']}")
+    if cfg.get("quick"):
+        L.append("- **Smoke run (`--quick`)**: too few repeats to be a measurement; PASS/FAIL here means nothing.")
+    L.append("- Figures: median (min – max, n); ratios are taken inside each repeat or pair, then the median.")
+    return L + [""]
+
+
+def targets(sec: dict[str, Any]) -> list[list[str]]:
+    rows = []
+    ld, rt, ap, fid = (sec.get(k, {}) for k in ("load", "runtime", "apply", "fidelity"))
+    if "recipe" in ld:
+        rows.append(["Load: load_pipeline peak RSS above baseline / final weight bytes",
+                     fmt_stats(ld["recipe"]["rss_over_weights"], "x", 2), f"≤ {TARGETS['load_rss_over_weights']:.2f}x",
+                     verdict(ld["pass_rss"])])
+        rows.append(["Load: peak anonymous memory / weight bytes, load_pipeline vs plain diffusers",
+                     f"{fmt(ld['recipe']['anon_over_weights']['median'], 'x', 2)} vs "
+                     f"{fmt(ld['plain']['anon_over_weights']['median'], 'x', 2)}", "≤ plain's", verdict(ld["pass_anon"])])
+    if "layouts" in rt:
+        lay = rt["layouts"]
+        rows.append(["Runtime: hooks over the no-hook floor, benchmarked layout (paired)",
+                     fmt_stats(lay["recipe"]["overhead"], "%"), "≤ 1%", verdict(rt["pass_overhead"])])
+        isl = lay["islands"]
+        rows.append([f"Islands: hooks' own time beyond the casts an island needs / denoiser call, {isl['islands']} islands",
+                     f"{fmt(isl['hook_extra_share'], '%')} ({fmt(isl['hook_extra'], 'us', 0)} per call; with the casts "
+                     f"{fmt(isl['hook_share'], '%')})", "≤ 1%", verdict(rt["pass_island_share"])])
+        rows.append([f"Islands: hooks over the floor, {lay['islands']['islands']} islands (paired)",
+                     fmt_stats(lay["islands"]["overhead"], "%"), "≤ 1%", verdict(rt["pass_island_paired"])])
+        fit = rt.get("scaling", {}).get("fit") or {}
+        if fit.get("loglog") is not None:
+            rows.append(["Islands: hook time linear in islands (log-log slope)", f"{fit['loglog']:.2f}",
+                         f"≤ {LINEAR_SLOPE}", verdict(fit["loglog"] <= LINEAR_SLOPE)])
+    if "rows" in ap:
+        worst = max(r["ratio"]["median"] for r in ap["rows"])
+        rows.append(["Apply: re-apply / first apply (every norm an island; worst size)", fmt(worst, "x", 2),
+                     f"≤ {TARGETS['reapply_over_first']:.1f}x", verdict(ap["pass"])])
+        for key, label in (("fit_first", "first apply"), ("fit_reapply", "re-apply")):
+            fit = ap.get(key) or {}
+            if fit.get("loglog") is not None:
+                rows.append([f"Apply: {label} linear in modules (log-log slope)", f"{fit['loglog']:.2f}",
+                             f"≤ {LINEAR_SLOPE}", verdict(fit["loglog"] <= LINEAR_SLOPE)])
+    if "recipe" in fid:
+        rows.append(["Fidelity: recipe mean |Δ| vs fp32 not worse than naive pipe.to(half)",
+                     f"{fmt(fid['recipe']['mean_abs']['median'])} vs {fmt(fid['naive']['mean_abs']['median'])}",
+                     "recipe ≤ naive", verdict(fid["pass"])])
+    for name, s in sec.items():
+        if s.get("error"):
+            rows.append([f"section {name}", "ERROR: " + s["error"], "", verdict(False)])
+    return rows
+
+
+def section_note(s: dict[str, Any]) -> str:
+    la = s.get("loadavg") or [None, None]
+    return (f"_Section wall time {s.get('wall_s', 0):.0f} s; 1-minute load average "
+            f"{la[0][0] if la[0] else '?'} at its start, {la[1][0] if la[1] else '?'} at its end._")
+
+
+def load_section(ld: dict[str, Any]) -> list[str]:
+    L = [section_note(ld), "",
+         f"Each load runs in a fresh process, order alternating, page cache warm, fp32 safetensors on disk cast while "
+         f"loading, layout `{ld['layout']}` (loading does not compute, so the exact layout is loaded). Plain diffusers "
+         f"gets `dtype={json.dumps(ld['dtype_map'])}` (`hf_precision.runtime.load.from_pretrained_dtypes` of the same "
+         f"recipe). Baseline: memory after every import, before the load.", ""]
+    rows = []
+    for loader, label in (("plain", "plain `DiffusionPipeline.from_pretrained`"), ("recipe", "`hf_precision.load_pipeline`")):
+        r = ld[loader]
+        rows.append([label, fmt_stats(r["seconds"], "s", 2), fmt_stats(r["rss_over_weights"], "x", 2),
+                     fmt_stats(r["anon_over_weights"], "x", 2), fmt(r["weight_bytes"], "MiB")])
+    L += [md_table(["loader", "wall time", "peak RSS / weights", "peak anonymous / weights", "final weight bytes"], rows), ""]
+    st = ld["stages"]
+    L.append("- Stages inside load_pipeline (from `hf_precision.applied(pipe).timings`): "
+             + ", ".join(f"{k} {fmt(v['median'], 'ms', 1)}" for k, v in st.items() if v.get("median") is not None)
+             + f"; time load_pipeline / plain {fmt_stats(ld['time_ratio'], 'x', 2)}.")
+    L.append("- **Peak RSS** (`VmHWM`, reset before the load, minus the baseline) counts every resident page, including the pages of the "
+             "memory-mapped safetensors files plain diffusers reads through; those pages are file-backed and the kernel "
+             "can drop them under pressure. **Peak anonymous memory** (`RssAnon` from `/proc/self/status`, sampled every "
+             "5 ms) counts the process's private memory only: what must fit in RAM. load_pipeline reads tensor by tensor "
+             "into their final dtype, so its RSS is close to its anonymous memory.")
+    return L + [""]
+
+
+def runtime_section(rt: dict[str, Any]) -> list[str]:
+    L = [section_note(rt), "",
+         f"UNet {rt['params']:,} parameters, {rt['modules']} modules, one call = batch 2 (CFG), 77 tokens, inputs "
+         "arriving in the pipeline's latents dtype, `torch.inference_mode()`. Floor: the same UNet object with the hooks "
+         "removed (`hf_precision.applied(pipe).remove()`), each island wrapped in a hand-written fp32 cast, inputs cast "
+         "beforehand; hooks back with `apply_recipe`. Pairs run back to back, order alternating. Hooks' own time: the "
+         "registered `EntryHook`/`IslandHook` pre/post callables wrapped with a timer (only time inside the hooks).", ""]
+    rows = []
+    for name, r in rt["layouts"].items():
+        label = "benchmarked layout" if name == "recipe" else f"every norm an island ({r['islands']})"
+        rows.append([label, f"{r['compute']} ({r['islands']} islands)", fmt_stats(r["floor_s"], "ms", 0),
+                     fmt_stats(r["overhead"], "%"), fmt(r["hook_time"]["per_call"]["median"], "us", 0),
+                     fmt(r["floor_cast_time"]["median"], "us", 0), fmt(r["hook_extra_share"], "%"),
+                     r["hook_time"]["hook_calls_per_call"], fmt(r["max_abs_diff_floor"])])
+    L += [md_table(["variant", "compute", "floor time per call", "hooks over floor (paired)", "hooks' own time per call",
+                    "floor's hand-written casts per call", "hooks beyond the casts / call", "hook calls per call",
+                    "max |Δ| floor vs hooks"], rows), ""]
+    L.append("- The hooks' own time includes the casts they perform (activations to fp32 and back at every island). "
+             "The floor performs the same casts in its hand-written wrapper; their time, taken the same way, is "
+             "subtracted to give what the hooks cost beyond the casts any island needs.")
+    L.append("")
+    sc = rt.get("scaling", {})
+    if sc.get("rows"):
+        L.append("Hooks' own time against the number of islands (the first N norms made islands):")
+        L.append("")
+        L.append(md_table(["islands", "all hooks per call", "island hooks per call", "per island"],
+                          [[r["islands"], fmt(r["hook_s"], "us", 0), fmt(r["island_s"], "us", 0),
+                            fmt(r["island_s"] / max(r["islands"], 1), "us", 2)] for r in sc["rows"]]))
+        fit = sc.get("fit") or {}
+        if fit:
+            L.append("")
+            L.append(f"- Fit: {fmt(fit['slope'], 'us', 2)} per island + {fmt(fit['intercept'], 'us', 0)}; log-log slope "
+                     f"{fit.get('loglog', float('nan')):.2f} (1.0 = linear).")
+    return L + [""]
+
+
+def apply_section(ap: dict[str, Any]) -> list[str]:
+    L = [section_note(ap), "",
+         "`apply_recipe` on meta-device SDXL UNets (real config, `hf_precision.diagnose.planner.build_on_meta`) with "
+         "every norm a `keep_fp32` island: a first apply on a fresh module, then `apply_recipe` again on the applied "
+         "module (re-apply: the previous hooks are removed and replaced). Wall time of the call, resolve included.", ""]
+    rows = [[r["label"], f"{r['modules']:,}", r["islands"], fmt_stats(r["first"], "ms", 1), fmt_stats(r["reapply"], "ms", 1),
+             fmt_stats(r["ratio"], "x", 2), fmt(r["reapply"]["median"] / r["modules"], "us", 2)] for r in ap["rows"]]
+    L += [md_table(["UNet (meta)", "modules", "islands", "first apply", "re-apply", "re-apply / first", "re-apply per module"],
+                   rows), ""]
+    return L
+
+
+def weights_section(w: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    L = [f"- Loaded pipeline (measured layout): {fmt(w['loaded_total'], 'MiB')} against {fmt(w['loaded_fp32'], 'MiB')} "
+         f"in fp32.", "- Real SDXL-base from `hf_precision.plan` (meta device, shipped configs):", ""]
+    rows = [[f"`{d}` ({r['label']})", r["layout"], fmt(r["bytes"], "MiB"), fmt(r["fp32_bytes"], "MiB"),
+             f"{r['saving'] * 100:.1f}%" + (" (this device's rules pick no half dtype: see `hf-precision recipes`)"
+                                            if r["saving"] <= 0 else "")] for d, r in w["real_sdxl"].items()]
+    return L + [md_table(["layout", "compute dtypes", "weights", "fp32", "saved"], rows), ""]
+
+
+def fidelity_section(fid: dict[str, Any]) -> list[str]:
+    L = [section_note(fid), "",
+         f"{fid['image']}x{fid['image']} image, {fid['steps']} Euler steps, guidance 5, seeds 0..{fid['seeds'] - 1}, "
+         f"images in [0, 1]; reference: the same weights in fp32. Naive: fp32 pipeline `.to({fid['naive_dtype']})`. "
+         f"**Random weights are chaotic**: these errors compare layouts on the same weights, not image quality.", ""]
+    rows = [[name, fmt_stats(fid[name]["max_abs"]), fmt_stats(fid[name]["mean_abs"]), fid[name]["nonfinite"]]
+            for name in ("recipe", "naive")]
+    L += [md_table(["pipeline", "max |Δ|", "mean |Δ|", "non-finite values"], rows), ""]
+    L += [f"- {k} failed: {v}" for k, v in fid.get("errors", {}).items()]
+    return L + [""]
+
+
+def render(res: dict[str, Any]) -> str:
+    sec = res["sections"]
+    L = header(res)
+    L += ["## Targets", "", md_table(["target", "measured", "target value", "result"], targets(sec)), ""]
+    for name, title, fn in (("load", "1. Load: memory and time", load_section),
+                            ("runtime", "2. Runtime: hooks and islands", runtime_section),
+                            ("apply", "3. Apply and re-apply", apply_section),
+                            ("weights", "4. Weight bytes", lambda s: weights_section(s, res["config"])),
+                            ("fidelity", "5. Fidelity", fidelity_section)):
+        s = sec.get(name, {})
+        L += [f"## {title}", ""]
+        if s.get("skipped") or s.get("error"):
+            L += [s.get("skipped") or f"ERROR: {s['error']}", ""]
+            if s.get("traceback"):
+                L += ["```", s["traceback"], "```", ""]
+            continue
+        L += fn(s)
+    return "\n".join(L)

@@ -1,0 +1,370 @@
+"""What the recipe's hooks cost at run time, and what applying a recipe costs, measured from outside.
+
+- **Paired overhead**: one denoiser call with the recipe's hooks against the *floor*: the same UNet object (same
+  weight memory) with the hooks removed (``hf_precision.applied(pipe).remove()``) and each island wrapped in a
+  hand-written fp32 cast, inputs cast beforehand. The floor computes exactly what the recipe computes (checked
+  bit-identical), so the ratio inside a back-to-back pair is the hooks' cost. The hooks come back with
+  ``hf_precision.apply_recipe(pipe, record.recipe)`` (re-applying replaces hooks, never stacks them).
+- **The hooks' own time**: each registered hook is one of the public ``EntryHook.pre/post`` or
+  ``IslandHook.pre/post`` methods; the benchmark wraps those registered callables with a timer for a few calls and
+  puts them back. It measures only time spent inside the hooks, so machine noise in the convolutions does not
+  enter it.
+- **Islands stress**: every norm of the UNet made an island (166 on the mid-size SDXL UNet) with a ``keep_fp32``
+  override, hook time per call at a few island counts, and first apply vs re-apply on meta-device UNets of growing
+  size (``hf_precision.diagnose.planner.build_on_meta``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import statistics
+import time
+import types
+from collections.abc import Callable
+from typing import Any
+
+from .common import TARGETS, stats, sync
+
+NORM_TYPES = ("GroupNorm", "LayerNorm")
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+def norm_modules(module: Any) -> list[str]:
+    """Names of every GroupNorm / LayerNorm inside ``module`` (the islands of the stress test)."""
+    return [n for n, m in module.named_modules() if n and type(m).__name__ in NORM_TYPES]
+
+
+# Globs that name every norm of a diffusers UNet (resnets' norm1/norm2, attentions' norm, transformer blocks'
+# norm1..3, conv_norm_out): what a user would write. Checked against the module types before use.
+NORM_GLOBS = ["*norm", "*norm[0-9]", "*norm_out"]
+
+
+def island_overrides(names: list[str]) -> dict[str, Any]:
+    """A ``keep_fp32`` override that makes exactly these UNet modules float32 islands."""
+    return {"components": {"unet": {"keep_fp32": list(names)}}}
+
+
+def all_norms_override(module: Any) -> tuple[dict[str, Any], int]:
+    """Every norm of ``module`` an island: the globs when they name exactly the norms, else the literal names."""
+    from hf_precision.recipe.patterns import match_modules
+
+    norms = norm_modules(module)
+    names = [n for n, _ in module.named_modules() if n]
+    globbed = {n for found in match_modules(names, NORM_GLOBS).values() for n in found}
+    return island_overrides(NORM_GLOBS if globbed == set(norms) else norms), len(norms)
+
+
+def linear_fit(xs: list[float], ys: list[float]) -> dict[str, float] | None:
+    """Least-squares ``y = a + b x`` and the log-log slope (1.0 = linear growth).
+
+    Example:
+        >>> fit = linear_fit([1, 2, 4], [3, 5, 9])
+        >>> round(fit["slope"], 6), round(fit["intercept"], 6)
+        (2.0, 1.0)
+    """
+    if len(xs) < 2 or len(set(xs)) < 2:
+        return None
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    out = {"slope": b, "intercept": my - b * mx}
+    if all(x > 0 for x in xs) and all(y > 0 for y in ys):
+        lx, ly = [math.log(x) for x in xs], [math.log(y) for y in ys]
+        mlx, mly = statistics.mean(lx), statistics.mean(ly)
+        out["loglog"] = sum((a - mlx) * (c - mly) for a, c in zip(lx, ly)) / sum((a - mlx) ** 2 for a in lx)
+    return out
+
+
+def unet_inputs(pipe: Any, batch: int, side: int, dtype: Any, device: str) -> dict[str, Any]:
+    """Inputs of one SDXL UNet call (CFG batch, 77 tokens), floating tensors in ``dtype``."""
+    import torch
+
+    from hf_precision.runtime.hooks import cast_tree
+
+    cfg = pipe.unet.config
+    proj = pipe.text_encoder_2.config.projection_dim
+    n_ids = (cfg.projection_class_embeddings_input_dim - proj) // cfg.addition_time_embed_dim
+    gen = torch.Generator().manual_seed(0)
+    px = side * 8.0
+    inputs = {
+        "sample": torch.randn(batch, cfg.in_channels, side, side, generator=gen),
+        "timestep": torch.tensor(999.0),
+        "encoder_hidden_states": torch.randn(batch, 77, cfg.cross_attention_dim, generator=gen),
+        "added_cond_kwargs": {"text_embeds": torch.randn(batch, proj, generator=gen),
+                              "time_ids": torch.tensor([[px, px, 0, 0, px, px][:n_ids]] * batch)},
+    }
+    out = cast_tree(inputs, dtype, torch.device(device))
+    out["timestep"] = inputs["timestep"].to(device)
+    return out
+
+
+def _hand_island_class() -> type:
+    import torch
+
+    class HandIsland(torch.nn.Module):
+        """The minimal hand-written island: floating inputs to fp32, the output back to the compute dtype.
+
+        ``HandIsland.cast_seconds`` adds up the time of its casts: the work any island must do, hooks or not.
+        """
+
+        cast_seconds = 0.0
+
+        def __init__(self, inner: torch.nn.Module, out_dtype: torch.dtype):
+            super().__init__()
+            self.inner, self.out_dtype = inner, out_dtype
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            cast = lambda x: x.float() if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+            t0 = time.perf_counter()
+            args, kwargs = [cast(a) for a in args], {k: cast(v) for k, v in kwargs.items()}
+            t1 = time.perf_counter()
+            out = self.inner(*args, **kwargs)
+            t2 = time.perf_counter()
+            out = out.to(self.out_dtype) if isinstance(out, torch.Tensor) and out.is_floating_point() else out
+            HandIsland.cast_seconds += (t1 - t0) + (time.perf_counter() - t2)
+            return out
+
+    return HandIsland
+
+
+class Floor:
+    """Switches a loaded pipeline between its recipe hooks and the hand-cast floor, through the public API only."""
+
+    def __init__(self, pipe: Any, compute: Any):
+        import hf_precision as hp
+
+        self.pipe, self.hp = pipe, hp
+        record = hp.applied(pipe)
+        self.recipe = record.recipe
+        wrapper = self.hand = _hand_island_class()
+        self.swaps = []
+        for name in record.islands.get("unet", []):
+            parent_name, _, leaf = name.rpartition(".")
+            parent = pipe.unet.get_submodule(parent_name) if parent_name else pipe.unet
+            original = getattr(parent, leaf)
+            self.swaps.append((parent, leaf, original, wrapper(original, compute)))
+        self.on = True
+
+    def hooks_off(self) -> None:
+        if self.on:
+            self.hp.applied(self.pipe).remove()
+            for parent, leaf, _, hand in self.swaps:
+                setattr(parent, leaf, hand)
+            self.on = False
+
+    def hooks_on(self) -> None:
+        if not self.on:
+            for parent, leaf, original, _ in self.swaps:
+                setattr(parent, leaf, original)
+            self.hp.apply_recipe(self.pipe, self.recipe)
+            self.on = True
+
+
+@contextlib.contextmanager
+def timed_hooks(module: Any) -> Any:
+    """Wrap every registered ``EntryHook``/``IslandHook`` pre and post callable of ``module``'s tree with a timer.
+
+    Yields a dict: ``total`` seconds inside the hooks and ``calls``; the original callables are put back on exit.
+    """
+    from hf_precision.runtime.hooks import EntryHook, IslandHook
+
+    spent = {"total": 0.0, "calls": 0, "entry": 0.0, "island": 0.0}
+    wrapped = []
+    for m in module.modules():
+        for hooks in (m._forward_pre_hooks, m._forward_hooks):
+            for key, fn in list(hooks.items()):
+                owner = getattr(fn, "__self__", None)
+                if not isinstance(owner, (EntryHook, IslandHook)):
+                    continue
+                kind = "entry" if isinstance(owner, EntryHook) else "island"
+
+                def timer(*a: Any, _fn: Callable[..., Any] = fn, _kind: str = kind, **kw: Any) -> Any:
+                    t = time.perf_counter()
+                    try:
+                        return _fn(*a, **kw)
+                    finally:
+                        dt = time.perf_counter() - t
+                        spent["total"] += dt
+                        spent[_kind] += dt
+                        spent["calls"] += 1
+
+                hooks[key] = timer
+                wrapped.append((hooks, key, fn))
+    try:
+        yield spent
+    finally:
+        for hooks, key, fn in wrapped:
+            hooks[key] = fn
+
+
+def hook_time(pipe: Any, call: Callable[[], Any], calls: int) -> dict[str, Any]:
+    """Seconds per denoiser call spent inside the recipe's hooks (median over ``calls`` calls)."""
+    per_call, entry, island, n_calls = [], [], [], 0
+    with timed_hooks(pipe.unet) as spent:
+        for _ in range(calls):
+            before = dict(spent)
+            call()
+            per_call.append(spent["total"] - before["total"])
+            entry.append(spent["entry"] - before["entry"])
+            island.append(spent["island"] - before["island"])
+            n_calls = spent["calls"] - before["calls"]
+    return {"per_call": stats(per_call), "entry": stats(entry), "island": stats(island), "hook_calls_per_call": n_calls}
+
+
+def paired(progress: Any, kind: str, label: str, floor: Floor, hooked: Callable[[], Any], bare: Callable[[], Any],
+           pairs: int, device: str) -> dict[str, Any]:
+    """``pairs`` back-to-back (hooks, floor) call pairs, order alternating; the overhead is the ratio in a pair."""
+    times = {"hooks": [], "floor": []}
+    ratios = []
+    for i in range(pairs):
+        with progress.step(kind, f"{label}: hooks/floor pair {i + 1}/{pairs}"):
+            got = {}
+            for name in (("hooks", "floor") if i % 2 == 0 else ("floor", "hooks")):
+                (floor.hooks_on if name == "hooks" else floor.hooks_off)()
+                sync(device)
+                t0 = time.perf_counter()
+                (hooked if name == "hooks" else bare)()
+                sync(device)
+                got[name] = time.perf_counter() - t0
+            floor.hooks_on()
+        for k, v in got.items():
+            times[k].append(v)
+        ratios.append(got["hooks"] / got["floor"] - 1)
+    return {"hooks_s": stats(times["hooks"]), "floor_s": stats(times["floor"]), "overhead": stats(ratios)}
+
+
+# ----------------------------------------------------------------------------------------------- sections
+
+
+def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """Paired overhead and hook time on the benchmarked layout, then on the 166-island layout."""
+    import torch
+
+    import hf_precision as hp
+    from hf_precision import dtypes as hdt
+
+    device = ctx["device"]
+    out: dict[str, Any] = {"layouts": {}}
+    for variant in ("recipe", "islands"):
+        pipe = pipes["recipe"]
+        if variant == "islands":
+            over, out["island_count"] = all_norms_override(pipe.unet)
+            hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=[*ctx["overrides"], over])
+        record = hp.applied(pipe)
+        plan = record.recipe["unet"]
+        compute = hdt.to_torch(plan.compute)
+        latents = hdt.to_torch(record.recipe[record.recipe.latents_from].compute) if record.recipe.latents_from else compute
+        arrive = unet_inputs(pipe, ctx["batch"], ctx["latent"], latents, device)
+        pre_cast = unet_inputs(pipe, ctx["batch"], ctx["latent"], compute, device)
+        unet = pipe.unet
+        floor = Floor(pipe, compute)
+        hooked = lambda: unet(**arrive, return_dict=False)[0]
+        bare = lambda: unet(**pre_cast, return_dict=False)[0]
+        res: dict[str, Any] = {"compute": plan.compute, "storage": plan.storage, "latents_dtype": str(latents).removeprefix("torch."),
+                               "islands": len(record.islands.get("unet", [])),
+                               "island_names": list(record.islands.get("unet", []))[:6]}
+        with torch.inference_mode():
+            with progress.step("unet_call", f"runtime ({variant}): warm-up and bit-identity check"):
+                ref = hooked().float()
+                floor.hooks_off()
+                res["max_abs_diff_floor"] = float((bare().float() - ref).abs().max())
+                floor.hooks_on()
+            with progress.step("unet_call", f"runtime ({variant}): hooks' own time, and the floor's hand-written casts"):
+                res["hook_time"] = hook_time(pipe, hooked, ctx["hook_calls"])
+                floor.hooks_off()
+                casts = []
+                for _ in range(ctx["hook_calls"]):
+                    floor.hand.cast_seconds = 0.0
+                    bare()
+                    casts.append(floor.hand.cast_seconds)
+                floor.hooks_on()
+                res["floor_cast_time"] = stats(casts)
+            res.update(paired(progress, "unet_pair", f"runtime ({variant})", floor, hooked, bare, ctx["pairs"], device))
+        res["hook_share"] = res["hook_time"]["per_call"]["median"] / res["floor_s"]["median"]
+        # What the hooks cost beyond the casts an island needs anyway (the floor's hand-written casts do the same).
+        res["hook_extra"] = res["hook_time"]["per_call"]["median"] - res["floor_cast_time"]["median"]
+        res["hook_extra_share"] = res["hook_extra"] / res["floor_s"]["median"]
+        out["layouts"][variant] = res
+    # back to the benchmarked recipe for the fidelity section
+    hp.apply_recipe(pipes["recipe"], "sdxl", device=device, layout=ctx["layout"], overrides=ctx["overrides"])
+    isl, rec = out["layouts"]["islands"], out["layouts"]["recipe"]
+    out["pass_overhead"] = rec["overhead"]["median"] <= TARGETS["runtime_overhead"]
+    out["pass_island_share"] = isl["hook_extra_share"] <= TARGETS["island_hook_share"]
+    out["pass_island_paired"] = isl["overhead"]["median"] <= TARGETS["runtime_overhead"]
+    out["modules"] = sum(1 for _ in pipes["recipe"].unet.modules())
+    out["params"] = sum(p.numel() for p in pipes["recipe"].unet.parameters())
+    return out
+
+
+def bench_hook_scaling(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """Hooks' own time per call at a few island counts (linear in islands?)."""
+    import torch
+
+    import hf_precision as hp
+    from hf_precision import dtypes as hdt
+
+    pipe, device = pipes["recipe"], ctx["device"]
+    names = norm_modules(pipe.unet)
+    rows = []
+    with torch.inference_mode():
+        for count in ctx["island_counts"](len(names)):
+            hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"],
+                            overrides=[*ctx["overrides"], island_overrides(names[:count])])
+            record = hp.applied(pipe)
+            latents = hdt.to_torch(record.recipe[record.recipe.latents_from].compute)
+            arrive = unet_inputs(pipe, ctx["batch"], ctx["latent"], latents, device)
+            with progress.step("unet_call", f"hook scaling: {count} islands"):
+                t = hook_time(pipe, lambda: pipe.unet(**arrive, return_dict=False)[0], ctx["hook_calls"])
+            rows.append({"islands": count, "hook_s": t["per_call"]["median"], "island_s": t["island"]["median"],
+                         "hook_calls": t["hook_calls_per_call"]})
+    hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=ctx["overrides"])
+    fit = linear_fit([r["islands"] for r in rows], [r["island_s"] for r in rows])
+    return {"rows": rows, "fit": fit}
+
+
+def bench_apply(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """First apply vs re-apply (every norm an island) on meta-device SDXL UNets of growing size.
+
+    ``apply_recipe`` on an applied pipeline re-applies (it removes the previous hooks first); on the meta device
+    nothing is cast (meta tensors are skipped, so ``device="cpu"`` moves nothing), so this times resolve, the
+    module walk, island matching and hook registration, in the asked layout.
+    """
+    import hf_precision as hp
+    from hf_precision.diagnose.planner import build_on_meta
+
+    from .pipeline import REAL_SDXL
+
+    base = json.loads((REAL_SDXL / "unet" / "config.json").read_text())
+    te = json.loads((REAL_SDXL / "text_encoder_2" / "config.json").read_text())
+    variants = [("layers_per_block=1", {"layers_per_block": 1}), ("real SDXL UNet", {}),
+                ("layers_per_block=3", {"layers_per_block": 3})][: ctx["apply_sizes"]]
+    rows = []
+    for label, change in variants:
+        with progress.step("apply", f"apply scaling: {label} (meta device)"):
+            unet = build_on_meta("diffusers", "UNet2DConditionModel", {**base, **change})
+            holder = types.SimpleNamespace(components={"unet": unet})
+            over_one, n_islands = all_norms_override(unet)
+            over = [over_one]
+            first_samples, again = [], []
+            for _ in range(ctx["apply_repeats"]):
+                # A fresh application each time: remove() leaves the module as it was (nothing cast on meta).
+                t0 = time.perf_counter()
+                record = hp.apply_recipe(holder, "sdxl", device="cpu", layout=ctx["load_layout"], overrides=over)
+                first_samples.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                record = hp.apply_recipe(holder, "sdxl", device="cpu", layout=ctx["load_layout"], overrides=over)
+                again.append(time.perf_counter() - t0)
+                record.remove()
+            rows.append({"label": label, "modules": sum(1 for _ in unet.modules()), "islands": n_islands,
+                         "params": sum(p.numel() for p in unet.parameters()), "first": stats(first_samples),
+                         "reapply": stats(again),
+                         "ratio": stats([a / f for a, f in zip(again, first_samples)])})
+            del unet, holder
+    del te
+    out = {"rows": rows, "fit_first": linear_fit([r["modules"] for r in rows], [r["first"]["median"] for r in rows]),
+           "fit_reapply": linear_fit([r["modules"] for r in rows], [r["reapply"]["median"] for r in rows])}
+    out["pass"] = all(r["ratio"]["median"] <= TARGETS["reapply_over_first"] for r in rows)
+    return out
