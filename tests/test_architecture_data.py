@@ -77,5 +77,8 @@ def test_the_same_family_fails_without_the_recipes_casts(ddpm_folder):
 
 def test_a_wrong_class_is_refused_with_the_recipe_and_class_named(tiny_pipe, recipe_file):
     pipe = tiny_pipe("sd15")
-    with pytest.raises(hp.RecipeError, match=r"unet is a UNet2DConditionModel.*for UNet2DModel"):
+    with pytest.raises(hp.RecipeError, match=r"is for DDPMPipeline, not StableDiffusionPipeline"):
         hp.apply_recipe(pipe, str(recipe_file), device="cpu")
+    # forced past the pipeline class, the component class is still checked
+    with pytest.raises(hp.RecipeError, match=r"unet is a UNet2DConditionModel.*for UNet2DModel"):
+        hp.apply_recipe(pipe, str(recipe_file), device="cpu", force=True)

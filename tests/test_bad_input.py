@@ -285,7 +285,7 @@ CASES = [
     ("recipe", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", layout="t4", overrides={"vae": {"entry": ["decoderr"]}}),
      RecipeError, "did you mean ['decoder'"),
     ("recipe", "api", lambda env: hp.plan(str(env.path("typo-class")), "t4"), RecipeError,
-     "no recipe for pipeline class 'StableDiffusionXLPipelinee'"),
+     "'StableDiffusionXLPipelinee' is not a diffusers pipeline class"),
     # --- keywords
     ("keyword", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", varient="fp16"), RecipeError, "did you mean 'variant'"),
     ("keyword", "api", lambda env: hp.load_pipeline(env.sdxl, "cpu", overide={}), RecipeError, "did you mean 'overrides'"),

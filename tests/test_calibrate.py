@@ -115,7 +115,11 @@ def test_wan_time_embedding(tmp_path):
     assert _covers(result.islands["transformer"], planted)
     assert not result.errors["naive"].finite and result.finite
     whole = module_bytes(pipe.transformer, HALF_DELTA)
-    assert result.extra_bytes == module_bytes(pipe.transformer.condition_embedder.time_embedder, HALF_DELTA) < whole
+    # The shipped Wan recipe already keeps the time embedder fp32 (recipes/components/video.yaml, video.wan): the
+    # measured island is the recipe's own, so it costs nothing beyond the recipe, and is far below the whole.
+    assert module_bytes(pipe.transformer.condition_embedder.time_embedder, HALF_DELTA) < whole
+    assert "condition_embedder.time_embedder" in hp.get_recipe("wan", device="t4")["transformer"].keep_fp32
+    assert result.extra_bytes == 0
     evidence = result.evidence["transformer"]["condition_embedder.time_embedder"][0]
     assert evidence.module == planted[0] and evidence.max_abs > 65504 and evidence.step.startswith("step ")
 

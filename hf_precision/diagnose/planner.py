@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError
-from ..runtime.source import CONFIGS_DIR, configs_of, models_of_index, shipped_configs
+from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, shipped_configs
 from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, pipeline_spec, resolve
 
 if TYPE_CHECKING:
@@ -317,6 +317,19 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any]) -> n
 # --------------------------------------------------------------------------------------------- planning
 
 
+def _models_if_composed(source: str, index: Mapping[str, Any], recipe: Any) -> dict[str, tuple[str, str]] | None:
+    """Model components for composing a recipe, when none is named and no shipped recipe lists the class."""
+    from ..recipe.resolution import recipe_for_class
+
+    if recipe is not None:
+        return None
+    try:
+        recipe_for_class(str(index.get("_class_name")))
+        return None
+    except RecipeError:
+        return composable_models(source, index)
+
+
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
          overrides: Any = None, modules: bool = False, force: bool = False) -> Plan:
     """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
@@ -369,7 +382,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     # Nothing is placed: the plan is for `device`, built on the meta device.
     resolved = resolve(recipe, pipeline_class=pipeline, layout=device if not isinstance(recipe, Recipe) else None,
                        overrides=overrides, configs=configs, force=force,
-                       models=models_of_index(index) if recipe is None else None)  # composed when no recipe lists it
+                       models=_models_if_composed(source, index, recipe))
 
     caps = device_caps(resolved.device)
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")

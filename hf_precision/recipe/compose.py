@@ -66,7 +66,7 @@ def compose_spec(pipeline_class: str, models: Mapping[str, tuple[str, str]]) -> 
         >>> spec = compose_spec("FluxControlNetPipeline", {"transformer": ("FluxTransformer2DModel", "denoiser"),
         ...                     "controlnet": ("FluxControlNetModel", "controlnet"), "vae": ("AutoencoderKL", "vae")})
         >>> spec["denoiser"], spec["components"]["transformer"], spec["components"]["vae"]
-        ('transformer', {'use': 'dit.flux'}, {'use': 'vae.kl'})
+        ('transformer', {'use': 'mmdit.flux'}, {'use': 'autoencoders.kl_any'})
     """
     if not models:
         raise RecipeError(f"{pipeline_class}: its signature names no model class (e.g. `model: Any`), so no recipe can "

@@ -286,9 +286,10 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             recipe = recipe_for_class(pipeline)
         except RecipeError:  # no shipped recipe lists the class: compose one from its components
             from ..recipe.compose import compose_spec
-            from .source import models_of_index
+            from .source import composable_models, models_of_index
 
-            recipe = compose_spec(pipeline, models_of_index(index))  # type: ignore[assignment]
+            models = models_of_index(index) if pipeline_class is not None else composable_models(where, index)
+            recipe = compose_spec(pipeline, models)  # type: ignore[assignment]
     layers = [x for x in [_user_dtype_layer(kwargs, recipe_components(recipe))] if x]
     if overrides is not None:
         layers += list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]

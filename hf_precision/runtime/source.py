@@ -80,12 +80,12 @@ def check_name(text: str) -> None:
 
     Example:
         >>> check_name("stabilityai/sdxl-turbo")
-        >>> check_name("sdxxl")
+        >>> check_name("sdxxl")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         hf_precision.errors.RecipeError: 'sdxxl': no such folder, and not a recipe alias or a Hub id (org/name); \
 did you mean 'sdxl'? Pass an existing diffusers folder, a Hub id such as stabilityai/stable-diffusion-xl-base-1.0, \
-or a recipe alias (dit, pixart, sd15, sdxl, svd)
+or a recipe alias (allegro, ...)
     """
     import difflib
 
@@ -312,6 +312,30 @@ in model_index.json
         raise RecipeError(f"{where}: {name} needs the components {', '.join(missing)}, which model_index.json does not "
                           f"list (it lists: {', '.join(sorted(listed)) or 'nothing'}). Pass pipeline_class= the class "
                           f"this folder was saved from, or fix _class_name in model_index.json")
+
+
+def composable_models(where: str, index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """The model components of a folder whose class no recipe lists, once the class is known to be diffusers'.
+
+    Composition works for any pipeline class diffusers ships; a ``_class_name`` it does not ship (a typo, an edited
+    index) is refused with the close class names and the recipe of the closest one, before any weight is read.
+    """
+    import difflib
+
+    from ..errors import RecipeError
+    from ..recipe.resolution import list_recipes, pipeline_spec
+
+    name = str(index.get("_class_name"))
+    try:
+        pipeline_class(name)
+    except RecipeError as err:
+        covered = {str(c): r for r in list_recipes("pipeline") for c in pipeline_spec(r).get("pipelines") or ()}
+        near = difflib.get_close_matches(name, list(covered), n=1, cutoff=0.8)
+        fix = (f"Fix _class_name in model_index.json, or name a recipe and force it: recipe='{covered[near[0]]}', "
+               f"force=True (CLI: --recipe {covered[near[0]]} --force)" if near else
+               "Fix _class_name in model_index.json (no shipped recipe is close to it)")
+        raise RecipeError(f"{where}: model_index.json names {err}. {fix}") from None
+    return models_of_index(index)
 
 
 def models_of_class(name: str) -> dict[str, tuple[str, str]]:

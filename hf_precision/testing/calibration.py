@@ -34,14 +34,16 @@ def _finish(pipe: Any) -> Any:
     return pipe
 
 
-def _t5(vocab: int, seed: int):
-    from transformers import T5Config, T5EncoderModel
+def _t5(vocab: int, seed: int, umt5: bool = False):
+    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
     # SD3 and Wan use T5 v1.1 (gated-GELU feed-forward: wo(gelu(wi_0(x)) * wi_1(x))), the variant whose fp16
     # overflow made transformers keep `wo` in fp32 (transformers T5PreTrainedModel._keep_in_fp32_modules).
-    config = T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
-                      relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", dropout_rate=0.0)
-    return _seeded(seed, lambda: T5EncoderModel(config))
+    # Wan's encoder is umT5 (the same gated feed-forward, per-layer relative attention bias).
+    config_class, model_class = (UMT5Config, UMT5EncoderModel) if umt5 else (T5Config, T5EncoderModel)
+    config = config_class(vocab_size=vocab, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+                          relative_attention_num_buckets=8, feed_forward_proj="gated-gelu", dropout_rate=0.0)
+    return _seeded(seed, lambda: model_class(config))
 
 
 def make_sd3(seed: int = 0):
@@ -96,7 +98,7 @@ def make_wan(seed: int = 0):
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16, out_channels=16,
         text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
         rope_max_seq_len=32))
-    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=_t5(max(128, len(tokenizer)), seed), vae=vae,
+    pipe = WanPipeline(tokenizer=tokenizer, text_encoder=_t5(max(128, len(tokenizer)), seed, umt5=True), vae=vae,
                        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
     return _finish(pipe)
 

@@ -130,7 +130,8 @@ def runtime_section(rt: dict[str, Any]) -> list[str]:
                     "max |Δ| floor vs hooks"], rows), ""]
     L.append("- The hooks' own time includes the casts they perform (activations to fp32 and back at every island). "
              "The floor performs the same casts in its hand-written wrapper; their time, taken the same way, is "
-             "subtracted to give what the hooks cost beyond the casts any island needs.")
+             "subtracted to give what the hooks cost beyond the casts any island needs. Both are the calling thread's CPU "
+             "time (time.thread_time), so a shared machine's descheduling does not count as hook cost.")
     L.append("")
     sc = rt.get("scaling", {})
     if sc.get("rows"):
