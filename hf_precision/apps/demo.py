@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import json
-import os
 import re
 import tempfile
 import textwrap
@@ -19,6 +18,8 @@ import time
 import warnings
 from pathlib import Path
 from typing import Any
+
+from .outputs import written_atomically
 
 __all__ = ["run_demo", "difference", "why_float32"]
 
@@ -110,9 +111,8 @@ def _save_png(array: Any, path: Path) -> None:
     import numpy as np
     from PIL import Image
 
-    tmp = path.with_suffix(".tmp.png")
-    Image.fromarray((np.clip(array, 0, 1) * 255).round().astype("uint8")).resize((256, 256), Image.NEAREST).save(tmp)
-    os.replace(tmp, path)
+    with written_atomically(path) as tmp:
+        Image.fromarray((np.clip(array, 0, 1) * 255).round().astype("uint8")).resize((256, 256), Image.NEAREST).save(tmp)
 
 
 def _save_gif(frames: Any, path: Path, fps: int = 4) -> None:
@@ -121,9 +121,8 @@ def _save_gif(frames: Any, path: Path, fps: int = 4) -> None:
 
     images = [Image.fromarray((np.clip(f, 0, 1) * 255).round().astype("uint8")).resize((256, 256), Image.NEAREST)
               for f in frames]
-    tmp = path.with_suffix(".tmp.gif")
-    images[0].save(tmp, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    os.replace(tmp, path)
+    with written_atomically(path) as tmp:
+        images[0].save(tmp, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
 
 
 def _ran_in(pipe: Any) -> dict[str, str]:
@@ -450,9 +449,8 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
     results["ok"] = (results["plain_diffusers"]["loader"]["finite"] and results["nan_guard"]["guarded_nonfinite"] == 0
                      and all(r["nonfinite"] == 0 and r["check_ok"] for r in machine))
     results["seconds"] = round(time.perf_counter() - start, 1)
-    tmp_report = out / "report.tmp.json"
-    tmp_report.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp_report, out / "report.json")
+    with written_atomically(out / "report.json") as tmp_report:
+        tmp_report.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     _heading("summary")
     saved = [r for r in results["plans"] if r["saved_bytes"] > 0]
     _say(f"plain diffusers: {results['plain_diffusers']['error'] or 'no error'}; hf_precision with the T4 layout: "

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import RecipeError
-from .outputs import check_output
+from .outputs import check_output, written_atomically
 
 __all__ = ["generate"]
 
@@ -51,10 +50,6 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
         if value is not None:
             kwargs[key] = value
     image = pipe(**kwargs, generator=torch.Generator("cpu").manual_seed(seed)).images[0]
-    tmp = out.with_name(f".{out.stem}.tmp{out.suffix}")
-    try:
+    with written_atomically(out) as tmp:
         image.save(tmp)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return out

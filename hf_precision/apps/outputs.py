@@ -7,14 +7,16 @@ file goes, an unknown suffix, a read-only folder) happen first, in a second, wit
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import RecipeError, excerpt
 
-__all__ = ["check_output"]
+__all__ = ["check_output", "written_atomically"]
 
 
 def check_output(path: str | os.PathLike[str], *, flag: str = "--out", suffixes: Iterable[str] | None = None,
@@ -75,3 +77,48 @@ def _writable(folder: Path) -> bool:
             return True
     except OSError:
         return False
+
+
+@contextlib.contextmanager
+def written_atomically(target: Path, *, folder: bool = False) -> Iterator[Path]:
+    """A temporary file or folder next to ``target``, renamed onto it on success and removed on failure.
+
+    The one way the programs write results (images, videos, frame folders, reports): Ctrl-C or an error leaves
+    neither a partial file nor a stray temporary one, and an existing target is replaced only by a complete one.
+
+    Example:
+        >>> d = Path(tempfile.mkdtemp())
+        >>> with written_atomically(d / "out.txt") as tmp:
+        ...     _ = tmp.write_text("done")
+        >>> (d / "out.txt").read_text(), sorted(p.name for p in d.iterdir())
+        ('done', ['out.txt'])
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    prefix = f".{target.name}.tmp-"
+    if folder:
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=prefix))
+    else:
+        fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=target.suffix)
+        os.close(fd)
+        tmp = Path(name)
+    try:
+        yield tmp
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, (0o777 if folder else 0o666) & ~mask)  # mkstemp/mkdtemp create private (0600/0700) entries
+        if folder:
+            trash = None
+            if target.exists():
+                trash = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
+                os.replace(target, trash / "old")
+            os.replace(tmp, target)
+            if trash is not None:
+                shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, target)
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise

@@ -23,16 +23,14 @@ import argparse
 import contextlib
 import dataclasses
 import os
-import shutil
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
-from .outputs import check_output
+from .outputs import check_output, written_atomically
 
 if TYPE_CHECKING:
     import numpy as np
@@ -546,38 +544,6 @@ def generate_video(pipe: Any, image: Any, *, height: int, width: int, frames: in
 # --------------------------------------------------------------------------------------------- saving
 
 
-@contextlib.contextmanager
-def _temporary_beside(target: Path, *, folder: bool) -> Iterator[Path]:
-    """A temporary file or folder next to ``target``, renamed onto it on success and removed on failure."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    prefix = f".{target.name}.tmp-"
-    if folder:
-        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=prefix))
-    else:
-        fd, name = tempfile.mkstemp(dir=target.parent, prefix=prefix, suffix=target.suffix)
-        os.close(fd)
-        tmp = Path(name)
-    try:
-        yield tmp
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, (0o777 if folder else 0o666) & ~mask)  # mkstemp/mkdtemp create private (0600/0700) entries
-        if folder:
-            trash = None
-            if target.exists():
-                trash = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.old-"))
-                os.replace(target, trash / "old")
-            os.replace(tmp, target)
-            if trash is not None:
-                shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, target)
-    except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        raise
 
 
 def _to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -609,7 +575,7 @@ def save_video(frames: np.ndarray, out: str | os.PathLike[str], fps: int = 7, fo
             raise RecipeError(f"{target}: H.264 in yuv420p needs an even width and height, got {w}x{h}; use .gif or PNG frames")
         import imageio.v2 as imageio
 
-        with _temporary_beside(target, folder=False) as tmp:
+        with written_atomically(target, folder=False) as tmp:
             writer = imageio.get_writer(str(tmp), format="FFMPEG", mode="I", fps=fps, codec="libx264",
                                         pixelformat="yuv420p", macro_block_size=1, quality=8, ffmpeg_log_level="error")
             try:
@@ -621,14 +587,14 @@ def save_video(frames: np.ndarray, out: str | os.PathLike[str], fps: int = 7, fo
         from PIL import Image
 
         images = [Image.fromarray(frame) for frame in data]
-        with _temporary_beside(target, folder=False) as tmp:
+        with written_atomically(target, folder=False) as tmp:
             images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=max(1, round(1000 / fps)),
                            loop=0)
     else:
         from PIL import Image
 
         digits = max(3, len(str(n - 1)))
-        with _temporary_beside(target, folder=True) as tmp:
+        with written_atomically(target, folder=True) as tmp:
             for i, frame in enumerate(data):
                 Image.fromarray(frame).save(tmp / f"frame_{i:0{digits}d}.png")
     return target

@@ -135,7 +135,8 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
 
 def has_layerwise_casting(module: torch.nn.Module) -> bool:
     # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
-    return any(getattr(getattr(m, "_diffusers_hook", None), "hooks", {}).get("layerwise_casting") is not None
+    # diffusers' HookRegistry is a plain attribute: reading __dict__ skips ModelMixin.__getattr__ on every module.
+    return any(getattr(m.__dict__.get("_diffusers_hook"), "hooks", {}).get("layerwise_casting") is not None
                for m in module.modules())
 
 
