@@ -324,3 +324,16 @@ def test_doctests_of_the_video_modules():
     for module in (video_families, video_plan, video_run):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted >= 1 and result.failed == 0, module.__name__
+
+
+@pytest.mark.parametrize("alias", ["wan", "ltx"])
+def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
+    """`--plan --device t4` plans a device this process does not have, offline, from the configs that ship."""
+    from hf_precision.cli.video import main
+
+    rc = main(["--model", alias, "--prompt", "a cat", "--out", "unused.mp4", "--plan", "--device", "t4",
+               "--max-memory", "8GB"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    chosen = re.search(r"chosen for 8\.00 GB: (.+); predicted peak ([\d.]+) GB", out)
+    assert chosen and float(chosen[2]) <= 8.0, out

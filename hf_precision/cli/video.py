@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError("--out is required: FILE.mp4, FILE.gif, or a folder")
     if args.demo and not args.plan:
         check_out(args.out or "demo.mp4", args.format)  # before --demo builds its model
-    if args.device is not None:
+    if args.device is not None and not args.plan:  # --plan plans for any device, a preset such as t4 included
         from ..runtime.apply import torch_device
 
         torch_device(args.device, "--device")  # a preset such as t4 fails here, not after --demo built its model
