@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .pipelines import make_t5_tokenizer, make_tokenizer
+from .pipelines import finish_pipeline, make_t5_tokenizer, make_tokenizer
 
 __all__ = ["make_sd3", "make_wan", "plant_vae_up_block", "plant_t5_feed_forward", "plant_time_embedding",
            "sd3_call_kwargs", "wan_call_kwargs", "module_bytes"]
@@ -23,15 +23,6 @@ def _seeded(seed: int, build: Any) -> Any:
     torch.manual_seed(seed)  # each component's weights depend on its own seed only
     return build()
 
-
-def _finish(pipe: Any) -> Any:
-    import torch
-
-    for component in pipe.components.values():
-        if isinstance(component, torch.nn.Module):
-            component.eval()
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def _t5(vocab: int, seed: int, umt5: bool = False):
@@ -73,7 +64,7 @@ def make_sd3(seed: int = 0):
         text_encoder_3=_t5(max(128, len(tokenizer_3)), seed),
         tokenizer=make_tokenizer(), tokenizer_2=make_tokenizer(), tokenizer_3=tokenizer_3,
         transformer=transformer, vae=vae)
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def sd3_call_kwargs(output_type: str = "np") -> dict[str, Any]:
@@ -100,7 +91,7 @@ def make_wan(seed: int = 0):
         rope_max_seq_len=32))
     pipe = WanPipeline(tokenizer=tokenizer, text_encoder=_t5(max(128, len(tokenizer)), seed, umt5=True), vae=vae,
                        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def wan_call_kwargs(output_type: str = "np") -> dict[str, Any]:

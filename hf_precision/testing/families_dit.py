@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from .pipelines import example_image, make_t5_tokenizer, make_tokenizer
+from .pipelines import finish_pipeline, example_image, make_t5_tokenizer, make_tokenizer
 
 __all__ = ["FAMILIES", "Family", "make_bert_tokenizer", "make_gemma_tokenizer", "make_qwen2_tokenizer"]
 
@@ -46,13 +46,6 @@ def _seeded(seed: int, build: Callable[[], Any]) -> Any:
     torch.manual_seed(seed)
     return build()
 
-
-def _finish(pipe):
-    for component in pipe.components.values():
-        if hasattr(component, "eval") and hasattr(component, "parameters"):
-            component.eval()
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 # --------------------------------------------------------------------------------------------- tokenizers
@@ -180,7 +173,7 @@ def make_sd3(seed: int = 0):
         text_encoder_2=_seeded(seed + 1, lambda: _clip(True)), tokenizer_2=make_tokenizer(),
         text_encoder_3=_seeded(seed, _t5), tokenizer_3=make_t5_tokenizer(),
     )
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def _flux_parts(seed: int, in_channels: int = 16, guidance: bool = True) -> dict[str, Any]:
@@ -203,7 +196,7 @@ def make_flux(seed: int = 0):
     """A random-weight ``FluxPipeline`` (dev-style: guidance embedding on)."""
     from diffusers import FluxPipeline
 
-    return _finish(FluxPipeline(**_flux_parts(seed)))
+    return finish_pipeline(FluxPipeline(**_flux_parts(seed)))
 
 
 def make_flux_controlnet(seed: int = 0):
@@ -213,7 +206,7 @@ def make_flux_controlnet(seed: int = 0):
     controlnet = _seeded(seed, lambda: FluxControlNetModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
         joint_attention_dim=32, pooled_projection_dim=8, guidance_embeds=True, axes_dims_rope=[4, 4, 8]))
-    return _finish(FluxControlNetPipeline(**_flux_parts(seed), controlnet=controlnet))
+    return finish_pipeline(FluxControlNetPipeline(**_flux_parts(seed), controlnet=controlnet))
 
 
 def make_pixart_sigma(seed: int = 0):
@@ -228,7 +221,7 @@ def make_pixart_sigma(seed: int = 0):
         vae=_seeded(seed, lambda: _vae_kl(scaling_factor=0.13025, force_upcast=True)),
         scheduler=DPMSolverMultistepScheduler(),
     )
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_sana(seed: int = 0):
@@ -247,7 +240,7 @@ def make_sana(seed: int = 0):
         upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407))
     pipe = SanaPipeline(tokenizer=make_gemma_tokenizer(), text_encoder=_seeded(seed, _gemma2), vae=vae,
                         transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_auraflow(seed: int = 0):
@@ -261,7 +254,7 @@ def make_auraflow(seed: int = 0):
         tokenizer=make_t5_tokenizer(), text_encoder=_seeded(seed, lambda: _t5(umt5=True)),
         vae=_seeded(seed, lambda: _vae_kl(scaling_factor=0.13025, force_upcast=True)), transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler())
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_lumina2(seed: int = 0):
@@ -277,7 +270,7 @@ def make_lumina2(seed: int = 0):
         vae=_seeded(seed, lambda: _vae_kl(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
                                           scaling_factor=1.5035)),
         text_encoder=_seeded(seed, _gemma2), tokenizer=make_gemma_tokenizer())
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_hunyuandit(seed: int = 0):
@@ -299,7 +292,7 @@ def make_hunyuandit(seed: int = 0):
         text_encoder=bert, tokenizer=make_bert_tokenizer(), transformer=transformer, scheduler=DDPMScheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
         text_encoder_2=_seeded(seed, _t5), tokenizer_2=make_t5_tokenizer())
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_qwenimage(seed: int = 0):
@@ -328,7 +321,7 @@ def make_qwenimage(seed: int = 0):
     text_encoder = _seeded(seed, lambda: Qwen2_5_VLForConditionalGeneration(config))
     pipe = QwenImagePipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae, text_encoder=text_encoder,
                              tokenizer=tokenizer, transformer=transformer)
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 FAMILIES: dict[str, Family] = {

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from .pipelines import example_image, make_sd15, make_sdxl, make_t5_tokenizer, make_tokenizer
+from .pipelines import finish_pipeline, example_image, make_sd15, make_sdxl, make_t5_tokenizer, make_tokenizer
 
 __all__ = ["FAMILIES", "FamilySpec", "make_family", "output_of"]
 
@@ -52,7 +52,7 @@ def make_family(family: str, seed: int = 0) -> Any:
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; use one of {sorted(FAMILIES)}")
-    return _finish(FAMILIES[family].build(seed))
+    return finish_pipeline(FAMILIES[family].build(seed))
 
 
 def output_of(family: str, out: Any) -> Any:
@@ -69,13 +69,6 @@ def output_of(family: str, out: Any) -> Any:
 
 # ------------------------------------------------------------------------------------------------ helpers
 
-
-def _finish(pipe: Any) -> Any:
-    for component in pipe.components.values():
-        if hasattr(component, "eval") and hasattr(component, "parameters"):
-            component.eval()
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 def _seeded(seed: int, build: Callable[[], Any]) -> Any:

@@ -31,6 +31,7 @@ __all__ = [
     "DIT_SIZES",
     "KINDS",
     "PIXART_SIZES",
+    "finish_pipeline",
     "SD15_SIZES",
     "SDXL_SIZES",
     "SVD_SIZES",
@@ -584,7 +585,7 @@ def make_sdxl(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
         image_encoder=None,
         feature_extractor=None,
     )
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_sd15(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
@@ -614,7 +615,7 @@ def make_sd15(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
         image_encoder=None,
         requires_safety_checker=False,
     )
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_svd(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
@@ -652,7 +653,7 @@ def make_svd(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
         scheduler=EulerDiscreteScheduler(**configs["scheduler"]),
         feature_extractor=feature_extractor,
     )
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_pixart(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
@@ -680,7 +681,7 @@ def make_pixart(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
         transformer=transformer,
         scheduler=DPMSolverMultistepScheduler(**configs["scheduler"]),
     )
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 def make_dit(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
@@ -696,7 +697,7 @@ def make_dit(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
     transformer = _seeded(seed, lambda: DiTTransformer2DModel(**configs["transformer"]))
     vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
     pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=DDIMScheduler(**configs["scheduler"]))
-    return _finish(pipe)
+    return finish_pipeline(pipe)
 
 
 _BUILDERS = {"sdxl": make_sdxl, "svd": make_svd, "pixart": make_pixart, "dit": make_dit, "sd15": make_sd15}
@@ -744,7 +745,13 @@ def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
     return vae, latents
 
 
-def _finish(pipe):
+def finish_pipeline(pipe):
+    """Put a freshly built test pipeline in inference form: every model in eval mode, progress bars off.
+
+    Example:
+        >>> finish_pipeline(make_sdxl()).unet.training
+        False
+    """
     for component in pipe.components.values():
         if hasattr(component, "eval") and hasattr(component, "parameters"):
             component.eval()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Callable
+from .pipelines import finish_pipeline
 
 __all__ = ["FAMILIES", "VideoFamily", "make_llama_tokenizer", "make_video", "plant_fp16_overflow",
            "video_call_kwargs"]
@@ -96,13 +97,6 @@ def _t5(seed: int, umt5: bool = False, **overrides):
     return tokenizer, _seed(seed, lambda: T5EncoderModel(T5Config(**config)))
 
 
-def _finish(pipe):
-    for component in pipe.components.values():
-        if hasattr(component, "eval") and hasattr(component, "parameters"):
-            component.eval()
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
-
 
 def _image(size: int = 16, seed: int = 0):
     from .pipelines import example_image
@@ -163,7 +157,7 @@ def _build_wan(seed: int):
 
     tokenizer, text_encoder = _t5(seed, umt5=True)
     transformer = _seed(seed, lambda: WanTransformer3DModel(**_WAN_TRANSFORMER))
-    return _finish(WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
+    return finish_pipeline(WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
                                transformer=transformer, scheduler=_wan_scheduler()))
 
 
@@ -177,7 +171,7 @@ def _build_wan_i2v(seed: int):
     image_encoder = _seed(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
         hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
         intermediate_size=16, patch_size=1)))
-    return _finish(WanImageToVideoPipeline(
+    return finish_pipeline(WanImageToVideoPipeline(
         tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed), transformer=transformer,
         scheduler=_wan_scheduler(), image_encoder=image_encoder,
         image_processor=CLIPImageProcessor(crop_size=32, size=32)))
@@ -189,7 +183,7 @@ def _build_wan_vace(seed: int):
     tokenizer, text_encoder = _t5(seed, umt5=True)
     transformer = _seed(seed, lambda: WanVACETransformer3DModel(**dict(
         _WAN_TRANSFORMER, num_layers=3, vace_layers=[0, 2], vace_in_channels=96)))
-    return _finish(WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
+    return finish_pipeline(WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
                                    transformer=transformer, scheduler=_wan_scheduler()))
 
 
@@ -249,19 +243,19 @@ def _ltx_parts(seed: int):
 def _build_ltx(seed: int):
     from diffusers import LTXPipeline
 
-    return _finish(LTXPipeline(**_ltx_parts(seed)))
+    return finish_pipeline(LTXPipeline(**_ltx_parts(seed)))
 
 
 def _build_ltx_i2v(seed: int):
     from diffusers import LTXImageToVideoPipeline
 
-    return _finish(LTXImageToVideoPipeline(**_ltx_parts(seed)))
+    return finish_pipeline(LTXImageToVideoPipeline(**_ltx_parts(seed)))
 
 
 def _build_ltx_condition(seed: int):
     from diffusers import LTXConditionPipeline
 
-    return _finish(LTXConditionPipeline(**_ltx_parts(seed)))
+    return finish_pipeline(LTXConditionPipeline(**_ltx_parts(seed)))
 
 
 def _ltx_kwargs() -> dict:
@@ -304,13 +298,13 @@ def _cogvideox_parts(seed: int, **transformer_overrides):
 def _build_cogvideox(seed: int):
     from diffusers import CogVideoXPipeline
 
-    return _finish(CogVideoXPipeline(**_cogvideox_parts(seed)))
+    return finish_pipeline(CogVideoXPipeline(**_cogvideox_parts(seed)))
 
 
 def _build_cogvideox_i2v(seed: int):
     from diffusers import CogVideoXImageToVideoPipeline
 
-    return _finish(CogVideoXImageToVideoPipeline(**_cogvideox_parts(
+    return finish_pipeline(CogVideoXImageToVideoPipeline(**_cogvideox_parts(
         seed, num_attention_heads=2, attention_head_dim=16, in_channels=8, use_rotary_positional_embeddings=True,
         use_learned_positional_embeddings=True)))
 
@@ -318,7 +312,7 @@ def _build_cogvideox_i2v(seed: int):
 def _build_cogvideox_v2v(seed: int):
     from diffusers import CogVideoXVideoToVideoPipeline
 
-    return _finish(CogVideoXVideoToVideoPipeline(**_cogvideox_parts(seed)))
+    return finish_pipeline(CogVideoXVideoToVideoPipeline(**_cogvideox_parts(seed)))
 
 
 def _cogvideox_kwargs() -> dict:
@@ -375,7 +369,7 @@ def _build_hunyuan_video(seed: int):
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
         num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
         text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)))
-    return _finish(HunyuanVideoPipeline(
+    return finish_pipeline(HunyuanVideoPipeline(
         tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2,
         transformer=transformer, vae=_hunyuan_vae(seed), scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0)))
 
@@ -407,7 +401,7 @@ def _build_hunyuan_video_i2v(seed: int):
     image_processor = CLIPImageProcessor(
         crop_size=224, do_center_crop=True, do_normalize=True, do_resize=True, resample=3, size=224,
         image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711])
-    return _finish(HunyuanVideoImageToVideoPipeline(
+    return finish_pipeline(HunyuanVideoImageToVideoPipeline(
         tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2,
         transformer=transformer, vae=_hunyuan_vae(seed), scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
         image_processor=image_processor))
@@ -439,7 +433,7 @@ def _build_mochi(seed: int):
     vae = _seed(seed, lambda: AutoencoderKLMochi(
         latent_channels=12, out_channels=3, encoder_block_out_channels=(32, 32, 32, 32),
         decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1)))
-    return _finish(MochiPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=_seed(seed, transformer),
+    return finish_pipeline(MochiPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=_seed(seed, transformer),
                                  vae=vae, scheduler=FlowMatchEulerDiscreteScheduler()))
 
 
@@ -459,7 +453,7 @@ def _build_allegro(seed: int):
         in_channels=3, out_channels=3, down_block_types=("AllegroDownBlock3D",) * 4,
         up_block_types=("AllegroUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
         layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4))
-    return _finish(AllegroPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
+    return finish_pipeline(AllegroPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
                                    scheduler=DDIMScheduler()))
 
 
@@ -490,7 +484,7 @@ def _build_latte(seed: int):
     vae = _seed(seed, lambda: AutoencoderKL(
         block_out_channels=[8, 16], norm_num_groups=4, layers_per_block=1, latent_channels=4,
         down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2))
-    return _finish(LattePipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
+    return finish_pipeline(LattePipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
                                  scheduler=DDIMScheduler()))
 
 
