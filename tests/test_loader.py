@@ -332,16 +332,23 @@ def test_strict_island_patterns(tiny_pipe):
 
 
 def test_components_are_streamed_into_their_dtypes(saved_pipeline, tiny_pipes, monkeypatch):
-    """Every component is read tensor by tensor (no memory map) straight into its planned dtype; an fp32
-    component reads the full-precision files even when the rest come from the fp16 variant."""
+    """A component whose files hold another dtype is read tensor by tensor straight into its planned dtype; one
+    whose files already hold it is mapped by from_pretrained (file-backed pages, as plain diffusers does), and an
+    fp32 component reads the full-precision files even when the rest come from the fp16 variant."""
     from hf_precision.runtime import load as loader
 
     streamed = {}
     original = loader._stream_components
     monkeypatch.setattr(loader, "_stream_components", lambda *a, **k: streamed.update(original(*a, **k)) or dict(streamed))
-    pipe = hp.load_pipeline(saved_pipeline("sdxl", fp16_variant=True), "cpu", recipe=hp.get_recipe("sdxl", device="t4"))
-    assert sorted(streamed) == ["text_encoder", "text_encoder_2", "unet", "vae"]
+    t4 = hp.get_recipe("sdxl", device="t4")
+    pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", recipe=t4)  # fp32 files
+    assert sorted(streamed) == ["text_encoder", "text_encoder_2", "unet"]  # cast on the way in; the fp32 vae is not
     assert all(pipe.components[name] is module for name, module in streamed.items())
+
+    streamed.clear()
+    pipe = hp.load_pipeline(saved_pipeline("sdxl", fp16_variant=True), "cpu", recipe=t4)
+    # the fp16 variant files hold the half components' dtype (mapped); the fp32 vae is read from the full files
+    assert sorted(streamed) == ["vae"]
     reference = tiny_pipes["sdxl"]
     for key, value in pipe.vae.state_dict().items():
         assert value.dtype == torch.float32 and torch.equal(value, reference.vae.state_dict()[key]), key

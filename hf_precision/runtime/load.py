@@ -400,11 +400,25 @@ def _stream_components(folder: Path | None, index: Mapping[str, Any], plans: Map
 
         # A component planned in fp32 reads the full-precision files even when the rest use the fp16 variant.
         variant = kwargs.get("variant") if storage in (torch.float16, torch.bfloat16) else None
+        if (placement.get(name) or "cpu") == "cpu" and _stored_as(folder / name, kwargs.get("variant")) == {storage}:
+            # The files from_pretrained would read already hold the planned dtype: it maps them as plain diffusers
+            # does (file-backed pages the kernel can drop), where streaming would copy them into private memory.
+            continue
         module = stream_component(spec[0], spec[1], folder / name, variant=variant, target=target,
                                   device=placement.get(name) or "cpu")
         if module is not None:
             out[name] = module
     return out
+
+
+def _stored_as(comp_dir: Path, variant: str | None) -> set[Any]:
+    """The floating dtypes a component's safetensors files hold (empty when it has none)."""
+    from .stream import file_dtypes, weight_files
+
+    found: set[Any] = set()
+    for path in weight_files(comp_dir, variant):
+        found |= file_dtypes(path)
+    return found
 
 
 def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: set[str] = frozenset()) -> None:

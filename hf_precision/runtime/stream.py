@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["read_header", "stream_component", "weight_files"]
+__all__ = ["file_dtypes", "read_header", "stream_component", "weight_files"]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -153,6 +153,22 @@ def _mapped_tensors(path: Path, base: int, header: dict[str, Any],
                 mapped.madvise(mmap.MADV_DONTNEED, released, end // page * page - released)
                 released = end // page * page
             yield key, tensor
+
+
+def file_dtypes(path: Path) -> set[torch.dtype]:
+    """The floating-point dtypes of the tensors in a safetensors file, read from its header alone.
+
+    Example:
+        >>> import tempfile, torch
+        >>> from safetensors.torch import save_file
+        >>> path = Path(tempfile.mkdtemp()) / "x.safetensors"
+        >>> save_file({"w": torch.zeros(2, dtype=torch.float16), "i": torch.zeros(2, dtype=torch.int64)}, path)
+        >>> file_dtypes(path)
+        {torch.float16}
+    """
+    _, header = read_header(path)
+    dtypes = {_DTYPES.get(info["dtype"]) for info in header.values()}
+    return {d for d in dtypes if d is not None and d.is_floating_point}
 
 
 def weight_files(comp_dir: Path, variant: str | None) -> list[Path]:
