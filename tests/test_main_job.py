@@ -139,11 +139,12 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
         # the next seed (a different sample), measured in mean |difference|, which one saturated pixel cannot swing.
         assert stats["mean_abs"] < 0.5 * stats["other_seed_mean_abs"], stats
         if full_precision:
-            assert stats["saved_bytes"] == 0 and stats["max_abs"] == 0  # same arithmetic as the reference
+            # the same dtypes as the reference: only float32 rounding is left (mapped weights, kernel sum order)
+            assert stats["saved_bytes"] == 0 and stats["max_abs"] < 1e-4
         else:
             assert stats["saved_bytes"] > 0
     if full_precision:  # nothing may read as 0 without saying why
-        assert "why this part saves nothing" in text and "(saves 0 B:" in text and "(difference 0:" in text
+        assert "why this part saves nothing" in text and "(saves 0 B:" in text and "float32 rounding" in text
     with Image.open(out / "sdxl.png") as image:
         assert image.size == (256, 256)
     with Image.open(out / "svd.gif") as clip:
