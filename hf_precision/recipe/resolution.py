@@ -27,7 +27,7 @@ from ..errors import Problems, RecipeError, excerpt, override_line
 from .files import parse_yaml, read_yaml, recipes_dir
 
 __all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "pipeline_spec", "placement",
-           "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class"]
+           "recipe_classes", "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -680,6 +680,20 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
 # ------------------------------------------------------------------------------------- the one door
 
 
+def recipe_classes() -> dict[str, str]:
+    """Pipeline class -> the first shipped pipeline recipe (in name order) whose ``pipelines`` list names it.
+
+    Example:
+        >>> recipe_classes()["StableDiffusionXLImg2ImgPipeline"]
+        'sdxl'
+    """
+    covered: dict[str, str] = {}
+    for name in list_recipes("pipeline"):
+        for cls in pipeline_spec(name).get("pipelines") or ():
+            covered.setdefault(str(cls), name)
+    return covered
+
+
 def recipe_for_class(class_name: str) -> str:
     """The shipped pipeline recipe whose ``pipelines`` list names this diffusers pipeline class.
 
@@ -687,15 +701,14 @@ def recipe_for_class(class_name: str) -> str:
         >>> recipe_for_class("StableDiffusionXLImg2ImgPipeline")
         'sdxl'
     """
-    known = {n: tuple(pipeline_spec(n).get("pipelines") or ()) for n in list_recipes("pipeline")}
-    for name, classes in known.items():
-        if class_name in classes:
-            return name
+    covered = recipe_classes()
+    if class_name in covered:
+        return covered[class_name]
     # Every family's class list would make a page-long line: name the close classes and the recipes only.
-    covered = {c: n for n, classes in known.items() for c in classes}
     near = difflib.get_close_matches(class_name, list(covered), n=3, cutoff=0.8)
     hint = (f"did you mean {', '.join(f'{c!r} (recipe {covered[c]})' for c in near)}? " if near else "")
-    raise RecipeError(f"no recipe for pipeline class {class_name!r}; {hint}pipeline recipes: {', '.join(known)} "
+    raise RecipeError(f"no recipe for pipeline class {class_name!r}; {hint}pipeline recipes: "
+                      f"{', '.join(list_recipes('pipeline'))} "
                       f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
                       "--force); or write your own recipe YAML that lists the class under pipelines:")
 

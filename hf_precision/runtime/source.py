@@ -323,13 +323,13 @@ def composable_models(where: str, index: Mapping[str, Any]) -> dict[str, tuple[s
     import difflib
 
     from ..errors import RecipeError
-    from ..recipe.resolution import list_recipes, pipeline_spec
+    from ..recipe.resolution import recipe_classes
 
     name = str(index.get("_class_name"))
     try:
         pipeline_class(name)
     except RecipeError as err:
-        covered = {str(c): r for r in list_recipes("pipeline") for c in pipeline_spec(r).get("pipelines") or ()}
+        covered = recipe_classes()
         near = difflib.get_close_matches(name, list(covered), n=1, cutoff=0.8)
         fix = (f"Fix _class_name in model_index.json, or name a recipe and force it: recipe='{covered[near[0]]}', "
                f"force=True (CLI: --recipe {covered[near[0]]} --force)" if near else
