@@ -96,3 +96,54 @@ def test_show_prints_a_composed_recipe(capsys):
         rc = main(["show", "--class", "ZImageControlNetPipeline", "--device", "a100", "--brief"])
     out = capsys.readouterr().out
     assert rc == 0 and "composed:ZImageControlNetPipeline" in out and "controlnet" in out and "transformer" in out
+
+
+def _wan_with_t5(seed: int = 0):
+    # diffusers' own Wan tests build the pipeline with a T5EncoderModel (tests/pipelines/wan/test_wan.py,
+    # get_dummy_components) where the release has a UMT5EncoderModel: the shipped recipe names the latter.
+    from transformers import T5Config, T5EncoderModel
+
+    from hf_precision.testing.video_families import FAMILIES
+
+    wan = FAMILIES["wan"]
+    pipe = wan.build(seed)
+    torch.manual_seed(seed)
+    t5 = T5EncoderModel(T5Config(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, vocab_size=200,
+                                 relative_attention_num_buckets=8, feed_forward_proj="gated-gelu",
+                                 is_encoder_decoder=False))
+    return type(pipe)(**{**pipe.components, "text_encoder": t5}), wan
+
+
+def test_a_component_of_another_class_gets_the_recipe_for_its_class(tmp_path):
+    from hf_precision.errors import RecipeError
+    from hf_precision.testing import save_pipeline
+
+    shipped = hp.get_recipe("wan", device="t4")["text_encoder"]
+    assert "T5EncoderModel" not in shipped.classes  # without refitting, apply refused: "would not fit"
+    pipe, wan = _wan_with_t5()
+    folder = save_pipeline(pipe, tmp_path / "wan-t5")
+    loaded = wan.ready(hp.load_pipeline(folder, "cpu", layout="t4"))
+    plan = hp.applied(loaded).recipe
+    assert plan.name == "wan" and plan["text_encoder"].recipe == "t5.encoder"
+    assert "T5EncoderModel" in plan["text_encoder"].classes
+    assert plan["transformer"].recipe == hp.get_recipe("wan", device="t4")["transformer"].recipe  # the rest as shipped
+    assert str(loaded.transformer.dtype) == f"torch.{plan['transformer'].compute}"
+    assert str(loaded.text_encoder.dtype) == f"torch.{plan['text_encoder'].compute}"
+    frames = loaded(**wan.call_kwargs(), generator=torch.Generator().manual_seed(0)).frames
+    assert np.isfinite(np.asarray(frames)).all()
+    # a component recipe the user names is still checked against the class
+    with pytest.raises(RecipeError, match="would not fit"):
+        hp.load_pipeline(folder, "cpu", layout="t4", overrides={"text_encoder": {"use": "video_text.umt5"}})
+
+
+def test_composed_vae_entry_points_are_candidates_not_requirements():
+    # A VAE class no component recipe lists gets the usual VAE entry points; one built without quant convs
+    # (AutoencoderKLFlux2, AutoencoderKL(use_quant_conv=False)) must not be refused for lacking them.
+    from hf_precision.runtime.layout import check_user_names
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        recipe = resolve(pipeline_class="NoSuchVAEPipeline", models={"vae": ("NoSuchVAE", "vae")}, layout="t4")
+    vae = torch.nn.ModuleDict({"encoder": torch.nn.Linear(2, 2), "decoder": torch.nn.Linear(2, 2)})
+    assert "quant_conv" in recipe["vae"].entry
+    check_user_names(recipe["vae"], vae)  # raised "name no module of ModuleDict" before

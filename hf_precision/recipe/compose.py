@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import RecipeError, override_line
 
-__all__ = ["compose_spec", "component_recipe_for", "ROLES"]
+__all__ = ["compose_spec", "component_spec", "component_recipe_for", "ROLES"]
 
 # What a model component does in a pipeline, from the diffusers/transformers module that defines its class.
 ROLES = ("denoiser", "vae", "controlnet", "encoder", "other")
@@ -51,6 +51,30 @@ def component_recipe_for(class_name: str) -> str | None:
     return _class_index().get(class_name)
 
 
+def component_spec(name: str, cls: str, role: str) -> dict[str, Any]:
+    """A pipeline recipe's entry for component ``name`` of model class ``cls``: the component recipe that lists the
+    class, or, for a class none lists, a dtype its device picks unasked with the NaN guard and boundary casts.
+
+    Example:
+        >>> component_spec("text_encoder", "T5EncoderModel", "text_encoder")
+        {'use': 't5.encoder'}
+        >>> component_spec("vae", "MyVAE", "vae")["entry"]
+        ['encoder', 'quant_conv', 'post_quant_conv', 'decoder']
+    """
+    ref = component_recipe_for(cls)
+    if ref is not None:
+        return {"use": ref}
+    spec: dict[str, Any] = {
+        "class": [cls], "dtypes": list(UNKNOWN_DTYPES), "nan_guard": True,
+        "output": "input" if role == "denoiser" else "compute",
+        "why": f"no component recipe lists {cls}: kept in the first of {UNKNOWN_DTYPES} this device picks unasked, "
+               f"with the NaN guard; pin it with {override_line(name, 'dtype', 'float32')}",
+    }
+    if role == "vae":  # VAEs are called through encode()/decode(), never forward(): hook the submodules they use
+        spec["entry"] = ["encoder", "quant_conv", "post_quant_conv", "decoder"]
+    return spec
+
+
 def compose_spec(pipeline_class: str, models: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
     """The data of a pipeline recipe for ``pipeline_class``, from its model components.
 
@@ -75,19 +99,9 @@ def compose_spec(pipeline_class: str, models: Mapping[str, tuple[str, str]]) -> 
     components: dict[str, dict[str, Any]] = {}
     unknown: list[str] = []
     for name, (cls, role) in models.items():
-        ref = component_recipe_for(cls)
-        if ref is not None:
-            components[name] = {"use": ref}
-            continue
-        unknown.append(f"{name} ({cls})")
-        components[name] = {
-            "class": [cls], "dtypes": list(UNKNOWN_DTYPES), "nan_guard": True,
-            "output": "input" if role == "denoiser" else "compute",
-            "why": f"no component recipe lists {cls}: kept in the first of {UNKNOWN_DTYPES} this device picks unasked, "
-                   f"with the NaN guard; pin it with {override_line(name, 'dtype', 'float32')}",
-        }
-        if role == "vae":
-            components[name]["entry"] = ["encoder", "quant_conv", "post_quant_conv", "decoder"]
+        components[name] = component_spec(name, cls, role)
+        if "use" not in components[name]:
+            unknown.append(f"{name} ({cls})")
     denoisers = sorted(n for n, (_, role) in models.items() if role == "denoiser")
     if unknown:
         warnings.warn(f"{pipeline_class}: no component recipe for {', '.join(unknown)}; each is kept in the first of "

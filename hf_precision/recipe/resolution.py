@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import functools
 import json
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -548,11 +549,14 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     caps = device_caps(device)
     configs = configs or {}
     pipelines = list_recipes("pipeline")
-    if isinstance(name, Mapping):  # a composed recipe (recipe.compose): data, validated like a file
-        source, data = _check_pipeline(dict(name), f"composed for {', '.join(name.get('pipelines') or ['?'])}")
-        name = f"composed:{(data.get('pipelines') or ['?'])[0]}"
+    composed = isinstance(name, Mapping)
+    if composed:  # a composed recipe (recipe.compose) or a shipped one refitted to the classes present: data
+        spec = dict(name)  # type: ignore[arg-type]
+        label, origin = spec.pop("recipe_name", None), spec.pop("origin", None)
+        source, data = _check_pipeline(spec, origin or f"composed for {', '.join(spec.get('pipelines') or ['?'])}")
+        name = label or f"composed:{(data.get('pipelines') or ['?'])[0]}"
     name = str(name)
-    if name.startswith("composed:"):
+    if composed:
         pass  # read above
     elif name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
         source, data = _pipeline_file(name)
@@ -666,7 +670,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
     for key in ("entry", "layerwise_skip"):
         # Shipped recipes' names are checked against the real configs by the tests; the user's are checked where the
         # modules are known (apply_recipe, load_pipeline, plan), which find them through this decision.
-        if get(key) and not src(key).startswith("recipes/"):
+        if get(key) and not src(key).startswith(("recipes/", "composed for")):
             names = ", ".join(v or "(forward)" for v in get(key))
             decisions.append(Decision(key, names, "set by the user: must name modules of the component", src(key)))
     return ComponentPlan(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
@@ -800,6 +804,38 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
     return {n: place for n in names}
 
 
+def _fit_classes(name: str, models: Mapping[str, tuple[str, str]], device: Any,
+                 configs: Mapping[str, Mapping[str, Any]] | None) -> str | dict[str, Any]:
+    """The recipe, with each component whose component recipe is for another model class given its own class's.
+
+    A pipeline may hold a model class other than the one its recipe names (diffusers' own tests build Wan with a
+    T5EncoderModel where the release has a UMT5EncoderModel): that component gets the component recipe listing its
+    class, or the unknown-class treatment, instead of islands and entry points that would not fit. The user's
+    overrides still apply on top, so a `use:` they set is still checked against the class.
+    """
+    from .compose import component_spec
+
+    base = get_recipe(name, device=device, configs=configs)
+    misfits = {p.name: models[p.name] for p in base.plans
+               if p.name in models and p.classes and models[p.name][0] not in p.classes}
+    if not misfits:
+        return name
+    source, data = _pipeline_file(name)
+    components = dict(data["components"])
+    for comp, (cls, role) in misfits.items():
+        fitted = component_spec(comp, cls, role)
+        was = base[comp]
+        fitted["why"] = (f"{name} names {was.recipe} ({', '.join(was.classes)}) for {comp}, but this pipeline's {comp} is "
+                         f"a {cls}: " + (f"{fitted['use']}, the component recipe for {cls}" if "use" in fitted
+                                         else str(fitted["why"])))
+        components[comp] = fitted
+    if any("use" not in components[c] for c in misfits):
+        unknown = [f"{c} ({misfits[c][0]})" for c in misfits if "use" not in components[c]]
+        warnings.warn(f"recipe {name}: no component recipe for {', '.join(unknown)}; kept in a dtype its device picks "
+                      f"unasked, with boundary casts and the NaN guard", stacklevel=3)
+    return {**data, "components": components, "recipe_name": name, "origin": source}
+
+
 def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = None, devices: Any = None,
             layout: Any = None, overrides: Any = None, configs: Mapping[str, Mapping[str, Any]] | None = None,
             components: Iterable[str] = (), models: Mapping[str, tuple[str, str]] | None = None,
@@ -854,6 +890,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         place = placement(devices, [p.name for p in recipe.plans], components)
         plans = tuple(dataclasses.replace(p, device=place.get(p.name) or p.device) for p in recipe.plans)
         return dataclasses.replace(recipe, plans=plans)
+    chosen = recipe is None  # by class: refitted to the classes present; a recipe the user names is taken as named
     if recipe is None:
         if not pipeline_class:
             raise RecipeError("resolve: name a recipe (recipe='sdxl') or give the pipeline class it is for")
@@ -867,6 +904,8 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
             recipe = compose_spec(str(pipeline_class), models)  # type: ignore[assignment]
     name: Any = recipe if isinstance(recipe, Mapping) else str(recipe)
     best = layout if layout is not None and not isinstance(layout, Mapping) else None
+    if chosen and models and not isinstance(name, Mapping):
+        name = _fit_classes(name, models, best, configs)
     first = get_recipe(name, device=best, overrides=overrides, configs=configs)
     check_recipe_class(first.name, first.pipelines, pipeline_class, force)
     names = [p.name for p in first.plans]

@@ -13,7 +13,7 @@ from .. import dtypes as dt
 from ..errors import DamagedFileError, RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
 from ..recipe.resolution import Recipe, recipe_components, recipe_for_class, resolve
-from .source import check_folder_fits, component_configs, locate, offline_error
+from .source import check_folder_fits, component_configs, locate, models_of_index, offline_error
 
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
 
@@ -281,12 +281,13 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     check_folder_fits(where, index, pipeline_class)
     present = [c for c, spec in index.items() if not c.startswith("_") and isinstance(spec, (list, tuple)) and spec[0]]
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
+    chosen = recipe is None  # chosen by class: resolve refits it to the model classes present
     if recipe is None:
         try:
             recipe = recipe_for_class(pipeline)
         except RecipeError:  # no shipped recipe lists the class: compose one from its components
             from ..recipe.compose import compose_spec
-            from .source import composable_models, models_of_index
+            from .source import composable_models
 
             models = models_of_index(index) if pipeline_class is not None else composable_models(where, index)
             recipe = compose_spec(pipeline, models)  # type: ignore[assignment]
@@ -298,8 +299,9 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     for spec in (device.values() if isinstance(device, Mapping) else [device]):
         if spec is not None:
             torch_device(spec, "device")
-    resolved = resolve(recipe, pipeline_class=pipeline, devices=device, layout=layout, overrides=layers or None,
-                       configs=component_configs(where, index, folder), components=present, force=force)
+    resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device, layout=layout, overrides=layers or None,
+                       configs=component_configs(where, index, folder), components=present, force=force,
+                       models=models_of_index(index))
     placement = {p.name: p.device for p in resolved.plans}
 
     timings = {"resolve": time.perf_counter() - start}
