@@ -144,7 +144,8 @@ def test_hand_written_fp16_denoiser_fails_in_plain_diffusers_and_runs_here(famil
 
 
 # Real configs shipped for these families (no weights): folder -> the recipe alias whose `model:` it is.
-SHIPPED = {"stable-cascade-prior": "cascade_prior", "kandinsky-3": "kandinsky3"}
+SHIPPED = {"stable-cascade-prior": "cascade_prior", "kandinsky-3": "kandinsky3", "stable-diffusion-x4-upscaler": "sd_upscale",
+           "animatediff-motion-adapter-v1-5-2": "animatediff", "i2vgen-xl": "i2vgenxl"}
 
 
 @pytest.mark.parametrize("folder", sorted(SHIPPED))

@@ -159,6 +159,8 @@ def test_shipped_video_configs_plan_offline_with_published_parameter_counts(path
         assert planned.compute == expected[name].compute
     assert source["published_params"], f"{path.name}: SOURCE.json publishes no parameter count"
     for component, published in source["published_params"].items():
+        if published.get("part"):  # a figure for one part of the component: test_families_dit counts that part
+            continue
         count = result.components[component].params
         if published.get("exact"):
             assert count == published["params"], f"{path.name}/{component}: {count:,} != {published['params']:,}"
