@@ -317,6 +317,37 @@ def test_plan_predicts_measured_tiny_run_within_bounds(folders):
     assert load_video_pipeline(where, "cpu", settings=pipe_settings).vae.use_tiling
 
 
+def test_plan_predicts_the_image_encoding_phase_of_image_to_video(folders, tmp_path, capsys):
+    """Image-to-video pipelines get an "image encoding" phase (CLIP vision encoder, VAE encode of the image) that
+    text-to-video ones do not. Wan I2V encodes the image followed by frames-1 empty frames, so its phase grows with
+    the frames; LTX I2V encodes one frame, so its does not. SVD's run measures the same phase."""
+    from hf_precision.apps.video import model_spec
+    from hf_precision.apps.video_plan import predict
+    from hf_precision.cli.video import main
+    from hf_precision.testing.pipelines import example_image, make_svd, save_pipeline
+
+    def image_phase(kind, frames, h=16, w=16):
+        where, spec = model_spec(str(folders(kind)))
+        p = predict(where, spec, layout="cpu", height=h, width=w, frames=frames)
+        return p.phases.get("image encoding"), sum(p.weights.values()), list(p.phases)
+
+    assert image_phase("wan", 5)[0] is None
+    short, weights, order = image_phase("wan_i2v", 5)
+    assert order == ["text encoding", "image encoding", "denoising", "VAE decode"] and short > weights
+    assert image_phase("wan_i2v", 13)[0] > short
+    assert image_phase("ltx_i2v", 9, 32, 32)[0] == image_phase("ltx_i2v", 17, 32, 32)[0]
+
+    svd = save_pipeline(make_svd(), tmp_path / "svd")
+    example_image(32).save(tmp_path / "in.png")
+    rc = main(["--model", str(svd), "--image", str(tmp_path / "in.png"), "--out", str(tmp_path / "x.gif"),
+               "--height", "32", "--width", "32", "--frames", "2", "--steps", "2", "--device", "cpu", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert re.search(r"peak memory per phase: image encoding [\d.]+ MiB, denoising [\d.]+ MiB, VAE decode", out), out
+    where, spec = model_spec(str(svd))
+    assert "image encoding" in predict(where, spec, layout="cpu", height=32, width=32, frames=2).phases
+
+
 def test_doctests_of_the_video_modules():
     """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
     chunking switched on and off on the meta UNet)."""

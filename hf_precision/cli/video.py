@@ -337,16 +337,17 @@ def _default_device() -> str:
 
 
 def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any) -> tuple[Any, str]:
-    from ..apps.video_run import PhaseMemory, generate_clip, weight_bytes
+    from ..apps.video_run import PhaseMemory, generate_clip, phase_hooks, weight_bytes
 
     image = read_image(job.image) if job.image is not None else None
-    if spec.family == "svd":
-        result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
-                                steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
-                                noise_aug_strength=args.noise_aug_strength, decode_chunk_size=args.decode_chunk_size,
-                                seed=args.seed, progress=False, bar=bar)
-        return result.frames, result.summary()
     memory = PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
+    if spec.family == "svd":
+        with phase_hooks(pipe, memory):  # generate_video counts its decode chunks on the bar itself
+            result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
+                                    steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
+                                    noise_aug_strength=args.noise_aug_strength,
+                                    decode_chunk_size=args.decode_chunk_size, seed=args.seed, progress=False, bar=bar)
+        return result.frames, f"{result.summary()}\npeak memory per phase: {memory.summary()}"
     extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
     result = generate_clip(pipe, spec, prompt=job.prompt, image=image, height=args.height, width=args.width,
                            frames=args.frames, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
