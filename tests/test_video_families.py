@@ -348,14 +348,38 @@ def test_plan_predicts_the_image_encoding_phase_of_image_to_video(folders, tmp_p
     assert "image encoding" in predict(where, spec, layout="cpu", height=32, width=32, frames=2).phases
 
 
+def test_context_parallel_refused_on_cpu_with_the_reason_and_the_gpu_command(folders, tmp_path, capsys, monkeypatch):
+    """diffusers 0.42.1 cannot run context parallelism over gloo on CPUs (it maps rank r to accelerator
+    r % torch.accelerator.device_count(), 0 without an accelerator): the script says so before loading, and names the
+    torchrun command. A transformer without a _cp_plan (CogVideoX) is refused for that reason instead."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from hf_precision.apps import video
+    from hf_precision.cli.video import main
+
+    if torch.accelerator.device_count() == 0:  # the failure the check prevents, as plain diffusers meets it
+        with pytest.raises(ZeroDivisionError):
+            _ = 0 % torch.accelerator.device_count()
+    assert WanTransformer3DModel._cp_plan is not None
+    monkeypatch.setattr(video, "load_video_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
+    assert main(_args("wan", folders("wan"), tmp_path / "x.gif", tmp_path, "--context-parallel", "2")) == 2
+    err = capsys.readouterr().err
+    assert "--context-parallel 2 needs GPUs" in err and "modeling_utils.py:1718" in err and "torchrun" in err
+    assert "Traceback" not in err
+    assert main(_args("cogvideox", folders("cogvideox"), tmp_path / "y.gif", tmp_path, "--context-parallel", "2")) == 2
+    assert "CogVideoXTransformer3DModel declares no _cp_plan" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_doctests_of_the_video_modules():
     """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
     chunking switched on and off on the meta UNet)."""
     import doctest
 
-    from hf_precision.apps import video_families, video_plan, video_run
+    from hf_precision.apps import video_families, video_parallel, video_plan, video_run
 
-    for module in (video_families, video_plan, video_run):
+    for module in (video_families, video_parallel, video_plan, video_run):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted >= 1 and result.failed == 0, module.__name__
 
