@@ -23,7 +23,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("text encoding", "denoising", "VAE decode")
+PHASES = ("text encoding", "image encoding", "denoising", "VAE decode")
+SVD_CHUNK = 4  # --decode-chunk-size of the SVD runs, and of their prediction
 
 
 def _mid_wan(seed: int = 0):
@@ -74,6 +75,21 @@ def _mid_ltx(seed: int = 0):
                        scheduler=FlowMatchEulerDiscreteScheduler())
 
 
+def _tiny_svd(seed: int = 0):
+    from hf_precision.testing.pipelines import make_svd
+
+    return make_svd(seed=seed)
+
+
+def _mid_svd(seed: int = 0):
+    """SVD with a 4-layer 64-wide CLIP vision encoder (patch 14: 256 tokens) and a 64-channel VAE; the tiny UNet."""
+    from hf_precision.testing.pipelines import make_svd
+
+    return make_svd({"image_encoder": {"hidden_size": 64, "projection_dim": 32, "num_hidden_layers": 4,
+                                       "num_attention_heads": 4, "patch_size": 14, "intermediate_size": 256},
+                     "vae": {"block_out_channels": [64, 64]}}, seed=seed)
+
+
 def _tiny(name: str):
     def build(seed: int = 0):
         from hf_precision.testing.video_families import FAMILIES
@@ -89,6 +105,10 @@ CASES = [
     ("cogvideox tiny", _tiny("cogvideox"), 16, 16, 9),
     ("wan mid", _mid_wan, 128, 128, 17),
     ("ltx mid", _mid_ltx, 128, 128, 17),
+    ("ltx_i2v tiny", _tiny("ltx_i2v"), 32, 32, 9),
+    ("cogvideox_i2v tiny", _tiny("cogvideox_i2v"), 16, 16, 9),
+    ("svd tiny", _tiny_svd, 32, 32, 4),
+    ("svd mid", _mid_svd, 128, 128, 8),
 ]
 
 
@@ -102,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None, help="comma-separated case names (default: all)")
     args = parser.parse_args(argv)
     from hf_precision.apps.video import model_spec
+    from hf_precision.apps.video import MemorySettings
     from hf_precision.apps.video_plan import predict
     from hf_precision.testing.pipelines import save_pipeline
 
@@ -111,6 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="video_plan_check_") as tmp:
         prompts = Path(tmp) / "prompts.txt"
         prompts.write_text("a cat\na dog\n")
+        images = Path(tmp) / "images"  # SVD: two images, the second clip is measured as for the prompts
+        images.mkdir()
+        from hf_precision.testing.pipelines import example_image
+
+        for i in range(2):
+            example_image(256, seed=i).save(images / f"{i}.png")
         for name, build, h, w, f in CASES:
             if args.only and name not in args.only.split(","):
                 continue
@@ -119,10 +146,17 @@ def main(argv: list[str] | None = None) -> int:
             folder = save_pipeline(pipe, Path(tmp) / name.replace(" ", "_"))
             del pipe
             where, spec = model_spec(str(folder))
-            pred = predict(where, spec, layout=args.device, height=h, width=w, frames=f,
-                           settings=None).phases
-            cmd = [sys.executable, str(ROOT / "scripts" / "generate_video.py"), "--model", str(folder), "--prompts",
-                   str(prompts), "--out", str(Path(tmp) / f"out_{name.replace(' ', '_')}"), "--format", "gif",
+            svd = spec.family == "svd"
+            settings = MemorySettings(decode_chunk_size=SVD_CHUNK) if svd else None
+            pred = predict(where, spec, layout=args.device, height=h, width=w, frames=f, settings=settings).phases
+            if svd:
+                inputs = ["--image", str(images), "--decode-chunk-size", str(SVD_CHUNK)]
+            elif spec.takes_image:  # image + prompt: one clip per image
+                inputs = ["--image", str(images), "--prompt", "slow pan"]
+            else:
+                inputs = ["--prompts", str(prompts)]
+            cmd = [sys.executable, str(ROOT / "scripts" / "generate_video.py"), "--model", str(folder), *inputs,
+                   "--out", str(Path(tmp) / f"out_{name.replace(' ', '_')}"), "--format", "gif",
                    "--height", str(h), "--width", str(w), "--frames", str(f), "--steps", "2", "--device",
                    args.device, "--quiet"]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
@@ -130,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             if proc.returncode or len(lines) < 2:
                 print(f"{name}: run failed\n{proc.stdout}\n{proc.stderr}", file=sys.stderr)
                 continue
-            measured = {m[0]: float(m[1]) * 2**20 for m in re.findall(r"(text encoding|denoising|VAE decode) "
+            measured = {m[0]: float(m[1]) * 2**20 for m in re.findall(r"(text encoding|image encoding|denoising|VAE decode) "
                                                                      r"([\d.]+) MiB", lines[1])}
             for phase in PHASES:
                 if phase in pred and phase in measured:

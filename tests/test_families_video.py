@@ -103,20 +103,47 @@ def test_a_user_dtype_dict_is_honoured_where_plain_diffusers_fails(name, folder)
 
 @pytest.mark.parametrize("name", MAIN)
 def test_planted_fp16_overflow_needs_the_recipes_fp32_islands(name):
-    """All-fp16 overflows in the timestep MLP (inf/NaN frames); the recipe keeps that MLP fp32 and stays finite,
-    even with the transformer forced to fp16 on a T4 layout."""
+    """All-fp16 overflows in the timestep MLP (inf/NaN frames); the recipe's own T4 layout (no override) computes the
+    transformer in fp16, keeps that MLP fp32 and stays finite."""
     spec = FAMILIES[name]
     planted = plant_fp16_overflow(spec.build(0), name)
     naive = spec.ready(copy.deepcopy(planted).to(torch.float16))
     frames = _run(name, naive).frames
     assert not torch.isfinite(torch.as_tensor(frames, dtype=torch.float32)).all()
 
-    hp.apply_recipe(planted, spec.family, "cpu", layout="t4", overrides={"transformer": {"dtype": "float16"}})
+    hp.apply_recipe(planted, spec.family, "cpu", layout="t4")
     record = hp.applied(planted)
     assert record.recipe["transformer"].compute == "float16"
     assert any(spec.time_mlp == island or spec.time_mlp.startswith(island + ".")
                for island in record.islands["transformer"])
     assert_finite(_run(name, planted))
+
+
+# Families whose authors' dtype is bf16: without bf16 the recipe's `devices:` sections pick an fp16 entry with more
+# fp32 islands; with bf16 (and on CPU) the authors' entry, unchanged.
+BF16_FAMILIES = ["ltx", "cogvideox_i2v", "hunyuan_video", "mochi", "allegro"]
+
+
+@pytest.mark.parametrize("name", BF16_FAMILIES)
+def test_bf16_families_get_an_fp16_layout_only_where_bf16_is_missing(name, folder):
+    """Compared with the family's own component entry (the pipeline recipe's `components.transformer.use`, resolved
+    alone): devices without bf16 compute fp16 with more fp32 islands; bf16 devices and CPUs are unchanged."""
+    from hf_precision.recipe.files import read_yaml, recipes_dir
+    from hf_precision.recipe.resolution import get_recipe
+
+    spec = FAMILIES[name]
+    configs = _configs(folder(name))
+    entry = read_yaml(recipes_dir() / f"{spec.family}.yaml")["components"]["transformer"]["use"]
+    for device, half in [("t4", True), ("v100", True), ("m1-macos13", True), ("a100", False), ("h100", False),
+                         ("m2-macos14", False), ("cpu-avx2", False), ("cpu-amx", False)]:
+        plan = get_recipe(spec.family, device=device, configs=configs)["transformer"]
+        base = get_recipe(entry, device=device, configs={"video": configs["transformer"]})["video"]
+        if half:
+            assert plan.compute == "float16" and base.compute != "float16", (device, plan.compute, base.compute)
+            covered = lambda b: any(b == i or b.startswith(i + ".") for i in plan.keep_fp32)
+            assert all(map(covered, base.keep_fp32)) and len(plan.keep_fp32) > len(base.keep_fp32), plan.keep_fp32
+        else:
+            assert (plan.compute, plan.keep_fp32) == (base.compute, base.keep_fp32), device
 
 
 def test_every_family_pipeline_class_is_in_its_recipe():

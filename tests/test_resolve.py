@@ -33,6 +33,8 @@ ANY, BF16_ONLY, BF16_PREF = "any", "bf16_only", "bf16_pref"
 # FP32_FIRST = [float32, bfloat16] (Wan, Mochi, Allegro VAEs): float32 on every device unless asked otherwise
 FP32_FIRST = "fp32_first"
 FP32_ONLY = "fp32_only"  # [float32]: float32 on every device (the x4 upscaler's VAE, the DPT depth estimator)
+# FP16_PREF = [float16, float32] (the *_fp16 video transformers): fp16 where the device picks fp16 unasked, else fp32
+FP16_PREF = "fp16_pref"
 
 #            device spec                  ANY   BF16_ONLY BF16_PREF upcast   fact
 DEVICES = {
@@ -53,6 +55,9 @@ DEVICES = {
     "m2-macos15":          dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=True),   # bf16; half attention upcast
     "arc-a770":            dict(any=FP16, bf16_only=BF16, bf16_pref=BF16, upcast=False),  # XPU: fp16 and bf16
 }
+# GPUs without bf16: CUDA below sm 8.0 and MPS before macOS 14 (device tags cuda / mps without cuda-sm80 /
+# mps-macos14). Pipeline recipes of bf16-trained video transformers give them an fp16 entry (`devices:` sections).
+NO_BF16_GPU = {"v100", "t4", "cuda:sm75", "gtx1660", "m1-macos13", "mps:macos=13.6"}
 
 # --------------------------------------------------------------------------------------------------------------
 # Component recipes: tolerance, what they hand over, float32 islands, NaN guard.
@@ -112,6 +117,13 @@ COMPONENTS = {
     "video.mochi":         dict(tol=BF16_ONLY,  out="latents", islands=("time_embed.timestep_embedder",), guard=False, entry=("",)),
     "video.allegro":       dict(tol=BF16_ONLY,  out="latents", islands=("adaln_single",), guard=False, entry=("",)),
     "video.latte":         dict(tol=ANY,        out="latents", islands=("adaln_single",), guard=False, entry=("",)),
+    # the fp16 layouts of the bf16-trained transformers, for NO_BF16_GPU devices
+    "video.ltx_fp16": dict(tol=FP16_PREF, out="latents", islands=("time_embed", "norm_out", "proj_out"), guard=False, entry=("",)),
+    "video.cogvideox_5b_fp16": dict(tol=FP16_PREF, out="latents", islands=("time_embedding", "norm_final", "norm_out", "proj_out"), guard=False, entry=("",)),
+    "video.cogvideox_fp16": dict(tol=FP16_PREF, out="latents", islands=("time_embedding", "norm_final", "norm_out", "proj_out"), guard=False, entry=("",)),
+    "video.hunyuan_video_fp16": dict(tol=FP16_PREF, out="latents", islands=("time_text_embed", "context_embedder.time_text_embed", "norm_out", "proj_out"), guard=False, entry=("",)),
+    "video.mochi_fp16": dict(tol=FP16_PREF, out="latents", islands=("time_embed", "norm_out", "proj_out"), guard=False, entry=("",)),
+    "video.allegro_fp16": dict(tol=FP16_PREF, out="latents", islands=("adaln_single", "norm_out", "proj_out"), guard=False, entry=("",)),
     "video_vae.wan":       dict(tol=FP32_FIRST, out="float32", islands=(), guard=True, entry=VAE_ENTRY),
     "video_vae.ltx":       dict(tol=BF16_ONLY,  out="float32", islands=(), guard=True, entry=("encoder", "decoder")),
     "video_vae.cogvideox": dict(tol=BF16_PREF,  out="float32", islands=(), guard=True, entry=VAE_ENTRY),
@@ -179,16 +191,16 @@ PIPELINES = {
                                "transformer": "video.wan", "transformer_2": "video.wan", "vae": "video_vae.wan"},
                    latents_from=None, denoiser="transformer"),
     "ltx":    dict(components={"text_encoder": "t5.encoder", "transformer": "video.ltx", "vae": "video_vae.ltx"},
-                   latents_from=None, denoiser="transformer"),
+                   latents_from=None, denoiser="transformer", no_bf16={"transformer": "video.ltx_fp16"}),
     "cogvideox": dict(components={"text_encoder": "t5.encoder", "transformer": "video.cogvideox",
-                                  "vae": "video_vae.cogvideox"}, latents_from="text_encoder"),
+                                  "vae": "video_vae.cogvideox"}, latents_from="text_encoder", no_bf16={"transformer": "video.cogvideox_fp16"}),
     "hunyuan_video": dict(components={"text_encoder": "video_text.llama", "text_encoder_2": "clip.text",
                                       "transformer": "video.hunyuan_video", "vae": "video_vae.hunyuan_video",
-                                      "image_encoder": "video_text.siglip"}, latents_from=None, denoiser="transformer"),
+                                      "image_encoder": "video_text.siglip"}, latents_from=None, denoiser="transformer", no_bf16={"transformer": "video.hunyuan_video_fp16"}),
     "mochi":  dict(components={"text_encoder": "t5.encoder", "transformer": "video.mochi", "vae": "video_vae.mochi"},
-                   latents_from=None, denoiser="transformer"),
+                   latents_from=None, denoiser="transformer", no_bf16={"transformer": "video.mochi_fp16"}),
     "allegro": dict(components={"text_encoder": "t5.encoder", "transformer": "video.allegro",
-                                "vae": "video_vae.allegro"}, latents_from="text_encoder"),
+                                "vae": "video_vae.allegro"}, latents_from="text_encoder", no_bf16={"transformer": "video.allegro_fp16"}),
     "latte":  dict(components={"text_encoder": "t5.encoder", "transformer": "video.latte", "vae": "vae.kl"},
                    latents_from="text_encoder"),
     "sd_upscale": dict(components={"text_encoder": "clip.text", "unet": "unet.sd15", "vae": "extras.x4_upscaler_vae"},
@@ -213,6 +225,8 @@ PIPELINES = {
 
 def expected_compute(device: str, recipe: str) -> str:
     tol = COMPONENTS[recipe]["tol"]
+    if tol == FP16_PREF:
+        return FP16 if DEVICES[device]["any"] == FP16 else FP32
     return FP32 if tol in (FP32_FIRST, FP32_ONLY) else DEVICES[device][tol]
 
 
@@ -263,9 +277,10 @@ def test_pipeline_recipe(pipeline: str, device: str):
     recipe = hp.get_recipe(pipeline, device=device)
     assert list(recipe.components) == list(spec["components"])
     assert recipe.latents_from == spec["latents_from"]
+    components = dict(spec["components"], **(spec.get("no_bf16", {}) if device in NO_BF16_GPU else {}))
     src = spec["latents_from"] or spec.get("denoiser")
-    latents = expected_compute(device, spec["components"][src]) if src else None
-    for comp, comp_recipe in spec["components"].items():
+    latents = expected_compute(device, components[src]) if src else None
+    for comp, comp_recipe in components.items():
         assert_component(recipe[comp], device, comp_recipe, latents)
 
 

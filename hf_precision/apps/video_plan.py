@@ -273,6 +273,42 @@ def _decode_peak(spec: Any, vae: Any, dtype: Any, den_config: Mapping[str, Any],
     return live.peak
 
 
+def _image_encoder_peak(module: Any, dtype: Any) -> int:
+    """CLIP vision encoder on one image at its configured size (SVD resizes to 224 itself, pipeline_stable_video_
+    diffusion.py `_encode_image`; Wan I2V reads ``hidden_states[-2]``, pipeline_wan_i2v.py `encode_image`, so every
+    layer's output is kept)."""
+    import torch
+
+    size = int(getattr(module.config, "image_size", 224))
+    # The input exists before the encoder's forward (the pipeline's preprocessing): the measured phase, which starts
+    # at that forward, does not include it, so neither does the count.
+    pixels = torch.empty(1, 3, size, size, device="meta", dtype=dtype)
+    with _counting() as live:
+        out = module(pixel_values=pixels, output_hidden_states=True)
+        del out
+    return live.peak
+
+
+def _vae_encode_shape(spec: Any, height: int, width: int, frames: int) -> tuple[int, ...]:
+    """What each image-to-video pipeline hands ``vae.encode``: SVD the image alone (pipeline_stable_video_diffusion.py
+    `_encode_vae_image`); Wan I2V the image followed by frames-1 zero frames (pipeline_wan_i2v.py `prepare_latents`,
+    ``video_condition``); LTX and CogVideoX I2V the image as a 1-frame video (pipeline_ltx_image2video.py and
+    pipeline_cogvideox_image2video.py `prepare_latents`)."""
+    if spec.family == "svd":
+        return 1, 3, height, width
+    return 1, 3, frames if spec.family == "wan" else 1, height, width
+
+
+def _vae_encode_peak(spec: Any, vae: Any, dtype: Any, height: int, width: int, frames: int, cpu: bool) -> int:
+    import torch
+
+    image = torch.empty(*_vae_encode_shape(spec, height, width, frames), device="meta", dtype=dtype)  # made before
+    with _counting(cpu) as live:
+        out = vae.encode(image).latent_dist
+        del out
+    return live.peak
+
+
 # --------------------------------------------------------------------------------------------- prediction
 
 
@@ -387,6 +423,18 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
     text_names = [n for n in model.modules if n.startswith("text_encoder")]
     if text_names:
         phases["text encoding"] = max(_resident(model, [n], settings.offload) + model.text[n] for n in text_names)
+    if spec.takes_image and spec.family in ("svd", "wan", "ltx", "cogvideox"):
+        image = []
+        if "image_encoder" in model.modules:
+            key = ("image encoder",)
+            if key not in model.cache:
+                model.cache[key] = _image_encoder_peak(model.modules["image_encoder"], model.dtypes["image_encoder"])
+            image.append(_resident(model, ["image_encoder"], settings.offload) + model.cache[key])
+        key = ("vae encode", settings.vae_tiling, height, width, frames)
+        if key not in model.cache:
+            model.cache[key] = _vae_encode_peak(spec, vae, model.dtypes["vae"], height, width, frames, model.cpu)
+        image.append(_resident(model, ["vae"], settings.offload) + model.cache[key])
+        phases["image encoding"] = max(image)
     key = ("denoise", settings.forward_chunking, height, width, frames, guidance)
     if key not in model.cache:
         model.cache[key] = _denoise_peak(spec, den, model.dtypes[spec.denoiser], height, width, frames, guidance)
@@ -412,7 +460,7 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
         >>> p = predict(where, spec, layout="t4", height=256, width=256, frames=14,
         ...             settings=MemorySettings(decode_chunk_size=2))
         >>> sorted(p.phases), p.peak > p.weights["unet"]
-        (['VAE decode', 'denoising'], True)
+        (['VAE decode', 'denoising', 'image encoding'], True)
     """
     model = _load_model(where, spec, layout, overrides)
     return _predict(model, settings or MemorySettings(), height=height, width=width, frames=frames,

@@ -9,9 +9,10 @@ plus the loaded weight bytes; elsewhere the RSS sampled at every hook.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from ..errors import RecipeError
 
@@ -146,6 +147,39 @@ def _phase_modules(pipe: Any) -> list[tuple[Any, str]]:
     return found
 
 
+@contextlib.contextmanager
+def phase_hooks(pipe: Any, memory: PhaseMemory, bar: Any = None) -> Iterator[PhaseMemory]:
+    """Record ``memory``'s phase from forward pre-hooks on ``pipe``'s components while the block runs.
+
+    ``bar`` (a tqdm bar) gets one more step per VAE decoder call; pass None where the caller counts them itself (SVD's
+    chunked decode). The last phase is closed on exit.
+
+    Example:
+        >>> from hf_precision.testing.pipelines import make_svd
+        >>> pipe = make_svd()
+        >>> with phase_hooks(pipe, PhaseMemory("cpu")) as memory:
+        ...     memory.enter("denoising")
+        >>> sorted(memory.peaks)
+        ['denoising']
+    """
+    handles = []
+    for module, phase in _phase_modules(pipe):
+        def pre(mod: Any, args: Any, phase: str = phase) -> None:
+            memory.sample()
+            memory.enter(phase)
+            if phase == "VAE decode" and bar is not None:
+                bar.total += 1
+                bar.set_postfix_str("decoding")
+                bar.update(1)
+        handles.append(module.register_forward_pre_hook(pre))
+    try:
+        yield memory
+        memory.finish()
+    finally:
+        for h in handles:
+            h.remove()
+
+
 @dataclasses.dataclass
 class ClipResult:
     """Float32 frames ``(frames, height, width, 3)`` in [0, 1], seconds, and the peak memory of each phase."""
@@ -189,17 +223,6 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
     if guidance_scale is not None:
         kwargs["guidance_scale"] = guidance_scale
     memory = memory or PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
-    handles = []
-    for module, phase in _phase_modules(pipe):
-        def pre(mod: Any, args: Any, phase: str = phase) -> None:
-            memory.sample()
-            memory.enter(phase)
-            if phase == "VAE decode" and bar is not None:
-                bar.total += 1
-                bar.set_postfix_str("decoding")
-                bar.update(1)
-        handles.append(module.register_forward_pre_hook(pre))
-
     def on_step_end(p: Any, i: int, t: Any, kw: dict[str, Any]) -> dict[str, Any]:
         memory.sample()
         if bar is not None:
@@ -211,12 +234,9 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
     pipe.set_progress_bar_config(disable=True)
     start = time.perf_counter()
     try:
-        with torch.no_grad():
+        with torch.no_grad(), phase_hooks(pipe, memory, bar):
             out = pipe(**kwargs, callback_on_step_end=on_step_end).frames
-        memory.finish()
     finally:
-        for h in handles:
-            h.remove()
         pipe._progress_bar_config = config
     video = np.asarray(out[0] if isinstance(out, (list, tuple)) or getattr(out, "ndim", 0) == 5 else out,
                        dtype=np.float32)

@@ -109,6 +109,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                     "under accelerate launch: each process's own device)")
     p.add_argument("--demo", action="store_true",
                    help="build a tiny random SVD pipeline locally and run it (no network, no weights)")
+    p.add_argument("--context-parallel", type=int, default=None, metavar="N",
+                   help="split each clip's tokens over N GPUs (diffusers ContextParallelConfig, transformers with a "
+                        "_cp_plan: Wan, LTX-Video); start N processes with torchrun; every rank runs every clip, the "
+                        "main process writes it")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed clip (default: report it, go on)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -277,13 +281,29 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
     tag = f"[process {state.process_index}/{state.num_processes}] " if distributed else ""
     say: Callable[[str], None] = lambda text: print(f"{tag}{text}", flush=True)
 
-    with state.split_between_processes(jobs) as mine:
-        mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no job twice
+    parallel = args.context_parallel
+    if parallel:  # before loading: one clear error on a CPU or for a transformer diffusers cannot split
+        from ..apps.video_parallel import check_context_parallel
+        from ..runtime.source import configs_of
+
+        import diffusers
+
+        den = configs_of(model)[1].get("transformer") or [None, "?"]
+        check_context_parallel(parallel, transformer_class=getattr(diffusers, str(den[1]), den[1]),
+                               device_type="cpu" if cpu else "cuda", world_size=state.num_processes)
+        mine = list(jobs)  # every rank runs every clip on its share of the tokens
+    else:
+        with state.split_between_processes(jobs) as mine:
+            mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no job twice
     failed: list[str] = []
     if mine:
         settings = _settings(args, model, spec, device or _default_device())
         extra = {"layout": args.layout} if args.layout else {}
         pipe = load_video_pipeline(model, device, overrides=overrides_from(args) or None, settings=settings, **extra)
+        if parallel:
+            from ..apps.video_parallel import enable_context_parallel
+
+            enable_context_parallel(pipe, parallel)
         applied = applied_record(pipe)
         plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
         say(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {settings.label()}")
@@ -299,7 +319,8 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
                     if not np_isfinite(frames):
                         raise RecipeError("the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
                                           "--set transformer.dtype=float32 and report the model")
-                    save_video(frames, job.out, fps=args.fps, format=job.format)
+                    if not parallel or state.is_main_process:
+                        save_video(frames, job.out, fps=args.fps, format=job.format)
                 except (KeyboardInterrupt, SystemExit):
                     raise
                 except Exception as err:  # one bad clip must not end the batch: report it and go on
@@ -337,16 +358,17 @@ def _default_device() -> str:
 
 
 def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any) -> tuple[Any, str]:
-    from ..apps.video_run import PhaseMemory, generate_clip, weight_bytes
+    from ..apps.video_run import PhaseMemory, generate_clip, phase_hooks, weight_bytes
 
     image = read_image(job.image) if job.image is not None else None
-    if spec.family == "svd":
-        result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
-                                steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
-                                noise_aug_strength=args.noise_aug_strength, decode_chunk_size=args.decode_chunk_size,
-                                seed=args.seed, progress=False, bar=bar)
-        return result.frames, result.summary()
     memory = PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
+    if spec.family == "svd":
+        with phase_hooks(pipe, memory):  # generate_video counts its decode chunks on the bar itself
+            result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
+                                    steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
+                                    noise_aug_strength=args.noise_aug_strength,
+                                    decode_chunk_size=args.decode_chunk_size, seed=args.seed, progress=False, bar=bar)
+        return result.frames, f"{result.summary()}\npeak memory per phase: {memory.summary()}"
     extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
     result = generate_clip(pipe, spec, prompt=job.prompt, image=image, height=args.height, width=args.width,
                            frames=args.frames, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,

@@ -1,0 +1,74 @@
+"""Context parallelism for the video script: one clip's tokens split across GPUs with diffusers' own hooks.
+
+diffusers 0.42.1 splits a transformer's sequence across ranks for classes that declare a ``_cp_plan``
+(``ModelMixin.enable_parallelism(config=ContextParallelConfig(ring_degree=N))``, models/modeling_utils.py:1742).
+The recipe's dtypes and fp32 islands are applied before, on every rank, and the hooks only split and gather
+activations, so every rank computes in the recipe's layout.
+
+It cannot run on a CPU: diffusers places rank ``r`` on ``torch.device(accelerator, r % torch.accelerator.device_count())``
+(models/modeling_utils.py:1718-1719), and a CPU-only torch has no accelerator (device count 0), so the set-up divides by
+zero before any gloo collective runs. :func:`check_context_parallel` says so up front.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import RecipeError
+
+GPU_COMMAND = ("torchrun --nproc_per_node {n} scripts/generate_video.py --model ./Wan2.1-T2V-14B-Diffusers "
+               "--prompt \"a cat\" --out cat.mp4 --context-parallel {n}")
+
+
+def check_context_parallel(degree: int, *, transformer_class: Any, device_type: str, world_size: int) -> None:
+    """Refuse a ``--context-parallel`` run that diffusers cannot do, with the reason and the command that works.
+
+    Example:
+        >>> from diffusers import WanTransformer3DModel
+        >>> check_context_parallel(2, transformer_class=WanTransformer3DModel, device_type="cpu", world_size=2)
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --context-parallel 2 needs GPUs: ...
+    """
+    if degree < 2:
+        raise RecipeError(f"--context-parallel {degree}: give the number of GPUs to split one clip over (2 or more)")
+    name = getattr(transformer_class, "__name__", str(transformer_class))
+    if getattr(transformer_class, "_cp_plan", None) is None:
+        raise RecipeError(f"--context-parallel {degree}: {name} declares no _cp_plan in diffusers, so its sequence "
+                          "cannot be split (WanTransformer3DModel and LTXVideoTransformer3DModel can); run one "
+                          "model copy per GPU instead (accelerate launch splits the prompts)")
+    if device_type == "cpu":
+        raise RecipeError(
+            f"--context-parallel {degree} needs GPUs: diffusers puts rank r on accelerator r % "
+            "torch.accelerator.device_count() (diffusers v0.42.1 models/modeling_utils.py:1718-1719) and this torch "
+            f"has no accelerator, so it cannot run over gloo on CPUs. On {degree} GPUs: "
+            + GPU_COMMAND.format(n=degree))
+    if world_size != degree:
+        raise RecipeError(f"--context-parallel {degree}: the run has {world_size} process(es); start one per GPU: "
+                          + GPU_COMMAND.format(n=degree))
+
+
+def enable_context_parallel(pipe: Any, degree: int) -> list[str]:
+    """Split the denoiser's sequence over ``degree`` ranks (diffusers' ring attention); returns the components done.
+
+    Call it after the pipeline is loaded with its recipe and ``torch.distributed`` is initialised (``torchrun`` or
+    ``accelerate launch``), on every rank, with the same prompt and seed on every rank.
+    """
+    from diffusers import ContextParallelConfig
+
+    done = []
+    for name in ("transformer", "transformer_2"):
+        module = getattr(pipe, name, None)
+        if module is None:
+            continue
+        check_context_parallel(degree, transformer_class=type(module), device_type=module.device.type,
+                               world_size=_world_size())
+        module.enable_parallelism(config=ContextParallelConfig(ring_degree=degree))
+        done.append(name)
+    return done
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
