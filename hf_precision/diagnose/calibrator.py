@@ -567,30 +567,38 @@ def _folder_numel(folder: Path) -> dict[str, int]:
 
 
 def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, target: str,
-                 resident: int = 0) -> tuple[str, bool]:
+                 resident: int = 0, max_memory: int | None = None) -> tuple[str, bool]:
     """(reference dtype, offload) that fit this machine, or a RecipeError that says what to do.
 
     ``resident``: bytes of the pipeline already in memory on ``run_on`` (they are not counted again).
+    ``max_memory``: a budget for ``run_on`` (bytes); it counts everything the runs hold there, and with it model
+    offload is chosen on any device, the CPU included (there accelerate's hooks keep one component "on" the CPU
+    at a time: the same code path, without a memory gain).
     """
     available = _available_bytes(run_on)
+    if max_memory is not None:
+        available, resident = (max_memory if available is None else min(available, max_memory)), 0
     total, largest = sum(numel.values()), max(numel.values(), default=0)
     # The reference weights stay in memory while a half copy of the component runs: 1 + half/reference per value.
     need = lambda dtype, n: max(0, int(n * (dt.itemsize(dtype) + dt.itemsize(target))) - resident)
     choices = [reference] if reference else ["float32", "bfloat16"]
     if available is None:
         return choices[0], False
-    accelerator = not run_on.startswith("cpu")
+    accelerator = not run_on.startswith("cpu") or max_memory is not None
     for ref in choices:
         if need(ref, total) <= available:
             return ref, False
         if accelerator and need(ref, largest) <= available:
             return ref, True  # enable_model_cpu_offload: one component on the accelerator at a time
+    budget = " within max_memory" if max_memory is not None else ""
+    tried = " nor with model offload (enable_model_cpu_offload: one component at a time)" if accelerator else ""
     raise RecipeError(
         f"calibrate: the {choices[0]} reference run needs about {_size(need(choices[0], total))} "
-        f"(largest component {_size(need(choices[0], largest))}); {run_on} has {_size(available)} available. "
-        "The islands do not depend on the machine that measures them: run calibrate where the model fits "
-        f"(run_on='cuda', CLI --run-on cuda), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, "
-        "the error vs reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
+        f"(largest component {_size(need(choices[0], largest))}); {run_on} has {_size(available)} available{budget}, "
+        f"so it fits neither whole{tried}. The islands do not depend on the machine that measures them: run "
+        f"calibrate where the model fits (run_on='cuda', CLI --run-on cuda), with a larger budget (max_memory=..., "
+        "CLI --max-memory), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, the error vs "
+        "reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
 
 
 # ------------------------------------------------------------------------------------------- calibrate
@@ -600,7 +608,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               target: str | None = None, steps: int | None = None, bound: float = 0.05, progress: bool = True,
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
-              size: tuple[int | None, int | None] = (None, None)) -> CalibrationResult:
+              size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -619,6 +627,9 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
         prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
+        max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
+            (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
+            device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
 
     Returns:
         `CalibrationResult`: ``islands`` {component: [module names]}, ``evidence``, ``extra_bytes``, ``errors``
@@ -655,7 +666,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
 
         where, _, folder = locate(pipe_or_folder)
         numel = _folder_numel(folder) if folder is not None else {}
-        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16")
+        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", max_memory=max_memory)
         pipe = load_pipeline(where, "cpu" if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype))
         owned = True
     else:
@@ -664,9 +675,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         numel = {n: sum(t.numel() for t in m.parameters() if t.is_floating_point()) for n, m in models.items()}
         resident = sum(t.numel() * t.element_size() for m in models.values() for t in m.parameters()
                        if t.is_floating_point() and t.device.type == torch.device(run_on).type)
-        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", resident)
+        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", resident, max_memory)
     clock["load"] = time.perf_counter() - clock["start"]
     comps = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    placed = {n: next((t.device for t in m.parameters()), None) for n, m in comps.items()}
+    ours = offload and not any(hasattr(m, "_hf_hook") for m in comps.values())
     if offload:
         pipe.enable_model_cpu_offload(device=run_on)
     # A pipeline already offloaded (accelerate hooks) stays where it is: the hooks move each component when it runs.
@@ -867,6 +880,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         if hasattr(pipe, "set_progress_bar_config"):
             pipe._progress_bar_config = bar_config
         restore()
+        if ours and not owned:  # the caller's pipeline goes back without our offload hooks, where it was
+            pipe.remove_all_hooks()
+            for n, where in placed.items():
+                if where is not None:
+                    comps[n].to(where)
         if previous is not None and not owned:
             apply_recipe(pipe, previous.recipe)
 
@@ -896,6 +914,9 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
                      f"{bound:g}, and no single module's error stands out (per module, output error over input error): "
                      "rounding spread over many modules, not an overflow; compare it with the naive run's error, or "
                      "keep the component that matters in float32")
+    if offload:
+        notes.append(f"runs with model offload (accelerate hooks, enable_model_cpu_offload on {run_on}): one component "
+                     "on the device at a time")
     if ref_dtype != "float32":
         notes.append(f"reference run in {ref_dtype}: the ranges are exact, the errors are measured against {ref_dtype}")
     clock.pop("start")
