@@ -33,6 +33,10 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
                    help="the half dtype to calibrate (default: the layout's denoiser dtype)")
     p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
                    help="the reference run's dtype (default: float32 when it fits memory; bfloat16 gives ranges only)")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory budget on --run-on (e.g. 12GB, 800MB): when the reference run does not fit it whole, "
+                        "it runs with model offload, one component at a time; calibrate refuses, saying what to do, "
+                        "when even the largest component does not fit")
     p.add_argument("--bound", type=float, default=0.05,
                    help="mean absolute error of the final image (0..1) the islands should stay within (default: 0.05)")
     p.add_argument("--recipe", default=None, metavar="NAME", help="recipe (default: chosen from model_index.json)")
@@ -46,11 +50,13 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
+    from ..apps.video_plan import parse_size
     from ..diagnose.calibrator import calibrate
 
     result = calibrate(args.model, args.device, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=args.run_on, recipe=args.recipe,
-                       seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width))
+                       seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width),
+                       max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
     if args.json:
         print(json.dumps({"islands": result.islands, "whole": result.whole, "extra_bytes": result.extra_bytes,

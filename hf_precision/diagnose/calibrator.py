@@ -49,14 +49,22 @@ class Evidence:
     component: str
     island: str
     module: str
-    where: str  # "output" or "input" (reference run), or "half run" (first non-finite value of a half run)
+    # "output" or "input" (reference run), "weights" (parameters beyond the range), "half run" (first non-finite
+    # value of a half run), "error" (where a finite half run's error vs the reference grows most)
+    where: str
     max_abs: float
     step: str
-    share: float  # share of the values beyond the target's range, in the call with the maximum
+    share: float  # share of the values beyond the target's range in that call ("error": the output's relative error)
 
     def line(self, target: str) -> str:
         if self.where == "half run":
             return f"{self.module}: first non-finite output of the {target} run ({self.step})"
+        if self.where == "weights":
+            return (f"{self.module} weights max |w| {self.max_abs:.3g} > {target} max {HALF_MAX[target]:.6g} "
+                    f"({self.share:.2%} of them beyond: not storable in {target})")
+        if self.where == "error":
+            return (f"{self.module}: the {target} run's error grows {self.max_abs:.3g}x here (relative error of its "
+                    f"output {self.share:.3g} over that of its input; {self.step})")
         return (f"{self.module} {self.where} max |x| {self.max_abs:.3g} > {target} max {HALF_MAX[target]:.6g} "
                 f"({self.share:.2%} of values beyond; {self.step})")
 
@@ -101,6 +109,8 @@ class CalibrationResult:
     bound: float
     timings: dict[str, float]
     components: list[str]
+    # Whole float32 components whose own output leaves the half range: they hand it on in float32 (`output:`).
+    wide: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def finite(self) -> bool:
@@ -120,7 +130,7 @@ class CalibrationResult:
         comps: dict[str, Any] = {}
         for c in self.components:
             if c in self.whole:
-                comps[c] = {"dtype": "float32"}
+                comps[c] = {"dtype": "float32", **({"output": "float32"} if c in self.wide else {})}
             else:
                 comps[c] = {"dtype": self.target, "keep_fp32": self.keep_fp32(c)}
         return {"schema": 1, "components": comps}
@@ -138,7 +148,10 @@ class CalibrationResult:
             out.append(f"  {c}:")
             if c in self.whole:
                 ev = [e.line(self.target) for e in self.evidence.get(c, {}).get("", [])][:3]
-                out += [f"    dtype: float32", f"    why: {q('calibrate: no island inside fits the range: ' + '; '.join(ev))}"]
+                out.append("    dtype: float32")
+                if c in self.wide:
+                    out.append("    output: float32  # its output leaves the half range: handed on in float32")
+                out.append(f"    why: {q('calibrate: no island inside fits the range: ' + '; '.join(ev))}")
                 continue
             out.append(f"    dtype: {self.target}")
             keep = self.keep_fp32(c)
@@ -185,7 +198,8 @@ class CalibrationResult:
             out.append("  none needed: every activation fits the range and the half run is finite")
         for c in self.components:
             if c in self.whole:
-                out.append(f"  {c}: whole component float32 (+{_size(self.component_bytes[c])})")
+                out.append(f"  {c}: whole component float32 (+{_size(self.component_bytes[c])})"
+                           + (", output handed on in float32" if c in self.wide else ""))
             for island in self.islands.get(c, []):
                 ev = self.evidence[c][island]
                 out.append(f"  {c}.{island}: +{_size(self.island_bytes.get(c, {}).get(island, 0))} "
@@ -235,6 +249,23 @@ def _tensors(tree: Any, depth: int = 0):
             yield from _tensors(x, depth + 1)
 
 
+def _strided(t: Any, n: int = 512) -> Any:
+    """At most ``n`` values of a tensor, evenly strided, as float32 on the CPU: what two runs' outputs are compared by."""
+    flat = t.detach().reshape(-1)
+    return flat[:: max(1, flat.numel() // n)][:n].float().cpu()
+
+
+def _relative(got: Any, ref: Any) -> float | None:
+    """Mean |got - ref| over mean |ref|, or None when the two samples cannot be compared."""
+    if got is None or ref is None or got.shape != ref.shape:
+        return None
+    scale = float(ref.abs().mean())
+    diff = float((got - ref).abs().mean())
+    if not math.isfinite(diff) or scale == 0.0:
+        return None
+    return diff / scale
+
+
 class Recorder:
     """Forward hooks on every module with parameters: max |input| and |output| per module, per step, per component.
 
@@ -243,8 +274,15 @@ class Recorder:
     order: inner modules finish first) whose output is not finite.
     """
 
-    def __init__(self, components: Mapping[str, Any], limit: float, phase: Callable[[str], str]):
-        self.limit, self.phase = limit, phase
+    def __init__(self, components: Mapping[str, Any], limit: float, phase: Callable[[str], str],
+                 reference: bool = False, samples: dict[tuple[str, str], list[Any]] | None = None,
+                 compare: Mapping[tuple[str, str], list[Any]] | None = None):
+        self.limit, self.phase, self.reference = limit, phase, reference
+        # samples: filled with a strided sample of every call's input and output (the reference run); compare: the
+        # reference's samples, against which this run's relative errors per module are summed into `errors`.
+        self.samples, self.compare = samples, compare
+        self.errors: dict[tuple[str, str], list[float]] = {}
+        self._calls: dict[tuple[str, str], int] = {}
         self.stats: dict[tuple[str, str], _Stat] = {}
         self.ranges: dict[str, dict[str, float]] = {}
         self.first_bad: tuple[str, str, bool] | None = None
@@ -257,7 +295,7 @@ class Recorder:
                 self.handles.append(module.register_forward_hook(self._hook(comp, name), with_kwargs=True,
                                                                  always_call=True))
 
-    def _measure(self, tree: Any) -> tuple[float, float]:
+    def _measure(self, tree: Any, fills: bool = False) -> tuple[float, float]:
         biggest, tensors = 0.0, []
         for t in _tensors(tree):
             seen = self._seen.get(id(t))
@@ -270,6 +308,14 @@ class Recorder:
                 if len(self._seen) > 4096:
                     self._seen.clear()
                 self._seen[id(t)] = (weakref.ref(t), v)
+            if fills and v >= torch.finfo(t.dtype).max:
+                # An input at the dtype's extreme in the reference run is a mask's fill value, not an activation:
+                # transformers and diffusers fill additive attention masks with torch.finfo(dtype).min or -inf, and
+                # the half run builds that mask in its own dtype. Measure the other values.
+                t = t.detach()[t.detach().abs() < torch.finfo(t.dtype).max]
+                if not t.numel():
+                    continue
+                v = float(t.abs().max())
             tensors.append(t)
             biggest = max(biggest, v)
         share = 0.0
@@ -283,7 +329,8 @@ class Recorder:
             if out is None:
                 return None
             o, o_share = self._measure(out)
-            i, i_share = self._measure((args, kwargs))
+            # Masks are not activations (a boolean or additive mask of any run: `attention_mask`, `encoder_attention_mask`).
+            i, i_share = self._measure((args, {k: v for k, v in kwargs.items() if "mask" not in k}), self.reference)
             step = self.phase(comp)
             s = self.stats.setdefault((comp, name), _Stat())
             s.calls += 1
@@ -295,8 +342,28 @@ class Recorder:
             per[step] = max(per.get(step, 0.0), o)
             if self.first_bad is None and not math.isfinite(o):
                 self.first_bad = (comp, name, not math.isfinite(i))
+            if self.samples is not None or self.compare is not None:
+                self._sample((comp, name), args, kwargs, out)
             return None
         return post
+
+    def _sample(self, key: tuple[str, str], args: Any, kwargs: dict[str, Any], out: Any) -> None:
+        # The output, and up to three inputs (a cross-attention reads hidden states and the text encoder's output):
+        # a module's own share of the error is its output's relative error over the worst of its inputs'.
+        ins = [_strided(t) for t, _ in zip(_tensors((args, {k: v for k, v in kwargs.items() if "mask" not in k})), range(3))]
+        first_out = next(_tensors(out), None)
+        taken = (None if first_out is None else _strided(first_out), ins)
+        k = self._calls[key] = self._calls.get(key, 0) + 1
+        if self.samples is not None:
+            self.samples.setdefault(key, []).append(taken)
+        ref = (self.compare or {}).get(key)
+        if ref is None or len(ref) < k or not ins:
+            return
+        out_rel = _relative(taken[0], ref[k - 1][0])
+        in_rel = [_relative(a, b) for a, b in zip(ins, ref[k - 1][1])]
+        if out_rel is not None and in_rel and None not in in_rel:
+            acc = self.errors.setdefault(key, [0.0, 0.0, 0])
+            acc[0], acc[1], acc[2] = acc[0] + out_rel, acc[1] + max(in_rel), acc[2] + 1
 
     def remove(self) -> None:
         self._seen.clear()
@@ -400,6 +467,17 @@ class _Chooser:
         self.comp, self.root, self.limit, self.delta = comp, root, limit, delta
         self.stats = {name: s for (c, name), s in stats.items() if c == comp}
         self._bytes: dict[str, int] = {}
+        # Parameters beyond the target's range cannot even be stored in it (a fine-tune's outlier weight): the module
+        # that owns them needs an island, whatever its activations do in the reference run.
+        self.heavy: dict[str, tuple[float, float]] = {}
+        for name, m in root.named_modules():
+            own = [t for t in m._parameters.values() if t is not None and t.is_floating_point() and t.numel()]
+            if not own:
+                continue
+            peak = max(float(t.detach().abs().max()) for t in own)
+            if peak > limit:
+                beyond = sum(int((t.detach().abs() > limit).sum()) for t in own) / sum(t.numel() for t in own)
+                self.heavy[name] = (peak, beyond)
 
     def fits(self, name: str) -> bool:
         s = self.stats.get(name)
@@ -418,7 +496,8 @@ class _Chooser:
         return name
 
     def flagged(self) -> list[str]:
-        return [n for n, s in self.stats.items() if s.out_max > self.limit or s.in_max > self.limit]
+        heavy = [n for n in self.heavy if n in self.stats]  # a module that does not run in this call needs nothing
+        return [*heavy, *(n for n, s in self.stats.items() if s.out_max > self.limit or s.in_max > self.limit)]
 
     def collapse(self, islands: list[str], slack: float) -> list[str]:
         """Replace sibling islands by their parent when it fits the range and adds at most ``slack`` more bytes."""
@@ -440,8 +519,10 @@ class _Chooser:
         return islands
 
 
-def _evidence(comp: str, island: str, stats: Mapping[tuple[str, str], _Stat], limit: float) -> list[Evidence]:
-    out = []
+def _evidence(comp: str, island: str, stats: Mapping[tuple[str, str], _Stat], limit: float,
+              heavy: Mapping[str, tuple[float, float]] = {}) -> list[Evidence]:
+    out = [Evidence(comp, island, name, "weights", peak, "", share) for name, (peak, share) in heavy.items()
+           if (comp, name) in stats and (inside(name, [island]) if island else True)]
     for (c, name), s in stats.items():
         if c != comp or not (inside(name, [island]) if island else True):
             continue
@@ -486,30 +567,38 @@ def _folder_numel(folder: Path) -> dict[str, int]:
 
 
 def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, target: str,
-                 resident: int = 0) -> tuple[str, bool]:
+                 resident: int = 0, max_memory: int | None = None) -> tuple[str, bool]:
     """(reference dtype, offload) that fit this machine, or a RecipeError that says what to do.
 
     ``resident``: bytes of the pipeline already in memory on ``run_on`` (they are not counted again).
+    ``max_memory``: a budget for ``run_on`` (bytes); it counts everything the runs hold there, and with it model
+    offload is chosen on any device, the CPU included (there accelerate's hooks keep one component "on" the CPU
+    at a time: the same code path, without a memory gain).
     """
     available = _available_bytes(run_on)
+    if max_memory is not None:
+        available, resident = (max_memory if available is None else min(available, max_memory)), 0
     total, largest = sum(numel.values()), max(numel.values(), default=0)
     # The reference weights stay in memory while a half copy of the component runs: 1 + half/reference per value.
     need = lambda dtype, n: max(0, int(n * (dt.itemsize(dtype) + dt.itemsize(target))) - resident)
     choices = [reference] if reference else ["float32", "bfloat16"]
     if available is None:
         return choices[0], False
-    accelerator = not run_on.startswith("cpu")
+    accelerator = not run_on.startswith("cpu") or max_memory is not None
     for ref in choices:
         if need(ref, total) <= available:
             return ref, False
         if accelerator and need(ref, largest) <= available:
             return ref, True  # enable_model_cpu_offload: one component on the accelerator at a time
+    budget = " within max_memory" if max_memory is not None else ""
+    tried = " nor with model offload (enable_model_cpu_offload: one component at a time)" if accelerator else ""
     raise RecipeError(
         f"calibrate: the {choices[0]} reference run needs about {_size(need(choices[0], total))} "
-        f"(largest component {_size(need(choices[0], largest))}); {run_on} has {_size(available)} available. "
-        "The islands do not depend on the machine that measures them: run calibrate where the model fits "
-        f"(run_on='cuda', CLI --run-on cuda), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, "
-        "the error vs reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
+        f"(largest component {_size(need(choices[0], largest))}); {run_on} has {_size(available)} available{budget}, "
+        f"so it fits neither whole{tried}. The islands do not depend on the machine that measures them: run "
+        f"calibrate where the model fits (run_on='cuda', CLI --run-on cuda), with a larger budget (max_memory=..., "
+        "CLI --max-memory), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, the error vs "
+        "reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
 
 
 # ------------------------------------------------------------------------------------------- calibrate
@@ -519,7 +608,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               target: str | None = None, steps: int | None = None, bound: float = 0.05, progress: bool = True,
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
-              size: tuple[int | None, int | None] = (None, None)) -> CalibrationResult:
+              size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -538,6 +627,9 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
         prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
+        max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
+            (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
+            device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
 
     Returns:
         `CalibrationResult`: ``islands`` {component: [module names]}, ``evidence``, ``extra_bytes``, ``errors``
@@ -574,7 +666,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
 
         where, _, folder = locate(pipe_or_folder)
         numel = _folder_numel(folder) if folder is not None else {}
-        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16")
+        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", max_memory=max_memory)
         pipe = load_pipeline(where, "cpu" if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype))
         owned = True
     else:
@@ -583,9 +675,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         numel = {n: sum(t.numel() for t in m.parameters() if t.is_floating_point()) for n, m in models.items()}
         resident = sum(t.numel() * t.element_size() for m in models.values() for t in m.parameters()
                        if t.is_floating_point() and t.device.type == torch.device(run_on).type)
-        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", resident)
+        ref_dtype, offload = _memory_plan(numel, run_on, reference, target or "float16", resident, max_memory)
     clock["load"] = time.perf_counter() - clock["start"]
     comps = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    placed = {n: next((t.device for t in m.parameters()), None) for n, m in comps.items()}
+    ours = offload and not any(hasattr(m, "_hf_hook") for m in comps.values())
     if offload:
         pipe.enable_model_cpu_offload(device=run_on)
     # A pipeline already offloaded (accelerate hooks) stays where it is: the hooks move each component when it runs.
@@ -650,11 +744,15 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         pipe.set_progress_bar_config(**{**bar_config, "disable": True})  # one bar: ours, over runs and steps
     pre_handle = comps[steps_of.denoiser].register_forward_pre_hook(steps_of.pre) if steps_of.denoiser else None
 
-    def run(label: str, layer: dict[str, Any], run_layout: Any) -> tuple[Any, Recorder]:
+    samples: dict[tuple[str, str], list[Any]] = {}
+
+    def run(label: str, layer: dict[str, Any], run_layout: Any, reference: bool = False,
+            compare: bool = False) -> tuple[Any, Recorder]:
         if bar is not None:
             bar.set_description(f"calibrate: {label}")
         record = apply_recipe(pipe, recipe, device=None if offload else run_on, overrides=[layer], layout=run_layout)
-        rec = Recorder(comps, limit, steps_of.phase)
+        rec = Recorder(comps, limit, steps_of.phase, reference, samples if reference else None,
+                       samples if compare else None)
         steps_of.step, steps_of.calls = 0, 0
         try:
             torch.manual_seed(seed)
@@ -673,16 +771,19 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
             record.remove()
             restore()
 
-    def layer(dtype: str, islands: Mapping[str, list[str]], whole: list[str] = ()) -> dict[str, Any]:
+    def layer(dtype: str, islands: Mapping[str, list[str]], whole: list[str] = (), wide: list[str] = ()) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for n in names:  # storage = dtype: no layerwise casting, which apply cannot take back between runs
             d = "float32" if n in whole else dtype
             out[n] = {"dtype": d, "storage": d, "keep_fp32": list(islands.get(n, [])), "nan_guard": False}
+            if n in wide:
+                out[n]["output"] = "float32"
         return out
 
     notes: list[str] = []
     try:
-        ref_out, ref = run(f"reference {ref_dtype}", layer(ref_dtype, {}), None)
+        ref_out, ref = run(f"reference {ref_dtype}", layer(ref_dtype, {}), None, reference=True)
+        floor = torch.finfo(dt.to_torch(target)).eps / 2  # the half dtype's own rounding: unit roundoff
         clock["reference"] = time.perf_counter() - clock["start"] - clock["load"]
         if not _compare("reference", ref_out, ref_out).finite:
             bad = ref.first_bad
@@ -701,6 +802,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         choosers = {n: _Chooser(n, comps[n], ref.stats, limit, delta) for n in names}
         islands: dict[str, list[str]] = {}
         whole: list[str] = []
+        wide: list[str] = []
         evidence: dict[str, dict[str, list[Evidence]]] = {}
         for n in names:
             ch = choosers[n]
@@ -711,21 +813,42 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
                 islands[n] = ch.collapse(chosen, slack)
         mark = time.perf_counter()
         after = None
-        for attempt in range(rounds):
+        base: tuple[RunError, dict[str, list[str]], list[str], dict[str, dict[str, list[Evidence]]]] | None = None
+        last: tuple[str, str, float] | None = None  # the island the error search added last, and the error before it
+        for attempt in range(rounds + 1):
             merged = {n: outermost([*recipe_islands.get(n, []), *islands.get(n, [])]) for n in names}
             if bar is not None:
                 bar.total += n_steps
                 bar.refresh()
             got, half = run(f"{target} + islands" + (f" (round {attempt + 1})" if attempt else ""),
-                            layer(target, merged, whole), layout)
+                            layer(target, merged, whole, wide), layout, compare=True)
             after = _compare(f"{target} + islands", ref_out, got, _where(half.first_bad))
-            if after.finite or half.first_bad is None:
+            if after.finite and base is None:
+                base = (after, {n: list(v) for n, v in islands.items()}, list(whole),
+                        {n: {i: list(e) for i, e in per.items()} for n, per in evidence.items()})
+            if attempt == rounds or (after.finite and after.mean_abs <= bound):
+                break
+            if after.finite:
+                # Finite, but further from the reference than `bound`: find where the error grows, island it.
+                added = _localise(half, choosers, islands, merged, whole, evidence, floor, slack, last, after)
+                if added is None:
+                    break
+                last = (*added, after.mean_abs)
+                continue
+            if half.first_bad is None:
                 break
             comp, name, input_bad = half.first_bad
             ch = choosers[comp] if comp in choosers else None
+            if ch is not None and comp in whole and comp not in wide:
+                # Everything in the component computes in float32: what went inf is its output, cast to the half dtype
+                # on the way out. Hand it on in float32 (the pipeline's latents follow the denoiser's output dtype).
+                wide.append(comp)
+                evidence.setdefault(comp, {}).setdefault("", []).append(Evidence(
+                    comp, "", name or "(output)", "half run", math.inf, half.stats[(comp, name)].out_step, 1.0))
+                continue
             if ch is None or comp in whole:
-                notes.append(f"{comp}.{name} is not finite although {comp} is float32: the overflow is outside the "
-                             "modules calibrate can island (pipeline code between components)")
+                notes.append(f"{comp}{'.' + name if name else ''} is not finite although {comp} is float32: the "
+                             "overflow is outside the modules calibrate can island (pipeline code between components)")
                 break
             half_bad = {nm for (c, nm), s in half.stats.items() if c == comp and not math.isfinite(s.in_max)}
             start = _parent(name) if input_bad else name
@@ -743,6 +866,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
                 islands[comp] = ch.collapse([*islands.get(comp, []), island], slack)
                 evidence.setdefault(comp, {}).setdefault(island, []).append(
                     Evidence(comp, island, name, "half run", math.inf, half.stats[(comp, name)].out_step, 1.0))
+        if base is not None and after.finite and after.mean_abs > bound and after.mean_abs > 0.7 * base[0].mean_abs \
+                and base[1] != islands:
+            notes.append(f"the islands the error search added ({_moved(base[1], islands)}) brought the mean error only "
+                         f"from {base[0].mean_abs:.3g} to {after.mean_abs:.3g}: not kept")
+            after, islands, whole, evidence = base[0], base[1], base[2], base[3]
         clock["verify"] = time.perf_counter() - mark
     finally:
         if pre_handle is not None:
@@ -752,6 +880,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         if hasattr(pipe, "set_progress_bar_config"):
             pipe._progress_bar_config = bar_config
         restore()
+        if ours and not owned:  # the caller's pipeline goes back without our offload hooks, where it was
+            pipe.remove_all_hooks()
+            for n, where in placed.items():
+                if where is not None:
+                    comps[n].to(where)
         if previous is not None and not owned:
             apply_recipe(pipe, previous.recipe)
 
@@ -759,10 +892,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     errors["islands"] = after
     for n in names:
         for island in islands.get(n, []):
-            found = _evidence(n, island, ref.stats, limit)
-            evidence.setdefault(n, {})[island] = found + [e for e in evidence.get(n, {}).get(island, []) if e.where == "half run"]
-        if n in whole and "" not in evidence.get(n, {}):
-            evidence.setdefault(n, {})[""] = _evidence(n, "", ref.stats, limit)
+            found = _evidence(n, island, ref.stats, limit, choosers[n].heavy)
+            evidence.setdefault(n, {})[island] = found + [e for e in evidence.get(n, {}).get(island, []) if e.where in ("half run", "error")]
+        if n in whole:
+            measured = [e for e in evidence.get(n, {}).get("", []) if e.where == "half run"]
+            evidence.setdefault(n, {})[""] = _evidence(n, "", ref.stats, limit, choosers[n].heavy) + measured
     islands = {n: v for n, v in islands.items() if v}
     component_bytes = {n: choosers[n].bytes("") for n in names}
 
@@ -777,8 +911,12 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     notes += _compare_recipe(islands, whole, recipe_names, recipe_fp32, ref.stats, limit, target, layout or run_on)
     if after.finite and after.mean_abs > bound:
         notes.append(f"the half run with the islands is finite but its mean error {after.mean_abs:.3g} exceeds the bound "
-                     f"{bound:g}: the difference is rounding spread over many modules, not an overflow; compare it with "
-                     "the naive run's error, or keep the component that matters in float32")
+                     f"{bound:g}, and no single module's error stands out (per module, output error over input error): "
+                     "rounding spread over many modules, not an overflow; compare it with the naive run's error, or "
+                     "keep the component that matters in float32")
+    if offload:
+        notes.append(f"runs with model offload (accelerate hooks, enable_model_cpu_offload on {run_on}): one component "
+                     "on the device at a time")
     if ref_dtype != "float32":
         notes.append(f"reference run in {ref_dtype}: the ranges are exact, the errors are measured against {ref_dtype}")
     clock.pop("start")
@@ -787,7 +925,55 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         islands=islands, whole=whole, evidence=evidence, extra_bytes=extra, island_bytes=island_bytes,
         component_bytes=component_bytes, recipe_islands={n: v for n, v in recipe_islands.items() if n in names},
         recipe_fp32=recipe_fp32, errors=errors, ranges=ref.ranges, notes=notes, bound=bound, timings=clock,
-        components=names)
+        components=names, wide=wide)
+
+
+def _moved(before: Mapping[str, list[str]], now: Mapping[str, list[str]]) -> str:
+    return ", ".join(f"{c}.{i}" for c, v in now.items() for i in v if i not in before.get(c, [])) or "none"
+
+
+def _localise(half: Recorder, choosers: Mapping[str, _Chooser], islands: dict[str, list[str]],
+              merged: Mapping[str, list[str]], whole: list[str], evidence: dict[str, dict[str, list[Evidence]]],
+              floor: float, slack: float, last: tuple[str, str, float] | None,
+              after: RunError) -> tuple[str, str] | None:
+    """Add one island where a finite half run's error vs the reference grows most: (component, island), or None.
+
+    Per module, the relative error of its output (half run against the reference, on strided samples of every
+    call) over the relative error of its input, at least the half dtype's unit roundoff: a module that rounds
+    like any other has about 1, one that loses what its input held (an underflow, a large offset that swallows
+    a small signal) far more. When the island added last did not lower the error (its input already carried the
+    loss), it grows one level instead: the module that produced that input is then inside it.
+    """
+    if last is not None and after.mean_abs > 0.7 * last[2]:
+        comp, island, _ = last
+        parent = choosers[comp].island_for(_parent(island))
+        ev = evidence.get(comp, {}).pop(island, [])
+        if not parent:
+            whole.append(comp)
+            islands.pop(comp, None)
+            evidence.setdefault(comp, {})[""] = ev
+            return comp, ""
+        islands[comp] = choosers[comp].collapse([parent if i == island else i for i in islands.get(comp, [])], slack)
+        evidence.setdefault(comp, {}).setdefault(parent, []).extend(ev)
+        return comp, parent
+    scored = []
+    for (comp, name), (out_rel, in_rel, calls) in half.errors.items():
+        if comp not in choosers or comp in whole or not name or inside(name, merged.get(comp, [])):
+            continue
+        scored.append((out_rel / calls / max(in_rel / calls, floor), out_rel / calls, comp, name))
+    if not scored:
+        return None
+    top = max(a for a, _, _, _ in scored)
+    if top < 8:  # rounding, spread evenly: no module stands out
+        return None
+    amp, out_rel, comp, name = max((x for x in scored if x[0] >= 0.9 * top), key=lambda x: x[3].count("."))
+    island = choosers[comp].island_for(name)
+    if not island:
+        return None
+    islands[comp] = choosers[comp].collapse([*islands.get(comp, []), island], slack)
+    evidence.setdefault(comp, {}).setdefault(island, []).append(
+        Evidence(comp, island, name, "error", amp, half.stats[(comp, name)].out_step, out_rel))
+    return comp, island
 
 
 def _where(bad: tuple[str, str, bool] | None) -> str:
@@ -807,7 +993,7 @@ def _compare_recipe(islands: Mapping[str, list[str]], whole: list[str], recipe_i
             elif any(inside(island, [m]) or inside(m, [island]) for m in recipe_islands.get(comp, [])):
                 notes.append(f"{comp}.{island}: overlaps the recipe's own islands {recipe_islands[comp]}")
             else:
-                notes.append(f"{comp}.{island}: NOT kept by the shipped recipe: these weights overflow where the "
+                notes.append(f"{comp}.{island}: NOT kept by the shipped recipe: these weights need it where the "
                              f"released ones do not (the recipe's islands come from the released model)")
     for comp in whole:
         notes.append(f"{comp}: whole component float32" + (" (the recipe does the same)" if comp in recipe_fp32 else

@@ -9,12 +9,13 @@ diffusers' own fast-test dummies (``get_dummy_components`` in diffusers ``tests/
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .pipelines import finish_pipeline, make_t5_tokenizer, make_tokenizer
 
 __all__ = ["make_sd3", "make_wan", "plant_vae_up_block", "plant_t5_feed_forward", "plant_time_embedding",
-           "sd3_call_kwargs", "wan_call_kwargs", "module_bytes"]
+           "plant_overflow", "sd3_call_kwargs", "wan_call_kwargs", "module_bytes"]
 
 
 def _seeded(seed: int, build: Any) -> Any:
@@ -155,3 +156,162 @@ def plant_time_embedding(transformer, path: str = "condition_embedder.time_embed
 def module_bytes(module, itemsize: int = 4) -> int:
     """Bytes of a module's floating parameters and buffers at ``itemsize`` bytes per value."""
     return itemsize * sum(t.numel() for t in (*module.parameters(), *module.buffers()) if t.is_floating_point())
+
+
+# Attention projections whose product or linear map makes a planted scale cancel exactly: q.k^T is unchanged when
+# q is scaled by s and k by 1/s; softmax(qk)v is linear in v, so the output projection can divide what v multiplied.
+_PARTNERS = (("to_q", "to_k", "k"), ("add_q_proj", "add_k_proj", "k"), ("q_proj", "k_proj", "k"), ("q", "k", "k"),
+             ("to_v", "to_out.0", "out"), ("add_v_proj", "to_add_out", "out"), ("v_proj", "out_proj", "out"),
+             ("v", "o", "out"))
+
+
+def _consumers(root, name: str, run) -> tuple[float, list[str]]:
+    """Max |output| of ``root.<name>`` in one float32 run, and the weighted modules that read that output.
+
+    A module reads it when the very tensor (or the output of a parameterless module that read it, an activation)
+    is among its inputs; containers are skipped, their leaf children see the same tensor.
+    """
+    import torch
+
+    watched: set[int] = set()
+    found: dict[str, None] = {}
+    peak = [0.0]
+    keep: list[Any] = []  # the watched tensors stay alive, so their ids are not reused
+
+    def flat(tree, depth=0):
+        if isinstance(tree, torch.Tensor):
+            yield tree
+        elif depth < 3 and isinstance(tree, (tuple, list)):
+            for x in tree:
+                yield from flat(x, depth + 1)
+        elif depth < 3 and isinstance(tree, dict):
+            for x in tree.values():
+                yield from flat(x, depth + 1)
+
+    handles = []
+    for n, m in root.named_modules():
+        own = bool(m._parameters) and any(p is not None for p in m._parameters.values())
+        leaf = not any(True for _ in m.children())
+
+        def pre(mod, args, kwargs, n=n, own=own, leaf=leaf):
+            if n != name and own and any(id(t) in watched for t in flat((args, kwargs))):
+                found[n] = None
+
+        def post(mod, args, kwargs, out, n=n, own=own, leaf=leaf):
+            ts = list(flat(out))
+            if n == name:
+                peak[0] = max([peak[0], *(float(t.detach().abs().max()) for t in ts if t.numel())])
+                watched.update(id(t) for t in ts)
+                keep.extend(ts)
+            elif leaf and not own and "norm" not in type(mod).__name__.lower() and any(
+                    id(t) in watched for t in flat((args, kwargs))):  # an activation hands the scale on, a norm does not
+                watched.update(id(t) for t in ts)
+                keep.extend(ts)
+
+        handles += [m.register_forward_pre_hook(pre, with_kwargs=True), m.register_forward_hook(post, with_kwargs=True)]
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return peak[0], list(found)
+
+
+def _maxima(root, run) -> tuple[dict[str, float], list[str]]:
+    """Max |output| per module with a weight in one float32 run, and the order in which they first finished."""
+    import torch
+
+    peaks: dict[str, float] = {}
+    handles = []
+    for n, m in root.named_modules():
+        def post(mod, args, out, n=n):
+            ts = [out] if isinstance(out, torch.Tensor) else [t for t in (out if isinstance(out, (tuple, list)) else
+                                                                          getattr(out, "values", lambda: [])())
+                                                                if isinstance(t, torch.Tensor)]
+            v = max([0.0, *(float(t.detach().abs().float().max()) for t in ts if t.numel() and t.is_floating_point())])
+            peaks[n] = max(peaks.get(n, 0.0), v)
+        handles.append(m.register_forward_hook(post))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    return peaks, list(peaks)
+
+
+def plant_overflow(pipe, component: str, name: str, run, *, peak: float = 3e5) -> dict[str, Any]:
+    """Scale ``pipe.<component>.<name>`` so that its output reaches ``peak`` (beyond fp16's 65504), and undo the
+    scale where its output is read, so that the float32 run stays sane: a generic planted fp16 overflow.
+
+    The module's weight and bias are multiplied by ``s = peak / max|output|``. The scale is taken back by whatever
+    reads the output: a norm (scale-invariant: nothing to do), a linear or convolution (its weight divided by
+    ``s``; exact when only an activation sits between), or, for attention projections whose output only meets
+    functional code, the partner projection (``to_q``/``to_k``: ``q.k`` is unchanged; ``to_v``/``to_out.0``:
+    attention is linear in ``v``). Where the output is read by functional code (a gated feed-forward's
+    ``hidden * gelu(gate)``), the first later layer whose output grew is divided by its growth, measured. ``run()``
+    calls the pipeline once (float32). Returns ``{"module", "scale", "compensated": [names], "how", "spread"}``;
+    ``spread`` lists the modules outside the planted one whose float32 output still leaves fp16's range (a
+    residual stream carries the scale on: then no island smaller than the component can hold it).
+
+    Example:
+        >>> import torch
+        >>> from hf_precision.testing.pipelines import example_call_kwargs, make_sd15
+        >>> pipe = make_sd15()
+        >>> run = lambda: pipe(**example_call_kwargs("sd15"), generator=torch.Generator().manual_seed(0))
+        >>> plant_overflow(pipe, "vae", "decoder.up_blocks.0.resnets.0.conv1", run)["spread"]
+        []
+    """
+    import torch
+
+    root = getattr(pipe, component)
+    target = root.get_submodule(name)
+    base, order = _maxima(root, run)
+    before, readers = _consumers(root, name, run)
+    if name not in base:
+        raise ValueError(f"{component}.{name} does not run in this call")
+    if not before or not math.isfinite(before):
+        raise ValueError(f"{component}.{name} produced no finite output in the float32 run")
+    scale = peak / before
+    names = dict(root.named_modules())
+    compensated, how = [], "none"
+    for a, b, kind in _PARTNERS:
+        if name == a or name.endswith("." + a):
+            partner = name[: len(name) - len(a)] + b
+            if partner in names:
+                compensated, how = [partner], kind
+            break
+    if not compensated and readers:
+        compensated, how = readers, "consumers"
+    with torch.no_grad():
+        target.weight.mul_(scale)
+        if getattr(target, "bias", None) is not None:
+            target.bias.mul_(scale)
+        for r in compensated:
+            reader = names[r]
+            if "norm" in type(reader).__name__.lower():
+                continue  # a norm reads a scaled input as it read the original one
+            reader.weight.div_(scale)
+            if how == "k" and getattr(reader, "bias", None) is not None:
+                reader.bias.div_(scale)
+
+    def related(n: str) -> bool:
+        return n == name or n.startswith(name + ".") or name.startswith(n + ".") or not n
+
+    for _ in range(3):  # functional code between the module and its reader: divide the first grown layer by its growth
+        now, _ = _maxima(root, run)
+        grown = [n for n in order if not related(n) and n in now and base.get(n, 0) > 0
+                 and now[n] > 10 * base[n] and not any(True for _ in names[n].children())
+                 and isinstance(getattr(names[n], "weight", None), torch.nn.Parameter)
+                 and "norm" not in type(names[n]).__name__.lower()]
+        if not grown:
+            break
+        with torch.no_grad():
+            names[grown[0]].weight.div_(now[grown[0]] / base[grown[0]])
+        compensated.append(grown[0])
+        how = how if how != "none" else "measured"
+    now, _ = _maxima(root, run)
+    spread = [n for n in order if not related(n) and now.get(n, 0) > 65504  # an activation's output is its input's
+              and (names[n]._parameters.get("weight") is not None or any(True for _ in names[n].children()))]
+    return {"module": name, "scale": scale, "compensated": compensated, "how": how, "spread": spread}
