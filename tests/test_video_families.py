@@ -364,6 +364,36 @@ def test_context_parallel_refused_on_cpu_with_the_reason_and_the_gpu_command(fol
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_context_parallel_only_the_main_process_writes_and_says_wrote(rank, folders, tmp_path, capsys, monkeypatch):
+    """Every rank makes every clip under --context-parallel; rank 0 alone writes it and prints "wrote". The GPU parts
+    (the refusal on CPU, diffusers' enable_parallelism) are stubbed and rank/world size come from a stand-in for
+    accelerate's PartialState, so one CPU process plays rank 0 or rank 1 of 2."""
+    import accelerate
+
+    from hf_precision.apps import video_parallel
+    from hf_precision.cli.video import main
+
+    class Rank:
+        def __init__(self, cpu=False):
+            self.process_index, self.num_processes, self.device = rank, 2, "cpu"
+            self.is_main_process = self.is_local_main_process = rank == 0
+
+        def wait_for_everyone(self):
+            pass
+
+    calls = []
+    monkeypatch.setattr(accelerate, "PartialState", Rank)
+    monkeypatch.setattr(video_parallel, "check_context_parallel", lambda *a, **k: None)
+    monkeypatch.setattr(video_parallel, "enable_context_parallel", lambda pipe, n: calls.append(n))
+    out = tmp_path / "x.gif"
+    rc = main(_args("wan", folders("wan"), out, tmp_path, "--context-parallel", "2"))
+    printed = capsys.readouterr().out
+    assert calls == [2] and "peak memory per phase" in printed  # this rank ran the clip
+    assert ("wrote " in printed) == out.exists() == (rank == 0), printed
+    assert rc == 0
+
+
 def test_doctests_of_the_video_modules():
     """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
     chunking switched on and off on the meta UNet)."""

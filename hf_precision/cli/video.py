@@ -329,6 +329,8 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
         per_clip = args.steps + (-(-(args.frames or 0) // args.decode_chunk_size) if svd and args.frames else 0)
         bar = tqdm(total=per_clip * len(mine), unit="step", disable=args.quiet or not state.is_local_main_process,
                    leave=False)
+        # Under --context-parallel every rank makes every clip; the main process alone writes it and says so.
+        writes = not parallel or state.is_main_process
         with bar:
             for n, job in enumerate(mine, 1):
                 bar.set_description(f"video {n}/{len(mine)}")
@@ -337,7 +339,7 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
                     if not np_isfinite(frames):
                         raise RecipeError("the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
                                           "--set transformer.dtype=float32 and report the model")
-                    if not parallel or state.is_main_process:
+                    if writes:
                         save_video(frames, job.out, fps=args.fps, format=job.format)
                 except (KeyboardInterrupt, SystemExit):
                     raise
@@ -348,7 +350,8 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
                     say(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
                     continue
                 f, h, w, _ = frames.shape
-                say(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
+                if writes:
+                    say(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
                 say(summary)
     state.wait_for_everyone()
     if failed:
