@@ -25,7 +25,7 @@ import dataclasses
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -326,7 +326,9 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
 
     The pipeline class comes from ``model_index.json`` and the recipe from the class (``load_pipeline``). With an
     offload mode the recipe is resolved for ``device`` (fp16 on a T4) but the weights are loaded on the CPU and moved
-    by diffusers' offload hooks, so a GPU too small for the whole pipeline never holds it at once.
+    by diffusers' offload hooks, so a GPU too small for the whole pipeline never holds it at once. ``device`` may also
+    be a mapping component -> device (``--device-map balanced``, :mod:`hf_precision.apps.video_devices`): each
+    component then gets the dtypes of its own device, without offload.
 
     Raises:
         RecipeError: not a video pipeline, unknown device, bad overrides, sequential offload on CPU.
@@ -339,8 +341,15 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     if settings.offload not in OFFLOAD:
         raise RecipeError(f"offload={settings.offload!r}: use one of {', '.join(OFFLOAD)}")
     where = model_class(model)
-    dev = torch_device(device if device is not None else device_profile(None).torch_device(), "--device")
     layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
+    if isinstance(device, Mapping):  # a device per component (--device-map balanced): each resolved for its own
+        if settings.offload != "none":
+            raise RecipeError(f"offload {settings.offload} with a device per component: offload moves every "
+                              f"component onto one device; use one or the other")
+        pipe = load_pipeline(where, dict(device), overrides=list(layers) or None, **kwargs)
+        apply_memory_settings(pipe, settings, pipe._execution_device)
+        return pipe
+    dev = torch_device(device if device is not None else device_profile(None).torch_device(), "--device")
     if settings.offload == "none":
         pipe = load_pipeline(where, str(dev), overrides=list(layers) or None, **kwargs)
     else:

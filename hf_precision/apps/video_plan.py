@@ -25,7 +25,8 @@ from typing import Any
 from ..errors import RecipeError
 from .video import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args"]
+__all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args",
+           "pipeline_recipe"]
 
 # Text sequence lengths the pipelines pad to (diffusers pipeline_wan.py max_sequence_length=512, pipeline_ltx.py 128,
 # pipeline_cogvideox.py 226, pipeline_hunyuan_video.py 256 plus the template's crop_start 95).
@@ -352,22 +353,34 @@ def _load_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _M
     return model
 
 
+def pipeline_recipe(spec: Any, index: Mapping[str, Any]) -> Any:
+    """The recipe ``load_pipeline`` uses for a video pipeline: the shipped one for its class, else the composed one.
+
+    Example:
+        >>> from hf_precision.apps.video import model_spec
+        >>> from hf_precision.runtime.source import configs_of
+        >>> where, spec = model_spec("svd", configs_only=True)
+        >>> pipeline_recipe(spec, configs_of(where)[1])
+        'svd'
+    """
+    from ..recipe.resolution import recipe_for_class
+
+    try:
+        return recipe_for_class(spec.pipeline)
+    except RecipeError:  # no shipped recipe lists the class: the one load_pipeline composes (runtime/load.py)
+        from ..recipe.compose import compose_spec
+        from ..runtime.source import models_of_index
+
+        return compose_spec(spec.pipeline, models_of_index(index))
+
+
 def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _Model:
     from .. import dtypes as dt
     from ..diagnose.planner import plan
     from ..runtime.source import configs_of
 
-    from ..recipe.resolution import recipe_for_class
-
     _, index, configs = configs_of(where)
-    try:
-        recipe: Any = recipe_for_class(spec.pipeline)
-    except RecipeError:  # no shipped recipe lists the class: the one load_pipeline composes (runtime/load.py)
-        from ..recipe.compose import compose_spec
-        from ..runtime.source import models_of_index
-
-        recipe = compose_spec(spec.pipeline, models_of_index(index))
-    p = plan(where, device=layout, recipe=recipe, overrides=overrides)
+    p = plan(where, device=layout, recipe=pipeline_recipe(spec, index), overrides=overrides)
     dtypes = {name: dt.to_torch(c.compute) for name, c in p.components.items()}
     from diffusers.utils import logging as dlog
 

@@ -113,6 +113,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="split each clip's tokens over N GPUs (diffusers ContextParallelConfig, transformers with a "
                         "_cp_plan: Wan, LTX-Video); start N processes with torchrun; every rank runs every clip, the "
                         "main process writes it")
+    p.add_argument("--device-map", choices=("balanced",), default=None,
+                   help="balanced: place whole components over the visible GPUs (the denoiser alone on the one with "
+                        "the most free memory, the rest largest first), each in the recipe's dtypes for its GPU; for a "
+                        "model that does not fit one GPU. The placement is printed before loading")
     p.add_argument("--fail-fast", action="store_true", help="stop at the first failed clip (default: report it, go on)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -213,6 +217,15 @@ def run(args: argparse.Namespace) -> int:
         raise RecipeError("--out is required: FILE.mp4, FILE.gif, or a folder")
     if args.demo and not args.plan:
         check_out(args.out or "demo.mp4", args.format)  # before --demo builds its model
+    if args.device_map:
+        clash = [flag for flag, on in (("--device", args.device is not None),
+                                       ("--offload", args.offload not in (None, "none")),
+                                       ("--max-memory", args.max_memory is not None),
+                                       ("--context-parallel", bool(args.context_parallel)), ("--plan", args.plan)) if on]
+        if clash:
+            raise RecipeError(f"--device-map balanced places whole components on all visible GPUs; it does not go "
+                              f"with {', '.join(clash)} (one device, offload onto one GPU, or a split of the tokens): "
+                              f"drop one of them")
     if args.device is not None and not args.plan:  # --plan plans for any device, a preset such as t4 included
         from ..runtime.apply import torch_device
 
@@ -296,6 +309,11 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
         with state.split_between_processes(jobs) as mine:
             mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no job twice
     failed: list[str] = []
+    if args.device_map:
+        if distributed:
+            raise RecipeError("--device-map balanced spreads one model over this process's GPUs; under accelerate "
+                              "launch/torchrun each process has its own GPU: start one process")
+        device = _balanced(args, model, spec)
     if mine:
         settings = _settings(args, model, spec, device or _default_device())
         extra = {"layout": args.layout} if args.layout else {}
@@ -311,6 +329,8 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
         per_clip = args.steps + (-(-(args.frames or 0) // args.decode_chunk_size) if svd and args.frames else 0)
         bar = tqdm(total=per_clip * len(mine), unit="step", disable=args.quiet or not state.is_local_main_process,
                    leave=False)
+        # Under --context-parallel every rank makes every clip; the main process alone writes it and says so.
+        writes = not parallel or state.is_main_process
         with bar:
             for n, job in enumerate(mine, 1):
                 bar.set_description(f"video {n}/{len(mine)}")
@@ -319,7 +339,7 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
                     if not np_isfinite(frames):
                         raise RecipeError("the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
                                           "--set transformer.dtype=float32 and report the model")
-                    if not parallel or state.is_main_process:
+                    if writes:
                         save_video(frames, job.out, fps=args.fps, format=job.format)
                 except (KeyboardInterrupt, SystemExit):
                     raise
@@ -330,7 +350,8 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
                     say(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
                     continue
                 f, h, w, _ = frames.shape
-                say(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
+                if writes:
+                    say(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
                 say(summary)
     state.wait_for_everyone()
     if failed:
@@ -343,6 +364,16 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
         if len(jobs) > 1 or distributed:
             say(f"done: {len(jobs)} video(s) from {state.num_processes} process(es) in {jobs[0].out.parent}")
     return 1 if failed else 0
+
+
+def _balanced(args: argparse.Namespace, model: str, spec: Any) -> dict[str, str]:
+    """The component -> device mapping of ``--device-map balanced``, printed before anything is loaded."""
+    from ..apps import video_devices
+
+    placement = video_devices.plan_placement(model, spec, video_devices.device_rooms(), layout=args.layout,
+                                             overrides=overrides_from(args) or None)
+    print(placement.describe(), flush=True)
+    return placement.mapping()
 
 
 def np_isfinite(frames: Any) -> bool:
