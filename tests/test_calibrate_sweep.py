@@ -140,3 +140,18 @@ def test_refuses_a_budget_below_the_largest_component(planted_sd15):
         hp.calibrate(planted_sd15, "t4", _sd15_call(), progress=False, run_on="cpu", max_memory=10_000)
     text = str(err.value)
     assert "--max-memory" in text and "reference='bfloat16'" in text and "model offload" in text
+
+
+def test_a_pipeline_whose_output_is_not_images():
+    # Stable Cascade's prior returns image embeddings (StableCascadePriorPipelineOutput): calibrate compares those
+    # (it failed with "float() argument must be ... not 'StableCascadePriorPipelineOutput'" before).
+    from hf_precision.testing import families_unet
+
+    pipe = families_unet.make_family("cascade_prior")
+    call = {**families_unet.FAMILIES["cascade_prior"].call_kwargs(), "num_inference_steps": 1}
+    plant_overflow(pipe, "prior", "down_blocks.0.2.attention.to_q",
+                   lambda: pipe(**call, generator=torch.Generator().manual_seed(0)))
+    result = hp.calibrate(pipe, "t4", call, progress=False, run_on="cpu")
+    assert not result.errors["naive"].finite and result.finite
+    assert any(inside("down_blocks.0.2.attention.to_q", [i]) for i in result.islands["prior"])
+    assert result.extra_bytes < result.whole_component_bytes()

@@ -416,6 +416,8 @@ def _output_array(out: Any) -> Any:
         value = getattr(out, attr, None)
         if value is not None:
             break
+    if value is None and hasattr(out, "to_tuple"):  # other diffusers outputs (prior embeddings ...): the first field
+        value = next((v for v in out.to_tuple() if v is not None), None)
     if value is None:
         value = out[0] if isinstance(out, (tuple, list)) else out
     if isinstance(value, torch.Tensor):
