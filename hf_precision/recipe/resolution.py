@@ -677,7 +677,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
                          keep_fp32=islands, entry=tuple(get("entry") or ("",)), nan_guard=nan_guard,
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
                          recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions),
-                         no_cast=tuple(get("no_cast") or DEFAULT_NO_CAST),
+                         no_cast=tuple(DEFAULT_NO_CAST if get("no_cast") is None else get("no_cast")),
                          layerwise_skip=tuple(get("layerwise_skip") or DEFAULT_LAYERWISE_SKIP))
 
 

@@ -295,6 +295,18 @@ def make_hunyuandit(seed: int = 0):
     return finish_pipeline(pipe)
 
 
+def make_hunyuandit_controlnet(seed: int = 0):
+    """A random-weight ``HunyuanDiTControlNetPipeline`` (the HunyuanDiT parts plus a HunyuanDiT ControlNet)."""
+    from diffusers import HunyuanDiT2DControlNetModel, HunyuanDiTControlNetPipeline
+
+    parts = dict(make_hunyuandit(seed).components)
+    controlnet = _seeded(seed, lambda: HunyuanDiT2DControlNetModel(
+        sample_size=16, transformer_num_layers=2, patch_size=2, attention_head_dim=8, num_attention_heads=3,
+        in_channels=4, cross_attention_dim=32, cross_attention_dim_t5=32, pooled_projection_dim=16, hidden_size=24,
+        activation_fn="gelu-approximate"))
+    return finish_pipeline(HunyuanDiTControlNetPipeline(**parts, controlnet=controlnet))
+
+
 def make_qwenimage(seed: int = 0):
     """A random-weight ``QwenImagePipeline`` (Qwen2.5-VL text encoder, MMDiT, causal 3D VAE)."""
     from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
@@ -339,6 +351,8 @@ FAMILIES: dict[str, Family] = {
                                                                          system_prompt="")),
     "hunyuandit": Family("HunyuanDiTPipeline", make_hunyuandit, lambda: _text_kwargs(
         guidance_scale=5.0, use_resolution_binning=False, height=16, width=16)),
+    "hunyuandit_controlnet": Family("HunyuanDiTControlNetPipeline", make_hunyuandit_controlnet, lambda: _text_kwargs(
+        guidance_scale=5.0, use_resolution_binning=False, height=16, width=16, control_image=example_image(16, seed=2))),
     "qwenimage": Family("QwenImagePipeline", make_qwenimage, lambda: _text_kwargs(
         true_cfg_scale=1.0, max_sequence_length=16)),
 }
