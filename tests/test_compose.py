@@ -147,3 +147,48 @@ def test_composed_vae_entry_points_are_candidates_not_requirements():
     vae = torch.nn.ModuleDict({"encoder": torch.nn.Linear(2, 2), "decoder": torch.nn.Linear(2, 2)})
     assert "quant_conv" in recipe["vae"].entry
     check_user_names(recipe["vae"], vae)  # raised "name no module of ModuleDict" before
+
+
+def test_an_unknown_class_keeps_its_own_keep_in_fp32_modules():
+    # Kandinsky 5 feeds fp32 sinusoids to `time_embeddings` (transformer_kandinsky.py:169-171) and lists it in
+    # `_keep_in_fp32_modules`; a composed recipe knows nothing of the class, so the class's own list is its start.
+    # Without it the bf16 run raised "mat1 and mat2 must have the same dtype, but got Float and BFloat16".
+    from hf_precision.runtime.layout import component_islands
+
+    class TimeFirst(torch.nn.Module):
+        _keep_in_fp32_modules = ["time_embeddings", "modulation"]
+
+        def __init__(self):
+            super().__init__()
+            self.time_embeddings = torch.nn.Linear(4, 4)
+            self.blocks = torch.nn.ModuleList([torch.nn.ModuleDict({"modulation": torch.nn.Linear(4, 4)})])
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x, t):
+            return self.proj(x + self.time_embeddings(t.float()) + self.blocks[0]["modulation"](x))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = resolve(pipeline_class="NoSuchPipeline", models={"transformer": ("TimeFirst", "denoiser")},
+                       layout="a100")["transformer"]
+    module = TimeFirst()
+    assert plan.compute == "bfloat16" and not plan.recipe
+    assert component_islands(plan, module) == ["time_embeddings", "blocks.0.modulation"]
+    shipped = hp.get_recipe("wan", device="a100")["transformer"]  # a component recipe's islands are its own
+    assert "blocks.0.modulation" not in component_islands(shipped, module, strict=False)
+
+    from diffusers import DiffusionPipeline  # the same through apply_recipe, on a pipeline holding that component
+
+    class OnePipeline(DiffusionPipeline):
+        def __init__(self, transformer):
+            super().__init__()
+            self.register_modules(transformer=transformer)
+
+    pipe = OnePipeline(TimeFirst())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        hp.apply_recipe(pipe, device="cpu", layout="a100")
+    x = torch.randn(2, 4)
+    assert torch.isfinite(pipe.transformer(x, torch.ones(2, 4))).all()
+    assert pipe.transformer.time_embeddings.weight.dtype == torch.float32
+    assert pipe.transformer.proj.weight.dtype == torch.bfloat16

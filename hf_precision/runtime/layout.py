@@ -43,7 +43,15 @@ def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[st
 def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
     """The float32 islands of a built component under a plan (outermost matched modules; none in fp32)."""
     names = [n for n, _ in module.named_modules() if n]
-    return resolve_islands(plan.name, plan.keep_fp32, names, owner=type(module).__name__,
+    keep = list(plan.keep_fp32)
+    if not plan.recipe:
+        # No component recipe lists this class (composed, or written inline): start from the class's own
+        # `_keep_in_fp32_modules`, which diffusers and transformers keep in fp32 whatever the load dtype
+        # (diffusers v0.42.1 models/model_loading_utils.py:238) and which the model's code may rely on (Kandinsky 5
+        # feeds fp32 sinusoids to `time_embeddings`, transformer_kandinsky.py:169-171).
+        for part in getattr(type(module), "_keep_in_fp32_modules", None) or ():
+            keep += [n for n in names if n == part or n.endswith("." + part)]
+    return resolve_islands(plan.name, tuple(dict.fromkeys(keep)), names, owner=type(module).__name__,
                            active=plan.compute != "float32", strict=strict)
 
 
