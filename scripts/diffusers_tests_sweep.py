@@ -33,6 +33,9 @@ from pathlib import Path
 
 LAYOUT = {"denoiser": "bfloat16", "vae": "float16", "default": "float32"}
 DENOISERS = ("transformer", "unet", "prior", "decoder", "transformer_2")
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+                 "{% else %}{% for c in m['content'] %}{% if c['type'] == 'text' %}{{ c['text'] }}{% endif %}{% endfor %}"
+                 "{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
 def make_hub(root: Path) -> None:
@@ -55,7 +58,11 @@ def make_hub(root: Path) -> None:
     t5_tok.save_pretrained(hub / "tiny-random-umt5")
     make_tokenizer().save_pretrained(hub / "tiny-random-clip")
     make_gemma_tokenizer().save_pretrained(hub / "dummy-gemma")
-    make_qwen2_tokenizer().save_pretrained(hub / "tiny-random-Qwen2VLForConditionalGeneration")
+    qwen = make_qwen2_tokenizer()
+    qwen.chat_template = CHAT_TEMPLATE  # Flux 2 Klein, Z-Image, Ovis ... call apply_chat_template
+    qwen.save_pretrained(hub / "tiny-random-Qwen2VLForConditionalGeneration")
+    # Wan I2V/VACE, SkyReels, Helios call ftfy.fix_text without checking for it: an identity stand-in
+    (root / "ftfy.py").write_text("def fix_text(text, *args, **kwargs):\n    return text\n")
     bert_tok = make_bert_tokenizer()
     BertModel(BertConfig(vocab_size=1124, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=37)).save_pretrained(hub / "tiny-random-BertModel")
@@ -103,8 +110,22 @@ def layout_for(models: list[str]) -> dict[str, str] | None:
             for n in models}
 
 
+def _ftfy_stand_in() -> None:
+    # Pipelines import ftfy only when it is installed (is_ftfy_available) and then call it anyway: hand the
+    # stand-in to every pipeline module that has a basic_clean() and no ftfy.
+    try:
+        import ftfy
+    except ImportError:
+        return
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("diffusers.pipelines") and hasattr(mod, "basic_clean") and not hasattr(mod, "ftfy"):
+            mod.ftfy = ftfy
+
+
 def run_one(tester_cls, plain: bool, scratch: Path) -> dict:
     import torch
+
+    _ftfy_stand_in()
 
     import hf_precision as hp
 
@@ -157,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (args.hub / "hf-internal-testing" / "tiny-random-t5").is_dir():
             make_hub(args.hub)
         os.chdir(args.hub)
+        sys.path.insert(0, str(args.hub))  # the ftfy stand-in
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     scratch = Path(tempfile.mkdtemp(prefix="sweep-"))
     seen: set[type] = set()
