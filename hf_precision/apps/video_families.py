@@ -36,6 +36,11 @@ FAMILY_DEFAULTS: dict[str, dict[str, int]] = {
 }
 
 
+# VAEs whose decode refuses to run untiled: Allegro's raises "Decoding without tiling has not been implemented yet"
+# (diffusers v0.42.1 autoencoder_kl_allegro.py:841), so the video program turns tiling on whatever the settings say.
+TILED_ONLY_VAES = frozenset({"AutoencoderKLAllegro"})
+
+
 @dataclasses.dataclass(frozen=True)
 class VideoSpec:
     """The rules of one video pipeline class, derived from its configs.
@@ -54,6 +59,9 @@ class VideoSpec:
     size_multiple: int
     defaults: dict[str, int]
     extra: dict[str, Any]
+    vae_tiling_required: bool = False
+    frames_arg: str = "num_frames"
+    fixed_frames: int = 0
 
     @property
     def mode(self) -> str:
@@ -68,7 +76,11 @@ class VideoSpec:
                 near = max(m, round(value / m) * m)
                 problems.append(f"--{name} {value}: {self.pipeline} needs a positive multiple of {m} (VAE spatial "
                                 f"factor x transformer patch size, from the configs); e.g. --{name} {near}")
-        if frames < 1:
+        if self.fixed_frames and frames != self.fixed_frames:
+            problems.append(f"--frames {frames}: {self.pipeline}'s transformer was built for {self.fixed_frames} frames "
+                            f"(video_length in its config: the temporal position embedding has that length); use "
+                            f"--frames {self.fixed_frames}")
+        elif frames < 1:
             problems.append(f"--frames {frames}: must be at least 1")
         elif self.frame_step > 1 and (frames - 1) % self.frame_step:
             k = max(0, round((frames - 1) / self.frame_step))
@@ -117,7 +129,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     """The rules of a video pipeline from ``model_index.json`` and the component configs.
 
     Raises:
-        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no ``num_frames``).
+        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no ``num_frames``, or
+            ``video_length`` as Latte's does).
 
     Example:
         >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
@@ -130,9 +143,10 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
 
     cls = getattr(diffusers, pipeline, None)
     params = inspect.signature(cls.__call__).parameters if cls is not None else {}
-    if "num_frames" not in params:
+    frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)  # Latte: video_length
+    if frames_arg is None:
         raise RecipeError(f"model_index.json names {pipeline}, which is not a diffusers video pipeline (its __call__ "
-                          f"takes no num_frames); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
+                          f"takes no num_frames or video_length); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
                           f"or Stable Video Diffusion")
     family = _family(pipeline)
     denoiser = "unet" if "unet" in index else "transformer"
@@ -146,6 +160,10 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     defaults = dict(FAMILY_DEFAULTS[family])
     if family == "svd":
         defaults["frames"] = int(den.get("num_frames", 14))
+    fixed = int(den.get("video_length") or 0)  # Latte: a temporal position embedding of that many frames
+    if fixed:
+        defaults["frames"] = fixed
     return VideoSpec(pipeline=pipeline, family=family, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
-                     size_multiple=spatial * patch, defaults=defaults, extra=extra)
+                     size_multiple=spatial * patch, defaults=defaults, extra=extra,
+                     vae_tiling_required=vae_cls in TILED_ONLY_VAES, frames_arg=frames_arg, fixed_frames=fixed)

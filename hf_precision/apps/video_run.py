@@ -211,7 +211,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
     problems = spec.check(height=height, width=width, frames=frames)
     if problems:
         raise RecipeError(problems)
-    kwargs: dict[str, Any] = {"height": height, "width": width, "num_frames": frames, "num_inference_steps": steps,
+    kwargs: dict[str, Any] = {"height": height, "width": width, spec.frames_arg: frames, "num_inference_steps": steps,
                               "generator": torch.Generator("cpu").manual_seed(seed), "output_type": "np",
                               **{**spec.extra, **extra}}
     if spec.takes_prompt:

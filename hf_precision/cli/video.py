@@ -265,14 +265,19 @@ def run(args: argparse.Namespace) -> int:
 
 def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> MemorySettings:
     if args.max_memory is None:
-        return MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
-                              vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
-                              decode_chunk_size=args.decode_chunk_size if spec.family == "svd" else None)
-    from ..apps.video_plan import choose_for_args
+        settings = MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
+                                  vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
+                                  decode_chunk_size=args.decode_chunk_size if spec.family == "svd" else None)
+    else:
+        from ..apps.video_plan import choose_for_args
 
-    choice = choose_for_args(where, spec, args, device)
-    print(choice.describe(), flush=True)
-    return choice.settings
+        choice = choose_for_args(where, spec, args, device)
+        print(choice.describe(), flush=True)
+        settings = choice.settings
+    if spec.vae_tiling_required and not settings.vae_tiling:
+        print(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)", flush=True)
+        settings = dataclasses.replace(settings, vae_tiling=True)
+    return settings
 
 
 def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) -> int:
