@@ -125,6 +125,15 @@ def _vae_factors(cls: str, config: Mapping[str, Any]) -> tuple[int, int]:
     return (2 ** (len(blocks) - 1) if blocks else 8), int(config.get("temporal_compression_ratio", 1) or 1)
 
 
+def _init_default(spec: Any, name: str) -> Any:
+    """The default of ``name`` in the ``__init__`` of the diffusers class ``spec`` = [library, class] names."""
+    import diffusers
+
+    cls = getattr(diffusers, str((spec or [None, ""])[1]), None)
+    param = inspect.signature(cls.__init__).parameters.get(name) if cls is not None else None
+    return None if param is None or param.default is inspect.Parameter.empty else param.default
+
+
 def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> VideoSpec:
     """The rules of a video pipeline from ``model_index.json`` and the component configs.
 
@@ -160,7 +169,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     defaults = dict(FAMILY_DEFAULTS[family])
     if family == "svd":
         defaults["frames"] = int(den.get("num_frames", 14))
-    fixed = int(den.get("video_length") or 0)  # Latte: a temporal position embedding of that many frames
+    fixed = int(den.get("video_length") or _init_default(index.get(denoiser), "video_length") or 0)  # Latte:
+    # a temporal position embedding of that many frames (a config may leave it at the class default)
     if fixed:
         defaults["frames"] = fixed
     return VideoSpec(pipeline=pipeline, family=family, denoiser=denoiser, takes_prompt="prompt" in params,
