@@ -196,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 row = run_one(tester_cls, args.plain, scratch)
             except Exception as err:  # noqa: BLE001
-                row = {"class": tester_cls.pipeline_class.__name__, "setup": f"{type(err).__name__}: {str(err)[:200]}"}
+                row = {"class": getattr(tester_cls.pipeline_class, "__name__", name),
+                       "setup": f"{type(err).__name__}: {str(err)[:200]}"}
             row.update(module=module, tester=name, seconds=round(time.perf_counter() - start, 1))
             print(json.dumps(row), flush=True)
     return 0
