@@ -63,6 +63,9 @@ def make_hub(root: Path) -> None:
     qwen.save_pretrained(hub / "tiny-random-Qwen2VLForConditionalGeneration")
     # Wan I2V/VACE, SkyReels, Helios call ftfy.fix_text without checking for it: an identity stand-in
     (root / "ftfy.py").write_text("def fix_text(text, *args, **kwargs):\n    return text\n")
+    from hf_precision.testing.video_families import make_llama_tokenizer
+
+    make_llama_tokenizer().save_pretrained(root / "finetrainers" / "dummy-hunyaunvideo" / "tokenizer")  # HunyuanVideo
     bert_tok = make_bert_tokenizer()
     BertModel(BertConfig(vocab_size=1124, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=37)).save_pretrained(hub / "tiny-random-BertModel")
@@ -102,11 +105,11 @@ def finite(out) -> bool:
     return bool(np.isfinite(np.asarray(value, dtype=np.float64)).all())
 
 
-def layout_for(models: list[str]) -> dict[str, str] | None:
+def layout_for(models: list[str], layout: dict[str, str] = LAYOUT) -> dict[str, str] | None:
     denoiser = next((n for n in DENOISERS if n in models), None)
     if denoiser is None:
         return None
-    return {n: LAYOUT["denoiser"] if n == denoiser else LAYOUT["vae"] if n in ("vae", "movq") else LAYOUT["default"]
+    return {n: layout["denoiser"] if n == denoiser else layout["vae"] if n in ("vae", "movq") else layout["default"]
             for n in models}
 
 
@@ -122,7 +125,7 @@ def _ftfy_stand_in() -> None:
             mod.ftfy = ftfy
 
 
-def run_one(tester_cls, plain: bool, scratch: Path) -> dict:
+def run_one(tester_cls, plain: bool, scratch: Path, layout: dict[str, str] = LAYOUT) -> dict:
     import torch
 
     _ftfy_stand_in()
@@ -136,7 +139,7 @@ def run_one(tester_cls, plain: bool, scratch: Path) -> dict:
     folder = Path(tempfile.mkdtemp(dir=scratch))
     tester_cls.pipeline_class(**components).save_pretrained(folder, safe_serialization=True)
     models = [n for n, c in components.items() if isinstance(c, torch.nn.Module)]
-    asked = layout_for(models)
+    asked = layout_for(models, layout)
     if asked is None:
         row["skipped"] = "no denoiser component"
         return row
@@ -167,7 +170,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hub", type=Path, help="make offline Hub stand-ins here and run from there")
     parser.add_argument("--extra", type=Path, help="a folder with extra test dependencies (pip install --target)")
     parser.add_argument("--plain", action="store_true", help="also run plain diffusers with the same dtype dict")
+    parser.add_argument("--dtypes", default="denoiser=bfloat16,vae=float16,default=float32",
+                        help="the layout: denoiser=..., vae=..., default=... (default: %(default)s)")
     args = parser.parse_args(argv)
+    try:
+        layout = dict(item.split("=", 1) for item in args.dtypes.split(","))
+        assert set(layout) == {"denoiser", "vae", "default"}
+    except (ValueError, AssertionError):
+        parser.error(f"--dtypes {args.dtypes!r}: give denoiser=DTYPE,vae=DTYPE,default=DTYPE")
     sys.path[:0] = [str(args.diffusers)] + ([str(args.extra)] if args.extra else [])
     modules = args.modules or sorted(
         ".".join(p.with_suffix("").relative_to(args.diffusers).parts)
@@ -194,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             seen.add(tester_cls.pipeline_class)
             start = time.perf_counter()
             try:
-                row = run_one(tester_cls, args.plain, scratch)
+                row = run_one(tester_cls, args.plain, scratch, layout)
             except Exception as err:  # noqa: BLE001
                 row = {"class": getattr(tester_cls.pipeline_class, "__name__", name),
                        "setup": f"{type(err).__name__}: {str(err)[:200]}"}
