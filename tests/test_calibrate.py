@@ -134,7 +134,7 @@ def test_wan_time_embedding(tmp_path):
 
 def test_refuses_what_does_not_fit(sdxl_folder, monkeypatch):
     folder, _, _ = sdxl_folder
-    monkeypatch.setattr(calibrator, "_available_bytes", lambda device: 1000)
+    monkeypatch.setattr(calibrator, "available_bytes", lambda device: 1000)
     with pytest.raises(hp.RecipeError, match="reference='bfloat16'") as err:
         hp.calibrate(folder, "t4", run_on="cpu", progress=False)
     assert "available" in str(err.value) and "Traceback" not in str(err.value)

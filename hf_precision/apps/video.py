@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from ..runtime.memory import proc_bytes
 from .outputs import check_output, written_atomically
 
 if TYPE_CHECKING:
@@ -421,13 +422,9 @@ def peak_rss() -> int:
     the parent's pages a forked child had before ``exec``). macOS: ``ru_maxrss`` (bytes there). Windows: psutil's peak
     working set.
     """
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    peak = proc_bytes("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
     try:
         import resource
     except ImportError:  # Windows

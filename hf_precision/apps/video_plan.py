@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import RecipeError
+from ..runtime.memory import available_bytes
 from .video import MemorySettings
 
 __all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args",
@@ -53,16 +54,9 @@ def parse_size(text: str) -> int:
 
 def free_memory(device: Any) -> int:
     """Free memory of ``device``: CUDA ``mem_get_info``; CPU the available RAM (``MemAvailable``)."""
-    import torch
-
-    dev = torch.device(device)
-    if dev.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(dev)[0])
-    with contextlib.suppress(OSError, ValueError):
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+    available = available_bytes(device)
+    if available is not None:
+        return available
     import os
 
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))

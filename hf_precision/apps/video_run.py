@@ -15,6 +15,7 @@ import time
 from typing import Any, Iterator
 
 from ..errors import RecipeError
+from ..runtime.memory import proc_bytes
 
 __all__ = ["PhaseMemory", "ClipResult", "generate_clip", "rss", "weight_bytes"]
 
@@ -23,13 +24,9 @@ PHASES = ("text encoding", "image encoding", "denoising", "VAE decode")
 
 def rss() -> int:
     """The process's resident set size in bytes now (Linux ``VmRSS``; elsewhere psutil or ``ru_maxrss``)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    now = proc_bytes("/proc/self/status", "VmRSS")
+    if now is not None:
+        return now
     from .video import peak_rss
 
     return peak_rss()

@@ -35,6 +35,7 @@ import torch
 
 from .. import dtypes as dt
 from ..errors import RecipeError
+from ..runtime.memory import available_bytes
 from ..recipe.patterns import inside, outermost, resolve_islands
 
 __all__ = ["calibrate", "CalibrationResult", "Evidence", "RunError", "Recorder"]
@@ -538,21 +539,6 @@ def _evidence(comp: str, island: str, stats: Mapping[tuple[str, str], _Stat], li
 # ------------------------------------------------------------------------------------------- memory
 
 
-def _available_bytes(device: str) -> int | None:
-    import torch
-
-    if device.startswith("cuda") and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
 def _folder_numel(folder: Path) -> dict[str, int]:
     """Component -> number of floating values in its default safetensors files (read from the headers only)."""
     out: dict[str, int] = {}
@@ -577,7 +563,7 @@ def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, t
     offload is chosen on any device, the CPU included (there accelerate's hooks keep one component "on" the CPU
     at a time: the same code path, without a memory gain).
     """
-    available = _available_bytes(run_on)
+    available = available_bytes(run_on)
     if max_memory is not None:
         available, resident = (max_memory if available is None else min(available, max_memory)), 0
     total, largest = sum(numel.values()), max(numel.values(), default=0)
