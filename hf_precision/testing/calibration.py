@@ -209,12 +209,7 @@ def _consumers(root, name: str, run) -> tuple[float, list[str]]:
                 keep.extend(ts)
 
         handles += [m.register_forward_pre_hook(pre, with_kwargs=True), m.register_forward_hook(post, with_kwargs=True)]
-    try:
-        with torch.no_grad():
-            run()
-    finally:
-        for h in handles:
-            h.remove()
+    _run_hooked(run, handles)
     return peak[0], list(found)
 
 
@@ -232,13 +227,20 @@ def _maxima(root, run) -> tuple[dict[str, float], list[str]]:
             v = max([0.0, *(float(t.detach().abs().float().max()) for t in ts if t.numel() and t.is_floating_point())])
             peaks[n] = max(peaks.get(n, 0.0), v)
         handles.append(m.register_forward_hook(post))
+    _run_hooked(run, handles)
+    return peaks, list(peaks)
+
+
+def _run_hooked(run, handles) -> None:
+    """Call ``run()`` without gradients, then remove the recording hooks whatever happened."""
+    import torch
+
     try:
         with torch.no_grad():
             run()
     finally:
         for h in handles:
             h.remove()
-    return peaks, list(peaks)
 
 
 def plant_overflow(pipe, component: str, name: str, run, *, peak: float = 3e5) -> dict[str, Any]:
