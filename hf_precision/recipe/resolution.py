@@ -804,19 +804,19 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
     return {n: place for n in names}
 
 
-def _fit_classes(name: str, models: Mapping[str, tuple[str, str]], device: Any,
-                 configs: Mapping[str, Mapping[str, Any]] | None) -> str | dict[str, Any]:
+def _fit_classes(name: str, resolved: Recipe, models: Mapping[str, tuple[str, str]]) -> str | dict[str, Any]:
     """The recipe, with each component whose component recipe is for another model class given its own class's.
 
     A pipeline may hold a model class other than the one its recipe names (diffusers' own tests build Wan with a
     T5EncoderModel where the release has a UMT5EncoderModel): that component gets the component recipe listing its
-    class, or the unknown-class treatment, instead of islands and entry points that would not fit. The user's
-    overrides still apply on top, so a `use:` they set is still checked against the class.
+    class, or the unknown-class treatment, instead of islands and entry points that would not fit. ``resolved`` is
+    ``name`` resolved with the user's overrides, which still apply on top of the refitted data, so a `use:` they set
+    is still checked against the class (and one that fits leaves nothing to refit). Returns ``name`` itself when
+    every class fits.
     """
     from .compose import component_spec
 
-    base = get_recipe(name, device=device, configs=configs)
-    misfits = {p.name: models[p.name] for p in base.plans
+    misfits = {p.name: models[p.name] for p in resolved.plans
                if p.name in models and p.classes and models[p.name][0] not in p.classes}
     if not misfits:
         return name
@@ -824,7 +824,7 @@ def _fit_classes(name: str, models: Mapping[str, tuple[str, str]], device: Any,
     components = dict(data["components"])
     for comp, (cls, role) in misfits.items():
         fitted = component_spec(comp, cls, role)
-        was = base[comp]
+        was = resolved[comp]
         fitted["why"] = (f"{name} names {was.recipe} ({', '.join(was.classes)}) for {comp}, but this pipeline's {comp} is "
                          f"a {cls}: " + (f"{fitted['use']}, the component recipe for {cls}" if "use" in fitted
                                          else str(fitted["why"])))
@@ -904,9 +904,12 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
             recipe = compose_spec(str(pipeline_class), models)  # type: ignore[assignment]
     name: Any = recipe if isinstance(recipe, Mapping) else str(recipe)
     best = layout if layout is not None and not isinstance(layout, Mapping) else None
-    if chosen and models and not isinstance(name, Mapping):
-        name = _fit_classes(name, models, best, configs)
     first = get_recipe(name, device=best, overrides=overrides, configs=configs)
+    if chosen and models and not isinstance(name, Mapping):
+        fitted = _fit_classes(name, first, models)
+        if fitted is not name:  # rare: only then resolve again, from the refitted data
+            name = fitted
+            first = get_recipe(name, device=best, overrides=overrides, configs=configs)
     check_recipe_class(first.name, first.pipelines, pipeline_class, force)
     names = [p.name for p in first.plans]
     place = placement(devices, names, components)
