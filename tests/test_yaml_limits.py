@@ -267,3 +267,23 @@ def test_a_huge_bad_value_is_quoted_short(tmp_path):
     with pytest.raises(hp.RecipeError) as info:
         hp.get_recipe("sdxl", device="cuda:sm=" + "9" * 100_000)
     assert len(str(info.value)) < 1000
+
+
+@pytest.mark.parametrize("pure", LOADERS)
+def test_deep_flow_nesting_is_reported_in_our_words_whichever_layer_stops_it(pure, monkeypatch):
+    # PyYAML >= 6.0.3's libyaml stops a long run of '[' at its own depth limit (1,000) with its own wording, before
+    # the event pre-scan sees level 33; PyYAML <= 6.0.2 lets the pre-scan see it. With the text scan switched
+    # off, whichever of the two stops it, the user still reads the project's limit, not the parser's.
+    monkeypatch.setattr(files, "_flow_depth_scan", lambda text: None)
+    assert f"nested deeper than {files.MAX_DEPTH} levels" in refused("[" * 5_000 + "]" * 5_000, pure)
+
+
+@pytest.mark.parametrize("pure", LOADERS)
+def test_brackets_in_quotes_and_comments_do_not_count_as_nesting(pure):
+    deep = "[" * (files.MAX_DEPTH + 5)
+    text = (f"a: \"{deep}\"\nb: '{deep}'\n# {deep}\nc: \"x\\\" {deep}\"\n"
+            + "".join(f"k{i}: [1, 2]\n" for i in range(files._DIRECT)))
+    data = parse_yaml(text, "ok.yaml", pure=pure)
+    assert data["a"] == deep and data["b"] == deep and data["c"] == f"x\" {deep}"
+    # One bracket more than allowed, right after those, is still caught by the text scan.
+    assert f"nested deeper than {files.MAX_DEPTH} levels" in refused(text + "z: " + deep + "]" * len(deep) + "\n", pure)

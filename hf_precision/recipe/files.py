@@ -8,6 +8,7 @@ and stated caps on size, list length and nesting (a few hundred thousand nested 
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -57,9 +58,9 @@ def recipes_dir() -> Path:
 class _Refused(Exception):
     """Raised while checking; ``parse_yaml`` turns it into a RecipeError naming the source."""
 
-    def __init__(self, mark: Any, message: str):
+    def __init__(self, mark: Any, message: str, *, line: int | None = None):
         super().__init__(message)
-        self.line = mark.line + 1 if mark is not None else None
+        self.line = mark.line + 1 if mark is not None else line
         self.message = message
 
 
@@ -72,6 +73,62 @@ _DIRECT = 400
 
 def _path(parts: Any) -> str:
     return "".join(p if p.startswith("[") else f".{p}" for p in parts).lstrip(".") or "top level"
+
+
+# Flow brackets, quotes, comments and line breaks: all the flow-depth scan needs to look at.
+_FLOW_TOKENS = re.compile(r"""[\[\]{}"'#\n]""")
+
+
+def _flow_depth_scan(text: str) -> None:
+    """Refuse flow brackets nested deeper than ``MAX_DEPTH`` from the text alone, before any YAML parser runs.
+
+    libyaml's scanner reads ahead through a run of '[' before it emits the first event (each could start a key), and
+    PyYAML 6.0.4's libyaml stops at its own limit of 1,000 with its own words, so the event pre-scan never sees
+    the 33rd level there. Quoted strings and comments are skipped; a bracket inside a plain scalar (``a: x[1]``)
+    is counted, which can only over-count a file that already has 32 unclosed brackets on its lines.
+    """
+    depth, line, pos = 0, 1, 0
+    for match in _FLOW_TOKENS.finditer(text):
+        ch, at = match.group(), match.start()
+        if at < pos:
+            continue
+        if ch == "\n":
+            line += 1
+        elif ch in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise _Refused(None, f"nested deeper than {MAX_DEPTH} levels (flow brackets); "
+                                     "recipes nest at most 6 levels: flatten it", line=line)
+        elif ch in "]}":
+            depth = max(depth - 1, 0)
+        elif ch == "#":
+            if at == 0 or text[at - 1] in " \t\n":
+                end = text.find("\n", at)
+                pos = len(text) if end < 0 else end  # the newline itself is counted on the next match
+        elif at == 0 or text[at - 1] in " \t\n[{,:-?":  # a quote that opens a quoted scalar
+            end = _quote_end(text, at, ch)
+            line += text.count("\n", at, end)
+            pos = end + 1
+
+
+def _quote_end(text: str, start: int, quote: str) -> int:
+    """Index of the quote that closes the scalar opened at ``start`` (``''`` and ``\\"`` are escapes)."""
+    i = start + 1
+    while True:
+        i = text.find(quote, i)
+        if i < 0:
+            return len(text)
+        if quote == "'" and text.startswith("''", i):
+            i += 2
+        elif quote == '"' and _escaped(text, i):
+            i += 1
+        else:
+            return i
+
+
+def _escaped(text: str, i: int) -> bool:
+    backslashes = len(text[:i]) - len(text[:i].rstrip("\\"))
+    return backslashes % 2 == 1
 
 
 def _prescan(text: str, loader: type) -> None:
@@ -182,6 +239,7 @@ def parse_yaml(text: str, source: str, *, pure: bool = False) -> Any:
     loader = None
     try:
         if "&" in text or sum(map(text.count, "[{-:?,")) > _DIRECT:
+            _flow_depth_scan(text)
             _prescan(text, cls)
         loader = cls(text)
         root = loader.get_single_node()
@@ -199,6 +257,10 @@ def parse_yaml(text: str, source: str, *, pure: bool = False) -> Any:
                           "remove tags such as !!python/object and write plain mappings, lists and strings") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
+        if "nesting depth" in str(getattr(err, "problem", "")):  # a parser's own depth limit: say ours
+            line = f" line {mark.line + 1}:" if mark is not None else ""
+            raise RecipeError(f"{source}:{line} nested deeper than {MAX_DEPTH} levels; recipes nest at most 6 "
+                              "levels: flatten it") from None
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(err, "problem", None) or str(err)
         raise RecipeError(f"{source}:{where}: malformed YAML ({problem}); fix the syntax there "
