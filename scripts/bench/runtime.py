@@ -248,6 +248,18 @@ def paired(progress: Any, kind: str, label: str, floor: Floor, hooked: Callable[
 # ----------------------------------------------------------------------------------------------- sections
 
 
+def island_half_dtype(compute: str, probe_choice: str | None) -> str | None:
+    """The half dtype the islands layout must compute in, or None when the benchmarked one already is half.
+
+    Example:
+        >>> island_half_dtype("float32", "bfloat16"), island_half_dtype("float16", "bfloat16")
+        ('bfloat16', None)
+    """
+    if compute != "float32":
+        return None
+    return probe_choice or "bfloat16"
+
+
 def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> dict[str, Any]:
     """Paired overhead and hook time on the benchmarked layout, then on the 166-island layout."""
     import torch
@@ -261,7 +273,14 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> 
         pipe = pipes["recipe"]
         if variant == "islands":
             over, out["island_count"] = all_norms_override(pipe.unet)
-            hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=[*ctx["overrides"], over])
+            half = island_half_dtype(hp.applied(pipe).recipe["unet"].compute, ctx.get("island_dtype"))
+            if half:  # a separate pipeline: casting the benchmarked one to half and back would round its weights
+                pipe = hp.load_pipeline(ctx["folder"], device, layout=ctx["layout"],
+                                        overrides=[*ctx["overrides"], {"components": {"unet": {"dtype": half}}}, over])
+                out["island_note"] = (f"the benchmarked UNet computes float32 here, where no norm can be an island: "
+                                      f"the islands layout computes {half}, the least slow half dtype of the probe")
+            else:
+                hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=[*ctx["overrides"], over])
         record = hp.applied(pipe)
         plan = record.recipe["unet"]
         compute = hdt.to_torch(plan.compute)
