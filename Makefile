@@ -7,21 +7,29 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# `make test` and `make demo` install the versions the suite was last green with (constraints.txt, refreshed on
+# purpose with `make lock` after `make test-latest` passes); `make test-latest` runs the suite in .venv-latest
+# against the newest releases, so a dependency's new release shows up there first, not on a new user's machine.
+CONSTRAINTS ?= constraints.txt
+LATEST_VENV ?= .venv-latest
+# torch and the packages only torch pins are left to TORCH_SPEC (another torch build brings its own).
+LOCK_SKIP := ^(torch|triton|nvidia-[a-z0-9_-]+|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|typing.extensions|setuptools|pip)==
 
 # Tests whose expectation depends on the CPU the device probe sees (marked `probe`) run once more as an AMX CPU
-# and once as an AVX512 CPU without AMX/AVX512-BF16/AVX512-FP16 (HF_PRECISION_CPU_FLAGS, see
-# hf_precision/devices.py), so a machine of either kind checks both; `make test` covers this machine as it is.
+# once as an AVX512 CPU without AMX/AVX512-BF16/AVX512-FP16 and once as an AVX2-only CPU (HF_PRECISION_CPU_FLAGS,
+# see hf_precision/recipe/devices.py), so a machine of any kind checks all three; `make test` covers this machine.
 AMX_FLAGS ?= avx2,avx512f,avx512_bf16,amx_tile,amx_bf16
 NO_AMX_FLAGS ?= avx2,avx512f
+AVX2_FLAGS ?= avx2
 
-.PHONY: demo test test-cpus install clean
+.PHONY: demo test test-cpus test-latest lock install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python pyproject.toml
+$(STAMP): $(BIN)/python pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -e ".[test,video]"
+	$(BIN)/python -m pip install --quiet -c $(CONSTRAINTS) -e ".[test,video]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -35,6 +43,20 @@ test: $(STAMP)
 test-cpus: $(STAMP)
 	HF_PRECISION_CPU_FLAGS="$(AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe
 	HF_PRECISION_CPU_FLAGS="$(NO_AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe
+	HF_PRECISION_CPU_FLAGS="$(AVX2_FLAGS)" $(BIN)/python -m pytest -q -m probe
+
+# The newest releases of every dependency (torch stays TORCH_SPEC), in a venv of their own.
+test-latest:
+	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
+	$(LATEST_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test,video]"
+	$(LATEST_VENV)/bin/python -m pytest -q
+
+# Pin what .venv-latest just passed with (run `make test-latest` first; commit constraints.txt saying so).
+lock:
+	grep '^#' $(CONSTRAINTS) > $(CONSTRAINTS).new
+	$(LATEST_VENV)/bin/python -m pip freeze --exclude-editable | grep -v -i -E '$(LOCK_SKIP)' >> $(CONSTRAINTS).new
+	mv $(CONSTRAINTS).new $(CONSTRAINTS)
 
 clean:
-	rm -rf $(VENV) demo_output build dist *.egg-info
+	rm -rf $(VENV) $(LATEST_VENV) demo_output build dist *.egg-info
