@@ -32,9 +32,9 @@ def add_recipe_args(p: argparse.ArgumentParser, device_help: str | None = None) 
 
 def overrides_from(args: argparse.Namespace) -> list[Any]:
     """The override layers of parsed arguments, in merge order: files, then --set flags."""
-    from ..recipe.resolution import parse_set
+    from ..recipe.overrides import Override, parse_set
 
     layers: list[Any] = list(args.overrides)
     if args.set_:
-        layers.append({**parse_set(args.set_), "__source__": "--set"})
+        layers.append(Override("--set", parse_set(args.set_)))
     return layers

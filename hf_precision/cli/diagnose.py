@@ -118,15 +118,15 @@ def _validate_early(path: str, recipe: str | None, device: Any, overrides: Any) 
     from pathlib import Path
 
     from ..recipe.files import read_json
-    from ..recipe.resolution import get_recipe, recipe_for_class
+    from ..recipe.catalog import recipe_classes
+    from ..recipe.resolution import get_recipe
 
     index_file = Path(path).expanduser() / "model_index.json"
     if not index_file.is_file():
         return  # load_pipeline says what is missing
-    try:
-        name = recipe or recipe_for_class(str(read_json(index_file).get("_class_name")))
-    except RecipeError:
-        return  # an unknown pipeline class: load_pipeline reports it with the options
+    name = recipe or recipe_classes().get(str(read_json(index_file).get("_class_name")))
+    if name is None:
+        return  # no shipped recipe: load_pipeline composes one, or reports an unknown class with the options
     get_recipe(name, device=device, overrides=overrides)
 
 

@@ -14,7 +14,9 @@ from ..recipe.devices import device_caps
 from ..errors import RecipeError, override_line
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .layout import check_user_names, component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
-from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, resolve
+from ..recipe.catalog import list_recipes
+from ..recipe.model import ComponentPlan, Recipe
+from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
 
 __all__ = ["apply_recipe", "applied", "Applied", "torch_device"]
@@ -173,7 +175,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
             rest). ``None`` leaves components where they are. Each component is resolved for its own device.
         overrides (*optional*): YAML path, dict or a list of them (see ``get_recipe``).
         layout (*optional*): the device whose rules choose the dtypes when it is not where the pipeline runs
-            (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution`.
+            (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution.resolve`.
         strict (`bool`, defaults to `True`): a ``keep_fp32`` pattern that matches no module is an error.
         force (`bool`, defaults to `False`): apply a pipeline recipe whose ``pipelines`` list does not name this
             pipeline's class (otherwise a ``RecipeError`` names the recipes that do).

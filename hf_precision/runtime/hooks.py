@@ -20,7 +20,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ..errors import override_line
 from ..recipe.patterns import inside
-from ..recipe.resolution import DEFAULT_NO_CAST
+from ..recipe.model import DEFAULT_NO_CAST
 
 __all__ = ["cast_tree", "EntryHook", "IslandHook", "attach"]
 
