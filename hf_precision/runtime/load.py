@@ -21,11 +21,12 @@ from .source import check_folder_fits, component_configs, locate, models_of_inde
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
 
 
-def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None) -> None:
+def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None, *, weights: bool = True) -> None:
     """Check every JSON and safetensors file of a pipeline folder; the first damaged one is a ``DamagedFileError``.
 
     Only headers are read (sizes and offsets against the file), so this is quick whatever the weights weigh. Called
-    when loading failed, to turn a deep library error into one naming the file, its component and the fix.
+    when loading failed, to turn a deep library error into one naming the file, its component and the fix, and by
+    the command line before torch is imported. ``weights=False`` checks the JSON files only.
 
     Example:
         >>> import tempfile
@@ -38,7 +39,7 @@ def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None 
         ...
         hf_precision.errors.DamagedFileError: ...config.json (component vae): damaged file: not valid JSON ...
     """
-    from .stream import read_header
+    from .headers import read_header  # torch-free: the command line calls this before importing torch
 
     folder = Path(folder)
     if index is None:
@@ -52,7 +53,7 @@ def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None 
         for file in sorted(comp_dir.iterdir()):
             if file.suffix == ".json":
                 read_json(file)
-            elif file.suffix == ".safetensors":
+            elif file.suffix == ".safetensors" and weights:
                 read_header(file)
 
 
@@ -431,7 +432,7 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
     from safetensors import safe_open
 
     from .layout import component_islands
-    from .stream import read_header
+    from .headers import read_header  # torch-free: the command line calls this before importing torch
 
     for plan in recipe.plans:
         module = getattr(pipe, plan.name, None)
