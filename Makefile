@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 
 # Tests whose expectation depends on the CPU the device probe sees (marked `probe`) run once more as an AMX CPU
 # and once as an AVX512 CPU without AMX/AVX512-BF16/AVX512-FP16 (HF_PRECISION_CPU_FLAGS, see
-# hf_precision/devices.py), so a machine of either kind checks both; `make test` covers this machine as it is.
+# hf_precision/recipe/devices.py), so a machine of either kind checks both; `make test` covers this machine as it is.
 AMX_FLAGS ?= avx2,avx512f,avx512_bf16,amx_tile,amx_bf16
 NO_AMX_FLAGS ?= avx2,avx512f
 
