@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 import hf_precision as hp
-from hf_precision.recipe.resolution import Recipe
+from hf_precision.recipe.model import Recipe
 
 
 def output_array(out: Any) -> np.ndarray:

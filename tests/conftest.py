@@ -2,7 +2,7 @@
 
 Running the suite as another CPU: ``HF_PRECISION_CPU_FLAGS=amx pytest`` (or ``pytest --cpu-flags amx``) makes the
 device probe report those flags, in this process and in every subprocess the tests start (see
-``hf_precision/devices.py``). Tests whose expectation depends on what the probe reads are marked ``probe``;
+``hf_precision/recipe/devices.py``). Tests whose expectation depends on what the probe reads are marked ``probe``;
 ``.ci/run`` runs them once more as an AMX CPU and once as a CPU without AVX512 or AMX.
 """
 

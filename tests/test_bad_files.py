@@ -216,3 +216,39 @@ def test_cli_plan_one_line_exit_2(damaged, kind):
     lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not ln.startswith("[transformers]")]
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
     assert lines[0].startswith(f"hf-precision plan: error: {path}")
+
+
+# ------------------------------------------------------------------------------------ before heavy work
+
+
+PREFLIGHT = [("check", "index-json"), ("check", "unet-truncated"), ("check", "unet-header"), ("check", "config-json"),
+             ("generate", "text-encoder-truncated"), ("calibrate", "unet-truncated"), ("plan", "index-json"),
+             ("plan", "config-json")]
+
+
+@pytest.mark.parametrize("command, kind", PREFLIGHT, ids=[f"{c}-{k}" for c, k in PREFLIGHT])
+def test_cli_names_the_damage_before_importing_torch(damaged, command, kind):
+    # The work bound: the error comes before torch, diffusers or transformers is imported (importing them is most of
+    # the seconds the error used to take), so no tensor, model or pipeline was touched on the way.
+    folder, path = damaged(kind)
+    argv = {"check": ["check", str(folder), "--device", "cpu"],
+            "generate": ["generate", str(folder), "--prompt", "a cat", "--out", str(folder / "x.png"), "--device", "cpu"],
+            "calibrate": ["calibrate", str(folder), "--device", "cpu"],
+            "plan": ["plan", str(folder), "--device", "t4"]}[command]
+    code = ("import sys\nfrom hf_precision.cli import main\nrc = main(sys.argv[1:])\n"
+            "print('RC', rc, [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules])\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(hp.__file__).parent.parent)}
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "RC 2 []", out.stdout + out.stderr[-2000:]
+    err = [ln for ln in out.stderr.splitlines() if ln.startswith("hf-precision")]
+    assert len(err) == 1 and err[0].startswith(f"hf-precision {command}: error: {path}"), out.stderr[-2000:]
+    assert_names_it(err[0].removeprefix(f"hf-precision {command}: error: "), kind, path, folder)
+
+
+def test_cli_plan_still_plans_with_a_damaged_weight(damaged, capsys):
+    # plan needs configs only: its early check reads no weight header (as hp.plan, test_plan_does_not_read_weights)
+    from hf_precision.cli import main
+
+    folder, _ = damaged("unet-truncated")
+    assert main(["plan", str(folder), "--device", "t4"]) == 0
+    assert "unet" in capsys.readouterr().out

@@ -505,7 +505,7 @@ def test_fix_no_recipe_for_class_is_followed(env):
 
 
 def test_fix_keep_fp32_line_is_followed(env):
-    from hf_precision.recipe.resolution import parse_set
+    from hf_precision.recipe.overrides import parse_set
 
     bad = {"unet": {"keep_fp32": ["time_embeding", "add_embedding"]}}
 
@@ -518,7 +518,7 @@ def test_fix_keep_fp32_line_is_followed(env):
 
 
 def test_fix_entry_name_is_followed(env):
-    from hf_precision.recipe.resolution import parse_set
+    from hf_precision.recipe.overrides import parse_set
 
     bad = {"vae": {"entry": ["decoderr"]}}
 

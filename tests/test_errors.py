@@ -10,7 +10,7 @@ import pytest
 
 import hf_precision as hp
 from hf_precision.recipe import devices
-from hf_precision.recipe.resolution import parse_set
+from hf_precision.recipe.overrides import Override, parse_set
 
 
 def raises(fn, *args, **kwargs) -> str:
@@ -29,7 +29,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 def as_set(*flags: str) -> dict:
-    return {**parse_set(flags), "__source__": "--set"}
+    return Override("--set", parse_set(flags))
 
 
 # ---------------------------------------------------------------------------------------- unknown names

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from hf_precision.recipe.resolution import parse_set
+from hf_precision.recipe.overrides import parse_set
 from hf_precision.testing.pipelines import example_call_kwargs
 
 try:

@@ -148,14 +148,14 @@ def test_bf16_families_get_an_fp16_layout_only_where_bf16_is_missing(name, folde
 
 def test_every_family_pipeline_class_is_in_its_recipe():
     """Each builder's class resolves to its family's named recipe (not a composed one)."""
-    from hf_precision.recipe.resolution import recipe_for_class
+    from hf_precision.recipe.catalog import recipe_for_class
 
     for spec in FAMILIES.values():
         assert recipe_for_class(spec.pipeline_class) == spec.family
 
 
 def _shipped_video_folders():
-    from hf_precision.recipe.resolution import recipe_for_class
+    from hf_precision.recipe.catalog import recipe_for_class
 
     root = __import__("pathlib").Path(hp.__file__).parent / "model_configs"
     families = {spec.family for spec in FAMILIES.values()}
@@ -173,7 +173,7 @@ def test_shipped_video_configs_plan_offline_with_published_parameter_counts(path
     matches SOURCE.json's published one (exact where the source is exact, else within 2%: counts derived from file
     sizes on the Hub are rounded), and each planned dtype is the T4 recipe's."""
     from hf_precision.diagnose.planner import plan
-    from hf_precision.recipe.resolution import recipe_for_class
+    from hf_precision.recipe.catalog import recipe_for_class
 
     source = json.loads((path / "SOURCE.json").read_text())
     cls = json.loads((path / "model_index.json").read_text())["_class_name"]

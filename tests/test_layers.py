@@ -1,5 +1,6 @@
-"""The layer rule, enforced: imports run one way, nobody imports another module's private names, and the recipe
-layer stays torch-free.
+"""The layer rule, enforced: imports run one way, between layers and inside each (no cycle among a layer's modules,
+function-local imports counted), nobody imports another module's private names, and the recipe layer stays
+torch-free.
 
     errors, dtypes, lazy  <-  recipe/  <-  runtime/  <-  diagnose/  <-  apps/  <-  cli/
     testing/ (fixtures that ship) imports only errors/dtypes/lazy, torch, diffusers and transformers.
@@ -111,6 +112,68 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
     assert any("hf_precision.runtime.apply" in b for b in bad), bad
     assert any("hf_precision.testing" in b for b in bad), bad
     assert _private_imports(imports) == ["line 3: from hf_precision.recipe.files import _private"]
+
+
+def _graph(paths: list[Path]) -> dict[str, set[str]]:
+    """Module -> the modules of its own layer it imports, at the top or inside a function (both run, one sooner)."""
+    nodes = {_dotted(p): p for p in paths}
+    graph: dict[str, set[str]] = {}
+    for name, path in nodes.items():
+        graph[name] = {m for _, m, _ in _imports(path) if m in nodes and m != name and _layer(m) == _layer(name)}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted; a cycle lies in each."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_inside_a_layer() -> None:
+    cycles = _cycles(_graph(_modules()))
+    assert not cycles, "import cycles (move what both sides need into a module both import):\n  " + "\n  ".join(
+        " <-> ".join(c) for c in cycles)
+
+
+def test_the_cycle_check_counts_function_local_imports() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+    # The shape compose.py and resolution.py once had: one side imports the other only inside a function.
+    one, two = PACKAGE / "recipe" / "_cycle_probe_a.py", PACKAGE / "recipe" / "_cycle_probe_b.py"
+    one.write_text("def f():\n    from ._cycle_probe_b import g\n    return g\n")
+    two.write_text("from ._cycle_probe_a import f\n\n\ndef g():\n    return f\n")
+    try:
+        cycles = _cycles(_graph([*_modules(), one, two]))
+    finally:
+        one.unlink()
+        two.unlink()
+    assert ["hf_precision.recipe._cycle_probe_a", "hf_precision.recipe._cycle_probe_b"] in cycles
 
 
 def test_recipe_layer_is_torch_free() -> None:

@@ -3,7 +3,7 @@
 Each layout of ``tests/layouts.py`` is applied by hand (``apply_plain``: ``.to(dtype)``, ``.float()`` on
 keep_fp32 modules, then the row's setup) to a tiny random pipeline, which is then called once. Rows with
 an ``expect`` regex must raise that ``RuntimeError`` inside ``layout.module``; the others must run and
-return finite output. No hf_precision code other than ``synthetic`` is involved.
+return finite output. No hf_precision code other than ``hf_precision.testing`` (the tiny pipelines) is involved.
 """
 
 from __future__ import annotations

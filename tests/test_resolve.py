@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 import hf_precision as hp
-from hf_precision.recipe.resolution import Decision, parse_set
+from hf_precision.recipe.model import Decision
+from hf_precision.recipe.overrides import Override, parse_set
 
 FP32, BF16, FP16 = "float32", "bfloat16", "float16"
 HALF = {BF16, FP16}
@@ -442,7 +443,7 @@ def test_override_merge_order_file_then_dict_then_set(tmp_path):
                     "  unet: {dtype: float32, keep_fp32: [time_embedding]}\n"
                     "  vae: {dtype: float32}\n")
     as_dict = {"unet": {"dtype": "bfloat16"}, "vae": {"dtype": "bfloat16"}}
-    as_set = {**parse_set(["unet.dtype=fp16"]), "__source__": "--set"}
+    as_set = Override("--set", parse_set(["unet.dtype=fp16"]))
     recipe = hp.get_recipe("sdxl", device="a100", overrides=[file, as_dict, as_set])
     assert recipe["text_encoder"].compute == FP32      # only the file sets it
     assert recipe["text_encoder_2"].compute == FP16    # nobody sets it: the recipe
@@ -458,7 +459,7 @@ def test_override_merge_order_file_then_dict_then_set(tmp_path):
 
     args = build_parser().parse_args(["show", "sdxl", "--set", "unet.dtype=fp16", "--overrides", str(file)])
     layers = overrides_from(args)
-    assert layers[0] == str(file) and layers[-1]["__source__"] == "--set"
+    assert layers[0] == str(file) and layers[-1].source == "--set"
     assert hp.get_recipe("sdxl", device="a100", overrides=layers)["unet"].compute == FP16
 
 
@@ -492,7 +493,7 @@ def test_device_sections_order_within_and_across_layers(tmp_path):
     assert hp.get_recipe("sdxl", device="m2-macos15", overrides=[file, {"vae": {"dtype": "bf16"}}])["vae"].compute == BF16
     assert hp.get_recipe("sdxl", device="a100", overrides=[file])["vae"].compute == BF16  # no mps tag: untouched
     # --set can address a device section too
-    flags = {**parse_set(["devices.cuda-sm89.vae.dtype=float32"]), "__source__": "--set"}
+    flags = Override("--set", parse_set(["devices.cuda-sm89.vae.dtype=float32"]))
     assert hp.get_recipe("sdxl", device="l4", overrides=flags)["vae"].compute == FP32
     assert hp.get_recipe("sdxl", device="a100", overrides=flags)["vae"].compute == BF16
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import hf_precision as hp
-from hf_precision.recipe.resolution import SCHEMAS
+from hf_precision.recipe.schema import SCHEMAS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "schema1"
 PIPELINE = FIXTURES / "sdxl_pipeline.yaml"

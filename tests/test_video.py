@@ -58,7 +58,7 @@ def _ffmpeg_missing() -> str | None:
 FFMPEG_MISSING = _ffmpeg_missing()
 needs_ffmpeg = pytest.mark.skipif(FFMPEG_MISSING is not None, reason=FFMPEG_MISSING or "")
 
-# What the script's peak-memory line says it measured, per device type it ran on (hf_precision/video.py, _Memory).
+# What the script's peak-memory line says it measured, per device type it ran on (hf_precision/apps/video.py, _Memory).
 MEMORY_WORDING = {"cpu": "peak RSS of the process", "cuda": "torch.cuda.max_memory_allocated on cuda",
                   "xpu": "torch.xpu.max_memory_allocated on xpu", "mps": "torch.mps.driver_allocated_memory"}
 

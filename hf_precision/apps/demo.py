@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .outputs import written_atomically
+from .. import dtypes as dt
 
 __all__ = ["run_demo", "difference", "why_float32"]
 
@@ -136,7 +137,7 @@ def _ran_in(pipe: Any) -> dict[str, str]:
             continue
         counts: collections.Counter[str] = collections.Counter()
         for p in module.parameters():
-            counts[str(p.dtype).removeprefix("torch.")] += p.numel()
+            counts[dt.from_torch(p.dtype)] += p.numel()
         total = sum(counts.values()) or 1
         ranked = counts.most_common() or [("no parameters", 0)]
         out[name] = ", ".join([ranked[0][0], *(f"{d} in {100 * n / total:.1f}% of parameters" for d, n in ranked[1:])])
@@ -286,7 +287,7 @@ def _nan_guard(place: str) -> dict[str, Any]:
         image = vae.decode(latents).sample
     notes = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "hf_precision" in str(w.message)]
     nonfinite = int((~torch.isfinite(image)).sum())
-    after = str(vae.decoder.conv_in.weight.dtype).removeprefix("torch.")
+    after = dt.from_torch(vae.decoder.conv_in.weight.dtype)
     override = next(iter(re.findall(r"--set \S+", " ".join(notes))), None)
     result = {"peak_activation": peak, "unguarded_nonfinite": unguarded, "values": bad.numel(), "warning": notes,
               "guarded_nonfinite": nonfinite, "dtype_after": after, "override": override,

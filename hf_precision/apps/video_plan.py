@@ -357,15 +357,10 @@ def pipeline_recipe(spec: Any, index: Mapping[str, Any]) -> Any:
         >>> pipeline_recipe(spec, configs_of(where)[1])
         'svd'
     """
-    from ..recipe.resolution import recipe_for_class
+    from ..recipe.catalog import recipe_for
+    from ..runtime.source import models_of_index
 
-    try:
-        return recipe_for_class(spec.pipeline)
-    except RecipeError:  # no shipped recipe lists the class: the one load_pipeline composes (runtime/load.py)
-        from ..recipe.compose import compose_spec
-        from ..runtime.source import models_of_index
-
-        return compose_spec(spec.pipeline, models_of_index(index))
+    return recipe_for(spec.pipeline, lambda: models_of_index(index))  # the one load_pipeline composes (runtime/load.py)
 
 
 def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _Model:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import command
+from .common import command, preflight
 
 __all__: list[str] = []
 
@@ -50,6 +50,7 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
+    preflight(args.model, recipe=args.recipe, device=args.device)  # damaged files named before torch is imported
     from ..apps.video_plan import parse_size
     from ..diagnose.calibrator import calibrate
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .common import add_recipe_args, command, overrides_from
+from .common import add_recipe_args, command, overrides_from, preflight
 from ..errors import RecipeError
 
 __all__: list[str] = []
@@ -35,8 +35,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     from ..runtime.source import check_name, shipped_configs
 
-    if not Path(args.name).expanduser().is_dir() and args.name not in shipped_configs():
-        check_name(args.name)  # a typo fails in a blink, before torch and diffusers are imported
+    # A typo or a damaged config fails in a blink, before torch and diffusers are imported; plan reads no weights.
+    if Path(args.name).expanduser().is_dir():
+        preflight(args.name, recipe=args.recipe, device=args.device, overrides=overrides_from(args) or None,
+                  weights=False)
+    elif args.name not in shipped_configs():
+        check_name(args.name)
     from ..diagnose.planner import plan
 
     result = plan(args.name, device=args.device, recipe=args.recipe, overrides=overrides_from(args) or None,
@@ -113,27 +117,8 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
     return pipe
 
 
-def _validate_early(path: str, recipe: str | None, device: Any, overrides: Any) -> None:
-    """Resolve the recipe before diffusers is imported: a bad --set fails in a second, not after a load."""
-    from pathlib import Path
-
-    from ..recipe.files import read_json
-    from ..recipe.resolution import get_recipe, recipe_for_class
-
-    index_file = Path(path).expanduser() / "model_index.json"
-    if not index_file.is_file():
-        return  # load_pipeline says what is missing
-    try:
-        name = recipe or recipe_for_class(str(read_json(index_file).get("_class_name")))
-    except RecipeError:
-        return  # an unknown pipeline class: load_pipeline reports it with the options
-    get_recipe(name, device=device, overrides=overrides)
-
-
 def _cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
-
-    from ..diagnose.checker import check
 
     if not Path(args.path).expanduser().is_dir():
         raise RecipeError(f"{args.path}: no such folder; check runs a saved pipeline: pass its folder (model_index.json "
@@ -143,17 +128,21 @@ def _cmd_check(args: argparse.Namespace) -> int:
                                       ("--for", args.for_device), ("--force", args.force)) if on]
         if used:
             raise RecipeError(f"--plain loads without a recipe: drop {', '.join(used)} (or drop --plain)")
+        preflight(args.path)  # damaged files are named before torch is imported
         pipe = _load_plain(args.path, args.dtype, args.device)
     else:
         if args.dtype:
             raise RecipeError("--dtype goes with --plain; with a recipe write --set COMPONENT.dtype=DTYPE")
         recipe: Any = args.recipe
         overrides: Any = overrides_from(args) or None
-        _validate_early(args.path, recipe, args.for_device or args.device, overrides)
+        # Damaged files, a bad --set: named in a blink, before torch and diffusers are imported.
+        preflight(args.path, recipe=recipe, device=args.for_device or args.device, overrides=overrides)
         from ..runtime.load import load_pipeline
 
         pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.for_device,
                              force=args.force)
+    from ..diagnose.checker import check
+
     report = check(pipe)
     print(report.to_json() if args.json else report.table())
     return report.exit_code

@@ -13,7 +13,7 @@ __all__: list[str] = []
 
 
 def _cmd_recipes(args: argparse.Namespace) -> int:
-    from ..recipe.resolution import list_recipes
+    from ..recipe.catalog import list_recipes
 
     data = {"pipeline": list_recipes("pipeline"), "component": list_recipes("component")}
     if args.json:
@@ -46,7 +46,8 @@ def _cmd_devices(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     from ..errors import RecipeError
-    from ..recipe.resolution import get_recipe, list_recipes, resolve
+    from ..recipe.catalog import list_recipes
+    from ..recipe.resolution import get_recipe, resolve
 
     if (args.name is None) == (args.pipeline_class is None):
         raise RecipeError("show takes a recipe name (hf-precision show sdxl) or --class PIPELINE_CLASS, one of the two")

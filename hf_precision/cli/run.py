@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import add_recipe_args, command, overrides_from
+from .common import add_recipe_args, command, overrides_from, preflight
 
 
 @command("demo", "run the embedded demo: the plain diffusers error and its fix, real-model savings, the NaN guard, "
@@ -53,10 +53,12 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    overrides = overrides_from(args) or None
+    preflight(args.model, recipe=args.recipe, device=args.device, overrides=overrides)  # before torch is imported
     from ..apps.image import generate
 
     path = generate(args.model, args.prompt, args.out, device=args.device, steps=args.steps, height=args.height,
                     width=args.width, guidance=args.guidance, negative_prompt=args.negative_prompt, seed=args.seed,
-                    recipe=args.recipe, overrides=overrides_from(args) or None, force=args.force)
+                    recipe=args.recipe, overrides=overrides, force=args.force)
     print(f"wrote {path}")
     return 0

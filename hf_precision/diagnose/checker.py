@@ -205,17 +205,17 @@ def _error_dict(err: BaseException | None) -> dict[str, Any] | None:
 
 def _denoiser_name(pipe: Any) -> str | None:
     """The denoiser the recipe names (applied, or the one covering this pipeline class), else the largest model."""
-    from ..recipe.resolution import pipeline_spec, recipe_for_class
+    from ..recipe.catalog import pipeline_spec, recipe_classes
     from ..runtime.apply import applied
 
     record = applied(pipe)
     if record is not None and record.recipe.denoiser:
         return record.recipe.denoiser
-    try:
-        return pipeline_spec(recipe_for_class(type(pipe).__name__)).get("denoiser")
-    except RecipeError:
-        comps = _components(pipe)
-        return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
+    shipped = recipe_classes().get(type(pipe).__name__)
+    if shipped is not None:
+        return pipeline_spec(shipped).get("denoiser")
+    comps = _components(pipe)
+    return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
 
 
 def _side(pipe: Any) -> int:

@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+from .. import dtypes as dt
 
 if TYPE_CHECKING:
     from torch import nn
@@ -563,7 +564,7 @@ def _first_dtype(values: Any) -> str | None:
     for v in values:
         for t in (v if isinstance(v, (tuple, list)) else (v,)):
             if isinstance(t, torch.Tensor) and t.is_floating_point():
-                return str(t.dtype).removeprefix("torch.")
+                return dt.from_torch(t.dtype)
     return None
 
 
@@ -639,7 +640,7 @@ def _values(module: nn.Module, kind: str) -> set[str]:
     for recurse in (False, True):
         tensors = [*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)]
         if kind == "dtype":
-            found = {str(t.dtype).removeprefix("torch.") for t in tensors if t.is_floating_point()}
+            found = {dt.from_torch(t.dtype) for t in tensors if t.is_floating_point()}
         else:
             found = {str(t.device) for t in tensors}
         if found:
@@ -665,7 +666,7 @@ def _compute_dtype(root: nn.Module) -> str | None:
         compute = getattr(hook, "compute_dtype", None)
         for p in m.parameters(recurse=False):
             if p.is_floating_point():
-                counts[str(compute or p.dtype).removeprefix("torch.")] += p.numel()
+                counts[dt.from_torch(compute or p.dtype)] += p.numel()
     return counts.most_common(1)[0][0] if counts else None
 
 

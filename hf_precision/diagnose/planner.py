@@ -24,7 +24,9 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes as dt
 from ..errors import RecipeError
 from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, shipped_configs
-from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, pipeline_spec, resolve
+from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes
+from ..recipe.model import ComponentPlan, Recipe
+from ..recipe.resolution import resolve
 
 if TYPE_CHECKING:
     from torch import nn
@@ -319,15 +321,9 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any]) -> n
 
 def _models_if_composed(source: str, index: Mapping[str, Any], recipe: Any) -> dict[str, tuple[str, str]] | None:
     """Model components for composing a recipe, when none is named and no shipped recipe lists the class."""
-    from ..recipe.resolution import recipe_for_class
-
-    if recipe is not None:
+    if recipe is not None or str(index.get("_class_name")) in recipe_classes():
         return None
-    try:
-        recipe_for_class(str(index.get("_class_name")))
-        return None
-    except RecipeError:
-        return composable_models(source, index)
+    return composable_models(source, index)
 
 
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,

@@ -1,5 +1,7 @@
 """Layer 1, torch-free: recipe files, device rules and profiles, patterns, resolution into a frozen Recipe.
 
+Inside, one way: files, schema <- devices <- model <- catalog, overrides <- resolution (tests/test_layers.py).
+
 Names are bound lazily: a submodule is imported on first use."""
 
 from __future__ import annotations
@@ -7,9 +9,11 @@ from __future__ import annotations
 from ..lazy import face
 
 _EXPORTS = {
-    "Recipe": "resolution", "ComponentPlan": "resolution", "Decision": "resolution", "get_recipe": "resolution", "list_recipes": "resolution", "parse_set": "resolution", "pipeline_spec": "resolution",
-    "resolve": "resolution", "recipe_for_class": "resolution", "placement": "resolution", "component_entries": "resolution",
-    "compose_spec": "compose", "component_recipe_for": "compose", "recipe_components": "resolution",
+    "Recipe": "model", "ComponentPlan": "model", "Decision": "model",
+    "get_recipe": "resolution", "resolve": "resolution", "placement": "resolution",
+    "list_recipes": "catalog", "pipeline_spec": "catalog", "recipe_for": "catalog", "recipe_for_class": "catalog",
+    "recipe_components": "catalog", "component_entries": "catalog", "compose_spec": "catalog", "component_recipe_for": "catalog",
+    "parse_set": "overrides", "Override": "overrides",
     "DeviceProfile": "devices", "DeviceCaps": "devices", "SystemProbe": "devices", "device_profile": "devices", "device_caps": "devices", "set_probe": "devices", "list_presets": "devices", "rule_ids": "devices",
     "matches": "patterns", "match_modules": "patterns", "outermost": "patterns", "suggest": "patterns", "inside": "patterns", "resolve_islands": "patterns",
     "recipes_dir": "files", "read_yaml": "files", "parse_yaml": "files",

@@ -33,11 +33,10 @@ from typing import Any
 from ..dtypes import canonical
 from ..errors import RecipeError, excerpt
 from .files import read_yaml, recipes_dir
+from .schema import TYPES, check_devices_file
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
-           "list_presets", "rule_ids", "check_devices_file", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
-
-TYPES = ("cpu", "cuda", "mps", "xpu")
+           "list_presets", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
 
 CPU_FLAGS_ENV = "HF_PRECISION_CPU_FLAGS"
 CPU_NAME_ENV = "HF_PRECISION_CPU_NAME"
@@ -224,113 +223,12 @@ def set_probe(probe: SystemProbe | None) -> SystemProbe:
     return previous
 
 
-# The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
-# `capabilty`) is an error, never a condition that silently holds for every device.
-DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets")
-RULE_KEYS = ("id", "when", "compute", "auto", "storage", "upcast_attention", "why")
-WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
-PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
-
-
 @functools.lru_cache(maxsize=1)
 def _devices_file() -> dict[str, Any]:
     path = recipes_dir() / "devices.yaml"
     data = read_yaml(path)
     check_devices_file(data, str(path))
     return data
-
-
-def check_devices_file(data: Any, source: str) -> None:
-    """Validate a device rules file; every problem is reported at once, each naming the key and the fix.
-
-    Example:
-        >>> check_devices_file({"schema": 1, "kind": "devices", "presets": {},
-        ...                     "rules": [{"id": "x", "when": {"type": "cuda", "capabilty": ">=8.0"}}]}, "my.yaml")
-        Traceback (most recent call last):
-        ...
-        hf_precision.errors.RecipeError: my.yaml: rules[0] (x).when: unknown key 'capabilty'; allowed: type, capability, macos, cpu_flags, name_contains; did you mean 'capability'?
-    """
-    import difflib
-
-    from ..errors import Problems
-
-    problems = Problems(source)
-
-    def unknown(mapping: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
-        for key in mapping:
-            if key not in allowed:
-                near = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
-                problems.add(where, f"unknown key {key!r}; allowed: {', '.join(allowed)}"
-                             + (f"; did you mean {near[0]!r}?" if near else ""))
-
-    def version(cond: Any, where: str) -> None:
-        if not re.fullmatch(r"\s*(>=|<=|>|<|==)?\s*\d+(\.\d+)*\s*", str(cond)):
-            problems.add(where, f"bad version condition {cond!r}; write e.g. '>=8.0' or '<7.0'")
-
-    def dtype_edits(value: Any, where: str) -> None:
-        if not isinstance(value, list):
-            problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
-            return
-        for item in value:
-            name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
-            if canonical(name) is None:
-                problems.add(where, f"unknown dtype {item!r}; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2")
-
-    if not isinstance(data, dict) or data.get("kind") != "devices":
-        problems.add("", "not a device rules file (expected a mapping with 'kind: devices')")
-        problems.raise_if_any()
-    unknown(data, DEVICES_TOP_KEYS, "")
-    if data.get("schema") != 1:
-        problems.add("schema", f"schema {data.get('schema')!r} is not supported (this hf_precision reads schema 1)")
-    rules = data.get("rules")
-    if not isinstance(rules, list):
-        problems.add("rules", "expected a list of rules")
-        rules = []
-    seen: set[str] = set()
-    for i, rule in enumerate(rules):
-        if not isinstance(rule, dict):
-            problems.add(f"rules[{i}]", f"expected a mapping with id and when, got {rule!r}")
-            continue
-        where = f"rules[{i}] ({rule.get('id', '?')})"
-        unknown(rule, RULE_KEYS, where)
-        if not isinstance(rule.get("id"), str) or not rule.get("id"):
-            problems.add(where, "every rule needs an id (it becomes a device tag)")
-        elif rule["id"] in seen:
-            problems.add(where, f"duplicate id {rule['id']!r}: each rule's id is a distinct device tag")
-        seen.add(str(rule.get("id")))
-        when = rule.get("when", {})
-        if not isinstance(when, dict):
-            problems.add(f"{where}.when", f"expected a mapping of conditions, got {when!r}")
-            when = {}
-        unknown(when, WHEN_KEYS, f"{where}.when")
-        if "type" in when and when["type"] not in TYPES:
-            problems.add(f"{where}.when.type", f"unknown device type {when['type']!r}; allowed: {', '.join(TYPES)}")
-        for key in ("capability", "macos"):
-            if key in when:
-                version(when[key], f"{where}.when.{key}")
-        for key in ("cpu_flags", "name_contains"):
-            if key in when and not (isinstance(when[key], list) and all(isinstance(x, str) for x in when[key])):
-                problems.add(f"{where}.when.{key}", f"expected a list of strings, got {when[key]!r}")
-        for key in ("compute", "auto", "storage"):
-            if key in rule:
-                dtype_edits(rule[key], f"{where}.{key}")
-        if "upcast_attention" in rule and not isinstance(rule["upcast_attention"], bool):
-            problems.add(f"{where}.upcast_attention", f"expected true or false, got {rule['upcast_attention']!r}")
-    presets = data.get("presets", {})
-    if not isinstance(presets, dict):
-        problems.add("presets", "expected a mapping of preset name -> device fields")
-        presets = {}
-    for name, fields in presets.items():
-        if not isinstance(fields, dict):
-            problems.add(f"presets.{name}", f"expected device fields such as {{type: cuda, capability: '7.5'}}, got {fields!r}")
-            continue
-        unknown(fields, PRESET_KEYS, f"presets.{name}")
-        if fields.get("type") not in TYPES:
-            problems.add(f"presets.{name}.type", f"unknown device type {fields.get('type')!r}; allowed: {', '.join(TYPES)}")
-        for key in ("capability", "macos"):
-            if key in fields and not re.fullmatch(r"\d+(\.\d+)*", str(fields[key])):
-                problems.add(f"presets.{name}.{key}", f"expected a version such as '7.5', got {fields[key]!r}")
-    problems.raise_if_any()
 
 
 def rule_ids() -> list[str]:

@@ -80,7 +80,7 @@ def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str
                     active: bool = True, strict: bool = True) -> list[str]:
     """The float32 islands of a component: the outermost modules its ``keep_fp32`` patterns match.
 
-    Shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.planner`, so both decide the same way.
+    Shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.plan`, so both decide the same way.
 
     Args:
         component (`str`): The component name, for messages (``"unet"``).

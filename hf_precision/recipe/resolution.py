@@ -14,471 +14,26 @@ component's ordered ``dtypes`` that the device picks unasked, else float32.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
-import json
 import warnings
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from .. import dtypes as dt
-from .devices import DeviceCaps, DeviceProfile, device_caps
 from ..errors import Problems, RecipeError, excerpt, override_line
-from .files import parse_yaml, read_yaml, recipes_dir
-
-__all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "pipeline_spec", "placement",
-           "recipe_classes", "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class"]
-
-SCHEMAS = (1,)
-OUTPUTS = ("input", "compute")
-# Keys of a component policy, with the type each must have. `dtype` forces the compute dtype.
-POLICY_KEYS: dict[str, str] = {
-    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "dtype",
-    "output": "output", "keep_fp32": "str-list", "entry": "str-list", "nan_guard": "bool",
-    "upcast_attention": "bool", "why": "str", "select": "select", "no_cast": "str-list", "layerwise_skip": "str-list",
-}
-OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
-                 "no_cast", "layerwise_skip"}
-# Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
-# projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
-# would change them. Recipes extend the list per architecture (Flux: guidance, img_ids, txt_ids).
-DEFAULT_NO_CAST = ("timestep", "timesteps", "t")
-# Modules kept in the compute dtype when weights are stored in another dtype (diffusers layerwise casting): the
-# same precision-sensitive families diffusers skips by default (hooks/layerwise_casting.py
-# DEFAULT_SKIP_MODULES_PATTERN), written as globs on module names under the one matching rule.
-DEFAULT_LAYERWISE_SKIP = ("*pos_embed*", "*patch_embed*", "*norm*")
-PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why"}
-COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
-OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """Why a field of a resolved component has its value."""
-
-    field: str
-    value: str
-    rule: str
-    source: str
-
-
-@dataclasses.dataclass(frozen=True)
-class ComponentPlan:
-    """One component of a resolved recipe: its dtypes, islands and entry points, and why."""
-
-    name: str
-    storage: str
-    compute: str
-    output: str
-    handed_over: str
-    keep_fp32: tuple[str, ...]
-    entry: tuple[str, ...]
-    nan_guard: bool
-    upcast_attention: bool
-    dtypes: tuple[str, ...]
-    classes: tuple[str, ...]
-    recipe: str
-    why: str
-    decisions: tuple[Decision, ...]
-    # Where the component sits (a torch device string such as "cuda:0"), or None for a plan placed nowhere yet
-    # (a meta-device plan); and the device whose rules chose its dtypes (differs under a layout).
-    device: str | None = None
-    resolved_for: str = ""
-    no_cast: tuple[str, ...] = DEFAULT_NO_CAST
-    layerwise_skip: tuple[str, ...] = DEFAULT_LAYERWISE_SKIP
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["decisions"] = [dataclasses.asdict(x) for x in self.decisions]
-        return d
-
-
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """A recipe fully resolved for one device. Frozen; prints as a table; ``to_json()`` for machines.
-
-    Example:
-        >>> r = get_recipe("sdxl", device="t4")
-        >>> r["vae"].compute, r["unet"].compute
-        ('float32', 'float16')
-    """
-
-    name: str
-    schema: int
-    model: str | None
-    pipelines: tuple[str, ...]
-    latents_from: str | None
-    device: DeviceProfile
-    device_tags: tuple[str, ...]
-    plans: tuple[ComponentPlan, ...]
-    sources: tuple[str, ...]
-    denoiser: str | None = None
-
-    @property
-    def components(self) -> dict[str, ComponentPlan]:
-        return {p.name: p for p in self.plans}
-
-    def __getitem__(self, name: str) -> ComponentPlan:
-        for p in self.plans:
-            if p.name == name:
-                return p
-        raise KeyError(f"recipe {self.name!r} has no component {name!r}; it has {[p.name for p in self.plans]}")
-
-    def __contains__(self, name: object) -> bool:
-        return any(p.name == name for p in self.plans)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "schema": self.schema, "model": self.model, "pipelines": list(self.pipelines),
-                "latents_from": self.latents_from, "denoiser": self.denoiser, "device": self.device.to_dict(), "device_tags": list(self.device_tags),
-                "components": {p.name: p.to_dict() for p in self.plans}, "sources": list(self.sources)}
-
-    def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def table(self, why: bool = True) -> str:
-        head = ("component", "storage", "compute", "hands over", "fp32 islands", "notes")
-        rows = []
-        for p in self.plans:
-            notes = [n for n, on in (("nan-guard", p.nan_guard), ("attn-upcast", p.upcast_attention)) if on]
-            rows.append((p.name, p.storage, p.compute, p.handed_over, ", ".join(p.keep_fp32) or "-", " ".join(notes) or "-"))
-        widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
-        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
-        out = [f"recipe {self.name} for {self.device.label()}  [tags: {', '.join(self.device_tags)}]",
-               line(head), line(tuple("-" * w for w in widths)), *map(line, rows)]
-        if why:
-            out.append("")
-            out.append("decisions:")
-            for p in self.plans:
-                for d in p.decisions:
-                    out.append(f"  {p.name}.{d.field} = {d.value}: {d.rule} [{d.source}]")
-        return "\n".join(out)
-
-    __str__ = table
-
-
-# --------------------------------------------------------------------------------------------- reading
-
-
-@dataclasses.dataclass
-class _Layer:
-    """One source of policy values: component -> key -> value, plus device sections."""
-
-    source: str
-    components: dict[str, dict[str, Any]]
-    devices: dict[str, dict[str, dict[str, Any]]]
-
-
-def _rel(path: Path) -> str:
-    try:
-        return str(path.relative_to(recipes_dir().parent))
-    except ValueError:
-        return str(path)
-
-
-@functools.lru_cache(maxsize=None)
-def _component_file(stem: str) -> tuple[str, dict[str, Any]]:
-    path = recipes_dir() / "components" / f"{stem}.yaml"
-    if not path.is_file():
-        raise KeyError(stem)
-    data = read_yaml(path)
-    source = _rel(path)
-    problems = Problems(source)
-    comps = _check_file(data, "components", COMPONENT_FILE_KEYS, set(POLICY_KEYS), source, problems)
-    problems.raise_if_any()
-    return source, comps
-
-
-def component_entries(stem: str) -> dict[str, Any]:
-    """The validated entries of one component recipe file (``recipes/components/<stem>.yaml``).
-
-    Example:
-        >>> sorted(component_entries("clip"))
-        ['text', 'vision']
-    """
-    return _component_file(stem)[1]
-
-
-def _pipeline_file(name: str) -> tuple[str, dict[str, Any]]:
-    if name.endswith((".yaml", ".yml")):
-        return _read_pipeline(Path(name), name)  # a user's file is re-read every time: it may have changed
-    return _shipped_pipeline(name)
-
-
-def pipeline_spec(name: str) -> dict[str, Any]:
-    """The validated data of a pipeline recipe: a shipped name (``"sdxl"``) or a path to a user's YAML file.
-
-    Example:
-        >>> "StableDiffusionXLPipeline" in pipeline_spec("sdxl")["pipelines"]
-        True
-    """
-    return _pipeline_file(name)[1]
-
-
-@functools.lru_cache(maxsize=None)
-def _shipped_pipeline(name: str) -> tuple[str, dict[str, Any]]:
-    path = recipes_dir() / f"{name}.yaml"
-    return _read_pipeline(path, _rel(path))
-
-
-def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
-    return _check_pipeline(read_yaml(path), source)
-
-
-def _check_pipeline(data: Any, source: str) -> tuple[str, dict[str, Any]]:
-    problems = Problems(source)
-    comps = _check_file(data, "pipeline", PIPELINE_KEYS, set(POLICY_KEYS) - {"select"}, source, problems)
-    _check_devices(data.get("devices"), set(comps), problems)
-    for key in ("latents_from", "denoiser"):
-        if data.get(key) is not None and data[key] not in comps:
-            problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
-    problems.raise_if_any()
-    return source, data
-
-
-def list_recipes(kind: str = "all") -> list[str]:
-    """Names of the shipped recipes: pipeline recipes (``sdxl``) and component recipes (``vae.sdxl``).
-
-    Example:
-        >>> [n for n in list_recipes("pipeline") if n in ("sdxl", "svd")]
-        ['sdxl', 'svd']
-    """
-    root = recipes_dir()
-    pipelines = sorted(p.stem for p in root.glob("*.yaml") if p.stem != "devices")
-    components = sorted(f"{p.stem}.{c}" for p in (root / "components").glob("*.yaml") for c in _component_file(p.stem)[1])
-    return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
-
-
-def _close(word: str, options: Iterable[str]) -> str:
-    if len(str(word)) > 100:  # no name is that long, and difflib's cost grows with it
-        return ""
-    near = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
-    return f"; did you mean {near[0]!r}?" if near else ""
-
-
-def _check_file(data: Any, kind: str, top_keys: set[str], policy_keys: set[str], source: str,
-                problems: Problems) -> dict[str, Any]:
-    """The checks every recipe file gets: a mapping, schema, known top-level keys, its kind, its component policies."""
-    if not isinstance(data, dict):
-        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: {kind}' and 'components'")
-    _check_schema(data, problems)
-    _unknown(data, top_keys, "", problems)
-    if data.get("kind") != kind:
-        where = "recipes/components/" if kind == "components" else "recipes/"
-        problems.add("kind", f"{excerpt(data.get('kind'))} is not {kind!r}; {kind} recipes live in {where}")
-    comps = data.get("components")
-    if not isinstance(comps, dict) or not comps:
-        problems.add("components", "missing or empty; give at least one named component policy")
-        comps = {}
-    for name, policy in comps.items():
-        _check_policy(policy, f"components.{name}", problems, allowed=policy_keys)
-    return comps
-
-
-def _check_schema(data: Mapping[str, Any], problems: Problems) -> None:
-    schema = data.get("schema")
-    if schema is None:
-        problems.add("schema", "missing; add 'schema: 1' at the top")
-    elif schema not in SCHEMAS:
-        problems.add("schema", f"{excerpt(schema)} is not supported (this hf_precision reads schema {', '.join(map(str, SCHEMAS))}); "
-                     "upgrade hf_precision or rewrite the file for schema 1")
-
-
-def _unknown(data: Mapping[str, Any], allowed: set[str], path: str, problems: Problems) -> None:
-    for key in data:
-        if key not in allowed:
-            problems.add(f"{path}{'.' if path else ''}{key}",
-                         f"unknown key {excerpt(key)}; allowed: {', '.join(sorted(allowed))}{_close(key, allowed)}")
-
-
-def _check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
-    """Validate one policy value and return it normalised (canonical dtype names)."""
-    def bad(allowed: str) -> None:
-        problems.add(path, f"bad value {excerpt(value)} ({type(value).__name__}); allowed: {allowed}")
-
-    if kind == "dtype":
-        canon = dt.canonical(value) if isinstance(value, str) else None
-        if canon is None:
-            suggestion = _close(str(value), [a for n, al in dt.DTYPES.items() for a in (n, *al)])
-            if str(value).lower() == "half":
-                suggestion = " ('half' is ambiguous: write float16 or bfloat16)"
-            problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
-        return canon
-    if kind == "dtype-list":
-        if not isinstance(value, list) or not value:
-            bad("a non-empty list of dtype names, e.g. [float16, bfloat16, float32]")
-            return None
-        return [_check_value("dtype", v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
-    if kind in ("str-list", "list"):
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            bad("a list of strings, e.g. [time_embedding, 'down_blocks.*.norm*']")
-            return None
-        return list(value)
-    if kind == "str":
-        if not isinstance(value, str):
-            bad("a string")
-        return value
-    if kind == "bool":
-        if not isinstance(value, bool):
-            bad("true or false")
-        return value
-    if kind == "output":
-        if isinstance(value, str) and value in OUTPUTS:
-            return value
-        canon = dt.canonical(value) if isinstance(value, str) else None
-        if canon is None:
-            bad(f"{' or '.join(OUTPUTS)} or a dtype name ({', '.join(dt.DTYPES)})")
-        return canon
-    if kind == "select":
-        if not isinstance(value, list) or not all(isinstance(v, dict) and isinstance(v.get("config"), dict)
-                                                  and isinstance(v.get("use"), str) for v in value):
-            bad("a list of {config: {key: value}, use: file.entry, why: text}")
-        return value
-    raise AssertionError(kind)
-
-
-def _check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) -> dict[str, Any]:
-    if not isinstance(policy, dict):
-        problems.add(path, f"expected a mapping of policy keys, got {excerpt(policy)}; e.g. {{dtype: float16}}")
-        return {}
-    _unknown(policy, allowed, path, problems)
-    return {k: _check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
-
-
-def _known_tags() -> list[str]:
-    from .devices import rule_ids
-
-    return rule_ids()
-
-
-def _check_devices(devices: Any, components: set[str] | None, problems: Problems) -> dict[str, dict[str, dict[str, Any]]]:
-    if devices is None:
-        return {}
-    if not isinstance(devices, dict):
-        problems.add("devices", f"expected a mapping of device tag -> components, got {excerpt(devices)}")
-        return {}
-    tags = _known_tags()
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for tag, comps in devices.items():
-        if tag not in tags:
-            problems.add(f"devices.{tag}", f"unknown device tag {excerpt(tag)}; allowed: {', '.join(tags)}{_close(tag, tags)}")
-            continue
-        if not isinstance(comps, dict):
-            problems.add(f"devices.{tag}", f"expected component -> policy, got {excerpt(comps)}")
-            continue
-        out[tag] = {}
-        for comp, policy in comps.items():
-            if components is not None and comp not in components:
-                problems.add(f"devices.{tag}.{comp}", f"unknown component {excerpt(comp)}; this recipe has {', '.join(sorted(components))}"
-                             f"{_close(comp, components)}")
-                continue
-            out[tag][comp] = _check_policy(policy, f"devices.{tag}.{comp}", problems, allowed=OVERRIDE_KEYS)
-    return out
-
-
-# ------------------------------------------------------------------------------------------ overrides
-
-
-def parse_set(flags: Iterable[str]) -> dict[str, Any]:
-    """Turn ``--set component.key=value`` flags into an override dict; values are YAML scalars or lists.
-
-    Example:
-        >>> parse_set(["unet.dtype=fp16", "unet.keep_fp32=[time_embedding]"])
-        {'components': {'unet': {'dtype': 'fp16', 'keep_fp32': ['time_embedding']}}}
-    """
-    out: dict[str, Any] = {"components": {}}
-    problems = Problems("--set")
-    for flag in flags:
-        key, eq, raw = str(flag).partition("=")
-        parts = key.strip().split(".")
-        if not eq or len(parts) not in (2, 4) or (len(parts) == 4 and parts[0] != "devices") or not all(parts):
-            problems.add(excerpt(flag), "expected component.key=value (e.g. --set vae.dtype=float32) "
-                         "or devices.TAG.component.key=value")
-            continue
-        try:
-            value = parse_yaml(raw, f"--set {excerpt(flag)}")
-        except RecipeError as err:
-            problems.add(excerpt(flag), str(err))
-            continue
-        if len(parts) == 2:
-            out["components"].setdefault(parts[0], {})[parts[1]] = value
-        else:
-            out.setdefault("devices", {}).setdefault(parts[1], {}).setdefault(parts[2], {})[parts[3]] = value
-    problems.raise_if_any()
-    return out
-
-
-def _override_layer(item: str | Path | Mapping[str, Any], components: set[str], index: int) -> _Layer:
-    if isinstance(item, (str, Path)):
-        source = str(item)
-        data = read_yaml(item)
-        if data is None:
-            data = {}
-        file = True
-    elif isinstance(item, Mapping):
-        source = str(item.get("__source__") or ("overrides dict" + (f" #{index + 1}" if index else "")))
-        data = {k: v for k, v in item.items() if k != "__source__"}
-        file = False
-    else:
-        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(item).__name__} {excerpt(item)}")
-    problems = Problems(source)
-    if not isinstance(data, dict):
-        raise RecipeError(f"{source}: expected a mapping like 'components: {{vae: {{dtype: float32}}}}', got {type(data).__name__}")
-    if file or "schema" in data:
-        _check_schema(data, problems)
-    if not file and not (set(data) & OVERRIDE_TOP_KEYS):
-        data = {"components": data}  # a dict may give components directly: {"unet": {"dtype": "float16"}}
-    _unknown(data, OVERRIDE_TOP_KEYS, "", problems)
-    comps: dict[str, dict[str, Any]] = {}
-    raw = data.get("components") or {}
-    if not isinstance(raw, dict):
-        problems.add("components", f"expected component -> policy, got {excerpt(raw)}")
-        raw = {}
-    for comp, policy in raw.items():
-        if comp not in components:
-            problems.add(f"components.{comp}", f"unknown component {excerpt(comp)}; this recipe has {', '.join(sorted(components))}"
-                         f"{_close(comp, components)}")
-            continue
-        comps[comp] = _check_policy(policy, f"components.{comp}", problems, allowed=OVERRIDE_KEYS)
-    devices = _check_devices(data.get("devices"), components, problems)
-    problems.raise_if_any()
-    return _Layer(source, comps, devices)
-
-
-def _as_list(overrides: Any) -> list[Any]:
-    if overrides is None:
-        return []
-    if isinstance(overrides, (str, Path, Mapping)):
-        return [overrides]
-    if not isinstance(overrides, (list, tuple)):
-        raise RecipeError(f"overrides: expected a YAML path, a dict or a list of them, got {type(overrides).__name__} "
-                          f"{excerpt(overrides)}; e.g. overrides={{'vae': {{'dtype': 'float32'}}}}")
-    return list(overrides)
-
-
-# ----------------------------------------------------------------------------------------- resolving
-
-
-def _component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, Any]]:
-    stem, _, entry = ref.partition(".")
-    try:
-        file_source, comps = _component_file(stem)
-    except KeyError:
-        files = sorted(p.stem for p in (recipes_dir() / "components").glob("*.yaml"))
-        raise RecipeError(f"{source}: {path}.use: no component recipe file {excerpt(stem)}; allowed: {', '.join(files)}"
-                          f"{_close(stem, files)}") from None
-    if entry not in comps:
-        raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {excerpt(entry)}; allowed: "
-                          f"{', '.join(f'{stem}.{c}' for c in comps)}{_close(ref, [f'{stem}.{c}' for c in comps])}")
-    return f"{file_source}:{entry}", comps[entry]
-
+from .catalog import check_recipe_class, component_entry, component_spec, list_recipes, pipeline_file, recipe_for
+from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
+from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPlan, Decision, Recipe
+from .overrides import Layer, as_list, override_layer
+from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean
+
+__all__ = ["get_recipe", "resolve", "placement"]
 
 def _base_policy(ref: str, source: str, path: str, config: Mapping[str, Any] | None,
                  seen: tuple[str, ...] = ()) -> dict[str, tuple[Any, str]]:
     """Follow ``use:`` chains and ``select:`` rules; returns key -> (value, source)."""
     if ref in seen:
         raise RecipeError(f"{source}: {path}.use: cycle {' -> '.join((*seen, ref))}")
-    where, policy = _component_entry(ref, source, path)
+    where, policy = component_entry(ref, source, path)
     merged: dict[str, tuple[Any, str]] = {}
     if "use" in policy:
         merged = _base_policy(policy["use"], where, "use", config, (*seen, ref))
@@ -553,30 +108,30 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     if composed:  # a composed recipe (recipe.compose) or a shipped one refitted to the classes present: data
         spec = dict(name)  # type: ignore[arg-type]
         label, origin = spec.pop("recipe_name", None), spec.pop("origin", None)
-        source, data = _check_pipeline(spec, origin or f"composed for {', '.join(spec.get('pipelines') or ['?'])}")
+        source, data = check_pipeline(spec, origin or f"composed for {', '.join(spec.get('pipelines') or ['?'])}", rule_ids())
         name = label or f"composed:{(data.get('pipelines') or ['?'])[0]}"
     name = str(name)
     if composed:
         pass  # read above
     elif name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
-        source, data = _pipeline_file(name)
+        source, data = pipeline_file(name)
     elif "." in name:
         stem = name.split(".", 1)[0]
         data = {"schema": 1, "model": None, "pipelines": [], "latents_from": None, "components": {stem: {"use": name}}}
         source = "get_recipe"
-        _component_entry(name, source, f"components.{stem}")
+        component_entry(name, source, f"components.{stem}")
     else:
         options = pipelines + list_recipes("component")
-        raise RecipeError(f"recipe {excerpt(name)}: unknown; allowed: {', '.join(options)}{_close(name, options)}")
+        raise RecipeError(f"recipe {excerpt(name)}: unknown; allowed: {', '.join(options)}{did_you_mean(name, options)}")
 
     components = list(data["components"])
     policies: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in components}
     _apply_layer(policies, data["components"], source, configs)
-    device_sections = _check_devices(data.get("devices"), set(components), Problems(source))
-    layers = [_Layer(source, {}, device_sections)]
+    device_sections = check_device_sections(data.get("devices"), set(components), rule_ids(), Problems(source))
+    layers = [Layer(source, {}, device_sections)]
     sources = [source]
-    for i, item in enumerate(_as_list(overrides)):
-        layer = _override_layer(item, set(components), i)
+    for i, item in enumerate(as_list(overrides)):
+        layer = override_layer(item, set(components), i)
         layers.append(layer)
         sources.append(layer.source)
     for layer in layers:
@@ -684,86 +239,6 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
 # ------------------------------------------------------------------------------------- the one door
 
 
-def recipe_classes() -> dict[str, str]:
-    """Pipeline class -> the first shipped pipeline recipe (in name order) whose ``pipelines`` list names it.
-
-    Example:
-        >>> recipe_classes()["StableDiffusionXLImg2ImgPipeline"]
-        'sdxl'
-    """
-    covered: dict[str, str] = {}
-    for name in list_recipes("pipeline"):
-        for cls in pipeline_spec(name).get("pipelines") or ():
-            covered.setdefault(str(cls), name)
-    return covered
-
-
-def recipe_for_class(class_name: str) -> str:
-    """The shipped pipeline recipe whose ``pipelines`` list names this diffusers pipeline class.
-
-    Example:
-        >>> recipe_for_class("StableDiffusionXLImg2ImgPipeline")
-        'sdxl'
-    """
-    covered = recipe_classes()
-    if class_name in covered:
-        return covered[class_name]
-    # Every family's class list would make a page-long line: name the close classes and the recipes only.
-    near = difflib.get_close_matches(class_name, list(covered), n=3, cutoff=0.8)
-    hint = (f"did you mean {', '.join(f'{c!r} (recipe {covered[c]})' for c in near)}? " if near else "")
-    raise RecipeError(f"no recipe for pipeline class {class_name!r}; {hint}pipeline recipes: "
-                      f"{', '.join(list_recipes('pipeline'))} "
-                      f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
-                      "--force); or write your own recipe YAML that lists the class under pipelines:")
-
-
-def check_recipe_class(recipe: str, listed: Iterable[str], pipeline_class: str | None, force: bool = False) -> None:
-    """Refuse a pipeline recipe for a pipeline class it does not list (its islands and entry points may not fit).
-
-    Component recipes (``listed`` empty) fit any pipeline; ``force=True`` opts in.
-
-    Example:
-        >>> check_recipe_class("sdxl", ["StableDiffusionXLPipeline"], "StableVideoDiffusionPipeline")
-        Traceback (most recent call last):
-        ...
-        hf_precision.errors.RecipeError: recipe 'sdxl' is for StableDiffusionXLPipeline, not \
-StableVideoDiffusionPipeline: its components, float32 islands and entry points may not fit. The recipe that lists \
-StableVideoDiffusionPipeline: svd: pass recipe='svd' (CLI: --recipe svd), or leave the recipe out to have it \
-chosen; to apply 'sdxl' anyway: force=True (CLI: --force)
-    """
-    listed = tuple(listed)
-    if force or not pipeline_class or not listed or pipeline_class in listed:
-        return
-    others = [n for n in list_recipes("pipeline") if pipeline_class in (pipeline_spec(n).get("pipelines") or ())]
-    if others:
-        fix = (f"The recipe{'s' if len(others) > 1 else ''} that list{'' if len(others) > 1 else 's'} {pipeline_class}: "
-               f"{', '.join(others)}: pass recipe={others[0]!r} (CLI: --recipe {others[0]}), or leave the recipe out to "
-               f"have it chosen")
-    else:
-        fix = (f"No shipped recipe lists {pipeline_class}: leave the recipe out and one is composed from the "
-               f"pipeline's components")
-    raise RecipeError(f"recipe {excerpt(recipe)} is for {', '.join(listed)}, not {pipeline_class}: its components, "
-                      f"float32 islands and entry points may not fit. {fix}; to apply {excerpt(recipe)} anyway: "
-                      f"force=True (CLI: --force)")
-
-
-def recipe_components(recipe: str | Recipe) -> list[str]:
-    """The component names a recipe plans, without resolving it (a resolved Recipe, a pipeline or component recipe).
-
-    Example:
-        >>> recipe_components("svd"), recipe_components("vae.sdxl")
-        (['image_encoder', 'unet', 'vae'], ['vae'])
-    """
-    if isinstance(recipe, Recipe):
-        return [p.name for p in recipe.plans]
-    if isinstance(recipe, Mapping):
-        return list(recipe["components"])
-    name = str(recipe)
-    if name in list_recipes("pipeline") or name.endswith((".yaml", ".yml")):
-        return list(pipeline_spec(name)["components"])
-    return [name.split(".", 1)[0]]
-
-
 def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> dict[str, str | None]:
     """Component -> the torch device string it is placed on (``None``: not placed), checked without torch.
 
@@ -776,8 +251,6 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
         >>> placement({"text_encoder": "cpu", "default": "CUDA:1"}, ["text_encoder", "unet"])
         {'text_encoder': 'cpu', 'unet': 'cuda:1'}
     """
-    from .devices import TYPES
-
     names = list(names)
 
     def one(spec: Any, what: str) -> str | None:
@@ -798,7 +271,7 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
         unknown = sorted(str(k) for k in devices if k not in known and k != "default")
         if unknown:
             raise RecipeError(f"device mapping: unknown component(s) {unknown}; components: {', '.join(known)}, "
-                              f"or 'default' for the rest{_close(unknown[0], known)}")
+                              f"or 'default' for the rest{did_you_mean(unknown[0], known)}")
         return {n: one(devices.get(n, devices.get("default")), f"device[{n!r}]") for n in names}
     place = one(devices, "device")
     return {n: place for n in names}
@@ -814,13 +287,11 @@ def _fit_classes(name: str, resolved: Recipe, models: Mapping[str, tuple[str, st
     is still checked against the class (and one that fits leaves nothing to refit). Returns ``name`` itself when
     every class fits.
     """
-    from .compose import component_spec
-
     misfits = {p.name: models[p.name] for p in resolved.plans
                if p.name in models and p.classes and models[p.name][0] not in p.classes}
     if not misfits:
         return name
-    source, data = _pipeline_file(name)
+    source, data = pipeline_file(name)
     components = dict(data["components"])
     for comp, (cls, role) in misfits.items():
         fitted = component_spec(comp, cls, role)
@@ -858,7 +329,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         configs (*optional*): component -> its ``config.json`` dict, for recipes that choose by config.
         components (*optional*): every component the pipeline has; a ``devices`` mapping may name these too.
         models (*optional*): component -> (model class, role) of the pipeline's ``nn.Module`` components; when no
-            shipped recipe lists ``pipeline_class``, the recipe is composed from them (:mod:`hf_precision.recipe.compose`).
+            shipped recipe lists ``pipeline_class``, the recipe is composed from them (:func:`hf_precision.recipe.catalog.recipe_for`).
         force (`bool`, defaults to `False`): accept a pipeline recipe whose ``pipelines`` list does not name
             ``pipeline_class`` (otherwise a ``RecipeError`` names the recipes that do).
 
@@ -875,8 +346,6 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         >>> r["unet"].compute, r["unet"].device, r["unet"].resolved_for
         ('float16', 'cpu', 'cuda (Tesla T4, sm 7.5)')
     """
-    from .devices import device_profile
-
     if isinstance(recipe, Recipe):
         check_recipe_class(recipe.name, recipe.pipelines, pipeline_class, force)
         if overrides:
@@ -894,14 +363,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
     if recipe is None:
         if not pipeline_class:
             raise RecipeError("resolve: name a recipe (recipe='sdxl') or give the pipeline class it is for")
-        try:
-            recipe = recipe_for_class(str(pipeline_class))
-        except RecipeError:
-            if models is None:
-                raise
-            from .compose import compose_spec
-
-            recipe = compose_spec(str(pipeline_class), models)  # type: ignore[assignment]
+        recipe = recipe_for(str(pipeline_class), models)  # type: ignore[assignment]
     name: Any = recipe if isinstance(recipe, Mapping) else str(recipe)
     best = layout if layout is not None and not isinstance(layout, Mapping) else None
     first = get_recipe(name, device=best, overrides=overrides, configs=configs)
@@ -928,7 +390,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         unknown = sorted(str(k) for k in layout if k not in names and k != "default")
         if unknown:
             raise RecipeError(f"layout mapping: unknown component(s) {unknown}; components: {', '.join(names)}, "
-                              f"or 'default' for the rest{_close(unknown[0], names)}")
+                              f"or 'default' for the rest{did_you_mean(unknown[0], names)}")
     by_spec: dict[str, Recipe] = {}
     for spec in wanted.values():
         key = repr(spec)

@@ -12,7 +12,7 @@ _EXPORTS = {
     "component_islands": "layout", "planned_dtypes": "layout", "drift": "layout", "layerwise_skip_regexes": "layout",
     "apply_recipe": "apply", "Applied": "apply", "applied": "apply", "torch_device": "apply", 
     "cast_tree": "hooks", "EntryHook": "hooks", "IslandHook": "hooks", "attach": "hooks",
-    "read_header": "stream", "stream_component": "stream", "weight_files": "stream",
+    "read_header": "headers", "stream_component": "stream", "weight_files": "stream",
     "proc_bytes": "memory", "available_bytes": "memory",
 }
 __all__ = sorted(_EXPORTS)

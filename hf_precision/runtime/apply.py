@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -12,9 +12,12 @@ import torch
 from .. import dtypes as dt
 from ..recipe.devices import device_caps
 from ..errors import RecipeError, override_line
+from . import patches
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .layout import check_user_names, component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
-from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, resolve
+from ..recipe.catalog import list_recipes
+from ..recipe.model import ComponentPlan, Recipe
+from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
 
 __all__ = ["apply_recipe", "applied", "Applied", "torch_device"]
@@ -173,7 +176,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
             rest). ``None`` leaves components where they are. Each component is resolved for its own device.
         overrides (*optional*): YAML path, dict or a list of them (see ``get_recipe``).
         layout (*optional*): the device whose rules choose the dtypes when it is not where the pipeline runs
-            (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution`.
+            (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution.resolve`.
         strict (`bool`, defaults to `True`): a ``keep_fp32`` pattern that matches no module is an error.
         force (`bool`, defaults to `False`): apply a pipeline recipe whose ``pipelines`` list does not name this
             pipeline's class (otherwise a ``RecipeError`` names the recipes that do).
@@ -230,97 +233,122 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     return applied
 
 
-def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Module, device: str | None, strict: bool) -> None:
-    old = getattr(module, _ATTR, None)
+@dataclasses.dataclass
+class _Component:
+    """One component on its way through :data:`STEPS`: the plan, the module, and what earlier steps decided."""
+
+    applied: Applied
+    plan: ComponentPlan
+    module: torch.nn.Module
+    device: str | None
+    strict: bool
+    islands: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def compute(self) -> torch.dtype:
+        return dt.to_torch(self.plan.compute)
+
+    @property
+    def storage(self) -> torch.dtype:
+        return dt.to_torch(self.plan.storage)
+
+    def did(self, action: str) -> None:
+        self.applied.actions.append(f"{self.plan.name}: {action}")
+
+
+def _check_class(c: _Component) -> None:
+    old = getattr(c.module, _ATTR, None)
     if isinstance(old, Applied) and not old.removed:
         # The module is shared with another pipeline (from_pipe): its previous hooks go, they never stack.
         old.remove()
-    if plan.classes and type(module).__name__ not in plan.classes:
-        raise RecipeError(f"recipe {applied.recipe.name}: component {plan.name} is a {type(module).__name__}, but its "
+    plan = c.plan
+    if plan.classes and type(c.module).__name__ not in plan.classes:
+        raise RecipeError(f"recipe {c.applied.recipe.name}: component {plan.name} is a {type(c.module).__name__}, but its "
                           f"component recipe {plan.recipe} is for {', '.join(plan.classes)}; its islands and entry points "
                           f"would not fit. Use a recipe for this class, or override the component recipe: "
                           f"{override_line(plan.name, 'use', '<component recipe>')} (hf-precision recipes lists them)")
-    if strict:
-        check_user_names(plan, module)
-    islands = component_islands(plan, module, strict=strict)
-    compute, storage = dt.to_torch(plan.compute), dt.to_torch(plan.storage)
-    if islands and has_layerwise_casting(module):
+    if c.strict:
+        check_user_names(plan, c.module)
+
+
+def _find_islands(c: _Component) -> None:
+    islands = component_islands(c.plan, c.module, strict=c.strict)
+    if islands and has_layerwise_casting(c.module):
         # Layerwise-cast leaves recast their own weights on every call; an island around them cannot hold fp32.
-        taken = [i for i in islands if has_layerwise_casting(module.get_submodule(i))]
+        taken = [i for i in islands if has_layerwise_casting(c.module.get_submodule(i))]
         islands = [i for i in islands if i not in taken]
         if taken:
-            applied.actions.append(f"{plan.name}: islands {taken} left to the layerwise casting already enabled on them")
-    if plan.storage != plan.compute:
-        # Storage differs from compute: weights are cast per layer on use (diffusers layerwise casting).
-        # Cast everything to compute first so the islands and non-hooked layers hold the compute dtype.
-        changed = _cast_parameters(module, compute, islands, device)
-        if has_layerwise_casting(module):
-            applied.actions.append(f"{plan.name}: layerwise casting was already enabled: kept as it is")
-        else:
-            from diffusers.hooks import apply_layerwise_casting
+            c.did(f"islands {taken} left to the layerwise casting already enabled on them")
+    c.islands = islands
+    c.applied.islands[c.plan.name] = islands
 
-            apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute,
-                                    skip_modules_pattern=layerwise_skip_regexes(islands, plan.layerwise_skip))
-            applied.actions.append(f"{plan.name}: weights stored in {plan.storage}, cast to {plan.compute} per layer on use")
-    else:
-        changed = _cast_parameters(module, storage, islands, device)
+
+def _place_and_cast(c: _Component) -> None:
+    # Everything goes to the compute dtype (islands to fp32), also when weights are stored in another dtype: the
+    # layerwise step then stores the hooked layers, and the islands and other layers keep the compute dtype.
+    changed = _cast_parameters(c.module, c.compute, c.islands, c.device)
     if changed:
-        applied.actions.append(f"{plan.name}: cast/moved {changed} tensors")
-    applied.devices[plan.name] = device or _module_device(module)
-    applied.islands[plan.name] = islands
+        c.did(f"cast/moved {changed} tensors")
+    c.applied.devices[c.plan.name] = c.device or _module_device(c.module)
 
-    if plan.compute == "float16" and _config_dict(module).get("force_upcast") and hasattr(module, "register_to_config"):
-        # The recipe owns the VAE dtype: SDXL/SVD pipelines would otherwise flip the whole VAE to fp32 and back on
-        # every call (erasing islands and doubling memory); the NaN guard covers overflow instead.
-        module.register_to_config(force_upcast=False)
-        applied.actions.append(f"{plan.name}: config.force_upcast True -> False (the recipe decides; NaN guard on)")
-    if plan.upcast_attention:
-        count = _upcast_attention(module)
-        applied.actions.append(f"{plan.name}: attention softmax in fp32 in {count} attention modules")
 
-    guard = None
+def _store_layerwise(c: _Component) -> None:
+    if c.plan.storage == c.plan.compute:
+        return
+    if has_layerwise_casting(c.module):
+        c.did("layerwise casting was already enabled: kept as it is")
+        return
+    patches.store_layerwise(c.module, c.storage, c.compute, layerwise_skip_regexes(c.islands, c.plan.layerwise_skip))
+    c.did(f"weights stored in {c.plan.storage}, cast to {c.plan.compute} per layer on use")
+
+
+def _patch_diffusers(c: _Component) -> None:
+    if c.plan.compute == "float16" and patches.disable_force_upcast(c.module):
+        c.did("config.force_upcast True -> False (the recipe decides; NaN guard on)")
+    if c.plan.upcast_attention:
+        c.did(f"attention softmax in fp32 in {patches.upcast_attention(c.module)} attention modules")
+
+
+def _hook_entries(c: _Component) -> None:
+    plan, guard = c.plan, None
     if plan.nan_guard:
-        computable = device_caps(applied.recipe.device).compute
-        fallbacks = [d for d in (torch.bfloat16, torch.float32) if dt.from_torch(d) in computable and d != compute]
+        computable = device_caps(c.applied.recipe.device).compute
+        fallbacks = [d for d in (torch.bfloat16, torch.float32) if dt.from_torch(d) in computable and d != c.compute]
         guard = nan_guard(fallbacks, plan.name, warn_switch)
     output: Any = plan.output if plan.output in ("input", "compute") else dt.to_torch(plan.output)
     entries = []
     for entry in plan.entry:
         try:
-            sub = module.get_submodule(entry) if entry else module
+            sub = c.module.get_submodule(entry) if entry else c.module
         except AttributeError:
             continue  # e.g. AutoencoderKL(use_post_quant_conv=False) has no post_quant_conv
-        hook = EntryHook(plan.name, sub, module, compute=compute, storage=storage, output=output, islands=islands,
-                         prefix=entry, nan_guard=guard, no_cast=frozenset(plan.no_cast))
-        applied._handles += attach(sub, hook)
+        hook = EntryHook(plan.name, sub, c.module, compute=c.compute, storage=c.storage, output=output,
+                         islands=c.islands, prefix=entry, nan_guard=guard, no_cast=frozenset(plan.no_cast))
+        c.applied._handles += attach(sub, hook)
         entries.append(entry or "(forward)")
-    applied.hooked[plan.name] = entries
-    if islands:
-        outer = EntryHook(plan.name, module, module, compute=compute, storage=storage, output="compute", islands=islands)
-        for island in islands:
-            applied._handles += attach(module.get_submodule(island), IslandHook(module.get_submodule(island), outer.dtype))
+    c.applied.hooked[plan.name] = entries
+
+
+def _hook_islands(c: _Component) -> None:
+    if not c.islands:
+        return
+    # An island hands back the dtype the component computes in now (read from its parameters, as the entry hook does).
+    outer = EntryHook(c.plan.name, c.module, c.module, compute=c.compute, storage=c.storage, output="compute",
+                      islands=c.islands).dtype
+    for island in c.islands:
+        sub = c.module.get_submodule(island)
+        c.applied._handles += attach(sub, IslandHook(sub, outer))
+
+
+# What apply_recipe does to each component, in order; each step records what it did on Applied. A new technique
+# is a new step (and, when it patches diffusers, a function in runtime/patches.py).
+STEPS: tuple[Callable[[_Component], None], ...] = (
+    _check_class, _find_islands, _place_and_cast, _store_layerwise, _patch_diffusers, _hook_entries, _hook_islands)
+
+
+def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Module, device: str | None, strict: bool) -> None:
+    component = _Component(applied, plan, module, device, strict)
+    for step in STEPS:
+        step(component)
     applied._modules[plan.name] = module
     object.__setattr__(module, _ATTR, applied)
-
-
-def _upcast_attention(module: torch.nn.Module) -> int:
-    # SDPA processors ignore `upcast_attention`; the classic processor honours it and computes softmax in fp32,
-    # which is what fixes half-precision attention on MPS >= 14.5.
-    from diffusers.models.attention_processor import Attention, AttnProcessor
-
-    class UpcastAttnProcessor(AttnProcessor):
-        """The classic processor with fp32 scores; the mask is made fp32 too (diffusers mixes them in baddbmm)."""
-
-        def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None, attention_mask: Any = None,
-                     *args: Any, **kwargs: Any) -> Any:
-            if attention_mask is not None and attention_mask.is_floating_point():
-                attention_mask = attention_mask.float()
-            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
-
-    count = 0
-    for sub in module.modules():
-        if isinstance(sub, Attention):
-            sub.upcast_attention = sub.upcast_softmax = True
-            sub.set_processor(UpcastAttnProcessor())
-            count += 1
-    return count

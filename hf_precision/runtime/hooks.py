@@ -19,8 +19,9 @@ from torch.utils._pytree import tree_map_only
 from torch.utils.hooks import RemovableHandle
 
 from ..errors import override_line
+from .. import dtypes as dt
 from ..recipe.patterns import inside
-from ..recipe.resolution import DEFAULT_NO_CAST
+from ..recipe.model import DEFAULT_NO_CAST
 
 __all__ = ["cast_tree", "EntryHook", "IslandHook", "attach"]
 
@@ -276,7 +277,7 @@ def _cast_component(root: torch.nn.Module, target: torch.dtype, current: torch.d
 
 
 def warn_switch(component: str, old: torch.dtype, new: torch.dtype) -> None:
-    name = str(new).removeprefix("torch.")
+    name = dt.from_torch(new)
     warnings.warn(f"hf_precision: {component} produced non-finite values in {str(old).removeprefix('torch.')}; "
                   f"re-ran it in {name} and keeps {name} for this session. Make it permanent with "
                   f"{override_line(component, 'dtype', name)}",

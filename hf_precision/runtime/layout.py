@@ -17,7 +17,7 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.patterns import inside, resolve_islands
-from ..recipe.resolution import ComponentPlan
+from ..recipe.model import ComponentPlan
 
 __all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
            "drift", "Drifted"]

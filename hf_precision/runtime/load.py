@@ -12,17 +12,21 @@ from typing import Any
 from .. import dtypes as dt
 from ..errors import DamagedFileError, RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
-from ..recipe.resolution import Recipe, recipe_components, recipe_for_class, resolve
+from ..recipe.catalog import recipe_components, recipe_for
+from ..recipe.model import Recipe
+from ..recipe.overrides import Override
+from ..recipe.resolution import resolve
 from .source import check_folder_fits, component_configs, locate, models_of_index, offline_error
 
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
 
 
-def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None) -> None:
+def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None, *, weights: bool = True) -> None:
     """Check every JSON and safetensors file of a pipeline folder; the first damaged one is a ``DamagedFileError``.
 
     Only headers are read (sizes and offsets against the file), so this is quick whatever the weights weigh. Called
-    when loading failed, to turn a deep library error into one naming the file, its component and the fix.
+    when loading failed, to turn a deep library error into one naming the file, its component and the fix, and by
+    the command line before torch is imported. ``weights=False`` checks the JSON files only.
 
     Example:
         >>> import tempfile
@@ -35,7 +39,7 @@ def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None 
         ...
         hf_precision.errors.DamagedFileError: ...config.json (component vae): damaged file: not valid JSON ...
     """
-    from .stream import read_header
+    from .headers import read_header  # torch-free: the command line calls this before importing torch
 
     folder = Path(folder)
     if index is None:
@@ -49,7 +53,7 @@ def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None 
         for file in sorted(comp_dir.iterdir()):
             if file.suffix == ".json":
                 read_json(file)
-            elif file.suffix == ".safetensors":
+            elif file.suffix == ".safetensors" and weights:
                 read_header(file)
 
 
@@ -87,7 +91,7 @@ def _dtype_name(value: Any, keyword: str) -> str:
     return name
 
 
-def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> dict[str, Any] | None:
+def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> Override | None:
     # A dtype passed the diffusers way is taken as an override (lowest priority among overrides): a single dtype
     # forces every component, a dict forces the components it names. Islands, entry casts and the NaN guard stay.
     if "dtype" in kwargs and "torch_dtype" in kwargs:
@@ -96,7 +100,7 @@ def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> dict[str
     value = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
     if value is None:
         return None
-    source = {"__source__": f"load_pipeline {keyword}="}
+    source = f"load_pipeline {keyword}="
     if isinstance(value, Mapping):
         default = value.get("default")
         layer: dict[str, Any] = {c: {"dtype": _dtype_name(v, f"{keyword}[{c!r}]")} for c, v in value.items() if c != "default"}
@@ -104,9 +108,9 @@ def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> dict[str
             name = _dtype_name(default, f"{keyword}['default']")
             for c in components:
                 layer.setdefault(c, {"dtype": name})
-        return {"components": layer, **source}
+        return Override(source, {"components": layer})
     name = _dtype_name(value, keyword)
-    return {"components": {c: {"dtype": name} for c in components}, **source}
+    return Override(source, {"components": {c: {"dtype": name} for c in components}})
 
 
 # load_pipeline's own keywords: a misspelling of one of them is suggested too.
@@ -282,15 +286,11 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     present = [c for c, spec in index.items() if not c.startswith("_") and isinstance(spec, (list, tuple)) and spec[0]]
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
     chosen = recipe is None  # chosen by class: resolve refits it to the model classes present
-    if recipe is None:
-        try:
-            recipe = recipe_for_class(pipeline)
-        except RecipeError:  # no shipped recipe lists the class: compose one from its components
-            from ..recipe.compose import compose_spec
-            from .source import composable_models
+    if recipe is None:  # the shipped recipe for the class, else one composed from its components
+        from .source import composable_models
 
-            models = models_of_index(index) if pipeline_class is not None else composable_models(where, index)
-            recipe = compose_spec(pipeline, models)  # type: ignore[assignment]
+        models = (lambda: models_of_index(index)) if pipeline_class is not None else (lambda: composable_models(where, index))
+        recipe = recipe_for(pipeline, models)  # type: ignore[assignment]
     layers = [x for x in [_user_dtype_layer(kwargs, recipe_components(recipe))] if x]
     if overrides is not None:
         layers += list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]
@@ -432,7 +432,7 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
     from safetensors import safe_open
 
     from .layout import component_islands
-    from .stream import read_header
+    from .headers import read_header  # torch-free: the command line calls this before importing torch
 
     for plan in recipe.plans:
         module = getattr(pipe, plan.name, None)

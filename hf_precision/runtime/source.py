@@ -4,7 +4,7 @@ One home for: finding a pipeline and its ``model_index.json`` (:func:`locate`), 
 (:func:`component_configs`, :func:`configs_of` for plans, which read the shipped real configs offline), and its
 model components with their classes and roles.
 
-The recipe layer composes a recipe for a pipeline class no shipped recipe lists (:mod:`hf_precision.recipe.compose`)
+The recipe layer composes a recipe for a pipeline class no shipped recipe lists (:func:`hf_precision.recipe.catalog.recipe_for`)
 from these; this module finds them from a built pipeline, from a folder's ``model_index.json``, or from the
 pipeline class's own ``__init__`` signature. A role comes from where diffusers keeps the class, never from a list
 of component names.
@@ -23,7 +23,8 @@ from typing import Any
 
 from ..errors import RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
-from ..recipe.resolution import Recipe, list_recipes, pipeline_spec
+from ..recipe.catalog import list_recipes, pipeline_spec
+from ..recipe.model import Recipe
 
 # The real configs (no weights) that ship for offline plans: hf_precision/model_configs/<hub basename>/.
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "model_configs"
@@ -323,7 +324,7 @@ def composable_models(where: str, index: Mapping[str, Any]) -> dict[str, tuple[s
     import difflib
 
     from ..errors import RecipeError
-    from ..recipe.resolution import recipe_classes
+    from ..recipe.catalog import recipe_classes
 
     name = str(index.get("_class_name"))
     try:

@@ -10,7 +10,6 @@ index gaps, missing or extra keys, shape differences, another library) returns `
 
 from __future__ import annotations
 
-import json
 import mmap
 import warnings
 from collections.abc import Callable, Iterator
@@ -19,7 +18,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["file_dtypes", "read_header", "stream_component", "weight_files"]
+from .headers import read_header
+
+__all__ = ["file_dtypes", "stream_component", "weight_files"]
 
 _DTYPES = {
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
@@ -27,100 +28,6 @@ _DTYPES = {
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
 }
 
-
-# Bytes per element of the safetensors dtype names (sub-byte and unknown ones skip the per-tensor size check).
-_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2,
-             "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
-# The safetensors library refuses headers above 100,000,000 bytes (safetensors/src/tensor.rs, MAX_HEADER_SIZE).
-_MAX_HEADER = 100_000_000
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
-
-
-def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, Any]]:
-    """The data offset and the tensor table of a safetensors file (its documented 8-byte length + JSON header).
-
-    The header is checked against the file before any tensor is read: a truncated file, a corrupt header or offsets
-    that do not add up raise :class:`~hf_precision.errors.DamagedFileError` naming the file, its component and how
-    to get a good copy, instead of ``requested buffer length ... after offset`` from deep inside torch.
-
-    Example:
-        >>> import tempfile, torch, safetensors.torch
-        >>> path = Path(tempfile.mkdtemp()) / "x.safetensors"
-        >>> safetensors.torch.save_file({"w": torch.zeros(1000)}, path)
-        >>> read_header(path)[1]["w"]["shape"]
-        [1000]
-        >>> _ = path.write_bytes(path.read_bytes()[:2000])
-        >>> read_header(path)  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        hf_precision.errors.DamagedFileError: ...x.safetensors: damaged file: truncated: 2.0 KB of an expected 4.1 KB (2,000 of ... bytes); ...
-    """
-    from ..errors import DamagedFileError
-    from ..recipe.files import damaged_file
-
-    def damaged(problem: str) -> DamagedFileError:
-        return damaged_file(path, problem, repo=repo)
-
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise damaged(f"only {size} bytes, too short for a safetensors file (an 8-byte length, then a header)")
-            length = int.from_bytes(head, "little")
-            if length > min(size - 8, _MAX_HEADER):
-                raise damaged(f"its first 8 bytes give a header of {length:,} bytes, but the file has {size:,} "
-                              "bytes: it is truncated or not a safetensors file")
-            raw = f.read(length)
-    except OSError as err:
-        raise DamagedFileError(path, f"cannot read it ({err.strerror or err})",
-                               "check that it exists and is readable (permissions, a broken link)") from None
-    try:
-        header = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise damaged(f"its header is not valid JSON ({err}); the file is corrupt") from None
-    if not isinstance(header, dict):
-        raise damaged(f"its header is a JSON {type(header).__name__}, not an object; the file is corrupt")
-    header.pop("__metadata__", None)
-    spans = []
-    for key, info in header.items():
-        ok = isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list) \
-            and all(isinstance(d, int) and d >= 0 for d in info["shape"]) \
-            and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2 \
-            and all(isinstance(o, int) for o in info["data_offsets"]) and 0 <= info["data_offsets"][0] <= info["data_offsets"][1]
-        if not ok:
-            raise damaged(f"its header entry for {key!r} is not a tensor description (dtype, shape, data_offsets)")
-        start, end = info["data_offsets"]
-        itemsize = _ITEMSIZE.get(info["dtype"])
-        if itemsize is not None and end - start != itemsize * _numel(info["shape"]):
-            raise damaged(f"tensor {key!r} ({info['dtype']} {info['shape']}) has {end - start:,} bytes in the header "
-                          f"instead of {itemsize * _numel(info['shape']):,}; the header is corrupt")
-        spans.append((start, end, key))
-    spans.sort()
-    covered = 0
-    for start, end, key in spans:
-        if start != covered:  # the safetensors library refuses gaps and overlaps too
-            raise damaged(f"tensor {key!r} starts at byte {start:,} of the data, expected {covered:,}; the header is corrupt")
-        covered = end
-    expected = 8 + length + covered
-    if size < expected:
-        raise damaged(f"truncated: {_size(size)} of an expected {_size(expected)} ({size:,} of {expected:,} bytes)")
-    if size > expected:
-        raise damaged(f"{size - expected:,} bytes longer than its header describes ({expected:,} bytes)")
-    return 8 + length, header
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 _RELEASE_EVERY = 32 * 2**20

@@ -52,7 +52,7 @@ def bench_fidelity(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) ->
                 per[name]["mean"].append(float(diff[np.isfinite(diff)].mean()) if np.isfinite(diff).any() else float("inf"))
                 per[name]["nonfinite"] += int((~np.isfinite(img)).sum())
     out: dict[str, Any] = {"image": side, "steps": ctx["fid_steps"], "seeds": ctx["fid_seeds"],
-                           "naive_dtype": str(half).removeprefix("torch."), "errors": errors,
+                           "naive_dtype": hdt.from_torch(half), "errors": errors,
                            "note": "random weights: chaotic, compares layouts on the same weights only"}
     for name, r in per.items():
         out[name] = {"max_abs": stats(r["max"]), "mean_abs": stats(r["mean"]), "nonfinite": r["nonfinite"]}

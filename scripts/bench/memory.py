@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .common import MiB, QUIET_ENV, TARGETS, module_bytes, pipeline_modules, quiet_libraries, stats, sync
+from hf_precision import dtypes as hdt
 
 STATUS_KEYS = ("VmRSS", "RssAnon", "RssFile")
 
@@ -133,8 +134,8 @@ def one_load(loader: str, folder: str, layout: str, device: str) -> dict[str, An
         "stages": dict(record.timings) if record is not None else {},
         "baseline": base.peak, "sampled_peak": peaks, "vmhwm": hwm_bytes, "final": status,
         "weight_bytes": sum(module_bytes(m) for m in modules.values()),
-        "dtypes": {n: sorted({str(p.dtype).removeprefix("torch.") for p in m.parameters()}) for n, m in modules.items()},
-        "dtype_map": {k: str(v).removeprefix("torch.") for k, v in dtypes.items()},
+        "dtypes": {n: sorted({hdt.from_torch(p.dtype) for p in m.parameters()}) for n, m in modules.items()},
+        "dtype_map": {k: hdt.from_torch(v) for k, v in dtypes.items()},
     }
     # VmHWM (reset before the load) is the exact peak; the 5 ms samples are the fallback where it cannot be reset.
     peak_rss = max(hwm_bytes or 0, peaks["VmRSS"])

@@ -291,7 +291,7 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> 
         floor = Floor(pipe, compute)
         hooked = lambda: unet(**arrive, return_dict=False)[0]
         bare = lambda: unet(**pre_cast, return_dict=False)[0]
-        res: dict[str, Any] = {"compute": plan.compute, "storage": plan.storage, "latents_dtype": str(latents).removeprefix("torch."),
+        res: dict[str, Any] = {"compute": plan.compute, "storage": plan.storage, "latents_dtype": hdt.from_torch(latents),
                                "islands": len(record.islands.get("unet", [])),
                                "island_names": list(record.islands.get("unet", []))[:6]}
         with torch.inference_mode():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from hf_precision import dtypes as hdt
 
 # A dtype at least this many times slower than float32 on the probe is "slow": a 2x slower layout would still
 # finish in time, the fallback kernels are 10-50x slower.
@@ -69,8 +70,8 @@ def probe(device: str = "cpu", repeats: int = 7, size: int = 384) -> dict[str, A
         try:
             run(d)
         except RuntimeError as err:  # a dtype the backend cannot compute at all is as slow as it gets
-            errors[str(d).removeprefix("torch.")] = str(err).splitlines()[0]
-    live = [d for d in dtypes if str(d).removeprefix("torch.") not in errors]
+            errors[hdt.from_torch(d)] = str(err).splitlines()[0]
+    live = [d for d in dtypes if hdt.from_torch(d) not in errors]
     for _ in range(repeats):
         for d in live:
             times[d].append(run(d))
@@ -79,7 +80,7 @@ def probe(device: str = "cpu", repeats: int = 7, size: int = 384) -> dict[str, A
     fp32 = min(times[torch.float32])
     out: dict[str, Any] = {"fp32_s": fp32, "ratio": {}, "slow": {}, "errors": errors, "slow_ratio": SLOW_RATIO}
     for d in (torch.float16, torch.bfloat16):
-        name = str(d).removeprefix("torch.")
+        name = hdt.from_torch(d)
         if name in errors:
             out["ratio"][name], out["slow"][name] = None, True
             continue

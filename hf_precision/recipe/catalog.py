@@ -1,0 +1,329 @@
+"""The catalog: which recipes ship, what each file says (validated), and the recipe for a pipeline class, shipped
+or composed. Torch-free.
+
+A shipped pipeline recipe lists the diffusers pipeline classes it covers (``pipelines:``). When none lists a class
+(a new diffusers pipeline, a ControlNet variant), its recipe is composed from what the pipeline is made of: each
+model component whose class a component recipe lists gets that recipe (``use:``); the denoiser is the component
+whose role is ``denoiser`` (the runtime tells the roles from where diffusers keeps each class:
+``diffusers.models.transformers``/``unets`` denoise, ``autoencoders`` encode and decode, ``controlnets`` condition);
+any other model class is kept in a dtype its device computes, gets boundary hooks like every component, and is
+named in one warning with the override line that pins it. :func:`recipe_for` is that rule in one call.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import warnings
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ..errors import Problems, RecipeError, excerpt, override_line
+from .devices import rule_ids
+from .files import read_yaml, recipes_dir
+from .model import Recipe
+from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean
+
+__all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
+           "recipe_for_class", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
+           "component_spec", "component_recipe_for", "ROLES"]
+
+Models = Mapping[str, tuple[str, str]]
+
+# --------------------------------------------------------------------------------------------- the files
+
+
+def _rel(path: Path) -> str:
+    try:
+        return str(path.relative_to(recipes_dir().parent))
+    except ValueError:
+        return str(path)
+
+
+@functools.lru_cache(maxsize=None)
+def _component_file(stem: str) -> tuple[str, dict[str, Any]]:
+    path = recipes_dir() / "components" / f"{stem}.yaml"
+    if not path.is_file():
+        raise KeyError(stem)
+    data = read_yaml(path)
+    source = _rel(path)
+    problems = Problems(source)
+    comps = check_file(data, "components", COMPONENT_FILE_KEYS, set(POLICY_KEYS), source, problems)
+    problems.raise_if_any()
+    return source, comps
+
+
+def component_entries(stem: str) -> dict[str, Any]:
+    """The validated entries of one component recipe file (``recipes/components/<stem>.yaml``).
+
+    Example:
+        >>> sorted(component_entries("clip"))
+        ['text', 'vision']
+    """
+    return _component_file(stem)[1]
+
+
+def pipeline_file(name: str) -> tuple[str, dict[str, Any]]:
+    """(source, validated data) of a pipeline recipe: a shipped name or a path to a user's YAML file."""
+    if name.endswith((".yaml", ".yml")):
+        return _read_pipeline(Path(name), name)  # a user's file is re-read every time: it may have changed
+    return _shipped_pipeline(name)
+
+
+def pipeline_spec(name: str) -> dict[str, Any]:
+    """The validated data of a pipeline recipe: a shipped name (``"sdxl"``) or a path to a user's YAML file.
+
+    Example:
+        >>> "StableDiffusionXLPipeline" in pipeline_spec("sdxl")["pipelines"]
+        True
+    """
+    return pipeline_file(name)[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _shipped_pipeline(name: str) -> tuple[str, dict[str, Any]]:
+    path = recipes_dir() / f"{name}.yaml"
+    return _read_pipeline(path, _rel(path))
+
+
+def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
+    return check_pipeline(read_yaml(path), source, rule_ids())
+
+
+def list_recipes(kind: str = "all") -> list[str]:
+    """Names of the shipped recipes: pipeline recipes (``sdxl``) and component recipes (``vae.sdxl``).
+
+    Example:
+        >>> [n for n in list_recipes("pipeline") if n in ("sdxl", "svd")]
+        ['sdxl', 'svd']
+    """
+    root = recipes_dir()
+    pipelines = sorted(p.stem for p in root.glob("*.yaml") if p.stem != "devices")
+    components = sorted(f"{p.stem}.{c}" for p in (root / "components").glob("*.yaml") for c in _component_file(p.stem)[1])
+    return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
+
+
+
+def component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, Any]]:
+    """(where, policy) of a component recipe entry ``stem.entry``; ``source``/``path`` name who asked, for the error.
+
+    Example:
+        >>> component_entry("vae.sdxl", "my.yaml", "components.vae")[0]
+        'recipes/components/vae.yaml:sdxl'
+    """
+    stem, _, entry = ref.partition(".")
+    try:
+        file_source, comps = _component_file(stem)
+    except KeyError:
+        files = sorted(p.stem for p in (recipes_dir() / "components").glob("*.yaml"))
+        raise RecipeError(f"{source}: {path}.use: no component recipe file {excerpt(stem)}; allowed: {', '.join(files)}"
+                          f"{did_you_mean(stem, files)}") from None
+    if entry not in comps:
+        raise RecipeError(f"{source}: {path}.use: {file_source} has no entry {excerpt(entry)}; allowed: "
+                          f"{', '.join(f'{stem}.{c}' for c in comps)}{did_you_mean(ref, [f'{stem}.{c}' for c in comps])}")
+    return f"{file_source}:{entry}", comps[entry]
+
+
+# ------------------------------------------------------------------------------------ recipes for classes
+
+
+def recipe_classes() -> dict[str, str]:
+    """Pipeline class -> the first shipped pipeline recipe (in name order) whose ``pipelines`` list names it.
+
+    Example:
+        >>> recipe_classes()["StableDiffusionXLImg2ImgPipeline"]
+        'sdxl'
+    """
+    covered: dict[str, str] = {}
+    for name in list_recipes("pipeline"):
+        for cls in pipeline_spec(name).get("pipelines") or ():
+            covered.setdefault(str(cls), name)
+    return covered
+
+
+def recipe_for_class(class_name: str) -> str:
+    """The shipped pipeline recipe whose ``pipelines`` list names this diffusers pipeline class.
+
+    Example:
+        >>> recipe_for_class("StableDiffusionXLImg2ImgPipeline")
+        'sdxl'
+    """
+    covered = recipe_classes()
+    if class_name in covered:
+        return covered[class_name]
+    # Every family's class list would make a page-long line: name the close classes and the recipes only.
+    near = difflib.get_close_matches(class_name, list(covered), n=3, cutoff=0.8)
+    hint = (f"did you mean {', '.join(f'{c!r} (recipe {covered[c]})' for c in near)}? " if near else "")
+    raise RecipeError(f"no recipe for pipeline class {class_name!r}; {hint}pipeline recipes: "
+                      f"{', '.join(list_recipes('pipeline'))} "
+                      f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
+                      "--force); or write your own recipe YAML that lists the class under pipelines:")
+
+
+def check_recipe_class(recipe: str, listed: Iterable[str], pipeline_class: str | None, force: bool = False) -> None:
+    """Refuse a pipeline recipe for a pipeline class it does not list (its islands and entry points may not fit).
+
+    Component recipes (``listed`` empty) fit any pipeline; ``force=True`` opts in.
+
+    Example:
+        >>> check_recipe_class("sdxl", ["StableDiffusionXLPipeline"], "StableVideoDiffusionPipeline")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: recipe 'sdxl' is for StableDiffusionXLPipeline, not \
+StableVideoDiffusionPipeline: its components, float32 islands and entry points may not fit. The recipe that lists \
+StableVideoDiffusionPipeline: svd: pass recipe='svd' (CLI: --recipe svd), or leave the recipe out to have it \
+chosen; to apply 'sdxl' anyway: force=True (CLI: --force)
+    """
+    listed = tuple(listed)
+    if force or not pipeline_class or not listed or pipeline_class in listed:
+        return
+    others = [n for n in list_recipes("pipeline") if pipeline_class in (pipeline_spec(n).get("pipelines") or ())]
+    if others:
+        fix = (f"The recipe{'s' if len(others) > 1 else ''} that list{'' if len(others) > 1 else 's'} {pipeline_class}: "
+               f"{', '.join(others)}: pass recipe={others[0]!r} (CLI: --recipe {others[0]}), or leave the recipe out to "
+               f"have it chosen")
+    else:
+        fix = (f"No shipped recipe lists {pipeline_class}: leave the recipe out and one is composed from the "
+               f"pipeline's components")
+    raise RecipeError(f"recipe {excerpt(recipe)} is for {', '.join(listed)}, not {pipeline_class}: its components, "
+                      f"float32 islands and entry points may not fit. {fix}; to apply {excerpt(recipe)} anyway: "
+                      f"force=True (CLI: --force)")
+
+
+def recipe_components(recipe: str | Recipe) -> list[str]:
+    """The component names a recipe plans, without resolving it (a resolved Recipe, a pipeline or component recipe).
+
+    Example:
+        >>> recipe_components("svd"), recipe_components("vae.sdxl")
+        (['image_encoder', 'unet', 'vae'], ['vae'])
+    """
+    if isinstance(recipe, Recipe):
+        return [p.name for p in recipe.plans]
+    if isinstance(recipe, Mapping):
+        return list(recipe["components"])
+    name = str(recipe)
+    if name in list_recipes("pipeline") or name.endswith((".yaml", ".yml")):
+        return list(pipeline_spec(name)["components"])
+    return [name.split(".", 1)[0]]
+
+
+def recipe_for(pipeline_class: str, models: Models | Callable[[], Models] | None = None) -> str | dict[str, Any]:
+    """The recipe for a pipeline class: the shipped one that lists it, else one composed from its model components.
+
+    Args:
+        pipeline_class: the diffusers pipeline class name (``model_index.json``'s ``_class_name``).
+        models (*optional*): component -> (model class, role), or a function returning them, called only when no
+            shipped recipe lists the class. ``None``: no composing; a class no recipe lists raises.
+
+    Returns:
+        A shipped recipe's name, or a composed recipe's data (:func:`compose_spec`).
+
+    Raises:
+        RecipeError: no shipped recipe lists the class and ``models`` is ``None``; the error names the close
+            classes and the recipes.
+
+    Example:
+        >>> recipe_for("StableDiffusionXLPipeline")
+        'sdxl'
+        >>> recipe_for("MyPipeline", {"transformer": ("FluxTransformer2DModel", "denoiser")})["components"]
+        {'transformer': {'use': 'mmdit.flux'}}
+    """
+    shipped = recipe_classes().get(pipeline_class)
+    if shipped is not None:
+        return shipped
+    if models is None:
+        return recipe_for_class(pipeline_class)  # raises, naming the close classes
+    return compose_spec(pipeline_class, models() if callable(models) else models)
+
+
+# --------------------------------------------------------------------------------------------- composing
+
+
+# What a model component does in a pipeline, from the diffusers/transformers module that defines its class.
+ROLES = ("denoiser", "vae", "controlnet", "encoder", "other")
+# Unknown model classes: the first of these the device picks unasked (half where it is fast, else fp32), with the
+# NaN guard on, since nothing is known about where they overflow.
+UNKNOWN_DTYPES = ["bfloat16", "float16", "float32"]
+
+
+@functools.lru_cache(maxsize=None)
+def _class_index() -> dict[str, str]:
+    """Model class name -> the first component recipe entry (``stem.entry``) that lists it, in file order."""
+    index: dict[str, str] = {}
+    for path in sorted((recipes_dir() / "components").glob("*.yaml")):
+        for entry, policy in component_entries(path.stem).items():
+            for cls in policy.get("class") or ():
+                index.setdefault(str(cls), f"{path.stem}.{entry}")
+    return index
+
+
+def component_recipe_for(class_name: str) -> str | None:
+    """The component recipe (``"clip.text"``) whose ``class:`` list names this model class, or ``None``.
+
+    Example:
+        >>> component_recipe_for("CLIPTextModelWithProjection"), component_recipe_for("NoSuchModel")
+        ('clip.text', None)
+    """
+    return _class_index().get(class_name)
+
+
+def component_spec(name: str, cls: str, role: str) -> dict[str, Any]:
+    """A pipeline recipe's entry for component ``name`` of model class ``cls``: the component recipe that lists the
+    class, or, for a class none lists, a dtype its device picks unasked with the NaN guard and boundary casts.
+
+    Example:
+        >>> component_spec("text_encoder", "T5EncoderModel", "text_encoder")
+        {'use': 't5.encoder'}
+        >>> component_spec("vae", "MyVAE", "vae")["entry"]
+        ['encoder', 'quant_conv', 'post_quant_conv', 'decoder']
+    """
+    ref = component_recipe_for(cls)
+    if ref is not None:
+        return {"use": ref}
+    spec: dict[str, Any] = {
+        "class": [cls], "dtypes": list(UNKNOWN_DTYPES), "nan_guard": True,
+        "output": "input" if role == "denoiser" else "compute",
+        "why": f"no component recipe lists {cls}: kept in the first of {UNKNOWN_DTYPES} this device picks unasked, "
+               f"with the NaN guard; pin it with {override_line(name, 'dtype', 'float32')}",
+    }
+    if role == "vae":  # VAEs are called through encode()/decode(), never forward(): hook the submodules they use
+        spec["entry"] = ["encoder", "quant_conv", "post_quant_conv", "decoder"]
+    return spec
+
+
+def compose_spec(pipeline_class: str, models: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
+    """The data of a pipeline recipe for ``pipeline_class``, from its model components.
+
+    Args:
+        pipeline_class: the diffusers pipeline class name.
+        models: component name -> (model class name, role), role one of :data:`ROLES`. Only ``nn.Module``
+            components: tokenizers, schedulers and processors have no dtype.
+
+    Returns:
+        A pipeline recipe as a dict (same schema as ``recipes/*.yaml``).
+
+    Example:
+        >>> spec = compose_spec("FluxControlNetPipeline", {"transformer": ("FluxTransformer2DModel", "denoiser"),
+        ...                     "controlnet": ("FluxControlNetModel", "controlnet"), "vae": ("AutoencoderKL", "vae")})
+        >>> spec["denoiser"], spec["components"]["transformer"], spec["components"]["vae"]
+        ('transformer', {'use': 'mmdit.flux'}, {'use': 'autoencoders.kl_any'})
+    """
+    if not models:
+        raise RecipeError(f"{pipeline_class}: its signature names no model class (e.g. `model: Any`), so no recipe can "
+                          f"be composed from the class alone; load it from a folder (the classes then come from "
+                          f"model_index.json) or pass recipe=<your recipe YAML>")
+    components: dict[str, dict[str, Any]] = {}
+    unknown: list[str] = []
+    for name, (cls, role) in models.items():
+        components[name] = component_spec(name, cls, role)
+        if "use" not in components[name]:
+            unknown.append(f"{name} ({cls})")
+    denoisers = sorted(n for n, (_, role) in models.items() if role == "denoiser")
+    if unknown:
+        warnings.warn(f"{pipeline_class}: no component recipe for {', '.join(unknown)}; each is kept in the first of "
+                      f"{', '.join(UNKNOWN_DTYPES)} its device picks unasked, with boundary casts and the NaN guard. Pin "
+                      f"one with e.g. {override_line(unknown[0].split(' ')[0], 'dtype', 'float32')}",
+                      stacklevel=3)
+    return {"schema": 1, "kind": "pipeline", "model": None, "pipelines": [pipeline_class],
+            "denoiser": denoisers[0] if denoisers else None, "latents_from": None, "components": components}

@@ -1,0 +1,147 @@
+"""The resolved recipe as values: ``Recipe``, one ``ComponentPlan`` per component, the ``Decision`` behind each field.
+
+Frozen, torch-free, built only by :mod:`hf_precision.recipe.resolution`. A plan prints in one line, in the manner of
+jmp's ``Policy`` (``p=f32,c=f16,o=f16``): ``unet: s=f16 c=f16 o=f16 fp32=[time_embedding, add_embedding]`` reads as
+storage, compute, hands over, float32 islands.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from .devices import DeviceProfile
+
+__all__ = ["Recipe", "ComponentPlan", "Decision", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
+
+# Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
+# projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
+# would change them. Recipes extend the list per architecture (Flux: guidance, img_ids, txt_ids).
+DEFAULT_NO_CAST = ("timestep", "timesteps", "t")
+# Modules kept in the compute dtype when weights are stored in another dtype (diffusers layerwise casting): the
+# same precision-sensitive families diffusers skips by default (hooks/layerwise_casting.py
+# DEFAULT_SKIP_MODULES_PATTERN), written as globs on module names under the one matching rule.
+DEFAULT_LAYERWISE_SKIP = ("*pos_embed*", "*patch_embed*", "*norm*")
+# The short dtype spellings of a plan's one-line form (jmp writes f32/bf16/f16).
+_SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """Why a field of a resolved component has its value."""
+
+    field: str
+    value: str
+    rule: str
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ComponentPlan:
+    """One component of a resolved recipe: its dtypes, islands and entry points, and why."""
+
+    name: str
+    storage: str
+    compute: str
+    output: str
+    handed_over: str
+    keep_fp32: tuple[str, ...]
+    entry: tuple[str, ...]
+    nan_guard: bool
+    upcast_attention: bool
+    dtypes: tuple[str, ...]
+    classes: tuple[str, ...]
+    recipe: str
+    why: str
+    decisions: tuple[Decision, ...]
+    # Where the component sits (a torch device string such as "cuda:0"), or None for a plan placed nowhere yet
+    # (a meta-device plan); and the device whose rules chose its dtypes (differs under a layout).
+    device: str | None = None
+    resolved_for: str = ""
+    no_cast: tuple[str, ...] = DEFAULT_NO_CAST
+    layerwise_skip: tuple[str, ...] = DEFAULT_LAYERWISE_SKIP
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["decisions"] = [dataclasses.asdict(x) for x in self.decisions]
+        return d
+
+    def __str__(self) -> str:
+        """One line: storage, compute, hands over, float32 islands, and the guards that are on.
+
+        Example:
+            >>> from hf_precision.recipe import get_recipe
+            >>> print(get_recipe("sdxl", device="t4")["unet"])
+            unet: s=f16 c=f16 o=f16 fp32=[time_embedding, add_embedding]
+        """
+        short = lambda name: _SHORT.get(name, name)
+        text = f"{self.name}: s={short(self.storage)} c={short(self.compute)} o={short(self.handed_over or self.output)}"
+        if self.keep_fp32:
+            text += f" fp32=[{', '.join(self.keep_fp32)}]"
+        flags = [n for n, on in (("nan_guard", self.nan_guard), ("upcast_attention", self.upcast_attention)) if on]
+        return text + "".join(f" +{f}" for f in flags)
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A recipe fully resolved for one device. Frozen; prints as a table; ``to_json()`` for machines.
+
+    Example:
+        >>> from hf_precision.recipe import get_recipe
+        >>> r = get_recipe("sdxl", device="t4")
+        >>> r["vae"].compute, r["unet"].compute
+        ('float32', 'float16')
+    """
+
+    name: str
+    schema: int
+    model: str | None
+    pipelines: tuple[str, ...]
+    latents_from: str | None
+    device: DeviceProfile
+    device_tags: tuple[str, ...]
+    plans: tuple[ComponentPlan, ...]
+    sources: tuple[str, ...]
+    denoiser: str | None = None
+
+    @property
+    def components(self) -> dict[str, ComponentPlan]:
+        return {p.name: p for p in self.plans}
+
+    def __getitem__(self, name: str) -> ComponentPlan:
+        for p in self.plans:
+            if p.name == name:
+                return p
+        raise KeyError(f"recipe {self.name!r} has no component {name!r}; it has {[p.name for p in self.plans]}")
+
+    def __contains__(self, name: object) -> bool:
+        return any(p.name == name for p in self.plans)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "schema": self.schema, "model": self.model, "pipelines": list(self.pipelines),
+                "latents_from": self.latents_from, "denoiser": self.denoiser, "device": self.device.to_dict(), "device_tags": list(self.device_tags),
+                "components": {p.name: p.to_dict() for p in self.plans}, "sources": list(self.sources)}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def table(self, why: bool = True) -> str:
+        head = ("component", "storage", "compute", "hands over", "fp32 islands", "notes")
+        rows = []
+        for p in self.plans:
+            notes = [n for n, on in (("nan-guard", p.nan_guard), ("attn-upcast", p.upcast_attention)) if on]
+            rows.append((p.name, p.storage, p.compute, p.handed_over, ", ".join(p.keep_fp32) or "-", " ".join(notes) or "-"))
+        widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
+        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()
+        out = [f"recipe {self.name} for {self.device.label()}  [tags: {', '.join(self.device_tags)}]",
+               line(head), line(tuple("-" * w for w in widths)), *map(line, rows)]
+        if why:
+            out.append("")
+            out.append("decisions:")
+            for p in self.plans:
+                for d in p.decisions:
+                    out.append(f"  {p.name}.{d.field} = {d.value}: {d.rule} [{d.source}]")
+        return "\n".join(out)
+
+    __str__ = table

@@ -1,0 +1,283 @@
+"""What a valid recipe file is: the key tables and every file checker, devices.yaml's included. Torch-free.
+
+The checkers are pure functions of the parsed data: they read no file and resolve nothing, so the catalog, the
+override layers and the command line's early checks (before torch is imported) all call the same ones. Each adds
+every problem it finds to a :class:`~hf_precision.errors.Problems` (one error naming them all), and unknown keys get
+one message everywhere: :func:`unknown_keys`, with :func:`did_you_mean`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .. import dtypes as dt
+from ..errors import Problems, RecipeError, excerpt
+
+__all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
+           "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
+           "check_file", "check_device_sections", "check_pipeline", "check_devices_file"]
+
+SCHEMAS = (1,)
+OUTPUTS = ("input", "compute")
+# Keys of a component policy, with the type each must have. `dtype` forces the compute dtype.
+POLICY_KEYS: dict[str, str] = {
+    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "dtype",
+    "output": "output", "keep_fp32": "str-list", "entry": "str-list", "nan_guard": "bool",
+    "upcast_attention": "bool", "why": "str", "select": "select", "no_cast": "str-list", "layerwise_skip": "str-list",
+}
+OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
+                 "no_cast", "layerwise_skip"}
+PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why"}
+COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
+OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
+# Device types tensors can sit on (and devices.yaml's `type:` values).
+TYPES = ("cpu", "cuda", "mps", "xpu")
+
+# The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
+# `capabilty`) is an error, never a condition that silently holds for every device.
+DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets")
+RULE_KEYS = ("id", "when", "compute", "auto", "storage", "upcast_attention", "why")
+WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
+PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
+
+
+def did_you_mean(word: object, options: Iterable[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest option, or ``""``: the tail of every unknown-name message.
+
+    Example:
+        >>> did_you_mean("vea", ["vae", "unet"]), did_you_mean("zzz", ["vae"])
+        ("; did you mean 'vae'?", '')
+    """
+    if len(str(word)) > 100:  # no name is that long, and difflib's cost grows with it
+        return ""
+    near = difflib.get_close_matches(str(word), list(options), n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
+def unknown_keys(data: Mapping[str, Any], allowed: Iterable[str], path: str, problems: Problems) -> None:
+    """Add one problem per key of ``data`` not in ``allowed``, listing the allowed keys and the closest one.
+
+    Example:
+        >>> p = Problems("my.yaml")
+        >>> unknown_keys({"dtpye": "float16"}, {"dtype", "output"}, "components.unet", p)
+        >>> p.raise_if_any()
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: my.yaml: components.unet.dtpye: unknown key 'dtpye'; allowed: dtype, output; did you mean 'dtype'?
+    """
+    allowed = sorted(allowed)
+    for key in data:
+        if key not in allowed:
+            problems.add(f"{path}{'.' if path else ''}{key}",
+                         f"unknown key {excerpt(key)}; allowed: {', '.join(allowed)}{did_you_mean(key, allowed)}")
+
+
+def check_file(data: Any, kind: str, top_keys: set[str], policy_keys: set[str], source: str,
+                problems: Problems) -> dict[str, Any]:
+    """The checks every recipe file gets: a mapping, schema, known top-level keys, its kind, its component policies."""
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with 'schema', 'kind: {kind}' and 'components'")
+    check_schema(data, problems)
+    unknown_keys(data, top_keys, "", problems)
+    if data.get("kind") != kind:
+        where = "recipes/components/" if kind == "components" else "recipes/"
+        problems.add("kind", f"{excerpt(data.get('kind'))} is not {kind!r}; {kind} recipes live in {where}")
+    comps = data.get("components")
+    if not isinstance(comps, dict) or not comps:
+        problems.add("components", "missing or empty; give at least one named component policy")
+        comps = {}
+    for name, policy in comps.items():
+        check_policy(policy, f"components.{name}", problems, allowed=policy_keys)
+    return comps
+
+
+def check_schema(data: Mapping[str, Any], problems: Problems) -> None:
+    schema = data.get("schema")
+    if schema is None:
+        problems.add("schema", "missing; add 'schema: 1' at the top")
+    elif schema not in SCHEMAS:
+        problems.add("schema", f"{excerpt(schema)} is not supported (this hf_precision reads schema {', '.join(map(str, SCHEMAS))}); "
+                     "upgrade hf_precision or rewrite the file for schema 1")
+
+
+def unknown_keys(data: Mapping[str, Any], allowed: set[str], path: str, problems: Problems) -> None:
+    for key in data:
+        if key not in allowed:
+            problems.add(f"{path}{'.' if path else ''}{key}",
+                         f"unknown key {excerpt(key)}; allowed: {', '.join(sorted(allowed))}{did_you_mean(key, allowed)}")
+
+
+def check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
+    """Validate one policy value and return it normalised (canonical dtype names)."""
+    def bad(allowed: str) -> None:
+        problems.add(path, f"bad value {excerpt(value)} ({type(value).__name__}); allowed: {allowed}")
+
+    if kind == "dtype":
+        canon = dt.canonical(value) if isinstance(value, str) else None
+        if canon is None:
+            suggestion = did_you_mean(str(value), [a for n, al in dt.DTYPES.items() for a in (n, *al)])
+            if str(value).lower() == "half":
+                suggestion = " ('half' is ambiguous: write float16 or bfloat16)"
+            problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
+        return canon
+    if kind == "dtype-list":
+        if not isinstance(value, list) or not value:
+            bad("a non-empty list of dtype names, e.g. [float16, bfloat16, float32]")
+            return None
+        return [check_value("dtype", v, f"{path}[{i}]", problems) for i, v in enumerate(value)]
+    if kind in ("str-list", "list"):
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            bad("a list of strings, e.g. [time_embedding, 'down_blocks.*.norm*']")
+            return None
+        return list(value)
+    if kind == "str":
+        if not isinstance(value, str):
+            bad("a string")
+        return value
+    if kind == "bool":
+        if not isinstance(value, bool):
+            bad("true or false")
+        return value
+    if kind == "output":
+        if isinstance(value, str) and value in OUTPUTS:
+            return value
+        canon = dt.canonical(value) if isinstance(value, str) else None
+        if canon is None:
+            bad(f"{' or '.join(OUTPUTS)} or a dtype name ({', '.join(dt.DTYPES)})")
+        return canon
+    if kind == "select":
+        if not isinstance(value, list) or not all(isinstance(v, dict) and isinstance(v.get("config"), dict)
+                                                  and isinstance(v.get("use"), str) for v in value):
+            bad("a list of {config: {key: value}, use: file.entry, why: text}")
+        return value
+    raise AssertionError(kind)
+
+
+def check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(policy, dict):
+        problems.add(path, f"expected a mapping of policy keys, got {excerpt(policy)}; e.g. {{dtype: float16}}")
+        return {}
+    unknown_keys(policy, allowed, path, problems)
+    return {k: check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
+
+
+
+def check_device_sections(devices: Any, components: set[str] | None, tags: Sequence[str], problems: Problems) -> dict[str, dict[str, dict[str, Any]]]:
+    if devices is None:
+        return {}
+    if not isinstance(devices, dict):
+        problems.add("devices", f"expected a mapping of device tag -> components, got {excerpt(devices)}")
+        return {}
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for tag, comps in devices.items():
+        if tag not in tags:
+            problems.add(f"devices.{tag}", f"unknown device tag {excerpt(tag)}; allowed: {', '.join(tags)}{did_you_mean(tag, tags)}")
+            continue
+        if not isinstance(comps, dict):
+            problems.add(f"devices.{tag}", f"expected component -> policy, got {excerpt(comps)}")
+            continue
+        out[tag] = {}
+        for comp, policy in comps.items():
+            if components is not None and comp not in components:
+                problems.add(f"devices.{tag}.{comp}", f"unknown component {excerpt(comp)}; this recipe has {', '.join(sorted(components))}"
+                             f"{did_you_mean(comp, components)}")
+                continue
+            out[tag][comp] = check_policy(policy, f"devices.{tag}.{comp}", problems, allowed=OVERRIDE_KEYS)
+    return out
+
+
+def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, dict[str, Any]]:
+    problems = Problems(source)
+    comps = check_file(data, "pipeline", PIPELINE_KEYS, set(POLICY_KEYS) - {"select"}, source, problems)
+    check_device_sections(data.get("devices"), set(comps), tags, problems)
+    for key in ("latents_from", "denoiser"):
+        if data.get(key) is not None and data[key] not in comps:
+            problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
+    problems.raise_if_any()
+    return source, data
+
+
+def check_devices_file(data: Any, source: str) -> None:
+    """Validate a device rules file; every problem is reported at once, each naming the key and the fix.
+
+    Example:
+        >>> check_devices_file({"schema": 1, "kind": "devices", "presets": {},
+        ...                     "rules": [{"id": "x", "when": {"type": "cuda", "capabilty": ">=8.0"}}]}, "my.yaml")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: my.yaml: rules[0] (x).when.capabilty: unknown key 'capabilty'; allowed: capability, cpu_flags, macos, name_contains, type; did you mean 'capability'?
+    """
+    problems = Problems(source)
+    unknown = lambda mapping, allowed, where: unknown_keys(mapping, allowed, where, problems)
+
+    def version(cond: Any, where: str) -> None:
+        if not re.fullmatch(r"\s*(>=|<=|>|<|==)?\s*\d+(\.\d+)*\s*", str(cond)):
+            problems.add(where, f"bad version condition {cond!r}; write e.g. '>=8.0' or '<7.0'")
+
+    def dtype_edits(value: Any, where: str) -> None:
+        if not isinstance(value, list):
+            problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
+            return
+        for item in value:
+            name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
+            if dt.canonical(name) is None:
+                problems.add(where, f"unknown dtype {item!r}; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2")
+
+    if not isinstance(data, dict) or data.get("kind") != "devices":
+        problems.add("", "not a device rules file (expected a mapping with 'kind: devices')")
+        problems.raise_if_any()
+    unknown(data, DEVICES_TOP_KEYS, "")
+    if data.get("schema") != 1:
+        problems.add("schema", f"schema {data.get('schema')!r} is not supported (this hf_precision reads schema 1)")
+    rules = data.get("rules")
+    if not isinstance(rules, list):
+        problems.add("rules", "expected a list of rules")
+        rules = []
+    seen: set[str] = set()
+    for i, rule in enumerate(rules):
+        if not isinstance(rule, dict):
+            problems.add(f"rules[{i}]", f"expected a mapping with id and when, got {rule!r}")
+            continue
+        where = f"rules[{i}] ({rule.get('id', '?')})"
+        unknown(rule, RULE_KEYS, where)
+        if not isinstance(rule.get("id"), str) or not rule.get("id"):
+            problems.add(where, "every rule needs an id (it becomes a device tag)")
+        elif rule["id"] in seen:
+            problems.add(where, f"duplicate id {rule['id']!r}: each rule's id is a distinct device tag")
+        seen.add(str(rule.get("id")))
+        when = rule.get("when", {})
+        if not isinstance(when, dict):
+            problems.add(f"{where}.when", f"expected a mapping of conditions, got {when!r}")
+            when = {}
+        unknown(when, WHEN_KEYS, f"{where}.when")
+        if "type" in when and when["type"] not in TYPES:
+            problems.add(f"{where}.when.type", f"unknown device type {when['type']!r}; allowed: {', '.join(TYPES)}")
+        for key in ("capability", "macos"):
+            if key in when:
+                version(when[key], f"{where}.when.{key}")
+        for key in ("cpu_flags", "name_contains"):
+            if key in when and not (isinstance(when[key], list) and all(isinstance(x, str) for x in when[key])):
+                problems.add(f"{where}.when.{key}", f"expected a list of strings, got {when[key]!r}")
+        for key in ("compute", "auto", "storage"):
+            if key in rule:
+                dtype_edits(rule[key], f"{where}.{key}")
+        if "upcast_attention" in rule and not isinstance(rule["upcast_attention"], bool):
+            problems.add(f"{where}.upcast_attention", f"expected true or false, got {rule['upcast_attention']!r}")
+    presets = data.get("presets", {})
+    if not isinstance(presets, dict):
+        problems.add("presets", "expected a mapping of preset name -> device fields")
+        presets = {}
+    for name, fields in presets.items():
+        if not isinstance(fields, dict):
+            problems.add(f"presets.{name}", f"expected device fields such as {{type: cuda, capability: '7.5'}}, got {fields!r}")
+            continue
+        unknown(fields, PRESET_KEYS, f"presets.{name}")
+        if fields.get("type") not in TYPES:
+            problems.add(f"presets.{name}.type", f"unknown device type {fields.get('type')!r}; allowed: {', '.join(TYPES)}")
+        for key in ("capability", "macos"):
+            if key in fields and not re.fullmatch(r"\d+(\.\d+)*", str(fields[key])):
+                problems.add(f"presets.{name}.{key}", f"expected a version such as '7.5', got {fields[key]!r}")
+    problems.raise_if_any()

@@ -1,0 +1,84 @@
+"""What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
+file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
+weight storage through diffusers' layerwise casting. Everything else ``apply_recipe`` does is casts and hooks.
+
+Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise"]
+
+
+def disable_force_upcast(module: torch.nn.Module) -> bool:
+    """Set ``config.force_upcast`` to False where it is True; returns whether it was.
+
+    SDXL/SVD pipelines read the flag and flip the whole VAE to fp32 and back on every call (erasing islands and
+    doubling memory); when a recipe owns the VAE dtype, the NaN guard covers overflow instead.
+
+    Example:
+        >>> from diffusers import AutoencoderKL
+        >>> vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=8, force_upcast=True)
+        >>> disable_force_upcast(vae), vae.config.force_upcast, disable_force_upcast(vae)
+        (True, False, False)
+    """
+    config = getattr(module, "config", None)
+    flag = config.get("force_upcast") if isinstance(config, Mapping) else getattr(config, "force_upcast", None)
+    if not flag or not hasattr(module, "register_to_config"):
+        return False
+    module.register_to_config(force_upcast=False)
+    return True
+
+
+def upcast_attention(module: torch.nn.Module) -> int:
+    """Compute attention scores and softmax in fp32 in every diffusers ``Attention`` of ``module``; returns how many.
+
+    SDPA processors ignore ``upcast_attention``; the classic processor honours it and computes softmax in fp32,
+    which is what fixes half-precision attention on MPS >= 14.5.
+
+    Example:
+        >>> from diffusers.models.attention_processor import Attention
+        >>> block = torch.nn.Sequential(Attention(query_dim=8, heads=1, dim_head=8))
+        >>> upcast_attention(block), block[0].upcast_softmax
+        (1, True)
+    """
+    from diffusers.models.attention_processor import Attention, AttnProcessor
+
+    class UpcastAttnProcessor(AttnProcessor):
+        """The classic processor with fp32 scores; the mask is made fp32 too (diffusers mixes them in baddbmm)."""
+
+        def __call__(self, attn: Any, hidden_states: Any, encoder_hidden_states: Any = None, attention_mask: Any = None,
+                     *args: Any, **kwargs: Any) -> Any:
+            if attention_mask is not None and attention_mask.is_floating_point():
+                attention_mask = attention_mask.float()
+            return super().__call__(attn, hidden_states, encoder_hidden_states, attention_mask, *args, **kwargs)
+
+    count = 0
+    for sub in module.modules():
+        if isinstance(sub, Attention):
+            sub.upcast_attention = sub.upcast_softmax = True
+            sub.set_processor(UpcastAttnProcessor())
+            count += 1
+    return count
+
+
+def store_layerwise(module: torch.nn.Module, storage: torch.dtype, compute: torch.dtype, skip: list[str]) -> None:
+    """Keep weights in ``storage`` and cast each layer to ``compute`` on use (diffusers' layerwise casting).
+
+    ``skip`` are regular expressions of modules that stay in ``compute`` (the islands and the recipe's
+    ``layerwise_skip``; :func:`hf_precision.runtime.layout.layerwise_skip_regexes`).
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float32, [])
+        >>> layer[0].weight.dtype, layer(torch.ones(1, 4)).dtype
+        (torch.float8_e4m3fn, torch.float32)
+    """
+    from diffusers.hooks import apply_layerwise_casting
+
+    apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute, skip_modules_pattern=skip)
