@@ -28,7 +28,8 @@ from ..errors import Problems, RecipeError, excerpt, override_line
 from .files import parse_yaml, read_yaml, recipes_dir
 
 __all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "pipeline_spec", "placement",
-           "recipe_classes", "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class"]
+           "recipe_classes", "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class",
+           "suggest_recipe", "unknown_recipe"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -247,6 +248,41 @@ def list_recipes(kind: str = "all") -> list[str]:
     pipelines = sorted(p.stem for p in root.glob("*.yaml") if p.stem != "devices")
     components = sorted(f"{p.stem}.{c}" for p in (root / "components").glob("*.yaml") for c in _component_file(p.stem)[1])
     return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
+
+
+def suggest_recipe(name: str) -> str | None:
+    """The pipeline recipe a mistyped name most likely means: case-insensitive, by Hub id or its last part, by
+    closeness, then by a name the model's Hub id starts with (``stable-diffusion-xl``); ``None`` if nothing is close.
+
+    Example:
+        >>> [suggest_recipe(n) for n in ("SDXL", "sdxll", "stabilityai/stable-diffusion-xl-base-1.0", "stable-diffusion-xl")]
+        ['sdxl', 'sdxl', 'sdxl', 'sdxl']
+        >>> suggest_recipe("qqqqqq") is None
+        True
+    """
+    low = str(name).strip().lower()
+    if not low or len(low) > 200:
+        return None
+    pipelines = list_recipes("pipeline")
+    models = {p: str(_shipped_pipeline(p)[1].get("model") or "").lower() for p in pipelines}
+    exact = [p for p in pipelines if low in (p.lower(), models[p], models[p].rsplit("/", 1)[-1])]
+    if exact:
+        return exact[0]
+    near = difflib.get_close_matches(low, pipelines, n=1, cutoff=0.6)
+    if near:
+        return near[0]
+    stem = low.rsplit("/", 1)[-1]
+    starts = sorted((p for p in pipelines if models[p] and models[p].rsplit("/", 1)[-1].startswith(stem)),
+                    key=lambda p: len(models[p]))
+    return starts[0] if starts and len(stem) >= 4 else None
+
+
+def unknown_recipe(name: str) -> RecipeError:
+    """The error for a recipe name that is no recipe: the suggestion first, then the pipeline recipes."""
+    near = suggest_recipe(name)
+    lead = f"did you mean {near!r}? (hf-precision show {near}); " if near else ""
+    return RecipeError(f"recipe {excerpt(name)}: unknown; {lead}pipeline recipes: {', '.join(list_recipes('pipeline'))} "
+                       f"(component recipes such as vae.sdxl: `hf-precision recipes`)")
 
 
 def _close(word: str, options: Iterable[str]) -> str:
@@ -560,14 +596,13 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
         pass  # read above
     elif name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
         source, data = _pipeline_file(name)
-    elif "." in name:
+    elif "." in name and "/" not in name:  # a component recipe (vae.sdxl); a Hub id has a '/'
         stem = name.split(".", 1)[0]
         data = {"schema": 1, "model": None, "pipelines": [], "latents_from": None, "components": {stem: {"use": name}}}
         source = "get_recipe"
         _component_entry(name, source, f"components.{stem}")
     else:
-        options = pipelines + list_recipes("component")
-        raise RecipeError(f"recipe {excerpt(name)}: unknown; allowed: {', '.join(options)}{_close(name, options)}")
+        raise unknown_recipe(name)
 
     components = list(data["components"])
     policies: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in components}
