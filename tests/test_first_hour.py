@@ -100,6 +100,16 @@ def test_wan_size_beyond_the_rotary_table_is_refused_before_loading(wan_folder, 
     assert rc == 0 and "512x480, 81 frames" in capsys.readouterr().out
 
 
+def test_plan_for_a_device_not_here_asks_for_its_budget(wan_folder, capsys):
+    """`--plan --device t4` without --max-memory read the free memory of 't4': a torch traceback."""
+    from hf_precision.cli.video import main as video_main
+
+    rc = video_main(["--model", str(wan_folder), "--prompt", "a cat", "--out", "x.mp4", "--plan", "--device", "t4"],
+                    prog="generate_video.py")
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and "--max-memory SIZE" in err
+
+
 def test_the_whole_runs_peak_is_at_least_its_peak_before_decoding(monkeypatch):
     """4. 'peak memory 459.2 MiB (... 482.4 MiB before decoding)': the per-phase figures reset the counter."""
     from hf_precision.apps import video
