@@ -57,7 +57,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
     # One rule: --device is where it runs, --layout whose rules choose the dtypes. The old spelling
     # (--device LAYOUT --run-on DEVICE) still means what it meant.
-    layout, run_on = (args.layout or args.device, args.run_on) if args.run_on else (args.layout or args.device, args.device)
+    layout, run_on = args.layout or args.device, args.run_on or args.device
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
                        seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width),
