@@ -114,6 +114,12 @@ def main(argv: list[str] | None = None) -> int:
     ratios = ", ".join(f"{k} {v:.1f}x fp32's time" if v else f"{k} fails" for k, v in probe["ratio"].items())
     progress.say(f"probe: {ratios} (slow above {speed.SLOW_RATIO}x): {note}")
     overrides = [override] if override else []
+    # The guesses above are for fast dtypes; a layout measured in a slow one (--layout t4 where fp16 is 59x slower)
+    # takes that much longer per denoiser call, so the first estimate scales by the probe's own measurement.
+    factor, measured_in = speed.slowdown(hp.get_recipe("sdxl", device=run_layout, overrides=override), probe)
+    if factor > 1.5:
+        progress.scale(("unet_call", "unet_pair", "image"), factor)
+        progress.say(f"estimate: denoiser calls in {measured_in} take about {factor:.0f}x fp32's time here (probe)")
     ctx["overrides"] = overrides
     # The islands stress test needs a half compute dtype (an fp32 island in an fp32 UNet is no island): where the
     # substitute is float32, it runs in the half dtype the probe found least slow, and says so.

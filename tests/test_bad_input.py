@@ -304,7 +304,8 @@ CASES = [
     # --- scripts: output paths are checked before any model is loaded or built
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{afile}/x.png"], RecipeError, "afile is a file, not a folder"),
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}/x.bmp"], RecipeError, "unsupported image type '.bmp'"),
-    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}/nodir/x.png"], RecipeError, "does not exist"),
+    # missing folders are created, as `video` does (issue 25); one under a file is refused before loading
+    ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{afile}/nodir/x.png"], RecipeError, "afile is a file, not a folder"),
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{adir}"], RecipeError, "unsupported image type '.mp4'"),
     ("script", "cli", ["generate", "{sdxl}", "--prompt", "x", "--out", "{empty}"], RecipeError, "unsupported image type"),
     ("script", "video", ["--demo", "--out", "{afile}/x.mp4"], RecipeError, "afile is a file, not a folder"),

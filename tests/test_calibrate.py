@@ -13,6 +13,7 @@ import warnings
 
 import numpy as np
 import pytest
+import yaml
 import torch
 
 import hf_precision as hp
@@ -68,6 +69,11 @@ def test_sdxl_vae_up_block_cli(sdxl_folder, tmp_path, capsys):
     # The shipped T4 recipe keeps the whole VAE in fp32: the measured islands are a subset, and the output says so.
     assert hp.get_recipe("sdxl", device="t4")["vae"].compute == "float32"
     assert any(n.startswith(f"vae.{i}: inside what the recipe keeps in float32") for i in islands for n in report["notes"])
+    # ... and the file says why it departs from the dtypes the recipe tolerates (bf16, fp32 for the SDXL VAE), and
+    # keeps the NaN guard on for it (issue 25 item 9: it used to write `dtype: float16` without a word).
+    written = yaml.safe_load(out.read_text())["components"]["vae"]
+    assert written["dtype"] == "float16" and written["nan_guard"] is True
+    assert "tolerates bfloat16, float32 only" in written["why"], written["why"]
 
     # Independently of calibrate: the fp16 VAE without islands overflows, the written file fixes it.
     no_guard = {"vae": {"dtype": "float16", "nan_guard": False}}

@@ -150,12 +150,12 @@ def test_show_uncomputable_dtype_exits_2_with_the_fix(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (("show", "sdxll", "--device", "t4"), "did you mean 'sdxl'?"),
+    (("show", "sdxll", "--device", "t4"), "recipe 'sdxll': unknown; did you mean 'sdxl'?"),
     (("show", "sdxl", "--device", "tpu"), "unknown device type 'tpu'"),
     (("show", "sdxl", "--device", "t4", "--set", "vae.dtype"), "expected component.key=value"),
     (("show", "sdxl", "--device", "t4", "--set", "vea.dtype=fp32"), "did you mean 'vae'?"),
     (("show", "sdxl", "--device", "t4", "--overrides", "missing.yaml"), "missing.yaml: file not found"),
-    (("show", "sdxl", "--device", "cuda"), "this machine has no cuda device; to plan for a device that is not here"),
+    (("show", "sdxl", "--device", "cuda"), "this machine has no cuda device (present: cpu)"),
 ])
 def test_show_bad_input_exits_2(tmp_path, args, needle):
     err = user_error(*args, cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})

@@ -83,8 +83,8 @@ def test_unknown_device_tag_in_a_device_section():
 
 def test_unknown_recipe_name():
     msg = raises(hp.get_recipe, "sdxll", device="t4")
-    assert "recipe 'sdxll': unknown" in msg and "allowed: " + ", ".join(hp.list_recipes("pipeline")) in msg
-    assert "did you mean 'sdxl'?" in msg
+    assert "recipe 'sdxll': unknown; did you mean 'sdxl'?" in msg  # the suggestion first (issue 25)
+    assert "pipeline recipes: " + ", ".join(hp.list_recipes("pipeline")) in msg
 
 
 def test_unknown_component_recipe_entry():
@@ -151,9 +151,12 @@ def no_accelerator():
 def test_absent_device_tells_how_to_describe_one(no_accelerator, spec):
     msg = raises(hp.get_recipe, "sdxl", device=spec)
     kind = spec.split(":")[0]
-    assert f"device {spec!r}: this machine has no {kind} device" in msg
-    assert "to plan for a device that is not here, describe it" in msg
+    assert f"device {spec!r}: this machine has no {kind} device (present: cpu)" in msg
+    assert "to plan for one, name a preset or describe it" in msg
     assert "cuda:sm75" in msg and "mps:macos=13.6" in msg and "t4" in msg
+    # issue 25: the fix for running is named (layout=), and only the devices that are here are called present
+    assert "layout=" in msg and "--layout" in msg and "--device cpu" in msg
+    assert "a present device (cpu)" in msg and "cuda:1, mps" not in msg
     # and the default falls back to the CPU instead of failing
     assert hp.device_profile(None).type == "cpu"
 

@@ -108,22 +108,29 @@ def _size(n: float) -> str:
     return f"{n:.0f} B"
 
 
-def _save_png(array: Any, path: Path) -> None:
+def _enlarged(array: Any) -> tuple[Any, str]:
+    """The tiny output enlarged (nearest neighbour) to 256 px so its pixels can be seen, and the words that say so."""
     import numpy as np
     from PIL import Image
 
+    image = Image.fromarray((np.clip(array, 0, 1) * 255).round().astype("uint8"))
+    w, h = image.size
+    return image.resize((256, 256), Image.NEAREST), f"{w}x{h}, enlarged {256 // max(w, 1)}x to 256x256 to be seen"
+
+
+def _save_png(array: Any, path: Path) -> str:
+    image, note = _enlarged(array)
     with written_atomically(path) as tmp:
-        Image.fromarray((np.clip(array, 0, 1) * 255).round().astype("uint8")).resize((256, 256), Image.NEAREST).save(tmp)
+        image.save(tmp)
+    return note
 
 
-def _save_gif(frames: Any, path: Path, fps: int = 4) -> None:
-    import numpy as np
-    from PIL import Image
-
-    images = [Image.fromarray((np.clip(f, 0, 1) * 255).round().astype("uint8")).resize((256, 256), Image.NEAREST)
-              for f in frames]
+def _save_gif(frames: Any, path: Path, fps: int = 4) -> str:
+    pairs = [_enlarged(f) for f in frames]
+    images = [p[0] for p in pairs]
     with written_atomically(path) as tmp:
         images[0].save(tmp, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
+    return f"{len(images)} frames of {pairs[0][1]}"
 
 
 def _ran_in(pipe: Any) -> dict[str, str]:
@@ -183,7 +190,7 @@ def _classic_failure(work: Path, place: str, seed: int) -> dict[str, Any]:
         _say(f"plain diffusers raises:  {result['error']}\n(explain() does not recognise this wording)")
     del pipe
 
-    _say(f'\nthe same folder through hp.load_pipeline(folder, {place!r}, layout="t4"): '
+    _say(f'\nthe same folder through hp.load_pipeline(folder, "{place}", layout="t4"): '
          f"the T4 layout placed on {place}")
     fixed = load_pipeline(folder, place, layout="t4")
     recipe = applied(fixed).recipe
@@ -358,9 +365,9 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         stats = difference(output(got), output(want))
         seeds = difference(output(other), output(want))
         if kind == "sdxl":
-            _save_png(got.images[0], out / filename)
+            size_note = _save_png(got.images[0], out / filename)
         else:
-            _save_gif(got.frames[0], out / filename)
+            size_note = _save_gif(got.frames[0], out / filename)
         stats.update(seconds=round(time.perf_counter() - start, 2), check_ok=report.ok,
                      dtypes={p.name: p.compute for p in recipe.plans}, output=str(out / filename),
                      saved_bytes=planned.fp32_bytes - planned.total_bytes, other_seed_mean_abs=seeds["mean_abs"],
@@ -369,7 +376,7 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         _say(f"\n{kind}: max |recipe - fp32| = {stats['max_abs']:.4g}, mean = {stats['mean_abs']:.4g} (pixel values "
              f"in [0, 1]; for scale, the fp32 runs with seeds {seed} and {seed + 1} differ by mean "
              f"{seeds['mean_abs']:.3g}, max {seeds['max_abs']:.3g}), non-finite values: {stats['nonfinite']}, "
-             f"wrote {out / filename} ({stats['seconds']} s)")
+             f"wrote {out / filename} ({size_note}; {stats['seconds']} s)")
         if full and stats["max_abs"] < 1e-4:
             _say(f"(difference {stats['max_abs']:.2g}: every component computes in float32 here, like the reference; "
                  "what is left is float32 rounding: the loaded weights are memory-mapped from the saved files, and "

@@ -15,12 +15,13 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, steps: int = 30, height: int | None = None,
              width: int | None = None, guidance: float | None = None, negative_prompt: str | None = None, seed: int = 0,
-             recipe: str | None = None, overrides: Any = None, force: bool = False) -> Path:
+             recipe: str | None = None, overrides: Any = None, force: bool = False, layout: Any = None) -> Path:
     """Generate one image with a text-to-image pipeline loaded through :func:`hf_precision.load_pipeline`.
 
     The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind;
-    ``out`` is checked (a known suffix, an existing writable folder) before the model is loaded. ``force`` uses
-    ``recipe`` even for a pipeline class it does not list.
+    ``out`` is checked (a known suffix; missing folders are created, as the video program does) before the model is
+    loaded. ``force`` uses ``recipe`` even for a pipeline class it does not list. ``device`` is where it runs,
+    ``layout`` the device whose rules choose the dtypes (``layout="t4", device="cpu"`` runs T4's dtypes here).
 
     Example:
         >>> import tempfile
@@ -34,13 +35,13 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
 
     from ..runtime.load import load_pipeline
 
-    out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=False, what="image")
+    out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=True, what="image")
     if steps < 1:
         raise RecipeError(f"--steps {steps}: must be at least 1")
     for name, value in (("height", height), ("width", width)):
         if value is not None and (value <= 0 or value % 8):
             raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
-    pipe = load_pipeline(model, device, recipe=recipe, overrides=overrides, force=force)
+    pipe = load_pipeline(model, device, recipe=recipe, overrides=overrides, force=force, layout=layout)
     if "prompt" not in __import__("inspect").signature(pipe.__call__).parameters:
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
                           "use `hf-precision video` for SVD")

@@ -394,6 +394,7 @@ class _Memory:
         self.torch = torch
         self.device = torch.device(device)
         self.mps_peak = 0
+        self.cpu_peak = 0
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.device.type == "xpu" and hasattr(torch, "xpu"):
@@ -412,7 +413,10 @@ class _Memory:
         if self.device.type == "mps":
             self.sample()
             return self.mps_peak, "torch.mps.driver_allocated_memory, sampled per step and chunk"
-        return peak_rss(), "peak RSS of the process"
+        # The per-phase figures reset the process's high-water mark (video_run.PhaseMemory clears VmHWM at each
+        # phase), so the peak of the run is the largest figure read so far, never only the last one.
+        self.cpu_peak = max(self.cpu_peak, peak_rss())
+        return self.cpu_peak, "peak RSS of the process"
 
 
 def peak_rss() -> int:

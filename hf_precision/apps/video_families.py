@@ -62,6 +62,10 @@ class VideoSpec:
     vae_tiling_required: bool = False
     frames_arg: str = "num_frames"
     fixed_frames: int = 0
+    # Wan-style rotary tables (``rope_max_seq_len`` in the transformer config): each of latent frames, rows and
+    # columns, in patches, must fit the table (transformer_wan.py WanRotaryPosEmbed.forward slices it); 0: no limit.
+    max_positions: int = 0
+    frame_factor: int = 1      # the VAE's temporal compression times the transformer's temporal patch
 
     @property
     def mode(self) -> str:
@@ -87,6 +91,21 @@ class VideoSpec:
             problems.append(f"--frames {frames}: {self.pipeline}'s VAE compresses time by {self.frame_step} and keeps "
                             f"the first frame, so frames must be {self.frame_step}*k+1; e.g. --frames "
                             f"{self.frame_step * k + 1} or {self.frame_step * (k + 1) + 1}")
+        return problems or self._position_problems(height, width, frames)
+
+    def _position_problems(self, height: int, width: int, frames: int) -> list[str]:
+        """Sizes beyond the transformer's rotary table: torch would fail with "shape [...] is invalid" mid-run."""
+        if not self.max_positions:
+            return []
+        n, m = self.max_positions, self.size_multiple
+        problems = [f"--{name} {value}: {self.pipeline}'s transformer has rotary positions for {n} patches per side "
+                    f"(rope_max_seq_len in its config), so --{name} can be at most {n * m}; e.g. --{name} "
+                    f"{min(n * m, value)}" for name, value in (("height", height), ("width", width)) if value // m > n]
+        latent = (frames - 1) // max(self.frame_step, 1) + 1
+        if latent // self.frame_factor > n:
+            most = (n * self.frame_factor - 1) * max(self.frame_step, 1) + 1
+            problems.append(f"--frames {frames}: {self.pipeline}'s transformer has rotary positions for {n} latent "
+                            f"frames (rope_max_seq_len), so --frames can be at most {most}; e.g. --frames {most}")
         return problems
 
 
@@ -173,7 +192,14 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     # a temporal position embedding of that many frames (a config may leave it at the class default)
     if fixed:
         defaults["frames"] = fixed
+    positions = int(den.get("rope_max_seq_len") or _init_default(index.get(denoiser), "rope_max_seq_len") or 0)
+    if positions:  # a model card's size the transformer cannot place (a small test model): the largest it can
+        t = max(temporal, 1) * _pair(den.get("patch_size", 1), 0)
+        defaults["height"] = min(defaults["height"], positions * spatial * patch)
+        defaults["width"] = min(defaults["width"], positions * spatial * patch)
+        defaults["frames"] = min(defaults["frames"], (positions * t - 1) // max(temporal, 1) * max(temporal, 1) + 1)
     return VideoSpec(pipeline=pipeline, family=family, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
-                     vae_tiling_required=vae_cls in TILED_ONLY_VAES, frames_arg=frames_arg, fixed_frames=fixed)
+                     vae_tiling_required=vae_cls in TILED_ONLY_VAES, frames_arg=frames_arg, fixed_frames=fixed,
+                     max_positions=positions, frame_factor=_pair(den.get("patch_size", 1), 0) if positions else 1)

@@ -551,7 +551,15 @@ def print_plan(where: str, spec: Any, args: Any) -> int:
     from ..recipe.devices import device_profile
 
     layout = args.layout or args.device or str(device_profile(None).torch_device())
-    budget = parse_size(args.max_memory) if args.max_memory else free_memory(args.device or "cpu")
+    if args.max_memory:
+        budget = parse_size(args.max_memory)
+    elif args.device is not None and not device_profile(args.device).present:
+        # A preset (t4) or a description plans for a device that is not here: its free memory cannot be read.
+        raise RecipeError(f"--plan --device {args.device}: {device_profile(args.device).label()} is not on this machine, "
+                          f"so its free memory is unknown; give the budget: --max-memory SIZE (e.g. --max-memory 16GB "
+                          f"for a 16 GB card)")
+    else:
+        budget = free_memory(args.device or "cpu")
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
                     frames=args.frames, accelerator=_accelerator(layout), decode_chunk=args.decode_chunk_size)
     p = choice.prediction

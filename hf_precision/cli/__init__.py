@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import RecipeError
-from .common import COMMANDS
+from .common import COMMANDS, quiet_optional_dependencies
 
 __all__ = ["main", "build_parser"]
 
@@ -55,6 +55,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     import importlib
 
+    quiet_optional_dependencies()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not args.command:

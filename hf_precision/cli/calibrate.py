@@ -18,11 +18,13 @@ __all__: list[str] = []
          "hf_precision.cli.calibrate:_cmd_calibrate")
 def _args_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", metavar="MODEL", help="a diffusers pipeline folder (model_index.json and weights)")
-    p.add_argument("--device", default=None, metavar="LAYOUT",
-                   help="the layout to calibrate: a preset (t4, a100, m1-macos13, cpu-amx) or a device; its recipe gives "
-                        "the target half dtype. The runs happen on --run-on. Default: the best present device")
-    p.add_argument("--run-on", default=None, metavar="DEVICE",
+    p.add_argument("--device", default=None, metavar="DEVICE",
                    help="where the runs happen: cpu, cuda, cuda:1, mps (default: the best present device)")
+    p.add_argument("--layout", default=None, metavar="DEVICE",
+                   help="whose device rules choose the dtypes to calibrate: a preset (t4, a100, m1-macos13, cpu-amx) "
+                        "or a device; its recipe gives the target half dtype (default: --device)")
+    p.add_argument("--run-on", default=None, metavar="DEVICE",
+                   help="the old spelling: --run-on X is --device X, and with it --device names the layout")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", default=None, help="the prompt of the runs (default: a fixed one)")
     source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
@@ -54,8 +56,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..apps.video_plan import parse_size
     from ..diagnose.calibrator import calibrate
 
-    result = calibrate(args.model, args.device, None, target=args.target, steps=args.steps, bound=args.bound,
-                       progress=not args.no_progress, reference=args.reference, run_on=args.run_on, recipe=args.recipe,
+    # One rule: --device is where it runs, --layout whose rules choose the dtypes. The old spelling
+    # (--device LAYOUT --run-on DEVICE) still means what it meant.
+    layout, run_on = args.layout or args.device, args.run_on or args.device
+    result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
+                       progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
                        seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width),
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)

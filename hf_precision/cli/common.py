@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["COMMANDS", "command", "add_recipe_args", "overrides_from", "preflight"]
+__all__ = ["COMMANDS", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
 
@@ -19,11 +19,25 @@ def command(name: str, help: str, handler: str) -> Callable[[Callable[[argparse.
     return wrap
 
 
-def add_recipe_args(p: argparse.ArgumentParser, device_help: str | None = None) -> None:
-    """Add ``--device``, ``--overrides`` and ``--set``: the options of every command that resolves a recipe."""
-    p.add_argument("--device", default=None, help=device_help or
-                   "device to resolve for: cpu, cuda, cuda:1, mps, xpu, a preset (t4, a100, m1-macos13, cpu-amx; see "
-                   "`hf-precision devices`) or a description (cuda:sm75, mps:macos=13.6). Default: the best present device")
+RUN_DEVICE_HELP = ("where it runs: cpu, cuda, cuda:1, mps, xpu (default: the best present device). To run the dtypes "
+                   "of a device you do not have, add --layout (e.g. --layout t4 --device cpu)")
+LAYOUT_HELP = ("whose device rules choose the dtypes: a preset (t4, a100, m1-macos13, cpu-amx; see `hf-precision "
+               "devices`), a description (cuda:sm75, mps:macos=13.6) or a present device (default: --device)")
+PLAN_DEVICE_HELP = ("device to resolve for (nothing runs, so any device): cpu, cuda, mps, a preset (t4, a100, "
+                    "m1-macos13, cpu-amx; see `hf-precision devices`) or a description (cuda:sm75, mps:macos=13.6). "
+                    "Default: the best present device")
+
+
+def add_recipe_args(p: argparse.ArgumentParser, device_help: str | None = None, *, layout: bool = True) -> None:
+    """Add ``--device``, ``--layout``, ``--overrides`` and ``--set``: the options of every command that resolves a recipe.
+
+    One rule on every command: ``--device`` is where it runs, ``--layout`` whose device rules choose the dtypes
+    (default: the device's own). Commands that run nothing (``show``, ``plan``) take either for the device to
+    resolve for. ``layout=False`` leaves ``--layout`` to a command that adds its own (``check`` keeps ``--for``).
+    """
+    p.add_argument("--device", default=None, help=device_help or RUN_DEVICE_HELP)
+    if layout:
+        p.add_argument("--layout", default=None, metavar="DEVICE", help=LAYOUT_HELP)
     p.add_argument("--overrides", action="append", default=[], metavar="YAML",
                    help="override file merged over the recipe (repeatable; later files win)")
     p.add_argument("--set", dest="set_", action="append", default=[], metavar="COMPONENT.KEY=VALUE",
@@ -74,3 +88,52 @@ def preflight(path: str, *, recipe: str | None = None, device: Any = None, overr
     if name is None:
         return  # no shipped recipe: load_pipeline composes one, or reports an unknown class with the options
     get_recipe(name, device=device, overrides=overrides)
+def resolve_for(args: argparse.Namespace) -> str | None:
+    """The device whose rules choose the dtypes: ``--layout``, else ``--device`` (for commands that run nothing)."""
+    return getattr(args, "layout", None) or args.device
+
+
+# Messages optional dependencies print on every command that are not the user's business: what each says is about a
+# package's own build or a deprecated argument diffusers passes for the user, never about their command.
+#   torchao: its CUDA kernel libraries do not load in a CPU-only torch ("Failed to load ..._C_cutlass_90a.abi3.so"),
+#     and its Enum registrations trip a torch deprecation notice; diffusers then says it cannot import torchao tensors.
+#   transformers: an image processor falls back to its PIL version without torchvision (same results).
+#   huggingface_hub: diffusers' configuration_utils.py passes local_dir_use_symlinks="auto", which the Hub deprecated.
+_QUIET_LOGS = {
+    "torchao": ("Failed to load ",),
+    "torch.utils._pytree": ("is an Enum subclass and is now natively supported",),
+    "diffusers.quantizers.torchao.torchao_quantizer": ("Unable to import `torchao` Tensor objects",),
+    "transformers.utils.import_utils": ("requires torchvision (not installed)",),
+}
+
+
+class _Drop:
+    """A logging filter that drops the records whose message contains one of ``parts``."""
+
+    def __init__(self, parts: tuple[str, ...]):
+        self.parts = parts
+
+    def filter(self, record: Any) -> bool:
+        message = record.getMessage()
+        return not any(p in message for p in self.parts)
+
+
+def quiet_optional_dependencies() -> None:
+    """Silence the notices of optional dependencies listed in ``_QUIET_LOGS`` (exact messages, never whole loggers).
+
+    Called by the command line and the scripts before diffusers is imported; the library itself changes no logging.
+
+    Example:
+        >>> import logging
+        >>> quiet_optional_dependencies()
+        >>> logging.getLogger("torchao").filters[-1].filter(logging.makeLogRecord({"msg": "Failed to load x.so"}))
+        False
+    """
+    import logging
+    import warnings
+
+    for name, parts in _QUIET_LOGS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _Drop) for f in logger.filters):
+            logger.addFilter(_Drop(parts))
+    warnings.filterwarnings("ignore", message=r"The `local_dir_use_symlinks` argument is deprecated")

@@ -6,9 +6,10 @@ Only the argument parsers live at module level; the handlers import torch, diffu
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
-from .common import add_recipe_args, command, overrides_from, preflight
+from .common import PLAN_DEVICE_HELP, add_recipe_args, command, overrides_from, preflight, resolve_for
 from ..errors import RecipeError
 
 __all__: list[str] = []
@@ -21,7 +22,7 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
                    help="a recipe alias (sdxl, svd, pixart, dit, sd15: the real configs shipped with hf_precision), a "
                         "folder with model_index.json and component config.json files (weights not needed), or a "
                         "Hub id")
-    add_recipe_args(p)
+    add_recipe_args(p, PLAN_DEVICE_HELP)
     p.add_argument("--recipe", default=None, metavar="NAME",
                    help="recipe to plan with (default: the alias, or the one covering model_index.json's _class_name)")
     p.add_argument("--force", action="store_true",
@@ -37,13 +38,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
     # A typo or a damaged config fails in a blink, before torch and diffusers are imported; plan reads no weights.
     if Path(args.name).expanduser().is_dir():
-        preflight(args.name, recipe=args.recipe, device=args.device, overrides=overrides_from(args) or None,
+        preflight(args.name, recipe=args.recipe, device=resolve_for(args), overrides=overrides_from(args) or None,
                   weights=False)
     elif args.name not in shipped_configs():
         check_name(args.name)
     from ..diagnose.planner import plan
 
-    result = plan(args.name, device=args.device, recipe=args.recipe, overrides=overrides_from(args) or None,
+    result = plan(args.name, device=resolve_for(args), recipe=args.recipe, overrides=overrides_from(args) or None,
                   modules=args.modules, force=args.force)
     print(result.to_json() if args.json else result.table(modules=args.modules))
     return 0
@@ -53,9 +54,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
                   "islands, drift and casts; exit 1 when something is wrong", "hf_precision.cli.diagnose:_cmd_check")
 def _args_check(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH", help="a diffusers pipeline folder (model_index.json and weights)")
-    add_recipe_args(p, device_help="device to load and run on: cpu, cuda, cuda:1, mps, xpu. Default: the best "
-                                    "present device")
-    p.add_argument("--layout", "--for", dest="for_device", default=None, metavar="DEVICE",
+    add_recipe_args(p, layout=False)
+    p.add_argument("--layout", "--for", dest="layout", default=None, metavar="DEVICE",
                    help="resolve the recipe for another device (a preset such as t4 or a100) and run that layout on "
                         "--device: checks a T4 layout on this machine (--for is the old name)")
     p.add_argument("--recipe", default=None, metavar="NAME",
@@ -125,7 +125,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
                           f"and weights). To plan without weights: hf-precision plan {args.path}")
     if args.plain:
         used = [flag for flag, on in (("--recipe", args.recipe), ("--overrides", args.overrides), ("--set", args.set_),
-                                      ("--for", args.for_device), ("--force", args.force)) if on]
+                                      ("--layout", args.layout), ("--force", args.force)) if on]
         if used:
             raise RecipeError(f"--plain loads without a recipe: drop {', '.join(used)} (or drop --plain)")
         preflight(args.path)  # damaged files are named before torch is imported
@@ -136,13 +136,30 @@ def _cmd_check(args: argparse.Namespace) -> int:
         recipe: Any = args.recipe
         overrides: Any = overrides_from(args) or None
         # Damaged files, a bad --set: named in a blink, before torch and diffusers are imported.
-        preflight(args.path, recipe=recipe, device=args.for_device or args.device, overrides=overrides)
+        preflight(args.path, recipe=recipe, device=args.layout or args.device, overrides=overrides)
         from ..runtime.load import load_pipeline
 
-        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.for_device,
+        pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.layout,
                              force=args.force)
     from ..diagnose.checker import check
 
     report = check(pipe)
-    print(report.to_json() if args.json else report.table())
+    print(report.to_json() if args.json else report.table(_plain_flags if args.plain else None))
     return report.exit_code
+
+
+_SET_GROUP = re.compile(r"`((?:--set [\w.<>]+\.dtype=\w+ ?)+)`(?: \(YAML: components: \{(?:[^{}]|\{[^{}]*\})*\}\))?")
+
+
+def _plain_flags(text: str) -> str:
+    """The fixes of a ``--plain`` check in the flags ``--plain`` takes: ``--dtype C=D``, never ``--set`` (refused there).
+
+    Example:
+        >>> _plain_flags("agree: `--set vae.dtype=float16 --set unet.dtype=float16` (YAML: components: {vae: {dtype: float16}})")
+        'agree: add `--dtype vae=float16 --dtype unet=float16` to --plain (or drop --plain to load with the recipe)'
+    """
+    def swap(m: re.Match[str]) -> str:
+        flags = " ".join(f"--dtype {c}={d}" for c, d in re.findall(r"--set ([\w<>]+)\.dtype=(\w+)", m[1]))
+        return f"add `{flags}` to --plain (or drop --plain to load with the recipe)"
+
+    return _SET_GROUP.sub(swap, text)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-from .common import add_recipe_args, command, overrides_from
+from .common import PLAN_DEVICE_HELP, add_recipe_args, command, overrides_from, resolve_for
 
 __all__: list[str] = []
 
@@ -55,9 +55,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
         from ..runtime.source import models_of_class
 
         recipe = resolve(pipeline_class=args.pipeline_class, models=models_of_class(args.pipeline_class),
-                         layout=args.device, overrides=overrides_from(args) or None)
+                         layout=resolve_for(args), overrides=overrides_from(args) or None)
     else:
-        recipe = get_recipe(args.name, device=args.device, overrides=overrides_from(args))
+        recipe = get_recipe(args.name, device=resolve_for(args), overrides=overrides_from(args))
     print(recipe.to_json() if args.json else recipe.table(why=not args.brief))
     unchecked = _unchecked_patterns(recipe)
     if unchecked:
@@ -98,6 +98,6 @@ def _args_show(p: argparse.ArgumentParser) -> None:
     p.add_argument("--class", dest="pipeline_class", default=None, metavar="PIPELINE_CLASS",
                    help="a diffusers pipeline class (FluxControlNetPipeline): its shipped recipe, or one composed from "
                         "the component recipes of the classes in its signature")
-    add_recipe_args(p)
+    add_recipe_args(p, PLAN_DEVICE_HELP)
     p.add_argument("--json", action="store_true", help="print the resolved recipe as JSON")
     p.add_argument("--brief", action="store_true", help="table only, without the decisions")

@@ -14,11 +14,10 @@ from .common import add_recipe_args, command, overrides_from, preflight
 def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo_output", help="output folder (default: demo_output)")
     p.add_argument("--device", default=None,
-                   help="where to run (default: the best present device); a described CPU such as cpu:amx runs "
-                        "that CPU's layout on this one")
-    p.add_argument("--layout", default=None,
-                   help="in the last part, run the layout another device would use, e.g. t4, a100 or cpu-amx "
-                        "(default: this machine's)")
+                   help="where it runs: cpu, cuda, cuda:1, mps, xpu (default: the best present device)")
+    p.add_argument("--layout", default=None, metavar="DEVICE",
+                   help="whose device rules choose the dtypes of the last part: t4, a100, cpu-amx ... (default: "
+                        "--device)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print the measurements as JSON at the end")
 
@@ -54,11 +53,11 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
 
 def _cmd_generate(args: argparse.Namespace) -> int:
     overrides = overrides_from(args) or None
-    preflight(args.model, recipe=args.recipe, device=args.device, overrides=overrides)  # before torch is imported
+    preflight(args.model, recipe=args.recipe, device=args.layout or args.device, overrides=overrides)  # before torch
     from ..apps.image import generate
 
     path = generate(args.model, args.prompt, args.out, device=args.device, steps=args.steps, height=args.height,
                     width=args.width, guidance=args.guidance, negative_prompt=args.negative_prompt, seed=args.seed,
-                    recipe=args.recipe, overrides=overrides, force=args.force)
+                    recipe=args.recipe, overrides=overrides, force=args.force, layout=args.layout)
     print(f"wrote {path}")
     return 0

@@ -105,7 +105,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--forward-chunking", action="store_true",
                    help="UNet feed-forward in chunks (unet.enable_forward_chunking): less memory, slower")
     p.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same video on any device")
-    add_recipe_args(p, device_help="device to run on: cpu, cuda, cuda:1, mps, xpu (default: the best present device; "
+    add_recipe_args(p, layout=False, device_help="device to run on: cpu, cuda, cuda:1, mps, xpu (default: the best present device; "
                                     "under accelerate launch: each process's own device)")
     p.add_argument("--demo", action="store_true",
                    help="build a tiny random SVD pipeline locally and run it (no network, no weights)")
@@ -132,6 +132,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``scripts/generate_video.py``: bad input prints one message and returns 2."""
+    from .common import quiet_optional_dependencies
+
+    quiet_optional_dependencies()
     parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:

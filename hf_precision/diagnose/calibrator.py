@@ -112,6 +112,8 @@ class CalibrationResult:
     components: list[str]
     # Whole float32 components whose own output leaves the half range: they hand it on in float32 (`output:`).
     wide: list[str] = dataclasses.field(default_factory=list)
+    # Per component, the dtypes its recipe says it tolerates (``dtypes:``); a target outside them is a departure.
+    tolerated: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def finite(self) -> bool:
@@ -126,6 +128,20 @@ class CalibrationResult:
         """The component's ``keep_fp32`` in the override: the recipe's islands and the measured ones, outermost."""
         return outermost([*self.recipe_islands.get(component, []), *self.islands.get(component, [])])
 
+    def departs(self, component: str) -> str:
+        """Why the override runs ``component`` in a dtype its recipe does not tolerate ('' when it does not).
+
+        The SDXL VAE's recipe tolerates bf16 and fp32 only: islands measured on one run keep fp16 finite there, other
+        inputs may overflow elsewhere, so the override keeps the NaN guard on for it and says so.
+        """
+        allowed = self.tolerated.get(component)
+        if component in self.whole or not allowed or self.target in allowed:
+            return ""
+        return (f"departs from the recipe, which tolerates {', '.join(allowed)} only for {component}: these islands "
+                f"kept {self.target} finite on the calibration run, other inputs may overflow elsewhere, so the NaN "
+                f"guard stays on (a non-finite output is recomputed in a tolerated dtype); to follow the recipe, "
+                f"leave {component} out of this file")
+
     def overrides(self) -> dict[str, Any]:
         """The override as a dict (what ``load_pipeline(..., overrides=...)`` takes)."""
         comps: dict[str, Any] = {}
@@ -133,7 +149,8 @@ class CalibrationResult:
             if c in self.whole:
                 comps[c] = {"dtype": "float32", **({"output": "float32"} if c in self.wide else {})}
             else:
-                comps[c] = {"dtype": self.target, "keep_fp32": self.keep_fp32(c)}
+                comps[c] = {"dtype": self.target, "keep_fp32": self.keep_fp32(c),
+                            **({"nan_guard": True} if self.departs(c) else {})}
         return {"schema": 1, "components": comps}
 
     def to_yaml(self) -> str:
@@ -155,9 +172,14 @@ class CalibrationResult:
                 out.append(f"    why: {q('calibrate: no island inside fits the range: ' + '; '.join(ev))}")
                 continue
             out.append(f"    dtype: {self.target}")
+            departs = self.departs(c)
+            if departs:
+                out.append("    nan_guard: true")
             keep = self.keep_fp32(c)
             if not keep:
                 out.append("    keep_fp32: []")
+                if departs:
+                    out.append(f"    why: {q('calibrate: ' + departs)}")
                 continue
             out.append("    keep_fp32:")
             whys = []
@@ -169,8 +191,8 @@ class CalibrationResult:
                     whys.append(f"{island}: {text}")
                 else:
                     out.append(f"      - {q(island)}  # from the shipped recipe")
-            if whys:
-                out.append(f"    why: {q('calibrate measured: ' + ' | '.join(whys))}")
+            if whys or departs:
+                out.append(f"    why: {q('; '.join(t for t in ('calibrate measured: ' + ' | '.join(whys) if whys else '', departs) if t))}")
         return "\n".join(out) + "\n"
 
     def write(self, path: str | os.PathLike[str]) -> Path:
@@ -211,6 +233,7 @@ class CalibrationResult:
         for key in ("naive", "islands"):
             out.append(self.errors[key].line())
         out += [f"note: {n}" for n in self.notes]
+        out += [f"note: {c}: {self.departs(c)}" for c in self.components if self.departs(c)]
         out.append("timings: " + ", ".join(f"{k} {v:.2f}s" for k, v in self.timings.items()))
         return "\n".join(out)
 
@@ -584,7 +607,7 @@ def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, t
         f"calibrate: the {choices[0]} reference run needs about {_size(need(choices[0], total))} "
         f"(largest component {_size(need(choices[0], largest))}); {run_on} has {_size(available)} available{budget}, "
         f"so it fits neither whole{tried}. The islands do not depend on the machine that measures them: run "
-        f"calibrate where the model fits (run_on='cuda', CLI --run-on cuda), with a larger budget (max_memory=..., "
+        f"calibrate where the model fits (run_on='cuda', CLI --device cuda), with a larger budget (max_memory=..., "
         "CLI --max-memory), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, the error vs "
         "reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
 
@@ -913,7 +936,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         islands=islands, whole=whole, evidence=evidence, extra_bytes=extra, island_bytes=island_bytes,
         component_bytes=component_bytes, recipe_islands={n: v for n, v in recipe_islands.items() if n in names},
         recipe_fp32=recipe_fp32, errors=errors, ranges=ref.ranges, notes=notes, bound=bound, timings=clock,
-        components=names, wide=wide)
+        components=names, wide=wide, tolerated={p.name: list(p.dtypes) for p in plan.plans if p.name in names})
 
 
 def _moved(before: Mapping[str, list[str]], now: Mapping[str, list[str]]) -> str:

@@ -134,7 +134,10 @@ class CheckReport:
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def table(self) -> str:
+    def table(self, rewrite: Any = None) -> str:
+        """The report as text; ``rewrite`` (str -> str) turns each fix into the words of the caller's interface
+        (``check --plain`` takes ``--dtype C=D``, not ``--set``)."""
+        fixed = rewrite or (lambda text: text)
         recipe = f"recipe {self.recipe} ({self.device})" if self.recipe else "no hf_precision recipe"
         problems = (len(self.mismatches) + len(self.erased_islands) + len(self.drift)
                     + (self.error is not None))
@@ -145,7 +148,7 @@ class CheckReport:
             info = _error_dict(self.error) or {}
             if info.get("fix"):
                 out.append(f"  {info['message']}")
-                out += _indent(f"fix: {info['fix']}")
+                out += _indent(f"fix: {fixed(info['fix'])}")
             else:
                 out.append(f"  {info['type']}: {info['message']}")
                 out += _indent("not a dtype or device mismatch: run the call yourself for the traceback, or pass "
@@ -154,19 +157,19 @@ class CheckReport:
             out += ["", "erased float32 islands:"]
             for e in self.erased_islands:
                 out.append(f"  {e.module}: {e.tensors} parameter tensors are {e.dtype}, the recipe keeps them float32")
-                out += _indent(f"fix: {e.fix}")
+                out += _indent(f"fix: {fixed(e.fix)}")
         if self.drift:
             out += ["", "drift from the plan:"]
             for d in self.drift:
                 out.append(f"  {d.component}: {d.tensors} parameter tensors are {'on ' if d.what == 'device' else ''}"
                            f"{d.have}, the plan says {d.want}")
-                out += _indent(f"fix: {d.fix}")
+                out += _indent(f"fix: {fixed(d.fix)}")
         if self.mismatches:
             out += ["", "mismatches (module: input vs its parameters):"]
             for m in self.mismatches:
                 out.append(f"  {m.module}: {m.kind} {m.got} input, {m.expected} parameters ({m.calls} call"
                            f"{'s' if m.calls != 1 else ''})")
-                out += _indent(f"fix: {m.fix}")
+                out += _indent(f"fix: {fixed(m.fix)}")
         if self.casts:
             out += ["", "casts (hooks that changed a dtype):"]
             width = max(len(c.module) for c in self.casts)

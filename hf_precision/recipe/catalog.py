@@ -27,7 +27,7 @@ from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
            "recipe_for_class", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
-           "component_spec", "component_recipe_for", "ROLES"]
+           "component_spec", "component_recipe_for", "suggest_recipe", "unknown_recipe", "ROLES"]
 
 Models = Mapping[str, tuple[str, str]]
 
@@ -103,6 +103,41 @@ def list_recipes(kind: str = "all") -> list[str]:
     components = sorted(f"{p.stem}.{c}" for p in (root / "components").glob("*.yaml") for c in _component_file(p.stem)[1])
     return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
 
+
+
+def suggest_recipe(name: str) -> str | None:
+    """The pipeline recipe a mistyped name most likely means: case-insensitive, by Hub id or its last part, by
+    closeness, then by a name the model's Hub id starts with (``stable-diffusion-xl``); ``None`` if nothing is close.
+
+    Example:
+        >>> [suggest_recipe(n) for n in ("SDXL", "sdxll", "stabilityai/stable-diffusion-xl-base-1.0", "stable-diffusion-xl")]
+        ['sdxl', 'sdxl', 'sdxl', 'sdxl']
+        >>> suggest_recipe("qqqqqq") is None
+        True
+    """
+    low = str(name).strip().lower()
+    if not low or len(low) > 200:
+        return None
+    pipelines = list_recipes("pipeline")
+    models = {p: str(_shipped_pipeline(p)[1].get("model") or "").lower() for p in pipelines}
+    exact = [p for p in pipelines if low in (p.lower(), models[p], models[p].rsplit("/", 1)[-1])]
+    if exact:
+        return exact[0]
+    near = difflib.get_close_matches(low, pipelines, n=1, cutoff=0.6)
+    if near:
+        return near[0]
+    stem = low.rsplit("/", 1)[-1]
+    starts = sorted((p for p in pipelines if models[p] and models[p].rsplit("/", 1)[-1].startswith(stem)),
+                    key=lambda p: len(models[p]))
+    return starts[0] if starts and len(stem) >= 4 else None
+
+
+def unknown_recipe(name: str) -> RecipeError:
+    """The error for a recipe name that is no recipe: the suggestion first, then the pipeline recipes."""
+    near = suggest_recipe(name)
+    lead = f"did you mean {near!r}? (hf-precision show {near}); " if near else ""
+    return RecipeError(f"recipe {excerpt(name)}: unknown; {lead}pipeline recipes: {', '.join(list_recipes('pipeline'))} "
+                       f"(component recipes such as vae.sdxl: `hf-precision recipes`)")
 
 
 def component_entry(ref: str, source: str, path: str) -> tuple[str, dict[str, Any]]:

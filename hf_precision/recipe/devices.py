@@ -36,7 +36,7 @@ from .files import read_yaml, recipes_dir
 from .schema import TYPES, check_devices_file
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
-           "list_presets", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
+           "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
 
 CPU_FLAGS_ENV = "HF_PRECISION_CPU_FLAGS"
 CPU_NAME_ENV = "HF_PRECISION_CPU_NAME"
@@ -49,6 +49,28 @@ CPU_FLAG_SETS: dict[str, tuple[str, ...]] = {
     "avx2": ("avx2",),
 }
 _FLAG = re.compile(r"[a-z0-9][a-z0-9_]*")
+# Flag names the device rules and presets read, with the common /proc/cpuinfo flags spelled like them: a token close
+# to one of these but not one of them (amxx, avx512bf16) is a typo that would silently describe another CPU.
+_KNOWN_FLAGS = frozenset({
+    "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8", "avx",
+    "avx_vnni", "avx512vl", "avx512bw", "avx512dq", "avx512cd", "avx512_vnni", "avx512_vbmi", "avx512_vbmi2",
+    "avx512ifma", "avx512_bitalg", "avx512_vpopcntdq", "sse", "sse2", "ssse3", "sse4_1", "sse4_2", "fma", "f16c",
+    "asimd", "asimdhp", "fp", "fphp", "bf16", "i8mm", "sve", "sve2", "svebf16"})
+
+
+def _flag_typos(tokens: list[str]) -> list[str]:
+    """``'amxx' (did you mean 'amx'?)`` for each token that is no known flag but close to one."""
+    import difflib
+
+    known = [*CPU_FLAG_SETS, *_KNOWN_FLAGS]
+    out = []
+    for t in tokens:
+        if t in known or t == "none":
+            continue
+        near = difflib.get_close_matches(t, known, n=1, cutoff=0.85)
+        if near:
+            out.append(f"{t!r} (did you mean {near[0]!r}?)")
+    return out
 
 
 def _version(text: object) -> tuple[int, ...]:
@@ -131,6 +153,13 @@ def cpu_flags_from_env(environ: Mapping[str, str] | None = None) -> frozenset[st
             f"/proc/cpuinfo spells them (letters, digits, '_'), separated by commas, spaces or '+', the shorthands "
             f"{', '.join(CPU_FLAG_SETS)}, or 'none' alone for a CPU without flags. Example: "
             f"{CPU_FLAGS_ENV}=avx2,avx512f,avx512_bf16,amx_tile,amx_bf16 (or =amx); unset it to read this CPU")
+    typos = _flag_typos(tokens)
+    if typos:
+        raise RecipeError(
+            f"{CPU_FLAGS_ENV}={raw!r}: {', '.join(typos)} is not a CPU flag the device rules know, and it is close to "
+            f"one that is, so it would silently describe another CPU; allowed: the shorthands "
+            f"{', '.join(CPU_FLAG_SETS)}, or flag names as /proc/cpuinfo spells them (e.g. "
+            f"avx2,avx512f,avx512_bf16,amx_tile,amx_bf16). Fix the spelling, or unset it to read this CPU")
     return frozenset(f for t in tokens for f in CPU_FLAG_SETS.get(t, (t,)))
 
 
@@ -259,12 +288,31 @@ def _profile_from_fields(fields: Mapping[str, Any], source: str) -> DeviceProfil
                          cpu_flags=frozenset(fields.get("cpu_flags", ())))
 
 
-_SPEC_HELP = ("use a preset ({presets}), a present device (cpu, cuda, cuda:1, mps, xpu), or describe one: "
+_SPEC_HELP = ("use a preset ({presets}), a present device ({present}), or describe one: "
               "cuda:sm75, cuda:sm=8.0,name=GeForce GTX 1660, mps:macos=13.6, cpu:amx, cpu:avx2")
 
 
+def present_devices() -> list[str]:
+    """The devices this machine has, as ``torch.device`` spells them (``cpu`` always; ``cuda:1`` only with 2 GPUs).
+
+    Example:
+        >>> present_devices()[0]
+        'cpu'
+    """
+    out = ["cpu"]
+    for kind in ("cuda", "mps", "xpu"):
+        n = _probe.count(kind)
+        out += [kind] if kind == "mps" and n else [kind if i == 0 else f"{kind}:{i}" for i in range(n)]
+    return out
+
+
 def _spec_error(spec: str, why: str) -> RecipeError:
-    return RecipeError(f"device {excerpt(spec)}: {why}; " + _SPEC_HELP.format(presets=", ".join(list_presets())))
+    return RecipeError(f"device {excerpt(spec)}: {why}; " + _SPEC_HELP.format(presets=", ".join(list_presets()),
+                                                                           present=", ".join(present_devices())))
+
+
+# A preset of each kind, for the "run its layout here" fix of a device that is not here.
+_LAYOUT_EXAMPLE = {"cuda": "t4", "mps": "m2-macos15", "xpu": "arc-a770", "cpu": "cpu-amx"}
 
 
 @functools.lru_cache(maxsize=64)
@@ -303,7 +351,11 @@ def _present(kind: str, index: int | None, spec: str) -> DeviceProfile:
     count = _probe.count(kind)
     if count == 0 or (index is not None and index >= count):
         have = f"{count} {kind} device(s)" if count else f"no {kind} device"
-        raise _spec_error(spec, f"this machine has {have}; to plan for a device that is not here, describe it")
+        example = _LAYOUT_EXAMPLE.get(kind, "t4")
+        raise _spec_error(spec, f"this machine has {have} (present: {', '.join(present_devices())}). To run the dtypes "
+                                f"of a {kind} device here, resolve for it and place on a present one: "
+                                f"load_pipeline(..., 'cpu', layout={example!r}) (CLI: --layout {example} --device cpu); "
+                                f"to plan for one, name a preset or describe it")
     if kind == "cuda":
         name, cap = _probe.cuda(index or 0)
         return DeviceProfile(type="cuda", index=index, name=name, capability=cap, present=True)

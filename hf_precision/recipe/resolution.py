@@ -20,7 +20,8 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import Problems, RecipeError, excerpt, override_line
-from .catalog import check_recipe_class, component_entry, component_spec, list_recipes, pipeline_file, recipe_for
+from .catalog import (check_recipe_class, component_entry, component_spec, list_recipes, pipeline_file, recipe_for,
+                      unknown_recipe)
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
 from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPlan, Decision, Recipe
 from .overrides import Layer, as_list, override_layer
@@ -115,14 +116,13 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
         pass  # read above
     elif name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
         source, data = pipeline_file(name)
-    elif "." in name:
+    elif "." in name and "/" not in name:  # a component recipe (vae.sdxl); a Hub id has a '/'
         stem = name.split(".", 1)[0]
         data = {"schema": 1, "model": None, "pipelines": [], "latents_from": None, "components": {stem: {"use": name}}}
         source = "get_recipe"
         component_entry(name, source, f"components.{stem}")
     else:
-        options = pipelines + list_recipes("component")
-        raise RecipeError(f"recipe {excerpt(name)}: unknown; allowed: {', '.join(options)}{did_you_mean(name, options)}")
+        raise unknown_recipe(name)
 
     components = list(data["components"])
     policies: dict[str, dict[str, tuple[Any, str]]] = {c: {} for c in components}

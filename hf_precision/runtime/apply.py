@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -41,6 +42,8 @@ class Applied:
     skipped: list[str]
     _handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     _modules: dict[str, torch.nn.Module] = dataclasses.field(default_factory=dict, repr=False)
+    # The pipeline the record was left on (weakly: the pipeline holds the record), so remove() can take it off too.
+    _owner: Any = dataclasses.field(default=None, repr=False)
     removed: bool = False
     # Seconds per stage: "apply" always; load_pipeline adds "resolve", "stream", "from_pretrained", "reload_islands".
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -55,7 +58,8 @@ class Applied:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
-        for module in self._modules.values():
+        owner = self._owner() if self._owner is not None else None
+        for module in [*self._modules.values(), *([owner] if owner is not None else [])]:
             if getattr(module, _ATTR, None) is self:
                 delattr(module, _ATTR)
         self.removed = True
@@ -72,6 +76,9 @@ class Applied:
         return problems
 
     def report(self) -> str:
+        if self.removed:  # the hooks are gone: a report of them would say what no longer holds
+            return (f"hf_precision recipe {self.recipe.name} ({self.recipe.device.label()}): removed; no hooks on "
+                    f"{', '.join(self._modules) or 'any component'} (dtypes stay as cast: reload to undo a cast)")
         lines = [f"hf_precision applied recipe {self.recipe.name} ({self.recipe.device.label()}):"]
         for plan in self.recipe.plans:
             if plan.name not in self._modules:
@@ -106,7 +113,10 @@ def torch_device(spec: Any, what: str) -> torch.device:
     try:
         dev = torch.device(spec)
     except (RuntimeError, TypeError):
-        raise RecipeError(f"{what}: {spec!r} is not a device this process can place tensors on (cpu, cuda, cuda:1, mps, xpu). "
+        from ..recipe.devices import present_devices
+
+        raise RecipeError(f"{what}: {spec!r} is not a device this process can place tensors on (present here: "
+                          f"{', '.join(present_devices())}). "
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
                           f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
     return dev
@@ -227,6 +237,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         _apply_component(applied, plan, module, plan.device, strict)
     try:
         object.__setattr__(pipe, _ATTR, applied)
+        applied._owner = weakref.ref(pipe)
     except (AttributeError, TypeError):
         pass
     applied.timings["apply"] = time.perf_counter() - started

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
-from ..recipe.catalog import list_recipes, pipeline_spec
+from ..recipe.catalog import list_recipes, pipeline_spec, suggest_recipe
 from ..recipe.model import Recipe
 
 # The real configs (no weights) that ship for offline plans: hf_precision/model_configs/<hub basename>/.
@@ -84,11 +84,10 @@ def check_name(text: str) -> None:
         >>> check_name("sdxxl")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        hf_precision.errors.RecipeError: 'sdxxl': no such folder, and not a recipe alias or a Hub id (org/name); \
-did you mean 'sdxl'? Pass an existing diffusers folder, a Hub id such as stabilityai/stable-diffusion-xl-base-1.0, \
-or a recipe alias (allegro, ...)
+        hf_precision.errors.RecipeError: 'sdxxl': did you mean 'sdxl'? (no such folder, and not a recipe alias or a Hub \
+id (org/name)). Pass an existing diffusers folder, a Hub id such as stabilityai/stable-diffusion-xl-base-1.0, or a \
+recipe alias (allegro, ...)
     """
-    import difflib
 
     aliases = list_recipes("pipeline")
     if text in aliases:
@@ -97,13 +96,15 @@ or a recipe alias (allegro, ...)
     if not looks_like_path and re.fullmatch(r"[A-Za-z0-9][\w.-]{0,95}/[A-Za-z0-9][\w.-]{0,95}", text) \
             and ".." not in text and not text.endswith((".", "-")):
         return
-    near = difflib.get_close_matches(text, aliases, n=1, cutoff=0.6) if len(text) < 100 else []
+    near = [n] if (n := suggest_recipe(text)) else []
     folder = Path(text).expanduser()
-    what = f"{excerpt(text)}: no such folder" + ("" if looks_like_path else ", and not a recipe alias or a Hub id (org/name)")
+    what = "no such folder" + ("" if looks_like_path else ", and not a recipe alias or a Hub id (org/name)")
     if looks_like_path and folder.exists():
-        what = f"{excerpt(text)}: not a folder"
+        what = "not a folder"
     example = pipeline_spec("sdxl").get("model") if "sdxl" in aliases else "org/name"
-    raise RecipeError(f"{what}{f'; did you mean {near[0]!r}?' if near else '.'} Pass an existing diffusers folder, a "
+    # The suggestion leads: it is the likely fix, and the list of every alias after it is long.
+    head = f"did you mean {near[0]!r}? ({what})" if near else what
+    raise RecipeError(f"{excerpt(text)}: {head}. Pass an existing diffusers folder, a "
                       f"Hub id such as {example}, or a recipe alias ({', '.join(aliases)})")
 
 

@@ -61,6 +61,19 @@ class Progress:
         self.guess.setdefault(kind, guess)
         self.total += count
 
+    def scale(self, kinds: tuple[str, ...], factor: float) -> None:
+        """Multiply the guesses of ``kinds`` by ``factor`` (a measured slowdown); measured steps are left as they are.
+
+        Example:
+            >>> p = Progress(clock=lambda: 0.0, out=None)
+            >>> p.plan("call", 2, guess=3.0); p.scale(("call",), 59.0)
+            >>> p.eta()
+            354.0
+        """
+        for kind in kinds:
+            if kind in self.guess:
+                self.guess[kind] *= factor
+
     def estimate(self, kind: str) -> float:
         measured = self.spent.get(kind)
         return sum(measured) / len(measured) if measured else self.guess.get(kind, 0.0)

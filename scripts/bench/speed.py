@@ -125,3 +125,19 @@ def effective_layout(recipe: Any, slow: dict[str, bool], exact: bool, fast: str 
                   f"structure (the same fp32 components, islands and hooks) with {fast} in place of "
                   f"{', '.join(sorted({p.compute for p in slow_parts}))}; the load section loads the exact layout "
                   f"(loading does not compute). Pass --layout to measure the exact layout anyway")
+
+
+def slowdown(recipe: Any, probe: dict[str, Any]) -> tuple[float, str]:
+    """How much slower than fp32 the denoiser's compute dtype ran in the probe, and that dtype: what the guesses of
+    the compute-bound steps (denoiser calls, images) are multiplied by, so the first estimate is not off by 59x.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> slowdown(get_recipe("sdxl", device="t4"), {"ratio": {"float16": 59.0, "bfloat16": 0.7}})
+        (59.0, 'float16')
+        >>> slowdown(get_recipe("sdxl", device="cpu-avx2"), {"ratio": {"float16": 59.0}})
+        (1.0, 'float32')
+    """
+    denoiser = recipe[recipe.denoiser] if recipe.denoiser in recipe else recipe.plans[0]
+    ratio = probe.get("ratio", {}).get(denoiser.compute) if denoiser.compute != "float32" else 1.0
+    return max(1.0, float(ratio or 1.0)), denoiser.compute

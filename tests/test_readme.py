@@ -1,0 +1,443 @@
+"""README.md as a test: every command and snippet of README.md (and docs/video.md's per-card commands) runs as written.
+
+The commands run offline on the CPU, in a folder that holds tiny random-weight stand-ins saved under the names the
+README uses (``./stable-diffusion-xl-base-1.0``, ``./Wan2.1-T2V-1.3B-Diffusers`` ...; hf_precision.testing builds
+them). A command fails the test when it exits with another code than the README shows, prints a traceback, or its
+output no longer has the README's lines (compared loosely: whitespace collapsed, numbers free to vary, ``...``
+standing for what the README leaves out).
+
+Commands run in this process (the CLI's ``main(argv)`` with captured output); a few run as subprocesses to prove the
+console script and the script entry work. What cannot run as written on a CPU has one entry in ``INSTEAD`` saying
+what runs in its place and why (a GPU command: its one-line refusal, then the fix that refusal names; a multi-GPU
+launch: its CPU refusal or CPU equivalent; a video at a model card's size: the same command at the stand-in's tiny
+size). A README block that is neither runnable nor listed in ``NOT_COMMANDS`` fails ``test_every_block_is_covered``:
+nothing is skipped silently, and a new README command needs a way to run here.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hf_precision as hp
+
+from readme_commands import (README, ROOT, Block, Command, Result, blocks, missing_lines,  # noqa: E402
+                             readme_commands, run_in_process, run_subprocess, shell_commands)
+
+BIN = Path(sys.executable).parent
+
+
+# ------------------------------------------------------------------------------------------------ the stand-ins
+
+
+def _tiny_size(family: str) -> list[str]:
+    """The stand-in's own size, for a video command written for a model card's size (minutes per clip on a CPU)."""
+    from hf_precision.testing.video_families import FAMILIES
+
+    if family == "svd":
+        return ["--height", "32", "--width", "32", "--frames", "2", "--steps", "2", "--decode-chunk-size", "2"]
+    kw, spec = FAMILIES[family].call_kwargs(), FAMILIES[family]
+    frames = kw["num_frames"]
+    if spec.family == "cogvideox" and (frames - 1) % 4:  # diffusers' own I2V test calls it with 8 frames
+        frames = 9
+    return ["--height", str(kw["height"]), "--width", str(kw["width"]), "--frames", str(frames), "--steps", "2"]
+
+
+# model folder name the docs use -> the tiny stand-in saved under it
+STAND_INS = {
+    "stable-diffusion-xl-base-1.0": "sdxl", "my-sdxl-finetune": "sdxl",
+    "Wan2.1-T2V-1.3B-Diffusers": "wan", "Wan2.1-T2V-14B-Diffusers": "wan", "LTX-Video": "ltx",
+    "CogVideoX-5b-I2V": "cogvideox_i2v", "HunyuanVideo": "hunyuan_video",
+    "stable-video-diffusion-img2vid-xt": "svd", "svd-xt": "svd",
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A folder laid out as the README expects, the process's working directory while the module runs."""
+    from hf_precision.testing import make_sdxl, make_svd, save_pipeline
+    from hf_precision.testing.pipelines import example_image
+    from hf_precision.testing.video_families import make_video
+
+    work = tmp_path_factory.mktemp("readme")
+    saved: dict[str, Path] = {}
+    for name, kind in STAND_INS.items():
+        if kind in saved:  # one build per kind; the other names are links to it
+            (work / name).symlink_to(saved[kind], target_is_directory=True)
+            continue
+        pipe = make_sdxl() if kind == "sdxl" else make_svd() if kind == "svd" else make_video(kind)
+        saved[kind] = save_pipeline(pipe, work / name)
+    example_image(32).save(work / "cat.png")
+    (work / "photos").mkdir()
+    example_image(16).save(work / "photos" / "beach.png")
+    (work / "prompts.txt").write_text("a cat surfing\n")
+    (work / "notes.txt").write_text("not a folder\n")
+    my_yaml = next(b for b in blocks(README) if b.lang == "yaml" and b.text.startswith("# my.yaml"))
+    (work / "my.yaml").write_text(my_yaml.text)
+    old = os.getcwd()
+    os.chdir(work)
+    try:
+        yield work
+    finally:
+        os.chdir(old)
+
+
+
+
+# Commands that cannot run as written here, and what runs instead. Keys are the command as written (collapsed
+# spaces); values: ("refusal", FIX) = it must fail with one clear error (exit 2) naming FIX's first words, then FIX
+# runs; ("tiny", FAMILY) = the same command at the stand-in's size; ("instead", ARGS, WHY) = what runs in its place.
+def instead(text: str) -> tuple | None:
+    if text.startswith("make demo"):
+        return ("instead", ["hf-precision", "demo", "--out", "demo_output"], "what `make demo` runs after installing")
+    if text.startswith("make test"):
+        return ("skip-why", "the test suite this module belongs to; the Makefile target is checked below")
+    if text.startswith("source .venv/bin/activate"):
+        return ("skip-why", "an interactive shell's environment; the Makefile's .venv is checked below")
+    if "--context-parallel" in text:
+        return ("refusal", None, "needs GPUs")  # torchrun of a CPU-only torch: the script's own refusal
+    if text.startswith("accelerate launch"):
+        return ("slow-accelerate",)
+    if "--device-map balanced" in text:
+        return ("refusal", None, "no accelerator is visible")
+    if "scripts/benchmark.py" in text:
+        return ("slow-benchmark",)
+    if "--device cuda" in text and "generate" in text:
+        return ("refusal", text.replace("--device cuda", "--layout t4 --device cpu"), "--layout t4 --device cpu")
+    if re.search(r"--device mps(\s|$)", text):
+        return ("refusal", text.replace("--device mps", "--layout m2-macos15 --device cpu"), "--layout m2-macos15")
+    return None
+
+
+def _video_family(tokens: list[str]) -> str | None:
+    if "--plan" in tokens or "--demo" in tokens or "--model" not in tokens:
+        return None
+    return STAND_INS.get(Path(tokens[tokens.index("--model") + 1]).name)
+
+
+def _tokens(text: str) -> list[str]:
+    tokens = shlex.split(text)
+    if tokens[0].startswith(".venv/bin/"):
+        tokens[0] = tokens[0][len(".venv/bin/"):]
+    if tokens[0] == "accelerate" or tokens[0] == "torchrun":
+        tokens = ["python", *tokens[tokens.index("scripts/generate_video.py"):]]
+    return tokens
+
+
+def run_as_written(text: str) -> Result:
+    """Run a command of the docs here: in process, at the stand-in's size where it makes a video.
+
+    Each command of the docs stands alone: an output an earlier one wrote under the same name (cat.mp4) is removed
+    first, and the folder a command reads that another command of the docs makes (sdxl-tiny) is made first.
+    """
+    tokens = _tokens(text)
+    if "--out" in tokens:
+        target = Path(tokens[tokens.index("--out") + 1])
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)
+        elif target.is_file():
+            target.unlink()
+    if "sdxl-tiny" in tokens and not Path("sdxl-tiny").is_dir():
+        maker = next(c for c in COMMANDS if "'sdxl-tiny'" in c.text)
+        assert_clean(run_in_process(_tokens(maker.text)), maker.text)
+    family = _video_family(tokens)
+    if family is not None and "--height" not in tokens:
+        tokens += _tiny_size(family)
+    if tokens[1:2] == ["generate"] and "--steps" not in tokens:  # 30 steps of fp16 on a CPU: minutes
+        tokens += ["--steps", "2", "--height", "32", "--width", "32"]
+    return run_in_process(tokens)
+
+
+def assert_clean(result: Result, text: str, code: int = 0) -> None:
+    assert "Traceback" not in result.text, f"{text}\n{result.text[-4000:]}"
+    assert result.code == code, f"{text}: exit {result.code}, the docs show {code}\n{result.text[-3000:]}"
+
+
+COMMANDS = readme_commands()
+
+
+def _id(c: Command) -> str:
+    return f"{c.where} {c.text[:60]}"
+
+
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if instead(c.text) is None or instead(c.text)[0] == "refusal"],
+                         ids=_id)
+def test_command(cmd, workdir):
+    """Each command exits as the docs show, prints no traceback, and prints the lines the docs show."""
+    plan = instead(cmd.text)
+    if plan is None:
+        result = run_as_written(cmd.text)
+        assert_clean(result, cmd.text, cmd.exit or 0)
+        missing = missing_lines(cmd.expected, result.text)
+        assert not missing, f"{cmd.where}: `{cmd.text}` no longer prints:\n" + "\n".join(missing) + \
+            f"\n--- it printed:\n{result.text[-4000:]}"
+        return
+    _, fix, says = plan
+    result = run_as_written(cmd.text)
+    assert_clean(result, cmd.text, 2)
+    assert says in result.err and len(result.err.strip().splitlines()) == 1, result.err
+    if fix is not None:  # the fix the refusal names works when followed
+        followed = run_as_written(fix)
+        assert_clean(followed, fix, 0)
+
+
+def test_every_command_has_a_runner():
+    """Each command is run as written (test_command), or by the test its entry in `instead` names."""
+    kinds = {(instead(c.text) or ("as written",))[0] for c in COMMANDS}
+    assert kinds <= {"as written", "refusal", "instead", "skip-why", "slow-accelerate", "slow-benchmark"}, kinds
+    assert len(COMMANDS) > 40  # the extraction still finds the README's commands
+
+
+def test_every_block_is_covered():
+    """Every fenced block of README.md runs here or is listed with the reason it does not."""
+    covered = {b.where for b in blocks(README) if b.lang in ("bash", "") and shell_commands(b)}
+    covered |= set(PYTHON_BLOCKS) | set(NOT_COMMANDS) | set(OUTPUT_BLOCKS)
+    lines = {b.line: b for b in blocks(README)}
+    uncovered = [f"{b.where} ({b.lang or 'text'}): {b.text.splitlines()[0] if b.text else ''}"
+                 for b in lines.values() if b.where not in covered and _key(b) not in covered]
+    assert not uncovered, "README blocks that no test runs: add them to a table of tests/test_readme.py:\n" + \
+        "\n".join(uncovered)
+
+
+def _key(block: Block) -> str:
+    return block.text.splitlines()[0] if block.text else ""
+
+
+# Blocks that are not commands, by their first line, and why (each is still checked where it can be).
+NOT_COMMANDS = {
+    "RuntimeError: mat1 and mat2 must have the same dtype, but got Float and Half":
+        "the torch errors this library ends (quoted; the demo's part 1 reproduces the first)",
+    "schema: 1": "recipes/sdxl.yaml quoted: test_recipe_yaml_is_the_shipped_one",
+    "# my.yaml": "written to my.yaml by the workdir fixture and used by the `--overrides my.yaml` command",
+}
+# Output blocks without a `$` command: the scenario that prints them is a test below.
+OUTPUT_BLOCKS = {
+    "erased float32 islands:": "test_check_after_a_cast_to_float16",
+    "hf_precision.diagnose.mismatch.MismatchError: dtype mismatch in unet.time_embedding.linear_1: input is float32, weights are float16":
+        "test_explain_block",
+    "RuntimeWarning: hf_precision: vae produced non-finite values in float16; re-ran it in bfloat16 and keeps bfloat16":
+        "test_nan_guard_warning",
+}
+PYTHON_BLOCKS = {"import hf_precision as hp": "test_use_it_block", 'hp.get_recipe("sdxl", device="t4")': "test_devices_python_block",
+                 '>>> hp.apply_recipe(sdxl_pipe, "svd")': "test_wrong_recipe_block",
+                 "with hp.explain(pipe):          # raises a MismatchError from the original error": "test_explain_block"}
+
+
+# ------------------------------------------------------------------------------------------------ what `make` does
+
+
+def test_make_targets_the_readme_names():
+    """`make demo` runs the demo command test_make_demo runs; `make test` the suite; both create .venv."""
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^VENV \?= \.venv$", makefile, re.M) and "-m venv $(VENV)" in makefile
+    assert re.search(r"^demo:.*\n\t\$\(BIN\)/hf-precision demo --out demo_output$", makefile, re.M)
+    assert re.search(r"^test:.*\n\t\$\(BIN\)/python -m pytest", makefile, re.M)
+    quick_start = next(b for b in blocks(README) if b.lang == "bash" and b.text.startswith("make demo"))
+    # after `make demo` the README says how to reach what make installed (issue 25 item 1)
+    assert "source .venv/bin/activate" in quick_start.text
+    assert ".venv/bin/" in README.read_text().split("## Use it")[0]
+
+
+def test_make_demo(workdir):
+    """What `make demo` runs prints the four parts the README describes, with the calls the README quotes."""
+    result = run_in_process(["hf-precision", "demo", "--out", "demo_output"])
+    assert_clean(result, "hf-precision demo", 0)
+    section = README.read_text().split("## Quick start")[1].split("## Use it")[0]
+    for title in ("1. the classic failure", "2. what the recipe", "3. the NaN guard", "4. the recipe of"):
+        assert title in result.out
+    for call in re.findall(r"`(hp\.load_pipeline\([^`]*\))`", section):
+        assert call in result.out, f"the README quotes {call}; the demo prints something else"
+    assert "mat1 and mat2 must have the same dtype" in result.out and "unet.time_embedding.linear_1" in result.out
+    assert "32x32, enlarged 8x to 256x256" in " ".join(result.out.split())
+    assert "enlarged 8x to 256x256" in " ".join(section.split())
+    for name in ("sdxl.png", "svd.gif", "report.json"):
+        assert (workdir / "demo_output" / name).is_file()
+
+
+# ------------------------------------------------------------------------------------------------ python blocks
+
+
+def _python(start: str) -> Block:
+    return next(b for b in blocks(README) if b.lang == "python" and b.text.startswith(start))
+
+
+# The fixes the errors of the Use-it block name, applied when a statement raises one on this CPU-only machine.
+# The one statement that makes an image runs 2 steps instead of the pipeline's 50 (fp16 of the T4 layout on a CPU).
+SIZE = [('pipe("an astronaut riding a horse")', 'pipe("an astronaut riding a horse", num_inference_steps=2)')]
+FOLLOW = [('"cuda")', '"cpu", layout="t4")'), ('"default": "cuda"}', '"default": "cpu"}, layout="t4"'),
+          ('"mps",', '"cpu", layout="m2-macos15",'), ('("sdxl",', '("./stable-diffusion-xl-base-1.0",')]
+
+
+def test_use_it_block(workdir):
+    """The Use-it block statement by statement: each runs, or raises one RecipeError whose fix, followed, runs."""
+    block = _python("import hf_precision as hp")
+    namespace: dict[str, Any] = {}
+    printed = io.StringIO()
+    for node in ast.parse(block.text).body:
+        source = ast.get_source_segment(block.text, node)
+        for old, new in SIZE:
+            source = source.replace(old, new)
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(source, block.where, "exec"), namespace)
+            continue
+        except hp.RecipeError as err:
+            message = str(err)
+        fixed = source
+        for old, new in FOLLOW:
+            fixed = fixed.replace(old, new)
+        assert fixed != source, f"{source}: {message}"
+        assert "layout=" in message or "download" in message, message  # the error names the fix applied
+        with contextlib.redirect_stdout(printed):
+            exec(compile(fixed, block.where, "exec"), namespace)
+    assert "hf_precision applied recipe" in printed.getvalue()  # print(applied) before remove()
+    assert namespace["image"].size[0] > 0
+    assert hp.applied(namespace["pipe"]) is None  # applied.remove() takes the record off too (issue 25 item 8)
+
+
+def test_devices_python_block():
+    block = _python('hp.get_recipe("sdxl", device="t4")')
+    namespace = {"hp": hp}
+    for node in ast.parse(block.text).body:
+        value = eval(compile(ast.Expression(node.value), block.where, "eval"), namespace)
+        assert value["unet"].compute == "float16"
+
+
+def test_wrong_recipe_block():
+    from hf_precision.testing import make_sdxl
+
+    block = _python('>>> hp.apply_recipe(sdxl_pipe, "svd")')
+    with pytest.raises(hp.RecipeError) as info:
+        eval(block.text.splitlines()[0][4:], {"hp": hp, "sdxl_pipe": make_sdxl()})
+    shown = [line.removeprefix("hf_precision.errors.RecipeError: ") for line in block.text.splitlines()[1:]]
+    assert not missing_lines(shown, str(info.value)), (missing_lines(shown, str(info.value)), str(info.value))
+
+
+@pytest.fixture(scope="module")
+def plain_fp16_unet(workdir):
+    """The README's explain example: SDXL with an fp16 UNet next to fp32 text encoders, plain diffusers."""
+    import torch
+    from diffusers import DiffusionPipeline
+
+    pipe = DiffusionPipeline.from_pretrained(workdir / "stable-diffusion-xl-base-1.0",
+                                             dtype={"unet": torch.float16, "default": torch.float32})
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def test_explain_block(plain_fp16_unet):
+    block = _python("with hp.explain(pipe):")
+    shown = next(b for b in blocks(README) if b.text.startswith("hf_precision.diagnose.mismatch.MismatchError"))
+    namespace = {"hp": hp, "pipe": plain_fp16_unet, "prompt": "x"}
+    nodes = ast.parse(block.text).body
+    with pytest.raises(hp.MismatchError) as info:
+        exec(compile(ast.get_source_segment(block.text, nodes[0]), block.where, "exec"), namespace)
+    text = f"{type(info.value).__module__}.{type(info.value).__name__}: {info.value}"
+    assert not missing_lines(shown.text.splitlines(), text), (missing_lines(shown.text.splitlines(), text), text)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(ast.get_source_segment(block.text, nodes[1]), block.where, "exec"), namespace)
+    assert "dtype mismatch in unet.time_embedding.linear_1" in printed.getvalue()
+
+
+def test_check_after_a_cast_to_float16(workdir):
+    """'After pipe.to(torch.float16) on a loaded pipeline, hp.check(pipe) reports (exit code 1):'"""
+    import torch
+
+    shown = next(b for b in blocks(README) if b.text.startswith("erased float32 islands:"))
+    pipe = hp.load_pipeline(workdir / "stable-diffusion-xl-base-1.0", "cpu", layout="t4")
+    pipe.to(torch.float16)
+    report = hp.check(pipe)
+    assert report.exit_code == 1
+    assert not missing_lines(shown.text.splitlines(), report.table()), report.table()
+
+
+def test_nan_guard_warning():
+    """The guard's warning on a device that computes bf16 (an A100 layout, run here)."""
+    import torch
+
+    from hf_precision.testing import make_overflowing_vae
+
+    shown = next(b for b in blocks(README) if b.text.startswith("RuntimeWarning: hf_precision: vae produced"))
+    vae, latents = make_overflowing_vae()
+    hp.apply_recipe(vae, "vae.fp16_fix", device="cpu", layout="a100")
+    with pytest.warns(RuntimeWarning) as seen, torch.no_grad():
+        vae.decode(latents)
+    text = "RuntimeWarning: " + " ".join(str(w.message) for w in seen)
+    assert not missing_lines(shown.text.splitlines(), text), (missing_lines(shown.text.splitlines(), text), text)
+
+
+def test_recipe_yaml_is_the_shipped_one():
+    import yaml
+
+    quoted = yaml.safe_load(next(b for b in blocks(README) if b.lang == "yaml" and b.text.startswith("schema: 1")).text)
+    shipped = yaml.safe_load((ROOT / "recipes" / "sdxl.yaml").read_text())
+    for key, value in quoted.items():  # the README quotes it shortened: what it shows is in the file
+        if key == "components":
+            for comp, spec in value.items():
+                assert shipped["components"][comp] == spec or shipped["components"][comp].get("use") == spec["use"]
+        elif isinstance(value, list):
+            assert set(value) <= set(shipped[key]), key
+        else:
+            assert shipped[key] == value, key
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+
+
+def test_console_script_and_script_entry(workdir):
+    """The installed `hf-precision` command and `python scripts/generate_video.py` run as separate programs."""
+    result = run_subprocess([str(BIN / "hf-precision"), "show", "sdxl", "--device", "cuda:sm=8.6,name=RTX 3090",
+                             "--brief"], workdir, timeout=300)
+    assert_clean(result, "hf-precision show sdxl --device 'cuda:sm=8.6,name=RTX 3090'", 0)
+    assert "RTX 3090" in result.out
+    result = run_subprocess([sys.executable, str(ROOT / "scripts" / "generate_video.py"), "--demo", "--out",
+                             "notes.txt/cat.mp4"], workdir, timeout=300)
+    assert_clean(result, "generate_video.py --demo --out notes.txt/cat.mp4", 2)
+    assert result.err.startswith("generate_video.py: error: --out notes.txt/cat.mp4: notes.txt is a file")
+
+
+# ------------------------------------------------------------------------------------------------ slow ones
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if (instead(c.text) or ("",))[0] == "slow-benchmark"], ids=_id)
+def test_benchmark_command(cmd, workdir, tmp_path):
+    """The benchmark as written, at the tiny size, quick, its apply section only (the real run takes 1 to 20 minutes;
+    tests/test_benchmark.py covers the sections). The probe and the estimate it scales run in every section."""
+    tokens = _tokens(cmd.text)
+    args = [sys.executable, str(ROOT / tokens[1]), *tokens[2:], "--size", "tiny", "--quick", "--only", "apply",
+            "--out", str(tmp_path)]
+    result = run_subprocess(args, workdir, timeout=600)
+    assert_clean(result, cmd.text, 0)
+    assert "probe:" in result.text and (tmp_path / "benchmark.md").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if (instead(c.text) or ("",))[0] == "slow-accelerate"], ids=_id)
+def test_accelerate_launch_command(cmd, workdir, tmp_path):
+    """Two processes over gloo on the CPU: the CPU equivalent docs/video.md gives (`--device cpu`, no mixed precision)."""
+    tokens = shlex.split(cmd.text)
+    script = tokens.index("scripts/generate_video.py")
+    tail = tokens[script + 1:]
+    family = _video_family(["python", *tokens[script:]])
+    out = tmp_path / "videos"
+    tail[tail.index("--out") + 1] = str(out)
+    args = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "generate_video.py"),
+            "--device", "cpu", *tail, *_tiny_size(family)]
+    (workdir / "prompts2.txt").write_text("a cat surfing\na dog\n")
+    args[args.index("prompts.txt")] = "prompts2.txt"
+    result = run_subprocess(args, workdir, timeout=600)
+    assert_clean(result, cmd.text, 0)
+    assert len(list(out.glob("*.mp4"))) == 2, result.text[-3000:]
