@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError
-from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, shipped_configs
+from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, listed_components, shipped_configs
 from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes
 from ..recipe.model import ComponentPlan, Recipe
 from ..recipe.resolution import resolve
@@ -384,23 +384,22 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")
     components: dict[str, PlannedComponent] = {}
     skipped: list[str] = []
-    for comp, spec in index.items():
-        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] is None:
-            continue
+    listed = listed_components(index)
+    for comp, (_, class_name) in listed.items():
         if comp not in resolved and comp in configs:
-            skipped.append(f"{comp} ({spec[1]}): not in recipe {resolved.name}, left as loaded")
+            skipped.append(f"{comp} ({class_name}): not in recipe {resolved.name}, left as loaded")
     for cp in resolved.plans:
-        spec = index.get(cp.name)
-        if not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] is None:
+        if cp.name not in listed:
             skipped.append(f"{cp.name}: not in {pipeline}'s model_index.json")
             continue
+        library, class_name = listed[cp.name]
         if cp.name not in configs:
-            skipped.append(f"{cp.name} ({spec[1]}): no {cp.name}/config.json")
+            skipped.append(f"{cp.name} ({class_name}): no {cp.name}/config.json")
             continue
-        module = build_on_meta(str(spec[0]), str(spec[1]), configs[cp.name])
+        module = build_on_meta(library, class_name, configs[cp.name])
         check_user_names(cp, module)
         islands = component_islands(cp, module)
-        components[cp.name] = _plan_component(cp, module, str(spec[0]), islands, planned_dtypes(module, cp, islands),
+        components[cp.name] = _plan_component(cp, module, library, islands, planned_dtypes(module, cp, islands),
                                               modules, device_why)
         del module
     return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)

@@ -16,7 +16,7 @@ from ..recipe.catalog import recipe_components, recipe_for
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
-from .source import check_folder_fits, component_configs, locate, models_of_index, offline_error
+from .source import check_folder_fits, component_configs, listed_components, locate, models_of_index, offline_error
 
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
 
@@ -44,9 +44,7 @@ def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None 
     folder = Path(folder)
     if index is None:
         index = read_json(folder / "model_index.json")
-    for comp, spec in index.items():
-        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or not spec or spec[0] is None:
-            continue
+    for comp in listed_components(index):
         comp_dir = folder / comp
         if not comp_dir.is_dir():
             continue
@@ -283,7 +281,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
         index_class = getattr(diffusers, str(index.get("_class_name")), None)
     _check_keywords(kwargs, [c for c in (pipeline_class, index_class) if isinstance(c, type)])
     check_folder_fits(where, index, pipeline_class)
-    present = [c for c, spec in index.items() if not c.startswith("_") and isinstance(spec, (list, tuple)) and spec[0]]
+    present = list(listed_components(index))
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
     chosen = recipe is None  # chosen by class: resolve refits it to the model classes present
     if recipe is None:  # the shipped recipe for the class, else one composed from its components

@@ -30,7 +30,19 @@ from ..recipe.model import Recipe
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "model_configs"
 
 __all__ = ["locate", "check_name", "component_configs", "configs_of", "shipped_configs", "offline_error", "CONFIGS_DIR",
-           "role_of", "models_of_pipeline", "models_of_index", "models_of_class", "pipeline_class"]
+           "role_of", "models_of_pipeline", "models_of_index", "models_of_class", "pipeline_class", "listed_components"]
+
+def listed_components(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
+    """Component -> (library, class) of what ``model_index.json`` lists as present: its ``[library, class]`` pairs.
+    Keys with a leading underscore are metadata; ``[null, null]`` is an optional component left out.
+
+    Example:
+        >>> listed_components({"_class_name": "X", "unet": ["diffusers", "UNet2DConditionModel"], "vae": [None, None]})
+        {'unet': ('diffusers', 'UNet2DConditionModel')}
+    """
+    return {name: (str(spec[0]), str(spec[1])) for name, spec in index.items()
+            if not name.startswith("_") and isinstance(spec, (list, tuple)) and len(spec) == 2 and spec[0] and spec[1]}
+
 
 def offline_error(name: str, err: BaseException) -> RecipeError:
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
@@ -119,9 +131,7 @@ def component_configs(where: str, index: Mapping[str, Any], folder: Path | None)
         True
     """
     configs = {}
-    for comp, spec in index.items():
-        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or spec[0] is None:
-            continue
+    for comp in listed_components(index):
         path = folder / comp / "config.json" if folder is not None else None
         if path is not None and path.is_file():
             configs[comp] = read_json(path)
@@ -257,12 +267,10 @@ def models_of_index(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
         {'unet': ('UNet2DConditionModel', 'denoiser')}
     """
     out = {}
-    for name, spec in index.items():
-        if name.startswith("_") or not isinstance(spec, (list, tuple)) or len(spec) != 2 or not spec[0] or not spec[1]:
-            continue
-        cls = _load_class(str(spec[0]), str(spec[1]))
+    for name, (library, class_name) in listed_components(index).items():
+        cls = _load_class(library, class_name)
         if _is_model(cls):
-            out[name] = (str(spec[1]), role_of(cls))  # type: ignore[arg-type]
+            out[name] = (class_name, role_of(cls))  # type: ignore[arg-type]
     return out
 
 
