@@ -271,10 +271,15 @@ def check_devices_file(data: Any, source: str) -> None:
         if not isinstance(value, list):
             problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
             return
+        from .quantize import canonical_storage, storage_names
+
         for item in value:
             name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
-            if canonical(name) is None:
-                problems.add(where, f"unknown dtype {item!r}; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2")
+            # storage lists may also name quantized layouts (int8, nf4 ...: recipe/quantize.py)
+            if (canonical(name) if not where.endswith(".storage") else canonical_storage(name)) is None:
+                allowed = ", ".join(storage_names()) if where.endswith(".storage") else \
+                    "float32, bfloat16, float16, float8_e4m3fn or float8_e5m2"
+                problems.add(where, f"unknown dtype {item!r}; use {allowed}")
 
     if not isinstance(data, dict) or data.get("kind") != "devices":
         problems.add("", "not a device rules file (expected a mapping with 'kind: devices')")
@@ -465,11 +470,14 @@ def _holds(when: Mapping[str, Any], p: DeviceProfile) -> bool:
 
 
 def _edit(current: list[str], change: list[str]) -> list[str]:
+    from .quantize import canonical_storage
+
     if all(not str(c).startswith(("+", "-")) for c in change):
-        return [canonical(c) or str(c) for c in change]
+        return [canonical_storage(c) or str(c) for c in change]
+
     out = list(current)
     for c in change:
-        name = canonical(str(c)[1:]) or str(c)[1:]
+        name = canonical_storage(str(c)[1:]) or str(c)[1:]
         if str(c).startswith("+") and name not in out:
             out.append(name)
         elif str(c).startswith("-") and name in out:

@@ -34,12 +34,12 @@ SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
 # Keys of a component policy, with the type each must have. `dtype` forces the compute dtype.
 POLICY_KEYS: dict[str, str] = {
-    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "dtype",
+    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "storage", "quantize": "quantize",
     "output": "output", "keep_fp32": "str-list", "entry": "str-list", "nan_guard": "bool",
     "upcast_attention": "bool", "why": "str", "select": "select", "no_cast": "str-list", "layerwise_skip": "str-list",
 }
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
-                 "no_cast", "layerwise_skip"}
+                 "no_cast", "layerwise_skip", "quantize"}
 # Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
 # projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
 # would change them. Recipes extend the list per architecture (Flux: guidance, img_ids, txt_ids).
@@ -87,6 +87,10 @@ class ComponentPlan:
     resolved_for: str = ""
     no_cast: tuple[str, ...] = DEFAULT_NO_CAST
     layerwise_skip: tuple[str, ...] = DEFAULT_LAYERWISE_SKIP
+    # Quantized storage layouts the component tolerates (its recipe's quantize.storage) and the module globs kept
+    # out of quantization beside the islands and layerwise skips (quantize.keep); see recipe/quantize.py.
+    quantize: tuple[str, ...] = ()
+    quantize_keep: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -304,6 +308,11 @@ def _check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
                 suggestion = " ('half' is ambiguous: write float16 or bfloat16)"
             problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
         return canon
+    if kind in ("storage", "quantize"):  # a dtype or a quantized layout: hf_precision/recipe/quantize.py
+        from . import quantize
+
+        check = quantize.check_storage_value if kind == "storage" else quantize.check_quantize_value
+        return check(value, path, problems)
     if kind == "dtype-list":
         if not isinstance(value, list) or not value:
             bad("a non-empty list of dtype names, e.g. [float16, bfloat16, float32]")
@@ -499,8 +508,14 @@ def _base_policy(ref: str, source: str, path: str, config: Mapping[str, Any] | N
 def _normalise(key: str, value: Any) -> Any:
     if key == "dtypes":
         return [dt.canonical(v) for v in value]
-    if key in ("dtype", "storage"):
+    if key == "dtype":
         return dt.canonical(value)
+    if key in ("storage", "quantize"):
+        from . import quantize
+
+        if key == "storage":
+            return quantize.canonical_storage(value)
+        return {**value, "storage": [quantize.canonical_storage(v) for v in value.get("storage", [])]}
     if key == "output" and value not in OUTPUTS:
         return dt.canonical(value)
     if key == "why":
@@ -644,11 +659,12 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
             rule = f"none of the tolerated dtypes {tolerated} is picked unasked on this device (auto: {list(caps.auto)}): float32"
         decisions.append(Decision("compute", compute, rule, src("dtypes")))
     storage = get("storage") or compute
+    quant = get("quantize") or {}
     if get("storage"):
-        if storage not in caps.storage:
-            problems.append(f"{src('storage')}: components.{name}.storage: {storage} cannot be stored on {device}; "
-                            f"allowed there: {', '.join(caps.storage)}; fix: {override_line(name, 'storage', compute)}")
-        decisions.append(Decision("storage", storage, "set by storage (cast to the compute dtype on use)", src("storage")))
+        from .quantize import storage_rule
+
+        rule = storage_rule(name, storage, compute, quant, caps, problems, src("storage"))
+        decisions.append(Decision("storage", storage, rule, src("storage")))
     else:
         decisions.append(Decision("storage", storage, "same as compute", src("dtypes") if not forced else src("dtype")))
     islands = tuple(get("keep_fp32") or ())
@@ -678,7 +694,8 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
                          recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions),
                          no_cast=tuple(DEFAULT_NO_CAST if get("no_cast") is None else get("no_cast")),
-                         layerwise_skip=tuple(get("layerwise_skip") or DEFAULT_LAYERWISE_SKIP))
+                         layerwise_skip=tuple(get("layerwise_skip") or DEFAULT_LAYERWISE_SKIP),
+                         quantize=tuple(quant.get("storage") or ()), quantize_keep=tuple(quant.get("keep") or ()))
 
 
 # ------------------------------------------------------------------------------------- the one door

@@ -16,6 +16,8 @@ from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .layout import check_user_names, component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
 from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, resolve
 from ..recipe.patterns import inside
+from ..recipe.quantize import is_quantized
+from .quantize import is_quantized_tensor
 
 __all__ = ["apply_recipe", "applied", "Applied", "torch_device"]
 
@@ -131,8 +133,8 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
         for mod_name, mod in module.named_modules():
             for kind in ("_parameters", "_buffers"):
                 for leaf, tensor in getattr(mod, kind).items():
-                    if tensor is None or tensor.device.type == "meta":
-                        continue
+                    if tensor is None or tensor.device.type == "meta" or is_quantized_tensor(tensor):
+                        continue  # a backend's quantized weight: casting it would dequantize it
                     target = tensor.dtype
                     if tensor.is_floating_point():
                         target = torch.float32 if in_island(mod_name) else storage
@@ -243,14 +245,22 @@ def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Mod
     if strict:
         check_user_names(plan, module)
     islands = component_islands(plan, module, strict=strict)
-    compute, storage = dt.to_torch(plan.compute), dt.to_torch(plan.storage)
+    quantized = is_quantized(plan.storage) or any(is_quantized_tensor(p) for p in module.parameters())
+    compute = dt.to_torch(plan.compute)
+    storage = compute if is_quantized(plan.storage) else dt.to_torch(plan.storage)
+    if quantized and device is not None and _module_device(module) != str(torch.device(device)):
+        module.to(device)  # quantized tensors move as a whole (their data, scales and zero points together)
     if islands and has_layerwise_casting(module):
         # Layerwise-cast leaves recast their own weights on every call; an island around them cannot hold fp32.
         taken = [i for i in islands if has_layerwise_casting(module.get_submodule(i))]
         islands = [i for i in islands if i not in taken]
         if taken:
             applied.actions.append(f"{plan.name}: islands {taken} left to the layerwise casting already enabled on them")
-    if plan.storage != plan.compute:
+    if is_quantized(plan.storage):
+        # The backend quantized the weights at load (runtime/quantize.py); what it kept holds compute or fp32.
+        changed = _cast_parameters(module, compute, islands, device)
+        applied.actions.append(f"{plan.name}: weights stored {plan.storage}, computed in {plan.compute}")
+    elif plan.storage != plan.compute:
         # Storage differs from compute: weights are cast per layer on use (diffusers layerwise casting).
         # Cast everything to compute first so the islands and non-hooked layers hold the compute dtype.
         changed = _cast_parameters(module, compute, islands, device)
