@@ -200,3 +200,54 @@ def test_cuda_backends_plan_exactly_and_run(flux_folder, storage):
     assert quantized_in(pipe.transformer)
     assert planned.total_bytes == module_bytes(pipe.transformer)
     assert torch.isfinite(_run(pipe)).all()
+
+
+def test_video_memory_plan_chooses_quantized_storage_that_fits_and_loads_it(tmp_path):
+    """On a CPU (no offload) a budget below the all-bf16 peak is met by the fp8 storage the Wan recipe tolerates;
+    the chosen layout loads as planned: the transformer's measured bytes are the bytes the plan counted."""
+    from hf_precision.apps.video import load_video_pipeline, model_spec
+    from hf_precision.apps.video_plan import choose
+    from hf_precision.testing import save_pipeline
+    from hf_precision.testing.calibration import make_wan
+
+    folder = save_pipeline(make_wan(), tmp_path / "wan")
+    where, spec = model_spec(str(folder))
+    sizes = {"height": 16, "width": 16, "frames": 5, "accelerator": False, "layout": "cpu-amx"}
+    plain = choose(where, spec, budget=10**12, quantize=False, **sizes)
+    assert plain.settings.quantize == ()
+    budget = plain.prediction.peak - 1  # the plain layout no longer fits
+    chosen = choose(where, spec, budget=budget, **sizes)
+    assert chosen.fits and chosen.prediction.peak <= budget
+    assert chosen.settings.quantize and chosen.settings.quantize[0][0] == "transformer"
+    assert "transformer" in chosen.settings.label() and chosen.settings.quantize[0][1] in chosen.settings.label()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = load_video_pipeline(where, "cpu", settings=chosen.settings, layout="cpu-amx")
+    storage = dict(chosen.settings.quantize)["transformer"]
+    assert hp.applied(pipe).recipe["transformer"].storage == storage
+    assert module_bytes(pipe.transformer) == chosen.prediction.weights["transformer"]
+
+
+def test_image_memory_plan_fits_flux_on_a_12gb_t4_with_quantized_storage():
+    """Real FLUX.1-schnell configs (meta device): bf16/fp16 weights (36 GB) do not fit 12 GB, even offloaded; the plan
+    names offload plus the quantized storage the Flux recipes tolerate on a T4, counted exactly."""
+    from hf_precision.apps.image_plan import choose_image_layout
+
+    c = choose_image_layout("FLUX.1-schnell", "t4", 12 * 10**9)
+    assert c.fits and c.resident <= 12 * 10**9 - c.reserve and c.quantize
+    assert all(storage in hp.get_recipe("flux", device="t4")[comp].quantize for comp, storage in c.quantize)
+    assert c.tried[0][0] == "none" and c.tried[0][1] == () and c.tried[0][2] > 12 * 10**9
+
+
+def test_generate_with_max_memory_loads_the_chosen_layout(flux_folder, tmp_path):
+    from hf_precision.apps.image import generate
+    from hf_precision.apps.image_plan import choose_image_layout
+
+    plain = choose_image_layout(str(flux_folder), "cpu", 10**12)
+    budget = int((plain.resident - 100) / (1 - 0.2))  # the plain weights no longer fit beside the reserve
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(str(flux_folder), "a cat", tmp_path / "cat.png", device="cpu", steps=1, height=32, width=32,
+                       max_memory=budget, say=lines.append)
+    assert out.is_file() and "memory plan: chosen" in lines[0] and "transformer" in lines[0]

@@ -24,7 +24,7 @@ from .. import dtypes as dt
 from ..errors import RecipeError
 from ..runtime.meta import build_on_meta
 from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, shipped_configs
-from ..recipe.quantize import CHOICES, weight_bytes
+from ..recipe.quantize import CHOICES, stored_bytes
 from ..recipe.resolution import ComponentPlan, Recipe, list_recipes, pipeline_spec, resolve
 
 if TYPE_CHECKING:
@@ -360,10 +360,8 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
         n = param.numel()
         params += n
         name = planned.get(pname) or dt.from_torch(param.dtype)
-        if name in CHOICES:  # a quantized layout: its backend's exact bytes (recipe/quantize.py)
-            size = weight_bytes(name, param.shape[0], param.shape[1], cp.compute)
-        else:
-            size = n * (dt.itemsize(name) if name in dt.DTYPES else param.element_size())
+        known = name in CHOICES or name in dt.DTYPES  # a quantized layout: its backend's exact bytes
+        size = stored_bytes(name, tuple(param.shape), cp.compute) if known else n * param.element_size()
         by_dtype[name] = by_dtype.get(name, 0) + size
         fp32_bytes += n * 4 if param.is_floating_point() else size
         own.setdefault(pname.rpartition(".")[0], []).append((n, name))

@@ -27,8 +27,8 @@ from typing import Any
 
 from .. import dtypes as dt
 
-__all__ = ["QuantChoice", "CHOICES", "canonical_storage", "is_quantized", "storage_names", "weight_bytes",
-           "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES"]
+__all__ = ["QuantChoice", "CHOICES", "canonical_storage", "is_quantized", "storage_names", "weight_bytes", "stored_bytes",
+           "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +66,14 @@ CHOICES: dict[str, QuantChoice] = {c.name: c for c in (
 )}
 # The pip package each backend needs (named in the error when it is missing).
 BACKEND_PACKAGES = {"torchao": "torchao", "quanto": "optimum-quanto", "bitsandbytes": "bitsandbytes", "gguf": "gguf"}
-# Modules never quantized unless a recipe says otherwise: embeddings and the final projection, beside the norms,
-# pos/patch embeddings (the layerwise skips), the islands and the model's own _keep_in_fp32_modules and
-# _skip_layerwise_casting_patterns. ComfyUI keeps the same families out of fp8 (comfy/ops.py: only Linear/Conv
-# weights of the blocks are cast; embedders and final layers run in the compute dtype).
-DEFAULT_KEEP = ("*embed*", "*embedder*", "proj_out", "norm_out*", "final_layer*", "lm_head", "conv_out")
+# Linear layers a backend never quantizes unless a recipe says otherwise: embedders, the final norm's modulation
+# and the final projection, beside the islands and the model's own _keep_in_fp32_modules. Norm layers themselves
+# (LayerNorm, RMSNorm, GroupNorm) are never nn.Linear, so no backend touches them. The blocks' adaLN modulation
+# linears (Flux `norm1.linear`, 3.2B of 12B parameters) ARE quantized, as diffusers' bitsandbytes/torchao examples and
+# city96/ComfyUI-GGUF do; only fp8 *storage* (layerwise casting) keeps them in the compute dtype, by diffusers'
+# `_skip_layerwise_casting_patterns`.
+DEFAULT_KEEP = ("*embed*", "*embedder*", "*pos_embed*", "*patch_embed*", "proj_out", "norm_out*", "final_layer*",
+                "lm_head", "conv_out")
 _LOOKUP = {alias: c.name for c in CHOICES.values() for alias in (c.name, *c.aliases)}
 
 
@@ -126,6 +129,21 @@ def weight_bytes(storage: str, out_features: int, in_features: int, compute: str
     if scale is None:
         scale = dt.itemsize(choice.row_scale)
     return data + out_features * (scale + choice.row_extra) + choice.layer_scalars * dt.itemsize(compute)
+
+
+def stored_bytes(storage: str, shape: tuple[int, ...], compute: str) -> int:
+    """Bytes of one parameter of ``shape`` planned in ``storage`` (a dtype name, or a quantized layout for a weight).
+
+    Example:
+        >>> stored_bytes("bfloat16", (128, 32), "bfloat16"), stored_bytes("int8", (128, 32), "bfloat16")
+        (8192, 4736)
+    """
+    if storage in CHOICES:
+        return weight_bytes(storage, shape[0], shape[1], compute)
+    n = 1
+    for d in shape:
+        n *= d
+    return n * dt.itemsize(storage)
 
 
 def _close(word: str, options: list[str]) -> str:
@@ -232,3 +250,39 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
             f" (outside the tolerated {tolerated}: check the output)" if tolerated else
             f" (the recipe lists no quantized storage for {name})")
     return f"set by storage: {choice.backend} {choice.scheme}{note}"
+
+
+def storage_options(recipe: Any, denoisers: list[str], texts: list[str]) -> list[tuple[tuple[str, str], ...]]:
+    """Quantized storage a memory plan may choose, least change first: the denoiser(s) in each size class their
+    recipe tolerates on the recipe's device (8-bit: fp8 storage or int8; then 4-bit), then the same with the text
+    encoders quantized too (each with the first layout its own recipe tolerates there).
+
+    Only what the component recipes list (``quantize.storage``) and ``devices.yaml`` allows on the device.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> storage_options(get_recipe("flux", device="rtx3090"), ["transformer"], ["text_encoder_2"])
+        [(('transformer', 'float8_e4m3fn'),), (('transformer', 'int8'),), (('transformer', 'nf4'),), \
+(('transformer', 'float8_e4m3fn'), ('text_encoder_2', 'int8')), (('transformer', 'int8'), ('text_encoder_2', 'int8')), \
+(('transformer', 'nf4'), ('text_encoder_2', 'int8'))]
+    """
+    from .devices import device_caps
+
+    allowed = set(device_caps(recipe.device).storage)
+
+    def firsts(name: str) -> list[str]:
+        seen, out = set(), []
+        for s in (recipe[name].quantize if name in recipe else ()):
+            # one per size class and kind: fp8 storage (layerwise: norms' linears stay), a backend's 8 bit, its 4 bit
+            kind = (CHOICES[s].data_bits, True) if s in CHOICES else (dt.itemsize(s) * 8, False)
+            if s in allowed and kind not in seen:
+                seen.add(kind)
+                out.append(s)
+        return out
+
+    dens = [d for d in denoisers if d in recipe]
+    options: list[tuple[tuple[str, str], ...]] = []
+    for choice in firsts(dens[0]) if dens else []:
+        options.append(tuple((d, choice) for d in dens if choice in firsts(d)))
+    extra = tuple((t, firsts(t)[0]) for t in texts if firsts(t))
+    return options + ([o + extra for o in options] if extra else [])

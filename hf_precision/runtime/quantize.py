@@ -13,7 +13,6 @@ that same rule, so the plan counts exactly the layers the backend converts.
 from __future__ import annotations
 
 import fnmatch
-import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ from ..recipe.patterns import inside
 from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized
 from ..recipe.resolution import ComponentPlan, Recipe
 
-__all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
+__all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers", "planned_bytes",
            "backend_config", "pipeline_quantization_config", "require_backend", "library_of"]
 
 
@@ -63,15 +62,21 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def module_bytes(module: torch.nn.Module) -> int:
-    """Measured bytes of a module's parameters and buffers (each tensor once), quantized tensors by their storage.
+    """Measured bytes of a module's weights: its parameters (each once, quantized ones by their storage) and the
+    buffers a backend adds to the layers it quantized (quanto's scales). The model's own buffers (RoPE tables) are
+    not weights, and :func:`hf_precision.plan` does not count them either.
 
     Example:
         >>> module_bytes(torch.nn.Linear(4, 2))
         40
     """
     seen: set[int] = set()
+    tensors = list(module.parameters())
+    for m in module.modules():
+        if is_quantized_tensor(m._parameters.get("weight")):
+            tensors += list(m.buffers(recurse=False))
     total = 0
-    for t in [*module.parameters(), *module.buffers()]:
+    for t in tensors:
         if id(t) not in seen:
             seen.add(id(t))
             total += tensor_bytes(t)
@@ -90,10 +95,10 @@ def _linears(module: torch.nn.Module) -> list[str]:
 def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[str]) -> list[str]:
     """The ``nn.Linear`` layers hf_precision keeps out of quantization, and so hands to the backend by name.
 
-    Islands, the layerwise skips (norms, pos/patch embeddings), ``quantize.keep`` (default: embeddings and the final
-    projection, :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP`) as globs under the project's one rule (a module
-    is kept when it or a parent matches), plus the model's ``_keep_in_fp32_modules`` (substrings, as diffusers
-    reads them) and ``_skip_layerwise_casting_patterns`` (regexes searched, as diffusers reads them).
+    Islands and :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` plus the recipe's ``quantize.keep`` (embedders,
+    the final norm's modulation and projection) as globs under the project's one rule (a module is kept when it or
+    a parent matches), and the model's ``_keep_in_fp32_modules`` (substrings, as diffusers reads them). Norm layers
+    are never ``nn.Linear``; the blocks' adaLN modulation linears are quantized (see ``DEFAULT_KEEP``).
 
     Example:
         >>> from hf_precision import get_recipe
@@ -102,15 +107,14 @@ def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[
         ['proj_out']
     """
     islands = list(islands)
-    globs = [*plan.layerwise_skip, *DEFAULT_KEEP, *plan.quantize_keep]
+    globs = [*DEFAULT_KEEP, *plan.quantize_keep]
     fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
-    skip_rx = list(getattr(module, "_skip_layerwise_casting_patterns", None) or ())
     out = []
     for name in _linears(module):
         parts = name.split(".")
         prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
         if (inside(name, islands) or any(fnmatch.fnmatchcase(p, g) for p in prefixes for g in globs)
-                or any(k in name for k in fp32) or any(re.search(r, name) for r in skip_rx)):
+                or any(k in name for k in fp32)):
             out.append(name)
     return out
 
@@ -222,3 +226,23 @@ def pipeline_quantization_config(recipe: Recipe, modules: Mapping[str, tuple[tor
     from diffusers import PipelineQuantizationConfig
 
     return PipelineQuantizationConfig(quant_mapping=mapping)
+
+
+def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
+    """The bytes a component's parameters take under ``plan`` (what ``plan()`` counts), from a meta-device model.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
+        >>> planned_bytes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan)  # 4736 + fp16 bias
+        4992
+    """
+    from ..recipe.quantize import stored_bytes
+    from .layout import component_islands, planned_dtypes
+
+    planned = planned_dtypes(module, plan, component_islands(plan, module, strict=False))
+    total = 0
+    for name, param in module.named_parameters():
+        want = planned.get(name)
+        total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())
+    return total
