@@ -251,3 +251,26 @@ def test_generate_with_max_memory_loads_the_chosen_layout(flux_folder, tmp_path)
         out = generate(str(flux_folder), "a cat", tmp_path / "cat.png", device="cpu", steps=1, height=32, width=32,
                        max_memory=budget, say=lines.append)
     assert out.is_file() and "memory plan: chosen" in lines[0] and "transformer" in lines[0]
+
+
+def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
+    """A GGUF file written by the gguf package (Q8_0 blocks where a row fills them, F32 elsewhere) is the transformer;
+    the rest comes from the diffusers folder. Loaded bytes are the file's blocks plus the rest in the compute dtype."""
+    from diffusers import FluxTransformer2DModel
+
+    from hf_precision.runtime.gguf import gguf_planned_bytes
+    from hf_precision.testing.gguf_file import write_gguf
+
+    source = FluxTransformer2DModel.from_pretrained(flux_folder, subfolder="transformer")
+    path = tmp_path / "flux-tiny-Q8_0.gguf"
+    types = write_gguf(source, path)
+    assert "Q8_0" in types.values() and "F32" in types.values()
+    with pytest.raises(RecipeError, match="pass the diffusers folder"):
+        hp.load_pipeline(path, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(path, "cpu", base=flux_folder, layout="cpu-amx")
+    assert any("loaded from the GGUF file" in a for a in hp.applied(pipe).actions)
+    assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight"))
+    assert module_bytes(pipe.transformer) == sum(gguf_planned_bytes(path, "bfloat16").values())
+    assert torch.isfinite(_run(pipe)).all()

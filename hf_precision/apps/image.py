@@ -16,14 +16,15 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, steps: int = 30, height: int | None = None,
              width: int | None = None, guidance: float | None = None, negative_prompt: str | None = None, seed: int = 0,
              recipe: str | None = None, overrides: Any = None, force: bool = False, max_memory: str | int | None = None,
-             say: Any = None) -> Path:
+             say: Any = None, base: str | None = None) -> Path:
     """Generate one image with a text-to-image pipeline loaded through :func:`hf_precision.load_pipeline`.
 
     The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind;
     ``out`` is checked (a known suffix, an existing writable folder) before the model is loaded. ``force`` uses
     ``recipe`` even for a pipeline class it does not list. ``max_memory`` (bytes or ``"12GB"``) lets
     :func:`~hf_precision.apps.image_plan.choose_image_layout` pick offload and quantized storage that fit; ``say``
-    gets the line that says what it chose.
+    gets the line that says what it chose. ``base``: with a ``.gguf`` file as ``model``, the diffusers folder for the
+    rest of the pipeline.
 
     Example:
         >>> import tempfile
@@ -55,6 +56,8 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
             overrides = [*(overrides if isinstance(overrides, list) else [overrides] if overrides else []), choice.overrides()]
         offload = choice.offload == "model"
     layout = {"layout": str(device)} if offload else {}
+    if base is not None:
+        layout["base"] = base
     pipe = load_pipeline(model, "cpu" if offload else device, recipe=recipe, overrides=overrides, force=force, **layout)
     if offload:
         pipe.enable_model_cpu_offload(device=device)

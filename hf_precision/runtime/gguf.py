@@ -18,7 +18,7 @@ from .. import dtypes as dt
 from ..errors import RecipeError, excerpt
 from ..recipe.resolution import Recipe
 
-__all__ = ["split_gguf", "load_gguf_denoiser"]
+__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_planned_bytes"]
 
 
 def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None) -> tuple[Path, str]:
@@ -74,3 +74,28 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
         raise RecipeError(f"{path}: diffusers could not load it as the {name} ({spec[1]}) of {where}: {err}; check that "
                           f"the file is a {spec[1]} (same architecture and size as the base folder)") from None
     return name, model
+
+
+def gguf_planned_bytes(path: str | os.PathLike[str], compute: str) -> dict[str, int]:
+    """Bytes per storage the model read from a GGUF file takes once loaded: quantized blocks as stored in the file
+    (diffusers keeps them packed), F32/F16 tensors in the compute dtype (``from_single_file`` casts them).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from hf_precision.testing.gguf_file import write_gguf
+        >>> path = Path(tempfile.mkdtemp()) / "m.gguf"
+        >>> _ = write_gguf(torch.nn.Linear(64, 8), path)
+        >>> gguf_planned_bytes(path, "bfloat16")   # 8 rows x 2 blocks of 34 bytes; 8 bias values in bf16
+        {'Q8_0': 544, 'bfloat16': 16}
+    """
+    import gguf
+
+    out: dict[str, int] = {}
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        kind = tensor.tensor_type
+        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            key, size = compute, int(tensor.n_elements) * dt.itemsize(compute)
+        else:
+            key, size = kind.name, int(tensor.n_bytes)
+        out[key] = out.get(key, 0) + size
+    return out

@@ -378,6 +378,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     # everything else went through a half dtype and gets its islands re-read from the full-precision files.
     timings["from_pretrained"] = time.perf_counter() - mark
     exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
+    if gguf_file is not None:  # its islands come from the GGUF file (upcast by apply_recipe), not from the base folder
+        exact.add(quant_notes["gguf"][0])
     mark = time.perf_counter()
     _reload_islands_fp32(pipe, resolved, folder, skip=exact)
     timings["reload_islands"] = time.perf_counter() - mark
