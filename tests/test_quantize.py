@@ -274,3 +274,36 @@ def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
     assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight"))
     assert module_bytes(pipe.transformer) == sum(gguf_planned_bytes(path, "bfloat16").values())
     assert torch.isfinite(_run(pipe)).all()
+
+
+def test_nan_guard_on_a_quantized_component_says_how_to_store_it_unquantized(flux_folder):
+    """The guard re-runs a component in a wider dtype; quantized weights cannot be: it warns with the storage fix
+    once, instead of looping or dequantizing behind the user's back."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "int8"},
+                                overrides={"transformer": {"nan_guard": True}})
+    with torch.no_grad():
+        pipe.transformer.proj_out.bias.fill_(float("inf"))  # kept unquantized: the output overflows
+    with pytest.warns(RuntimeWarning, match=r"quantized weights.*--set transformer.storage=bfloat16"):
+        _run(pipe)  # returns: the guard neither loops nor re-casts quantized tensors
+    assert quantized_in(pipe.transformer)  # still quantized: nothing was dequantized silently
+
+
+def test_calibrated_islands_are_kept_out_of_quantization():
+    """calibrate writes islands as keep_fp32 overrides; with a quantized storage those modules stay plain fp32."""
+    from hf_precision.diagnose.planner import build_on_meta
+    from hf_precision.runtime.quantize import quantized_layers
+    from hf_precision.runtime.source import configs_of
+
+    _, _, configs = configs_of("FLUX.1-schnell")
+    meta = build_on_meta("diffusers", "FluxTransformer2DModel", configs["transformer"])
+    island = "single_transformer_blocks.3"
+    for storage in ("int8", "quanto-int8", "nf4"):
+        plan = hp.get_recipe("flux", device="rtx4090", overrides={"transformer": {
+            "storage": storage, "keep_fp32": [island]}})["transformer"]
+        converted = quantized_layers(meta, plan, [island])
+        assert converted and not [n for n in converted if n.startswith(island + ".")]
+        # torchao takes exact names (FqnToConfig); quanto and diffusers' bitsandbytes match child names, so keeping the
+        # top-level proj_out keeps every block's proj_out too: the plan counts what each backend does
+        assert ("single_transformer_blocks.30.proj_out" in converted) == (storage == "int8")
