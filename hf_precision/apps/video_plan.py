@@ -496,8 +496,9 @@ def quantize_options(model: _Model) -> list[tuple[tuple[str, str], ...]]:
     """Quantized storage the video plan may choose (:func:`hf_precision.recipe.quantize.storage_options`)."""
     from ..recipe.quantize import storage_options
 
-    texts = [n for n in model.plan.components if n.startswith("text_encoder")]
-    return storage_options(model.plan.recipe, [model.spec.denoiser, "transformer_2"], texts)
+    present = [n for n in model.plan.components if n in model.modules]  # Wan 2.1 has no transformer_2
+    texts = [n for n in present if n.startswith("text_encoder")]
+    return storage_options(model.plan.recipe, [d for d in (model.spec.denoiser, "transformer_2") if d in present], texts)
 
 
 def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
