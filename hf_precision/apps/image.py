@@ -15,13 +15,17 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 
 def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, steps: int = 30, height: int | None = None,
              width: int | None = None, guidance: float | None = None, negative_prompt: str | None = None, seed: int = 0,
-             recipe: str | None = None, overrides: Any = None, force: bool = False, layout: Any = None) -> Path:
+             recipe: str | None = None, overrides: Any = None, force: bool = False, layout: Any = None,
+             max_memory: str | int | None = None, say: Any = None, base: str | None = None) -> Path:
     """Generate one image with a text-to-image pipeline loaded through :func:`hf_precision.load_pipeline`.
 
     The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind;
     ``out`` is checked (a known suffix; missing folders are created, as the video program does) before the model is
     loaded. ``force`` uses ``recipe`` even for a pipeline class it does not list. ``device`` is where it runs,
     ``layout`` the device whose rules choose the dtypes (``layout="t4", device="cpu"`` runs T4's dtypes here).
+    ``max_memory`` (bytes or ``"12GB"``) lets :func:`~hf_precision.apps.image_plan.choose_image_layout` pick offload
+    and quantized storage that fit; ``say`` gets the line that says what it chose. ``base``: with a ``.gguf`` file as
+    ``model``, the diffusers folder for the rest of the pipeline.
 
     Example:
         >>> import tempfile
@@ -41,7 +45,25 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     for name, value in (("height", height), ("width", width)):
         if value is not None and (value <= 0 or value % 8):
             raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
-    pipe = load_pipeline(model, device, recipe=recipe, overrides=overrides, force=force, layout=layout)
+    offload = False
+    if max_memory is not None:
+        from .image_plan import choose_image_layout
+        from .video_plan import parse_size
+
+        budget = parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
+        choice = choose_image_layout(model, layout or device or "cpu", budget, overrides=overrides)
+        (say or (lambda _: None))(f"memory plan: {choice.describe()}")
+        if choice.quantize:
+            overrides = [*(overrides if isinstance(overrides, list) else [overrides] if overrides else []), choice.overrides()]
+        offload = choice.offload == "model"
+    kwargs: dict[str, Any] = {}
+    if layout is not None or offload:
+        kwargs["layout"] = layout or str(device)
+    if base is not None:
+        kwargs["base"] = base
+    pipe = load_pipeline(model, "cpu" if offload else device, recipe=recipe, overrides=overrides, force=force, **kwargs)
+    if offload:
+        pipe.enable_model_cpu_offload(device=device)
     if "prompt" not in __import__("inspect").signature(pipe.__call__).parameters:
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
                           "use `hf-precision video` for SVD")

@@ -280,9 +280,12 @@ class MemorySettings:
     vae_slicing: bool = False
     forward_chunking: bool = False
     decode_chunk_size: int | None = None
+    # (component, storage) pairs: quantized or fp8 storage the memory plan chose (loaded as storage overrides)
+    quantize: tuple[tuple[str, str], ...] = ()
 
     def label(self) -> str:
         parts = [f"offload {self.offload}"]
+        parts += [f"{c} {s}" for c, s in self.quantize]
         parts += [name for name, on in (("VAE tiling", self.vae_tiling), ("VAE slicing", self.vae_slicing),
                                         ("feed-forward chunking", self.forward_chunking)) if on]
         if self.decode_chunk_size:
@@ -343,6 +346,9 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
         raise RecipeError(f"offload={settings.offload!r}: use one of {', '.join(OFFLOAD)}")
     where = model_class(model)
     layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
+    if settings.quantize:  # the storage the memory plan chose: the same as --set C.storage=...
+        layers = [*layers, {"components": {c: {"storage": s} for c, s in settings.quantize},
+                            "__source__": "memory plan (--max-memory)"}]
     if isinstance(device, Mapping):  # a device per component (--device-map balanced): each resolved for its own
         if settings.offload != "none":
             raise RecipeError(f"offload {settings.offload} with a device per component: offload moves every "

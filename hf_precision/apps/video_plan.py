@@ -26,7 +26,7 @@ from ..errors import RecipeError
 from ..runtime.memory import available_bytes
 from .video import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args",
+__all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args", "quantize_options",
            "pipeline_recipe"]
 
 # Text sequence lengths the pipelines pad to (diffusers pipeline_wan.py max_sequence_length=512, pipeline_ltx.py 128,
@@ -397,15 +397,31 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
                   cpu=p.recipe.device.type == "cpu")
 
 
-def _resident(model: _Model, names: list[str], offload: str) -> int:
+def _weights(model: _Model, quantize: tuple[tuple[str, str], ...] = ()) -> dict[str, int]:
+    """Weight bytes per component, with the storage a quantized candidate gives some of them (exact, as plan counts)."""
+    import dataclasses as dc
+
+    from ..runtime.quantize import planned_bytes
+
     weights = {n: c.total_bytes for n, c in model.plan.components.items()}
+    for name, storage in quantize:
+        key = ("weights", name, storage)
+        if key not in model.cache:
+            model.cache[key] = planned_bytes(model.modules[name], dc.replace(model.plan.recipe[name], storage=storage))
+        weights[name] = model.cache[key]
+    return weights
+
+
+def _resident(model: _Model, names: list[str], offload: str, quantize: tuple[tuple[str, str], ...] = ()) -> int:
+    weights = _weights(model, quantize)
     if offload == "none":
         return sum(weights.values())
     present = [n for n in names if n in weights]
     if offload == "model":
         return max((weights[n] for n in present), default=0)
     per_leaf = 2 if offload == "group" else 1  # group offload with a stream prefetches the next layer
-    return max((per_leaf * model.leaf[n] + model.loose[n] for n in present), default=0)
+    scale = {n: weights[n] / max(1, model.plan.components[n].total_bytes) for n in present}  # quantized leaves shrink
+    return max((int((per_leaf * model.leaf[n] + model.loose[n]) * scale[n]) for n in present), default=0)
 
 
 def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int, frames: int,
@@ -424,32 +440,31 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
     phases: dict[str, int] = {}
     text_names = [n for n in model.modules if n.startswith("text_encoder")]
     if text_names:
-        phases["text encoding"] = max(_resident(model, [n], settings.offload) + model.text[n] for n in text_names)
+        phases["text encoding"] = max(_resident(model, [n], settings.offload, settings.quantize) + model.text[n] for n in text_names)
     if spec.takes_image and spec.family in ("svd", "wan", "ltx", "cogvideox"):
         image = []
         if "image_encoder" in model.modules:
             key = ("image encoder",)
             if key not in model.cache:
                 model.cache[key] = _image_encoder_peak(model.modules["image_encoder"], model.dtypes["image_encoder"])
-            image.append(_resident(model, ["image_encoder"], settings.offload) + model.cache[key])
+            image.append(_resident(model, ["image_encoder"], settings.offload, settings.quantize) + model.cache[key])
         key = ("vae encode", settings.vae_tiling, height, width, frames)
         if key not in model.cache:
             model.cache[key] = _vae_encode_peak(spec, vae, model.dtypes["vae"], height, width, frames, model.cpu)
-        image.append(_resident(model, ["vae"], settings.offload) + model.cache[key])
+        image.append(_resident(model, ["vae"], settings.offload, settings.quantize) + model.cache[key])
         phases["image encoding"] = max(image)
     key = ("denoise", settings.forward_chunking, height, width, frames, guidance)
     if key not in model.cache:
         model.cache[key] = _denoise_peak(spec, den, model.dtypes[spec.denoiser], height, width, frames, guidance)
     act = model.cache[key]
-    phases["denoising"] = _resident(model, [spec.denoiser, "transformer_2"], settings.offload) + act
+    phases["denoising"] = _resident(model, [spec.denoiser, "transformer_2"], settings.offload, settings.quantize) + act
     key = ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames)
     if key not in model.cache:
         model.cache[key] = _decode_peak(spec, vae, model.dtypes["vae"], den.config, height, width, frames,
                                         settings.decode_chunk_size, model.cpu)
     dec = model.cache[key]
-    phases["VAE decode"] = _resident(model, ["vae"], settings.offload) + dec
-    return Prediction(settings=settings, phases=phases,
-                      weights={n: c.total_bytes for n, c in model.plan.components.items()})
+    phases["VAE decode"] = _resident(model, ["vae"], settings.offload, settings.quantize) + dec
+    return Prediction(settings=settings, phases=phases, weights=_weights(model, settings.quantize))
 
 
 def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, frames: int,
@@ -472,19 +487,33 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
 # --------------------------------------------------------------------------------------------- choosing
 
 
-def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None) -> list[MemorySettings]:
-    """Settings from fastest to slowest: offload costs transfers every step, tiling and chunking cost little."""
+def quantize_options(model: _Model) -> list[tuple[tuple[str, str], ...]]:
+    """Quantized storage the video plan may choose (:func:`hf_precision.recipe.quantize.storage_options`)."""
+    from ..recipe.quantize import storage_options
+
+    present = [n for n in model.plan.components if n in model.modules]  # Wan 2.1 has no transformer_2
+    texts = [n for n in present if n.startswith("text_encoder")]
+    return storage_options(model.plan.recipe, [d for d in (model.spec.denoiser, "transformer_2") if d in present], texts)
+
+
+def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
+                quantize: list[tuple[tuple[str, str], ...]] = ()) -> list[MemorySettings]:
+    """Settings from fastest to slowest: whole-model offload moves each component once per phase, quantized storage
+    costs a dequantization per layer and call, group/sequential offload move weights every step; tiling and
+    chunking cost little."""
     chunks = [decode_chunk or 8, 4, 2, 1] if spec.family == "svd" else [None]
     offloads = ["none", "model", "group", "sequential"] if accelerator else ["none"]
+    order = [(o, ()) for o in offloads[:2]] + [(o, q) for q in quantize for o in offloads[:2]]
+    order += [(o, q) for o in offloads[2:] for q in ((), *quantize)]
     out = []
-    for offload in offloads:
+    for offload, quant in order:
         for tiling in (False, True):
             for chunk in chunks:
                 for ff in ((False, True) if spec.family == "svd" else (False,)):
                     if spec.family == "svd" and tiling:
                         continue  # SVD's temporal decoder has no tiling; its decode chunk does that job
                     out.append(MemorySettings(offload=offload, vae_tiling=tiling, decode_chunk_size=chunk,
-                                              forward_chunking=ff))
+                                              forward_chunking=ff, quantize=quant))
     return out
 
 
@@ -507,13 +536,26 @@ class Choice:
         return f"{head}; predicted peak {_gb(p.peak)} (" + ", ".join(f"{k} {_gb(v)}" for k, v in p.phases.items()) + ")"
 
 
-def _gb(n: int) -> str:
+def size_text(n: int) -> str:
+    """A byte count for people: GB from 0.1 GB up, MiB below.
+
+    Example:
+        >>> size_text(12 * 10**9), size_text(3 * 2**20)
+        ('12.00 GB', '3.0 MiB')
+    """
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 2**20:.1f} MiB"
 
 
+_gb = size_text
+
+
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
-           accelerator: bool = True, decode_chunk: int | None = None, overrides: Any = None) -> Choice:
+           accelerator: bool = True, decode_chunk: int | None = None, overrides: Any = None,
+           quantize: bool = True) -> Choice:
     """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory).
+
+    Quantized storage (``quantize=False`` leaves it out) is considered beside offload and tiling, among the layouts
+    the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
 
     Example:
         >>> from hf_precision.apps.video import model_spec
@@ -524,7 +566,7 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
     """
     model = _load_model(where, spec, layout, overrides)
     tried = []
-    for settings in _candidates(spec, accelerator, decode_chunk):
+    for settings in _candidates(spec, accelerator, decode_chunk, quantize_options(model) if quantize else []):
         p = _predict(model, settings, height=height, width=width, frames=frames)
         tried.append(p)
         if p.peak <= budget:

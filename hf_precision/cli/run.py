@@ -48,6 +48,11 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default=None, help="recipe name (default: chosen from model_index.json)")
     p.add_argument("--force", action="store_true",
                    help="use --recipe even for a pipeline class its pipelines: list does not name")
+    p.add_argument("--base", default=None, metavar="FOLDER",
+                   help="with a .gguf file as MODEL: the diffusers folder (or Hub id) for the rest of the pipeline")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="fit the weights in this much device memory (e.g. 12GB): whole-component offload and the "
+                        "quantized storage the recipes tolerate are considered, and the choice is printed")
     add_recipe_args(p)
 
 
@@ -58,6 +63,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
     path = generate(args.model, args.prompt, args.out, device=args.device, steps=args.steps, height=args.height,
                     width=args.width, guidance=args.guidance, negative_prompt=args.negative_prompt, seed=args.seed,
-                    recipe=args.recipe, overrides=overrides, force=args.force, layout=args.layout)
+                    recipe=args.recipe, overrides=overrides, force=args.force, layout=args.layout,
+                    max_memory=args.max_memory, say=print, base=args.base)
     print(f"wrote {path}")
     return 0

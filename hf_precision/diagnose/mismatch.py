@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 from .. import dtypes as dt
 
+from .quant_errors import FLOAT8_NAMES, dtype_pair_is_fp8, parse_quantized, quantized_fix
+
 if TYPE_CHECKING:
     from torch import nn
 
@@ -508,7 +510,13 @@ def explain_error(exc: BaseException, module_path: str | None = None, *, target:
         return exc
     parsed = _parse_exception(exc)
     if parsed is None:
-        return None
+        if parse_quantized(str(exc)) is None:
+            return None
+        if module_path is None:
+            chain, pipeline, input_dtype = _traceback_modules(exc)
+            names = _Names(pipeline if pipeline is not None else target, None)
+            return _quantized_error(exc, _Where(*names.locate(chain), names.components, input_dtype))
+        return _quantized_error(exc, _Where(module_path, module_path.partition(".")[0], module_path.partition(".")[2]))
     if module_path is None and target is None:
         chain, pipeline, input_dtype = _traceback_modules(exc)
         names = _Names(pipeline, None)
@@ -717,7 +725,11 @@ def _build(exc: BaseException, parsed: dict[str, Any], w: _Where) -> MismatchErr
                 elif kind == "device" and _same_device(param, got) != _same_device(param, expected):
                     got, expected = (expected, param) if _same_device(param, got) else (got, param)
                     ordered, roles = True, ("input", "weights")
-    if kind == "dtype":
+    if kind == "dtype" and dtype_pair_is_fp8(got, expected):
+        # fp8 weights computed with directly: "agree on float8" would be no fix (quant_errors.py)
+        header, fix = quantized_fix("fp8_promotion", w.component, _compute_of(w, got, expected))
+        header, overrides = f"{header} ({w.path or 'a module'}: input is {got}, weights are {expected})", []
+    elif kind == "dtype":
         header, fix, overrides = _dtype_text(parsed, w, got, expected, ordered, roles)
     else:
         header, fix, overrides = _device_text(parsed, w, got, expected, ordered)
@@ -726,6 +738,26 @@ def _build(exc: BaseException, parsed: dict[str, Any], w: _Where) -> MismatchErr
     err = MismatchError(message, kind=kind, module=w.path, component=w.component, got=got, expected=expected,
                         fix=fix, original=exc, family=parsed["family"], sides_known=ordered,
                         dtypes=parsed.get("dtypes"), overrides=flags)
+    err.__cause__ = exc
+    return err
+
+
+def _compute_of(w: _Where, got: str | None, expected: str | None) -> str | None:
+    """The half dtype the rest of the pipeline computes in, beside fp8 weights."""
+    return next((d for d in (got, expected, w.input_dtype) if d and d not in FLOAT8_NAMES), None)
+
+
+def _quantized_error(exc: BaseException | None, w: _Where) -> MismatchError | None:
+    """An fp8/quantized-weight error (quant_errors.py) as a MismatchError with its fix, or None."""
+    if not isinstance(exc, (RuntimeError, NotImplementedError, ValueError)) or isinstance(exc, MismatchError):
+        return None
+    found = parse_quantized(str(exc))
+    if found is None:
+        return None
+    header, fix = quantized_fix(found["family"], w.component, w.input_dtype)
+    err = MismatchError(f"{header}{' (' + w.path + ')' if w.path else ''}\nfix: {fix}\ntorch: {str(exc)!r}",
+                        kind="quantized", module=w.path, component=w.component, fix=fix, original=exc,
+                        family=found["family"])
     err.__cause__ = exc
     return err
 
@@ -1077,7 +1109,7 @@ class _Explain:
         try:
             session.stop()
             parsed = _parse_exception(exc)
-            if parsed is None:
+            if parsed is None and parse_quantized(str(exc)) is None:
                 return False
             assert exc is not None
             try:
@@ -1087,7 +1119,10 @@ class _Explain:
                     pipeline = _traceback_modules(exc)[1]
                     if pipeline is not None:
                         names = _Names(pipeline, None)
-                err = _build(exc, parsed, _Where(*names.locate(chain), names.components, input_dtype))
+                where = _Where(*names.locate(chain), names.components, input_dtype)
+                err = _build(exc, parsed, where) if parsed is not None else _quantized_error(exc, where)
+                if err is None:
+                    return False
             except Exception:  # a bug here must never hide the user's error: let the original propagate
                 return False
         finally:

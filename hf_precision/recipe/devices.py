@@ -415,11 +415,14 @@ def _holds(when: Mapping[str, Any], p: DeviceProfile) -> bool:
 
 
 def _edit(current: list[str], change: list[str]) -> list[str]:
+    from .quantize import canonical_storage
+
     if all(not str(c).startswith(("+", "-")) for c in change):
-        return [canonical(c) or str(c) for c in change]
+        return [canonical_storage(c) or str(c) for c in change]
+
     out = list(current)
     for c in change:
-        name = canonical(str(c)[1:]) or str(c)[1:]
+        name = canonical_storage(str(c)[1:]) or str(c)[1:]
         if str(c).startswith("+") and name not in out:
             out.append(name)
         elif str(c).startswith("-") and name in out:

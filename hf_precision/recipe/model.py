@@ -61,6 +61,10 @@ class ComponentPlan:
     resolved_for: str = ""
     no_cast: tuple[str, ...] = DEFAULT_NO_CAST
     layerwise_skip: tuple[str, ...] = DEFAULT_LAYERWISE_SKIP
+    # Quantized storage layouts the component tolerates (its recipe's quantize.storage) and the module globs kept
+    # out of quantization beside the islands and layerwise skips (quantize.keep); see recipe/quantize.py.
+    quantize: tuple[str, ...] = ()
+    quantize_keep: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -55,8 +55,14 @@ def _base_policy(ref: str, source: str, path: str, config: Mapping[str, Any] | N
 def _normalise(key: str, value: Any) -> Any:
     if key == "dtypes":
         return [dt.canonical(v) for v in value]
-    if key in ("dtype", "storage"):
+    if key == "dtype":
         return dt.canonical(value)
+    if key in ("storage", "quantize"):
+        from . import quantize
+
+        if key == "storage":
+            return quantize.canonical_storage(value)
+        return {**value, "storage": [quantize.canonical_storage(v) for v in value.get("storage", [])]}
     if key == "output" and value not in OUTPUTS:
         return dt.canonical(value)
     if key == "why":
@@ -199,11 +205,12 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
             rule = f"none of the tolerated dtypes {tolerated} is picked unasked on this device (auto: {list(caps.auto)}): float32"
         decisions.append(Decision("compute", compute, rule, src("dtypes")))
     storage = get("storage") or compute
+    quant = get("quantize") or {}
     if get("storage"):
-        if storage not in caps.storage:
-            problems.append(f"{src('storage')}: components.{name}.storage: {storage} cannot be stored on {device}; "
-                            f"allowed there: {', '.join(caps.storage)}; fix: {override_line(name, 'storage', compute)}")
-        decisions.append(Decision("storage", storage, "set by storage (cast to the compute dtype on use)", src("storage")))
+        from .quantize import storage_rule
+
+        rule = storage_rule(name, storage, compute, quant, caps, problems, src("storage"))
+        decisions.append(Decision("storage", storage, rule, src("storage")))
     else:
         decisions.append(Decision("storage", storage, "same as compute", src("dtypes") if not forced else src("dtype")))
     islands = tuple(get("keep_fp32") or ())
@@ -233,7 +240,8 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
                          recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions),
                          no_cast=tuple(DEFAULT_NO_CAST if get("no_cast") is None else get("no_cast")),
-                         layerwise_skip=tuple(get("layerwise_skip") or DEFAULT_LAYERWISE_SKIP))
+                         layerwise_skip=tuple(get("layerwise_skip") or DEFAULT_LAYERWISE_SKIP),
+                         quantize=tuple(quant.get("storage") or ()), quantize_keep=tuple(quant.get("keep") or ()))
 
 
 # ------------------------------------------------------------------------------------- the one door

@@ -24,12 +24,12 @@ SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
 # Keys of a component policy, with the type each must have. `dtype` forces the compute dtype.
 POLICY_KEYS: dict[str, str] = {
-    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "dtype",
+    "use": "str", "class": "list", "dtypes": "dtype-list", "dtype": "dtype", "storage": "storage", "quantize": "quantize",
     "output": "output", "keep_fp32": "str-list", "entry": "str-list", "nan_guard": "bool",
     "upcast_attention": "bool", "why": "str", "select": "select", "no_cast": "str-list", "layerwise_skip": "str-list",
 }
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
-                 "no_cast", "layerwise_skip"}
+                 "no_cast", "layerwise_skip", "quantize"}
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why"}
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
@@ -123,6 +123,11 @@ def check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
                 suggestion = " ('half' is ambiguous: write float16 or bfloat16)"
             problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
         return canon
+    if kind in ("storage", "quantize"):  # a dtype or a quantized layout: hf_precision/recipe/quantize.py
+        from . import quantize
+
+        check = quantize.check_storage_value if kind == "storage" else quantize.check_quantize_value
+        return check(value, path, problems)
     if kind == "dtype-list":
         if not isinstance(value, list) or not value:
             bad("a non-empty list of dtype names, e.g. [float16, bfloat16, float32]")
@@ -221,10 +226,15 @@ def check_devices_file(data: Any, source: str) -> None:
         if not isinstance(value, list):
             problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
             return
+        from .quantize import canonical_storage, storage_names
+
         for item in value:
             name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
-            if dt.canonical(name) is None:
-                problems.add(where, f"unknown dtype {item!r}; use float32, bfloat16, float16, float8_e4m3fn or float8_e5m2")
+            # storage lists may also name quantized layouts (int8, nf4 ...: recipe/quantize.py)
+            if (dt.canonical(name) if not where.endswith(".storage") else canonical_storage(name)) is None:
+                allowed = ", ".join(storage_names()) if where.endswith(".storage") else \
+                    "float32, bfloat16, float16, float8_e4m3fn or float8_e5m2"
+                problems.add(where, f"unknown dtype {item!r}; use {allowed}")
 
     if not isinstance(data, dict) or data.get("kind") != "devices":
         problems.add("", "not a device rules file (expected a mapping with 'kind: devices')")

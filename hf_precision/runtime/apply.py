@@ -20,6 +20,8 @@ from ..recipe.catalog import list_recipes
 from ..recipe.model import ComponentPlan, Recipe
 from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
+from ..recipe.quantize import is_quantized
+from .quantize import is_quantized_tensor
 
 __all__ = ["apply_recipe", "applied", "Applied", "torch_device"]
 
@@ -144,8 +146,8 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
         for mod_name, mod in module.named_modules():
             for kind in ("_parameters", "_buffers"):
                 for leaf, tensor in getattr(mod, kind).items():
-                    if tensor is None or tensor.device.type == "meta":
-                        continue
+                    if tensor is None or tensor.device.type == "meta" or is_quantized_tensor(tensor):
+                        continue  # a backend's quantized weight: casting it would dequantize it
                     target = tensor.dtype
                     if tensor.is_floating_point():
                         target = torch.float32 if in_island(mod_name) else storage
@@ -261,7 +263,8 @@ class _Component:
 
     @property
     def storage(self) -> torch.dtype:
-        return dt.to_torch(self.plan.storage)
+        # Quantized storage belongs to the backend (runtime/quantize.py); what it kept holds the compute dtype.
+        return self.compute if is_quantized(self.plan.storage) else dt.to_torch(self.plan.storage)
 
     def did(self, action: str) -> None:
         self.applied.actions.append(f"{self.plan.name}: {action}")
@@ -297,6 +300,9 @@ def _find_islands(c: _Component) -> None:
 def _place_and_cast(c: _Component) -> None:
     # Everything goes to the compute dtype (islands to fp32), also when weights are stored in another dtype: the
     # layerwise step then stores the hooked layers, and the islands and other layers keep the compute dtype.
+    quantized = is_quantized(c.plan.storage) or any(is_quantized_tensor(p) for p in c.module.parameters())
+    if quantized and c.device is not None and _module_device(c.module) != str(torch.device(c.device)):
+        c.module.to(c.device)  # quantized tensors move as a whole (their data, scales and zero points together)
     changed = _cast_parameters(c.module, c.compute, c.islands, c.device)
     if changed:
         c.did(f"cast/moved {changed} tensors")
@@ -304,6 +310,9 @@ def _place_and_cast(c: _Component) -> None:
 
 
 def _store_layerwise(c: _Component) -> None:
+    if is_quantized(c.plan.storage):
+        c.did(f"weights stored {c.plan.storage}, computed in {c.plan.compute}")
+        return
     if c.plan.storage == c.plan.compute:
         return
     if has_layerwise_casting(c.module):

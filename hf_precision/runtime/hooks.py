@@ -241,6 +241,16 @@ def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[
             remaining = [d for d in fallbacks if d.itemsize >= current.itemsize and d != current]
             if not remaining:
                 return out
+            if _holds_quantized(hook.root):
+                # A backend's quantized weights cannot be re-run in another dtype: say how to store them unquantized.
+                if not state.get("warned"):
+                    state["warned"] = True
+                    warnings.warn(f"hf_precision: {component} produced non-finite values with quantized weights; the "
+                                  f"NaN guard cannot re-run quantized weights in another dtype. Store them unquantized: "
+                                  f"{override_line(component, 'storage', str(current).removeprefix('torch.'))} "
+                                  f"(the guard can then re-run it in {str(remaining[0]).removeprefix('torch.')})",
+                                  RuntimeWarning, stacklevel=2)
+                return out
             target = remaining[0]
             _cast_component(hook.root, target, current)
             on_switch(component, current, target)
@@ -266,6 +276,12 @@ def _finite(out: Any) -> bool:
 
     tree_map_only(torch.Tensor, check, out)
     return ok
+
+
+def _holds_quantized(root: torch.nn.Module) -> bool:
+    from .quantize import is_quantized_tensor
+
+    return any(is_quantized_tensor(p) for p in root.parameters())
 
 
 def _cast_component(root: torch.nn.Module, target: torch.dtype, current: torch.dtype) -> None:

@@ -125,15 +125,25 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
     layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
     on the meta device (no weights needed); tied parameters are listed once.
     """
-    layerwise = _layerwise_layers(module, islands, plan.layerwise_skip) if plan.storage != plan.compute else set()
+    from ..recipe.quantize import is_quantized
+    from .quantize import quantized_layers
+
+    quantized = is_quantized(plan.storage)
+    layerwise = _layerwise_layers(module, islands, plan.layerwise_skip) if plan.storage != plan.compute and not quantized else set()
+    converted = frozenset(quantized_layers(module, plan, islands)) if quantized else frozenset()
     islands = frozenset(islands)  # type: ignore[assignment]
     out: dict[str, str] = {}
     for pname, param in module.named_parameters():
+        owner, _, leaf = pname.rpartition(".")
+        if owner in converted and leaf == "weight":
+            out[pname] = plan.storage  # a quantized layout (int8, nf4 ...): the backend's tensor, not a dtype
+            continue
         if not param.is_floating_point():
             continue
-        owner = pname.rpartition(".")[0]
         if inside(owner, islands):
             out[pname] = "float32"
+        elif quantized:
+            out[pname] = plan.compute
         elif plan.storage == plan.compute or inside(owner, layerwise):
             out[pname] = plan.storage
         else:
@@ -178,8 +188,14 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list
     roots = frozenset(islands)
     found: dict[tuple[str | None, str, str], int] = {}
     for pname, param in module.named_parameters():
+        from .quantize import is_quantized_tensor
+
         want = planned.get(pname)
         have = dt.from_torch(param.dtype) if param.is_floating_point() else None
+        if is_quantized_tensor(param):
+            # A backend's tensor (the plan's layout, or the caller's own quantization_config, reported at load):
+            # what drifts is a planned quantized weight that holds plain values, caught below.
+            have = want
         if want is None or have is None or have == want:
             continue
         owner = pname.rpartition(".")[0]

@@ -112,7 +112,7 @@ def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> Override
 
 
 # load_pipeline's own keywords: a misspelling of one of them is suggested too.
-_OWN_KEYWORDS = ("device", "recipe", "overrides", "layout", "pipeline_class", "force")
+_OWN_KEYWORDS = ("device", "recipe", "overrides", "layout", "pipeline_class", "force", "quantize", "base")
 
 
 def from_pretrained_keywords(*classes: Any) -> set[str] | None:
@@ -219,8 +219,19 @@ def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def _quantize_layer(quantize: Any, components: list[str]) -> dict[str, Any] | None:
+    """``quantize={"transformer": "int8"}`` as an override layer (the same as ``--set transformer.storage=int8``)."""
+    if quantize is None:
+        return None
+    if not isinstance(quantize, Mapping):
+        raise RecipeError(f"load_pipeline: quantize={excerpt(quantize)}: expected component -> storage, e.g. "
+                          f"quantize={{'transformer': 'int8', 'text_encoder_2': 'nf4'}}; components: {', '.join(components)}")
+    return {"components": {c: {"storage": v} for c, v in quantize.items()}, "__source__": "load_pipeline quantize="}
+
+
 def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, recipe: Recipe | str | None = None,
                   overrides: Any = None, layout: Any = None, pipeline_class: Any = None, force: bool = False,
+                  quantize: Mapping[str, str] | None = None, base: str | os.PathLike[str] | None = None,
                   **kwargs: Any) -> Any:
     """Load a diffusers pipeline with every component in its planned dtype, on its device, agreeing at runtime.
 
@@ -240,6 +251,12 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             defaults to the class in ``model_index.json``.
         force (`bool`, defaults to `False`): use ``recipe`` even though its ``pipelines`` list does not name this
             pipeline class (otherwise a ``RecipeError`` names the recipes that do).
+        quantize (*optional*): component -> quantized storage (``{"transformer": "int8", "text_encoder_2": "nf4"}``),
+            the same as ``--set transformer.storage=int8``: loaded through the backend diffusers or transformers
+            ships (docs/quantization.md), with islands, norms, embeddings and the final projection kept out. A
+            ``quantization_config=`` of your own is passed through as is and reported.
+        base (*optional*): with a single ``.gguf`` file as ``name_or_path``, the diffusers folder (or Hub id) that
+            holds the rest of the pipeline; the GGUF file replaces its denoiser.
         **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...); a keyword it does
             not take is a ``RecipeError`` with the close names. ``dtype`` / ``torch_dtype`` are taken as an
             override (lowest priority); ``use_safetensors=False`` opts in to pickle files (``*.bin``; safetensors
@@ -272,6 +289,11 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
             raise RecipeError(f"load_pipeline: {flag} is refused: hf_precision never runs code downloaded with a model")
+    gguf_file = None
+    if str(name_or_path).lower().endswith(".gguf") or base is not None:
+        from .gguf import split_gguf
+
+        gguf_file, name_or_path = split_gguf(name_or_path, base)
     pipeline_class = _as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
     index_class = _index_class(where, index) if pipeline_class is None else None
@@ -292,6 +314,9 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     layers = [x for x in [_user_dtype_layer(kwargs, recipe_components(recipe))] if x]
     if overrides is not None:
         layers += list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]
+    asked = _quantize_layer(quantize, recipe_components(recipe))
+    if asked:
+        layers.append(asked)
     if device is None:
         device = device_profile(None).torch_device()
     for spec in (device.values() if isinstance(device, Mapping) else [device]):
@@ -310,6 +335,15 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     if "variant" not in kwargs and denoiser is not None and denoiser.storage in half and _has_fp16_variant(folder):
         kwargs["variant"] = "fp16"
     kwargs.setdefault("use_safetensors", True)
+    from .quantize_load import quantization_kwargs, report_quantization
+
+    quant_notes = quantization_kwargs(resolved, where, index, folder, kwargs)
+    if gguf_file is not None:
+        from .gguf import load_gguf_denoiser
+
+        name, model = load_gguf_denoiser(gguf_file, where, index, resolved, kwargs)
+        kwargs[name] = model
+        quant_notes["gguf"] = (name, str(gguf_file))
     mark = time.perf_counter()
     streamed = _stream_components(folder, index, plans, dtype_map, placement, kwargs)
     timings["stream"] = time.perf_counter() - mark
@@ -342,12 +376,15 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     # everything else went through a half dtype and gets its islands re-read from the full-precision files.
     timings["from_pretrained"] = time.perf_counter() - mark
     exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
+    if gguf_file is not None:  # its islands come from the GGUF file (upcast by apply_recipe), not from the base folder
+        exact.add(quant_notes["gguf"][0])
     mark = time.perf_counter()
     _reload_islands_fp32(pipe, resolved, folder, skip=exact)
     timings["reload_islands"] = time.perf_counter() - mark
     mark = time.perf_counter()
     record = apply_recipe(pipe, resolved, force=force)
     timings["apply"] = time.perf_counter() - mark
+    record.actions += report_quantization(pipe, resolved, quant_notes)
     record.timings.update(timings)
     return pipe
 

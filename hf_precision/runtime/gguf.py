@@ -1,0 +1,101 @@
+"""A GGUF single file as the denoiser of a diffusers pipeline: ``load_pipeline("x.gguf", base="<diffusers folder>")``.
+
+GGUF files (ComfyUI-GGUF, city96's Flux/Wan quantizations) hold one model, usually the transformer. The rest of the
+pipeline (text encoders, VAE, scheduler, configs) comes from ``base``, a diffusers folder or Hub id. The file is read
+by diffusers itself: ``<ModelClass>.from_single_file(file, config=base, subfolder=<denoiser>,
+quantization_config=GGUFQuantizationConfig(compute_dtype=<the recipe's compute dtype>))``, which keeps the GGUF
+blocks quantized and dequantizes them per layer on use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .. import dtypes as dt
+from ..errors import RecipeError, excerpt
+from ..recipe.resolution import Recipe
+
+__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_planned_bytes"]
+
+
+def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None) -> tuple[Path, str]:
+    """(the GGUF file, the diffusers folder or Hub id for the rest), or a ``RecipeError`` saying what to pass.
+
+    Example:
+        >>> split_gguf("flux1-dev-Q4_K_S.gguf", None)
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: load_pipeline('flux1-dev-Q4_K_S.gguf'): a GGUF file holds one model, not a \
+pipeline; pass the diffusers folder (or Hub id) for the rest: load_pipeline('flux1-dev-Q4_K_S.gguf', \
+base='black-forest-labs/FLUX.1-dev') (CLI: --base)
+    """
+    path = Path(name_or_path).expanduser()
+    if base is None:
+        raise RecipeError(f"load_pipeline({excerpt(str(name_or_path))}): a GGUF file holds one model, not a pipeline; "
+                          f"pass the diffusers folder (or Hub id) for the rest: load_pipeline({excerpt(str(name_or_path))}, "
+                          f"base='black-forest-labs/FLUX.1-dev') (CLI: --base)")
+    if path.suffix.lower() != ".gguf":
+        raise RecipeError(f"load_pipeline: base= is for a GGUF file, but {excerpt(str(name_or_path))} is not a .gguf file")
+    if not path.is_file():
+        raise RecipeError(f"load_pipeline: {path}: no such GGUF file")
+    return path, str(base)
+
+
+def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe: Recipe,
+                       kwargs: Mapping[str, Any]) -> tuple[str, Any]:
+    """Load the recipe's denoiser from a GGUF file through diffusers' ``from_single_file``; (component, model)."""
+    import importlib
+
+    import diffusers
+
+    name = recipe.denoiser
+    spec = index.get(name) if name else None
+    if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+        raise RecipeError(f"{path}: the base {where} has no denoiser component for the GGUF file (recipe {recipe.name})")
+    cls = getattr(diffusers, str(spec[1]), None) or getattr(importlib.import_module(f"diffusers.pipelines.{spec[0]}"),
+                                                             str(spec[1]), None)
+    if cls is None or not hasattr(cls, "from_single_file"):
+        raise RecipeError(f"{path}: {spec[1]} (the {name} of {where}) cannot be read from a single file by this "
+                          f"diffusers {diffusers.__version__} (no from_single_file); use a diffusers folder instead")
+    try:
+        import gguf  # noqa: F401  (diffusers reads the file with it)
+    except ImportError:
+        raise RecipeError("reading a GGUF file needs the gguf package: pip install gguf (or 'hf-precision[quant]')") from None
+    plan = recipe[name]
+    compute = dt.to_torch(plan.compute)
+    extra = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
+    try:
+        model = cls.from_single_file(str(path), config=where, subfolder=name, torch_dtype=compute,
+                                     quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=compute), **extra)
+    except (ValueError, KeyError, RuntimeError, OSError) as err:
+        raise RecipeError(f"{path}: diffusers could not load it as the {name} ({spec[1]}) of {where}: {err}; check that "
+                          f"the file is a {spec[1]} (same architecture and size as the base folder)") from None
+    return name, model
+
+
+def gguf_planned_bytes(path: str | os.PathLike[str], compute: str) -> dict[str, int]:
+    """Bytes per storage the model read from a GGUF file takes once loaded: quantized blocks as stored in the file
+    (diffusers keeps them packed), F32/F16 tensors in the compute dtype (``from_single_file`` casts them).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from hf_precision.testing.gguf_file import write_gguf
+        >>> path = Path(tempfile.mkdtemp()) / "m.gguf"
+        >>> _ = write_gguf(torch.nn.Linear(64, 8), path)
+        >>> gguf_planned_bytes(path, "bfloat16")   # 8 rows x 2 blocks of 34 bytes; 8 bias values in bf16
+        {'Q8_0': 544, 'bfloat16': 16}
+    """
+    import gguf
+
+    out: dict[str, int] = {}
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        kind = tensor.tensor_type
+        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            key, size = compute, int(tensor.n_elements) * dt.itemsize(compute)
+        else:
+            key, size = kind.name, int(tensor.n_bytes)
+        out[key] = out.get(key, 0) + size
+    return out

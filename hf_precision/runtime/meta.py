@@ -1,0 +1,84 @@
+"""Models built from their ``config.json`` on torch's meta device: real module names and shapes, no weights.
+
+The planner counts bytes on them; the loader reads from them which layers a quantization backend will convert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RecipeError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["build_on_meta", "quiet"]
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence the config warnings diffusers and transformers log while building from a config."""
+    import warnings
+
+    from diffusers.utils import logging as dlog
+    from transformers.utils import logging as tlog
+
+    levels = dlog.get_verbosity(), tlog.get_verbosity()
+    dlog.set_verbosity_error()
+    tlog.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        dlog.set_verbosity(levels[0])
+        tlog.set_verbosity(levels[1])
+
+
+def build_on_meta(library: str, class_name: str, config: Mapping[str, Any]) -> nn.Module:
+    """Build a model from its config on the meta device: real shapes and module names, no memory for weights.
+
+    Diffusers classes use ``from_config`` (``Transformer2DModel`` configs dispatch to ``PixArtTransformer2DModel``
+    or ``DiTTransformer2DModel``). Transformers classes are built from their config class; the model class is the
+    one ``model_index.json`` names, else ``config.architectures[0]`` (``AutoModel`` would build T5's decoder too).
+    Everything is built under ``torch.device("meta")``, where T5's tied input embedding counts once (under
+    ``accelerate.init_empty_weights()`` it would count 131,596,288 parameters too many).
+
+    Example:
+        >>> m = build_on_meta("diffusers", "AutoencoderKL", {"block_out_channels": [8], "norm_num_groups": 4})
+        >>> next(m.parameters()).device.type
+        'meta'
+    """
+    import importlib
+
+    import torch
+
+    with quiet():
+        if library == "transformers":
+            import transformers
+
+            model_type = config.get("model_type")
+            if model_type not in transformers.CONFIG_MAPPING:
+                raise RecipeError(f"{class_name}: config.json has model_type {model_type!r}, which this transformers "
+                                  f"{transformers.__version__} does not know; upgrade transformers")
+            conf = transformers.CONFIG_MAPPING[model_type].from_dict(dict(config))
+            cls = getattr(transformers, class_name, None)
+            if cls is None and getattr(conf, "architectures", None):
+                cls = getattr(transformers, conf.architectures[0], None)
+            if cls is None:
+                raise RecipeError(f"{class_name}: not a transformers class (transformers {transformers.__version__})")
+            with torch.device("meta"):
+                return cls(conf)
+        import diffusers
+
+        cls = getattr(diffusers, class_name, None)
+        if cls is None and library not in ("diffusers", None):
+            with contextlib.suppress(ImportError):
+                cls = getattr(importlib.import_module(f"diffusers.pipelines.{library}"), class_name, None)
+        if cls is None or not hasattr(cls, "from_config"):
+            raise RecipeError(f"{class_name}: not a diffusers model class (diffusers {diffusers.__version__}); "
+                              f"upgrade diffusers or check model_index.json")
+        with torch.device("meta"):
+            return cls.from_config(dict(config))

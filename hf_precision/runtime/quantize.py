@@ -1,0 +1,248 @@
+"""Quantized storage at runtime: which layers a backend converts, the backend config that does it, measured bytes.
+
+The loader hands diffusers a ``PipelineQuantizationConfig`` whose per-component configs (``TorchAoConfig``,
+``QuantoConfig``, ``BitsAndBytesConfig``, from diffusers for diffusers models and from transformers for
+transformers models) keep out of quantization every ``nn.Linear`` hf_precision keeps: the float32 islands, the
+layerwise skips (norms, pos/patch embeddings), the recipe's ``quantize.keep`` globs (embeddings, final projection)
+and the model's own ``_keep_in_fp32_modules`` and ``_skip_layerwise_casting_patterns``. Each backend matches the
+names it is given by its own rule (exact names through torchao's ``FqnToConfig``, child names in diffusers' quanto,
+substrings in diffusers' bitsandbytes, ``should_convert_module`` in transformers); :func:`quantized_layers` applies
+that same rule, so the plan counts exactly the layers the backend converts.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+
+from .. import dtypes as dt
+from ..errors import RecipeError
+from ..recipe.patterns import inside
+from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized
+from ..recipe.resolution import ComponentPlan, Recipe
+
+__all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers", "planned_bytes",
+           "backend_config", "pipeline_quantization_config", "require_backend", "library_of"]
+
+
+def is_quantized_tensor(t: Any) -> bool:
+    """Whether a parameter holds a backend's quantized weight (torchao, quanto, bitsandbytes, GGUF), not plain values.
+
+    Example:
+        >>> is_quantized_tensor(torch.nn.Parameter(torch.ones(2)))
+        False
+    """
+    if type(t) in (torch.Tensor, torch.nn.Parameter):
+        return False
+    return (hasattr(t, "__tensor_flatten__") or hasattr(t, "quant_state") or hasattr(t, "quant_type")
+            or type(t).__name__ in ("Int8Params", "Params4bit"))
+
+
+def tensor_bytes(t: torch.Tensor) -> int:
+    """Bytes a tensor really holds: the inner tensors of a quantized tensor (data, scales, zero points), else its own.
+
+    Example:
+        >>> tensor_bytes(torch.ones(3, 2, dtype=torch.float16))
+        12
+    """
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        return sum(tensor_bytes(getattr(t, n)) for n in names if isinstance(getattr(t, n, None), torch.Tensor))
+    size = t.numel() * t.element_size()
+    state = getattr(t, "quant_state", None)  # bitsandbytes 4-bit: absmax per block
+    if state is not None and getattr(state, "absmax", None) is not None:
+        size += state.absmax.numel() * state.absmax.element_size()
+    scb = getattr(t, "SCB", None)  # bitsandbytes LLM.int8: per-row scale
+    if isinstance(scb, torch.Tensor):
+        size += scb.numel() * scb.element_size()
+    return size
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    """Measured bytes of a module's weights: its parameters (each once, quantized ones by their storage) and the
+    buffers a backend adds to the layers it quantized (quanto's scales). The model's own buffers (RoPE tables) are
+    not weights, and :func:`hf_precision.plan` does not count them either.
+
+    Example:
+        >>> module_bytes(torch.nn.Linear(4, 2))
+        40
+    """
+    seen: set[int] = set()
+    tensors = list(module.parameters())
+    for m in module.modules():
+        if is_quantized_tensor(m._parameters.get("weight")):
+            tensors += list(m.buffers(recurse=False))
+    total = 0
+    for t in tensors:
+        if id(t) not in seen:
+            seen.add(id(t))
+            total += tensor_bytes(t)
+    return total
+
+
+def library_of(module: torch.nn.Module) -> str:
+    """``"transformers"`` for a transformers model, else ``"diffusers"`` (whose quantizer configs it takes)."""
+    return "transformers" if type(module).__module__.startswith("transformers") else "diffusers"
+
+
+def _linears(module: torch.nn.Module) -> list[str]:
+    return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and n]
+
+
+def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[str]) -> list[str]:
+    """The ``nn.Linear`` layers hf_precision keeps out of quantization, and so hands to the backend by name.
+
+    Islands and :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` plus the recipe's ``quantize.keep`` (embedders,
+    the final norm's modulation and projection) as globs under the project's one rule (a module is kept when it or
+    a parent matches), and the model's ``_keep_in_fp32_modules`` (substrings, as diffusers reads them). Norm layers
+    are never ``nn.Linear``; the blocks' adaLN modulation linears are quantized (see ``DEFAULT_KEEP``).
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> m = torch.nn.ModuleDict({"proj_out": torch.nn.Linear(2, 2), "blocks": torch.nn.Linear(2, 2)})
+        >>> kept_layers(m, get_recipe("unet.sdxl", device="t4")["unet"], [])
+        ['proj_out']
+    """
+    islands = list(islands)
+    globs = [*DEFAULT_KEEP, *plan.quantize_keep]
+    fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
+    out = []
+    for name in _linears(module):
+        parts = name.split(".")
+        prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        if (inside(name, islands) or any(fnmatch.fnmatchcase(p, g) for p in prefixes for g in globs)
+                or any(k in name for k in fp32)):
+            out.append(name)
+    return out
+
+
+def _passed(library: str, backend: str, kept: list[str]) -> list[str]:
+    """The names handed to the backend for the kept layers, in the form its own matching rule reads."""
+    if library == "diffusers" and backend == "quanto":
+        return sorted({k.rpartition(".")[2] for k in kept})  # diffusers' quanto compares child names only
+    return sorted(kept)
+
+
+def _excluded(library: str, backend: str, name: str, passed: list[str], fp32: list[str]) -> bool:
+    """The backend's own rule: is this Linear left unquantized, given the names it was passed?"""
+    if library == "transformers":
+        from transformers.quantizers.quantizers_utils import should_convert_module
+
+        return not should_convert_module(name, [*passed, *fp32] or None)
+    if backend == "torchao":  # FqnToConfig: exact names; diffusers adds _keep_in_fp32_modules as substrings
+        return name in passed or any((k + ".") in (name + ".") for k in fp32)
+    leaf = name.rpartition(".")[2]
+    if backend == "quanto":
+        return leaf in passed or leaf in fp32
+    # diffusers bitsandbytes (quantizers/bitsandbytes/utils.py _replace_with_bnb_linear)
+    keys = [*passed, *fp32]
+    return leaf in keys or any((k + ".") in name or k == name for k in keys)
+
+
+def quantized_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[str]) -> list[str]:
+    """The ``nn.Linear`` layers the component's backend will quantize (its own matching rule applied).
+
+    Works on a meta-device model, so the planner counts them before any weight is read.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
+        >>> m = torch.nn.ModuleDict({"proj_out": torch.nn.Linear(2, 2), "blocks": torch.nn.Linear(2, 2)})
+        >>> quantized_layers(m, plan, [])
+        ['blocks']
+    """
+    if not is_quantized(plan.storage):
+        return []
+    library, backend = library_of(module), CHOICES[plan.storage].backend
+    passed = _passed(library, backend, kept_layers(module, plan, islands))
+    fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
+    return [n for n in _linears(module) if not _excluded(library, backend, n, passed, fp32)]
+
+
+def require_backend(storage: str, component: str) -> None:
+    """Import the package a storage choice needs; a ``RecipeError`` naming the pip package when it is missing."""
+    import importlib
+
+    backend = CHOICES[storage].backend
+    module = {"torchao": "torchao", "quanto": "optimum.quanto", "bitsandbytes": "bitsandbytes"}[backend]
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise RecipeError(f"{component}.storage={storage} needs {backend}, which is not installed here ({err}); "
+                          f"fix: pip install {BACKEND_PACKAGES[backend]} (or pip install 'hf-precision[quant]'), or "
+                          f"choose another storage") from None
+
+
+def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterable[str]) -> Any:
+    """The diffusers or transformers quantization config for one component (``module`` may be on meta).
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "quanto-int8"}})["unet"]
+        >>> m = torch.nn.ModuleDict({"proj_out": torch.nn.Linear(2, 2), "blocks": torch.nn.Linear(2, 2)})
+        >>> cfg = backend_config(plan, m, [])
+        >>> type(cfg).__name__, cfg.weights_dtype, cfg.modules_to_not_convert
+        ('QuantoConfig', 'int8', ['proj_out'])
+    """
+    require_backend(plan.storage, plan.name)
+    choice = CHOICES[plan.storage]
+    library = library_of(module)
+    passed = _passed(library, choice.backend, kept_layers(module, plan, islands))
+    if library == "transformers":
+        import transformers as lib
+    else:
+        import diffusers as lib
+    if choice.backend == "quanto":
+        return lib.QuantoConfig(weights_dtype=choice.scheme, modules_to_not_convert=passed)
+    if choice.backend == "bitsandbytes":
+        compute = dt.to_torch(plan.compute)
+        if choice.scheme == "int8":
+            return lib.BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=passed)
+        return lib.BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=choice.scheme,
+                                      bnb_4bit_compute_dtype=compute, llm_int8_skip_modules=passed)
+    import torchao.quantization as ao
+
+    if choice.scheme == "Float8DynamicActivationFloat8WeightConfig":
+        config = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    else:
+        config = getattr(ao, choice.scheme)()
+    if library == "transformers":
+        return lib.TorchAoConfig(config, modules_to_not_convert=passed)
+    return lib.TorchAoConfig(ao.FqnToConfig({"_default": config, **{n: None for n in passed}}))
+
+
+def pipeline_quantization_config(recipe: Recipe, modules: Mapping[str, tuple[torch.nn.Module, list[str]]]) -> Any:
+    """``PipelineQuantizationConfig`` for the components whose storage is a quantized layout, or ``None``.
+
+    ``modules`` maps each such component to its model (meta device is enough) and its islands.
+    """
+    mapping = {p.name: backend_config(p, *modules[p.name]) for p in recipe.plans
+               if is_quantized(p.storage) and p.name in modules}
+    if not mapping:
+        return None
+    from diffusers import PipelineQuantizationConfig
+
+    return PipelineQuantizationConfig(quant_mapping=mapping)
+
+
+def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
+    """The bytes a component's parameters take under ``plan`` (what ``plan()`` counts), from a meta-device model.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
+        >>> planned_bytes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan)  # 4736 + fp16 bias
+        4992
+    """
+    from ..recipe.quantize import stored_bytes
+    from .layout import component_islands, planned_dtypes
+
+    planned = planned_dtypes(module, plan, component_islands(plan, module, strict=False))
+    total = 0
+    for name, param in module.named_parameters():
+        want = planned.get(name)
+        total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())
+    return total

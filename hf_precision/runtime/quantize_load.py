@@ -1,0 +1,97 @@
+"""The loader's side of quantized storage: the ``quantization_config`` it hands ``from_pretrained``, and the report.
+
+Kept apart from ``load.py`` so the loader only asks two questions: which config to pass, and what to report.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import RecipeError
+from ..recipe.quantize import CHOICES, is_quantized
+from ..recipe.resolution import Recipe
+from .quantize import is_quantized_tensor, pipeline_quantization_config, quantized_layers
+
+__all__ = ["quantization_kwargs", "report_quantization", "quantized_in"]
+
+
+def quantized_in(module: torch.nn.Module) -> set[str]:
+    """Names of the modules whose ``weight`` holds a backend's quantized tensor.
+
+    Example:
+        >>> quantized_in(torch.nn.Linear(2, 2))
+        set()
+    """
+    return {n for n, m in module.named_modules() if is_quantized_tensor(m._parameters.get("weight"))}
+
+
+def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], folder: Path | None,
+                        kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Put the ``quantization_config`` for the recipe's quantized components into ``kwargs``; notes for the report.
+
+    The layers each backend converts are read from the components built on the meta device, with the same rule
+    the planner counts by; a ``quantization_config`` the caller passed is kept as is (and reported), but not
+    together with a quantized storage in the recipe: that would be two answers to one question.
+    """
+    from .layout import component_islands
+    from .meta import build_on_meta
+    from .source import component_configs
+
+    wanted = [p for p in recipe.plans if is_quantized(p.storage)]
+    user = kwargs.get("quantization_config")
+    if user is not None:
+        if wanted:
+            raise RecipeError(f"load_pipeline: quantization_config= and a quantized storage "
+                              f"({', '.join(f'{p.name}={p.storage}' for p in wanted)}) both ask how to quantize; "
+                              f"pass one: quantize={{...}} / --set COMPONENT.storage=..., or your own quantization_config")
+        return {"user": user}
+    if not wanted:
+        return {}
+    configs = component_configs(where, index, folder)
+    modules: dict[str, tuple[torch.nn.Module, list[str]]] = {}
+    planned: dict[str, set[str]] = {}
+    for plan in wanted:
+        spec = index.get(plan.name)
+        if not isinstance(spec, (list, tuple)) or plan.name not in configs:
+            raise RecipeError(f"{where}: {plan.name}.storage={plan.storage}: the folder has no {plan.name}/config.json")
+        module = build_on_meta(str(spec[0]), str(spec[1]), configs[plan.name])
+        islands = component_islands(plan, module, strict=False)
+        modules[plan.name] = (module, islands)
+        planned[plan.name] = set(quantized_layers(module, plan, islands))
+    kwargs["quantization_config"] = pipeline_quantization_config(recipe, modules)
+    return {"planned": planned}
+
+
+def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> list[str]:
+    """Lines for ``Applied.actions``: what each backend quantized, checked against the plan; the caller's config."""
+    lines = []
+    user = notes.get("user")
+    if user is not None:
+        held = {p.name: len(quantized_in(getattr(pipe, p.name))) for p in recipe.plans
+                if isinstance(getattr(pipe, p.name, None), torch.nn.Module)}
+        comps = ", ".join(f"{n} ({k} layers)" for n, k in held.items() if k) or "no component"
+        lines.append(f"quantization_config from the caller ({type(user).__name__}) passed through: quantized {comps}; "
+                     f"hf_precision kept its islands and boundary casts, plan() does not count this layout")
+    for name, predicted in (notes.get("planned") or {}).items():
+        plan = recipe[name]
+        actual = quantized_in(getattr(pipe, name))
+        choice = CHOICES[plan.storage]
+        if actual == predicted:
+            lines.append(f"{name}: {plan.storage} via {choice.backend} ({choice.scheme}): {len(actual)} Linear layers "
+                         f"quantized, as planned")
+        else:
+            msg = (f"{name}: {choice.backend} quantized {len(actual)} layers where the plan counted {len(predicted)} "
+                   f"(extra: {sorted(actual - predicted)[:5]}, missing: {sorted(predicted - actual)[:5]}): "
+                   f"plan() bytes for {name} are off; please report it with your diffusers/transformers versions")
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
+            lines.append(msg)
+    if notes.get("gguf"):
+        name, path = notes["gguf"]
+        lines.append(f"{name}: loaded from the GGUF file {path} (diffusers GGUFQuantizationConfig, dequantized per "
+                     f"layer to {recipe[name].compute})")
+    return lines

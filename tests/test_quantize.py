@@ -1,0 +1,309 @@
+"""Quantized and fp8 storage as recipe choices (torchao and optimum-quanto on CPU; bitsandbytes and fp8 matmuls on GPU).
+
+Each case loads a tiny Flux (a diffusers transformer and a transformers T5 with fp32 `wo` islands) through
+``load_pipeline(..., quantize=...)`` and checks: the backend quantized exactly the layers the plan counted (plan
+bytes == measured bytes), islands stay unquantized and float32, and the output is finite.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import hf_precision as hp
+from hf_precision.errors import RecipeError
+from hf_precision.recipe.overrides import parse_set
+from hf_precision.runtime.quantize import module_bytes
+from hf_precision.runtime.quantize_load import quantized_in
+
+pytest.importorskip("torchao")
+pytest.importorskip("optimum.quanto")
+
+CALL = dict(prompt="a cat", num_inference_steps=2, height=32, width=32, output_type="np", max_sequence_length=16,
+            guidance_scale=3.5)
+
+
+@pytest.fixture(scope="module")
+def flux_folder(tmp_path_factory):
+    from hf_precision.testing import save_pipeline
+    from hf_precision.testing.families_dit import make_flux
+
+    return save_pipeline(make_flux(), tmp_path_factory.mktemp("flux"))
+
+
+def _run(pipe):
+    out = pipe(**CALL, generator=torch.Generator().manual_seed(0)).images
+    return torch.as_tensor(out)
+
+
+# (component, storage, layout): fp32, bf16 and fp16 compute; the T5 case keeps its `wo` islands in fp32 (t4 layout).
+CASES = [
+    ("transformer", "int8", "cpu-amx"),
+    ("transformer", "quanto-int8", "t4"),
+    ("text_encoder_2", "int8", "t4"),
+    ("text_encoder_2", "quanto-int8", None),
+]
+
+
+@pytest.mark.parametrize("component,storage,layout", CASES)
+def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component, storage, layout):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: storage})
+    module = getattr(pipe, component)
+    record = hp.applied(pipe)
+    plan = record.recipe[component]
+    assert plan.storage == storage
+    quantized = quantized_in(module)
+    assert quantized, "the backend quantized nothing"
+    assert f"{component}: {storage} via" in "\n".join(record.actions) and "as planned" in "\n".join(record.actions)
+    # plan() counts the backend's bytes exactly (data + scales + zero points + quanto's scalar buffers)
+    planned = hp.plan(flux_folder, device=layout or "cpu", overrides={component: {"storage": storage}})[component]
+    assert planned.total_bytes == module_bytes(module)
+    assert planned.bytes_by_dtype[storage] > 0
+    # islands, norms, embeddings and the final projection stay plain tensors; islands in float32
+    for island in record.islands[component]:
+        assert not any(n == island or n.startswith(island + ".") for n in quantized)
+        assert all(p.dtype == torch.float32 for p in module.get_submodule(island).parameters())
+    kept = {"proj_out", "x_embedder", "context_embedder", "norm_out.linear"} if component == "transformer" else set()
+    assert not kept & quantized
+    report = hp.check(pipe, call=lambda p: p(**CALL))  # no mismatch, no drift from the plan, islands intact
+    assert report.ok, str(report)
+    assert torch.isfinite(_run(pipe)).all()
+
+
+def test_quantize_keyword_and_set_flag_are_one_request():
+    by_flag = hp.get_recipe("flux", device="cpu", overrides=[{**parse_set(["transformer.storage=int8"]), "__source__": "--set"}])
+    by_dict = hp.get_recipe("flux", device="cpu", overrides={"transformer": {"storage": "int8wo"}})
+    assert by_flag["transformer"].storage == by_dict["transformer"].storage == "int8"
+    assert "torchao Int8WeightOnlyConfig" in next(d.rule for d in by_flag["transformer"].decisions if d.field == "storage")
+
+
+def test_fp8_storage_through_quantize_runs(flux_folder):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "float8_e4m3fn"})
+    dtypes = {p.dtype for p in pipe.transformer.parameters()}
+    assert torch.float8_e4m3fn in dtypes and torch.bfloat16 in dtypes  # norms/embedders stay bf16
+    assert torch.isfinite(_run(pipe)).all()
+
+
+def test_users_own_quantization_config_passes_through_and_is_reported(flux_folder):
+    from diffusers import PipelineQuantizationConfig, QuantoConfig
+
+    config = PipelineQuantizationConfig(quant_mapping={"transformer": QuantoConfig("int8")})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", quantization_config=config)
+    assert quantized_in(pipe.transformer)
+    assert any("quantization_config from the caller (PipelineQuantizationConfig)" in a for a in hp.applied(pipe).actions)
+    assert torch.isfinite(_run(pipe)).all()
+    with pytest.raises(RecipeError, match="both ask how to quantize"):
+        hp.load_pipeline(flux_folder, "cpu", quantization_config=config, quantize={"transformer": "int8"})
+
+
+@pytest.mark.parametrize("device,storage,words", [
+    ("cpu-avx2", "nf4", "bitsandbytes quantizes and runs on CUDA only"),
+    ("m1-macos13", "float8_e4m3fn", "MPS has no float8 dtypes"),
+    ("t4", "fp8-compute", "CUDA compute capability 8.9"),
+])
+def test_a_choice_the_device_cannot_do_is_refused_before_loading(flux_folder, monkeypatch, device, storage, words):
+    from diffusers import DiffusionPipeline
+
+    def never(*a, **k):
+        raise AssertionError("from_pretrained was reached")
+
+    monkeypatch.setattr(DiffusionPipeline, "from_pretrained", never)
+    with pytest.raises(RecipeError) as info:
+        hp.load_pipeline(flux_folder, "cpu", layout=device, quantize={"transformer": storage})
+    msg = str(info.value)
+    assert words in msg and "fix: --set transformer.storage=" in msg
+    fix = msg.split("fix: --set transformer.storage=")[1].split()[0]
+    hp.get_recipe("flux", device=device, overrides={"transformer": {"storage": fix}})  # the fix resolves
+
+
+def test_bad_storage_names_and_quantize_keys_get_close_names(flux_folder):
+    with pytest.raises(RecipeError, match="unknown storage 'int9'.*did you mean 'int8'"):
+        hp.get_recipe("flux", device="cpu", overrides={"transformer": {"storage": "int9"}})
+    with pytest.raises(RecipeError, match=r"quantize\.storag: unknown key.*did you mean 'storage'"):
+        hp.get_recipe("flux", device="cpu", overrides={"transformer": {"quantize": {"storag": ["int8"]}}})
+    with pytest.raises(RecipeError, match="quantize='int8': expected component -> storage"):
+        hp.load_pipeline(flux_folder, "cpu", quantize="int8")
+    with pytest.raises(RecipeError, match="unknown component 'transfomer'.*did you mean 'transformer'"):
+        hp.load_pipeline(flux_folder, "cpu", quantize={"transfomer": "int8"})
+
+
+def test_recipes_say_what_may_be_quantized():
+    flux = hp.get_recipe("flux", device="rtx4090")
+    assert {"float8_e4m3fn", "int8", "nf4", "fp8-compute"} <= set(flux["transformer"].quantize)
+    assert "float8_e4m3fn" not in hp.get_recipe("flux", device="cpu")["vae"].quantize  # the VAE tolerates none
+    wan = hp.get_recipe("wan", device="t4")["transformer"]
+    assert wan.quantize and wan.keep_fp32  # quantized around its fp32 islands
+
+
+def test_fp8_weights_used_directly_fail_plainly_and_are_explained(flux_folder):
+    from diffusers import FluxPipeline
+
+    pipe = FluxPipeline.from_pretrained(flux_folder, torch_dtype=torch.bfloat16)
+    pipe.transformer.to(torch.float8_e4m3fn)  # "fp8 base" done by hand
+    with pytest.raises(RuntimeError) as plain:
+        _run(pipe)
+    assert "Float8_e4m3fn" in str(plain.value)
+    with pytest.raises(hp.diagnose.mismatch.MismatchError) as info:
+        with hp.explain(pipe):
+            _run(pipe)
+    assert "--set transformer.storage=float8_e4m3fn" in info.value.fix and "agree on" not in info.value.fix
+
+
+@pytest.mark.parametrize("op,message", [
+    (lambda: torch.ones(2).to(torch.float8_e4m3fn) + torch.ones(2, dtype=torch.bfloat16),
+     "Promotion for Float8 Types is not supported"),
+    (lambda: torch.nn.functional.layer_norm(torch.ones(2, 4).to(torch.float8_e4m3fn), (4,)), "not implemented for"),
+])
+def test_fp8_kernel_errors_are_explained(op, message):
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return op()
+
+    with pytest.raises(RuntimeError if "Promotion" in message else NotImplementedError) as plain:
+        Block()(None)
+    assert message in str(plain.value)
+    err = hp.explain(plain.value)
+    assert err is not None and "storage=float8_e4m3fn" in err.fix
+
+
+@pytest.mark.parametrize("message,fix", [
+    ('"cat_cuda" not implemented for \'Float8_e4m3fn\'', "storage=float8_e4m3fn"),       # bmaltais/kohya_ss#2733
+    ("Expected is_sm80 || is_sm90 to be true, but got false.", "storage=int8"),           # bmaltais/kohya_ss#2717
+    ("Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype.",
+     "storage=quanto-int8"),                                                             # Nerogar/OneTrainer#1689
+])
+def test_gpu_and_mps_fp8_messages_get_a_fix_that_resolves(message, fix):
+    err = hp.diagnose.mismatch.explain_error(RuntimeError(message), "transformer.blocks.0")
+    assert err is not None and fix in err.fix
+    device = {"storage=quanto-int8": "m2-macos15", "storage=int8": "rtx2080"}.get(fix, "t4")
+    value = fix.split("=")[1]
+    assert hp.get_recipe("flux", device=device, overrides={"transformer": {"storage": value}})["transformer"].storage == value
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("storage", ["nf4", "bnb-int8", "fp8-compute"])
+def test_cuda_backends_plan_exactly_and_run(flux_folder, storage):
+    pytest.importorskip("bitsandbytes") if storage != "fp8-compute" else None
+    if storage == "fp8-compute" and torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 matmuls need sm 8.9")
+    pipe = hp.load_pipeline(flux_folder, "cuda", quantize={"transformer": storage})
+    planned = hp.plan(flux_folder, device="cuda", overrides={"transformer": {"storage": storage}})["transformer"]
+    assert quantized_in(pipe.transformer)
+    assert planned.total_bytes == module_bytes(pipe.transformer)
+    assert torch.isfinite(_run(pipe)).all()
+
+
+def test_video_memory_plan_chooses_quantized_storage_that_fits_and_loads_it(tmp_path):
+    """On a CPU (no offload) a budget below the all-bf16 peak is met by the fp8 storage the Wan recipe tolerates;
+    the chosen layout loads as planned: the transformer's measured bytes are the bytes the plan counted."""
+    from hf_precision.apps.video import load_video_pipeline, model_spec
+    from hf_precision.apps.video_plan import choose
+    from hf_precision.testing import save_pipeline
+    from hf_precision.testing.calibration import make_wan
+
+    folder = save_pipeline(make_wan(), tmp_path / "wan")
+    where, spec = model_spec(str(folder))
+    sizes = {"height": 16, "width": 16, "frames": 5, "accelerator": False, "layout": "cpu-amx"}
+    plain = choose(where, spec, budget=10**12, quantize=False, **sizes)
+    assert plain.settings.quantize == ()
+    budget = plain.prediction.peak - 1  # the plain layout no longer fits
+    chosen = choose(where, spec, budget=budget, **sizes)
+    assert chosen.fits and chosen.prediction.peak <= budget
+    assert chosen.settings.quantize and chosen.settings.quantize[0][0] == "transformer"
+    assert "transformer" in chosen.settings.label() and chosen.settings.quantize[0][1] in chosen.settings.label()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = load_video_pipeline(where, "cpu", settings=chosen.settings, layout="cpu-amx")
+    storage = dict(chosen.settings.quantize)["transformer"]
+    assert hp.applied(pipe).recipe["transformer"].storage == storage
+    assert module_bytes(pipe.transformer) == chosen.prediction.weights["transformer"]
+
+
+def test_image_memory_plan_fits_flux_on_a_12gb_t4_with_quantized_storage():
+    """Real FLUX.1-schnell configs (meta device): bf16/fp16 weights (36 GB) do not fit 12 GB, even offloaded; the plan
+    names offload plus the quantized storage the Flux recipes tolerate on a T4, counted exactly."""
+    from hf_precision.apps.image_plan import choose_image_layout
+
+    c = choose_image_layout("FLUX.1-schnell", "t4", 12 * 10**9)
+    assert c.fits and c.resident <= 12 * 10**9 - c.reserve and c.quantize
+    assert all(storage in hp.get_recipe("flux", device="t4")[comp].quantize for comp, storage in c.quantize)
+    assert c.tried[0][0] == "none" and c.tried[0][1] == () and c.tried[0][2] > 12 * 10**9
+
+
+def test_generate_with_max_memory_loads_the_chosen_layout(flux_folder, tmp_path):
+    from hf_precision.apps.image import generate
+    from hf_precision.apps.image_plan import choose_image_layout
+
+    plain = choose_image_layout(str(flux_folder), "cpu", 10**12)
+    budget = int((plain.resident - 100) / (1 - 0.2))  # the plain weights no longer fit beside the reserve
+    lines = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = generate(str(flux_folder), "a cat", tmp_path / "cat.png", device="cpu", steps=1, height=32, width=32,
+                       max_memory=budget, say=lines.append)
+    assert out.is_file() and "memory plan: chosen" in lines[0] and "transformer" in lines[0]
+
+
+def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
+    """A GGUF file written by the gguf package (Q8_0 blocks where a row fills them, F32 elsewhere) is the transformer;
+    the rest comes from the diffusers folder. Loaded bytes are the file's blocks plus the rest in the compute dtype."""
+    from diffusers import FluxTransformer2DModel
+
+    from hf_precision.runtime.gguf import gguf_planned_bytes
+    from hf_precision.testing.gguf_file import write_gguf
+
+    source = FluxTransformer2DModel.from_pretrained(flux_folder, subfolder="transformer")
+    path = tmp_path / "flux-tiny-Q8_0.gguf"
+    types = write_gguf(source, path)
+    assert "Q8_0" in types.values() and "F32" in types.values()
+    with pytest.raises(RecipeError, match="pass the diffusers folder"):
+        hp.load_pipeline(path, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(path, "cpu", base=flux_folder, layout="cpu-amx")
+    assert any("loaded from the GGUF file" in a for a in hp.applied(pipe).actions)
+    assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight"))
+    assert module_bytes(pipe.transformer) == sum(gguf_planned_bytes(path, "bfloat16").values())
+    assert torch.isfinite(_run(pipe)).all()
+
+
+def test_nan_guard_on_a_quantized_component_says_how_to_store_it_unquantized(flux_folder):
+    """The guard re-runs a component in a wider dtype; quantized weights cannot be: it warns with the storage fix
+    once, instead of looping or dequantizing behind the user's back."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "int8"},
+                                overrides={"transformer": {"nan_guard": True}})
+    with torch.no_grad():
+        pipe.transformer.proj_out.bias.fill_(float("inf"))  # kept unquantized: the output overflows
+    with pytest.warns(RuntimeWarning, match=r"quantized weights.*--set transformer.storage=bfloat16"):
+        _run(pipe)  # returns: the guard neither loops nor re-casts quantized tensors
+    assert quantized_in(pipe.transformer)  # still quantized: nothing was dequantized silently
+
+
+def test_calibrated_islands_are_kept_out_of_quantization():
+    """calibrate writes islands as keep_fp32 overrides; with a quantized storage those modules stay plain fp32."""
+    from hf_precision.diagnose.planner import build_on_meta
+    from hf_precision.runtime.quantize import quantized_layers
+    from hf_precision.runtime.source import configs_of
+
+    _, _, configs = configs_of("FLUX.1-schnell")
+    meta = build_on_meta("diffusers", "FluxTransformer2DModel", configs["transformer"])
+    island = "single_transformer_blocks.3"
+    for storage in ("int8", "quanto-int8", "nf4"):
+        plan = hp.get_recipe("flux", device="rtx4090", overrides={"transformer": {
+            "storage": storage, "keep_fp32": [island]}})["transformer"]
+        converted = quantized_layers(meta, plan, [island])
+        assert converted and not [n for n in converted if n.startswith(island + ".")]
+        # torchao takes exact names (FqnToConfig); quanto and diffusers' bitsandbytes match child names, so keeping the
+        # top-level proj_out keeps every block's proj_out too: the plan counts what each backend does
+        assert ("single_transformer_blocks.30.proj_out" in converted) == (storage == "int8")
