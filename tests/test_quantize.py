@@ -14,7 +14,7 @@ import torch
 
 import hf_precision as hp
 from hf_precision.errors import RecipeError
-from hf_precision.recipe.overrides import parse_set
+from hf_precision.recipe.overrides import Override, parse_set
 from hf_precision.runtime.quantize import module_bytes
 from hf_precision.runtime.quantize_load import quantized_in
 
@@ -75,7 +75,7 @@ def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component
 
 
 def test_quantize_keyword_and_set_flag_are_one_request():
-    by_flag = hp.get_recipe("flux", device="cpu", overrides=[{**parse_set(["transformer.storage=int8"]), "__source__": "--set"}])
+    by_flag = hp.get_recipe("flux", device="cpu", overrides=[Override("--set", parse_set(["transformer.storage=int8"]))])
     by_dict = hp.get_recipe("flux", device="cpu", overrides={"transformer": {"storage": "int8wo"}})
     assert by_flag["transformer"].storage == by_dict["transformer"].storage == "int8"
     assert "torchao Int8WeightOnlyConfig" in next(d.rule for d in by_flag["transformer"].decisions if d.field == "storage")

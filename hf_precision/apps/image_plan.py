@@ -32,9 +32,11 @@ class ImageChoice:
     def label(self) -> str:
         return ", ".join([f"offload {self.offload}", *(f"{c} {s}" for c, s in self.quantize)])
 
-    def overrides(self) -> dict[str, Any]:
+    def overrides(self) -> Any:
         """The storage overrides that load this layout (``--set C.storage=...``)."""
-        return {"components": {c: {"storage": s} for c, s in self.quantize}, "__source__": "memory plan (--max-memory)"}
+        from ..recipe.overrides import Override
+
+        return Override("memory plan (--max-memory)", {"components": {c: {"storage": s} for c, s in self.quantize}})
 
     def describe(self) -> str:
         from .video_plan import size_text
@@ -59,6 +61,7 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
     """
     from ..diagnose.planner import plan
     from ..recipe.devices import device_profile
+    from ..recipe.devices import device_caps
     from ..recipe.quantize import storage_options
 
     base = plan(name_or_path, device=device, overrides=overrides)
@@ -67,7 +70,8 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
         accelerator = device_profile(device).type != "cpu"
     offloads = ["none", "model"] if accelerator else ["none"]
     texts = [n for n in base.components if n.startswith("text_encoder")]
-    options = storage_options(recipe, [recipe.denoiser] if recipe.denoiser else [], texts)
+    options = storage_options(recipe, [recipe.denoiser] if recipe.denoiser else [], texts,
+                              device_caps(recipe.device).storage)
     usable = budget - int(budget * reserve)
     tried = []
     best = None

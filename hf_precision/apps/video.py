@@ -347,8 +347,10 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     where = model_class(model)
     layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
     if settings.quantize:  # the storage the memory plan chose: the same as --set C.storage=...
-        layers = [*layers, {"components": {c: {"storage": s} for c, s in settings.quantize},
-                            "__source__": "memory plan (--max-memory)"}]
+        from ..recipe.overrides import Override
+
+        layers = [*layers, Override("memory plan (--max-memory)",
+                                    {"components": {c: {"storage": s} for c, s in settings.quantize}})]
     if isinstance(device, Mapping):  # a device per component (--device-map balanced): each resolved for its own
         if settings.offload != "none":
             raise RecipeError(f"offload {settings.offload} with a device per component: offload moves every "

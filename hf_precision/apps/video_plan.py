@@ -401,7 +401,7 @@ def _weights(model: _Model, quantize: tuple[tuple[str, str], ...] = ()) -> dict[
     """Weight bytes per component, with the storage a quantized candidate gives some of them (exact, as plan counts)."""
     import dataclasses as dc
 
-    from ..runtime.quantize import planned_bytes
+    from ..runtime.layout import planned_bytes
 
     weights = {n: c.total_bytes for n, c in model.plan.components.items()}
     for name, storage in quantize:
@@ -489,11 +489,14 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
 
 def quantize_options(model: _Model) -> list[tuple[tuple[str, str], ...]]:
     """Quantized storage the video plan may choose (:func:`hf_precision.recipe.quantize.storage_options`)."""
+    from ..recipe.devices import device_caps
     from ..recipe.quantize import storage_options
 
     present = [n for n in model.plan.components if n in model.modules]  # Wan 2.1 has no transformer_2
     texts = [n for n in present if n.startswith("text_encoder")]
-    return storage_options(model.plan.recipe, [d for d in (model.spec.denoiser, "transformer_2") if d in present], texts)
+    recipe = model.plan.recipe
+    return storage_options(recipe, [d for d in (model.spec.denoiser, "transformer_2") if d in present], texts,
+                           device_caps(recipe.device).storage)
 
 
 def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,

@@ -234,7 +234,9 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
     if storage not in caps.storage:
         device = caps.profile.label()
         allowed = list(caps.storage)
-        tolerated = [s for s in quant.get("storage") or () if s in caps.storage]
+        # A backend layout the device cannot run: another the recipe tolerates there; a dtype it cannot hold: the
+        # compute dtype (storage as computed), never a quantization the user did not ask for.
+        tolerated = [s for s in quant.get("storage") or () if s in caps.storage] if is_quantized(storage) else []
         same_kind = [s for s in caps.storage if is_quantized(s)] if is_quantized(storage) else []
         fix = (tolerated or same_kind or [compute])[0]
         hint = _hint(storage, caps)
@@ -252,23 +254,24 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
     return f"set by storage: {choice.backend} {choice.scheme}{note}"
 
 
-def storage_options(recipe: Any, denoisers: list[str], texts: list[str]) -> list[tuple[tuple[str, str], ...]]:
+def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed: Any) -> list[tuple[tuple[str, str], ...]]:
     """Quantized storage a memory plan may choose, least change first: the denoiser(s) in each size class their
     recipe tolerates on the recipe's device (8-bit: fp8 storage or int8; then 4-bit), then the same with the text
     encoders quantized too (each with the first layout its own recipe tolerates there).
 
-    Only what the component recipes list (``quantize.storage``) and ``devices.yaml`` allows on the device.
+    Only what the component recipes list (``quantize.storage``) and ``allowed`` holds: the storage ``devices.yaml``
+    allows on the recipe's device (``device_caps(recipe.device).storage``; passed in, so this module needs no
+    device rules and the recipe layer keeps no import cycle).
 
     Example:
-        >>> from hf_precision import get_recipe
-        >>> storage_options(get_recipe("flux", device="rtx3090"), ["transformer"], ["text_encoder_2"])
+        >>> from hf_precision import device_caps, get_recipe
+        >>> storage_options(get_recipe("flux", device="rtx3090"), ["transformer"], ["text_encoder_2"],
+        ...                 device_caps("rtx3090").storage)
         [(('transformer', 'float8_e4m3fn'),), (('transformer', 'int8'),), (('transformer', 'nf4'),), \
 (('transformer', 'float8_e4m3fn'), ('text_encoder_2', 'int8')), (('transformer', 'int8'), ('text_encoder_2', 'int8')), \
 (('transformer', 'nf4'), ('text_encoder_2', 'int8'))]
     """
-    from .devices import device_caps
-
-    allowed = set(device_caps(recipe.device).storage)
+    allowed = set(allowed)
 
     def firsts(name: str) -> list[str]:
         seen, out = set(), []

@@ -20,7 +20,7 @@ from ..recipe.patterns import inside, resolve_islands
 from ..recipe.model import ComponentPlan
 
 __all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
-           "drift", "Drifted"]
+           "drift", "Drifted", "planned_bytes"]
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
@@ -202,3 +202,22 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list
         island = next((i for i in islands if inside(owner, [i])), None) if inside(owner, roots) else None
         found[(island, have, want)] = found.get((island, have, want), 0) + 1
     return [Drifted(name, island, have, want, n) for (island, have, want), n in found.items()]
+
+
+def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
+    """The bytes a component's parameters take under ``plan`` (what ``plan()`` counts), from a meta-device model.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
+        >>> planned_bytes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan)  # 4736 + fp16 bias
+        4992
+    """
+    from ..recipe.quantize import stored_bytes
+
+    planned = planned_dtypes(module, plan, component_islands(plan, module, strict=False))
+    total = 0
+    for name, param in module.named_parameters():
+        want = planned.get(name)
+        total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())
+    return total

@@ -226,7 +226,9 @@ def _quantize_layer(quantize: Any, components: list[str]) -> dict[str, Any] | No
     if not isinstance(quantize, Mapping):
         raise RecipeError(f"load_pipeline: quantize={excerpt(quantize)}: expected component -> storage, e.g. "
                           f"quantize={{'transformer': 'int8', 'text_encoder_2': 'nf4'}}; components: {', '.join(components)}")
-    return {"components": {c: {"storage": v} for c, v in quantize.items()}, "__source__": "load_pipeline quantize="}
+    from ..recipe.overrides import Override
+
+    return Override("load_pipeline quantize=", {"components": {c: {"storage": v} for c, v in quantize.items()}})
 
 
 def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, recipe: Recipe | str | None = None,

@@ -24,7 +24,7 @@ from ..recipe.patterns import inside
 from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized
 from ..recipe.resolution import ComponentPlan, Recipe
 
-__all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers", "planned_bytes",
+__all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
            "backend_config", "pipeline_quantization_config", "require_backend", "library_of"]
 
 
@@ -226,23 +226,3 @@ def pipeline_quantization_config(recipe: Recipe, modules: Mapping[str, tuple[tor
     from diffusers import PipelineQuantizationConfig
 
     return PipelineQuantizationConfig(quant_mapping=mapping)
-
-
-def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
-    """The bytes a component's parameters take under ``plan`` (what ``plan()`` counts), from a meta-device model.
-
-    Example:
-        >>> from hf_precision import get_recipe
-        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
-        >>> planned_bytes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan)  # 4736 + fp16 bias
-        4992
-    """
-    from ..recipe.quantize import stored_bytes
-    from .layout import component_islands, planned_dtypes
-
-    planned = planned_dtypes(module, plan, component_islands(plan, module, strict=False))
-    total = 0
-    for name, param in module.named_parameters():
-        want = planned.get(name)
-        total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())
-    return total
