@@ -86,14 +86,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None)
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--width", type=int, default=256)
+    p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="run only the layouts whose label contains TEXT (repeatable; fp32 always runs: the reference)")
     args = p.parse_args(argv)
+    layouts = [row for row in LAYOUTS if row[0] == "fp32" or not args.only or any(t in row[0] for t in args.only)]
     warnings.simplefilter("ignore")
     work = Path(tempfile.mkdtemp(prefix="bench_quantize-"))
     folder = save_pipeline(_wide_flux(args.width), work / "flux")
     gguf_path = work / "transformer-Q8_0.gguf"
     write_gguf(hp.load_pipeline(folder, "cpu").transformer, gguf_path)
     inputs, reference, rows = None, None, []
-    for label, layout, storage, gguf in LAYOUTS:
+    for label, layout, storage, gguf in layouts:
         kwargs = {"quantize": {"transformer": storage}} if storage else {}
         where = str(gguf_path) if gguf else folder
         pipe = hp.load_pipeline(where, "cpu", layout=layout, base=folder if gguf else None, **kwargs)

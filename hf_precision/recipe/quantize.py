@@ -234,11 +234,10 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
     if storage not in caps.storage:
         device = caps.profile.label()
         allowed = list(caps.storage)
-        # A backend layout the device cannot run: another the recipe tolerates there; a dtype it cannot hold: the
-        # compute dtype (storage as computed), never a quantization the user did not ask for.
-        tolerated = [s for s in quant.get("storage") or () if s in caps.storage] if is_quantized(storage) else []
-        same_kind = [s for s in caps.storage if is_quantized(s)] if is_quantized(storage) else []
-        fix = (tolerated or same_kind or [compute])[0]
+        # a quantized layout the device lacks: another one it has (the recipe's first); a float dtype: compute in it
+        tolerated = [s for s in quant.get("storage") or () if s in caps.storage and is_quantized(s)]
+        same_kind = [s for s in caps.storage if is_quantized(s)]
+        fix = (tolerated or same_kind or [compute])[0] if is_quantized(storage) else compute
         hint = _hint(storage, caps)
         verb = "used" if is_quantized(storage) else "stored"
         problems.append(f"{source}: components.{name}.storage: {storage} cannot be {verb} on {device}"

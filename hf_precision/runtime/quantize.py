@@ -119,11 +119,23 @@ def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[
     return out
 
 
-def _passed(library: str, backend: str, kept: list[str]) -> list[str]:
-    """The names handed to the backend for the kept layers, in the form its own matching rule reads."""
-    if library == "diffusers" and backend == "quanto":
-        return sorted({k.rpartition(".")[2] for k in kept})  # diffusers' quanto compares child names only
-    return sorted(kept)
+def _passed(library: str, backend: str, module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> list[str]:
+    """The names handed to the backend for the kept layers, in the form its own matching rule reads.
+
+    diffusers' quanto and bitsandbytes compare child names only (``proj_out`` keeps every block's ``proj_out``): there a
+    layer kept by default (an embedder, the final projection) whose child name also names layers to quantize is
+    left to the backend rather than keeping them all (Flux: 38 single-block ``proj_out`` = 1.8B parameters); islands
+    and ``_keep_in_fp32_modules`` are kept whatever it costs.
+    """
+    kept = kept_layers(module, plan, islands)
+    if not (library == "diffusers" and backend in ("quanto", "bitsandbytes")):
+        return sorted(kept)
+    fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
+    leaf = lambda n: n.rpartition(".")[2]
+    hard = {k for k in kept if inside(k, islands) or any(f in k for f in fp32)}
+    taken = set(kept)
+    colliding = {leaf(n) for n in _linears(module) if n not in taken}
+    return sorted({leaf(k) for k in kept if k in hard or leaf(k) not in colliding})
 
 
 def _excluded(library: str, backend: str, name: str, passed: list[str], fp32: list[str]) -> bool:
@@ -156,8 +168,9 @@ def quantized_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iter
     """
     if not is_quantized(plan.storage):
         return []
+    islands = list(islands)
     library, backend = library_of(module), CHOICES[plan.storage].backend
-    passed = _passed(library, backend, kept_layers(module, plan, islands))
+    passed = _passed(library, backend, module, plan, islands)
     fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
     return [n for n in _linears(module) if not _excluded(library, backend, n, passed, fp32)]
 
@@ -190,7 +203,7 @@ def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterab
     require_backend(plan.storage, plan.name)
     choice = CHOICES[plan.storage]
     library = library_of(module)
-    passed = _passed(library, choice.backend, kept_layers(module, plan, islands))
+    passed = _passed(library, choice.backend, module, plan, list(islands))
     if library == "transformers":
         import transformers as lib
     else:
