@@ -5,6 +5,7 @@ layer works inside an accelerate script, with gradient checkpointing and with to
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -101,10 +102,12 @@ def test_save_lora_loads_back_with_diffusers(sd15, batch, tmp_path):
     fresh = copy.deepcopy(sd15)
     hp.apply_recipe(fresh, device="cpu", layout="t4")
     fresh.load_lora_weights(str(tmp_path / "lora"))
-    loaded = dict(fresh.unet.named_parameters())
-    for name, p in tp.components["unet"].named_parameters():
-        if "lora_B" in name:
-            assert torch.allclose(loaded[name].float(), p.float(), atol=1e-3), name
+    plain = lambda n: re.sub(r"\.(lora_[AB])\.[^.]+\.", r".\1.", n)  # the adapter's name differs
+    loaded = {plain(n): p for n, p in fresh.unet.named_parameters() if "lora_" in n}
+    trained = {plain(n): p for n, p in tp.components["unet"].named_parameters() if "lora_" in n}
+    assert loaded.keys() == trained.keys() and trained
+    for name, p in trained.items():
+        assert torch.allclose(loaded[name].float(), p.float(), atol=1e-3), name
     assert path.name == "pytorch_lora_weights.safetensors"
 
 
@@ -158,7 +161,9 @@ def test_torch_compile_of_the_denoiser(batch):
     from hf_precision.testing import make_pipeline
 
     tp = hp.prepare_training(make_pipeline("sd15", seed=0), layout="a100", train={"unet": "lora"})
-    compiled = torch.compile(tp.components["unet"], backend="eager")
+    # aot_eager: dynamo and AOT autograd capture the training graph (hooks, LoRA, scaler); inductor code
+    # generation adds minutes on a 2-core CPU and nothing this layer decides.
+    compiled = torch.compile(tp.components["unet"], backend="aot_eager")
     tp.pipe.register_modules(unet=compiled)
     tp.denoiser_name = "unet"
     run_steps(tp, batch, steps=2)

@@ -348,6 +348,7 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
             raise TrainingError(f"train: {comp}: 'full' cannot train weights stored in {recipe[comp].storage} and cast on "
                                 f"use; drop the storage override or train a LoRA")
         trainable.make_masters(module, kind if kind in ("lora", "full") else "frozen", master_dtype)
+        module.train(kind in ("lora", "full"))  # frozen parts in eval mode (no dropout), as diffusers' examples do
         if kind == "embedding":
             suffix = comp.removeprefix("text_encoder")
             tokenizer = getattr(holder, f"tokenizer{suffix}", None)
