@@ -63,6 +63,8 @@ class TrainingPlan:
     lora_rank: dict[str, int]
     handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     alphas_cumprod: torch.Tensor | None = None
+    _trainable: Any = dataclasses.field(default=None, repr=False)
+    _names: Any = dataclasses.field(default=None, repr=False)
 
     # ---------------------------------------------------------------- what it is
     @property
@@ -90,7 +92,12 @@ class TrainingPlan:
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(component.parameter, parameter) of every trainable parameter."""
-        return trainable.trainable_parameters(self.components.items())
+        # Walked once per step by tp.step's check: cached, and refreshed when a component or parameter set changed.
+        key = tuple((n, id(m)) for n, m in self.components.items())
+        if self._trainable is None or self._trainable[0] != key or \
+                any(not p.requires_grad for _, p in self._trainable[1]):
+            self._trainable = (key, trainable.trainable_parameters(self.components.items()))
+        return list(self._trainable[1])
 
     def parameters(self) -> list[torch.nn.Parameter]:
         """The trainable parameters (fp32 masters, or bf16 under ``master="bf16-sr"``): hand them to the optimizer."""
@@ -132,7 +139,10 @@ class TrainingPlan:
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Check every optimizer parameter is a master, step (via the scaler under fp16); False when skipped."""
-        return self.stepper.step(optimizer, parameter_names(self.named_parameters()))
+        named = self.named_parameters()
+        if self._names is None or self._names[0] is not self._trainable:
+            self._names = (self._trainable, parameter_names(named))
+        return self.stepper.step(optimizer, self._names[1])
 
     def restore_masters(self) -> int:
         """Put trainable parameters cast away from the master dtype back into it; returns how many moved."""
