@@ -45,3 +45,20 @@ def test_every_family_row_has_a_case():
 def test_unknown_denoiser_class_is_named():
     with pytest.raises(hp.RecipeError, match="no training row"):
         family_of(torch.nn.Linear(2, 2))
+
+
+def test_a_pipeline_class_without_recipe_composes_as_inference_does():
+    from diffusers import DiffusionPipeline
+
+    from hf_precision.testing import make_pipeline
+
+    class MyPipeline(DiffusionPipeline):  # a custom pipeline no shipped recipe lists
+        def __init__(self, unet, vae, scheduler):
+            super().__init__()
+            self.register_modules(unet=unet, vae=vae, scheduler=scheduler)
+
+    sd15 = make_pipeline("sd15", seed=0)
+    pipe = MyPipeline(unet=sd15.unet, vae=sd15.vae, scheduler=sd15.scheduler)
+    tp = hp.prepare_training(pipe, layout="t4")
+    assert tp.recipe.name.startswith("composed") and tp.denoiser_name == "unet" and tp.kinds["unet"] == "lora" and tp.compute_dtype == torch.float16
+    run_steps(tp, example_batch(tp.components["unet"], 1), steps=2)

@@ -295,9 +295,7 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
     dev = torch_device(device, "device")
     name = _recipe_name(holder, comps, is_dict)
-    denoiser = pipeline_spec(name).get("denoiser") if name else None
-    train = dict(train) if train is not None else ({denoiser: "lora"} if denoiser else {})
-    _check_args(comps, train, master, tokens)
+    _check_args(comps, dict(train or {}), master, tokens)
     layers: list[Any] = [t for t in [training_overrides(name) if name else None] if t]
     profile = device_profile(layout if layout is not None else str(dev))
     caps = device_caps(profile)
@@ -307,6 +305,11 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     base = resolve(name, pipeline_class=type(holder).__name__, devices=str(dev), layout=layout, configs=configs,
                    overrides=layers + _as_list(overrides), components=list(comps), models=models_of_pipeline(holder),
                    force=is_dict)
+    denoiser = base.denoiser  # also for a recipe composed from the classes of a pipeline no recipe lists
+    train = dict(train) if train is not None else ({denoiser: "lora"} if denoiser in comps else {})
+    if not train:
+        raise TrainingError(f"prepare_training: recipe {base.name} names no denoiser among {sorted(comps)}; say what "
+                            f"trains: train={{'<component>': 'lora'}}")
     choices: dict[str, ComputeChoice] = {}
     rule_layer: dict[str, Any] = {}
     for comp, kind in train.items():
