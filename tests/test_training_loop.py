@@ -167,3 +167,19 @@ def test_torch_compile_of_the_denoiser(batch):
     tp.pipe.register_modules(unet=compiled)
     tp.denoiser_name = "unet"
     run_steps(tp, batch, steps=2)
+
+
+def test_full_unet_and_text_encoder_lora_in_the_t4_layout():
+    from hf_precision.testing import make_pipeline
+
+    tp = hp.prepare_training(make_pipeline("sdxl", seed=0), layout="t4", train={"unet": "full", "text_encoder": "lora"})
+    assert "time_embedding" in tp.applied.islands["unet"] and tp.scaler is not None
+    assert tp.components["text_encoder_2"].dtype == torch.float16  # frozen: its inference recipe
+    batch = example_batch(tp.components["unet"], 1)
+
+    def loss():
+        return tp.loss({**batch, **tp.encode_prompt(["a cat"])}, generator=torch.Generator().manual_seed(0))
+
+    run_steps(tp, batch, steps=3, lr=1e-3, loss_fn=loss)
+    assert any(n.startswith("text_encoder.") for n, _ in tp.named_parameters())
+    assert "float32 (masters)" in str(tp)

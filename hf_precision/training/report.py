@@ -28,7 +28,8 @@ def plan_table(tp: Any) -> str:
         choice = tp.choices.get(plan.name)
         rule = choice.rule if choice else next((f"{d.rule} [{d.source}]" for d in plan.decisions if d.field == "compute"), "")
         islands = ", ".join(tp.applied.islands.get(plan.name, [])) or "-"
-        rows.append((plan.name, label, plan.storage, plan.compute, trained, islands, rule))
+        storage = "float32 (masters)" if kind == "full" else plan.storage
+        rows.append((plan.name, label, storage, plan.compute, trained, islands, rule))
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head) - 1)]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]
     scaler = "GradScaler on (fp16 compute)" if tp.scaler is not None else "no loss scaling"

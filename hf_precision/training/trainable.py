@@ -41,14 +41,16 @@ def default_targets(module: torch.nn.Module) -> list[str]:
 
 
 def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
-    """Add a LoRA adapter named ``default`` the way diffusers' training examples do, then make it fp32.
+    """Add a LoRA adapter named ``default`` the way diffusers' training examples do (make_masters then makes it fp32).
 
-    ``add_adapter`` (diffusers ``ModelMixin`` and transformers ``PreTrainedModel``) keeps the module's class and
-    the state-dict layout ``pipe.load_lora_weights`` reads; any other module gets peft's ``inject_adapter_in_model``.
+    diffusers models get ``add_adapter`` (the state-dict layout ``pipe.load_lora_weights`` reads); any other module,
+    text encoders included, gets peft's ``inject_adapter_in_model``.
     """
-    if hasattr(module, "add_adapter"):
+    from diffusers import ModelMixin
+
+    if isinstance(module, ModelMixin):
         module.add_adapter(config)
-    else:
+    else:  # transformers' add_adapter wants a newer peft than diffusers does; peft's own path works for both
         from peft import inject_adapter_in_model
 
         inject_adapter_in_model(config, module)
