@@ -48,7 +48,7 @@ def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
     """
     from diffusers import ModelMixin
 
-    if isinstance(module, ModelMixin):
+    if isinstance(module, ModelMixin) and hasattr(module, "add_adapter"):  # PixArt and SVD models have no loader
         module.add_adapter(config)
     else:  # transformers' add_adapter wants a newer peft than diffusers does; peft's own path works for both
         from peft import inject_adapter_in_model
