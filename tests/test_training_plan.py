@@ -141,3 +141,12 @@ def test_bad_arguments_are_one_clear_error(pipes):
     assert "master: 'fp8'" in text
     with pytest.raises(TrainingError, match=r"tokens=\{'text_encoder': \['<my-token>'\]\}"):
         hp.prepare_training(pipes["sdxl"], train={"text_encoder": "embedding"})
+
+
+def test_fingerprint_follows_the_planned_dtypes(pipes):
+    plans = {p: hp.prepare_training(copy.deepcopy(pipes["flux"]), layout=p) for p in ("t4", "a100")}
+    again = hp.prepare_training(copy.deepcopy(pipes["flux"]), layout="t4")
+    assert plans["t4"].fingerprint() == again.fingerprint()
+    assert plans["t4"].fingerprint() != plans["a100"].fingerprint()
+    pinned = hp.prepare_training(copy.deepcopy(pipes["flux"]), layout="t4", overrides={"vae": {"dtype": "float16"}})
+    assert pinned.recipe["vae"].compute == "float16" and pinned.fingerprint() != again.fingerprint()
