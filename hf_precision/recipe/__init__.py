@@ -11,7 +11,7 @@ from ..lazy import face
 _EXPORTS = {
     "Recipe": "model", "ComponentPlan": "model", "Decision": "model",
     "get_recipe": "resolution", "resolve": "resolution", "placement": "resolution",
-    "list_recipes": "catalog", "pipeline_spec": "catalog", "recipe_for": "catalog", "recipe_for_class": "catalog",
+    "list_recipes": "catalog", "pipeline_spec": "catalog", "recipe_for": "catalog", "recipe_for_class": "catalog", "training_overrides": "catalog",
     "recipe_components": "catalog", "component_entries": "catalog", "compose_spec": "catalog", "component_recipe_for": "catalog",
     "parse_set": "overrides", "Override": "overrides",
     "DeviceProfile": "devices", "DeviceCaps": "devices", "SystemProbe": "devices", "device_profile": "devices", "device_caps": "devices", "set_probe": "devices", "list_presets": "devices", "rule_ids": "devices",

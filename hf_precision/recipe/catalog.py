@@ -27,7 +27,7 @@ from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
            "recipe_for_class", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
-           "component_spec", "component_recipe_for", "suggest_recipe", "unknown_recipe", "ROLES"]
+           "component_spec", "component_recipe_for", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
 
 Models = Mapping[str, tuple[str, str]]
 
@@ -88,7 +88,31 @@ def _shipped_pipeline(name: str) -> tuple[str, dict[str, Any]]:
 
 
 def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
-    return check_pipeline(read_yaml(path), source, rule_ids())
+    source, data = check_pipeline(read_yaml(path), source, rule_ids())
+    training = data.get("training")
+    if training is not None:
+        from .overrides import Override, override_layer
+
+        if not isinstance(training, Mapping):
+            raise RecipeError(f"{source}: training: expected an override mapping like 'components: {{vae: {{dtypes: "
+                              f"[bfloat16, float32]}}}}', got {excerpt(training)}")
+        override_layer(Override(f"{source} training", training), set(data["components"]), 0)  # raises on a bad key
+    return source, data
+
+
+def training_overrides(name: str) -> Any:
+    """The ``training:`` section of a pipeline recipe as an override layer (``None`` when it has none).
+
+    Training merges it over the inference recipe, before the user's overrides.
+
+    Example:
+        >>> training_overrides("sd15").data["components"]["vae"]["dtypes"]
+        ['bfloat16', 'float32']
+    """
+    from .overrides import Override
+
+    training = pipeline_spec(name).get("training")
+    return None if training is None else Override(f"recipes/{name}.yaml training", training)
 
 
 def list_recipes(kind: str = "all") -> list[str]:

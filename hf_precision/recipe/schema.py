@@ -30,7 +30,9 @@ POLICY_KEYS: dict[str, str] = {
 }
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
                  "no_cast", "layerwise_skip", "quantize"}
-PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why"}
+# `training:` holds what differs when the pipeline is trained (same shape as an override file; hf_precision.training).
+PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
+                 "training"}
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 # Device types tensors can sit on (and devices.yaml's `type:` values).
