@@ -26,7 +26,7 @@ from ..errors import RecipeError
 from ..runtime.memory import available_bytes
 from .video import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args",
+__all__ = ["count_live_bytes", "Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args",
            "pipeline_recipe"]
 
 # Text sequence lengths the pipelines pad to (diffusers pipeline_wan.py max_sequence_length=512, pipeline_ltx.py 128,
@@ -111,7 +111,7 @@ def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
 
 
 @contextlib.contextmanager
-def _counting(cpu: bool = False) -> Iterator[_LiveBytes]:
+def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -136,10 +136,26 @@ def _counting(cpu: bool = False) -> Iterator[_LiveBytes]:
 
     F.scaled_dot_product_attention = fused
     try:
-        with torch.no_grad(), Mode():
+        with (torch.enable_grad() if grad else torch.no_grad()), Mode():
             yield live
     finally:
         F.scaled_dot_product_attention = sdpa
+
+
+def count_live_bytes(cpu: bool = False, grad: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
+
+    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
+    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
+
+    Example:
+        >>> import torch
+        >>> with count_live_bytes() as live:
+        ...     x = torch.empty(256, device="meta") * 2   # the empty input and the product: 2 x 1 KiB
+        >>> live.peak
+        2048
+    """
+    return _counting(cpu, grad)
 
 
 def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: Mapping[str, Any]) -> dict[str, Any]:

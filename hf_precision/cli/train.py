@@ -133,12 +133,12 @@ def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-precision train`` from parsed arguments."""
-    if args.out is None:
-        raise RecipeError("--out: name the output folder (the LoRA, checkpoints and validation images go there)")
     if args.plan:
         from ..apps.train.plan import plan_command
 
-        return plan_command(args)
+        return plan_command(args, overrides_from(args) or None)
+    if args.out is None:
+        raise RecipeError("--out: name the output folder (the LoRA, checkpoints and validation images go there)")
     if args.demo:
         return _run_demo(args)
     if not args.model or not args.data:
