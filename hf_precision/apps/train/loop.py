@@ -91,7 +91,8 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
                                            "init_tokens": {n: [s.init_token] for n in clip}}
 
 
-def _accelerator(out: Path) -> Any:
+def _accelerator(out: Path, device: str | None) -> Any:
+    import torch
     from accelerate import Accelerator
     from accelerate.utils import DistributedType
 
@@ -101,7 +102,10 @@ def _accelerator(out: Path) -> Any:
         log_with = "tensorboard"
     except ImportError:
         pass
-    acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"))
+    # cpu=True makes several processes without a GPU (or with --device cpu) a MULTI_CPU run over gloo
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
+    acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
     if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
         raise RecipeError(f"accelerate config selects {acc.distributed_type.value}: hf-precision train supports one "
                           f"process or data parallel (DDP) only; FSDP and DeepSpeed shard or wrap the trainable "
@@ -142,7 +146,7 @@ def prepare_run(s: TrainSettings) -> Run:
     from ...runtime.load import load_pipeline
     from ...training import prepare_training
 
-    acc = _accelerator(out)
+    acc = _accelerator(out, s.device)
     device = _device(s, acc)
     torch.manual_seed(s.seed)  # LoRA initialisation
     pipe = load_pipeline(where, device, layout=s.layout, overrides=list(s.overrides) or None)
