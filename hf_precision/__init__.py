@@ -1,7 +1,7 @@
 """hf_precision: declarative dtype and device recipes for Hugging Face diffusers pipelines.
 
 Layers, each importing only the ones above it in this list (tests/test_layers.py enforces it):
-``errors``/``dtypes`` -> ``recipe`` (torch-free) -> ``runtime`` -> ``diagnose`` -> ``apps`` -> ``cli``;
+``errors``/``dtypes`` -> ``recipe`` (torch-free) -> ``runtime`` -> ``diagnose`` -> ``training`` -> ``apps`` -> ``cli``;
 ``testing`` (tiny random-weight pipelines that ship) imports only ``errors``/``dtypes`` and diffusers.
 
 Only names are bound here; each submodule is imported on first use (nothing happens at import time).
@@ -23,6 +23,7 @@ _EXPORTS = {
     "check": "diagnose", "CheckReport": "diagnose",
     "explain": "diagnose", "MismatchError": "diagnose",
     "calibrate": "diagnose", "CalibrationResult": "diagnose",
+    "prepare_training": "training", "TrainingPlan": "training",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from .errors import RecipeError
     from .recipe import ComponentPlan, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
     from .runtime import Applied, applied, apply_recipe, load_pipeline
+    from .training import TrainingPlan, prepare_training
 
 
 def __getattr__(name: str) -> Any:

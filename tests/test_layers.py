@@ -1,7 +1,7 @@
 """The layer rule, enforced: imports run one way, nobody imports another module's private names, and the recipe
 layer stays torch-free.
 
-    errors, dtypes, lazy  <-  recipe/  <-  runtime/  <-  diagnose/  <-  apps/  <-  cli/
+    errors, dtypes, lazy  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  apps/  <-  cli/
     testing/ (fixtures that ship) imports only errors/dtypes/lazy, torch, diffusers and transformers.
 """
 
@@ -18,7 +18,7 @@ import hf_precision
 
 PACKAGE = Path(hf_precision.__file__).resolve().parent
 # Rank of each layer: a module may import its own layer and the layers of lower rank.
-RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "apps": 4, "cli": 5}
+RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "training": 4, "apps": 5, "cli": 6}
 # testing/ sits beside the layers: the programs (apps, cli) may use its tiny pipelines, it uses none of the layers.
 TESTING_MAY_IMPORT = {"errors", "dtypes", "lazy", "testing"}
 TESTING_USERS = {"apps", "cli", "testing"}
@@ -128,12 +128,12 @@ def test_recipe_layer_is_torch_free() -> None:
 
 
 def test_package_import_does_no_work() -> None:
-    code = "import sys, hf_precision, hf_precision.runtime, hf_precision.diagnose, hf_precision.cli; print('torch' in sys.modules)"
+    code = "import sys, hf_precision, hf_precision.runtime, hf_precision.diagnose, hf_precision.training, hf_precision.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("package", ["recipe", "runtime", "diagnose", "apps", "testing"])
+@pytest.mark.parametrize("package", ["recipe", "runtime", "diagnose", "training", "apps", "testing"])
 def test_face_names_never_collide_with_submodules(package: str) -> None:
     # Importing a submodule binds its name on the package; a face that exports a function of the same name
     # (recipe.resolve() in a module resolve.py) would then hand out the module instead of the function.

@@ -8,7 +8,7 @@ from ..lazy import face
 
 _EXPORTS = {
     "Recipe": "resolution", "ComponentPlan": "resolution", "Decision": "resolution", "get_recipe": "resolution", "list_recipes": "resolution", "parse_set": "resolution", "pipeline_spec": "resolution",
-    "resolve": "resolution", "recipe_for_class": "resolution", "placement": "resolution", "component_entries": "resolution",
+    "resolve": "resolution", "training_overrides": "resolution", "recipe_for_class": "resolution", "placement": "resolution", "component_entries": "resolution",
     "compose_spec": "compose", "component_recipe_for": "compose", "recipe_components": "resolution",
     "DeviceProfile": "devices", "DeviceCaps": "devices", "SystemProbe": "devices", "device_profile": "devices", "device_caps": "devices", "set_probe": "devices", "list_presets": "devices", "rule_ids": "devices",
     "matches": "patterns", "match_modules": "patterns", "outermost": "patterns", "suggest": "patterns", "inside": "patterns", "resolve_islands": "patterns",

@@ -28,7 +28,8 @@ from ..errors import Problems, RecipeError, excerpt, override_line
 from .files import parse_yaml, read_yaml, recipes_dir
 
 __all__ = ["Recipe", "ComponentPlan", "Decision", "get_recipe", "list_recipes", "parse_set", "pipeline_spec", "placement",
-           "recipe_classes", "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class"]
+           "recipe_classes", "recipe_components", "recipe_for_class", "resolve", "component_entries", "check_recipe_class",
+           "training_overrides"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -48,7 +49,9 @@ DEFAULT_NO_CAST = ("timestep", "timesteps", "t")
 # same precision-sensitive families diffusers skips by default (hooks/layerwise_casting.py
 # DEFAULT_SKIP_MODULES_PATTERN), written as globs on module names under the one matching rule.
 DEFAULT_LAYERWISE_SKIP = ("*pos_embed*", "*patch_embed*", "*norm*")
-PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why"}
+# `training:` holds what differs when the pipeline is trained (same shape as an override file; hf_precision.training).
+PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
+                 "training"}
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 
@@ -233,7 +236,26 @@ def _check_pipeline(data: Any, source: str) -> tuple[str, dict[str, Any]]:
         if data.get(key) is not None and data[key] not in comps:
             problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
     problems.raise_if_any()
+    if data.get("training") is not None:
+        training = data["training"]
+        if not isinstance(training, Mapping):
+            raise RecipeError(f"{source}: training: expected an override mapping like 'components: {{vae: {{dtypes: "
+                              f"[bfloat16, float32]}}}}', got {excerpt(training)}")
+        _override_layer({**training, "__source__": f"{source} training"}, set(comps), 0)  # raises on a bad key
     return source, data
+
+
+def training_overrides(name: str) -> dict[str, Any] | None:
+    """The ``training:`` section of a pipeline recipe as an override layer (``None`` when it has none).
+
+    Training merges it over the inference recipe, before the user's overrides.
+
+    Example:
+        >>> training_overrides("sd15")["components"]["vae"]["dtypes"]
+        ['bfloat16', 'float32']
+    """
+    training = pipeline_spec(name).get("training")
+    return None if training is None else {**training, "__source__": f"recipes/{name}.yaml training"}
 
 
 def list_recipes(kind: str = "all") -> list[str]:
