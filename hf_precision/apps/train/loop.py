@@ -91,6 +91,22 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
                                            "init_tokens": {n: [s.init_token] for n in clip}}
 
 
+def _check_family(index: dict[str, Any]) -> None:
+    """Refuse, before loading, a denoiser class the training layer has no family row for (it cannot build its call)."""
+    import diffusers
+
+    from ...training.families import FAMILIES
+
+    name = "transformer" if "transformer" in index else "unet"
+    cls_name = str((index.get(name) or [None, ""])[1])
+    cls = getattr(diffusers, cls_name, None)
+    names = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [cls_name]
+    if not any(n in FAMILIES for n in names):
+        raise RecipeError(f"--model: {index.get('_class_name')}'s {name} is a {cls_name}, a family without a training "
+                          f"recipe (the training layer knows how to call {', '.join(FAMILIES)}); train one of those, or "
+                          f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
+
+
 def _accelerator(out: Path, device: str | None) -> Any:
     import torch
     from accelerate import Accelerator
@@ -142,6 +158,7 @@ def prepare_run(s: TrainSettings) -> Run:
     data = read_data(s.data, geometry, resolution, frames=s.frames, caption_ext=s.caption_ext,
                      caption_column=s.caption_column, caption=s.caption)
     train, extra = _train_parts(s, index)
+    _check_family(index)
 
     from ...runtime.load import load_pipeline
     from ...training import prepare_training

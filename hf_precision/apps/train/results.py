@@ -108,7 +108,7 @@ def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
     record = {
         "settings": s.record(), "steps": step, "skipped_steps": tp.skipped_steps,
         "final_loss": losses.get(step), "first_loss": losses.get(min(losses)) if losses else None,
-        "fingerprint": tp.fingerprint(), "plan": str(tp), "saved": [p.name for p in saved],
+        "fingerprint": tp.fingerprint(), "plan": tp.report(), "saved": [p.name for p in saved],
         "save_dtype": s.save_dtype, "versions": _versions(), "command": " ".join(sys.argv),
     }
     with written_atomically(out / "training.json") as f:
