@@ -131,7 +131,25 @@ def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
 
     sdpa = F.scaled_dot_product_attention
 
+    class FusedWithGrad(torch.autograd.Function):
+        """A flash kernel under autograd: saves q, k, v, the output and the per-row logsumexp; backward gives
+        gradients shaped like q, k, v (what torch's flash/efficient SDPA backward allocates)."""
+
+        @staticmethod
+        def forward(ctx, query, key, value):
+            out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+            lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(query, key, value, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
     def fused(query, key, value, *args, **kwargs):  # a fused kernel: the output, no (L x S) score matrix
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return FusedWithGrad.apply(query, key, value)
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
     F.scaled_dot_product_attention = fused

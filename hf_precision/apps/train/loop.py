@@ -442,6 +442,9 @@ def train_steps(run: Run) -> TrainResult:
                                                          if isinstance(v, (int, float, str, bool))})
     if run.cache is not None:
         fill_cache(run)
+    if acc.num_processes > 1:
+        print(f"[process {acc.process_index}/{acc.num_processes}] takes {s.batch_size} of each global batch of "
+              f"{s.batch_size * acc.num_processes} (gradients averaged over processes)", flush=True)
     before_eval = evaluate(run) if start == 0 else None
     interrupt, bar, step, exit_code = _Interrupt(), _progress(run, start), start, 0
     if start == 0 and s.validation_prompt:
