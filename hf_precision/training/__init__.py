@@ -1,0 +1,20 @@
+"""Layer 4 (torch, diffusers, peft): training under the recipes. ``prepare_training`` puts frozen parts in their
+inference recipe, trainable parts in fp32 masters with the device's training compute, and owns loss scaling.
+
+Names are bound lazily: a submodule is imported on first use."""
+
+from __future__ import annotations
+
+from ..lazy import face
+
+_EXPORTS = {
+    "prepare_training": "plan", "TrainingPlan": "plan", "Components": "plan",
+    "TrainingError": "rules", "training_compute": "rules", "TRAINING_ORDER": "rules",
+    "FAMILIES": "families", "FamilyRow": "families", "family_of": "families", "objective_of": "families",
+    "example_batch": "families",
+    "stochastic_round_": "scaler", "Stepper": "scaler",
+    "TokenRows": "trainable", "default_targets": "trainable",
+    "normalise_latents": "data",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = face(__name__, _EXPORTS)

@@ -1,0 +1,66 @@
+"""Data into a training step: images to latents (the VAE's planned dtype, the pipeline's scaling), prompts to
+the denoiser's conditioning (the pipeline's own ``encode_prompt``, mapped by the family row)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+
+from . import families
+from .rules import TrainingError
+
+__all__ = ["encode_images", "encode_prompt", "normalise_latents"]
+
+
+def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
+    """Shift and scale raw VAE latents as the pipelines do before denoising.
+
+    ``latents_mean``/``latents_std`` (Wan, LTX: ``(x - mean) / std``, times ``scaling_factor`` where there is one),
+    else ``(x - shift_factor) * scaling_factor`` (SD3, Flux; SD/SDXL have no shift).
+
+    Example:
+        >>> normalise_latents(torch.ones(1, 1, 2, 2), {"scaling_factor": 0.5, "shift_factor": 0.5}).flatten().tolist()
+        [0.25, 0.25, 0.25, 0.25]
+    """
+    config = dict(config)
+    x = latents.float()
+    mean, std = config.get("latents_mean"), config.get("latents_std")
+    if mean is not None and std is not None:
+        shape = (1, len(mean)) + (1,) * (x.dim() - 2)
+        x = (x - torch.tensor(mean, device=x.device).view(shape)) / torch.tensor(std, device=x.device).view(shape)
+        return x * float(config.get("scaling_factor") or 1.0)
+    return (x - float(config.get("shift_factor") or 0.0)) * float(config.get("scaling_factor") or 1.0)
+
+
+def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    vae = tp.components.get("vae")
+    if vae is None:
+        raise TrainingError(f"tp.encode_images: no 'vae' component (components: {sorted(tp.components)})")
+    with torch.no_grad():
+        out = vae.encode(pixels)  # the entry hooks cast the pixels to the VAE's planned dtype and device
+        dist = getattr(out, "latent_dist", None)
+        if dist is not None:
+            raw = dist.sample(generator)
+        else:
+            raw = getattr(out, "latent", out[0] if isinstance(out, (tuple, list)) else out)
+    return normalise_latents(raw, vae.config)
+
+
+def encode_prompt(tp: Any, prompts: str | list[str]) -> dict[str, torch.Tensor]:
+    pipe = tp.pipe
+    if not hasattr(pipe, "encode_prompt"):
+        raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__} has no encode_prompt; give the conditioning in the "
+                            f"batch yourself (keys: {sorted(families.family_of(tp._denoiser()).cond)})")
+    row = families.family_of(tp._denoiser())
+    params = inspect.signature(pipe.encode_prompt).parameters
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    wanted = {"prompt": prompts, "device": tp.device, "do_classifier_free_guidance": False,
+              "num_images_per_prompt": 1, "num_videos_per_prompt": 1}
+    kwargs = {k: v for k, v in wanted.items() if k in params}
+    grad = any(tp.kinds.get(c) != "frozen" for c in tp.components if c.startswith("text_encoder"))
+    with torch.set_grad_enabled(grad):
+        out = pipe.encode_prompt(**kwargs)
+    out = out if isinstance(out, tuple) else (out,)
+    return {name: value for name, value in zip(row.encode, out) if name is not None and value is not None}

@@ -1,0 +1,387 @@
+"""prepare_training: the inference recipe for frozen parts, fp32 masters for what trains, device-chosen compute.
+
+Frozen components keep their inference recipe (dtype per device, fp32 islands, boundary hooks) and lose their
+gradients; trainable ones get their compute dtype from the training rule (:mod:`.rules`: bf16 where the device has
+it, fp16 + GradScaler where it has only fp16, fp32 elsewhere) and their trainable parameters as fp32 masters
+(:mod:`.trainable`). Each component runs under its own autocast state, set by hooks on the module (on in the compute dtype
+for a full fine-tune, whose masters are fp32; off everywhere else: frozen parts, LoRA bases that already hold the
+compute dtype, fp32 islands), so every path into it (the training loss, the user's own loss, validation, a script's
+accelerate autocast) computes as planned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from .. import dtypes as dt
+from ..recipe.devices import device_caps, device_profile
+from ..recipe.resolution import Recipe, get_recipe, list_recipes, pipeline_spec, recipe_for_class, resolve, training_overrides
+from ..runtime.apply import Applied, apply_recipe, torch_device
+from . import families, trainable
+from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
+from .scaler import Stepper, parameter_names
+
+__all__ = ["prepare_training", "TrainingPlan", "Components"]
+
+
+class Components:
+    """A bag of components standing in for a pipeline (``prepare_training({"unet": m, ...})``)."""
+
+    def __init__(self, parts: Mapping[str, Any]):
+        self._parts = dict(parts)
+        for name, part in self._parts.items():
+            object.__setattr__(self, name, part)
+
+    @property
+    def components(self) -> dict[str, Any]:
+        return dict(self._parts)
+
+
+@dataclasses.dataclass
+class TrainingPlan:
+    """What :func:`prepare_training` set up; print it for the per-component table (see the module docstring)."""
+
+    pipe: Any
+    recipe: Recipe
+    applied: Applied
+    kinds: dict[str, str]
+    choices: dict[str, ComputeChoice]
+    device: torch.device
+    denoiser_name: str | None
+    objective: str
+    master: str
+    stepper: Stepper
+    token_rows: dict[str, trainable.TokenRows]
+    tokens: dict[str, list[str]]
+    lora_rank: dict[str, int]
+    handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
+    alphas_cumprod: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------- what it is
+    @property
+    def components(self) -> dict[str, torch.nn.Module]:
+        return {n: m for n, m in self.pipe.components.items() if isinstance(m, torch.nn.Module)}
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The denoiser's compute dtype (the first trainable component's when there is no denoiser)."""
+        name = self.denoiser_name if self.denoiser_name in self.recipe else next(iter(self.choices), self.recipe.plans[0].name)
+        return dt.to_torch(self.recipe[name].compute)
+
+    @property
+    def autocast_dtype(self) -> torch.dtype | None:
+        half = [dt.to_torch(self.recipe[n].compute) for n in self.choices if self.recipe[n].compute in dt.HALF]
+        return half[0] if half else None
+
+    @property
+    def skipped_steps(self) -> int:
+        return self.stepper.skipped
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.stepper.scaler
+
+    def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
+        """(component.parameter, parameter) of every trainable parameter."""
+        return trainable.trainable_parameters(self.components.items())
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The trainable parameters (fp32 masters, or bf16 under ``master="bf16-sr"``): hand them to the optimizer."""
+        return [p for _, p in self.named_parameters()]
+
+    def report(self) -> str:
+        from .report import plan_table
+
+        return plan_table(self)
+
+    __str__ = report
+
+    def fingerprint(self) -> str:
+        """A short hash of the plan (dtypes, islands, what trains, objective, model): key latent/text caches by it."""
+        data = {"recipe": self.recipe.name, "device": self.recipe.device.label(), "master": self.master,
+                "objective": self.objective, "model": _model_id(self.pipe),
+                "components": {p.name: [p.storage, p.compute, list(self.applied.islands.get(p.name, [])),
+                                        self.kinds.get(p.name, "frozen")] for p in self.recipe.plans if p.name in self.components}}
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+    # ---------------------------------------------------------------- the loop
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        """Autocast in the trainable compute dtype for the user's own loss code (components set their own state)."""
+        dtype = self.autocast_dtype
+        return torch.autocast(self.device.type, dtype=dtype or torch.float32, enabled=dtype is not None)
+
+    def loss(self, batch: Mapping[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
+        """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
+        module = self._denoiser()
+        row = families.family_of(module)
+        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator)
+        out = module(**kwargs, return_dict=False)
+        pred = families.model_output(out, target, row)
+        return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
+
+    def backward(self, loss: torch.Tensor, accelerator: Any = None) -> None:
+        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given)."""
+        self.stepper.backward(loss, accelerator)
+
+    def step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Check every optimizer parameter is a master, step (via the scaler under fp16); False when skipped."""
+        return self.stepper.step(optimizer, parameter_names(self.named_parameters()))
+
+    def restore_masters(self) -> int:
+        """Put trainable parameters cast away from the master dtype back into it; returns how many moved."""
+        moved = 0
+        with torch.no_grad():
+            for _, p in self.named_parameters():
+                if p.dtype != self.stepper.master_dtype:
+                    p.data = p.data.to(self.stepper.master_dtype)
+                    moved += 1
+        return moved
+
+    def check(self, batch: Mapping[str, Any] | None = None) -> None:
+        """Preflight: placement, island and master checks, then one tiny forward+backward; raises naming the module."""
+        from .preflight import preflight
+
+        preflight(self, batch)
+
+    def sampling(self) -> contextlib.AbstractContextManager[Any]:
+        """Validation: eval mode, no grad, the inference recipe's hooks; every dtype, device and mode restored after."""
+        from .sampling import sampling
+
+        return sampling(self)
+
+    # ---------------------------------------------------------------- data in
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        """VAE latents of ``pixels`` (in [-1, 1]) in the VAE's planned dtype, scaled as the pipeline does; fp32 out."""
+        from .data import encode_images
+
+        return encode_images(self, pixels, generator)
+
+    def encode_prompt(self, prompts: str | list[str]) -> dict[str, torch.Tensor]:
+        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict."""
+        from .data import encode_prompt
+
+        return encode_prompt(self, prompts)
+
+    # ---------------------------------------------------------------- out
+    def save_lora(self, path: Any, dtype: torch.dtype = torch.float16) -> Any:
+        """Write the LoRA weights where ``pipe.load_lora_weights(path)`` reads them; returns the file."""
+        from .io import save_lora
+
+        return save_lora(self, path, dtype)
+
+    def save_embeddings(self, path: Any) -> list[Any]:
+        """Write the trained token rows in the format ``pipe.load_textual_inversion`` reads; returns the files."""
+        from .io import save_embeddings
+
+        return save_embeddings(self, path)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Scaler state, step and skipped-step counts and the trainable weights (fp32), for resume."""
+        return {**self.stepper.state_dict(), "fingerprint": self.fingerprint(),
+                "trainable": {n: p.detach().clone() for n, p in self.named_parameters()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume: the weights are copied into the masters in place, so their dtype never changes."""
+        if state.get("fingerprint") not in (None, self.fingerprint()):
+            raise TrainingError(f"tp.load_state_dict: the state was saved under another plan (fingerprint "
+                                f"{state.get('fingerprint')}, this one {self.fingerprint()}): same pipeline, layout, "
+                                f"train= and master= are needed to resume")
+        self.stepper.load_state_dict(dict(state))
+        params = dict(self.named_parameters())
+        with torch.no_grad():
+            for name, value in (state.get("trainable") or {}).items():
+                if name not in params:
+                    raise TrainingError(f"tp.load_state_dict: saved parameter {name} is not trainable in this plan")
+                params[name].copy_(value)
+
+    def remove(self) -> None:
+        """Take the autocast guards and the recipe's hooks off (weights stay as they are)."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+        self.applied.remove()
+
+    def _denoiser(self) -> torch.nn.Module:
+        if self.denoiser_name is None or self.denoiser_name not in self.components:
+            raise TrainingError(f"tp.loss: recipe {self.recipe.name} names no denoiser present here "
+                                f"(components: {sorted(self.components)}); compute the loss yourself under tp.autocast()")
+        return self.components[self.denoiser_name]
+
+
+def _model_id(pipe: Any) -> str:
+    for source in (getattr(pipe, "config", None), *[getattr(m, "config", None) for m in pipe.components.values()]):
+        name = (source or {}).get("_name_or_path") if isinstance(source, Mapping) else None
+        if name:
+            return str(name)
+    return type(pipe).__name__
+
+
+def _recipe_name(pipe: Any, comps: Mapping[str, Any], is_dict: bool) -> str | None:
+    if not is_dict:
+        try:
+            return recipe_for_class(type(pipe).__name__)
+        except Exception:  # composed by apply_recipe from the component classes
+            return None
+    for name in list_recipes("pipeline"):
+        denoiser = pipeline_spec(name).get("denoiser")
+        if denoiser in comps and type(comps[denoiser]).__name__ in get_recipe(name, device="cpu")[denoiser].classes:
+            return name
+    raise TrainingError(f"prepare_training: no shipped recipe has a denoiser of the classes given "
+                        f"({', '.join(f'{k}: {type(v).__name__}' for k, v in comps.items())}); pass the pipeline instead")
+
+
+def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str, tokens: Mapping[str, Any] | None) -> None:
+    problems = []
+    for name, kind in train.items():
+        if name not in comps:
+            problems.append(f"train: unknown component {name!r}; this pipeline has {', '.join(sorted(comps))}")
+        if kind not in TRAIN_KINDS:
+            problems.append(f"train: {name}: {kind!r} is not one of {', '.join(TRAIN_KINDS)}")
+        if kind == "embedding" and not (tokens or {}).get(name):
+            problems.append(f"train: {name}: 'embedding' needs its new tokens: tokens={{{name!r}: ['<my-token>']}}")
+    if master not in MASTERS:
+        problems.append(f"master: {master!r} is not one of {', '.join(MASTERS)}")
+    for name in tokens or {}:
+        if train.get(name) != "embedding":
+            problems.append(f"tokens: {name!r} is given tokens but train[{name!r}] is {train.get(name, 'frozen')!r}; "
+                            f"set train={{{name!r}: 'embedding'}}")
+    if problems:
+        raise TrainingError(problems)
+
+
+def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
+                     rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
+                     init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
+                     overrides: Any = None) -> TrainingPlan:
+    """Set a pipeline up for training under its recipe (see the module docstring for the rules).
+
+    Args:
+        pipe: a diffusers pipeline, or a dict of components (``{"unet": m, "vae": m, "scheduler": s}``).
+        device: where it runs. layout: whose device rules choose the dtypes (``"t4"``, ``"a100"``); default device.
+        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` or ``"frozen"`` (default for the rest);
+            default ``{denoiser: "lora"}``.
+        rank: LoRA rank when ``lora`` (a ``peft.LoraConfig``) is not given; targets the attention projections.
+        tokens / init_tokens: textual inversion: new tokens per text encoder, and words to start them from.
+        master: ``"fp32"`` master weights, or ``"bf16-sr"`` (bf16 weights, stochastic rounding; bf16 compute only).
+        overrides: the same override forms as ``load_pipeline``; they win over the training rules.
+
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> tp = prepare_training(make_pipeline("sd15"), layout="t4", train={"unet": "lora"})
+        >>> tp.compute_dtype, tp.scaler is not None, {p.dtype for p in tp.parameters()}
+        (torch.float16, True, {torch.float32})
+    """
+    is_dict = isinstance(pipe, Mapping)
+    holder = Components(pipe) if is_dict else pipe
+    comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
+    dev = torch_device(device, "device")
+    name = _recipe_name(holder, comps, is_dict)
+    denoiser = pipeline_spec(name).get("denoiser") if name else None
+    train = dict(train) if train is not None else ({denoiser: "lora"} if denoiser else {})
+    _check_args(comps, train, master, tokens)
+    layers: list[Any] = [t for t in [training_overrides(name) if name else None] if t]
+    profile = device_profile(layout if layout is not None else str(dev))
+    caps = device_caps(profile)
+    from ..runtime.source import models_of_pipeline
+
+    configs = {n: _config(m) for n, m in comps.items()}
+    base = resolve(name, pipeline_class=type(holder).__name__, devices=str(dev), layout=layout, configs=configs,
+                   overrides=layers + _as_list(overrides), components=list(comps), models=models_of_pipeline(holder),
+                   force=is_dict)
+    choices: dict[str, ComputeChoice] = {}
+    rule_layer: dict[str, Any] = {}
+    for comp, kind in train.items():
+        if kind in ("lora", "full") and comp in base:
+            plan = base[comp]
+            choices[comp] = training_compute(comp, (*plan.dtypes, plan.compute), caps.auto, profile.label(), dict(caps.why))
+            rule_layer[comp] = {"dtype": choices[comp].dtype, "why": choices[comp].rule}
+    if rule_layer:
+        layers.append({"components": rule_layer, "__source__": "training rule (hf_precision.training.rules)"})
+    applied = apply_recipe(holder, recipe=name, device=str(dev), layout=layout, overrides=layers + _as_list(overrides),
+                           force=is_dict)
+    return _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
+
+
+def _config(module: torch.nn.Module) -> dict[str, Any]:
+    config = getattr(module, "config", None)
+    return dict(config.to_dict() if hasattr(config, "to_dict") else config or {})
+
+
+def _as_list(overrides: Any) -> list[Any]:
+    return [] if overrides is None else list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]
+
+
+def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], train: dict[str, str], dev: torch.device,
+            denoiser: str | None, choices: dict[str, ComputeChoice], rank: int, lora: Any,
+            tokens: Mapping[str, list[str]] | None, init_tokens: Mapping[str, list[str]] | None, master: str) -> TrainingPlan:
+    recipe = applied.recipe
+    for comp, choice in list(choices.items()):  # the user's override may have replaced the rule's choice
+        if recipe[comp].compute != choice.dtype:
+            choices[comp] = ComputeChoice(recipe[comp].compute, f"set by the user's override (the training rule said {choice.dtype})")
+    half = {recipe[c].compute for c in choices}
+    if master == "bf16-sr" and half != {"bfloat16"}:
+        raise TrainingError(f"master='bf16-sr': pure bf16 training needs bf16 compute, but the trainable parts compute in "
+                            f"{sorted(half)} on {recipe.device.label()}; use master='fp32' there")
+    master_dtype = torch.bfloat16 if master == "bf16-sr" else torch.float32
+    stepper = Stepper(dev.type, "float16" in half, master)
+    handles: list[Any] = []
+    token_rows: dict[str, trainable.TokenRows] = {}
+    ranks: dict[str, int] = {}
+    for comp, module in comps.items():
+        kind = train.get(comp, "frozen")
+        if kind == "lora":
+            config = lora or _lora_config(module, rank)
+            trainable.inject_lora(comp, module, config)
+            ranks[comp] = int(getattr(config, "r", rank))
+        if kind == "full" and comp in recipe and recipe[comp].storage != recipe[comp].compute:
+            raise TrainingError(f"train: {comp}: 'full' cannot train weights stored in {recipe[comp].storage} and cast on "
+                                f"use; drop the storage override or train a LoRA")
+        trainable.make_masters(module, kind if kind in ("lora", "full") else "frozen", master_dtype)
+        if kind == "embedding":
+            suffix = comp.removeprefix("text_encoder")
+            tokenizer = getattr(holder, f"tokenizer{suffix}", None)
+            token_rows[comp] = trainable.add_tokens(tokenizer, module, list(tokens[comp]),  # type: ignore[index]
+                                                    (init_tokens or {}).get(comp), master_dtype)
+        compute = recipe[comp].compute if comp in recipe else "float32"
+        # Only a full fine-tune needs autocast (its masters are fp32); a LoRA's base already holds the compute dtype
+        # and peft runs the adapter in its own fp32 (input cast in, result cast back). Autocast there would also undo
+        # the explicit fp32 upcasts inside attention processors: Sana's linear attention gives NaN in fp16 under it.
+        autocast = dt.to_torch(compute) if kind == "full" and compute in dt.HALF else None
+        handles += trainable.guard(module, dev.type, autocast)
+        for island in applied.islands.get(comp, []):
+            handles += trainable.guard(module.get_submodule(island), dev.type, None)
+    objective, alphas = _objective(holder, comps.get(denoiser) if denoiser else None)
+    return TrainingPlan(pipe=holder, recipe=recipe, applied=applied, kinds={c: train.get(c, "frozen") for c in comps},
+                        choices=choices, device=dev, denoiser_name=denoiser, objective=objective, master=master,
+                        stepper=stepper, token_rows=token_rows, tokens={k: list(v) for k, v in (tokens or {}).items()},
+                        lora_rank=ranks, handles=handles, alphas_cumprod=alphas)
+
+
+def _lora_config(module: torch.nn.Module, rank: int) -> Any:
+    from peft import LoraConfig
+
+    # As diffusers' LoRA examples: alpha = rank, gaussian A, zero B (the adapter starts as a no-op).
+    return LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=trainable.default_targets(module))
+
+
+def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None]:
+    scheduler = getattr(holder, "scheduler", None) or holder.components.get("scheduler")
+    if scheduler is None:
+        row = families.family_of(denoiser) if denoiser is not None else None
+        return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({})
+    config = dict(scheduler.config)
+    objective = families.objective_of(config, type(scheduler).__name__)
+    return objective, (None if objective == "flow" else _alphas(config))
+
+
+def _alphas(config: Mapping[str, Any]) -> torch.Tensor:
+    from diffusers import DDPMScheduler
+
+    return DDPMScheduler.from_config({k: v for k, v in config.items() if k != "prediction_type"}).alphas_cumprod.float()

@@ -1,0 +1,40 @@
+"""The printed plan: per component its storage, compute, what trains (and in what dtype), islands, the rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["plan_table"]
+
+
+def plan_table(tp: Any) -> str:
+    """One line per component, then the objective, the loss scaling and every downgrade with its reason."""
+    recipe = tp.recipe
+    comps = tp.components
+    head = ("component", "train", "storage", "compute", "trainable", "fp32 islands", "rule")
+    rows = []
+    for plan in recipe.plans:
+        if plan.name not in comps:
+            continue
+        kind = tp.kinds.get(plan.name, "frozen")
+        params = [p for n, p in tp.named_parameters() if n.startswith(plan.name + ".")]
+        trained = "-"
+        if params:
+            dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
+            trained = f"{sum(p.numel() for p in params):,} {'/'.join(dtypes)}"
+        label = f"lora r={tp.lora_rank[plan.name]}" if kind == "lora" else kind
+        if kind == "embedding":
+            label += f" {', '.join(tp.tokens.get(plan.name, []))}"
+        choice = tp.choices.get(plan.name)
+        rule = choice.rule if choice else next((f"{d.rule} [{d.source}]" for d in plan.decisions if d.field == "compute"), "")
+        islands = ", ".join(tp.applied.islands.get(plan.name, [])) or "-"
+        rows.append((plan.name, label, plan.storage, plan.compute, trained, islands, rule))
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head) - 1)]
+    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]
+    scaler = "GradScaler on (fp16 compute)" if tp.scaler is not None else "no loss scaling"
+    out = [f"hf_precision training plan: recipe {recipe.name} for {recipe.device.label()}, on {tp.device}; "
+           f"objective {tp.objective}; {scaler}; masters {tp.master}; skipped steps {tp.skipped_steps}",
+           line(head), *map(line, rows)]
+    downgrades = [c.downgrade for c in tp.choices.values() if c.downgrade]
+    out += [f"downgrade: {d}" for d in downgrades]
+    return "\n".join(out)

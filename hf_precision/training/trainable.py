@@ -1,0 +1,175 @@
+"""What trains: LoRA adapters, whole components or new token rows, always as fp32 master weights.
+
+peft upcasts adapters to fp32 only through ``get_peft_model``/``PeftModel`` (``autocast_adapter_dtype``); diffusers'
+``add_adapter`` goes through ``inject_adapter_in_model``, which gives the adapter the base layer's half dtype, so
+GradScaler then raises "Attempting to unscale FP16 gradients" (huggingface/diffusers#6363, #9628; peft
+src/peft/tuners/tuners_utils.py ``_move_adapter_to_device_of_base_layer``). Here every trainable parameter is made
+fp32 after injection, whatever the path, and :func:`masters_problems` re-checks it before every optimizer step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from .rules import TrainingError
+
+__all__ = ["inject_lora", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
+           "TokenRows", "add_tokens", "AutocastGuard", "guard"]
+
+# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5.
+_TARGET_SETS = (("to_q", "to_k", "to_v", "to_out.0"), ("q_proj", "k_proj", "v_proj", "out_proj"),
+                ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"))
+
+
+def default_targets(module: torch.nn.Module) -> list[str]:
+    """The attention projections of ``module`` that LoRA targets by default (the first naming scheme it uses).
+
+    Example:
+        >>> from diffusers.models.attention_processor import Attention
+        >>> default_targets(Attention(query_dim=8, heads=1, dim_head=8))
+        ['to_q', 'to_k', 'to_v', 'to_out.0']
+    """
+    names = [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear)]
+    for targets in _TARGET_SETS:
+        if sum(any(n == t or n.endswith("." + t) for n in names) for t in targets) >= 3:
+            return list(targets)
+    raise TrainingError(f"{type(module).__name__}: found none of the usual attention projections "
+                        f"({'; '.join(', '.join(t) for t in _TARGET_SETS)}); pass lora=LoraConfig(target_modules=[...])")
+
+
+def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
+    """Add a LoRA adapter named ``default`` the way diffusers' training examples do, then make it fp32.
+
+    ``add_adapter`` (diffusers ``ModelMixin`` and transformers ``PreTrainedModel``) keeps the module's class and
+    the state-dict layout ``pipe.load_lora_weights`` reads; any other module gets peft's ``inject_adapter_in_model``.
+    """
+    if any("lora_" in n for n, _ in module.named_parameters()):
+        return  # injected before: its dtype is fixed by make_masters below
+    if hasattr(module, "add_adapter"):
+        module.add_adapter(config)
+    else:
+        from peft import inject_adapter_in_model
+
+        inject_adapter_in_model(config, module)
+
+
+def make_masters(module: torch.nn.Module, kind: str, master_dtype: torch.dtype) -> int:
+    """Freeze what does not train and store what trains in ``master_dtype``; returns the trainable count."""
+    count = 0
+    with torch.no_grad():
+        for pname, param in module.named_parameters():
+            trains = kind == "full" or (kind == "lora" and "lora_" in pname)
+            param.requires_grad_(trains and param.is_floating_point())
+            if param.requires_grad:
+                if param.dtype != master_dtype:
+                    param.data = param.data.to(master_dtype)
+                count += param.numel()
+    return count
+
+
+def trainable_parameters(modules: Iterable[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.nn.Parameter]]:
+    """(component.parameter name, parameter) of every parameter that requires grad."""
+    return [(f"{c}.{n}", p) for c, m in modules for n, p in m.named_parameters() if p.requires_grad]
+
+
+def masters_problems(named: Sequence[tuple[str, torch.Tensor]], allowed: torch.dtype) -> list[str]:
+    """The trainable parameters that are not in the master dtype (what a validation or resume cast leaves behind)."""
+    return [f"{n} is {str(p.dtype).removeprefix('torch.')}" for n, p in named if p.dtype != allowed]
+
+
+class TokenRows(torch.nn.Embedding):
+    """An input-embedding table whose new rows train in their own fp32 parameter; the old rows stay frozen.
+
+    The output is handed over in the table's (the text encoder's) dtype, so half layer norms behind it never see
+    fp32 (Nerogar/OneTrainer#752); only ``rows`` has a gradient, so only the new tokens can change.
+    """
+
+    def __init__(self, base: torch.nn.Embedding, first: int, init: torch.Tensor, master_dtype: torch.dtype):
+        super().__init__(base.num_embeddings, base.embedding_dim, padding_idx=base.padding_idx,
+                         device="meta")
+        self.weight = base.weight
+        self.weight.requires_grad_(False)
+        self.first = first
+        self.rows = torch.nn.Parameter(init.detach().to(device=base.weight.device, dtype=master_dtype).clone())
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.embedding(ids, self.weight, self.padding_idx)
+        new = ids >= self.first
+        if not bool(new.any()):
+            return out
+        picked = torch.nn.functional.embedding((ids - self.first).clamp(min=0), self.rows).to(out.dtype)
+        return torch.where(new.unsqueeze(-1), picked, out)
+
+    def merged(self) -> torch.Tensor:
+        """The full table with the trained rows written in (what a plain text encoder would hold)."""
+        table = self.weight.detach().clone()
+        table[self.first:] = self.rows.detach().to(table.dtype)
+        return table
+
+
+def add_tokens(tokenizer: Any, encoder: torch.nn.Module, tokens: Sequence[str], init: Sequence[str] | None,
+               master_dtype: torch.dtype) -> TokenRows:
+    """Add ``tokens`` to a tokenizer and its text encoder; their rows (initialised from ``init`` words) train."""
+    if tokenizer is None:
+        raise TrainingError("textual inversion: the pipeline has no tokenizer for this text encoder; pass a pipeline")
+    added = tokenizer.add_tokens(list(tokens))
+    if added != len(tokens):
+        raise TrainingError(f"textual inversion: some of {list(tokens)} are already in the tokenizer; choose new "
+                            f"placeholder strings such as '<my-cat>'")
+    table = encoder.get_input_embeddings()
+    if isinstance(table, TokenRows):
+        raise TrainingError("textual inversion: this text encoder already trains new rows; add all tokens at once")
+    first = table.num_embeddings
+    encoder.resize_token_embeddings(len(tokenizer))
+    table = encoder.get_input_embeddings()
+    with torch.no_grad():
+        if init:
+            ids = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in init]
+            if len(ids) != len(tokens):
+                raise TrainingError(f"textual inversion: init_tokens {list(init)} must give one word per new token {list(tokens)}")
+            start = table.weight[ids].float()
+        else:
+            start = table.weight[:first].float().mean(0, keepdim=True).expand(len(tokens), -1)
+        table.weight[first:] = start.to(table.weight.dtype)
+    rows = TokenRows(table, first, start, master_dtype)
+    encoder.set_input_embeddings(rows)
+    return rows
+
+
+class AutocastGuard:
+    """Forward hooks that set autocast inside one module and restore the caller's state after it.
+
+    A fully fine-tuned component computes under autocast in its compute dtype (fp32 masters, half matmuls); every
+    other component and every fp32 island runs with autocast off, so one outer ``torch.autocast`` (a script's, or
+    accelerate's) never forces fp16 kernels onto an fp32 VAE or island (kohya-ss/sd-scripts PR #2322).
+    """
+
+    def __init__(self, device_type: str, dtype: torch.dtype | None):
+        self.device_type, self.dtype = device_type, dtype
+        self.saved: list[tuple[bool, torch.dtype]] = []
+
+    def pre(self, module: torch.nn.Module, args: Any) -> None:
+        dt = self.device_type
+        self.saved.append((torch.is_autocast_enabled(dt), torch.get_autocast_dtype(dt)))
+        torch.set_autocast_enabled(dt, self.dtype is not None)
+        if self.dtype is not None:
+            torch.set_autocast_dtype(dt, self.dtype)
+
+    def post(self, module: torch.nn.Module, args: Any, out: Any) -> None:
+        if self.saved:
+            enabled, dtype = self.saved.pop()
+            torch.set_autocast_enabled(self.device_type, enabled)
+            torch.set_autocast_dtype(self.device_type, dtype)
+            if not enabled and self.dtype is not None:
+                # Leaving autocast as `with torch.autocast` would: its cache of half copies of the fp32 masters must
+                # go, or the next call computes with the weights from before the optimizer step.
+                torch.clear_autocast_cache()
+
+
+def guard(module: torch.nn.Module, device_type: str, dtype: torch.dtype | None) -> list[Any]:
+    """Attach an :class:`AutocastGuard` to ``module``; returns the removable handles."""
+    g = AutocastGuard(device_type, dtype)
+    return [module.register_forward_pre_hook(g.pre), module.register_forward_hook(g.post, always_call=True)]
