@@ -11,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+
+@pytest.mark.slow
 def test_two_processes_split_the_data_and_write_once(tmp_path):
     from hf_precision.apps.train.demo import make_demo
 

@@ -192,5 +192,8 @@ def _report(result) -> int:
         print(f"trained {result.step} steps: loss {first:.4f} (step {min(losses)}) -> {last:.4f} (step {max(losses)}); "
               f"{result.skipped} skipped step(s)")
     if result.saved is not None:
-        print(f"wrote {result.saved} (pipe.load_lora_weights({str(result.saved)!r}) reads a LoRA; training.json beside it)")
+        how = {"lora": f"pipe.load_lora_weights({str(result.saved)!r})",
+               "embedding": f"pipe.load_textual_inversion(<the .safetensors file in {str(result.saved)!r}>)",
+               "full": "from_pretrained on the denoiser's subfolder"}[result.method]
+        print(f"wrote {result.saved} ({how} reads it; training.json beside it)")
     return 0

@@ -46,6 +46,7 @@ class TrainResult:
     exit_code: int = 0
     saved: Path | None = None
     eval_loss: tuple[float, float] | None = None
+    method: str = "lora"
 
 
 @dataclasses.dataclass
@@ -159,6 +160,13 @@ def prepare_run(s: TrainSettings) -> Run:
                      caption_column=s.caption_column, caption=s.caption)
     train, extra = _train_parts(s, index)
     _check_family(index)
+    if s.method == "embedding":
+        lacking = [smp.path.name for smp in data.samples if s.embedding not in smp.caption]
+        if lacking:
+            raise RecipeError(f"--embedding {s.embedding}: {len(lacking)} caption(s) do not contain the token "
+                              f"({', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''}); textual inversion learns "
+                              f"the token from the captions that use it: write it in each (e.g. 'a photo of "
+                              f"{s.embedding}'), or pass --caption 'a photo of {s.embedding}'")
 
     from ...runtime.load import load_pipeline
     from ...training import prepare_training
@@ -478,7 +486,7 @@ def train_steps(run: Run) -> TrainResult:
             validate(run, step)
         saved = save_outputs(run, step, losses)
     acc.end_training()
-    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals)
+    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method)
 
 
 def train(settings: TrainSettings) -> TrainResult:
