@@ -295,7 +295,11 @@ def plan_command(args: Any, overrides: Any = None) -> int:
         print(f"  tried {other.options.describe()}: {_size(other.peak)} > {_size(budget)}")
     print_prediction(pred, budget)
     if pred.peak > budget:
-        print("nothing tried fits: lower --resolution or --lora-rank, or a device with more memory")
+        weights = sum(pred.weights.values())
+        why = (f"the weights alone take {_size(weights)}" if weights > budget else
+               f"the smallest setting tried still needs {_size(pred.peak)}")
+        print(f"nothing tried fits {_size(budget)}: {why}; lower --resolution, use a device with more memory, or a "
+              f"smaller model")
         return 1
     flags = []
     if pred.options.gradient_checkpointing and not args.gradient_checkpointing:
