@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["make_demo", "DEMO_SETTINGS"]
+__all__ = ["make_demo", "draw_shape", "DEMO_SETTINGS"]
 
 # Small enough for 2 CPU cores in well under a minute; the learning rate is high because the run is short.
 DEMO_SETTINGS = {"steps": 60, "batch_size": 2, "learning_rate": 5e-3, "lora_rank": 4, "checkpoint_every": 20,
@@ -14,7 +14,7 @@ COLORS = {"red": (220, 30, 30), "green": (30, 200, 60), "blue": (40, 60, 230), "
 SHAPES = ("square", "circle")
 
 
-def _draw(shape: str, color: tuple[int, int, int], size: int, seed: int) -> "object":
+def draw_shape(shape: str, color: tuple[int, int, int], size: int, seed: int) -> "object":
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -46,6 +46,6 @@ def make_demo(workdir: str | Path, size: int = 32) -> tuple[Path, Path]:
     for i, (name, rgb) in enumerate(COLORS.items()):
         for j, shape in enumerate(SHAPES):
             stem = f"{name}-{shape}"
-            _draw(shape, rgb, size, seed=i * 2 + j).save(data / f"{stem}.png")
+            draw_shape(shape, rgb, size, seed=i * 2 + j).save(data / f"{stem}.png")
             (data / f"{stem}.txt").write_text(f"a {name} {shape}", encoding="utf-8")
     return model, data
