@@ -43,3 +43,30 @@ def test_two_processes_split_the_data_and_write_once(tmp_path):
     assert sorted(p.name for p in (out / "validation").iterdir()) == ["step-000000.png", "step-000003.png"]
     assert (out / "pytorch_lora_weights.safetensors").is_file() and (out / "training.json").is_file()
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name or p.name.startswith(".save-")]
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
+    import signal
+    import time
+
+    from hf_precision.apps.train.demo import make_demo
+
+    root = Path(__file__).resolve().parents[1]
+    model, data = make_demo(tmp_path / "demo")
+    out = tmp_path / "lora"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    cmd = [sys.executable, str(root / "scripts" / "train.py"), "--model", str(model), "--data", str(data), "--out",
+           str(out), "--device", "cpu", "--steps", "100000", "--lora-rank", "4", "--resolution", "32",
+           "--checkpoint-every", "100000", "--quiet"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    log = out / "train_log.jsonl"
+    while proc.poll() is None and not (log.exists() and log.read_text().count("\n") >= 2):
+        time.sleep(0.2)  # waits for an event (two steps logged), bounds nothing
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr[-2000:]
+    assert "interrupted at step" in stderr and "--resume latest" in stderr
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step-{steps[-1]:06d}"]
+    assert not (out / "pytorch_lora_weights.safetensors").exists()
