@@ -102,6 +102,7 @@ def family_of(module: torch.nn.Module) -> FamilyRow:
         ...     joint_attention_dim=8, caption_projection_dim=8, pooled_projection_dim=8, out_channels=4)).pack is None
         True
     """
+    module = getattr(module, "_orig_mod", module)  # torch.compile(module) wraps it in an OptimizedModule
     for cls in type(module).__mro__:
         if cls.__name__ in FAMILIES:
             return FAMILIES[cls.__name__]
@@ -187,7 +188,7 @@ def model_output(out: Any, target: torch.Tensor, row: FamilyRow) -> torch.Tensor
 def _with_condition_latents(row: FamilyRow, module: torch.nn.Module, noisy: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
     # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
     # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
-    config = getattr(module, "config", {})
+    config = getattr(getattr(module, "_orig_mod", module), "config", {})
     want = int(config.get("in_channels") or 0) // (4 if row.pack == "flux" else 1)
     dim = _channel_dim(row)
     have = noisy.shape[dim]

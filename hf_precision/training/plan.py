@@ -142,6 +142,8 @@ class TrainingPlan:
                 if p.dtype != self.stepper.master_dtype:
                     p.data = p.data.to(self.stepper.master_dtype)
                     moved += 1
+                if p.grad is not None and p.grad.dtype != p.dtype:
+                    p.grad = p.grad.to(p.dtype)
         return moved
 
     def check(self, batch: Mapping[str, Any] | None = None) -> None:
@@ -337,13 +339,16 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
     for comp, module in comps.items():
         kind = train.get(comp, "frozen")
         if kind == "lora":
-            config = lora or _lora_config(module, rank)
-            trainable.inject_lora(comp, module, config)
-            ranks[comp] = int(getattr(config, "r", rank))
+            present = trainable.existing_rank(module)  # an adapter the user injected before (any path, any dtype)
+            if present is None:
+                config = lora or _lora_config(module, rank)
+                trainable.inject_lora(comp, module, config)
+            ranks[comp] = present or int(getattr(config, "r", rank))
         if kind == "full" and comp in recipe and recipe[comp].storage != recipe[comp].compute:
             raise TrainingError(f"train: {comp}: 'full' cannot train weights stored in {recipe[comp].storage} and cast on "
                                 f"use; drop the storage override or train a LoRA")
         trainable.make_masters(module, kind if kind in ("lora", "full") else "frozen", master_dtype)
+        module.train(kind in ("lora", "full"))  # frozen parts in eval mode (no dropout), as diffusers' examples do
         if kind == "embedding":
             suffix = comp.removeprefix("text_encoder")
             tokenizer = getattr(holder, f"tokenizer{suffix}", None)

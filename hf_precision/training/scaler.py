@@ -60,7 +60,8 @@ class Stepper:
     def check(self, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
         """Raise naming every optimizer parameter that is not in the master dtype (before torch would)."""
         bad = [f"{names.get(id(p), '<a parameter not planned for training>')} ({str(p.dtype).removeprefix('torch.')})"
-               for group in optimizer.param_groups for p in group["params"] if p.dtype != self.master_dtype]
+               for group in optimizer.param_groups for p in group["params"]
+               if p.dtype != self.master_dtype or (p.grad is not None and p.grad.dtype != self.master_dtype)]
         if bad:
             want = str(self.master_dtype).removeprefix("torch.")
             raise TrainingError(

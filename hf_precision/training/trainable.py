@@ -16,7 +16,7 @@ import torch
 
 from .rules import TrainingError
 
-__all__ = ["inject_lora", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
+__all__ = ["inject_lora", "existing_rank", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
            "TokenRows", "add_tokens", "AutocastGuard", "guard"]
 
 # Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5.
@@ -46,14 +46,20 @@ def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
     ``add_adapter`` (diffusers ``ModelMixin`` and transformers ``PreTrainedModel``) keeps the module's class and
     the state-dict layout ``pipe.load_lora_weights`` reads; any other module gets peft's ``inject_adapter_in_model``.
     """
-    if any("lora_" in n for n, _ in module.named_parameters()):
-        return  # injected before: its dtype is fixed by make_masters below
     if hasattr(module, "add_adapter"):
         module.add_adapter(config)
     else:
         from peft import inject_adapter_in_model
 
         inject_adapter_in_model(config, module)
+
+
+def existing_rank(module: torch.nn.Module) -> int | None:
+    """The rank of a LoRA adapter already in ``module`` (None when there is none)."""
+    for name, param in module.named_parameters():
+        if ".lora_A." in name and param.dim() >= 2:
+            return int(param.shape[0])
+    return None
 
 
 def make_masters(module: torch.nn.Module, kind: str, master_dtype: torch.dtype) -> int:
@@ -87,26 +93,29 @@ class TokenRows(torch.nn.Embedding):
     fp32 (Nerogar/OneTrainer#752); only ``rows`` has a gradient, so only the new tokens can change.
     """
 
-    def __init__(self, base: torch.nn.Embedding, first: int, init: torch.Tensor, master_dtype: torch.dtype):
-        super().__init__(base.num_embeddings, base.embedding_dim, padding_idx=base.padding_idx,
-                         device="meta")
+    def __init__(self, base: torch.nn.Embedding, ids: Sequence[int], init: torch.Tensor, master_dtype: torch.dtype):
+        super().__init__(base.num_embeddings, base.embedding_dim, padding_idx=base.padding_idx, device="meta")
         self.weight = base.weight
         self.weight.requires_grad_(False)
-        self.first = first
+        self.ids = list(ids)
+        slot = torch.full((base.num_embeddings,), -1, dtype=torch.long, device=base.weight.device)
+        slot[torch.tensor(self.ids, device=slot.device)] = torch.arange(len(self.ids), device=slot.device)
+        self.register_buffer("slot", slot, persistent=False)
         self.rows = torch.nn.Parameter(init.detach().to(device=base.weight.device, dtype=master_dtype).clone())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.nn.functional.embedding(ids, self.weight, self.padding_idx)
-        new = ids >= self.first
+        slot = self.slot[ids]
+        new = slot >= 0
         if not bool(new.any()):
             return out
-        picked = torch.nn.functional.embedding((ids - self.first).clamp(min=0), self.rows).to(out.dtype)
+        picked = torch.nn.functional.embedding(slot.clamp(min=0), self.rows).to(out.dtype)
         return torch.where(new.unsqueeze(-1), picked, out)
 
     def merged(self) -> torch.Tensor:
         """The full table with the trained rows written in (what a plain text encoder would hold)."""
         table = self.weight.detach().clone()
-        table[self.first:] = self.rows.detach().to(table.dtype)
+        table[self.ids] = self.rows.detach().to(table.dtype)
         return table
 
 
@@ -115,26 +124,28 @@ def add_tokens(tokenizer: Any, encoder: torch.nn.Module, tokens: Sequence[str], 
     """Add ``tokens`` to a tokenizer and its text encoder; their rows (initialised from ``init`` words) train."""
     if tokenizer is None:
         raise TrainingError("textual inversion: the pipeline has no tokenizer for this text encoder; pass a pipeline")
+    if isinstance(encoder.get_input_embeddings(), TokenRows):
+        raise TrainingError("textual inversion: this text encoder already trains new rows; add all tokens at once")
+    known = len(tokenizer)
     added = tokenizer.add_tokens(list(tokens))
     if added != len(tokens):
         raise TrainingError(f"textual inversion: some of {list(tokens)} are already in the tokenizer; choose new "
                             f"placeholder strings such as '<my-cat>'")
+    ids = tokenizer.convert_tokens_to_ids(list(tokens))
     table = encoder.get_input_embeddings()
-    if isinstance(table, TokenRows):
-        raise TrainingError("textual inversion: this text encoder already trains new rows; add all tokens at once")
-    first = table.num_embeddings
-    encoder.resize_token_embeddings(len(tokenizer))
-    table = encoder.get_input_embeddings()
+    if max(ids) >= table.num_embeddings:  # a table smaller than the tokenizer grows; a larger one has free rows
+        encoder.resize_token_embeddings(max(ids) + 1)
+        table = encoder.get_input_embeddings()
     with torch.no_grad():
         if init:
-            ids = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in init]
-            if len(ids) != len(tokens):
+            if len(init) != len(tokens):
                 raise TrainingError(f"textual inversion: init_tokens {list(init)} must give one word per new token {list(tokens)}")
-            start = table.weight[ids].float()
+            start_ids = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w))[0] for w in init]
+            start = table.weight[start_ids].float()
         else:
-            start = table.weight[:first].float().mean(0, keepdim=True).expand(len(tokens), -1)
-        table.weight[first:] = start.to(table.weight.dtype)
-    rows = TokenRows(table, first, start, master_dtype)
+            start = table.weight[:known].float().mean(0, keepdim=True).expand(len(tokens), -1)
+        table.weight[ids] = start.to(table.weight.dtype)
+    rows = TokenRows(table, ids, start, master_dtype)
     encoder.set_input_embeddings(rows)
     return rows
 

@@ -1,0 +1,175 @@
+#!/usr/bin/env python
+"""Training step through hf_precision.training vs a diffusers-example loop vs all-fp32, paired, in ONE run.
+
+    python scripts/bench_training.py                          # tiny + mid SD 1.5 UNet LoRA, bf16 layout (a100), CPU
+    python scripts/bench_training.py --layout cpu --sizes mid # fp32 layout: measures only the layer's overhead
+    python scripts/bench_training.py --device cuda --layout a100 --sizes mid,real   # on a GPU
+
+Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch:
+  layer:  ``hp.prepare_training(pipe, layout=...)`` then ``tp.loss``/``tp.backward``/``tp.step``.
+  hand:   as diffusers' examples/text_to_image/train_text_to_image_lora.py does it: frozen parts ``.to(weight_dtype)``,
+          ``unet.add_adapter``, ``cast_training_params(unet, torch.float32)``, the UNet call under
+          ``torch.autocast(weight_dtype)``, a GradScaler under fp16 (created on every device type, unlike accelerate).
+  fp32:   everything in fp32, no autocast.
+Steps alternate layer, hand, fp32 so that machine load hits all three alike; the ratios are medians of per-round
+ratios. Bytes are weights + gradients + optimizer state of the UNet, text encoder and VAE after the steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import hf_precision as hp  # noqa: E402
+from hf_precision.testing import make_pipeline  # noqa: E402
+from hf_precision.training import example_batch  # noqa: E402
+
+
+def _bytes(modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> int:
+    seen: set[int] = set()
+    total = 0
+    for m in modules:
+        for t in (*m.parameters(), *m.buffers()):
+            if id(t) not in seen:
+                seen.add(id(t))
+                total += t.numel() * t.element_size()
+                if getattr(t, "grad", None) is not None:
+                    total += t.grad.numel() * t.grad.element_size()
+    for state in optimizer.state.values():
+        total += sum(v.numel() * v.element_size() for v in state.values() if isinstance(v, torch.Tensor))
+    return total
+
+
+class Layer:
+    def __init__(self, pipe: Any, device: str, layout: str):
+        self.tp = hp.prepare_training(pipe, device=device, layout=layout, train={"unet": "lora"})
+        self.opt = torch.optim.AdamW(self.tp.parameters(), lr=1e-4)
+        self.dtype = self.tp.compute_dtype
+
+    def step(self, batch: dict) -> float:
+        loss = self.tp.loss(batch, generator=torch.Generator(self.tp.device).manual_seed(0))
+        self.tp.backward(loss)
+        self.tp.step(self.opt)
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.tp.components[n] for n in ("unet", "text_encoder", "vae")]
+
+
+class Hand:
+    """The diffusers example loop (fp32 when ``weight_dtype`` is fp32)."""
+
+    def __init__(self, pipe: Any, device: str, weight_dtype: torch.dtype):
+        from diffusers import DDPMScheduler
+        from diffusers.training_utils import cast_training_params
+        from peft import LoraConfig
+
+        self.unet, self.vae, self.te = pipe.unet, pipe.vae, pipe.text_encoder
+        for m in (self.unet, self.vae, self.te):
+            m.requires_grad_(False)
+        self.unet.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
+                                         target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
+        self.unet.to(device, dtype=weight_dtype)
+        self.vae.to(device, dtype=weight_dtype)
+        self.te.to(device, dtype=weight_dtype)
+        # The examples upcast under fp16; here always, so that both loops keep the same fp32 masters.
+        cast_training_params(self.unet, dtype=torch.float32)
+        self.unet.train()
+        self.params = [p for p in self.unet.parameters() if p.requires_grad]
+        self.opt = torch.optim.AdamW(self.params, lr=1e-4)
+        self.dtype, self.device = weight_dtype, torch.device(device)
+        self.scaler = torch.amp.GradScaler(self.device.type) if weight_dtype == torch.float16 else None
+        self.alphas = DDPMScheduler.from_config(pipe.scheduler.config).alphas_cumprod.to(device)
+
+    def step(self, batch: dict) -> float:
+        latents = batch["latents"].to(self.device, self.dtype)
+        gen = torch.Generator(self.device).manual_seed(0)
+        noise = torch.randn(latents.shape, generator=gen, device=self.device, dtype=latents.dtype)
+        t = torch.randint(0, len(self.alphas), (latents.shape[0],), generator=gen, device=self.device)
+        a = self.alphas[t].view(-1, 1, 1, 1).to(latents.dtype)
+        noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
+        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+            pred = self.unet(noisy, t, batch["prompt_embeds"].to(self.device, self.dtype)).sample
+        loss = torch.nn.functional.mse_loss(pred.float(), noise.float())
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.unet, self.te, self.vae]
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run(size: str, device: str, layout: str, steps: int, batch_size: int) -> dict[str, Any]:
+    base = make_pipeline("sd15", size=size, seed=0)
+    layer = Layer(copy.deepcopy(base), device, layout)
+    hand = Hand(copy.deepcopy(base), device, layer.dtype)
+    fp32 = Hand(copy.deepcopy(base), device, torch.float32)
+    side = 8 if size == "tiny" else 32 if size == "mid" else 64
+    batch = example_batch(layer.tp.components["unet"], batch_size, side=side, tokens=77 if size != "tiny" else 4)
+    batch = {k: v.to(device) for k, v in batch.items()}
+    loops = {"layer": layer, "hand": hand, "fp32": fp32}
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    for _ in range(2):  # warm-up
+        for loop in loops.values():
+            loop.step(batch)
+    for _ in range(steps):
+        for name, loop in loops.items():
+            _sync(device)
+            start = time.perf_counter()
+            loop.step(batch)
+            _sync(device)
+            times[name].append(time.perf_counter() - start)
+    nbytes = {k: _bytes(v.modules(), v.opt) for k, v in loops.items()}
+    ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))
+    return {"size": size, "compute": str(layer.dtype).removeprefix("torch."), "scaler": layer.tp.scaler is not None,
+            "ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+            "time layer/hand": ratio("layer", "hand"), "time layer/fp32": ratio("layer", "fp32"),
+            "bytes": nbytes, "bytes layer/hand": nbytes["layer"] / nbytes["hand"],
+            "bytes layer/fp32": nbytes["layer"] / nbytes["fp32"]}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--layout", default="a100", help="device rules for the dtypes (a100: bf16, t4: fp16+scaler, cpu: fp32)")
+    parser.add_argument("--sizes", default="tiny,mid")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=2)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    print(f"bench_training: device {args.device}, layout {args.layout}, {args.steps} paired steps, batch {args.batch}")
+    print("| size | compute | ms/step layer | ms/step hand | ms/step fp32 | time layer/hand | time layer/fp32 "
+          "| MiB layer | MiB hand | MiB fp32 | bytes layer/hand | bytes layer/fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for size in args.sizes.split(","):
+        r = run(size, args.device, args.layout, args.steps, args.batch)
+        mib = {k: v / 2**20 for k, v in r["bytes"].items()}
+        print(f"| {size} | {r['compute']}{' +scaler' if r['scaler'] else ''} | {r['ms']['layer']:.1f} | {r['ms']['hand']:.1f} "
+              f"| {r['ms']['fp32']:.1f} | {r['time layer/hand']:.3f} | {r['time layer/fp32']:.3f} | {mib['layer']:.1f} "
+              f"| {mib['hand']:.1f} | {mib['fp32']:.1f} | {r['bytes layer/hand']:.3f} | {r['bytes layer/fp32']:.3f} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
