@@ -138,3 +138,36 @@ def test_a_family_without_a_training_recipe_is_refused_before_loading(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and "DiTTransformer2DModel" in err and "without a training recipe" in err
     assert not (tmp_path / "o").exists()
+
+
+def test_cache_written_under_the_t4_plan_is_not_read_under_the_a100_plan(tmp_path):
+    # kohya-ss/sd-scripts PR #1413: fp16 text-encoder outputs reused in a bf16 run gave NaN. The key holds the plan.
+    from hf_precision.apps.train.cache import EncodingCache
+    from hf_precision.testing.pipelines import make_sd15
+    from hf_precision.training import prepare_training
+
+    prints = {layout: prepare_training(make_sd15(), layout=layout, train={"unet": "lora"}).fingerprint()
+              for layout in ("t4", "a100")}
+    assert prints["t4"] != prints["a100"]
+    EncodingCache(tmp_path, prints["t4"]).put("text", ("a cat",), {"prompt_embeds": torch.ones(1, 2, dtype=torch.float16)})
+    assert EncodingCache(tmp_path, prints["t4"]).get("text", ("a cat",)) is not None
+    assert EncodingCache(tmp_path, prints["a100"]).get("text", ("a cat",)) is None
+
+
+def test_fsdp_and_deepspeed_are_refused(monkeypatch, tmp_path):
+    import accelerate
+    from accelerate.utils import DistributedType
+
+    from hf_precision.apps.train import loop
+    from hf_precision.errors import RecipeError
+
+    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+        class Fake:
+            distributed_type = kind
+
+            def __init__(self, **kwargs):
+                pass
+
+        monkeypatch.setattr(accelerate, "Accelerator", Fake)
+        with pytest.raises(RecipeError, match=f"selects {kind.value}.*DDP"):
+            loop._accelerator(tmp_path, "cpu")
