@@ -138,6 +138,23 @@ def test_clip_with_too_few_frames(capsys, wan, tmp_path):
     assert "--frames 6" in err and "4*k+1" in err
 
 
+def test_corrupt_mp4_clip(capsys, wan, tmp_path):
+    import imageio.v2 as imageio
+
+    d = tmp_path / "clips"
+    d.mkdir()
+    writer = imageio.get_writer(str(d / "good.mp4"), format="FFMPEG", mode="I", fps=8, codec="libx264",
+                                pixelformat="yuv420p", macro_block_size=1)
+    for i in range(5):
+        writer.append_data(np.full((16, 16, 3), 30 * i, np.uint8))
+    writer.close()
+    (d / "bad.mp4").write_bytes((d / "good.mp4").read_bytes()[:40])
+    for name in ("good", "bad"):
+        (d / f"{name}.txt").write_text("a cat walking")
+    err = _fails(capsys, wan, d, tmp_path / "o", "--frames", "5", "--resolution", "16")
+    assert "bad.mp4: cannot decode it as a video" in err and "good.mp4" not in err and "ffmpeg version" not in err
+
+
 def test_image_folder_for_a_video_model(capsys, wan, tmp_path):
     err = _fails(capsys, wan, _folder(tmp_path), tmp_path / "o", "--frames", "5", "--resolution", "16")
     assert "no clips" in err and "video model" in err

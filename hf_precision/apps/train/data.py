@@ -139,7 +139,7 @@ def _captions_beside(folder: Path, media: list[Path], caption_ext: str, problems
             missing.append(path.name)
             continue
         try:
-            text = cap.read_text(encoding="utf-8").strip()
+            text = cap.read_text(encoding="utf-8-sig").strip()  # a BOM (Windows editors) is not part of the caption
         except (OSError, UnicodeDecodeError) as err:
             problems.append(f"{cap}: cannot read the caption as UTF-8 text ({type(err).__name__}); save it as UTF-8")
             continue
@@ -267,7 +267,8 @@ def _read_clip(path: Path, frames: int | None = None) -> Any:
         else:
             arr = iio.imread(path, index=None, plugin="FFMPEG")
     except Exception as err:  # imageio raises plugin-specific types for a damaged container
-        raise RecipeError(f"{path}: cannot decode it as a video ({type(err).__name__}: {err}); the file is corrupt or "
+        first = (str(err).strip().splitlines() or [""])[0]  # ffmpeg appends its whole stderr
+        raise RecipeError(f"{path}: cannot decode it as a video ({type(err).__name__}: {first}); the file is corrupt or "
                           f"truncated: re-encode it (ffmpeg -i in -c:v libx264 out.mp4) or remove it") from None
     arr = np.asarray(arr)
     if arr.ndim == 3:  # one frame
