@@ -158,7 +158,7 @@ def test_fsdp_and_deepspeed_are_refused(monkeypatch, tmp_path):
     import accelerate
     from accelerate.utils import DistributedType
 
-    from hf_precision.apps.train import loop
+    from hf_precision.apps.train import prepare
     from hf_precision.errors import RecipeError
 
     for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
@@ -170,4 +170,4 @@ def test_fsdp_and_deepspeed_are_refused(monkeypatch, tmp_path):
 
         monkeypatch.setattr(accelerate, "Accelerator", Fake)
         with pytest.raises(RecipeError, match=f"selects {kind.value}.*DDP"):
-            loop._accelerator(tmp_path, "cpu")
+            prepare._accelerator(tmp_path, "cpu")

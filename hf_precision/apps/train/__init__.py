@@ -11,8 +11,8 @@ _EXPORTS = {
     "TrainData": "data", "ModelGeometry": "data", "model_geometry": "data", "read_data": "data",
     "Checkpoints": "checkpoint",
     "EncodingCache": "cache",
-    "TrainSettings": "loop", "TrainResult": "loop", "train": "loop",
-    "predict_training": "plan", "TrainingPrediction": "plan",
+    "TrainSettings": "settings", "TrainResult": "loop", "train": "loop", "Run": "prepare", "prepare_run": "prepare",
+    "predict_training": "plan", "TrainingPrediction": "plan", "Options": "plan",
     "make_demo": "demo",
 }
 __all__ = sorted(_EXPORTS)
