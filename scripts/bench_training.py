@@ -125,7 +125,7 @@ def run(size: str, device: str, layout: str, steps: int, batch_size: int) -> dic
     layer = Layer(copy.deepcopy(base), device, layout)
     hand = Hand(copy.deepcopy(base), device, layer.dtype)
     fp32 = Hand(copy.deepcopy(base), device, torch.float32)
-    side = 8 if size == "tiny" else 32 if size == "mid" else 64
+    side = 8 if size == "tiny" else 16 if size == "mid" else 64
     batch = example_batch(layer.tp.components["unet"], batch_size, side=side, tokens=77 if size != "tiny" else 4)
     batch = {k: v.to(device) for k, v in batch.items()}
     loops = {"layer": layer, "hand": hand, "fp32": fp32}

@@ -118,3 +118,26 @@ def test_lora_plan_follows_the_device_rules(pipes, recipe, preset):
     assert ("downgrade:" in report) == (want["denoiser"] != "bfloat16"), report
     if want["denoiser"] == "float16":
         assert "GradScaler" in report and "bf16 is not picked" in report
+
+
+def test_a_bad_training_section_names_file_and_key(tmp_path):
+    text = (RECIPES / "sd15.yaml").read_text().replace("dtypes: [bfloat16, float32]", "dtypez: [bfloat16, float32]")
+    path = tmp_path / "mine.yaml"
+    path.write_text(text)
+    with pytest.raises(hp.RecipeError, match=r"mine\.yaml training.*components\.vae\.dtypez.*unknown key"):
+        hp.get_recipe(str(path), device="cpu")
+    path.write_text(text.split("\n# What differs in training")[0] + "\ntraining: [vae]\n")
+    with pytest.raises(hp.RecipeError, match=r"mine\.yaml: training: expected an override mapping"):
+        hp.get_recipe(str(path), device="cpu")
+
+
+def test_bad_arguments_are_one_clear_error(pipes):
+    from hf_precision.training import TrainingError
+
+    with pytest.raises(TrainingError) as err:
+        hp.prepare_training(pipes["sdxl"], train={"unet": "lorra", "text_encoder_3": "full"}, master="fp8")
+    text = str(err.value)
+    assert "'lorra' is not one of lora, full, embedding, frozen" in text and "unknown component 'text_encoder_3'" in text
+    assert "master: 'fp8'" in text
+    with pytest.raises(TrainingError, match=r"tokens=\{'text_encoder': \['<my-token>'\]\}"):
+        hp.prepare_training(pipes["sdxl"], train={"text_encoder": "embedding"})
