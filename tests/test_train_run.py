@@ -14,6 +14,7 @@ import torch
 from hf_precision.apps.train.loop import train
 from hf_precision.apps.train.settings import TrainSettings
 from hf_precision.cli import main
+from hf_precision.errors import RecipeError
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -96,13 +97,21 @@ def test_resume_after_a_kill_continues_the_same_loss_curve(demo, tmp_path):
     assert rest.losses == whole.losses  # steps 1-2 from the checkpoint, 3-6 computed again: bit for bit
 
 
-def test_resume_refuses_other_settings(demo, tmp_path, capsys):
-    train(_settings(demo, tmp_path / "o", steps=2, checkpoint_every=2))
+def test_resume_refuses_other_settings_and_other_data(demo, tmp_path, capsys):
+    import shutil
+
     model, data = demo
-    code = main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o"), "--resume",
+    own = tmp_path / "data"
+    shutil.copytree(data, own)
+    train(_settings((model, own), tmp_path / "o", steps=2, checkpoint_every=2))
+    code = main(["train", "--model", str(model), "--data", str(own), "--out", str(tmp_path / "o"), "--resume",
                  "latest", "--lora-rank", "8", "--resolution", "32", "--device", "cpu", "--quiet", "--steps", "4"])
     err = capsys.readouterr().err
     assert code == 2 and "lora_rank: 4 -> 8" in err
+    shutil.copy(own / "red-square.png", own / "zz-extra.png")  # one more image: the batch order would change
+    (own / "zz-extra.txt").write_text("a red square")
+    with pytest.raises(RecipeError, match=r"the data folder changed .*8 files then, 9 now.*new: \['zz-extra.png'\]"):
+        train(_settings((model, own), tmp_path / "o", steps=4, resume="latest"))
 
 
 def test_nan_loss_names_step_and_component_then_stops_or_skips(demo, tmp_path, capsys):

@@ -172,7 +172,13 @@ def _nonfinite_component(tp: Any, batch: dict[str, Any]) -> str:
 def _state(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> dict[str, Any]:
     return {"step": step, "rng": rng, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
             "training": run.tp.state_dict(), "losses": {str(k): v for k, v in losses.items()},
-            "settings": {k: run.settings.record()[k] for k in RESUME_KEYS}}
+            "settings": {k: run.settings.record()[k] for k in RESUME_KEYS}, "data": _data_list(run)}
+
+
+def _data_list(run: Run) -> list[str]:
+    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket."""
+    return [f"{s.path.relative_to(run.data.folder) if s.path.is_relative_to(run.data.folder) else s.path}|"
+            f"{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}" for s in run.data.samples]
 
 
 def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> Path | None:
@@ -194,6 +200,13 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
     if changed:
         raise RecipeError(f"--resume {run.settings.resume}: {path} was made with other settings ({'; '.join(changed)}); "
                           f"a resumed run must keep them to continue the same run; start a new --out to change them")
+    then, now_data = state.get("data", []), _data_list(run)
+    if then != now_data:
+        gone, new = sorted(set(then) - set(now_data)), sorted(set(now_data) - set(then))
+        raise RecipeError(f"--resume {run.settings.resume}: the data folder changed since {path.name} ({len(then)} files "
+                          f"then, {len(now_data)} now; gone or changed: {[g.split('|')[0] for g in gone[:3]]}, new: "
+                          f"{[n.split('|')[0] for n in new[:3]]}); the batches would not be the ones the run was "
+                          f"trained on. Restore the folder to continue, or start a new --out with the new data")
     load_trainable(run.tp.components, weights, str(path))
     run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
