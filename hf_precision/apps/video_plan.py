@@ -26,7 +26,7 @@ from ..errors import RecipeError
 from ..runtime.memory import available_bytes
 from .video import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args", "quantize_options",
+__all__ = ["count_live_bytes", "Prediction", "Choice", "predict", "choose", "parse_size", "free_memory", "print_plan", "choose_for_args", "quantize_options",
            "pipeline_recipe"]
 
 # Text sequence lengths the pipelines pad to (diffusers pipeline_wan.py max_sequence_length=512, pipeline_ltx.py 128,
@@ -111,7 +111,7 @@ def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
 
 
 @contextlib.contextmanager
-def _counting(cpu: bool = False) -> Iterator[_LiveBytes]:
+def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -131,15 +131,49 @@ def _counting(cpu: bool = False) -> Iterator[_LiveBytes]:
 
     sdpa = F.scaled_dot_product_attention
 
+    class FusedWithGrad(torch.autograd.Function):
+        """A flash kernel under autograd: saves q, k, v, the output and the per-row logsumexp; backward gives
+        gradients shaped like q, k, v (what torch's flash/efficient SDPA backward allocates)."""
+
+        @staticmethod
+        def forward(ctx, query, key, value):
+            out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+            lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(query, key, value, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
     def fused(query, key, value, *args, **kwargs):  # a fused kernel: the output, no (L x S) score matrix
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return FusedWithGrad.apply(query, key, value)
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
     F.scaled_dot_product_attention = fused
     try:
-        with torch.no_grad(), Mode():
+        with (torch.enable_grad() if grad else torch.no_grad()), Mode():
             yield live
     finally:
         F.scaled_dot_product_attention = sdpa
+
+
+def count_live_bytes(cpu: bool = False, grad: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
+
+    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
+    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
+
+    Example:
+        >>> import torch
+        >>> with count_live_bytes() as live:
+        ...     x = torch.empty(256, device="meta") * 2   # the empty input and the product: 2 x 1 KiB
+        >>> live.peak
+        2048
+    """
+    return _counting(cpu, grad)
 
 
 def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: Mapping[str, Any]) -> dict[str, Any]:

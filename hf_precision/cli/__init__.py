@@ -22,12 +22,13 @@ EXAMPLES = """examples:
   hf-precision check ./my-sdxl-folder --device cpu
   hf-precision demo --out demo_output
   hf-precision calibrate ./my-sdxl-folder --device t4 --out islands.yaml
+  hf-precision train --demo --out demo-lora
 """
 
 
 # The subcommand modules, in the order `hf-precision --help` lists them; each registers its commands with
 # @command on import (parsers only: the heavy work is imported by the handler when the command runs).
-COMMAND_MODULES = ("recipes", "diagnose", "run", "video", "calibrate")
+COMMAND_MODULES = ("recipes", "diagnose", "run", "video", "train", "calibrate")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,149 @@
+"""Checkpoints of a training run: everything a resumed run needs to continue the same loss curve.
+
+A checkpoint is a folder ``OUT/checkpoints/step-000100`` holding the trainable weights (fp32 masters, safetensors),
+the optimizer and LR-scheduler state, the training layer's state (GradScaler scale, skipped steps), the RNG states
+and the position in the data order. It is written into a temporary folder beside it and renamed into place, so a
+kill during a save leaves the previous checkpoint whole and no half folder that ``--resume latest`` could pick.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ...errors import RecipeError
+from ..outputs import written_atomically
+
+__all__ = ["Checkpoints", "trainable_state", "load_trainable", "rng_state", "set_rng_state"]
+
+_NAME = re.compile(r"step-(\d{6,})")
+WEIGHTS, STATE = "trainable.safetensors", "state.pt"
+
+
+def trainable_named(components: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(``component.parameter``, parameter) for every trainable parameter, in a fixed order."""
+    for name in sorted(components):
+        module = components[name]
+        if hasattr(module, "named_parameters"):
+            for pname, p in module.named_parameters():
+                if p.requires_grad:
+                    yield f"{name}.{pname}", p
+
+
+def trainable_state(components: Mapping[str, Any]) -> dict[str, Any]:
+    """A CPU copy of every trainable parameter, by ``component.parameter`` name."""
+    return {name: p.detach().to("cpu", copy=True).contiguous() for name, p in trainable_named(components)}
+
+
+def load_trainable(components: Mapping[str, Any], state: Mapping[str, Any], source: str) -> None:
+    """Copy saved trainable weights back in place (dtype and device of the live parameter are kept)."""
+    import torch
+
+    live = dict(trainable_named(components))
+    missing, unexpected = sorted(set(live) - set(state)), sorted(set(state) - set(live))
+    if missing or unexpected:
+        raise RecipeError(f"{source}: the checkpoint's trainable weights do not match this run (missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]}); resume with the same --model, method, "
+                          f"--lora-rank and trained parts, or start a new --out")
+    with torch.no_grad():
+        for name, p in live.items():
+            if tuple(p.shape) != tuple(state[name].shape):
+                raise RecipeError(f"{source}: {name} has shape {tuple(state[name].shape)} in the checkpoint, "
+                                  f"{tuple(p.shape)} in this run; resume with the same settings")
+            p.copy_(state[name].to(p.device, p.dtype))
+
+
+def rng_state() -> dict[str, Any]:
+    """Every RNG a step reads: torch CPU, and each CUDA device where present."""
+    import torch
+
+    state = {"cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Mapping[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+@dataclasses.dataclass
+class Checkpoints:
+    """The checkpoints of one output folder.
+
+    Example:
+        >>> import tempfile
+        >>> ck = Checkpoints(Path(tempfile.mkdtemp()))
+        >>> ck.save(3, {"w": __import__("torch").ones(2)}, {"step": 3}).name, ck.latest().name
+        ('step-000003', 'step-000003')
+    """
+
+    out: Path
+    keep: int = 3
+
+    @property
+    def folder(self) -> Path:
+        return self.out / "checkpoints"
+
+    def all(self) -> list[Path]:
+        """Complete checkpoints, oldest first (a temporary folder of an interrupted save is never listed)."""
+        if not self.folder.is_dir():
+            return []
+        found = [p for p in self.folder.iterdir() if p.is_dir() and _NAME.fullmatch(p.name)
+                 and (p / WEIGHTS).is_file() and (p / STATE).is_file()]
+        return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name)[1]))
+
+    def latest(self) -> Path | None:
+        found = self.all()
+        return found[-1] if found else None
+
+    def save(self, step: int, weights: Mapping[str, Any], state: Mapping[str, Any]) -> Path:
+        """Write one checkpoint atomically and drop the oldest beyond ``keep``."""
+        import torch
+        from safetensors.torch import save_file
+
+        target = self.folder / f"step-{step:06d}"
+        with written_atomically(target, folder=True) as tmp:
+            save_file(dict(weights), str(tmp / WEIGHTS))
+            torch.save(dict(state), tmp / STATE)
+        for old in self.all()[:-self.keep] if self.keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+        for stale in self.folder.glob(".step-*"):  # temp folders of saves that were killed
+            shutil.rmtree(stale, ignore_errors=True)
+        return target
+
+    def find(self, resume: str) -> Path:
+        """The checkpoint ``--resume`` names: ``latest`` or a path; a RecipeError when there is none."""
+        if resume == "latest":
+            found = self.latest()
+            if found is None:
+                raise RecipeError(f"--resume latest: no complete checkpoint in {self.folder}; start without --resume, "
+                                  f"or pass the --out of the run to continue")
+            return found
+        path = Path(resume).expanduser()
+        if not ((path / WEIGHTS).is_file() and (path / STATE).is_file()):
+            raise RecipeError(f"--resume {resume}: not a checkpoint folder (needs {WEIGHTS} and {STATE}); pass "
+                              f"'latest' or a folder under {self.folder}")
+        return path
+
+    @staticmethod
+    def load(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(trainable weights, state) of a checkpoint folder; only tensors and plain data are unpickled."""
+        import torch
+        from safetensors.torch import load_file
+
+        try:
+            weights = load_file(str(path / WEIGHTS))
+            state = torch.load(path / STATE, map_location="cpu", weights_only=True)
+        except Exception as err:  # a damaged file: safetensors and torch raise their own types
+            raise RecipeError(f"{path}: cannot read the checkpoint ({type(err).__name__}: {err}); resume from an "
+                              f"older one (--resume {path.parent}/step-...)") from None
+        return weights, state

@@ -1,0 +1,369 @@
+"""The training loop of ``hf-precision train``: data -> cached encodings -> the training layer's loss and step.
+
+Precision is not decided here: :func:`hf_precision.training.prepare_training` gives the dtypes, the loss (noise
+objective from the scheduler), the GradScaler and the sampling context. This module orders the work: checks before
+loading, caches, one progress bar, checkpoints, validation, faults (NaN, Ctrl-C) and the outputs.
+
+Several processes (``accelerate launch``): every process computes the same global batch order and takes its share
+of each batch; gradients of the trainable parameters are averaged over processes before each step (what DDP does,
+without wrapping the denoiser, so the training layer's hooks and loss stay as they are); only the main process
+writes. FSDP and DeepSpeed are refused: they shard or wrap the parameters the layer must see as fp32 masters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from ...errors import RecipeError
+from .cache import sample_parts
+from .checkpoint import Checkpoints, load_trainable, rng_state, set_rng_state, trainable_state
+from .data import epoch_batches
+from .prepare import Run, prepare_run
+from .settings import RESUME_KEYS, TrainSettings
+
+__all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "fill_cache", "offload_encoders"]
+
+LORA_FILE = "pytorch_lora_weights.safetensors"
+
+
+@dataclasses.dataclass
+class TrainResult:
+    """What a run did: steps done (all processes), the loss of each step of this run, skipped steps, where it wrote,
+    and the exit code the command returns (0 done, 130 interrupted and checkpointed)."""
+
+    out: Path
+    step: int
+    losses: dict[int, float]
+    skipped: int
+    exit_code: int = 0
+    saved: Path | None = None
+    eval_loss: tuple[float, float] | None = None
+    method: str = "lora"
+
+
+# --------------------------------------------------------------------------------------------- encodings
+
+
+def _text_trained(tp: Any) -> bool:
+    import torch
+
+    return any(p.requires_grad for n, m in tp.components.items() if n.startswith("text_encoder")
+               and isinstance(m, torch.nn.Module) for p in m.parameters())
+
+
+def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
+    """The batch the layer's loss takes: latents and conditioning, read from the cache where :func:`fill_cache`
+    wrote them, else encoded now (``--no-cache``, or a text encoder that trains)."""
+    import torch
+
+    tp, data = run.tp, run.data
+    samples = [data.samples[i] for i in indices]
+    found = [run.cache.get("latents", sample_parts(s)) for s in samples] if run.cache is not None else [None]
+    if all(f is not None for f in found):
+        latents = torch.cat([f["latents"] for f in found])
+    else:
+        with torch.no_grad():
+            latents = tp.encode_images(data.pixels(indices))
+    captions = data.captions(indices)
+    cond = None
+    if run.cache is not None and not _text_trained(tp):
+        texts = [run.cache.get("text", (c,)) for c in captions]
+        if all(f is not None for f in texts):
+            cond = {k: torch.cat([f[k] for f in texts]) for k in texts[0]}
+    if cond is None:
+        with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
+            cond = dict(tp.encode_prompt(captions))
+    device = _tp_device(tp)
+    return {"latents": latents.to(device), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
+
+
+def _tp_device(tp: Any) -> Any:
+    import torch
+
+    module = tp.components[tp.denoiser_name]
+    return next(module.parameters(), torch.empty(0)).device
+
+
+def fill_cache(run: Run) -> None:
+    """Encode every sample once before the first step (main process writes; the others wait and read).
+
+    Each sample is encoded under its own seed in a forked RNG, so the latents do not depend on batch order or on
+    whether the cache existed, and the training RNG is untouched: a resumed run reads what the first run wrote and
+    draws the same noise. Frozen encoders then leave the accelerator until validation needs them.
+    """
+    import torch
+
+    acc, tp, data = run.accelerator, run.tp, run.data
+    text = not _text_trained(tp)
+    if acc.is_main_process:
+        for i, sample in enumerate(data.samples):
+            parts = sample_parts(sample)
+            if run.cache.get("latents", parts) is None:
+                with torch.random.fork_rng(devices=[]), torch.no_grad():
+                    torch.manual_seed(run.settings.seed * 1_000_003 + i)
+                    run.cache.put("latents", parts, {"latents": tp.encode_images(data.pixels([i]))})
+            if text and run.cache.get("text", (sample.caption,)) is None:
+                with torch.no_grad():
+                    cond = tp.encode_prompt([sample.caption])
+                run.cache.put("text", (sample.caption,), {k: v for k, v in cond.items() if torch.is_tensor(v)})
+    acc.wait_for_everyone()
+    offload_encoders(run, "cpu", text)
+
+
+def offload_encoders(run: Run, device: Any, text: bool = True) -> None:
+    """Move the frozen VAE (and text encoders) to ``device``: off the accelerator once their outputs are cached."""
+    import torch
+
+    if _tp_device(run.tp).type == "cpu":
+        return
+    for name, module in run.tp.components.items():
+        frozen = isinstance(module, torch.nn.Module) and not any(p.requires_grad for p in module.parameters())
+        if frozen and (name == "vae" or (text and name.startswith("text_encoder"))):
+            module.to(device)
+
+
+# --------------------------------------------------------------------------------------------- faults
+
+
+class _Interrupt:
+    """Ctrl-C asks the loop to stop at the end of the step (checkpoint, exit 130); a second one stops at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        try:
+            previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread: Ctrl-C keeps its default
+            yield
+            return
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+
+def _nonfinite_component(tp: Any, batch: dict[str, Any]) -> str:
+    """Which component made the loss non-finite: the VAE (latents), a text encoder (conditioning) or the denoiser."""
+    import torch
+
+    if not torch.isfinite(batch["latents"]).all():
+        return "vae (the latents are not finite: see --set vae.dtype=float32)"
+    for key, value in batch.items():
+        if key != "latents" and torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+            return f"the text encoder(s) ({key} is not finite)"
+    return f"{tp.denoiser_name} (its prediction or the loss overflowed {tp.compute_dtype})"
+
+
+# --------------------------------------------------------------------------------------------- state
+
+
+def _state(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> dict[str, Any]:
+    return {"step": step, "rng": rng, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+            "training": run.tp.state_dict(), "losses": {str(k): v for k, v in losses.items()},
+            "settings": {k: run.settings.record()[k] for k in RESUME_KEYS}, "data": _data_list(run)}
+
+
+def _data_list(run: Run) -> list[str]:
+    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket."""
+    return [f"{s.path.relative_to(run.data.folder) if s.path.is_relative_to(run.data.folder) else s.path}|"
+            f"{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}" for s in run.data.samples]
+
+
+def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> Path | None:
+    path = None
+    if run.accelerator.is_main_process:
+        path = run.checkpoints.save(step, trainable_state(run.tp.components), _state(run, step, rng, losses))
+    run.accelerator.wait_for_everyone()
+    return path
+
+
+def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
+    """(step, losses so far, RNG state to restore) from ``--resume``; (0, {}, None) for a new run."""
+    if run.settings.resume is None:
+        return 0, {}, None
+    path = run.checkpoints.find(run.settings.resume)
+    weights, state = Checkpoints.load(path)
+    now = run.settings.record()
+    changed = [f"{k}: {state['settings'].get(k)!r} -> {now[k]!r}" for k in RESUME_KEYS if state["settings"].get(k) != now[k]]
+    if changed:
+        raise RecipeError(f"--resume {run.settings.resume}: {path} was made with other settings ({'; '.join(changed)}); "
+                          f"a resumed run must keep them to continue the same run; start a new --out to change them")
+    then, now_data = state.get("data", []), _data_list(run)
+    if then != now_data:
+        gone, new = sorted(set(then) - set(now_data)), sorted(set(now_data) - set(then))
+        raise RecipeError(f"--resume {run.settings.resume}: the data folder changed since {path.name} ({len(then)} files "
+                          f"then, {len(now_data)} now; gone or changed: {[g.split('|')[0] for g in gone[:3]]}, new: "
+                          f"{[n.split('|')[0] for n in new[:3]]}); the batches would not be the ones the run was "
+                          f"trained on. Restore the folder to continue, or start a new --out with the new data")
+    load_trainable(run.tp.components, weights, str(path))
+    run.optimizer.load_state_dict(state["optimizer"])
+    run.scheduler.load_state_dict(state["scheduler"])
+    run.tp.load_state_dict(state["training"])
+    return int(state["step"]), {int(k): float(v) for k, v in state["losses"].items()}, state["rng"]
+
+
+# --------------------------------------------------------------------------------------------- the loop
+
+
+def _reduce_gradients(run: Run) -> None:
+    """Average the trainable gradients over processes (DDP's all-reduce; identical scale on every rank)."""
+    import torch.distributed as dist
+
+    world = run.accelerator.num_processes
+    for p in run.tp.parameters():
+        if p.grad is not None:
+            dist.all_reduce(p.grad)
+            p.grad.div_(world)
+
+
+def _batches_from(run: Run, step: int) -> Iterator[tuple[int, list[int]]]:
+    """(global step, this process's indices) from ``step`` on, epoch after epoch, in the (seed, epoch) order."""
+    s, acc = run.settings, run.accelerator
+    per_epoch = len(epoch_batches(run.data.samples, s.batch_size, s.seed, 0, acc.num_processes))
+    epoch, pos = divmod(step, per_epoch)
+    while True:
+        batches = epoch_batches(run.data.samples, s.batch_size, s.seed, epoch, acc.num_processes)
+        for b in batches[pos:]:
+            r = acc.process_index
+            yield step, b[r * s.batch_size:(r + 1) * s.batch_size]
+            step += 1
+        epoch, pos = epoch + 1, 0
+
+
+def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bool]:
+    """(loss, stepped) for one optimizer step; loss None when it was not finite and --on-nan skip."""
+    import torch
+
+    batch = _encode(run, indices)
+    loss = run.tp.loss(batch)
+    finite = bool(torch.isfinite(loss.detach()).all())
+    if run.accelerator.num_processes > 1:
+        flag = torch.tensor([0.0 if finite else 1.0], device=loss.device)
+        finite = float(run.accelerator.reduce(flag, "sum")) == 0.0
+    if not finite:
+        where = _nonfinite_component(run.tp, batch)
+        if run.settings.on_nan == "stop":
+            raise NonFiniteLoss(f"step {step + 1}: the loss is {loss.item()} (not finite); it came from {where}. The "
+                                f"weights of step {step} are kept (nothing was trained on it). Resume with --resume "
+                                f"latest --on-nan skip to skip such batches, or lower --learning-rate")
+        run.optimizer.zero_grad(set_to_none=True)
+        print(f"hf-precision train: step {step + 1}: loss not finite ({where}); batch skipped (--on-nan skip)")
+        return None, False
+    run.tp.backward(loss)
+    if run.accelerator.num_processes > 1:
+        _reduce_gradients(run)
+    stepped = run.tp.step(run.optimizer)
+    run.optimizer.zero_grad(set_to_none=True)
+    run.scheduler.step()
+    value = loss.detach().float()
+    if run.accelerator.num_processes > 1:
+        value = run.accelerator.reduce(value, "mean")
+    return float(value), bool(stepped)
+
+
+class NonFiniteLoss(RecipeError):
+    """The loss was inf/NaN and ``--on-nan stop``: names the step and the component."""
+
+
+def evaluate(run: Run) -> float:
+    """Loss on a fixed batch (the largest bucket's first samples) with fixed noise and timesteps: a number that
+    falls when the model learns, unlike the per-step loss, whose noise draw changes every step."""
+    import torch
+
+    groups: dict[Any, list[int]] = {}
+    for i, sample in enumerate(run.data.samples):
+        groups.setdefault(sample.bucket, []).append(i)
+    indices = max(groups.values(), key=len)[:4]
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(run.settings.seed + 12345)
+        batch = _encode(run, indices)
+        return float(run.tp.loss(batch).float())
+
+
+def _progress(run: Run, start: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=run.settings.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+                disable=run.settings.quiet or not run.accelerator.is_local_main_process)
+
+
+def train_steps(run: Run) -> TrainResult:
+    """Run the steps of a prepared run (after ``--resume``), with checkpoints, validation and the Ctrl-C save."""
+    from .results import log_line, save_outputs, validate
+
+    s, acc, tp = run.settings, run.accelerator, run.tp
+    start, losses, rng = _resume(run)
+    if rng is not None:
+        set_rng_state(rng)
+    else:
+        import torch
+
+        torch.manual_seed(s.seed)
+    if acc.is_main_process:
+        acc.init_trackers("hf-precision-train", config={k: v for k, v in s.record().items()
+                                                         if isinstance(v, (int, float, str, bool))})
+    if run.cache is not None:
+        fill_cache(run)
+    if acc.num_processes > 1:
+        print(f"[process {acc.process_index}/{acc.num_processes}] takes {s.batch_size} of each global batch of "
+              f"{s.batch_size * acc.num_processes} (gradients averaged over processes)", flush=True)
+    before_eval = evaluate(run) if start == 0 else None
+    interrupt, bar, step, exit_code = _Interrupt(), _progress(run, start), start, 0
+    if start == 0 and s.validation_prompt:
+        validate(run, 0)
+    with interrupt.installed():
+        batches = _batches_from(run, start)
+        while step < s.steps:
+            step_no, indices = next(batches)
+            loss, _ = _one_step(run, indices, step_no)
+            step += 1
+            if loss is not None:
+                losses[step] = loss
+                acc.log({"loss": loss, "lr": run.scheduler.get_last_lr()[0], "skipped": tp.skipped_steps}, step=step)
+                bar.set_postfix(loss=f"{loss:.4f}", skipped=tp.skipped_steps, refresh=False)
+            bar.update(1)
+            log_line(run, step, loss)
+            stop = interrupt.requested or (s.stop_after is not None and step - start >= s.stop_after)
+            if step % s.checkpoint_every == 0 or stop or step == s.steps:
+                _save_checkpoint(run, step, rng_state(), losses)
+            if s.validation_prompt and s.validation_every and step % s.validation_every == 0 and step < s.steps:
+                validate(run, step)
+            if stop and step < s.steps:
+                exit_code = 130
+                break
+    bar.close()
+    saved, evals = None, None
+    if exit_code == 0:
+        if before_eval is not None:
+            evals = (before_eval, evaluate(run))
+        if s.validation_prompt:
+            validate(run, step)
+        saved = save_outputs(run, step, losses)
+    acc.end_training()
+    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method)
+
+
+def train(settings: TrainSettings) -> TrainResult:
+    """Train as ``hf-precision train`` does; a bad setting or data folder is a RecipeError before any model loads.
+
+    Example:
+        >>> import tempfile
+        >>> train(TrainSettings(model="./none", data="./none", out=tempfile.mkdtemp() + "/o", lora_rank=0))
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --lora-rank 0: a LoRA needs rank >= 1 (a rank-0 adapter trains nothing); typical: 4-64, e.g. --lora-rank 16
+    """
+    run = prepare_run(settings)
+    return train_steps(run)

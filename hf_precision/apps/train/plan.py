@@ -1,0 +1,310 @@
+"""``hf-precision train --plan``: the peak memory of a training run, predicted from the configs without weights.
+
+Per phase:
+- **encode** (cache filling, or every batch without a cache): the frozen VAE and text encoders' weights plus the
+  activation peak of one batch through the VAE encoder.
+- **train step**: resident weights (every component, or only the denoiser once latents and text embeddings are
+  cached and the encoders leave the device) + trainable fp32 masters + their gradients + AdamW's two fp32 moments +
+  the activation peak of one forward and backward of the denoiser.
+
+Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the device).
+Activations are counted by running the training step of the denoiser on torch's ``meta`` device with autograd on
+(:func:`hf_precision.apps.video_plan.count_live_bytes`): what the forward saves for backward stays alive until
+backward frees it, and backward's gradients are added. The call is built by the training layer's family row and
+the LoRA injected by the layer's own functions, so the count follows the code path of the real step (gradient
+checkpointing changes what is saved, and is counted as such).
+
+:func:`choose` takes the first of these settings, cheapest in speed first, whose peak fits ``--max-memory``: as
+asked; cached latents (encoders leave the device); + gradient checkpointing; then halved batch sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import RecipeError
+
+__all__ = ["Options", "TrainingPrediction", "predict_training", "choose", "plan_command", "text_tokens"]
+
+ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 each (torch.optim.AdamW)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The settings a plan may change."""
+
+    batch_size: int
+    gradient_checkpointing: bool
+    cached: bool
+
+    def describe(self) -> str:
+        cache = ("cached latents and text embeddings (VAE and text encoders off the device while training)"
+                 if self.cached else "encoders stay on the device and encode every batch")
+        return f"batch size {self.batch_size}, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}, {cache}"
+
+
+@dataclasses.dataclass
+class TrainingPrediction:
+    """Predicted bytes for one set of options: the parts of the training step and the peak of each phase."""
+
+    options: Options
+    weights: dict[str, int]
+    trainable_params: int
+    masters: int
+    grads: int
+    optimizer: int
+    activations: int
+    encode_activations: int
+    phases: dict[str, int]
+
+    @property
+    def peak(self) -> int:
+        return max(self.phases.values())
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def text_tokens(index: Mapping[str, Any]) -> int:
+    """Text tokens the denoiser attends to: CLIP pads to 77; T5/UMT5/Gemma/Llama pipelines pad to at most 512 (Flux
+    and Wan 512, SD3 333 (77+256), PixArt/Sana 300): 512 bounds them from above."""
+    encoders = [str(v[1]) for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list) and v[1]]
+    return 77 if encoders and all(c.startswith("CLIP") for c in encoders) else 512
+
+
+def _meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str, dtype: Any) -> Any:
+    from ...diagnose.planner import build_on_meta
+
+    spec = index[name]
+    return build_on_meta(str(spec[0]), str(spec[1]), configs[name]).to("meta", dtype)
+
+
+def _cast(value: Any, dtype: Any, key: str = "") -> Any:
+    import torch
+
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype, k) for k, v in value.items()}
+    if torch.is_tensor(value) and value.is_floating_point() and key not in ("timestep", "timesteps", "guidance"):
+        return value.to(dtype)
+    return value
+
+
+def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, checkpointing: bool) -> int:
+    """Activation peak (bytes) of one training forward + backward of ``module`` on meta, gradients excluded."""
+    import torch
+
+    from ...training.families import family_of, model_output, noisy_inputs
+    from ..video_plan import count_live_bytes
+
+    if checkpointing:
+        if not getattr(module, "_supports_gradient_checkpointing", False):
+            raise RecipeError(f"--gradient-checkpointing: {type(module).__name__} does not support it")
+        module.enable_gradient_checkpointing()
+    module.train()
+    row = family_of(module)
+    dtype = next(p.dtype for p in module.parameters() if not p.requires_grad)
+    meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}
+    meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
+    with count_live_bytes(grad=True) as live:
+        kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
+        kwargs = _cast(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
+        out = module(**kwargs, return_dict=False)
+        loss = torch.nn.functional.mse_loss(model_output(out, target, row).float(), target.float())
+        del out, kwargs, target
+        loss.backward()
+        del loss
+    grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return max(live.peak - grads, 0)  # gradients are counted once, below, with the optimizer
+
+
+def _make_trainable(module: Any, method: str, rank: int) -> int:
+    """Make ``module`` trainable as prepare_training would; returns the trainable parameter count."""
+    import torch
+
+    from ...training.trainable import default_targets, inject_lora, make_masters
+
+    if method == "lora":
+        from peft import LoraConfig
+
+        inject_lora("denoiser", module, LoraConfig(r=rank, lora_alpha=rank, target_modules=default_targets(module),
+                                                   init_lora_weights="gaussian"))
+    return make_masters(module, method, torch.float32)
+
+
+def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any], dtype: Any, batch: int,
+                            resolution: int, frames: int) -> int:
+    import torch
+
+    from ..video_plan import count_live_bytes
+
+    if "vae" not in index or "vae" not in configs:
+        return 0
+    vae = _meta_module(index, configs, "vae", dtype).eval()
+    shape = (batch, 3, frames, resolution, resolution) if frames > 1 else (batch, 3, resolution, resolution)
+    pixels = torch.empty(*shape, device="meta", dtype=dtype)
+    with count_live_bytes() as live:
+        out = vae.encode(pixels).latent_dist
+        del out
+    return live.peak
+
+
+@dataclasses.dataclass
+class _Model:
+    index: dict[str, Any]
+    configs: dict[str, Any]
+    plan: Any
+    denoiser: str
+    objective: str
+    factor: int
+    frame_step: int
+
+
+def _model(model: str, device: Any, overrides: Any) -> _Model:
+    from ...diagnose.planner import plan as hp_plan
+    from ...runtime.source import configs_of
+    from ...training.families import objective_of
+    from .data import model_geometry
+
+    _, index, configs = configs_of(model)
+    p = hp_plan(model, device=device, overrides=overrides)
+    denoiser = p.recipe.denoiser if getattr(p.recipe, "denoiser", None) else (
+        "transformer" if "transformer" in index else "unet")
+    sched = index.get("scheduler") or [None, ""]
+    objective = objective_of(configs.get("scheduler", {}), str(sched[1]))
+    geo = model_geometry(str(index.get("_class_name")), index, configs)
+    if geo.video:  # the geometry's multiple is VAE factor x patch size
+        patch = int(_last(configs.get(denoiser, {}).get("patch_size", 1))) if denoiser == "transformer" else 1
+        factor = geo.multiple // patch
+    else:
+        factor = 2 ** (len(configs.get("vae", {}).get("block_out_channels") or [0] * 4) - 1)
+    return _Model(index, configs, p, denoiser, objective, factor, geo.frame_step)
+
+
+def _last(value: Any) -> int:
+    return int(value[-1] if isinstance(value, (list, tuple)) else (value or 1))
+
+
+def predict_training(model: str, device: Any, *, method: str = "lora", rank: int = 16, resolution: int = 512,
+                     frames: int = 0, options: Options, overrides: Any = None, _cached_model: _Model | None = None
+                     ) -> TrainingPrediction:
+    """Predict the peak bytes of a training run of ``model`` on ``device`` (a preset such as ``t4`` needs no GPU).
+
+    Example:
+        >>> p = predict_training("sd15", "t4", rank=4, resolution=256, options=Options(1, False, True))
+        >>> p.trainable_params > 0 and p.phases["train step"] > p.weights["unet"]
+        True
+    """
+    import torch
+
+    from ...training.families import example_batch
+
+    m = _cached_model or _model(model, device, overrides)
+    den = m.plan.components[m.denoiser]
+    compute = getattr(torch, den.compute)
+    module = _meta_module(m.index, m.configs, m.denoiser, compute)
+    trainable = _make_trainable(module, method, rank)
+    side = resolution // m.factor
+    latent_frames = (frames - 1) // m.frame_step + 1 if frames > 1 else 1
+    batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
+    activations = _step_activations(module, batch, m.objective, options.gradient_checkpointing)
+    weights = {n: c.total_bytes for n, c in m.plan.components.items()}
+    frozen_den = weights[m.denoiser] - (den.total_bytes * trainable // max(den.params, 1) if method == "full" else 0)
+    masters = trainable * 4
+    grads = trainable * 4
+    optimizer = trainable * 4 * ADAM_STATES
+    encoders = sum(v for n, v in weights.items() if n != m.denoiser)
+    resident = frozen_den + (0 if options.cached else encoders)
+    vae_dtype = getattr(torch, m.plan.components["vae"].compute) if "vae" in m.plan.components else compute
+    encode = _vae_encode_activations(m.index, m.configs, vae_dtype, options.batch_size, resolution, frames)
+    # Encoding (the cache pass before step 1, or every batch without a cache) runs with every component on the device.
+    phases = {"encode": sum(weights.values()) + masters + encode,
+              "train step": resident + masters + grads + optimizer + activations}
+    return TrainingPrediction(options, weights, trainable, masters, grads, optimizer, activations, encode, phases)
+
+
+def choose(model: str, device: Any, budget: int, *, method: str, rank: int, resolution: int, frames: int,
+           batch_size: int, gradient_checkpointing: bool, cached: bool, overrides: Any = None
+           ) -> tuple[TrainingPrediction, list[TrainingPrediction]]:
+    """The first prediction that fits ``budget``, cheapest in speed first; and every one tried."""
+    m = _model(model, device, overrides)
+    tried = []
+    sizes = [batch_size]
+    while sizes[-1] > 1:
+        sizes.append(sizes[-1] // 2)
+    candidates = [Options(batch_size, gradient_checkpointing, cached)]
+    for b in sizes:
+        candidates += [Options(b, gradient_checkpointing, True), Options(b, True, True)]
+    seen = set()
+    for opt in candidates:
+        if opt in seen:
+            continue
+        seen.add(opt)
+        pred = predict_training(model, device, method=method, rank=rank, resolution=resolution, frames=frames,
+                                options=opt, overrides=overrides, _cached_model=m)
+        tried.append(pred)
+        if pred.peak <= budget:
+            return pred, tried
+    return min(tried, key=lambda p: p.peak), tried
+
+
+def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
+    """The plan as the command prints it."""
+    print(f"settings: {pred.options.describe()}")
+    print("weights (as the recipe stores them): " + ", ".join(f"{n} {_size(b)}" for n, b in pred.weights.items()))
+    print(f"trainable: {pred.trainable_params:,} parameters: fp32 masters {_size(pred.masters)}, gradients "
+          f"{_size(pred.grads)}, AdamW state {_size(pred.optimizer)}")
+    print(f"activations: train step {_size(pred.activations)} (forward + backward), VAE encode "
+          f"{_size(pred.encode_activations)}")
+    for phase, peak in pred.phases.items():
+        print(f"  {phase:<11} peak {_size(peak)}")
+    fits = "" if budget is None else (" fits" if pred.peak <= budget else " does NOT fit")
+    print(f"predicted peak: {_size(pred.peak)}{fits}" + (f" in {_size(budget)}" if budget else ""))
+
+
+def plan_command(args: Any, overrides: Any = None) -> int:
+    """``hf-precision train --plan``: print the prediction and the settings chosen for ``--max-memory``."""
+    from ..video_plan import parse_size
+
+    if not args.model:
+        raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
+    device = args.layout or args.device or "cuda"
+    method = args.method or ("embedding" if args.embedding else "lora")
+    if method == "embedding":
+        raise RecipeError("--plan: textual inversion trains a few embedding rows; its memory is the model's weights "
+                          "(hf-precision plan MODEL --device DEVICE); plan lora or full instead")
+    m = _model(args.model, device, overrides)
+    resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
+    budget = parse_size(args.max_memory) if args.max_memory else None
+    print(f"training plan: {args.model} ({m.plan.pipeline}), {method}"
+          f"{f' rank {args.lora_rank}' if method == 'lora' else ''}, {resolution}px, for {device}; "
+          f"{m.objective} objective")
+    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=args.frames or 0)
+    if budget is None:
+        pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,
+                                                                    args.cache), overrides=overrides,
+                                _cached_model=m, **kwargs)
+        print_prediction(pred, None)
+        return 0
+    pred, tried = choose(args.model, device, budget, batch_size=args.batch_size,
+                         gradient_checkpointing=args.gradient_checkpointing, cached=args.cache,
+                         overrides=overrides, **kwargs)
+    for other in tried[:-1]:
+        print(f"  tried {other.options.describe()}: {_size(other.peak)} > {_size(budget)}")
+    print_prediction(pred, budget)
+    if pred.peak > budget:
+        weights = sum(pred.weights.values())
+        why = (f"the weights alone take {_size(weights)}" if weights > budget else
+               f"the smallest setting tried still needs {_size(pred.peak)}")
+        print(f"nothing tried fits {_size(budget)}: {why}; lower --resolution, use a device with more memory, or a "
+              f"smaller model")
+        return 1
+    flags = []
+    if pred.options.gradient_checkpointing and not args.gradient_checkpointing:
+        flags.append("--gradient-checkpointing")
+    if pred.options.batch_size != args.batch_size:
+        flags.append(f"--batch-size {pred.options.batch_size}")
+    print("chosen: " + (" ".join(flags) if flags else "the settings as given") + " (the cache is on by default)")
+    return 0

@@ -1,0 +1,169 @@
+"""Everything a training run needs before its first step: the checks that need no weights (settings, output folder,
+model configs, data, family), then the model, the training plan, the optimizer and accelerate."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ...errors import RecipeError
+from .cache import EncodingCache
+from .checkpoint import Checkpoints
+from .data import TrainData, model_geometry, read_data
+from .settings import TrainSettings, check_out_folder, check_settings
+
+__all__ = ["Run", "prepare_run"]
+
+
+@dataclasses.dataclass
+class Run:
+    """A prepared run: settings, data, the training plan and the objects the loop steps."""
+
+    settings: TrainSettings
+    out: Path
+    data: TrainData
+    pipe: Any
+    tp: Any
+    optimizer: Any
+    scheduler: Any
+    accelerator: Any
+    cache: EncodingCache | None
+    checkpoints: Checkpoints
+
+
+# --------------------------------------------------------------------------------------------- preparation
+
+
+def _model_info(model: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    from ...runtime.source import component_configs, locate
+
+    where, index, folder = locate(model)
+    return where, index, component_configs(where, index, folder)
+
+
+def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """``train=`` and the extra keywords of prepare_training for the method."""
+    denoiser = "transformer" if "transformer" in index else "unet"
+    encoders = sorted(n for n, v in index.items() if n.startswith("text_encoder") and isinstance(v, list) and v[0])
+    if s.method == "lora":
+        train = {denoiser: "lora", **({n: "lora" for n in encoders} if s.train_text_encoder else {})}
+        return train, {"rank": s.lora_rank}
+    if s.method == "full":
+        return {denoiser: "full"}, {}
+    clip = [n for n in encoders if "CLIP" in str(index[n][1])]
+    if not clip:
+        raise RecipeError(f"--embedding {s.embedding}: {index.get('_class_name')} has no CLIP text encoder; textual "
+                          f"inversion trains new rows of a CLIP token table (SD 1.x/2.x, SDXL)")
+    return {n: "embedding" for n in clip}, {"tokens": {n: [s.embedding] for n in clip},
+                                           "init_tokens": {n: [s.init_token] for n in clip}}
+
+
+def _check_family(index: dict[str, Any]) -> None:
+    """Refuse, before loading, a denoiser class the training layer has no family row for (it cannot build its call)."""
+    import diffusers
+
+    from ...training.families import FAMILIES
+
+    name = "transformer" if "transformer" in index else "unet"
+    cls_name = str((index.get(name) or [None, ""])[1])
+    cls = getattr(diffusers, cls_name, None)
+    names = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [cls_name]
+    if not any(n in FAMILIES for n in names):
+        raise RecipeError(f"--model: {index.get('_class_name')}'s {name} is a {cls_name}, a family without a training "
+                          f"recipe (the training layer knows how to call {', '.join(FAMILIES)}); train one of those, or "
+                          f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
+
+
+def _accelerator(out: Path, device: str | None) -> Any:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedType
+
+    log_with = None
+    try:
+        import tensorboard  # noqa: F401  (accelerate's TensorBoard tracker needs it)
+        log_with = "tensorboard"
+    except ImportError:
+        pass
+    # cpu=True makes several processes without a GPU (or with --device cpu) a MULTI_CPU run over gloo
+    has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
+    cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
+    acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
+    if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
+        raise RecipeError(f"accelerate config selects {acc.distributed_type.value}: hf-precision train supports one "
+                          f"process or data parallel (DDP) only; FSDP and DeepSpeed shard or wrap the trainable "
+                          f"parameters, which the training layer keeps as fp32 masters it checks before every step. "
+                          f"Run `accelerate config` and choose multi-GPU (no FSDP/DeepSpeed)")
+    return acc
+
+
+def _device(s: TrainSettings, acc: Any) -> str:
+    if acc.num_processes > 1 and (s.device is None or s.device.split(":")[0] != "cpu"):
+        return str(acc.device)  # each process its own GPU
+    if s.device is None:
+        from ...recipe.devices import device_profile
+
+        return str(device_profile(None).torch_device())
+    return s.device
+
+
+def prepare_run(s: TrainSettings) -> Run:
+    """Check everything that can be checked without weights, then load the model and prepare the training plan."""
+    import torch
+
+    check_settings(s)
+    out = check_out_folder(s.out, s.resume)
+    where, index, configs = _model_info(s.model)
+    geometry = model_geometry(str(index.get("_class_name")), index, configs)
+    resolution = s.resolution or int(configs.get("vae", {}).get("sample_size") or 512)
+    if isinstance(resolution, (list, tuple)):
+        resolution = int(resolution[0])
+    s.resolution = resolution
+    if geometry.video and s.frames is None:
+        raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
+                          f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")
+    data = read_data(s.data, geometry, resolution, frames=s.frames, caption_ext=s.caption_ext,
+                     caption_column=s.caption_column, caption=s.caption)
+    train, extra = _train_parts(s, index)
+    _check_family(index)
+    if s.method == "embedding":
+        lacking = [smp.path.name for smp in data.samples if s.embedding not in smp.caption]
+        if lacking:
+            raise RecipeError(f"--embedding {s.embedding}: {len(lacking)} caption(s) do not contain the token "
+                              f"({', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''}); textual inversion learns "
+                              f"the token from the captions that use it: write it in each (e.g. 'a photo of "
+                              f"{s.embedding}'), or pass --caption 'a photo of {s.embedding}'")
+
+    from ...runtime.load import load_pipeline
+    from ...training import prepare_training
+
+    acc = _accelerator(out, s.device)
+    device = _device(s, acc)
+    torch.manual_seed(s.seed)  # LoRA initialisation
+    pipe = load_pipeline(where, device, layout=s.layout, overrides=list(s.overrides) or None)
+    pipe.set_progress_bar_config(disable=True)
+    try:
+        tp = prepare_training(pipe, device=device, layout=s.layout, train=train, master=s.master,
+                              overrides=list(s.overrides) or None, **extra)
+    except ValueError as err:
+        if "version of PEFT" not in str(err):
+            raise
+        # transformers' add_adapter (text encoders) checks the peft version itself and raises a bare ValueError
+        raise RecipeError(f"--train-text-encoder: transformers refuses the installed peft for LoRA on a text encoder "
+                          f"({err}); upgrade it (pip install -U peft) or drop --train-text-encoder") from None
+    if s.gradient_checkpointing:
+        denoiser = tp.components[tp.denoiser_name]
+        if not getattr(denoiser, "_supports_gradient_checkpointing", False):
+            raise RecipeError(f"--gradient-checkpointing: {type(denoiser).__name__} does not support it")
+        denoiser.enable_gradient_checkpointing()
+    params = list(tp.parameters())
+    optimizer = torch.optim.AdamW(params, lr=s.learning_rate)
+    from diffusers.optimization import get_scheduler
+
+    scheduler = get_scheduler(s.lr_scheduler, optimizer, num_warmup_steps=s.warmup_steps,
+                              num_training_steps=s.steps)
+    cache = EncodingCache(out / "cache", tp.fingerprint()) if s.cache else None
+    return Run(s, out, data, pipe, tp, optimizer, scheduler, acc, cache, Checkpoints(out, s.keep_checkpoints))
+
+

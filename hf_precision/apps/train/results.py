@@ -1,0 +1,134 @@
+"""What a run leaves behind: the loss log, validation images, and the trained weights with the recipe and plan
+recorded beside them. Only the main process writes; every file is written atomically.
+
+``OUT/`` after a LoRA run (``pipe.load_lora_weights(OUT)`` reads it as is)::
+
+    pytorch_lora_weights.safetensors   the LoRA in diffusers/peft format, --save-dtype (default float16)
+    training.json                      settings, the training plan (dtypes per component, rules), fingerprint, losses
+    train_log.jsonl                    one line per step: step, loss, skipped steps, learning rate
+    validation/step-000100.png         validation images (clips: .gif), before training as step-000000
+    checkpoints/step-000100/           resumable state (see checkpoint.py)
+    cache/                             latents and text embeddings keyed by the plan fingerprint
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..outputs import written_atomically
+
+__all__ = ["log_line", "validate", "save_outputs", "SAVE_DTYPES"]
+
+SAVE_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+
+
+def log_line(run: Any, step: int, loss: float | None) -> None:
+    """Append the step to ``train_log.jsonl`` (main process)."""
+    if not run.accelerator.is_main_process:
+        return
+    row = {"step": step, "loss": loss, "skipped": run.tp.skipped_steps, "lr": run.scheduler.get_last_lr()[0]}
+    with open(run.out / "train_log.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def validate(run: Any, step: int) -> Path | None:
+    """One validation image (or clip) from the live weights through the layer's sampling context."""
+    import torch
+
+    s = run.settings
+    if not run.accelerator.is_main_process:
+        run.accelerator.wait_for_everyone()
+        return None
+    from .loop import offload_encoders
+
+    offload_encoders(run, run.accelerator.device if run.accelerator.device.type != "cpu" else "cpu")
+    kwargs: dict[str, Any] = {"num_inference_steps": s.validation_inference_steps, "height": s.resolution,
+                              "width": s.resolution, "output_type": "np"}
+    if run.data.frames:
+        kwargs["num_frames"] = run.data.frames
+    with torch.random.fork_rng(devices=[]), run.tp.sampling() as pipe:
+        generator = torch.Generator("cpu").manual_seed(s.seed)
+        out = pipe(s.validation_prompt, generator=generator, **kwargs)
+    offload_encoders(run, "cpu", True)
+    frames = out.frames[0] if hasattr(out, "frames") else None
+    folder = run.out / "validation"
+    if frames is not None:
+        from ..video import save_video
+
+        target = save_video(frames, folder / f"step-{step:06d}.gif", fps=8)
+    else:
+        import numpy as np
+        from PIL import Image
+
+        image = Image.fromarray((np.clip(out.images[0], 0, 1) * 255).round().astype("uint8"))
+        target = folder / f"step-{step:06d}.png"
+        with written_atomically(target) as tmp:
+            image.save(tmp, format="PNG")
+    run.accelerator.wait_for_everyone()
+    return target
+
+
+def _versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for name in ("torch", "diffusers", "transformers", "peft", "accelerate", "hf-precision"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
+    """The trained weights in the format their loader reads, and ``training.json`` beside them."""
+    import torch
+
+    s, tp, out = run.settings, run.tp, run.out
+    run.accelerator.wait_for_everyone()
+    if not run.accelerator.is_main_process:
+        return None
+    dtype = getattr(torch, SAVE_DTYPES[s.save_dtype])
+    tmp = Path(_tmpdir(out))
+    try:
+        if s.method == "lora":
+            tp.save_lora(tmp, dtype=dtype)
+        elif s.method == "embedding":
+            tp.save_embeddings(tmp)
+        else:
+            tp.components[tp.denoiser_name].save_pretrained(tmp / tp.denoiser_name, safe_serialization=True)
+        saved = _move_into(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    record = {
+        "settings": s.record(), "steps": step, "skipped_steps": tp.skipped_steps,
+        "final_loss": losses.get(step), "first_loss": losses.get(min(losses)) if losses else None,
+        "fingerprint": tp.fingerprint(), "plan": tp.report(), "saved": [p.name for p in saved],
+        "save_dtype": s.save_dtype, "versions": _versions(), "command": " ".join(sys.argv),
+    }
+    with written_atomically(out / "training.json") as f:
+        f.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
+    return out
+
+
+def _tmpdir(out: Path) -> str:
+    import tempfile
+
+    return tempfile.mkdtemp(dir=out, prefix=".save-")
+
+
+def _move_into(tmp: Path, out: Path) -> list[Path]:
+    """Rename each written entry onto its place in ``out`` (each rename is atomic; an old entry is replaced)."""
+    moved = []
+    for entry in sorted(tmp.iterdir()):
+        target = out / entry.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(entry, target)
+        moved.append(target)
+    return moved

@@ -1,0 +1,117 @@
+"""The settings of one training run, and every check on them that needs no model weights.
+
+Everything here runs before a model loads: a run with a bad setting fails in a second and writes nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from ...errors import RecipeError
+from ..outputs import check_output
+
+__all__ = ["TrainSettings", "METHODS", "ON_NAN", "SAVE_DTYPES", "check_settings", "check_out_folder"]
+
+METHODS = ("lora", "full", "embedding")
+ON_NAN = ("stop", "skip")
+SAVE_DTYPES = ("float16", "bfloat16", "float32")
+# Settings that must be the same when a run is resumed: they fix the data order, the trained weights' shapes and the
+# precision plan. Steps, validation and checkpoint cadence may change.
+RESUME_KEYS = ("model", "data", "method", "lora_rank", "train_text_encoder", "embedding", "batch_size", "seed",
+               "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler")
+
+
+@dataclasses.dataclass
+class TrainSettings:
+    """One run of ``hf-precision train``; field names follow the command-line flags (``--lora-rank`` = lora_rank)."""
+
+    model: str
+    data: str
+    out: str
+    method: str = "lora"
+    lora_rank: int = 16
+    train_text_encoder: bool = False
+    embedding: str | None = None
+    init_token: str | None = None
+    steps: int = 1000
+    batch_size: int = 1
+    learning_rate: float = 1e-4
+    lr_scheduler: str = "constant"
+    warmup_steps: int = 0
+    resolution: int | None = None
+    frames: int | None = None
+    device: str | None = None
+    layout: str | None = None
+    overrides: list[Any] = dataclasses.field(default_factory=list)
+    master: str = "fp32"
+    seed: int = 0
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    resume: str | None = None
+    validation_prompt: str | None = None
+    validation_every: int | None = None
+    validation_inference_steps: int = 20
+    cache: bool = True
+    on_nan: str = "stop"
+    save_dtype: str = "float16"
+    gradient_checkpointing: bool = False
+    caption_ext: str = ".txt"
+    caption_column: str = "text"
+    caption: str | None = None
+    quiet: bool = False
+    stop_after: int | None = None  # simulate Ctrl-C after this many steps of this process (tests, --demo)
+
+    def record(self) -> dict[str, Any]:
+        """The settings as plain data, for ``training.json`` and the checkpoint."""
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
+                if k not in ("quiet", "stop_after")}
+
+
+def check_settings(s: TrainSettings) -> None:
+    """Every problem of the numbers and choices, in one RecipeError (no file is read)."""
+    problems = []
+    if s.method not in METHODS:
+        problems.append(f"--method {s.method}: use one of {', '.join(METHODS)}")
+    if s.method == "lora" and s.lora_rank < 1:
+        problems.append(f"--lora-rank {s.lora_rank}: a LoRA needs rank >= 1 (a rank-0 adapter trains nothing); "
+                        f"typical: 4-64, e.g. --lora-rank 16")
+    if s.method == "embedding":
+        if not s.embedding or not (s.embedding.startswith("<") and s.embedding.endswith(">")):
+            problems.append(f"--embedding {s.embedding!r}: name the new token in angle brackets, e.g. --embedding "
+                            f"\"<my-cat>\" (it must not be a word the tokenizer already has)")
+        if not s.init_token:
+            problems.append("--init-token: textual inversion starts the new token from an existing one; e.g. "
+                            "--init-token cat")
+    for name, low in (("steps", 1), ("batch_size", 1), ("checkpoint_every", 1), ("validation_inference_steps", 1),
+                      ("warmup_steps", 0), ("keep_checkpoints", 1)):
+        value = getattr(s, name)
+        if value < low:
+            problems.append(f"--{name.replace('_', '-')} {value}: must be at least {low}")
+    if s.validation_every is not None and s.validation_every < 1:
+        problems.append(f"--validation-every {s.validation_every}: must be at least 1")
+    if not s.learning_rate > 0:
+        problems.append(f"--learning-rate {s.learning_rate}: must be > 0 (e.g. 1e-4 for LoRA, 5e-4 for an embedding)")
+    if s.on_nan not in ON_NAN:
+        problems.append(f"--on-nan {s.on_nan}: use stop or skip")
+    if s.save_dtype not in SAVE_DTYPES:
+        problems.append(f"--save-dtype {s.save_dtype}: use one of {', '.join(SAVE_DTYPES)}")
+    if s.master not in ("fp32", "bf16-sr"):
+        problems.append(f"--master {s.master}: use fp32 (default) or bf16-sr (pure bf16 with stochastic rounding)")
+    if s.resolution is not None and s.resolution <= 0:
+        problems.append(f"--resolution {s.resolution}: must be positive")
+    if problems:
+        raise RecipeError(problems)
+
+
+def check_out_folder(out: str, resume: str | None) -> Path:
+    """The output folder: new (or empty), or, with ``--resume``, the folder of the run being continued."""
+    target = check_output(out, folder=True)
+    if resume is None and target.is_dir() and any(target.iterdir()):
+        raise RecipeError(f"--out {out}: the folder exists and is not empty (a previous run?); choose a new --out, "
+                          f"remove it, or continue that run with --resume latest")
+    if resume is not None and not target.is_dir():
+        raise RecipeError(f"--resume {resume}: --out {out} does not exist, so there is no run to continue; drop "
+                          f"--resume to start one")
+    return target

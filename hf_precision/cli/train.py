@@ -1,0 +1,199 @@
+"""``hf-precision train`` and ``scripts/train.py``: arguments and dispatch; the work is in
+:mod:`hf_precision.apps.train`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+
+from ..errors import RecipeError
+from .common import add_recipe_args, command, overrides_from
+
+__all__ = ["add_arguments", "build_parser", "main", "run"]
+
+USAGE = """examples:
+  %(prog)s --demo --out demo-lora                    # offline: tiny model, generated data (< 1 min on 2 cores)
+  %(prog)s --model ./stable-diffusion-xl-base-1.0 --data ./photos --out ./my-lora --lora-rank 16 --steps 2000
+  %(prog)s --model ./FLUX.1-dev --data ./photos --out ./flux-lora --plan --device t4 --max-memory 16GB
+  %(prog)s --model ./Wan2.1-T2V-1.3B-Diffusers --data ./clips --out ./wan-lora --frames 17
+  %(prog)s --model ./stable-diffusion-v1-5 --data ./cat --method embedding --embedding "<my-cat>" --init-token cat --out ./ti
+  %(prog)s --model ./sd15 --data ./photos --out ./my-lora --resume latest   # continue a run (same loss curve)
+  accelerate launch --num_processes 2 scripts/train.py --model ... --data ... --out ...   # data parallel
+
+data: a folder of images (clips for video models) with a caption file beside each (cat.png + cat.txt), or a
+metadata.jsonl ({"file_name": "cat.png", "text": "a photo of a cat"} per line). Bad input (no images, missing or
+empty captions, corrupt or too small images, short clips, an existing --out, rank 0) exits with code 2 before the
+model loads. Ctrl-C saves a checkpoint and exits with 130; --resume latest continues it.
+"""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``hf-precision train`` and ``scripts/train.py`` (one definition for both)."""
+    if p.epilog is None:
+        p.epilog = USAGE
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--model", default=None, help="diffusers model folder or Hub id")
+    p.add_argument("--data", default=None, help="folder of images/clips with caption .txt files, or a metadata.jsonl")
+    p.add_argument("--out", default=None, help="output folder (must not exist, except with --resume)")
+    p.add_argument("--demo", action="store_true", help="train a tiny random model on generated shapes (offline)")
+    p.add_argument("--method", choices=("lora", "full", "embedding"), default=None,
+                   help="lora (default), full fine-tune of the denoiser, or embedding (textual inversion)")
+    p.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16)")
+    p.add_argument("--train-text-encoder", action="store_true", help="also put LoRA on the text encoders")
+    p.add_argument("--embedding", default=None, metavar="TOKEN", help='textual inversion: the new token, e.g. "<my-cat>"')
+    p.add_argument("--init-token", default=None, help="textual inversion: the existing token it starts from")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=1, help="per process")
+    p.add_argument("--learning-rate", "--lr", type=float, default=1e-4)
+    p.add_argument("--lr-scheduler", default="constant", help="diffusers get_scheduler name (constant, cosine, ...)")
+    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--resolution", type=int, default=None,
+                   help="training area is resolution^2 (aspect-ratio buckets around it); a multiple of the VAE factor "
+                        "x patch size. Default: the VAE's sample_size")
+    p.add_argument("--frames", type=int, default=None, help="video models: frames per clip (Wan/CogVideoX 4k+1, LTX 8k+1)")
+    p.add_argument("--caption-ext", default=".txt", help="suffix of the caption files (default .txt)")
+    p.add_argument("--caption-column", default="text", help="caption key in metadata.jsonl (default text)")
+    p.add_argument("--caption", default=None, help="one caption for every file (no caption files needed)")
+    p.add_argument("--layout", default=None, help="resolve the dtypes for another device, e.g. --device cpu --layout t4")
+    p.add_argument("--master", choices=("fp32", "bf16-sr"), default="fp32",
+                   help="trainable weights: fp32 masters (default) or pure bf16 with stochastic rounding")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (default 500)")
+    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--resume", default=None, metavar="latest|PATH", help="continue from a checkpoint of --out")
+    p.add_argument("--validation-prompt", default=None)
+    p.add_argument("--validation-every", type=int, default=None, help="steps between validation images")
+    p.add_argument("--validation-inference-steps", type=int, default=20)
+    p.add_argument("--no-cache", dest="cache", action="store_false",
+                   help="encode every batch (default: cache latents and text embeddings on disk, keyed by the plan)")
+    p.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
+                   help="a non-finite loss: stop (default) or skip the batch; both name the step and component")
+    p.add_argument("--save-dtype", choices=("float16", "bfloat16", "float32"), default="float16",
+                   help="dtype of the saved LoRA (default float16, as LoRAs are exchanged)")
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--plan", action="store_true",
+                   help="print the predicted peak memory (weights, gradients, optimizer, activations) and the settings "
+                        "chosen for --max-memory, from the configs on the meta device; no weights, no training")
+    p.add_argument("--max-memory", default=None, metavar="SIZE", help="memory budget for --plan, e.g. 16GB")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_recipe_args(p, device_help="device to run on (cpu, cuda, mps; under accelerate launch each process's own), or "
+                                   "with --plan a preset to plan for (t4, a100, ...)")
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Train a LoRA, an embedding or a full fine-tune in the "
+                                                            "dtypes the recipe picks for the device.")
+    add_arguments(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    """Entry point of ``scripts/train.py``: bad input prints one message and returns 2."""
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except RecipeError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+
+
+@command("train", "train a LoRA, textual-inversion embedding or full fine-tune with the recipe's precision rules",
+         "hf_precision.cli.train:run")
+def _args(p: argparse.ArgumentParser) -> None:
+    add_arguments(p)
+
+
+def _settings(args: argparse.Namespace, model: str, data: str):
+    from ..apps.train.settings import TrainSettings
+
+    method = args.method or ("embedding" if args.embedding else "lora")
+    return TrainSettings(
+        model=model, data=data, out=args.out, method=method, lora_rank=args.lora_rank,
+        train_text_encoder=args.train_text_encoder, embedding=args.embedding, init_token=args.init_token,
+        steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, lr_scheduler=args.lr_scheduler,
+        warmup_steps=args.warmup_steps, resolution=args.resolution, frames=args.frames, device=args.device,
+        layout=args.layout, overrides=overrides_from(args), master=args.master, seed=args.seed,
+        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints, resume=args.resume,
+        validation_prompt=args.validation_prompt, validation_every=args.validation_every,
+        validation_inference_steps=args.validation_inference_steps, cache=args.cache, on_nan=args.on_nan,
+        save_dtype=args.save_dtype, gradient_checkpointing=args.gradient_checkpointing, caption_ext=args.caption_ext,
+        caption_column=args.caption_column, caption=args.caption, quiet=args.quiet)
+
+
+def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
+    from ..apps.train.demo import DEMO_SETTINGS
+
+    for key, value in DEMO_SETTINGS.items():
+        if key not in argv_given:
+            setattr(args, key, value)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``hf-precision train`` from parsed arguments."""
+    if args.plan:
+        from ..apps.train.plan import plan_command
+
+        return plan_command(args, overrides_from(args) or None)
+    if args.out is None:
+        raise RecipeError("--out: name the output folder (the LoRA, checkpoints and validation images go there)")
+    if args.demo:
+        return _run_demo(args)
+    if not args.model or not args.data:
+        raise RecipeError("--model and --data: both are needed (or --demo for an offline run on a tiny model)")
+    from ..apps.train.loop import NonFiniteLoss, train
+
+    try:
+        result = train(_settings(args, args.model, args.data))
+    except NonFiniteLoss as err:  # not bad input: the run itself went wrong (exit 1, not 2)
+        print(f"hf-precision train: stopped: {err}", file=sys.stderr)
+        return 1
+    return _report(result)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from ..apps.train.demo import make_demo
+    from ..apps.train.loop import train
+    from ..apps.train.settings import check_out_folder
+
+    check_out_folder(args.out, args.resume)
+    given = {a for a in vars(args) if getattr(args, a) != build_parser().get_default(a)}
+    _demo_defaults(args, given)
+    if args.device is None:
+        args.device = "cpu"
+    import torch
+
+    # The tiny model's ops are too small to split over threads: on a busy 2-core machine one thread is ~8x faster.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with tempfile.TemporaryDirectory(prefix="hf_precision_train_demo_") as work:
+            model, data = make_demo(work)
+            result = train(_settings(args, str(model), str(data)))
+    finally:
+        torch.set_num_threads(threads)
+    if result.eval_loss:
+        before, after = result.eval_loss
+        print(f"evaluation loss on a fixed batch (fixed noise and timesteps): {before:.4f} before, {after:.4f} after "
+              f"({'falls' if after < before else 'does not fall'})")
+    return _report(result)
+
+
+def _report(result) -> int:
+    if result.exit_code == 130:
+        print(f"interrupted at step {result.step}: checkpoint saved in {result.out}/checkpoints; continue with the "
+              f"same command and --resume latest", file=sys.stderr)
+        return 130
+    losses = result.losses
+    if losses:
+        first, last = losses[min(losses)], losses[max(losses)]
+        print(f"trained {result.step} steps: loss {first:.4f} (step {min(losses)}) -> {last:.4f} (step {max(losses)}); "
+              f"{result.skipped} skipped step(s)")
+    if result.saved is not None:
+        how = {"lora": f"pipe.load_lora_weights({str(result.saved)!r})",
+               "embedding": f"pipe.load_textual_inversion(<the .safetensors file in {str(result.saved)!r}>)",
+               "full": "from_pretrained on the denoiser's subfolder"}[result.method]
+        print(f"wrote {result.saved} ({how} reads it; training.json beside it)")
+    return 0

@@ -1,0 +1,69 @@
+"""The other methods and a video family through `hf-precision train`: textual inversion (only the token's file),
+a full fine-tune (the denoiser folder loads back), and a Wan LoRA on clips with validation GIFs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hf_precision.cli import main
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    from hf_precision.apps.train.demo import make_demo
+
+    return make_demo(tmp_path_factory.mktemp("demo"))
+
+
+def _common(model, data):
+    return ["train", "--model", str(model), "--data", str(data), "--resolution", "32", "--device", "cpu", "--quiet",
+            "--steps", "2", "--lora-rank", "4"]
+
+
+def test_textual_inversion_writes_the_token_and_refuses_captions_without_it(demo, tmp_path, capsys):
+    args = [*_common(*demo), "--embedding", "<my-sq>", "--init-token", "a"]
+    assert main([*args, "--out", str(tmp_path / "no")]) == 2
+    assert "do not contain the token" in capsys.readouterr().err and not (tmp_path / "no").exists()
+    assert main([*args, "--out", str(tmp_path / "ti"), "--caption", "a photo of <my-sq>"]) == 0
+    files = sorted(p.name for p in (tmp_path / "ti").glob("*.safetensors"))
+    assert files == ["text_encoder.my-sq.safetensors"]
+
+
+def test_full_fine_tune_saves_a_denoiser_that_loads(demo, tmp_path):
+    from diffusers import UNet2DConditionModel
+
+    assert main([*_common(*demo), "--out", str(tmp_path / "full"), "--method", "full", "--layout", "t4"]) == 0
+    unet = UNet2DConditionModel.from_pretrained(str(tmp_path / "full" / "unet"))
+    before = UNet2DConditionModel.from_pretrained(str(demo[0] / "unet"))
+    changed = [n for (n, a), (_, b) in zip(unet.named_parameters(), before.named_parameters()) if not torch.equal(a, b)]
+    assert changed
+
+
+def test_wan_lora_on_clips(tmp_path):
+    from hf_precision.testing.pipelines import save_pipeline
+    from hf_precision.testing.video_families import make_video
+
+    wan = save_pipeline(make_video("wan"), tmp_path / "wan")
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    for i in range(2):
+        frames = [Image.fromarray(np.full((16, 16, 3), 20 * j + 50 * i, np.uint8)) for j in range(5)]
+        frames[0].save(clips / f"c{i}.gif", save_all=True, append_images=frames[1:], duration=100)
+        (clips / f"c{i}.txt").write_text("a cat walking")
+    out = tmp_path / "wan-lora"
+    assert main(["train", "--model", str(wan), "--data", str(clips), "--out", str(out), "--frames", "5",
+                 "--resolution", "16", "--device", "cpu", "--quiet", "--steps", "2", "--lora-rank", "4",
+                 "--validation-prompt", "a cat", "--validation-inference-steps", "2"]) == 0
+    assert (out / "pytorch_lora_weights.safetensors").is_file()
+    assert sorted(p.name for p in (out / "validation").iterdir()) == ["step-000000.gif", "step-000002.gif"]

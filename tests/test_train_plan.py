@@ -1,0 +1,87 @@
+"""`hf-precision train --plan`: the training step's predicted memory (meta device, no weights) against a measured
+CPU step, and the choice it makes for a budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# One training step in a fresh process: RSS above the state after a warm-up step (AdamW moments exist by then), so
+# what is measured is the step's activations and gradients. glibc returns freed buffers at once with this threshold
+# (mallopt(3)), so the RSS high-water mark follows the live tensors; clear_refs 5 resets it (proc(5)).
+MEASURE = r"""
+import json, sys, torch
+import hf_precision as hp
+from hf_precision.runtime.memory import proc_bytes
+from hf_precision.training import prepare_training
+torch.set_num_threads(1)
+folder, batch, side = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+pipe = hp.load_pipeline(folder, "cpu", layout="cpu-avx2")
+tp = prepare_training(pipe, device="cpu", layout="cpu-avx2", train={"unet": "lora"}, rank=4)
+opt = torch.optim.AdamW(tp.parameters(), lr=1e-4)
+g = torch.Generator().manual_seed(0)
+data = {"latents": torch.randn(batch, 4, side, side, generator=g), **tp.encode_prompt(["a cat"] * batch)}
+def step():
+    loss = tp.loss(data)
+    tp.backward(loss)
+    tp.step(opt)
+step()
+opt.zero_grad(set_to_none=True)
+base = proc_bytes("/proc/self/status", "VmRSS")
+open("/proc/self/clear_refs", "w").write("5")
+step()
+print(json.dumps({"measured": proc_bytes("/proc/self/status", "VmHWM") - base}))
+"""
+
+
+@pytest.fixture(scope="module")
+def mid_sd15(tmp_path_factory) -> Path:
+    from hf_precision.testing.pipelines import make_sd15, save_pipeline
+
+    pipe = make_sd15(size={"unet": {"block_out_channels": [32, 64], "layers_per_block": 1, "norm_num_groups": 8}})
+    return save_pipeline(pipe, tmp_path_factory.mktemp("sd15-mid"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the RSS peak")
+def test_predicted_training_step_matches_measured_cpu_step(mid_sd15):
+    from hf_precision.apps.train.plan import Options, predict_training
+
+    batch, resolution = 2, 128  # latents 64x64 (VAE factor 2): tens of MiB of activations
+    pred = predict_training(str(mid_sd15), "cpu-avx2", rank=4, resolution=resolution,
+                            options=Options(batch, False, True))
+    predicted = pred.activations + pred.grads
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, "-c", MEASURE, str(mid_sd15), str(batch), str(resolution // 2)],
+                          capture_output=True, text=True, env=env, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    measured = json.loads(proc.stdout.strip().splitlines()[-1])["measured"]
+    assert measured > 8 * 2**20, measured  # a phase large enough for RSS to resolve
+    print(f"predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB")
+    assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)
+
+
+def test_plan_chooses_checkpointing_or_smaller_batches_for_a_small_budget(mid_sd15, capsys):
+    from hf_precision.apps.train.plan import Options, choose, predict_training
+    from hf_precision.cli import main
+
+    kwargs = dict(method="lora", rank=4, resolution=128, frames=0)
+    full = predict_training(str(mid_sd15), "t4", options=Options(4, False, False), **kwargs)
+    cached = predict_training(str(mid_sd15), "t4", options=Options(4, False, True), **kwargs)
+    ckpt = predict_training(str(mid_sd15), "t4", options=Options(4, True, True), **kwargs)
+    assert full.phases["train step"] > cached.phases["train step"]  # the encoders left the device
+    assert ckpt.activations < cached.activations  # gradient checkpointing saves less for backward
+    budget = (ckpt.peak + cached.peak) // 2
+    chosen, tried = choose(str(mid_sd15), "t4", budget, batch_size=4, gradient_checkpointing=False, cached=True,
+                           **kwargs)
+    assert chosen.options == Options(4, True, True) and chosen.peak <= budget
+    assert all(t.peak > budget for t in tried[:-1])
+    assert main(["train", "--plan", "--model", str(mid_sd15), "--device", "t4", "--resolution", "128",
+                 "--batch-size", "4", "--lora-rank", "4", "--max-memory", f"{budget / 2**20:.3f}MiB"]) == 0
+    out = capsys.readouterr().out
+    assert "chosen: --gradient-checkpointing" in out and "tried batch size 4, gradient checkpointing off" in out
