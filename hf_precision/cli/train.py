@@ -56,7 +56,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--caption-ext", default=".txt", help="suffix of the caption files (default .txt)")
     p.add_argument("--caption-column", default="text", help="caption key in metadata.jsonl (default text)")
     p.add_argument("--caption", default=None, help="one caption for every file (no caption files needed)")
-    p.add_argument("--layout", default=None, help="resolve the dtypes for another device, e.g. --device cpu --layout t4")
     p.add_argument("--master", choices=("fp32", "bf16-sr"), default="fp32",
                    help="trainable weights: fp32 masters (default) or pure bf16 with stochastic rounding")
     p.add_argument("--seed", type=int, default=0)

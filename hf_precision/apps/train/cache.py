@@ -16,7 +16,7 @@ from typing import Any
 
 from ..outputs import written_atomically
 
-__all__ = ["EncodingCache", "entry_key"]
+__all__ = ["EncodingCache", "entry_key", "tp_device", "offload_encoders"]
 
 
 def entry_key(fingerprint: str, kind: str, *parts: Any) -> str:
@@ -82,3 +82,23 @@ def sample_parts(sample: Any) -> tuple[Any, ...]:
     """What identifies a sample's pixels: path, size and mtime of the file, its bucket and frames."""
     st = Path(sample.path).stat()
     return str(Path(sample.path).resolve()), st.st_size, st.st_mtime_ns, sample.bucket, sample.frames
+
+
+def tp_device(tp: Any) -> Any:
+    """The device the denoiser sits on."""
+    import torch
+
+    module = tp.components[tp.denoiser_name]
+    return next(module.parameters(), torch.empty(0)).device
+
+
+def offload_encoders(run: Any, device: Any, text: bool = True) -> None:
+    """Move the frozen VAE (and text encoders) to ``device``: off the accelerator once their outputs are cached."""
+    import torch
+
+    if tp_device(run.tp).type == "cpu":
+        return
+    for name, module in run.tp.components.items():
+        frozen = isinstance(module, torch.nn.Module) and not any(p.requires_grad for p in module.parameters())
+        if frozen and (name == "vae" or (text and name.startswith("text_encoder"))):
+            module.to(device)

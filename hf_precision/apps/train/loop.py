@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
-from .cache import sample_parts
+from .cache import offload_encoders, sample_parts, tp_device
 from .checkpoint import Checkpoints, load_trainable, rng_state, set_rng_state, trainable_state
 from .data import epoch_batches
 from .prepare import Run, prepare_run
 from .settings import RESUME_KEYS, TrainSettings
 
-__all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "fill_cache", "offload_encoders"]
+__all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "fill_cache"]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 
@@ -78,15 +78,8 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     if cond is None:
         with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
             cond = dict(tp.encode_prompt(captions))
-    device = _tp_device(tp)
+    device = tp_device(tp)
     return {"latents": latents.to(device), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
-
-
-def _tp_device(tp: Any) -> Any:
-    import torch
-
-    module = tp.components[tp.denoiser_name]
-    return next(module.parameters(), torch.empty(0)).device
 
 
 def fill_cache(run: Run) -> None:
@@ -113,18 +106,6 @@ def fill_cache(run: Run) -> None:
                 run.cache.put("text", (sample.caption,), {k: v for k, v in cond.items() if torch.is_tensor(v)})
     acc.wait_for_everyone()
     offload_encoders(run, "cpu", text)
-
-
-def offload_encoders(run: Run, device: Any, text: bool = True) -> None:
-    """Move the frozen VAE (and text encoders) to ``device``: off the accelerator once their outputs are cached."""
-    import torch
-
-    if _tp_device(run.tp).type == "cpu":
-        return
-    for name, module in run.tp.components.items():
-        frozen = isinstance(module, torch.nn.Module) and not any(p.requires_grad for p in module.parameters())
-        if frozen and (name == "vae" or (text and name.startswith("text_encoder"))):
-            module.to(device)
 
 
 # --------------------------------------------------------------------------------------------- faults

@@ -44,7 +44,7 @@ def validate(run: Any, step: int) -> Path | None:
     if not run.accelerator.is_main_process:
         run.accelerator.wait_for_everyone()
         return None
-    from .loop import offload_encoders
+    from .cache import offload_encoders
 
     offload_encoders(run, run.accelerator.device if run.accelerator.device.type != "cpu" else "cpu")
     kwargs: dict[str, Any] = {"num_inference_steps": s.validation_inference_steps, "height": s.resolution,
