@@ -2,7 +2,7 @@
 function-local imports counted), nobody imports another module's private names, and the recipe layer stays
 torch-free.
 
-    errors, dtypes, lazy  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  apps/  <-  cli/
+    errors, dtypes, lazy, units  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  apps/  <-  cli/
     testing/ (fixtures that ship) imports only errors/dtypes/lazy, torch, diffusers and transformers.
 """
 
@@ -19,9 +19,9 @@ import hf_precision
 
 PACKAGE = Path(hf_precision.__file__).resolve().parent
 # Rank of each layer: a module may import its own layer and the layers of lower rank.
-RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "training": 4, "apps": 5, "cli": 6}
+RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "units": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "training": 4, "apps": 5, "cli": 6}
 # testing/ sits beside the layers: the programs (apps, cli) may use its tiny pipelines, it uses none of the layers.
-TESTING_MAY_IMPORT = {"errors", "dtypes", "lazy", "testing"}
+TESTING_MAY_IMPORT = {"errors", "dtypes", "lazy", "units", "testing"}
 TESTING_USERS = {"apps", "cli", "testing"}
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .outputs import written_atomically
+from ..units import format_bytes
 from .. import dtypes as dt
 
 __all__ = ["run_demo", "difference", "why_float32"]
@@ -99,13 +100,6 @@ def _say(text: str = "", indent: str = "") -> None:
 
 def _heading(text: str) -> None:
     print(f"\n{'=' * 8} {text} {'=' * max(4, 100 - len(text))}")
-
-
-def _size(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} B"
 
 
 def _enlarged(array: Any) -> tuple[Any, str]:
@@ -238,8 +232,8 @@ def _real_plans() -> list[dict[str, Any]]:
             for what, (n, why) in stays.items():
                 whys.setdefault(why, []).append((f"{model}/{device}", what, n))
     head = ("model", "device", "parameters", "all-fp32", "with recipe", "saved", "compute dtypes")
-    table = [head] + [(r["model"], r["label"], f"{r['params']:,}", _size(r["fp32_bytes"]), _size(r["total_bytes"]),
-                       f"{_size(r['saved_bytes'])} ({100 * r['saved_bytes'] / r['fp32_bytes']:.0f}%)",
+    table = [head] + [(r["model"], r["label"], f"{r['params']:,}", format_bytes(r["fp32_bytes"]), format_bytes(r["total_bytes"]),
+                       f"{format_bytes(r['saved_bytes'])} ({100 * r['saved_bytes'] / r['fp32_bytes']:.0f}%)",
                        ", ".join(f"{k} {v}" for k, v in r["compute"].items())) for r in rows]
     widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     for i, r in enumerate(table):
@@ -465,7 +459,7 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
     saved = [r for r in results["plans"] if r["saved_bytes"] > 0]
     _say(f"plain diffusers: {results['plain_diffusers']['error'] or 'no error'}; hf_precision with the T4 layout: "
          f"{'finite image' if results['plain_diffusers']['loader']['finite'] else 'NON-FINITE image'}")
-    _say("real-model plans save " + ", ".join(f"{_size(r['saved_bytes'])} ({r['model']}/{r['device']})" for r in saved))
+    _say("real-model plans save " + ", ".join(f"{format_bytes(r['saved_bytes'])} ({r['model']}/{r['device']})" for r in saved))
     guard = results["nan_guard"]
     _say(f"NaN guard: {guard['unguarded_nonfinite']:,} inf/NaN without it, {guard['guarded_nonfinite']} with it "
          f"(fell back to {guard['dtype_after']}; {guard['override'] or 'no override line'})")

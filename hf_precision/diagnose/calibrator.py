@@ -35,6 +35,7 @@ import torch
 
 from .. import dtypes as dt
 from ..errors import RecipeError
+from ..units import format_bytes
 from ..runtime.memory import available_bytes
 from ..recipe.patterns import inside, outermost, resolve_islands
 
@@ -158,7 +159,7 @@ class CalibrationResult:
         q = json.dumps  # a JSON string is a valid YAML scalar: no quoting rules to get wrong
         out = [f"# hf-precision calibrate: float32 islands measured on {self.model}",
                f"# layout {self.layout}, target {self.target}, reference {self.reference}; extra bytes "
-               f"{_size(self.extra_bytes)} (whole affected components in float32: {_size(self.whole_component_bytes())})",
+               f"{format_bytes(self.extra_bytes)} (whole affected components in float32: {format_bytes(self.whole_component_bytes())})",
                f"# {self.errors['naive'].line()}", f"# {self.errors['islands'].line()}",
                "# use: hp.load_pipeline(folder, device, overrides='this.yaml') or hf-precision ... --overrides this.yaml",
                "schema: 1", "components:"]
@@ -187,7 +188,7 @@ class CalibrationResult:
                 ev = self.evidence.get(c, {}).get(island)
                 if ev:
                     text = f"{ev[0].line(self.target)}" + (f" (+{len(ev) - 1} more inside)" if len(ev) > 1 else "")
-                    out.append(f"      - {q(island)}  # {text}; +{_size(self.island_bytes.get(c, {}).get(island, 0))}")
+                    out.append(f"      - {q(island)}  # {text}; +{format_bytes(self.island_bytes.get(c, {}).get(island, 0))}")
                     whys.append(f"{island}: {text}")
                 else:
                     out.append(f"      - {q(island)}  # from the shipped recipe")
@@ -221,15 +222,15 @@ class CalibrationResult:
             out.append("  none needed: every activation fits the range and the half run is finite")
         for c in self.components:
             if c in self.whole:
-                out.append(f"  {c}: whole component float32 (+{_size(self.component_bytes[c])})"
+                out.append(f"  {c}: whole component float32 (+{format_bytes(self.component_bytes[c])})"
                            + (", output handed on in float32" if c in self.wide else ""))
             for island in self.islands.get(c, []):
                 ev = self.evidence[c][island]
-                out.append(f"  {c}.{island}: +{_size(self.island_bytes.get(c, {}).get(island, 0))} "
-                           f"(whole {c}: +{_size(self.component_bytes[c])}); {ev[0].line(self.target)}"
+                out.append(f"  {c}.{island}: +{format_bytes(self.island_bytes.get(c, {}).get(island, 0))} "
+                           f"(whole {c}: +{format_bytes(self.component_bytes[c])}); {ev[0].line(self.target)}"
                            + (f" (+{len(ev) - 1} more inside)" if len(ev) > 1 else ""))
-        out.append(f"extra bytes: {_size(self.extra_bytes)} ({self.extra_bytes} B); whole affected components in "
-                   f"float32 instead: {_size(self.whole_component_bytes())}")
+        out.append(f"extra bytes: {format_bytes(self.extra_bytes)} ({self.extra_bytes} B); whole affected components in "
+                   f"float32 instead: {format_bytes(self.whole_component_bytes())}")
         for key in ("naive", "islands"):
             out.append(self.errors[key].line())
         out += [f"note: {n}" for n in self.notes]
@@ -238,13 +239,6 @@ class CalibrationResult:
         return "\n".join(out)
 
     __str__ = table
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n} B"
 
 
 # ------------------------------------------------------------------------------------------- recording
@@ -604,8 +598,8 @@ def _memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, t
     budget = " within max_memory" if max_memory is not None else ""
     tried = " nor with model offload (enable_model_cpu_offload: one component at a time)" if accelerator else ""
     raise RecipeError(
-        f"calibrate: the {choices[0]} reference run needs about {_size(need(choices[0], total))} "
-        f"(largest component {_size(need(choices[0], largest))}); {run_on} has {_size(available)} available{budget}, "
+        f"calibrate: the {choices[0]} reference run needs about {format_bytes(need(choices[0], total))} "
+        f"(largest component {format_bytes(need(choices[0], largest))}); {run_on} has {format_bytes(available)} available{budget}, "
         f"so it fits neither whole{tried}. The islands do not depend on the machine that measures them: run "
         f"calibrate where the model fits (run_on='cuda', CLI --device cuda), with a larger budget (max_memory=..., "
         "CLI --max-memory), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, the error vs "

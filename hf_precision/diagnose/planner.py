@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes as dt
 from ..errors import RecipeError
 from ..runtime.meta import build_on_meta
+from ..units import format_bytes
 from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, listed_components, shipped_configs
 from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes
 from ..recipe.model import ComponentPlan, Recipe
@@ -166,8 +167,8 @@ class Plan:
             else:
                 fp32 = "-"
             rows.append((c.name, c.cls, f"{c.params:,}", c.storage, c.compute, c.handed_over, fp32,
-                         _size(c.total_bytes), _size(c.fp32_bytes)))
-        total = ("total", "", f"{self.params:,}", "", "", "", "", _size(self.total_bytes), _size(self.fp32_bytes))
+                         format_bytes(c.total_bytes), format_bytes(c.fp32_bytes)))
+        total = ("total", "", f"{self.params:,}", "", "", "", "", format_bytes(self.total_bytes), format_bytes(self.fp32_bytes))
         right = {2, 7, 8}
         widths = [max(len(r[i]) for r in (head, *rows, total)) for i in range(len(head))]
         line = lambda r: "  ".join(c.rjust(w) if i in right else c.ljust(w)
@@ -177,12 +178,12 @@ class Plan:
                "", line(head), line(tuple("-" * w for w in widths)), *map(line, rows), line(total), ""]
         saved = self.fp32_bytes - self.total_bytes
         pct = f" ({100 * saved / self.fp32_bytes:.0f}%)" if self.fp32_bytes else ""
-        out.append(f"weights: {self.total_bytes:,} bytes ({_size(self.total_bytes)}) with this recipe, "
-                   f"{self.fp32_bytes:,} bytes ({_size(self.fp32_bytes)}) all-fp32: saves {_size(saved)}{pct}")
+        out.append(f"weights: {self.total_bytes:,} bytes ({format_bytes(self.total_bytes)}) with this recipe, "
+                   f"{self.fp32_bytes:,} bytes ({format_bytes(self.fp32_bytes)}) all-fp32: saves {format_bytes(saved)}{pct}")
         out.append("(1 GB = 10^9 bytes; weights only, activations come on top)")
         out += ["", "bytes by dtype:"]
         for c in self.components.values():
-            parts = " + ".join(f"{name} {n:,} ({_size(n)})" for name, n in c.bytes_by_dtype.items())
+            parts = " + ".join(f"{name} {n:,} ({format_bytes(n)})" for name, n in c.bytes_by_dtype.items())
             out.append(f"  {c.name}: {parts}")
         stays = [c for c in self.components.values() if c.fp32_why is not None or c.islands]
         if stays:
@@ -190,7 +191,7 @@ class Plan:
             device_notes: list[str] = []
             for c in stays:
                 if c.fp32_why is not None:
-                    out.append(f"  {c.name} (whole component, {c.params:,} parameters, {_size(c.fp32_bytes)}):")
+                    out.append(f"  {c.name} (whole component, {c.params:,} parameters, {format_bytes(c.fp32_bytes)}):")
                     why, _, device = c.fp32_why.partition(". Device: ")
                     out += _wrap(why + ("." if device else ""), "      ")
                     if device and device not in device_notes:
@@ -200,7 +201,7 @@ class Plan:
                 shown = c.islands if len(c.islands) <= 8 else c.islands[:6]
                 for i in shown:
                     out.append(f"  {c.name}.{i.module}".ljust(width + 2) + f"  {i.params:>12,} parameters  "
-                               f"{_size(i.params * 4)}")
+                               f"{format_bytes(i.params * 4)}")
                 if len(shown) < len(c.islands):
                     rest = c.islands[len(shown):]
                     out.append(f"  ... and {len(rest)} more ({sum(i.params for i in rest):,} parameters)")
@@ -225,13 +226,6 @@ class Plan:
 
     def __str__(self) -> str:
         return self.table(modules=any(c.modules is not None for c in self.components.values()))
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}" if unit == "GB" else f"{n / scale:.1f} {unit}"
-    return f"{n} B"
 
 
 def _wrap(text: str, indent: str) -> list[str]:

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..units import format_bytes
+
 __all__ = ["read_header"]
 
 # Bytes per element of the safetensors dtype names (sub-byte and unknown ones skip the per-tensor size check).
@@ -18,13 +20,6 @@ _ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0":
              "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 # The safetensors library refuses headers above 100,000,000 bytes (safetensors/src/tensor.rs, MAX_HEADER_SIZE).
 _MAX_HEADER = 100_000_000
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"
 
 
 def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, Any]]:
@@ -44,7 +39,7 @@ def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, 
         >>> read_header(path)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        hf_precision.errors.DamagedFileError: ...x.safetensors: damaged file: truncated: 2.0 KB of an expected 4.1 KB (2,000 of ... bytes); ...
+        hf_precision.errors.DamagedFileError: ...x.safetensors: damaged file: truncated: 2.0 kB of an expected 4.1 kB (2,000 of ... bytes); ...
     """
     from ..errors import DamagedFileError
     from ..recipe.files import damaged_file
@@ -95,7 +90,7 @@ def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, 
         covered = end
     expected = 8 + length + covered
     if size < expected:
-        raise damaged(f"truncated: {_size(size)} of an expected {_size(expected)} ({size:,} of {expected:,} bytes)")
+        raise damaged(f"truncated: {format_bytes(size)} of an expected {format_bytes(expected)} ({size:,} of {expected:,} bytes)")
     if size > expected:
         raise damaged(f"{size - expected:,} bytes longer than its header describes ({expected:,} bytes)")
     return 8 + length, header
