@@ -207,7 +207,8 @@ def test_cli(saved_pipeline, tmp_path):
     rc, stdout, _ = out["plain"]
     assert rc == 1, stdout
     assert "no hf_precision recipe" in stdout and "unet.time_embedding.linear_1" in stdout
-    assert "unet.dtype=float16" not in stdout and "text_encoder_2.dtype=float16" in stdout  # issue 11 item 9
+    # issue 11 item 9; in the flags --plain takes (issue 25 item 7)
+    assert "--dtype unet=float16" not in stdout and "--dtype text_encoder_2=float16" in stdout
 
     rc, stdout, stderr = out["bad_set"]
     assert rc == 2 and stdout == "" and "'half'" in stderr and "hf-precision check: error:" in stderr

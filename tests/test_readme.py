@@ -59,13 +59,34 @@ STAND_INS = {
     "Wan2.1-T2V-1.3B-Diffusers": "wan", "Wan2.1-T2V-14B-Diffusers": "wan", "LTX-Video": "ltx",
     "CogVideoX-5b-I2V": "cogvideox_i2v", "HunyuanVideo": "hunyuan_video",
     "stable-video-diffusion-img2vid-xt": "svd", "svd-xt": "svd",
+    "sd15": "sd15", "stable-diffusion-v1-5": "sd15", "FLUX.1-dev": "flux",
 }
+
+
+def _training_data(work: Path) -> None:
+    """Captioned images (photos/, and cat/ with the embedding's token), and captioned 5-frame clips (clips/)."""
+    import numpy as np
+    from PIL import Image
+
+    from hf_precision.apps.train.demo import draw_shape
+
+    (work / "photos").mkdir()
+    (work / "cat").mkdir()
+    (work / "clips").mkdir()
+    for i, shape in enumerate(("square", "circle")):
+        draw_shape(shape, (200, 40, 40), 32, seed=i).save(work / "photos" / f"{shape}.png")
+        (work / "photos" / f"{shape}.txt").write_text(f"a red {shape}", encoding="utf-8")
+        draw_shape(shape, (40, 40, 200), 32, seed=i).save(work / "cat" / f"{shape}.png")
+        (work / "cat" / f"{shape}.txt").write_text(f"a photo of <my-cat> as a {shape}", encoding="utf-8")
+        frames = [Image.fromarray(np.full((16, 16, 3), 20 * j + 50 * i, np.uint8)) for j in range(5)]
+        frames[0].save(work / "clips" / f"c{i}.gif", save_all=True, append_images=frames[1:], duration=100)
+        (work / "clips" / f"c{i}.txt").write_text(f"clip {i}", encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder laid out as the README expects, the process's working directory while the module runs."""
-    from hf_precision.testing import make_sdxl, make_svd, save_pipeline
+    from hf_precision.testing import make_pipeline, make_sdxl, make_svd, save_pipeline
     from hf_precision.testing.pipelines import example_image
     from hf_precision.testing.video_families import make_video
 
@@ -75,11 +96,16 @@ def workdir(tmp_path_factory):
         if kind in saved:  # one build per kind; the other names are links to it
             (work / name).symlink_to(saved[kind], target_is_directory=True)
             continue
-        pipe = make_sdxl() if kind == "sdxl" else make_svd() if kind == "svd" else make_video(kind)
+        if kind == "flux":
+            from hf_precision.testing.families_dit import make_flux
+
+            pipe = make_flux()
+        else:
+            pipe = make_sdxl() if kind == "sdxl" else make_svd() if kind == "svd" else \
+                make_pipeline(kind) if kind == "sd15" else make_video(kind)
         saved[kind] = save_pipeline(pipe, work / name)
     example_image(32).save(work / "cat.png")
-    (work / "photos").mkdir()
-    example_image(16).save(work / "photos" / "beach.png")
+    _training_data(work)
     (work / "prompts.txt").write_text("a cat surfing\n")
     (work / "notes.txt").write_text("not a folder\n")
     my_yaml = next(b for b in blocks(README) if b.lang == "yaml" and b.text.startswith("# my.yaml"))
@@ -106,13 +132,15 @@ def instead(text: str) -> tuple | None:
         return ("skip-why", "an interactive shell's environment; the Makefile's .venv is checked below")
     if "--context-parallel" in text:
         return ("refusal", None, "needs GPUs")  # torchrun of a CPU-only torch: the script's own refusal
+    if text.startswith("accelerate launch") and "scripts/train.py" in text:
+        return ("slow-accelerate-train",)
     if text.startswith("accelerate launch"):
         return ("slow-accelerate",)
     if "--device-map balanced" in text:
         return ("refusal", None, "no accelerator is visible")
     if "scripts/benchmark.py" in text:
         return ("slow-benchmark",)
-    if "--device cuda" in text and "generate" in text:
+    if "--device cuda" in text and ("generate" in text or " train " in text) and "--plan" not in text:
         return ("refusal", text.replace("--device cuda", "--layout t4 --device cpu"), "--layout t4 --device cpu")
     if re.search(r"--device mps(\s|$)", text):
         return ("refusal", text.replace("--device mps", "--layout m2-macos15 --device cpu"), "--layout m2-macos15")
@@ -141,7 +169,7 @@ def run_as_written(text: str) -> Result:
     first, and the folder a command reads that another command of the docs makes (sdxl-tiny) is made first.
     """
     tokens = _tokens(text)
-    if "--out" in tokens:
+    if "--out" in tokens and "--resume" not in tokens:
         target = Path(tokens[tokens.index("--out") + 1])
         if target.is_dir() and not target.is_symlink():
             shutil.rmtree(target)
@@ -150,12 +178,36 @@ def run_as_written(text: str) -> Result:
     if "sdxl-tiny" in tokens and not Path("sdxl-tiny").is_dir():
         maker = next(c for c in COMMANDS if "'sdxl-tiny'" in c.text)
         assert_clean(run_in_process(_tokens(maker.text)), maker.text)
-    family = _video_family(tokens)
+    family = _video_family(tokens) if tokens[1:2] != ["train"] else None
     if family is not None and "--height" not in tokens:
         tokens += _tiny_size(family)
     if tokens[1:2] == ["generate"] and "--steps" not in tokens:  # 30 steps of fp16 on a CPU: minutes
         tokens += ["--steps", "2", "--height", "32", "--width", "32"]
+    if tokens[1:2] == ["train"] and "--demo" not in tokens and "--plan" not in tokens:
+        tokens = _tiny_training(tokens)
     return run_in_process(tokens)
+
+
+def _tiny_training(tokens: list[str]) -> list[str]:
+    """A README training run at the stand-in's size: 2 steps (3 when resumed), its resolution, 5 frames for clips.
+
+    ``--resume latest`` first makes what it resumes: the same run, stopped after 2 steps with a checkpoint.
+    """
+    def without(flag: str, tokens: list[str]) -> list[str]:
+        if flag not in tokens:
+            return tokens
+        i = tokens.index(flag)
+        return tokens[:i] + tokens[i + 2:]
+
+    for flag in ("--steps", "--frames", "--validation-every", "--validation-prompt"):
+        tokens = without(flag, tokens)
+    tokens += ["--resolution", "16" if "./clips" in tokens else "32"] + (["--frames", "5"] if "./clips" in tokens else [])
+    if "--resume" in tokens:
+        first = without("--resume", tokens)
+        shutil.rmtree(first[first.index("--out") + 1], ignore_errors=True)
+        assert_clean(run_in_process(first + ["--steps", "2", "--checkpoint-every", "1"]), " ".join(first))
+        return tokens + ["--steps", "3"]
+    return tokens + ["--steps", "2"]
 
 
 def assert_clean(result: Result, text: str, code: int = 0) -> None:
@@ -194,7 +246,8 @@ def test_command(cmd, workdir):
 def test_every_command_has_a_runner():
     """Each command is run as written (test_command), or by the test its entry in `instead` names."""
     kinds = {(instead(c.text) or ("as written",))[0] for c in COMMANDS}
-    assert kinds <= {"as written", "refusal", "instead", "skip-why", "slow-accelerate", "slow-benchmark"}, kinds
+    assert kinds <= {"as written", "refusal", "instead", "skip-why", "slow-accelerate", "slow-accelerate-train",
+                     "slow-benchmark"}, kinds
     assert len(COMMANDS) > 40  # the extraction still finds the README's commands
 
 
@@ -228,7 +281,11 @@ OUTPUT_BLOCKS = {
     "RuntimeWarning: hf_precision: vae produced non-finite values in float16; re-ran it in bfloat16 and keeps bfloat16":
         "test_nan_guard_warning",
 }
-PYTHON_BLOCKS = {"import hf_precision as hp": "test_use_it_block", 'hp.get_recipe("sdxl", device="t4")': "test_devices_python_block",
+PYTHON_BLOCKS = {"import hf_precision as hp": "test_use_it_block",
+                 'pipe = hp.load_pipeline("./FLUX.1-dev", "cuda", quantize={"transformer": "int8", "text_encoder_2": "nf4"})':
+                     "test_quantize_block",
+                 "import torch, hf_precision as hp": "test_training_block",
+                 'pipe = hp.load_pipeline("./stable-diffusion-xl-base-1.0", "cuda")': "test_load_lora_block", 'hp.get_recipe("sdxl", device="t4")': "test_devices_python_block",
                  '>>> hp.apply_recipe(sdxl_pipe, "svd")': "test_wrong_recipe_block",
                  "with hp.explain(pipe):          # raises a MismatchError from the original error": "test_explain_block"}
 
@@ -441,3 +498,66 @@ def test_accelerate_launch_command(cmd, workdir, tmp_path):
     result = run_subprocess(args, workdir, timeout=600)
     assert_clean(result, cmd.text, 0)
     assert len(list(out.glob("*.mp4"))) == 2, result.text[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if (instead(c.text) or ("",))[0] == "slow-accelerate-train"],
+                         ids=_id)
+def test_accelerate_launch_train_command(cmd, workdir, tmp_path):
+    """`accelerate launch ... scripts/train.py` as two CPU processes over gloo: trains, and writes its LoRA once."""
+    tokens = shlex.split(cmd.text)
+    tail = tokens[tokens.index("scripts/train.py") + 1:]
+    out = tmp_path / "lora"
+    tail[tail.index("--out") + 1] = str(out)
+    args = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+            "--mixed_precision", "no", "--dynamo_backend", "no", str(ROOT / "scripts" / "train.py"), *tail,
+            "--device", "cpu", "--steps", "2", "--resolution", "32"]
+    result = run_subprocess(args, workdir, timeout=600)
+    assert_clean(result, cmd.text, 0)
+    assert [p.name for p in out.glob("*.safetensors")] == ["pytorch_lora_weights.safetensors"], result.text[-3000:]
+
+
+def _statements(start: str) -> list[str]:
+    block = _python(start)
+    return [ast.get_source_segment(block.text, node) for node in ast.parse(block.text).body]
+
+
+def test_quantize_block(workdir):
+    """The quantized-weights block here: as written it is one clear error (no CUDA, or no bitsandbytes for nf4,
+    which runs on CUDA only); on the CPU with torchao's int8 for the transformer it loads a quantized transformer."""
+    first = _statements('pipe = hp.load_pipeline("./FLUX.1-dev", "cuda", quantize=')[0]
+    with pytest.raises(hp.RecipeError) as info:
+        exec(first, {"hp": hp})
+    assert len(str(info.value).splitlines()) == 1 and ("layout=" in str(info.value) or "bitsandbytes" in str(info.value))
+    here = first.replace('"cuda"', '"cpu"').replace(', "text_encoder_2": "nf4"', "")
+    namespace = {"hp": hp}
+    exec(here, namespace)
+    assert hp.applied(namespace["pipe"]).recipe["transformer"].storage == "int8"
+
+
+def test_training_block(workdir):
+    """The training block on the CPU (the T4 layout here), on the sd15 stand-in, with pixels and prompts of its size."""
+    import torch
+
+    block = _python("import torch, hf_precision as hp")
+    source = block.text.replace('device="cuda"', 'device="cpu", layout="t4"').replace("num_inference_steps=20",
+                                                                                      "num_inference_steps=2")
+    namespace = {"pipe": hp.load_pipeline("./sd15", "cpu", layout="t4"), "pixels": torch.rand(1, 3, 32, 32) * 2 - 1,
+                 "prompts": ["a cat"]}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(source, block.where, "exec"), namespace)
+    assert "lora" in printed.getvalue() and (Path("out") / "pytorch_lora_weights.safetensors").is_file()
+    assert all(p.dtype == torch.float32 for p in namespace["tp"].parameters())
+
+
+def test_load_lora_block(workdir):
+    """The LoRA a README command trained (./sdxl-lora) loads into an hf_precision pipeline as the block shows."""
+    if not Path("sdxl-lora").is_dir():
+        maker = next(c for c in COMMANDS if "--out ./sdxl-lora" in c.text)
+        assert_clean(run_as_written(maker.text.replace("--device cuda", "--device cpu --layout t4")), maker.text)
+    block = _python('pipe = hp.load_pipeline("./stable-diffusion-xl-base-1.0", "cuda")')
+    source = block.text.replace('"cuda")', '"cpu", layout="t4")')
+    namespace = {"hp": hp}
+    exec(compile(source, block.where, "exec"), namespace)
+    assert namespace["pipe"].get_active_adapters()

@@ -122,7 +122,17 @@ def test_save_embeddings_loads_back_with_diffusers(sd15, tmp_path):
     assert torch.allclose(fresh.text_encoder.get_input_embeddings().weight[new_id], tp.parameters()[0][0])
 
 
-def test_inside_an_accelerate_script(sd15, batch, tmp_path):
+@pytest.fixture
+def fresh_accelerate_state():
+    """accelerate keeps one AcceleratorState per process: another test's Accelerator(cpu=True) would refuse ours."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_inside_an_accelerate_script(sd15, batch, tmp_path, fresh_accelerate_state):
     from accelerate import Accelerator
 
     accelerator = Accelerator(mixed_precision="fp16", cpu=True)
