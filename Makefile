@@ -49,7 +49,9 @@ test-cpus: $(STAMP)
 test-latest:
 	test -x $(LATEST_VENV)/bin/python || $(PYTHON) -m venv $(LATEST_VENV)
 	$(LATEST_VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -e ".[test,video]"
+	echo "$(TORCH_SPEC)" > $(LATEST_VENV)/torch-spec.txt  # an eager upgrade would otherwise replace torch too
+	$(LATEST_VENV)/bin/python -m pip install --quiet --upgrade --upgrade-strategy eager -c $(LATEST_VENV)/torch-spec.txt \
+		-e ".[test,video]"
 	$(LATEST_VENV)/bin/python -m pytest -q
 
 # Pin what .venv-latest just passed with (run `make test-latest` first; commit constraints.txt saying so).

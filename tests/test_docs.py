@@ -44,7 +44,7 @@ def repo_files() -> list[Path]:
     """Every .py/.yaml/.md file of the repository, outside virtual environments, caches and vendored configs."""
     found = []
     for folder, dirs, files in os.walk(ROOT):
-        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+        dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS and not d.endswith(".egg-info") and not d.startswith(".venv"))
         found += [Path(folder, name) for name in sorted(files) if Path(name).suffix in SUFFIXES]
     return found
 
