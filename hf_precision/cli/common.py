@@ -6,7 +6,8 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["COMMANDS", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies"]
+__all__ = ["COMMANDS", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
+           "script_main"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
 
@@ -88,6 +89,36 @@ def preflight(path: str, *, recipe: str | None = None, device: Any = None, overr
     if name is None:
         return  # no shipped recipe: load_pipeline composes one, or reports an unknown class with the options
     get_recipe(name, device=device, overrides=overrides)
+def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int], argv: Any = None,
+                interrupted: str | None = None) -> int:
+    """The entry point of a ``scripts/*.py`` wrapper: optional dependencies' notices silenced as on ``hf-precision``,
+    bad input one message and exit 2; with ``interrupted``, Ctrl-C prints it and exits 130.
+
+    Example:
+        >>> def fails(args):
+        ...     from hf_precision.errors import RecipeError
+        ...     raise RecipeError("--out x: exists")
+        >>> script_main(argparse.ArgumentParser(prog="demo.py"), fails, [])  # prints to stderr
+        2
+    """
+    import sys
+
+    from ..errors import RecipeError
+
+    quiet_optional_dependencies()
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except RecipeError as err:
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
+        return 130
+
+
 def resolve_for(args: argparse.Namespace) -> str | None:
     """The device whose rules choose the dtypes: ``--layout``, else ``--device`` (for commands that run nothing)."""
     return getattr(args, "layout", None) or args.device

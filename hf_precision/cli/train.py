@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 
 from ..errors import RecipeError
-from .common import add_recipe_args, command, overrides_from
+from .common import add_recipe_args, command, overrides_from, script_main
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -90,13 +90,7 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``scripts/train.py``: bad input prints one message and returns 2."""
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except RecipeError as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
+    return script_main(build_parser(prog), run, argv)
 
 
 @command("train", "train a LoRA, textual-inversion embedding or full fine-tune with the recipe's precision rules",

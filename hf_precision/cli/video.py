@@ -132,20 +132,11 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``scripts/generate_video.py``: bad input prints one message and returns 2."""
-    from .common import quiet_optional_dependencies
+    from .common import script_main
 
-    quiet_optional_dependencies()
-    parser = build_parser(prog)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except RecipeError as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # outputs are renamed into place only when complete: nothing partial is left
-        print(f"{parser.prog}: interrupted; finished outputs are kept, the one in progress was not written",
-              file=sys.stderr)
-        return 130
+    # outputs are renamed into place only when complete: an interrupt leaves nothing partial
+    return script_main(build_parser(prog), run, argv,
+                       interrupted="interrupted; finished outputs are kept, the one in progress was not written")
 
 
 def _check_numbers(args: argparse.Namespace, spec: Any) -> None:
