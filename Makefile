@@ -21,6 +21,9 @@ LOCK_SKIP := ^(torch|triton|nvidia-[a-z0-9_-]+|sympy|mpmath|networkx|jinja2|mark
 AMX_FLAGS ?= avx2,avx512f,avx512_bf16,amx_tile,amx_bf16
 NO_AMX_FLAGS ?= avx2,avx512f
 AVX2_FLAGS ?= avx2
+# The suite runs in TEST_WORKERS processes (pytest-xdist; each test file stays in one process, so its fixtures are
+# built once): 2 fits the 2-core CI machine; `make test TEST_WORKERS=0` runs it in this process alone.
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-cpus test-latest lock install clean
 
@@ -38,7 +41,7 @@ demo: $(STAMP)
 	$(BIN)/hf-precision demo --out demo_output
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-cpus: $(STAMP)
 	HF_PRECISION_CPU_FLAGS="$(AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe

@@ -86,6 +86,12 @@ def pytest_configure(config):
     except RecipeError as e:
         raise pytest.UsageError(str(e)) from None
     set_probe(None)  # profiles read before the options were applied are dropped
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 0)
+    if workers > 1:  # `make test` runs pytest-xdist workers
+        import torch
+
+        # torch's default of one thread per core in every worker would oversubscribe the cores the workers share
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 def pytest_report_header(config):
