@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from hf_precision.diagnose.calibrator import Recorder
+from hf_precision.diagnose.calibration.record import Recorder
 from hf_precision.testing.pipelines import example_call_kwargs, make_sdxl
 
 STEPS = 4

@@ -18,7 +18,7 @@ import torch
 
 import hf_precision as hp
 from hf_precision.cli import main
-from hf_precision.diagnose import calibrator
+from hf_precision.diagnose.calibration import memory
 from hf_precision.recipe.patterns import inside
 from hf_precision.runtime.apply import apply_recipe
 from hf_precision.testing.calibration import (make_sd3, make_wan, module_bytes, plant_t5_feed_forward,
@@ -140,7 +140,7 @@ def test_wan_time_embedding(tmp_path):
 
 def test_refuses_what_does_not_fit(sdxl_folder, monkeypatch):
     folder, _, _ = sdxl_folder
-    monkeypatch.setattr(calibrator, "available_bytes", lambda device: 1000)
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 1000)
     with pytest.raises(hp.RecipeError, match="reference='bfloat16'") as err:
         hp.calibrate(folder, "t4", run_on="cpu", progress=False)
     assert "available" in str(err.value) and "Traceback" not in str(err.value)
@@ -150,3 +150,38 @@ def test_target_the_layout_cannot_compute():
     assert "bfloat16" not in hp.device_caps("t4").compute
     with pytest.raises(hp.RecipeError, match="cannot be computed"):
         hp.calibrate(make_wan(), "t4", wan_call_kwargs(), target="bfloat16", progress=False)
+
+
+def test_session_hands_back_what_a_run_that_raised_changed():
+    from diffusers import AutoencoderKL
+
+    from hf_precision.diagnose.calibration.session import Session
+
+    class Pipe:  # what the session reads: components, and diffusers' progress bar settings
+        def __init__(self):
+            torch.manual_seed(0)
+            self.components = {"vae": AutoencoderKL(block_out_channels=(8,), norm_num_groups=8, latent_channels=2,
+                                                    sample_size=8, force_upcast=True)}
+
+        def set_progress_bar_config(self, **kwargs):
+            self._progress_bar_config = kwargs
+
+    pipe = Pipe()
+    vae = pipe.components["vae"]
+    vae.register_buffer("seen", torch.zeros(2))
+    before = {k: (v.clone(), v.data_ptr()) for k, v in vae.state_dict().items()}
+
+    def run(p):  # casts (parameters and buffers), flips force_upcast, writes a buffer, then fails
+        assert p._progress_bar_config == {"disable": True}
+        p.components["vae"].to(torch.float16).register_to_config(force_upcast=False)
+        p.components["vae"].seen.add_(1.0)
+        raise RuntimeError("the run failed")
+
+    with Session(pipe, restore=True) as session:
+        with pytest.raises(RuntimeError, match="the run failed"):
+            session.run(run, seed=0)
+        assert vae.config.force_upcast is True and vae.decoder.conv_out.weight.dtype == torch.float32
+    after = vae.state_dict()
+    assert all(torch.equal(after[k], v) and after[k].dtype == v.dtype and after[k].data_ptr() == ptr
+               for k, (v, ptr) in before.items())
+    assert vae.config.force_upcast is True and not hasattr(pipe, "_progress_bar_config")

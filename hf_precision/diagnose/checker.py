@@ -350,7 +350,7 @@ class _Recorder:
                 if leaf:
                     self.handles.append(module.register_forward_pre_hook(self._inputs(cname, path), with_kwargs=True))
 
-    def detach(self) -> None:
+    def remove(self) -> None:
         handles, self.handles = self.handles, []
         for h in handles:
             h.remove()
@@ -544,10 +544,9 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
         >>> report.exit_code, [e.module for e in report.erased_islands]
         (1, ['unet.time_embedding', 'unet.add_embedding'])
     """
-    import torch
-
     from ..runtime.apply import Applied
     from ..runtime.apply import applied as applied_record
+    from .calibration.session import Session
     from .mismatch import explain
 
     comps = _components(pipe)
@@ -565,24 +564,14 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
             for i in islands:
                 kinds[f"{cname}.{i}"] = "island"
     recorder = _Recorder(comps, kinds)
-    progress = getattr(pipe, "_progress_bar_config", None)
     error: BaseException | None = None
     output = None
-    recorder.attach()
     try:
-        if hasattr(pipe, "set_progress_bar_config"):
-            pipe.set_progress_bar_config(**{**(progress or {}), "disable": True})
-        with torch.no_grad(), explain(pipe):
-            output = run(pipe)
+        with Session(pipe) as session, explain(pipe):  # the pipeline's progress bar silenced, no gradients
+            recorder.attach()
+            output = session.run(run, hooks=(recorder,))  # the hooks come off after the run, also when it raised
     except Exception as err:  # the report is the point: a crash is a finding, not a traceback
         error = err
-    finally:
-        recorder.detach()
-        if hasattr(pipe, "set_progress_bar_config"):
-            if progress is None:
-                pipe.__dict__.pop("_progress_bar_config", None)
-            else:
-                pipe._progress_bar_config = progress
 
     mismatches = []
     crashed = getattr(error, "module", None), getattr(error, "kind", None), getattr(error, "got", None)

@@ -1,0 +1,93 @@
+"""Whether calibrate's runs fit the machine: the reference dtype and model offload, chosen before any weight loads
+when calibrate is given a folder (the safetensors headers say how many values each component holds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ... import dtypes as dt
+from ...errors import RecipeError
+from ...runtime.memory import available_bytes
+from ...units import format_bytes
+
+__all__ = ["folder_numel", "memory_plan", "open_pipeline"]
+
+
+def folder_numel(folder: Path) -> dict[str, int]:
+    """Component -> number of floating values in its default safetensors files (read from the headers only)."""
+    out: dict[str, int] = {}
+    for comp in sorted(p for p in folder.iterdir() if p.is_dir()):
+        for f in comp.glob("*.safetensors"):
+            if ".fp16." in f.name or ".bf16." in f.name:
+                continue
+            with open(f, "rb") as fh:
+                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
+            for key, info in header.items():
+                if key != "__metadata__" and str(info.get("dtype", "")).startswith(("F", "BF")):
+                    out[comp.name] = out.get(comp.name, 0) + math.prod(info["shape"])
+    return out
+
+
+def memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, target: str,
+                 resident: int = 0, max_memory: int | None = None) -> tuple[str, bool]:
+    """(reference dtype, offload) that fit this machine, or a RecipeError that says what to do.
+
+    ``resident``: bytes of the pipeline already in memory on ``run_on`` (they are not counted again).
+    ``max_memory``: a budget for ``run_on`` (bytes); it counts everything the runs hold there, and with it model
+    offload is chosen on any device, the CPU included (there accelerate's hooks keep one component "on" the CPU
+    at a time: the same code path, without a memory gain).
+    """
+    available = available_bytes(run_on)
+    if max_memory is not None:
+        available, resident = (max_memory if available is None else min(available, max_memory)), 0
+    total, largest = sum(numel.values()), max(numel.values(), default=0)
+    # The reference weights stay in memory while a half copy of the component runs: 1 + half/reference per value.
+    need = lambda dtype, n: max(0, int(n * (dt.itemsize(dtype) + dt.itemsize(target))) - resident)
+    choices = [reference] if reference else ["float32", "bfloat16"]
+    if available is None:
+        return choices[0], False
+    accelerator = not run_on.startswith("cpu") or max_memory is not None
+    for ref in choices:
+        if need(ref, total) <= available:
+            return ref, False
+        if accelerator and need(ref, largest) <= available:
+            return ref, True  # enable_model_cpu_offload: one component on the accelerator at a time
+    budget = " within max_memory" if max_memory is not None else ""
+    tried = " nor with model offload (enable_model_cpu_offload: one component at a time)" if accelerator else ""
+    raise RecipeError(
+        f"calibrate: the {choices[0]} reference run needs about {format_bytes(need(choices[0], total))} "
+        f"(largest component {format_bytes(need(choices[0], largest))}); {run_on} has {format_bytes(available)} available{budget}, "
+        f"so it fits neither whole{tried}. The islands do not depend on the machine that measures them: run "
+        f"calibrate where the model fits (run_on='cuda', CLI --device cuda), with a larger budget (max_memory=..., "
+        "CLI --max-memory), or with reference='bfloat16' (CLI --reference bfloat16; ranges only, the error vs "
+        "reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
+
+
+
+def open_pipeline(pipe_or_folder: Any, run_on: str, reference: str | None, target: str | None, recipe: str | None,
+                  max_memory: int | None) -> tuple[Any, bool, str, bool]:
+    """(pipeline, loaded here, reference dtype, offload): a folder is loaded in the reference dtype that fits
+    (on the CPU when the runs offload); a pipeline object is used as it is, its resident weights counted."""
+    import torch
+
+    if isinstance(pipe_or_folder, (str, os.PathLike)):
+        from ...runtime.load import load_pipeline
+        from ...runtime.source import locate
+
+        where, _, folder = locate(pipe_or_folder)
+        numel = folder_numel(folder) if folder is not None else {}
+        ref_dtype, offload = memory_plan(numel, run_on, reference, target or "float16", max_memory=max_memory)
+        pipe = load_pipeline(where, "cpu" if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype))
+        return pipe, True, ref_dtype, offload
+    pipe = pipe_or_folder
+    models = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
+    numel = {n: sum(t.numel() for t in m.parameters() if t.is_floating_point()) for n, m in models.items()}
+    resident = sum(t.numel() * t.element_size() for m in models.values() for t in m.parameters()
+                   if t.is_floating_point() and t.device.type == torch.device(run_on).type)
+    ref_dtype, offload = memory_plan(numel, run_on, reference, target or "float16", resident, max_memory)
+    return pipe, False, ref_dtype, offload
