@@ -585,8 +585,9 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
             if not recorder.calls.get(cname):
                 notes.append(f"{cname} did not run in this call, so it was not checked at runtime")
         if not _finite(output):
-            notes.append("the output has NaN or inf values (a black image): a component overflowed its dtype; "
-                         "try --set vae.dtype=float32 or bfloat16, or keep the overflowing modules in keep_fp32")
+            notes.append(f"the output has NaN or inf values (a black image): a component overflowed its dtype; "
+                         f"try {override_line('vae', 'dtype', 'float32')} (or bfloat16), or keep the overflowing "
+                         f"modules in keep_fp32")
     return CheckReport(pipeline=type(pipe).__name__, recipe=applied.recipe.name if applied else None,
                        device=applied.recipe.device.label() if applied else None, mismatches=mismatches,
                        erased_islands=erased, drift=drift, casts=casts, error=error, notes=notes,
