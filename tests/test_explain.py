@@ -1,5 +1,5 @@
-"""Tests for hf_precision.diagnose.mismatch: every torch wording of a dtype/device mismatch, and explain() around a call or
-of a caught error.
+"""Tests for hf_precision.diagnose.mismatch (and its wordings, locate, fixes): every torch wording of a dtype/device
+mismatch, explain() around a call and explain_error() of a caught error.
 
 Messages raised on this machine are never hard-coded: the real-op tests run the op, catch what this CPU raises
 (which wording depends on the CPU: oneDNN/AMX paths word a convolution mismatch differently from the slow path)

@@ -364,6 +364,11 @@ def _device_text(parsed: dict[str, Any], w: Where, got: str, expected: str, orde
     return header, fix, []
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# A mismatch check recorded (no error: the hooks saw an input in one dtype reach weights in another)
+# ---------------------------------------------------------------------------------------------------------------
+
+
 def recorded_fix(component: str, rel: str, kind: str, got: str, expected: str, applied: bool,
                  main: str | None = None) -> str:
     """The fix for a mismatch ``check`` recorded: ``component.rel`` received ``got`` but holds ``expected``.
