@@ -21,14 +21,14 @@ _EXPORTS = {
     "load_pipeline": "runtime", "apply_recipe": "runtime", "Applied": "runtime", "applied": "runtime",
     "plan": "diagnose", "Plan": "diagnose",
     "check": "diagnose", "CheckReport": "diagnose",
-    "explain": "diagnose", "MismatchError": "diagnose",
+    "explain": "diagnose", "explain_error": "diagnose", "MismatchError": "diagnose",
     "calibrate": "diagnose", "CalibrationResult": "diagnose",
     "prepare_training": "training", "TrainingPlan": "training",
 }
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .diagnose import CalibrationResult, CheckReport, MismatchError, Plan, calibrate, check, explain, plan
+    from .diagnose import CalibrationResult, CheckReport, MismatchError, Plan, calibrate, check, explain, explain_error, plan
     from .errors import RecipeError
     from .recipe import ComponentPlan, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
     from .runtime import Applied, applied, apply_recipe, load_pipeline

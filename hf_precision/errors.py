@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from os import PathLike
 from typing import Any
 
-__all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "excerpt"]
+__all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "override_lines", "override_flag", "excerpt"]
 
 
 class RecipeError(ValueError):
@@ -85,6 +85,16 @@ class Problems:
             raise RecipeError(self.items)
 
 
+def override_flag(component: str, key: str, value: object) -> str:
+    """The value of one ``--set`` flag, ``component.key=value``; lists are written ``[a,b]`` (no spaces, no quotes).
+
+    Example:
+        >>> override_flag("vae", "keep_fp32", ["decoder.mid_block", "post_quant_conv"])
+        'vae.keep_fp32=[decoder.mid_block,post_quant_conv]'
+    """
+    return f"{component}.{key}={_flag_value(value)}"
+
+
 def override_line(component: str, key: str, value: object) -> str:
     """The one way every message spells a fix: the ``--set`` flag and the same override in YAML.
 
@@ -96,10 +106,29 @@ def override_line(component: str, key: str, value: object) -> str:
         >>> override_line("vae", "keep_fp32", ["decoder.mid_block", "post_quant_conv"])
         '--set vae.keep_fp32=[decoder.mid_block,post_quant_conv] (YAML: components: {vae: {keep_fp32: [decoder.mid_block, post_quant_conv]}})'
     """
+    return override_lines([(component, key, value)])
+
+
+def override_lines(overrides: Iterable[tuple[str, str, object]], *, quoted: bool = False) -> str:
+    """Several overrides as one fix: every ``--set`` flag, then the same overrides in YAML, grouped by component.
+
+    ``quoted`` puts the flags in backticks, as the mismatch fixes print them (``check --plain`` reads them back).
+
+    Example:
+        >>> override_lines([("vae", "dtype", "float16"), ("unet", "dtype", "float16")], quoted=True)
+        '`--set vae.dtype=float16 --set unet.dtype=float16` (YAML: components: {vae: {dtype: float16}, unet: {dtype: float16}})'
+    """
+    overrides = list(overrides)
+    flags = " ".join(f"--set {override_flag(c, k, v)}" for c, k, v in overrides)
+    grouped: dict[str, list[str]] = {}
+    for c, k, v in overrides:
+        yaml_value = f"[{', '.join(map(str, v))}]" if isinstance(v, (list, tuple)) else _flag_value(v)
+        grouped.setdefault(c, []).append(f"{k}: {yaml_value}")
+    yaml = ", ".join(f"{c}: {{{', '.join(items)}}}" for c, items in grouped.items())
+    return f"{f'`{flags}`' if quoted else flags} (YAML: components: {{{yaml}}})"
+
+
+def _flag_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
-        flag, yaml_value = f"[{','.join(map(str, value))}]", f"[{', '.join(map(str, value))}]"
-    elif isinstance(value, bool):
-        flag = yaml_value = str(value).lower()
-    else:
-        flag = yaml_value = str(value)
-    return f"--set {component}.{key}={flag} (YAML: components: {{{component}: {{{key}: {yaml_value}}}}})"
+        return f"[{','.join(map(str, value))}]"
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -1,5 +1,5 @@
-"""Tests for hf_precision.diagnose.mismatch: every torch wording of a dtype/device mismatch, and explain() around a call or
-of a caught error.
+"""Tests for hf_precision.diagnose.mismatch (and its wordings, locate, fixes): every torch wording of a dtype/device
+mismatch, explain() around a call and explain_error() of a caught error.
 
 Messages raised on this machine are never hard-coded: the real-op tests run the op, catch what this CPU raises
 (which wording depends on the CPU: oneDNN/AMX paths word a convolution mismatch differently from the slow path)
@@ -9,7 +9,6 @@ string in ``LITERALS``, each with the torch source that raises it.
 
 from __future__ import annotations
 
-import doctest
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -20,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as torch_module
 
-import hf_precision.diagnose.mismatch as explain_mod
 from hf_precision.diagnose.mismatch import MismatchError, explain, explain_error, parse_mismatch
+from hf_precision.diagnose.wordings import FAMILIES
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 MIXES = [(x, w) for x in DTYPES for w in DTYPES if x != w]  # (input dtype, parameter dtype)
@@ -119,8 +118,8 @@ def test_real_layer_mismatch_is_classified(name, x, w):
     assert err.overrides == ((f"unet.dtype={x}",),)
     assert f"--set unet.dtype={w}" not in err.fix
 
-    # the same error, caught by the caller: explain(err) reads the module from the traceback
-    late = explain(caught)
+    # the same error, caught by the caller: explain_error(err) reads the module from the traceback
+    late = explain_error(caught)
     assert isinstance(late, MismatchError) and late.__cause__ is caught
     assert (late.module, late.got, late.expected) == (where, x, w)
 
@@ -161,7 +160,7 @@ def test_real_tensor_op_mismatch_is_classified(op, x, w):
     assert {parsed["a"], parsed["b"]} == {x, w}, str(caught)
     if parsed["ordered"]:
         assert (parsed["a"], parsed["b"]) == order(x, w), str(caught)
-    err = explain(caught)
+    err = explain_error(caught)
     assert err.kind == "dtype" and {err.got, err.expected} == {x, w} and err.module is None
 
 
@@ -182,7 +181,7 @@ def test_real_device_mismatches():
     meta = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4, device="meta"))
     caught = _raise(lambda: meta(torch.randn(2, 4)))
     assert parse_mismatch(str(caught))["kind"] == "device"
-    err = explain(caught)
+    err = explain_error(caught)
     assert (err.kind, err.module, err.got, err.expected) == ("device", "1", "cpu", "meta")
     q = torch.randn(1, 2, 3, 4)
     k = torch.randn(1, 2, 3, 4, device="meta")
@@ -398,7 +397,7 @@ def test_parse_literal_messages(message, expected):
 
 def test_every_family_is_covered():
     families = {parse_mismatch(m)["family"] for m, e in LITERALS if e is not None}
-    assert families == {f.name for f in explain_mod._FAMILIES}
+    assert families == {f.name for f in FAMILIES}
 
 
 @pytest.mark.parametrize("message, expected", [(m, e) for m, e in LITERALS if e is not None],
@@ -418,8 +417,8 @@ def test_every_literal_is_explained(message, expected):
 def test_value_errors_only_for_torchs_own_value_error_wordings():
     rnn = ValueError("RNN input dtype (torch.float32) does not match weight dtype (torch.float16). Convert input: "
                      "input.to(torch.float16), or convert model: model.to(torch.float32)")
-    assert explain(rnn).family == "rnn_dtype"
-    assert explain(ValueError("mat1 and mat2 must have the same dtype, but got Float and Half")) is None
+    assert explain_error(rnn).family == "rnn_dtype"
+    assert explain_error(ValueError("mat1 and mat2 must have the same dtype, but got Float and Half")) is None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -737,12 +736,14 @@ def test_explain_of_a_caught_error():
     try:
         model(torch.randn(1, 2))
     except RuntimeError as caught:
-        err = explain(caught)
+        err = explain_error(caught)
         assert err.__cause__ is caught and err.original is caught
     assert (err.module, err.component, err.got, err.expected, err.sides_known) == ("0", None, "float32", "bfloat16",
                                                                                     True)
-    assert explain(err) is err  # already explained
-    assert explain(KeyError("k")) is None and explain(RuntimeError("boom")) is None
+    assert explain_error(err) is err  # already explained
+    assert explain_error(KeyError("k")) is None and explain_error(RuntimeError("boom")) is None
+    with pytest.raises(TypeError, match="explain_error"):  # one door for a caught error, one return type each
+        explain(err.original)
 
 
 def test_explain_of_a_caught_wrapped_error_finds_where_torch_raised():
@@ -760,7 +761,7 @@ def test_explain_of_a_caught_wrapped_error_finds_where_torch_raised():
     try:
         Wrapper()(torch.randn(1, 2))
     except RuntimeError as caught:
-        err = explain(caught)
+        err = explain_error(caught)
     assert (err.module, err.got, err.expected) == ("inner.0", "float32", "float16")
     assert str(err.__cause__).startswith("wrapper failed: ")
 
@@ -772,7 +773,7 @@ def test_explain_of_a_caught_norm_error_reads_the_input_from_the_traceback():
     try:
         model(torch.randn(2, 4))
     except RuntimeError as caught:
-        err = explain(caught)
+        err = explain_error(caught)
     assert (err.module, err.got, err.expected) == ("1", "float32", "float16")
 
 
@@ -791,11 +792,6 @@ def test_mismatch_error_pickles():
     copy = pickle.loads(pickle.dumps(err))
     assert (str(copy), copy.module, copy.got, copy.expected) == (str(err), "unet.x", "float32", "float16")
     assert (copy.overrides, copy.dtypes) == (err.overrides, err.dtypes)
-
-
-def test_doctests():
-    result = doctest.testmod(explain_mod, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0
 
 
 def test_no_torch_import_at_import_time():

@@ -100,7 +100,7 @@ def test_printed_fix_makes_the_failing_run_pass(tiny_pipe, kind, casts, module):
 
 
 def test_a_caught_error_gets_the_same_explanation(tiny_pipe):
-    """hp.explain(err) on an error caught without the context manager reads module and pipeline from the traceback."""
+    """hp.explain_error(err) on an error caught without the context manager reads module and pipeline from the traceback."""
     casts = {"unet": F16, "vae": F16}
     pipe = _layout(tiny_pipe, "sdxl", casts)
     with pytest.raises(hp.MismatchError) as info:
@@ -110,7 +110,7 @@ def test_a_caught_error_gets_the_same_explanation(tiny_pipe):
     try:
         _run(_layout(tiny_pipe, "sdxl", casts), "sdxl")
     except RuntimeError as caught:
-        late = hp.explain(caught)
+        late = hp.explain_error(caught)
     assert late.__cause__ is not None and not isinstance(late.__cause__, hp.MismatchError)
     assert (late.module, late.component, late.got, late.expected) == ("unet.time_embedding.linear_1", "unet",
                                                                       "float32", "float16")

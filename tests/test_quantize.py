@@ -171,7 +171,7 @@ def test_fp8_kernel_errors_are_explained(op, message):
     with pytest.raises(RuntimeError if "Promotion" in message else NotImplementedError) as plain:
         Block()(None)
     assert message in str(plain.value)
-    err = hp.explain(plain.value)
+    err = hp.explain_error(plain.value)
     assert err is not None and "storage=float8_e4m3fn" in err.fix
 
 

@@ -138,7 +138,7 @@ def test_omnilmm_vision_encoder_on_another_device(saved_pipeline):
     # CUDA words this "Input type (torch.FloatTensor) and weight type (torch.cuda.HalfTensor) should be the same
     # ...", other builds "Expected all tensors to be on the same device ...": judge what explain reports, not one
     # wording. It is a device mismatch, and when the wording carries the dtypes, a dtype mismatch too.
-    err = hp.explain(info.value)
+    err = hp.explain_error(info.value)
     assert isinstance(err, hp.MismatchError) and err.kind == "device", str(info.value)
     assert {err.got.split(":")[0], err.expected.split(":")[0]} == {"cpu", "cuda"}
     if err.sides_known:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..apps.video import (DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, MemorySettings, check_out, generate_video,
                           load_video_pipeline, model_spec, plan_outputs, read_image, read_prompts, save_video)
-from ..errors import RecipeError
+from ..errors import RecipeError, override_line
 from .common import add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
@@ -336,8 +336,8 @@ def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Jo
                 try:
                     frames, summary = _one(pipe, spec, job, args, bar)
                     if not np_isfinite(frames):
-                        raise RecipeError("the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
-                                          "--set transformer.dtype=float32 and report the model")
+                        raise RecipeError(f"the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
+                                          f"{override_line(spec.denoiser, 'dtype', 'float32')} and report the model")
                     if writes:
                         save_video(frames, job.out, fps=args.fps, format=job.format)
                 except (KeyboardInterrupt, SystemExit):

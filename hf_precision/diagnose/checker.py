@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError, override_line
+from .fixes import recorded_fix
 
 if TYPE_CHECKING:
     from torch import nn
@@ -438,33 +439,6 @@ def _main_dtype(module: nn.Module) -> str | None:
     return max(sizes, key=sizes.__getitem__) if sizes else None
 
 
-def _mismatch_fix(component: str, rel: str, kind: str, got: str, expected: str, applied: bool,
-                  main: str | None = None) -> str:
-    if kind == "dtype" and rel and main is not None and expected != main:
-        # An inner module in another dtype than the rest of its component: an undeclared island.
-        if expected == "float32":
-            return (f"{component}.{rel} holds float32 parameters inside a {main} {component}: declare it a float32 "
-                    f"island so hooks cast around it: hf_precision.apply_recipe(pipe, overrides={{'{component}': "
-                    f"{{'keep_fp32': ['{rel}']}}}}) ({override_line(component, 'keep_fp32', [rel])}; the list replaces "
-                    f"the recipe's, so keep its islands in it), or cast it back: pipe.{component}.{rel}.to(torch.{main})")
-        return (f"{component}.{rel} holds {expected} parameters inside a {main} {component}: cast it back with "
-                f"pipe.{component}.{rel}.to(torch.{main}); only float32 islands can be declared (keep_fp32)")
-    if kind == "device":
-        return (f"{component} runs on {expected} but receives inputs on {got}: hf_precision.apply_recipe(pipe, "
-                f"device=...) moves inputs to each component's device (or load with hf_precision.load_pipeline("
-                f"path, device={{'{component}': '{expected}'}})); or put the pipeline on one device: "
-                f"pipe.to('{expected}')")
-    if applied:
-        island = override_line(component, "keep_fp32", [rel]) if rel else ""
-        return (f"{component} receives {got} here but its weights are {expected}: re-apply the recipe "
-                f"(hf_precision.apply_recipe(pipe)) so the boundary hooks cast it, or make the plan agree with "
-                f"{override_line(component, 'dtype', got)}" + (f"; if {rel} must stay float32, declare it: {island}"
-                                                               if island and got == "float32" else ""))
-    return (f"{component} receives {got} but its weights are {expected}: hf_precision.apply_recipe(pipe) casts what "
-            f"enters each component to its dtype; to keep this layout: hf_precision.apply_recipe(pipe, overrides="
-            f"{{'{component}': {{'dtype': '{expected}'}}}}) ({override_line(component, 'dtype', expected)})")
-
-
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
     from ..runtime.layout import drift
 
@@ -580,8 +554,8 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
             continue  # the crash itself: reported once, as the error
         component, _, rel = path.partition(".")
         mismatches.append(Mismatch(module=path, component=component, kind=kind, got=got, expected=want, calls=n,
-                                   fix=_mismatch_fix(component, rel, kind, got, want, applied is not None,
-                                                     _main_dtype(comps[component]) if component in comps else None)))
+                                   fix=recorded_fix(component, rel, kind, got, want, applied is not None,
+                                                    _main_dtype(comps[component]) if component in comps else None)))
     casts = [Cast(module=p, kind=k, where=w, from_dtype=a, to_dtype=b, calls=n)
              for (p, k, w, a, b), n in recorder.casts.items()]
     notes: list[str] = []
@@ -600,8 +574,9 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
             if not recorder.calls.get(cname):
                 notes.append(f"{cname} did not run in this call, so it was not checked at runtime")
         if not _finite(output):
-            notes.append("the output has NaN or inf values (a black image): a component overflowed its dtype; "
-                         "try --set vae.dtype=float32 or bfloat16, or keep the overflowing modules in keep_fp32")
+            notes.append(f"the output has NaN or inf values (a black image): a component overflowed its dtype; "
+                         f"try {override_line('vae', 'dtype', 'float32')} (or bfloat16), or keep the overflowing "
+                         f"modules in keep_fp32")
     return CheckReport(pipeline=type(pipe).__name__, recipe=applied.recipe.name if applied else None,
                        device=applied.recipe.device.label() if applied else None, mismatches=mismatches,
                        erased_islands=erased, drift=drift, casts=casts, error=error, notes=notes,

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError, excerpt
+from .source import listed_components
 from ..recipe.resolution import Recipe
 
 __all__ = ["split_gguf", "load_gguf_denoiser", "gguf_planned_bytes"]
@@ -52,8 +53,8 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
     import diffusers
 
     name = recipe.denoiser
-    spec = index.get(name) if name else None
-    if not isinstance(spec, (list, tuple)) or len(spec) != 2:
+    spec = listed_components(index).get(name) if name else None
+    if spec is None:
         raise RecipeError(f"{path}: the base {where} has no denoiser component for the GGUF file (recipe {recipe.name})")
     cls = getattr(diffusers, str(spec[1]), None) or getattr(importlib.import_module(f"diffusers.pipelines.{spec[0]}"),
                                                              str(spec[1]), None)

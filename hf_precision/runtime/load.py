@@ -208,9 +208,9 @@ def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
     if folder is None:
         return []
     out = []
-    for comp, spec in index.items():
+    for comp in listed_components(index):
         d = folder / comp
-        if comp.startswith("_") or not isinstance(spec, (list, tuple)) or not d.is_dir():
+        if not d.is_dir():
             continue
         names = [p.name for p in d.iterdir()]
         pickled = any(n.endswith((".bin", ".pt", ".pth", ".ckpt")) for n in names)
@@ -425,9 +425,10 @@ def _stream_components(folder: Path | None, index: Mapping[str, Any], plans: Map
             {"device_map", "quantization_config", "low_cpu_mem_usage", "revision"} & set(kwargs):
         return {}
     out = {}
+    listed = listed_components(index)
     for name, plan in plans.items():
-        spec = index.get(name)
-        if not isinstance(spec, (list, tuple)) or len(spec) != 2 or spec[0] is None or name in kwargs:
+        spec = listed.get(name)
+        if spec is None or name in kwargs:
             continue
         islands = list(plan.keep_fp32) if plan.compute != "float32" else []
         storage = dtype_map[name]

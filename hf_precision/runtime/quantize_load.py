@@ -40,7 +40,7 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
     """
     from .layout import component_islands
     from .meta import build_on_meta
-    from .source import component_configs
+    from .source import component_configs, listed_components
 
     wanted = [p for p in recipe.plans if is_quantized(p.storage)]
     user = kwargs.get("quantization_config")
@@ -55,11 +55,12 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
     configs = component_configs(where, index, folder)
     modules: dict[str, tuple[torch.nn.Module, list[str]]] = {}
     planned: dict[str, set[str]] = {}
+    listed = listed_components(index)
     for plan in wanted:
-        spec = index.get(plan.name)
-        if not isinstance(spec, (list, tuple)) or plan.name not in configs:
+        spec = listed.get(plan.name)
+        if spec is None or plan.name not in configs:
             raise RecipeError(f"{where}: {plan.name}.storage={plan.storage}: the folder has no {plan.name}/config.json")
-        module = build_on_meta(str(spec[0]), str(spec[1]), configs[plan.name])
+        module = build_on_meta(*spec, configs[plan.name])
         islands = component_islands(plan, module, strict=False)
         modules[plan.name] = (module, islands)
         planned[plan.name] = set(quantized_layers(module, plan, islands))

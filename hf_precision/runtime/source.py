@@ -186,11 +186,8 @@ def configs_of(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]
             raise RecipeError(f"{folder}: no model_index.json; point at a diffusers pipeline folder (model_index.json "
                               f"and one folder per component with its config.json; weights are not needed)")
         index = read_json(index_file)
-        configs = {}
-        for comp, spec in index.items():
-            path = folder / comp / "config.json"
-            if not comp.startswith("_") and isinstance(spec, (list, tuple)) and path.is_file():
-                configs[comp] = read_json(path)
+        configs = {comp: read_json(folder / comp / "config.json") for comp in listed_components(index)
+                   if (folder / comp / "config.json").is_file()}
         try:
             source = str(folder.relative_to(CONFIGS_DIR.parent.parent))
         except ValueError:

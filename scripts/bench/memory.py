@@ -90,12 +90,12 @@ def _imports(folder: str, threads: int) -> None:
 
     import hf_precision  # noqa: F401
     import hf_precision.runtime.load  # noqa: F401
+    from hf_precision.runtime.source import listed_components
 
     quiet_libraries()
     index = json.loads((Path(folder) / "model_index.json").read_text())
-    for spec in index.values():
-        if isinstance(spec, list) and len(spec) == 2 and spec[0]:
-            getattr(transformers, spec[1], None) or getattr(diffusers, spec[1], None)
+    for _, cls in listed_components(index).values():
+        getattr(transformers, cls, None) or getattr(diffusers, cls, None)
     getattr(diffusers, str(index["_class_name"]))
 
 

@@ -71,15 +71,17 @@ def _size(n: int) -> str:
 def text_tokens(index: Mapping[str, Any]) -> int:
     """Text tokens the denoiser attends to: CLIP pads to 77; T5/UMT5/Gemma/Llama pipelines pad to at most 512 (Flux
     and Wan 512, SD3 333 (77+256), PixArt/Sana 300): 512 bounds them from above."""
-    encoders = [str(v[1]) for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list) and v[1]]
+    from ...runtime.source import listed_components
+
+    encoders = [cls for name, (_, cls) in listed_components(index).items() if name.startswith("text_encoder")]
     return 77 if encoders and all(c.startswith("CLIP") for c in encoders) else 512
 
 
 def _meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str, dtype: Any) -> Any:
     from ...diagnose.planner import build_on_meta
+    from ...runtime.source import listed_components
 
-    spec = index[name]
-    return build_on_meta(str(spec[0]), str(spec[1]), configs[name]).to("meta", dtype)
+    return build_on_meta(*listed_components(index)[name], configs[name]).to("meta", dtype)
 
 
 def _cast(value: Any, dtype: Any, key: str = "") -> Any:

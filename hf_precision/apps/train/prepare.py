@@ -44,14 +44,17 @@ def _model_info(model: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
 
 def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
     """``train=`` and the extra keywords of prepare_training for the method."""
+    from ...runtime.source import listed_components
+
     denoiser = "transformer" if "transformer" in index else "unet"
-    encoders = sorted(n for n, v in index.items() if n.startswith("text_encoder") and isinstance(v, list) and v[0])
+    listed = listed_components(index)
+    encoders = sorted(n for n in listed if n.startswith("text_encoder"))
     if s.method == "lora":
         train = {denoiser: "lora", **({n: "lora" for n in encoders} if s.train_text_encoder else {})}
         return train, {"rank": s.lora_rank}
     if s.method == "full":
         return {denoiser: "full"}, {}
-    clip = [n for n in encoders if "CLIP" in str(index[n][1])]
+    clip = [n for n in encoders if "CLIP" in listed[n][1]]
     if not clip:
         raise RecipeError(f"--embedding {s.embedding}: {index.get('_class_name')} has no CLIP text encoder; textual "
                           f"inversion trains new rows of a CLIP token table (SD 1.x/2.x, SDXL)")
