@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hf_precision.apps.video.families import FAMILIES as TABLE
 from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
 
 # The tiny family, and (height, width, frames) that satisfy its own rules (frames t*k+1, size multiples).
@@ -422,3 +423,52 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     assert rc == 0, out
     chosen = re.search(r"chosen for 8\.00 GB: (.+); predicted peak ([\d.]+) GB", out)
     assert chosen and float(chosen[2]) <= 8.0, out
+
+
+# --------------------------------------------------------------------------------------------- the family table
+
+
+def _tiny_of(row):
+    """The tiny pipeline of a family row: the testing registry's text-to-video entry of its class prefix (SVD's
+    tiny pipeline lives with the image ones)."""
+    from hf_precision.testing.pipelines import make_svd
+
+    if row.name == "svd":
+        return make_svd()
+    name = next(n for n, f in FAMILIES.items() if f.pipeline_class.startswith(row.prefix) and f.mode == "t2v")
+    return FAMILIES[name].build(0)
+
+
+@pytest.mark.parametrize("name", [n for n, row in TABLE.items() if row.denoiser_inputs is not None])
+def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
+    """The memory plan calls the denoiser with the row's inputs on the meta device: the real tiny denoiser of the
+    family accepts them and gives back one latent-sized output per batch entry, and the call is counted."""
+    import torch
+
+    from hf_precision.apps.video.counting import count_live_bytes
+    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.plan import denoiser_call
+
+    row = TABLE[name]
+    pipe = _tiny_of(row)
+    spec = spec_of(pipe)
+    assert spec.row is row
+    h, w, f = SIZES.get(next((k for k in SIZES if k.startswith(name)), ""), (32, 32, 3))
+    den = pipe.components[spec.denoiser].to("meta")
+    with count_live_bytes() as live:
+        out = den(**denoiser_call(spec, den.config, torch.float32, h, w, f), return_dict=False)[0]
+    latent = spec.latent_shape(h, w, f)
+    assert out.shape[0] == row.cfg_batch and out[0].numel() % (latent[0] * latent[1] * latent[2]) == 0, out.shape
+    assert live.peak > 0
+
+
+def test_plan_gives_mochi_allegro_and_latte_an_estimate(folders):
+    """They had no denoiser inputs before (the plan raised); now each phase has a count above the weights."""
+    from hf_precision.apps.video import model_spec, predict
+
+    for kind in ("mochi", "allegro", "latte"):
+        where, spec = model_spec(str(folders(kind)))
+        h, w, f = SIZES[kind]
+        p = predict(where, spec, layout="cpu", height=h, width=w, frames=f)
+        assert list(p.phases) == ["text encoding", "denoising", "VAE decode"], kind
+        assert p.phases["denoising"] > sum(p.weights.values()), kind

@@ -102,12 +102,26 @@ def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
             return FusedWithGrad.apply(query, key, value)
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
+    autocast = torch.autocast
+
+    def meta_autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        # Mochi computes its rotary tables under torch.autocast(freqs.device.type, torch.float32)
+        # (diffusers v0.42.1 transformer_mochi.py:286), and autocast refuses the meta device: nothing to cast there.
+        return contextlib.nullcontext() if device_type == "meta" else autocast(device_type, *args, **kwargs)
+
+    from torch.fx.experimental import _config as fx_config
+
     F.scaled_dot_product_attention = fused
+    torch.autocast = meta_autocast
     try:
-        with (torch.enable_grad() if grad else torch.no_grad()), Mode():
+        # Mochi's attention keeps the prompt tokens torch.nonzero(mask) finds (attention_processor.py
+        # MochiAttnProcessor2_0); on meta that count is unknown, and all of them is the padded, largest case.
+        with (torch.enable_grad() if grad else torch.no_grad()), Mode(), \
+                fx_config.patch(meta_nonzero_assume_all_nonzero=True):
             yield live
     finally:
         F.scaled_dot_product_attention = sdpa
+        torch.autocast = autocast
 
 
 def count_live_bytes(cpu: bool = False, grad: bool = False) -> contextlib.AbstractContextManager[Any]:
