@@ -1,8 +1,13 @@
-"""Byte counts as people read them: one spelling for every table and message. Torch-free."""
+"""Byte counts as people read and write them: one spelling for every table and message, one parser for every size
+option (``--max-memory``). Torch-free."""
 
 from __future__ import annotations
 
-__all__ = ["format_bytes"]
+import re
+
+from .errors import RecipeError
+
+__all__ = ["format_bytes", "parse_size"]
 
 
 def format_bytes(n: float) -> str:
@@ -18,3 +23,21 @@ def format_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}f} {unit}"
     return f"{n:.0f} B"
+
+
+def parse_size(text: str, option: str = "--max-memory") -> int:
+    """Bytes of ``16GB`` (10^9), ``12GiB`` (2^30), ``800MB``, ``1.5T``; a plain number is GB.
+
+    Raises:
+        RecipeError: not a size; the message names ``option``.
+
+    Example:
+        >>> parse_size("16GB"), parse_size("1GiB"), parse_size("0.5")
+        (16000000000, 1073741824, 500000000)
+    """
+    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?)B?\s*", str(text), flags=re.IGNORECASE)
+    if not m or m[1].count(".") > 1:
+        raise RecipeError(f"{option} {text}: use a size such as 16GB, 12GiB or 800MB")
+    unit = m[2].upper() or "G"
+    base = 1024 if m[3] else 1000
+    return int(float(m[1]) * base ** ("KMGT".index(unit) + 1))

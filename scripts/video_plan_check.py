@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from hf_precision.apps.video import model_spec
     from hf_precision.apps.video import MemorySettings
-    from hf_precision.apps.video_plan import predict
+    from hf_precision.apps.video.plan import predict
     from hf_precision.testing.pipelines import save_pipeline
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "65536",

@@ -112,13 +112,17 @@ def test_plan_for_a_device_not_here_asks_for_its_budget(wan_folder, capsys):
 
 def test_the_whole_runs_peak_is_at_least_its_peak_before_decoding(monkeypatch):
     """4. 'peak memory 459.2 MiB (... 482.4 MiB before decoding)': the per-phase figures reset the counter."""
-    from hf_precision.apps import video
+    from hf_precision.apps.video import memory as meter
 
     readings = iter([482 * 2**20, 459 * 2**20])  # before decoding, then after a phase reset the high-water mark
-    monkeypatch.setattr(video, "peak_rss", lambda: next(readings))
-    memory = video._Memory("cpu")
-    before, _ = memory.peak()
-    final, kind = memory.peak()
+    monkeypatch.setattr(meter, "peak_rss", lambda: next(readings))
+    monkeypatch.setattr(meter, "rss", lambda: 0)
+    memory = meter.PhaseMemory("cpu")
+    memory.enter("denoising")
+    memory.enter("VAE decode")
+    before = memory.before_decode
+    memory.finish()
+    final, kind = memory.run_peak, memory.run_kind
     assert final >= before == 482 * 2**20 and kind == "peak RSS of the process"
 
 

@@ -207,7 +207,7 @@ def test_video_memory_plan_chooses_quantized_storage_that_fits_and_loads_it(tmp_
     """On a CPU (no offload) a budget below the all-bf16 peak is met by the fp8 storage the Wan recipe tolerates;
     the chosen layout loads as planned: the transformer's measured bytes are the bytes the plan counted."""
     from hf_precision.apps.video import load_video_pipeline, model_spec
-    from hf_precision.apps.video_plan import choose
+    from hf_precision.apps.video.plan import choose
     from hf_precision.testing import save_pipeline
     from hf_precision.testing.calibration import make_wan
 

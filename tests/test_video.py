@@ -58,7 +58,7 @@ def _ffmpeg_missing() -> str | None:
 FFMPEG_MISSING = _ffmpeg_missing()
 needs_ffmpeg = pytest.mark.skipif(FFMPEG_MISSING is not None, reason=FFMPEG_MISSING or "")
 
-# What the script's peak-memory line says it measured, per device type it ran on (hf_precision/apps/video.py, _Memory).
+# What the script's peak-memory line says it measured, per device type it ran on (apps/video/memory.py, run_kind).
 MEMORY_WORDING = {"cpu": "peak RSS of the process", "cuda": "torch.cuda.max_memory_allocated on cuda",
                   "xpu": "torch.xpu.max_memory_allocated on xpu", "mps": "torch.mps.driver_allocated_memory"}
 
@@ -135,10 +135,12 @@ def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch)
 
     from hf_precision import apply_recipe, get_recipe
     from hf_precision.testing.pipelines import example_image
-    from hf_precision.apps.video import generate_video
+    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.run import generate_clip
 
     pipe = tiny_pipe("svd")
     apply_recipe(pipe, get_recipe("svd", device="cpu", overrides={"unet": {"dtype": "bfloat16"}}), device="cpu")
+    spec = spec_of(pipe)  # before the spy below hides __call__'s signature
     seen = []
     original = StableVideoDiffusionPipeline.__call__
 
@@ -147,9 +149,9 @@ def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch)
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(StableVideoDiffusionPipeline, "__call__", spy)
-    kwargs = {"height": 32, "width": 32, "frames": 3, "steps": 2, "decode_chunk_size": 2, "seed": 7, "progress": False}
-    first = generate_video(pipe, example_image(32), **kwargs)
-    second = generate_video(pipe, example_image(32), **kwargs)
+    kwargs = {"height": 32, "width": 32, "frames": 3, "steps": 2, "decode_chunk_size": 2, "seed": 7}
+    first = generate_clip(pipe, spec, image=example_image(32), **kwargs)
+    second = generate_clip(pipe, spec, image=example_image(32), **kwargs)
     assert seen == [(torch.bfloat16, "latent")] * 2  # noise drawn in the UNet's compute dtype, decoded here
     assert first.frames.dtype == np.float32 and first.frames.shape == (3, 32, 32, 3)
     assert 0.0 <= first.frames.min() and first.frames.max() <= 1.0
@@ -159,7 +161,7 @@ def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch)
 
 def test_save_video_refuses_odd_mp4_and_keeps_old_file_on_failure(tmp_path, monkeypatch):
     from hf_precision import RecipeError
-    from hf_precision.apps.video import save_video
+    from hf_precision.apps.video.io import save_video
 
     with pytest.raises(RecipeError, match="even width and height"):
         save_video(np.zeros((2, 31, 32, 3), np.float32), tmp_path / "odd.mp4")
@@ -279,7 +281,8 @@ def test_subcommand_shares_the_options_and_the_errors(tmp_path):
 def test_doctests():
     import doctest
 
-    from hf_precision.apps import video
+    from hf_precision.apps.video import io, load, memory, run
 
-    result = doctest.testmod(video, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 4 and result.failed == 0
+    for module in (io, load, memory, run):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.attempted >= 1 and result.failed == 0, module.__name__

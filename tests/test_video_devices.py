@@ -8,7 +8,7 @@ import re
 import pytest
 
 from hf_precision import RecipeError
-from hf_precision.apps.video_devices import balanced_placement
+from hf_precision.apps.video.devices import balanced_placement
 
 GB = 10**9
 WAN14B = {"transformer": 28 * GB, "text_encoder": 11 * GB, "vae": GB // 4}
@@ -59,7 +59,7 @@ def test_refused_naming_the_component_its_size_the_rooms_and_the_fix(rooms, name
 def test_cli_runs_the_demo_over_two_cpu_devices(tmp_path, capsys, monkeypatch):
     """End to end on CPU: two "devices" that are both the CPU, with made-up rooms that force the UNet onto the
     second and the other components onto the first; the placement is printed and the clip written."""
-    from hf_precision.apps import video_devices
+    from hf_precision.apps.video import devices as video_devices
     from hf_precision.cli.video import main
 
     seen = {}
@@ -92,7 +92,7 @@ def test_cli_refuses_device_map_with_one_device_options(tmp_path, capsys):
 def test_doctests():
     import doctest
 
-    from hf_precision.apps import video_devices
+    from hf_precision.apps.video import devices as video_devices
 
     result = doctest.testmod(video_devices, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 2 and result.failed == 0

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from hf_precision.apps.video.families import FAMILIES as TABLE
 from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
 
 # The tiny family, and (height, width, frames) that satisfy its own rules (frames t*k+1, size multiples).
@@ -107,10 +108,10 @@ def test_family_end_to_end_under_layout(kind, layout, folders, image, tmp_path, 
     (["--image", "IMAGE"], "is text-to-video: it takes no --image"),
 ])
 def test_bad_arguments_one_message_before_loading(extra, message, folders, image, tmp_path, capsys, monkeypatch):
-    from hf_precision.apps import video
+    from hf_precision.apps.video import run
     from hf_precision.cli.video import main
 
-    monkeypatch.setattr(video, "load_video_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(run, "load_video_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
     extra = [str(image) if e == "IMAGE" else e for e in extra]
     assert main(_args("wan", folders("wan"), tmp_path / "x.gif", image) + extra) == 2
     err = capsys.readouterr().err
@@ -119,7 +120,7 @@ def test_bad_arguments_one_message_before_loading(extra, message, folders, image
 
 
 def test_existing_output_refused_then_skipped_or_overwritten(folders, image, tmp_path, capsys, monkeypatch):
-    from hf_precision.cli import video as cli
+    from hf_precision.apps.video import run as cli
     from hf_precision.cli.video import main
 
     prompts = tmp_path / "prompts.txt"
@@ -144,7 +145,7 @@ def test_existing_output_refused_then_skipped_or_overwritten(folders, image, tmp
 
 
 def test_failed_clip_reported_and_batch_goes_on(folders, image, tmp_path, capsys, monkeypatch):
-    from hf_precision.apps import video_run
+    from hf_precision.apps.video import run as video_run
     from hf_precision.cli.video import main
 
     real = video_run.generate_clip
@@ -199,8 +200,7 @@ def test_offload_keeps_recipe_dtypes_and_agrees(offload, folders):
     the clip matches the one without offload."""
     import torch
 
-    from hf_precision.apps.video import MemorySettings, load_video_pipeline, model_spec
-    from hf_precision.apps.video_run import generate_clip
+    from hf_precision.apps.video import MemorySettings, generate_clip, load_video_pipeline, model_spec
 
     folder = str(folders("wan"))
     _, spec = model_spec(folder)
@@ -290,8 +290,7 @@ WAN_1_3B = Path(__file__).parent / "fixtures" / "wan2.1-t2v-1.3b-configs"
 def test_plan_of_real_wan_configs_chooses_for_8gb_and_24gb(capsys):
     """Wan 2.1 1.3B's real configs, no weights, for a T4: the choice is the first candidate (fastest first) whose
     predicted peak fits, and 8 GB (less than the weights) needs offload while 24 GB does not need as much."""
-    from hf_precision.apps.video import model_spec
-    from hf_precision.apps.video_plan import choose
+    from hf_precision.apps.video import choose, model_spec
     from hf_precision.cli.video import main
 
     where, spec = model_spec(str(WAN_1_3B), configs_only=True)
@@ -314,8 +313,7 @@ def test_plan_of_real_wan_configs_chooses_for_8gb_and_24gb(capsys):
 def test_plan_predicts_measured_tiny_run_within_bounds(folders):
     """The prediction for the tiny Wan counts activations the run really makes (not zero, and not above what
     the run measured above its pre-load RSS)."""
-    from hf_precision.apps.video import MemorySettings, load_video_pipeline, model_spec
-    from hf_precision.apps.video_plan import predict
+    from hf_precision.apps.video import MemorySettings, load_video_pipeline, model_spec, predict
 
     where, spec = model_spec(str(folders("wan")))
     pred = predict(where, spec, layout="cpu", height=16, width=16, frames=5)
@@ -331,8 +329,7 @@ def test_plan_predicts_the_image_encoding_phase_of_image_to_video(folders):
     text-to-video ones do not. Wan I2V encodes the image followed by frames-1 empty frames, so its phase grows with
     the frames; LTX I2V encodes one frame, so its does not. SVD gets the phase too; that a real SVD run measures it is
     checked on the run tests/test_video.py makes anyway (test_png_frames_in_process_with_model_offload)."""
-    from hf_precision.apps.video import model_spec
-    from hf_precision.apps.video_plan import predict
+    from hf_precision.apps.video import model_spec, predict
 
     def image_phase(kind, frames, h=16, w=16):
         where, spec = model_spec(str(folders(kind)))
@@ -356,14 +353,14 @@ def test_context_parallel_refused_on_cpu_with_the_reason_and_the_gpu_command(fol
     import torch
     from diffusers import WanTransformer3DModel
 
-    from hf_precision.apps import video
+    from hf_precision.apps.video import run
     from hf_precision.cli.video import main
 
     if torch.accelerator.device_count() == 0:  # the failure the check prevents, as plain diffusers meets it
         with pytest.raises(ZeroDivisionError):
             _ = 0 % torch.accelerator.device_count()
     assert WanTransformer3DModel._cp_plan is not None
-    monkeypatch.setattr(video, "load_video_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
+    monkeypatch.setattr(run, "load_video_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
     assert main(_args("wan", folders("wan"), tmp_path / "x.gif", tmp_path, "--context-parallel", "2")) == 2
     err = capsys.readouterr().err
     assert "--context-parallel 2 needs GPUs" in err and "modeling_utils.py:1718" in err and "torchrun" in err
@@ -380,7 +377,7 @@ def test_context_parallel_only_the_main_process_writes_and_says_wrote(rank, fold
     accelerate's PartialState, so one CPU process plays rank 0 or rank 1 of 2."""
     import accelerate
 
-    from hf_precision.apps import video_parallel
+    from hf_precision.apps.video import parallel as video_parallel
     from hf_precision.cli.video import main
 
     class Rank:
@@ -404,13 +401,13 @@ def test_context_parallel_only_the_main_process_writes_and_says_wrote(rank, fold
 
 
 def test_doctests_of_the_video_modules():
-    """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
+    """The examples in the docstrings run (the plan's on the shipped SVD configs, including feed-forward
     chunking switched on and off on the meta UNet)."""
     import doctest
 
-    from hf_precision.apps import video_families, video_parallel, video_plan, video_run
+    from hf_precision.apps.video import counting, families, parallel, plan
 
-    for module in (video_families, video_parallel, video_plan, video_run):
+    for module in (counting, families, parallel, plan):
         result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
         assert result.attempted >= 1 and result.failed == 0, module.__name__
 
@@ -426,3 +423,52 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     assert rc == 0, out
     chosen = re.search(r"chosen for 8\.00 GB: (.+); predicted peak ([\d.]+) GB", out)
     assert chosen and float(chosen[2]) <= 8.0, out
+
+
+# --------------------------------------------------------------------------------------------- the family table
+
+
+def _tiny_of(row):
+    """The tiny pipeline of a family row: the testing registry's text-to-video entry of its class prefix (SVD's
+    tiny pipeline lives with the image ones)."""
+    from hf_precision.testing.pipelines import make_svd
+
+    if row.name == "svd":
+        return make_svd()
+    name = next(n for n, f in FAMILIES.items() if f.pipeline_class.startswith(row.prefix) and f.mode == "t2v")
+    return FAMILIES[name].build(0)
+
+
+@pytest.mark.parametrize("name", [n for n, row in TABLE.items() if row.denoiser_inputs is not None])
+def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
+    """The memory plan calls the denoiser with the row's inputs on the meta device: the real tiny denoiser of the
+    family accepts them and gives back one latent-sized output per batch entry, and the call is counted."""
+    import torch
+
+    from hf_precision.apps.video.counting import count_live_bytes
+    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.plan import denoiser_call
+
+    row = TABLE[name]
+    pipe = _tiny_of(row)
+    spec = spec_of(pipe)
+    assert spec.row is row
+    h, w, f = SIZES.get(next((k for k in SIZES if k.startswith(name)), ""), (32, 32, 3))
+    den = pipe.components[spec.denoiser].to("meta")
+    with count_live_bytes() as live:
+        out = den(**denoiser_call(spec, den.config, torch.float32, h, w, f), return_dict=False)[0]
+    latent = spec.latent_shape(h, w, f)
+    assert out.shape[0] == row.cfg_batch and out[0].numel() % (latent[0] * latent[1] * latent[2]) == 0, out.shape
+    assert live.peak > 0
+
+
+def test_plan_gives_mochi_allegro_and_latte_an_estimate(folders):
+    """They had no denoiser inputs before (the plan raised); now each phase has a count above the weights."""
+    from hf_precision.apps.video import model_spec, predict
+
+    for kind in ("mochi", "allegro", "latte"):
+        where, spec = model_spec(str(folders(kind)))
+        h, w, f = SIZES[kind]
+        p = predict(where, spec, layout="cpu", height=h, width=w, frames=f)
+        assert list(p.phases) == ["text encoding", "denoising", "VAE decode"], kind
+        assert p.phases["denoising"] > sum(p.weights.values()), kind

@@ -9,7 +9,8 @@ from ..lazy import face
 _EXPORTS = {
     "run_demo": "demo", "difference": "demo",
     "generate": "image",
-    "VideoResult": "video", "generate_video": "video", "load_video_pipeline": "video", "plan_outputs": "video", "save_video": "video",
+    "ClipResult": "video", "generate_clip": "video", "generate_batch": "video", "load_video_pipeline": "video",
+    "plan_outputs": "video", "save_video": "video",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = face(__name__, _EXPORTS)

@@ -48,7 +48,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     offload = False
     if max_memory is not None:
         from .image_plan import choose_image_layout
-        from .video_plan import parse_size
+        from ..units import parse_size
 
         budget = parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
         choice = choose_image_layout(model, layout or device or "cpu", budget, overrides=overrides)

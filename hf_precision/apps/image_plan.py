@@ -39,7 +39,7 @@ class ImageChoice:
         return Override("memory plan (--max-memory)", {"components": {c: {"storage": s} for c, s in self.quantize}})
 
     def describe(self) -> str:
-        from .video_plan import size_text
+        from .video.plan import size_text
 
         head = "chosen" if self.fits else "nothing fits; least memory"
         return (f"{head} for {size_text(self.budget)} ({size_text(self.reserve)} held back for activations): "

@@ -53,7 +53,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
     preflight(args.model, recipe=args.recipe, device=args.device)  # damaged files named before torch is imported
-    from ..apps.video_plan import parse_size
+    from ..units import parse_size
     from ..diagnose.calibration import calibrate
 
     # One rule: --device is where it runs, --layout whose rules choose the dtypes. The old spelling

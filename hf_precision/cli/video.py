@@ -1,6 +1,7 @@
-"""``hf-precision video`` and ``scripts/generate_video.py``: arguments, validation, and the split between processes.
+"""``hf-precision video`` and ``scripts/generate_video.py``: arguments, their validation, and what is printed.
 
-The video work itself lives in :mod:`hf_precision.apps.video`; this module only parses and dispatches.
+The video work itself lives in :mod:`hf_precision.apps.video` (the batch loop is
+:func:`hf_precision.apps.video.run.generate_batch`); this module only parses, prints and dispatches.
 """
 
 from __future__ import annotations
@@ -8,16 +9,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
-import sys
 import tempfile
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from ..apps.video import (DEMO_DEFAULTS, FORMATS, OFFLOAD, Job, MemorySettings, check_out, generate_video,
-                          load_video_pipeline, model_spec, plan_outputs, read_image, read_prompts, save_video)
-from ..errors import RecipeError, override_line
+from ..apps.video.families import model_spec
+from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs, read_prompts
+from ..apps.video.load import OFFLOAD, MemorySettings
+from ..errors import RecipeError
+from ..units import parse_size
 from .common import add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
@@ -140,15 +141,7 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
 
 
 def _check_numbers(args: argparse.Namespace, spec: Any) -> None:
-    problems = spec.check(height=args.height, width=args.width, frames=args.frames) if spec.family != "svd" else []
-    if spec.family == "svd":
-        for name in ("height", "width"):
-            value = getattr(args, name)
-            if value <= 0 or value % 8:
-                problems.append(f"--{name} {value}: must be a positive multiple of 8 (SVD's VAE works on 8x8 blocks; "
-                                f"e.g. {max(8, round(value / 8) * 8)})")
-        if args.frames is not None and args.frames < 1:
-            problems.append(f"--frames {args.frames}: must be at least 1")
+    problems = spec.check(height=args.height, width=args.width, frames=args.frames)
     for name, low in (("steps", 1), ("fps", 1), ("decode_chunk_size", 1), ("motion_bucket_id", 0)):
         value = getattr(args, name)
         if value is not None and value < low:
@@ -189,16 +182,6 @@ def _demo_inputs(workdir: Path, image: str | None) -> tuple[str, str]:
         image = str(workdir / "demo.png")
         Image.fromarray((rgb * 255).astype(np.uint8)).save(image)
     return str(model), image
-
-
-def _want_cpu(device: str | None) -> bool:
-    if device is not None:
-        return device.split(":")[0].strip().lower() == "cpu"
-    if os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        return True
-    import torch
-
-    return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -242,168 +225,74 @@ def run(args: argparse.Namespace) -> int:
         for key, value in defaults.items():
             if getattr(args, key, None) is None:
                 setattr(args, key, value or None)
-        if args.frames is None and spec.family != "svd":
+        if args.frames is None:
             args.frames = spec.defaults["frames"]
         _check_numbers(args, spec)
         if not args.demo:
             _check_mode(args, spec)
         if args.plan:
-            from ..apps.video_plan import print_plan
-
             return print_plan(where, spec, args)
         if not jobs:
             print(f"nothing to do: all {args.out} outputs exist (--skip-existing)", flush=True)
             return 0
-        return _generate_all(args, where, spec, jobs)
+        return _generate(args, where, spec, jobs)
 
 
 def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> MemorySettings:
+    """The memory settings of the flags, or the plan's choice for ``--max-memory`` (printed)."""
     if args.max_memory is None:
-        settings = MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
-                                  vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
-                                  decode_chunk_size=args.decode_chunk_size if spec.family == "svd" else None)
-    else:
-        from ..apps.video_plan import choose_for_args
+        return MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
+                              vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
+                              decode_chunk_size=args.decode_chunk_size if spec.row.decode_chunks else None)
+    from ..apps.video.plan import choose, free_memory, is_accelerator
 
-        choice = choose_for_args(where, spec, args, device)
-        print(choice.describe(), flush=True)
-        settings = choice.settings
-    if spec.vae_tiling_required and not settings.vae_tiling:
-        print(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)", flush=True)
-        settings = dataclasses.replace(settings, vae_tiling=True)
-    return settings
+    layout = args.layout or device
+    budget = parse_size(args.max_memory) if args.max_memory else free_memory(device)
+    choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
+                    frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
+    print(choice.describe(), flush=True)
+    return choice.settings
 
 
-def _generate_all(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) -> int:
-    from accelerate import PartialState
-    from tqdm import tqdm
+def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) -> int:
+    from ..apps.video.run import BatchOptions, generate_batch
+
+    options = BatchOptions(
+        height=args.height, width=args.width, frames=args.frames, steps=args.steps, seed=args.seed, fps=args.fps,
+        guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
+        motion_bucket_id=args.motion_bucket_id, noise_aug_strength=args.noise_aug_strength,
+        decode_chunk_size=args.decode_chunk_size, device=args.device, layout=args.layout,
+        overrides=overrides_from(args) or None, context_parallel=args.context_parallel, device_map=args.device_map,
+        fail_fast=args.fail_fast, quiet=args.quiet)
+    return generate_batch(model, spec, jobs, options, settings=lambda device: _settings(args, model, spec, device))
 
 
-    from ..runtime import applied as applied_record
-
-    cpu = _want_cpu(args.device)
-    # cpu=True is what makes PartialState see a CPU run started by torchrun/accelerate as MULTI_CPU (gloo).
-    state = PartialState(cpu=cpu)
-    distributed = state.num_processes > 1
-    device = args.device
-    if distributed:
-        device = "cpu" if cpu else str(state.device)  # each process its own GPU
-    elif device is None and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes"):
-        device = "cpu"  # `accelerate launch --cpu`
-    tag = f"[process {state.process_index}/{state.num_processes}] " if distributed else ""
-    say: Callable[[str], None] = lambda text: print(f"{tag}{text}", flush=True)
-
-    parallel = args.context_parallel
-    if parallel:  # before loading: one clear error on a CPU or for a transformer diffusers cannot split
-        from ..apps.video_parallel import check_context_parallel
-        from ..runtime.source import configs_of
-
-        import diffusers
-
-        den = configs_of(model)[1].get("transformer") or [None, "?"]
-        check_context_parallel(parallel, transformer_class=getattr(diffusers, str(den[1]), den[1]),
-                               device_type="cpu" if cpu else "cuda", world_size=state.num_processes)
-        mine = list(jobs)  # every rank runs every clip on its share of the tokens
-    else:
-        with state.split_between_processes(jobs) as mine:
-            mine = list(mine)  # accelerate's split: contiguous, uneven counts allowed, no job twice
-    failed: list[str] = []
-    if args.device_map:
-        if distributed:
-            raise RecipeError("--device-map balanced spreads one model over this process's GPUs; under accelerate "
-                              "launch/torchrun each process has its own GPU: start one process")
-        device = _balanced(args, model, spec)
-    if mine:
-        settings = _settings(args, model, spec, device or _default_device())
-        extra = {"layout": args.layout} if args.layout else {}
-        pipe = load_video_pipeline(model, device, overrides=overrides_from(args) or None, settings=settings, **extra)
-        if parallel:
-            from ..apps.video_parallel import enable_context_parallel
-
-            enable_context_parallel(pipe, parallel)
-        applied = applied_record(pipe)
-        plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
-        say(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {settings.label()}")
-        svd = spec.family == "svd"
-        per_clip = args.steps + (-(-(args.frames or 0) // args.decode_chunk_size) if svd and args.frames else 0)
-        bar = tqdm(total=per_clip * len(mine), unit="step", disable=args.quiet or not state.is_local_main_process,
-                   leave=False)
-        # Under --context-parallel every rank makes every clip; the main process alone writes it and says so.
-        writes = not parallel or state.is_main_process
-        with bar:
-            for n, job in enumerate(mine, 1):
-                bar.set_description(f"video {n}/{len(mine)}")
-                try:
-                    frames, summary = _one(pipe, spec, job, args, bar)
-                    if not np_isfinite(frames):
-                        raise RecipeError(f"the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
-                                          f"{override_line(spec.denoiser, 'dtype', 'float32')} and report the model")
-                    if writes:
-                        save_video(frames, job.out, fps=args.fps, format=job.format)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as err:  # one bad clip must not end the batch: report it and go on
-                    if args.fail_fast:
-                        raise
-                    failed.append(str(job.out))
-                    say(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
-                    continue
-                f, h, w, _ = frames.shape
-                if writes:
-                    say(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
-                say(summary)
-    state.wait_for_everyone()
-    if failed:
-        print(f"{tag}error: {len(failed)} clip(s) failed: {', '.join(failed)}", file=sys.stderr, flush=True)
-    if state.is_main_process:
-        missing = [str(j.out) for j in jobs if not j.out.exists()]
-        if missing:
-            print(f"error: {len(missing)} output(s) missing: {', '.join(missing)}", file=sys.stderr)
-            return 1
-        if len(jobs) > 1 or distributed:
-            say(f"done: {len(jobs)} video(s) from {state.num_processes} process(es) in {jobs[0].out.parent}")
-    return 1 if failed else 0
-
-
-def _balanced(args: argparse.Namespace, model: str, spec: Any) -> dict[str, str]:
-    """The component -> device mapping of ``--device-map balanced``, printed before anything is loaded."""
-    from ..apps import video_devices
-
-    placement = video_devices.plan_placement(model, spec, video_devices.device_rooms(), layout=args.layout,
-                                             overrides=overrides_from(args) or None)
-    print(placement.describe(), flush=True)
-    return placement.mapping()
-
-
-def np_isfinite(frames: Any) -> bool:
-    import numpy as np
-
-    return bool(np.isfinite(frames).all())
-
-
-def _default_device() -> str:
+def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
+    """``--plan``: weights per component, the predicted peak per phase, and the settings for the budget."""
+    from ..apps.video.plan import choose, free_memory, is_accelerator, size_text
     from ..recipe.devices import device_profile
 
-    return str(device_profile(None).torch_device())
-
-
-def _one(pipe: Any, spec: Any, job: Job, args: argparse.Namespace, bar: Any) -> tuple[Any, str]:
-    from ..apps.video_run import PhaseMemory, generate_clip, phase_hooks, weight_bytes
-
-    image = read_image(job.image) if job.image is not None else None
-    memory = PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe))
-    if spec.family == "svd":
-        with phase_hooks(pipe, memory):  # generate_video counts its decode chunks on the bar itself
-            result = generate_video(pipe, image, height=args.height, width=args.width, frames=args.frames,
-                                    steps=args.steps, fps=args.fps, motion_bucket_id=args.motion_bucket_id,
-                                    noise_aug_strength=args.noise_aug_strength,
-                                    decode_chunk_size=args.decode_chunk_size, seed=args.seed, progress=False, bar=bar)
-        return result.frames, f"{result.summary()}\npeak memory per phase: {memory.summary()}"
-    extra = {"negative_prompt": args.negative_prompt} if args.negative_prompt is not None else {}
-    result = generate_clip(pipe, spec, prompt=job.prompt, image=image, height=args.height, width=args.width,
-                           frames=args.frames, steps=args.steps, seed=args.seed, guidance_scale=args.guidance_scale,
-                           bar=bar, memory=memory, **extra)
-    return result.frames, f"peak memory per phase: {memory.summary()}; {result.seconds:.2f} s"
+    layout = args.layout or args.device or str(device_profile(None).torch_device())
+    if args.max_memory:
+        budget = parse_size(args.max_memory)
+    elif args.device is not None and not device_profile(args.device).present:
+        # A preset (t4) or a description plans for a device that is not here: its free memory cannot be read.
+        raise RecipeError(f"--plan --device {args.device}: {device_profile(args.device).label()} is not on this machine, "
+                          f"so its free memory is unknown; give the budget: --max-memory SIZE (e.g. --max-memory 16GB "
+                          f"for a 16 GB card)")
+    else:
+        budget = free_memory(args.device or "cpu")
+    choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
+                    frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
+    p, gb = choice.prediction, size_text
+    print(f"plan: {spec.pipeline} ({spec.mode}) for {device_profile(layout).label()}, {args.width}x{args.height}, "
+          f"{args.frames} frames (configs on the meta device, no weights)")
+    print("weights: " + ", ".join(f"{n} {gb(b)}" for n, b in p.weights.items()) + f"; total {gb(sum(p.weights.values()))}")
+    print(f"{'settings':58} " + " ".join(f"{k:>15}" for k in p.phases) + f" {'peak':>10}")
+    for t in choice.tried:
+        print(f"{t.settings.label():58} " + " ".join(f"{gb(v):>15}" for v in t.phases.values()) + f" {gb(t.peak):>10}")
+    print(choice.describe())
+    return 0
 
 
 @command("video", "text/image-to-video for Wan, LTX, CogVideoX, HunyuanVideo, SVD: mp4, gif, PNG (try --demo)",

@@ -13,7 +13,7 @@ _EXPORTS = {
     "apply_recipe": "apply", "Applied": "apply", "applied": "apply", "torch_device": "apply", 
     "cast_tree": "hooks", "EntryHook": "hooks", "IslandHook": "hooks", "attach": "hooks",
     "read_header": "headers", "stream_component": "stream", "weight_files": "stream",
-    "proc_bytes": "memory", "available_bytes": "memory", "build_on_meta": "meta",
+    "quiet_progress": "progress", "proc_bytes": "memory", "available_bytes": "memory", "build_on_meta": "meta",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = face(__name__, _EXPORTS)

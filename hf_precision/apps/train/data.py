@@ -66,7 +66,7 @@ def _last(value: Any) -> int:
 def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> ModelGeometry:
     """The size rules of a model from ``model_index.json`` and its component configs (nothing loaded).
 
-    Video pipelines use the video program's rules (:func:`hf_precision.apps.video_families.video_spec`); image
+    Video pipelines use the video program's rules (:func:`hf_precision.apps.video.families.video_spec`); image
     pipelines: ``2**(len(vae.block_out_channels)-1)`` x the denoiser's ``patch_size`` (x2 where the pipeline packs
     latents).
 
@@ -75,7 +75,7 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         >>> model_geometry("StableDiffusionPipeline", idx, {"vae": {"block_out_channels": [1, 2, 3, 4]}}).multiple
         8
     """
-    from ..video_families import video_spec
+    from ..video.families import video_spec
 
     try:
         spec = video_spec(pipeline, index, configs)

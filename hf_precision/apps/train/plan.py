@@ -9,7 +9,7 @@ Per phase:
 
 Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the device).
 Activations are counted by running the training step of the denoiser on torch's ``meta`` device with autograd on
-(:func:`hf_precision.apps.video_plan.count_live_bytes`): what the forward saves for backward stays alive until
+(:func:`hf_precision.apps.video.counting.count_live_bytes`): what the forward saves for backward stays alive until
 backward frees it, and backward's gradients are added. The call is built by the training layer's family row and
 the LoRA injected by the layer's own functions, so the count follows the code path of the real step (gradient
 checkpointing changes what is saved, and is counted as such).
@@ -99,7 +99,7 @@ def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, che
     import torch
 
     from ...training.families import family_of, model_output, noisy_inputs
-    from ..video_plan import count_live_bytes
+    from ..video.counting import count_live_bytes
 
     if checkpointing:
         if not getattr(module, "_supports_gradient_checkpointing", False):
@@ -140,7 +140,7 @@ def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any]
                             resolution: int, frames: int) -> int:
     import torch
 
-    from ..video_plan import count_live_bytes
+    from ..video.counting import count_live_bytes
 
     if "vae" not in index or "vae" not in configs:
         return 0
@@ -268,7 +268,7 @@ def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
 
 def plan_command(args: Any, overrides: Any = None) -> int:
     """``hf-precision train --plan``: print the prediction and the settings chosen for ``--max-memory``."""
-    from ..video_plan import parse_size
+    from ...units import parse_size
 
     if not args.model:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")

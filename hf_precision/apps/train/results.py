@@ -58,7 +58,7 @@ def validate(run: Any, step: int) -> Path | None:
     frames = out.frames[0] if hasattr(out, "frames") else None
     folder = run.out / "validation"
     if frames is not None:
-        from ..video import save_video
+        from ..video.io import save_video
 
         target = save_video(frames, folder / f"step-{step:06d}.gif", fps=8)
     else:

@@ -12,37 +12,9 @@ import contextlib
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from ...runtime.progress import quiet_progress
+
 __all__ = ["Session", "quiet_progress"]
-
-
-@contextlib.contextmanager
-def quiet_progress(pipe: Any) -> Iterator[None]:
-    """Silence a diffusers pipeline's progress bar inside the block; its settings come back as they were after it.
-
-    Example:
-        >>> class Pipe:  # as diffusers' DiffusionPipeline keeps it
-        ...     def set_progress_bar_config(self, **kwargs):
-        ...         self._progress_bar_config = kwargs
-        >>> pipe = Pipe()
-        >>> pipe.set_progress_bar_config(desc="denoise")
-        >>> with quiet_progress(pipe):
-        ...     pipe._progress_bar_config
-        {'desc': 'denoise', 'disable': True}
-        >>> pipe._progress_bar_config
-        {'desc': 'denoise'}
-    """
-    if not hasattr(pipe, "set_progress_bar_config"):
-        yield
-        return
-    saved = getattr(pipe, "_progress_bar_config", None)
-    pipe.set_progress_bar_config(**{**(saved or {}), "disable": True})
-    try:
-        yield
-    finally:
-        if saved is None:
-            pipe.__dict__.pop("_progress_bar_config", None)
-        else:
-            pipe._progress_bar_config = saved
 
 
 class Session:

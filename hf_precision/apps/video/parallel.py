@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import RecipeError
+from ...errors import RecipeError
 
 GPU_COMMAND = ("torchrun --nproc_per_node {n} scripts/generate_video.py --model ./Wan2.1-T2V-14B-Diffusers "
                "--prompt \"a cat\" --out cat.mp4 --context-parallel {n}")
@@ -56,16 +56,31 @@ def enable_context_parallel(pipe: Any, degree: int) -> list[str]:
     """
     from diffusers import ContextParallelConfig
 
+    from .load import components_by_role
+
     done = []
-    for name in ("transformer", "transformer_2"):
-        module = getattr(pipe, name, None)
-        if module is None:
-            continue
+    for name, module in components_by_role(pipe, "denoiser"):
         check_context_parallel(degree, transformer_class=type(module), device_type=module.device.type,
                                world_size=_world_size())
         module.enable_parallelism(config=ContextParallelConfig(ring_degree=degree))
         done.append(name)
     return done
+
+
+def denoiser_class(model: str, spec: Any) -> Any:
+    """The class of a video model's denoiser, from ``model_index.json`` (its name where diffusers has no such class).
+
+    Example:
+        >>> from hf_precision.apps.video.families import model_spec
+        >>> denoiser_class(*model_spec("wan", configs_only=True)).__name__
+        'WanTransformer3DModel'
+    """
+    import diffusers
+
+    from ...runtime.source import configs_of
+
+    entry = configs_of(model)[1].get(spec.denoiser) or [None, "?"]
+    return getattr(diffusers, str(entry[1]), entry[1])
 
 
 def _world_size() -> int:

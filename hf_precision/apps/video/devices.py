@@ -21,7 +21,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import RecipeError
+from ...errors import RecipeError
 
 __all__ = ["Placement", "balanced_placement", "device_rooms", "plan_placement"]
 
@@ -129,19 +129,19 @@ def plan_placement(where: str, spec: Any, rooms: Sequence[tuple[str, int]], *, l
     recipe may give a component another dtype on another device, which the sizes of the first do not show.
 
     Example:
-        >>> from hf_precision.apps.video import model_spec
+        >>> from hf_precision.apps.video.families import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
         >>> p = plan_placement(where, spec, [("cuda:0", 16 * 10**9), ("cuda:1", 8 * 10**9)], layout="t4")
         >>> p.devices["unet"], p.devices["image_encoder"], p.devices["vae"]
         ('cuda:0', 'cuda:1', 'cuda:1')
     """
-    from ..diagnose.planner import plan
-    from ..runtime.source import configs_of
-    from .video_plan import pipeline_recipe
+    from ...diagnose.planner import plan
+    from ...runtime.source import configs_of
+    from .families import pipeline_recipe
 
     if not rooms:
         raise RecipeError(f"--device-map balanced: no accelerator is visible; {FIX}")
     index = configs_of(where)[1]
-    p = plan(where, device=layout or rooms[0][0], recipe=pipeline_recipe(spec, index), overrides=overrides)
+    p = plan(where, device=layout or rooms[0][0], recipe=pipeline_recipe(spec.pipeline, index), overrides=overrides)
     sizes = {name: c.total_bytes for name, c in p.components.items()}
     return balanced_placement(sizes, rooms, spec.denoiser)

@@ -1,0 +1,27 @@
+"""The video program as library functions: text/image-to-video for every diffusers video family.
+
+``io`` (jobs and outputs), ``families`` (the family table and a pipeline's rules), ``load`` (the pipeline with its
+recipe and memory features), ``memory`` (peak memory per phase), ``run`` (one generator for every family, and the
+batch loop), ``plan`` and ``counting`` (the memory plan on the meta device), ``devices`` (``--device-map balanced``),
+``parallel`` (context parallelism). ``hf-precision video`` and ``scripts/generate_video.py`` parse the command line
+and call :func:`generate_batch`.
+
+Names are bound lazily: a submodule is imported on first use.
+"""
+
+from __future__ import annotations
+
+from ...lazy import face
+
+_EXPORTS = {
+    "FORMATS": "io", "Job": "io", "check_out": "io", "plan_outputs": "io", "read_image": "io", "read_prompts": "io",
+    "save_video": "io",
+    "FAMILIES": "families", "VideoFamily": "families", "VideoSpec": "families", "model_spec": "families",
+    "spec_of": "families", "video_spec": "families",
+    "MemorySettings": "load", "load_video_pipeline": "load",
+    "PhaseMemory": "memory",
+    "BatchOptions": "run", "ClipResult": "run", "generate_batch": "run", "generate_clip": "run",
+    "Choice": "plan", "Prediction": "plan", "choose": "plan", "predict": "plan",
+}
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = face(__name__, _EXPORTS)

@@ -1,0 +1,140 @@
+"""Counting the bytes of the tensors a forward makes on torch's ``meta`` device (shapes, no storage).
+
+A ``TorchDispatchMode`` adds up the bytes of every tensor the ops create and subtracts them when Python frees the
+tensor: its high-water mark is the activation peak of that forward, with the same code path diffusers runs. Attention
+is counted as a fused kernel (flash / memory-efficient SDPA: the output, not the score matrix), which is what
+``F.scaled_dot_product_attention`` runs on CUDA and on CPU. The video plan and the training plan count with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from typing import Any, Iterator
+
+__all__ = ["count_live_bytes"]
+
+
+class _LiveBytes:
+    """High-water mark of the bytes of tensors created by ops (meta device) and still referenced from Python."""
+
+    def __init__(self) -> None:
+        self.live = 0
+        self.peak = 0
+        self.refs: dict[int, list[int]] = {}
+
+    def add(self, t: Any) -> None:
+        key = t.untyped_storage()._cdata
+        entry = self.refs.get(key)
+        if entry is None:
+            entry = self.refs[key] = [t.untyped_storage().nbytes(), 0]
+            self.live += entry[0]
+            self.peak = max(self.peak, self.live)
+        entry[1] += 1
+        weakref.finalize(t, self._drop, key)
+
+    def _drop(self, key: int) -> None:
+        entry = self.refs.get(key)
+        if entry is None:
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            self.live -= entry[0]
+            del self.refs[key]
+
+
+def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
+    """Transient bytes PyTorch's CPU conv3d takes beyond its output (aten/src/ATen/native/Convolution.cpp,
+    ``ConvParams::use_mkldnn``): float32 with ``N*C*D*H <= 20480`` and a kernel of at most 3x3 runs ``slow_conv3d``,
+    which unfolds the input into a (C_in*kD*kH*kW) x (output voxels) column buffer; otherwise oneDNN, which reorders
+    a copy of the input."""
+    x, w = args[0], args[1]
+    if x.dim() != 5 or x.dtype.itemsize != 4:
+        return 0
+    groups = args[8] if len(args) > 8 else 1
+    n, c, d, h = x.shape[:4]
+    native = groups == 1 and not (w.shape[-1] > 3 and w.shape[-2] > 3) and n == 1 and n * c * d * h <= 20480
+    if native:
+        return int(w.shape[1] * w.shape[2] * w.shape[3] * w.shape[4] * out.shape[2] * out.shape[3] * out.shape[4]
+                   * x.element_size())
+    return int(x.numel() * x.element_size())
+
+
+@contextlib.contextmanager
+def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
+    import torch
+    import torch.nn.functional as F
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    live = _LiveBytes()
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor) and t.device.type == "meta":
+                    live.add(t)
+            if cpu and func is torch.ops.aten.convolution.default:
+                live.peak = max(live.peak, live.live + _cpu_conv3d_workspace(args, out))
+            return out
+
+    sdpa = F.scaled_dot_product_attention
+
+    class FusedWithGrad(torch.autograd.Function):
+        """A flash kernel under autograd: saves q, k, v, the output and the per-row logsumexp; backward gives
+        gradients shaped like q, k, v (what torch's flash/efficient SDPA backward allocates)."""
+
+        @staticmethod
+        def forward(ctx, query, key, value):
+            out = query.new_empty((*query.shape[:-1], value.shape[-1]))
+            lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(query, key, value, out, lse)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            q, k, v, _, _ = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def fused(query, key, value, *args, **kwargs):  # a fused kernel: the output, no (L x S) score matrix
+        if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+            return FusedWithGrad.apply(query, key, value)
+        return query.new_empty((*query.shape[:-1], value.shape[-1]))
+
+    autocast = torch.autocast
+
+    def meta_autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
+        # Mochi computes its rotary tables under torch.autocast(freqs.device.type, torch.float32)
+        # (diffusers v0.42.1 transformer_mochi.py:286), and autocast refuses the meta device: nothing to cast there.
+        return contextlib.nullcontext() if device_type == "meta" else autocast(device_type, *args, **kwargs)
+
+    from torch.fx.experimental import _config as fx_config
+
+    F.scaled_dot_product_attention = fused
+    torch.autocast = meta_autocast
+    try:
+        # Mochi's attention keeps the prompt tokens torch.nonzero(mask) finds (attention_processor.py
+        # MochiAttnProcessor2_0); on meta that count is unknown, and all of them is the padded, largest case.
+        with (torch.enable_grad() if grad else torch.no_grad()), Mode(), \
+                fx_config.patch(meta_nonzero_assume_all_nonzero=True):
+            yield live
+    finally:
+        F.scaled_dot_product_attention = sdpa
+        torch.autocast = autocast
+
+
+def count_live_bytes(cpu: bool = False, grad: bool = False) -> contextlib.AbstractContextManager[Any]:
+    """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
+
+    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
+    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
+
+    Example:
+        >>> import torch
+        >>> with count_live_bytes() as live:
+        ...     x = torch.empty(256, device="meta") * 2   # the empty input and the product: 2 x 1 KiB
+        >>> live.peak
+        2048
+    """
+    return _counting(cpu, grad)

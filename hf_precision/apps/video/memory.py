@@ -1,0 +1,206 @@
+"""Peak memory of each phase of a video run (text encoding, image encoding, denoising, VAE decode), and of the run.
+
+Phases are told apart by forward pre-hooks on the components, found by role (the encoders, the VAE's encoder for an
+input image, the denoisers, the VAE's decoder): when a component of a new phase starts, the peak of the previous
+phase is read and the peak counter is reset. CUDA/XPU: ``reset_peak_memory_stats`` and ``max_memory_allocated``. CPU
+on Linux: the process's ``VmHWM`` reset through ``/proc/self/clear_refs`` (``5``, see proc(5)) above the RSS at the
+phase's start, plus the loaded weight bytes; elsewhere the RSS sampled at every hook.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Any, Iterator
+
+from ...runtime.memory import proc_bytes
+
+__all__ = ["PHASES", "PhaseMemory", "peak_rss", "phase_hooks", "rss", "weight_bytes"]
+
+PHASES = ("text encoding", "image encoding", "denoising", "VAE decode")
+
+
+def peak_rss() -> int:
+    """The process's peak resident set size in bytes.
+
+    Linux: ``VmHWM`` of ``/proc/self/status`` (the high-water mark of this process image; ``ru_maxrss`` would also count
+    the parent's pages a forked child had before ``exec``). macOS: ``ru_maxrss`` (bytes there). Windows: psutil's peak
+    working set.
+
+    Example:
+        >>> peak_rss() >= rss() > 0
+        True
+    """
+    peak = proc_bytes("/proc/self/status", "VmHWM")
+    if peak is not None:
+        return peak
+    try:
+        import resource
+    except ImportError:  # Windows
+        import psutil
+
+        info = psutil.Process().memory_info()
+        return int(getattr(info, "peak_wset", info.rss))
+    rss_ = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss_ if sys.platform == "darwin" else rss_ * 1024)
+
+
+def rss() -> int:
+    """The process's resident set size in bytes now (Linux ``VmRSS``; elsewhere psutil or ``ru_maxrss``)."""
+    now = proc_bytes("/proc/self/status", "VmRSS")
+    return now if now is not None else peak_rss()
+
+
+def weight_bytes(pipe: Any) -> int:
+    """Bytes of the parameters and buffers of a pipeline's model components, as loaded."""
+    total = 0
+    for component in pipe.components.values():
+        if hasattr(component, "parameters"):
+            total += sum(t.numel() * t.element_size() for t in component.parameters())
+            total += sum(t.numel() * t.element_size() for t in component.buffers())
+    return total
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")  # proc(5): "5" resets the peak resident set size (VmHWM) to the current RSS
+        return True
+    except OSError:
+        return False
+
+
+class PhaseMemory:
+    """Peak memory per phase on one device, and the peak of the whole run.
+
+    CPU: a phase's figure is the RSS high-water mark above the RSS when the phase started, plus ``weights`` (the bytes
+    of the loaded parameters and buffers): what the phase adds on top of the model, without the process's own
+    overhead (the interpreter, libraries, thread pools), as ``max_memory_allocated`` leaves out the CUDA context. The
+    run's figure (``run_peak``) is the device's own reading: the largest peak RSS of the process read in any phase
+    (each phase resets the high-water mark, so the last reading alone can be lower), or the allocator's peak.
+    ``before_decode`` is the run's peak when the VAE decode phase started.
+
+    Example:
+        >>> m = PhaseMemory("cpu", weights=1000); m.enter("denoising"); m.finish()
+        >>> list(m.peaks) == ["denoising"] and m.peaks["denoising"] >= 1000 and m.run_peak > 0
+        True
+    """
+
+    def __init__(self, device: Any, weights: int = 0):
+        import torch
+
+        self.torch = torch
+        self.device = torch.device(device)
+        self.weights = weights if self.device.type == "cpu" else 0
+        self.start = 0
+        self.peaks: dict[str, int] = {}
+        self.phase: str | None = None
+        self.sampled = 0
+        self.run_peak = 0
+        self.before_decode = 0
+        self.kind = {"cuda": "torch.cuda.max_memory_allocated", "xpu": "torch.xpu.max_memory_allocated",
+                     "mps": "torch.mps.driver_allocated_memory (sampled)"}.get(
+                         self.device.type, "CPU: RSS peak above the phase's start + loaded weight bytes")
+        self.run_kind = {"cuda": f"torch.cuda.max_memory_allocated on {self.device}",
+                         "xpu": f"torch.xpu.max_memory_allocated on {self.device}",
+                         "mps": "torch.mps.driver_allocated_memory, sampled per step and chunk"}.get(
+                             self.device.type, "peak RSS of the process")
+
+    def _raw(self) -> int:
+        """The device's peak since the last reset, as the device counts it."""
+        torch, dev = self.torch, self.device
+        if dev.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(dev))
+        if dev.type == "xpu":
+            return int(torch.xpu.max_memory_allocated(dev))
+        if dev.type == "mps":
+            return max(self.sampled, int(torch.mps.driver_allocated_memory()))
+        return max(self.sampled, peak_rss())
+
+    def _reset(self) -> None:
+        torch, dev = self.torch, self.device
+        self.sampled = 0
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.reset_peak_memory_stats(dev)
+        elif dev.type == "xpu":
+            torch.xpu.reset_peak_memory_stats(dev)
+        elif dev.type == "cpu":
+            self.start = rss()
+            if not _reset_hwm():
+                self.sampled = self.start
+
+    def sample(self) -> None:
+        if self.device.type == "mps":
+            self.sampled = max(self.sampled, int(self.torch.mps.driver_allocated_memory()))
+        elif self.device.type == "cpu":
+            self.sampled = max(self.sampled, rss())
+
+    def enter(self, phase: str) -> None:
+        if phase == self.phase:
+            return
+        self.finish()
+        if phase == "VAE decode" and not self.before_decode:
+            self.before_decode = self.run_peak
+        self.phase = phase
+        self._reset()
+
+    def finish(self) -> None:
+        if self.phase is not None:
+            if self.device.type == "cuda":
+                self.torch.cuda.synchronize(self.device)
+            raw = self._raw()
+            self.run_peak = max(self.run_peak, raw)
+            figure = max(0, raw - self.start) + self.weights if self.device.type == "cpu" else raw
+            self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), figure)
+            self.phase = None
+
+    def summary(self) -> str:
+        return ", ".join(f"{p} {b / 2**20:.1f} MiB" for p, b in self.peaks.items()) + f" ({self.kind})"
+
+
+def _phase_modules(pipe: Any) -> list[tuple[Any, str]]:
+    from .load import components_by_role
+
+    found = [(module, "text encoding") for _, module in components_by_role(pipe, "text encoder")]
+    found += [(module, "image encoding") for _, module in components_by_role(pipe, "image encoder")]
+    found += [(module, "denoising") for _, module in components_by_role(pipe, "denoiser")]
+    for _, vae in components_by_role(pipe, "vae"):
+        if hasattr(vae, "encoder"):
+            found.append((vae.encoder, "image encoding"))
+        if hasattr(vae, "decoder"):
+            found.append((vae.decoder, "VAE decode"))
+    return found
+
+
+@contextlib.contextmanager
+def phase_hooks(pipe: Any, memory: PhaseMemory, bar: Any = None) -> Iterator[PhaseMemory]:
+    """Record ``memory``'s phase from forward pre-hooks on ``pipe``'s components while the block runs.
+
+    ``bar`` (a tqdm bar) gets one more step per VAE decoder call; pass None where the caller counts them itself (SVD's
+    chunked decode). The last phase is closed on exit.
+
+    Example:
+        >>> from hf_precision.testing.pipelines import make_svd
+        >>> pipe = make_svd()
+        >>> with phase_hooks(pipe, PhaseMemory("cpu")) as memory:
+        ...     memory.enter("denoising")
+        >>> sorted(memory.peaks)
+        ['denoising']
+    """
+    handles = []
+    for module, phase in _phase_modules(pipe):
+        def pre(mod: Any, args: Any, phase: str = phase) -> None:
+            memory.sample()
+            memory.enter(phase)
+            if phase == "VAE decode" and bar is not None:
+                bar.total += 1
+                bar.set_postfix_str("decoding")
+                bar.update(1)
+        handles.append(module.register_forward_pre_hook(pre))
+    try:
+        yield memory
+        memory.finish()
+    finally:
+        for h in handles:
+            h.remove()
