@@ -9,7 +9,7 @@ on the way out restores all of it, takes its offload hooks off and re-applies th
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...runtime.progress import quiet_progress
