@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
+from hf_precision.testing import PIPELINES, make_pipeline
+from hf_precision.testing.calibration import plant_fp16_overflow
 
 # The tiny family, and (height, width, frames) that satisfy its own rules (frames t*k+1, size multiples).
 SIZES = {"wan": (16, 16, 5), "ltx": (32, 32, 9), "ltx_i2v": (32, 32, 9), "cogvideox": (16, 16, 9),
@@ -32,7 +33,7 @@ def folders(tmp_path_factory):
 
     def get(kind: str, overflow: bool = False) -> Path:
         if (kind, overflow) not in cache:
-            pipe = FAMILIES[kind].build(0)
+            pipe = make_pipeline(kind)
             if overflow:
                 plant_fp16_overflow(pipe, kind)
             cache[kind, overflow] = save_pipeline(pipe, tmp_path_factory.mktemp(kind))
@@ -232,7 +233,7 @@ def test_planted_fp16_overflow_naive_nan_recipe_finite(kind, folders, tmp_path, 
     # _keep_in_fp32_modules, e.g. Wan's time_embedder, in fp32 already).
     naive = DiffusionPipeline.from_pretrained(str(folder)).to(torch.float16)
     h, w, f = SIZES[kind]
-    kwargs = FAMILIES[kind].call_kwargs(height=h, width=w, num_frames=f)
+    kwargs = PIPELINES[kind].call_kwargs(height=h, width=w, num_frames=f)
     with np.errstate(invalid="ignore"):
         frames = naive(**kwargs, generator=torch.Generator().manual_seed(0)).frames
     assert not np.isfinite(np.asarray(frames, dtype=np.float32)).all()
