@@ -404,18 +404,6 @@ def test_context_parallel_only_the_main_process_writes_and_says_wrote(rank, fold
     assert rc == 0
 
 
-def test_doctests_of_the_video_modules():
-    """The examples in the docstrings run (video_plan's on the shipped SVD configs, including feed-forward
-    chunking switched on and off on the meta UNet)."""
-    import doctest
-
-    from hf_precision.apps import video_families, video_parallel, video_plan, video_run
-
-    for module in (video_families, video_parallel, video_plan, video_run):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.attempted >= 1 and result.failed == 0, module.__name__
-
-
 @pytest.mark.parametrize("alias", ["wan", "ltx"])
 def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     """`--plan --device t4` plans a device this process does not have, offline, from the configs that ship."""
