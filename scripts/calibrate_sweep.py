@@ -40,22 +40,12 @@ CATEGORIES = (
 
 
 def families():
-    from hf_precision.testing import families_dit, families_unet, video_families
-    from hf_precision.testing.pipelines import example_call_kwargs, make_pipeline
+    from hf_precision.testing import PIPELINES
 
-    out = {}
-    for kind in ("sd15", "sdxl", "pixart", "dit", "svd"):
-        out[kind] = (lambda kind=kind: make_pipeline(kind), lambda kind=kind: example_call_kwargs(kind))
-    for name in ("sd3", "flux", "pixart_sigma", "sana", "auraflow", "lumina2", "hunyuandit", "qwenimage"):
-        spec = families_dit.FAMILIES[name]
-        out[name] = (lambda spec=spec: spec.build(0), spec.call_kwargs)
-    for name in ("kandinsky3", "animatediff", "i2vgenxl", "cascade_prior"):
-        spec = families_unet.FAMILIES[name]
-        out[name] = (lambda name=name: families_unet.make_family(name), spec.call_kwargs)
-    for name in ("wan", "ltx", "cogvideox", "hunyuan_video", "mochi", "allegro", "latte"):
-        spec = video_families.FAMILIES[name]
-        out[name] = (lambda spec=spec: spec.build(0), spec.call_kwargs)
-    return out
+    names = ("sd15", "sdxl", "pixart", "dit", "svd", "sd3", "flux", "pixart_sigma", "sana", "auraflow", "lumina2",
+             "hunyuandit", "qwenimage", "kandinsky3", "animatediff", "i2vgenxl", "cascade_prior", "wan", "ltx",
+             "cogvideox", "hunyuan_video", "mochi", "allegro", "latte")
+    return {name: (PIPELINES[name].make, PIPELINES[name].call_kwargs) for name in names}
 
 
 def cases(pipe):

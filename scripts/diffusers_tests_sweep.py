@@ -44,7 +44,7 @@ def make_hub(root: Path) -> None:
     from transformers import BertConfig, BertModel, T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
     from hf_precision.testing import make_t5_tokenizer, make_tokenizer
-    from hf_precision.testing.families_dit import make_bert_tokenizer, make_gemma_tokenizer, make_qwen2_tokenizer
+    from hf_precision.testing.tokenizers import make_bert_tokenizer, make_gemma_tokenizer, make_qwen2_tokenizer
 
     hub = root / "hf-internal-testing"
     t5_tok = make_t5_tokenizer()
@@ -63,7 +63,7 @@ def make_hub(root: Path) -> None:
     qwen.save_pretrained(hub / "tiny-random-Qwen2VLForConditionalGeneration")
     # Wan I2V/VACE, SkyReels, Helios call ftfy.fix_text without checking for it: an identity stand-in
     (root / "ftfy.py").write_text("def fix_text(text, *args, **kwargs):\n    return text\n")
-    from hf_precision.testing.video_families import make_llama_tokenizer
+    from hf_precision.testing.tokenizers import make_llama_tokenizer
 
     make_llama_tokenizer().save_pretrained(root / "finetrainers" / "dummy-hunyaunvideo" / "tokenizer")  # HunyuanVideo
     bert_tok = make_bert_tokenizer()

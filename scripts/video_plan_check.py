@@ -33,7 +33,7 @@ def _mid_wan(seed: int = 0):
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from hf_precision.testing.pipelines import make_t5_tokenizer
+    from hf_precision.testing.tokenizers import make_t5_tokenizer
 
     torch.manual_seed(seed)
     tok = make_t5_tokenizer()
@@ -55,7 +55,7 @@ def _mid_ltx(seed: int = 0):
                            LTXVideoTransformer3DModel)
     from transformers import T5Config, T5EncoderModel
 
-    from hf_precision.testing.pipelines import make_t5_tokenizer
+    from hf_precision.testing.tokenizers import make_t5_tokenizer
 
     torch.manual_seed(seed)
     tok = make_t5_tokenizer()
@@ -92,9 +92,9 @@ def _mid_svd(seed: int = 0):
 
 def _tiny(name: str):
     def build(seed: int = 0):
-        from hf_precision.testing.video_families import FAMILIES
+        from hf_precision.testing import make_pipeline
 
-        return FAMILIES[name].build(seed)
+        return make_pipeline(name, seed=seed)
     return build
 
 
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         prompts.write_text("a cat\na dog\n")
         images = Path(tmp) / "images"  # SVD: two images, the second clip is measured as for the prompts
         images.mkdir()
-        from hf_precision.testing.pipelines import example_image
+        from hf_precision.testing.parts import example_image
 
         for i in range(2):
             example_image(256, seed=i).save(images / f"{i}.png")

@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tiny_pipes() -> dict:
-    """Session cache of tiny pipelines keyed by kind ("sdxl", "svd", "pixart", "dit", "sd15").
+    """Session cache of tiny pipelines keyed by registry name (``hf_precision.testing.PIPELINES``: "sdxl", ...).
 
     Filled on demand by ``tiny_pipe``; treat the cached pipelines as read-only.
     """
@@ -30,7 +30,7 @@ def tiny_pipes() -> dict:
 @pytest.fixture
 def tiny_pipe(tiny_pipes):
     """Factory: ``tiny_pipe(kind)`` returns a fresh deep copy of the session's tiny pipeline of ``kind``."""
-    from hf_precision.testing.pipelines import make_pipeline
+    from hf_precision.testing.registry import make_pipeline
 
     def get(kind: str):
         if kind not in tiny_pipes:
@@ -47,7 +47,8 @@ def saved_pipeline(tmp_path_factory, tiny_pipes):
     With ``fp16_variant=True`` the folder holds both ``*.safetensors`` and ``*.fp16.safetensors`` (and, as
     on the Hub, transformers ``config.json`` files that say ``"dtype": "float16"``).
     """
-    from hf_precision.testing.pipelines import make_pipeline, save_pipeline
+    from hf_precision.testing.pipelines import save_pipeline
+    from hf_precision.testing.registry import make_pipeline
 
     folders: dict[tuple[str, bool], Path] = {}
 
@@ -61,6 +62,29 @@ def saved_pipeline(tmp_path_factory, tiny_pipes):
         return folders[key]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Torch on one thread for a module (``pytestmark = pytest.mark.usefixtures("one_thread")``), restored after.
+
+    The tiny models are dominated by per-op overhead; with several threads on a shared, busy CPU each op waits on
+    the others (10-50x slower there), so one thread is several times faster than two on a 2-core machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def train_demo(tmp_path_factory) -> tuple[Path, Path]:
+    """``(model folder, data folder)`` of ``hf-precision train --demo`` (a tiny SD 1.x and captioned images), made
+    once per session; the tests read them and write their outputs elsewhere."""
+    from hf_precision.apps.train.demo import make_demo
+
+    return make_demo(tmp_path_factory.mktemp("train-demo"))
 
 
 def pytest_addoption(parser):

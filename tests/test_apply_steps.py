@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 import hf_precision as hp
 from hf_precision.runtime import apply
+from hf_precision.runtime.layout import layerwise_skip_regexes, planned_dtypes
 from hf_precision.testing.pipelines import make_sdxl
 
 
@@ -35,3 +38,44 @@ def test_a_new_technique_is_one_more_step(monkeypatch):
     record = hp.apply_recipe(make_sdxl(), device="cpu", layout="t4")
     assert sorted(seen) == sorted(record.modules)
     assert f"{seen[0]}: probed" in record.actions
+
+
+# ---------------------------------------------------------------- the layerwise storage step and the entry hooks
+
+
+class _Names(torch.nn.Module):
+    """Modules whose names differ from an island only by a prefix: the old suffix regex also matched them."""
+
+    def __init__(self):
+        super().__init__()
+        self.time_embedding = torch.nn.Linear(4, 4)
+        self.xtime_embedding = torch.nn.Linear(4, 4)
+        self.down_blocks = torch.nn.ModuleList([torch.nn.Module()])
+        self.down_blocks[0].time_embedding = torch.nn.Linear(4, 4)
+
+
+def test_layerwise_skips_are_full_matches_like_every_other_pattern():
+    # Storage fp8, compute fp16, island time_embedding: only that module (and its children) stays out of the
+    # storage dtype. Before the fix the translated glob was a suffix regex under re.search, so
+    # down_blocks.0.time_embedding and xtime_embedding were skipped too and stayed in the compute dtype.
+    plan = hp.get_recipe("unet.sdxl", device="h100", overrides={"unet": {"dtype": "float16", "storage": "float8_e4m3fn"}})["unet"]
+    dtypes = planned_dtypes(_Names(), plan, ["time_embedding"])
+    assert dtypes["time_embedding.weight"] == "float32"
+    assert dtypes["xtime_embedding.weight"] == "float8_e4m3fn"
+    assert dtypes["down_blocks.0.time_embedding.weight"] == "float8_e4m3fn"
+    rx = layerwise_skip_regexes(["time_embedding"], plan.layerwise_skip)
+    assert not any(re.search(p, "down_blocks.0.time_embedding") for p in rx)
+
+
+def test_containers_a_model_fills_in_place_are_passed_through():
+    # The Wan/QwenImage 3D VAEs keep a causal cache in a list passed to encoder/decoder and fill it in place.
+    # Rebuilding that list in the entry hook lost the cache: decode returned 3 frames instead of 9.
+    from hf_precision.runtime.hooks import cast_tree
+
+    cache: list = [None] * 3
+    idx = [0]
+    args = (torch.ones(2, dtype=torch.float16), {"feat_cache": cache, "feat_idx": idx})
+    out = cast_tree(args, torch.float16)
+    assert out is args and out[1]["feat_cache"] is cache and out[1]["feat_idx"] is idx
+    changed = cast_tree([torch.ones(1), cache], torch.float16)
+    assert changed[0].dtype == torch.float16 and changed[1] is cache

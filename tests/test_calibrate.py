@@ -21,9 +21,9 @@ from hf_precision.cli import main
 from hf_precision.diagnose.calibration import memory
 from hf_precision.recipe.patterns import inside
 from hf_precision.runtime.apply import apply_recipe
-from hf_precision.testing.calibration import (make_sd3, make_wan, module_bytes, plant_t5_feed_forward,
-                                              plant_time_embedding, plant_vae_up_block, sd3_call_kwargs, wan_call_kwargs)
-from hf_precision.testing.pipelines import example_call_kwargs, make_sdxl, save_pipeline
+from hf_precision.testing import PIPELINES, example_call_kwargs, make_pipeline, make_sdxl, save_pipeline
+from hf_precision.testing.calibration import (module_bytes, plant_t5_feed_forward, plant_time_embedding,
+                                              plant_vae_up_block)
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 HALF_DELTA = 4 - 2  # bytes an fp32 island adds per value over float16
@@ -85,10 +85,10 @@ def test_sdxl_vae_up_block_cli(sdxl_folder, tmp_path, capsys):
 
 
 def test_sd3_t5_feed_forward():
-    pipe = make_sd3()
+    pipe = make_pipeline("sd3")
     planted = plant_t5_feed_forward(pipe.text_encoder_3)
     before = {k: v.clone() for k, v in pipe.text_encoder_3.state_dict().items()}
-    kwargs = {**sd3_call_kwargs(), "num_inference_steps": 1}
+    kwargs = PIPELINES["sd3"].call_kwargs(num_inference_steps=1)
     result = hp.calibrate(pipe, "t4", kwargs, progress=False)
 
     # The island is the feed-forward around the planted `wo`: its input (a product inside the feed-forward) is what
@@ -105,16 +105,16 @@ def test_sd3_t5_feed_forward():
     no_guard = {"text_encoder_3": {"nan_guard": False}}
     apply_recipe(pipe, device="cpu", layout="t4", overrides=[{"text_encoder_3": {"dtype": "float16"}}, no_guard])
     assert not np.isfinite(_run(pipe, kwargs)).all()
-    pipe = make_sd3()
+    pipe = make_pipeline("sd3")
     plant_t5_feed_forward(pipe.text_encoder_3)
     apply_recipe(pipe, device="cpu", layout="t4", overrides=[result.overrides(), no_guard])
     assert np.isfinite(_run(pipe, kwargs)).all()
 
 
 def test_wan_time_embedding(tmp_path):
-    pipe = make_wan()
+    pipe = make_pipeline("wan")
     planted = plant_time_embedding(pipe.transformer)
-    kwargs = {**wan_call_kwargs(), "num_inference_steps": 1}
+    kwargs = PIPELINES["wan"].call_kwargs(num_inference_steps=1)
     result = hp.calibrate(pipe, "t4", kwargs, progress=False)
 
     assert result.islands == {"transformer": ["condition_embedder.time_embedder"]}
@@ -149,7 +149,7 @@ def test_refuses_what_does_not_fit(sdxl_folder, monkeypatch):
 def test_target_the_layout_cannot_compute():
     assert "bfloat16" not in hp.device_caps("t4").compute
     with pytest.raises(hp.RecipeError, match="cannot be computed"):
-        hp.calibrate(make_wan(), "t4", wan_call_kwargs(), target="bfloat16", progress=False)
+        hp.calibrate(make_pipeline("wan"), "t4", PIPELINES["wan"].call_kwargs(), target="bfloat16", progress=False)
 
 
 def test_session_hands_back_what_a_run_that_raised_changed():

@@ -15,7 +15,7 @@ import hf_precision as hp
 from hf_precision.recipe.patterns import inside
 from hf_precision.runtime.apply import apply_recipe
 from hf_precision.testing.calibration import module_bytes, plant_overflow, plant_vae_up_block
-from hf_precision.testing.families_dit import FAMILIES as DIT
+from hf_precision.testing import PIPELINES, make_pipeline
 from hf_precision.testing.pipelines import example_call_kwargs, make_sd15
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -38,9 +38,8 @@ def _sd15_call():
     ("sana", "vae", "decoder.up_blocks.0.1.conv1"),                  # a DC-AE decoder block
 ])
 def test_planted_overflow_other_architectures(family, component, module):
-    spec = DIT[family]
-    pipe = spec.build(0)
-    call = {**spec.call_kwargs(), "num_inference_steps": 1}
+    pipe = make_pipeline(family)
+    call = PIPELINES[family].call_kwargs(num_inference_steps=1)
     planted = plant_overflow(pipe, component, module, lambda: pipe(**call, generator=torch.Generator().manual_seed(0)))
     assert not planted["spread"], planted  # a local overflow: only the planted module leaves the range
 
@@ -145,10 +144,8 @@ def test_refuses_a_budget_below_the_largest_component(planted_sd15):
 def test_a_pipeline_whose_output_is_not_images():
     # Stable Cascade's prior returns image embeddings (StableCascadePriorPipelineOutput): calibrate compares those
     # (it failed with "float() argument must be ... not 'StableCascadePriorPipelineOutput'" before).
-    from hf_precision.testing import families_unet
-
-    pipe = families_unet.make_family("cascade_prior")
-    call = {**families_unet.FAMILIES["cascade_prior"].call_kwargs(), "num_inference_steps": 1}
+    pipe = make_pipeline("cascade_prior")
+    call = PIPELINES["cascade_prior"].call_kwargs(num_inference_steps=1)
     plant_overflow(pipe, "prior", "down_blocks.0.2.attention.to_q",
                    lambda: pipe(**call, generator=torch.Generator().manual_seed(0)))
     result = hp.calibrate(pipe, "t4", call, progress=False, run_on="cpu")

@@ -257,12 +257,3 @@ def test_cli_in_process(saved_pipeline, tmp_path, capsys):
     ]:
         rc, out, err = _main(capsys, *args)
         assert rc == 2 and out == "" and needle in err, (args, err)
-
-
-def test_doctests():
-    import doctest
-
-    import hf_precision.diagnose.checker as check_module
-
-    result = doctest.testmod(check_module, optionflags=doctest.ELLIPSIS)
-    assert result.attempted > 0 and result.failed == 0

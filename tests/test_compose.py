@@ -101,17 +101,12 @@ def test_show_prints_a_composed_recipe(capsys):
 def _wan_with_t5(seed: int = 0):
     # diffusers' own Wan tests build the pipeline with a T5EncoderModel (tests/pipelines/wan/test_wan.py,
     # get_dummy_components) where the release has a UMT5EncoderModel: the shipped recipe names the latter.
-    from transformers import T5Config, T5EncoderModel
+    from hf_precision.testing import PIPELINES
+    from hf_precision.testing.parts import t5_encoder
 
-    from hf_precision.testing.video_families import FAMILIES
-
-    wan = FAMILIES["wan"]
-    pipe = wan.build(seed)
-    torch.manual_seed(seed)
-    t5 = T5EncoderModel(T5Config(d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, vocab_size=200,
-                                 relative_attention_num_buckets=8, feed_forward_proj="gated-gelu",
-                                 is_encoder_decoder=False))
-    return type(pipe)(**{**pipe.components, "text_encoder": t5}), wan
+    wan = PIPELINES["wan"]
+    pipe = wan.make(seed)
+    return type(pipe)(**{**pipe.components, "text_encoder": t5_encoder(seed)}), wan
 
 
 def test_a_component_of_another_class_gets_the_recipe_for_its_class(tmp_path):

@@ -302,3 +302,22 @@ def test_profile_is_frozen_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         profile.name = "other"  # type: ignore[misc]
     assert {profile: 1}[device_profile("t4")] == 1
+
+
+def test_devices_yaml_is_validated_like_every_recipe_file():
+    # Before, only `kind` was checked: a typo under `when:` was ignored, so the rule then held for every CUDA device.
+    import yaml
+
+    from hf_precision.recipe.schema import check_devices_file
+    from hf_precision.recipe.files import recipes_dir
+
+    shipped = yaml.safe_load((recipes_dir() / "devices.yaml").read_text())
+    check_devices_file(shipped, "devices.yaml")  # the shipped file is valid
+    typo = dict(shipped, rules=[*shipped["rules"], {"id": "cuda-typo", "when": {"type": "cuda", "capabilty": ">=9.0"},
+                                                   "auto": ["+bfloat16"]}])
+    with pytest.raises(hp.RecipeError, match=r"rules\[\d+\] \(cuda-typo\)\.when\.capabilty: unknown key 'capabilty'.*did you mean 'capability'"):
+        check_devices_file(typo, "devices.yaml")
+    bad = dict(shipped, presets={"x": {"type": "gpu", "capability": "7.5"}}, extra=1)
+    with pytest.raises(hp.RecipeError) as err:
+        check_devices_file(bad, "devices.yaml")
+    assert "unknown key 'extra'" in str(err.value) and "unknown device type 'gpu'" in str(err.value)

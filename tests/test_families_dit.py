@@ -14,12 +14,12 @@ import torch
 import hf_precision as hp
 from hf_precision.recipe import recipe_for_class
 from hf_precision.runtime.source import CONFIGS_DIR
-from hf_precision.testing.families_dit import FAMILIES
-from hf_precision.testing.pipelines import save_pipeline
+from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
 from checks import assert_finite, assert_plan_dtypes
 
 LAYOUTS = ["cpu", "t4", "a100", "m2-macos14"]  # this CPU's own rules, fp16 CUDA, bf16 CUDA, MPS with bf16
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+FAMILIES = select("image", "dit", exclude="core")  # PixArt-alpha and DiT: tests/layouts.py
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def folders(tmp_path_factory):
 
     def get(family: str):
         if family not in saved:
-            saved[family] = save_pipeline(FAMILIES[family].build(0), tmp_path_factory.mktemp(family))
+            saved[family] = save_pipeline(make_pipeline(family), tmp_path_factory.mktemp(family))
         return saved[family]
 
     return get
@@ -40,16 +40,16 @@ def _configs(folder) -> dict[str, dict]:
 
 
 def _run(pipe, family: str):
-    spec = FAMILIES[family]
+    spec = PIPELINES[family]
     return pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0))
 
 
 def _alias(family: str) -> str:
-    return recipe_for_class(FAMILIES[family].pipeline)
+    return recipe_for_class(PIPELINES[family].pipeline_class)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_loads_runs_and_follows_the_plan(family, layout, folders):
     folder = folders(family)
     pipe = hp.load_pipeline(folder, "cpu", layout=None if layout == "cpu" else layout)
@@ -79,7 +79,7 @@ def _user_dtypes(family: str, folder) -> tuple[dict, torch.dtype]:
 PLAIN_RUNS = {"sana"}
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_user_dtype_dict_plain_diffusers_fails_hf_precision_runs(family, folders):
     from diffusers import DiffusionPipeline
 
@@ -103,8 +103,10 @@ def test_user_dtype_dict_plain_diffusers_fails_hf_precision_runs(family, folders
 
 
 def test_every_family_class_is_named_by_one_recipe():
-    for family, spec in FAMILIES.items():
-        assert spec.pipeline in hp.get_recipe(recipe_for_class(spec.pipeline)).pipelines, family
+    for family in FAMILIES:
+        spec = PIPELINES[family]
+        assert recipe_for_class(spec.pipeline_class) == spec.recipe, family
+        assert spec.pipeline_class in hp.get_recipe(spec.recipe).pipelines, family
 
 
 def test_the_sdxl_vae_is_told_apart_by_config(folders):

@@ -1,4 +1,5 @@
-"""UNet image and video families: every tiny pipeline of ``hf_precision.testing.families_unet`` is saved once, loaded
+"""UNet image and video families: every tiny pipeline tagged ``unet`` (the ``core`` ones aside: tests/layouts.py has
+them) in ``hf_precision.testing.PIPELINES`` is saved once, loaded
 back offline through ``load_pipeline`` under the layouts of a CPU, a T4 (fp16), an A100 (bf16) and an MPS Mac, and run
 for two steps; its component dtypes must be what an independent resolution of the family's recipe plans. A layout a
 user writes by hand (fp16 denoiser, everything else fp32) fails in plain diffusers and runs through hf_precision.
@@ -17,22 +18,15 @@ import hf_precision as hp
 from checks import assert_plan_dtypes
 from hf_precision.recipe import recipe_for_class
 from hf_precision.runtime.source import models_of_pipeline
-from hf_precision.testing.families_unet import FAMILIES, make_family, output_of
-from hf_precision.testing.pipelines import save_pipeline
+from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
 
 LAYOUTS = ("cpu", "t4", "a100", "m1-macos13")
 # What torch says when two dtypes meet in one op (CPU wording; linear, conv and matmul variants).
 DTYPE_MISMATCH = r"same dtype|Input type \(.*\) and bias type|expected (scalar type|m1 and m2 to have the same dtype)"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # The tiny models are dominated by per-op overhead; with several threads on a shared, busy CPU each op waits
-    # on the others (10-50x slower here). One thread keeps the file fast; the previous setting is restored.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
+FAMILIES = select("unet", exclude="core")
 
 
 _BUILT: dict = {}
@@ -43,7 +37,7 @@ def _built(family: str):
     if family not in _BUILT:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            _BUILT[family] = make_family(family)
+            _BUILT[family] = make_pipeline(family)
     return copy.deepcopy(_BUILT[family])
 
 
@@ -64,7 +58,7 @@ def saved(tmp_path_factory):
 def _load(family: str, folder, **kwargs):
     """``load_pipeline`` for folders diffusers can load; Stable Cascade's decoder folder it cannot (its
     model_index names ``PaellaVQModel``, which ``diffusers`` does not export), so that one is built and applied."""
-    spec = FAMILIES[family]
+    spec = PIPELINES[family]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if spec.loads:
@@ -76,31 +70,32 @@ def _load(family: str, folder, **kwargs):
 
 
 def _run(family: str, pipe) -> np.ndarray:
-    out = pipe(**FAMILIES[family].call_kwargs(), generator=torch.Generator().manual_seed(0))
-    result = output_of(family, out)
+    spec = PIPELINES[family]
+    result = spec.result(pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0)))
     arr = result.float().cpu().numpy() if isinstance(result, torch.Tensor) else np.asarray(result, dtype=np.float32)
     assert arr.size > 0 and np.isfinite(arr).all(), f"{family}: {(~np.isfinite(arr)).sum()} non-finite values"
     return arr
 
 
 def _denoiser(family: str) -> str:
-    return hp.get_recipe(FAMILIES[family].recipe).denoiser
+    return hp.get_recipe(PIPELINES[family].recipe).denoiser
 
 
 def test_every_family_has_a_named_recipe_that_plans_all_its_models():
-    for family, spec in FAMILIES.items():
-        assert recipe_for_class(spec.pipeline) == spec.recipe, family
+    for family in FAMILIES:
+        spec = PIPELINES[family]
+        assert recipe_for_class(spec.pipeline_class) == spec.recipe, family
         pipe = _built(family)
-        assert type(pipe).__name__ == spec.pipeline
+        assert type(pipe).__name__ == spec.pipeline_class
         planned = set(hp.get_recipe(spec.recipe).components)
         unplanned = set(models_of_pipeline(pipe)) - planned
         assert not unplanned, f"{family}: {sorted(unplanned)} would be left as they are"
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_family_loads_in_the_planned_dtypes_and_runs(family, layout, saved):
-    spec = FAMILIES[family]
+    spec = PIPELINES[family]
     pipe = _load(family, saved(family), layout=layout)
     record = hp.applied(pipe)
     assert record.recipe.name == spec.recipe
@@ -113,14 +108,14 @@ def test_family_loads_in_the_planned_dtypes_and_runs(family, layout, saved):
     _run(family, pipe)
 
 
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", FAMILIES)
 def test_hand_written_fp16_denoiser_fails_in_plain_diffusers_and_runs_here(family, saved):
     """The user's layout: the denoiser in fp16, everything else fp32, passed the diffusers way (a dtype dict)."""
     import diffusers
 
-    spec, denoiser = FAMILIES[family], _denoiser(family)
+    spec, denoiser = PIPELINES[family], _denoiser(family)
     if spec.loads:
-        plain = getattr(diffusers, spec.pipeline).from_pretrained(saved(family),
+        plain = getattr(diffusers, spec.pipeline_class).from_pretrained(saved(family),
                                                                    dtype={denoiser: torch.float16, "default": torch.float32})
     else:
         plain = _built(family)
@@ -183,7 +178,7 @@ def test_fp32_controlnet_beside_an_fp16_pipeline(family):
         _run(family, plain)
 
     pipe = _built(family)
-    recipe = hp.get_recipe(FAMILIES[family].recipe, device="t4", overrides={"controlnet": {"dtype": "float32"}})
+    recipe = hp.get_recipe(PIPELINES[family].recipe, device="t4", overrides={"controlnet": {"dtype": "float32"}})
     hp.apply_recipe(pipe, recipe, device="cpu")
     assert (recipe["controlnet"].compute, recipe["unet"].compute) == ("float32", "float16")
     assert_plan_dtypes(pipe, recipe)

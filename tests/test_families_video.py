@@ -1,6 +1,6 @@
 """Video families (Wan, LTX-Video, CogVideoX, HunyuanVideo, Mochi, Allegro, Latte) load and run in every layout.
 
-Tiny pipelines from ``hf_precision.testing.video_families`` are saved once per session and loaded back through
+Tiny pipelines tagged ``video`` and ``dit`` in ``hf_precision.testing.PIPELINES`` are saved once per session and loaded back through
 ``load_pipeline(folder, "cpu", layout=L)``; dtypes are compared with an independently resolved plan for the same
 layout, never with constants. Where plain diffusers fails on a layout a user picks (a half transformer next to an
 fp32 text encoder and VAE), the failure is reproduced first. A planted fp16 overflow in the timestep MLP shows the
@@ -19,13 +19,15 @@ import torch
 import hf_precision as hp
 from checks import assert_finite, assert_plan_dtypes
 from hf_precision.recipe.resolution import resolve
-from hf_precision.testing.pipelines import save_pipeline
-from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
+from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
+from hf_precision.testing.calibration import plant_fp16_overflow
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
-# One pipeline per recipe family runs every layout; the other modes (i2v, vace, v2v, condition) run one half layout.
-MAIN = ["wan", "ltx", "cogvideox", "hunyuan_video", "mochi", "allegro", "latte"]
+# One pipeline per recipe family (its text-to-video one) runs every layout; the other modes (i2v, vace, v2v,
+# condition) run one half layout.
+FAMILIES = select("video", "dit")
+MAIN = [name for name in FAMILIES if PIPELINES[name].mode == "t2v"]
 MODES = [name for name in FAMILIES if name not in MAIN]
 # cpu: this machine's rules (whatever they pick); t4: fp16 CUDA; a100: bf16 CUDA; m1-macos13: MPS without bf16.
 LAYOUTS = ["cpu", "t4", "a100", "m1-macos13"]
@@ -43,7 +45,7 @@ def folder(tmp_path_factory):
 
     def get(name):
         if name not in folders:
-            folders[name] = save_pipeline(FAMILIES[name].build(0), tmp_path_factory.mktemp(name))
+            folders[name] = save_pipeline(make_pipeline(name), tmp_path_factory.mktemp(name))
         return folders[name]
 
     return get
@@ -54,16 +56,16 @@ def _configs(path):
 
 
 def _run(name, pipe):
-    spec = FAMILIES[name]
+    spec = PIPELINES[name]
     return pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0))
 
 
 def _load_and_check(name, folder, layout):
-    spec = FAMILIES[name]
+    spec = PIPELINES[name]
     path = folder(name)
     pipe = spec.ready(hp.load_pipeline(path, "cpu", layout=layout))
     expected = resolve(pipeline_class=spec.pipeline_class, devices="cpu", layout=layout, configs=_configs(path))
-    assert hp.applied(pipe).recipe.name == expected.name == spec.family
+    assert hp.applied(pipe).recipe.name == expected.name == spec.recipe
     assert_plan_dtypes(pipe, expected)
     assert_finite(_run(name, pipe))
     return pipe, expected
@@ -89,11 +91,11 @@ def test_a_user_dtype_dict_is_honoured_where_plain_diffusers_fails(name, folder)
 
     dtype = {"transformer": torch.float16, "text_encoder": torch.float32, "vae": torch.float32}
     if name in PLAIN_FAILS:
-        plain = FAMILIES[name].ready(DiffusionPipeline.from_pretrained(folder(name), dtype=dtype))
+        plain = PIPELINES[name].ready(DiffusionPipeline.from_pretrained(folder(name), dtype=dtype))
         plain.set_progress_bar_config(disable=True)
         with pytest.raises(RuntimeError, match=MISMATCH):
             _run(name, plain)
-    pipe = FAMILIES[name].ready(hp.load_pipeline(folder(name), "cpu", dtype=dtype))
+    pipe = PIPELINES[name].ready(hp.load_pipeline(folder(name), "cpu", dtype=dtype))
     planned = hp.applied(pipe).recipe
     assert planned["transformer"].compute == "float16"
     assert planned["text_encoder"].compute == planned["vae"].compute == "float32"
@@ -105,13 +107,13 @@ def test_a_user_dtype_dict_is_honoured_where_plain_diffusers_fails(name, folder)
 def test_planted_fp16_overflow_needs_the_recipes_fp32_islands(name):
     """All-fp16 overflows in the timestep MLP (inf/NaN frames); the recipe's own T4 layout (no override) computes the
     transformer in fp16, keeps that MLP fp32 and stays finite."""
-    spec = FAMILIES[name]
-    planted = plant_fp16_overflow(spec.build(0), name)
+    spec = PIPELINES[name]
+    planted = plant_fp16_overflow(spec.make(0), name)
     naive = spec.ready(copy.deepcopy(planted).to(torch.float16))
     frames = _run(name, naive).frames
     assert not torch.isfinite(torch.as_tensor(frames, dtype=torch.float32)).all()
 
-    hp.apply_recipe(planted, spec.family, "cpu", layout="t4")
+    hp.apply_recipe(planted, spec.recipe, "cpu", layout="t4")
     record = hp.applied(planted)
     assert record.recipe["transformer"].compute == "float16"
     assert any(spec.time_mlp == island or spec.time_mlp.startswith(island + ".")
@@ -131,12 +133,12 @@ def test_bf16_families_get_an_fp16_layout_only_where_bf16_is_missing(name, folde
     from hf_precision.recipe.files import read_yaml, recipes_dir
     from hf_precision.recipe.resolution import get_recipe
 
-    spec = FAMILIES[name]
+    spec = PIPELINES[name]
     configs = _configs(folder(name))
-    entry = read_yaml(recipes_dir() / f"{spec.family}.yaml")["components"]["transformer"]["use"]
+    entry = read_yaml(recipes_dir() / f"{spec.recipe}.yaml")["components"]["transformer"]["use"]
     for device, half in [("t4", True), ("v100", True), ("m1-macos13", True), ("a100", False), ("h100", False),
                          ("m2-macos14", False), ("cpu-avx2", False), ("cpu-amx", False)]:
-        plan = get_recipe(spec.family, device=device, configs=configs)["transformer"]
+        plan = get_recipe(spec.recipe, device=device, configs=configs)["transformer"]
         base = get_recipe(entry, device=device, configs={"video": configs["transformer"]})["video"]
         if half:
             assert plan.compute == "float16" and base.compute != "float16", (device, plan.compute, base.compute)
@@ -150,15 +152,15 @@ def test_every_family_pipeline_class_is_in_its_recipe():
     """Each builder's class resolves to its family's named recipe (not a composed one)."""
     from hf_precision.recipe.catalog import recipe_for_class
 
-    for spec in FAMILIES.values():
-        assert recipe_for_class(spec.pipeline_class) == spec.family
+    for spec in map(PIPELINES.get, FAMILIES):
+        assert recipe_for_class(spec.pipeline_class) == spec.recipe
 
 
 def _shipped_video_folders():
     from hf_precision.recipe.catalog import recipe_for_class
 
     root = __import__("pathlib").Path(hp.__file__).parent / "model_configs"
-    families = {spec.family for spec in FAMILIES.values()}
+    families = {PIPELINES[name].recipe for name in FAMILIES}
     found = []
     for source in sorted(root.glob("*/SOURCE.json")):
         cls = json.loads((source.parent / "model_index.json").read_text())["_class_name"]

@@ -30,10 +30,9 @@ def sdxl_folder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def wan_folder(tmp_path_factory):
     """The tiny Wan of the tests: its transformer's rotary table holds 32 positions (rope_max_seq_len)."""
-    from hf_precision.testing import save_pipeline
-    from hf_precision.testing.video_families import make_video
+    from hf_precision.testing import make_pipeline, save_pipeline
 
-    return save_pipeline(make_video("wan"), tmp_path_factory.mktemp("wan"))
+    return save_pipeline(make_pipeline("wan"), tmp_path_factory.mktemp("wan"))
 
 
 def test_the_script_without_the_package_says_how_to_get_it(tmp_path):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -63,3 +66,32 @@ def test_guard_is_off_outside_half_precision_and_opt_in_elsewhere():
     assert not hp.get_recipe("vae.sdxl", device="t4")["vae"].nan_guard  # fp32 there: nothing to guard
     assert not hp.get_recipe("sdxl", device="t4")["unet"].nan_guard
     assert hp.get_recipe("sdxl", device="t4", overrides={"unet": {"nan_guard": True}})["unet"].nan_guard
+
+
+def test_failed_forward_leaves_no_hook_state_behind(tiny_pipe):
+    # Post hooks are registered with always_call=True: when a forward raises, the entry hook's stacks are popped
+    # and the NaN guard keeps no reference to the failed call's inputs. Before, each failure left one entry.
+    pipe = tiny_pipe("sdxl")
+    applied = hp.apply_recipe(pipe, device="cpu", layout="a100")
+    assert applied.recipe["vae"].nan_guard, "the a100 layout's VAE should carry the NaN guard (it keeps inputs)"
+    hooks = [h.__self__ for h in pipe.vae.post_quant_conv._forward_hooks.values() if hasattr(h, "__self__")]
+    assert hooks, "the VAE's post_quant_conv has no entry hook"
+    hook = hooks[0]
+    latents = torch.randn(1, 4, 8, 8, dtype=torch.bfloat16)
+    ref = weakref.ref(latents)
+
+    def boom(module, args):
+        raise RuntimeError("boom")
+
+    handle = pipe.vae.post_quant_conv.register_forward_pre_hook(boom)
+    try:
+        for _ in range(3):
+            with pytest.raises(RuntimeError, match="boom"):
+                pipe.vae.post_quant_conv(latents)
+    finally:
+        handle.remove()
+    assert hook._arrived == [] and hook._originals == []
+    del latents
+    gc.collect()
+    assert ref() is None, "a failed call's input is still referenced by the hooks"
+    applied.remove()

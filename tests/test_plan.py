@@ -294,14 +294,3 @@ def test_public_api_and_module_names():
     assert hp.plan("dit", device="a100")["vae"].params == SDXL_VAE
     assert plan_module.Plan is Plan
     assert isinstance(plan_module.plan, type(plan))
-
-
-def test_doctests():
-    import doctest
-
-    import hf_precision.diagnose.planner as plan_module
-    import hf_precision.recipe.patterns as select_module
-
-    for module in (plan_module, select_module):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.attempted > 0 and result.failed == 0, module.__name__

@@ -208,10 +208,9 @@ def test_video_memory_plan_chooses_quantized_storage_that_fits_and_loads_it(tmp_
     the chosen layout loads as planned: the transformer's measured bytes are the bytes the plan counted."""
     from hf_precision.apps.video import load_video_pipeline, model_spec
     from hf_precision.apps.video.plan import choose
-    from hf_precision.testing import save_pipeline
-    from hf_precision.testing.calibration import make_wan
+    from hf_precision.testing import make_pipeline, save_pipeline
 
-    folder = save_pipeline(make_wan(), tmp_path / "wan")
+    folder = save_pipeline(make_pipeline("wan"), tmp_path / "wan")
     where, spec = model_spec(str(folder))
     sizes = {"height": 16, "width": 16, "frames": 5, "accelerator": False, "layout": "cpu-amx"}
     plain = choose(where, spec, budget=10**12, quantize=False, **sizes)

@@ -42,13 +42,13 @@ BIN = Path(sys.executable).parent
 
 def _tiny_size(family: str) -> list[str]:
     """The stand-in's own size, for a video command written for a model card's size (minutes per clip on a CPU)."""
-    from hf_precision.testing.video_families import FAMILIES
+    from hf_precision.testing import PIPELINES
 
     if family == "svd":
         return ["--height", "32", "--width", "32", "--frames", "2", "--steps", "2", "--decode-chunk-size", "2"]
-    kw, spec = FAMILIES[family].call_kwargs(), FAMILIES[family]
+    kw, spec = PIPELINES[family].call_kwargs(), PIPELINES[family]
     frames = kw["num_frames"]
-    if spec.family == "cogvideox" and (frames - 1) % 4:  # diffusers' own I2V test calls it with 8 frames
+    if spec.recipe == "cogvideox" and (frames - 1) % 4:  # diffusers' own I2V test calls it with 8 frames
         frames = 9
     return ["--height", str(kw["height"]), "--width", str(kw["width"]), "--frames", str(frames), "--steps", "2"]
 
@@ -86,9 +86,7 @@ def _training_data(work: Path) -> None:
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder laid out as the README expects, the process's working directory while the module runs."""
-    from hf_precision.testing import make_pipeline, make_sdxl, make_svd, save_pipeline
-    from hf_precision.testing.pipelines import example_image
-    from hf_precision.testing.video_families import make_video
+    from hf_precision.testing import example_image, make_pipeline, save_pipeline
 
     work = tmp_path_factory.mktemp("readme")
     saved: dict[str, Path] = {}
@@ -96,14 +94,7 @@ def workdir(tmp_path_factory):
         if kind in saved:  # one build per kind; the other names are links to it
             (work / name).symlink_to(saved[kind], target_is_directory=True)
             continue
-        if kind == "flux":
-            from hf_precision.testing.families_dit import make_flux
-
-            pipe = make_flux()
-        else:
-            pipe = make_sdxl() if kind == "sdxl" else make_svd() if kind == "svd" else \
-                make_pipeline(kind) if kind == "sd15" else make_video(kind)
-        saved[kind] = save_pipeline(pipe, work / name)
+        saved[kind] = save_pipeline(make_pipeline(kind), work / name)
     example_image(32).save(work / "cat.png")
     _training_data(work)
     (work / "prompts.txt").write_text("a cat surfing\n")

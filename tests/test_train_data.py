@@ -25,10 +25,9 @@ def sd15(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def wan(tmp_path_factory) -> Path:
-    from hf_precision.testing.pipelines import save_pipeline
-    from hf_precision.testing.video_families import make_video
+    from hf_precision.testing import make_pipeline, save_pipeline
 
-    return save_pipeline(make_video("wan"), tmp_path_factory.mktemp("wan"))
+    return save_pipeline(make_pipeline("wan"), tmp_path_factory.mktemp("wan"))
 
 
 @pytest.fixture(autouse=True)

@@ -11,19 +11,7 @@ from PIL import Image
 from hf_precision.cli import main
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    from hf_precision.apps.train.demo import make_demo
-
-    return make_demo(tmp_path_factory.mktemp("demo"))
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _common(model, data):
@@ -31,8 +19,8 @@ def _common(model, data):
             "--steps", "2", "--lora-rank", "4"]
 
 
-def test_textual_inversion_writes_the_token_and_refuses_captions_without_it(demo, tmp_path, capsys):
-    args = [*_common(*demo), "--embedding", "<my-sq>", "--init-token", "a"]
+def test_textual_inversion_writes_the_token_and_refuses_captions_without_it(train_demo, tmp_path, capsys):
+    args = [*_common(*train_demo), "--embedding", "<my-sq>", "--init-token", "a"]
     assert main([*args, "--out", str(tmp_path / "no")]) == 2
     assert "do not contain the token" in capsys.readouterr().err and not (tmp_path / "no").exists()
     assert main([*args, "--out", str(tmp_path / "ti"), "--caption", "a photo of <my-sq>"]) == 0
@@ -40,21 +28,20 @@ def test_textual_inversion_writes_the_token_and_refuses_captions_without_it(demo
     assert files == ["text_encoder.my-sq.safetensors"]
 
 
-def test_full_fine_tune_saves_a_denoiser_that_loads(demo, tmp_path):
+def test_full_fine_tune_saves_a_denoiser_that_loads(train_demo, tmp_path):
     from diffusers import UNet2DConditionModel
 
-    assert main([*_common(*demo), "--out", str(tmp_path / "full"), "--method", "full", "--layout", "t4"]) == 0
+    assert main([*_common(*train_demo), "--out", str(tmp_path / "full"), "--method", "full", "--layout", "t4"]) == 0
     unet = UNet2DConditionModel.from_pretrained(str(tmp_path / "full" / "unet"))
-    before = UNet2DConditionModel.from_pretrained(str(demo[0] / "unet"))
+    before = UNet2DConditionModel.from_pretrained(str(train_demo[0] / "unet"))
     changed = [n for (n, a), (_, b) in zip(unet.named_parameters(), before.named_parameters()) if not torch.equal(a, b)]
     assert changed
 
 
 def test_wan_lora_on_clips(tmp_path):
-    from hf_precision.testing.pipelines import save_pipeline
-    from hf_precision.testing.video_families import make_video
+    from hf_precision.testing import make_pipeline, save_pipeline
 
-    wan = save_pipeline(make_video("wan"), tmp_path / "wan")
+    wan = save_pipeline(make_pipeline("wan"), tmp_path / "wan")
     clips = tmp_path / "clips"
     clips.mkdir()
     for i in range(2):

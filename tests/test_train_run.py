@@ -17,24 +17,11 @@ from hf_precision.cli import main
 from hf_precision.errors import RecipeError
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny models: one thread is several times faster than two on a shared 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> tuple[Path, Path]:
-    from hf_precision.apps.train.demo import make_demo
-
-    return make_demo(tmp_path_factory.mktemp("demo"))
-
-
-def _settings(demo, out: Path, **kw) -> TrainSettings:
-    model, data = demo
+def _settings(train_demo, out: Path, **kw) -> TrainSettings:
+    model, data = train_demo
     base = dict(model=str(model), data=str(data), out=str(out), device="cpu", lora_rank=4, steps=4, batch_size=2,
                 learning_rate=5e-3, resolution=32, checkpoint_every=2, quiet=True)
     base.update(kw)
@@ -70,37 +57,37 @@ def _pipeline_output(model: Path, layout: str, lora: Path | None) -> np.ndarray:
 
 
 @pytest.mark.parametrize("layout", ["t4", "a100"])
-def test_lora_trained_under_a_layout_changes_the_pipeline(demo, tmp_path, layout):
+def test_lora_trained_under_a_layout_changes_the_pipeline(train_demo, tmp_path, layout):
     from safetensors import safe_open
 
     out = tmp_path / layout
-    result = train(_settings(demo, out, layout=layout, steps=3, checkpoint_every=3))
+    result = train(_settings(train_demo, out, layout=layout, steps=3, checkpoint_every=3))
     assert result.exit_code == 0 and all(np.isfinite(v) for v in result.losses.values())
     with safe_open(str(out / "pytorch_lora_weights.safetensors"), "pt") as f:
         keys = list(f.keys())
         assert keys and all(f.get_tensor(k).dtype == torch.float16 for k in keys)  # --save-dtype default
-    before = _pipeline_output(demo[0], layout, None)
-    after = _pipeline_output(demo[0], layout, out)
+    before = _pipeline_output(train_demo[0], layout, None)
+    after = _pipeline_output(train_demo[0], layout, out)
     assert np.isfinite(after).all()
     assert np.abs(after - before).max() > 1e-3
 
 
-def test_resume_after_a_kill_continues_the_same_loss_curve(demo, tmp_path):
+def test_resume_after_a_kill_continues_the_same_loss_curve(train_demo, tmp_path):
     # T4 layout: fp16 compute, GradScaler state, AdamW moments and the RNG all have to come back exactly.
-    whole = train(_settings(demo, tmp_path / "whole", layout="t4", steps=6, checkpoint_every=3))
-    first = train(_settings(demo, tmp_path / "cut", layout="t4", steps=6, checkpoint_every=10, stop_after=2))
+    whole = train(_settings(train_demo, tmp_path / "whole", layout="t4", steps=6, checkpoint_every=3))
+    first = train(_settings(train_demo, tmp_path / "cut", layout="t4", steps=6, checkpoint_every=10, stop_after=2))
     assert first.exit_code == 130 and first.step == 2
     assert (tmp_path / "cut" / "checkpoints" / "step-000002").is_dir()
     assert not (tmp_path / "cut" / "pytorch_lora_weights.safetensors").exists()
-    rest = train(_settings(demo, tmp_path / "cut", layout="t4", steps=6, checkpoint_every=10, resume="latest"))
+    rest = train(_settings(train_demo, tmp_path / "cut", layout="t4", steps=6, checkpoint_every=10, resume="latest"))
     assert rest.exit_code == 0 and rest.step == 6
     assert rest.losses == whole.losses  # steps 1-2 from the checkpoint, 3-6 computed again: bit for bit
 
 
-def test_resume_refuses_other_settings_and_other_data(demo, tmp_path, capsys):
+def test_resume_refuses_other_settings_and_other_data(train_demo, tmp_path, capsys):
     import shutil
 
-    model, data = demo
+    model, data = train_demo
     own = tmp_path / "data"
     shutil.copytree(data, own)
     train(_settings((model, own), tmp_path / "o", steps=2, checkpoint_every=2))
@@ -114,9 +101,9 @@ def test_resume_refuses_other_settings_and_other_data(demo, tmp_path, capsys):
         train(_settings((model, own), tmp_path / "o", steps=4, resume="latest"))
 
 
-def test_nan_loss_names_step_and_component_then_stops_or_skips(demo, tmp_path, capsys):
+def test_nan_loss_names_step_and_component_then_stops_or_skips(train_demo, tmp_path, capsys):
     # A learning rate so large that the weights after step 1 overflow float32: the loss of step 2 is not finite.
-    model, data = demo
+    model, data = train_demo
     args = ["train", "--model", str(model), "--data", str(data), "--resolution", "32", "--device", "cpu", "--quiet",
             "--lora-rank", "4", "--steps", "3", "--learning-rate", "1e30", "--checkpoint-every", "1"]
     assert main([*args, "--out", str(tmp_path / "stop")]) == 1

@@ -74,9 +74,9 @@ def test_fp32_vae_fed_half_latents_while_sampling():
 
 
 def test_inpainting_latent_mask_concatenated_in_fp32():
-    from hf_precision.testing.families_unet import make_family
+    from hf_precision.testing import make_pipeline
 
-    pipe = make_family("sd_inpaint")
+    pipe = make_pipeline("sd_inpaint")
     latents = torch.randn(1, 4, 8, 8, dtype=torch.float16)
     mask = torch.ones(1, 1, 8, 8)  # fp32, as OneTrainer made it before PR #409
     cond = torch.cat([latents, mask, latents], dim=1)
@@ -91,9 +91,9 @@ def test_inpainting_latent_mask_concatenated_in_fp32():
 
 
 def test_bf16_conv3d_patch_embedding_with_fp32_input():
-    from hf_precision.testing.video_families import FAMILIES
+    from hf_precision.testing import make_pipeline
 
-    pipe = FAMILIES["wan"].build(0)
+    pipe = make_pipeline("wan")
     batch = example_batch(pipe.transformer, 1)
     plain = copy.deepcopy(pipe.transformer).to(torch.bfloat16)
     assert isinstance(plain.patch_embedding, torch.nn.Conv3d)

@@ -13,12 +13,8 @@ from training_checks import run_steps
 
 def _build(name: str):
     from hf_precision.testing import make_pipeline
-    from hf_precision.testing.families_dit import FAMILIES as DIT
-    from hf_precision.testing.video_families import FAMILIES as VIDEO
 
-    if name in ("sd15", "sdxl", "svd"):
-        return make_pipeline(name, seed=0)
-    return (DIT[name] if name in DIT else VIDEO[name]).build(0)
+    return make_pipeline(name, seed=0)
 
 
 CASES = {"sd15": "UNet2DConditionModel", "sdxl": "UNet2DConditionModel", "svd": "UNetSpatioTemporalConditionModel",

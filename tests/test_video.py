@@ -276,13 +276,3 @@ def test_subcommand_shares_the_options_and_the_errors(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("hf-precision video: error: --image")
     assert list(tmp_path.iterdir()) == []
-
-
-def test_doctests():
-    import doctest
-
-    from hf_precision.apps.video import io, load, memory, run
-
-    for module in (io, load, memory, run):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.attempted >= 1 and result.failed == 0, module.__name__

@@ -87,12 +87,3 @@ def test_cli_refuses_device_map_with_one_device_options(tmp_path, capsys):
     assert main(["--demo", "--device-map", "balanced", "--offload", "model", "--out", str(tmp_path / "x.gif")]) == 2
     assert "does not go with --offload" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
-
-
-def test_doctests():
-    import doctest
-
-    from hf_precision.apps.video import devices as video_devices
-
-    result = doctest.testmod(video_devices, optionflags=doctest.ELLIPSIS)
-    assert result.attempted >= 2 and result.failed == 0

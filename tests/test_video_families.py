@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from hf_precision.apps.video.families import FAMILIES as TABLE
-from hf_precision.testing.video_families import FAMILIES, plant_fp16_overflow
+from hf_precision.testing import PIPELINES, make_pipeline
+from hf_precision.testing.calibration import plant_fp16_overflow
 
 # The tiny family, and (height, width, frames) that satisfy its own rules (frames t*k+1, size multiples).
 SIZES = {"wan": (16, 16, 5), "ltx": (32, 32, 9), "ltx_i2v": (32, 32, 9), "cogvideox": (16, 16, 9),
@@ -33,7 +34,7 @@ def folders(tmp_path_factory):
 
     def get(kind: str, overflow: bool = False) -> Path:
         if (kind, overflow) not in cache:
-            pipe = FAMILIES[kind].build(0)
+            pipe = make_pipeline(kind)
             if overflow:
                 plant_fp16_overflow(pipe, kind)
             cache[kind, overflow] = save_pipeline(pipe, tmp_path_factory.mktemp(kind))
@@ -232,7 +233,7 @@ def test_planted_fp16_overflow_naive_nan_recipe_finite(kind, folders, tmp_path, 
     # _keep_in_fp32_modules, e.g. Wan's time_embedder, in fp32 already).
     naive = DiffusionPipeline.from_pretrained(str(folder)).to(torch.float16)
     h, w, f = SIZES[kind]
-    kwargs = FAMILIES[kind].call_kwargs(height=h, width=w, num_frames=f)
+    kwargs = PIPELINES[kind].call_kwargs(height=h, width=w, num_frames=f)
     with np.errstate(invalid="ignore"):
         frames = naive(**kwargs, generator=torch.Generator().manual_seed(0)).frames
     assert not np.isfinite(np.asarray(frames, dtype=np.float32)).all()
@@ -400,18 +401,6 @@ def test_context_parallel_only_the_main_process_writes_and_says_wrote(rank, fold
     assert rc == 0
 
 
-def test_doctests_of_the_video_modules():
-    """The examples in the docstrings run (the plan's on the shipped SVD configs, including feed-forward
-    chunking switched on and off on the meta UNet)."""
-    import doctest
-
-    from hf_precision.apps.video import counting, families, parallel, plan
-
-    for module in (counting, families, parallel, plan):
-        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-        assert result.attempted >= 1 and result.failed == 0, module.__name__
-
-
 @pytest.mark.parametrize("alias", ["wan", "ltx"])
 def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     """`--plan --device t4` plans a device this process does not have, offline, from the configs that ship."""
@@ -429,14 +418,11 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
 
 
 def _tiny_of(row):
-    """The tiny pipeline of a family row: the testing registry's text-to-video entry of its class prefix (SVD's
-    tiny pipeline lives with the image ones)."""
-    from hf_precision.testing.pipelines import make_svd
-
+    """The tiny pipeline of a family row: the registry's text-to-video entry of its class prefix (SVD's tiny
+    pipeline is the image-to-video "svd" entry)."""
     if row.name == "svd":
-        return make_svd()
-    name = next(n for n, f in FAMILIES.items() if f.pipeline_class.startswith(row.prefix) and f.mode == "t2v")
-    return FAMILIES[name].build(0)
+        return make_pipeline("svd")
+    return next(p for p in PIPELINES.values() if p.pipeline_class.startswith(row.prefix) and p.mode == "t2v").make(0)
 
 
 @pytest.mark.parametrize("name", [n for n, row in TABLE.items() if row.denoiser_inputs is not None])

@@ -2,13 +2,14 @@
 HunyuanDiT, QwenImage), built offline from configs.
 
 The configs follow ``get_dummy_components`` of diffusers' own tests (tests/pipelines/<family>/test_*.py), with the
-Hub tokenizers those tests download replaced by tokenizers made here from a handful of pieces (CLIP, T5, Gemma,
-Qwen2 byte-level BPE, BERT WordPiece). Each family is a :class:`Family`: the pipeline class, a ``build(seed)``
-that returns the pipeline in float32, the call kwargs for a 2-step run and the output attribute::
+Hub tokenizers those tests download replaced by the handmade ones of :mod:`hf_precision.testing.tokenizers` (CLIP,
+T5, Gemma, Qwen2 byte-level BPE, BERT WordPiece). Each family is a row of :data:`ROWS` (a
+:class:`~hf_precision.testing.record.TinyPipeline`: the pipeline class, a ``build(seed)`` that returns the pipeline
+in float32, the call kwargs for a 2-step run and the output attribute)::
 
-    >>> from hf_precision.testing.families_dit import FAMILIES
-    >>> spec = FAMILIES["flux"]
-    >>> pipe = spec.build(0)
+    >>> from hf_precision.testing import PIPELINES
+    >>> spec = PIPELINES["flux"]
+    >>> pipe = spec.make(0)
     >>> pipe(**spec.call_kwargs()).images.shape
     (1, 32, 32, 3)
 
@@ -17,98 +18,15 @@ Nothing heavy is imported at module import time.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any
 
-from .pipelines import finish_pipeline, example_image, make_t5_tokenizer, make_tokenizer
+from .parts import example_image, finish_pipeline, seeded as _seeded, t5_encoder
+from .record import TinyPipeline
+from .tokenizers import make_bert_tokenizer, make_gemma_tokenizer, make_qwen2_tokenizer, make_t5_tokenizer
+from .tokenizers import make_tokenizer
 
-__all__ = ["FAMILIES", "Family", "make_bert_tokenizer", "make_gemma_tokenizer", "make_qwen2_tokenizer"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """One family's tiny pipeline: how to build it and how to call it for two steps."""
-
-    pipeline: str
-    build: Callable[[int], Any]
-    kwargs: Callable[[], dict[str, Any]]
-    output: str = "images"
-
-    def call_kwargs(self, output_type: str = "np") -> dict[str, Any]:
-        """Fresh call kwargs (no generator: add one)."""
-        return {**self.kwargs(), "output_type": output_type}
-
-
-def _seeded(seed: int, build: Callable[[], Any]) -> Any:
-    # Each component from a fixed seed, so its weights do not depend on the order the others were built in.
-    import torch
-
-    torch.manual_seed(seed)
-    return build()
-
-
-
-# --------------------------------------------------------------------------------------------- tokenizers
-
-_WORDS = ("a", "cat", "dog", "the", "photo", "of", "red", "blue")
-
-
-def make_gemma_tokenizer():
-    """A handmade Gemma tokenizer (byte-fallback BPE over single characters), built offline.
-
-    >>> tok = make_gemma_tokenizer()
-    >>> tok.pad_token_id, len(tok("a cat").input_ids) > 2
-    (0, True)
-    """
-    from transformers import GemmaTokenizer
-
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
-    chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:\n") | {"\u2581"})
-    vocab = {t: i for i, t in enumerate(specials + chars)}
-    return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=300)
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's reversible byte -> printable character table, which byte-level BPE vocabularies are written in.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
-def make_qwen2_tokenizer():
-    """A handmade Qwen2 tokenizer: byte-level BPE with the 256 bytes and Qwen's chat special tokens, built offline.
-
-    >>> tok = make_qwen2_tokenizer()
-    >>> tok.decode(tok("a cat").input_ids)
-    'a cat'
-    """
-    from transformers import Qwen2Tokenizer
-
-    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=1024)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                                                         "<|vision_end|>", "<|image_pad|>"]})
-    return tok
-
-
-def make_bert_tokenizer():
-    """A handmade BERT WordPiece tokenizer (a few words and single characters), built offline.
-
-    >>> make_bert_tokenizer()("a cat").input_ids
-    [2, 5, 6, 3]
-    """
-    from transformers import BertTokenizer
-
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS, *"abcdefghijklmnopqrstuvwxyz0123456789"]
-    tokens += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
-    vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
-    return BertTokenizer(vocab=vocab, model_max_length=77)
+__all__ = ["ROWS", "make_auraflow", "make_flux", "make_flux_controlnet", "make_hunyuandit",
+           "make_hunyuandit_controlnet", "make_lumina2", "make_pixart_sigma", "make_qwenimage", "make_sana", "make_sd3"]
 
 
 # --------------------------------------------------------------------------------------------- shared parts
@@ -133,14 +51,6 @@ def _clip(projection: bool):
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(config)
 
 
-def _t5(d_model: int = 32, umt5: bool = False):
-    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
-
-    kwargs = dict(d_model=d_model, d_kv=8, d_ff=37, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
-                  dropout_rate=0.0, feed_forward_proj="gated-gelu", is_encoder_decoder=False, vocab_size=200)
-    return UMT5EncoderModel(UMT5Config(**kwargs)) if umt5 else T5EncoderModel(T5Config(**kwargs))
-
-
 def _gemma2():
     from transformers import Gemma2Config, Gemma2Model
 
@@ -151,7 +61,7 @@ def _gemma2():
 
 
 def _text_kwargs(**extra: Any) -> dict[str, Any]:
-    return {"prompt": "a cat", "height": 32, "width": 32, "num_inference_steps": 2, **extra}
+    return {"prompt": "a cat", "height": 32, "width": 32, "num_inference_steps": 2, "output_type": "np", **extra}
 
 
 # --------------------------------------------------------------------------------------------- builders
@@ -171,7 +81,7 @@ def make_sd3(seed: int = 0):
                                           scaling_factor=1.5035)),
         text_encoder=_seeded(seed, lambda: _clip(True)), tokenizer=make_tokenizer(),
         text_encoder_2=_seeded(seed + 1, lambda: _clip(True)), tokenizer_2=make_tokenizer(),
-        text_encoder_3=_seeded(seed, _t5), tokenizer_3=make_t5_tokenizer(),
+        text_encoder_3=t5_encoder(seed), tokenizer_3=make_t5_tokenizer(),
     )
     return finish_pipeline(pipe)
 
@@ -188,7 +98,7 @@ def _flux_parts(seed: int, in_channels: int = 16, guidance: bool = True) -> dict
         vae=_seeded(seed, lambda: _vae_kl(use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159,
                                           scaling_factor=0.3611)),
         text_encoder=_seeded(seed, lambda: _clip(False)), tokenizer=make_tokenizer(),
-        text_encoder_2=_seeded(seed, _t5), tokenizer_2=make_t5_tokenizer(),
+        text_encoder_2=t5_encoder(seed), tokenizer_2=make_t5_tokenizer(),
     )
 
 
@@ -213,11 +123,11 @@ def make_pixart_sigma(seed: int = 0):
     """A random-weight ``PixArtSigmaPipeline`` whose VAE has the SDXL VAE's config (scaling_factor 0.13025)."""
     from diffusers import DPMSolverMultistepScheduler, PixArtSigmaPipeline, PixArtTransformer2DModel
 
-    from .pipelines import PIXART_SIZES
+    from .sizes import PIXART_SIZES
 
     transformer = _seeded(seed, lambda: PixArtTransformer2DModel(**PIXART_SIZES["tiny"]["transformer"]))
     pipe = PixArtSigmaPipeline(
-        tokenizer=make_t5_tokenizer(), text_encoder=_seeded(seed, _t5), transformer=transformer,
+        tokenizer=make_t5_tokenizer(), text_encoder=t5_encoder(seed), transformer=transformer,
         vae=_seeded(seed, lambda: _vae_kl(scaling_factor=0.13025, force_upcast=True)),
         scheduler=DPMSolverMultistepScheduler(),
     )
@@ -251,7 +161,7 @@ def make_auraflow(seed: int = 0):
         sample_size=16, patch_size=2, in_channels=4, num_mmdit_layers=1, num_single_dit_layers=1, attention_head_dim=8,
         num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32, out_channels=4, pos_embed_max_size=64))
     pipe = AuraFlowPipeline(
-        tokenizer=make_t5_tokenizer(), text_encoder=_seeded(seed, lambda: _t5(umt5=True)),
+        tokenizer=make_t5_tokenizer(), text_encoder=t5_encoder(seed, umt5=True),
         vae=_seeded(seed, lambda: _vae_kl(scaling_factor=0.13025, force_upcast=True)), transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler())
     return finish_pipeline(pipe)
@@ -291,7 +201,7 @@ def make_hunyuandit(seed: int = 0):
                                           force_upcast=False)),
         text_encoder=bert, tokenizer=make_bert_tokenizer(), transformer=transformer, scheduler=DDPMScheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
-        text_encoder_2=_seeded(seed, _t5), tokenizer_2=make_t5_tokenizer())
+        text_encoder_2=t5_encoder(seed), tokenizer_2=make_t5_tokenizer())
     return finish_pipeline(pipe)
 
 
@@ -336,23 +246,30 @@ def make_qwenimage(seed: int = 0):
     return finish_pipeline(pipe)
 
 
-FAMILIES: dict[str, Family] = {
-    "sd3": Family("StableDiffusion3Pipeline", make_sd3, lambda: _text_kwargs(guidance_scale=5.0, max_sequence_length=16)),
-    "flux": Family("FluxPipeline", make_flux, lambda: _text_kwargs(guidance_scale=3.5, max_sequence_length=16)),
-    "flux_controlnet": Family("FluxControlNetPipeline", make_flux_controlnet, lambda: _text_kwargs(
-        guidance_scale=3.5, max_sequence_length=16, control_image=example_image(32, seed=2), controlnet_conditioning_scale=0.7)),
-    "pixart_sigma": Family("PixArtSigmaPipeline", make_pixart_sigma, lambda: _text_kwargs(
-        guidance_scale=4.5, use_resolution_binning=False, clean_caption=False, max_sequence_length=16)),
-    "sana": Family("SanaPipeline", make_sana, lambda: _text_kwargs(
+_IMAGE = ("image", "dit")
+
+ROWS = (
+    TinyPipeline("sd3", "StableDiffusion3Pipeline", "sd3", make_sd3,
+                 lambda: _text_kwargs(guidance_scale=5.0, max_sequence_length=16), _IMAGE),
+    TinyPipeline("flux", "FluxPipeline", "flux", make_flux,
+                 lambda: _text_kwargs(guidance_scale=3.5, max_sequence_length=16), _IMAGE),
+    TinyPipeline("flux_controlnet", "FluxControlNetPipeline", "flux", make_flux_controlnet, lambda: _text_kwargs(
+        guidance_scale=3.5, max_sequence_length=16, control_image=example_image(32, seed=2),
+        controlnet_conditioning_scale=0.7), _IMAGE),
+    TinyPipeline("pixart_sigma", "PixArtSigmaPipeline", "pixart", make_pixart_sigma, lambda: _text_kwargs(
+        guidance_scale=4.5, use_resolution_binning=False, clean_caption=False, max_sequence_length=16), _IMAGE),
+    TinyPipeline("sana", "SanaPipeline", "sana", make_sana, lambda: _text_kwargs(
         guidance_scale=4.5, max_sequence_length=16, complex_human_instruction=None, use_resolution_binning=False,
-        clean_caption=False)),
-    "auraflow": Family("AuraFlowPipeline", make_auraflow, lambda: _text_kwargs(guidance_scale=5.0, max_sequence_length=16)),
-    "lumina2": Family("Lumina2Pipeline", make_lumina2, lambda: _text_kwargs(guidance_scale=4.0, max_sequence_length=16,
-                                                                         system_prompt="")),
-    "hunyuandit": Family("HunyuanDiTPipeline", make_hunyuandit, lambda: _text_kwargs(
-        guidance_scale=5.0, use_resolution_binning=False, height=16, width=16)),
-    "hunyuandit_controlnet": Family("HunyuanDiTControlNetPipeline", make_hunyuandit_controlnet, lambda: _text_kwargs(
-        guidance_scale=5.0, use_resolution_binning=False, height=16, width=16, control_image=example_image(16, seed=2))),
-    "qwenimage": Family("QwenImagePipeline", make_qwenimage, lambda: _text_kwargs(
-        true_cfg_scale=1.0, max_sequence_length=16)),
-}
+        clean_caption=False), _IMAGE),
+    TinyPipeline("auraflow", "AuraFlowPipeline", "auraflow", make_auraflow,
+                 lambda: _text_kwargs(guidance_scale=5.0, max_sequence_length=16), _IMAGE),
+    TinyPipeline("lumina2", "Lumina2Pipeline", "lumina2", make_lumina2,
+                 lambda: _text_kwargs(guidance_scale=4.0, max_sequence_length=16, system_prompt=""), _IMAGE),
+    TinyPipeline("hunyuandit", "HunyuanDiTPipeline", "hunyuandit", make_hunyuandit, lambda: _text_kwargs(
+        guidance_scale=5.0, use_resolution_binning=False, height=16, width=16), _IMAGE),
+    TinyPipeline("hunyuandit_controlnet", "HunyuanDiTControlNetPipeline", "hunyuandit", make_hunyuandit_controlnet,
+                 lambda: _text_kwargs(guidance_scale=5.0, use_resolution_binning=False, height=16, width=16,
+                                      control_image=example_image(16, seed=2)), _IMAGE),
+    TinyPipeline("qwenimage", "QwenImagePipeline", "qwenimage", make_qwenimage,
+                 lambda: _text_kwargs(true_cfg_scale=1.0, max_sequence_length=16), _IMAGE),
+)

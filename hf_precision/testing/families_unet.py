@@ -1,14 +1,14 @@
 """Tiny random-weight pipelines of the UNet image and video families (no Hub, no weights).
 
-One entry of :data:`FAMILIES` per pipeline class that a shipped recipe names and that the tests exercise: SD 1.x/2.x
-variants (image-to-image, inpainting, ControlNet, T2I-Adapter, x4 upscaler), SDXL variants (ControlNet,
-T2I-Adapter, refiner-style image-to-image, inpainting), AnimateDiff (SD and ControlNet), I2VGen-XL, Kandinsky 3 and
-Stable Cascade (prior and decoder). Each spec builds its pipeline in float32 from a seed, offline (handmade
-tokenizers from :mod:`hf_precision.testing.pipelines`), and gives call kwargs for two denoising steps::
+One row of :data:`ROWS` (gathered in :data:`hf_precision.testing.registry.PIPELINES`) per pipeline class that a
+shipped recipe names and that the tests exercise: SD 1.x/2.x variants (image-to-image, inpainting, ControlNet,
+T2I-Adapter, x4 upscaler), SDXL variants (ControlNet, T2I-Adapter, refiner-style image-to-image, inpainting),
+AnimateDiff (SD and ControlNet), I2VGen-XL, Kandinsky 3 and Stable Cascade (prior and decoder). Each row builds its pipeline in float32 from a seed, offline (handmade
+tokenizers from :mod:`hf_precision.testing.tokenizers`), and gives call kwargs for two denoising steps::
 
-    >>> from hf_precision.testing.families_unet import FAMILIES, make_family
-    >>> pipe = make_family("sd_controlnet")
-    >>> out = pipe(**FAMILIES["sd_controlnet"].call_kwargs())
+    >>> from hf_precision.testing import PIPELINES, make_pipeline
+    >>> pipe = make_pipeline("sd_controlnet")
+    >>> out = pipe(**PIPELINES["sd_controlnet"].call_kwargs())
     >>> out.images.shape
     (1, 32, 32, 3)
 
@@ -18,64 +18,14 @@ shrunk further where the pipeline allows. Nothing heavy is imported at module im
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any, Callable
+from typing import Any
 
-from .pipelines import finish_pipeline, example_image, make_sd15, make_sdxl, make_t5_tokenizer, make_tokenizer
+from .parts import example_image, seeded as _seeded, t5_encoder
+from .pipelines import make_sd15, make_sdxl
+from .record import TinyPipeline
+from .tokenizers import make_t5_tokenizer, make_tokenizer
 
-__all__ = ["FAMILIES", "FamilySpec", "make_family", "output_of"]
-
-
-@dataclasses.dataclass(frozen=True)
-class FamilySpec:
-    """How to build and call one tiny pipeline of a family.
-
-    ``recipe`` is the shipped recipe that names ``pipeline``; ``output`` is the attribute of the pipeline output
-    holding the result (``images``, ``frames`` or ``image_embeddings``). ``loads`` is False where diffusers 0.42.1
-    cannot load the saved folder back with ``from_pretrained`` (Stable Cascade's decoder).
-    """
-
-    pipeline: str
-    recipe: str
-    build: Callable[[int], Any]
-    call_kwargs: Callable[[], dict[str, Any]]
-    output: str = "images"
-    loads: bool = True
-
-
-def make_family(family: str, seed: int = 0) -> Any:
-    """Build the tiny float32 pipeline of ``family`` (a key of :data:`FAMILIES`), in eval mode, progress bar off.
-
-    Example:
-        >>> type(make_family("animatediff")).__name__
-        'AnimateDiffPipeline'
-    """
-    if family not in FAMILIES:
-        raise ValueError(f"unknown family {family!r}; use one of {sorted(FAMILIES)}")
-    return finish_pipeline(FAMILIES[family].build(seed))
-
-
-def output_of(family: str, out: Any) -> Any:
-    """The result tensor/array of a pipeline call of ``family``.
-
-    Example:
-        >>> import torch
-        >>> pipe = make_family("kandinsky3")
-        >>> output_of("kandinsky3", pipe(**FAMILIES["kandinsky3"].call_kwargs())).shape
-        (1, 16, 16, 3)
-    """
-    return getattr(out, FAMILIES[family].output)
-
-
-# ------------------------------------------------------------------------------------------------ helpers
-
-
-
-def _seeded(seed: int, build: Callable[[], Any]) -> Any:
-    import torch
-
-    torch.manual_seed(seed)
-    return build()
+__all__ = ["ROWS"]
 
 
 def _image_kwargs(**extra: Any) -> dict[str, Any]:
@@ -265,7 +215,6 @@ def _i2vgenxl(seed: int) -> Any:
 
 def _kandinsky3(seed: int) -> Any:
     from diffusers import DDPMScheduler, Kandinsky3Pipeline, Kandinsky3UNet, VQModel
-    from transformers import T5Config, T5EncoderModel
 
     tokenizer = make_t5_tokenizer()
     unet = _seeded(seed, lambda: Kandinsky3UNet(in_channels=4, time_embedding_dim=4, groups=2, attention_head_dim=4,
@@ -275,9 +224,7 @@ def _kandinsky3(seed: int) -> Any:
         block_out_channels=[32, 64], down_block_types=["DownEncoderBlock2D", "AttnDownEncoderBlock2D"], in_channels=3,
         latent_channels=4, layers_per_block=1, norm_num_groups=8, norm_type="spatial", num_vq_embeddings=12,
         out_channels=3, up_block_types=["AttnUpDecoderBlock2D", "UpDecoderBlock2D"], vq_embed_dim=4))
-    text_encoder = _seeded(seed, lambda: T5EncoderModel(T5Config(
-        d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, relative_attention_num_buckets=8, dropout_rate=0.0,
-        feed_forward_proj="gated-gelu", is_encoder_decoder=False, vocab_size=max(200, len(tokenizer)))))
+    text_encoder = t5_encoder(seed, vocab_size=max(200, len(tokenizer)))
     scheduler = DDPMScheduler(beta_start=0.00085, beta_end=0.012, steps_offset=1, beta_schedule="squaredcos_cap_v2",
                               clip_sample=True, thresholding=False)
     return Kandinsky3Pipeline(tokenizer=tokenizer, text_encoder=text_encoder, unet=unet, scheduler=scheduler, movq=movq)
@@ -340,44 +287,44 @@ def _control(side: int = 32) -> Any:
     return example_image(side, seed=2)
 
 
-FAMILIES: dict[str, FamilySpec] = {
-    "sd_img2img": FamilySpec("StableDiffusionImg2ImgPipeline", "sd15", _sd_img2img,
-                             lambda: _image_kwargs(image=example_image(32, seed=1), strength=0.75)),
-    "sd_inpaint": FamilySpec("StableDiffusionInpaintPipeline", "sd15", _sd_inpaint,
-                             lambda: _image_kwargs(image=example_image(32, seed=1), mask_image=_mask(), height=32,
-                                                   width=32, strength=1.0)),
-    "sd_controlnet": FamilySpec("StableDiffusionControlNetPipeline", "sd15", _sd_controlnet,
-                                lambda: _image_kwargs(image=_control(), height=32, width=32)),
-    "sd_adapter": FamilySpec("StableDiffusionAdapterPipeline", "sd15", _sd_adapter,
-                             lambda: _image_kwargs(image=_control(), height=32, width=32)),
-    "sd_upscale": FamilySpec("StableDiffusionUpscalePipeline", "sd_upscale", _sd_upscale,
-                             lambda: _image_kwargs(image=example_image(8, seed=1), noise_level=20)),
-    "sdxl_controlnet": FamilySpec("StableDiffusionXLControlNetPipeline", "sdxl", _sdxl_controlnet,
-                                  lambda: _image_kwargs(image=_control(), height=32, width=32)),
-    "sdxl_refiner": FamilySpec("StableDiffusionXLImg2ImgPipeline", "sdxl", _sdxl_refiner,
-                               lambda: _image_kwargs(image=example_image(32, seed=1), strength=0.6)),
-    "sdxl_inpaint": FamilySpec("StableDiffusionXLInpaintPipeline", "sdxl", _sdxl_inpaint,
-                               lambda: _image_kwargs(image=example_image(32, seed=1), mask_image=_mask(), height=32,
-                                                     width=32, strength=1.0)),
-    "sdxl_adapter": FamilySpec("StableDiffusionXLAdapterPipeline", "sdxl", _sdxl_adapter,
-                               lambda: _image_kwargs(image=_control(), height=32, width=32)),
-    "sdxl_image_encoder": FamilySpec("StableDiffusionXLPipeline", "sdxl", _sdxl_ip_adapter_encoder,
-                                     lambda: _image_kwargs(height=32, width=32)),
-    "animatediff": FamilySpec("AnimateDiffPipeline", "animatediff", _animatediff,
-                              lambda: _image_kwargs(num_frames=2, height=32, width=32), output="frames"),
-    "animatediff_controlnet": FamilySpec("AnimateDiffControlNetPipeline", "animatediff", _animatediff_controlnet,
-                                         lambda: _image_kwargs(num_frames=2, height=32, width=32,
-                                                               conditioning_frames=[_control(), _control()]),
-                                         output="frames"),
-    "i2vgenxl": FamilySpec("I2VGenXLPipeline", "i2vgenxl", _i2vgenxl,
-                           lambda: _image_kwargs(image=example_image(32, seed=1), num_frames=2, height=32, width=32,
-                                                 decode_chunk_size=2, target_fps=4, clip_skip=None),
-                           output="frames"),
-    "kandinsky3": FamilySpec("Kandinsky3Pipeline", "kandinsky3", _kandinsky3,
-                             lambda: _image_kwargs(height=16, width=16, guidance_scale=3.0)),
-    "cascade_prior": FamilySpec("StableCascadePriorPipeline", "cascade_prior", _cascade_prior,
-                                lambda: {"prompt": "a cat", "height": 128, "width": 128, "guidance_scale": 2.0,
-                                         "num_inference_steps": 2, "output_type": "pt"}, output="image_embeddings"),
-    "cascade_decoder": FamilySpec("StableCascadeDecoderPipeline", "cascade", _cascade_decoder, _cascade_decoder_kwargs,
-                                  loads=False),
-}
+_IMAGE, _VIDEO = ("image", "unet"), ("video", "unet")
+_IN = lambda: example_image(32, seed=1)  # noqa: E731 - the input image of image-to-image rows
+
+ROWS = (
+    TinyPipeline("sd_img2img", "StableDiffusionImg2ImgPipeline", "sd15", _sd_img2img,
+                 lambda: _image_kwargs(image=_IN(), strength=0.75), _IMAGE),
+    TinyPipeline("sd_inpaint", "StableDiffusionInpaintPipeline", "sd15", _sd_inpaint,
+                 lambda: _image_kwargs(image=_IN(), mask_image=_mask(), height=32, width=32, strength=1.0), _IMAGE),
+    TinyPipeline("sd_controlnet", "StableDiffusionControlNetPipeline", "sd15", _sd_controlnet,
+                 lambda: _image_kwargs(image=_control(), height=32, width=32), _IMAGE),
+    TinyPipeline("sd_adapter", "StableDiffusionAdapterPipeline", "sd15", _sd_adapter,
+                 lambda: _image_kwargs(image=_control(), height=32, width=32), _IMAGE),
+    TinyPipeline("sd_upscale", "StableDiffusionUpscalePipeline", "sd_upscale", _sd_upscale,
+                 lambda: _image_kwargs(image=example_image(8, seed=1), noise_level=20), _IMAGE),
+    TinyPipeline("sdxl_controlnet", "StableDiffusionXLControlNetPipeline", "sdxl", _sdxl_controlnet,
+                 lambda: _image_kwargs(image=_control(), height=32, width=32), _IMAGE),
+    TinyPipeline("sdxl_refiner", "StableDiffusionXLImg2ImgPipeline", "sdxl", _sdxl_refiner,
+                 lambda: _image_kwargs(image=_IN(), strength=0.6), _IMAGE),
+    TinyPipeline("sdxl_inpaint", "StableDiffusionXLInpaintPipeline", "sdxl", _sdxl_inpaint,
+                 lambda: _image_kwargs(image=_IN(), mask_image=_mask(), height=32, width=32, strength=1.0), _IMAGE),
+    TinyPipeline("sdxl_adapter", "StableDiffusionXLAdapterPipeline", "sdxl", _sdxl_adapter,
+                 lambda: _image_kwargs(image=_control(), height=32, width=32), _IMAGE),
+    TinyPipeline("sdxl_image_encoder", "StableDiffusionXLPipeline", "sdxl", _sdxl_ip_adapter_encoder,
+                 lambda: _image_kwargs(height=32, width=32), _IMAGE),
+    TinyPipeline("animatediff", "AnimateDiffPipeline", "animatediff", _animatediff,
+                 lambda: _image_kwargs(num_frames=2, height=32, width=32), _VIDEO, output="frames", mode="t2v"),
+    TinyPipeline("animatediff_controlnet", "AnimateDiffControlNetPipeline", "animatediff", _animatediff_controlnet,
+                 lambda: _image_kwargs(num_frames=2, height=32, width=32, conditioning_frames=[_control(), _control()]),
+                 _VIDEO, output="frames", mode="t2v"),
+    TinyPipeline("i2vgenxl", "I2VGenXLPipeline", "i2vgenxl", _i2vgenxl,
+                 lambda: _image_kwargs(image=_IN(), num_frames=2, height=32, width=32, decode_chunk_size=2,
+                                       target_fps=4, clip_skip=None), _VIDEO, output="frames", mode="i2v"),
+    TinyPipeline("kandinsky3", "Kandinsky3Pipeline", "kandinsky3", _kandinsky3,
+                 lambda: _image_kwargs(height=16, width=16, guidance_scale=3.0), _IMAGE),
+    TinyPipeline("cascade_prior", "StableCascadePriorPipeline", "cascade_prior", _cascade_prior,
+                 lambda: {"prompt": "a cat", "height": 128, "width": 128, "guidance_scale": 2.0,
+                          "num_inference_steps": 2, "output_type": "pt"}, _IMAGE, output="image_embeddings"),
+    # diffusers cannot load its saved folder: model_index names PaellaVQModel, which diffusers does not export
+    TinyPipeline("cascade_decoder", "StableCascadeDecoderPipeline", "cascade", _cascade_decoder,
+                 _cascade_decoder_kwargs, _IMAGE, loads=False),
+)

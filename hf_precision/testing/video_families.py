@@ -1,131 +1,48 @@
 """Tiny random-weight video pipelines, one per diffusers video pipeline class, built offline.
 
-``FAMILIES`` maps a name (``"wan"``, ``"ltx_i2v"``, ...) to a :class:`VideoFamily`: the diffusers
-pipeline class, the named recipe it resolves to, its mode (``t2v``, ``i2v``, ``v2v``, ``vace``,
-``condition``), a ``build(seed)`` returning a float32 pipeline of a few ten-thousand parameters, and
-the call kwargs for a 2-step run. Configs follow ``get_dummy_components`` in diffusers' own tests
-(``tests/pipelines/<family>/test_*.py``), with the Hub tokenizers replaced by handmade offline ones::
+Each is a row of :data:`ROWS` (gathered in :data:`hf_precision.testing.registry.PIPELINES`): the diffusers
+pipeline class, the named recipe it resolves to, its mode (``t2v``, ``i2v``, ``v2v``, ``vace``, ``condition``),
+a ``build(seed)`` returning a float32 pipeline of a few ten-thousand parameters, the call kwargs for a 2-step run
+and the denoiser's timestep-embedding MLP (``time_mlp``, where the tests plant an fp16 overflow). Configs follow
+``get_dummy_components`` in diffusers' own tests (``tests/pipelines/<family>/test_*.py``), with the Hub tokenizers
+replaced by handmade offline ones::
 
     >>> import torch
-    >>> from hf_precision.testing.video_families import FAMILIES
-    >>> spec = FAMILIES["wan"]
-    >>> pipe = spec.build(0)
+    >>> from hf_precision.testing import PIPELINES
+    >>> spec = PIPELINES["wan"]
+    >>> pipe = spec.make(0)
     >>> frames = pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0)).frames
     >>> frames.shape  # (batch, frames, height, width, channels)
     (1, 5, 16, 16, 3)
-
-:func:`plant_fp16_overflow` makes the denoiser's timestep-embedding MLP overflow float16 the way real
-video DiTs do (large ``linear_1`` activations, brought back by a small ``linear_2``): finite in float32
-or bfloat16, inf/NaN in float16.
 
 Nothing heavy is imported at module import time.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
-from .pipelines import finish_pipeline
+from .parts import example_image, finish_pipeline, seeded as _seeded, t5_encoder
+from .record import TinyPipeline
+from .tokenizers import make_llama_tokenizer, make_t5_tokenizer, make_tokenizer
 
-__all__ = ["FAMILIES", "VideoFamily", "make_llama_tokenizer", "make_video", "plant_fp16_overflow",
-           "video_call_kwargs"]
-
-
-@dataclass(frozen=True)
-class VideoFamily:
-    """One tiny video pipeline: how to build it and call it for 2 steps.
-
-    >>> FAMILIES["ltx"].pipeline_class, FAMILIES["ltx"].mode
-    ('LTXPipeline', 't2v')
-    """
-
-    name: str
-    family: str                    # recipe family: wan, ltx, cogvideox, hunyuan_video, mochi, allegro, latte
-    pipeline_class: str            # diffusers class name
-    mode: str                      # t2v, i2v, v2v, vace, condition
-    builder: Callable[[int], Any]
-    kwargs: Callable[[], dict] = field(repr=False)
-    time_mlp: str = ""             # transformer submodule with linear_1/linear_2 (timestep embedding MLP)
-    prepare: Callable[[Any], Any] | None = field(default=None, repr=False)
-
-    def build(self, seed: int = 0):
-        """A fresh float32 pipeline, deterministic given ``seed``, ready to call."""
-        return self.ready(self.builder(seed))
-
-    def ready(self, pipe):
-        """Apply the settings a saved folder does not keep (Allegro's VAE only decodes tiled); returns ``pipe``."""
-        if self.prepare is not None:
-            self.prepare(pipe)
-        return pipe
-
-    def call_kwargs(self, **overrides) -> dict:
-        """Kwargs for a 2-step call with ``output_type="np"`` (add a ``generator``)."""
-        kwargs = self.kwargs()
-        kwargs.update(overrides)
-        return kwargs
+__all__ = ["ROWS"]
 
 
 # ---------------------------------------------------------------------------------------------
 # Shared tiny parts
 # ---------------------------------------------------------------------------------------------
 
-_T5_TINY = {  # hf-internal-testing/tiny-random-t5 sizes (d_model 32), fewer layers
-    "d_model": 32, "d_kv": 8, "d_ff": 37, "num_layers": 2, "num_heads": 4,
-    "relative_attention_num_buckets": 8, "dropout_rate": 0.0, "feed_forward_proj": "gated-gelu",
-    "is_encoder_decoder": False, "vocab_size": 200,
-}
-
-
-def _seed(seed: int, build: Callable[[], Any]) -> Any:
-    import torch
-
-    torch.manual_seed(seed)
-    return build()
-
 
 def _t5(seed: int, umt5: bool = False, **overrides):
     """Handmade T5 tokenizer + tiny T5 encoder (``umt5``: the UMT5 encoder Wan uses)."""
-    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
-
-    from .pipelines import make_t5_tokenizer
-
-    tokenizer = make_t5_tokenizer()
-    config = dict(_T5_TINY, **overrides)
-    config["vocab_size"] = max(config["vocab_size"], len(tokenizer))
-    if umt5:
-        return tokenizer, _seed(seed, lambda: UMT5EncoderModel(UMT5Config(**config)))
-    return tokenizer, _seed(seed, lambda: T5EncoderModel(T5Config(**config)))
-
+    return make_t5_tokenizer(), t5_encoder(seed, umt5=umt5, **overrides)
 
 
 def _image(size: int = 16, seed: int = 0):
-    from .pipelines import example_image
-
     return example_image(size, seed=seed)
 
 
 def _video(frames: int, size: int = 16):
     return [_image(size, seed=i) for i in range(frames)]
-
-
-def make_llama_tokenizer():
-    """A handmade byte-free Llama BPE tokenizer (letters, digits, a few words), built offline.
-
-    >>> tok = make_llama_tokenizer()
-    >>> tok.convert_ids_to_tokens(tok("a cat").input_ids)
-    ['\u2581a', '\u2581c', 'a', 't']
-    """
-    from transformers import LlamaTokenizer
-
-    letters = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:;()"
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "\u2581": 4}
-    for c in letters + letters.upper():
-        vocab.setdefault(c, len(vocab))
-        vocab.setdefault("\u2581" + c, len(vocab))
-    merges = [("\u2581", c) for c in letters + letters.upper()]
-    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, pad_token="<pad>")
-    tokenizer.model_max_length = 256
-    return tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -142,7 +59,7 @@ _WAN_TRANSFORMER = {
 def _wan_vae(seed: int):
     from diffusers import AutoencoderKLWan
 
-    return _seed(seed, lambda: AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+    return _seeded(seed, lambda: AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
                                                 temperal_downsample=[False, True, True]))
 
 
@@ -156,7 +73,7 @@ def _build_wan(seed: int):
     from diffusers import WanPipeline, WanTransformer3DModel
 
     tokenizer, text_encoder = _t5(seed, umt5=True)
-    transformer = _seed(seed, lambda: WanTransformer3DModel(**_WAN_TRANSFORMER))
+    transformer = _seeded(seed, lambda: WanTransformer3DModel(**_WAN_TRANSFORMER))
     return finish_pipeline(WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
                                transformer=transformer, scheduler=_wan_scheduler()))
 
@@ -167,8 +84,8 @@ def _build_wan_i2v(seed: int):
     from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
     tokenizer, text_encoder = _t5(seed, umt5=True)
-    transformer = _seed(seed, lambda: WanTransformer3DModel(**dict(_WAN_TRANSFORMER, in_channels=36, image_dim=4)))
-    image_encoder = _seed(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
+    transformer = _seeded(seed, lambda: WanTransformer3DModel(**dict(_WAN_TRANSFORMER, in_channels=36, image_dim=4)))
+    image_encoder = _seeded(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(
         hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
         intermediate_size=16, patch_size=1)))
     return finish_pipeline(WanImageToVideoPipeline(
@@ -181,7 +98,7 @@ def _build_wan_vace(seed: int):
     from diffusers import WanVACEPipeline, WanVACETransformer3DModel
 
     tokenizer, text_encoder = _t5(seed, umt5=True)
-    transformer = _seed(seed, lambda: WanVACETransformer3DModel(**dict(
+    transformer = _seeded(seed, lambda: WanVACETransformer3DModel(**dict(
         _WAN_TRANSFORMER, num_layers=3, vace_layers=[0, 2], vace_in_channels=96)))
     return finish_pipeline(WanVACEPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed),
                                    transformer=transformer, scheduler=_wan_scheduler()))
@@ -225,10 +142,10 @@ def _ltx_parts(seed: int):
     from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXVideoTransformer3DModel
 
     tokenizer, text_encoder = _t5(seed)
-    transformer = _seed(seed, lambda: LTXVideoTransformer3DModel(
+    transformer = _seeded(seed, lambda: LTXVideoTransformer3DModel(
         in_channels=8, out_channels=8, patch_size=1, patch_size_t=1, num_attention_heads=4, attention_head_dim=8,
         cross_attention_dim=32, num_layers=1, caption_channels=32))
-    vae = _seed(seed, lambda: AutoencoderKLLTXVideo(
+    vae = _seeded(seed, lambda: AutoencoderKLLTXVideo(
         in_channels=3, out_channels=3, latent_channels=8, block_out_channels=(8, 8, 8, 8),
         decoder_block_out_channels=(8, 8, 8, 8), layers_per_block=(1, 1, 1, 1, 1),
         decoder_layers_per_block=(1, 1, 1, 1, 1), spatio_temporal_scaling=(True, True, False, False),
@@ -286,8 +203,8 @@ def _cogvideox_parts(seed: int, **transformer_overrides):
                   text_embed_dim=32, num_layers=1, sample_width=2, sample_height=2, sample_frames=9, patch_size=2,
                   temporal_compression_ratio=4, max_text_seq_length=16)
     config.update(transformer_overrides)
-    transformer = _seed(seed, lambda: CogVideoXTransformer3DModel(**config))
-    vae = _seed(seed, lambda: AutoencoderKLCogVideoX(
+    transformer = _seeded(seed, lambda: CogVideoXTransformer3DModel(**config))
+    vae = _seeded(seed, lambda: AutoencoderKLCogVideoX(
         in_channels=3, out_channels=3, down_block_types=("CogVideoXDownBlock3D",) * 4,
         up_block_types=("CogVideoXUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
         layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4))
@@ -338,7 +255,7 @@ def _cogvideox_v2v_kwargs() -> dict:
 def _hunyuan_vae(seed: int):
     from diffusers import AutoencoderKLHunyuanVideo
 
-    return _seed(seed, lambda: AutoencoderKLHunyuanVideo(
+    return _seeded(seed, lambda: AutoencoderKLHunyuanVideo(
         in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 4,
         up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,
         act_fn="silu", norm_num_groups=4, scaling_factor=0.476986, spatial_compression_ratio=8,
@@ -348,9 +265,7 @@ def _hunyuan_vae(seed: int):
 def _clip_text(seed: int):
     from transformers import CLIPTextConfig, CLIPTextModel
 
-    from .pipelines import make_tokenizer
-
-    return make_tokenizer(), _seed(seed, lambda: CLIPTextModel(CLIPTextConfig(
+    return make_tokenizer(), _seeded(seed, lambda: CLIPTextModel(CLIPTextConfig(
         bos_token_id=0, eos_token_id=1, pad_token_id=1, hidden_size=8, intermediate_size=37, layer_norm_eps=1e-05,
         num_attention_heads=4, num_hidden_layers=2, vocab_size=99, hidden_act="gelu", projection_dim=32,
         max_position_embeddings=77)))
@@ -361,11 +276,11 @@ def _build_hunyuan_video(seed: int):
     from transformers import LlamaConfig, LlamaModel
 
     tokenizer = make_llama_tokenizer()
-    text_encoder = _seed(seed, lambda: LlamaModel(LlamaConfig(
+    text_encoder = _seeded(seed, lambda: LlamaModel(LlamaConfig(
         bos_token_id=1, eos_token_id=2, pad_token_id=3, hidden_size=16, intermediate_size=37, num_attention_heads=4,
         num_hidden_layers=2, vocab_size=max(200, len(tokenizer)), hidden_act="gelu")))
     tokenizer_2, text_encoder_2 = _clip_text(seed)
-    transformer = _seed(seed, lambda: HunyuanVideoTransformer3DModel(
+    transformer = _seeded(seed, lambda: HunyuanVideoTransformer3DModel(
         in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
         num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
         text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4)))
@@ -391,10 +306,10 @@ def _build_hunyuan_video_i2v(seed: int):
                               num_attention_heads=4, num_hidden_layers=2, vocab_size=200, hidden_act="gelu")
     vision_config = CLIPVisionConfig(hidden_size=8, intermediate_size=37, projection_dim=32, num_attention_heads=4,
                                      num_hidden_layers=2, image_size=224)
-    text_encoder = _seed(seed, lambda: LlavaForConditionalGeneration(LlavaConfig(
+    text_encoder = _seeded(seed, lambda: LlavaForConditionalGeneration(LlavaConfig(
         vision_config=vision_config, text_config=text_config, pad_token_id=3, image_token_index=199)))
     tokenizer_2, text_encoder_2 = _clip_text(seed)
-    transformer = _seed(seed, lambda: HunyuanVideoTransformer3DModel(
+    transformer = _seeded(seed, lambda: HunyuanVideoTransformer3DModel(
         in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
         num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=False,
         text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type="latent_concat"))
@@ -430,10 +345,10 @@ def _build_mochi(seed: int):
         model.pos_frequencies.data.zero_()  # as diffusers' test: random frequencies make RoPE meaningless
         return model
 
-    vae = _seed(seed, lambda: AutoencoderKLMochi(
+    vae = _seeded(seed, lambda: AutoencoderKLMochi(
         latent_channels=12, out_channels=3, encoder_block_out_channels=(32, 32, 32, 32),
         decoder_block_out_channels=(32, 32, 32, 32), layers_per_block=(1, 1, 1, 1, 1)))
-    return finish_pipeline(MochiPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=_seed(seed, transformer),
+    return finish_pipeline(MochiPipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=_seeded(seed, transformer),
                                  vae=vae, scheduler=FlowMatchEulerDiscreteScheduler()))
 
 
@@ -446,10 +361,10 @@ def _build_allegro(seed: int):
     from diffusers import AllegroPipeline, AllegroTransformer3DModel, AutoencoderKLAllegro, DDIMScheduler
 
     tokenizer, text_encoder = _t5(seed, d_model=24)
-    transformer = _seed(seed, lambda: AllegroTransformer3DModel(
+    transformer = _seeded(seed, lambda: AllegroTransformer3DModel(
         num_attention_heads=2, attention_head_dim=12, in_channels=4, out_channels=4, num_layers=1,
         cross_attention_dim=24, sample_width=8, sample_height=8, sample_frames=8, caption_channels=24))
-    vae = _seed(seed, lambda: AutoencoderKLAllegro(
+    vae = _seeded(seed, lambda: AutoencoderKLAllegro(
         in_channels=3, out_channels=3, down_block_types=("AllegroDownBlock3D",) * 4,
         up_block_types=("AllegroUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), latent_channels=4,
         layers_per_block=1, norm_num_groups=2, temporal_compression_ratio=4))
@@ -476,12 +391,12 @@ def _build_latte(seed: int):
     from diffusers import AutoencoderKL, DDIMScheduler, LattePipeline, LatteTransformer3DModel
 
     tokenizer, text_encoder = _t5(seed)
-    transformer = _seed(seed, lambda: LatteTransformer3DModel(
+    transformer = _seeded(seed, lambda: LatteTransformer3DModel(
         sample_size=8, num_layers=1, patch_size=2, attention_head_dim=8, num_attention_heads=3, caption_channels=32,
         in_channels=4, cross_attention_dim=24, out_channels=8, attention_bias=True, activation_fn="gelu-approximate",
         num_embeds_ada_norm=1000, norm_type="ada_norm_single", norm_elementwise_affine=False, norm_eps=1e-6,
         video_length=2))
-    vae = _seed(seed, lambda: AutoencoderKL(
+    vae = _seeded(seed, lambda: AutoencoderKL(
         block_out_channels=[8, 16], norm_num_groups=4, layers_per_block=1, latent_channels=4,
         down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2))
     return finish_pipeline(LattePipeline(tokenizer=tokenizer, text_encoder=text_encoder, transformer=transformer, vae=vae,
@@ -494,80 +409,41 @@ def _latte_kwargs() -> dict:
 
 
 # ---------------------------------------------------------------------------------------------
-# Registry
+# Rows
 # ---------------------------------------------------------------------------------------------
 
-FAMILIES: dict[str, VideoFamily] = {spec.name: spec for spec in (
-    VideoFamily("wan", "wan", "WanPipeline", "t2v", _build_wan, _wan_kwargs, "condition_embedder.time_embedder"),
-    VideoFamily("wan_i2v", "wan", "WanImageToVideoPipeline", "i2v", _build_wan_i2v, _wan_i2v_kwargs,
-                "condition_embedder.time_embedder"),
-    VideoFamily("wan_vace", "wan", "WanVACEPipeline", "vace", _build_wan_vace, _wan_vace_kwargs,
-                "condition_embedder.time_embedder"),
-    VideoFamily("ltx", "ltx", "LTXPipeline", "t2v", _build_ltx, _ltx_kwargs, "time_embed.emb.timestep_embedder"),
-    VideoFamily("ltx_i2v", "ltx", "LTXImageToVideoPipeline", "i2v", _build_ltx_i2v, _ltx_i2v_kwargs,
-                "time_embed.emb.timestep_embedder"),
-    VideoFamily("ltx_condition", "ltx", "LTXConditionPipeline", "condition", _build_ltx_condition,
-                _ltx_condition_kwargs, "time_embed.emb.timestep_embedder"),
-    VideoFamily("cogvideox", "cogvideox", "CogVideoXPipeline", "t2v", _build_cogvideox, _cogvideox_kwargs,
-                "time_embedding"),
-    VideoFamily("cogvideox_i2v", "cogvideox", "CogVideoXImageToVideoPipeline", "i2v", _build_cogvideox_i2v,
-                _cogvideox_i2v_kwargs, "time_embedding"),
-    VideoFamily("cogvideox_v2v", "cogvideox", "CogVideoXVideoToVideoPipeline", "v2v", _build_cogvideox_v2v,
-                _cogvideox_v2v_kwargs, "time_embedding"),
-    VideoFamily("hunyuan_video", "hunyuan_video", "HunyuanVideoPipeline", "t2v", _build_hunyuan_video,
-                _hunyuan_kwargs, "time_text_embed.timestep_embedder"),
-    VideoFamily("hunyuan_video_i2v", "hunyuan_video", "HunyuanVideoImageToVideoPipeline", "i2v",
-                _build_hunyuan_video_i2v, _hunyuan_i2v_kwargs, "time_text_embed.timestep_embedder"),
-    VideoFamily("mochi", "mochi", "MochiPipeline", "t2v", _build_mochi, _mochi_kwargs,
-                "time_embed.timestep_embedder"),
-    VideoFamily("allegro", "allegro", "AllegroPipeline", "t2v", _build_allegro, _allegro_kwargs,
-                "adaln_single.emb.timestep_embedder", _allegro_tiling),
-    VideoFamily("latte", "latte", "LattePipeline", "t2v", _build_latte, _latte_kwargs,
-                "adaln_single.emb.timestep_embedder"),
-)}
+_VIDEO = ("video", "dit")
+_FRAMES = {"output": "frames"}
 
-
-def make_video(name: str, seed: int = 0):
-    """Build the tiny pipeline registered as ``name`` in ``FAMILIES``.
-
-    >>> type(make_video("cogvideox")).__name__
-    'CogVideoXPipeline'
-    """
-    if name not in FAMILIES:
-        raise ValueError(f"unknown video family {name!r}; use one of {sorted(FAMILIES)}")
-    return FAMILIES[name].build(seed)
-
-
-def video_call_kwargs(name: str, **overrides) -> dict:
-    """2-step call kwargs for ``FAMILIES[name]`` (``output_type="np"``).
-
-    >>> video_call_kwargs("wan")["num_inference_steps"]
-    2
-    """
-    return FAMILIES[name].call_kwargs(**overrides)
-
-
-def plant_fp16_overflow(pipe, name: str, *, scale: float = 1e5, bias: float = 6.5e4, back: float = 1.5e-5):
-    """Make the denoiser's timestep-embedding MLP overflow float16, in place; returns ``pipe``.
-
-    ``linear_1.weight`` is multiplied by ``scale`` and its bias set to ``bias`` (close to fp16's maximum,
-    65504), and ``linear_2.weight`` multiplied by ``back``: the MLP output keeps its float32 magnitude,
-    but ``linear_1``'s activations are inf in float16, so an all-fp16 run gives inf/NaN frames while a
-    run that keeps this MLP in float32 stays finite. Real models overflow in the same place (Wan keeps
-    ``time_embedder`` in fp32: ``_keep_in_fp32_modules`` in diffusers' transformer_wan.py).
-
-    >>> import torch
-    >>> pipe = plant_fp16_overflow(make_video("wan"), "wan")
-    >>> mlp = pipe.transformer.condition_embedder.time_embedder
-    >>> x = torch.ones(1, mlp.linear_1.in_features)
-    >>> bool(torch.isfinite(mlp(x)).all()), bool(torch.isfinite(mlp.half()(x.half())).all())
-    (True, False)
-    """
-    import torch
-
-    mlp = pipe.transformer.get_submodule(FAMILIES[name].time_mlp)
-    with torch.no_grad():
-        mlp.linear_1.weight.mul_(scale)
-        mlp.linear_1.bias.fill_(bias)
-        mlp.linear_2.weight.mul_(back)
-    return pipe
+ROWS = (
+    TinyPipeline("wan", "WanPipeline", "wan", _build_wan, _wan_kwargs, _VIDEO,
+                 mode="t2v", time_mlp="condition_embedder.time_embedder", **_FRAMES),
+    TinyPipeline("wan_i2v", "WanImageToVideoPipeline", "wan", _build_wan_i2v, _wan_i2v_kwargs, _VIDEO,
+                 mode="i2v", time_mlp="condition_embedder.time_embedder", **_FRAMES),
+    TinyPipeline("wan_vace", "WanVACEPipeline", "wan", _build_wan_vace, _wan_vace_kwargs, _VIDEO,
+                 mode="vace", time_mlp="condition_embedder.time_embedder", **_FRAMES),
+    TinyPipeline("ltx", "LTXPipeline", "ltx", _build_ltx, _ltx_kwargs, _VIDEO,
+                 mode="t2v", time_mlp="time_embed.emb.timestep_embedder", **_FRAMES),
+    TinyPipeline("ltx_i2v", "LTXImageToVideoPipeline", "ltx", _build_ltx_i2v, _ltx_i2v_kwargs, _VIDEO,
+                 mode="i2v", time_mlp="time_embed.emb.timestep_embedder", **_FRAMES),
+    TinyPipeline("ltx_condition", "LTXConditionPipeline", "ltx", _build_ltx_condition, _ltx_condition_kwargs, _VIDEO,
+                 mode="condition", time_mlp="time_embed.emb.timestep_embedder", **_FRAMES),
+    TinyPipeline("cogvideox", "CogVideoXPipeline", "cogvideox", _build_cogvideox, _cogvideox_kwargs, _VIDEO,
+                 mode="t2v", time_mlp="time_embedding", **_FRAMES),
+    TinyPipeline("cogvideox_i2v", "CogVideoXImageToVideoPipeline", "cogvideox",
+                 _build_cogvideox_i2v, _cogvideox_i2v_kwargs, _VIDEO, mode="i2v", time_mlp="time_embedding", **_FRAMES),
+    TinyPipeline("cogvideox_v2v", "CogVideoXVideoToVideoPipeline", "cogvideox",
+                 _build_cogvideox_v2v, _cogvideox_v2v_kwargs, _VIDEO, mode="v2v", time_mlp="time_embedding", **_FRAMES),
+    TinyPipeline("hunyuan_video", "HunyuanVideoPipeline", "hunyuan_video",
+                 _build_hunyuan_video, _hunyuan_kwargs, _VIDEO, mode="t2v", 
+                 time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
+    TinyPipeline("hunyuan_video_i2v", "HunyuanVideoImageToVideoPipeline", "hunyuan_video",
+                 _build_hunyuan_video_i2v, _hunyuan_i2v_kwargs, _VIDEO, mode="i2v", 
+                 time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
+    TinyPipeline("mochi", "MochiPipeline", "mochi", _build_mochi, _mochi_kwargs, _VIDEO,
+                 mode="t2v", time_mlp="time_embed.timestep_embedder", **_FRAMES),
+    TinyPipeline("allegro", "AllegroPipeline", "allegro", _build_allegro, _allegro_kwargs, _VIDEO,
+                 mode="t2v", time_mlp="adaln_single.emb.timestep_embedder", prepare=_allegro_tiling, **_FRAMES),
+    TinyPipeline("latte", "LattePipeline", "latte", _build_latte, _latte_kwargs, _VIDEO,
+                 mode="t2v", time_mlp="adaln_single.emb.timestep_embedder", **_FRAMES),
+)

@@ -1,0 +1,168 @@
+"""Handmade tokenizers for the tiny pipelines, built offline from a handful of pieces (no Hub download).
+
+One per tokenizer kind a shipped pipeline uses: CLIP BPE, T5 Unigram, Gemma, Qwen2 byte-level BPE, BERT WordPiece and
+Llama BPE. Vocabularies are small; the tiny text encoders' ``vocab_size`` is at least as large::
+
+    >>> make_tokenizer()("a cat").input_ids  # <|startoftext|> a</w> cat</w> <|endoftext|>
+    [0, 28, 71, 1]
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CLIP_VOCAB_MERGES", "make_bert_tokenizer", "make_gemma_tokenizer", "make_llama_tokenizer",
+           "make_qwen2_tokenizer", "make_t5_tokenizer", "make_tokenizer"]
+
+# Handmade CLIP BPE: <|startoftext|>, <|endoftext|>, a-z, a-z</w>, digits, punctuation, a few merges.
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+_PUNCTUATION = ".,!?'-"
+_MERGES = ["a t</w>", "c at</w>", "t h", "th e</w>", "d o", "do g</w>"]
+CLIP_VOCAB_MERGES: dict[str, Any] = {
+    "vocab": (
+        ["<|startoftext|>", "<|endoftext|>"]
+        + list(_LETTERS)
+        + [c + "</w>" for c in _LETTERS]
+        + list("0123456789")
+        + list(_PUNCTUATION)
+        + [m.replace(" ", "") for m in _MERGES]
+    ),
+    "merges": _MERGES,
+}
+
+
+def make_tokenizer(folder: str | Path | None = None):
+    """A handmade CLIP BPE tokenizer (76 tokens, ``model_max_length=77``), built offline.
+
+    ``vocab.json`` and ``merges.txt`` are written to ``folder`` (a temporary directory when None) and
+    loaded with ``CLIPTokenizer.from_pretrained``. Unknown characters map to ``<|endoftext|>``.
+
+    >>> tok = make_tokenizer()
+    >>> tok("a cat").input_ids  # <|startoftext|> a</w> cat</w> <|endoftext|>
+    [0, 28, 71, 1]
+    """
+    from transformers import CLIPTokenizer
+
+    vocab = {token: i for i, token in enumerate(CLIP_VOCAB_MERGES["vocab"])}
+    merges = "#version: 0.2\n" + "\n".join(CLIP_VOCAB_MERGES["merges"]) + "\n"
+
+    def _write_and_load(path: Path):
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+        (path / "merges.txt").write_text(merges, encoding="utf-8")
+        return CLIPTokenizer.from_pretrained(str(path), model_max_length=77)
+
+    if folder is not None:
+        return _write_and_load(Path(folder))
+    with tempfile.TemporaryDirectory(prefix="hf_precision_tok_") as tmp:
+        return _write_and_load(Path(tmp))
+
+
+def make_t5_tokenizer():
+    """A handmade T5 tokenizer (Unigram over single characters and a few words), built offline.
+
+    No sentencepiece model is needed: transformers 5 builds ``T5Tokenizer`` from a list of
+    ``(piece, score)`` pairs. Ids: ``<pad>=0, </s>=1, <unk>=2``; 10 ``<extra_id_*>`` sentinels.
+
+    >>> make_t5_tokenizer()("a cat").input_ids[-1]
+    1
+    """
+    from transformers import T5Tokenizer
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(c, -5.0) for c in _LETTERS + "0123456789" + _PUNCTUATION]
+    pieces += [("\u2581" + c, -4.0) for c in _LETTERS]
+    pieces += [(w, -1.0) for w in ("\u2581a", "\u2581cat", "\u2581dog", "\u2581the", "\u2581photo", "\u2581of")]
+    seen: set = set()
+    vocab = []
+    for piece, score in pieces:
+        if piece not in seen:
+            seen.add(piece)
+            vocab.append((piece, score))
+    extra_ids = 10
+    vocab += [(f"<extra_id_{i}>", 0.0) for i in range(extra_ids - 1, -1, -1)]
+    return T5Tokenizer(vocab=vocab, extra_ids=extra_ids, model_max_length=512)
+
+
+_WORDS = ("a", "cat", "dog", "the", "photo", "of", "red", "blue")
+
+
+def make_gemma_tokenizer():
+    """A handmade Gemma tokenizer (byte-fallback BPE over single characters), built offline.
+
+    >>> tok = make_gemma_tokenizer()
+    >>> tok.pad_token_id, len(tok("a cat").input_ids) > 2
+    (0, True)
+    """
+    from transformers import GemmaTokenizer
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    chars = sorted(set("abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:\n") | {"\u2581"})
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=300)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    # GPT-2's reversible byte -> printable character table, which byte-level BPE vocabularies are written in.
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+def make_qwen2_tokenizer():
+    """A handmade Qwen2 tokenizer: byte-level BPE with the 256 bytes and Qwen's chat special tokens, built offline.
+
+    >>> tok = make_qwen2_tokenizer()
+    >>> tok.decode(tok("a cat").input_ids)
+    'a cat'
+    """
+    from transformers import Qwen2Tokenizer
+
+    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
+    tok = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=1024)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                                                         "<|vision_end|>", "<|image_pad|>"]})
+    return tok
+
+
+def make_bert_tokenizer():
+    """A handmade BERT WordPiece tokenizer (a few words and single characters), built offline.
+
+    >>> make_bert_tokenizer()("a cat").input_ids
+    [2, 5, 6, 3]
+    """
+    from transformers import BertTokenizer
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *_WORDS, *"abcdefghijklmnopqrstuvwxyz0123456789"]
+    tokens += [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz0123456789"]
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(tokens))}
+    return BertTokenizer(vocab=vocab, model_max_length=77)
+
+
+def make_llama_tokenizer():
+    """A handmade byte-free Llama BPE tokenizer (letters, digits, a few words), built offline.
+
+    >>> tok = make_llama_tokenizer()
+    >>> tok.convert_ids_to_tokens(tok("a cat").input_ids)
+    ['\u2581a', '\u2581c', 'a', 't']
+    """
+    from transformers import LlamaTokenizer
+
+    letters = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:;()"
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "\u2581": 4}
+    for c in letters + letters.upper():
+        vocab.setdefault(c, len(vocab))
+        vocab.setdefault("\u2581" + c, len(vocab))
+    merges = [("\u2581", c) for c in letters + letters.upper()]
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, pad_token="<pad>")
+    tokenizer.model_max_length = 256
+    return tokenizer
