@@ -20,18 +20,8 @@ from typing import Any
 
 from .registry import PIPELINES, make_pipeline
 
-__all__ = ["make_wan", "module_bytes", "plant_fp16_overflow", "plant_overflow", "plant_t5_feed_forward",
-           "plant_time_embedding", "plant_vae_up_block", "wan_call_kwargs"]
-
-
-def make_wan(seed: int = 0):
-    """The registry's tiny ``WanPipeline`` (``make_pipeline("wan")``), kept under this name for older callers."""
-    return make_pipeline("wan", seed=seed)
-
-
-def wan_call_kwargs(output_type: str = "np") -> dict[str, Any]:
-    """The registry's 2-step Wan call kwargs (``PIPELINES["wan"].call_kwargs()``), kept for older callers."""
-    return PIPELINES["wan"].call_kwargs(output_type=output_type)
+__all__ = ["module_bytes", "plant_fp16_overflow", "plant_overflow", "plant_t5_feed_forward", "plant_time_embedding",
+           "plant_vae_up_block"]
 
 
 def _scale(module, weight: float, bias: float | None = None, fill_bias: float | None = None) -> None:

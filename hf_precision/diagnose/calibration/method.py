@@ -62,10 +62,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
             a reference run that is itself not finite.
 
     Example:
-        >>> from hf_precision.testing.calibration import make_wan, plant_time_embedding, wan_call_kwargs
-        >>> pipe = make_wan()
+        >>> from hf_precision.testing import PIPELINES, make_pipeline
+        >>> from hf_precision.testing.calibration import plant_time_embedding
+        >>> pipe = make_pipeline("wan")
         >>> planted = plant_time_embedding(pipe.transformer)
-        >>> result = calibrate(pipe, "t4", wan_call_kwargs(), progress=False)
+        >>> result = calibrate(pipe, "t4", PIPELINES["wan"].call_kwargs(), progress=False)
         >>> result.islands["transformer"], result.errors["naive"].finite, result.finite
         (['condition_embedder.time_embedder'], False, True)
     """
