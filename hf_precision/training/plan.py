@@ -66,6 +66,7 @@ class TrainingPlan:
     lora_rank: dict[str, int]
     handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     alphas_cumprod: torch.Tensor | None = None
+    sigma_range: tuple[float, float] | None = None
     _trainable: Any = dataclasses.field(default=None, repr=False)
     _names: Any = dataclasses.field(default=None, repr=False)
 
@@ -131,7 +132,8 @@ class TrainingPlan:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
         row = families.family_of(module)
-        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator)
+        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator,
+                                               self.sigma_range)
         out = module(**kwargs, return_dict=False)
         pred = families.model_output(out, target, row)
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
@@ -375,11 +377,11 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
         handles += trainable.guard(module, dev.type, autocast)
         for island in applied.islands.get(comp, []):
             handles += trainable.guard(module.get_submodule(island), dev.type, None)
-    objective, alphas = _objective(holder, comps.get(denoiser) if denoiser else None)
+    objective, alphas, sigmas = _objective(holder, comps.get(denoiser) if denoiser else None)
     return TrainingPlan(pipe=holder, recipe=recipe, applied=applied, kinds={c: train.get(c, "frozen") for c in comps},
                         choices=choices, device=dev, denoiser_name=denoiser, objective=objective, master=master,
                         stepper=stepper, token_rows=token_rows, tokens={k: list(v) for k, v in (tokens or {}).items()},
-                        lora_rank=ranks, handles=handles, alphas_cumprod=alphas)
+                        lora_rank=ranks, handles=handles, alphas_cumprod=alphas, sigma_range=sigmas)
 
 
 def _lora_config(module: torch.nn.Module, rank: int) -> Any:
@@ -389,14 +391,17 @@ def _lora_config(module: torch.nn.Module, rank: int) -> Any:
     return LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=trainable.default_targets(module))
 
 
-def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None]:
+def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None, tuple[float, float] | None]:
     scheduler = getattr(holder, "scheduler", None) or holder.components.get("scheduler")
     if scheduler is None:
         row = families.family_of(denoiser) if denoiser is not None else None
-        return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({})
+        return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({}), None
     config = dict(scheduler.config)
     objective = families.objective_of(config, type(scheduler).__name__)
-    return objective, (None if objective == "flow" else _alphas(config))
+    if objective == "flow":
+        return objective, None, None
+    alphas = _alphas(config)
+    return objective, alphas, (families.sigma_range(config, alphas) if objective == "edm" else None)
 
 
 def _alphas(config: Mapping[str, Any]) -> torch.Tensor:
