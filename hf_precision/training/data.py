@@ -58,7 +58,13 @@ def encode_prompt(tp: Any, prompts: str | list[str]) -> dict[str, torch.Tensor]:
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     wanted = {"prompt": prompts, "device": tp.device, "do_classifier_free_guidance": False,
               "num_images_per_prompt": 1, "num_videos_per_prompt": 1}
+    config = getattr(tp._denoiser(), "config", {})
+    if config.get("max_text_seq_length"):  # CogVideoX sizes its text position embedding from the config
+        wanted["max_sequence_length"] = int(config["max_text_seq_length"])
     kwargs = {k: v for k, v in wanted.items() if k in params}
+    # SD3 requires prompt_2/prompt_3 (no defaults); None makes it reuse `prompt`, as its __call__ does
+    kwargs.update({k: None for k, p in params.items() if k.startswith("prompt_") and k not in kwargs
+                   and p.default is inspect.Parameter.empty})
     grad = any(tp.kinds.get(c) != "frozen" for c in tp.components if c.startswith("text_encoder"))
     with torch.set_grad_enabled(grad):
         out = pipe.encode_prompt(**kwargs)
