@@ -176,6 +176,24 @@ def test_part_on_another_device_is_named_by_the_preflight(sd15):
         tp.check()
 
 
+@pytest.mark.gpu
+def test_frozen_part_left_on_cpu_beside_a_cuda_denoiser_is_named(sd15):
+    """The MiniCPM-V case on a real second device: parts on cuda, one frozen part left on the CPU."""
+    tp = hp.prepare_training(copy.deepcopy(sd15), device="cuda", train={"unet": "lora"})
+    assert tp.components["unet"].conv_in.weight.device.type == "cuda"
+    tp.check()  # a correct set-up passes: the plan says "cuda", the tensors sit on cuda:0
+    encoder = tp.components["text_encoder"]
+    layer = encoder.get_submodule(next(n for n, _ in encoder.named_modules() if n.endswith("encoder.layers.0")))
+    layer.to("cpu")  # a frozen component's block left behind
+    with pytest.raises(TrainingError, match=r"text_encoder\.(\S+\.)?encoder\.layers\.0\.\S+: on cpu, the rest of "
+                                            r"text_encoder is planned on cuda"):
+        tp.check()
+    layer.to("cuda")
+    tp.components["unet"].conv_in.to("cpu")  # a frozen layer of the trained denoiser itself
+    with pytest.raises(TrainingError, match=r"unet\.conv_in: on cpu, the rest of unet is planned on cuda"):
+        tp.check()
+
+
 def test_half_module_inside_an_fp32_island_is_named():
     from hf_precision.testing import make_pipeline
 
