@@ -142,6 +142,14 @@ def test_a_pipeline_class_without_recipe_composes_as_inference_does():
     run_steps(tp, example_batch(tp.components["unet"], 1), steps=2)
 
 
+def test_components_given_without_their_pipeline_take_their_denoisers_recipe():
+    pipe = _build("flux")
+    tp = hp.prepare_training({"transformer": pipe.transformer, "vae": pipe.vae, "scheduler": pipe.scheduler}, layout="t4")
+    assert tp.recipe.name == "flux" and tp.kinds == {"transformer": "lora", "vae": "frozen"} and tp.objective == "flow"
+    with pytest.raises(hp.RecipeError, match=r"no shipped recipe has a denoiser of the classes given \(unet: Linear\)"):
+        hp.prepare_training({"unet": torch.nn.Linear(2, 2)})
+
+
 def test_svd_edm_inputs_match_the_scheduler(prepared):
     from hf_precision.training.families import noisy_inputs
 

@@ -22,10 +22,10 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.devices import device_caps, device_profile
-from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes, training_overrides
+from ..recipe.catalog import recipe_classes, recipe_for_denoiser, training_overrides
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override
-from ..recipe.resolution import get_recipe, resolve
+from ..recipe.resolution import resolve
 from ..runtime.apply import Applied, apply_recipe, torch_device
 from . import families, trainable
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
@@ -243,10 +243,9 @@ def _model_id(pipe: Any) -> str:
 def _recipe_name(pipe: Any, comps: Mapping[str, Any], is_dict: bool) -> str | None:
     if not is_dict:
         return recipe_classes().get(type(pipe).__name__)  # None: apply_recipe composes from the component classes
-    for name in list_recipes("pipeline"):
-        denoiser = pipeline_spec(name).get("denoiser")
-        if denoiser in comps and type(comps[denoiser]).__name__ in get_recipe(name, device="cpu")[denoiser].classes:
-            return name
+    found = sorted(filter(None, (recipe_for_denoiser(comp, type(m).__name__) for comp, m in comps.items())))
+    if found:
+        return found[0]
     raise TrainingError(f"prepare_training: no shipped recipe has a denoiser of the classes given "
                         f"({', '.join(f'{k}: {type(v).__name__}' for k, v in comps.items())}); pass the pipeline instead")
 
