@@ -399,11 +399,16 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
     objective = families.objective_of(config, type(scheduler).__name__)
     if objective == "flow":
         return objective, None, None
-    alphas = _alphas(config)
+    # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
+    # schedule rebuilt from the config would not), else one rebuilt from the config.
+    own = getattr(scheduler, "alphas_cumprod", None)
+    alphas = own.detach().float().cpu() if isinstance(own, torch.Tensor) and own.dim() == 1 else _alphas(config)
     return objective, alphas, (families.sigma_range(config, alphas) if objective == "edm" else None)
 
 
 def _alphas(config: Mapping[str, Any]) -> torch.Tensor:
     from diffusers import DDPMScheduler
 
-    return DDPMScheduler.from_config({k: v for k, v in config.items() if k != "prediction_type"}).alphas_cumprod.float()
+    # `_use_default_values` would make from_config take DDPM's own defaults (betas 1e-4..0.02) for the keys it lists
+    kept = {k: v for k, v in config.items() if k != "prediction_type" and not k.startswith("_")}
+    return DDPMScheduler.from_config(kept).alphas_cumprod.float()
