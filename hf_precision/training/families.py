@@ -20,9 +20,8 @@ import torch
 
 from .rules import TrainingError
 
-__all__ = ["FamilyRow", "FAMILIES", "family_of", "objective_of", "sigma_range", "noisy_inputs", "example_batch", "model_output",
-           "cogvideox_rotary",
-           "OBJECTIVES"]
+__all__ = ["FamilyRow", "FAMILIES", "family_of", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
+           "model_output", "cogvideox_rotary", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 # EDM training draws ln(sigma) ~ N(P_mean, P_std^2) (Karras et al. 2022, "Elucidating the Design Space of
@@ -206,7 +205,8 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
             z = torch.randn(b, generator=generator, device=x0.device) if generator is not None else torch.randn(b, device=x0.device)
             lo, hi = sigmas or (0.002, 80.0)
             sigma = (EDM_P_MEAN + EDM_P_STD * z).exp().clamp(lo, hi)
-        sigma = sigma.float().to(x0.device).reshape(-1).expand(b)
+        sigma = sigma.float().to(x0.device).reshape(-1)
+        sigma = sigma.expand(b) if sigma.numel() == 1 else sigma[:b]  # one level for all, or one per sample
         s = sigma.view(b, *[1] * (x0.dim() - 1))
         c_in = (s ** 2 + 1).rsqrt()
         # The pipeline's latents at sigma are x0 + sigma * noise; scale_model_input divides them by sqrt(sigma^2 + 1),
