@@ -31,19 +31,6 @@ CASES = {"sd15": "UNet2DConditionModel", "sdxl": "UNet2DConditionModel", "svd": 
          "qwenimage": "QwenImageTransformer2DModel"}
 
 
-@pytest.fixture(scope="module")
-def prepared():
-    """name -> the family's tiny pipeline through prepare_training (T4 layout), built once for this module."""
-    cache: dict = {}
-
-    def get(name: str):
-        if name not in cache:
-            cache[name] = hp.prepare_training(_build(name), layout="t4")
-        return cache[name]
-
-    return get
-
-
 # What each pipeline's __call__ hands its denoiser from encode_prompt's outputs (index -> keyword path), read from
 # diffusers 0.42.1 pipeline_<family>.py; SDXL's pooled embeddings go in added_cond_kwargs["text_embeds"].
 ENCODE_FEEDS = {
@@ -67,17 +54,26 @@ def _capture_kwargs(module):
     return seen, handle
 
 
+def _short_prompts(tp):
+    """max_sequence_length=16 where encode_prompt takes it (the defaults, 226-512 tokens, only slow a tiny step);
+    CogVideoX's __call__ pads to the transformer's max_text_seq_length (226 in the release, 16 in the tiny model)."""
+    import inspect
+
+    denoiser = tp.components[tp.denoiser_name]
+    takes = "max_sequence_length" in inspect.signature(tp.pipe.encode_prompt).parameters
+    return {"max_sequence_length": int(denoiser.config.get("max_text_seq_length") or 16)} if takes else {}
+
+
 def _assert_fed_as_the_pipeline_does(name, tp, seen):
     """The conditioning the denoiser got is what the pipeline's own encode_prompt returns, in the denoiser's dtype."""
     import inspect
 
-    pipe, denoiser = tp.pipe, tp.components[tp.denoiser_name]
+    pipe = tp.pipe
     params = inspect.signature(pipe.encode_prompt).parameters
-    # SD3's encode_prompt requires prompt_2/prompt_3 (None: reuse the prompt, as its __call__ does); CogVideoX's
-    # __call__ pads the prompt to the transformer's max_text_seq_length (226 in the release, 16 in the tiny model).
+    # SD3's encode_prompt requires prompt_2/prompt_3 (None: reuse the prompt, as its __call__ does)
     wanted = {"do_classifier_free_guidance": False, "device": tp.device, "num_images_per_prompt": 1,
-              "prompt_2": None, "prompt_3": None, "max_sequence_length": denoiser.config.get("max_text_seq_length")}
-    kwargs = {k: v for k, v in wanted.items() if k in params and (v is not None or k.startswith("prompt_"))}
+              "prompt_2": None, "prompt_3": None, **_short_prompts(tp)}
+    kwargs = {k: v for k, v in wanted.items() if k in params}
     with torch.no_grad():
         outputs = pipe.encode_prompt(PROMPTS, **kwargs)
     for index, path in ENCODE_FEEDS[name].items():
@@ -96,10 +92,10 @@ PROMPTS = ["a cat"]
 
 
 @pytest.mark.parametrize("name", CASES)
-def test_lora_step(name, prepared):
+def test_lora_step(name):
     """A LoRA step; where the pipeline has a text encoder, on tp.encode_prompt's conditioning, checked against the
     pipeline's own encode_prompt as the denoiser receives it."""
-    tp = prepared(name)
+    tp = hp.prepare_training(_build(name), layout="t4")
     denoiser = tp.components[tp.denoiser_name]
     assert type(denoiser).__name__ == CASES[name] and family_of(denoiser) is FAMILIES[CASES[name]]
     assert tp.compute_dtype == torch.float16 and tp.scaler is not None
@@ -107,7 +103,7 @@ def test_lora_step(name, prepared):
         assert torch.equal(tp.alphas_cumprod, tp.pipe.scheduler.alphas_cumprod.float())
     batch = example_batch(denoiser, 1)
     if name in ENCODE_FEEDS:
-        batch = {"latents": batch["latents"], **tp.encode_prompt(PROMPTS)}
+        batch = {"latents": batch["latents"], **tp.encode_prompt(PROMPTS, **_short_prompts(tp))}
     seen, handle = _capture_kwargs(denoiser)  # registered after the entry hook: sees what the denoiser gets
     try:
         losses = run_steps(tp, batch, steps=2)
@@ -152,10 +148,10 @@ def test_components_given_without_their_pipeline_take_their_denoisers_recipe():
         hp.prepare_training({"unet": torch.nn.Linear(2, 2)})
 
 
-def test_svd_edm_inputs_match_the_scheduler(prepared):
+def test_svd_edm_inputs_match_the_scheduler():
     from hf_precision.training.families import noisy_inputs
 
-    tp = prepared("svd")
+    tp = hp.prepare_training(_build("svd"), layout="t4")
     assert tp.objective == "edm" and tp.sigma_range == (0.002, 700.0)
     unet, scheduler = tp.components["unet"], copy.deepcopy(tp.pipe.scheduler)
     scheduler.set_timesteps(4)

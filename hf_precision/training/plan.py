@@ -180,11 +180,14 @@ class TrainingPlan:
 
         return encode_images(self, pixels, generator)
 
-    def encode_prompt(self, prompts: str | list[str]) -> dict[str, torch.Tensor]:
-        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict."""
+    def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
+        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict.
+
+        ``options`` go to the pipeline's ``encode_prompt`` as they are (``max_sequence_length=256``, ``prompt_2=``).
+        """
         from .data import encode_prompt
 
-        return encode_prompt(self, prompts)
+        return encode_prompt(self, prompts, **options)
 
     # ---------------------------------------------------------------- out
     def save_lora(self, path: Any, dtype: torch.dtype = torch.float16) -> Any:
