@@ -35,7 +35,7 @@ def test_fp16_unet_with_fp32_latents(sd15, unet_batch):
     with pytest.raises(RuntimeError, match=MATMUL):
         unet(unet_batch["latents"], 10, unet_batch["prompt_embeds"])
     tp = hp.prepare_training(copy.deepcopy(sd15), layout="t4", train={"unet": "lora"})
-    run_steps(tp, unet_batch)  # fp32 latents and embeddings in the batch
+    run_steps(tp, unet_batch, steps=3)  # fp32 latents and embeddings in the batch
     assert tp.scaler is not None and tp.compute_dtype == torch.float16
     assert assert_planned_storage(tp) > 0
     assert tp.components["unet"].conv_in.weight.dtype == torch.float16
@@ -53,7 +53,9 @@ def test_fp16_vae_encode_with_fp32_pixels(sd15):
     assert latents.shape == (1, 4, 8, 8) and torch.isfinite(latents).all()
     batch = {"latents": latents.expand(2, -1, -1, -1), "prompt_embeds": tp.encode_prompt(["a cat", "a dog"])["prompt_embeds"]}
     assert batch["prompt_embeds"].dtype == torch.float16  # the fp16 text encoder's output, fed to the UNet as is
-    run_steps(tp, batch)
+    with pytest.raises(TrainingError, match=r"encode_prompt takes no max_length; it takes .*clip_skip"):
+        tp.encode_prompt("a cat", max_length=8)
+    run_steps(tp, batch, steps=3)
 
 
 def test_fp32_vae_fed_half_latents_while_sampling():
@@ -150,7 +152,7 @@ def test_add_adapter_on_fp16_unet_then_gradscaler(sd15, unet_batch):
     pipe.unet.half()
     pipe.unet.add_adapter(config)
     tp = hp.prepare_training(pipe, layout="t4", train={"unet": "lora"})
-    run_steps(tp, unet_batch)
+    run_steps(tp, unet_batch, steps=3)
 
 
 def test_step_names_a_parameter_cast_back_to_half(sd15, unet_batch):

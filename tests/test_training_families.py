@@ -94,7 +94,7 @@ PROMPTS = ["a cat"]
 @pytest.mark.parametrize("name", CASES)
 def test_lora_step(name):
     """A LoRA step; where the pipeline has a text encoder, on tp.encode_prompt's conditioning, checked against the
-    pipeline's own encode_prompt as the denoiser receives it."""
+    pipeline's own encode_prompt as the denoiser receives it; SVD's EDM inputs checked against its scheduler."""
     tp = hp.prepare_training(_build(name), layout="t4")
     denoiser = tp.components[tp.denoiser_name]
     assert type(denoiser).__name__ == CASES[name] and family_of(denoiser) is FAMILIES[CASES[name]]
@@ -112,6 +112,8 @@ def test_lora_step(name):
     assert all(torch.isfinite(torch.tensor(losses)))
     if name in ENCODE_FEEDS:
         _assert_fed_as_the_pipeline_does(name, tp, seen)
+    if name == "svd":
+        _assert_svd_edm_inputs_match_the_scheduler(tp)
 
 
 def test_every_family_row_has_a_case():
@@ -148,10 +150,10 @@ def test_components_given_without_their_pipeline_take_their_denoisers_recipe():
         hp.prepare_training({"unet": torch.nn.Linear(2, 2)})
 
 
-def test_svd_edm_inputs_match_the_scheduler():
+def _assert_svd_edm_inputs_match_the_scheduler(tp):
+    """SVD's training inputs are what its scheduler's scale_model_input and timesteps give at the same sigma."""
     from hf_precision.training.families import noisy_inputs
 
-    tp = hp.prepare_training(_build("svd"), layout="t4")
     assert tp.objective == "edm" and tp.sigma_range == (0.002, 700.0)
     unet, scheduler = tp.components["unet"], copy.deepcopy(tp.pipe.scheduler)
     scheduler.set_timesteps(4)
@@ -174,28 +176,26 @@ def test_svd_edm_inputs_match_the_scheduler():
         torch.testing.assert_close(x0_back, frames_first(x0), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("version", ["1.0-5b", "1.5"])
-def test_cogvideox_rotary_embeddings(version):
+def test_cogvideox_rotary_embeddings():
     """CogVideoX 5B and 1.5 use RoPE: tp.loss hands the denoiser the pipeline's image_rotary_emb, in fp32."""
     from diffusers import CogVideoXTransformer3DModel
 
-    pipe = _build("cogvideox")
-    config = {k: v for k, v in pipe.transformer.config.items() if not k.startswith("_")}
-    config.update(use_rotary_positional_embeddings=True, num_attention_heads=2, attention_head_dim=16,
-                  sample_width=8, sample_height=8)
-    if version == "1.5":
-        config.update(patch_size_t=2, patch_bias=False)
-    torch.manual_seed(0)
-    pipe.register_modules(transformer=CogVideoXTransformer3DModel.from_config(config).eval())
-    batch = example_batch(pipe.transformer, 1)
-    frames, h, w = batch["latents"].shape[2:]
-    factor = pipe.vae_scale_factor_spatial
-    want = pipe._prepare_rotary_positional_embeddings(h * factor, w * factor, frames, torch.device("cpu"))
-    tp = hp.prepare_training(pipe, layout="t4")
-    seen, handle = _capture_kwargs(tp.components["transformer"])
-    with torch.no_grad():
-        tp.loss(batch, generator=torch.Generator().manual_seed(0))
-    handle.remove()
-    for got, ref in zip(seen["image_rotary_emb"], want):
-        assert got.dtype == torch.float32 and torch.equal(got, ref)
-    run_steps(tp, batch, steps=2)
+    for version, extra in (("1.0-5b", {}), ("1.5", {"patch_size_t": 2, "patch_bias": False})):
+        part = _build("cogvideox")
+        config = {k: v for k, v in part.transformer.config.items() if not k.startswith("_")}
+        base = {**config, "use_rotary_positional_embeddings": True, "num_attention_heads": 2, "attention_head_dim": 16,
+                "sample_width": 8, "sample_height": 8}
+        torch.manual_seed(0)
+        part.register_modules(transformer=CogVideoXTransformer3DModel.from_config({**base, **extra}).eval())
+        batch = example_batch(part.transformer, 1)
+        frames, h, w = batch["latents"].shape[2:]
+        factor = part.vae_scale_factor_spatial
+        want = part._prepare_rotary_positional_embeddings(h * factor, w * factor, frames, torch.device("cpu"))
+        tp = hp.prepare_training(part, layout="t4")
+        seen, handle = _capture_kwargs(tp.components["transformer"])
+        with torch.no_grad():
+            tp.loss(batch, generator=torch.Generator().manual_seed(0))
+        handle.remove()
+        for got, ref in zip(seen["image_rotary_emb"], want):
+            assert got.dtype == torch.float32 and torch.equal(got, ref), version
+        run_steps(tp, batch, steps=2)
