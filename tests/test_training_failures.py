@@ -35,7 +35,7 @@ def test_fp16_unet_with_fp32_latents(sd15, unet_batch):
     with pytest.raises(RuntimeError, match=MATMUL):
         unet(unet_batch["latents"], 10, unet_batch["prompt_embeds"])
     tp = hp.prepare_training(copy.deepcopy(sd15), layout="t4", train={"unet": "lora"})
-    run_steps(tp, unet_batch)  # fp32 latents and embeddings in the batch
+    run_steps(tp, unet_batch, steps=3)  # fp32 latents and embeddings in the batch
     assert tp.scaler is not None and tp.compute_dtype == torch.float16
     assert assert_planned_storage(tp) > 0
     assert tp.components["unet"].conv_in.weight.dtype == torch.float16
@@ -53,7 +53,9 @@ def test_fp16_vae_encode_with_fp32_pixels(sd15):
     assert latents.shape == (1, 4, 8, 8) and torch.isfinite(latents).all()
     batch = {"latents": latents.expand(2, -1, -1, -1), "prompt_embeds": tp.encode_prompt(["a cat", "a dog"])["prompt_embeds"]}
     assert batch["prompt_embeds"].dtype == torch.float16  # the fp16 text encoder's output, fed to the UNet as is
-    run_steps(tp, batch)
+    with pytest.raises(TrainingError, match=r"encode_prompt takes no max_length; it takes .*clip_skip"):
+        tp.encode_prompt("a cat", max_length=8)
+    run_steps(tp, batch, steps=3)
 
 
 def test_fp32_vae_fed_half_latents_while_sampling():
@@ -150,7 +152,7 @@ def test_add_adapter_on_fp16_unet_then_gradscaler(sd15, unet_batch):
     pipe.unet.half()
     pipe.unet.add_adapter(config)
     tp = hp.prepare_training(pipe, layout="t4", train={"unet": "lora"})
-    run_steps(tp, unet_batch)
+    run_steps(tp, unet_batch, steps=3)
 
 
 def test_step_names_a_parameter_cast_back_to_half(sd15, unet_batch):
@@ -173,6 +175,24 @@ def test_part_on_another_device_is_named_by_the_preflight(sd15):
     proj = tp.components["unet"].down_blocks[0].attentions[0].proj_in
     proj.to_empty(device="meta")  # a part never loaded, as a vision tower left behind
     with pytest.raises(TrainingError, match=r"unet\.down_blocks\.0\.attentions\.0\.proj_in: weight is on the meta device"):
+        tp.check()
+
+
+@pytest.mark.gpu
+def test_frozen_part_left_on_cpu_beside_a_cuda_denoiser_is_named(sd15):
+    """The MiniCPM-V case on a real second device: parts on cuda, one frozen part left on the CPU."""
+    tp = hp.prepare_training(copy.deepcopy(sd15), device="cuda", train={"unet": "lora"})
+    assert tp.components["unet"].conv_in.weight.device.type == "cuda"
+    tp.check()  # a correct set-up passes: the plan says "cuda", the tensors sit on cuda:0
+    encoder = tp.components["text_encoder"]
+    layer = encoder.get_submodule(next(n for n, _ in encoder.named_modules() if n.endswith("encoder.layers.0")))
+    layer.to("cpu")  # a frozen component's block left behind
+    with pytest.raises(TrainingError, match=r"text_encoder\.(\S+\.)?encoder\.layers\.0\.\S+: on cpu, the rest of "
+                                            r"text_encoder is planned on cuda"):
+        tp.check()
+    layer.to("cuda")
+    tp.components["unet"].conv_in.to("cpu")  # a frozen layer of the trained denoiser itself
+    with pytest.raises(TrainingError, match=r"unet\.conv_in: on cpu, the rest of unet is planned on cuda"):
         tp.check()
 
 

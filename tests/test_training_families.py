@@ -1,7 +1,10 @@
 """A LoRA training step for each denoiser family with a recipe, on its tiny pipeline, in the T4 layout (fp16 compute
-with loss scaling: the layout where boundaries and masters go wrong most often)."""
+with loss scaling: the layout where boundaries and masters go wrong most often); what each family's pipeline feeds
+its denoiser (encode_prompt's outputs, SVD's EDM inputs, CogVideoX's rotary embeddings) is what a step feeds it."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -20,18 +23,93 @@ def _build(name: str):
 CASES = {"sd15": "UNet2DConditionModel", "sdxl": "UNet2DConditionModel", "svd": "UNetSpatioTemporalConditionModel",
          "sd3": "SD3Transformer2DModel", "flux": "FluxTransformer2DModel", "pixart_sigma": "PixArtTransformer2DModel",
          "sana": "SanaTransformer2DModel", "wan": "WanTransformer3DModel", "cogvideox": "CogVideoXTransformer3DModel",
-         "ltx": "LTXVideoTransformer3DModel", "hunyuan_video": "HunyuanVideoTransformer3DModel"}
+         "ltx": "LTXVideoTransformer3DModel", "hunyuan_video": "HunyuanVideoTransformer3DModel",
+         "qwenimage": "QwenImageTransformer2DModel"}
+
+
+# What each pipeline's __call__ hands its denoiser from encode_prompt's outputs (index -> keyword path), read from
+# diffusers 0.42.1 pipeline_<family>.py; SDXL's pooled embeddings go in added_cond_kwargs["text_embeds"].
+ENCODE_FEEDS = {
+    "sd15": {0: ("encoder_hidden_states",)},
+    "sdxl": {0: ("encoder_hidden_states",), 2: ("added_cond_kwargs", "text_embeds")},
+    "sd3": {0: ("encoder_hidden_states",), 2: ("pooled_projections",)},
+    "flux": {0: ("encoder_hidden_states",), 1: ("pooled_projections",)},
+    "pixart_sigma": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
+    "sana": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
+    "wan": {0: ("encoder_hidden_states",)},
+    "cogvideox": {0: ("encoder_hidden_states",)},
+    "ltx": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
+    "hunyuan_video": {0: ("encoder_hidden_states",), 1: ("pooled_projections",), 2: ("encoder_attention_mask",)},
+    "qwenimage": {0: ("encoder_hidden_states",), 1: ("encoder_hidden_states_mask",)},
+}
+
+
+def _capture_kwargs(module):
+    seen = {}
+    handle = module.register_forward_pre_hook(lambda m, args, kwargs: seen.update(kwargs), with_kwargs=True)
+    return seen, handle
+
+
+def _short_prompts(tp):
+    """max_sequence_length=16 where encode_prompt takes it (the defaults, 226-512 tokens, only slow a tiny step);
+    CogVideoX's __call__ pads to the transformer's max_text_seq_length (226 in the release, 16 in the tiny model)."""
+    import inspect
+
+    denoiser = tp.components[tp.denoiser_name]
+    takes = "max_sequence_length" in inspect.signature(tp.pipe.encode_prompt).parameters
+    return {"max_sequence_length": int(denoiser.config.get("max_text_seq_length") or 16)} if takes else {}
+
+
+def _assert_fed_as_the_pipeline_does(name, tp, seen):
+    """The conditioning the denoiser got is what the pipeline's own encode_prompt returns, in the denoiser's dtype."""
+    import inspect
+
+    pipe = tp.pipe
+    params = inspect.signature(pipe.encode_prompt).parameters
+    # SD3's encode_prompt requires prompt_2/prompt_3 (None: reuse the prompt, as its __call__ does)
+    wanted = {"do_classifier_free_guidance": False, "device": tp.device, "num_images_per_prompt": 1,
+              "prompt_2": None, "prompt_3": None, **_short_prompts(tp)}
+    kwargs = {k: v for k, v in wanted.items() if k in params}
+    with torch.no_grad():
+        outputs = pipe.encode_prompt(PROMPTS, **kwargs)
+    for index, path in ENCODE_FEEDS[name].items():
+        want = outputs[index]
+        if want is None:  # QwenImage drops an all-ones mask; the denoiser then gets none either
+            assert seen.get(path[0]) is None, path
+            continue
+        got = seen
+        for key in path:
+            got = got[key]
+        assert got.dtype == (tp.compute_dtype if want.is_floating_point() else want.dtype), (path, got.dtype)
+        assert torch.equal(got, want.to(got.dtype)), path
+
+
+PROMPTS = ["a cat"]
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_lora_step(name):
-    pipe = _build(name)
-    tp = hp.prepare_training(pipe, layout="t4")
+    """A LoRA step; where the pipeline has a text encoder, on tp.encode_prompt's conditioning, checked against the
+    pipeline's own encode_prompt as the denoiser receives it; SVD's EDM inputs checked against its scheduler."""
+    tp = hp.prepare_training(_build(name), layout="t4")
     denoiser = tp.components[tp.denoiser_name]
     assert type(denoiser).__name__ == CASES[name] and family_of(denoiser) is FAMILIES[CASES[name]]
     assert tp.compute_dtype == torch.float16 and tp.scaler is not None
-    losses = run_steps(tp, example_batch(denoiser, 1), steps=2)
+    if tp.objective != "flow":  # the noise schedule the pipeline samples with (CogVideoX: SNR-shifted)
+        assert torch.equal(tp.alphas_cumprod, tp.pipe.scheduler.alphas_cumprod.float())
+    batch = example_batch(denoiser, 1)
+    if name in ENCODE_FEEDS:
+        batch = {"latents": batch["latents"], **tp.encode_prompt(PROMPTS, **_short_prompts(tp))}
+    seen, handle = _capture_kwargs(denoiser)  # registered after the entry hook: sees what the denoiser gets
+    try:
+        losses = run_steps(tp, batch, steps=2)
+    finally:
+        handle.remove()
     assert all(torch.isfinite(torch.tensor(losses)))
+    if name in ENCODE_FEEDS:
+        _assert_fed_as_the_pipeline_does(name, tp, seen)
+    if name == "svd":
+        _assert_svd_edm_inputs_match_the_scheduler(tp)
 
 
 def test_every_family_row_has_a_case():
@@ -58,3 +136,62 @@ def test_a_pipeline_class_without_recipe_composes_as_inference_does():
     tp = hp.prepare_training(pipe, layout="t4")
     assert tp.recipe.name.startswith("composed") and tp.denoiser_name == "unet" and tp.kinds["unet"] == "lora" and tp.compute_dtype == torch.float16
     run_steps(tp, example_batch(tp.components["unet"], 1), steps=2)
+
+
+def test_components_given_without_their_pipeline_take_their_denoisers_recipe():
+    pipe = _build("flux")
+    tp = hp.prepare_training({"transformer": pipe.transformer, "vae": pipe.vae, "scheduler": pipe.scheduler}, layout="t4")
+    assert tp.recipe.name == "flux" and tp.kinds == {"transformer": "lora", "vae": "frozen"} and tp.objective == "flow"
+    with pytest.raises(hp.RecipeError, match=r"no shipped recipe has a denoiser of the classes given \(unet: Linear\)"):
+        hp.prepare_training({"unet": torch.nn.Linear(2, 2)})
+
+
+def _assert_svd_edm_inputs_match_the_scheduler(tp):
+    """SVD's training inputs are what its scheduler's scale_model_input and timesteps give at the same sigma."""
+    from hf_precision.training.families import noisy_inputs
+
+    assert tp.objective == "edm" and tp.sigma_range == (0.002, 700.0)
+    unet, scheduler = tp.components["unet"], copy.deepcopy(tp.pipe.scheduler)
+    scheduler.set_timesteps(4)
+    gen = torch.Generator().manual_seed(0)
+    x0 = torch.randn(1, 4, 2, 8, 8, generator=gen)  # the VAE's (B, C, F, H, W)
+    noise = torch.randn(x0.shape, generator=gen)
+    frames_first = lambda x: x.transpose(1, 2)  # pipeline_stable_video_diffusion.py's (B, F, C, H, W)
+    for i in (0, 2):
+        t, sigma = scheduler.timesteps[i], scheduler.sigmas[i]
+        sample = frames_first(x0 + sigma * noise)  # the pipeline's latents at this sigma
+        scheduler._step_index = None
+        want = scheduler.scale_model_input(sample, t)
+        kwargs, target = noisy_inputs(family_of(unet), unet, {"latents": x0, "noise": noise, "sigmas": sigma[None]},
+                                      tp.objective, tp.alphas_cumprod, sigmas=tp.sigma_range)
+        torch.testing.assert_close(kwargs["sample"][:, :, :4], want)  # image latents are concatenated after it
+        torch.testing.assert_close(kwargs["timestep"], t[None])  # c_noise = 0.25 ln(sigma)
+        # The target is the output the scheduler's step turns back into x0.
+        scheduler._step_index = None
+        x0_back = scheduler.step(target, t, sample).pred_original_sample
+        torch.testing.assert_close(x0_back, frames_first(x0), rtol=1e-4, atol=1e-4)
+
+
+def test_cogvideox_rotary_embeddings():
+    """CogVideoX 5B and 1.5 use RoPE: tp.loss hands the denoiser the pipeline's image_rotary_emb, in fp32."""
+    from diffusers import CogVideoXTransformer3DModel
+
+    for version, extra in (("1.0-5b", {}), ("1.5", {"patch_size_t": 2, "patch_bias": False})):
+        part = _build("cogvideox")
+        config = {k: v for k, v in part.transformer.config.items() if not k.startswith("_")}
+        base = {**config, "use_rotary_positional_embeddings": True, "num_attention_heads": 2, "attention_head_dim": 16,
+                "sample_width": 8, "sample_height": 8}
+        torch.manual_seed(0)
+        part.register_modules(transformer=CogVideoXTransformer3DModel.from_config({**base, **extra}).eval())
+        batch = example_batch(part.transformer, 1)
+        frames, h, w = batch["latents"].shape[2:]
+        factor = part.vae_scale_factor_spatial
+        want = part._prepare_rotary_positional_embeddings(h * factor, w * factor, frames, torch.device("cpu"))
+        tp = hp.prepare_training(part, layout="t4")
+        seen, handle = _capture_kwargs(tp.components["transformer"])
+        with torch.no_grad():
+            tp.loss(batch, generator=torch.Generator().manual_seed(0))
+        handle.remove()
+        for got, ref in zip(seen["image_rotary_emb"], want):
+            assert got.dtype == torch.float32 and torch.equal(got, ref), version
+        run_steps(tp, batch, steps=2)

@@ -26,7 +26,7 @@ from .model import Recipe
 from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
-           "recipe_for_class", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
+           "recipe_for_class", "recipe_for_denoiser", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
            "component_spec", "component_recipe_for", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
 
 Models = Mapping[str, tuple[str, str]]
@@ -218,6 +218,42 @@ def recipe_for_class(class_name: str) -> str:
                       f"{', '.join(list_recipes('pipeline'))} "
                       f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
                       "--force); or write your own recipe YAML that lists the class under pipelines:")
+
+
+def _entry_classes(spec: Mapping[str, Any], seen: tuple[str, ...] = ()) -> tuple[str, ...]:
+    # As resolution merges a `use:` chain: an entry's own class list wins over the one of the entry it uses.
+    if spec.get("class"):
+        return tuple(str(c) for c in spec["class"])
+    ref = spec.get("use")
+    if not ref or ref in seen:
+        return ()
+    return _entry_classes(component_entry(str(ref), "recipes", "use")[1], (*seen, str(ref)))
+
+
+@functools.lru_cache(maxsize=None)
+def _denoiser_index() -> dict[tuple[str, str], str]:
+    """(denoiser component, model class) -> the first shipped pipeline recipe (in name order) that plans it."""
+    index: dict[tuple[str, str], str] = {}
+    for name in list_recipes("pipeline"):
+        spec = pipeline_spec(name)
+        denoiser = spec.get("denoiser")
+        if denoiser and denoiser in spec["components"]:
+            for cls in _entry_classes(spec["components"][denoiser]):
+                index.setdefault((str(denoiser), cls), name)
+    return index
+
+
+def recipe_for_denoiser(component: str, class_name: str) -> str | None:
+    """The shipped pipeline recipe whose denoiser is ``component`` of model class ``class_name``, or ``None``.
+
+    For components given without their pipeline (``prepare_training({"transformer": m, ...})``): read from the
+    recipes' class lists, without resolving any recipe.
+
+    Example:
+        >>> recipe_for_denoiser("transformer", "FluxTransformer2DModel"), recipe_for_denoiser("unet", "NoSuchModel")
+        ('flux', None)
+    """
+    return _denoiser_index().get((component, class_name))
 
 
 def check_recipe_class(recipe: str, listed: Iterable[str], pipeline_class: str | None, force: bool = False) -> None:

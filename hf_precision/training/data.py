@@ -48,7 +48,7 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
     return normalise_latents(raw, vae.config)
 
 
-def encode_prompt(tp: Any, prompts: str | list[str]) -> dict[str, torch.Tensor]:
+def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
     pipe = tp.pipe
     if not hasattr(pipe, "encode_prompt"):
         raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__} has no encode_prompt; give the conditioning in the "
@@ -58,7 +58,17 @@ def encode_prompt(tp: Any, prompts: str | list[str]) -> dict[str, torch.Tensor]:
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     wanted = {"prompt": prompts, "device": tp.device, "do_classifier_free_guidance": False,
               "num_images_per_prompt": 1, "num_videos_per_prompt": 1}
-    kwargs = {k: v for k, v in wanted.items() if k in params}
+    config = getattr(tp._denoiser(), "config", {})
+    if config.get("max_text_seq_length"):  # CogVideoX sizes its text position embedding from the config
+        wanted["max_sequence_length"] = int(config["max_text_seq_length"])
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt takes no {', '.join(unknown)}; it "
+                            f"takes {', '.join(p for p in params if p != 'prompt')}")
+    kwargs = {k: v for k, v in {**wanted, **options}.items() if k in params}
+    # SD3 requires prompt_2/prompt_3 (no defaults); None makes it reuse `prompt`, as its __call__ does
+    kwargs.update({k: None for k, p in params.items() if k.startswith("prompt_") and k not in kwargs
+                   and p.default is inspect.Parameter.empty})
     grad = any(tp.kinds.get(c) != "frozen" for c in tp.components if c.startswith("text_encoder"))
     with torch.set_grad_enabled(grad):
         out = pipe.encode_prompt(**kwargs)

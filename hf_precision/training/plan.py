@@ -22,10 +22,10 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.devices import device_caps, device_profile
-from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes, training_overrides
+from ..recipe.catalog import recipe_classes, recipe_for_denoiser, training_overrides
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override
-from ..recipe.resolution import get_recipe, resolve
+from ..recipe.resolution import resolve
 from ..runtime.apply import Applied, apply_recipe, torch_device
 from . import families, trainable
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
@@ -66,6 +66,7 @@ class TrainingPlan:
     lora_rank: dict[str, int]
     handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     alphas_cumprod: torch.Tensor | None = None
+    sigma_range: tuple[float, float] | None = None
     _trainable: Any = dataclasses.field(default=None, repr=False)
     _names: Any = dataclasses.field(default=None, repr=False)
 
@@ -131,7 +132,8 @@ class TrainingPlan:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
         row = families.family_of(module)
-        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator)
+        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator,
+                                               self.sigma_range)
         out = module(**kwargs, return_dict=False)
         pred = families.model_output(out, target, row)
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
@@ -178,11 +180,14 @@ class TrainingPlan:
 
         return encode_images(self, pixels, generator)
 
-    def encode_prompt(self, prompts: str | list[str]) -> dict[str, torch.Tensor]:
-        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict."""
+    def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
+        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict.
+
+        ``options`` go to the pipeline's ``encode_prompt`` as they are (``max_sequence_length=256``, ``prompt_2=``).
+        """
         from .data import encode_prompt
 
-        return encode_prompt(self, prompts)
+        return encode_prompt(self, prompts, **options)
 
     # ---------------------------------------------------------------- out
     def save_lora(self, path: Any, dtype: torch.dtype = torch.float16) -> Any:
@@ -241,10 +246,9 @@ def _model_id(pipe: Any) -> str:
 def _recipe_name(pipe: Any, comps: Mapping[str, Any], is_dict: bool) -> str | None:
     if not is_dict:
         return recipe_classes().get(type(pipe).__name__)  # None: apply_recipe composes from the component classes
-    for name in list_recipes("pipeline"):
-        denoiser = pipeline_spec(name).get("denoiser")
-        if denoiser in comps and type(comps[denoiser]).__name__ in get_recipe(name, device="cpu")[denoiser].classes:
-            return name
+    found = sorted(filter(None, (recipe_for_denoiser(comp, type(m).__name__) for comp, m in comps.items())))
+    if found:
+        return found[0]
     raise TrainingError(f"prepare_training: no shipped recipe has a denoiser of the classes given "
                         f"({', '.join(f'{k}: {type(v).__name__}' for k, v in comps.items())}); pass the pipeline instead")
 
@@ -375,11 +379,11 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
         handles += trainable.guard(module, dev.type, autocast)
         for island in applied.islands.get(comp, []):
             handles += trainable.guard(module.get_submodule(island), dev.type, None)
-    objective, alphas = _objective(holder, comps.get(denoiser) if denoiser else None)
+    objective, alphas, sigmas = _objective(holder, comps.get(denoiser) if denoiser else None)
     return TrainingPlan(pipe=holder, recipe=recipe, applied=applied, kinds={c: train.get(c, "frozen") for c in comps},
                         choices=choices, device=dev, denoiser_name=denoiser, objective=objective, master=master,
                         stepper=stepper, token_rows=token_rows, tokens={k: list(v) for k, v in (tokens or {}).items()},
-                        lora_rank=ranks, handles=handles, alphas_cumprod=alphas)
+                        lora_rank=ranks, handles=handles, alphas_cumprod=alphas, sigma_range=sigmas)
 
 
 def _lora_config(module: torch.nn.Module, rank: int) -> Any:
@@ -389,17 +393,25 @@ def _lora_config(module: torch.nn.Module, rank: int) -> Any:
     return LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=trainable.default_targets(module))
 
 
-def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None]:
+def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None, tuple[float, float] | None]:
     scheduler = getattr(holder, "scheduler", None) or holder.components.get("scheduler")
     if scheduler is None:
         row = families.family_of(denoiser) if denoiser is not None else None
-        return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({})
+        return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({}), None
     config = dict(scheduler.config)
     objective = families.objective_of(config, type(scheduler).__name__)
-    return objective, (None if objective == "flow" else _alphas(config))
+    if objective == "flow":
+        return objective, None, None
+    # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
+    # schedule rebuilt from the config would not), else one rebuilt from the config.
+    own = getattr(scheduler, "alphas_cumprod", None)
+    alphas = own.detach().float().cpu() if isinstance(own, torch.Tensor) and own.dim() == 1 else _alphas(config)
+    return objective, alphas, (families.sigma_range(config, alphas) if objective == "edm" else None)
 
 
 def _alphas(config: Mapping[str, Any]) -> torch.Tensor:
     from diffusers import DDPMScheduler
 
-    return DDPMScheduler.from_config({k: v for k, v in config.items() if k != "prediction_type"}).alphas_cumprod.float()
+    # `_use_default_values` would make from_config take DDPM's own defaults (betas 1e-4..0.02) for the keys it lists
+    kept = {k: v for k, v in config.items() if k != "prediction_type" and not k.startswith("_")}
+    return DDPMScheduler.from_config(kept).alphas_cumprod.float()
