@@ -38,4 +38,7 @@ def plan_table(tp: Any) -> str:
            line(head), *map(line, rows)]
     downgrades = [c.downgrade for c in tp.choices.values() if c.downgrade]
     out += [f"downgrade: {d}" for d in downgrades]
+    from .quantized import base_lines
+
+    out += base_lines(tp)
     return "\n".join(out)
