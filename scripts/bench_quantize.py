@@ -40,6 +40,9 @@ LAYOUTS = [  # (label, layout device, quantize=, gguf)
     ("quanto qint8 / bf16", "cpu-amx", "quanto-int8", False),
     ("quanto qfloat8 / bf16", "cpu-amx", "quanto-float8", False),
     ("GGUF Q8_0 / bf16", "cpu-amx", None, True),
+    # the storage error alone, without bf16 compute's (what a CPU without bf16 kernels runs)
+    ("int8 torchao / fp32", "cpu", "int8", False),
+    ("quanto qint8 / fp32", "cpu", "quanto-int8", False),
 ]
 
 

@@ -18,6 +18,18 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module of tiny-model runs (``pytestmark = pytest.mark.usefixtures("one_thread")``):
+    their ops are too small to split, and on a busy 2-core machine one thread is several times faster than two."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_pipes() -> dict:
     """Session cache of tiny pipelines keyed by kind ("sdxl", "svd", "pixart", "dit", "sd15").

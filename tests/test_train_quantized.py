@@ -22,12 +22,7 @@ pytest.importorskip("torchao")
 pytest.importorskip("optimum.quanto")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster
 
 
 @pytest.fixture(scope="module")
@@ -108,18 +103,24 @@ def test_fp8_storage_has_no_backward_and_is_refused_with_a_backend_that_has_one(
 
 
 def test_train_command_on_a_quantized_base_and_its_plan(folders, tmp_path, capsys):
+    """Under the A100 layout the UNet's inference compute is fp16 and training's bf16: the command loads the
+    quantized base for bf16 (quanto makes its scales in the compute dtype), so nothing is kept from loading."""
     from hf_precision.cli import main
     from hf_precision.training.io import LORA_FILE
 
     common = ["train", "--model", str(folders["sd15"]), "--data", str(folders["shapes"]), "--resolution", "32",
-              "--device", "cpu", "--lora-rank", "4", "--set", "unet.storage=int8"]
+              "--device", "cpu", "--lora-rank", "4"]
     out = tmp_path / "q"
-    assert main([*common, "--out", str(out), "--quiet", "--steps", "2"]) == 0
+    assert main([*common, "--out", str(out), "--quiet", "--steps", "2", "--layout", "a100",
+                 "--set", "unet.storage=quanto-int8"]) == 0
     record = json.loads((out / "training.json").read_text())
-    assert "quantized base: unet int8 (torchao Int8WeightOnlyConfig)" in record["plan"]
+    assert "quantized base: unet quanto-int8 (quanto int8)" in record["plan"]
+    unet = next(line.split() for line in record["plan"].splitlines() if line.startswith("unet "))
+    assert unet[3:5] == ["quanto-int8", "bfloat16"] and "kept from loading" not in record["plan"]
     assert (out / LORA_FILE).is_file()
     capsys.readouterr()
-    assert main([*common, "--out", str(tmp_path / "p"), "--plan"]) == 0
+    int8 = ["--set", "unet.storage=int8"]
+    assert main([*common, *int8, "--out", str(tmp_path / "p"), "--plan"]) == 0
     assert "unet 0.2 MiB (int8, backend bytes)" in capsys.readouterr().out
     from hf_precision.apps.train.plan import Options, predict_training
 
@@ -127,5 +128,5 @@ def test_train_command_on_a_quantized_base_and_its_plan(folders, tmp_path, capsy
                             overrides={"unet": {"storage": "int8"}})
     planned = hp.plan(folders["sd15"], device="cpu", overrides={"unet": {"storage": "int8"}})["unet"].total_bytes
     assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu")["unet"].total_bytes
-    assert main([*common, "--out", str(tmp_path / "f"), "--plan", "--method", "full"]) == 2
+    assert main([*common, *int8, "--out", str(tmp_path / "f"), "--plan", "--method", "full"]) == 2
     assert "cannot train quantized weights" in capsys.readouterr().err

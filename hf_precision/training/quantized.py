@@ -25,11 +25,8 @@ from ..recipe.quantize import CHOICES, is_quantized
 from ..runtime.quantize import is_quantized_tensor, module_bytes
 from .rules import TrainingError
 
-__all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "refuse_untrainable", "base_lines", "TRAINABLE_FIX"]
-
-# What trains instead of fp8 storage (each has a backward through the frozen base; checked on CPU by
-# tests/test_train_quantized.py for int8 and quanto-int8).
-TRAINABLE_FIX = ("int8", "quanto-int8", "quanto-float8")
+__all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "compute_before_load", "refuse_untrainable",
+           "base_lines"]
 
 
 def _guess(module: torch.nn.Module) -> str | None:
@@ -104,6 +101,32 @@ def keep_loaded_compute(holder: Any, storage: Mapping[str, str], choices: dict[s
             choices[comp] = ComputeChoice(had, f"kept from loading: {comp} was quantized ({storage[comp]}) for {had} "
                                                f"compute, where the training rule picks {choice.dtype}; {fix}",
                                           f"{comp}: {had} compute, as loaded quantized (the rule picks {choice.dtype}: {fix})")
+
+
+def compute_before_load(recipe: Any, train: Mapping[str, str], layout: Any) -> Override | None:
+    """Before loading: the compute dtype the training rule picks for each LoRA-trained component that ``recipe``
+    (the inference recipe the loader will apply) quantizes, as an override layer for the loader, so the backend
+    makes its scales in the dtype training computes in (else :func:`keep_loaded_compute` keeps the loaded one).
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> r = get_recipe("sd15", device="a100", overrides={"unet": {"storage": "quanto-int8"}})
+        >>> compute_before_load(r, {"unet": "lora"}, "a100").data["components"]["unet"]["dtype"]
+        'bfloat16'
+    """
+    from ..recipe.devices import device_caps, device_profile
+    from .rules import training_compute
+
+    profile = device_profile(layout)
+    caps = device_caps(profile)
+    layer = {}
+    for comp, kind in train.items():
+        if kind == "lora" and comp in recipe and is_quantized(recipe[comp].storage):
+            plan = recipe[comp]
+            choice = training_compute(comp, (*plan.dtypes, plan.compute), caps.auto, profile.label(), dict(caps.why))
+            if choice.dtype != plan.compute:
+                layer[comp] = {"dtype": choice.dtype, "why": choice.rule}
+    return Override("training rule, before loading the quantized base", {"components": layer}) if layer else None
 
 
 def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | None) -> None:
