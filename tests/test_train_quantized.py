@@ -1,4 +1,4 @@
-"""LoRA on a quantized base (issue 23) through the training layer and `hf-precision train`, on CPU.
+"""LoRA on a quantized base (issue 23) through the training layer and `hf-precision train --plan`, on CPU.
 
 A tiny SD 1.x and a tiny Flux, loaded with torchao int8 weight-only and optimum-quanto qint8, train a LoRA for a few
 steps: the loss is finite and falls, the LoRA is fp32, the base stays frozen, quantized, byte for byte the same,
@@ -8,7 +8,6 @@ before anything changes, with the fix.
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import pytest
@@ -54,7 +53,8 @@ def _load(folder, storage, layout, component):
 
 
 # (family, storage, layout): torchao and quanto on both families; fp32, fp16 (+GradScaler) and bf16 compute
-CASES = [("sd15", "int8", "t4"), ("sd15", "quanto-int8", None), ("flux", "int8", None), ("flux", "quanto-int8", "a100")]
+# (quanto on an SD 1.x UNet through the command: tests/test_train_run.py, A100 layout)
+CASES = [("sd15", "int8", "t4"), ("flux", "int8", None), ("flux", "quanto-int8", "a100")]
 
 
 @pytest.mark.parametrize("family,storage,layout", CASES)
@@ -102,31 +102,17 @@ def test_fp8_storage_has_no_backward_and_is_refused_with_a_backend_that_has_one(
     assert not any("lora_" in n for n, _ in pipe.unet.named_parameters())  # refused before anything changed
 
 
-def test_train_command_on_a_quantized_base_and_its_plan(folders, tmp_path, capsys):
-    """Under the A100 layout the UNet's inference compute is fp16 and training's bf16: the command loads the
-    quantized base for bf16 (quanto makes its scales in the compute dtype), so nothing is kept from loading."""
+def test_train_plan_counts_the_quantized_base_in_backend_bytes(folders, tmp_path, capsys):
+    from hf_precision.apps.train.plan import Options, predict_training
     from hf_precision.cli import main
-    from hf_precision.training.io import LORA_FILE
 
     common = ["train", "--model", str(folders["sd15"]), "--data", str(folders["shapes"]), "--resolution", "32",
-              "--device", "cpu", "--lora-rank", "4"]
-    out = tmp_path / "q"
-    assert main([*common, "--out", str(out), "--quiet", "--steps", "2", "--layout", "a100",
-                 "--set", "unet.storage=quanto-int8"]) == 0
-    record = json.loads((out / "training.json").read_text())
-    assert "quantized base: unet quanto-int8 (quanto int8)" in record["plan"]
-    unet = next(line.split() for line in record["plan"].splitlines() if line.startswith("unet "))
-    assert unet[3:5] == ["quanto-int8", "bfloat16"] and "kept from loading" not in record["plan"]
-    assert (out / LORA_FILE).is_file()
-    capsys.readouterr()
-    int8 = ["--set", "unet.storage=int8"]
-    assert main([*common, *int8, "--out", str(tmp_path / "p"), "--plan"]) == 0
+              "--device", "cpu", "--lora-rank", "4", "--set", "unet.storage=int8", "--plan"]
+    assert main([*common, "--out", str(tmp_path / "p")]) == 0
     assert "unet 0.2 MiB (int8, backend bytes)" in capsys.readouterr().out
-    from hf_precision.apps.train.plan import Options, predict_training
-
     pred = predict_training(str(folders["sd15"]), "cpu", rank=4, resolution=32, options=Options(1, False, True),
                             overrides={"unet": {"storage": "int8"}})
     planned = hp.plan(folders["sd15"], device="cpu", overrides={"unet": {"storage": "int8"}})["unet"].total_bytes
     assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu")["unet"].total_bytes
-    assert main([*common, *int8, "--out", str(tmp_path / "f"), "--plan", "--method", "full"]) == 2
+    assert main([*common, "--out", str(tmp_path / "f"), "--method", "full"]) == 2
     assert "cannot train quantized weights" in capsys.readouterr().err

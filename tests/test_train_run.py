@@ -66,20 +66,26 @@ def _pipeline_output(model: Path, layout: str, lora: Path | None) -> tuple[np.nd
 
 @pytest.mark.parametrize("layout", ["t4", "a100"])
 def test_lora_trained_under_a_layout_changes_the_pipeline(demo, tmp_path, layout):
-    """Through the command; under T4 with --train-text-encoder (fp16 text encoder + GradScaler, fp32 masters)."""
+    """Through the command. T4: --train-text-encoder (fp16 text encoder + GradScaler, fp32 masters). A100: on a
+    quanto qint8 UNet (issue 23's QLoRA-style run), loaded for the training rule's bf16 (inference picks fp16), and
+    the LoRA then applied to the unquantized pipeline."""
     from safetensors import safe_open
 
     out = tmp_path / layout
     text = layout == "t4"
     assert main(["train", "--model", str(demo[0]), "--data", str(demo[1]), "--out", str(out), "--layout", layout,
                  "--device", "cpu", "--quiet", "--steps", "3", "--lora-rank", "4", "--batch-size", "2",
-                 "--learning-rate", "5e-3", "--resolution", "32", *(["--train-text-encoder"] if text else [])]) == 0
+                 "--learning-rate", "5e-3", "--resolution", "32",
+                 *(["--train-text-encoder"] if text else ["--set", "unet.storage=quanto-int8"])]) == 0
     record = json.loads((out / "training.json").read_text())
     assert np.isfinite(record["final_loss"])
     rows = {line.split()[0]: line.split() for line in record["plan"].splitlines()[2:] if line[:1].isalpha()}
     assert rows["text_encoder"][1:3] == (["lora", "r=4"] if text else ["frozen", "float16"])
     if text:
         assert rows["text_encoder"][3:7] == ["float16", "float16", "512", "float32"]  # the text encoder's LoRA masters (base float16)
+    else:
+        assert rows["unet"][3:5] == ["quanto-int8", "bfloat16"] and "kept from loading" not in record["plan"]
+        assert "quantized base: unet quanto-int8 (quanto int8)" in record["plan"]
     with safe_open(str(out / "pytorch_lora_weights.safetensors"), "pt") as f:
         keys = list(f.keys())
         assert keys and all(f.get_tensor(k).dtype == torch.float16 for k in keys)  # --save-dtype default
