@@ -15,7 +15,8 @@ trains the same LoRA (rank 4, same data, seed, noise and timesteps) through the 
 
 Per layout: the loss per step and its gap to fp32's (mean and max absolute difference over the steps, the mean
 relative difference), the relative L2 distance of the trained LoRA weights from fp32's, and the PSNR of a sample
-from the fp32 pipeline with that LoRA loaded (``load_lora_weights``) against the sample with fp32's LoRA.
+from the fp32 pipeline with that LoRA loaded (``load_lora_weights``) against the sample with fp32's LoRA; and, for
+scale, how far fp32's LoRA moves the sample from the base model's.
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     pipe = hp.load_pipeline(str(folder), "cpu")
     pipe.set_progress_bar_config(disable=True)
     samples, loras = {}, {}
+    with torch.no_grad():  # the base model's sample: how far the fp32 LoRA itself moves it (the size of the effect)
+        base = np.asarray(pipe(prompt="a red square", num_inference_steps=args.sample_steps, height=args.resolution,
+                               width=args.resolution, max_sequence_length=16, output_type="np",
+                               generator=torch.Generator().manual_seed(0)).images, dtype=np.float64)
     for name in names:
         pipe.load_lora_weights(str(work / name), adapter_name=name.replace("-", "_"))
         pipe.set_adapters([name.replace("-", "_")])
@@ -121,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"LoRA rank 4, {args.steps} steps, batch 4, lr 1e-3, on the Flux of width {args.width} fitted "
           f"{trained['steps']} steps (loss {trained['loss_first_tenth']:.3f} -> {trained['loss_last_tenth']:.3f}); "
           f"{machine['cpu']} ({machine['threads']} threads), torch {machine['torch']}")
+    effect = float(np.mean((base - samples["fp32"]) ** 2))
+    print(f"the fp32 LoRA moves the sample from the base model's by PSNR {10 * np.log10(1 / effect):.1f} dB (the size "
+          f"of what is compared below)")
     print("| layout | final loss | loss gap vs fp32 (mean / max / mean rel) | LoRA rel L2 vs fp32 | "
           "sample PSNR vs fp32 LoRA | skipped | s |")
     print("|---|---:|---:|---:|---:|---:|---:|")
@@ -131,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         tmp = Path(args.out).with_suffix(".tmp")
         tmp.write_text(json.dumps({"machine": machine, "trained": trained, "steps": args.steps, "runs": runs,
+                                   "lora_effect_psnr_db": 10 * float(np.log10(1 / effect)),
                                    "rows": rows}, indent=2))
         os.replace(tmp, args.out)
     return 0
