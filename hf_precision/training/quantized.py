@@ -22,8 +22,9 @@ import torch
 from .. import dtypes as dt
 from ..recipe.overrides import Override
 from ..recipe.quantize import CHOICES, is_quantized
+from ..runtime.apply import applied
 from ..runtime.quantize import is_quantized_tensor, module_bytes
-from .rules import TrainingError
+from .rules import ComputeChoice, TrainingError
 
 __all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "compute_before_load", "refuse_untrainable",
            "base_lines"]
@@ -59,8 +60,6 @@ def loaded_storage(holder: Any, comps: Mapping[str, torch.nn.Module]) -> dict[st
         >>> loaded_storage(make_pipeline("sd15"), {})
         {}
     """
-    from ..runtime.apply import applied
-
     record = applied(holder)
     out: dict[str, str] = {}
     for name, module in comps.items():
@@ -75,7 +74,12 @@ def loaded_storage(holder: Any, comps: Mapping[str, torch.nn.Module]) -> dict[st
 
 
 def loaded_layer(storage: Mapping[str, str]) -> Override | None:
-    """The override layer that keeps the loaded storage in the training recipe (None when nothing is quantized)."""
+    """The override layer that keeps the loaded storage in the training recipe (None when nothing is quantized).
+
+    Example:
+        >>> loaded_layer({"unet": "int8"}).data, loaded_layer({})
+        ({'components': {'unet': {'storage': 'int8'}}}, None)
+    """
     if not storage:
         return None
     return Override("the pipeline as loaded (quantized storage)", {"components": {c: {"storage": s} for c, s in storage.items()}})
@@ -87,10 +91,13 @@ def keep_loaded_compute(holder: Any, storage: Mapping[str, str], choices: dict[s
     The backend made its scales in that dtype at load (quanto's per-row scales are in the compute dtype; its CPU
     int8 kernel then refuses other activations: "expected scalar type BFloat16 but found Half"), and a quantized
     weight cannot be re-cast the way the training rule re-casts a float one. The choice says how to get the rule's.
-    """
-    from ..runtime.apply import applied
-    from .rules import ComputeChoice
 
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> choices = {"unet": ComputeChoice("bfloat16", "rule")}
+        >>> keep_loaded_compute(make_pipeline("sd15"), {}, choices); choices["unet"].dtype  # nothing quantized
+        'bfloat16'
+    """
     record = applied(holder)
     for comp, choice in list(choices.items()):
         if not is_quantized(storage.get(comp)) or record is None or comp not in record.recipe:
@@ -134,6 +141,14 @@ def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | No
 
     LoRA needs gradients through the frozen weights of the component it sits in (and, for a text-encoder LoRA,
     through the denoiser behind it); a full fine-tune needs the weights themselves as float masters.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> r = get_recipe("sd15", device="cpu", overrides={"unet": {"storage": "float8_e4m3fn"}})
+        >>> refuse_untrainable(r, {"unet": "lora"}, "unet")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.training.rules.TrainingError: train: unet trains, but its weights are stored float8_e4m3fn ...
     """
     problems = []
     through = {c for c, k in train.items() if k in ("lora", "full")}
@@ -160,16 +175,23 @@ def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | No
 
 
 def base_lines(tp: Any) -> list[str]:
-    """Report lines: each quantized component, frozen, its converted layers and its measured bytes (LoRA excluded)."""
+    """Report lines: each quantized component, frozen, its converted layers and its measured bytes (LoRA excluded).
+
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> from hf_precision.training import prepare_training
+        >>> base_lines(prepare_training(make_pipeline("sd15")))  # nothing quantized: no line
+        []
+    """
     lines = []
     for comp, module in tp.components.items():
         storage = tp.recipe[comp].storage if comp in tp.recipe else None
-        layers = [n for n, m in module.named_modules() if is_quantized_tensor(m._parameters.get("weight"))]
-        if not layers:
+        weights = [m._parameters["weight"] for m in module.modules() if is_quantized_tensor(m._parameters.get("weight"))]
+        if not weights:
             continue
         lora = sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" in n)
         backend = f"{CHOICES[storage].backend} {CHOICES[storage].scheme}" if storage in CHOICES else "the user's config"
-        frozen = all(not m._parameters["weight"].requires_grad for n, m in module.named_modules() if n in layers)
-        lines.append(f"quantized base: {comp} {storage} ({backend}): {len(layers)} layers "
+        frozen = not any(w.requires_grad for w in weights)
+        lines.append(f"quantized base: {comp} {storage} ({backend}): {len(weights)} layers "
                      f"{'frozen' if frozen else 'NOT frozen'}, {module_bytes(module) - lora:,} bytes without the LoRA")
     return lines

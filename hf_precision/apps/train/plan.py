@@ -201,9 +201,8 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     """
     import torch
 
-    from ...training.families import example_batch
-
     from ...recipe.quantize import is_quantized
+    from ...training.families import example_batch
 
     m = _cached_model or _model(model, device, overrides)
     den = m.plan.components[m.denoiser]
