@@ -18,6 +18,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session")
+def train_demo(tmp_path_factory):
+    """The ``--demo``'s tiny SD 1.x folder and captioned shapes, ``(model, data)``, made once for the train test
+    modules; a test that changes the data works on a copy."""
+    from hf_precision.apps.train.demo import make_demo
+
+    return make_demo(tmp_path_factory.mktemp("train-demo"))
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """One torch thread for a module of tiny-model runs (``pytestmark = pytest.mark.usefixtures("one_thread")``):

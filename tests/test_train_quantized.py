@@ -25,14 +25,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    from hf_precision.apps.train.demo import make_demo
+def folders(tmp_path_factory, train_demo):
     from hf_precision.testing import save_pipeline
     from hf_precision.testing.families_dit import make_flux
 
-    work = tmp_path_factory.mktemp("trainq")
-    sd15, shapes = make_demo(work)
-    return {"sd15": sd15, "shapes": shapes, "flux": save_pipeline(make_flux(), work / "flux")}
+    sd15, shapes = train_demo
+    return {"sd15": sd15, "shapes": shapes, "flux": save_pipeline(make_flux(), tmp_path_factory.mktemp("flux"))}
 
 
 def _quantized_state(module: torch.nn.Module) -> dict[str, list[torch.Tensor]]:

@@ -21,10 +21,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory) -> tuple[Path, Path]:
-    from hf_precision.apps.train.demo import make_demo
-
-    return make_demo(tmp_path_factory.mktemp("demo"))
+def demo(train_demo):
+    return train_demo
 
 
 def _settings(demo, out: Path, **kw) -> TrainSettings:
