@@ -1,15 +1,18 @@
 """Bytes, time per denoiser call and output difference of each storage layout of one model, side by side in one run.
 
-    python scripts/bench_quantize.py [--out bench_quantize.json] [--calls 20] [--width 256]
+    python scripts/bench_quantize.py [--out bench_quantize.json] [--calls 20] [--width 128] [--trained-steps 100]
+    python scripts/bench_quantize.py --quick        # a few seconds' check of the script itself (tiny, 1 call)
 
-The model is a Flux transformer with random weights (``hf_precision.testing.families_dit.make_flux`` widened by
-``--width``; no trained tiny Flux ships offline), saved once and loaded per layout through
-``hf_precision.load_pipeline``: fp32, the recipe's half layout (bf16), fp8 storage (diffusers layerwise casting),
-torchao int8 weight-only, optimum-quanto qint8 and qfloat8, and a GGUF Q8_0 file written with the ``gguf`` package.
-Per layout: the transformer's planned bytes (``hf_precision.plan``, or the GGUF file's) and measured bytes (the
-backends' tensors), the median seconds per transformer call on the same captured inputs, and the mean absolute
-difference of the transformer output from the fp32 one (random weights: it shows the size of the storage error,
-not image quality). Prints a markdown table; ``--out`` writes JSON atomically.
+The model is the Flux transformer of ``scripts/bench/trained.py`` (``hf_precision.testing.families_dit.make_flux``
+widened by ``--width``), fitted first by ``hf-precision train --method full`` in fp32 for ``--trained-steps`` steps
+on generated coloured shapes (cached under ``bench_output/trained/``; ``--trained-steps 0``: random weights), saved
+once and loaded per layout through ``hf_precision.load_pipeline``: fp32, the recipe's half layout (bf16), fp8
+storage (diffusers layerwise casting), torchao int8 weight-only, optimum-quanto qint8 and qfloat8, and a GGUF Q8_0
+file written with the ``gguf`` package. Per layout: the transformer's planned bytes (``hf_precision.plan``, or the
+GGUF file's) and measured bytes (the backends' tensors), the median seconds per transformer call on the same
+captured inputs, and the output difference from fp32: mean absolute and relative L2 of the transformer output on
+those inputs, and the PSNR of a ``--sample-steps`` sample (the decoded image, same seed) against fp32's. Prints a
+markdown table; ``--out`` writes JSON atomically.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 LAYOUTS = [  # (label, layout device, quantize=, gguf)
     ("fp32", "cpu", None, False),
@@ -36,27 +40,35 @@ LAYOUTS = [  # (label, layout device, quantize=, gguf)
     ("quanto qint8 / bf16", "cpu-amx", "quanto-int8", False),
     ("quanto qfloat8 / bf16", "cpu-amx", "quanto-float8", False),
     ("GGUF Q8_0 / bf16", "cpu-amx", None, True),
+    # the storage error alone, without bf16 compute's (what a CPU without bf16 kernels runs)
+    ("int8 torchao / fp32", "cpu", "int8", False),
+    ("quanto qint8 / fp32", "cpu", "quanto-int8", False),
 ]
 
 
-def _wide_flux(width: int):
-    """The tiny Flux pipeline with a wider transformer (so that matmuls, not Python, dominate a call)."""
+PROMPT = "a red square"  # one of the captions the trained model was fitted to
+
+
+def _sample(pipe, side: int, steps: int):
+    """A ``steps``-step image (fixed seed) as float64 in [0, 1]."""
+    import numpy as np
     import torch
-    from diffusers import FluxTransformer2DModel
 
-    from hf_precision.testing.families_dit import make_flux
-
-    pipe = make_flux()
-    torch.manual_seed(0)
-    heads = max(2, width // 64)
-    pipe.transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=4,
-                                              attention_head_dim=width // heads, num_attention_heads=heads,
-                                              joint_attention_dim=32, pooled_projection_dim=8, guidance_embeds=True,
-                                              axes_dims_rope=[4, 4, width // heads - 8])
-    return pipe
+    pipe.set_progress_bar_config(disable=True)
+    with torch.no_grad():
+        out = pipe(prompt=PROMPT, num_inference_steps=steps, height=side, width=side, max_sequence_length=16,
+                   output_type="np", generator=torch.Generator().manual_seed(0)).images
+    return np.asarray(out, dtype=np.float64)
 
 
-def _capture(pipe):
+def _psnr(image, reference) -> float:
+    import numpy as np
+
+    mse = float(np.mean((np.nan_to_num(image, nan=1e3) - reference) ** 2))
+    return float("inf") if mse == 0 else 10 * float(np.log10(1.0 / mse))
+
+
+def _capture(pipe, side: int):
     """The kwargs of one transformer call of a short pipeline run."""
     import torch
 
@@ -67,7 +79,7 @@ def _capture(pipe):
             seen.update({k: (v.detach().clone() if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()})
 
     handle = pipe.transformer.register_forward_pre_hook(grab, with_kwargs=True)
-    pipe(prompt="a cat", num_inference_steps=1, height=64, width=64, max_sequence_length=16, output_type="latent",
+    pipe(prompt=PROMPT, num_inference_steps=1, height=side, width=side, max_sequence_length=16, output_type="latent",
          generator=torch.Generator().manual_seed(0))
     handle.remove()
     return seen
@@ -85,23 +97,40 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default=None)
     p.add_argument("--calls", type=int, default=20)
-    p.add_argument("--width", type=int, default=256)
+    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--trained-steps", type=int, default=100,
+                   help="fit the model this many steps first (cached; 0: random weights)")
+    p.add_argument("--resolution", type=int, default=32, help="image side of training, capture and sample")
+    p.add_argument("--sample-steps", type=int, default=4, help="steps of the sample compared with fp32's")
+    p.add_argument("--quick", action="store_true", help="check the script: width 64, 2 training steps, 1 call")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="run only the layouts whose label contains TEXT (repeatable; fp32 always runs: the reference)")
     args = p.parse_args(argv)
+    if args.quick:
+        args.width, args.calls, args.trained_steps, args.sample_steps = 64, 1, min(args.trained_steps, 2), 2
     layouts = [row for row in LAYOUTS if row[0] == "fp32" or not args.only or any(t in row[0] for t in args.only)]
     warnings.simplefilter("ignore")
     work = Path(tempfile.mkdtemp(prefix="bench_quantize-"))
-    folder = save_pipeline(_wide_flux(args.width), work / "flux")
+    trained = None
+    if args.trained_steps:
+        from bench.trained import trained_flux
+
+        cache = work / "trained" if args.quick else None
+        folder, trained = trained_flux(args.width, args.trained_steps, resolution=args.resolution,
+                                       **({"cache": cache} if cache else {}))
+    else:
+        from bench.trained import wide_flux
+
+        folder = save_pipeline(wide_flux(args.width), work / "flux")
     gguf_path = work / "transformer-Q8_0.gguf"
     write_gguf(hp.load_pipeline(folder, "cpu").transformer, gguf_path)
-    inputs, reference, rows = None, None, []
+    inputs, reference, ref_image, rows = None, None, None, []
     for label, layout, storage, gguf in layouts:
         kwargs = {"quantize": {"transformer": storage}} if storage else {}
         where = str(gguf_path) if gguf else folder
         pipe = hp.load_pipeline(where, "cpu", layout=layout, base=folder if gguf else None, **kwargs)
         if inputs is None:
-            inputs = _capture(pipe)
+            inputs = _capture(pipe, args.resolution)
         if gguf:
             planned = sum(gguf_planned_bytes(gguf_path, "bfloat16").values())
         else:
@@ -114,24 +143,30 @@ def main(argv: list[str] | None = None) -> int:
                 start = time.perf_counter()
                 pipe.transformer(**inputs)
                 times.append(time.perf_counter() - start)
+        image = _sample(pipe, args.resolution, args.sample_steps)
         if reference is None:
-            reference = out
+            reference, ref_image = out, image
         rows.append({"layout": label, "planned_bytes": planned, "measured_bytes": module_bytes(pipe.transformer),
                      "ms_per_call": 1000 * statistics.median(times),
                      "mean_abs_diff_vs_fp32": float((out - reference).abs().mean()),
+                     "rel_l2_vs_fp32": float((out - reference).norm() / reference.norm()),
+                     "sample_psnr_db_vs_fp32": _psnr(image, ref_image),
                      "finite": bool(torch.isfinite(out).all())})
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
                "threads": torch.get_num_threads(), "python": platform.python_version()}
-    print(f"Flux transformer, random weights, width {args.width}; median of {args.calls} calls; "
-          f"{machine['cpu']} ({machine['threads']} threads), torch {machine['torch']}")
-    print("| layout | planned bytes | measured bytes | ms / call | mean abs diff vs fp32 |")
-    print("|---|---:|---:|---:|---:|")
+    weights = (f"trained {trained['steps']} steps (loss {trained['loss_first_tenth']:.3f} -> "
+               f"{trained['loss_last_tenth']:.3f}, first/last tenth)" if trained else "random weights")
+    print(f"Flux transformer, width {args.width}, {weights}; {args.resolution}px; median of {args.calls} calls; "
+          f"sample {args.sample_steps} steps; {machine['cpu']} ({machine['threads']} threads), torch {machine['torch']}")
+    print("| layout | planned bytes | measured bytes | ms / call | mean abs diff vs fp32 | rel L2 vs fp32 | "
+          "sample PSNR vs fp32 |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['layout']} | {r['planned_bytes']:,} | {r['measured_bytes']:,} | {r['ms_per_call']:.1f} | "
-              f"{r['mean_abs_diff_vs_fp32']:.2e} |")
+              f"{r['mean_abs_diff_vs_fp32']:.2e} | {r['rel_l2_vs_fp32']:.2e} | {r['sample_psnr_db_vs_fp32']:.1f} dB |")
     if args.out:
         tmp = Path(args.out).with_suffix(".tmp")
-        tmp.write_text(json.dumps({"machine": machine, "width": args.width, "rows": rows}, indent=2))
+        tmp.write_text(json.dumps({"machine": machine, "width": args.width, "trained": trained, "rows": rows}, indent=2))
         os.replace(tmp, args.out)
     return 0
 

@@ -11,7 +11,7 @@ from PIL import Image
 from hf_precision.cli import main
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster
 
 
 def _common(model, data):

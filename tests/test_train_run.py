@@ -17,7 +17,7 @@ from hf_precision.cli import main
 from hf_precision.errors import RecipeError
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster
 
 
 def _settings(train_demo, out: Path, **kw) -> TrainSettings:
@@ -29,7 +29,7 @@ def _settings(train_demo, out: Path, **kw) -> TrainSettings:
 
 
 def test_demo_command_trains_and_its_loss_falls(tmp_path, capsys):
-    out = tmp_path / "demo-lora"
+    out = tmp_path / "train_demo-lora"
     assert main(["train", "--demo", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     record = json.loads((out / "training.json").read_text())
@@ -44,7 +44,8 @@ def test_demo_command_trains_and_its_loss_falls(tmp_path, capsys):
     assert not [p for p in out.rglob("*") if ".tmp-" in p.name or p.name.startswith(".save-")]
 
 
-def _pipeline_output(model: Path, layout: str, lora: Path | None) -> np.ndarray:
+def _pipeline_output(model: Path, layout: str, lora: Path | None) -> tuple[np.ndarray, list[str]]:
+    """The pipeline's image, and the text encoder's LoRA parameters once ``load_lora_weights`` read ``lora``."""
     import hf_precision as hp
 
     pipe = hp.load_pipeline(str(model), "cpu", layout=layout)
@@ -53,23 +54,40 @@ def _pipeline_output(model: Path, layout: str, lora: Path | None) -> np.ndarray:
         pipe.load_lora_weights(str(lora))
     out = pipe("a red square", num_inference_steps=2, height=32, width=32, output_type="np",
                generator=torch.Generator().manual_seed(0))
-    return out.images[0]
+    return out.images[0], [n for n, _ in pipe.text_encoder.named_parameters() if "lora_" in n]
 
 
 @pytest.mark.parametrize("layout", ["t4", "a100"])
 def test_lora_trained_under_a_layout_changes_the_pipeline(train_demo, tmp_path, layout):
+    """Through the command. T4: --train-text-encoder (fp16 text encoder + GradScaler, fp32 masters). A100: on a
+    quanto qint8 UNet (issue 23's QLoRA-style run), loaded for the training rule's bf16 (inference picks fp16), and
+    the LoRA then applied to the unquantized pipeline."""
     from safetensors import safe_open
 
     out = tmp_path / layout
-    result = train(_settings(train_demo, out, layout=layout, steps=3, checkpoint_every=3))
-    assert result.exit_code == 0 and all(np.isfinite(v) for v in result.losses.values())
+    text = layout == "t4"
+    assert main(["train", "--model", str(train_demo[0]), "--data", str(train_demo[1]), "--out", str(out), "--layout", layout,
+                 "--device", "cpu", "--quiet", "--steps", "3", "--lora-rank", "4", "--batch-size", "2",
+                 "--learning-rate", "5e-3", "--resolution", "32",
+                 *(["--train-text-encoder"] if text else ["--set", "unet.storage=quanto-int8"])]) == 0
+    record = json.loads((out / "training.json").read_text())
+    assert np.isfinite(record["final_loss"])
+    rows = {line.split()[0]: line.split() for line in record["plan"].splitlines()[2:] if line[:1].isalpha()}
+    assert rows["text_encoder"][1:3] == (["lora", "r=4"] if text else ["frozen", "float16"])
+    if text:
+        assert rows["text_encoder"][3:7] == ["float16", "float16", "512", "float32"]  # the text encoder's LoRA masters (base float16)
+    else:
+        assert rows["unet"][3:5] == ["quanto-int8", "bfloat16"] and "kept from loading" not in record["plan"]
+        assert "quantized base: unet quanto-int8 (quanto int8)" in record["plan"]
     with safe_open(str(out / "pytorch_lora_weights.safetensors"), "pt") as f:
         keys = list(f.keys())
         assert keys and all(f.get_tensor(k).dtype == torch.float16 for k in keys)  # --save-dtype default
-    before = _pipeline_output(train_demo[0], layout, None)
-    after = _pipeline_output(train_demo[0], layout, out)
+        assert any(k.startswith("text_encoder.") for k in keys) == text
+    before, _ = _pipeline_output(train_demo[0], layout, None)
+    after, text_lora = _pipeline_output(train_demo[0], layout, out)
     assert np.isfinite(after).all()
     assert np.abs(after - before).max() > 1e-3
+    assert bool(text_lora) == text  # load_lora_weights put the trained text-encoder LoRA in
 
 
 def test_resume_after_a_kill_continues_the_same_loss_curve(train_demo, tmp_path):

@@ -27,7 +27,7 @@ from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
 from ..runtime.apply import Applied, apply_recipe, torch_device
-from . import families, trainable
+from . import families, quantized, trainable
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
 from .scaler import Stepper, parameter_names
 
@@ -300,7 +300,9 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     dev = torch_device(device, "device")
     name = _recipe_name(holder, comps, is_dict)
     _check_args(comps, dict(train or {}), master, tokens)
-    layers: list[Any] = [t for t in [training_overrides(name) if name else None] if t]
+    # the quantized/fp8 storage the pipeline was loaded with stays (the backend holds those weights)
+    loaded = quantized.loaded_storage(holder, comps)
+    layers: list[Any] = [t for t in [training_overrides(name) if name else None, quantized.loaded_layer(loaded)] if t]
     profile = device_profile(layout if layout is not None else str(dev))
     caps = device_caps(profile)
     from ..runtime.source import models_of_pipeline
@@ -314,13 +316,16 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     if not train:
         raise TrainingError(f"prepare_training: recipe {base.name} names no denoiser among {sorted(comps)}; say what "
                             f"trains: train={{'<component>': 'lora'}}")
+    quantized.refuse_untrainable(base, train, denoiser)
     choices: dict[str, ComputeChoice] = {}
     rule_layer: dict[str, Any] = {}
     for comp, kind in train.items():
         if kind in ("lora", "full") and comp in base:
             plan = base[comp]
             choices[comp] = training_compute(comp, (*plan.dtypes, plan.compute), caps.auto, profile.label(), dict(caps.why))
-            rule_layer[comp] = {"dtype": choices[comp].dtype, "why": choices[comp].rule}
+    quantized.keep_loaded_compute(holder, loaded, choices)
+    for comp, choice in choices.items():
+        rule_layer[comp] = {"dtype": choice.dtype, "why": choice.rule}
     if rule_layer:
         layers.append(Override("training rule (hf_precision.training.rules)", {"components": rule_layer}))
     applied = apply_recipe(holder, recipe=name, device=str(dev), layout=layout, overrides=layers + _as_list(overrides),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .quantized import base_lines
+
 __all__ = ["plan_table"]
 
 
@@ -38,4 +40,5 @@ def plan_table(tp: Any) -> str:
            line(head), *map(line, rows)]
     downgrades = [c.downgrade for c in tp.choices.values() if c.downgrade]
     out += [f"downgrade: {d}" for d in downgrades]
+    out += base_lines(tp)
     return "\n".join(out)

@@ -7,7 +7,8 @@ Per phase:
   cached and the encoders leave the device) + trainable fp32 masters + their gradients + AdamW's two fp32 moments +
   the activation peak of one forward and backward of the denoiser.
 
-Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the device).
+Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the device; a
+quantized storage such as ``--set unet.storage=int8`` counted exactly as its backend stores it).
 Activations are counted by running the training step of the denoiser on torch's ``meta`` device with autograd on
 (:func:`hf_precision.apps.video.counting.count_live_bytes`): what the forward saves for backward stays alive until
 backward frees it, and backward's gradients are added. The call is built by the training layer's family row and
@@ -58,6 +59,7 @@ class TrainingPrediction:
     activations: int
     encode_activations: int
     phases: dict[str, int]
+    storage: dict[str, str] = dataclasses.field(default_factory=dict)  # the quantized components' layouts
 
     @property
     def peak(self) -> int:
@@ -201,10 +203,15 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     """
     import torch
 
+    from ...recipe.quantize import is_quantized
     from ...training.families import example_batch
 
     m = _cached_model or _model(model, device, overrides)
     den = m.plan.components[m.denoiser]
+    if method == "full" and is_quantized(den.storage):
+        raise RecipeError(f"--method full: {m.denoiser} is stored {den.storage}; a full fine-tune updates every weight as "
+                          f"an fp32 master, so it cannot train quantized weights: --method lora on the quantized base, "
+                          f"or drop --set {m.denoiser}.storage={den.storage}")
     compute = getattr(torch, den.compute)
     module = _meta_module(m.index, m.configs, m.denoiser, compute)
     trainable = _make_trainable(module, method, rank)
@@ -224,7 +231,9 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     # Encoding (the cache pass before step 1, or every batch without a cache) runs with every component on the device.
     phases = {"encode": sum(weights.values()) + masters + encode,
               "train step": resident + masters + grads + optimizer + activations}
-    return TrainingPrediction(options, weights, trainable, masters, grads, optimizer, activations, encode, phases)
+    storage = {n: c.storage for n, c in m.plan.components.items() if is_quantized(c.storage)}
+    return TrainingPrediction(options, weights, trainable, masters, grads, optimizer, activations, encode, phases,
+                              storage)
 
 
 def choose(model: str, device: Any, budget: int, *, method: str, rank: int, resolution: int, frames: int,
@@ -255,7 +264,9 @@ def choose(model: str, device: Any, budget: int, *, method: str, rank: int, reso
 def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
     """The plan as the command prints it."""
     print(f"settings: {pred.options.describe()}")
-    print("weights (as the recipe stores them): " + ", ".join(f"{n} {_size(b)}" for n, b in pred.weights.items()))
+    print("weights (as the recipe stores them): " + ", ".join(
+        f"{n} {_size(b)}" + (f" ({pred.storage[n]}, backend bytes)" if n in pred.storage else "")
+        for n, b in pred.weights.items()))
     print(f"trainable: {pred.trainable_params:,} parameters: fp32 masters {_size(pred.masters)}, gradients "
           f"{_size(pred.grads)}, AdamW state {_size(pred.optimizer)}")
     print(f"activations: train step {_size(pred.activations)} (forward + backward), VAE encode "

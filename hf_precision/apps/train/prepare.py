@@ -144,17 +144,20 @@ def prepare_run(s: TrainSettings) -> Run:
     acc = _accelerator(out, s.device)
     device = _device(s, acc)
     torch.manual_seed(s.seed)  # LoRA initialisation
-    pipe = load_pipeline(where, device, layout=s.layout, overrides=list(s.overrides) or None)
+    overrides = list(s.overrides)
+    if overrides:  # a quantized trainable part: its backend makes its scales in the training compute dtype
+        from ...diagnose.planner import plan as hp_plan
+        from ...training.quantized import compute_before_load
+
+        early = compute_before_load(hp_plan(where, device=s.layout or device, overrides=overrides).recipe, train,
+                                    s.layout or device)
+        overrides += [early] if early else []
+    pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
     pipe.set_progress_bar_config(disable=True)
-    try:
-        tp = prepare_training(pipe, device=device, layout=s.layout, train=train, master=s.master,
-                              overrides=list(s.overrides) or None, **extra)
-    except ValueError as err:
-        if "version of PEFT" not in str(err):
-            raise
-        # transformers' add_adapter (text encoders) checks the peft version itself and raises a bare ValueError
-        raise RecipeError(f"--train-text-encoder: transformers refuses the installed peft for LoRA on a text encoder "
-                          f"({err}); upgrade it (pip install -U peft) or drop --train-text-encoder") from None
+    # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
+    # add_adapter, whose peft version check refused the installed peft.
+    tp = prepare_training(pipe, device=device, layout=s.layout, train=train, master=s.master,
+                          overrides=overrides or None, **extra)
     if s.gradient_checkpointing:
         denoiser = tp.components[tp.denoiser_name]
         if not getattr(denoiser, "_supports_gradient_checkpointing", False):
