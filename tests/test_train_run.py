@@ -29,7 +29,7 @@ def _settings(train_demo, out: Path, **kw) -> TrainSettings:
 
 
 def test_demo_command_trains_and_its_loss_falls(tmp_path, capsys):
-    out = tmp_path / "train_demo-lora"
+    out = tmp_path / "demo-lora"
     assert main(["train", "--demo", "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
     record = json.loads((out / "training.json").read_text())
