@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -77,6 +78,7 @@ class VideoFamily:
     frames_key: str = ""             # the denoiser config key holding the default frame count (SVD: num_frames)
     text_length_key: str = ""        # the denoiser config key fixing the text length (CogVideoX)
     call_options: tuple[str, ...] = ()  # program options passed to the pipeline call (SVD: fps, motion bucket, ...)
+    size_multiple: int = 1           # a multiple the family asks for beyond the configs' factors (SVD: 8)
     size_note: str = ""              # why sizes are multiples of 8 (SVD), in the size message
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
@@ -177,7 +179,7 @@ FAMILIES: dict[str, VideoFamily] = {f.name: f for f in (
                 denoiser_inputs=_svd, image_encode="image", decode="frames", decode_chunks=True,
                 forward_chunking=True, vae_tiling="never", frames_key="num_frames",
                 call_options=("fps", "motion_bucket_id", "noise_aug_strength"),
-                size_note="SVD's VAE works on 8x8 blocks"),
+                size_multiple=8, size_note="SVD's VAE works on 8x8 blocks"),
     VideoFamily("mochi", "Mochi", {"height": 480, "width": 848, "frames": 19, "steps": 64}, denoiser_inputs=_mochi),
     # AutoencoderKLAllegro refuses to decode untiled: "Decoding without tiling has not been implemented yet"
     # (diffusers v0.42.1 autoencoder_kl_allegro.py:841), so tiling is turned on whatever the settings say.
@@ -375,7 +377,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
         defaults["frames"] = min(defaults["frames"], (positions * t - 1) // max(temporal, 1) * max(temporal, 1) + 1)
     return VideoSpec(pipeline=pipeline, family=row.name, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
-                     size_multiple=spatial * patch, defaults=defaults, extra=extra,
+                     size_multiple=math.lcm(row.size_multiple, spatial * patch), defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
                      max_positions=positions, frame_factor=_pair(den.get("patch_size", 1), 0) if positions else 1,
                      patch=patch)
