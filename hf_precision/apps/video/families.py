@@ -78,7 +78,7 @@ class VideoFamily:
     frames_key: str = ""             # the denoiser config key holding the default frame count (SVD: num_frames)
     text_length_key: str = ""        # the denoiser config key fixing the text length (CogVideoX)
     call_options: tuple[str, ...] = ()  # program options passed to the pipeline call (SVD: fps, motion bucket, ...)
-    size_multiple: int = 1           # a multiple the family asks for beyond the configs' factors (SVD: 8)
+    size_multiple: int = 1           # sizes the program accepts: also multiples of this (SVD: 8, whatever its VAE)
     size_note: str = ""              # why sizes are multiples of 8 (SVD), in the size message
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
@@ -236,7 +236,7 @@ class VideoSpec:
     def check(self, *, height: int, width: int, frames: int) -> list[str]:
         """The problems of a size and frame count for this pipeline (empty when they fit), each with the fix."""
         problems = []
-        m = self.size_multiple
+        m = math.lcm(self.size_multiple, self.row.size_multiple)
         for name, value in (("height", height), ("width", width)):
             if value <= 0 or value % m:
                 near = max(m, round(value / m) * m)
@@ -377,7 +377,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
         defaults["frames"] = min(defaults["frames"], (positions * t - 1) // max(temporal, 1) * max(temporal, 1) + 1)
     return VideoSpec(pipeline=pipeline, family=row.name, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
-                     size_multiple=math.lcm(row.size_multiple, spatial * patch), defaults=defaults, extra=extra,
+                     size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
                      max_positions=positions, frame_factor=_pair(den.get("patch_size", 1), 0) if positions else 1,
                      patch=patch)
