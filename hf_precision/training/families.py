@@ -20,7 +20,7 @@ import torch
 
 from .rules import TrainingError
 
-__all__ = ["FamilyRow", "FAMILIES", "family_of", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
+__all__ = ["FamilyRow", "FAMILIES", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
            "model_output", "cogvideox_rotary", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
@@ -177,7 +177,7 @@ FAMILIES: dict[str, FamilyRow] = {
 }
 
 
-def family_of(module: torch.nn.Module) -> FamilyRow:
+def family_of(module: torch.nn.Module, component: str = "the denoiser") -> FamilyRow:
     """The row for a denoiser, by its class (or a base class); a ``TrainingError`` names the families known.
 
     Example:
@@ -190,9 +190,24 @@ def family_of(module: torch.nn.Module) -> FamilyRow:
     for cls in type(module).__mro__:
         if cls.__name__ in FAMILIES:
             return FAMILIES[cls.__name__]
-    raise TrainingError(f"{type(module).__name__}: no training row for this denoiser class; tp.loss() cannot build its "
-                        f"call. Known: {', '.join(FAMILIES)}. Compute your own loss under `with tp.autocast():` (the "
-                        f"dtype rules still hold), or add a row to hf_precision.training.families.FAMILIES")
+    raise no_row(module, component)
+
+
+def no_row(module: torch.nn.Module, component: str = "the denoiser") -> TrainingError:
+    """The error of ``tp.loss`` for a denoiser class without a row: what to do instead (the dtype plan holds either way).
+
+    Example:
+        >>> print(no_row(torch.nn.Linear(2, 2), "unet"))  # doctest: +ELLIPSIS
+        Linear (unet): no training row for this denoiser class, so tp.loss() cannot build its call...
+    """
+    name = type(getattr(module, "_orig_mod", module)).__name__
+    comp = component if component != "the denoiser" else "<denoiser>"
+    return TrainingError(
+        f"{name} ({component}): no training row for this denoiser class, so tp.loss() cannot build its call. The "
+        f"dtype plan still holds (storage, compute, fp32 masters, boundary hooks: print(tp)); pass the denoiser its "
+        f"inputs yourself: `with tp.autocast(): pred = tp.components[{comp!r}](noisy_latents, timestep, ...)`, "
+        f"`loss = torch.nn.functional.mse_loss(pred.float(), target)`, then tp.backward(loss) and tp.step(optimizer); "
+        f"or add a row to hf_precision.training.families.FAMILIES (known: {', '.join(sorted(FAMILIES))})")
 
 
 def objective_of(scheduler_config: Mapping[str, Any] | None, scheduler_class: str = "") -> str:

@@ -131,7 +131,7 @@ class TrainingPlan:
     def loss(self, batch: Mapping[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
-        row = families.family_of(module)
+        row = families.family_of(module, str(self.denoiser_name))
         kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator,
                                                self.sigma_range)
         out = module(**kwargs, return_dict=False)
@@ -230,6 +230,10 @@ class TrainingPlan:
 
     def _denoiser(self) -> torch.nn.Module:
         if self.denoiser_name is None or self.denoiser_name not in self.components:
+            # A recipe composed for an unknown pipeline knows no denoiser when its class has no row: name what trains
+            trained = [c for c, k in self.kinds.items() if k in ("lora", "full")]
+            if trained:
+                raise families.no_row(self.components[trained[0]], trained[0])
             raise TrainingError(f"tp.loss: recipe {self.recipe.name} names no denoiser present here "
                                 f"(components: {sorted(self.components)}); compute the loss yourself under tp.autocast()")
         return self.components[self.denoiser_name]
