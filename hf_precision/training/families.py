@@ -20,7 +20,7 @@ import torch
 
 from .rules import TrainingError
 
-__all__ = ["FamilyRow", "FAMILIES", "family_of", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
+__all__ = ["FamilyRow", "FAMILIES", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
            "model_output", "cogvideox_rotary", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
@@ -43,6 +43,17 @@ class FamilyRow:
     extras: tuple[str, ...] = ()
     guidance_scale: float = 1.0      # multiplier on the guidance value the pipeline applies before the call
     source: str = ""
+    timestep_arg: str = "timestep"   # Stable Cascade: timestep_ratio
+    # flow: the denoiser's clock runs from noise (0) to data (1): timestep (1 - sigma) * timestep_scale, and it
+    # predicts x0 - noise (Lumina2 negates its output, Mochi's scheduler inverts its sigmas)
+    flip: bool = False
+    discrete_scale: float | None = None  # DDPM: the denoiser takes t * discrete_scale (Cascade: t / 1000), else t
+    # forward argument -> (batch key, zeros shape when the batch lacks it: "latents", "latents@<config key>" for that
+    # many channels, "token@<config key>" for (B, 1, dim)); left out where the config key is null
+    optional: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
+    text_len: Mapping[str, str] = dataclasses.field(default_factory=dict)  # batch key -> config key of its token count
+    per_frame: tuple[str, ...] = ()  # forward arguments the pipeline repeats once per frame on the batch axis
+    timestep_in_weights_dtype: bool = False  # the pipeline casts the timestep to the denoiser's dtype itself
 
 
 _TEXT = {"prompt_embeds": "encoder_hidden_states"}
@@ -51,8 +62,9 @@ _MASKED = {"prompt_embeds": "encoder_hidden_states", "prompt_attention_mask": "e
 FAMILIES: dict[str, FamilyRow] = {
     "UNet2DConditionModel": FamilyRow(
         "sample", _TEXT, ("prompt_embeds", None, "pooled_prompt_embeds", None),
-        {"prompt_embeds": "cross_attention_dim"}, extras=("sdxl_time_ids",),
-        source="pipeline_stable_diffusion.py / pipeline_stable_diffusion_xl.py (added_cond_kwargs text_embeds, time_ids)"),
+        {"prompt_embeds": "cross_attention_dim"}, extras=("sdxl_time_ids", "noise_level"),
+        source="pipeline_stable_diffusion.py / pipeline_stable_diffusion_xl.py (added_cond_kwargs text_embeds, time_ids); "
+               "pipeline_stable_diffusion_upscale.py (class_labels = noise_level, low-res image concatenated)"),
     "UNetSpatioTemporalConditionModel": FamilyRow(
         "sample", {"image_embeds": "encoder_hidden_states"}, (), {"image_embeds": "cross_attention_dim"},
         layout="frames_first", extras=("svd_time_ids",),
@@ -82,7 +94,7 @@ FAMILIES: dict[str, FamilyRow] = {
         source="pipeline_wan.py (B,C,F,H,W latents; timestep = sigma * 1000)"),
     "CogVideoXTransformer3DModel": FamilyRow(
         "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "text_embed_dim"}, layout="frames_first",
-        extras=("cogvideox",),
+        extras=("cogvideox",), text_len={"prompt_embeds": "max_text_seq_length"},
         source="pipeline_cogvideox.py (latents permuted to B,F,C,H,W; integer timesteps; image_rotary_emb from "
                "_prepare_rotary_positional_embeddings); pipeline_cogvideox_image2video.py (ofs = 2.0)"),
     "LTXVideoTransformer3DModel": FamilyRow(
@@ -101,10 +113,71 @@ FAMILIES: dict[str, FamilyRow] = {
         pack="flux", timestep_scale=1.0, extras=("qwen_img_shapes", "guidance"),
         source="pipeline_qwenimage.py (_pack_latents 2x2 as Flux, img_shapes, encoder_hidden_states_mask, timestep / 1000; "
                "the transformer multiplies guidance by 1000 itself)"),
+    "WanVACETransformer3DModel": FamilyRow(
+        "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "text_dim"}, layout="video",
+        optional={"control_hidden_states": ("control_latents", "latents@vace_in_channels")},
+        source="pipeline_wan_vace.py (control_hidden_states = video latents + mask, vace_in_channels; none: zeros)"),
+    "UNetMotionModel": FamilyRow(
+        "sample", _TEXT, ("prompt_embeds", None, "pooled_prompt_embeds", None), {"prompt_embeds": "cross_attention_dim"},
+        layout="video", extras=("sdxl_time_ids",), per_frame=("encoder_hidden_states",),
+        source="pipeline_animatediff.py / pipeline_animatediff_sdxl.py (B,C,F,H,W latents, which the UNet folds into "
+               "(B*F,C,H,W); prompt_embeds.repeat_interleave(num_frames) first; SDXL: added_cond_kwargs)"),
+    "I2VGenXLUNet": FamilyRow(
+        "sample", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "cross_attention_dim"}, layout="video",
+        extras=("fps",), optional={"image_latents": ("image_latents", "latents"),
+                                   "image_embeddings": ("image_embeds", "token@cross_attention_dim")},
+        source="deprecated/i2vgen_xl/pipeline_i2vgen_xl.py (fps=16, image_latents (B,C,F,H,W), CLIP image_embeddings "
+               "(B,1,D))"),
+    "Kandinsky3UNet": FamilyRow(
+        "sample", _MASKED, ("prompt_embeds", None, "prompt_attention_mask", None), {"prompt_embeds": "encoder_hid_dim"},
+        source="pipeline_kandinsky3.py (encoder_attention_mask = encode_prompt's attention_mask)"),
+    "StableCascadeUNet": FamilyRow(
+        "sample", {"prompt_embeds": "clip_text", "pooled_prompt_embeds": "clip_text_pooled"},
+        ("prompt_embeds", "pooled_prompt_embeds", None, None),
+        {"prompt_embeds": "clip_text_in_channels", "pooled_prompt_embeds": "clip_text_pooled_in_channels"},
+        timestep_arg="timestep_ratio", discrete_scale=1e-3, extras=("cascade_pooled",), timestep_in_weights_dtype=True,
+        optional={"clip_img": ("image_embeds", "token@clip_image_in_channels"),
+                  "effnet": ("effnet", "latents@effnet_in_channels")},
+        source="pipeline_stable_cascade_prior.py (clip_text, clip_text_pooled, clip_img zeros without images) / "
+               "pipeline_stable_cascade.py (clip_text_pooled, effnet; the decoder has no clip_img, so clip_text is "
+               "unused there); timestep_ratio = t in [0, 1] of DDPMWuerstchenScheduler, cast to the denoiser's dtype "
+               "by the pipeline (the recipe's no_cast keeps the entry hook off it)"),
+    "DiTTransformer2DModel": FamilyRow(
+        "hidden_states", {}, (), {}, extras=("dit_class",),
+        source="pipeline_dit.py (class_labels, the null class num_embeds_ada_norm for guidance; learned sigma half)"),
+    "AuraFlowTransformer2DModel": FamilyRow(
+        "hidden_states", _TEXT, ("prompt_embeds", "prompt_attention_mask", None, None),
+        {"prompt_embeds": "joint_attention_dim"}, timestep_scale=1.0,
+        source="pipeline_aura_flow.py (timestep = t / 1000; no mask into the transformer)"),
+    "Lumina2Transformer2DModel": FamilyRow(
+        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None), {"prompt_embeds": "cap_feat_dim"},
+        timestep_scale=1.0, flip=True,
+        source="pipeline_lumina2.py (timestep = 1 - t / num_train_timesteps; noise_pred = -noise_pred)"),
+    "HunyuanDiT2DModel": FamilyRow(
+        "hidden_states", {**_TEXT, "prompt_attention_mask": "text_embedding_mask",
+                          "prompt_embeds_2": "encoder_hidden_states_t5", "prompt_attention_mask_2": "text_embedding_mask_t5"},
+        ("prompt_embeds", None, "prompt_attention_mask", None),
+        {"prompt_embeds": "cross_attention_dim", "prompt_embeds_2": "cross_attention_dim_t5"}, extras=("hunyuandit",),
+        discrete_scale=1.0,
+        text_len={"prompt_embeds": "text_len", "prompt_embeds_2": "text_len_t5"},
+        source="pipeline_hunyuandit.py (CLIP + T5 embeddings and masks, text_encoder_index 0 / 1; float timesteps "
+               "(t_expand in the latents' dtype: the model embeds in timestep.dtype); image_meta_size, "
+               "style, 2D rotary embedding; learned sigma half)"),
+    "MochiTransformer3DModel": FamilyRow(
+        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None), {"prompt_embeds": "text_embed_dim"},
+        layout="video", flip=True,
+        source="pipeline_mochi.py (the scheduler's invert_sigmas: timestep = (1 - sigma) * 1000)"),
+    "AllegroTransformer3DModel": FamilyRow(
+        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None), {"prompt_embeds": "caption_channels"},
+        layout="video", extras=("allegro_rotary",),
+        source="pipeline_allegro.py (image_rotary_emb from _prepare_rotary_positional_embeddings)"),
+    "LatteTransformer3DModel": FamilyRow(
+        "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "caption_channels"}, layout="video",
+        source="pipeline_latte.py (B,C,F,H,W latents, integer timesteps, temporal attention on; learned sigma half)"),
 }
 
 
-def family_of(module: torch.nn.Module) -> FamilyRow:
+def family_of(module: torch.nn.Module, component: str = "the denoiser") -> FamilyRow:
     """The row for a denoiser, by its class (or a base class); a ``TrainingError`` names the families known.
 
     Example:
@@ -117,9 +190,24 @@ def family_of(module: torch.nn.Module) -> FamilyRow:
     for cls in type(module).__mro__:
         if cls.__name__ in FAMILIES:
             return FAMILIES[cls.__name__]
-    raise TrainingError(f"{type(module).__name__}: no training row for this denoiser class; tp.loss() cannot build its "
-                        f"call. Known: {', '.join(FAMILIES)}. Compute your own loss under `with tp.autocast():` (the "
-                        f"dtype rules still hold), or add a row to hf_precision.training.families.FAMILIES")
+    raise no_row(module, component)
+
+
+def no_row(module: torch.nn.Module, component: str = "the denoiser") -> TrainingError:
+    """The error of ``tp.loss`` for a denoiser class without a row: what to do instead (the dtype plan holds either way).
+
+    Example:
+        >>> print(no_row(torch.nn.Linear(2, 2), "unet"))  # doctest: +ELLIPSIS
+        Linear (unet): no training row for this denoiser class, so tp.loss() cannot build its call...
+    """
+    name = type(getattr(module, "_orig_mod", module)).__name__
+    comp = component if component != "the denoiser" else "<denoiser>"
+    return TrainingError(
+        f"{name} ({component}): no training row for this denoiser class, so tp.loss() cannot build its call. The "
+        f"dtype plan still holds (storage, compute, fp32 masters, boundary hooks: print(tp)); pass the denoiser its "
+        f"inputs yourself: `with tp.autocast(): pred = tp.components[{comp!r}](noisy_latents, timestep, ...)`, "
+        f"`loss = torch.nn.functional.mse_loss(pred.float(), target)`, then tp.backward(loss) and tp.step(optimizer); "
+        f"or add a row to hf_precision.training.families.FAMILIES (known: {', '.join(sorted(FAMILIES))})")
 
 
 def objective_of(scheduler_config: Mapping[str, Any] | None, scheduler_class: str = "") -> str:
@@ -198,7 +286,8 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
             sigma = torch.rand(b, generator=generator, device=x0.device) if generator is not None else torch.rand(b, device=x0.device)
         s = sigma.float().view(b, *[1] * (x0.dim() - 1))
         noisy, target = (1 - s) * x0 + s * noise, noise - x0
-        timestep = sigma.float() * row.timestep_scale
+        timestep = (1 - sigma.float() if row.flip else sigma.float()) * row.timestep_scale
+        target = -target if row.flip else target
     elif objective == "edm":
         sigma = batch.get("sigmas")
         if sigma is None:
@@ -225,14 +314,20 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
         a = alphas_cumprod.to(x0.device)[t.long()].view(b, *[1] * (x0.dim() - 1))
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
-        timestep = t
+        timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
     noisy = _with_condition_latents(row, module, noisy, batch)
     if row.pack:
         noisy, target = _pack(row, noisy), _pack(row, target)
-    kwargs: dict[str, Any] = {row.latent_arg: noisy, "timestep": timestep}
+    if row.timestep_in_weights_dtype:
+        timestep = timestep.to(_frozen_dtype(module))
+    kwargs: dict[str, Any] = {row.latent_arg: noisy, row.timestep_arg: timestep}
     for key, arg in row.cond.items():
         if batch.get(key) is not None:
             kwargs[arg] = batch[key]
+    kwargs.update(_optional_inputs(row, module, batch, x0))
+    for arg in row.per_frame:
+        if kwargs.get(arg) is not None:
+            kwargs[arg] = kwargs[arg].repeat_interleave(x0.shape[2], dim=0)
     for extra in row.extras:
         kwargs.update(_EXTRAS[extra](row, module, batch, x0))
     return kwargs, target
@@ -367,9 +462,103 @@ def _ltx_sizes(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.
     return {"num_frames": x0.shape[2], "height": x0.shape[3], "width": x0.shape[4]}
 
 
+def _frozen_dtype(module: torch.nn.Module) -> torch.dtype:
+    # The frozen weights' dtype (a LoRA base: the compute dtype); a full fine-tune (fp32 masters) computes under
+    # autocast, which casts the timestep itself.
+    return next((p.dtype for p in module.parameters() if not p.requires_grad and p.is_floating_point()), torch.float32)
+
+
+def _optional_inputs(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    # Conditioning the pipeline always passes but a text-to-X training batch may lack (an I2V image, a VACE control
+    # video, Cascade's image embeddings): zeros, the unconditional input, as condition dropout trains it.
+    config = getattr(module, "config", {})
+    out: dict[str, Any] = {}
+    for arg, (key, shape) in row.optional.items():
+        kind, _, config_key = shape.partition("@")
+        dim = int(config.get(config_key) or 0) if config_key else x0.shape[_channel_dim(row)]
+        if not dim:
+            continue
+        given = batch.get(key)
+        if given is not None:
+            out[arg] = given if kind == "token" else _model_layout(row, given)
+        elif kind == "token":
+            out[arg] = x0.new_zeros(x0.shape[0], 1, dim)
+        else:
+            zeros = list(x0.shape)
+            zeros[_channel_dim(row)] = dim
+            out[arg] = x0.new_zeros(zeros)
+    return out
+
+
+def _noise_level(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    # pipeline_stable_diffusion_upscale.py: class_labels = noise_level (default 20) added to the low-res image
+    if batch.get("class_labels") is not None:
+        return {"class_labels": batch["class_labels"]}
+    if not module.config.get("num_class_embeds"):
+        return {}
+    level = batch.get("noise_level", 20)
+    return {"class_labels": torch.as_tensor(level, device=x0.device).long().reshape(-1).expand(x0.shape[0])}
+
+
+def _dit_class(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    labels = batch.get("class_labels")
+    if labels is None:  # pipeline_dit.py class_null: index num_embeds_ada_norm, the unconditional embedding
+        labels = torch.full((x0.shape[0],), int(module.config["num_embeds_ada_norm"]), device=x0.device)
+    return {"class_labels": labels}
+
+
+def _fps(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    # pipeline_i2vgen_xl.py: fps_tensor = target_fps (default 16) per sample
+    return {"fps": torch.as_tensor(batch.get("fps", 16), device=x0.device).reshape(-1).expand(x0.shape[0])}
+
+
+def _cascade_pooled(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    # The pipelines hand pooled text embeddings as (B, 1, D); unet_stable_cascade.py get_clip_embeddings reads
+    # size(1) of what it is given, so a (B, D) tensor would be mis-shaped.
+    pooled = batch.get("pooled_prompt_embeds")
+    if pooled is None:
+        pooled = x0.new_zeros(x0.shape[0], 1, int(module.config["clip_text_pooled_in_channels"]))
+    return {"clip_text_pooled": pooled if pooled.dim() == 3 else pooled[:, None]}
+
+
+def _hunyuandit(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    from diffusers.models.embeddings import get_2d_rotary_pos_embed
+    from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
+
+    # pipeline_hunyuandit.py step 7, from latent sizes (the pipeline divides pixel sizes by 8 first)
+    config, b, h, w = module.config, x0.shape[0], x0.shape[-2], x0.shape[-1]
+    p = int(config["patch_size"])
+    grid = (h // p, w // p)
+    rotary = get_2d_rotary_pos_embed(module.inner_dim // module.num_heads, get_resize_crop_region_for_grid(grid, 64 // p),
+                                     grid, device=x0.device, output_type="pt")
+    out: dict[str, Any] = {"image_rotary_emb": tuple(t.float() for t in rotary)}
+    if config.get("use_style_cond_and_image_meta_size"):
+        ids = batch.get("add_time_ids")  # original size, target size, crop top-left, in pixels
+        if ids is None:
+            ids = torch.tensor([[h * 8, w * 8, h * 8, w * 8, 0, 0]], dtype=torch.float32, device=x0.device).expand(b, 6)
+        out.update(image_meta_size=ids, style=torch.zeros(b, dtype=torch.long, device=x0.device))
+    return out
+
+
+def _allegro_rotary(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
+
+    # pipeline_allegro.py _prepare_rotary_positional_embeddings, from latent sizes
+    config, p = module.config, int(module.config["patch_size"])
+    grid = (x0.shape[-2] // p, x0.shape[-1] // p)
+    *freqs, grid_t, grid_h, grid_w = get_3d_rotary_pos_embed_allegro(
+        embed_dim=int(config["attention_head_dim"]), crops_coords=((0, 0), grid), grid_size=grid,
+        temporal_size=x0.shape[2], device=x0.device,
+        interpolation_scale=(config["interpolation_scale_t"], config["interpolation_scale_h"], config["interpolation_scale_w"]))
+    pos = torch.cartesian_prod(grid_t.long(), grid_h.long(), grid_w.long())
+    return {"image_rotary_emb": (tuple(freqs), tuple(pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()))}
+
+
 _EXTRAS = {"sdxl_time_ids": _sdxl_time_ids, "svd_time_ids": _svd_time_ids, "flux_ids": _flux_ids,
            "guidance": _guidance, "pixart_micro": _pixart_micro, "ltx_sizes": _ltx_sizes,
-           "qwen_img_shapes": _qwen_img_shapes, "cogvideox": _cogvideox}
+           "qwen_img_shapes": _qwen_img_shapes, "cogvideox": _cogvideox, "noise_level": _noise_level,
+           "dit_class": _dit_class, "fps": _fps, "cascade_pooled": _cascade_pooled, "hunyuandit": _hunyuandit,
+           "allegro_rotary": _allegro_rotary}
 
 
 def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8, frames: int = 2, tokens: int = 4,
@@ -394,18 +583,21 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1
     if config.get("patch_size_t"):  # CogVideoX 1.5 patches frames in pairs: the pipeline pads latent frames to fit
         frames = -(-frames // int(config["patch_size_t"])) * int(config["patch_size_t"])
-    tokens = int(config.get("max_text_seq_length") or tokens)  # CogVideoX: the prompt is padded to this length
     spatial = (frames, side, side) if row.layout in ("video", "frames_first") else (side, side)
     batch = {"latents": torch.randn(batch_size, channels, *spatial, generator=gen)}
     for key, dim_key in row.text_dims.items():
         dim = config.get(dim_key)
-        if key == "pooled_prompt_embeds" and dim is None:
+        if dim is None:  # a part this configuration lacks (no pooled projection; Cascade's decoder has no clip_text)
             continue
         if config.get("addition_embed_type") == "text_time" and key == "prompt_embeds":
             pooled = int(config["projection_class_embeddings_input_dim"]) - 6 * int(config["addition_time_embed_dim"])
             batch["pooled_prompt_embeds"] = torch.randn(batch_size, pooled, generator=gen)
-        shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, 1 if key == "image_embeds" else tokens, int(dim))
+        # CogVideoX pads the prompt to max_text_seq_length, HunyuanDiT to text_len / text_len_t5 (its padding table)
+        length = int(config.get(row.text_len.get(key, ""), None) or tokens)
+        shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, 1 if key == "image_embeds" else length, int(dim))
         batch[key] = torch.randn(*shape, generator=gen)
-    if "prompt_attention_mask" in row.cond:
-        batch["prompt_attention_mask"] = torch.ones(batch_size, tokens, dtype=torch.long)
+    for key in row.cond:
+        embeds = batch.get(key.replace("attention_mask", "embeds"))
+        if key.startswith("prompt_attention_mask") and embeds is not None:
+            batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long)
     return batch

@@ -131,7 +131,7 @@ class TrainingPlan:
     def loss(self, batch: Mapping[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
-        row = families.family_of(module)
+        row = families.family_of(module, str(self.denoiser_name))
         kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator,
                                                self.sigma_range)
         out = module(**kwargs, return_dict=False)
@@ -230,6 +230,10 @@ class TrainingPlan:
 
     def _denoiser(self) -> torch.nn.Module:
         if self.denoiser_name is None or self.denoiser_name not in self.components:
+            # A recipe composed for an unknown pipeline knows no denoiser when its class has no row: name what trains
+            trained = [c for c, k in self.kinds.items() if k in ("lora", "full")]
+            if trained:
+                raise families.no_row(self.components[trained[0]], trained[0])
             raise TrainingError(f"tp.loss: recipe {self.recipe.name} names no denoiser present here "
                                 f"(components: {sorted(self.components)}); compute the loss yourself under tp.autocast()")
         return self.components[self.denoiser_name]
@@ -399,7 +403,9 @@ def _lora_config(module: torch.nn.Module, rank: int) -> Any:
 
 
 def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None, tuple[float, float] | None]:
-    scheduler = getattr(holder, "scheduler", None) or holder.components.get("scheduler")
+    scheduler = getattr(holder, "scheduler", None)
+    if scheduler is None:  # not `or`: DDPMWuerstchenScheduler's __len__ reads a config key its config lacks
+        scheduler = holder.components.get("scheduler")
     if scheduler is None:
         row = families.family_of(denoiser) if denoiser is not None else None
         return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({}), None
@@ -410,6 +416,10 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
     # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
     # schedule rebuilt from the config would not), else one rebuilt from the config.
     own = getattr(scheduler, "alphas_cumprod", None)
+    if own is None and hasattr(scheduler, "_alpha_cumprod"):
+        # DDPMWuerstchenScheduler (Stable Cascade) has a cosine schedule in continuous t in [0, 1]: tabulated at
+        # t = i / 1000, the step the Cascade row's timestep_ratio (t * 1e-3) reads back
+        own = scheduler._alpha_cumprod(torch.arange(1000) / 1000, "cpu")
     alphas = own.detach().float().cpu() if isinstance(own, torch.Tensor) and own.dim() == 1 else _alphas(config)
     return objective, alphas, (families.sigma_range(config, alphas) if objective == "edm" else None)
 
