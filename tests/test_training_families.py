@@ -55,6 +55,14 @@ ENCODE_FEEDS = {
     "ltx": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
     "hunyuan_video": {0: ("encoder_hidden_states",), 1: ("pooled_projections",), 2: ("encoder_attention_mask",)},
     "qwenimage": {0: ("encoder_hidden_states",), 1: ("encoder_hidden_states_mask",)},
+    "hunyuandit": {0: ("encoder_hidden_states",), 2: ("text_embedding_mask",)},
+}
+# Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
+# what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
+ENCODE_CALLS = {
+    "hunyuandit": (({"max_sequence_length": 77, "text_encoder_index": 0}, ENCODE_FEEDS["hunyuandit"]),
+                   ({"max_sequence_length": 256, "text_encoder_index": 1},
+                    {0: ("encoder_hidden_states_t5",), 2: ("text_embedding_mask_t5",)})),
 }
 
 
@@ -83,19 +91,20 @@ def _assert_fed_as_the_pipeline_does(name, tp, seen):
     # SD3's encode_prompt requires prompt_2/prompt_3 (None: reuse the prompt, as its __call__ does)
     wanted = {"do_classifier_free_guidance": False, "device": tp.device, "num_images_per_prompt": 1,
               "prompt_2": None, "prompt_3": None, **_short_prompts(tp)}
-    kwargs = {k: v for k, v in wanted.items() if k in params}
-    with torch.no_grad():
-        outputs = pipe.encode_prompt(PROMPTS, **kwargs)
-    for index, path in ENCODE_FEEDS[name].items():
-        want = outputs[index]
-        if want is None:  # QwenImage drops an all-ones mask; the denoiser then gets none either
-            assert seen.get(path[0]) is None, path
-            continue
-        got = seen
-        for key in path:
-            got = got[key]
-        assert got.dtype == (tp.compute_dtype if want.is_floating_point() else want.dtype), (path, got.dtype)
-        assert torch.equal(got, want.to(got.dtype)), path
+    for options, feeds in ENCODE_CALLS.get(name, (({}, ENCODE_FEEDS[name]),)):
+        kwargs = {k: v for k, v in {**wanted, **options}.items() if k in params}
+        with torch.no_grad():
+            outputs = pipe.encode_prompt(PROMPTS, **kwargs)
+        for index, path in feeds.items():
+            want = outputs[index]
+            if want is None:  # QwenImage drops an all-ones mask; the denoiser then gets none either
+                assert seen.get(path[0]) is None, path
+                continue
+            got = seen
+            for key in path:
+                got = got[key]
+            assert got.dtype == (tp.compute_dtype if want.is_floating_point() else want.dtype), (path, got.dtype)
+            assert torch.equal(got, want.to(got.dtype)), path
 
 
 PROMPTS = ["a cat"]

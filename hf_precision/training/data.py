@@ -58,19 +58,24 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     wanted = {"prompt": prompts, "device": tp.device, "do_classifier_free_guidance": False,
               "num_images_per_prompt": 1, "num_videos_per_prompt": 1}
-    config = getattr(tp._denoiser(), "config", {})
-    if config.get("max_text_seq_length"):  # CogVideoX sizes its text position embedding from the config
-        wanted["max_sequence_length"] = int(config["max_text_seq_length"])
     unknown = sorted(set(options) - set(params))
     if unknown:
         raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt takes no {', '.join(unknown)}; it "
                             f"takes {', '.join(p for p in params if p != 'prompt')}")
-    kwargs = {k: v for k, v in {**wanted, **options}.items() if k in params}
-    # SD3 requires prompt_2/prompt_3 (no defaults); None makes it reuse `prompt`, as its __call__ does
-    kwargs.update({k: None for k, p in params.items() if k.startswith("prompt_") and k not in kwargs
-                   and p.default is inspect.Parameter.empty})
+    config = getattr(tp._denoiser(), "config", {})
     grad = any(tp.kinds.get(c) != "frozen" for c in tp.components if c.startswith("text_encoder"))
-    with torch.set_grad_enabled(grad):
-        out = pipe.encode_prompt(**kwargs)
-    out = out if isinstance(out, tuple) else (out,)
-    return {name: value for name, value in zip(row.encode, out) if name is not None and value is not None}
+    batch: dict[str, torch.Tensor] = {}
+    for extra, names in (({}, row.encode), *row.encode_more):
+        kwargs = {**wanted, **options, **extra}
+        length = config.get(row.text_len.get(str(names[0]), ""))
+        if length:  # CogVideoX, HunyuanDiT: the denoiser was built for prompts of exactly this many tokens
+            kwargs["max_sequence_length"] = int(length)
+        kwargs = {k: v for k, v in kwargs.items() if k in params}
+        # SD3 requires prompt_2/prompt_3 (no defaults); None makes it reuse `prompt`, as its __call__ does
+        kwargs.update({k: None for k, p in params.items() if k.startswith("prompt_") and k not in kwargs
+                       and p.default is inspect.Parameter.empty})
+        with torch.set_grad_enabled(grad):
+            out = pipe.encode_prompt(**kwargs)
+        out = out if isinstance(out, tuple) else (out,)
+        batch.update({name: value for name, value in zip(names, out) if name is not None and value is not None})
+    return batch

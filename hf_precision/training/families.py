@@ -52,6 +52,8 @@ class FamilyRow:
     # many channels, "token@<config key>" for (B, 1, dim)); left out where the config key is null
     optional: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
     text_len: Mapping[str, str] = dataclasses.field(default_factory=dict)  # batch key -> config key of its token count
+    # further encode_prompt calls, each (its options, the names of what it returns) (HunyuanDiT: the T5 encoder)
+    encode_more: tuple[tuple[Mapping[str, Any], tuple[str | None, ...]], ...] = ()
     per_frame: tuple[str, ...] = ()  # forward arguments the pipeline repeats once per frame on the batch axis
     timestep_in_weights_dtype: bool = False  # the pipeline casts the timestep to the denoiser's dtype itself
 
@@ -160,6 +162,7 @@ FAMILIES: dict[str, FamilyRow] = {
         {"prompt_embeds": "cross_attention_dim", "prompt_embeds_2": "cross_attention_dim_t5"}, extras=("hunyuandit",),
         discrete_scale=1.0,
         text_len={"prompt_embeds": "text_len", "prompt_embeds_2": "text_len_t5"},
+        encode_more=(({"text_encoder_index": 1}, ("prompt_embeds_2", None, "prompt_attention_mask_2", None)),),
         source="pipeline_hunyuandit.py (CLIP + T5 embeddings and masks, text_encoder_index 0 / 1; float timesteps "
                "(t_expand in the latents' dtype: the model embeds in timestep.dtype); image_meta_size, "
                "style, 2D rotary embedding; learned sigma half)"),
