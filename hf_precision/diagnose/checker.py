@@ -215,6 +215,7 @@ def _main_dtype(module: nn.Module) -> str | None:
 
 
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
+    from ..runtime.apply import same_device
     from ..runtime.layout import drift
 
     erased: dict[tuple[str, str, str], int] = {}
@@ -233,7 +234,7 @@ def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[lis
                 drifted[(name, "dtype", d.have, d.want)] = drifted.get((name, "dtype", d.have, d.want), 0) + d.count
         want_device = applied.devices.get(name)
         for param in module.parameters():
-            if want_device and param.device.type != "meta" and str(param.device) != str(want_device):
+            if want_device and param.device.type != "meta" and not same_device(want_device, param.device):
                 key = (name, "device", str(param.device), str(want_device))
                 drifted[key] = drifted.get(key, 0) + 1
     out_erased = []
