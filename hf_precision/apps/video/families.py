@@ -223,6 +223,7 @@ class VideoSpec:
     max_positions: int = 0
     frame_factor: int = 1      # the VAE's temporal compression times the transformer's temporal patch
     patch: int = 1             # the transformer's spatial patch (1 for a UNet)
+    spatial: int = 1           # the VAE's spatial factor (size_multiple may be larger: SVD asks for 8)
 
     @property
     def row(self) -> VideoFamily:
@@ -268,7 +269,7 @@ class VideoSpec:
             >>> spec.latent_shape(480, 832, 81)
             (21, 60, 104)
         """
-        spatial = self.size_multiple // self.patch
+        spatial = self.spatial
         return (frames - 1) // self.frame_step + 1 if self.frame_step > 1 else frames, height // spatial, width // spatial
 
     def text_length(self) -> int:
@@ -380,7 +381,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                      size_multiple=math.lcm(row.size_multiple, spatial * patch), defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
                      max_positions=positions, frame_factor=_pair(den.get("patch_size", 1), 0) if positions else 1,
-                     patch=patch)
+                     patch=patch, spatial=spatial)
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:
