@@ -57,6 +57,20 @@ def _side(pipe: Any) -> int:
     return -(-side // 16) * 16
 
 
+def _fewest_steps(pipe: Any) -> int:
+    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart.
+
+    pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
+    meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
+    source, so no pipeline class is named here.
+    """
+    try:
+        source = inspect.getsource(type(pipe).__call__)
+    except (OSError, TypeError):
+        return 1
+    return 2 if "num_inference_steps == 1" in source else 1
+
+
 def default_call(pipe: Any) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
@@ -82,11 +96,10 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
 
         return Image.new("RGB", (side, side), fill)
 
-    # PixArt pipelines index a 1-step DPM-Solver result as a tuple (diffusers 0.42 IndexError): they get 2 steps.
-    kwargs: dict[str, Any] = {"num_inference_steps": 2 if name.startswith("PixArt") else 1, "output_type": "np"}
+    kwargs: dict[str, Any] = {"num_inference_steps": _fewest_steps(pipe), "output_type": "np"}
     if "class_labels" in params:
         kwargs["class_labels"] = [1]
-    elif name.startswith("StableVideoDiffusion") or ("image" in params and "prompt" not in params):
+    elif "image" in params and "prompt" not in params:  # image-to-video (SVD), image variation
         kwargs.update(image=image(), num_frames=2, decode_chunk_size=1)
     elif "prompt" in params:
         kwargs["prompt"] = "check"
