@@ -19,13 +19,12 @@ from typing import Any
 
 from ...errors import RecipeError
 from ...runtime.memory import available_bytes
-from ...units import parse_size
+from ...units import format_bytes, parse_size
 from .counting import count_live_bytes
 from .families import Meta, pipeline_recipe
 from .load import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options",
-           "size_text"]
+__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
 
 
 def free_memory(device: Any) -> int:
@@ -406,21 +405,10 @@ class Choice:
 
     def describe(self) -> str:
         p = self.prediction
-        head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {_gb(self.budget)}: {p.settings.label()}"
-        return f"{head}; predicted peak {_gb(p.peak)} (" + ", ".join(f"{k} {_gb(v)}" for k, v in p.phases.items()) + ")"
+        head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {format_bytes(self.budget)}: {p.settings.label()}"
+        return f"{head}; predicted peak {format_bytes(p.peak)} (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in p.phases.items()) + ")"
 
 
-def size_text(n: int) -> str:
-    """A byte count for people: GB from 0.1 GB up, MiB below.
-
-    Example:
-        >>> size_text(12 * 10**9), size_text(3 * 2**20)
-        ('12.00 GB', '3.0 MiB')
-    """
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 2**20:.1f} MiB"
-
-
-_gb = size_text
 
 
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,

@@ -24,6 +24,7 @@ from typing import Any
 
 from ...errors import RecipeError, override_line
 from ...runtime.progress import quiet_progress
+from ...units import format_bytes
 from .io import Job, read_image, save_video
 from .load import MemorySettings, components_by_role, load_video_pipeline
 from .memory import PhaseMemory, phase_hooks, weight_bytes
@@ -49,11 +50,11 @@ class ClipResult:
     decode_seconds: float | None = None
 
     def summary(self) -> str:
-        phases = ", ".join(f"{p} {b / 2**20:.1f} MiB" for p, b in self.peaks.items()) + f" ({self.memory_kind})"
+        phases = ", ".join(f"{p} {format_bytes(b)}" for p, b in self.peaks.items()) + f" ({self.memory_kind})"
         if self.decode_seconds is None:
             return f"peak memory per phase: {phases}; {self.seconds:.2f} s"
-        return (f"peak memory {self.peak_memory / 2**20:.1f} MiB ({self.run_memory_kind}; "
-                f"{self.peak_before_decode / 2**20:.1f} MiB before decoding); "
+        return (f"peak memory {format_bytes(self.peak_memory)} ({self.run_memory_kind}; "
+                f"{format_bytes(self.peak_before_decode)} before decoding); "
                 f"{self.seconds_per_step:.3f} s per denoising step; decode {self.decode_seconds:.2f} s\n"
                 f"peak memory per phase: {phases}")
 
