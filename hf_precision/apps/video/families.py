@@ -67,6 +67,8 @@ class VideoFamily:
     defaults: dict[str, int]
     text_length: int = 256
     text_prefix: int = 0             # template tokens the text encoder reads and the pipeline crops (HunyuanVideo)
+    text_hidden_states: bool = False  # the pipeline reads an inner layer of the text encoder, so every layer's
+                                      # output is kept (HunyuanVideo: hidden_states[-3])
     cfg_batch: int = 2
     denoiser_inputs: Inputs | None = None
     image_encode: str = ""           # what vae.encode gets for an input image: "image", "frame", "clip" or "" (none)
@@ -174,7 +176,8 @@ FAMILIES: dict[str, VideoFamily] = {f.name: f for f in (
     VideoFamily("cogvideox", "CogVideoX", {"height": 480, "width": 720, "frames": 49, "steps": 50}, text_length=226,
                 denoiser_inputs=_cogvideox, image_encode="frame", text_length_key="max_text_seq_length"),
     VideoFamily("hunyuan", "HunyuanVideo", {"height": 320, "width": 512, "frames": 61, "steps": 30},
-                text_length=256, text_prefix=95, cfg_batch=1, denoiser_inputs=_hunyuan),
+                text_length=256, text_prefix=95, text_hidden_states=True, cfg_batch=1,
+                denoiser_inputs=_hunyuan),
     VideoFamily("svd", "StableVideoDiffusion", {"height": 576, "width": 1024, "frames": 0, "steps": 25},
                 denoiser_inputs=_svd, image_encode="image", decode="frames", decode_chunks=True,
                 forward_chunking=True, vae_tiling="never", frames_key="num_frames",

@@ -50,12 +50,10 @@ def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: 
     return modules
 
 
-def _text_peak(module: Any, length: int) -> int:
+def _text_peak(module: Any, length: int, hidden_states: bool = False) -> int:
     import torch
 
-    kwargs: dict[str, Any] = {}
-    if "Llama" in type(module).__name__:
-        kwargs["output_hidden_states"] = True  # HunyuanVideo reads hidden_states[-3]: every layer's output is kept
+    kwargs: dict[str, Any] = {"output_hidden_states": True} if hidden_states else {}
     length = min(length, int(getattr(module.config, "max_position_embeddings", length) or length))
     with count_live_bytes() as live:
         ids = torch.zeros(1, length, dtype=torch.long, device="meta")
@@ -252,8 +250,10 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     text = {}
     for name, module in components_by_role(modules, "text encoder"):
         # HunyuanVideo's Llama reads the prompt template too: text_prefix tokens cropped after encoding
-        length = 77 if "CLIP" in type(module).__name__ else spec.text_length() + spec.row.text_prefix
-        text[name] = _text_peak(module, length)
+        if "CLIP" in type(module).__name__:  # CLIP tokenizers pad to 77 whatever the family
+            text[name] = _text_peak(module, 77)
+        else:
+            text[name] = _text_peak(module, spec.text_length() + spec.row.text_prefix, spec.row.text_hidden_states)
     return _Model(spec=spec, plan=p, modules=modules, dtypes=dtypes, text=text, leaf=leaf, loose=loose,
                   cpu=p.recipe.device.type == "cpu")
 
