@@ -160,6 +160,30 @@ def test_no_default_call_for_unknown_pipelines():
         hp.check(object())
 
 
+def test_an_index_less_device_plan_is_the_current_device(monkeypatch):
+    # torch.device("cuda") != torch.device("cuda:0"), yet .to("cuda") lands on cuda:0: a plan for "cuda" with its
+    # tensors on cuda:0 is no drift, on cuda:1 it is (compared on device objects, so no GPU is needed).
+    from types import SimpleNamespace
+
+    import hf_precision.runtime.layout as layout
+    from hf_precision.diagnose.checker import _drift
+    from hf_precision.runtime.apply import same_device
+
+    monkeypatch.setattr(layout, "drift", lambda *args: [])  # dtypes are not what this test is about
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+    def drift_on(device: str) -> list:
+        module = SimpleNamespace(parameters=lambda: [SimpleNamespace(device=torch.device(device))] * 2)
+        applied = SimpleNamespace(modules={"unet": module}, recipe={"unet": None}, islands={}, skipped=[],
+                                  devices={"unet": "cuda"})
+        return [(d.have, d.want, d.tensors) for d in _drift(None, {"unet": module}, applied)[1]]
+
+    assert drift_on("cuda:0") == []
+    assert drift_on("cuda:1") == [("cuda:1", "cuda", 2)]
+    assert same_device(torch.device("cuda"), torch.device("cuda", 0)) and same_device("cuda:1", torch.device("cuda", 1))
+    assert not same_device("cuda", torch.device("cpu")) and not same_device("cuda:0", torch.device("cuda", 1))
+
+
 # ------------------------------------------------------------------------------------------ the CLI
 
 _SCRIPT = Path(sys.executable).parent / "hf-precision"

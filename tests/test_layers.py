@@ -9,6 +9,7 @@ torch-free.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from pathlib import Path
@@ -34,9 +35,17 @@ def _dotted(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.lru_cache(maxsize=None)
+def _parsed(path: Path) -> tuple[str, ast.Module]:
+    # Every check here walks the same files: each is read and parsed once per session.
+    source = path.read_text(encoding="utf-8")
+    return source, ast.parse(source)
+
+
+@functools.lru_cache(maxsize=None)
 def _imports(path: Path) -> list[tuple[int, str, list[str]]]:
     """(line, absolute module, imported names) for every import in ``path``, relative ones resolved."""
-    tree = ast.parse(path.read_text(encoding="utf-8"))
+    tree = _parsed(path)[1]
     package = _dotted(path) if path.name == "__init__.py" else _dotted(path).rpartition(".")[0]
     found = []
     for node in ast.walk(tree):
@@ -174,6 +183,38 @@ def test_the_cycle_check_counts_function_local_imports() -> None:
         one.unlink()
         two.unlink()
     assert ["hf_precision.recipe._cycle_probe_a", "hf_precision.recipe._cycle_probe_b"] in cycles
+
+
+# A newcomer reads a function in one screenful or two and a module in one sitting (issue 21: about 100 and 500
+# lines); the margin keeps a docstring example from failing the build, and there is no allow-list: split instead.
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 110, 550
+
+
+def _oversized(source: str, tree: ast.Module | None = None) -> list[str]:
+    """The functions (methods and nested ones too) and the module of ``source`` that are over the limits."""
+    found = [f"{len(source.splitlines())} lines in the module"] if len(source.splitlines()) > MAX_MODULE_LINES else []
+    for node in ast.walk(tree or ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"line {node.lineno}: {node.name} is {length} lines")
+    return found
+
+
+def test_functions_and_modules_stay_short() -> None:
+    bad = [f"{path.relative_to(PACKAGE)}: {what}" for path in _modules()
+           for what in _oversized(*_parsed(path))]
+    assert not bad, (f"over {MAX_FUNCTION_LINES} lines a function, {MAX_MODULE_LINES} a module (split along the "
+                     f"seams: named steps, small helpers, a sibling module):\n  " + "\n  ".join(bad))
+
+
+def test_the_size_check_catches_what_it_is_for() -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    assert _oversized(f"def long():\n{body}") == [f"line 1: long is {MAX_FUNCTION_LINES + 1} lines"]
+    method = f"class C:\n    def short(self):\n        pass\n\n    def long(self):\n" + body.replace("    ", "        ")
+    assert _oversized(method) == [f"line 5: long is {MAX_FUNCTION_LINES + 1} lines"]
+    assert _oversized("x = 1\n" * (MAX_MODULE_LINES + 1)) == [f"{MAX_MODULE_LINES + 1} lines in the module"]
+    assert _oversized("def short():\n" + "    pass\n" * (MAX_FUNCTION_LINES - 1)) == []
 
 
 def test_recipe_layer_is_torch_free() -> None:

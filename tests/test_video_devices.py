@@ -76,7 +76,7 @@ def test_cli_runs_the_demo_over_two_cpu_devices(tmp_path, capsys, monkeypatch):
     text = capsys.readouterr().out
     p = seen["placement"]
     assert p.slots["unet"] == 1 and {p.slots[c] for c in p.slots if c != "unet"} == {0}
-    assert re.search(r"cpu \(20\.00 GB free\): unet [\d.]+ MiB", text), text
+    assert re.search(r"cpu \(20\.00 GB free\): unet [\d.]+ [kMG]?B", text), text
     assert text.index("device map (balanced") < text.index("wrote ")
     assert out.exists()
 

@@ -15,6 +15,7 @@ import pytest
 from hf_precision.apps.video.families import FAMILIES as TABLE
 from hf_precision.testing import PIPELINES, make_pipeline
 from hf_precision.testing.calibration import plant_fp16_overflow
+from hf_precision.units import parse_size
 
 # The tiny family, and (height, width, frames) that satisfy its own rules (frames t*k+1, size multiples).
 SIZES = {"wan": (16, 16, 5), "ltx": (32, 32, 9), "ltx_i2v": (32, 32, 9), "cogvideox": (16, 16, 9),
@@ -94,9 +95,9 @@ def test_family_end_to_end_under_layout(kind, layout, folders, image, tmp_path, 
     for name in ("transformer", "vae"):
         assert f"{name} {expect[name].compute}" in recipe_line, recipe_line
     assert not recipe_line.startswith("composed:"), recipe_line  # the family's named recipe, not a composed one
-    assert re.search(r"denoising [\d.]+ MiB", captured.out)
+    assert re.search(r"denoising [\d.]+ [kMG]?B", captured.out)
     if kind != "allegro":  # Allegro's tiled decode calls no decoder forward that a phase hook sees
-        assert re.search(r"VAE decode [\d.]+ MiB", captured.out)
+        assert re.search(r"VAE decode [\d.]+ [kMG]?B", captured.out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.gif"]  # no temporary file left
 
 
@@ -410,8 +411,8 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
                "--max-memory", "8GB"])
     out = capsys.readouterr().out
     assert rc == 0, out
-    chosen = re.search(r"chosen for 8\.00 GB: (.+); predicted peak ([\d.]+) GB", out)
-    assert chosen and float(chosen[2]) <= 8.0, out
+    chosen = re.search(r"chosen for 8\.00 GB: (.+); predicted peak ([\d.]+ [kMG]?B)", out)
+    assert chosen and parse_size(chosen[2]) <= 8 * 10**9, out
 
 
 # --------------------------------------------------------------------------------------------- the family table

@@ -39,11 +39,11 @@ class ImageChoice:
         return Override("memory plan (--max-memory)", {"components": {c: {"storage": s} for c, s in self.quantize}})
 
     def describe(self) -> str:
-        from .video.plan import size_text
+        from ..units import format_bytes
 
         head = "chosen" if self.fits else "nothing fits; least memory"
-        return (f"{head} for {size_text(self.budget)} ({size_text(self.reserve)} held back for activations): "
-                f"{self.label()}; resident weights {size_text(self.resident)}")
+        return (f"{head} for {format_bytes(self.budget)} ({format_bytes(self.reserve)} held back for activations): "
+                f"{self.label()}; resident weights {format_bytes(self.resident)}")
 
 
 def _resident(weights: dict[str, int], offload: str) -> int:

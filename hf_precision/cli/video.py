@@ -18,7 +18,7 @@ from ..apps.video.families import model_spec
 from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs, read_prompts
 from ..apps.video.load import OFFLOAD, MemorySettings
 from ..errors import RecipeError
-from ..units import parse_size
+from ..units import format_bytes, parse_size
 from .common import add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
@@ -269,7 +269,7 @@ def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) 
 
 def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     """``--plan``: weights per component, the predicted peak per phase, and the settings for the budget."""
-    from ..apps.video.plan import choose, free_memory, is_accelerator, size_text
+    from ..apps.video.plan import choose, free_memory, is_accelerator
     from ..recipe.devices import device_profile
 
     layout = args.layout or args.device or str(device_profile(None).torch_device())
@@ -284,7 +284,7 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
         budget = free_memory(args.device or "cpu")
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
                     frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
-    p, gb = choice.prediction, size_text
+    p, gb = choice.prediction, format_bytes
     print(f"plan: {spec.pipeline} ({spec.mode}) for {device_profile(layout).label()}, {args.width}x{args.height}, "
           f"{args.frames} frames (configs on the meta device, no weights)")
     print("weights: " + ", ".join(f"{n} {gb(b)}" for n, b in p.weights.items()) + f"; total {gb(sum(p.weights.values()))}")

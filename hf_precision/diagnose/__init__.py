@@ -8,7 +8,7 @@ from ..lazy import face
 
 _EXPORTS = {
     "plan": "planner", "Plan": "planner", "PlannedComponent": "planner", "Island": "planner", "ModuleRow": "planner", "build_on_meta": "planner",
-    "check": "checker", "CheckReport": "checker", "Mismatch": "checker", "ErasedIsland": "checker", "Drift": "checker", "Cast": "checker", "default_call": "checker",
+    "check": "checker", "CheckReport": "checker", "Mismatch": "checker", "ErasedIsland": "checker", "Drift": "checker", "Cast": "checker", "default_call": "call",
     "calibrate": "calibration", "CalibrationResult": "calibration",
     "MismatchError": "mismatch", "explain": "mismatch", "explain_error": "mismatch", "parse_mismatch": "mismatch",
 }

@@ -18,22 +18,20 @@ it).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .. import dtypes as dt
-from ..errors import RecipeError, override_line
+from ..errors import override_line
+from .call import default_call, pipeline_modules
 from .fixes import recorded_fix
+from .recorder import Recorder
 
 if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["check", "CheckReport", "Mismatch", "ErasedIsland", "Drift", "Cast", "default_call"]
-
-_MAX_MISMATCHES = 50  # distinct modules; a cascade through every layer says nothing more after the first few
-
 
 # --------------------------------------------------------------------------------------------- findings
 
@@ -204,230 +202,7 @@ def _error_dict(err: BaseException | None) -> dict[str, Any] | None:
     return out
 
 
-# --------------------------------------------------------------------------------------------- the default call
-
-
-def _denoiser_name(pipe: Any) -> str | None:
-    """The denoiser the recipe names (applied, or the one covering this pipeline class), else the largest model."""
-    from ..recipe.catalog import pipeline_spec, recipe_classes
-    from ..runtime.apply import applied
-
-    record = applied(pipe)
-    if record is not None and record.recipe.denoiser:
-        return record.recipe.denoiser
-    shipped = recipe_classes().get(type(pipe).__name__)
-    if shipped is not None:
-        return pipeline_spec(shipped).get("denoiser")
-    comps = _components(pipe)
-    return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
-
-
-def _side(pipe: Any) -> int:
-    """The smallest image side that runs every level of the denoiser: VAE factor x its downsampling x 2, >= 32."""
-    vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
-    down = 1
-    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
-    config = getattr(denoiser, "config", None)
-    if config is not None:
-        blocks = config.get("block_out_channels") if hasattr(config, "get") else None
-        if blocks:
-            down = 2 ** (len(blocks) - 1)
-        patch = config.get("patch_size") if hasattr(config, "get") else None
-        if patch:
-            down = max(down, int(patch))
-    side = max(32, vae_factor * down * 2)
-    return -(-side // 16) * 16
-
-
-def default_call(pipe: Any) -> Callable[[Any], Any]:
-    """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
-
-    Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
-    ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
-    (and a mask) with ``strength=1``. Outputs are numpy (``output_type="np"``).
-
-    Raises:
-        RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
-            ``call=lambda pipe: pipe(...)`` to :func:`check`.
-    """
-    import torch
-
-    try:
-        params = inspect.signature(pipe.__call__).parameters
-    except (TypeError, ValueError):
-        params = {}
-    side = _side(pipe)
-    name = type(pipe).__name__
-
-    def image(fill: tuple[int, int, int] = (120, 90, 60)) -> Any:
-        from PIL import Image
-
-        return Image.new("RGB", (side, side), fill)
-
-    # PixArt pipelines index a 1-step DPM-Solver result as a tuple (diffusers 0.42 IndexError): they get 2 steps.
-    kwargs: dict[str, Any] = {"num_inference_steps": 2 if name.startswith("PixArt") else 1, "output_type": "np"}
-    if "class_labels" in params:
-        kwargs["class_labels"] = [1]
-    elif name.startswith("StableVideoDiffusion") or ("image" in params and "prompt" not in params):
-        kwargs.update(image=image(), num_frames=2, decode_chunk_size=1)
-    elif "prompt" in params:
-        kwargs["prompt"] = "check"
-        if "image" in params:
-            kwargs["image"] = image()
-        if "mask_image" in params:
-            kwargs["mask_image"] = image((255, 255, 255))
-        if "strength" in params:
-            kwargs["strength"] = 1.0
-    else:
-        raise RecipeError(f"check: no default call for {name} (its __call__ takes no prompt, image or class_labels); "
-                          f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
-    if "height" in params and "width" in params:
-        kwargs.update(height=side, width=side)
-    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16)):
-        if key in params:
-            kwargs[key] = value
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}
-
-    def call(p: Any) -> Any:
-        if "generator" in params or accepts_any:
-            return p(**kwargs, generator=torch.Generator("cpu").manual_seed(0))
-        return p(**kwargs)
-
-    call.kwargs = kwargs  # type: ignore[attr-defined]
-    return call
-
-
-# --------------------------------------------------------------------------------------------- recording
-
-
-def _floating(tree: Any) -> list[Any]:
-    import torch
-    from torch.utils._pytree import tree_leaves
-
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
-
-
-def _layerwise_compute(module: nn.Module) -> Any:
-    """The compute dtype of diffusers' layerwise casting on this layer (weights are cast inside forward)."""
-    registry = getattr(module, "_diffusers_hook", None)
-    get = getattr(registry, "get_hook", None)
-    hook = get("layerwise_casting") if get is not None else None
-    return getattr(hook, "compute_dtype", None)
-
-
-class _Recorder:
-    """Per-module hooks over a pipeline's components: input/parameter mismatches and dtype changes made by hooks.
-
-    Leaf modules with parameters get a pre-hook appended after every existing one, so it sees what the module
-    really receives. Modules that already carry forward hooks (hf_precision's entry and island hooks, or any other)
-    get a pre-hook prepended and one appended, and the same for forward hooks: the difference is the cast.
-    """
-
-    def __init__(self, components: Mapping[str, nn.Module], kinds: Mapping[str, str]):
-        self.components = components
-        self.kinds = kinds  # module path -> "entry" / "island"
-        self.handles: list[Any] = []
-        self.mismatches: dict[tuple[str, str, str, str], int] = {}
-        self.casts: dict[tuple[str, str, str, str, str], int] = {}
-        self.calls: dict[str, int] = {}
-        self.stack: dict[int, list[list[Any]]] = {}
-
-    def attach(self) -> None:
-        for cname, comp in self.components.items():
-            for rel, module in comp.named_modules():
-                path = f"{cname}.{rel}" if rel else cname
-                hooked = bool(module._forward_pre_hooks or module._forward_hooks)
-                leaf = not any(True for _ in module.children()) and any(
-                    p is not None and p.is_floating_point() for p in module._parameters.values())
-                if hooked:
-                    kind = self.kinds.get(path, "hook")
-                    self.handles += [
-                        module.register_forward_pre_hook(self._before(module), prepend=True, with_kwargs=True),
-                        module.register_forward_pre_hook(self._after(path, kind), with_kwargs=True),
-                        module.register_forward_hook(self._out_before(module), prepend=True),
-                        module.register_forward_hook(self._out_after(module, path, kind)),
-                    ]
-                if leaf:
-                    self.handles.append(module.register_forward_pre_hook(self._inputs(cname, path), with_kwargs=True))
-
-    def remove(self) -> None:
-        handles, self.handles = self.handles, []
-        for h in handles:
-            h.remove()
-
-    def _record_casts(self, path: str, kind: str, where: str, before: list[Any], after: list[Any]) -> None:
-        if len(before) == len(after):
-            pairs = [(b, a) for b, a in zip(before, after) if b != a]
-        else:  # a hook changed the structure: compare what kinds of dtypes came in and went out
-            pairs = [(b, a) for b in set(before) for a in set(after) if b not in after and a not in before]
-        for b, a in dict.fromkeys(pairs):
-            key = (path, kind, where, dt.from_torch(b), dt.from_torch(a))
-            self.casts[key] = self.casts.get(key, 0) + 1
-
-    def _before(self, module: nn.Module) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
-            self.stack.setdefault(id(module), []).append([[t.dtype for t in _floating((args, kwargs))], None])
-        return hook
-
-    def _after(self, path: str, kind: str) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
-            frames = self.stack.get(id(mod))
-            if frames:
-                self._record_casts(path, kind, "input", frames[-1][0], [t.dtype for t in _floating((args, kwargs))])
-        return hook
-
-    def _out_before(self, module: nn.Module) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: Any, out: Any) -> None:
-            frames = self.stack.get(id(module))
-            if frames:
-                frames[-1][1] = [t.dtype for t in _floating(out)]
-        return hook
-
-    def _out_after(self, module: nn.Module, path: str, kind: str) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: Any, out: Any) -> None:
-            frames = self.stack.get(id(module))
-            if not frames:
-                return
-            _, raw = frames.pop()
-            if raw is not None:
-                self._record_casts(path, kind, "output", raw, [t.dtype for t in _floating(out)])
-        return hook
-
-    def _inputs(self, component: str, path: str) -> Callable[..., None]:
-        def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
-            self.calls[component] = self.calls.get(component, 0) + 1
-            params = [p for p in mod._parameters.values() if p is not None and p.is_floating_point()]
-            if not params or any(p.device.type == "meta" for p in params):
-                return  # sequential offload: weights arrive inside forward
-            compute = _layerwise_compute(mod)
-            dtypes = {compute} if compute is not None else {p.dtype for p in params}
-            want_dtype = sorted(dtypes, key=str)[0]
-            device = params[0].device
-            for t in _floating((args, kwargs)):
-                if t.dtype not in dtypes:
-                    self._mismatch(path, "dtype", dt.from_torch(t.dtype), dt.from_torch(want_dtype))
-                if t.device != device:
-                    self._mismatch(path, "device", str(t.device), str(device))
-        return hook
-
-    def _mismatch(self, path: str, kind: str, got: str, want: str) -> None:
-        key = (path, kind, got, want)
-        if key in self.mismatches or len(self.mismatches) < _MAX_MISMATCHES:
-            self.mismatches[key] = self.mismatches.get(key, 0) + 1
-
-
 # --------------------------------------------------------------------------------------------- checking
-
-
-def _components(pipe: Any) -> dict[str, nn.Module]:
-    import torch
-
-    comps = getattr(pipe, "components", None)
-    if not isinstance(comps, Mapping):
-        raise RecipeError(f"check: expected a diffusers pipeline (an object with a `components` mapping), "
-                          f"got {type(pipe).__name__}")
-    return {k: v for k, v in comps.items() if isinstance(v, torch.nn.Module)}
 
 
 def _main_dtype(module: nn.Module) -> str | None:
@@ -440,6 +215,7 @@ def _main_dtype(module: nn.Module) -> str | None:
 
 
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
+    from ..runtime.apply import same_device
     from ..runtime.layout import drift
 
     erased: dict[tuple[str, str, str], int] = {}
@@ -458,7 +234,7 @@ def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[lis
                 drifted[(name, "dtype", d.have, d.want)] = drifted.get((name, "dtype", d.have, d.want), 0) + d.count
         want_device = applied.devices.get(name)
         for param in module.parameters():
-            if want_device and param.device.type != "meta" and str(param.device) != str(want_device):
+            if want_device and param.device.type != "meta" and not same_device(want_device, param.device):
                 key = (name, "device", str(param.device), str(want_device))
                 drifted[key] = drifted.get(key, 0) + 1
     out_erased = []
@@ -523,7 +299,7 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
     from .calibration.session import Session
     from .mismatch import explain
 
-    comps = _components(pipe)
+    comps = pipeline_modules(pipe)
     applied = applied_record(pipe)
     if not isinstance(applied, Applied) or applied.removed:
         applied = None
@@ -537,7 +313,7 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
         for cname, islands in applied.islands.items():
             for i in islands:
                 kinds[f"{cname}.{i}"] = "island"
-    recorder = _Recorder(comps, kinds)
+    recorder = Recorder(comps, kinds)
     error: BaseException | None = None
     output = None
     try:

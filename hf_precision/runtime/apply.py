@@ -23,7 +23,7 @@ from ..recipe.patterns import inside
 from ..recipe.quantize import is_quantized
 from .quantize import is_quantized_tensor
 
-__all__ = ["apply_recipe", "applied", "Applied", "torch_device"]
+__all__ = ["apply_recipe", "applied", "Applied", "torch_device", "same_device"]
 
 _ATTR = "_hf_precision_applied"
 
@@ -122,6 +122,31 @@ def torch_device(spec: Any, what: str) -> torch.device:
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
                           f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
     return dev
+
+
+def same_device(planned: Any, actual: torch.device) -> bool:
+    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it.
+
+    ``torch.device("cuda") != torch.device("cuda:0")``, yet ``.to("cuda")`` lands on the current device (``cuda:0``
+    unless set): an index-less plan means that device, so a correct set-up is not reported as misplaced.
+
+    Example:
+        >>> same_device("cuda", torch.device("cuda", 0)), same_device("cuda", torch.device("cuda", 1))
+        (True, False)
+        >>> same_device("cpu", torch.device("cpu")), same_device("cuda:0", torch.device("cpu"))
+        (True, False)
+    """
+    planned = torch.device(planned)
+    if planned.type != actual.type:
+        return False
+    if planned.index is None and actual.index is not None:
+        backend = getattr(torch, planned.type, None)
+        try:  # torch.cuda.current_device() (xpu, mps alike); a build without the backend places on index 0
+            current = int(backend.current_device()) if hasattr(backend, "current_device") else 0
+        except (RuntimeError, AssertionError, AttributeError):
+            current = 0
+        return actual.index == current
+    return planned.index == actual.index or actual.index is None
 
 
 def _config_dict(module: torch.nn.Module) -> dict[str, Any]:

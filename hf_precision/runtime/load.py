@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import os
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .. import dtypes as dt
-from ..errors import DamagedFileError, RecipeError, excerpt
-from ..recipe.files import damaged_file, download_command, read_json
+from ..errors import DamagedFileError, RecipeError
+from ..recipe.files import read_json
 from ..recipe.catalog import recipe_components, recipe_for
 from ..recipe.model import Recipe
-from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
+from .arguments import as_class, check_keywords, from_pretrained_keywords, index_class, override_layers
 from .source import check_folder_fits, component_configs, listed_components, locate, models_of_index, offline_error
 
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
@@ -74,135 +73,6 @@ def _has_fp16_variant(folder: Path | None) -> bool:
     return folder is not None and any(any(folder.glob(f"*/{p}")) for p in ("*.fp16.safetensors", "*.fp16-*.safetensors"))
 
 
-def _dtype_name(value: Any, keyword: str) -> str:
-    """The canonical name of a ``dtype=`` value (a torch dtype or a name), or a RecipeError naming the keyword."""
-    name = dt.canonical(value) if isinstance(value, str) else None
-    if name is None and not isinstance(value, str):
-        try:
-            name = dt.canonical(dt.from_torch(value))
-        except Exception:  # not a torch dtype at all (an int, a class ...)
-            name = None
-    if name is None:
-        raise RecipeError(f"load_pipeline: {keyword}={excerpt(value)}: not a floating dtype hf_precision can plan; "
-                          f"allowed: {dt.allowed_names()} (e.g. dtype=torch.float16, or per component "
-                          f"dtype={{'unet': torch.float16, 'default': torch.float32}})")
-    return name
-
-
-def _user_dtype_layer(kwargs: dict[str, Any], components: list[str]) -> Override | None:
-    # A dtype passed the diffusers way is taken as an override (lowest priority among overrides): a single dtype
-    # forces every component, a dict forces the components it names. Islands, entry casts and the NaN guard stay.
-    if "dtype" in kwargs and "torch_dtype" in kwargs:
-        raise RecipeError("load_pipeline: pass dtype or torch_dtype, not both (dtype is the current name)")
-    keyword = "dtype" if "dtype" in kwargs else "torch_dtype"
-    value = kwargs.pop("dtype", kwargs.pop("torch_dtype", None))
-    if value is None:
-        return None
-    source = f"load_pipeline {keyword}="
-    if isinstance(value, Mapping):
-        default = value.get("default")
-        layer: dict[str, Any] = {c: {"dtype": _dtype_name(v, f"{keyword}[{c!r}]")} for c, v in value.items() if c != "default"}
-        if default is not None:
-            name = _dtype_name(default, f"{keyword}['default']")
-            for c in components:
-                layer.setdefault(c, {"dtype": name})
-        return Override(source, {"components": layer})
-    name = _dtype_name(value, keyword)
-    return Override(source, {"components": {c: {"dtype": name} for c in components}})
-
-
-# load_pipeline's own keywords: a misspelling of one of them is suggested too.
-_OWN_KEYWORDS = ("device", "recipe", "overrides", "layout", "pipeline_class", "force", "quantize", "base")
-
-
-def from_pretrained_keywords(*classes: Any) -> set[str] | None:
-    """The keywords ``from_pretrained`` of these pipeline classes takes, read from diffusers itself.
-
-    ``DiffusionPipeline.from_pretrained`` takes ``**kwargs``: its documented arguments and those it pops, plus each
-    pipeline's ``__init__`` arguments (components such as ``vae=`` and options such as ``add_watermarker=``).
-    Anything else is only logged by diffusers and ignored. ``None`` when diffusers' source cannot be read.
-
-    Example:
-        >>> from diffusers import StableDiffusionXLPipeline
-        >>> {"variant", "use_safetensors", "vae", "add_watermarker"} <= from_pretrained_keywords(StableDiffusionXLPipeline)
-        True
-    """
-    import inspect
-
-    from diffusers import DiffusionPipeline
-
-    method = DiffusionPipeline.from_pretrained
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
-        return None
-    names = set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", source))
-    names |= set(re.findall(r"^\s+(\w+) \(`", method.__doc__ or "", re.M))
-    for cls in classes:
-        try:
-            params = inspect.signature(cls.__init__).parameters.values()
-        except (TypeError, ValueError):
-            continue
-        names |= {p.name for p in params if p.name != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    return names - {"pretrained_model_name_or_path"}
-
-
-def _check_keywords(kwargs: Mapping[str, Any], classes: list[Any]) -> None:
-    import difflib
-
-    allowed = from_pretrained_keywords(*classes)
-    if allowed is None:
-        return
-    unknown = [k for k in kwargs if k not in allowed and k not in ("dtype", "torch_dtype")]
-    if not unknown:
-        return
-    options = sorted((allowed | set(_OWN_KEYWORDS)) - {"trust_remote_code", "custom_pipeline", "custom_revision"})
-    hints = []
-    for key in unknown:
-        near = difflib.get_close_matches(key, options, n=1, cutoff=0.6) if len(key) < 100 else []
-        hints.append(f"{excerpt(key)}" + (f" (did you mean {near[0]!r}?)" if near else ""))
-    names = ", ".join(getattr(c, "__name__", str(c)) for c in classes)
-    raise RecipeError(f"load_pipeline: unknown keyword{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: neither "
-                      f"load_pipeline nor {names}.from_pretrained takes it (diffusers would ignore it). Allowed: "
-                      f"{', '.join(options)}")
-
-
-def _index_class(where: str, index: Mapping[str, Any]) -> Any:
-    """The diffusers class ``model_index.json`` names, or a RecipeError with the close names and how to go on."""
-    from .source import pipeline_class as find_class
-
-    name = str(index.get("_class_name"))
-    try:
-        return find_class(name)
-    except RecipeError as err:
-        near = re.findall(r"'(\w+)'", str(err).partition("did you mean")[2])
-        fix = (f"pass the class it was saved from, e.g. pipeline_class=diffusers.{near[0]}, or fix _class_name in "
-               f"model_index.json" if near else
-               "hf_precision never runs custom pipeline code: pass pipeline_class= a diffusers class with the same "
-               "components, or fix _class_name in model_index.json")
-        raise RecipeError(f"{where}: model_index.json: _class_name {err}; {fix}") from None
-
-
-def _as_class(value: Any) -> Any:
-    """``pipeline_class=`` as a class: a diffusers pipeline or AutoPipeline class, or its name."""
-    import diffusers
-
-    from .source import pipeline_class as find_class
-
-    if value is None or (isinstance(value, type) and hasattr(value, "from_pretrained")):
-        return value
-    if isinstance(value, str):
-        cls = getattr(diffusers, value, None)
-        if isinstance(cls, type) and value.startswith("AutoPipeline") and hasattr(cls, "from_pretrained"):
-            return cls
-        try:
-            return find_class(value)  # a pipeline class, or a RecipeError with the close names
-        except RecipeError as err:
-            raise RecipeError(f"load_pipeline: pipeline_class={err}") from None
-    raise RecipeError(f"load_pipeline: pipeline_class={excerpt(value)}: expected a diffusers pipeline class such as "
-                      f"diffusers.StableDiffusionXLImg2ImgPipeline, or its name")
-
-
 def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
     """Components whose folder holds pickle weights (``*.bin``, ``*.pt``) and no safetensors file."""
     if folder is None:
@@ -217,18 +87,6 @@ def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
         if pickled and not any(n.endswith(".safetensors") for n in names):
             out.append(comp)
     return out
-
-
-def _quantize_layer(quantize: Any, components: list[str]) -> dict[str, Any] | None:
-    """``quantize={"transformer": "int8"}`` as an override layer (the same as ``--set transformer.storage=int8``)."""
-    if quantize is None:
-        return None
-    if not isinstance(quantize, Mapping):
-        raise RecipeError(f"load_pipeline: quantize={excerpt(quantize)}: expected component -> storage, e.g. "
-                          f"quantize={{'transformer': 'int8', 'text_encoder_2': 'nf4'}}; components: {', '.join(components)}")
-    from ..recipe.overrides import Override
-
-    return Override("load_pipeline quantize=", {"components": {c: {"storage": v} for c, v in quantize.items()}})
 
 
 def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, recipe: Recipe | str | None = None,
@@ -282,12 +140,70 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
         (torch.float16, torch.float32)
     """
     import torch
-    from diffusers import DiffusionPipeline
 
-    from ..recipe.devices import device_profile
-    from .apply import apply_recipe, torch_device
+    from .apply import apply_recipe
 
     start = time.perf_counter()
+    target = _resolve_target(name_or_path, device, recipe, overrides, layout, pipeline_class, force, quantize, base,
+                             kwargs)
+    resolved, folder = target.resolved, target.folder
+    timings = {"resolve": time.perf_counter() - start}
+    dtype_map = from_pretrained_dtypes(resolved)
+    plans = {p.name: p for p in resolved.plans}
+    denoiser = plans.get(resolved.denoiser) if resolved.denoiser else None
+    if "variant" not in kwargs and denoiser is not None and denoiser.storage in {"float16", "bfloat16"} \
+            and _has_fp16_variant(folder):
+        kwargs["variant"] = "fp16"
+    kwargs.setdefault("use_safetensors", True)
+    from .quantize_load import quantization_kwargs, report_quantization
+
+    quant_notes = quantization_kwargs(resolved, target.where, target.index, folder, kwargs)
+    if target.gguf_file is not None:
+        from .gguf import load_gguf_denoiser
+
+        name, model = load_gguf_denoiser(target.gguf_file, target.where, target.index, resolved, kwargs)
+        kwargs[name] = model
+        quant_notes["gguf"] = (name, str(target.gguf_file))
+    mark = time.perf_counter()
+    placement = {p.name: p.device for p in resolved.plans}
+    streamed = _stream_components(folder, target.index, plans, dtype_map, placement, kwargs)
+    timings["stream"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    pipe = _from_pretrained(target, dtype_map, streamed, kwargs)
+    # Streamed components read their islands exactly as stored, unless they came from the half variant files;
+    # everything else went through a half dtype and gets its islands re-read from the full-precision files.
+    timings["from_pretrained"] = time.perf_counter() - mark
+    exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
+    if target.gguf_file is not None:  # its islands come from the GGUF file (upcast by apply_recipe), not from the base folder
+        exact.add(quant_notes["gguf"][0])
+    mark = time.perf_counter()
+    _reload_islands_fp32(pipe, resolved, folder, skip=exact)
+    timings["reload_islands"] = time.perf_counter() - mark
+    mark = time.perf_counter()
+    record = apply_recipe(pipe, resolved, force=force)
+    timings["apply"] = time.perf_counter() - mark
+    record.actions += report_quantization(pipe, resolved, quant_notes)
+    record.timings.update(timings)
+    return pipe
+
+
+class _Target(NamedTuple):
+    """What ``load_pipeline`` loads: where from, the index it read, the class to build and the resolved recipe."""
+
+    where: str
+    index: Mapping[str, Any]
+    folder: Path | None
+    pipeline_class: Any
+    gguf_file: Path | None
+    resolved: Recipe
+
+
+def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any, layout: Any, pipeline_class: Any,
+                    force: bool, quantize: Any, base: Any, kwargs: dict[str, Any]) -> _Target:
+    """Everything that can be refused before a weight is read: the location, the keywords, the recipe and its plan."""
+    from ..recipe.devices import device_profile
+    from .apply import torch_device
+
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
             raise RecipeError(f"load_pipeline: {flag} is refused: hf_precision never runs code downloaded with a model")
@@ -296,68 +212,47 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
         from .gguf import split_gguf
 
         gguf_file, name_or_path = split_gguf(name_or_path, base)
-    pipeline_class = _as_class(pipeline_class)
+    pipeline_class = as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
-    index_class = _index_class(where, index) if pipeline_class is None else None
-    if index_class is None:  # an AutoPipeline builds the index's class: its components are keywords too
+    built = index_class(where, index) if pipeline_class is None else None
+    if built is None:  # an AutoPipeline builds the index's class: its components are keywords too
         import diffusers
 
-        index_class = getattr(diffusers, str(index.get("_class_name")), None)
-    _check_keywords(kwargs, [c for c in (pipeline_class, index_class) if isinstance(c, type)])
+        built = getattr(diffusers, str(index.get("_class_name")), None)
+    check_keywords(kwargs, [c for c in (pipeline_class, built) if isinstance(c, type)])
     check_folder_fits(where, index, pipeline_class)
-    present = list(listed_components(index))
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
     chosen = recipe is None  # chosen by class: resolve refits it to the model classes present
     if recipe is None:  # the shipped recipe for the class, else one composed from its components
         from .source import composable_models
 
         models = (lambda: models_of_index(index)) if pipeline_class is not None else (lambda: composable_models(where, index))
-        recipe = recipe_for(pipeline, models)  # type: ignore[assignment]
-    layers = [x for x in [_user_dtype_layer(kwargs, recipe_components(recipe))] if x]
-    if overrides is not None:
-        layers += list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]
-    asked = _quantize_layer(quantize, recipe_components(recipe))
-    if asked:
-        layers.append(asked)
+        recipe = recipe_for(pipeline, models)
+    layers = override_layers(kwargs, recipe_components(recipe), overrides, quantize)
     if device is None:
         device = device_profile(None).torch_device()
     for spec in (device.values() if isinstance(device, Mapping) else [device]):
         if spec is not None:
             torch_device(spec, "device")
-    resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device, layout=layout, overrides=layers or None,
-                       configs=component_configs(where, index, folder), components=present, force=force,
-                       models=models_of_index(index))
-    placement = {p.name: p.device for p in resolved.plans}
+    resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device,
+                       layout=layout, overrides=layers or None, configs=component_configs(where, index, folder),
+                       components=list(listed_components(index)), force=force, models=models_of_index(index))
+    return _Target(where, index, folder, pipeline_class, gguf_file, resolved)
 
-    timings = {"resolve": time.perf_counter() - start}
-    plans = {p.name: p for p in resolved.plans}
-    half = {"float16", "bfloat16"}
-    dtype_map = from_pretrained_dtypes(resolved)
-    denoiser = plans.get(resolved.denoiser) if resolved.denoiser else None
-    if "variant" not in kwargs and denoiser is not None and denoiser.storage in half and _has_fp16_variant(folder):
-        kwargs["variant"] = "fp16"
-    kwargs.setdefault("use_safetensors", True)
-    from .quantize_load import quantization_kwargs, report_quantization
 
-    quant_notes = quantization_kwargs(resolved, where, index, folder, kwargs)
-    if gguf_file is not None:
-        from .gguf import load_gguf_denoiser
+def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[str, Any], kwargs: dict[str, Any]) -> Any:
+    """``from_pretrained`` of the class to build, its failures turned into one error naming the file or the fix."""
+    from diffusers import DiffusionPipeline
 
-        name, model = load_gguf_denoiser(gguf_file, where, index, resolved, kwargs)
-        kwargs[name] = model
-        quant_notes["gguf"] = (name, str(gguf_file))
-    mark = time.perf_counter()
-    streamed = _stream_components(folder, index, plans, dtype_map, placement, kwargs)
-    timings["stream"] = time.perf_counter() - mark
-    cls = pipeline_class or DiffusionPipeline
-    mark = time.perf_counter()
+    where, folder, index = target.where, target.folder, target.index
+    cls = target.pipeline_class or DiffusionPipeline
     if kwargs.get("use_safetensors") is False:
         # diffusers passes use_safetensors=False on to transformers, which then refuses the model.safetensors it
         # saves itself (transformers 5 always writes safetensors); None reads safetensors where present, pickle
         # where a component has nothing else: the opt-in the user asked for.
         kwargs["use_safetensors"] = None
     try:
-        pipe = cls.from_pretrained(where, dtype=dtype_map, **streamed, **kwargs)
+        return cls.from_pretrained(where, dtype=dtype_map, **streamed, **kwargs)
     except Exception as err:  # a damaged file surfaces as OSError, SafetensorError, ValueError ...: name it
         damage = _damage_or_none(where, folder, index)
         if damage is not None:
@@ -374,21 +269,6 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
                               f"safe_serialization=True") from None
         raise RecipeError(f"{where}: cannot load it ({err}). If the folder only has fp16 files, pass variant='fp16'; "
                           f"otherwise no fix is known here: check the folder against the model's file list") from None
-    # Streamed components read their islands exactly as stored, unless they came from the half variant files;
-    # everything else went through a half dtype and gets its islands re-read from the full-precision files.
-    timings["from_pretrained"] = time.perf_counter() - mark
-    exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
-    if gguf_file is not None:  # its islands come from the GGUF file (upcast by apply_recipe), not from the base folder
-        exact.add(quant_notes["gguf"][0])
-    mark = time.perf_counter()
-    _reload_islands_fp32(pipe, resolved, folder, skip=exact)
-    timings["reload_islands"] = time.perf_counter() - mark
-    mark = time.perf_counter()
-    record = apply_recipe(pipe, resolved, force=force)
-    timings["apply"] = time.perf_counter() - mark
-    record.actions += report_quantization(pipe, resolved, quant_notes)
-    record.timings.update(timings)
-    return pipe
 
 
 def from_pretrained_dtypes(recipe: Recipe) -> dict[str, Any]:

@@ -14,39 +14,15 @@ from typing import Any
 import torch
 
 from ..recipe.patterns import inside
+from ..runtime.apply import same_device
 from . import families
 from .rules import TrainingError
 
-__all__ = ["preflight", "static_problems", "same_device"]
+__all__ = ["preflight", "static_problems"]
 
 
 def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
     return [*module.named_parameters(), *module.named_buffers()]
-
-
-def same_device(planned: Any, actual: torch.device) -> bool:
-    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it.
-
-    ``torch.device("cuda") != torch.device("cuda:0")``, yet ``.to("cuda")`` lands on the current device (``cuda:0``
-    unless set): an index-less plan means that device, so a correct set-up is not reported as misplaced.
-
-    Example:
-        >>> same_device("cuda", torch.device("cuda", 0)), same_device("cuda", torch.device("cuda", 1))
-        (True, False)
-        >>> same_device("cpu", torch.device("cpu")), same_device("cuda:0", torch.device("cpu"))
-        (True, False)
-    """
-    planned = torch.device(planned)
-    if planned.type != actual.type:
-        return False
-    if planned.index is None and actual.index is not None:
-        backend = getattr(torch, planned.type, None)
-        try:  # torch.cuda.current_device() (xpu, mps alike); a build without the backend places on index 0
-            current = int(backend.current_device()) if hasattr(backend, "current_device") else 0
-        except (RuntimeError, AssertionError, AttributeError):
-            current = 0
-        return actual.index == current
-    return planned.index == actual.index or actual.index is None
 
 
 def static_problems(tp: Any) -> list[str]:

@@ -28,9 +28,6 @@ __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry",
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".gif")
-# Denoisers that pack 2x2 latent patches into tokens in the pipeline, not in the model (diffusers pipeline_flux.py
-# and pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs); their config says patch_size 1.
-PACKED_2X2 = frozenset({"FluxTransformer2DModel", "QwenImageTransformer2DModel"})
 MAX_RATIO = 2.0
 
 
@@ -74,6 +71,9 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         >>> idx = {"vae": ["diffusers", "AutoencoderKL"], "unet": ["diffusers", "UNet2DConditionModel"]}
         >>> model_geometry("StableDiffusionPipeline", idx, {"vae": {"block_out_channels": [1, 2, 3, 4]}}).multiple
         8
+        >>> flux = {**idx, "transformer": ["diffusers", "FluxTransformer2DModel"]}  # its pipeline packs 2x2 patches
+        >>> model_geometry("FluxPipeline", flux, {"vae": {"block_out_channels": [1, 2, 3, 4]}}).multiple
+        16
     """
     from ..video.families import video_spec
 
@@ -87,8 +87,18 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
     factor = 2 ** (len(blocks) - 1)
     denoiser = "transformer" if "transformer" in index else "unet"
     patch = _last(configs.get(denoiser, {}).get("patch_size", 1)) if denoiser == "transformer" else 1
-    cls = str((index.get(denoiser) or [None, ""])[1])
-    return ModelGeometry(pipeline, factor * patch * (2 if cls in PACKED_2X2 else 1))
+    return ModelGeometry(pipeline, factor * patch * (2 if _packs_2x2(str((index.get(denoiser) or [None, ""])[1])) else 1))
+
+
+def _packs_2x2(denoiser_class: str) -> bool:
+    # The pipeline packs 2x2 latent patches into tokens, not the model (diffusers pipeline_flux.py and
+    # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1): the training
+    # family row says so (pack="flux"), so a new family is one row there. Imported here: it needs torch, which the
+    # callers have already loaded.
+    from ...training.families import FAMILIES
+
+    row = FAMILIES.get(denoiser_class)
+    return row is not None and row.pack == "flux"
 
 
 def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -> list[tuple[int, int]]:

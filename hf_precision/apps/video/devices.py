@@ -22,15 +22,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ...errors import RecipeError
+from ...units import format_bytes
 
 __all__ = ["Placement", "balanced_placement", "device_rooms", "plan_placement"]
 
 FIX = ("run it on one GPU with --offload model (one component at a time on the GPU) or --max-memory SIZE (the "
        "cheapest offload/tiling that fits), instead of --device-map balanced")
-
-
-def _gb(n: int) -> str:
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 2**20:.1f} MiB"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,8 +51,8 @@ class Placement:
         lines = ["device map (balanced; components in the recipe's dtypes):"]
         for i, (device, room) in enumerate(self.rooms):
             names = [c for c, s in self.slots.items() if s == i]
-            held = ", ".join(f"{c} {_gb(self.sizes[c])}" for c in names) or "nothing"
-            lines.append(f"  {device} ({_gb(room)} free): {held}; {_gb(room - self.used(i))} left")
+            held = ", ".join(f"{c} {format_bytes(self.sizes[c])}" for c in names) or "nothing"
+            lines.append(f"  {device} ({format_bytes(room)} free): {held}; {format_bytes(room - self.used(i))} left")
         return "\n".join(lines)
 
 
@@ -84,9 +81,9 @@ def balanced_placement(sizes: Mapping[str, int], rooms: Sequence[tuple[str, int]
 
     def refuse(name: str) -> RecipeError:
         taken = {i: [c for c, s in slots.items() if s == i] for i in range(len(rooms))}
-        state = "; ".join(f"{d} {_gb(r)} free" + (f", {_gb(r - left[i])} taken by {', '.join(taken[i])}"
+        state = "; ".join(f"{d} {format_bytes(r)} free" + (f", {format_bytes(r - left[i])} taken by {', '.join(taken[i])}"
                                                    if taken[i] else "") for i, (d, r) in enumerate(rooms))
-        return RecipeError(f"--device-map balanced: {name} needs {_gb(sizes[name])} in the recipe's dtypes and no "
+        return RecipeError(f"--device-map balanced: {name} needs {format_bytes(sizes[name])} in the recipe's dtypes and no "
                            f"device has that room left ({state}); {FIX}")
 
     # The most room first; on a tie the first listed (cuda:0 before cuda:1).

@@ -67,6 +67,8 @@ class VideoFamily:
     defaults: dict[str, int]
     text_length: int = 256
     text_prefix: int = 0             # template tokens the text encoder reads and the pipeline crops (HunyuanVideo)
+    text_hidden_states: bool = False  # the pipeline reads an inner layer of the text encoder, so every layer's
+                                      # output is kept (HunyuanVideo: hidden_states[-3])
     cfg_batch: int = 2
     denoiser_inputs: Inputs | None = None
     image_encode: str = ""           # what vae.encode gets for an input image: "image", "frame", "clip" or "" (none)
@@ -174,7 +176,8 @@ FAMILIES: dict[str, VideoFamily] = {f.name: f for f in (
     VideoFamily("cogvideox", "CogVideoX", {"height": 480, "width": 720, "frames": 49, "steps": 50}, text_length=226,
                 denoiser_inputs=_cogvideox, image_encode="frame", text_length_key="max_text_seq_length"),
     VideoFamily("hunyuan", "HunyuanVideo", {"height": 320, "width": 512, "frames": 61, "steps": 30},
-                text_length=256, text_prefix=95, cfg_batch=1, denoiser_inputs=_hunyuan),
+                text_length=256, text_prefix=95, text_hidden_states=True, cfg_batch=1,
+                denoiser_inputs=_hunyuan),
     VideoFamily("svd", "StableVideoDiffusion", {"height": 576, "width": 1024, "frames": 0, "steps": 25},
                 denoiser_inputs=_svd, image_encode="image", decode="frames", decode_chunks=True,
                 forward_chunking=True, vae_tiling="never", frames_key="num_frames",
@@ -223,6 +226,7 @@ class VideoSpec:
     max_positions: int = 0
     frame_factor: int = 1      # the VAE's temporal compression times the transformer's temporal patch
     patch: int = 1             # the transformer's spatial patch (1 for a UNet)
+    spatial: int = 1           # the VAE's spatial factor (size_multiple may be larger: SVD asks for 8)
 
     @property
     def row(self) -> VideoFamily:
@@ -268,7 +272,7 @@ class VideoSpec:
             >>> spec.latent_shape(480, 832, 81)
             (21, 60, 104)
         """
-        spatial = self.size_multiple // self.patch
+        spatial = self.spatial
         return (frames - 1) // self.frame_step + 1 if self.frame_step > 1 else frames, height // spatial, width // spatial
 
     def text_length(self) -> int:
@@ -380,7 +384,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
                      max_positions=positions, frame_factor=_pair(den.get("patch_size", 1), 0) if positions else 1,
-                     patch=patch)
+                     patch=patch, spatial=spatial)
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:

@@ -14,6 +14,7 @@ import sys
 from typing import Any, Iterator
 
 from ...runtime.memory import proc_bytes
+from ...units import format_bytes
 
 __all__ = ["PHASES", "PhaseMemory", "peak_rss", "phase_hooks", "rss", "weight_bytes"]
 
@@ -156,7 +157,7 @@ class PhaseMemory:
             self.phase = None
 
     def summary(self) -> str:
-        return ", ".join(f"{p} {b / 2**20:.1f} MiB" for p, b in self.peaks.items()) + f" ({self.kind})"
+        return ", ".join(f"{p} {format_bytes(b)}" for p, b in self.peaks.items()) + f" ({self.kind})"
 
 
 def _phase_modules(pipe: Any) -> list[tuple[Any, str]]:

@@ -19,13 +19,12 @@ from typing import Any
 
 from ...errors import RecipeError
 from ...runtime.memory import available_bytes
-from ...units import parse_size
+from ...units import format_bytes, parse_size
 from .counting import count_live_bytes
 from .families import Meta, pipeline_recipe
 from .load import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options",
-           "size_text"]
+__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
 
 
 def free_memory(device: Any) -> int:
@@ -51,12 +50,10 @@ def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: 
     return modules
 
 
-def _text_peak(module: Any, length: int) -> int:
+def _text_peak(module: Any, length: int, hidden_states: bool = False) -> int:
     import torch
 
-    kwargs: dict[str, Any] = {}
-    if "Llama" in type(module).__name__:
-        kwargs["output_hidden_states"] = True  # HunyuanVideo reads hidden_states[-3]: every layer's output is kept
+    kwargs: dict[str, Any] = {"output_hidden_states": True} if hidden_states else {}
     length = min(length, int(getattr(module.config, "max_position_embeddings", length) or length))
     with count_live_bytes() as live:
         ids = torch.zeros(1, length, dtype=torch.long, device="meta")
@@ -253,8 +250,10 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     text = {}
     for name, module in components_by_role(modules, "text encoder"):
         # HunyuanVideo's Llama reads the prompt template too: text_prefix tokens cropped after encoding
-        length = 77 if "CLIP" in type(module).__name__ else spec.text_length() + spec.row.text_prefix
-        text[name] = _text_peak(module, length)
+        if "CLIP" in type(module).__name__:  # CLIP tokenizers pad to 77 whatever the family
+            text[name] = _text_peak(module, 77)
+        else:
+            text[name] = _text_peak(module, spec.text_length() + spec.row.text_prefix, spec.row.text_hidden_states)
     return _Model(spec=spec, plan=p, modules=modules, dtypes=dtypes, text=text, leaf=leaf, loose=loose,
                   cpu=p.recipe.device.type == "cpu")
 
@@ -406,21 +405,10 @@ class Choice:
 
     def describe(self) -> str:
         p = self.prediction
-        head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {_gb(self.budget)}: {p.settings.label()}"
-        return f"{head}; predicted peak {_gb(p.peak)} (" + ", ".join(f"{k} {_gb(v)}" for k, v in p.phases.items()) + ")"
+        head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {format_bytes(self.budget)}: {p.settings.label()}"
+        return f"{head}; predicted peak {format_bytes(p.peak)} (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in p.phases.items()) + ")"
 
 
-def size_text(n: int) -> str:
-    """A byte count for people: GB from 0.1 GB up, MiB below.
-
-    Example:
-        >>> size_text(12 * 10**9), size_text(3 * 2**20)
-        ('12.00 GB', '3.0 MiB')
-    """
-    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 2**20:.1f} MiB"
-
-
-_gb = size_text
 
 
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,

@@ -24,6 +24,7 @@ from typing import Any
 
 from ...errors import RecipeError, override_line
 from ...runtime.progress import quiet_progress
+from ...units import format_bytes
 from .io import Job, read_image, save_video
 from .load import MemorySettings, components_by_role, load_video_pipeline
 from .memory import PhaseMemory, phase_hooks, weight_bytes
@@ -49,11 +50,11 @@ class ClipResult:
     decode_seconds: float | None = None
 
     def summary(self) -> str:
-        phases = ", ".join(f"{p} {b / 2**20:.1f} MiB" for p, b in self.peaks.items()) + f" ({self.memory_kind})"
+        phases = ", ".join(f"{p} {format_bytes(b)}" for p, b in self.peaks.items()) + f" ({self.memory_kind})"
         if self.decode_seconds is None:
             return f"peak memory per phase: {phases}; {self.seconds:.2f} s"
-        return (f"peak memory {self.peak_memory / 2**20:.1f} MiB ({self.run_memory_kind}; "
-                f"{self.peak_before_decode / 2**20:.1f} MiB before decoding); "
+        return (f"peak memory {format_bytes(self.peak_memory)} ({self.run_memory_kind}; "
+                f"{format_bytes(self.peak_before_decode)} before decoding); "
                 f"{self.seconds_per_step:.3f} s per denoising step; decode {self.decode_seconds:.2f} s\n"
                 f"peak memory per phase: {phases}")
 
@@ -266,9 +267,6 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
         0
     """
     from accelerate import PartialState
-    from tqdm import tqdm
-
-    from ...runtime import applied as applied_record
 
     cpu = _want_cpu(options.device)
     # cpu=True is what makes PartialState see a CPU run started by torchrun/accelerate as MULTI_CPU (gloo).
@@ -298,46 +296,7 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
                               "launch/torchrun each process has its own GPU: start one process")
         device = _placement(model, spec, options, say)
     if mine:
-        chosen = settings(device or default_device()) if settings is not None else MemorySettings()
-        if spec.vae_tiling_required and not chosen.vae_tiling:
-            say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
-            chosen = dataclasses.replace(chosen, vae_tiling=True)
-        extra = {"layout": options.layout} if options.layout else {}
-        pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
-        if parallel:
-            from . import parallel as cp
-
-            cp.enable_context_parallel(pipe, parallel)
-        applied = applied_record(pipe)
-        plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
-        tell(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {chosen.label()}")
-        chunks = -(-(options.frames or 0) // options.decode_chunk_size) if spec.row.decode_chunks else 0
-        bar = tqdm(total=(options.steps + chunks) * len(mine), unit="step", leave=False,
-                   disable=options.quiet or not state.is_local_main_process)
-        # Under --context-parallel every rank makes every clip; the main process alone writes it and says so.
-        writes = not parallel or state.is_main_process
-        with bar:
-            for n, job in enumerate(mine, 1):
-                bar.set_description(f"video {n}/{len(mine)}")
-                try:
-                    result = _one(pipe, spec, job, options, bar)
-                    if not _finite(result.frames):
-                        raise RecipeError(f"the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
-                                          f"{override_line(spec.denoiser, 'dtype', 'float32')} and report the model")
-                    if writes:
-                        save_video(result.frames, job.out, fps=options.fps, format=job.format)
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except Exception as err:  # one bad clip must not end the batch: report it and go on
-                    if options.fail_fast:
-                        raise
-                    failed.append(str(job.out))
-                    tell(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
-                    continue
-                f, h, w, _ = result.frames.shape
-                if writes:
-                    tell(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
-                tell(result.summary())
+        failed = _run_jobs(model, spec, mine, device, options, settings, state, say, tell)
     state.wait_for_everyone()
     if failed:
         warn(f"{tag}error: {len(failed)} clip(s) failed: {', '.join(failed)}")
@@ -349,6 +308,59 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
         if len(jobs) > 1 or distributed:
             tell(f"done: {len(jobs)} video(s) from {state.num_processes} process(es) in {jobs[0].out.parent}")
     return 1 if failed else 0
+
+
+def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: BatchOptions,
+              settings: Callable[[str], MemorySettings] | None, state: Any, say: Callable[[str], None],
+              tell: Callable[[str], None]) -> list[str]:
+    """Load the pipeline once and make this process's jobs with it; returns the outputs that failed."""
+    from tqdm import tqdm
+
+    from ...runtime import applied as applied_record
+
+    parallel = options.context_parallel
+    failed: list[str] = []
+    chosen = settings(device or default_device()) if settings is not None else MemorySettings()
+    if spec.vae_tiling_required and not chosen.vae_tiling:
+        say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
+        chosen = dataclasses.replace(chosen, vae_tiling=True)
+    extra = {"layout": options.layout} if options.layout else {}
+    pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
+    if parallel:
+        from . import parallel as cp
+
+        cp.enable_context_parallel(pipe, parallel)
+    applied = applied_record(pipe)
+    plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
+    tell(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {chosen.label()}")
+    chunks = -(-(options.frames or 0) // options.decode_chunk_size) if spec.row.decode_chunks else 0
+    bar = tqdm(total=(options.steps + chunks) * len(mine), unit="step", leave=False,
+               disable=options.quiet or not state.is_local_main_process)
+    # Under --context-parallel every rank makes every clip; the main process alone writes it and says so.
+    writes = not parallel or state.is_main_process
+    with bar:
+        for n, job in enumerate(mine, 1):
+            bar.set_description(f"video {n}/{len(mine)}")
+            try:
+                result = _one(pipe, spec, job, options, bar)
+                if not _finite(result.frames):
+                    raise RecipeError(f"the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
+                                      f"{override_line(spec.denoiser, 'dtype', 'float32')} and report the model")
+                if writes:
+                    save_video(result.frames, job.out, fps=options.fps, format=job.format)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except Exception as err:  # one bad clip must not end the batch: report it and go on
+                if options.fail_fast:
+                    raise
+                failed.append(str(job.out))
+                tell(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
+                continue
+            f, h, w, _ = result.frames.shape
+            if writes:
+                tell(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
+            tell(result.summary())
+    return failed
 
 
 def _finite(frames: Any) -> bool:

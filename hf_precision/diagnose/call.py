@@ -1,0 +1,129 @@
+"""default_call: the smallest call that runs every component of a pipeline once, for check to record."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from ..errors import RecipeError
+
+if TYPE_CHECKING:
+    from torch import nn
+
+__all__ = ["default_call", "pipeline_modules"]
+
+
+def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
+    """The components of a diffusers pipeline that are torch modules, or a RecipeError for anything else."""
+    import torch
+
+    comps = getattr(pipe, "components", None)
+    if not isinstance(comps, Mapping):
+        raise RecipeError(f"check: expected a diffusers pipeline (an object with a `components` mapping), "
+                          f"got {type(pipe).__name__}")
+    return {k: v for k, v in comps.items() if isinstance(v, torch.nn.Module)}
+
+
+def _denoiser_name(pipe: Any) -> str | None:
+    """The denoiser the recipe names (applied, or the one covering this pipeline class), else the largest model."""
+    from ..recipe.catalog import pipeline_spec, recipe_classes
+    from ..runtime.apply import applied
+
+    record = applied(pipe)
+    if record is not None and record.recipe.denoiser:
+        return record.recipe.denoiser
+    shipped = recipe_classes().get(type(pipe).__name__)
+    if shipped is not None:
+        return pipeline_spec(shipped).get("denoiser")
+    comps = pipeline_modules(pipe)
+    return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
+
+
+def _side(pipe: Any) -> int:
+    """The smallest image side that runs every level of the denoiser: VAE factor x its downsampling x 2, >= 32."""
+    vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
+    down = 1
+    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
+    config = getattr(denoiser, "config", None)
+    if config is not None:
+        blocks = config.get("block_out_channels") if hasattr(config, "get") else None
+        if blocks:
+            down = 2 ** (len(blocks) - 1)
+        patch = config.get("patch_size") if hasattr(config, "get") else None
+        if patch:
+            down = max(down, int(patch))
+    side = max(32, vae_factor * down * 2)
+    return -(-side // 16) * 16
+
+
+def _fewest_steps(pipe: Any) -> int:
+    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart.
+
+    pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
+    meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
+    source, so no pipeline class is named here.
+    """
+    try:
+        source = inspect.getsource(type(pipe).__call__)
+    except (OSError, TypeError):
+        return 1
+    return 2 if "num_inference_steps == 1" in source else 1
+
+
+def default_call(pipe: Any) -> Callable[[Any], Any]:
+    """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
+
+    Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
+    ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
+    (and a mask) with ``strength=1``. Outputs are numpy (``output_type="np"``).
+
+    Raises:
+        RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
+            ``call=lambda pipe: pipe(...)`` to :func:`check`.
+    """
+    import torch
+
+    try:
+        params = inspect.signature(pipe.__call__).parameters
+    except (TypeError, ValueError):
+        params = {}
+    side = _side(pipe)
+    name = type(pipe).__name__
+
+    def image(fill: tuple[int, int, int] = (120, 90, 60)) -> Any:
+        from PIL import Image
+
+        return Image.new("RGB", (side, side), fill)
+
+    kwargs: dict[str, Any] = {"num_inference_steps": _fewest_steps(pipe), "output_type": "np"}
+    if "class_labels" in params:
+        kwargs["class_labels"] = [1]
+    elif "image" in params and "prompt" not in params:  # image-to-video (SVD), image variation
+        kwargs.update(image=image(), num_frames=2, decode_chunk_size=1)
+    elif "prompt" in params:
+        kwargs["prompt"] = "check"
+        if "image" in params:
+            kwargs["image"] = image()
+        if "mask_image" in params:
+            kwargs["mask_image"] = image((255, 255, 255))
+        if "strength" in params:
+            kwargs["strength"] = 1.0
+    else:
+        raise RecipeError(f"check: no default call for {name} (its __call__ takes no prompt, image or class_labels); "
+                          f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
+    if "height" in params and "width" in params:
+        kwargs.update(height=side, width=side)
+    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16)):
+        if key in params:
+            kwargs[key] = value
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}
+
+    def call(p: Any) -> Any:
+        if "generator" in params or accepts_any:
+            return p(**kwargs, generator=torch.Generator("cpu").manual_seed(0))
+        return p(**kwargs)
+
+    call.kwargs = kwargs  # type: ignore[attr-defined]
+    return call
