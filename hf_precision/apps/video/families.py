@@ -226,7 +226,7 @@ class VideoSpec:
     max_positions: int = 0
     frame_factor: int = 1      # the VAE's temporal compression times the transformer's temporal patch
     patch: int = 1             # the transformer's spatial patch (1 for a UNet)
-    spatial: int = 1           # the VAE's spatial factor (size_multiple may be larger: SVD asks for 8)
+    spatial: int = 1           # the VAE's spatial factor (the size check may ask more: SVD 8)
 
     @property
     def row(self) -> VideoFamily:
