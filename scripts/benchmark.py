@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "hook_calls": 2 if quick else 3, "batch": 2, "latent": args.latent or (16 if tiny else 32),
         "island_counts": (lambda n: [n]) if quick else (lambda n: sorted({max(n // 4, 1), n // 2, n})),
         "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
-        "fid_steps": 2 if quick else 3, "fid_seeds": 1 if quick else 2, "size_key": key,
+        "fid_steps": 2 if quick else 4, "fid_seeds": 1 if quick else 4, "size_key": key,
         "train_steps": args.train_steps, "trained_cache": out_dir / "trained",
     }
     if args.train_steps is not None and args.train_steps < 1:

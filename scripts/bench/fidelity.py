@@ -26,7 +26,7 @@ MODELS = {
     "small": {"size": {"base": "mid", "unet": {"block_out_channels": [32, 64, 128], "attention_head_dim": [1, 2, 4]}},
               "resolution": 64, "steps": 200, "quick_steps": 4},
 }
-PROMPTS = ("a red square", "a blue circle")  # captions the model was fitted to (hf_precision.apps.train.demo)
+PROMPTS = ("a red square", "a blue circle", "a green circle", "a yellow square")  # captions the model was fitted to (hf_precision.apps.train.demo)
 KINDS = ("image", "denoiser")
 METRICS = ("psnr_db", "rel_l2", "max_abs")
 
@@ -164,12 +164,14 @@ def bench_fidelity(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
         out["models"][label] = measure_model(where, ctx, progress, label)
     t = out["models"]["trained"]
     out["naive_dtype"] = t["naive_dtype"]
-    med = lambda name, kind: t[name][kind]["rel_l2"]["median"]  # noqa: E731
-    if "recipe" in t["errors"] or med("recipe", "image") is None:
+    # Judged on the image (what a user sees); the denoiser's own error is reported beside it: the recipe differs from
+    # the naive cast there only by its fp32 islands, so the two are equal up to noise.
+    med = lambda name: t[name]["image"]["rel_l2"]["median"]  # noqa: E731
+    if "recipe" in t["errors"] or med("recipe") is None:
         out["pass"] = False
-    elif med("naive", "image") is None:
+    elif med("naive") is None:
         out["pass"] = True
     else:
-        out["pass"] = all(med("recipe", k) <= med("naive", k) and t["recipe"][k]["nonfinite"] <= t["naive"][k]["nonfinite"]
-                          for k in KINDS)
+        out["pass"] = med("recipe") <= med("naive") and all(
+            t["recipe"][k]["nonfinite"] <= t["naive"][k]["nonfinite"] for k in KINDS)
     return out

@@ -73,7 +73,8 @@ def targets(sec: dict[str, Any]) -> list[list[str]]:
                              f"≤ {LINEAR_SLOPE}", verdict(fit["loglog"] <= LINEAR_SLOPE)])
     if "models" in fid:
         t = fid["models"]["trained"]
-        rows.append(["Fidelity (trained model): recipe rel L2 vs fp32 not worse than naive pipe.to(half), image / denoiser",
+        rows.append(["Fidelity (trained model): recipe image rel L2 vs fp32 not worse than naive pipe.to(half) (denoiser's "
+                     "own rel L2 beside it)",
                      " / ".join(f"{fmt(t['recipe'][k]['rel_l2']['median'])} vs {fmt(t['naive'][k]['rel_l2']['median'])}"
                                 for k in ("image", "denoiser")), "recipe ≤ naive", verdict(fid["pass"])])
     for name, s in sec.items():
@@ -179,7 +180,7 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
          f"demo's generated coloured shapes: {tr['steps']} steps, batch {tr['batch_size']}, learning rate "
          f"{tr['learning_rate']}, {tr['resolution']}px; loss {tr['loss_first']:.3f} at step 1 -> {tr['loss_last']:.3f} at "
          f"step {tr['steps']} (mean of the first / last tenth {tr['loss_first_tenth']:.3f} -> {tr['loss_last_tenth']:.3f}); "
-         f"{tr['seconds']:.0f} s on {tr['torch_threads']} threads"
+         f"{tr['seconds']:.0f} s on {tr['torch_threads']} thread{'s' if tr['torch_threads'] != 1 else ''}"
          f"{' (read from the cache: ' + tr['untrained'].rsplit('/', 2)[-2] + ')' if tr.get('reused') else ''}. "
          f"Random weights: the same pipeline before training.", "",
          f"{fid['image']}x{fid['image']} image, {fid['steps']} Euler steps, guidance 5, seeds 0..{fid['seeds'] - 1} "
