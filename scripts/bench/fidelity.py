@@ -70,11 +70,14 @@ def _record_calls(unet: Any) -> tuple[list[tuple[Any, Any, Any]], Any]:
 
     calls: list[tuple[Any, Any, Any]] = []
 
+    def clone(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: clone(x) for k, x in v.items()}
+        return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
     def keep(module: Any, args: Any, kwargs: Any, output: Any) -> None:
-        clone = lambda v: v.detach().clone() if isinstance(v, torch.Tensor) else v  # noqa: E731
-        calls.append((tuple(clone(a) for a in args), {k: ({kk: clone(vv) for kk, vv in v.items()}
-                                                         if isinstance(v, dict) else clone(v)) for k, v in kwargs.items()},
-                      clone(output[0] if isinstance(output, tuple) else output.sample).float()))
+        calls.append((clone(list(args)), clone(kwargs), clone(output[0] if isinstance(output, tuple) else output.sample)
+                      .float()))
 
     return calls, unet.register_forward_hook(keep, with_kwargs=True)
 
@@ -109,10 +112,10 @@ def measure_model(folder: str, ctx: dict[str, Any], progress: Any, label: str) -
                   "num_inference_steps": ctx["fid_steps"], "output_type": "np"}
         images, calls = {}, []
         for name, p in pipes.items():
+            if name == "fp32":
+                calls, handle = _record_calls(p.unet)
             with progress.step("image", f"fidelity ({label}): {name} image, seed {seed}"):
                 try:
-                    if name == "fp32":
-                        calls, handle = _record_calls(p.unet)
                     with torch.inference_mode():
                         images[name] = p(**kwargs, generator=torch.Generator("cpu").manual_seed(seed)).images
                 except Exception as err:  # a layout that cannot run is reported, never hidden
@@ -157,6 +160,7 @@ def fidelity_model(ctx: dict[str, Any], progress: Any) -> tuple[str, dict[str, A
 
 
 def bench_fidelity(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """The section: train (or reuse) the model, measure it and its untrained weights, judge the trained one."""
     folder, info = fidelity_model(ctx, progress)
     out: dict[str, Any] = {"image": ctx["fid_side"], "steps": ctx["fid_steps"], "seeds": ctx["fid_seeds"],
                            "trained": info, "models": {}}
