@@ -20,7 +20,8 @@ from .trained import trained_pipeline
 
 # The model per benchmark size: "tiny" trains the tiny SDXL; every other size trains the SDXL-base structure of
 # "mid" (3 levels, 1/2/5 transformer layers, head dim 32) at a quarter of mid's UNet width (20.5M UNet parameters),
-# which fits hundreds of steps in a few CPU minutes; mid's own 242M-parameter UNet takes ~10 s a step here.
+# which fits hundreds of steps in a few CPU minutes; mid's own 242M-parameter UNet took 49 s a step on a shared
+# 2-core CPU.
 MODELS = {
     "tiny": {"size": "tiny", "resolution": 32, "steps": 300, "quick_steps": 4},
     "small": {"size": {"base": "mid", "unet": {"block_out_channels": [32, 64, 128], "attention_head_dim": [1, 2, 4]}},
