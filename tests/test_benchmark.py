@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "benchmark.py"
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench import memory, progress, report, runtime, speed  # noqa: E402
+from bench import fidelity, memory, progress, report, runtime, speed, trained  # noqa: E402
 
 SECTIONS = ("load", "runtime", "apply", "weights", "fidelity")
 
@@ -134,6 +134,24 @@ def test_norm_globs_name_exactly_the_norms_of_an_sdxl_unet():
     assert over["components"]["unet"]["keep_fp32"] == runtime.NORM_GLOBS
 
 
+def test_compare_gives_psnr_rel_l2_max_abs_and_counts_nonfinite():
+    import numpy as np
+
+    ref = np.array([0.5, 1.0, 0.25, 0.0])
+    assert fidelity.compare(ref, ref, peak=1.0)["psnr_db"] == float("inf")
+    r = fidelity.compare(ref + np.array([0.0, -0.1, 0.0, 0.0]), ref)  # peak defaults to max |ref| = 1
+    assert r["psnr_db"] == pytest.approx(10 * np.log10(1 / (0.01 / 4)))
+    assert r["rel_l2"] == pytest.approx(0.1 / np.linalg.norm(ref)) and r["max_abs"] == pytest.approx(0.1)
+    bad = fidelity.compare(np.array([np.nan, 1.0, 0.25, 0.0]), ref)
+    assert bad["nonfinite"] == 1 and bad["max_abs"] == float("inf") and bad["psnr_db"] == -float("inf")
+
+
+def test_fingerprint_changes_with_any_training_setting():
+    base = {"model": {"size": "tiny"}, "steps": 4, "seed": 0}
+    assert trained.fingerprint(base) == trained.fingerprint(dict(reversed(base.items())))
+    assert len({trained.fingerprint({**base, k: v}) for k, v in (("steps", 5), ("seed", 1), ("model", "mid"))}) == 3
+
+
 # ------------------------------------------------------------------------------------------ smoke run
 
 
@@ -189,3 +207,26 @@ def test_smoke_run_reports_progress_and_the_slow_dtype_decision(quick_run):
     for heading in ("## Targets", "## 1. Load", "## 2. Runtime", "## 3. Apply", "## 4. Weight bytes", "## 5. Fidelity"):
         assert heading in md
     assert "Peak RSS" in md and "Peak anonymous memory" in md and "- CPU:" in md and "Speed probe" in md
+
+
+@pytest.mark.slow
+def test_smoke_run_fidelity_is_on_a_trained_model_beside_random_weights(quick_run):
+    import math
+
+    fid = json.loads((quick_run / "benchmark.json").read_text())["sections"]["fidelity"]
+    info = fid["trained"]
+    assert (info["steps"], info["denoiser"], info["size"]) == (4, "unet", "tiny")
+    assert math.isfinite(info["loss_first"]) and math.isfinite(info["loss_last"])
+    assert set(fid["models"]) == {"trained", "random weights"}
+    for model in fid["models"].values():
+        assert not model["errors"]
+        for name in ("recipe", "naive"):
+            for kind, calls in (("image", fid["seeds"]), ("denoiser", fid["seeds"] * fid["steps"])):
+                assert model[name][kind]["rel_l2"]["n"] == calls  # every image and every captured denoiser call
+                assert model[name][kind]["rel_l2"]["median"] >= 0 and model[name][kind]["nonfinite"] == 0
+    md = (quick_run / "benchmark.md").read_text()
+    assert "`hf-precision train --method full`" in md and "| random weights | naive |" in md
+    # a second run finds the trained model in <out>/trained/ instead of training again
+    ctx = {"size_key": "tiny", "train_steps": None, "quick": True, "trained_cache": quick_run / "trained"}
+    folder, again = fidelity.fidelity_model(ctx, progress.Progress(out=None))
+    assert again["reused"] and again["loss_last"] == info["loss_last"] and Path(folder, "unet").is_dir()

@@ -6,7 +6,8 @@
 - ``pipeline``: the random-weight pipeline under test (tiny, mid, custom or the real SDXL configs);
 - ``memory``: load in fresh processes, peak RSS and peak anonymous memory; weight bytes via ``hf_precision.plan``;
 - ``runtime``: denoiser overhead, the hooks' own time, 166-island stress, re-apply and apply scaling;
-- ``fidelity``: final image against an fp32 reference;
+- ``fidelity``: image and denoiser output against fp32, on a model trained by ``trained`` and on random weights;
+- ``trained``: small models fitted by ``hf-precision train`` (cached under ``<out>/trained/``);
 - ``report``: the markdown report.
 
 Only the package's public functions are used (``hf_precision.load_pipeline``, ``apply_recipe``, ``applied``,

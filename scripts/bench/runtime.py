@@ -316,7 +316,7 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> 
         res["hook_extra"] = res["hook_time"]["per_call"]["median"] - res["floor_cast_time"]["median"]
         res["hook_extra_share"] = res["hook_extra"] / res["floor_s"]["median"]
         out["layouts"][variant] = res
-    # back to the benchmarked recipe for the fidelity section
+    # back to the benchmarked recipe (the pipeline is the caller's)
     hp.apply_recipe(pipes["recipe"], "sdxl", device=device, layout=ctx["layout"], overrides=ctx["overrides"])
     isl, rec = out["layouts"]["islands"], out["layouts"]["recipe"]
     out["pass_overhead"] = rec["overhead"]["median"] <= TARGETS["runtime_overhead"]

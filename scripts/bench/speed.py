@@ -121,10 +121,10 @@ def effective_layout(recipe: Any, slow: dict[str, bool], exact: bool, fast: str 
     fast = fast or fast_substitute(slow)
     over = {"components": {p.name: {"dtype": fast if slow.get(p.compute) else p.compute, "keep_fp32": list(p.keep_fp32)}
                            for p in recipe.plans}}
-    return over, (f"this machine computes {names} slowly (see the probe): runtime and fidelity measure the layout's "
+    return over, (f"this machine computes {names} slowly (see the probe): runtime measures the layout's "
                   f"structure (the same fp32 components, islands and hooks) with {fast} in place of "
-                  f"{', '.join(sorted({p.compute for p in slow_parts}))}; the load section loads the exact layout "
-                  f"(loading does not compute). Pass --layout to measure the exact layout anyway")
+                  f"{', '.join(sorted({p.compute for p in slow_parts}))}; the load and fidelity sections use the exact "
+                  f"layout (loading does not compute; fidelity measures precision, so it computes as asked). Pass --layout to measure the exact layout anyway")
 
 
 def slowdown(recipe: Any, probe: dict[str, Any]) -> tuple[float, str]:
