@@ -1,6 +1,7 @@
 """What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
 file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
-weight storage through diffusers' layerwise casting. Everything else ``apply_recipe`` does is casts and hooks.
+weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place).
+Everything else ``apply_recipe`` does is casts and hooks.
 
 Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
 """
@@ -12,7 +13,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise"]
+__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "upcast_on_use", "upcasts_on_use"]
 
 
 def disable_force_upcast(module: torch.nn.Module) -> bool:
@@ -82,3 +83,77 @@ def store_layerwise(module: torch.nn.Module, storage: torch.dtype, compute: torc
     from diffusers.hooks import apply_layerwise_casting
 
     apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute, skip_modules_pattern=skip)
+
+
+def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
+    """Let gradients pass through the layers of ``module`` that diffusers' layerwise casting stores in another dtype
+    (fp8): each computes with a fresh copy of its weights in ``compute``; returns how many layers it changed.
+
+    diffusers' hook casts the layer's ``.data`` to the compute dtype before the forward and back to fp8 after it, in
+    place, so the weight autograd saved for the backward is fp8 by then ("expected scalar type Float but found
+    Float8_e4m3fn"). Here the layer keeps its fp8 parameters and its forward reads ``weight.to(compute)``, a new
+    tensor that autograd saves instead: the base stays fp8 in memory and never has a gradient, as kohya's
+    ``--fp8_base`` and OneTrainer's ``LinearFp8`` (modules/module/quantized/LinearFp8.py) compute. The hook keeps
+    diffusers' name and its ``storage_dtype``/``compute_dtype``, so whatever reads layerwise casting reads this.
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4)).requires_grad_(False)  # a frozen base
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float32, [])
+        >>> upcast_on_use(layer, torch.float32), layer[0].weight.dtype
+        (1, torch.float8_e4m3fn)
+        >>> x = torch.ones(1, 4, requires_grad=True)
+        >>> layer(x).sum().backward(); x.grad.dtype, layer[0].weight.grad
+        (torch.float32, None)
+    """
+    from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
+
+    class UpcastOnUseHook(LayerwiseCastingHook):
+        """Computes with ``param.to(compute_dtype)`` copies; the layer's own parameters stay in ``storage_dtype``."""
+
+        upcast_on_use = True
+
+        def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return args, kwargs
+
+        def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+            return output
+
+        def deinitalize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
+            return module  # nothing was cast: the storage is as it was
+
+        def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # An instance attribute shadows the parameter of that name (nn.Module looks in _parameters only when
+            # normal lookup fails): the layer's own forward reads the copy, module.to() and state_dict the fp8 one.
+            shadowed = [n for n, p in module._parameters.items()
+                        if p is not None and p.is_floating_point() and p.dtype != self.compute_dtype]
+            for name in shadowed:
+                module.__dict__[name] = module._parameters[name].to(self.compute_dtype)
+            try:
+                return self.fn_ref.original_forward(*args, **kwargs)
+            finally:
+                for name in shadowed:
+                    module.__dict__.pop(name, None)
+
+    count = 0
+    for layer in module.modules():
+        registry = layer.__dict__.get("_diffusers_hook")
+        hook = getattr(registry, "hooks", {}).get("layerwise_casting")
+        if hook is None or getattr(hook, "upcast_on_use", False):
+            continue
+        hook.deinitalize_hook = lambda m: m  # diffusers' raises (it would cast back); nothing is cast back here
+        registry.remove_hook("layerwise_casting", recurse=False)
+        # initialize_hook stores the layer in storage_dtype (a re-applied recipe may have cast it to compute)
+        registry.register_hook(UpcastOnUseHook(hook.storage_dtype, compute, hook.non_blocking), "layerwise_casting")
+        count += 1
+    return count
+
+
+def upcasts_on_use(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` computes with upcast copies of its stored weights (:func:`upcast_on_use`).
+
+    Example:
+        >>> upcasts_on_use(torch.nn.Linear(2, 2))
+        False
+    """
+    hook = getattr(layer.__dict__.get("_diffusers_hook"), "hooks", {}).get("layerwise_casting")
+    return bool(getattr(hook, "upcast_on_use", False))
