@@ -194,8 +194,10 @@ def upcast_fp8(recipe: Any, comps: Mapping[str, torch.nn.Module], train: Mapping
         >>> from hf_precision.testing import make_pipeline
         >>> pipe = make_pipeline("sd15")
         >>> r = apply_recipe(pipe, overrides={"unet": {"storage": "float8_e4m3fn"}}).recipe
-        >>> upcast_fp8(r, {"unet": pipe.unet}, {"unet": "lora"}, "unet")
+        >>> upcast_fp8(r, {"unet": pipe.unet}, {"text_encoder": "lora"}, "unet")  # its gradients pass the UNet
         {'unet': 83}
+        >>> upcast_fp8(r, {"unet": pipe.unet}, {"unet": "lora"}, "unet")  # done once
+        {'unet': 0}
     """
     done = {}
     for comp in sorted(_through(train, denoiser)):
