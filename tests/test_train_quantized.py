@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import hf_precision as hp
+from hf_precision.runtime.patches import layerwise_hook
 from hf_precision.runtime.quantize import is_quantized_tensor, module_bytes
 from hf_precision.training import TrainingError, example_batch
 
@@ -56,11 +57,11 @@ def _load(folder, quantize, layout):
 
 
 # (family, quantize, layout): torchao, quanto and fp8 storage on both families; fp32, fp16 (+GradScaler) and bf16
-# compute; the Flux int8 case also holds its T5 in int8 and encodes the step's prompt with it
-# (quanto on an SD 1.x UNet through the command: tests/test_train_run.py, A100 layout)
-CASES = [("sd15", {"unet": "int8"}, "t4"), ("sd15", {"unet": "float8_e4m3fn"}, "t4"),
+# compute. A frozen quantized/fp8 text encoder encodes the step's prompt: Flux's T5 in int8, SD's CLIP in fp8 (A100:
+# loaded for fp16 compute, trained in bf16). (quanto on an SD 1.x UNet through the command: tests/test_train_run.py)
+CASES = [("sd15", {"unet": "int8"}, "t4"), ("sd15", {"unet": "float8_e4m3fn", "text_encoder": "float8_e4m3fn"}, "a100"),
          ("flux", {"transformer": "int8", "text_encoder_2": "int8"}, None),
-         ("flux", {"transformer": "quanto-int8"}, "a100"), ("flux", {"transformer": "float8_e5m2"}, "a100")]
+         ("flux", {"transformer": "quanto-int8"}, "a100"), ("flux", {"transformer": "float8_e5m2"}, "t4")]
 
 
 @pytest.mark.parametrize("family,quantize,layout", CASES, ids=lambda v: "-".join(v.values()) if isinstance(v, dict) else v)
@@ -69,7 +70,8 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
     storage = quantize[component]
     pipe = _load(folders[family], quantize, layout)
     module = getattr(pipe, component)
-    frozen = {c: (getattr(pipe, c), _stored_state(getattr(pipe, c))) for c in quantize if c != component}
+    frozen = {c: (getattr(pipe, c), _stored_state(getattr(pipe, c)), module_bytes(getattr(pipe, c)))
+              for c in quantize if c != component}
     before_bytes, before = module_bytes(module), _stored_state(module)
     assert before and before_bytes == hp.plan(folders[family], device=layout or "cpu",
                                               overrides={component: {"storage": storage}})[component].total_bytes
@@ -81,12 +83,18 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
     assert f"{kind} base: {component} {storage}" in tp.report() and "layers frozen" in tp.report()
     params = tp.parameters()
     assert params and {p.dtype for p in params} == {torch.float32}
+    lora = sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" in n)
+    assert module_bytes(module) - lora == before_bytes  # also before any forward: the re-applied recipe upcast nothing
+    assert all(module_bytes(part) == size for part, _, size in frozen.values())
+    for name, (part, state, _) in frozen.items():  # a frozen fp8 part keeps diffusers' hook, in the training compute
+        hooks = [layerwise_hook(part.get_submodule(k)) for k in state]
+        assert all(h.compute_dtype == getattr(torch, tp.recipe[name].compute) for h in hooks if h is not None)
     compute = tp.compute_dtype
     seen = []
     hook = module.get_submodule(next(iter(before))).register_forward_hook(lambda m, a, o: seen.append(o.dtype))
     batch = example_batch(module)
-    if frozen:  # the frozen quantized T5 encodes the prompt the step trains on
-        batch.update(tp.encode_prompt("a red square", max_sequence_length=8))
+    if frozen:  # the frozen quantized/fp8 text encoder encodes the prompt the step trains on
+        batch.update(tp.encode_prompt("a red square", **({"max_sequence_length": 8} if family == "flux" else {})))
     opt = torch.optim.AdamW(params, lr=1e-2)
     losses = []
     for _ in range(4):  # same noise and timesteps each step: the loss on a fixed objective
@@ -102,10 +110,10 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
     assert after.keys() == before.keys()
     assert all(all(torch.equal(a, b) for a, b in zip(after[k], before[k])) for k in before)
     assert all(p.grad is None for n, p in module.named_parameters() if "lora_" not in n)
-    lora = sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" in n)
     assert module_bytes(module) - lora == before_bytes
-    for name, (part, state) in frozen.items():
-        assert state and _stored_state(part).keys() == state.keys() and f"quantized base: {name} int8" in tp.report()
+    for name, (part, state, size) in frozen.items():
+        assert state and _stored_state(part).keys() == state.keys() and module_bytes(part) == size
+        assert f"base: {name} {quantize[name]}" in tp.report() and not any(p.requires_grad for p in part.parameters())
         assert all(all(torch.equal(a, b) for a, b in zip(_stored_state(part)[k], state[k])) for k in state)
 
 

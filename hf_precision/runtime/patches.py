@@ -8,12 +8,14 @@ Each function changes the module in place and returns what it did, for :class:`~
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "upcast_on_use", "upcasts_on_use"]
+__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
+           "upcast_on_use", "upcasts_on_use"]
 
 
 def disable_force_upcast(module: torch.nn.Module) -> bool:
@@ -85,6 +87,40 @@ def store_layerwise(module: torch.nn.Module, storage: torch.dtype, compute: torc
     apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute, skip_modules_pattern=skip)
 
 
+def layerwise_hook(layer: torch.nn.Module) -> Any:
+    """The layerwise-casting hook diffusers keeps on ``layer`` itself (None when there is none).
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float32, [])
+        >>> layerwise_hook(layer) is None, layerwise_hook(layer[0]).storage_dtype
+        (True, torch.float8_e4m3fn)
+    """
+    # diffusers' HookRegistry is a plain attribute: reading __dict__ skips ModelMixin.__getattr__ on every module
+    return getattr(layer.__dict__.get("_diffusers_hook"), "hooks", {}).get("layerwise_casting")
+
+
+def retarget_layerwise(module: torch.nn.Module, compute: torch.dtype) -> int:
+    """Make the layerwise casting already on ``module`` compute in ``compute``; returns how many layers changed.
+
+    diffusers cannot remove its hook, so a recipe applied again (``prepare_training`` after ``load_pipeline``, a
+    training rule picking bf16 where inference picked fp16) changes the dtype the hooks compute in instead.
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float16, [])
+        >>> retarget_layerwise(layer, torch.float32), layer(torch.ones(1, 4)).dtype
+        (1, torch.float32)
+    """
+    count = 0
+    for layer in module.modules():
+        hook = layerwise_hook(layer)
+        if hook is not None and hook.compute_dtype != compute:
+            hook.compute_dtype = compute
+            count += 1
+    return count
+
+
 def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
     """Let gradients pass through the layers of ``module`` that diffusers' layerwise casting stores in another dtype
     (fp8): each computes with a fresh copy of its weights in ``compute``; returns how many layers it changed.
@@ -105,6 +141,22 @@ def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
         >>> layer(x).sum().backward(); x.grad.dtype, layer[0].weight.grad
         (torch.float32, None)
     """
+    count = 0
+    for layer in module.modules():
+        hook = layerwise_hook(layer)
+        if hook is None or getattr(hook, "upcast_on_use", False):
+            continue
+        hook.deinitalize_hook = lambda m: m  # diffusers' raises (it would cast back); nothing is cast back here
+        registry = layer.__dict__["_diffusers_hook"]
+        registry.remove_hook("layerwise_casting", recurse=False)
+        registry.register_hook(_upcast_hook_class()(hook.storage_dtype, compute, hook.non_blocking), "layerwise_casting")
+        count += 1
+    return count
+
+
+@functools.cache
+def _upcast_hook_class() -> type:
+    """diffusers' ``LayerwiseCastingHook`` computing from copies (made once: diffusers is imported on first use)."""
     from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
 
     class UpcastOnUseHook(LayerwiseCastingHook):
@@ -134,18 +186,7 @@ def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
                 for name in shadowed:
                     module.__dict__.pop(name, None)
 
-    count = 0
-    for layer in module.modules():
-        registry = layer.__dict__.get("_diffusers_hook")
-        hook = getattr(registry, "hooks", {}).get("layerwise_casting")
-        if hook is None or getattr(hook, "upcast_on_use", False):
-            continue
-        hook.deinitalize_hook = lambda m: m  # diffusers' raises (it would cast back); nothing is cast back here
-        registry.remove_hook("layerwise_casting", recurse=False)
-        # initialize_hook stores the layer in storage_dtype (a re-applied recipe may have cast it to compute)
-        registry.register_hook(UpcastOnUseHook(hook.storage_dtype, compute, hook.non_blocking), "layerwise_casting")
-        count += 1
-    return count
+    return UpcastOnUseHook
 
 
 def upcasts_on_use(layer: torch.nn.Module) -> bool:
@@ -155,5 +196,4 @@ def upcasts_on_use(layer: torch.nn.Module) -> bool:
         >>> upcasts_on_use(torch.nn.Linear(2, 2))
         False
     """
-    hook = getattr(layer.__dict__.get("_diffusers_hook"), "hooks", {}).get("layerwise_casting")
-    return bool(getattr(hook, "upcast_on_use", False))
+    return bool(getattr(layerwise_hook(layer), "upcast_on_use", False))
