@@ -2,7 +2,7 @@
 
 A tiny SD 1.x and a tiny Flux, loaded with torchao int8 weight-only, optimum-quanto qint8 or fp8 storage (e4m3fn,
 e5m2), train a LoRA for a few steps: the loss is finite and falls, the LoRA is fp32, the base stays frozen, in its
-storage, byte for byte the same, and the plan reports it; a frozen int8 T5 encodes the prompt of a Flux step. The
+storage, byte for byte the same, and the plan reports it; a frozen int8 T5 or fp8 CLIP encodes the step's prompt. The
 plain fp8 set-up (diffusers' layerwise casting + a peft LoRA) fails in backward, the same layers through
 ``runtime.patches.upcast_on_use`` train; a full fine-tune of quantized or fp8 weights is refused before anything changes.
 """
@@ -56,12 +56,12 @@ def _load(folder, quantize, layout):
         return hp.load_pipeline(folder, "cpu", layout=layout, quantize=quantize)
 
 
-# (family, quantize, layout): torchao, quanto and fp8 storage on both families; fp32, fp16 (+GradScaler) and bf16
-# compute. A frozen quantized/fp8 text encoder encodes the step's prompt: Flux's T5 in int8, SD's CLIP in fp8 (A100:
-# loaded for fp16 compute, trained in bf16). (quanto on an SD 1.x UNet through the command: tests/test_train_run.py)
+# (family, quantize, layout): torchao int8, quanto qint8, fp8 e4m3fn and e5m2 storage; fp32, fp16 (+GradScaler) and
+# bf16 compute. A frozen quantized/fp8 text encoder encodes the step's prompt: Flux's T5 in int8, SD's CLIP in fp8
+# (A100: loaded for fp16 compute, trained in bf16). (quanto on an SD 1.x UNet through the command: test_train_run.py)
 CASES = [("sd15", {"unet": "int8"}, "t4"), ("sd15", {"unet": "float8_e4m3fn", "text_encoder": "float8_e4m3fn"}, "a100"),
-         ("flux", {"transformer": "int8", "text_encoder_2": "int8"}, None),
-         ("flux", {"transformer": "quanto-int8"}, "a100"), ("flux", {"transformer": "float8_e5m2"}, "t4")]
+         ("flux", {"transformer": "float8_e5m2", "text_encoder_2": "int8"}, None),
+         ("flux", {"transformer": "quanto-int8"}, "a100")]
 
 
 @pytest.mark.parametrize("family,quantize,layout", CASES, ids=lambda v: "-".join(v.values()) if isinstance(v, dict) else v)
@@ -97,7 +97,7 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
         batch.update(tp.encode_prompt("a red square", **({"max_sequence_length": 8} if family == "flux" else {})))
     opt = torch.optim.AdamW(params, lr=1e-2)
     losses = []
-    for _ in range(4):  # same noise and timesteps each step: the loss on a fixed objective
+    for _ in range(3):  # same noise and timesteps each step: the loss on a fixed objective
         loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))
         tp.backward(loss)
         assert tp.step(opt)
@@ -161,7 +161,7 @@ def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys)
     assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "f"), "--method", "full"]) == 2
     assert "cannot train quantized weights" in capsys.readouterr().err
     out = tmp_path / "fp8"
-    assert main([*common, "--set", "unet.storage=float8_e4m3fn", "--steps", "2", "--out", str(out)]) == 0
+    assert main([*common, "--set", "unet.storage=float8_e4m3fn", "--steps", "1", "--out", str(out)]) == 0
     record = json.loads((out / "training.json").read_text())
     assert torch.isfinite(torch.tensor(record["final_loss"])) and (out / "pytorch_lora_weights.safetensors").exists()
     assert "fp8 base: unet float8_e4m3fn (stored fp8, computed in float32" in record["plan"]
