@@ -1,19 +1,22 @@
-"""LoRA on a quantized base (issue 23) through the training layer and `hf-precision train --plan`, on CPU.
+"""LoRA on a quantized or fp8-stored base (issue 23) through the training layer and `hf-precision train`, on CPU.
 
-A tiny SD 1.x and a tiny Flux, loaded with torchao int8 weight-only and optimum-quanto qint8, train a LoRA for a few
-steps: the loss is finite and falls, the LoRA is fp32, the base stays frozen, quantized, byte for byte the same,
-and the plan reports it. fp8 layerwise storage (no backward) and a full fine-tune of quantized weights are refused
-before anything changes, with the fix.
+A tiny SD 1.x and a tiny Flux, loaded with torchao int8 weight-only, optimum-quanto qint8 or fp8 storage (e4m3fn,
+e5m2), train a LoRA for a few steps: the loss is finite and falls, the LoRA is fp32, the base stays frozen, in its
+storage, byte for byte the same, and the plan reports it; a frozen int8 T5 or fp8 CLIP encodes the step's prompt. The
+plain fp8 set-up (diffusers' layerwise casting + a peft LoRA) fails in backward, the same layers through
+``runtime.patches.upcast_on_use`` train; a full fine-tune of quantized or fp8 weights is refused before anything changes.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
 import torch
 
 import hf_precision as hp
+from hf_precision.runtime.patches import layerwise_hook
 from hf_precision.runtime.quantize import is_quantized_tensor, module_bytes
 from hf_precision.training import TrainingError, example_batch
 
@@ -22,6 +25,8 @@ pytest.importorskip("optimum.quanto")
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is faster
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 @pytest.fixture(scope="module")
@@ -33,50 +38,66 @@ def folders(tmp_path_factory, train_demo):
     return {"sd15": sd15, "shapes": shapes, "flux": save_pipeline(make_flux(), tmp_path_factory.mktemp("flux"))}
 
 
-def _quantized_state(module: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
-    """The backend's inner tensors (int8 data, scales, zero points) of every quantized weight, by layer name."""
+def _stored_state(module: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
+    """Each quantized weight's inner tensors (int8 data, scales, zero points), or each fp8 weight's bytes, by layer."""
     out = {}
     for name, m in module.named_modules():
         w = m._parameters.get("weight")
         if is_quantized_tensor(w):
-            inner = w.__tensor_flatten__()[0]
-            out[name.replace(".base_layer", "")] = [getattr(w, n).detach().clone() for n in inner]
+            out[name.replace(".base_layer", "")] = [getattr(w, n).detach().clone() for n in w.__tensor_flatten__()[0]]
+        elif w is not None and w.dtype in FP8:
+            out[name.replace(".base_layer", "")] = [w.detach().view(torch.uint8).clone()]
     return out
 
 
-def _load(folder, storage, layout, component):
+def _load(folder, quantize, layout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return hp.load_pipeline(folder, "cpu", layout=layout, quantize={component: storage})
+        return hp.load_pipeline(folder, "cpu", layout=layout, quantize=quantize)
 
 
-# (family, storage, layout): torchao and quanto on both families; fp32, fp16 (+GradScaler) and bf16 compute
-# (quanto on an SD 1.x UNet through the command: tests/test_train_run.py, A100 layout)
-CASES = [("sd15", "int8", "t4"), ("flux", "int8", None), ("flux", "quanto-int8", "a100")]
+# (family, quantize, layout): torchao int8, quanto qint8, fp8 e4m3fn and e5m2 storage; fp32, fp16 (+GradScaler) and
+# bf16 compute. A frozen quantized/fp8 text encoder encodes the step's prompt: Flux's T5 in int8, SD's CLIP in fp8
+# (A100: loaded for fp16 compute, trained in bf16). (quanto on an SD 1.x UNet through the command: test_train_run.py)
+CASES = [("sd15", {"unet": "int8"}, "t4"), ("sd15", {"unet": "float8_e4m3fn", "text_encoder": "float8_e4m3fn"}, "a100"),
+         ("flux", {"transformer": "float8_e5m2", "text_encoder_2": "int8"}, None),
+         ("flux", {"transformer": "quanto-int8"}, "a100")]
 
 
-@pytest.mark.parametrize("family,storage,layout", CASES)
-def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, family, storage, layout):
+@pytest.mark.parametrize("family,quantize,layout", CASES, ids=lambda v: "-".join(v.values()) if isinstance(v, dict) else v)
+def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, family, quantize, layout):
     component = "unet" if family == "sd15" else "transformer"
-    pipe = _load(folders[family], storage, layout, component)
+    storage = quantize[component]
+    pipe = _load(folders[family], quantize, layout)
     module = getattr(pipe, component)
-    before_bytes, before = module_bytes(module), _quantized_state(module)
+    frozen = {c: (getattr(pipe, c), _stored_state(getattr(pipe, c)), module_bytes(getattr(pipe, c)))
+              for c in quantize if c != component}
+    before_bytes, before = module_bytes(module), _stored_state(module)
     assert before and before_bytes == hp.plan(folders[family], device=layout or "cpu",
                                               overrides={component: {"storage": storage}})[component].total_bytes
     with pytest.raises(TrainingError, match=rf"'full' cannot train {storage} weights.*'lora'"):
         hp.prepare_training(pipe, "cpu", layout=layout, train={component: "full"})
     tp = hp.prepare_training(pipe, "cpu", layout=layout, train={component: "lora"}, rank=4)
+    kind = "fp8" if storage.startswith("float8") else "quantized"
     assert tp.recipe[component].storage == storage and tp.fingerprint() != ""
-    assert f"quantized base: {component} {storage}" in tp.report() and "layers frozen" in tp.report()
+    assert f"{kind} base: {component} {storage}" in tp.report() and "layers frozen" in tp.report()
     params = tp.parameters()
     assert params and {p.dtype for p in params} == {torch.float32}
+    lora = sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" in n)
+    assert module_bytes(module) - lora == before_bytes  # also before any forward: the re-applied recipe upcast nothing
+    assert all(module_bytes(part) == size for part, _, size in frozen.values())
+    for name, (part, state, _) in frozen.items():  # a frozen fp8 part keeps diffusers' hook, in the training compute
+        hooks = [layerwise_hook(part.get_submodule(k)) for k in state]
+        assert all(h.compute_dtype == getattr(torch, tp.recipe[name].compute) for h in hooks if h is not None)
     compute = tp.compute_dtype
     seen = []
     hook = module.get_submodule(next(iter(before))).register_forward_hook(lambda m, a, o: seen.append(o.dtype))
     batch = example_batch(module)
+    if frozen:  # the frozen quantized/fp8 text encoder encodes the prompt the step trains on
+        batch.update(tp.encode_prompt("a red square", **({"max_sequence_length": 8} if family == "flux" else {})))
     opt = torch.optim.AdamW(params, lr=1e-2)
     losses = []
-    for _ in range(4):  # same noise and timesteps each step: the loss on a fixed objective
+    for _ in range(3):  # same noise and timesteps each step: the loss on a fixed objective
         loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))
         tp.backward(loss)
         assert tp.step(opt)
@@ -84,33 +105,63 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
         losses.append(loss.item())
     hook.remove()
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
-    assert set(seen) == {compute}  # the quantized layers compute in the component's compute dtype
-    after = _quantized_state(module)
+    assert set(seen) == {compute}  # the quantized/fp8 layers compute in the component's compute dtype
+    after = _stored_state(module)
     assert after.keys() == before.keys()
     assert all(all(torch.equal(a, b) for a, b in zip(after[k], before[k])) for k in before)
-    lora = sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" in n)
+    assert all(p.grad is None for n, p in module.named_parameters() if "lora_" not in n)
     assert module_bytes(module) - lora == before_bytes
+    for name, (part, state, size) in frozen.items():
+        assert state and _stored_state(part).keys() == state.keys() and module_bytes(part) == size
+        assert f"base: {name} {quantize[name]}" in tp.report() and not any(p.requires_grad for p in part.parameters())
+        assert all(all(torch.equal(a, b) for a, b in zip(_stored_state(part)[k], state[k])) for k in state)
 
 
-def test_fp8_storage_has_no_backward_and_is_refused_with_a_backend_that_has_one(folders):
-    pipe = _load(folders["sd15"], "float8_e4m3fn", None, "unet")
-    with pytest.raises(TrainingError, match=r"unet trains, but its weights are stored float8_e4m3fn.*no backward.*"
-                                            r"unet\.storage=int8"):
-        hp.prepare_training(pipe, "cpu", train={"unet": "lora"})
-    assert not any("lora_" in n for n, _ in pipe.unet.named_parameters())  # refused before anything changed
+def test_plain_fp8_layerwise_lora_fails_in_backward_and_upcast_on_use_trains_it():
+    """diffusers' ``enable_layerwise_casting`` + a peft LoRA + backward: the error kohya's ``--fp8_base`` users avoid."""
+    from diffusers.training_utils import cast_training_params
+    from peft import LoraConfig
+
+    from hf_precision.runtime.patches import upcast_on_use
+    from hf_precision.testing import make_pipeline
+
+    unet = make_pipeline("sd15").unet.requires_grad_(False)
+    unet.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    unet.add_adapter(LoraConfig(r=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    cast_training_params(unet, torch.float32)  # fp32 LoRA masters, as diffusers' examples (else peft's forward fails)
+    batch = example_batch(unet)
+
+    def step():
+        out = unet(batch["latents"], torch.tensor([10]), encoder_hidden_states=batch["prompt_embeds"]).sample
+        out.pow(2).mean().backward()
+
+    with pytest.raises(RuntimeError, match="expected scalar type Float but found Float8_e4m3fn"):
+        step()
+    base = {n: p.detach().view(torch.uint8).clone() for n, p in unet.named_parameters() if p.dtype in FP8}
+    assert upcast_on_use(unet, torch.float32) == len({n.rpartition(".")[0] for n in base})  # every fp8 layer
+    step()
+    lora = [p for n, p in unet.named_parameters() if "lora_B" in n]
+    assert lora and all(p.grad is not None and bool(p.grad.isfinite().all()) for p in lora)
+    assert all(torch.equal(p.detach().view(torch.uint8), base[n]) and p.grad is None
+               for n, p in unet.named_parameters() if n in base)
 
 
-def test_train_plan_counts_the_quantized_base_in_backend_bytes(folders, tmp_path, capsys):
+def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys):
     from hf_precision.apps.train.plan import Options, predict_training
     from hf_precision.cli import main
 
     common = ["train", "--model", str(folders["sd15"]), "--data", str(folders["shapes"]), "--resolution", "32",
-              "--device", "cpu", "--lora-rank", "4", "--set", "unet.storage=int8", "--plan"]
-    assert main([*common, "--out", str(tmp_path / "p")]) == 0
+              "--device", "cpu", "--lora-rank", "4", "--quiet"]
+    assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "p")]) == 0
     assert "unet 0.2 MiB (int8, backend bytes)" in capsys.readouterr().out
     pred = predict_training(str(folders["sd15"]), "cpu", rank=4, resolution=32, options=Options(1, False, True),
                             overrides={"unet": {"storage": "int8"}})
     planned = hp.plan(folders["sd15"], device="cpu", overrides={"unet": {"storage": "int8"}})["unet"].total_bytes
     assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu")["unet"].total_bytes
-    assert main([*common, "--out", str(tmp_path / "f"), "--method", "full"]) == 2
+    assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "f"), "--method", "full"]) == 2
     assert "cannot train quantized weights" in capsys.readouterr().err
+    out = tmp_path / "fp8"
+    assert main([*common, "--set", "unet.storage=float8_e4m3fn", "--steps", "1", "--out", str(out)]) == 0
+    record = json.loads((out / "training.json").read_text())
+    assert torch.isfinite(torch.tensor(record["final_loss"])) and (out / "pytorch_lora_weights.safetensors").exists()
+    assert "fp8 base: unet float8_e4m3fn (stored fp8, computed in float32" in record["plan"]

@@ -169,12 +169,15 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
     in_island = lambda name: inside(name, island_set)
     with torch.no_grad():
         for mod_name, mod in module.named_modules():
+            # A layer under layerwise casting already holds its storage dtype (a recipe applied again, e.g. by
+            # prepare_training): upcasting it here would hold the whole component in the compute dtype.
+            stored = getattr(patches.layerwise_hook(mod), "storage_dtype", None)
             for kind in ("_parameters", "_buffers"):
                 for leaf, tensor in getattr(mod, kind).items():
                     if tensor is None or tensor.device.type == "meta" or is_quantized_tensor(tensor):
                         continue  # a backend's quantized weight: casting it would dequantize it
                     target = tensor.dtype
-                    if tensor.is_floating_point():
+                    if tensor.is_floating_point() and not (kind == "_parameters" and tensor.dtype == stored):
                         target = torch.float32 if in_island(mod_name) else storage
                     dev = torch.device(device) if device is not None else tensor.device
                     if tensor.dtype != target or tensor.device != dev:
@@ -338,10 +341,12 @@ def _store_layerwise(c: _Component) -> None:
     if is_quantized(c.plan.storage):
         c.did(f"weights stored {c.plan.storage}, computed in {c.plan.compute}")
         return
-    if c.plan.storage == c.plan.compute:
+    if has_layerwise_casting(c.module):  # diffusers cannot remove it: its layers compute in the planned dtype now
+        retargeted = patches.retarget_layerwise(c.module, c.compute)
+        c.did("layerwise casting was already enabled: kept as it is"
+              + (f", its {retargeted} layers now compute in {c.plan.compute}" if retargeted else ""))
         return
-    if has_layerwise_casting(c.module):
-        c.did("layerwise casting was already enabled: kept as it is")
+    if c.plan.storage == c.plan.compute:
         return
     patches.store_layerwise(c.module, c.storage, c.compute, layerwise_skip_regexes(c.islands, c.plan.layerwise_skip))
     c.did(f"weights stored in {c.plan.storage}, cast to {c.plan.compute} per layer on use")

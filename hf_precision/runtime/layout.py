@@ -18,6 +18,7 @@ import torch
 from .. import dtypes as dt
 from ..recipe.patterns import inside, resolve_islands
 from ..recipe.model import ComponentPlan
+from .patches import layerwise_hook
 
 __all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
            "drift", "Drifted", "planned_bytes"]
@@ -153,9 +154,7 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
 
 def has_layerwise_casting(module: torch.nn.Module) -> bool:
     # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
-    # diffusers' HookRegistry is a plain attribute: reading __dict__ skips ModelMixin.__getattr__ on every module.
-    return any(getattr(m.__dict__.get("_diffusers_hook"), "hooks", {}).get("layerwise_casting") is not None
-               for m in module.modules())
+    return any(layerwise_hook(m) is not None for m in module.modules())
 
 
 

@@ -1,18 +1,21 @@
 """What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
 file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
-weight storage through diffusers' layerwise casting. Everything else ``apply_recipe`` does is casts and hooks.
+weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place).
+Everything else ``apply_recipe`` does is casts and hooks.
 
 Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise"]
+__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
+           "upcast_on_use", "upcasts_on_use"]
 
 
 def disable_force_upcast(module: torch.nn.Module) -> bool:
@@ -82,3 +85,115 @@ def store_layerwise(module: torch.nn.Module, storage: torch.dtype, compute: torc
     from diffusers.hooks import apply_layerwise_casting
 
     apply_layerwise_casting(module, storage_dtype=storage, compute_dtype=compute, skip_modules_pattern=skip)
+
+
+def layerwise_hook(layer: torch.nn.Module) -> Any:
+    """The layerwise-casting hook diffusers keeps on ``layer`` itself (None when there is none).
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float32, [])
+        >>> layerwise_hook(layer) is None, layerwise_hook(layer[0]).storage_dtype
+        (True, torch.float8_e4m3fn)
+    """
+    # diffusers' HookRegistry is a plain attribute: reading __dict__ skips ModelMixin.__getattr__ on every module
+    return getattr(layer.__dict__.get("_diffusers_hook"), "hooks", {}).get("layerwise_casting")
+
+
+def retarget_layerwise(module: torch.nn.Module, compute: torch.dtype) -> int:
+    """Make the layerwise casting already on ``module`` compute in ``compute``; returns how many layers changed.
+
+    diffusers cannot remove its hook, so a recipe applied again (``prepare_training`` after ``load_pipeline``, a
+    training rule picking bf16 where inference picked fp16) changes the dtype the hooks compute in instead.
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4))
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float16, [])
+        >>> retarget_layerwise(layer, torch.float32), layer(torch.ones(1, 4)).dtype
+        (1, torch.float32)
+    """
+    count = 0
+    for layer in module.modules():
+        hook = layerwise_hook(layer)
+        if hook is not None and hook.compute_dtype != compute:
+            hook.compute_dtype = compute
+            count += 1
+    return count
+
+
+def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
+    """Let gradients pass through the layers of ``module`` that diffusers' layerwise casting stores in another dtype
+    (fp8): each computes with a fresh copy of its weights in ``compute``; returns how many layers it changed.
+
+    diffusers' hook casts the layer's ``.data`` to the compute dtype before the forward and back to fp8 after it, in
+    place, so the weight autograd saved for the backward is fp8 by then ("expected scalar type Float but found
+    Float8_e4m3fn"). Here the layer keeps its fp8 parameters and its forward reads ``weight.to(compute)``, a new
+    tensor that autograd saves instead: the base stays fp8 in memory and never has a gradient, as kohya's
+    ``--fp8_base`` and OneTrainer's ``LinearFp8`` (modules/module/quantized/LinearFp8.py) compute. The hook keeps
+    diffusers' name and its ``storage_dtype``/``compute_dtype``, so whatever reads layerwise casting reads this.
+
+    Example:
+        >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4)).requires_grad_(False)  # a frozen base
+        >>> store_layerwise(layer, torch.float8_e4m3fn, torch.float32, [])
+        >>> upcast_on_use(layer, torch.float32), layer[0].weight.dtype
+        (1, torch.float8_e4m3fn)
+        >>> x = torch.ones(1, 4, requires_grad=True)
+        >>> layer(x).sum().backward(); x.grad.dtype, layer[0].weight.grad
+        (torch.float32, None)
+    """
+    count = 0
+    for layer in module.modules():
+        hook = layerwise_hook(layer)
+        if hook is None or getattr(hook, "upcast_on_use", False):
+            continue
+        hook.deinitalize_hook = lambda m: m  # diffusers' raises (it would cast back); nothing is cast back here
+        registry = layer.__dict__["_diffusers_hook"]
+        registry.remove_hook("layerwise_casting", recurse=False)
+        registry.register_hook(_upcast_hook_class()(hook.storage_dtype, compute, hook.non_blocking), "layerwise_casting")
+        count += 1
+    return count
+
+
+@functools.cache
+def _upcast_hook_class() -> type:
+    """diffusers' ``LayerwiseCastingHook`` computing from copies (made once: diffusers is imported on first use)."""
+    from diffusers.hooks.layerwise_casting import LayerwiseCastingHook
+
+    class UpcastOnUseHook(LayerwiseCastingHook):
+        """Computes with ``param.to(compute_dtype)`` copies; the layer's own parameters stay in ``storage_dtype``."""
+
+        upcast_on_use = True
+
+        def pre_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            return args, kwargs
+
+        def post_forward(self, module: torch.nn.Module, output: Any) -> Any:
+            return output
+
+        def deinitalize_hook(self, module: torch.nn.Module) -> torch.nn.Module:
+            return module  # nothing was cast: the storage is as it was
+
+        def new_forward(self, module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # An instance attribute shadows the parameter of that name (nn.Module looks in _parameters only when
+            # normal lookup fails): the layer's own forward reads the copy, module.to() and state_dict the fp8 one.
+            shadowed = [n for n, p in module._parameters.items()
+                        if p is not None and p.is_floating_point() and p.dtype != self.compute_dtype]
+            for name in shadowed:
+                module.__dict__[name] = module._parameters[name].to(self.compute_dtype)
+            try:
+                return self.fn_ref.original_forward(*args, **kwargs)
+            finally:
+                for name in shadowed:
+                    module.__dict__.pop(name, None)
+
+    return UpcastOnUseHook
+
+
+def upcasts_on_use(layer: torch.nn.Module) -> bool:
+    """Whether ``layer`` computes with upcast copies of its stored weights (:func:`upcast_on_use`).
+
+    Example:
+        >>> upcasts_on_use(torch.nn.Linear(2, 2))
+        False
+    """
+    return bool(getattr(layerwise_hook(layer), "upcast_on_use", False))

@@ -6,10 +6,11 @@ into that recipe here (else the plan would report, fingerprint and cache it as u
 ``nn.Linear`` as it wraps any other: torchao's weights through its ``TorchaoLoraLinear`` (peft
 src/peft/tuners/lora/torchao.py, int8 only), optimum-quanto's ``QLinear`` as a plain ``nn.Linear`` subclass, and
 bitsandbytes' layers through its QLoRA path; the base weight never has a gradient, so it stays quantized and
-unchanged. What has no backward is refused before anything changes: diffusers' fp8 layerwise casting stores the
-weight back in fp8 after the forward, so autograd meets the fp8 tensor it saved (``expected scalar type Float but
-found Float8_e4m3fn`` in backward; peft's LoRA wrapper in front of the hook fails already in the forward on some
-paths with ``"mul_cpu_reduced_float" not implemented for 'Float8_e4m3fn'``).
+unchanged. fp8 *storage* (``float8_e4m3fn``/``float8_e5m2``, diffusers' layerwise casting) swaps each layer's
+``.data`` to the compute dtype and back in place, so autograd would meet the fp8 tensor it saved (``expected
+scalar type Float but found Float8_e4m3fn`` in backward): on a part that trains, or that gradients pass through,
+:func:`upcast_fp8` makes its layers compute with a fresh upcast copy instead (kohya's ``--fp8_base``); frozen parts
+keep diffusers' hook. A full fine-tune of quantized or fp8 weights is refused before anything changes.
 """
 
 from __future__ import annotations
@@ -22,12 +23,13 @@ import torch
 from .. import dtypes as dt
 from ..recipe.overrides import Override
 from ..recipe.quantize import CHOICES, is_quantized
+from ..runtime import patches
 from ..runtime.apply import applied
 from ..runtime.quantize import is_quantized_tensor, module_bytes
 from .rules import ComputeChoice, TrainingError
 
 __all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "compute_before_load", "refuse_untrainable",
-           "base_lines"]
+           "upcast_fp8", "base_lines"]
 
 
 def _guess(module: torch.nn.Module) -> str | None:
@@ -136,46 +138,77 @@ def compute_before_load(recipe: Any, train: Mapping[str, str], layout: Any) -> O
     return Override("training rule, before loading the quantized base", {"components": layer}) if layer else None
 
 
+def _through(train: Mapping[str, str], denoiser: str | None) -> set[str]:
+    """The components gradients flow through: those that train, and the denoiser behind a text-encoder LoRA."""
+    through = {c for c, k in train.items() if k in ("lora", "full")}
+    if through and any(c.startswith("text_encoder") for c in through) and denoiser:
+        through.add(denoiser)  # the text encoder's gradients come back through the denoiser
+    return through
+
+
 def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | None) -> None:
-    """One TrainingError for trainable parts whose storage has no backward, or that cannot be trained in place.
+    """One TrainingError for trainable parts whose storage cannot be trained the way asked.
 
     LoRA needs gradients through the frozen weights of the component it sits in (and, for a text-encoder LoRA,
-    through the denoiser behind it); a full fine-tune needs the weights themselves as float masters.
+    through the denoiser behind it): every backend here has them, fp8 storage through :func:`upcast_fp8`. A full
+    fine-tune needs the weights themselves as float masters, which quantized and fp8-stored weights are not.
 
     Example:
         >>> from hf_precision import get_recipe
         >>> r = get_recipe("sd15", device="cpu", overrides={"unet": {"storage": "float8_e4m3fn"}})
-        >>> refuse_untrainable(r, {"unet": "lora"}, "unet")  # doctest: +ELLIPSIS
+        >>> refuse_untrainable(r, {"unet": "lora"}, "unet")  # LoRA on an fp8 base: allowed
+        >>> refuse_untrainable(r, {"unet": "full"}, "unet")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        hf_precision.training.rules.TrainingError: train: unet trains, but its weights are stored float8_e4m3fn ...
+        hf_precision.training.rules.TrainingError: train: unet: 'full' cannot train float8_e4m3fn weights ...
     """
     problems = []
-    through = {c for c, k in train.items() if k in ("lora", "full")}
-    if through and any(c.startswith("text_encoder") for c in through) and denoiser:
-        through.add(denoiser)  # the text encoder's gradients come back through the denoiser
-    for comp in sorted(through):
-        if comp not in recipe:
+    for comp in sorted(_through(train, denoiser)):
+        if comp not in recipe or train.get(comp) != "full":
             continue
         storage, compute = recipe[comp].storage, recipe[comp].compute
-        kind = train.get(comp, "frozen")
-        if kind == "full" and is_quantized(storage):
+        if is_quantized(storage):
             problems.append(f"train: {comp}: 'full' cannot train {storage} weights ({CHOICES[storage].why}): a full "
                             f"fine-tune updates every weight as an fp32 master; train a LoRA on the quantized base "
                             f"(train={{{comp!r}: 'lora'}}, --method lora) or load {comp} unquantized")
         elif storage in dt.FLOAT8:
-            role = "trains" if kind != "frozen" else "passes the text encoder's gradients back"
-            problems.append(f"train: {comp} {role}, but its weights are stored {storage} by layerwise casting (cast to "
-                            f"{compute} per layer on use), which has no backward: autograd meets the fp8 weight "
-                            f"again ('expected scalar type Float but found Float8_e4m3fn'). Store it with a "
-                            f"backend that has one: --set {comp}.storage=int8 (torchao) or {comp}.storage=quanto-float8 "
-                            f"(fp8 weights through optimum-quanto), i.e. quantize={{{comp!r}: 'int8'}}")
+            problems.append(f"train: {comp}: 'full' cannot train {storage} weights (stored fp8, cast to {compute} on "
+                            f"use): a full fine-tune updates every weight as an fp32 master, and an fp8 weight has no "
+                            f"room for an update; train a LoRA on the fp8 base (train={{{comp!r}: 'lora'}}, --method "
+                            f"lora) or load {comp} with --set {comp}.storage={compute}")
     if problems:
         raise TrainingError(problems)
 
 
+def upcast_fp8(recipe: Any, comps: Mapping[str, torch.nn.Module], train: Mapping[str, str],
+               denoiser: str | None) -> dict[str, int]:
+    """Components stored fp8 that gradients pass through compute with fresh upcast weights; returns the layer
+    counts (component -> layers changed).
+
+    diffusers' layerwise casting would hand autograd an fp8 weight in the backward; each of these layers computes
+    with ``weight.to(compute)`` instead (:func:`hf_precision.runtime.patches.upcast_on_use`), in the component's
+    compute dtype. The weights stay fp8 in memory; frozen parts behind no gradient keep diffusers' hook.
+
+    Example:
+        >>> from hf_precision import apply_recipe
+        >>> from hf_precision.testing import make_pipeline
+        >>> pipe = make_pipeline("sd15")
+        >>> r = apply_recipe(pipe, overrides={"unet": {"storage": "float8_e4m3fn"}}).recipe
+        >>> upcast_fp8(r, {"unet": pipe.unet}, {"text_encoder": "lora"}, "unet")  # its gradients pass the UNet
+        {'unet': 83}
+        >>> upcast_fp8(r, {"unet": pipe.unet}, {"unet": "lora"}, "unet")  # done once
+        {'unet': 0}
+    """
+    done = {}
+    for comp in sorted(_through(train, denoiser)):
+        if comp in recipe and comp in comps and recipe[comp].storage in dt.FLOAT8:
+            done[comp] = patches.upcast_on_use(comps[comp], dt.to_torch(recipe[comp].compute))
+    return done
+
+
 def base_lines(tp: Any) -> list[str]:
-    """Report lines: each quantized component, frozen, its converted layers and its measured bytes (LoRA excluded).
+    """Report lines: each quantized or fp8-stored component, frozen, its converted layers and its measured bytes
+    (LoRA excluded).
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -184,14 +217,24 @@ def base_lines(tp: Any) -> list[str]:
         []
     """
     lines = []
+    fp8 = tuple(dt.to_torch(d) for d in sorted(dt.FLOAT8))
     for comp, module in tp.components.items():
         storage = tp.recipe[comp].storage if comp in tp.recipe else None
-        weights = [m._parameters["weight"] for m in module.modules() if is_quantized_tensor(m._parameters.get("weight"))]
-        if not weights:
+        layers = [m for m in module.modules() if is_quantized_tensor(m._parameters.get("weight"))
+                  or getattr(m._parameters.get("weight"), "dtype", None) in fp8]
+        if not layers:
             continue
+        weights = [m._parameters["weight"] for m in layers]
         lora = sum(p.numel() * p.element_size() for n, p in module.named_parameters() if "lora_" in n)
-        backend = f"{CHOICES[storage].backend} {CHOICES[storage].scheme}" if storage in CHOICES else "the user's config"
+        if storage in dt.FLOAT8:
+            upcast = any(patches.upcasts_on_use(m) for m in layers)
+            backend = (f"stored fp8, computed in {tp.recipe[comp].compute} from a fresh copy per call" if upcast
+                       else "diffusers layerwise casting")
+        else:
+            backend = f"{CHOICES[storage].backend} {CHOICES[storage].scheme}" if storage in CHOICES else "the user's config"
         frozen = not any(w.requires_grad for w in weights)
-        lines.append(f"quantized base: {comp} {storage} ({backend}): {len(weights)} layers "
+        kind = "fp8" if storage in dt.FLOAT8 else "quantized"
+        lines.append(f"{kind} base: {comp} {storage} ({backend}): {len(weights)} layers "
                      f"{'frozen' if frozen else 'NOT frozen'}, {module_bytes(module) - lora:,} bytes without the LoRA")
     return lines
+
