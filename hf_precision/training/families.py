@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from . import inputs
+from .inputs import cogvideox_rotary
 from .rules import TrainingError
 
 __all__ = ["FamilyRow", "FAMILIES", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
@@ -253,18 +255,6 @@ def sigma_range(scheduler_config: Mapping[str, Any] | None, alphas_cumprod: torc
     return float(0.002 if lo is None else lo), float(80.0 if hi is None else hi)
 
 
-def _channel_dim(row: FamilyRow) -> int:
-    return 2 if row.layout == "frames_first" else 1
-
-
-def _model_layout(row: FamilyRow, x: torch.Tensor) -> torch.Tensor:
-    if row.layout == "image" and x.dim() == 5 and x.shape[2] == 1:
-        return x[:, :, 0]  # a 3D causal VAE (QwenImage) encodes an image as one latent frame; the pipeline packs it 2D
-    if row.layout == "frames_first":
-        return x.transpose(1, 2)  # the VAE gives (B,C,F,H,W); CogVideoX and SVD take (B,F,C,H,W)
-    return x
-
-
 def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, Any], objective: str,
                  alphas_cumprod: torch.Tensor | None, generator: torch.Generator | None = None,
                  sigmas: tuple[float, float] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
@@ -276,13 +266,13 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
     if "latents" not in batch:
         raise TrainingError(f"tp.loss(batch): the batch has no 'latents' (keys: {sorted(batch)}); give VAE latents, "
                             f"already scaled (tp.encode_images(pixels) makes them)")
-    x0 = _model_layout(row, batch["latents"]).float()
+    x0 = inputs.model_layout(row, batch["latents"]).float()
     b = x0.shape[0]
     noise = batch.get("noise")
     if noise is None:
         noise = torch.randn(x0.shape, generator=generator, device=x0.device) if generator is not None else torch.randn_like(x0)
     else:
-        noise = _model_layout(row, noise).to(x0)  # given in the latents' (VAE) layout
+        noise = inputs.model_layout(row, noise).to(x0)  # given in the latents' (VAE) layout
     if objective == "flow":
         sigma = batch.get("sigmas")
         if sigma is None:
@@ -322,24 +312,24 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
     if row.pack:
         noisy, target = _pack(row, noisy), _pack(row, target)
     if row.timestep_in_weights_dtype:
-        timestep = timestep.to(_frozen_dtype(module))
+        timestep = timestep.to(inputs.frozen_dtype(module))
     kwargs: dict[str, Any] = {row.latent_arg: noisy, row.timestep_arg: timestep}
     for key, arg in row.cond.items():
         if batch.get(key) is not None:
             kwargs[arg] = batch[key]
-    kwargs.update(_optional_inputs(row, module, batch, x0))
+    kwargs.update(inputs.optional_inputs(row, module, batch, x0))
     for arg in row.per_frame:
         if kwargs.get(arg) is not None:
             kwargs[arg] = kwargs[arg].repeat_interleave(x0.shape[2], dim=0)
     for extra in row.extras:
-        kwargs.update(_EXTRAS[extra](row, module, batch, x0))
+        kwargs.update(inputs.EXTRAS[extra](row, module, batch, x0))
     return kwargs, target
 
 
 def model_output(out: Any, target: torch.Tensor, row: FamilyRow) -> torch.Tensor:
     """The prediction in ``out`` comparable with ``target`` (PixArt's learned-sigma half is dropped)."""
     pred = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
-    dim = -1 if row.pack else _channel_dim(row)
+    dim = -1 if row.pack else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]
     return pred
@@ -350,7 +340,7 @@ def _with_condition_latents(row: FamilyRow, module: torch.nn.Module, noisy: torc
     # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
     config = getattr(getattr(module, "_orig_mod", module), "config", {})
     want = int(config.get("in_channels") or 0) // (4 if row.pack == "flux" else 1)
-    dim = _channel_dim(row)
+    dim = inputs.channel_dim(row)
     have = noisy.shape[dim]
     if want <= have:
         return noisy
@@ -368,200 +358,6 @@ def _pack(row: FamilyRow, x: torch.Tensor) -> torch.Tensor:
         return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
     b, c, f, h, w = x.shape  # pipeline_ltx.py _pack_latents with patch sizes 1
     return x.reshape(b, c, f * h * w).transpose(1, 2)
-
-
-def _sdxl_time_ids(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    if module.config.get("addition_embed_type") != "text_time":
-        return {}
-    b, h, w = x0.shape[0], x0.shape[-2] * 8, x0.shape[-1] * 8
-    ids = batch.get("add_time_ids")
-    if ids is None:  # original size, crop top-left, target size (pipeline_stable_diffusion_xl.py _get_add_time_ids)
-        ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=torch.float32, device=x0.device).expand(b, 6)
-    return {"added_cond_kwargs": {"text_embeds": batch.get("pooled_prompt_embeds"), "time_ids": ids}}
-
-
-def _svd_time_ids(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    ids = batch.get("added_time_ids")
-    if ids is None:  # fps - 1, motion bucket, noise augmentation (pipeline_stable_video_diffusion.py _get_add_time_ids)
-        ids = torch.tensor([[6.0, 127.0, 0.02]], device=x0.device).expand(x0.shape[0], 3)
-    return {"added_time_ids": ids}
-
-
-def _flux_ids(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    h, w = x0.shape[-2] // 2, x0.shape[-1] // 2
-    img = torch.zeros(h, w, 3, device=x0.device)
-    img[..., 1] += torch.arange(h, device=x0.device)[:, None]
-    img[..., 2] += torch.arange(w, device=x0.device)[None, :]
-    text = batch.get("prompt_embeds")
-    tokens = text.shape[1] if text is not None else 1
-    return {"img_ids": img.reshape(h * w, 3), "txt_ids": torch.zeros(tokens, 3, device=x0.device)}
-
-
-def _qwen_img_shapes(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    # pipeline_qwenimage.py: img_shapes = [[(1, latent_h // 2, latent_w // 2)]] * batch_size (RoPE positions)
-    return {"img_shapes": [[(1, x0.shape[-2] // 2, x0.shape[-1] // 2)]] * x0.shape[0]}
-
-
-def _cogvideox(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    config = module.config
-    out: dict[str, Any] = {}
-    if config.get("ofs_embed_dim"):  # CogVideoX 1.5 I2V: pipeline_cogvideox_image2video.py passes ofs = 2.0
-        out["ofs"] = x0.new_full((1,), 2.0)
-    if config.get("use_rotary_positional_embeddings"):
-        out["image_rotary_emb"] = cogvideox_rotary(module, x0.shape[1], x0.shape[-2], x0.shape[-1])
-    return out
-
-
-def cogvideox_rotary(module: Any, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """CogVideoX's RoPE (cos, sin) for latents of ``frames`` x ``height`` x ``width``, in fp32 on the module's device.
-
-    What pipeline_cogvideox.py ``_prepare_rotary_positional_embeddings`` builds, from latent sizes (the pipeline
-    divides pixel sizes by the VAE factor first): CogVideoX 1.0 crops a grid centred in the base size, 1.5
-    (``patch_size_t``) slices one from the maximum size.
-
-    Example:
-        >>> from diffusers import CogVideoXTransformer3DModel
-        >>> m = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=1,
-        ...     sample_width=8, sample_height=8, use_rotary_positional_embeddings=True, text_embed_dim=8,
-        ...     time_embed_dim=4)
-        >>> [tuple(t.shape) for t in cogvideox_rotary(m, 2, 8, 8)]
-        [(32, 16), (32, 16)]
-    """
-    from diffusers.models.embeddings import get_3d_rotary_pos_embed
-    from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
-
-    config = module.config
-    device = next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
-    p, p_t = int(config["patch_size"]), config.get("patch_size_t")
-    grid = (height // p, width // p)
-    base_h, base_w = int(config["sample_height"]) // p, int(config["sample_width"]) // p
-    if p_t is None:
-        crops = get_resize_crop_region_for_grid(grid, base_w, base_h)
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=int(config["attention_head_dim"]), crops_coords=crops,
-                                           grid_size=grid, temporal_size=frames, device=device)
-    else:
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=int(config["attention_head_dim"]), crops_coords=None, grid_size=grid,
-                                           temporal_size=(frames + p_t - 1) // p_t, grid_type="slice",
-                                           max_size=(base_h, base_w), device=device)
-    return cos.float(), sin.float()
-
-
-def _guidance(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    if not module.config.get("guidance_embeds"):
-        return {}
-    value = float(batch.get("guidance", 1.0))
-    return {"guidance": torch.full((x0.shape[0],), value * row.guidance_scale, device=x0.device)}
-
-
-def _pixart_micro(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    if not getattr(module, "use_additional_conditions", False):
-        return {"added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
-    b, h, w = x0.shape[0], x0.shape[-2] * 8, x0.shape[-1] * 8
-    return {"added_cond_kwargs": {"resolution": torch.tensor([[h, w]], device=x0.device, dtype=torch.float32).expand(b, 2),
-                                  "aspect_ratio": torch.tensor([[h / w]], device=x0.device).expand(b, 1)}}
-
-
-def _ltx_sizes(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    return {"num_frames": x0.shape[2], "height": x0.shape[3], "width": x0.shape[4]}
-
-
-def _frozen_dtype(module: torch.nn.Module) -> torch.dtype:
-    # The frozen weights' dtype (a LoRA base: the compute dtype); a full fine-tune (fp32 masters) computes under
-    # autocast, which casts the timestep itself.
-    return next((p.dtype for p in module.parameters() if not p.requires_grad and p.is_floating_point()), torch.float32)
-
-
-def _optional_inputs(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    # Conditioning the pipeline always passes but a text-to-X training batch may lack (an I2V image, a VACE control
-    # video, Cascade's image embeddings): zeros, the unconditional input, as condition dropout trains it.
-    config = getattr(module, "config", {})
-    out: dict[str, Any] = {}
-    for arg, (key, shape) in row.optional.items():
-        kind, _, config_key = shape.partition("@")
-        dim = int(config.get(config_key) or 0) if config_key else x0.shape[_channel_dim(row)]
-        if not dim:
-            continue
-        given = batch.get(key)
-        if given is not None:
-            out[arg] = given if kind == "token" else _model_layout(row, given)
-        elif kind == "token":
-            out[arg] = x0.new_zeros(x0.shape[0], 1, dim)
-        else:
-            zeros = list(x0.shape)
-            zeros[_channel_dim(row)] = dim
-            out[arg] = x0.new_zeros(zeros)
-    return out
-
-
-def _noise_level(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    # pipeline_stable_diffusion_upscale.py: class_labels = noise_level (default 20) added to the low-res image
-    if batch.get("class_labels") is not None:
-        return {"class_labels": batch["class_labels"]}
-    if not module.config.get("num_class_embeds"):
-        return {}
-    level = batch.get("noise_level", 20)
-    return {"class_labels": torch.as_tensor(level, device=x0.device).long().reshape(-1).expand(x0.shape[0])}
-
-
-def _dit_class(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    labels = batch.get("class_labels")
-    if labels is None:  # pipeline_dit.py class_null: index num_embeds_ada_norm, the unconditional embedding
-        labels = torch.full((x0.shape[0],), int(module.config["num_embeds_ada_norm"]), device=x0.device)
-    return {"class_labels": labels}
-
-
-def _fps(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    # pipeline_i2vgen_xl.py: fps_tensor = target_fps (default 16) per sample
-    return {"fps": torch.as_tensor(batch.get("fps", 16), device=x0.device).reshape(-1).expand(x0.shape[0])}
-
-
-def _cascade_pooled(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    # The pipelines hand pooled text embeddings as (B, 1, D); unet_stable_cascade.py get_clip_embeddings reads
-    # size(1) of what it is given, so a (B, D) tensor would be mis-shaped.
-    pooled = batch.get("pooled_prompt_embeds")
-    if pooled is None:
-        pooled = x0.new_zeros(x0.shape[0], 1, int(module.config["clip_text_pooled_in_channels"]))
-    return {"clip_text_pooled": pooled if pooled.dim() == 3 else pooled[:, None]}
-
-
-def _hunyuandit(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    from diffusers.models.embeddings import get_2d_rotary_pos_embed
-    from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
-
-    # pipeline_hunyuandit.py step 7, from latent sizes (the pipeline divides pixel sizes by 8 first)
-    config, b, h, w = module.config, x0.shape[0], x0.shape[-2], x0.shape[-1]
-    p = int(config["patch_size"])
-    grid = (h // p, w // p)
-    rotary = get_2d_rotary_pos_embed(module.inner_dim // module.num_heads, get_resize_crop_region_for_grid(grid, 64 // p),
-                                     grid, device=x0.device, output_type="pt")
-    out: dict[str, Any] = {"image_rotary_emb": tuple(t.float() for t in rotary)}
-    if config.get("use_style_cond_and_image_meta_size"):
-        ids = batch.get("add_time_ids")  # original size, target size, crop top-left, in pixels
-        if ids is None:
-            ids = torch.tensor([[h * 8, w * 8, h * 8, w * 8, 0, 0]], dtype=torch.float32, device=x0.device).expand(b, 6)
-        out.update(image_meta_size=ids, style=torch.zeros(b, dtype=torch.long, device=x0.device))
-    return out
-
-
-def _allegro_rotary(row: FamilyRow, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
-
-    # pipeline_allegro.py _prepare_rotary_positional_embeddings, from latent sizes
-    config, p = module.config, int(module.config["patch_size"])
-    grid = (x0.shape[-2] // p, x0.shape[-1] // p)
-    *freqs, grid_t, grid_h, grid_w = get_3d_rotary_pos_embed_allegro(
-        embed_dim=int(config["attention_head_dim"]), crops_coords=((0, 0), grid), grid_size=grid,
-        temporal_size=x0.shape[2], device=x0.device,
-        interpolation_scale=(config["interpolation_scale_t"], config["interpolation_scale_h"], config["interpolation_scale_w"]))
-    pos = torch.cartesian_prod(grid_t.long(), grid_h.long(), grid_w.long())
-    return {"image_rotary_emb": (tuple(freqs), tuple(pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()))}
-
-
-_EXTRAS = {"sdxl_time_ids": _sdxl_time_ids, "svd_time_ids": _svd_time_ids, "flux_ids": _flux_ids,
-           "guidance": _guidance, "pixart_micro": _pixart_micro, "ltx_sizes": _ltx_sizes,
-           "qwen_img_shapes": _qwen_img_shapes, "cogvideox": _cogvideox, "noise_level": _noise_level,
-           "dit_class": _dit_class, "fps": _fps, "cascade_pooled": _cascade_pooled, "hunyuandit": _hunyuandit,
-           "allegro_rotary": _allegro_rotary}
 
 
 def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8, frames: int = 2, tokens: int = 4,
