@@ -31,7 +31,9 @@ def test_textual_inversion_writes_the_token_and_refuses_captions_without_it(trai
 def test_full_fine_tune_saves_a_denoiser_that_loads(train_demo, tmp_path):
     from diffusers import UNet2DConditionModel
 
-    assert main([*_common(*train_demo), "--out", str(tmp_path / "full"), "--method", "full", "--layout", "t4"]) == 0
+    # --no-cache: nothing else makes the output folder before the first log line (it raised FileNotFoundError)
+    assert main([*_common(*train_demo), "--out", str(tmp_path / "full"), "--method", "full", "--layout", "t4",
+                 "--no-cache"]) == 0
     unet = UNet2DConditionModel.from_pretrained(str(tmp_path / "full" / "unet"))
     before = UNet2DConditionModel.from_pretrained(str(train_demo[0] / "unet"))
     changed = [n for (n, a), (_, b) in zip(unet.named_parameters(), before.named_parameters()) if not torch.equal(a, b)]

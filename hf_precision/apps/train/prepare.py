@@ -170,6 +170,7 @@ def prepare_run(s: TrainSettings) -> Run:
     scheduler = get_scheduler(s.lr_scheduler, optimizer, num_warmup_steps=s.warmup_steps,
                               num_training_steps=s.steps)
     cache = EncodingCache(out / "cache", tp.fingerprint()) if s.cache else None
+    out.mkdir(parents=True, exist_ok=True)  # the log is written from step 1 (the cache, when on, made it already)
     return Run(s, out, data, pipe, tp, optimizer, scheduler, acc, cache, Checkpoints(out, s.keep_checkpoints))
 
 
