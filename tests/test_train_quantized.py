@@ -146,7 +146,7 @@ def test_plain_fp8_layerwise_lora_fails_in_backward_and_upcast_on_use_trains_it(
                for n, p in unet.named_parameters() if n in base)
 
 
-def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys):
+def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys, monkeypatch):
     from hf_precision.apps.train.plan import Options, predict_training
     from hf_precision.cli import main
 
@@ -160,6 +160,14 @@ def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys)
     assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu")["unet"].total_bytes
     assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "f"), "--method", "full"]) == 2
     assert "cannot train quantized weights" in capsys.readouterr().err
+    # a full fine-tune of fp8 weights is refused from the recipe, before any weight is read
+    monkeypatch.setattr("hf_precision.runtime.load.load_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
+    for plan in ([], ["--plan"]):
+        assert main([*common, "--set", "unet.storage=float8_e4m3fn", "--method", "full", *plan, "--out",
+                     str(tmp_path / "full8")]) == 2
+        err = capsys.readouterr().err
+        assert "float8_e4m3fn" in err and "--method lora" in err and not (tmp_path / "full8").exists(), err
+    monkeypatch.undo()
     out = tmp_path / "fp8"
     assert main([*common, "--set", "unet.storage=float8_e4m3fn", "--steps", "1", "--out", str(out)]) == 0
     record = json.loads((out / "training.json").read_text())

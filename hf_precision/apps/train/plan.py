@@ -203,12 +203,13 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     """
     import torch
 
+    from ...dtypes import FLOAT8
     from ...recipe.quantize import is_quantized
     from ...training.families import example_batch
 
     m = _cached_model or _model(model, device, overrides)
     den = m.plan.components[m.denoiser]
-    if method == "full" and is_quantized(den.storage):
+    if method == "full" and (is_quantized(den.storage) or den.storage in FLOAT8):
         raise RecipeError(f"--method full: {m.denoiser} is stored {den.storage}; a full fine-tune updates every weight as "
                           f"an fp32 master, so it cannot train quantized weights: --method lora on the quantized base, "
                           f"or drop --set {m.denoiser}.storage={den.storage}")

@@ -66,16 +66,20 @@ def _check_family(index: dict[str, Any]) -> None:
     """Refuse, before loading, a denoiser class the training layer has no family row for (it cannot build its call)."""
     import diffusers
 
+    from ...runtime.source import listed_components
     from ...training.families import FAMILIES
 
-    name = "transformer" if "transformer" in index else "unet"
-    cls_name = str((index.get(name) or [None, ""])[1])
-    cls = getattr(diffusers, cls_name, None)
-    names = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [cls_name]
-    if not any(n in FAMILIES for n in names):
-        raise RecipeError(f"--model: {index.get('_class_name')}'s {name} is a {cls_name}, a family without a training "
-                          f"recipe (the training layer knows how to call {', '.join(FAMILIES)}); train one of those, or "
-                          f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
+    models = {}
+    for name, (_, cls_name) in listed_components(index).items():
+        cls = getattr(diffusers, str(cls_name), None)
+        if isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin):
+            models[name] = (str(cls_name), [c.__name__ for c in cls.__mro__])
+    if any(n in FAMILIES for _, mro in models.values() for n in mro):
+        return  # the denoiser (unet, transformer, Cascade's prior or decoder) has a row
+    shown = ", ".join(f"{name} is a {cls}" for name, (cls, _) in models.items()) or "no diffusers model listed"
+    raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser the training layer knows ({shown}; it knows "
+                      f"how to call {', '.join(FAMILIES)}): a family without a training recipe; train one of those, or "
+                      f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
 
 
 def _accelerator(out: Path, device: str | None) -> Any:
@@ -147,10 +151,11 @@ def prepare_run(s: TrainSettings) -> Run:
     overrides = list(s.overrides)
     if overrides:  # a quantized trainable part: its backend makes its scales in the training compute dtype
         from ...diagnose.planner import plan as hp_plan
-        from ...training.quantized import compute_before_load
+        from ...training.quantized import compute_before_load, refuse_untrainable
 
-        early = compute_before_load(hp_plan(where, device=s.layout or device, overrides=overrides).recipe, train,
-                                    s.layout or device)
+        recipe = hp_plan(where, device=s.layout or device, overrides=overrides).recipe
+        refuse_untrainable(recipe, train, recipe.denoiser)  # e.g. --method full on fp8 or int8 storage, before loading
+        early = compute_before_load(recipe, train, s.layout or device)
         overrides += [early] if early else []
     pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
     pipe.set_progress_bar_config(disable=True)
