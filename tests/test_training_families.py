@@ -37,7 +37,7 @@ def _recipe_cases() -> dict[str, str]:
 
 
 # Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers.
-EXTRA_CLASS_ROWS = ("wan_vace",)
+EXTRA_CLASS_ROWS = ("wan_vace", "hunyuan_video_framepack")
 CASES = _recipe_cases()
 
 
@@ -54,6 +54,7 @@ ENCODE_FEEDS = {
     "cogvideox": {0: ("encoder_hidden_states",)},
     "ltx": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
     "hunyuan_video": {0: ("encoder_hidden_states",), 1: ("pooled_projections",), 2: ("encoder_attention_mask",)},
+    "hunyuan_video_framepack": {0: ("encoder_hidden_states",), 1: ("pooled_projections",), 2: ("encoder_attention_mask",)},
     "qwenimage": {0: ("encoder_hidden_states",), 1: ("encoder_hidden_states_mask",)},
     "hunyuandit": {0: ("encoder_hidden_states",), 2: ("text_embedding_mask",)},
 }
@@ -154,10 +155,9 @@ def test_every_recipe_denoiser_class_has_a_row():
     assert named - set(FAMILIES) == NO_ROW_YET, "denoiser classes of shipped recipes without a training row"
 
 
-# No row yet (tp.loss raises the no-row error; the dtype plan applies): FramePack's history latents and indices
-# (pipeline_hunyuan_video_framepack.py) and Wan Animate's pose/face inputs (pipeline_wan_animate.py); the tiny
-# registry builds neither.
-NO_ROW_YET = {"HunyuanVideoFramepackTransformer3DModel", "WanAnimateTransformer3DModel"}
+# No row yet (tp.loss raises the no-row error; the dtype plan applies): Wan Animate's pose/face inputs
+# (pipeline_wan_animate.py); the tiny registry does not build it.
+NO_ROW_YET = {"WanAnimateTransformer3DModel"}
 
 
 class MyDenoiser(torch.nn.Module):

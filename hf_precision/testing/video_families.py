@@ -327,6 +327,30 @@ def _hunyuan_i2v_kwargs() -> dict:
     return dict(_hunyuan_kwargs(), image=_image(16), prompt_template=template, max_sequence_length=64)
 
 
+def _build_hunyuan_video_framepack(seed: int):
+    """FramePack: the HunyuanVideo parts plus a SigLIP image encoder, a history embedder and an image projection."""
+    from diffusers import (FlowMatchEulerDiscreteScheduler, HunyuanVideoFramepackPipeline,
+                           HunyuanVideoFramepackTransformer3DModel)
+    from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
+
+    parts = _build_hunyuan_video(seed).components
+    transformer = _seeded(seed, lambda: HunyuanVideoFramepackTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
+        num_single_layers=1, num_refiner_layers=1, patch_size=2, patch_size_t=1, guidance_embeds=True,
+        text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), has_image_proj=True, image_proj_dim=8,
+        has_clean_x_embedder=True))
+    image_encoder = _seeded(seed, lambda: SiglipVisionModel(SiglipVisionConfig(
+        hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8)))
+    return finish_pipeline(HunyuanVideoFramepackPipeline(
+        **{k: v for k, v in parts.items() if k != "transformer"}, transformer=transformer, image_encoder=image_encoder,
+        feature_extractor=SiglipImageProcessor(size={"height": 16, "width": 16})))
+
+
+def _hunyuan_framepack_kwargs() -> dict:
+    # one latent window of 2 frames (5 video frames): one section, its history all zeros
+    return dict(_hunyuan_kwargs(), image=_image(32), height=32, width=32, num_frames=5, latent_window_size=2)
+
+
 # ---------------------------------------------------------------------------------------------
 # Mochi, Allegro, Latte
 # ---------------------------------------------------------------------------------------------
@@ -439,6 +463,9 @@ ROWS = (
                  time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
     TinyPipeline("hunyuan_video_i2v", "HunyuanVideoImageToVideoPipeline", "hunyuan_video",
                  _build_hunyuan_video_i2v, _hunyuan_i2v_kwargs, _VIDEO, mode="i2v", 
+                 time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
+    TinyPipeline("hunyuan_video_framepack", "HunyuanVideoFramepackPipeline", "hunyuan_video",
+                 _build_hunyuan_video_framepack, _hunyuan_framepack_kwargs, _VIDEO, mode="i2v",
                  time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
     TinyPipeline("mochi", "MochiPipeline", "mochi", _build_mochi, _mochi_kwargs, _VIDEO,
                  mode="t2v", time_mlp="time_embed.timestep_embedder", **_FRAMES),

@@ -111,6 +111,14 @@ FAMILIES: dict[str, FamilyRow] = {
         {"prompt_embeds": "text_embed_dim", "pooled_prompt_embeds": "pooled_projection_dim"}, layout="video",
         extras=("guidance",), guidance_scale=1000.0,
         source="pipeline_hunyuan_video.py (guidance * 1000; timestep = sigma * 1000)"),
+    "HunyuanVideoFramepackTransformer3DModel": FamilyRow(
+        "hidden_states", {**_MASKED, "pooled_prompt_embeds": "pooled_projections"},
+        ("prompt_embeds", "pooled_prompt_embeds", "prompt_attention_mask"),
+        {"prompt_embeds": "text_embed_dim", "pooled_prompt_embeds": "pooled_projection_dim"}, layout="video",
+        extras=("guidance", "framepack"), guidance_scale=1000.0,
+        optional={"image_embeds": ("image_embeds", "token@image_proj_dim")},
+        source="pipeline_hunyuan_video_framepack.py (SigLIP image_embeds; history latents 1x/2x/4x and their frame "
+               "indices, inverted anti-drifting; guidance * 1000; timestep = sigma * 1000)"),
     "QwenImageTransformer2DModel": FamilyRow(
         "hidden_states", {"prompt_embeds": "encoder_hidden_states", "prompt_attention_mask": "encoder_hidden_states_mask"},
         ("prompt_embeds", "prompt_attention_mask"), {"prompt_embeds": "joint_attention_dim"},
