@@ -142,9 +142,9 @@ def test_a_family_without_a_training_recipe_is_refused_before_loading(tmp_path, 
 
     monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
     model = save_pipeline(make_dit(), tmp_path / "dit")
-    # Every shipped recipe's denoiser has a training row now (DiT too): name one that has none, Wan Animate's
+    # Every shipped recipe's denoiser has a training row now: name a diffusers model class that has none (aMUSEd's)
     index = json.loads((model / "model_index.json").read_text())
-    index["transformer"] = ["diffusers", "WanAnimateTransformer3DModel"]
+    index["transformer"] = ["diffusers", "UVit2DModel"]
     (model / "model_index.json").write_text(json.dumps(index))
     data = tmp_path / "d"
     data.mkdir()
@@ -154,7 +154,7 @@ def test_a_family_without_a_training_recipe_is_refused_before_loading(tmp_path, 
     (data / "a.txt").write_text("a cat")
     code = main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
-    assert code == 2 and "WanAnimateTransformer3DModel" in err and "without a training recipe" in err, err
+    assert code == 2 and "UVit2DModel" in err and "without a training recipe" in err, err
     assert not (tmp_path / "o").exists()
 
 

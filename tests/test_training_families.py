@@ -37,7 +37,7 @@ def _recipe_cases() -> dict[str, str]:
 
 
 # Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers.
-EXTRA_CLASS_ROWS = ("wan_vace", "hunyuan_video_framepack")
+EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack")
 CASES = _recipe_cases()
 
 
@@ -152,12 +152,7 @@ def test_every_recipe_denoiser_class_has_a_row():
     from hf_precision.recipe.catalog import _denoiser_index
 
     named = {cls for _, cls in _denoiser_index()}
-    assert named - set(FAMILIES) == NO_ROW_YET, "denoiser classes of shipped recipes without a training row"
-
-
-# No row yet (tp.loss raises the no-row error; the dtype plan applies): Wan Animate's pose/face inputs
-# (pipeline_wan_animate.py); the tiny registry does not build it.
-NO_ROW_YET = {"WanAnimateTransformer3DModel"}
+    assert named - set(FAMILIES) == set(), "denoiser classes of shipped recipes without a training row"
 
 
 class MyDenoiser(torch.nn.Module):

@@ -1,10 +1,10 @@
 """Tiny random-weight video pipelines, one per diffusers video pipeline class, built offline.
 
 Each is a row of :data:`ROWS` (gathered in :data:`hf_precision.testing.registry.PIPELINES`): the diffusers
-pipeline class, the named recipe it resolves to, its mode (``t2v``, ``i2v``, ``v2v``, ``vace``, ``condition``),
-a ``build(seed)`` returning a float32 pipeline of a few ten-thousand parameters, the call kwargs for a 2-step run
-and the denoiser's timestep-embedding MLP (``time_mlp``, where the tests plant an fp16 overflow). Configs follow
-``get_dummy_components`` in diffusers' own tests (``tests/pipelines/<family>/test_*.py``), with the Hub tokenizers
+pipeline class, the named recipe it resolves to, its mode (``t2v``, ``i2v``, ``v2v``, ``vace``, ``condition``,
+``animate``), a ``build(seed)`` returning a float32 pipeline of a few ten-thousand parameters, the call kwargs for a
+2-step run and the denoiser's timestep-embedding MLP (``time_mlp``, where the tests plant an fp16 overflow). Configs
+follow ``get_dummy_components`` in diffusers' own tests (``tests/pipelines/<family>/test_*.py``), with the Hub tokenizers
 replaced by handmade offline ones::
 
     >>> import torch
@@ -104,6 +104,25 @@ def _build_wan_vace(seed: int):
                                    transformer=transformer, scheduler=_wan_scheduler()))
 
 
+def _build_wan_animate(seed: int):
+    """Wan 2.2 Animate: 36 input channels (16 noise + 20 reference), pose latents and a face video whose tiny motion
+    encoder reads 16x16 faces (one face adapter over the two blocks)."""
+    from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    tokenizer, text_encoder = _t5(seed, umt5=True)
+    transformer = _seeded(seed, lambda: WanAnimateTransformer3DModel(**dict(
+        _WAN_TRANSFORMER, in_channels=36, latent_channels=16, image_dim=4, motion_encoder_size=16,
+        motion_encoder_channel_sizes={"4": 8, "8": 8, "16": 8}, motion_style_dim=8, motion_dim=4, motion_encoder_dim=8,
+        face_encoder_hidden_dim=8, face_encoder_num_heads=2, inject_face_latents_blocks=2)))
+    image_encoder = _seeded(seed, lambda: CLIPVisionModel(CLIPVisionConfig(
+        hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2, image_size=32,
+        intermediate_size=16, patch_size=1)))
+    return finish_pipeline(WanAnimatePipeline(
+        tokenizer=tokenizer, text_encoder=text_encoder, vae=_wan_vae(seed), scheduler=_wan_scheduler(),
+        image_processor=CLIPImageProcessor(crop_size=32, size=32), image_encoder=image_encoder, transformer=transformer))
+
+
 def _wan_kwargs() -> dict:
     return {"prompt": "a cat", "negative_prompt": "a dog", "num_inference_steps": 2, "guidance_scale": 6.0,
             "height": 16, "width": 16, "num_frames": 5, "max_sequence_length": 16, "output_type": "np"}
@@ -131,6 +150,12 @@ def _wan_vace_kwargs() -> dict:
 
     frames = 5
     return dict(_wan_embeds_kwargs(), video=_video(frames), mask=[Image.new("L", (16, 16), 0)] * frames)
+
+
+def _wan_animate_kwargs() -> dict:
+    kwargs = _wan_embeds_kwargs()
+    del kwargs["num_frames"]  # one segment of 5 frames
+    return dict(kwargs, image=_image(16), pose_video=_video(5), face_video=_video(5), segment_frame_length=5)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,6 +471,8 @@ ROWS = (
                  mode="i2v", time_mlp="condition_embedder.time_embedder", **_FRAMES),
     TinyPipeline("wan_vace", "WanVACEPipeline", "wan", _build_wan_vace, _wan_vace_kwargs, _VIDEO,
                  mode="vace", time_mlp="condition_embedder.time_embedder", **_FRAMES),
+    TinyPipeline("wan_animate", "WanAnimatePipeline", "wan", _build_wan_animate, _wan_animate_kwargs, _VIDEO,
+                 mode="animate", time_mlp="condition_embedder.time_embedder", **_FRAMES),
     TinyPipeline("ltx", "LTXPipeline", "ltx", _build_ltx, _ltx_kwargs, _VIDEO,
                  mode="t2v", time_mlp="time_embed.emb.timestep_embedder", **_FRAMES),
     TinyPipeline("ltx_i2v", "LTXImageToVideoPipeline", "ltx", _build_ltx_i2v, _ltx_i2v_kwargs, _VIDEO,

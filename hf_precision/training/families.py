@@ -96,6 +96,11 @@ FAMILIES: dict[str, FamilyRow] = {
         "hidden_states", {**_TEXT, "image_embeds": "encoder_hidden_states_image"}, ("prompt_embeds", None),
         {"prompt_embeds": "text_dim"}, layout="video",
         source="pipeline_wan.py (B,C,F,H,W latents; timestep = sigma * 1000)"),
+    "WanAnimateTransformer3DModel": FamilyRow(
+        "hidden_states", {**_TEXT, "image_embeds": "encoder_hidden_states_image"}, ("prompt_embeds", None),
+        {"prompt_embeds": "text_dim"}, layout="video", extras=("wan_animate",),
+        source="pipeline_wan_animate.py (reference latents + mask concatenated on channels, the reference as frame 0; "
+               "pose_hidden_states one frame fewer; face_pixel_values, -1 for the unconditional face)"),
     "CogVideoXTransformer3DModel": FamilyRow(
         "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "text_embed_dim"}, layout="frames_first",
         extras=("cogvideox",), text_len={"prompt_embeds": "max_text_seq_length"},

@@ -233,8 +233,22 @@ def _framepack(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor
             "indices_latents_history_4x": index_4x}
 
 
+def _wan_animate(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    # pipeline_wan_animate.py: the latents' first frame is the reference image, so the pose latents have one frame
+    # fewer, and the face video has the segment's pixel frames (4 per latent frame after the first) at the motion
+    # encoder's size. Without them: zero pose latents and the pipeline's unconditional face (all pixels -1).
+    b, c, f, h, w = x0.shape
+    pose = batch.get("pose_latents")
+    face = batch.get("face_pixel_values")
+    if face is None:
+        size = int(module.config["motion_encoder_size"])
+        face = x0.new_full((b, 3, 4 * (f - 2) + 1, size, size), -1.0)
+    return {"pose_hidden_states": x0.new_zeros(b, c, f - 1, h, w) if pose is None else pose, "face_pixel_values": face}
+
+
 EXTRAS = {"sdxl_time_ids": _sdxl_time_ids, "svd_time_ids": _svd_time_ids, "flux_ids": _flux_ids,
            "guidance": _guidance, "pixart_micro": _pixart_micro, "ltx_sizes": _ltx_sizes,
            "qwen_img_shapes": _qwen_img_shapes, "cogvideox": _cogvideox, "noise_level": _noise_level,
            "dit_class": _dit_class, "fps": _fps, "cascade_pooled": _cascade_pooled, "hunyuandit": _hunyuandit,
-           "allegro_rotary": _allegro_rotary, "framepack": _framepack}
+           "allegro_rotary": _allegro_rotary, "framepack": _framepack,
+           "wan_animate": _wan_animate}
