@@ -373,7 +373,7 @@ def _build_hunyuan_video_framepack(seed: int):
 
 def _hunyuan_framepack_kwargs() -> dict:
     # one latent window of 2 frames (5 video frames): one section, its history all zeros
-    return dict(_hunyuan_kwargs(), image=_image(32), height=32, width=32, num_frames=5, latent_window_size=2)
+    return dict(_hunyuan_kwargs(), image=_image(16), num_frames=5, latent_window_size=2)
 
 
 # ---------------------------------------------------------------------------------------------
