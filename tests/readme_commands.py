@@ -9,7 +9,6 @@ import io
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 import traceback
@@ -143,13 +142,6 @@ def run_in_process(tokens: list[str]) -> Result:
             traceback.print_exc(file=err)
             code = -1
     return Result(code, out.getvalue(), err.getvalue())
-
-
-def free_port() -> int:
-    """A TCP port no one listens on now: two `accelerate launch` runs at once (pytest-xdist workers) need their own."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_subprocess(args: list[str], cwd: Path, timeout: int = 600) -> Result:

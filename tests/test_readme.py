@@ -32,7 +32,8 @@ import pytest
 import hf_precision as hp
 
 from readme_commands import (README, ROOT, Block, Command, Result, blocks, missing_lines,  # noqa: E402
-                             free_port, readme_commands, run_in_process, run_subprocess, shell_commands)
+                             readme_commands, run_in_process, run_subprocess, shell_commands)
+from launch import accelerate_cpu  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -481,9 +482,7 @@ def test_accelerate_launch_command(cmd, workdir, tmp_path):
     family = _video_family(["python", *tokens[script:]])
     out = tmp_path / "videos"
     tail[tail.index("--out") + 1] = str(out)
-    args = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "scripts" / "generate_video.py"),
+    args = [*accelerate_cpu(), str(ROOT / "scripts" / "generate_video.py"),
             "--device", "cpu", *tail, *_tiny_size(family)]
     (workdir / "prompts2.txt").write_text("a cat surfing\na dog\n")
     args[args.index("prompts.txt")] = "prompts2.txt"
@@ -501,9 +500,7 @@ def test_accelerate_launch_train_command(cmd, workdir, tmp_path):
     tail = tokens[tokens.index("scripts/train.py") + 1:]
     out = tmp_path / "lora"
     tail[tail.index("--out") + 1] = str(out)
-    args = [str(BIN / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
-            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-            str(ROOT / "scripts" / "train.py"), *tail,
+    args = [*accelerate_cpu(), str(ROOT / "scripts" / "train.py"), *tail,
             "--device", "cpu", "--steps", "2", "--resolution", "32"]
     result = run_subprocess(args, workdir, timeout=600)
     assert_clean(result, cmd.text, 0)

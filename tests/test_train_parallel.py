@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launch import accelerate_cpu
 
 
 @pytest.mark.slow
@@ -20,14 +21,8 @@ def test_two_processes_split_the_data_and_write_once(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     model, data = make_demo(tmp_path / "demo")
-    exe = Path(sys.executable).parent / "accelerate"
-    launch = [str(exe), "launch"] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "lora"
-    cmd = [*launch, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", str(port), str(root / "scripts" / "train.py"),
+    cmd = [*accelerate_cpu(), str(root / "scripts" / "train.py"),
            "--model", str(model), "--data", str(data), "--out", str(out), "--device", "cpu", "--steps", "3",
            "--lora-rank", "4", "--resolution", "32", "--checkpoint-every", "2", "--quiet",
            "--validation-prompt", "a red square", "--validation-inference-steps", "2"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launch import accelerate_cpu
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "generate_video.py"
-_ACCELERATE = Path(sys.executable).parent / "accelerate"
-ACCELERATE = [str(_ACCELERATE), "launch"] if _ACCELERATE.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
 SMALL = ["--height", "32", "--width", "48", "--frames", "3", "--steps", "2", "--decode-chunk-size", "2", "--quiet"]
 
 
@@ -186,20 +185,12 @@ def test_save_video_refuses_odd_mp4_and_keeps_old_file_on_failure(tmp_path, monk
 # --------------------------------------------------------------------------------------------- two processes
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_accelerate_two_processes_write_each_output_once(svd_folder, images, tmp_path):
     # The split between processes does not depend on the encoder: without an ffmpeg backend the clips are gifs.
     fmt = "mp4" if FFMPEG_MISSING is None else "gif"
     out = tmp_path / "videos"
-    cmd = [*ACCELERATE, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
-           str(SCRIPT), "--model", str(svd_folder), "--image", str(images), "--out", str(out), "--device", "cpu",
+    cmd = [*accelerate_cpu(), str(SCRIPT), "--model", str(svd_folder), "--image", str(images), "--out", str(out), "--device", "cpu",
            "--format", fmt, *SMALL]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)

@@ -254,23 +254,17 @@ def test_planted_fp16_overflow_naive_nan_recipe_finite(kind, folders, tmp_path, 
 def test_accelerate_two_processes_split_a_prompt_file(folders, tmp_path):
     """`accelerate launch --num_processes 2` over gloo on CPU: each prompt's video is written once, by one process."""
     import os
-    import socket
     import subprocess
-    import sys
+
+    from launch import accelerate_cpu
 
     root = Path(__file__).resolve().parents[1]
-    exe = Path(sys.executable).parent / "accelerate"
-    launch = [str(exe), "launch"] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a cat\na dog\na fox\n")
     out = tmp_path / "videos"
     args = _args("wan", folders("wan"), out, tmp_path)
     args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
-    cmd = [*launch, "--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
-           "--dynamo_backend", "no", "--main_process_port", str(port), str(root / "scripts" / "generate_video.py"),
+    cmd = [*accelerate_cpu(), str(root / "scripts" / "generate_video.py"),
            *args, "--format", "gif", "--layout", "t4"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": str(root)}

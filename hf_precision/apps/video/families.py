@@ -263,6 +263,13 @@ class VideoSpec:
                             f"{self.frame_step * k + 1} or {self.frame_step * (k + 1) + 1}")
         return problems or self._position_problems(height, width, frames)
 
+    def required(self, settings: Any) -> Any:
+        """``settings`` (a ``MemorySettings``) with what this family cannot run without: VAE tiling for a VAE that
+        only decodes tiled (Allegro). The same object when nothing is missing."""
+        if self.vae_tiling_required and not settings.vae_tiling:
+            return dataclasses.replace(settings, vae_tiling=True)
+        return settings
+
     def latent_shape(self, height: int, width: int, frames: int) -> tuple[int, int, int]:
         """(frames, height, width) of the latent the denoiser sees, before patching.
 

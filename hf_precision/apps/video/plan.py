@@ -347,10 +347,7 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
         (['VAE decode', 'denoising', 'image encoding'], True)
     """
     model = _load_model(where, spec, layout, overrides)
-    settings = settings or MemorySettings()
-    if spec.row.vae_tiling == "always" and not settings.vae_tiling:  # the VAE has no untiled decode to predict
-        settings = dataclasses.replace(settings, vae_tiling=True)
-    return _predict(model, settings, height=height, width=width, frames=frames, guidance=guidance)
+    return _predict(model, spec.required(settings or MemorySettings()), height=height, width=width, frames=frames, guidance=guidance)
 
 
 # --------------------------------------------------------------------------------------------- choosing

@@ -320,10 +320,10 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
 
     parallel = options.context_parallel
     failed: list[str] = []
-    chosen = settings(device or default_device()) if settings is not None else MemorySettings()
-    if spec.vae_tiling_required and not chosen.vae_tiling:
+    asked = settings(device or default_device()) if settings is not None else MemorySettings()
+    chosen = spec.required(asked)
+    if chosen is not asked:
         say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
-        chosen = dataclasses.replace(chosen, vae_tiling=True)
     extra = {"layout": options.layout} if options.layout else {}
     pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
     if parallel:
