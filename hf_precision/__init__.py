@@ -9,8 +9,9 @@ Only names are bound here; each submodule is imported on first use (nothing happ
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from .lazy import face
 
 __version__ = "0.1.0"
 
@@ -35,14 +36,4 @@ if TYPE_CHECKING:
     from .training import TrainingPlan, prepare_training
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_precision' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = face(__name__, _EXPORTS)

@@ -252,3 +252,15 @@ def test_face_names_never_collide_with_submodules(package: str) -> None:
     assert not clashes, f"hf_precision.{package} exports {clashes}, which are also submodule names"
     for name in face._EXPORTS:
         assert not isinstance(getattr(face, name), type(face)), f"hf_precision.{package}.{name} is a module"
+
+
+def test_subpackages_reachable_as_attributes_without_importing_them() -> None:
+    # `hp.diagnose.mismatch.explain_error` failed with "module 'hf_precision' has no attribute 'diagnose'" unless
+    # some earlier code had imported hf_precision.diagnose; a fresh interpreter shows it.
+    code = ("import sys, hf_precision as hp\n"
+            "assert hp.diagnose.mismatch.explain_error is hp.explain_error\n"
+            "assert hp.training.prepare_training is hp.prepare_training\n"
+            "try:\n    hp.no_such_part\nexcept AttributeError as e:\n    print('refused', e)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("refused module 'hf_precision' has no attribute 'no_such_part'")
