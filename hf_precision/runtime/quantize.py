@@ -73,10 +73,16 @@ def module_bytes(module: torch.nn.Module) -> int:
     """
     seen: set[int] = set()
     tensors = list(module.parameters())
-    for m in module.modules():
-        if is_quantized_tensor(m._parameters.get("weight")):
-            tensors += list(m.buffers(recurse=False))
     total = 0
+    for m in module.modules():
+        weight = m._parameters.get("weight")
+        if is_quantized_tensor(weight):
+            tensors += list(m.buffers(recurse=False))
+            # bitsandbytes' Linear8bitLt moves its row scales from the weight to ``m.state`` on the first forward
+            scb = getattr(getattr(m, "state", None), "SCB", None)
+            if isinstance(scb, torch.Tensor) and scb is not getattr(weight, "SCB", None) and id(scb) not in seen:
+                seen.add(id(scb))
+                total += scb.numel() * scb.element_size()
     for t in tensors:
         if id(t) not in seen:
             seen.add(id(t))
