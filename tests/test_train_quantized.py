@@ -166,6 +166,40 @@ def test_qlora_on_a_4bit_text_encoder_beside_a_frozen_int8_one(tmp_path):
         assert all(p.grad is None for n, p in part.named_parameters() if "lora_" not in n)
 
 
+def test_training_plan_counts_the_fp8_weight_copies_a_real_step_holds_for_backward(folders):
+    """A LoRA step on an fp8-stored UNet holds, until backward, the compute-dtype copy of each fp8 layer on the
+    gradient's path (autograd saves it for the input's gradient). Measured here on the real step (saved tensors
+    equal to an fp8 weight upcast), the training plan's meta count is the same number, and part of its activations."""
+    from hf_precision.apps.train.plan import Options, predict_training
+
+    folder, storage = folders["sd15"], "float8_e4m3fn"
+    pipe = _load(folder, {"unet": storage}, None)
+    tp = hp.prepare_training(pipe, "cpu", train={"unet": "lora"}, rank=4)
+    fp8 = [p for p in pipe.unet.parameters() if p.dtype in FP8]
+    params = {p.untyped_storage().data_ptr() for p in pipe.unet.parameters()}
+    held = {}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        base = t if t._base is None else t._base
+        if key not in params and key not in held and base.is_floating_point():
+            if any(base.shape == w.shape and torch.equal(base, w.to(base.dtype)) for w in fp8):
+                held[key] = base.untyped_storage().nbytes()
+        return t
+
+    batch = example_batch(pipe.unet)
+    batch.update(tp.encode_prompt("a red square"))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))
+    tp.backward(loss)
+    assert held and len(held) < sum(w.dim() > 1 for w in fp8)  # only the layers on the gradient's path
+    pred = predict_training(str(folder), "cpu", rank=4, resolution=32, options=Options(1, False, True),
+                            overrides={"unet": {"storage": storage}})
+    plain = predict_training(str(folder), "cpu", rank=4, resolution=32, options=Options(1, False, True))
+    assert pred.fp8_copies == sum(held.values()) and plain.fp8_copies == 0
+    assert pred.activations > plain.activations
+
+
 def test_plain_fp8_layerwise_lora_fails_in_backward_and_upcast_on_use_trains_it():
     """diffusers' ``enable_layerwise_casting`` + a peft LoRA + backward: the error kohya's ``--fp8_base`` users avoid."""
     from diffusers.training_utils import cast_training_params
