@@ -242,7 +242,7 @@ def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys,
     planned = hp.plan(folders["sd15"], device="cpu", overrides={"unet": {"storage": "int8"}})["unet"].total_bytes
     assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu")["unet"].total_bytes
     assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "f"), "--method", "full"]) == 2
-    assert "cannot train quantized weights" in capsys.readouterr().err
+    assert "'full' cannot train int8 weights" in capsys.readouterr().err  # training.quantized.refuse_untrainable's
     # a full fine-tune of fp8 weights is refused from the recipe, before any weight is read
     monkeypatch.setattr("hf_precision.runtime.load.load_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
     for plan in ([], ["--plan"]):

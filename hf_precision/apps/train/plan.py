@@ -273,10 +273,10 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
 
     m = _cached_model or _model(model, device, overrides)
     den = m.plan.components[m.denoiser]
-    if method == "full" and (is_quantized(den.storage) or den.storage in FLOAT8):
-        raise RecipeError(f"--method full: {m.denoiser} is stored {den.storage}; a full fine-tune updates every weight as "
-                          f"an fp32 master, so it cannot train quantized weights: --method lora on the quantized base, "
-                          f"or drop --set {m.denoiser}.storage={den.storage}")
+    if method == "full":  # the training layer's one rule, as `train` without --plan applies it before loading
+        from ...training.quantized import refuse_untrainable
+
+        refuse_untrainable(m.plan.recipe, {m.denoiser: "full"}, m.denoiser)
     compute = getattr(torch, den.compute)
     module = _meta_module(m.index, m.configs, m.denoiser, compute)
     fp8 = den.storage in FLOAT8
