@@ -40,21 +40,21 @@ def _run(pipe):
 
 
 # (component, storage, layout): fp32, bf16 and fp16 compute; the T5 case keeps its `wo` islands in fp32 (t4 layout).
-# bitsandbytes quantizes the transformers T5 on the CPU (its 4-bit code tables and absmax counted too).
+# bitsandbytes quantizes the transformers T5 on the CPU (its 4-bit code tables and absmax counted too; fp4 is nf4's
+# code path with another table: docs/quantization.md has its bytes).
 CASES = [
     ("transformer", "int8", "cpu-amx"),
     ("transformer", "quanto-int8", "t4"),
     ("text_encoder_2", "int8", "t4"),
     ("text_encoder_2", "quanto-int8", None),
-    ("text_encoder_2", "nf4", None),
-    ("text_encoder_2", "fp4", "cpu-amx"),
-    ("text_encoder_2", "bnb-int8", "t4"),
+    ("text_encoder_2", "nf4", "cpu-amx"),
+    ("text_encoder_2", "bnb-int8", None),
 ]
 
 
 @pytest.mark.parametrize("component,storage,layout", CASES)
 def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component, storage, layout):
-    if storage in ("nf4", "fp4", "bnb-int8"):
+    if storage in ("nf4", "bnb-int8"):
         pytest.importorskip("bitsandbytes")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -2,7 +2,8 @@
 
 A tiny SD 1.x and a tiny Flux, loaded with torchao int8 weight-only, optimum-quanto qint8 or fp8 storage (e4m3fn,
 e5m2), train a LoRA for a few steps: the loss is finite and falls, the LoRA is fp32, the base stays frozen, in its
-storage, byte for byte the same, and the plan reports it; a frozen bitsandbytes nf4 T5 or fp8 CLIP encodes the step's
+storage, byte for byte the same, and the plan reports it (an fp8 base: with the weight copies the step holds for
+backward, as measured); a frozen bitsandbytes nf4 T5 or fp8 CLIP encodes the step's
 prompt, and a LoRA trains on a tiny SDXL's nf4 CLIP text encoder itself (QLoRA) beside a frozen bnb-int8 one. The
 plain fp8 set-up (diffusers' layerwise casting + a peft LoRA) fails in backward, the same layers through
 ``runtime.patches.upcast_on_use`` train; a full fine-tune of quantized or fp8 weights is refused before anything changes.
@@ -55,6 +56,23 @@ def _stored_state(module: torch.nn.Module) -> dict[str, list[torch.Tensor]]:
     return out
 
 
+def _held_fp8_copies(module: torch.nn.Module, held: dict[int, int]):
+    """A saved-tensors pack hook recording the tensors autograd saves that are an fp8 weight of ``module`` upcast
+    (equal to it in their dtype): the copies the step holds for backward, by storage."""
+    fp8 = [p for p in module.parameters() if p.dtype in FP8]
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+
+    def pack(t):
+        key = t.untyped_storage().data_ptr()
+        base = t if t._base is None else t._base
+        if key not in params and key not in held and base.is_floating_point() and base.dtype not in FP8:
+            if any(base.shape == w.shape and torch.equal(base, w.to(base.dtype)) for w in fp8):
+                held[key] = base.untyped_storage().nbytes()
+        return t
+
+    return pack
+
+
 def _load(folder, quantize, layout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -105,8 +123,11 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
         batch.update(tp.encode_prompt("a red square", **({"max_sequence_length": 8} if family == "flux" else {})))
     opt = torch.optim.AdamW(params, lr=1e-2)
     losses = []
-    for _ in range(3):  # same noise and timesteps each step: the loss on a fixed objective
-        loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))
+    held: dict[int, int] = {}  # the fp8 weight copies the step holds for backward, measured on the first step
+    for step in range(3):  # same noise and timesteps each step: the loss on a fixed objective
+        pack = _held_fp8_copies(module, held) if step == 0 and kind == "fp8" else (lambda t: t)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))
         tp.backward(loss)
         assert tp.step(opt)
         opt.zero_grad()
@@ -114,6 +135,13 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
     hook.remove()
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
     assert set(seen) == {compute}  # the quantized/fp8 layers compute in the component's compute dtype
+    if kind == "fp8":  # `train --plan` counts those copies (its meta step computes through upcast_on_use too)
+        from hf_precision.apps.train.plan import Options, predict_training
+
+        pred = predict_training(str(folders[family]), layout or "cpu", rank=4, resolution=32,
+                                options=Options(1, False, True), overrides={component: {"storage": storage}})
+        fp8_layers = sum(p.dim() > 1 for p in module.parameters() if p.dtype in FP8)
+        assert 0 < len(held) < fp8_layers and pred.fp8_copies == sum(held.values())  # not those before the LoRA
     after = _stored_state(module)
     assert after.keys() == before.keys()
     assert all(all(torch.equal(a, b) for a, b in zip(after[k], before[k])) for k in before)
@@ -125,14 +153,12 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
         assert all(all(torch.equal(a, b) for a, b in zip(_stored_state(part)[k], state[k])) for k in state)
 
 
-def test_qlora_on_a_4bit_text_encoder_beside_a_frozen_int8_one(tmp_path):
+def test_qlora_on_a_4bit_text_encoder_beside_a_frozen_int8_one(saved_pipeline):
     """QLoRA on the CPU: SDXL's CLIP text encoder in bitsandbytes nf4 trains a LoRA (fp32 masters; the 4-bit base
     frozen, byte for byte the same, planned bytes == measured), its second encoder frozen in LLM.int8; the LoRA's
     gradients come back through the (unquantized) UNet and the loss falls."""
     pytest.importorskip("bitsandbytes")
-    from hf_precision.testing import make_pipeline, save_pipeline
-
-    folder = save_pipeline(make_pipeline("sdxl"), tmp_path / "sdxl")
+    folder = saved_pipeline("sdxl")  # the session's tiny SDXL folder, shared with the other tests
     quantize = {"text_encoder": "nf4", "text_encoder_2": "bnb-int8"}
     pipe = _load(folder, quantize, None)
     planned = hp.plan(folder, device="cpu", overrides={c: {"storage": s} for c, s in quantize.items()})
@@ -164,40 +190,6 @@ def test_qlora_on_a_4bit_text_encoder_beside_a_frozen_int8_one(tmp_path):
         assert all(all(torch.equal(a, b) for a, b in zip(after[k], state[k])) for k in state)
         assert module_bytes(part) - (lora if comp == "text_encoder" else 0) == size
         assert all(p.grad is None for n, p in part.named_parameters() if "lora_" not in n)
-
-
-def test_training_plan_counts_the_fp8_weight_copies_a_real_step_holds_for_backward(folders):
-    """A LoRA step on an fp8-stored UNet holds, until backward, the compute-dtype copy of each fp8 layer on the
-    gradient's path (autograd saves it for the input's gradient). Measured here on the real step (saved tensors
-    equal to an fp8 weight upcast), the training plan's meta count is the same number, and part of its activations."""
-    from hf_precision.apps.train.plan import Options, predict_training
-
-    folder, storage = folders["sd15"], "float8_e4m3fn"
-    pipe = _load(folder, {"unet": storage}, None)
-    tp = hp.prepare_training(pipe, "cpu", train={"unet": "lora"}, rank=4)
-    fp8 = [p for p in pipe.unet.parameters() if p.dtype in FP8]
-    params = {p.untyped_storage().data_ptr() for p in pipe.unet.parameters()}
-    held = {}
-
-    def pack(t):
-        key = t.untyped_storage().data_ptr()
-        base = t if t._base is None else t._base
-        if key not in params and key not in held and base.is_floating_point():
-            if any(base.shape == w.shape and torch.equal(base, w.to(base.dtype)) for w in fp8):
-                held[key] = base.untyped_storage().nbytes()
-        return t
-
-    batch = example_batch(pipe.unet)
-    batch.update(tp.encode_prompt("a red square"))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))
-    tp.backward(loss)
-    assert held and len(held) < sum(w.dim() > 1 for w in fp8)  # only the layers on the gradient's path
-    pred = predict_training(str(folder), "cpu", rank=4, resolution=32, options=Options(1, False, True),
-                            overrides={"unet": {"storage": storage}})
-    plain = predict_training(str(folder), "cpu", rank=4, resolution=32, options=Options(1, False, True))
-    assert pred.fp8_copies == sum(held.values()) and plain.fp8_copies == 0
-    assert pred.activations > plain.activations
 
 
 def test_plain_fp8_layerwise_lora_fails_in_backward_and_upcast_on_use_trains_it():
