@@ -194,6 +194,7 @@ def test_fp8_kernel_errors_are_explained(op, message):
     ("Expected is_sm80 || is_sm90 to be true, but got false.", "storage=int8"),           # bmaltais/kohya_ss#2717
     ("Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype.",
      "storage=quanto-int8"),                                                             # Nerogar/OneTrainer#1689
+    ("No GPU found. A GPU is needed for quantization.", "storage=int8"),  # diffusers' bnb quantizer without a GPU
 ])
 def test_gpu_and_mps_fp8_messages_get_a_fix_that_resolves(message, fix):
     err = hp.diagnose.mismatch.explain_error(RuntimeError(message), "transformer.blocks.0")

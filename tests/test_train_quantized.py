@@ -155,8 +155,9 @@ def test_lora_on_a_quantized_base_trains_and_leaves_the_base_as_it_was(folders, 
 
 def test_qlora_on_a_4bit_text_encoder_beside_a_frozen_int8_one(saved_pipeline):
     """QLoRA on the CPU: SDXL's CLIP text encoder in bitsandbytes nf4 trains a LoRA (fp32 masters; the 4-bit base
-    frozen, byte for byte the same, planned bytes == measured), its second encoder frozen in LLM.int8; the LoRA's
-    gradients come back through the (unquantized) UNet and the loss falls."""
+    frozen, byte for byte the same, planned bytes == measured), its second encoder frozen in LLM.int8; the pipeline
+    checks clean and its output is finite; the LoRA's gradients come back through the (unquantized) UNet and the
+    loss falls."""
     pytest.importorskip("bitsandbytes")
     folder = saved_pipeline("sdxl")  # the session's tiny SDXL folder, shared with the other tests
     quantize = {"text_encoder": "nf4", "text_encoder_2": "bnb-int8"}
@@ -164,6 +165,9 @@ def test_qlora_on_a_4bit_text_encoder_beside_a_frozen_int8_one(saved_pipeline):
     planned = hp.plan(folder, device="cpu", overrides={c: {"storage": s} for c, s in quantize.items()})
     before = {c: (_stored_state(getattr(pipe, c)), module_bytes(getattr(pipe, c))) for c in quantize}
     assert all(state and size == planned[c].total_bytes for c, (state, size) in before.items())
+    # one pipeline call through the 4-bit and LLM.int8 encoders: no mismatch, no drift, a finite image
+    report = hp.check(pipe, call=lambda p: p("a cat", num_inference_steps=2, height=32, width=32, output_type="np"))
+    assert report.ok and not [n for n in report.notes if "NaN or inf" in n], report.table()
     with pytest.raises(TrainingError, match="'full' cannot train nf4 weights"):
         hp.prepare_training(pipe, "cpu", train={"text_encoder": "full"})
     tp = hp.prepare_training(pipe, "cpu", train={"text_encoder": "lora"}, rank=4)
