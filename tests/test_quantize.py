@@ -1,4 +1,5 @@
-"""Quantized and fp8 storage as recipe choices (torchao and optimum-quanto on CPU; bitsandbytes and fp8 matmuls on GPU).
+"""Quantized and fp8 storage as recipe choices (torchao, optimum-quanto and bitsandbytes for transformers models on
+CPU; bitsandbytes for diffusers models and fp8 matmuls on GPU).
 
 Each case loads a tiny Flux (a diffusers transformer and a transformers T5 with fp32 `wo` islands) through
 ``load_pipeline(..., quantize=...)`` and checks: the backend quantized exactly the layers the plan counted (plan
@@ -39,16 +40,22 @@ def _run(pipe):
 
 
 # (component, storage, layout): fp32, bf16 and fp16 compute; the T5 case keeps its `wo` islands in fp32 (t4 layout).
+# bitsandbytes quantizes the transformers T5 on the CPU (its 4-bit code tables and absmax counted too; fp4 is nf4's
+# code path with another table: docs/quantization.md has its bytes).
 CASES = [
     ("transformer", "int8", "cpu-amx"),
     ("transformer", "quanto-int8", "t4"),
     ("text_encoder_2", "int8", "t4"),
     ("text_encoder_2", "quanto-int8", None),
+    ("text_encoder_2", "nf4", "cpu-amx"),
+    ("text_encoder_2", "bnb-int8", None),
 ]
 
 
 @pytest.mark.parametrize("component,storage,layout", CASES)
 def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component, storage, layout):
+    if storage in ("nf4", "bnb-int8"):
+        pytest.importorskip("bitsandbytes")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: storage})
@@ -106,17 +113,24 @@ def test_users_own_quantization_config_passes_through_and_is_reported(flux_folde
 
 
 @pytest.mark.parametrize("device,storage,words", [
-    ("cpu-avx2", "nf4", "bitsandbytes quantizes and runs on CUDA only"),
+    ("cpu-avx2", "nf4", "diffusers' bitsandbytes quantizer needs a GPU"),  # diffusers v0.42.1 bnb_quantizer.py:64
+    ("t4", "bnb-int8", "planned on a machine without a CUDA, XPU or MPS GPU"),
     ("m1-macos13", "float8_e4m3fn", "MPS has no float8 dtypes"),
     ("t4", "fp8-compute", "CUDA compute capability 8.9"),
 ])
 def test_a_choice_the_device_cannot_do_is_refused_before_loading(flux_folder, monkeypatch, device, storage, words):
     from diffusers import DiffusionPipeline
 
+    if "without a CUDA" in words and (torch.cuda.is_available() or torch.backends.mps.is_available()):
+        pytest.skip("this machine has a GPU for diffusers' bitsandbytes quantizer")
+
     def never(*a, **k):
         raise AssertionError("from_pretrained was reached")
 
     monkeypatch.setattr(DiffusionPipeline, "from_pretrained", never)
+    if device == "cpu-avx2":  # plan() refuses it too: the planned device's rule, not this machine
+        with pytest.raises(RecipeError, match=words):
+            hp.plan(flux_folder, device=device, overrides={"transformer": {"storage": storage}})
     with pytest.raises(RecipeError) as info:
         hp.load_pipeline(flux_folder, "cpu", layout=device, quantize={"transformer": storage})
     msg = str(info.value)
@@ -180,6 +194,7 @@ def test_fp8_kernel_errors_are_explained(op, message):
     ("Expected is_sm80 || is_sm90 to be true, but got false.", "storage=int8"),           # bmaltais/kohya_ss#2717
     ("Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype.",
      "storage=quanto-int8"),                                                             # Nerogar/OneTrainer#1689
+    ("No GPU found. A GPU is needed for quantization.", "storage=int8"),  # diffusers' bnb quantizer without a GPU
 ])
 def test_gpu_and_mps_fp8_messages_get_a_fix_that_resolves(message, fix):
     err = hp.diagnose.mismatch.explain_error(RuntimeError(message), "transformer.blocks.0")

@@ -70,8 +70,9 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
         accelerator = device_profile(device).type != "cpu"
     offloads = ["none", "model"] if accelerator else ["none"]
     texts = [n for n in base.components if n.startswith("text_encoder")]
-    options = storage_options(recipe, [recipe.denoiser] if recipe.denoiser else [], texts,
-                              device_caps(recipe.device).storage)
+    caps = device_caps(recipe.device)
+    options = storage_options(recipe, [recipe.denoiser] if recipe.denoiser else [], texts, caps.storage,
+                              caps.transformers_only)
     usable = budget - int(budget * reserve)
     tried = []
     best = None

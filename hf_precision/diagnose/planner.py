@@ -297,6 +297,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     """
     from ..recipe.devices import device_caps
     from ..runtime.layout import check_user_names, component_islands, planned_dtypes
+    from ..runtime.quantize import refuse_library
 
     text = str(name_or_path)
     source, index, configs = configs_of(text)
@@ -324,6 +325,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         if cp.name not in configs:
             skipped.append(f"{cp.name} ({class_name}): no {cp.name}/config.json")
             continue
+        refuse_library(cp, library, resolved.device, text, loading=False)
         module = build_on_meta(library, class_name, configs[cp.name])
         check_user_names(cp, module)
         islands = component_islands(cp, module)

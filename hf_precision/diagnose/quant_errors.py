@@ -6,6 +6,9 @@ not implemented for 'Float8_e4m3fn'`` (bmaltais/kohya_ss#2733), or a ``mat1 and 
 float8" fix would be wrong. The fix that works keeps fp8 as *storage* and computes in a half dtype: diffusers'
 layerwise casting (``--set C.storage=float8_e4m3fn``). fp8 *matmuls* need CUDA compute capability 8.9 (``Expected
 is_sm80 || is_sm90`` on a 2080 Ti, bmaltais/kohya_ss#2717), and MPS has no fp8 dtypes at all (Nerogar/OneTrainer#1689).
+diffusers' bitsandbytes quantizer refuses a machine without a GPU (``No GPU found. A GPU is needed for
+quantization.``, diffusers v0.42.1 quantizers/bitsandbytes/bnb_quantizer.py:64), where bitsandbytes itself runs on the
+CPU for transformers models.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ _PATTERNS = (
     ("fp8_arch", r"Expected is_sm8\w*(?: \|\| is_sm\w+)+|fp8 (?:e4m3|e5m2|types?) (?:is|are) (?:only )?supported on"
                  r"|Float8 \w+ requires CUDA (?:compute )?capability"),
     ("fp8_mps", rf"(?:MPS|mps).{{0,80}}(?:{_F8}|[Ff]loat8)|(?:{_F8}|[Ff]loat8).{{0,80}}(?:MPS|mps)"),
+    ("bnb_no_gpu", r"No GPU found\. A GPU is needed for quantization"),
 )
 
 
@@ -65,6 +69,12 @@ def quantized_fix(family: str, component: str | None, compute: str | None = None
                 f"float16: {storage} with {override_line(comp, 'dtype', 'float16')}, or int8 weight-only: "
                 f"{override_line(comp, 'storage', 'int8')} (hf_precision refuses storage=fp8-compute below sm 8.9 "
                 f"before loading)")
+    if family == "bnb_no_gpu":
+        return (f"bitsandbytes for a diffusers model without a GPU{where}",
+                f"diffusers' bitsandbytes quantizer needs a GPU (diffusers v0.42.1 quantizers/bitsandbytes/"
+                f"bnb_quantizer.py:64); on this machine quantize {comp} with torchao: "
+                f"{override_line(comp, 'storage', 'int8')} (or quanto-int8, fp8 storage, a GGUF file); bitsandbytes "
+                f"runs on the CPU for the text encoders (transformers models): quantize={{'text_encoder_2': 'nf4'}}")
     if family == "fp8_mps":
         return (f"fp8 weights on MPS{where}",
                 f"MPS has no float8 dtypes: store {comp} in float16, or quantize it with a backend that runs on MPS: "

@@ -129,6 +129,8 @@ class DeviceCaps:
     upcast_attention: bool
     tags: tuple[str, ...]
     why: Mapping[str, str]
+    # storage only transformers models may use here: diffusers' quantizer refuses the device (devices.yaml)
+    transformers_only: tuple[str, ...] = ()
 
 
 def cpu_flags_from_env(environ: Mapping[str, str] | None = None) -> frozenset[str] | None:
@@ -441,7 +443,7 @@ def device_caps(spec: str | DeviceProfile | None = None) -> DeviceCaps:
     # A profile object is used as is, never passed through device_profile's cache: lru_cache would hand back an
     # earlier *equal* profile instead of this one (recipe.device is profile would then fail).
     profile = spec if isinstance(spec, DeviceProfile) else device_profile(spec)
-    lists: dict[str, list[str]] = {"compute": [], "auto": [], "storage": []}
+    lists: dict[str, list[str]] = {"compute": [], "auto": [], "storage": [], "transformers_only": []}
     tags: list[str] = []
     why: dict[str, str] = {}
     upcast = False
@@ -455,4 +457,5 @@ def device_caps(spec: str | DeviceProfile | None = None) -> DeviceCaps:
                 lists[key] = _edit(lists[key], list(rule[key]))
         upcast = bool(rule.get("upcast_attention", upcast))
     return DeviceCaps(profile=profile, compute=tuple(lists["compute"]), auto=tuple(lists["auto"]),
-                      storage=tuple(lists["storage"]), upcast_attention=upcast, tags=tuple(tags), why=why)
+                      storage=tuple(lists["storage"]), upcast_attention=upcast, tags=tuple(tags), why=why,
+                      transformers_only=tuple(s for s in lists["transformers_only"] if s in lists["storage"]))

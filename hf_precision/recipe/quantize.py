@@ -14,7 +14,9 @@ tensors (``tests/test_quantize.py`` checks them against the bytes of loaded mode
   compute dtype, + two scalar buffers per layer (``input_scale``, ``output_scale``) in the compute dtype.
 - ``fp8-compute`` (torchao ``Float8DynamicActivationFloat8WeightConfig``, per-row scales): ``n`` + per row an fp32
   scale; fp8 matmuls need CUDA compute capability 8.9.
-- ``nf4`` / ``fp4`` (bitsandbytes 4-bit, no double quantization): ``ceil(n / 2)`` + an fp32 absmax per block of 64.
+- ``nf4`` / ``fp4`` (bitsandbytes 4-bit, no double quantization): ``ceil(n / 2)`` + an fp32 absmax per block of 64
+  + the layer's own 16-entry fp32 code table (``quant_state.code``, 64 bytes: bitsandbytes 0.50.2 functional.py
+  quantize_4bit makes one per call, so per layer).
 - ``bnb-int8`` (bitsandbytes LLM.int8): ``n`` + per row an fp32 scale (``SCB``).
 """
 
@@ -28,7 +30,8 @@ from typing import Any
 from .. import dtypes as dt
 
 __all__ = ["QuantChoice", "CHOICES", "canonical_storage", "is_quantized", "storage_names", "weight_bytes", "stored_bytes",
-           "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options"]
+           "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
+           "library_refusal"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +47,7 @@ class QuantChoice:
     row_extra: int         # further bytes per output row (a zero point)
     block: int = 0         # elements per block with one fp32 absmax (bitsandbytes 4-bit)
     layer_scalars: int = 0  # scalar buffers per quantized layer, in the compute dtype (quanto's input/output scales)
+    layer_bytes: int = 0    # further bytes per quantized layer (bitsandbytes 4-bit: its 16-entry fp32 code table)
     why: str = ""
 
 
@@ -57,12 +61,12 @@ CHOICES: dict[str, QuantChoice] = {c.name: c for c in (
     QuantChoice("fp8-compute", "torchao", "Float8DynamicActivationFloat8WeightConfig",
                 ("float8dq", "torchao-float8", "fp8_compute"), 8, "float32", 0,
                 why="fp8 weights and activations (torchao), fp8 tensor-core matmuls: CUDA compute capability 8.9+"),
-    QuantChoice("nf4", "bitsandbytes", "nf4", ("bnb-nf4", "bnb_nf4"), 4, "", 0, block=64,
-                why="bitsandbytes 4-bit NormalFloat (QLoRA), fp32 absmax per 64 weights; CUDA only"),
-    QuantChoice("fp4", "bitsandbytes", "fp4", ("bnb-fp4",), 4, "", 0, block=64,
-                why="bitsandbytes 4-bit float, fp32 absmax per 64 weights; CUDA only"),
+    QuantChoice("nf4", "bitsandbytes", "nf4", ("bnb-nf4", "bnb_nf4"), 4, "", 0, block=64, layer_bytes=64,
+                why="bitsandbytes 4-bit NormalFloat (QLoRA), fp32 absmax per 64 weights"),
+    QuantChoice("fp4", "bitsandbytes", "fp4", ("bnb-fp4",), 4, "", 0, block=64, layer_bytes=64,
+                why="bitsandbytes 4-bit float, fp32 absmax per 64 weights"),
     QuantChoice("bnb-int8", "bitsandbytes", "int8", ("llm.int8", "bnb_int8"), 8, "float32", 0,
-                why="bitsandbytes LLM.int8 weights, per-row fp32 scale; CUDA only"),
+                why="bitsandbytes LLM.int8 weights, per-row fp32 scale"),
 )}
 # The pip package each backend needs (named in the error when it is missing).
 BACKEND_PACKAGES = {"torchao": "torchao", "quanto": "optimum-quanto", "bitsandbytes": "bitsandbytes", "gguf": "gguf"}
@@ -119,6 +123,8 @@ def weight_bytes(storage: str, out_features: int, in_features: int, compute: str
         4736
         >>> weight_bytes("quanto-int8", 128, 32, "bfloat16")  # 4096 int8 + 128 bf16 scales + 2 bf16 scalars
         4356
+        >>> weight_bytes("nf4", 128, 32, "bfloat16")  # 2048 packed + 64 fp32 absmax + the 64-byte code table
+        2368
     """
     choice = CHOICES[storage]
     n = out_features * in_features
@@ -128,7 +134,8 @@ def weight_bytes(storage: str, out_features: int, in_features: int, compute: str
     scale = {"": 0, "compute": dt.itemsize(compute)}.get(choice.row_scale)
     if scale is None:
         scale = dt.itemsize(choice.row_scale)
-    return data + out_features * (scale + choice.row_extra) + choice.layer_scalars * dt.itemsize(compute)
+    return (data + out_features * (scale + choice.row_extra) + choice.layer_scalars * dt.itemsize(compute)
+            + choice.layer_bytes)
 
 
 def stored_bytes(storage: str, shape: tuple[int, ...], compute: str) -> int:
@@ -210,7 +217,8 @@ def _hint(storage: str, caps: Any) -> str:
                 "with errors such as 'Expected is_sm80 || is_sm90' (bmaltais/kohya_ss#2717); fp8 *storage* "
                 "(float8_e4m3fn, cast to the compute dtype on use) runs there")
     if CHOICES.get(storage) and CHOICES[storage].backend == "bitsandbytes" and kind != "cuda":
-        return "bitsandbytes quantizes and runs on CUDA only; torchao (int8) and optimum-quanto run on CPU"
+        return ("bitsandbytes runs on CUDA, and on the CPU for transformers models (devices.yaml); torchao (int8) and "
+                "optimum-quanto run on CPU")
     return ""
 
 
@@ -224,10 +232,10 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
     Example:
         >>> from hf_precision.recipe.devices import device_caps
         >>> problems = []
-        >>> storage_rule("unet", "nf4", "float32", {}, device_caps("cpu-avx2"), problems, "--set")
+        >>> storage_rule("unet", "nf4", "float16", {}, device_caps("m1-macos13"), problems, "--set")
         'set by storage: bitsandbytes nf4 (the recipe lists no quantized storage for unet)'
         >>> print(problems[0])  # doctest: +ELLIPSIS
-        --set: components.unet.storage: nf4 cannot be used on cpu (...): bitsandbytes quantizes and runs on CUDA only; ...
+        --set: components.unet.storage: nf4 cannot be used on mps (...): bitsandbytes runs on CUDA, and on the CPU ...
     """
     from ..errors import override_line
 
@@ -253,14 +261,54 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
     return f"set by storage: {choice.backend} {choice.scheme}{note}"
 
 
-def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed: Any) -> list[tuple[tuple[str, str], ...]]:
+def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Mapping[str, Any], *,
+                    gpu_present: bool = True) -> str | None:
+    """Why a component's backend refuses its model's library on this device, with the fix; ``None`` when it does not.
+
+    ``caps.transformers_only`` (``devices.yaml``) lists the storage only transformers models may use on the device:
+    bitsandbytes runs on the CPU for transformers models (the text encoders), while diffusers' bitsandbytes quantizer
+    refuses without a GPU (diffusers v0.42.1 quantizers/bitsandbytes/bnb_quantizer.py:64, ``No GPU found``), which it
+    also does when a GPU layout is planned on a machine without one (``gpu_present=False``).
+
+    Example:
+        >>> from hf_precision.recipe.devices import device_caps
+        >>> cpu = device_caps("cpu-avx2")
+        >>> library_refusal("text_encoder_2", "nf4", "transformers", cpu, {}) is None
+        True
+        >>> print(library_refusal("transformer", "nf4", "diffusers", cpu, {}))  # doctest: +ELLIPSIS
+        components.transformer.storage: nf4 cannot be used for transformer (a diffusers model) on cpu (...): ...
+    """
+    choice = CHOICES.get(storage)
+    if choice is None or library != "diffusers" or choice.backend != "bitsandbytes":
+        return None
+    if storage in caps.transformers_only:
+        where = caps.profile.label()
+    elif not gpu_present:
+        where = f"{caps.profile.label()} planned on a machine without a CUDA, XPU or MPS GPU"
+    else:
+        return None
+    from ..errors import override_line
+
+    usable = [s for s in caps.storage if is_quantized(s) and s not in caps.transformers_only
+              and CHOICES[s].backend != "bitsandbytes"]
+    fix = next((s for s in quant.get("storage") or () if s in usable), usable[0] if usable else "float8_e4m3fn")
+    return (f"components.{name}.storage: {storage} cannot be used for {name} (a diffusers model) on {where}: "
+            f"diffusers' bitsandbytes quantizer needs a GPU (diffusers v0.42.1 quantizers/bitsandbytes/"
+            f"bnb_quantizer.py:64 'No GPU found'); bitsandbytes quantizes transformers models (the text encoders) on "
+            f"the CPU; fix: {override_line(name, 'storage', fix)} (or quanto-int8, float8_e4m3fn storage, or a GGUF "
+            f"file with base=...)")
+
+
+def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed: Any,
+                    transformers_only: Any = ()) -> list[tuple[tuple[str, str], ...]]:
     """Quantized storage a memory plan may choose, least change first: the denoiser(s) in each size class their
     recipe tolerates on the recipe's device (8-bit: fp8 storage or int8; then 4-bit), then the same with the text
     encoders quantized too (each with the first layout its own recipe tolerates there).
 
     Only what the component recipes list (``quantize.storage``) and ``allowed`` holds: the storage ``devices.yaml``
     allows on the recipe's device (``device_caps(recipe.device).storage``; passed in, so this module needs no
-    device rules and the recipe layer keeps no import cycle).
+    device rules and the recipe layer keeps no import cycle); the denoisers (diffusers models) never take the
+    device's ``transformers_only`` storage (bitsandbytes on the CPU).
 
     Example:
         >>> from hf_precision import device_caps, get_recipe
@@ -269,12 +317,19 @@ def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed
         [(('transformer', 'float8_e4m3fn'),), (('transformer', 'int8'),), (('transformer', 'nf4'),), \
 (('transformer', 'float8_e4m3fn'), ('text_encoder_2', 'int8')), (('transformer', 'int8'), ('text_encoder_2', 'int8')), \
 (('transformer', 'nf4'), ('text_encoder_2', 'int8'))]
+        >>> cpu = device_caps("cpu-avx2")  # bitsandbytes runs there for the T5, never for the diffusers transformer
+        >>> [o for o in storage_options(get_recipe("flux", device="cpu-avx2"), ["transformer"], ["text_encoder_2"],
+        ...                             cpu.storage, cpu.transformers_only) if ("transformer", "nf4") in o]
+        []
     """
     allowed = set(allowed)
+    only_texts = set(transformers_only)
 
     def firsts(name: str) -> list[str]:
         seen, out = set(), []
         for s in (recipe[name].quantize if name in recipe else ()):
+            if name not in texts and s in only_texts:
+                continue  # a diffusers denoiser: its quantizer refuses this storage on the device (library_refusal)
             # one per size class and kind: fp8 storage (layerwise: norms' linears stay), a backend's 8 bit, its 4 bit
             kind = (CHOICES[s].data_bits, True) if s in CHOICES else (dt.itemsize(s) * 8, False)
             if s in allowed and kind not in seen:

@@ -41,7 +41,7 @@ TYPES = ("cpu", "cuda", "mps", "xpu")
 # The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
 # `capabilty`) is an error, never a condition that silently holds for every device.
 DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets")
-RULE_KEYS = ("id", "when", "compute", "auto", "storage", "upcast_attention", "why")
+RULE_KEYS = ("id", "when", "compute", "auto", "storage", "transformers_only", "upcast_attention", "why")
 WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
 PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
 
@@ -233,8 +233,9 @@ def check_devices_file(data: Any, source: str) -> None:
         for item in value:
             name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
             # storage lists may also name quantized layouts (int8, nf4 ...: recipe/quantize.py)
-            if (dt.canonical(name) if not where.endswith(".storage") else canonical_storage(name)) is None:
-                allowed = ", ".join(storage_names()) if where.endswith(".storage") else \
+            storage = where.endswith((".storage", ".transformers_only"))
+            if (canonical_storage(name) if storage else dt.canonical(name)) is None:
+                allowed = ", ".join(storage_names()) if storage else \
                     "float32, bfloat16, float16, float8_e4m3fn or float8_e5m2"
                 problems.add(where, f"unknown dtype {item!r}; use {allowed}")
 
@@ -273,7 +274,7 @@ def check_devices_file(data: Any, source: str) -> None:
         for key in ("cpu_flags", "name_contains"):
             if key in when and not (isinstance(when[key], list) and all(isinstance(x, str) for x in when[key])):
                 problems.add(f"{where}.when.{key}", f"expected a list of strings, got {when[key]!r}")
-        for key in ("compute", "auto", "storage"):
+        for key in ("compute", "auto", "storage", "transformers_only"):
             if key in rule:
                 dtype_edits(rule[key], f"{where}.{key}")
         if "upcast_attention" in rule and not isinstance(rule["upcast_attention"], bool):

@@ -25,7 +25,7 @@ from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quanti
 from ..recipe.resolution import ComponentPlan, Recipe
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
-           "backend_config", "pipeline_quantization_config", "require_backend", "library_of"]
+           "backend_config", "pipeline_quantization_config", "require_backend", "library_of", "refuse_library"]
 
 
 def is_quantized_tensor(t: Any) -> bool:
@@ -52,9 +52,10 @@ def tensor_bytes(t: torch.Tensor) -> int:
         names, _ = t.__tensor_flatten__()
         return sum(tensor_bytes(getattr(t, n)) for n in names if isinstance(getattr(t, n, None), torch.Tensor))
     size = t.numel() * t.element_size()
-    state = getattr(t, "quant_state", None)  # bitsandbytes 4-bit: absmax per block
-    if state is not None and getattr(state, "absmax", None) is not None:
-        size += state.absmax.numel() * state.absmax.element_size()
+    state = getattr(t, "quant_state", None)  # bitsandbytes 4-bit: absmax per block, its code table, nested state2
+    while state is not None:
+        size += sum(v.numel() * v.element_size() for v in vars(state).values() if isinstance(v, torch.Tensor))
+        state = getattr(state, "state2", None)
     scb = getattr(t, "SCB", None)  # bitsandbytes LLM.int8: per-row scale
     if isinstance(scb, torch.Tensor):
         size += scb.numel() * scb.element_size()
@@ -72,10 +73,16 @@ def module_bytes(module: torch.nn.Module) -> int:
     """
     seen: set[int] = set()
     tensors = list(module.parameters())
-    for m in module.modules():
-        if is_quantized_tensor(m._parameters.get("weight")):
-            tensors += list(m.buffers(recurse=False))
     total = 0
+    for m in module.modules():
+        weight = m._parameters.get("weight")
+        if is_quantized_tensor(weight):
+            tensors += list(m.buffers(recurse=False))
+            # bitsandbytes' Linear8bitLt moves its row scales from the weight to ``m.state`` on the first forward
+            scb = getattr(getattr(m, "state", None), "SCB", None)
+            if isinstance(scb, torch.Tensor) and scb is not getattr(weight, "SCB", None) and id(scb) not in seen:
+                seen.add(id(scb))
+                total += scb.numel() * scb.element_size()
     for t in tensors:
         if id(t) not in seen:
             seen.add(id(t))
@@ -187,6 +194,28 @@ def require_backend(storage: str, component: str) -> None:
         raise RecipeError(f"{component}.storage={storage} needs {backend}, which is not installed here ({err}); "
                           f"fix: pip install {BACKEND_PACKAGES[backend]} (or pip install 'hf-precision[quant]'), or "
                           f"choose another storage") from None
+
+
+def refuse_library(plan: ComponentPlan, library: str, device: Any, where: str, *, loading: bool) -> None:
+    """One ``RecipeError`` before loading when the component's backend refuses its model's library on ``device``
+    (bitsandbytes for a diffusers model on the CPU: :func:`hf_precision.recipe.quantize.library_refusal`); when
+    ``loading``, also when this machine has no GPU for diffusers' bitsandbytes quantizer to check.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> r = get_recipe("flux", device="cpu", overrides={"text_encoder_2": {"storage": "nf4"}})
+        >>> refuse_library(r["text_encoder_2"], "transformers", r.device, "plan", loading=False)  # allowed
+    """
+    from ..recipe.devices import device_caps
+    from ..recipe.quantize import library_refusal
+
+    gpu = True
+    if loading:
+        gpu = torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
+    problem = library_refusal(plan.name, plan.storage, library, device_caps(device), {"storage": plan.quantize},
+                              gpu_present=gpu)
+    if problem:
+        raise RecipeError(f"{where}: {problem}")
 
 
 def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterable[str]) -> Any:

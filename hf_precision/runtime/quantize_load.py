@@ -15,7 +15,7 @@ import torch
 from ..errors import RecipeError
 from ..recipe.quantize import CHOICES, is_quantized
 from ..recipe.resolution import Recipe
-from .quantize import is_quantized_tensor, pipeline_quantization_config, quantized_layers
+from .quantize import is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_library
 
 __all__ = ["quantization_kwargs", "report_quantization", "quantized_in"]
 
@@ -60,6 +60,7 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
         spec = listed.get(plan.name)
         if spec is None or plan.name not in configs:
             raise RecipeError(f"{where}: {plan.name}.storage={plan.storage}: the folder has no {plan.name}/config.json")
+        refuse_library(plan, spec[0], recipe.device, where, loading=True)
         module = build_on_meta(*spec, configs[plan.name])
         islands = component_islands(plan, module, strict=False)
         modules[plan.name] = (module, islands)

@@ -21,13 +21,14 @@ asked; cached latents (encoders leave the device); + gradient checkpointing; the
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ...errors import RecipeError
 
-__all__ = ["Options", "TrainingPrediction", "predict_training", "choose", "plan_command", "text_tokens"]
+__all__ = ["Options", "TrainingPrediction", "predict_training", "choose", "plan_command", "text_tokens", "held_fp8_copies"]
 
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 each (torch.optim.AdamW)
 
@@ -60,6 +61,7 @@ class TrainingPrediction:
     encode_activations: int
     phases: dict[str, int]
     storage: dict[str, str] = dataclasses.field(default_factory=dict)  # the quantized components' layouts
+    fp8_copies: int = 0  # of the activations: compute-dtype copies of fp8-stored weights held for backward
 
     @property
     def peak(self) -> int:
@@ -96,8 +98,58 @@ def _cast(value: Any, dtype: Any, key: str = "") -> Any:
     return value
 
 
-def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, checkpointing: bool) -> int:
-    """Activation peak (bytes) of one training forward + backward of ``module`` on meta, gradients excluded."""
+@contextlib.contextmanager
+def held_fp8_copies() -> Iterator[dict[int, int]]:
+    """Count the compute-dtype copies of fp8 weights that autograd saves for backward: storage -> bytes.
+
+    An fp8-stored layer that gradients pass through computes from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`); autograd saves that copy for the input's gradient (a
+    Linear's or Conv's weight is saved when its input requires grad), so it lives until backward frees it. The
+    copies are the outputs of ``_to_copy`` from a float8 tensor (activations never are float8); a saved tensor on
+    one of their storages (the copy, or its transpose) is held. Works on the meta device and on real tensors.
+
+    Example:
+        >>> import torch
+        >>> w = torch.ones(4, 4, dtype=torch.float8_e4m3fn)
+        >>> x = torch.ones(2, 4, requires_grad=True)
+        >>> with held_fp8_copies() as held:
+        ...     y = torch.nn.functional.linear(x, w.to(torch.float32))
+        >>> sum(held.values())  # the 4 x 4 fp32 copy: 64 bytes, until backward
+        64
+    """
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ...dtypes import FLOAT8
+
+    fp8 = tuple(getattr(torch, d) for d in FLOAT8)
+    copies: dict[int, Any] = {}
+    held: dict[int, int] = {}
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and args[0].dtype in fp8 and isinstance(out, torch.Tensor):
+                copies[out.untyped_storage()._cdata] = weakref.ref(out)
+            return out
+
+    def pack(t: Any) -> Any:
+        key = t.untyped_storage()._cdata
+        ref = copies.get(key)
+        if ref is not None and ref() is not None:  # alive: not a later tensor on a reused address
+            held[key] = t.untyped_storage().nbytes()
+        return t
+
+    with Copies(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield held
+
+
+def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, checkpointing: bool,
+                      dtype: Any) -> tuple[int, int]:
+    """Activation peak (bytes) of one training forward + backward of ``module`` on meta, gradients excluded, and
+    the bytes of the fp8 weight copies held for backward within it (:func:`held_fp8_copies`)."""
     import torch
 
     from ...training.families import family_of, model_output, noisy_inputs
@@ -109,19 +161,31 @@ def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, che
         module.enable_gradient_checkpointing()
     module.train()
     row = family_of(module)
-    dtype = next(p.dtype for p in module.parameters() if not p.requires_grad)
     meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}
     meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
-    with count_live_bytes(grad=True) as live:
+    with count_live_bytes(grad=True) as live, held_fp8_copies() as held:
         kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
         kwargs = _cast(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
         out = module(**kwargs, return_dict=False)
         loss = torch.nn.functional.mse_loss(model_output(out, target, row).float(), target.float())
         del out, kwargs, target
+        copies = sum(held.values())
         loss.backward()
         del loss
     grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    return max(live.peak - grads, 0)  # gradients are counted once, below, with the optimizer
+    return max(live.peak - grads, 0), copies  # gradients are counted once, below, with the optimizer
+
+
+def _store_fp8(module: Any, plan: Any) -> None:
+    """Store ``module`` (meta) as the loader stores an fp8 ``plan`` (diffusers' layerwise casting, islands and the
+    recipe's skips kept), so the training step on meta computes from upcast copies as the real one does."""
+    from ...dtypes import to_torch
+    from ...runtime import patches
+    from ...runtime.layout import component_islands, layerwise_skip_regexes
+
+    islands = component_islands(plan, module, strict=False)
+    patches.store_layerwise(module, to_torch(plan.storage), to_torch(plan.compute),
+                            layerwise_skip_regexes(islands, plan.layerwise_skip))
 
 
 def _make_trainable(module: Any, method: str, rank: int) -> int:
@@ -209,17 +273,24 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
 
     m = _cached_model or _model(model, device, overrides)
     den = m.plan.components[m.denoiser]
-    if method == "full" and (is_quantized(den.storage) or den.storage in FLOAT8):
-        raise RecipeError(f"--method full: {m.denoiser} is stored {den.storage}; a full fine-tune updates every weight as "
-                          f"an fp32 master, so it cannot train quantized weights: --method lora on the quantized base, "
-                          f"or drop --set {m.denoiser}.storage={den.storage}")
+    if method == "full":  # the training layer's one rule, as `train` without --plan applies it before loading
+        from ...training.quantized import refuse_untrainable
+
+        refuse_untrainable(m.plan.recipe, {m.denoiser: "full"}, m.denoiser)
     compute = getattr(torch, den.compute)
     module = _meta_module(m.index, m.configs, m.denoiser, compute)
+    fp8 = den.storage in FLOAT8
+    if fp8:  # stored as loaded; the LoRA's gradients pass through it as in training.quantized.upcast_fp8
+        _store_fp8(module, m.plan.recipe[m.denoiser])
     trainable = _make_trainable(module, method, rank)
+    if fp8:
+        from ...runtime.patches import upcast_on_use
+
+        upcast_on_use(module, compute)
     side = resolution // m.factor
     latent_frames = (frames - 1) // m.frame_step + 1 if frames > 1 else 1
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
-    activations = _step_activations(module, batch, m.objective, options.gradient_checkpointing)
+    activations, copies = _step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}
     frozen_den = weights[m.denoiser] - (den.total_bytes * trainable // max(den.params, 1) if method == "full" else 0)
     masters = trainable * 4
@@ -234,7 +305,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
               "train step": resident + masters + grads + optimizer + activations}
     storage = {n: c.storage for n, c in m.plan.components.items() if is_quantized(c.storage)}
     return TrainingPrediction(options, weights, trainable, masters, grads, optimizer, activations, encode, phases,
-                              storage)
+                              storage, copies)
 
 
 def choose(model: str, device: Any, budget: int, *, method: str, rank: int, resolution: int, frames: int,
@@ -272,6 +343,9 @@ def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
           f"{_size(pred.grads)}, AdamW state {_size(pred.optimizer)}")
     print(f"activations: train step {_size(pred.activations)} (forward + backward), VAE encode "
           f"{_size(pred.encode_activations)}")
+    if pred.fp8_copies:
+        print(f"  of which fp8 weight copies held for backward: {_size(pred.fp8_copies)} (the fp8 layers compute "
+              f"from upcast copies; autograd keeps those on the gradient's path until backward)")
     for phase, peak in pred.phases.items():
         print(f"  {phase:<11} peak {_size(peak)}")
     fits = "" if budget is None else (" fits" if pred.peak <= budget else " does NOT fit")

@@ -362,7 +362,8 @@ def quantize_options(model: _Model) -> list[tuple[tuple[str, str], ...]]:
     texts = [n for n in model.named("text encoder") if n in present]
     denoisers = [n for n in model.named("denoiser") if n in present]  # Wan 2.2: transformer and transformer_2
     recipe = model.plan.recipe
-    return storage_options(recipe, denoisers, texts, device_caps(recipe.device).storage)
+    caps = device_caps(recipe.device)
+    return storage_options(recipe, denoisers, texts, caps.storage, caps.transformers_only)
 
 
 def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
