@@ -11,14 +11,22 @@ Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch:
           ``unet.add_adapter``, ``cast_training_params(unet, torch.float32)``, the UNet call under
           ``torch.autocast(weight_dtype)``, a GradScaler under fp16 (created on every device type, unlike accelerate).
   fp32:   everything in fp32, no autocast.
-Steps alternate layer, hand, fp32 so that machine load hits all three alike; the ratios are medians of per-round
-ratios. Bytes are weights + gradients + optimizer state of the UNet, text encoder and VAE after the steps.
+After warm-up rounds, each round times one step of each loop, the order rotating from round to round so that
+machine load and cache effects hit all three alike; a ratio is the median of the per-round paired ratios, printed
+with its quartiles. Beside the times it prints the work of one step of each loop, which does not depend on the
+machine or its load: host syncs (``.item()``, ``bool(tensor)``: aten ``_local_scalar_dense``, not counting the
+optimizer's own CPU step counters), casts and copies (aten ``_to_copy``/``copy_``, autocast's included), aten ops,
+forward-hook calls and Python function calls. Bytes are weights + gradients + optimizer state of the UNet, text
+encoder and VAE after the steps.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import copy
+import cProfile
+import pstats
 import statistics
 import sys
 import time
@@ -26,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -50,9 +59,11 @@ def _bytes(modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> 
 
 
 class Layer:
-    def __init__(self, pipe: Any, device: str, layout: str):
-        self.tp = hp.prepare_training(pipe, device=device, layout=layout, train={"unet": "lora"})
-        self.opt = torch.optim.AdamW(self.tp.parameters(), lr=1e-4)
+    """The loop through the layer, on a plan (``hp.prepare_training``) and its optimizer (AdamW when not given)."""
+
+    def __init__(self, tp: Any, opt: torch.optim.Optimizer | None = None):
+        self.tp = tp
+        self.opt = opt if opt is not None else torch.optim.AdamW(self.tp.parameters(), lr=1e-4)
         self.dtype = self.tp.compute_dtype
 
     def step(self, batch: dict) -> float:
@@ -120,33 +131,91 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run(size: str, device: str, layout: str, steps: int, batch_size: int) -> dict[str, Any]:
+class _Aten(TorchDispatchMode):
+    """Counts the aten ops one step dispatches (backward included), host syncs and casts among them."""
+
+    def __init__(self, ignore: set[int]):
+        super().__init__()
+        self.ignore, self.counts = ignore, collections.Counter()
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        name = func.overloadpacket.__name__
+        self.counts["ops"] += 1
+        if name == "_local_scalar_dense" and id(args[0]) not in self.ignore:
+            self.counts["syncs"] += 1
+        elif name in ("_to_copy", "copy_"):
+            self.counts["casts"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def work(loop: Any, batch: dict) -> dict[str, int]:
+    """What one step of ``loop`` does, counted: host syncs, casts/copies, aten ops, forward-hook calls, Python calls.
+
+    Host syncs are aten ``_local_scalar_dense`` calls (``.item()``, ``bool(t)``, ``float(t)``) except on the optimizer's
+    state tensors: AdamW keeps its step counters on the CPU, also on CUDA, and both loops read them alike.
+    """
+    hooks = [0]
+
+    def count_hooks(module: torch.nn.Module, args: Any) -> None:
+        hooks[0] += len(module._forward_pre_hooks) + len(module._forward_hooks)
+
+    ignore = {id(t) for state in loop.opt.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(count_hooks)
+    try:
+        with _Aten(ignore) as aten:
+            loop.step(batch)
+    finally:
+        handle.remove()
+    profile = cProfile.Profile()
+    profile.enable()
+    loop.step(batch)
+    profile.disable()
+    calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+    return {"syncs": aten.counts["syncs"], "casts": aten.counts["casts"], "ops": aten.counts["ops"],
+            "hooks": hooks[0], "calls": int(calls)}
+
+
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def run(size: str, device: str, layout: str, steps: int, batch_size: int, warmup: int = 3) -> dict[str, Any]:
     base = make_pipeline("sd15", size=size, seed=0)
-    layer = Layer(copy.deepcopy(base), device, layout)
+    layer = Layer(hp.prepare_training(copy.deepcopy(base), device=device, layout=layout, train={"unet": "lora"}))
     hand = Hand(copy.deepcopy(base), device, layer.dtype)
     fp32 = Hand(copy.deepcopy(base), device, torch.float32)
     side = 8 if size == "tiny" else 16 if size == "mid" else 64
     batch = example_batch(layer.tp.components["unet"], batch_size, side=side, tokens=77 if size != "tiny" else 4)
     batch = {k: v.to(device) for k, v in batch.items()}
     loops = {"layer": layer, "hand": hand, "fp32": fp32}
-    times: dict[str, list[float]] = {k: [] for k in loops}
-    for _ in range(2):  # warm-up
+    names = list(loops)
+    for _ in range(warmup):
         for loop in loops.values():
             loop.step(batch)
-    for _ in range(steps):
-        for name, loop in loops.items():
+    counts = {k: work(v, batch) for k, v in loops.items()}
+    times: dict[str, list[float]] = {k: [] for k in loops}
+    for i in range(steps):
+        for name in names[i % 3:] + names[:i % 3]:  # rotate who goes first
             _sync(device)
             start = time.perf_counter()
-            loop.step(batch)
+            loops[name].step(batch)
             _sync(device)
             times[name].append(time.perf_counter() - start)
     nbytes = {k: _bytes(v.modules(), v.opt) for k, v in loops.items()}
-    ratio = lambda a, b: statistics.median(x / y for x, y in zip(times[a], times[b]))
+    ratios = lambda a, b: _quartiles([x / y for x, y in zip(times[a], times[b])])
     return {"size": size, "compute": str(layer.dtype).removeprefix("torch."), "scaler": layer.tp.scaler is not None,
             "ms": {k: 1e3 * statistics.median(v) for k, v in times.items()},
-            "time layer/hand": ratio("layer", "hand"), "time layer/fp32": ratio("layer", "fp32"),
+            "time layer/hand": ratios("layer", "hand"), "time layer/fp32": ratios("layer", "fp32"),
+            "time hand/fp32": ratios("hand", "fp32"), "work": counts,
             "bytes": nbytes, "bytes layer/hand": nbytes["layer"] / nbytes["hand"],
             "bytes layer/fp32": nbytes["layer"] / nbytes["fp32"]}
+
+
+def _ratio(q: tuple[float, float, float]) -> str:
+    return f"{q[1]:.3f} [{q[0]:.3f}-{q[2]:.3f}]"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,21 +223,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--layout", default="a100", help="device rules for the dtypes (a100: bf16, t4: fp16+scaler, cpu: fp32)")
     parser.add_argument("--sizes", default="tiny,mid")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed rounds (one step of each loop per round)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first")
     parser.add_argument("--batch", type=int, default=2)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    print(f"bench_training: device {args.device}, layout {args.layout}, {args.steps} paired steps, batch {args.batch}")
-    print("| size | compute | ms/step layer | ms/step hand | ms/step fp32 | time layer/hand | time layer/fp32 "
-          "| MiB layer | MiB hand | MiB fp32 | bytes layer/hand | bytes layer/fp32 |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(f"bench_training: device {args.device}, layout {args.layout}, {args.warmup} warm-up + {args.steps} timed "
+          f"rounds, batch {args.batch}; ratios: median [quartiles] of per-round ratios; work per step: layer / hand")
+    print("| size | compute | ms/step layer | ms/step hand | ms/step fp32 | time layer/hand | time hand/fp32 "
+          "| time layer/fp32 | syncs | casts | aten ops | hook calls | Python calls | MiB layer | MiB hand | MiB fp32 "
+          "| bytes layer/hand | bytes layer/fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes.split(","):
-        r = run(size, args.device, args.layout, args.steps, args.batch)
+        r = run(size, args.device, args.layout, args.steps, args.batch, args.warmup)
         mib = {k: v / 2**20 for k, v in r["bytes"].items()}
+        w = r["work"]
+        pair = lambda key: f"{w['layer'][key]} / {w['hand'][key]}"
         print(f"| {size} | {r['compute']}{' +scaler' if r['scaler'] else ''} | {r['ms']['layer']:.1f} | {r['ms']['hand']:.1f} "
-              f"| {r['ms']['fp32']:.1f} | {r['time layer/hand']:.3f} | {r['time layer/fp32']:.3f} | {mib['layer']:.1f} "
-              f"| {mib['hand']:.1f} | {mib['fp32']:.1f} | {r['bytes layer/hand']:.3f} | {r['bytes layer/fp32']:.3f} |",
-              flush=True)
+              f"| {r['ms']['fp32']:.1f} | {_ratio(r['time layer/hand'])} | {_ratio(r['time hand/fp32'])} "
+              f"| {_ratio(r['time layer/fp32'])} | {pair('syncs')} | {pair('casts')} | {pair('ops')} | {pair('hooks')} "
+              f"| {pair('calls')} | {mib['layer']:.1f} | {mib['hand']:.1f} | {mib['fp32']:.1f} "
+              f"| {r['bytes layer/hand']:.3f} | {r['bytes layer/fp32']:.3f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import operator
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -32,6 +33,8 @@ from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_
 from .scaler import Stepper, parameter_names
 
 __all__ = ["prepare_training", "TrainingPlan", "Components"]
+
+_REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 class Components:
@@ -69,11 +72,22 @@ class TrainingPlan:
     sigma_range: tuple[float, float] | None = None
     _trainable: Any = dataclasses.field(default=None, repr=False)
     _names: Any = dataclasses.field(default=None, repr=False)
+    _modules: Any = dataclasses.field(default=None, repr=False)
+    _alphas_on: Any = dataclasses.field(default=None, repr=False)
 
     # ---------------------------------------------------------------- what it is
     @property
     def components(self) -> dict[str, torch.nn.Module]:
-        return {n: m for n, m in self.pipe.components.items() if isinstance(m, torch.nn.Module)}
+        return dict(self._components())
+
+    def _components(self) -> dict[str, torch.nn.Module]:
+        # Read on every step (tp.loss, tp.step's check). diffusers' `pipe.components` inspects the pipeline's
+        # __init__ signature on every read (~0.2 ms, three times a step), so the dict is kept; it is read again when
+        # an entry is no longer the pipeline's attribute (a component replaced or set to None).
+        cached = self._modules
+        if cached is None or any(getattr(self.pipe, n, None) is not m for n, m in cached.items()):
+            cached = self._modules = {n: m for n, m in self.pipe.components.items() if isinstance(m, torch.nn.Module)}
+        return cached
 
     @property
     def compute_dtype(self) -> torch.dtype:
@@ -96,11 +110,13 @@ class TrainingPlan:
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(component.parameter, parameter) of every trainable parameter."""
-        # Walked once per step by tp.step's check: cached, and refreshed when a component or parameter set changed.
-        key = tuple((n, id(m)) for n, m in self.components.items())
-        if self._trainable is None or self._trainable[0] != key or \
-                any(not p.requires_grad for _, p in self._trainable[1]):
-            self._trainable = (key, trainable.trainable_parameters(self.components.items()))
+        # Walked once per step by tp.step's check: cached, and refreshed when a component or parameter set changed
+        # (the requires_grad test runs in C: map/attrgetter, no Python frame per parameter).
+        comps = self._components()
+        key = tuple((n, id(m)) for n, m in comps.items())
+        if self._trainable is None or self._trainable[0] != key or not all(map(_REQUIRES_GRAD, self._trainable[2])):
+            named = trainable.trainable_parameters(comps.items())
+            self._trainable = (key, named, [p for _, p in named])
         return list(self._trainable[1])
 
     def parameters(self) -> list[torch.nn.Parameter]:
@@ -132,7 +148,7 @@ class TrainingPlan:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
         row = families.family_of(module, str(self.denoiser_name))
-        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator,
+        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
                                                self.sigma_range)
         out = module(**kwargs, return_dict=False)
         pred = families.model_output(out, target, row)
@@ -144,9 +160,9 @@ class TrainingPlan:
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Check every optimizer parameter is a master, step (via the scaler under fp16); False when skipped."""
-        named = self.named_parameters()
+        self.named_parameters()  # refreshes the cache the names come from
         if self._names is None or self._names[0] is not self._trainable:
-            self._names = (self._trainable, parameter_names(named))
+            self._names = (self._trainable, parameter_names(self._trainable[1]))
         return self.stepper.step(optimizer, self._names[1])
 
     def restore_masters(self) -> int:
@@ -228,15 +244,26 @@ class TrainingPlan:
         self.handles.clear()
         self.applied.remove()
 
+    def _alphas(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
+        # The schedule is kept on the CPU; moved to the latents' device once, not every step (a host-to-device copy
+        # from pageable memory waits for the stream on CUDA, which the hand-written loop does not do).
+        alphas, latents = self.alphas_cumprod, batch.get("latents")
+        if alphas is None or not isinstance(latents, torch.Tensor) or latents.device == alphas.device:
+            return alphas
+        if self._alphas_on is None or self._alphas_on[0] is not alphas or self._alphas_on[1].device != latents.device:
+            self._alphas_on = (alphas, alphas.to(latents.device))
+        return self._alphas_on[1]
+
     def _denoiser(self) -> torch.nn.Module:
-        if self.denoiser_name is None or self.denoiser_name not in self.components:
+        comps = self._components()
+        if self.denoiser_name is None or self.denoiser_name not in comps:
             # A recipe composed for an unknown pipeline knows no denoiser when its class has no row: name what trains
             trained = [c for c, k in self.kinds.items() if k in ("lora", "full")]
             if trained:
-                raise families.no_row(self.components[trained[0]], trained[0])
+                raise families.no_row(comps[trained[0]], trained[0])
             raise TrainingError(f"tp.loss: recipe {self.recipe.name} names no denoiser present here "
                                 f"(components: {sorted(self.components)}); compute the loss yourself under tp.autocast()")
-        return self.components[self.denoiser_name]
+        return comps[self.denoiser_name]
 
 
 def _model_id(pipe: Any) -> str:

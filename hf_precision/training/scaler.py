@@ -8,7 +8,10 @@ here the scaler runs on every device type, CPU included (``torch.amp.GradScaler(
 
 from __future__ import annotations
 
+import functools
+import operator
 from collections.abc import Iterable
+from itertools import chain
 from typing import Any
 
 import torch
@@ -16,6 +19,9 @@ import torch
 from .rules import TrainingError
 
 __all__ = ["Stepper", "stochastic_round_"]
+
+_PARAMS, _DTYPE, _GRAD = operator.itemgetter("params"), operator.attrgetter("dtype"), operator.attrgetter("grad")
+_NOT_NONE = functools.partial(operator.is_not, None)
 
 
 def stochastic_round_(target: torch.Tensor, value: torch.Tensor, generator: torch.Generator | None = None) -> None:
@@ -59,6 +65,13 @@ class Stepper:
 
     def check(self, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
         """Raise naming every optimizer parameter that is not in the master dtype (before torch would)."""
+        # Runs before every step: one pass in C (map/attrgetter into a set, no Python frame per parameter); the
+        # names are looked up only when something is wrong.
+        params = list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
+        dtypes = set(map(_DTYPE, params))
+        dtypes.update(map(_DTYPE, filter(_NOT_NONE, map(_GRAD, params))))
+        if dtypes <= {self.master_dtype}:
+            return
         bad = [f"{names.get(id(p), '<a parameter not planned for training>')} ({str(p.dtype).removeprefix('torch.')})"
                for group in optimizer.param_groups for p in group["params"]
                if p.dtype != self.master_dtype or (p.grad is not None and p.grad.dtype != self.master_dtype)]
@@ -79,10 +92,7 @@ class Stepper:
             optimizer.step()
             skipped = bool(getattr(optimizer, "step_was_skipped", False))
         elif self.scaler is not None:
-            before = self.scaler.get_scale()
-            self.scaler.step(optimizer)
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < before
+            skipped = self._scaled_step(optimizer)
         elif self.master == "bf16-sr":
             self._rounded_step(optimizer)
             skipped = False
@@ -91,6 +101,37 @@ class Stepper:
             skipped = False
         self.skipped += int(skipped)
         return not skipped
+
+    def _scaled_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        # GradScaler calls optimizer.step only when the gradients are finite, deciding that with its own host sync
+        # (grad_scaler.py, _maybe_opt_step). Seeing whether the call came costs nothing; comparing get_scale() before
+        # and after, as accelerate's loop does not, cost two more syncs. Optimizers that take the scaler into their own
+        # step (`_step_supports_amp_scaling`, fused Adam) are always called, so for them the scale says it.
+        scaler = self.scaler
+        assert scaler is not None
+        own = getattr(optimizer, "__dict__", {}).get("step")  # a step someone set on the instance before: restored
+        if getattr(optimizer, "_step_supports_amp_scaling", False) or not hasattr(optimizer, "__dict__"):
+            before = scaler.get_scale()
+            scaler.step(optimizer)
+            scaler.update()
+            return scaler.get_scale() < before
+        called: list[bool] = []
+        step = optimizer.step
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            called.append(True)
+            return step(*args, **kwargs)
+
+        optimizer.step = counted  # type: ignore[method-assign]  # as accelerate's patch_optimizer_step does
+        try:
+            scaler.step(optimizer)
+        finally:
+            if own is None:
+                del optimizer.step
+            else:
+                optimizer.step = own  # type: ignore[method-assign]
+        scaler.update()
+        return not called
 
     def _rounded_step(self, optimizer: torch.optim.Optimizer) -> None:
         # The optimizer steps an fp32 view of each bf16 weight; the result goes back with stochastic rounding.
