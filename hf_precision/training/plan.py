@@ -27,7 +27,7 @@ from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
 from ..runtime.apply import Applied, apply_recipe, torch_device
-from . import families, quantized, trainable
+from . import control, families, quantized, trainable
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
 from .scaler import Stepper, parameter_names
 
@@ -134,6 +134,7 @@ class TrainingPlan:
         row = families.family_of(module, str(self.denoiser_name))
         kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self.alphas_cumprod, generator,
                                                self.sigma_range)
+        kwargs.update(control.side_inputs(self, module, kwargs, batch))  # a ControlNet's / T2I-Adapter's residuals
         out = module(**kwargs, return_dict=False)
         pred = families.model_output(out, target, row)
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())

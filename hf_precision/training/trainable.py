@@ -19,9 +19,10 @@ from .rules import TrainingError
 __all__ = ["inject_lora", "existing_rank", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
            "TokenRows", "add_tokens", "AutocastGuard", "guard"]
 
-# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5.
+# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5, BERT
+# (HunyuanDiT's CLIP-side encoder: attention.self.query/key/value).
 _TARGET_SETS = (("to_q", "to_k", "to_v", "to_out.0"), ("q_proj", "k_proj", "v_proj", "out_proj"),
-                ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"))
+                ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"), ("query", "key", "value"))
 
 
 def default_targets(module: torch.nn.Module) -> list[str]:
@@ -47,13 +48,25 @@ def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
     text encoders included, gets peft's ``inject_adapter_in_model``.
     """
     from diffusers import ModelMixin
+    from peft import inject_adapter_in_model
 
-    if isinstance(module, ModelMixin) and hasattr(module, "add_adapter"):  # PixArt and SVD models have no loader
-        module.add_adapter(config)
-    else:  # transformers' add_adapter wants a newer peft than diffusers does; peft's own path works for both
-        from peft import inject_adapter_in_model
+    try:
+        if isinstance(module, ModelMixin) and hasattr(module, "add_adapter"):  # PixArt and SVD models have no loader
+            module.add_adapter(config)
+        else:  # transformers' add_adapter wants a newer peft than diffusers does; peft's own path works for both
+            inject_adapter_in_model(config, module)
+    except ValueError as err:  # peft: no module matched, or one that LoRA cannot wrap (a Sequential, a FeedForward)
+        first = str(err).splitlines()[0][:300]
+        raise TrainingError(f"train: {name}: lora target_modules={getattr(config, 'target_modules', None)!r} does not fit "
+                            f"{type(module).__name__} ({first}); name its nn.Linear / nn.Conv layers (e.g. "
+                            f"{_targets_hint(module)}) or 'all-linear'") from err
 
-        inject_adapter_in_model(config, module)
+
+def _targets_hint(module: torch.nn.Module) -> list[str] | None:
+    try:
+        return default_targets(module)
+    except TrainingError:
+        return None
 
 
 def existing_rank(module: torch.nn.Module) -> int | None:
