@@ -108,10 +108,17 @@ def _tokenizer(pipe: Any, enc: str) -> Any:
 
 def _prompt_options(tp: Any) -> dict[str, Any]:
     params = inspect.signature(tp.pipe.encode_prompt).parameters
+    out: dict[str, Any] = {}
+    if "image" in params and params["image"].default is inspect.Parameter.empty:  # HunyuanVideo I2V
+        from hf_precision.testing import PIPELINES
+
+        # the tiny Llava's image tokens and template, as the registry calls it
+        call = PIPELINES["hunyuan_video_i2v"].call_kwargs()
+        return {k: call[k] for k in ("image", "prompt_template", "max_sequence_length")}
     if "max_sequence_length" not in params:
-        return {}
+        return out
     denoiser = tp.components[tp.denoiser_name]
-    return {"max_sequence_length": int(denoiser.config.get("max_text_seq_length") or 16)}
+    return {**out, "max_sequence_length": int(denoiser.config.get("max_text_seq_length") or 16)}
 
 
 def _loss_fn(tp: Any, through_text: bool, token: str | None = None) -> Callable[[], torch.Tensor]:
@@ -127,7 +134,8 @@ def _loss_fn(tp: Any, through_text: bool, token: str | None = None) -> Callable[
         return lambda: tp.loss({"latents": fixed["latents"], **{k: v for k, v in fixed.items() if k.startswith("control")},
                                 **tp.encode_prompt(prompts, **opts)}, generator=torch.Generator().manual_seed(0))
     if hasattr(tp.pipe, "encode_prompt") and _text_encoders(tp.pipe):
-        with torch.no_grad():
+        with torch.no_grad():  # the pipeline's conditioning replaces the random one (QwenImage drops an all-ones mask)
+            fixed = {k: v for k, v in fixed.items() if k == "latents" or k.startswith("control")}
             fixed.update(tp.encode_prompt(prompts, **_prompt_options(tp)))
     return lambda: tp.loss(fixed, generator=torch.Generator().manual_seed(0))
 

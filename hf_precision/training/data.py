@@ -78,8 +78,18 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
                        and p.default is inspect.Parameter.empty})
         if "batch_size" in params and "batch_size" not in kwargs:  # Stable Cascade's encode_prompt requires it
             kwargs["batch_size"] = len(prompts)
+        missing = [k for k, p in params.items() if k not in kwargs and p.default is inspect.Parameter.empty
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if missing:  # HunyuanVideo I2V encodes the image with the prompt
+            raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt needs {', '.join(missing)}; pass "
+                                f"{', '.join(f'{k}=...' for k in missing)} as the pipeline's __call__ would")
         with torch.set_grad_enabled(grad), _no_guidance(pipe):
-            out = _encoder(pipe, grad)(**kwargs)
+            try:
+                out = _encoder(pipe, grad)(**kwargs)
+            except NameError as err:  # pipeline_wan_i2v.py calls ftfy.fix_text without checking it is installed
+                raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt failed with '{err}': the "
+                                    f"pipeline needs a package that is not installed (pip install ftfy for "
+                                    f"'ftfy'), or give the conditioning in the batch yourself") from err
         out = out if isinstance(out, tuple) else (out,)
         batch.update({name: value for name, value in zip(names, out) if name is not None and value is not None})
     return batch
