@@ -34,6 +34,11 @@ def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], b
 
     A network takes part when it trains or when the batch has a ``control_image``; a trained one without a control
     image, or one beside a denoiser whose call this layer does not build, is refused with what to do instead.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> side_inputs(SimpleNamespace(components={}, kinds={}), torch.nn.Identity(), {}, {})
+        {}
     """
     out: dict[str, Any] = {}
     for name, net in _networks(tp):

@@ -267,6 +267,11 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
     tensors: Sana's linear attention (attention_processor.py ``SanaLinearAttnProcessor2_0``: fp32 scores, then a
     division by their sum + 1e-15) overflows to NaN in fp16 from the first step. Inside each processor, a matmul whose
     tensors are all fp32 runs with autocast off; the projections still autocast. Returns how many processors.
+
+    Example:
+        >>> from diffusers.models.attention_processor import Attention
+        >>> keep_explicit_fp32(torch.nn.Sequential(Attention(query_dim=8, heads=1, dim_head=8)))
+        1
     """
     from diffusers.models.attention_processor import Attention
 
