@@ -130,7 +130,9 @@ def _loss_fn(tp: Any, through_text: bool, token: str | None = None) -> Callable[
         fixed.update(_control(tp, fixed))
     prompts = [f"a {token} cat"] if token else PROMPTS
     if through_text:
-        opts = _prompt_options(tp)
+        # the pipeline's own prompt length: system prompts and templates (Lumina2, Sana, HunyuanVideo) come first,
+        # so a short one would cut the prompt (and the new token) off
+        opts = {k: v for k, v in _prompt_options(tp).items() if k != "max_sequence_length" or denoiser.config.get("max_text_seq_length")}
         return lambda: tp.loss({"latents": fixed["latents"], **{k: v for k, v in fixed.items() if k.startswith("control")},
                                 **tp.encode_prompt(prompts, **opts)}, generator=torch.Generator().manual_seed(0))
     if hasattr(tp.pipe, "encode_prompt") and _text_encoders(tp.pipe):
