@@ -126,7 +126,7 @@ def _loss_fn(tp: Any, through_text: bool, token: str | None = None) -> Callable[
 
     denoiser = tp.components[tp.denoiser_name]
     fixed = example_batch(getattr(denoiser, "_orig_mod", denoiser), 1)
-    if type(denoiser).__name__ == "UNet2DConditionModel" or any(tp.kinds.get(c, "frozen") != "frozen" for c in ("controlnet", "adapter")):
+    if type(denoiser).__name__ in ("UNet2DConditionModel", "UNetMotionModel") or any(tp.kinds.get(c, "frozen") != "frozen" for c in ("controlnet", "adapter")):
         fixed.update(_control(tp, fixed))
     prompts = [f"a {token} cat"] if token else PROMPTS
     if through_text:
@@ -149,7 +149,8 @@ def _control(tp: Any, batch: dict[str, Any]) -> dict[str, Any]:
     g = torch.Generator().manual_seed(1)
     f = int(getattr(tp.pipe, "vae_scale_factor", 8))
     h, w = lat.shape[-2] * f, lat.shape[-1] * f
-    return {"control_image": torch.rand(lat.shape[0], 3, h, w, generator=g)}  # [0, 1], as prepare_image gives it
+    frames = (lat.shape[2],) if lat.dim() == 5 else ()  # AnimateDiff: one control frame per frame
+    return {"control_image": torch.rand(lat.shape[0], *frames, 3, h, w, generator=g)}  # [0, 1], as prepare_image gives it
 
 
 def _user_loss(tp: Any) -> Callable[[], torch.Tensor]:

@@ -22,10 +22,13 @@ def _make(name):
 
 def _control_image(tp, latents):
     f = tp.pipe.vae_scale_factor
-    return torch.rand(latents.shape[0], 3, latents.shape[-2] * f, latents.shape[-1] * f, generator=torch.Generator().manual_seed(1))
+    frames = (latents.shape[2],) if latents.dim() == 5 else ()  # AnimateDiff: one control frame per frame
+    return torch.rand(latents.shape[0], *frames, 3, latents.shape[-2] * f, latents.shape[-1] * f,
+                      generator=torch.Generator().manual_seed(1))
 
 
-@pytest.mark.parametrize("name, part", [("sd_controlnet", "controlnet"), ("sdxl_adapter", "adapter")])
+@pytest.mark.parametrize("name, part", [("sd_controlnet", "controlnet"), ("sdxl_adapter", "adapter"),
+                                        ("animatediff_controlnet", "controlnet")])
 def test_controlnet_or_adapter_trains_beside_a_frozen_unet(name, part):
     """train={"controlnet": "full"} as diffusers' examples/controlnet/train_controlnet.py: the residuals go into the
     frozen fp16 UNet (T4 layout); without a control image the step is refused, naming the batch key."""
