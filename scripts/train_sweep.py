@@ -373,11 +373,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as err:  # noqa: BLE001 - a sweep reports every failure and goes on
             status, cls = ("SKIP" if "not installed" in str(err) else "FAIL"), _classify(err)
             note = f"{cls} {err}" if isinstance(err, Fail) else cls
-            classes[cls] += 1
+            classes[f"skipped: {cls}" if status == "SKIP" else cls] += 1
             if args.trace:
                 traceback.print_exc()
         print(f"{status} {case.id:<60} {time.time() - t0:5.1f}s {note}", flush=True)
-    failed = sum(n for c, n in classes.items() if "not installed" not in c)
+    failed = sum(n for c, n in classes.items() if not c.startswith("skipped: "))
     skipped = sum(classes.values()) - failed
     print(f"\n{len(todo)} cases, {len(todo) - failed - skipped} pass, {failed} fail, {skipped} skipped (a package the "
           f"pipeline needs is not installed) ({time.time() - start:.0f}s)")
