@@ -126,7 +126,8 @@ def _loss_fn(tp: Any, through_text: bool, token: str | None = None) -> Callable[
 
     denoiser = tp.components[tp.denoiser_name]
     fixed = example_batch(getattr(denoiser, "_orig_mod", denoiser), 1)
-    if type(denoiser).__name__ in ("UNet2DConditionModel", "UNetMotionModel") or any(tp.kinds.get(c, "frozen") != "frozen" for c in ("controlnet", "adapter")):
+    side_trains = any(tp.kinds.get(c, "frozen") != "frozen" for c in ("controlnet", "adapter"))
+    if type(denoiser).__name__ in ("UNet2DConditionModel", "UNetMotionModel") or side_trains:
         fixed.update(_control(tp, fixed))
     prompts = [f"a {token} cat"] if token else PROMPTS
     if through_text:

@@ -5,9 +5,10 @@ control image, and its down/mid residuals are added inside the UNet (controlnet/
 controlnet/pipeline_controlnet_sd_xl.py; diffusers' examples/controlnet/train_controlnet.py trains it so, the UNet
 frozen). A T2I-Adapter encodes the control image once and the UNet takes its features as
 ``down_intrablock_additional_residuals`` (t2i_adapter/pipeline_stable_diffusion_adapter.py; examples/t2i_adapter).
-AnimateDiff's ControlNet sees every frame as an image (B*F of them), with one control frame each
-(``control_image`` of shape (B, F, 3, H, W) or (B*F, 3, H, W)). The control image is ``batch["control_image"]``: pixels in [0, 1] at the latents' size times the VAE's scale factor, as the pipelines'
-``prepare_image`` hands it over (no [-1, 1] normalisation).
+The control image is ``batch["control_image"]``: pixels in [0, 1] at the latents' size times the VAE's scale
+factor, as the pipelines' ``prepare_image`` hands it over (no [-1, 1] normalisation). AnimateDiff's ControlNet sees
+every frame as an image (B*F of them), with one control frame each (``control_image`` (B, F, 3, H, W) or
+(B*F, 3, H, W)).
 """
 
 from __future__ import annotations
