@@ -41,14 +41,15 @@ def disable_force_upcast(module: torch.nn.Module) -> bool:
 def upcast_attention(module: torch.nn.Module) -> int:
     """Compute attention scores and softmax in fp32 in every diffusers ``Attention`` of ``module``; returns how many.
 
-    SDPA processors ignore ``upcast_attention``; the classic processor honours it and computes softmax in fp32,
-    which is what fixes half-precision attention on MPS >= 14.5.
+    SDPA processors ignore ``upcast_attention``: each keeps its own call with its SDPA computed in fp32 (query,
+    key and value upcast, the result cast back); the classic processor honours the flag. Softmax in fp32 is what
+    fixes half-precision attention on MPS >= 14.5.
 
     Example:
         >>> from diffusers.models.attention_processor import Attention
         >>> block = torch.nn.Sequential(Attention(query_dim=8, heads=1, dim_head=8))
-        >>> upcast_attention(block), block[0].upcast_softmax
-        (1, True)
+        >>> upcast_attention(block), block[0].upcast_softmax, type(block[0].processor).__name__
+        (1, True, 'AttnProcessor2_0')
     """
     from diffusers.models.attention_processor import Attention, AttnProcessor
 
@@ -65,9 +66,39 @@ def upcast_attention(module: torch.nn.Module) -> int:
     for sub in module.modules():
         if isinstance(sub, Attention):
             sub.upcast_attention = sub.upcast_softmax = True
-            sub.set_processor(UpcastAttnProcessor())
+            processor = getattr(sub, "processor", None)
+            if processor is None or type(processor) is AttnProcessor:
+                sub.set_processor(UpcastAttnProcessor())
+            elif not getattr(type(processor), "_fp32_sdpa", False):
+                # SDPA processors keep their own call (joint attention in SD3, AuraFlow, CogVideoX; rotary embeddings
+                # in Lumina2; 4D masks in HunyuanVideo's token refiner, which the classic processor cannot take),
+                # with the SDPA computed in fp32
+                processor.__class__ = _fp32_sdpa_class(type(processor))
             count += 1
     return count
+
+
+@functools.lru_cache(maxsize=None)
+def _fp32_sdpa_class(cls: type) -> type:
+    @functools.wraps(cls.__call__)  # Attention.forward passes only the kwargs its processor's signature names
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        torch.nn.functional.scaled_dot_product_attention = functools.partial(_sdpa_in_fp32, sdpa)
+        try:
+            return cls.__call__(self, *args, **kwargs)
+        finally:
+            torch.nn.functional.scaled_dot_product_attention = sdpa
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "_fp32_sdpa": True, "__module__": cls.__module__})
+
+
+def _sdpa_in_fp32(sdpa: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,
+                  attn_mask: Any = None, **kwargs: Any) -> torch.Tensor:
+    if query.dtype not in (torch.float16, torch.bfloat16):
+        return sdpa(query, key, value, *args, attn_mask=attn_mask, **kwargs)
+    if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point():
+        attn_mask = attn_mask.float()
+    return sdpa(query.float(), key.float(), value.float(), *args, attn_mask=attn_mask, **kwargs).to(query.dtype)
 
 
 def store_layerwise(module: torch.nn.Module, storage: torch.dtype, compute: torch.dtype, skip: list[str]) -> None:

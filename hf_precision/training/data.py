@@ -3,7 +3,9 @@ the denoiser's conditioning (the pipeline's own ``encode_prompt``, mapped by the
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -74,8 +76,43 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
         # SD3 requires prompt_2/prompt_3 (no defaults); None makes it reuse `prompt`, as its __call__ does
         kwargs.update({k: None for k, p in params.items() if k.startswith("prompt_") and k not in kwargs
                        and p.default is inspect.Parameter.empty})
-        with torch.set_grad_enabled(grad):
-            out = pipe.encode_prompt(**kwargs)
+        if "batch_size" in params and "batch_size" not in kwargs:  # Stable Cascade's encode_prompt requires it
+            kwargs["batch_size"] = len(prompts)
+        missing = [k for k, p in params.items() if k not in kwargs and p.default is inspect.Parameter.empty
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if missing:  # HunyuanVideo I2V encodes the image with the prompt
+            raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt needs {', '.join(missing)}; pass "
+                                f"{', '.join(f'{k}=...' for k in missing)} as the pipeline's __call__ would")
+        with torch.set_grad_enabled(grad), _no_guidance(pipe):
+            try:
+                out = _encoder(pipe, grad)(**kwargs)
+            except NameError as err:  # pipeline_wan_i2v.py calls ftfy.fix_text without checking it is installed
+                raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt failed with '{err}': the "
+                                    f"pipeline needs a package that is not installed (pip install ftfy for "
+                                    f"'ftfy'), or give the conditioning in the batch yourself") from err
         out = out if isinstance(out, tuple) else (out,)
         batch.update({name: value for name, value in zip(names, out) if name is not None and value is not None})
     return batch
+
+
+def _encoder(pipe: Any, grad: bool) -> Any:
+    # Kandinsky 3 decorates encode_prompt with @torch.no_grad(): a trained text encoder would get no gradient, so
+    # under training the undecorated function is called (functools.wraps keeps it as __wrapped__)
+    method = pipe.encode_prompt
+    if not grad or not hasattr(method, "__func__"):
+        return method
+    return inspect.unwrap(method.__func__).__get__(pipe)
+
+
+@contextlib.contextmanager
+def _no_guidance(pipe: Any) -> Iterator[None]:
+    # I2VGenXL's encode_prompt reads self.do_classifier_free_guidance, which reads _guidance_scale that only
+    # __call__ sets; training encodes without classifier-free guidance (scale 1)
+    if not isinstance(getattr(type(pipe), "do_classifier_free_guidance", None), property) or hasattr(pipe, "_guidance_scale"):
+        yield
+        return
+    pipe._guidance_scale = 1.0
+    try:
+        yield
+    finally:
+        del pipe._guidance_scale

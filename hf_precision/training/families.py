@@ -395,7 +395,11 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1
     if config.get("patch_size_t"):  # CogVideoX 1.5 patches frames in pairs: the pipeline pads latent frames to fit
         frames = -(-frames // int(config["patch_size_t"])) * int(config["patch_size_t"])
-    spatial = (frames, side, side) if row.layout in ("video", "frames_first") else (side, side)
+    height = width = side
+    if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
+        # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
+        height, width = int(config["sample_height"]), int(config["sample_width"])
+    spatial = (frames, height, width) if row.layout in ("video", "frames_first") else (height, width)
     batch = {"latents": torch.randn(batch_size, channels, *spatial, generator=gen)}
     for key, dim_key in row.text_dims.items():
         dim = config.get(dim_key)

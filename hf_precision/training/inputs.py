@@ -32,9 +32,20 @@ def _sdxl_time_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Te
         return {}
     b, h, w = x0.shape[0], x0.shape[-2] * 8, x0.shape[-1] * 8
     ids = batch.get("add_time_ids")
+    pooled = batch.get("pooled_prompt_embeds")
     if ids is None:  # original size, crop top-left, target size (pipeline_stable_diffusion_xl.py _get_add_time_ids)
-        ids = torch.tensor([[h, w, 0, 0, h, w]], dtype=torch.float32, device=x0.device).expand(b, 6)
-    return {"added_cond_kwargs": {"text_embeds": batch.get("pooled_prompt_embeds"), "time_ids": ids}}
+        values = [h, w, 0, 0, h, w]
+        if pooled is not None and _time_id_count(module.config, pooled.shape[-1]) == 5:
+            # the refiner (requires_aesthetics_score): original size, crop top-left, aesthetic score (default 6.0),
+            # pipeline_stable_diffusion_xl_img2img.py _get_add_time_ids
+            values = [h, w, 0, 0, 6.0]
+        ids = torch.tensor([values], dtype=torch.float32, device=x0.device).expand(b, len(values))
+    return {"added_cond_kwargs": {"text_embeds": pooled, "time_ids": ids}}
+
+
+def _time_id_count(config: Any, pooled_dim: int) -> int:
+    # the UNet's add_embedding takes pooled text + addition_time_embed_dim per time id
+    return (int(config["projection_class_embeddings_input_dim"]) - pooled_dim) // int(config["addition_time_embed_dim"])
 
 
 def _svd_time_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:

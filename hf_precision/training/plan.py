@@ -28,7 +28,7 @@ from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
 from ..runtime.apply import Applied, apply_recipe, torch_device
-from . import families, quantized, trainable
+from . import control, families, quantized, trainable
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
 from .scaler import Stepper, parameter_names
 
@@ -150,13 +150,29 @@ class TrainingPlan:
         row = families.family_of(module, str(self.denoiser_name))
         kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
                                                self.sigma_range)
+        kwargs.update(control.side_inputs(self, module, kwargs, batch))  # a ControlNet's / T2I-Adapter's residuals
         out = module(**kwargs, return_dict=False)
         pred = families.model_output(out, target, row)
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
 
     def backward(self, loss: torch.Tensor, accelerator: Any = None) -> None:
-        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given)."""
-        self.stepper.backward(loss, accelerator)
+        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given).
+
+        Autocast is off during backward, as torch recommends: a script's ``with accelerator.autocast():`` around the
+        loop would otherwise re-cast the gradients of fp16 layers to bf16 ("Unexpected floating ScalarType in
+        at::autocast::prioritize"); the forward already ran in the planned dtypes.
+        """
+        if not loss.requires_grad:
+            trains = ", ".join(f"{c}: {k}" for c, k in self.kinds.items() if k != "frozen")
+            raise TrainingError(f"tp.backward: the loss does not depend on anything that trains ({trains}): "
+                                f"a trained text encoder's output computed under torch.no_grad() or taken from a layer "
+                                f"before its adapters, or a loss built from a copy; compute it from tp.encode_prompt(...) "
+                                f"inside the step")
+        if torch.is_autocast_enabled(self.device.type):
+            with torch.autocast(self.device.type, enabled=False):
+                self.stepper.backward(loss, accelerator)
+        else:
+            self.stepper.backward(loss, accelerator)
 
     def step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Check every optimizer parameter is a master, step (via the scaler under fp16); False when skipped."""
@@ -413,7 +429,9 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
         # and peft runs the adapter in its own fp32 (input cast in, result cast back). Autocast there would also undo
         # the explicit fp32 upcasts inside attention processors: Sana's linear attention gives NaN in fp16 under it.
         autocast = dt.to_torch(compute) if kind == "full" and compute in dt.HALF else None
-        handles += trainable.guard(module, dev.type, autocast)
+        if autocast is not None:
+            trainable.keep_explicit_fp32(module)
+        handles += trainable.guard(module, dev.type, autocast, inside=True)
         for island in applied.islands.get(comp, []):
             handles += trainable.guard(module.get_submodule(island), dev.type, None)
     objective, alphas, sigmas = _objective(holder, comps.get(denoiser) if denoiser else None)

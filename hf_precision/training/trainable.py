@@ -9,6 +9,7 @@ fp32 after injection, whatever the path, and :func:`masters_problems` re-checks 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -17,11 +18,12 @@ import torch
 from .rules import TrainingError
 
 __all__ = ["inject_lora", "existing_rank", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
-           "TokenRows", "add_tokens", "AutocastGuard", "guard"]
+           "TokenRows", "add_tokens", "AutocastGuard", "guard", "keep_explicit_fp32"]
 
-# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5.
+# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5, BERT
+# (HunyuanDiT's CLIP-side encoder: attention.self.query/key/value).
 _TARGET_SETS = (("to_q", "to_k", "to_v", "to_out.0"), ("q_proj", "k_proj", "v_proj", "out_proj"),
-                ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"))
+                ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"), ("query", "key", "value"))
 
 
 def default_targets(module: torch.nn.Module) -> list[str]:
@@ -47,13 +49,42 @@ def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
     text encoders included, gets peft's ``inject_adapter_in_model``.
     """
     from diffusers import ModelMixin
+    from peft import inject_adapter_in_model
 
-    if isinstance(module, ModelMixin) and hasattr(module, "add_adapter"):  # PixArt and SVD models have no loader
-        module.add_adapter(config)
-    else:  # transformers' add_adapter wants a newer peft than diffusers does; peft's own path works for both
-        from peft import inject_adapter_in_model
+    try:
+        if isinstance(module, ModelMixin) and hasattr(module, "add_adapter"):  # PixArt and SVD models have no loader
+            module.add_adapter(config)
+        else:  # transformers' add_adapter wants a newer peft than diffusers does; peft's own path works for both
+            inject_adapter_in_model(config, module)
+    except ValueError as err:  # peft: no module matched, or one that LoRA cannot wrap (a Sequential, a FeedForward)
+        first = str(err).splitlines()[0][:300]
+        raise TrainingError(f"train: {name}: lora target_modules={getattr(config, 'target_modules', None)!r} does not fit "
+                            f"{type(module).__name__} ({first}); name its nn.Linear / nn.Conv layers (e.g. "
+                            f"{_targets_hint(module)}) or 'all-linear'") from err
 
-        inject_adapter_in_model(config, module)
+
+def _accept_input_keyword(module: torch.nn.Module) -> None:
+    # AnimateDiff's motion transformer calls its projections as self.proj_in(input=x) (unet_motion_model.py), and
+    # peft's LoRA Linear takes forward(x): "Linear.forward() missing 1 required positional argument: 'x'"
+    def positional(layer: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if not args and "input" in kwargs:
+            return (kwargs.pop("input"),), kwargs
+        return None
+
+    for parent in module.modules():
+        if type(parent).__name__ != "AnimateDiffTransformer3D":
+            continue
+        for child in (getattr(parent, "proj_in", None), getattr(parent, "proj_out", None)):
+            if child is not None and hasattr(child, "base_layer") and not getattr(child, "_hp_input_keyword", False):
+                child.register_forward_pre_hook(positional, with_kwargs=True)
+                child._hp_input_keyword = True
+
+
+def _targets_hint(module: torch.nn.Module) -> list[str] | None:
+    try:
+        return default_targets(module)
+    except TrainingError:
+        return None
 
 
 def existing_rank(module: torch.nn.Module) -> int | None:
@@ -66,6 +97,8 @@ def existing_rank(module: torch.nn.Module) -> int | None:
 
 def make_masters(module: torch.nn.Module, kind: str, master_dtype: torch.dtype) -> int:
     """Freeze what does not train and store what trains in ``master_dtype``; returns the trainable count."""
+    if kind == "lora":  # whoever injected the adapter (this layer, add_adapter, inject_adapter_in_model)
+        _accept_input_keyword(module)
     count = 0
     with torch.no_grad():
         for pname, param in module.named_parameters():
@@ -182,7 +215,100 @@ class AutocastGuard:
                 torch.clear_autocast_cache()
 
 
-def guard(module: torch.nn.Module, device_type: str, dtype: torch.dtype | None) -> list[Any]:
-    """Attach an :class:`AutocastGuard` to ``module``; returns the removable handles."""
+def guard(module: torch.nn.Module, device_type: str, dtype: torch.dtype | None, inside: bool = False) -> list[Any]:
+    """Attach an :class:`AutocastGuard` to ``module``; returns the removable handles.
+
+    ``inside=True`` (a whole component) also sets the state inside ``forward`` itself: accelerate's ``prepare``
+    wraps a model's forward in its own ``torch.autocast`` (``Accelerator(mixed_precision="bf16")``), which runs
+    after the forward hooks, so only a guard within the forward it wraps keeps the plan (fp16 weights under a bf16
+    autocast fail in the first norm: "mixed dtype (CPU): expect parameter to have scalar type of Float").
+    """
     g = AutocastGuard(device_type, dtype)
-    return [module.register_forward_pre_hook(g.pre), module.register_forward_hook(g.post, always_call=True)]
+    handles = [module.register_forward_pre_hook(g.pre), module.register_forward_hook(g.post, always_call=True)]
+    if inside:
+        handles.append(_GuardedForward(module, g))
+    return handles
+
+
+class _GuardedForward:
+    """``module.forward`` replaced by one that runs the class's forward under ``guard`` (removable)."""
+
+    def __init__(self, module: torch.nn.Module, g: AutocastGuard):
+        import functools
+        import types
+
+        self.module, self.previous = module, module.__dict__.get("forward")
+        inner = module.forward
+
+        # wraps the class's function: inspect.signature(module.forward) stays the model's (pipelines read it)
+        @functools.wraps(type(module).forward)
+        def forward(this: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+            g.pre(this, args)
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                g.post(this, args, None)
+
+        self.forward = types.MethodType(forward, module)
+        module.forward = self.forward
+
+    def remove(self) -> None:
+        if self.module.__dict__.get("forward") is self.forward:  # not when something wrapped it since
+            if self.previous is None:
+                del self.module.forward
+            else:
+                self.module.forward = self.previous
+
+
+def keep_explicit_fp32(module: torch.nn.Module) -> int:
+    """Let the attention processors of a fully fine-tuned ``module`` keep the fp32 math they ask for under autocast.
+
+    A full fine-tune computes under autocast, which recasts the matmuls a processor deliberately runs on ``.float()``
+    tensors: Sana's linear attention (attention_processor.py ``SanaLinearAttnProcessor2_0``: fp32 scores, then a
+    division by their sum + 1e-15) overflows to NaN in fp16 from the first step. Inside each processor, a matmul whose
+    tensors are all fp32 runs with autocast off; the projections still autocast. Returns how many processors.
+
+    Example:
+        >>> from diffusers.models.attention_processor import Attention
+        >>> keep_explicit_fp32(torch.nn.Sequential(Attention(query_dim=8, heads=1, dim_head=8)))
+        1
+    """
+    from diffusers.models.attention_processor import Attention
+
+    count = 0
+    for sub in module.modules():
+        processor = getattr(sub, "processor", None) if isinstance(sub, Attention) else None
+        if processor is not None and not getattr(type(processor), "_explicit_fp32", False):
+            processor.__class__ = _explicit_fp32_class(type(processor))
+            count += 1
+    return count
+
+
+_MATMULS = ("matmul", "bmm", "baddbmm")
+
+
+@functools.lru_cache(maxsize=None)
+def _explicit_fp32_class(cls: type) -> type:
+    @functools.wraps(cls.__call__)  # Attention.forward passes only the kwargs its processor's signature names
+    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda") \
+                and not torch.is_autocast_enabled("mps"):
+            return cls.__call__(self, *args, **kwargs)
+        saved = {name: getattr(torch, name) for name in _MATMULS}
+        for name, fn in saved.items():
+            setattr(torch, name, functools.partial(_fp32_stays_fp32, fn))
+        try:
+            return cls.__call__(self, *args, **kwargs)
+        finally:
+            for name, fn in saved.items():
+                setattr(torch, name, fn)
+
+    return type(cls.__name__, (cls,), {"__call__": __call__, "_explicit_fp32": True, "__module__": cls.__module__})
+
+
+def _fp32_stays_fp32(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if tensors and all(t.dtype == torch.float32 for t in tensors):
+        with torch.autocast(tensors[0].device.type, enabled=False):
+            return fn(*args, **kwargs)
+    return fn(*args, **kwargs)

@@ -1,0 +1,88 @@
+"""ControlNet and T2I-Adapter residuals inside a training step, fed to the UNet as their pipelines feed them.
+
+A ControlNet is called on the same noisy latents, timestep, text and SDXL micro-conditions as the UNet, with the
+control image, and its down/mid residuals are added inside the UNet (controlnet/pipeline_controlnet.py,
+controlnet/pipeline_controlnet_sd_xl.py; diffusers' examples/controlnet/train_controlnet.py trains it so, the UNet
+frozen). A T2I-Adapter encodes the control image once and the UNet takes its features as
+``down_intrablock_additional_residuals`` (t2i_adapter/pipeline_stable_diffusion_adapter.py; examples/t2i_adapter).
+The control image is ``batch["control_image"]``: pixels in [0, 1] at the latents' size times the VAE's scale
+factor, as the pipelines' ``prepare_image`` hands it over (no [-1, 1] normalisation). AnimateDiff's ControlNet sees
+every frame as an image (B*F of them), with one control frame each (``control_image`` (B, F, 3, H, W) or
+(B*F, 3, H, W)).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from .rules import TrainingError
+
+__all__ = ["SIDE_NETWORKS", "side_inputs"]
+
+SIDE_NETWORKS = ("controlnet", "adapter")
+# The denoiser classes whose forward takes the residuals the way the UNet pipelines pass them; AnimateDiff's
+# ControlNet runs on every frame (animatediff/pipeline_animatediff_controlnet.py: latents folded to (B*F,C,H,W))
+_TAKES_RESIDUALS = ("UNet2DConditionModel", "UNetMotionModel")
+
+
+def _networks(tp: Any) -> list[tuple[str, torch.nn.Module]]:
+    return [(n, tp.components[n]) for n in SIDE_NETWORKS if n in tp.components]
+
+
+def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The extra UNet arguments from the ControlNet / T2I-Adapter of ``tp`` for this step (none when neither takes part).
+
+    A network takes part when it trains or when the batch has a ``control_image``; a trained one without a control
+    image, or one beside a denoiser whose call this layer does not build, is refused with what to do instead.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> side_inputs(SimpleNamespace(components={}, kinds={}), torch.nn.Identity(), {}, {})
+        {}
+    """
+    out: dict[str, Any] = {}
+    for name, net in _networks(tp):
+        trains = tp.kinds.get(name) in ("lora", "full")
+        image = batch.get("control_image")
+        if image is None:
+            if trains:
+                raise TrainingError(f"tp.loss: train={{{name!r}: {tp.kinds[name]!r}}} needs the control image: "
+                                    f"batch['control_image'], pixels in [0, 1] of shape (B, 3, f H, f W) for latents of "
+                                    f"H x W (f: pipe.vae_scale_factor), as the pipeline's prepare_image gives it")
+            continue
+        cls = type(getattr(denoiser, "_orig_mod", denoiser)).__name__
+        video = cls == "UNetMotionModel"
+        if not any(c.__name__ in _TAKES_RESIDUALS for c in type(getattr(denoiser, "_orig_mod", denoiser)).__mro__) \
+                or (video and name != "controlnet"):
+            raise TrainingError(f"tp.loss: the {name} ({type(net).__name__}) beside a {cls} is not fed by tp.loss "
+                                f"(it builds the residual call for {', '.join(_TAKES_RESIDUALS)} only); call "
+                                f"tp.components[{name!r}] and the denoiser yourself under `with tp.autocast():`")
+        if name == "controlnet":
+            out.update(_controlnet(net, _per_frame(kwargs) if video else kwargs,
+                                   image.flatten(0, 1) if video and image.dim() == 5 else image, batch))
+        else:
+            scale = float(batch.get("adapter_conditioning_scale", 1.0))
+            out["down_intrablock_additional_residuals"] = [f * scale for f in net(image)]
+    return out
+
+
+def _controlnet(net: torch.nn.Module, kwargs: Mapping[str, Any], image: torch.Tensor,
+                batch: Mapping[str, Any]) -> dict[str, Any]:
+    extra = {k: kwargs[k] for k in ("added_cond_kwargs", "class_labels") if kwargs.get(k) is not None}
+    down, mid = net(kwargs["sample"], kwargs["timestep"], encoder_hidden_states=kwargs.get("encoder_hidden_states"),
+                    controlnet_cond=image, conditioning_scale=float(batch.get("controlnet_conditioning_scale", 1.0)),
+                    return_dict=False, **extra)
+    return {"down_block_additional_residuals": list(down), "mid_block_additional_residual": mid}
+
+
+def _per_frame(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    # (B,C,F,H,W) latents as B*F images, one timestep per frame; the text is already repeated per frame
+    sample = kwargs["sample"]
+    frames = sample.shape[2]
+    timestep = kwargs["timestep"]
+    if isinstance(timestep, torch.Tensor) and timestep.dim() == 1 and timestep.shape[0] == sample.shape[0]:
+        timestep = timestep.repeat_interleave(frames)
+    return {**kwargs, "sample": sample.transpose(1, 2).flatten(0, 1), "timestep": timestep}
