@@ -82,12 +82,20 @@ def test_quantize_keyword_and_set_flag_are_one_request():
     assert "torchao Int8WeightOnlyConfig" in next(d.rule for d in by_flag["transformer"].decisions if d.field == "storage")
 
 
-def test_fp8_storage_through_quantize_runs(flux_folder):
+# fp8 on a transformers text encoder: its `.dtype` (the first parameter's) must stay the compute dtype, since Flux
+# casts the CLIP embeddings and the latents to it; T5 casts into `wo.weight.dtype` (not an island in fp32 compute).
+@pytest.mark.parametrize("component,layout", [("transformer", "cpu-amx"), ("text_encoder", "cpu-amx"),
+                                              ("text_encoder_2", None)])
+def test_fp8_storage_through_quantize_runs(flux_folder, component, layout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "float8_e4m3fn"})
-    dtypes = {p.dtype for p in pipe.transformer.parameters()}
-    assert torch.float8_e4m3fn in dtypes and torch.bfloat16 in dtypes  # norms/embedders stay bf16
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: "float8_e4m3fn"})
+    module, compute = getattr(pipe, component), torch.bfloat16 if layout else torch.float32
+    dtypes = {p.dtype for p in module.parameters()}
+    assert torch.float8_e4m3fn in dtypes and compute in dtypes  # norms/embedders stay in the compute dtype
+    assert module.dtype == compute
+    planned = hp.plan(flux_folder, device=layout or "cpu", overrides={component: {"storage": "float8_e4m3fn"}})
+    assert planned[component].total_bytes == module_bytes(module)
     assert torch.isfinite(_run(pipe)).all()
 
 
@@ -177,12 +185,15 @@ def test_fp8_kernel_errors_are_explained(op, message):
 
 @pytest.mark.parametrize("message,fix", [
     ('"cat_cuda" not implemented for \'Float8_e4m3fn\'', "storage=float8_e4m3fn"),       # bmaltais/kohya_ss#2733
+    ("Promotion for Float8 Types is not supported", "storage=float8_e4m3fn"),             # as OneTrainer#442 quotes it
     ("Expected is_sm80 || is_sm90 to be true, but got false.", "storage=int8"),           # bmaltais/kohya_ss#2717
     ("Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype.",
      "storage=quanto-int8"),                                                             # Nerogar/OneTrainer#1689
 ])
 def test_gpu_and_mps_fp8_messages_get_a_fix_that_resolves(message, fix):
-    err = hp.diagnose.mismatch.explain_error(RuntimeError(message), "transformer.blocks.0")
+    from hf_precision.diagnose.mismatch import explain_error
+
+    err = explain_error(RuntimeError(message), "transformer.blocks.0")
     assert err is not None and fix in err.fix
     device = {"storage=quanto-int8": "m2-macos15", "storage=int8": "rtx2080"}.get(fix, "t4")
     value = fix.split("=")[1]
@@ -290,6 +301,16 @@ def test_nan_guard_on_a_quantized_component_says_how_to_store_it_unquantized(flu
     assert quantized_in(pipe.transformer)  # still quantized: nothing was dequantized silently
 
 
+def test_calibrate_runs_on_a_torchao_int8_component(flux_folder):
+    """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", quantize={"transformer": "int8"})
+        result = hp.calibrate(pipe, "t4", {k: v for k, v in CALL.items() if k != "prompt"} | {"prompt": "a cat"},
+                              progress=False, rounds=1, steps=1)
+    assert result.finite and quantized_in(pipe.transformer)
+
+
 def test_calibrated_islands_are_kept_out_of_quantization():
     """calibrate writes islands as keep_fp32 overrides; with a quantized storage those modules stay plain fp32."""
     from hf_precision.diagnose.planner import build_on_meta
@@ -311,3 +332,15 @@ def test_calibrated_islands_are_kept_out_of_quantization():
         # single-block proj_out layers (1.8B parameters) out too
         plain = hp.get_recipe("flux", device="rtx4090", overrides={"transformer": {"storage": storage}})["transformer"]
         assert ("proj_out" in quantized_layers(meta, plain, [])) == (storage != "int8")
+
+
+def test_check_passes_wan_in_bf16():
+    """Wan's blocks feed `hidden_states.float()` to their bf16 FP32LayerNorm `norm2` on purpose (it computes in fp32
+    itself, transformer_wan.py): check reports no mismatch there."""
+    from hf_precision.testing import PIPELINES, make_pipeline
+
+    pipe = make_pipeline("wan")
+    recipe = hp.get_recipe("wan", device="cpu-amx")
+    hp.apply_recipe(pipe, recipe, device="cpu")
+    report = hp.check(pipe, call=lambda p: p(**PIPELINES["wan"].call_kwargs(num_inference_steps=1)))
+    assert report.ok, str(report)
