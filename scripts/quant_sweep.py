@@ -153,7 +153,9 @@ def run_case(row, folder, form, pairs, layout, tmp):
 
         comp = pairs[0][0]
         compute = record.recipe[comp].compute
-        want, got = sum(gguf_planned_bytes(folder, compute).values()), module_bytes(getattr(pipe, comp))
+        fp32 = getattr(type(getattr(pipe, comp)), "_keep_in_fp32_modules", None) or ()
+        want = sum(gguf_planned_bytes(folder, compute, record.islands.get(comp, []), fp32).values())
+        got = module_bytes(getattr(pipe, comp))
         if want != got:
             raise Fail("gguf-bytes", f"{comp}: planned {want} measured {got}")
     else:
