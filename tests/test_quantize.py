@@ -301,6 +301,21 @@ def test_nan_guard_on_a_quantized_component_says_how_to_store_it_unquantized(flu
     assert quantized_in(pipe.transformer)  # still quantized: nothing was dequantized silently
 
 
+def test_nan_guard_reruns_an_fp8_stored_component_in_float32(flux_folder):
+    """fp8 storage is no backend tensor: the guard re-runs it wider, its layerwise hooks computing in float32 too
+    (they computed in bf16, and the re-run failed with 'mat1 and mat2 must have the same dtype')."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "float8_e4m3fn"},
+                                overrides={"transformer": {"nan_guard": True}})
+    with torch.no_grad():
+        pipe.transformer.norm_out.linear.bias.fill_(float("inf"))  # bf16 (layerwise casting skips *norm*)
+    with pytest.warns(RuntimeWarning, match="transformer produced non-finite values in bfloat16; re-ran it in float32"):
+        _run(pipe)
+    assert pipe.transformer.dtype == torch.float32
+    assert any(p.dtype == torch.float8_e4m3fn for p in pipe.transformer.parameters())  # still stored fp8
+
+
 def test_calibrate_runs_on_a_torchao_int8_component(flux_folder):
     """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized)."""
     with warnings.catch_warnings():
