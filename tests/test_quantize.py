@@ -359,3 +359,26 @@ def test_check_passes_wan_in_bf16():
     hp.apply_recipe(pipe, recipe, device="cpu")
     report = hp.check(pipe, call=lambda p: p(**PIPELINES["wan"].call_kwargs(num_inference_steps=1)))
     assert report.ok, str(report)
+
+
+def test_gguf_unet_with_bf16_convolutions_and_islands(tmp_path):
+    """A BF16 GGUF UNet: diffusers leaves its convolutions packed (only its GGUFLinear unpacks), the loader unpacks
+    them ('expected scalar type BFloat16 but found Byte' before); Q8_0 island layers (SDXL's time/add embeddings)
+    become plain fp32 layers; the bytes are what gguf_planned_bytes counts from the file and the islands."""
+    from hf_precision.runtime.gguf import gguf_planned_bytes
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+    from hf_precision.testing.gguf_file import write_gguf
+
+    source = make_pipeline("sdxl")
+    folder = save_pipeline(source, tmp_path / "sdxl")
+    for qtype in ("BF16", "Q8_0"):
+        path = tmp_path / f"unet-{qtype}.gguf"
+        write_gguf(source.unet, path, qtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx")
+        islands = hp.applied(pipe).islands["unet"]
+        assert islands and not [n for n in quantized_in(pipe.unet) if any(n.startswith(i + ".") for i in islands)]
+        assert module_bytes(pipe.unet) == sum(gguf_planned_bytes(path, "bfloat16", islands).values())
+        out = pipe(**PIPELINES["sdxl"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(torch.as_tensor(out.images)).all()
