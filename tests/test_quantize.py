@@ -382,3 +382,21 @@ def test_gguf_unet_with_bf16_convolutions_and_islands(tmp_path):
         assert module_bytes(pipe.unet) == sum(gguf_planned_bytes(path, "bfloat16", islands).values())
         out = pipe(**PIPELINES["sdxl"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
         assert torch.isfinite(torch.as_tensor(out.images)).all()
+
+
+@pytest.mark.parametrize("storage", ["int8", "float8_e4m3fn"])
+def test_hunyuandit_text_pooler_stays_out_of_quantization(tmp_path, storage):
+    """HunyuanDiT's `time_extra_emb.pooler` reads its projection weights itself (F.multi_head_attention_forward):
+    quantized it failed ('Int8Tensor dispatch: ... aten.t', fp8 weights used directly); the recipe keeps it out."""
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    folder = save_pipeline(make_pipeline("hunyuandit"), tmp_path / "hunyuandit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(folder, "cpu", layout="cpu-amx", quantize={"transformer": storage})
+    pooler = pipe.transformer.time_extra_emb.pooler
+    assert all(p.dtype == torch.bfloat16 and type(p) is torch.nn.Parameter for p in pooler.parameters())
+    planned = hp.plan(folder, device="cpu-amx", overrides={"transformer": {"storage": storage}})["transformer"]
+    assert planned.total_bytes == module_bytes(pipe.transformer)
+    out = pipe(**PIPELINES["hunyuandit"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(torch.as_tensor(out.images)).all()
