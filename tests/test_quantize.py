@@ -400,3 +400,20 @@ def test_hunyuandit_text_pooler_stays_out_of_quantization(tmp_path, storage):
     assert planned.total_bytes == module_bytes(pipe.transformer)
     out = pipe(**PIPELINES["hunyuandit"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
     assert torch.isfinite(torch.as_tensor(out.images)).all()
+
+
+def test_fp8_stable_cascade_prior_makes_its_latents_in_the_compute_dtype(tmp_path):
+    """The prior pipeline takes its latents' dtype from the prior's first parameter; fp8 storage keeps that layer
+    (`clip_txt_pooled_mapper`) in the compute dtype ('"normal_kernel_cpu" not implemented for Float8_e5m2' before)."""
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    folder = save_pipeline(make_pipeline("cascade_prior"), tmp_path / "prior")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(folder, "cpu", quantize={"prior": "float8_e5m2"})
+    assert next(pipe.prior.parameters()).dtype == torch.float32
+    assert any(p.dtype == torch.float8_e5m2 for p in pipe.prior.parameters())
+    planned = hp.plan(folder, device="cpu", overrides={"prior": {"storage": "float8_e5m2"}})["prior"]
+    assert planned.total_bytes == module_bytes(pipe.prior)
+    out = pipe(**PIPELINES["cascade_prior"].call_kwargs(num_inference_steps=1))
+    assert torch.isfinite(torch.as_tensor(PIPELINES["cascade_prior"].result(out))).all()
