@@ -89,12 +89,20 @@ def test_quantize_keyword_and_set_flag_are_one_request():
     assert "torchao Int8WeightOnlyConfig" in next(d.rule for d in by_flag["transformer"].decisions if d.field == "storage")
 
 
-def test_fp8_storage_through_quantize_runs(flux_folder):
+# fp8 on a transformers text encoder: its `.dtype` (the first parameter's) must stay the compute dtype, since Flux
+# casts the CLIP embeddings and the latents to it; T5 casts into `wo.weight.dtype` (not an island in fp32 compute).
+@pytest.mark.parametrize("component,layout", [("transformer", "cpu-amx"), ("text_encoder", "cpu-amx"),
+                                              ("text_encoder_2", None)])
+def test_fp8_storage_through_quantize_runs(flux_folder, component, layout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "float8_e4m3fn"})
-    dtypes = {p.dtype for p in pipe.transformer.parameters()}
-    assert torch.float8_e4m3fn in dtypes and torch.bfloat16 in dtypes  # norms/embedders stay bf16
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: "float8_e4m3fn"})
+    module, compute = getattr(pipe, component), torch.bfloat16 if layout else torch.float32
+    dtypes = {p.dtype for p in module.parameters()}
+    assert torch.float8_e4m3fn in dtypes and compute in dtypes  # norms/embedders stay in the compute dtype
+    assert module.dtype == compute
+    planned = hp.plan(flux_folder, device=layout or "cpu", overrides={component: {"storage": "float8_e4m3fn"}})
+    assert planned[component].total_bytes == module_bytes(module)
     assert torch.isfinite(_run(pipe)).all()
 
 
@@ -191,13 +199,16 @@ def test_fp8_kernel_errors_are_explained(op, message):
 
 @pytest.mark.parametrize("message,fix", [
     ('"cat_cuda" not implemented for \'Float8_e4m3fn\'', "storage=float8_e4m3fn"),       # bmaltais/kohya_ss#2733
+    ("Promotion for Float8 Types is not supported", "storage=float8_e4m3fn"),             # as OneTrainer#442 quotes it
     ("Expected is_sm80 || is_sm90 to be true, but got false.", "storage=int8"),           # bmaltais/kohya_ss#2717
     ("Trying to convert Float8_e4m3fn to the MPS backend but it does not have support for that dtype.",
      "storage=quanto-int8"),                                                             # Nerogar/OneTrainer#1689
     ("No GPU found. A GPU is needed for quantization.", "storage=int8"),  # diffusers' bnb quantizer without a GPU
 ])
 def test_gpu_and_mps_fp8_messages_get_a_fix_that_resolves(message, fix):
-    err = hp.diagnose.mismatch.explain_error(RuntimeError(message), "transformer.blocks.0")
+    from hf_precision.diagnose.mismatch import explain_error
+
+    err = explain_error(RuntimeError(message), "transformer.blocks.0")
     assert err is not None and fix in err.fix
     device = {"storage=quanto-int8": "m2-macos15", "storage=int8": "rtx2080"}.get(fix, "t4")
     value = fix.split("=")[1]
@@ -305,6 +316,31 @@ def test_nan_guard_on_a_quantized_component_says_how_to_store_it_unquantized(flu
     assert quantized_in(pipe.transformer)  # still quantized: nothing was dequantized silently
 
 
+def test_nan_guard_reruns_an_fp8_stored_component_in_float32(flux_folder):
+    """fp8 storage is no backend tensor: the guard re-runs it wider, its layerwise hooks computing in float32 too
+    (they computed in bf16, and the re-run failed with 'mat1 and mat2 must have the same dtype')."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", layout="cpu-amx", quantize={"transformer": "float8_e4m3fn"},
+                                overrides={"transformer": {"nan_guard": True}})
+    with torch.no_grad():
+        pipe.transformer.norm_out.linear.bias.fill_(float("inf"))  # bf16 (layerwise casting skips *norm*)
+    with pytest.warns(RuntimeWarning, match="transformer produced non-finite values in bfloat16; re-ran it in float32"):
+        _run(pipe)
+    assert pipe.transformer.dtype == torch.float32
+    assert any(p.dtype == torch.float8_e4m3fn for p in pipe.transformer.parameters())  # still stored fp8
+
+
+def test_calibrate_runs_on_a_torchao_int8_component(flux_folder):
+    """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_folder, "cpu", quantize={"transformer": "int8"})
+        result = hp.calibrate(pipe, "t4", {k: v for k, v in CALL.items() if k != "prompt"} | {"prompt": "a cat"},
+                              progress=False, rounds=1, steps=1)
+    assert result.finite and quantized_in(pipe.transformer)
+
+
 def test_calibrated_islands_are_kept_out_of_quantization():
     """calibrate writes islands as keep_fp32 overrides; with a quantized storage those modules stay plain fp32."""
     from hf_precision.diagnose.planner import build_on_meta
@@ -326,3 +362,73 @@ def test_calibrated_islands_are_kept_out_of_quantization():
         # single-block proj_out layers (1.8B parameters) out too
         plain = hp.get_recipe("flux", device="rtx4090", overrides={"transformer": {"storage": storage}})["transformer"]
         assert ("proj_out" in quantized_layers(meta, plain, [])) == (storage != "int8")
+
+
+def test_check_passes_wan_in_bf16():
+    """Wan's blocks feed `hidden_states.float()` to their bf16 FP32LayerNorm `norm2` on purpose (it computes in fp32
+    itself, transformer_wan.py): check reports no mismatch there."""
+    from hf_precision.testing import PIPELINES, make_pipeline
+
+    pipe = make_pipeline("wan")
+    recipe = hp.get_recipe("wan", device="cpu-amx")
+    hp.apply_recipe(pipe, recipe, device="cpu")
+    report = hp.check(pipe, call=lambda p: p(**PIPELINES["wan"].call_kwargs(num_inference_steps=1)))
+    assert report.ok, str(report)
+
+
+def test_gguf_unet_with_bf16_convolutions_and_islands(tmp_path):
+    """A BF16 GGUF UNet: diffusers leaves its convolutions packed (only its GGUFLinear unpacks), the loader unpacks
+    them ('expected scalar type BFloat16 but found Byte' before); Q8_0 island layers (SDXL's time/add embeddings)
+    become plain fp32 layers; the bytes are what gguf_planned_bytes counts from the file and the islands."""
+    from hf_precision.runtime.gguf import gguf_planned_bytes
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+    from hf_precision.testing.gguf_file import write_gguf
+
+    source = make_pipeline("sdxl")
+    folder = save_pipeline(source, tmp_path / "sdxl")
+    for qtype in ("BF16", "Q8_0"):
+        path = tmp_path / f"unet-{qtype}.gguf"
+        write_gguf(source.unet, path, qtype)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx")
+        islands = hp.applied(pipe).islands["unet"]
+        assert islands and not [n for n in quantized_in(pipe.unet) if any(n.startswith(i + ".") for i in islands)]
+        assert module_bytes(pipe.unet) == sum(gguf_planned_bytes(path, "bfloat16", islands).values())
+        out = pipe(**PIPELINES["sdxl"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+        assert torch.isfinite(torch.as_tensor(out.images)).all()
+
+
+@pytest.mark.parametrize("storage", ["int8", "float8_e4m3fn"])
+def test_hunyuandit_text_pooler_stays_out_of_quantization(tmp_path, storage):
+    """HunyuanDiT's `time_extra_emb.pooler` reads its projection weights itself (F.multi_head_attention_forward):
+    quantized it failed ('Int8Tensor dispatch: ... aten.t', fp8 weights used directly); the recipe keeps it out."""
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    folder = save_pipeline(make_pipeline("hunyuandit"), tmp_path / "hunyuandit")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(folder, "cpu", layout="cpu-amx", quantize={"transformer": storage})
+    pooler = pipe.transformer.time_extra_emb.pooler
+    assert all(p.dtype == torch.bfloat16 and type(p) is torch.nn.Parameter for p in pooler.parameters())
+    planned = hp.plan(folder, device="cpu-amx", overrides={"transformer": {"storage": storage}})["transformer"]
+    assert planned.total_bytes == module_bytes(pipe.transformer)
+    out = pipe(**PIPELINES["hunyuandit"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(torch.as_tensor(out.images)).all()
+
+
+def test_fp8_stable_cascade_prior_makes_its_latents_in_the_compute_dtype(tmp_path):
+    """The prior pipeline takes its latents' dtype from the prior's first parameter; fp8 storage keeps that layer
+    (`clip_txt_pooled_mapper`) in the compute dtype ('"normal_kernel_cpu" not implemented for Float8_e5m2' before)."""
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    folder = save_pipeline(make_pipeline("cascade_prior"), tmp_path / "prior")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(folder, "cpu", quantize={"prior": "float8_e5m2"})
+    assert next(pipe.prior.parameters()).dtype == torch.float32
+    assert any(p.dtype == torch.float8_e5m2 for p in pipe.prior.parameters())
+    planned = hp.plan(folder, device="cpu", overrides={"prior": {"storage": "float8_e5m2"}})["prior"]
+    assert planned.total_bytes == module_bytes(pipe.prior)
+    out = pipe(**PIPELINES["cascade_prior"].call_kwargs(num_inference_steps=1))
+    assert torch.isfinite(torch.as_tensor(PIPELINES["cascade_prior"].result(out))).all()

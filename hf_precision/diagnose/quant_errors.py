@@ -23,7 +23,7 @@ __all__ = ["quantized_fix", "parse_quantized", "FLOAT8_NAMES"]
 FLOAT8_NAMES = ("float8_e4m3fn", "float8_e5m2")
 _F8 = r"Float8_e4m3fn(?:uz)?|Float8_e5m2(?:fnuz)?"
 _PATTERNS = (
-    ("fp8_promotion", rf"Promotion for Float8 Types is not supported, attempted to promote (?P<a>{_F8}) and (?P<b>\w+)"),
+    ("fp8_promotion", rf"Promotion for Float8 Types is not supported(?:, attempted to promote (?P<a>{_F8}) and (?P<b>\w+))?"),
     ("fp8_kernel", rf"\"(?P<op>\w+)\" not implemented for '(?P<a>{_F8})'"),
     ("fp8_arch", r"Expected is_sm8\w*(?: \|\| is_sm\w+)+|fp8 (?:e4m3|e5m2|types?) (?:is|are) (?:only )?supported on"
                  r"|Float8 \w+ requires CUDA (?:compute )?capability"),
@@ -38,6 +38,8 @@ def parse_quantized(message: str) -> dict[str, str] | None:
     Example:
         >>> parse_quantized('"cat_cuda" not implemented for \\'Float8_e4m3fn\\'')
         {'family': 'fp8_kernel', 'op': 'cat_cuda'}
+        >>> parse_quantized("Promotion for Float8 Types is not supported")["family"]  # as quoted in OneTrainer#442
+        'fp8_promotion'
         >>> parse_quantized("Expected is_sm80 || is_sm90 to be true, but got false.")["family"]
         'fp8_arch'
         >>> parse_quantized("mat1 and mat2 must have the same dtype") is None

@@ -22,6 +22,12 @@ def _floating(tree: Any) -> list[Any]:
     return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+# Layers whose forward casts input and weights to fp32 itself, so a bf16 layer fed fp32 on purpose is no mismatch:
+# diffusers' FP32LayerNorm (models/normalization.py), fed `hidden_states.float()` by Wan's blocks
+# (transformer_wan.py WanTransformerBlock: `self.norm2(hidden_states.float())`).
+_UPCASTING = frozenset({"FP32LayerNorm"})
+
+
 def _layerwise_compute(module: nn.Module) -> Any:
     """The compute dtype of diffusers' layerwise casting on this layer (weights are cast inside forward)."""
     registry = getattr(module, "_diffusers_hook", None)
@@ -114,6 +120,8 @@ class Recorder:
             params = [p for p in mod._parameters.values() if p is not None and p.is_floating_point()]
             if not params or any(p.device.type == "meta" for p in params):
                 return  # sequential offload: weights arrive inside forward
+            if type(mod).__name__ in _UPCASTING:
+                return  # it casts its input and weights to fp32 itself: any input dtype is right
             compute = _layerwise_compute(mod)
             dtypes = {compute} if compute is not None else {p.dtype for p in params}
             want_dtype = sorted(dtypes, key=str)[0]

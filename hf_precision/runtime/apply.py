@@ -15,7 +15,8 @@ from ..recipe.devices import device_caps
 from ..errors import RecipeError, override_line
 from . import patches
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
-from .layout import check_user_names, component_islands, drift, has_layerwise_casting, layerwise_skip_regexes
+from .layout import (check_user_names, component_islands, drift, dtype_anchors, has_layerwise_casting,
+                     layerwise_skip_regexes)
 from ..recipe.catalog import list_recipes
 from ..recipe.model import ComponentPlan, Recipe
 from ..recipe.resolution import resolve
@@ -348,7 +349,8 @@ def _store_layerwise(c: _Component) -> None:
         return
     if c.plan.storage == c.plan.compute:
         return
-    patches.store_layerwise(c.module, c.storage, c.compute, layerwise_skip_regexes(c.islands, c.plan.layerwise_skip))
+    kept = [*c.islands, *dtype_anchors(c.module)]  # the modules a transformers model's `.dtype` is read from stay
+    patches.store_layerwise(c.module, c.storage, c.compute, layerwise_skip_regexes(kept, c.plan.layerwise_skip))
     c.did(f"weights stored in {c.plan.storage}, cast to {c.plan.compute} per layer on use")
 
 

@@ -74,12 +74,49 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
     except (ValueError, KeyError, RuntimeError, OSError) as err:
         raise RecipeError(f"{path}: diffusers could not load it as the {name} ({spec[1]}) of {where}: {err}; check that "
                           f"the file is a {spec[1]} (same architecture and size as the base folder)") from None
+    from .layout import component_islands
+
+    _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False))
     return name, model
 
 
-def gguf_planned_bytes(path: str | os.PathLike[str], compute: str) -> dict[str, int]:
-    """Bytes per storage the model read from a GGUF file takes once loaded: quantized blocks as stored in the file
-    (diffusers keeps them packed), F32/F16 tensors in the compute dtype (``from_single_file`` casts them).
+def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
+    """Unpack the GGUF tensors diffusers left packed where they cannot be used; returns how many layers.
+
+    diffusers keeps every tensor of a quantized GGUF type (and BF16) packed, but only its ``GGUFLinear`` unpacks
+    them on use (quantizers/gguf/utils.py): a convolution stored BF16 or Q8_0 (a UNet's, a video patch embedder's)
+    would reach torch as raw bytes ("expected scalar type BFloat16 but found Byte"); those are unpacked once, to
+    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers of the recipe's fp32
+    islands are unpacked too and become plain ``nn.Linear`` (``GGUFLinear`` computes in the compute dtype): the
+    recipe then keeps them in fp32 like every island.
+    """
+    import torch
+    from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter, dequantize_gguf_tensor
+
+    from ..recipe.patterns import inside
+
+    count = 0
+    kept = set(islands)
+    for mname, module in model.named_modules():
+        if isinstance(module, GGUFLinear):
+            if not inside(mname, kept):
+                continue
+            module.__class__ = torch.nn.Linear  # the same parameters, torch's forward
+        for pname, param in list(module._parameters.items()):
+            if isinstance(param, GGUFParameter):
+                plain = dequantize_gguf_tensor(param).to(compute)
+                module._parameters[pname] = torch.nn.Parameter(plain.as_subclass(torch.Tensor), requires_grad=False)
+                count += 1
+    return count
+
+
+def gguf_planned_bytes(path: str | os.PathLike[str], compute: str, islands: tuple[str, ...] | list[str] = (),
+                       keep_in_fp32: tuple[str, ...] | list[str] = ()) -> dict[str, int]:
+    """Bytes per storage the model read from a GGUF file takes once loaded: quantized blocks of 2-D (Linear)
+    weights as stored in the file (diffusers keeps them packed), every other tensor in the compute dtype (F32/F16
+    are cast by ``from_single_file``; packed convolutions are unpacked by the loader); float32 for the tensors
+    inside ``islands`` (the recipe's fp32 islands, unpacked by the loader). Tensors the model class's
+    ``_keep_in_fp32_modules`` names are unpacked by diffusers (model_loading_utils.py), then held as the recipe says.
 
     Example:
         >>> import tempfile, torch
@@ -91,12 +128,20 @@ def gguf_planned_bytes(path: str | os.PathLike[str], compute: str) -> dict[str, 
     """
     import gguf
 
+    from ..recipe.patterns import inside
+
+    kept = set(islands)
     out: dict[str, int] = {}
     for tensor in gguf.GGUFReader(str(path)).tensors:
         kind = tensor.tensor_type
-        if kind in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
-            key, size = compute, int(tensor.n_elements) * dt.itemsize(compute)
-        else:
+        name = str(tensor.name)
+        packed = kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+        island = inside(name.rpartition(".")[0], kept)
+        linear = len(tensor.shape) == 2 and name.endswith(".weight")  # what diffusers makes a GGUFLinear
+        if packed and linear and not island and not any(k in name.split(".") for k in keep_in_fp32):
             key, size = kind.name, int(tensor.n_bytes)
+        else:  # plain: the recipe then holds islands in fp32 and the rest in the compute dtype
+            key = "float32" if island else compute
+            size = int(tensor.n_elements) * dt.itemsize(key)
         out[key] = out.get(key, 0) + size
     return out

@@ -253,6 +253,11 @@ def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[
                 return out
             target = remaining[0]
             _cast_component(hook.root, target, current)
+            # fp8-stored layers (layerwise casting) keep their fp8 weights; their hooks now compute in the target
+            from .patches import retarget_layerwise
+
+            if retarget_layerwise(hook.root, target):
+                hook.planned_compute = target  # the entry casts to what the hooks now compute in
             on_switch(component, current, target)
             state["busy"] = True
             try:

@@ -20,7 +20,7 @@ from ..recipe.patterns import inside, resolve_islands
 from ..recipe.model import ComponentPlan
 from .patches import layerwise_hook
 
-__all__ = ["layerwise_skip_regexes", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
+__all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
            "drift", "Drifted", "planned_bytes"]
 
 
@@ -39,6 +39,39 @@ def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[st
         [True, True, False, False, True]
     """
     return [rf"^{re.escape(i)}(\..*)?$" for i in islands] + ["^" + fnmatch.translate(g) for g in skip]
+
+
+def dtype_anchors(module: torch.nn.Module) -> list[str]:
+    """Modules fp8 storage (layerwise casting) must leave in the compute dtype because the model's ``dtype`` is read
+    from them: in a model that is not a diffusers model, every ``nn.Embedding`` (under each name it has: tied T5
+    embeddings are ``shared`` and ``encoder.embed_tokens``), the owner of the first floating parameter, and the
+    layers of its ``_keep_in_fp32_modules`` (whose weight dtype T5 reads outside them).
+
+    transformers' ``PreTrainedModel.dtype`` is the first floating parameter's dtype (modeling_utils.py), and pipelines
+    cast prompt embeddings and latents to ``text_encoder.dtype`` (pipeline_flux.py ``_get_clip_prompt_embeds``): an
+    fp8 embedding there gives fp8 latents ("normal_kernel_cpu" not implemented for 'Float8_e4m3fn'). diffusers'
+    own ``ModelMixin.dtype`` reports the hooks' compute dtype, so diffusers models need none.
+
+    Example:
+        >>> from transformers import CLIPTextConfig, CLIPTextModel
+        >>> te = CLIPTextModel(CLIPTextConfig(vocab_size=50, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+        ...                                   num_attention_heads=2, max_position_embeddings=8))
+        >>> dtype_anchors(te)
+        ['text_model.embeddings.token_embedding', 'text_model.embeddings.position_embedding']
+    """
+    if type(module).__module__.startswith("diffusers"):
+        return []
+    # T5/UMT5 read `wo.weight.dtype` outside the layer and cast their input into it (modeling_t5.py
+    # T5DenseGatedActDense): the model's `_keep_in_fp32_modules` stay in the compute dtype even where they are no
+    # island (fp32 compute), or the input is cast to fp8 before the hook upcasts the weight
+    fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
+    names = [n for n, m in module.named_modules(remove_duplicate=False) if n and (
+        isinstance(m, torch.nn.Embedding) or (isinstance(m, torch.nn.Linear) and any(k in n.split(".") for k in fp32)))]
+    first = next((n for n, p in module.named_parameters() if p.is_floating_point()), None)
+    owner = first.rpartition(".")[0] if first else ""
+    if owner and not inside(owner, names):
+        names.append(owner)
+    return list(dict.fromkeys(names))
 
 
 def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
@@ -103,7 +136,7 @@ def _layerwise_layers(module: torch.nn.Module, islands: list[str], skip: tuple[s
     except ImportError:  # older diffusers: the same list
         nn = torch.nn
         supported = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
-    patterns = layerwise_skip_regexes(islands, skip)
+    patterns = layerwise_skip_regexes([*islands, *dtype_anchors(module)], skip)
     found: set[str] = set()
 
     def walk(mod: torch.nn.Module, prefix: str) -> None:

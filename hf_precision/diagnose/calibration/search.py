@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...recipe.patterns import inside, outermost
+from ...runtime.quantize import is_quantized_tensor
 from .record import Recorder, Stat
 from .report import Evidence, RunError, moved
 
@@ -37,6 +38,8 @@ class _Chooser:
             own = [t for t in m._parameters.values() if t is not None and t.is_floating_point() and t.numel()]
             if not own:
                 continue
+            # a backend's quantized weight (torchao, quanto, GGUF) has no abs(): its values are what it dequantizes to
+            own = [t.dequantize() if is_quantized_tensor(t) and hasattr(t, "dequantize") else t for t in own]
             peak = max(float(t.detach().abs().max()) for t in own)
             if peak > limit:
                 beyond = sum(int((t.detach().abs() > limit).sum()) for t in own) / sum(t.numel() for t in own)
