@@ -284,7 +284,6 @@ def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
     the rest comes from the diffusers folder. Loaded bytes are the file's blocks plus the rest in the compute dtype."""
     from diffusers import FluxTransformer2DModel
 
-    from hf_precision.runtime.gguf import gguf_planned_bytes
     from hf_precision.testing.gguf_file import write_gguf
 
     source = FluxTransformer2DModel.from_pretrained(flux_folder, subfolder="transformer")
@@ -298,7 +297,9 @@ def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
         pipe = hp.load_pipeline(path, "cpu", base=flux_folder, layout="cpu-amx")
     assert any("loaded from the GGUF file" in a for a in hp.applied(pipe).actions)
     assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight"))
-    assert module_bytes(pipe.transformer) == sum(gguf_planned_bytes(path, "bfloat16").values())
+    planned = hp.plan(path, device="cpu-amx", base=flux_folder)  # the file's header, no weights read
+    assert module_bytes(pipe.transformer) == planned["transformer"].total_bytes
+    assert planned["transformer"].bytes_by_dtype["Q8_0"] > 0
     assert torch.isfinite(_run(pipe)).all()
 
 
@@ -379,8 +380,7 @@ def test_check_passes_wan_in_bf16():
 def test_gguf_unet_with_bf16_convolutions_and_islands(tmp_path):
     """A BF16 GGUF UNet: diffusers leaves its convolutions packed (only its GGUFLinear unpacks), the loader unpacks
     them ('expected scalar type BFloat16 but found Byte' before); Q8_0 island layers (SDXL's time/add embeddings)
-    become plain fp32 layers; the bytes are what gguf_planned_bytes counts from the file and the islands."""
-    from hf_precision.runtime.gguf import gguf_planned_bytes
+    become plain fp32 layers; plan(file, base=...) counts the bytes loading gives, every component."""
     from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
     from hf_precision.testing.gguf_file import write_gguf
 
@@ -394,7 +394,9 @@ def test_gguf_unet_with_bf16_convolutions_and_islands(tmp_path):
             pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx")
         islands = hp.applied(pipe).islands["unet"]
         assert islands and not [n for n in quantized_in(pipe.unet) if any(n.startswith(i + ".") for i in islands)]
-        assert module_bytes(pipe.unet) == sum(gguf_planned_bytes(path, "bfloat16", islands).values())
+        planned = hp.plan(path, device="cpu-amx", base=folder)
+        assert {c: module_bytes(getattr(pipe, c)) for c in planned.components} == \
+            {c: p.total_bytes for c, p in planned.components.items()}
         out = pipe(**PIPELINES["sdxl"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
         assert torch.isfinite(torch.as_tensor(out.images)).all()
 

@@ -19,10 +19,11 @@ from ..errors import RecipeError, excerpt
 from .source import listed_components
 from ..recipe.resolution import Recipe
 
-__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_planned_bytes"]
+__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_packed"]
 
 
-def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None) -> tuple[Path, str]:
+def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+               caller: str = "load_pipeline") -> tuple[Path, str]:
     """(the GGUF file, the diffusers folder or Hub id for the rest), or a ``RecipeError`` saying what to pass.
 
     Example:
@@ -35,13 +36,13 @@ base='black-forest-labs/FLUX.1-dev') (CLI: --base)
     """
     path = Path(name_or_path).expanduser()
     if base is None:
-        raise RecipeError(f"load_pipeline({excerpt(str(name_or_path))}): a GGUF file holds one model, not a pipeline; "
-                          f"pass the diffusers folder (or Hub id) for the rest: load_pipeline({excerpt(str(name_or_path))}, "
+        raise RecipeError(f"{caller}({excerpt(str(name_or_path))}): a GGUF file holds one model, not a pipeline; "
+                          f"pass the diffusers folder (or Hub id) for the rest: {caller}({excerpt(str(name_or_path))}, "
                           f"base='black-forest-labs/FLUX.1-dev') (CLI: --base)")
     if path.suffix.lower() != ".gguf":
-        raise RecipeError(f"load_pipeline: base= is for a GGUF file, but {excerpt(str(name_or_path))} is not a .gguf file")
+        raise RecipeError(f"{caller}: base= is for a GGUF file, but {excerpt(str(name_or_path))} is not a .gguf file")
     if not path.is_file():
-        raise RecipeError(f"load_pipeline: {path}: no such GGUF file")
+        raise RecipeError(f"{caller}: {path}: no such GGUF file")
     return path, str(base)
 
 
@@ -107,41 +108,49 @@ def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
                 plain = dequantize_gguf_tensor(param).to(compute)
                 module._parameters[pname] = torch.nn.Parameter(plain.as_subclass(torch.Tensor), requires_grad=False)
                 count += 1
+        for bname, buf in list(module._buffers.items()):  # a table the file holds packed (SD3's pos_embed)
+            if isinstance(buf, GGUFParameter):
+                module._buffers[bname] = dequantize_gguf_tensor(buf).to(compute).as_subclass(torch.Tensor)
+                count += 1
     return count
 
 
-def gguf_planned_bytes(path: str | os.PathLike[str], compute: str, islands: tuple[str, ...] | list[str] = (),
-                       keep_in_fp32: tuple[str, ...] | list[str] = ()) -> dict[str, int]:
-    """Bytes per storage the model read from a GGUF file takes once loaded: quantized blocks of 2-D (Linear)
-    weights as stored in the file (diffusers keeps them packed), every other tensor in the compute dtype (F32/F16
-    are cast by ``from_single_file``; packed convolutions are unpacked by the loader); float32 for the tensors
-    inside ``islands`` (the recipe's fp32 islands, unpacked by the loader). Tensors the model class's
-    ``_keep_in_fp32_modules`` names are unpacked by diffusers (model_loading_utils.py), then held as the recipe says.
+def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, ...] | list[str] = ()) -> dict[str, tuple[str, int]]:
+    """Parameter name -> (GGUF type, bytes) for the parameters of ``module`` that stay packed once the file is loaded.
+
+    The rule is diffusers' own (quantizers/gguf/): a tensor of a quantized type (or BF16) stays packed only where
+    ``_replace_with_gguf_linear`` made its ``nn.Linear`` a ``GGUFLinear`` (its ``weight`` is packed in the file and
+    no name on its path is in the class's ``_keep_in_fp32_modules``; those are unpacked by ``create_quantized_param``),
+    and the loader here keeps it packed only outside the recipe's fp32 ``islands``. Every other parameter is plain
+    (packed convolutions and tables are unpacked by the loader) and the recipe's dtypes apply; file tensors that are
+    no parameter (buffers such as SD3's ``pos_embed``) are not weights. ``module`` may be on the meta device.
 
     Example:
         >>> import tempfile, torch
         >>> from hf_precision.testing.gguf_file import write_gguf
         >>> path = Path(tempfile.mkdtemp()) / "m.gguf"
-        >>> _ = write_gguf(torch.nn.Linear(64, 8), path)
-        >>> gguf_planned_bytes(path, "bfloat16")   # 8 rows x 2 blocks of 34 bytes; 8 bias values in bf16
-        {'Q8_0': 544, 'bfloat16': 16}
+        >>> net = torch.nn.Sequential(torch.nn.Linear(64, 8))
+        >>> _ = write_gguf(net, path)
+        >>> gguf_packed(path, net)   # 8 rows x 2 blocks of 34 bytes; the F32 bias is plain
+        {'0.weight': ('Q8_0', 544)}
     """
     import gguf
+    import torch
 
     from ..recipe.patterns import inside
 
-    kept = set(islands)
-    out: dict[str, int] = {}
-    for tensor in gguf.GGUFReader(str(path)).tensors:
-        kind = tensor.tensor_type
-        name = str(tensor.name)
-        packed = kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        island = inside(name.rpartition(".")[0], kept)
-        linear = len(tensor.shape) == 2 and name.endswith(".weight")  # what diffusers makes a GGUFLinear
-        if packed and linear and not island and not any(k in name.split(".") for k in keep_in_fp32):
-            key, size = kind.name, int(tensor.n_bytes)
-        else:  # plain: the recipe then holds islands in fp32 and the rest in the compute dtype
-            key = "float32" if island else compute
-            size = int(tensor.n_elements) * dt.itemsize(key)
-        out[key] = out.get(key, 0) + size
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    packed = {str(t.name): t for t in gguf.GGUFReader(str(path)).tensors if t.tensor_type not in plain}
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    kept = frozenset(islands)
+    out: dict[str, tuple[str, int]] = {}
+    for mname, layer in module.named_modules():
+        prefix = f"{mname}." if mname else ""
+        if (not isinstance(layer, torch.nn.Linear) or f"{prefix}weight" not in packed
+                or keep.intersection(mname.split(".")) or inside(mname, kept)):
+            continue
+        for pname, _ in layer.named_parameters(recurse=False):
+            tensor = packed.get(prefix + pname)
+            if tensor is not None:
+                out[prefix + pname] = (tensor.tensor_type.name, int(tensor.n_bytes))
     return out
