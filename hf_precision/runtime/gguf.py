@@ -77,8 +77,16 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
                           f"the file is a {spec[1]} (same architecture and size as the base folder)") from None
     from .layout import component_islands
 
-    _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False))
+    _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False) + _first_layer(model))
     return name, model
+
+
+def _first_layer(model: Any) -> list[str]:
+    """The layer holding the model's first parameter, kept unpacked: pipelines make their latents in
+    ``next(model.parameters()).dtype`` (Stable Cascade's prior pipeline, pipeline_stable_cascade_prior.py), which a
+    packed GGUF weight makes uint8 ('"normal_kernel_cpu" not implemented for 'Byte'')."""
+    first = next(iter(model.named_parameters()), None)
+    return [first[0].rpartition(".")[0]] if first is not None else []
 
 
 def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
@@ -87,9 +95,9 @@ def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
     diffusers keeps every tensor of a quantized GGUF type (and BF16) packed, but only its ``GGUFLinear`` unpacks
     them on use (quantizers/gguf/utils.py): a convolution stored BF16 or Q8_0 (a UNet's, a video patch embedder's)
     would reach torch as raw bytes ("expected scalar type BFloat16 but found Byte"); those are unpacked once, to
-    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers of the recipe's fp32
-    islands are unpacked too and become plain ``nn.Linear`` (``GGUFLinear`` computes in the compute dtype): the
-    recipe then keeps them in fp32 like every island.
+    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers named in ``islands``
+    (the recipe's fp32 islands, the first parameter's layer) are unpacked too and become plain ``nn.Linear``
+    (``GGUFLinear`` computes in the compute dtype): the recipe then keeps the islands in fp32 like every island.
     """
     import torch
     from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter, dequantize_gguf_tensor
@@ -121,7 +129,8 @@ def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, .
     The rule is diffusers' own (quantizers/gguf/): a tensor of a quantized type (or BF16) stays packed only where
     ``_replace_with_gguf_linear`` made its ``nn.Linear`` a ``GGUFLinear`` (its ``weight`` is packed in the file and
     no name on its path is in the class's ``_keep_in_fp32_modules``; those are unpacked by ``create_quantized_param``),
-    and the loader here keeps it packed only outside the recipe's fp32 ``islands``. Every other parameter is plain
+    and the loader here keeps it packed only outside the recipe's fp32 ``islands`` and the layer of the model's first
+    parameter (pipelines read their dtype from it). Every other parameter is plain
     (packed convolutions and tables are unpacked by the loader) and the recipe's dtypes apply; file tensors that are
     no parameter (buffers such as SD3's ``pos_embed``) are not weights. ``module`` may be on the meta device.
 
@@ -129,10 +138,10 @@ def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, .
         >>> import tempfile, torch
         >>> from hf_precision.testing.gguf_file import write_gguf
         >>> path = Path(tempfile.mkdtemp()) / "m.gguf"
-        >>> net = torch.nn.Sequential(torch.nn.Linear(64, 8))
+        >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
         >>> _ = write_gguf(net, path)
-        >>> gguf_packed(path, net)   # 8 rows x 2 blocks of 34 bytes; the F32 bias is plain
-        {'0.weight': ('Q8_0', 544)}
+        >>> gguf_packed(path, net)   # 8 rows x 2 blocks of 34 bytes; biases (F32) and the first layer are plain
+        {'1.weight': ('Q8_0', 544)}
     """
     import gguf
     import torch
@@ -142,7 +151,7 @@ def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, .
     plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
     packed = {str(t.name): t for t in gguf.GGUFReader(str(path)).tensors if t.tensor_type not in plain}
     keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
-    kept = frozenset(islands)
+    kept = frozenset(list(islands) + _first_layer(module))
     out: dict[str, tuple[str, int]] = {}
     for mname, layer in module.named_modules():
         prefix = f"{mname}." if mname else ""
