@@ -342,8 +342,9 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         planned = planned_dtypes(module, cp, islands)
         packed: dict[str, tuple[str, int]] = {}
         if gguf_file is not None and cp.name == resolved.denoiser:
-            from ..runtime.gguf import gguf_packed
+            from ..runtime.gguf import gguf_packed, refuse_unreadable
 
+            refuse_unreadable(gguf_file, type(module), cp.name, str(base))
             packed = gguf_packed(gguf_file, module, islands)
         components[cp.name] = _plan_component(cp, module, library, islands, planned, modules, device_why, packed)
         del module

@@ -19,7 +19,7 @@ from ..errors import RecipeError, excerpt
 from .source import listed_components
 from ..recipe.resolution import Recipe
 
-__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_packed"]
+__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_packed", "refuse_unreadable"]
 
 
 def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -59,9 +59,9 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
         raise RecipeError(f"{path}: the base {where} has no denoiser component for the GGUF file (recipe {recipe.name})")
     cls = getattr(diffusers, str(spec[1]), None) or getattr(importlib.import_module(f"diffusers.pipelines.{spec[0]}"),
                                                              str(spec[1]), None)
-    if cls is None or not hasattr(cls, "from_single_file"):
-        raise RecipeError(f"{path}: {spec[1]} (the {name} of {where}) cannot be read from a single file by this "
-                          f"diffusers {diffusers.__version__} (no from_single_file); use a diffusers folder instead")
+    if cls is None:
+        raise RecipeError(f"{path}: diffusers {diffusers.__version__} has no class {spec[1]} (the {name} of {where})")
+    refuse_unreadable(path, cls, name, where)
     try:
         import gguf  # noqa: F401  (diffusers reads the file with it)
     except ImportError:
@@ -79,6 +79,32 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
 
     _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False) + _first_layer(model))
     return name, model
+
+
+def refuse_unreadable(path: Path, cls: type, name: str, where: str) -> None:
+    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file.
+
+    Some classes inherit ``from_single_file`` but are in no single-file mapping (HunyuanVideoFramepack's
+    transformer: "FromOriginalModelMixin is currently only compatible with ..."), which diffusers finds by
+    subclass (loaders/single_file_model.py); asked the same way here.
+
+    Example:
+        >>> import torch
+        >>> refuse_unreadable(Path("x.gguf"), torch.nn.Linear, "transformer", "base")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: x.gguf: Linear (the transformer of base) cannot be read from a single file by diffusers ... (no single-file loader for it); use a diffusers folder instead
+    """
+    import diffusers
+
+    try:
+        from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class as mapping
+    except ImportError:  # another diffusers: from_single_file itself says
+        mapping = None
+    if not hasattr(cls, "from_single_file") or (mapping is not None and mapping(cls) is None):
+        raise RecipeError(f"{path}: {cls.__name__} (the {name} of {where}) cannot be read from a single file by "
+                          f"diffusers {diffusers.__version__} (no single-file loader for it); use a diffusers folder "
+                          f"instead")
 
 
 def _first_layer(model: Any) -> list[str]:
