@@ -89,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import hf_precision as hp
-    from hf_precision.runtime.gguf import gguf_planned_bytes
     from hf_precision.runtime.quantize import module_bytes
     from hf_precision.testing import save_pipeline
     from hf_precision.testing.gguf_file import write_gguf
@@ -131,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         pipe = hp.load_pipeline(where, "cpu", layout=layout, base=folder if gguf else None, **kwargs)
         if inputs is None:
             inputs = _capture(pipe, args.resolution)
-        if gguf:
-            planned = sum(gguf_planned_bytes(gguf_path, "bfloat16").values())
+        if gguf:  # the file's header and the base folder's configs, as loading reads them
+            planned = hp.plan(gguf_path, device=layout, base=folder)["transformer"].total_bytes
         else:
             planned = hp.plan(folder, device=layout, overrides={"transformer": {"storage": storage}} if storage
                               else None)["transformer"].total_bytes

@@ -284,7 +284,6 @@ def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
     the rest comes from the diffusers folder. Loaded bytes are the file's blocks plus the rest in the compute dtype."""
     from diffusers import FluxTransformer2DModel
 
-    from hf_precision.runtime.gguf import gguf_planned_bytes
     from hf_precision.testing.gguf_file import write_gguf
 
     source = FluxTransformer2DModel.from_pretrained(flux_folder, subfolder="transformer")
@@ -297,8 +296,12 @@ def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(path, "cpu", base=flux_folder, layout="cpu-amx")
     assert any("loaded from the GGUF file" in a for a in hp.applied(pipe).actions)
-    assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight"))
-    assert module_bytes(pipe.transformer) == sum(gguf_planned_bytes(path, "bfloat16").values())
+    # every Q8_0 Linear stays packed but the first (x_embedder): pipelines read their dtype from the first parameter
+    assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight")) - 1
+    assert "x_embedder" not in quantized_in(pipe.transformer)
+    planned = hp.plan(path, device="cpu-amx", base=flux_folder)  # the file's header, no weights read
+    assert module_bytes(pipe.transformer) == planned["transformer"].total_bytes
+    assert planned["transformer"].bytes_by_dtype["Q8_0"] > 0
     assert torch.isfinite(_run(pipe)).all()
 
 
@@ -376,27 +379,40 @@ def test_check_passes_wan_in_bf16():
     assert report.ok, str(report)
 
 
-def test_gguf_unet_with_bf16_convolutions_and_islands(tmp_path):
-    """A BF16 GGUF UNet: diffusers leaves its convolutions packed (only its GGUFLinear unpacks), the loader unpacks
-    them ('expected scalar type BFloat16 but found Byte' before); Q8_0 island layers (SDXL's time/add embeddings)
-    become plain fp32 layers; the bytes are what gguf_planned_bytes counts from the file and the islands."""
-    from hf_precision.runtime.gguf import gguf_planned_bytes
+@pytest.mark.parametrize("name, qtypes", [("sdxl", ("BF16", "Q8_0")), ("wan", ("Q8_0",)), ("sd3", ("Q8_0",)),
+                                           ("cascade_prior", ("Q8_0",))])
+def test_gguf_denoiser_plans_exactly_and_runs(tmp_path, name, qtypes):
+    """plan(file, base=...) counts what loading a GGUF denoiser gives, every component, from the file's header.
+    SDXL BF16: diffusers leaves convolutions packed, the loader unpacks them ('expected scalar type BFloat16 but found
+    Byte' before); its Q8_0 island layers become plain fp32. Wan: its transformer (None by default in WanPipeline)
+    was loaded again from the base folder over the GGUF one. SD3: the file's pos_embed buffer is no weight, and ran
+    packed. Stable Cascade's prior: the pipeline makes latents in its first parameter's dtype (was uint8)."""
     from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
     from hf_precision.testing.gguf_file import write_gguf
 
-    source = make_pipeline("sdxl")
-    folder = save_pipeline(source, tmp_path / "sdxl")
-    for qtype in ("BF16", "Q8_0"):
-        path = tmp_path / f"unet-{qtype}.gguf"
-        write_gguf(source.unet, path, qtype)
+    row = PIPELINES[name]
+    source = make_pipeline(name)
+    folder = save_pipeline(source, tmp_path / name)
+    comp = hp.get_recipe(row.recipe, device="cpu").denoiser
+    for qtype in qtypes:
+        path = tmp_path / f"{comp}-{qtype}.gguf"
+        write_gguf(getattr(source, comp), path, qtype)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx")
-        islands = hp.applied(pipe).islands["unet"]
-        assert islands and not [n for n in quantized_in(pipe.unet) if any(n.startswith(i + ".") for i in islands)]
-        assert module_bytes(pipe.unet) == sum(gguf_planned_bytes(path, "bfloat16", islands).values())
-        out = pipe(**PIPELINES["sdxl"].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
-        assert torch.isfinite(torch.as_tensor(out.images)).all()
+        row.ready(pipe)
+        assert quantized_in(getattr(pipe, comp)) or qtype == "BF16"  # the GGUF model, not the base folder's
+        islands = hp.applied(pipe).islands[comp]
+        assert not [n for n in quantized_in(getattr(pipe, comp)) if any(n.startswith(i + ".") for i in islands)]
+        planned = hp.plan(path, device="cpu-amx", base=folder)
+        assert {c: module_bytes(getattr(pipe, c)) for c in planned.components} == \
+            {c: p.total_bytes for c, p in planned.components.items()}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = pipe(**row.call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+        res = row.result(out)
+        res = res if isinstance(res, torch.Tensor) else torch.as_tensor(__import__("numpy").asarray(res))
+        assert torch.isfinite(res.float()).all()
 
 
 @pytest.mark.parametrize("storage", ["int8", "float8_e4m3fn"])

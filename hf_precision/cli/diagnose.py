@@ -29,6 +29,9 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
                    help="use --recipe even for a pipeline class its pipelines: list does not name")
     p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (exact byte counts)")
+    p.add_argument("--base", default=None, metavar="FOLDER",
+                   help="with a .gguf file as NAME: the folder, alias or Hub id for the rest of the pipeline; the "
+                        "denoiser is counted from the file's tensor types")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -37,7 +40,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..runtime.source import check_name, shipped_configs
 
     # A typo or a damaged config fails in a blink, before torch and diffusers are imported; plan reads no weights.
-    if Path(args.name).expanduser().is_dir():
+    if args.base is not None or args.name.lower().endswith(".gguf"):
+        pass  # plan() names a missing file or base itself
+    elif Path(args.name).expanduser().is_dir():
         preflight(args.name, recipe=args.recipe, device=resolve_for(args), overrides=overrides_from(args) or None,
                   weights=False)
     elif args.name not in shipped_configs():
@@ -45,7 +50,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..diagnose.planner import plan
 
     result = plan(args.name, device=resolve_for(args), recipe=args.recipe, overrides=overrides_from(args) or None,
-                  modules=args.modules, force=args.force)
+                  modules=args.modules, force=args.force, base=args.base)
     print(result.to_json() if args.json else result.table(modules=args.modules))
     return 0
 

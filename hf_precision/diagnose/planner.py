@@ -255,7 +255,7 @@ def _models_if_composed(source: str, index: Mapping[str, Any], recipe: Any) -> d
 
 
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
-         overrides: Any = None, modules: bool = False, force: bool = False) -> Plan:
+         overrides: Any = None, modules: bool = False, force: bool = False, base: str | Path | None = None) -> Plan:
     """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
 
     Nothing is downloaded or allocated: each component is built on the meta device from its ``config.json``, the
@@ -278,6 +278,9 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             planned dtype (``Plan.table(modules=True)``, ``hf-precision plan --modules``).
         force (`bool`, *optional*, defaults to `False`): Plan with ``recipe`` even when its ``pipelines`` list does
             not name the pipeline class.
+        base (*optional*): With a GGUF single file as ``name_or_path``, what holds the rest of the pipeline (a
+            folder, alias or Hub id, as ``load_pipeline(file, base=...)`` takes it). The denoiser is then counted
+            from the file's tensor types (its header only: ``runtime.gguf.gguf_packed``), exactly as it loads.
 
     Returns:
         `Plan`: print it for a table; ``to_json()`` carries exact byte counts.
@@ -300,7 +303,14 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     from ..runtime.quantize import refuse_library
 
     text = str(name_or_path)
-    source, index, configs = configs_of(text)
+    gguf_file = None
+    if text.lower().endswith(".gguf") or base is not None:
+        from ..runtime.gguf import split_gguf
+
+        gguf_file, base = split_gguf(text, base, caller="plan")
+    source, index, configs = configs_of(base if gguf_file is not None else text)
+    if gguf_file is not None:
+        source = f"{gguf_file} + {source}"
     pipeline = str(index.get("_class_name", "?"))
     if recipe is None and text in list_recipes("pipeline"):
         recipe = text
@@ -329,8 +339,14 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         module = build_on_meta(library, class_name, configs[cp.name])
         check_user_names(cp, module)
         islands = component_islands(cp, module)
-        components[cp.name] = _plan_component(cp, module, library, islands, planned_dtypes(module, cp, islands),
-                                              modules, device_why)
+        planned = planned_dtypes(module, cp, islands)
+        packed: dict[str, tuple[str, int]] = {}
+        if gguf_file is not None and cp.name == resolved.denoiser:
+            from ..runtime.gguf import gguf_packed, refuse_unreadable
+
+            refuse_unreadable(gguf_file, type(module), cp.name, str(base))
+            packed = gguf_packed(gguf_file, module, islands)
+        components[cp.name] = _plan_component(cp, module, library, islands, planned, modules, device_why, packed)
         del module
     return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)
 
@@ -340,7 +356,8 @@ def _decision(cp: ComponentPlan, field: str) -> Any:
 
 
 def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands: list[str], planned: dict[str, str],
-                    with_modules: bool, device_why: str) -> PlannedComponent:
+                    with_modules: bool, device_why: str,
+                    packed: Mapping[str, tuple[str, int]] | None = None) -> PlannedComponent:
     from ..recipe.patterns import inside
 
     params = 0
@@ -353,6 +370,8 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
         name = planned.get(pname) or dt.from_torch(param.dtype)
         known = name in CHOICES or name in dt.DTYPES  # a quantized layout: its backend's exact bytes
         size = stored_bytes(name, tuple(param.shape), cp.compute) if known else n * param.element_size()
+        if packed and pname in packed:  # a GGUF file's blocks, as stored
+            name, size = packed[pname]
         by_dtype[name] = by_dtype.get(name, 0) + size
         fp32_bytes += n * 4 if param.is_floating_point() else size
         own.setdefault(pname.rpartition(".")[0], []).append((n, name))

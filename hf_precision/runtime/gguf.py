@@ -19,10 +19,11 @@ from ..errors import RecipeError, excerpt
 from .source import listed_components
 from ..recipe.resolution import Recipe
 
-__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_planned_bytes"]
+__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_packed", "refuse_unreadable"]
 
 
-def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None) -> tuple[Path, str]:
+def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None,
+               caller: str = "load_pipeline") -> tuple[Path, str]:
     """(the GGUF file, the diffusers folder or Hub id for the rest), or a ``RecipeError`` saying what to pass.
 
     Example:
@@ -35,13 +36,13 @@ base='black-forest-labs/FLUX.1-dev') (CLI: --base)
     """
     path = Path(name_or_path).expanduser()
     if base is None:
-        raise RecipeError(f"load_pipeline({excerpt(str(name_or_path))}): a GGUF file holds one model, not a pipeline; "
-                          f"pass the diffusers folder (or Hub id) for the rest: load_pipeline({excerpt(str(name_or_path))}, "
+        raise RecipeError(f"{caller}({excerpt(str(name_or_path))}): a GGUF file holds one model, not a pipeline; "
+                          f"pass the diffusers folder (or Hub id) for the rest: {caller}({excerpt(str(name_or_path))}, "
                           f"base='black-forest-labs/FLUX.1-dev') (CLI: --base)")
     if path.suffix.lower() != ".gguf":
-        raise RecipeError(f"load_pipeline: base= is for a GGUF file, but {excerpt(str(name_or_path))} is not a .gguf file")
+        raise RecipeError(f"{caller}: base= is for a GGUF file, but {excerpt(str(name_or_path))} is not a .gguf file")
     if not path.is_file():
-        raise RecipeError(f"load_pipeline: {path}: no such GGUF file")
+        raise RecipeError(f"{caller}: {path}: no such GGUF file")
     return path, str(base)
 
 
@@ -58,9 +59,9 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
         raise RecipeError(f"{path}: the base {where} has no denoiser component for the GGUF file (recipe {recipe.name})")
     cls = getattr(diffusers, str(spec[1]), None) or getattr(importlib.import_module(f"diffusers.pipelines.{spec[0]}"),
                                                              str(spec[1]), None)
-    if cls is None or not hasattr(cls, "from_single_file"):
-        raise RecipeError(f"{path}: {spec[1]} (the {name} of {where}) cannot be read from a single file by this "
-                          f"diffusers {diffusers.__version__} (no from_single_file); use a diffusers folder instead")
+    if cls is None:
+        raise RecipeError(f"{path}: diffusers {diffusers.__version__} has no class {spec[1]} (the {name} of {where})")
+    refuse_unreadable(path, cls, name, where)
     try:
         import gguf  # noqa: F401  (diffusers reads the file with it)
     except ImportError:
@@ -76,8 +77,42 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
                           f"the file is a {spec[1]} (same architecture and size as the base folder)") from None
     from .layout import component_islands
 
-    _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False))
+    _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False) + _first_layer(model))
     return name, model
+
+
+def refuse_unreadable(path: Path, cls: type, name: str, where: str) -> None:
+    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file.
+
+    Some classes inherit ``from_single_file`` but are in no single-file mapping (HunyuanVideoFramepack's
+    transformer: "FromOriginalModelMixin is currently only compatible with ..."), which diffusers finds by
+    subclass (loaders/single_file_model.py); asked the same way here.
+
+    Example:
+        >>> import torch
+        >>> refuse_unreadable(Path("x.gguf"), torch.nn.Linear, "transformer", "base")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: x.gguf: Linear (the transformer of base) cannot be read from a single file by diffusers ... (no single-file loader for it); use a diffusers folder instead
+    """
+    import diffusers
+
+    try:
+        from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class as mapping
+    except ImportError:  # another diffusers: from_single_file itself says
+        mapping = None
+    if not hasattr(cls, "from_single_file") or (mapping is not None and mapping(cls) is None):
+        raise RecipeError(f"{path}: {cls.__name__} (the {name} of {where}) cannot be read from a single file by "
+                          f"diffusers {diffusers.__version__} (no single-file loader for it); use a diffusers folder "
+                          f"instead")
+
+
+def _first_layer(model: Any) -> list[str]:
+    """The layer holding the model's first parameter, kept unpacked: pipelines make their latents in
+    ``next(model.parameters()).dtype`` (Stable Cascade's prior pipeline, pipeline_stable_cascade_prior.py), which a
+    packed GGUF weight makes uint8 ('"normal_kernel_cpu" not implemented for 'Byte'')."""
+    first = next(iter(model.named_parameters()), None)
+    return [first[0].rpartition(".")[0]] if first is not None else []
 
 
 def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
@@ -86,9 +121,9 @@ def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
     diffusers keeps every tensor of a quantized GGUF type (and BF16) packed, but only its ``GGUFLinear`` unpacks
     them on use (quantizers/gguf/utils.py): a convolution stored BF16 or Q8_0 (a UNet's, a video patch embedder's)
     would reach torch as raw bytes ("expected scalar type BFloat16 but found Byte"); those are unpacked once, to
-    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers of the recipe's fp32
-    islands are unpacked too and become plain ``nn.Linear`` (``GGUFLinear`` computes in the compute dtype): the
-    recipe then keeps them in fp32 like every island.
+    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers named in ``islands``
+    (the recipe's fp32 islands, the first parameter's layer) are unpacked too and become plain ``nn.Linear``
+    (``GGUFLinear`` computes in the compute dtype): the recipe then keeps the islands in fp32 like every island.
     """
     import torch
     from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter, dequantize_gguf_tensor
@@ -107,41 +142,50 @@ def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
                 plain = dequantize_gguf_tensor(param).to(compute)
                 module._parameters[pname] = torch.nn.Parameter(plain.as_subclass(torch.Tensor), requires_grad=False)
                 count += 1
+        for bname, buf in list(module._buffers.items()):  # a table the file holds packed (SD3's pos_embed)
+            if isinstance(buf, GGUFParameter):
+                module._buffers[bname] = dequantize_gguf_tensor(buf).to(compute).as_subclass(torch.Tensor)
+                count += 1
     return count
 
 
-def gguf_planned_bytes(path: str | os.PathLike[str], compute: str, islands: tuple[str, ...] | list[str] = (),
-                       keep_in_fp32: tuple[str, ...] | list[str] = ()) -> dict[str, int]:
-    """Bytes per storage the model read from a GGUF file takes once loaded: quantized blocks of 2-D (Linear)
-    weights as stored in the file (diffusers keeps them packed), every other tensor in the compute dtype (F32/F16
-    are cast by ``from_single_file``; packed convolutions are unpacked by the loader); float32 for the tensors
-    inside ``islands`` (the recipe's fp32 islands, unpacked by the loader). Tensors the model class's
-    ``_keep_in_fp32_modules`` names are unpacked by diffusers (model_loading_utils.py), then held as the recipe says.
+def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, ...] | list[str] = ()) -> dict[str, tuple[str, int]]:
+    """Parameter name -> (GGUF type, bytes) for the parameters of ``module`` that stay packed once the file is loaded.
+
+    The rule is diffusers' own (quantizers/gguf/): a tensor of a quantized type (or BF16) stays packed only where
+    ``_replace_with_gguf_linear`` made its ``nn.Linear`` a ``GGUFLinear`` (its ``weight`` is packed in the file and
+    no name on its path is in the class's ``_keep_in_fp32_modules``; those are unpacked by ``create_quantized_param``),
+    and the loader here keeps it packed only outside the recipe's fp32 ``islands`` and the layer of the model's first
+    parameter (pipelines read their dtype from it). Every other parameter is plain
+    (packed convolutions and tables are unpacked by the loader) and the recipe's dtypes apply; file tensors that are
+    no parameter (buffers such as SD3's ``pos_embed``) are not weights. ``module`` may be on the meta device.
 
     Example:
         >>> import tempfile, torch
         >>> from hf_precision.testing.gguf_file import write_gguf
         >>> path = Path(tempfile.mkdtemp()) / "m.gguf"
-        >>> _ = write_gguf(torch.nn.Linear(64, 8), path)
-        >>> gguf_planned_bytes(path, "bfloat16")   # 8 rows x 2 blocks of 34 bytes; 8 bias values in bf16
-        {'Q8_0': 544, 'bfloat16': 16}
+        >>> net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+        >>> _ = write_gguf(net, path)
+        >>> gguf_packed(path, net)   # 8 rows x 2 blocks of 34 bytes; biases (F32) and the first layer are plain
+        {'1.weight': ('Q8_0', 544)}
     """
     import gguf
+    import torch
 
     from ..recipe.patterns import inside
 
-    kept = set(islands)
-    out: dict[str, int] = {}
-    for tensor in gguf.GGUFReader(str(path)).tensors:
-        kind = tensor.tensor_type
-        name = str(tensor.name)
-        packed = kind not in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-        island = inside(name.rpartition(".")[0], kept)
-        linear = len(tensor.shape) == 2 and name.endswith(".weight")  # what diffusers makes a GGUFLinear
-        if packed and linear and not island and not any(k in name.split(".") for k in keep_in_fp32):
-            key, size = kind.name, int(tensor.n_bytes)
-        else:  # plain: the recipe then holds islands in fp32 and the rest in the compute dtype
-            key = "float32" if island else compute
-            size = int(tensor.n_elements) * dt.itemsize(key)
-        out[key] = out.get(key, 0) + size
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    packed = {str(t.name): t for t in gguf.GGUFReader(str(path)).tensors if t.tensor_type not in plain}
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or ())
+    kept = frozenset(list(islands) + _first_layer(module))
+    out: dict[str, tuple[str, int]] = {}
+    for mname, layer in module.named_modules():
+        prefix = f"{mname}." if mname else ""
+        if (not isinstance(layer, torch.nn.Linear) or f"{prefix}weight" not in packed
+                or keep.intersection(mname.split(".")) or inside(mname, kept)):
+            continue
+        for pname, _ in layer.named_parameters(recurse=False):
+            tensor = packed.get(prefix + pname)
+            if tensor is not None:
+                out[prefix + pname] = (tensor.tensor_type.name, int(tensor.n_bytes))
     return out

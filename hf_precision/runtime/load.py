@@ -246,6 +246,16 @@ def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[
 
     where, folder, index = target.where, target.folder, target.index
     cls = target.pipeline_class or DiffusionPipeline
+    if cls is DiffusionPipeline:
+        # The index's own class, not DiffusionPipeline: from_pretrained sorts passed components by cls's
+        # _optional_components, so through the base class a component the class's __init__ defaults to None (Wan's
+        # transformer, Wan 2.2) was taken for a config keyword and loaded again from the folder over the one passed
+        # (a GGUF transformer, a streamed one): pipeline_utils.py _get_signature_keys.
+        import diffusers
+
+        named = getattr(diffusers, str(index.get("_class_name")), None)
+        if isinstance(named, type) and issubclass(named, DiffusionPipeline):
+            cls = named
     if kwargs.get("use_safetensors") is False:
         # diffusers passes use_safetensors=False on to transformers, which then refuses the model.safetensors it
         # saves itself (transformers 5 always writes safetensors); None reads safetensors where present, pickle
