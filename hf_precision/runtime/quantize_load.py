@@ -69,6 +69,33 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
     return {"planned": planned}
 
 
+def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[str]:
+    """Quantize the planned layers the backend left plain, with the same backend and scheme; their names.
+
+    transformers and diffusers quantize weights as they are read from the checkpoint, so a layer whose weights the
+    checkpoint lacks (BertModel's ``pooler`` in HunyuanDiT's text encoder is newly initialized) stays plain
+    (torchao) or holds unfrozen float weights (quanto), while the plan, built from the model's structure, counts it.
+    """
+    missing = sorted(predicted - quantized_in(module))
+    if not missing:
+        return []
+    choice = CHOICES[plan.storage]
+    done = []
+    for name in missing:
+        layer = module.get_submodule(name)
+        if choice.backend == "quanto" and hasattr(layer, "freeze"):
+            layer.freeze()  # optimum.quanto's QModuleMixin.freeze: quantizes the float weight in place
+        elif choice.backend == "torchao" and type(layer) is torch.nn.Linear:
+            import torchao.quantization as ao
+
+            from .quantize import torchao_scheme
+
+            ao.quantize_(layer, torchao_scheme(choice.scheme))
+        if is_quantized_tensor(layer._parameters.get("weight")):
+            done.append(name)
+    return done
+
+
 def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> list[str]:
     """Lines for ``Applied.actions``: what each backend quantized, checked against the plan; the caller's config."""
     lines = []
@@ -81,6 +108,10 @@ def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> 
                      f"hf_precision kept its islands and boundary casts, plan() does not count this layout")
     for name, predicted in (notes.get("planned") or {}).items():
         plan = recipe[name]
+        done = _complete(getattr(pipe, name), plan, predicted)
+        if done:
+            lines.append(f"{name}: {len(done)} planned layer(s) the checkpoint has no weights for (newly initialized, "
+                         f"so the backend skipped them) quantized after loading, as planned: {done[:3]}")
         actual = quantized_in(getattr(pipe, name))
         choice = CHOICES[plan.storage]
         if actual == predicted:
