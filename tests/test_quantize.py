@@ -437,7 +437,8 @@ def test_fp8_stable_cascade_prior_makes_its_latents_in_the_compute_dtype(tmp_pat
 @pytest.fixture(scope="module")
 def flux_missing_weight(flux_folder, tmp_path_factory):
     """The tiny Flux with one text-encoder Linear weight left out of the checkpoint (HunyuanDiT's BertModel pooler
-    is such a layer: transformers initializes it anew)."""
+    is such a layer: transformers initializes it anew) and a zero-initialized transformer layer (adaLN-Zero,
+    Kandinsky 3's ``context_mlp``)."""
     import shutil
 
     from safetensors.torch import load_file, save_file
@@ -448,17 +449,29 @@ def flux_missing_weight(flux_folder, tmp_path_factory):
     state = load_file(path)
     del state[next(k for k in state if k.endswith("layers.0.self_attn.q_proj.weight"))]
     save_file(state, path, metadata={"format": "pt"})
+    path = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(path)
+    state["transformer_blocks.0.norm1.linear.weight"].zero_()
+    save_file(state, path, metadata={"format": "pt"})
     return folder
 
 
-@pytest.mark.parametrize("storage,layout", [("int8", "cpu-amx"), ("quanto-int8", None), ("quanto-float8", "cpu-amx")])
-def test_a_layer_missing_from_the_checkpoint_is_quantized_as_planned(flux_missing_weight, storage, layout):
+@pytest.mark.parametrize("component,storage,layout", [("text_encoder", "int8", "cpu-amx"),
+                                                      ("text_encoder", "quanto-int8", None),
+                                                      ("text_encoder", "quanto-float8", "cpu-amx"),
+                                                      ("transformer", "quanto-float8", "cpu-amx")])
+def test_missing_and_zero_weights_are_quantized_as_planned_and_stay_finite(flux_missing_weight, component, storage,
+                                                                          layout):
     """The backends quantize weights as they read them, so a newly initialized layer stayed plain (torchao) or held
-    float weights (quanto) while plan() counted it quantized: HunyuanDiT's text encoder was 864-2936 B off."""
+    float weights (quanto) while plan() counted it quantized: HunyuanDiT's text encoder was 864-2936 B off. quanto's
+    float8 wrote an all-zero weight row as NaN (0/0): Kandinsky 3's UNet gave all-NaN output."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(flux_missing_weight, "cpu", layout=layout, quantize={"text_encoder": storage})
-    assert any(n.endswith("layers.0.self_attn.q_proj") for n in quantized_in(pipe.text_encoder))
+        pipe = hp.load_pipeline(flux_missing_weight, "cpu", layout=layout, quantize={component: storage})
+    module = getattr(pipe, component)
+    layer = "layers.0.self_attn.q_proj" if component == "text_encoder" else "transformer_blocks.0.norm1.linear"
+    assert any(n.endswith(layer) for n in quantized_in(module))
     assert "as planned" in "\n".join(hp.applied(pipe).actions)
-    planned = hp.plan(flux_missing_weight, device=layout or "cpu", overrides={"text_encoder": {"storage": storage}})
-    assert planned["text_encoder"].total_bytes == module_bytes(pipe.text_encoder)
+    planned = hp.plan(flux_missing_weight, device=layout or "cpu", overrides={component: {"storage": storage}})
+    assert planned[component].total_bytes == module_bytes(module)
+    assert torch.isfinite(_run(pipe)).all()

@@ -96,9 +96,36 @@ def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[s
     return done
 
 
+def _zero_rows(module: torch.nn.Module) -> list[str]:
+    """Set to 0 the fp8 values optimum-quanto wrote as NaN for all-zero weight rows; the layers it repaired.
+
+    quanto scales each row by its absmax, and ``0 / 0`` is NaN in float8 (int8 rounds it to 0): a zero-initialized
+    layer (Kandinsky 3's ``context_mlp``, a ControlNet's zero convolutions, adaLN-Zero) made every output NaN.
+    A zero row is exactly 0 under any scale, so this changes no other value and no byte.
+    """
+    fixed = []
+    for name, layer in module.named_modules():
+        weight = layer._parameters.get("weight")
+        data, scale = getattr(weight, "_data", None), getattr(weight, "_scale", None)
+        if (type(data) is not torch.Tensor or not isinstance(scale, torch.Tensor)
+                or data.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or bool((scale != 0).all())):
+            continue
+        with torch.no_grad():
+            wide = data.float()
+            data.copy_(torch.where(torch.isnan(wide), torch.zeros_like(wide), wide).to(data.dtype))
+        fixed.append(name)
+    return fixed
+
+
 def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> list[str]:
     """Lines for ``Applied.actions``: what each backend quantized, checked against the plan; the caller's config."""
     lines = []
+    for plan in recipe.plans:
+        module = getattr(pipe, plan.name, None)
+        fixed = _zero_rows(module) if isinstance(module, torch.nn.Module) else []
+        if fixed:
+            lines.append(f"{plan.name}: {len(fixed)} fp8 layer(s) with all-zero weight rows, which optimum-quanto "
+                         f"stores as NaN (0/0 scale), set back to 0: {fixed[:3]}")
     user = notes.get("user")
     if user is not None:
         held = {p.name: len(quantized_in(getattr(pipe, p.name))) for p in recipe.plans
