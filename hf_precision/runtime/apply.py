@@ -153,8 +153,12 @@ def same_device(planned: Any, actual: torch.device) -> bool:
 def _config_dict(module: torch.nn.Module) -> dict[str, Any]:
     config = getattr(module, "config", None)
     if isinstance(config, Mapping):
-        return dict(config)
-    return config.to_dict() if hasattr(config, "to_dict") else {}
+        out = dict(config)
+    else:
+        out = config.to_dict() if hasattr(config, "to_dict") else {}
+    if getattr(module, patches.FORCE_UPCAST_WAS, False):  # recipes select on the shipped flag, not on our patch
+        out["force_upcast"] = True
+    return out
 
 
 def _module_device(module: torch.nn.Module) -> str:
@@ -357,6 +361,11 @@ def _store_layerwise(c: _Component) -> None:
 def _patch_diffusers(c: _Component) -> None:
     if c.plan.compute == "float16" and patches.disable_force_upcast(c.module):
         c.did("config.force_upcast True -> False (the recipe decides; NaN guard on)")
+    elif (c.plan.storage != c.plan.compute or c.plan.compute == "float32") and patches.disable_force_upcast(c.module):
+        # SDXL img2img/inpaint's prepare_latents runs vae.to(float32) and then vae.to(the UNet's dtype): diffusers
+        # refuses that cast on a quantized model, it drops fp8 storage for good, and it leaves a float32 VAE in fp16
+        c.did(f"config.force_upcast True -> False (vae {c.plan.storage} stored, {c.plan.compute} compute: the "
+              f"pipeline's round trip through float32 would cast it to the denoiser's dtype)")
     if c.plan.upcast_attention:
         c.did(f"attention softmax in fp32 in {patches.upcast_attention(c.module)} attention modules")
 
