@@ -331,14 +331,23 @@ def test_nan_guard_reruns_an_fp8_stored_component_in_float32(flux_folder):
     assert any(p.dtype == torch.float8_e4m3fn for p in pipe.transformer.parameters())  # still stored fp8
 
 
-def test_calibrate_runs_on_a_torchao_int8_component(flux_folder):
-    """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized)."""
+@pytest.mark.parametrize("folder,component,storage", [("flux_folder", "transformer", "int8"),
+                                                     ("sdxl_inpaint_folder", "unet", "quanto-int8")])
+def test_calibrate_runs_on_a_quantized_component(request, folder, component, storage):
+    """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized). Its fp16 runs
+    re-apply the component in another compute dtype: quanto's weights, loaded in float32, kept that dtype and gave
+    float32 outputs beside fp16 GroupNorms ('mixed dtype (CPU)', SDXL's UNet)."""
+    from hf_precision.testing import PIPELINES
+
+    row = PIPELINES["flux" if folder == "flux_folder" else "sdxl_inpaint"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(flux_folder, "cpu", quantize={"transformer": "int8"})
-        result = hp.calibrate(pipe, "t4", {k: v for k, v in CALL.items() if k != "prompt"} | {"prompt": "a cat"},
-                              progress=False, rounds=1, steps=1)
-    assert result.finite and quantized_in(pipe.transformer)
+        pipe = hp.load_pipeline(request.getfixturevalue(folder), "cpu", quantize={component: storage})
+        row.ready(pipe)
+        result = hp.calibrate(pipe, "t4", row.call_kwargs(), progress=False, rounds=1, steps=1)
+    module = getattr(pipe, component)
+    assert result.finite and quantized_in(module)
+    assert {p.dtype for p in module.parameters()} == {torch.float32}  # handed back as loaded
 
 
 def test_calibrated_islands_are_kept_out_of_quantization():

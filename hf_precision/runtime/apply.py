@@ -167,6 +167,22 @@ def _module_device(module: torch.nn.Module) -> str:
     return "cpu"
 
 
+def _rescaled(tensor: torch.Tensor, dtype: torch.dtype) -> torch.nn.Parameter | None:
+    """An optimum-quanto weight in another compute dtype (same data, its scale cast), or ``None`` to leave it.
+
+    quanto's weight takes its dtype from its scale and refuses ``.to(dtype)``; left in the dtype it was loaded in, a
+    component re-applied in another compute dtype (calibrate's fp16 runs) gets float32 layer outputs beside fp16
+    norms ('mixed dtype (CPU): expect parameter to have scalar type of Float'). torchao's weights follow the input.
+    """
+    scale = getattr(tensor, "_scale", None)
+    if (tensor.dtype == dtype or not isinstance(scale, torch.Tensor) or not hasattr(tensor, "activation_qtype")
+            or type(tensor).__name__ != "WeightQBytesTensor"):
+        return None
+    new = type(tensor)(tensor.qtype, tensor.axis, tensor.size(), tensor.stride(), tensor._data, scale.to(dtype),
+                       tensor.activation_qtype)
+    return torch.nn.Parameter(new, requires_grad=False)
+
+
 def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: list[str], device: str | None) -> int:
     """Cast floating parameters and buffers in place: islands to fp32, the rest to storage. Returns how many changed."""
     changed = 0
@@ -179,8 +195,14 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
             stored = getattr(patches.layerwise_hook(mod), "storage_dtype", None)
             for kind in ("_parameters", "_buffers"):
                 for leaf, tensor in getattr(mod, kind).items():
-                    if tensor is None or tensor.device.type == "meta" or is_quantized_tensor(tensor):
-                        continue  # a backend's quantized weight: casting it would dequantize it
+                    if tensor is None or tensor.device.type == "meta":
+                        continue
+                    if is_quantized_tensor(tensor):  # casting a backend's weight would dequantize it
+                        recast = _rescaled(tensor, torch.float32 if in_island(mod_name) else storage)
+                        if recast is not None:
+                            getattr(mod, kind)[leaf] = recast
+                            changed += 1
+                        continue
                     target = tensor.dtype
                     if tensor.is_floating_point() and not (kind == "_parameters" and tensor.dtype == stored):
                         target = torch.float32 if in_island(mod_name) else storage
