@@ -237,7 +237,9 @@ def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterab
         import transformers as lib
     else:
         import diffusers as lib
-    if choice.backend == "quanto":
+    if choice.backend == "quanto":  # transformers names it `weights` (an unknown `weights_dtype` is dropped: int8)
+        if library == "transformers":
+            return lib.QuantoConfig(weights=choice.scheme, modules_to_not_convert=passed)
         return lib.QuantoConfig(weights_dtype=choice.scheme, modules_to_not_convert=passed)
     if choice.backend == "bitsandbytes":
         compute = dt.to_torch(plan.compute)
