@@ -311,6 +311,7 @@ class _Component:
     device: str | None
     strict: bool
     islands: list[str] = dataclasses.field(default_factory=list)
+    guard: Any = None  # the NaN guard the entry hooks share (the island hooks follow its dtype switches)
 
     @property
     def compute(self) -> torch.dtype:
@@ -397,7 +398,7 @@ def _hook_entries(c: _Component) -> None:
     if plan.nan_guard:
         computable = device_caps(c.applied.recipe.device).compute
         fallbacks = [d for d in (torch.bfloat16, torch.float32) if dt.from_torch(d) in computable and d != c.compute]
-        guard = nan_guard(fallbacks, plan.name, warn_switch)
+        guard = c.guard = nan_guard(fallbacks, plan.name, warn_switch)
     output: Any = plan.output if plan.output in ("input", "compute") else dt.to_torch(plan.output)
     entries = []
     for entry in plan.entry:
@@ -416,8 +417,11 @@ def _hook_islands(c: _Component) -> None:
     if not c.islands:
         return
     # An island hands back the dtype the component computes in now (read from its parameters, as the entry hook does).
-    outer = EntryHook(c.plan.name, c.module, c.module, compute=c.compute, storage=c.storage, output="compute",
-                      islands=c.islands).dtype
+    reader = EntryHook(c.plan.name, c.module, c.module, compute=c.compute, storage=c.storage, output="compute",
+                       islands=c.islands)
+    if c.guard is not None:  # fp8-stored weights keep their dtype when the guard switches: it tells this reader too
+        c.guard.followers.append(reader)
+    outer = reader.dtype
     for island in c.islands:
         sub = c.module.get_submodule(island)
         c.applied._handles += attach(sub, IslandHook(sub, outer))
