@@ -483,6 +483,9 @@ def test_missing_and_zero_weights_are_quantized_as_planned_and_stay_finite(flux_
     assert "as planned" in "\n".join(hp.applied(pipe).actions)
     planned = hp.plan(flux_missing_weight, device=layout or "cpu", overrides={component: {"storage": storage}})
     assert planned[component].total_bytes == module_bytes(module)
+    if storage.startswith("quanto-"):  # the type asked for (transformers' QuantoConfig ignored `weights_dtype`: int8)
+        want = torch.float8_e4m3fn if storage == "quanto-float8" else torch.int8
+        assert {p._data.dtype for p in module.parameters() if hasattr(p, "_data")} == {want}
     assert torch.isfinite(_run(pipe)).all()
 
 
@@ -509,3 +512,33 @@ def test_img2img_vae_round_trip_keeps_the_planned_layout(sdxl_inpaint_folder, co
     report = hp.check(pipe, call=lambda p: outs.append(p(**row.call_kwargs(num_inference_steps=1))))
     assert report.ok, str(report)
     assert torch.isfinite(torch.as_tensor(row.result(outs[0]))).all()
+
+
+def test_nan_guard_reruns_an_fp8_stored_unet_with_islands(sdxl_inpaint_folder):
+    """The islands' output casts follow the guard's switch to float32 as the entry does: they kept handing bf16 to
+    the fp8-stored layers now computing in float32 ('mat1 and mat2 must have the same dtype', SDXL's UNet)."""
+    from hf_precision.testing import PIPELINES
+
+    row = PIPELINES["sdxl_inpaint"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(sdxl_inpaint_folder, "cpu", layout="cpu-amx", quantize={"unet": "float8_e4m3fn"},
+                                overrides={"unet": {"nan_guard": True}})
+    row.ready(pipe)
+    with torch.no_grad():
+        pipe.unet.add_embedding.linear_2.bias.fill_(float("inf"))  # an fp32 island: no dtype fixes it, fp32 is tried
+    with pytest.warns(RuntimeWarning, match="unet produced non-finite values in bfloat16; re-ran it in float32"):
+        pipe(**row.call_kwargs(num_inference_steps=1))
+    assert pipe.unet.dtype == torch.float32
+
+
+def test_fp8_storage_keeps_the_vae_layer_pipelines_read_the_latents_dtype_from():
+    """The x4 upscaler (and SDXL) cast latents to `post_quant_conv`'s parameter dtype before decoding: stored fp8 it
+    made fp8 latents ('"div_cpu_reduced_float" not implemented for Float8_e5m2'); it stays in the compute dtype."""
+    from hf_precision.runtime.layout import planned_dtypes
+    from hf_precision.testing import make_pipeline
+
+    vae = make_pipeline("sd_upscale").vae
+    plan = hp.get_recipe("sd_upscale", device="cpu", overrides={"vae": {"storage": "float8_e5m2"}})["vae"]
+    planned = planned_dtypes(vae, plan, [])
+    assert planned["post_quant_conv.weight"] == plan.compute and "float8_e5m2" in planned.values()
