@@ -142,7 +142,7 @@ def test_a_choice_the_device_cannot_do_is_refused_before_loading(flux_folder, mo
     with pytest.raises(RecipeError) as info:
         hp.load_pipeline(flux_folder, "cpu", layout=device, quantize={"transformer": storage})
     msg = str(info.value)
-    assert words in msg and "fix: --set transformer.storage=" in msg
+    assert words in msg and "fix: --set transformer.storage=" in msg and "allowed" in msg
     fix = msg.split("fix: --set transformer.storage=")[1].split()[0]
     hp.get_recipe("flux", device=device, overrides={"transformer": {"storage": fix}})  # the fix resolves
 
@@ -334,14 +334,23 @@ def test_nan_guard_reruns_an_fp8_stored_component_in_float32(flux_folder):
     assert any(p.dtype == torch.float8_e4m3fn for p in pipe.transformer.parameters())  # still stored fp8
 
 
-def test_calibrate_runs_on_a_torchao_int8_component(flux_folder):
-    """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized)."""
+@pytest.mark.parametrize("folder,component,storage", [("flux_folder", "transformer", "int8"),
+                                                     ("sdxl_inpaint_folder", "unet", "quanto-int8")])
+def test_calibrate_runs_on_a_quantized_component(request, folder, component, storage):
+    """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized). Its fp16 runs
+    re-apply the component in another compute dtype: quanto's weights, loaded in float32, kept that dtype and gave
+    float32 outputs beside fp16 GroupNorms ('mixed dtype (CPU)', SDXL's UNet)."""
+    from hf_precision.testing import PIPELINES
+
+    row = PIPELINES["flux" if folder == "flux_folder" else "sdxl_inpaint"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(flux_folder, "cpu", quantize={"transformer": "int8"})
-        result = hp.calibrate(pipe, "t4", {k: v for k, v in CALL.items() if k != "prompt"} | {"prompt": "a cat"},
-                              progress=False, rounds=1, steps=1)
-    assert result.finite and quantized_in(pipe.transformer)
+        pipe = hp.load_pipeline(request.getfixturevalue(folder), "cpu", quantize={component: storage})
+        row.ready(pipe)
+        result = hp.calibrate(pipe, "t4", row.call_kwargs(), progress=False, rounds=1, steps=1)
+    module = getattr(pipe, component)
+    assert result.finite and quantized_in(module)
+    assert {p.dtype for p in module.parameters()} == {torch.float32}  # handed back as loaded
 
 
 def test_calibrated_islands_are_kept_out_of_quantization():
@@ -448,3 +457,104 @@ def test_fp8_stable_cascade_prior_makes_its_latents_in_the_compute_dtype(tmp_pat
     assert planned.total_bytes == module_bytes(pipe.prior)
     out = pipe(**PIPELINES["cascade_prior"].call_kwargs(num_inference_steps=1))
     assert torch.isfinite(torch.as_tensor(PIPELINES["cascade_prior"].result(out))).all()
+
+
+@pytest.fixture(scope="module")
+def flux_missing_weight(flux_folder, tmp_path_factory):
+    """The tiny Flux with one text-encoder Linear weight left out of the checkpoint (HunyuanDiT's BertModel pooler
+    is such a layer: transformers initializes it anew) and a zero-initialized transformer layer (adaLN-Zero,
+    Kandinsky 3's ``context_mlp``)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path_factory.mktemp("flux_missing") / "flux"
+    shutil.copytree(flux_folder, folder)
+    path = folder / "text_encoder" / "model.safetensors"
+    state = load_file(path)
+    del state[next(k for k in state if k.endswith("layers.0.self_attn.q_proj.weight"))]
+    save_file(state, path, metadata={"format": "pt"})
+    path = folder / "transformer" / "diffusion_pytorch_model.safetensors"
+    state = load_file(path)
+    state["transformer_blocks.0.norm1.linear.weight"].zero_()
+    save_file(state, path, metadata={"format": "pt"})
+    return folder
+
+
+@pytest.mark.parametrize("component,storage,layout", [("text_encoder", "int8", "cpu-amx"),
+                                                      ("text_encoder", "quanto-int8", None),
+                                                      ("text_encoder", "quanto-float8", "cpu-amx"),
+                                                      ("transformer", "quanto-float8", "cpu-amx")])
+def test_missing_and_zero_weights_are_quantized_as_planned_and_stay_finite(flux_missing_weight, component, storage,
+                                                                          layout):
+    """The backends quantize weights as they read them, so a newly initialized layer stayed plain (torchao) or held
+    float weights (quanto) while plan() counted it quantized: HunyuanDiT's text encoder was 864-2936 B off. quanto's
+    float8 wrote an all-zero weight row as NaN (0/0): Kandinsky 3's UNet gave all-NaN output."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(flux_missing_weight, "cpu", layout=layout, quantize={component: storage})
+    module = getattr(pipe, component)
+    layer = "layers.0.self_attn.q_proj" if component == "text_encoder" else "transformer_blocks.0.norm1.linear"
+    assert any(n.endswith(layer) for n in quantized_in(module))
+    assert "as planned" in "\n".join(hp.applied(pipe).actions)
+    planned = hp.plan(flux_missing_weight, device=layout or "cpu", overrides={component: {"storage": storage}})
+    assert planned[component].total_bytes == module_bytes(module)
+    if storage.startswith("quanto-"):  # the type asked for (transformers' QuantoConfig ignored `weights_dtype`: int8)
+        want = torch.float8_e4m3fn if storage == "quanto-float8" else torch.int8
+        assert {p._data.dtype for p in module.parameters() if hasattr(p, "_data")} == {want}
+    assert torch.isfinite(_run(pipe)).all()
+
+
+@pytest.fixture(scope="module")
+def sdxl_inpaint_folder(tmp_path_factory):
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    return save_pipeline(make_pipeline("sdxl_inpaint"), tmp_path_factory.mktemp("sdxl_inpaint"))
+
+
+@pytest.mark.parametrize("component,storage,layout", [("vae", "int8", "cpu-amx"), ("vae", "float8_e5m2", None),
+                                                      ("unet", "int8", "t4")])
+def test_img2img_vae_round_trip_keeps_the_planned_layout(sdxl_inpaint_folder, component, storage, layout):
+    """SDXL img2img/inpaint run vae.to(float32) and vae.to(the UNet's dtype) when force_upcast is set: 'Casting a
+    quantized model to a new dtype is unsupported', fp8 storage lost, a float32 VAE left in fp16 beside an fp16 UNet."""
+    from hf_precision.testing import PIPELINES
+
+    row = PIPELINES["sdxl_inpaint"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(sdxl_inpaint_folder, "cpu", layout=layout, quantize={component: storage})
+    row.ready(pipe)
+    outs = []
+    report = hp.check(pipe, call=lambda p: outs.append(p(**row.call_kwargs(num_inference_steps=1))))
+    assert report.ok, str(report)
+    assert torch.isfinite(torch.as_tensor(row.result(outs[0]))).all()
+
+
+def test_nan_guard_reruns_an_fp8_stored_unet_with_islands(sdxl_inpaint_folder):
+    """The islands' output casts follow the guard's switch to float32 as the entry does: they kept handing bf16 to
+    the fp8-stored layers now computing in float32 ('mat1 and mat2 must have the same dtype', SDXL's UNet)."""
+    from hf_precision.testing import PIPELINES
+
+    row = PIPELINES["sdxl_inpaint"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(sdxl_inpaint_folder, "cpu", layout="cpu-amx", quantize={"unet": "float8_e4m3fn"},
+                                overrides={"unet": {"nan_guard": True}})
+    row.ready(pipe)
+    with torch.no_grad():
+        pipe.unet.add_embedding.linear_2.bias.fill_(float("inf"))  # an fp32 island: no dtype fixes it, fp32 is tried
+    with pytest.warns(RuntimeWarning, match="unet produced non-finite values in bfloat16; re-ran it in float32"):
+        pipe(**row.call_kwargs(num_inference_steps=1))
+    assert pipe.unet.dtype == torch.float32
+
+
+def test_fp8_storage_keeps_the_vae_layer_pipelines_read_the_latents_dtype_from():
+    """The x4 upscaler (and SDXL) cast latents to `post_quant_conv`'s parameter dtype before decoding: stored fp8 it
+    made fp8 latents ('"div_cpu_reduced_float" not implemented for Float8_e5m2'); it stays in the compute dtype."""
+    from hf_precision.runtime.layout import planned_dtypes
+    from hf_precision.testing import make_pipeline
+
+    vae = make_pipeline("sd_upscale").vae
+    plan = hp.get_recipe("sd_upscale", device="cpu", overrides={"vae": {"storage": "float8_e5m2"}})["vae"]
+    planned = planned_dtypes(vae, plan, [])
+    assert planned["post_quant_conv.weight"] == plan.compute and "float8_e5m2" in planned.values()

@@ -295,7 +295,8 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
     return (f"components.{name}.storage: {storage} cannot be used for {name} (a diffusers model) on {where}: "
             f"diffusers' bitsandbytes quantizer needs a GPU (diffusers v0.42.1 quantizers/bitsandbytes/"
             f"bnb_quantizer.py:64 'No GPU found'); bitsandbytes quantizes transformers models (the text encoders) on "
-            f"the CPU; fix: {override_line(name, 'storage', fix)} (or quanto-int8, float8_e4m3fn storage, or a GGUF "
+            f"the CPU; allowed for {name} there: {', '.join(usable) or 'the float storages'}; "
+            f"fix: {override_line(name, 'storage', fix)} (or quanto-int8, float8_e4m3fn storage, or a GGUF "
             f"file with base=...)")
 
 

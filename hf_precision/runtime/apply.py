@@ -153,14 +153,34 @@ def same_device(planned: Any, actual: torch.device) -> bool:
 def _config_dict(module: torch.nn.Module) -> dict[str, Any]:
     config = getattr(module, "config", None)
     if isinstance(config, Mapping):
-        return dict(config)
-    return config.to_dict() if hasattr(config, "to_dict") else {}
+        out = dict(config)
+    else:
+        out = config.to_dict() if hasattr(config, "to_dict") else {}
+    if getattr(module, patches.FORCE_UPCAST_WAS, False):  # recipes select on the shipped flag, not on our patch
+        out["force_upcast"] = True
+    return out
 
 
 def _module_device(module: torch.nn.Module) -> str:
     for p in module.parameters():
         return str(p.device)
     return "cpu"
+
+
+def _rescaled(tensor: torch.Tensor, dtype: torch.dtype) -> torch.nn.Parameter | None:
+    """An optimum-quanto weight in another compute dtype (same data, its scale cast), or ``None`` to leave it.
+
+    quanto's weight takes its dtype from its scale and refuses ``.to(dtype)``; left in the dtype it was loaded in, a
+    component re-applied in another compute dtype (calibrate's fp16 runs) gets float32 layer outputs beside fp16
+    norms ('mixed dtype (CPU): expect parameter to have scalar type of Float'). torchao's weights follow the input.
+    """
+    scale = getattr(tensor, "_scale", None)
+    if (tensor.dtype == dtype or not isinstance(scale, torch.Tensor) or not hasattr(tensor, "activation_qtype")
+            or type(tensor).__name__ != "WeightQBytesTensor"):
+        return None
+    new = type(tensor)(tensor.qtype, tensor.axis, tensor.size(), tensor.stride(), tensor._data, scale.to(dtype),
+                       tensor.activation_qtype)
+    return torch.nn.Parameter(new, requires_grad=False)
 
 
 def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: list[str], device: str | None) -> int:
@@ -175,8 +195,14 @@ def _cast_parameters(module: torch.nn.Module, storage: torch.dtype, islands: lis
             stored = getattr(patches.layerwise_hook(mod), "storage_dtype", None)
             for kind in ("_parameters", "_buffers"):
                 for leaf, tensor in getattr(mod, kind).items():
-                    if tensor is None or tensor.device.type == "meta" or is_quantized_tensor(tensor):
-                        continue  # a backend's quantized weight: casting it would dequantize it
+                    if tensor is None or tensor.device.type == "meta":
+                        continue
+                    if is_quantized_tensor(tensor):  # casting a backend's weight would dequantize it
+                        recast = _rescaled(tensor, torch.float32 if in_island(mod_name) else storage)
+                        if recast is not None:
+                            getattr(mod, kind)[leaf] = recast
+                            changed += 1
+                        continue
                     target = tensor.dtype
                     if tensor.is_floating_point() and not (kind == "_parameters" and tensor.dtype == stored):
                         target = torch.float32 if in_island(mod_name) else storage
@@ -285,6 +311,7 @@ class _Component:
     device: str | None
     strict: bool
     islands: list[str] = dataclasses.field(default_factory=list)
+    guard: Any = None  # the NaN guard the entry hooks share (the island hooks follow its dtype switches)
 
     @property
     def compute(self) -> torch.dtype:
@@ -357,6 +384,11 @@ def _store_layerwise(c: _Component) -> None:
 def _patch_diffusers(c: _Component) -> None:
     if c.plan.compute == "float16" and patches.disable_force_upcast(c.module):
         c.did("config.force_upcast True -> False (the recipe decides; NaN guard on)")
+    elif (c.plan.storage != c.plan.compute or c.plan.compute == "float32") and patches.disable_force_upcast(c.module):
+        # SDXL img2img/inpaint's prepare_latents runs vae.to(float32) and then vae.to(the UNet's dtype): diffusers
+        # refuses that cast on a quantized model, it drops fp8 storage for good, and it leaves a float32 VAE in fp16
+        c.did(f"config.force_upcast True -> False (vae {c.plan.storage} stored, {c.plan.compute} compute: the "
+              f"pipeline's round trip through float32 would cast it to the denoiser's dtype)")
     if c.plan.upcast_attention:
         c.did(f"attention softmax in fp32 in {patches.upcast_attention(c.module)} attention modules")
 
@@ -366,7 +398,7 @@ def _hook_entries(c: _Component) -> None:
     if plan.nan_guard:
         computable = device_caps(c.applied.recipe.device).compute
         fallbacks = [d for d in (torch.bfloat16, torch.float32) if dt.from_torch(d) in computable and d != c.compute]
-        guard = nan_guard(fallbacks, plan.name, warn_switch)
+        guard = c.guard = nan_guard(fallbacks, plan.name, warn_switch)
     output: Any = plan.output if plan.output in ("input", "compute") else dt.to_torch(plan.output)
     entries = []
     for entry in plan.entry:
@@ -385,8 +417,11 @@ def _hook_islands(c: _Component) -> None:
     if not c.islands:
         return
     # An island hands back the dtype the component computes in now (read from its parameters, as the entry hook does).
-    outer = EntryHook(c.plan.name, c.module, c.module, compute=c.compute, storage=c.storage, output="compute",
-                      islands=c.islands).dtype
+    reader = EntryHook(c.plan.name, c.module, c.module, compute=c.compute, storage=c.storage, output="compute",
+                       islands=c.islands)
+    if c.guard is not None:  # fp8-stored weights keep their dtype when the guard switches: it tells this reader too
+        c.guard.followers.append(reader)
+    outer = reader.dtype
     for island in c.islands:
         sub = c.module.get_submodule(island)
         c.applied._handles += attach(sub, IslandHook(sub, outer))

@@ -257,7 +257,8 @@ def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[
             from .patches import retarget_layerwise
 
             if retarget_layerwise(hook.root, target):
-                hook.planned_compute = target  # the entry casts to what the hooks now compute in
+                for follower in (hook, *guard.followers):  # entries and islands cast to what the hooks compute in
+                    follower.planned_compute = target
             on_switch(component, current, target)
             state["busy"] = True
             try:
@@ -267,6 +268,7 @@ def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[
                 state["busy"] = False
         return out
 
+    guard.followers = []  # other hooks of the component that read its compute dtype (the island hooks' reader)
     return guard
 
 

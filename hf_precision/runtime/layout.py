@@ -50,7 +50,8 @@ def dtype_anchors(module: torch.nn.Module) -> list[str]:
     transformers' ``PreTrainedModel.dtype`` is the first floating parameter's dtype (modeling_utils.py), and pipelines
     cast prompt embeddings and latents to ``text_encoder.dtype`` (pipeline_flux.py ``_get_clip_prompt_embeds``): an
     fp8 embedding there gives fp8 latents ("normal_kernel_cpu" not implemented for 'Float8_e4m3fn'). diffusers'
-    own ``ModelMixin.dtype`` reports the hooks' compute dtype, so diffusers models need none.
+    own ``ModelMixin.dtype`` reports the hooks' compute dtype, but pipelines cast latents to the dtype of a VAE's
+    ``post_quant_conv`` parameters, so that layer stays too.
 
     Example:
         >>> from transformers import CLIPTextConfig, CLIPTextModel
@@ -59,16 +60,19 @@ def dtype_anchors(module: torch.nn.Module) -> list[str]:
         >>> [name.rsplit(".", 1)[-1] for name in dtype_anchors(te)]   # the prefix differs by transformers version
         ['token_embedding', 'position_embedding']
     """
+    first = next((n for n, p in module.named_parameters() if p.is_floating_point()), None)
+    owner = first.rpartition(".")[0] if first else ""
     if type(module).__module__.startswith("diffusers"):
-        return []
+        # pipelines read some dtypes from parameters, not from `.dtype`: latents are cast to
+        # `next(self.vae.post_quant_conv.parameters()).dtype` before decoding (pipeline_stable_diffusion_upscale.py
+        # and the SDXL pipelines); recipes name other such layers in `layerwise_skip` (cascade.yaml)
+        return [n for n, _ in module.named_children() if n == "post_quant_conv"]
     # T5/UMT5 read `wo.weight.dtype` outside the layer and cast their input into it (modeling_t5.py
     # T5DenseGatedActDense): the model's `_keep_in_fp32_modules` stay in the compute dtype even where they are no
     # island (fp32 compute), or the input is cast to fp8 before the hook upcasts the weight
     fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
     names = [n for n, m in module.named_modules(remove_duplicate=False) if n and (
         isinstance(m, torch.nn.Embedding) or (isinstance(m, torch.nn.Linear) and any(k in n.split(".") for k in fp32)))]
-    first = next((n for n, p in module.named_parameters() if p.is_floating_point()), None)
-    owner = first.rpartition(".")[0] if first else ""
     if owner and not inside(owner, names):
         names.append(owner)
     return list(dict.fromkeys(names))

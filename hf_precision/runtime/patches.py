@@ -18,6 +18,10 @@ __all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layer
            "upcast_on_use", "upcasts_on_use"]
 
 
+# set on a module whose shipped force_upcast=True was patched off, so that recipes re-applied later still see it
+FORCE_UPCAST_WAS = "_hf_precision_force_upcast_was"
+
+
 def disable_force_upcast(module: torch.nn.Module) -> bool:
     """Set ``config.force_upcast`` to False where it is True; returns whether it was.
 
@@ -35,6 +39,7 @@ def disable_force_upcast(module: torch.nn.Module) -> bool:
     if not flag or not hasattr(module, "register_to_config"):
         return False
     module.register_to_config(force_upcast=False)
+    setattr(module, FORCE_UPCAST_WAS, True)
     return True
 
 

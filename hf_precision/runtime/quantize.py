@@ -25,7 +25,7 @@ from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quanti
 from ..recipe.resolution import ComponentPlan, Recipe
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
-           "backend_config", "pipeline_quantization_config", "require_backend", "library_of", "refuse_library"]
+           "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of", "refuse_library"]
 
 
 def is_quantized_tensor(t: Any) -> bool:
@@ -237,7 +237,9 @@ def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterab
         import transformers as lib
     else:
         import diffusers as lib
-    if choice.backend == "quanto":
+    if choice.backend == "quanto":  # transformers names it `weights` (an unknown `weights_dtype` is dropped: int8)
+        if library == "transformers":
+            return lib.QuantoConfig(weights=choice.scheme, modules_to_not_convert=passed)
         return lib.QuantoConfig(weights_dtype=choice.scheme, modules_to_not_convert=passed)
     if choice.backend == "bitsandbytes":
         compute = dt.to_torch(plan.compute)
@@ -247,13 +249,24 @@ def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterab
                                       bnb_4bit_compute_dtype=compute, llm_int8_skip_modules=passed)
     import torchao.quantization as ao
 
-    if choice.scheme == "Float8DynamicActivationFloat8WeightConfig":
-        config = ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
-    else:
-        config = getattr(ao, choice.scheme)()
+    config = torchao_scheme(choice.scheme)
     if library == "transformers":
         return lib.TorchAoConfig(config, modules_to_not_convert=passed)
     return lib.TorchAoConfig(ao.FqnToConfig({"_default": config, **{n: None for n in passed}}))
+
+
+def torchao_scheme(scheme: str) -> Any:
+    """The torchao config object for a storage choice's scheme (fp8 compute per row, as torchao recommends).
+
+    Example:
+        >>> type(torchao_scheme("Int8WeightOnlyConfig")).__name__
+        'Int8WeightOnlyConfig'
+    """
+    import torchao.quantization as ao
+
+    if scheme == "Float8DynamicActivationFloat8WeightConfig":
+        return ao.Float8DynamicActivationFloat8WeightConfig(granularity=ao.PerRow())
+    return getattr(ao, scheme)()
 
 
 def pipeline_quantization_config(recipe: Recipe, modules: Mapping[str, tuple[torch.nn.Module, list[str]]]) -> Any:

@@ -69,9 +69,63 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
     return {"planned": planned}
 
 
+def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[str]:
+    """Quantize the planned layers the backend left plain, with the same backend and scheme; their names.
+
+    transformers and diffusers quantize weights as they are read from the checkpoint, so a layer whose weights the
+    checkpoint lacks (BertModel's ``pooler`` in HunyuanDiT's text encoder is newly initialized) stays plain
+    (torchao) or holds unfrozen float weights (quanto), while the plan, built from the model's structure, counts it.
+    """
+    missing = sorted(predicted - quantized_in(module))
+    if not missing:
+        return []
+    choice = CHOICES[plan.storage]
+    done = []
+    for name in missing:
+        layer = module.get_submodule(name)
+        if choice.backend == "quanto" and hasattr(layer, "freeze"):
+            layer.freeze()  # optimum.quanto's QModuleMixin.freeze: quantizes the float weight in place
+        elif choice.backend == "torchao" and type(layer) is torch.nn.Linear:
+            import torchao.quantization as ao
+
+            from .quantize import torchao_scheme
+
+            ao.quantize_(layer, torchao_scheme(choice.scheme))
+        if is_quantized_tensor(layer._parameters.get("weight")):
+            done.append(name)
+    return done
+
+
+def _zero_rows(module: torch.nn.Module) -> list[str]:
+    """Set to 0 the fp8 values optimum-quanto wrote as NaN for all-zero weight rows; the layers it repaired.
+
+    quanto scales each row by its absmax, and ``0 / 0`` is NaN in float8 (int8 rounds it to 0): a zero-initialized
+    layer (Kandinsky 3's ``context_mlp``, a ControlNet's zero convolutions, adaLN-Zero) made every output NaN.
+    A zero row is exactly 0 under any scale, so this changes no other value and no byte.
+    """
+    fixed = []
+    for name, layer in module.named_modules():
+        weight = layer._parameters.get("weight")
+        data, scale = getattr(weight, "_data", None), getattr(weight, "_scale", None)
+        if (type(data) is not torch.Tensor or not isinstance(scale, torch.Tensor)
+                or data.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2) or bool((scale != 0).all())):
+            continue
+        with torch.no_grad():
+            wide = data.float()
+            data.copy_(torch.where(torch.isnan(wide), torch.zeros_like(wide), wide).to(data.dtype))
+        fixed.append(name)
+    return fixed
+
+
 def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> list[str]:
     """Lines for ``Applied.actions``: what each backend quantized, checked against the plan; the caller's config."""
     lines = []
+    for plan in recipe.plans:
+        module = getattr(pipe, plan.name, None)
+        fixed = _zero_rows(module) if isinstance(module, torch.nn.Module) else []
+        if fixed:
+            lines.append(f"{plan.name}: {len(fixed)} fp8 layer(s) with all-zero weight rows, which optimum-quanto "
+                         f"stores as NaN (0/0 scale), set back to 0: {fixed[:3]}")
     user = notes.get("user")
     if user is not None:
         held = {p.name: len(quantized_in(getattr(pipe, p.name))) for p in recipe.plans
@@ -81,6 +135,10 @@ def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> 
                      f"hf_precision kept its islands and boundary casts, plan() does not count this layout")
     for name, predicted in (notes.get("planned") or {}).items():
         plan = recipe[name]
+        done = _complete(getattr(pipe, name), plan, predicted)
+        if done:
+            lines.append(f"{name}: {len(done)} planned layer(s) the checkpoint has no weights for (newly initialized, "
+                         f"so the backend skipped them) quantized after loading, as planned: {done[:3]}")
         actual = quantized_in(getattr(pipe, name))
         choice = CHOICES[plan.storage]
         if actual == predicted:
