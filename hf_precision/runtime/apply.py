@@ -24,7 +24,7 @@ from ..recipe.patterns import inside
 from ..recipe.quantize import is_quantized
 from .quantize import is_quantized_tensor
 
-__all__ = ["apply_recipe", "applied", "Applied", "torch_device", "same_device"]
+__all__ = ["apply_recipe", "applied", "Applied", "torch_device", "same_device", "config_dict"]
 
 _ATTR = "_hf_precision_applied"
 
@@ -150,7 +150,14 @@ def same_device(planned: Any, actual: torch.device) -> bool:
     return planned.index == actual.index or actual.index is None
 
 
-def _config_dict(module: torch.nn.Module) -> dict[str, Any]:
+def config_dict(module: Any) -> dict[str, Any]:
+    """A component's config as recipes select on it: the shipped ``force_upcast``, not the one this library patched.
+
+    Example:
+        >>> import torch
+        >>> config_dict(torch.nn.Linear(2, 2))
+        {}
+    """
     config = getattr(module, "config", None)
     if isinstance(config, Mapping):
         out = dict(config)
@@ -275,7 +282,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     from .source import models_of_pipeline
 
     resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
-                       configs={n: _config_dict(m) for n, m in comps.items()}, components=list(comps),
+                       configs={n: config_dict(m) for n, m in comps.items()}, components=list(comps),
                        models=models_of_pipeline(pipe) if "" not in comps else None, force=force)
 
     previous = getattr(pipe, _ATTR, None)

@@ -27,7 +27,7 @@ from ..recipe.catalog import recipe_classes, recipe_for_denoiser, training_overr
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
-from ..runtime.apply import Applied, apply_recipe, torch_device
+from ..runtime.apply import Applied, apply_recipe, config_dict, torch_device
 from . import control, families, quantized, trainable
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
 from .scaler import Stepper, parameter_names
@@ -354,7 +354,7 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     caps = device_caps(profile)
     from ..runtime.source import models_of_pipeline
 
-    configs = {n: _config(m) for n, m in comps.items()}
+    configs = {n: config_dict(m) for n, m in comps.items()}
     base = resolve(name, pipeline_class=type(holder).__name__, devices=str(dev), layout=layout, configs=configs,
                    overrides=layers + _as_list(overrides), components=list(comps), models=models_of_pipeline(holder),
                    force=is_dict)
@@ -379,11 +379,6 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
                            force=is_dict)
     quantized.upcast_fp8(applied.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     return _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
-
-
-def _config(module: torch.nn.Module) -> dict[str, Any]:
-    config = getattr(module, "config", None)
-    return dict(config.to_dict() if hasattr(config, "to_dict") else config or {})
 
 
 def _as_list(overrides: Any) -> list[Any]:

@@ -152,12 +152,11 @@ class _Setting:
         import torch
 
         from ...recipe.resolution import resolve
+        from ...runtime.apply import config_dict
         from ...runtime.source import models_of_pipeline
 
         pipe, comps = session.pipe, session.components
-        configs = {n: (dict(m.config) if isinstance(getattr(m, "config", None), Mapping) else
-                       (m.config.to_dict() if hasattr(getattr(m, "config", None), "to_dict") else {}))
-                   for n, m in comps.items()}
+        configs = {n: config_dict(m) for n, m in comps.items()}
         plan = resolve(recipe, pipeline_class=type(pipe).__name__, devices=None if session.offloaded else run_on,
                        layout=layout, configs=configs, components=list(comps), models=models_of_pipeline(pipe))
         if target is None:
