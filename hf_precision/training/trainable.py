@@ -10,6 +10,7 @@ fp32 after injection, whatever the path, and :func:`masters_problems` re-checks 
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -218,25 +219,22 @@ class AutocastGuard:
 def guard(module: torch.nn.Module, device_type: str, dtype: torch.dtype | None, inside: bool = False) -> list[Any]:
     """Attach an :class:`AutocastGuard` to ``module``; returns the removable handles.
 
-    ``inside=True`` (a whole component) also sets the state inside ``forward`` itself: accelerate's ``prepare``
-    wraps a model's forward in its own ``torch.autocast`` (``Accelerator(mixed_precision="bf16")``), which runs
-    after the forward hooks, so only a guard within the forward it wraps keeps the plan (fp16 weights under a bf16
-    autocast fail in the first norm: "mixed dtype (CPU): expect parameter to have scalar type of Float").
+    ``inside=True`` (a whole component) sets the state inside ``forward`` itself instead of in forward hooks:
+    accelerate's ``prepare`` wraps a model's forward in its own ``torch.autocast`` (``Accelerator(mixed_precision=
+    "bf16")``), which runs after the forward hooks, so only a guard within the forward it wraps keeps the plan (fp16
+    weights under a bf16 autocast fail in the first norm: "mixed dtype (CPU): expect parameter to have scalar type of
+    Float"). The hooks would only repeat what the inner guard sets, on every call.
     """
     g = AutocastGuard(device_type, dtype)
-    handles = [module.register_forward_pre_hook(g.pre), module.register_forward_hook(g.post, always_call=True)]
     if inside:
-        handles.append(_GuardedForward(module, g))
-    return handles
+        return [_GuardedForward(module, g)]
+    return [module.register_forward_pre_hook(g.pre), module.register_forward_hook(g.post, always_call=True)]
 
 
 class _GuardedForward:
     """``module.forward`` replaced by one that runs the class's forward under ``guard`` (removable)."""
 
     def __init__(self, module: torch.nn.Module, g: AutocastGuard):
-        import functools
-        import types
-
         self.module, self.previous = module, module.__dict__.get("forward")
         inner = module.forward
 
