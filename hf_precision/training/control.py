@@ -53,10 +53,10 @@ def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], b
                                     f"batch['control_image'], pixels in [0, 1] of shape (B, 3, f H, f W) for latents of "
                                     f"H x W (f: pipe.vae_scale_factor), as the pipeline's prepare_image gives it")
             continue
-        cls = type(getattr(denoiser, "_orig_mod", denoiser)).__name__
+        base = type(getattr(denoiser, "_orig_mod", denoiser))  # the compiled module's own class
+        cls = base.__name__
         video = cls == "UNetMotionModel"
-        if not any(c.__name__ in _TAKES_RESIDUALS for c in type(getattr(denoiser, "_orig_mod", denoiser)).__mro__) \
-                or (video and name != "controlnet"):
+        if not any(c.__name__ in _TAKES_RESIDUALS for c in base.__mro__) or (video and name != "controlnet"):
             raise TrainingError(f"tp.loss: the {name} ({type(net).__name__}) beside a {cls} is not fed by tp.loss "
                                 f"(it builds the residual call for {', '.join(_TAKES_RESIDUALS)} only); call "
                                 f"tp.components[{name!r}] and the denoiser yourself under `with tp.autocast():`")
