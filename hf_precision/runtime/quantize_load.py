@@ -15,7 +15,8 @@ import torch
 from ..errors import RecipeError
 from ..recipe.quantize import CHOICES, is_quantized
 from ..recipe.resolution import Recipe
-from .quantize import is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_library
+from .quantize import (is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_library,
+                       torchao_scheme)
 
 __all__ = ["quantization_kwargs", "report_quantization", "quantized_in"]
 
@@ -87,8 +88,6 @@ def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[s
             layer.freeze()  # optimum.quanto's QModuleMixin.freeze: quantizes the float weight in place
         elif choice.backend == "torchao" and type(layer) is torch.nn.Linear:
             import torchao.quantization as ao
-
-            from .quantize import torchao_scheme
 
             ao.quantize_(layer, torchao_scheme(choice.scheme))
         if is_quantized_tensor(layer._parameters.get("weight")):
