@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 __all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
-           "upcast_on_use", "upcasts_on_use"]
+           "upcast_on_use", "upcasts_on_use", "processor_calling"]
 
 
 # set on a module whose shipped force_upcast=True was patched off, so that recipes re-applied later still see it
@@ -83,18 +83,45 @@ def upcast_attention(module: torch.nn.Module) -> int:
     return count
 
 
-@functools.lru_cache(maxsize=None)
 def _fp32_sdpa_class(cls: type) -> type:
-    @functools.wraps(cls.__call__)  # Attention.forward passes only the kwargs its processor's signature names
+    return processor_calling(cls, "_fp32_sdpa", torch.nn.functional, ("scaled_dot_product_attention",), _sdpa_wrap)
+
+
+def _sdpa_wrap(sdpa: Any) -> Any:
+    return functools.partial(_sdpa_in_fp32, sdpa)
+
+
+@functools.lru_cache(maxsize=None)
+def processor_calling(cls: type, marker: str, owner: Any, names: tuple[str, ...], wrap: Any,
+                      when: Any = None) -> type:
+    """``cls`` (an attention processor class) whose call runs with each ``owner.<name>`` replaced by
+    ``wrap(original)``, and put back after; the subclass has ``marker`` set, so a processor is patched once.
+
+    diffusers' processors call torch functions directly, so changing how one math op runs inside them (SDPA in fp32
+    on MPS, fp32 matmuls kept out of a training autocast) means replacing it for the length of the call; the
+    subclass keeps the processor's own signature (``Attention.forward`` passes only the kwargs it names). ``when``
+    (optional, no arguments): replace only while it returns True.
+
+    Example:
+        >>> from diffusers.models.attention_processor import AttnProcessor2_0
+        >>> patched = processor_calling(AttnProcessor2_0, "_doc", torch, ("matmul",), lambda fn: fn)
+        >>> patched.__name__, patched._doc, issubclass(patched, AttnProcessor2_0)
+        ('AttnProcessor2_0', True, True)
+    """
+    @functools.wraps(cls.__call__)
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sdpa = torch.nn.functional.scaled_dot_product_attention
-        torch.nn.functional.scaled_dot_product_attention = functools.partial(_sdpa_in_fp32, sdpa)
+        if when is not None and not when():
+            return cls.__call__(self, *args, **kwargs)
+        saved = {name: getattr(owner, name) for name in names}
+        for name, fn in saved.items():
+            setattr(owner, name, wrap(fn))
         try:
             return cls.__call__(self, *args, **kwargs)
         finally:
-            torch.nn.functional.scaled_dot_product_attention = sdpa
+            for name, fn in saved.items():
+                setattr(owner, name, fn)
 
-    return type(cls.__name__, (cls,), {"__call__": __call__, "_fp32_sdpa": True, "__module__": cls.__module__})
+    return type(cls.__name__, (cls,), {"__call__": __call__, marker: True, "__module__": cls.__module__})
 
 
 def _sdpa_in_fp32(sdpa: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any,

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from ..runtime.patches import processor_calling
 from .rules import TrainingError
 
 __all__ = ["inject_lora", "existing_rank", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
@@ -285,23 +286,16 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
 _MATMULS = ("matmul", "bmm", "baddbmm")
 
 
-@functools.lru_cache(maxsize=None)
 def _explicit_fp32_class(cls: type) -> type:
-    @functools.wraps(cls.__call__)  # Attention.forward passes only the kwargs its processor's signature names
-    def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not torch.is_autocast_enabled("cpu") and not torch.is_autocast_enabled("cuda") \
-                and not torch.is_autocast_enabled("mps"):
-            return cls.__call__(self, *args, **kwargs)
-        saved = {name: getattr(torch, name) for name in _MATMULS}
-        for name, fn in saved.items():
-            setattr(torch, name, functools.partial(_fp32_stays_fp32, fn))
-        try:
-            return cls.__call__(self, *args, **kwargs)
-        finally:
-            for name, fn in saved.items():
-                setattr(torch, name, fn)
+    return processor_calling(cls, "_explicit_fp32", torch, _MATMULS, _fp32_stays_wrap, _any_autocast)
 
-    return type(cls.__name__, (cls,), {"__call__": __call__, "_explicit_fp32": True, "__module__": cls.__module__})
+
+def _any_autocast() -> bool:
+    return any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda", "mps"))
+
+
+def _fp32_stays_wrap(fn: Any) -> Any:
+    return functools.partial(_fp32_stays_fp32, fn)
 
 
 def _fp32_stays_fp32(fn: Any, *args: Any, **kwargs: Any) -> Any:
