@@ -44,6 +44,19 @@ LAYOUTS = [  # (label, layout device, quantize=, gguf)
     ("int8 torchao / fp32", "cpu", "int8", False),
     ("quanto qint8 / fp32", "cpu", "quanto-int8", False),
 ]
+# --device cuda: the same model on the GPU, its half layout chosen by the GPU's own rules (layout None), plus the
+# backends that need CUDA (bitsandbytes, fp8 matmuls from sm 8.9)
+CUDA_LAYOUTS = [
+    ("fp32", "cpu", None, False),
+    ("bf16 (recipe half)", None, None, False),
+    ("fp8 storage e4m3 / bf16", None, "float8_e4m3fn", False),
+    ("int8 torchao / bf16", None, "int8", False),
+    ("quanto qint8 / bf16", None, "quanto-int8", False),
+    ("GGUF Q8_0 / bf16", None, None, True),
+    ("nf4 bitsandbytes / bf16", None, "nf4", False),
+    ("int8 bitsandbytes / bf16", None, "bnb-int8", False),
+    ("fp8 compute e4m3", None, "fp8-compute", False),
+]
 
 
 PROMPT = "a red square"  # one of the captions the trained model was fitted to
@@ -102,12 +115,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--resolution", type=int, default=32, help="image side of training, capture and sample")
     p.add_argument("--sample-steps", type=int, default=4, help="steps of the sample compared with fp32's")
     p.add_argument("--quick", action="store_true", help="check the script: width 64, 2 training steps, 1 call")
+    p.add_argument("--device", default="cpu", help="where the layouts run (cuda: the GPU rows)")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="run only the layouts whose label contains TEXT (repeatable; fp32 always runs: the reference)")
     args = p.parse_args(argv)
     if args.quick:
         args.width, args.calls, args.trained_steps, args.sample_steps = 64, 1, min(args.trained_steps, 2), 2
-    layouts = [row for row in LAYOUTS if row[0] == "fp32" or not args.only or any(t in row[0] for t in args.only)]
+    table = CUDA_LAYOUTS if args.device.startswith("cuda") else LAYOUTS
+    layouts = [row for row in table if row[0] == "fp32" or not args.only or any(t in row[0] for t in args.only)]
     warnings.simplefilter("ignore")
     work = Path(tempfile.mkdtemp(prefix="bench_quantize-"))
     trained = None
@@ -127,7 +142,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, layout, storage, gguf in layouts:
         kwargs = {"quantize": {"transformer": storage}} if storage else {}
         where = str(gguf_path) if gguf else folder
-        pipe = hp.load_pipeline(where, "cpu", layout=layout, base=folder if gguf else None, **kwargs)
+        try:
+            pipe = hp.load_pipeline(where, args.device, layout=layout, base=folder if gguf else None, **kwargs)
+        except Exception as err:  # noqa: BLE001 - a backend missing on this machine is a row, not the end of the run
+            print(f"{label}: not loaded: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            continue
+        layout = layout or args.device
+        sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
         if inputs is None:
             inputs = _capture(pipe, args.resolution)
         if gguf:  # the file's header and the base folder's configs, as loading reads them
@@ -137,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
                               else None)["transformer"].total_bytes
         times = []
         with torch.no_grad():
-            out = pipe.transformer(**inputs)[0].float()
+            out = pipe.transformer(**inputs)[0].float().cpu()
             for _ in range(args.calls):
+                sync()
                 start = time.perf_counter()
                 pipe.transformer(**inputs)
+                sync()
                 times.append(time.perf_counter() - start)
         image = _sample(pipe, args.resolution, args.sample_steps)
         if reference is None:
@@ -151,7 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                      "rel_l2_vs_fp32": float((out - reference).norm() / reference.norm()),
                      "sample_psnr_db_vs_fp32": _psnr(image, ref_image),
                      "finite": bool(torch.isfinite(out).all())})
-    machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "torch": torch.__version__,
+    machine = {"cpu": (torch.cuda.get_device_name() if args.device.startswith("cuda") else
+                       platform.processor() or platform.machine()), "cores": os.cpu_count(), "torch": torch.__version__,
                "threads": torch.get_num_threads(), "python": platform.python_version()}
     weights = (f"trained {trained['steps']} steps (loss {trained['loss_first_tenth']:.3f} -> "
                f"{trained['loss_last_tenth']:.3f}, first/last tenth)" if trained else "random weights")
