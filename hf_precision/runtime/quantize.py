@@ -23,9 +23,11 @@ from ..errors import RecipeError
 from ..recipe.patterns import inside
 from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized
 from ..recipe.resolution import ComponentPlan, Recipe
+from .kernel_guards import guard_quanto_int8pack
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
-           "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of", "refuse_library"]
+           "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of", "refuse_library",
+           "refuse_int8_beside_cuda"]
 
 
 def is_quantized_tensor(t: Any) -> bool:
@@ -218,6 +220,42 @@ def refuse_library(plan: ComponentPlan, library: str, device: Any, where: str, *
         raise RecipeError(f"{where}: {problem}")
 
 
+def refuse_int8_beside_cuda(plan: ComponentPlan, where: str, cuda_present: bool | None = None) -> None:
+    """One ``RecipeError`` before loading for bitsandbytes LLM.int8 on a CPU-placed component while a CUDA GPU is
+    present.
+
+    With a GPU present, transformers loads a bitsandbytes model onto it when no ``device_map`` is given
+    (``update_device_map`` of its bitsandbytes quantizers); moved to the CPU afterwards, LLM.int8 layers keep their
+    row scales on the GPU, so the first CPU matmul mixes devices: ``RuntimeError: invalid argument to
+    getCurrentStream``, and the CUDA context is broken for the rest of the process (measured on an H200 machine:
+    bitsandbytes 0.50.2, transformers 5.17, torch 2.11; NF4 moved the same way ran). Without a GPU the same load
+    stays on the CPU and runs.
+
+    Example:
+        >>> import dataclasses
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("flux", device="cpu", overrides={"text_encoder_2": {"storage": "bnb-int8"}})["text_encoder_2"]
+        >>> plan = dataclasses.replace(plan, device="cpu")  # placed as load_pipeline(..., "cpu") places it
+        >>> refuse_int8_beside_cuda(plan, "./flux", cuda_present=False)  # no GPU: allowed
+        >>> refuse_int8_beside_cuda(plan, "./flux", cuda_present=True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        hf_precision.errors.RecipeError: ./flux: text_encoder_2.storage=bnb-int8 on cpu beside a CUDA GPU: ...
+    """
+    if plan.storage != "bnb-int8" or not str(plan.device).startswith("cpu"):  # None: not placed yet
+        return
+    if not (torch.cuda.is_available() if cuda_present is None else cuda_present):
+        return
+    from ..recipe.devices import device_caps
+
+    allowed = [s for s in device_caps("cpu").storage if is_quantized(s) and s != plan.storage]
+    raise RecipeError(
+        f"{where}: {plan.name}.storage=bnb-int8 on cpu beside a CUDA GPU: transformers loads bitsandbytes weights onto "
+        f"the GPU and LLM.int8 keeps its row scales there when the component moves to the CPU (then 'invalid argument "
+        f"to getCurrentStream' and a broken CUDA context); allowed on the CPU here: {', '.join(allowed)}; fix: "
+        f"--set {plan.name}.storage=int8 (torchao), or place {plan.name} on the GPU "
+        f"(device={{'{plan.name}': 'cuda', 'default': ...}})")
+
+
 def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterable[str]) -> Any:
     """The diffusers or transformers quantization config for one component (``module`` may be on meta).
 
@@ -238,6 +276,7 @@ def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterab
     else:
         import diffusers as lib
     if choice.backend == "quanto":  # transformers names it `weights` (an unknown `weights_dtype` is dropped: int8)
+        guard_quanto_int8pack()
         if library == "transformers":
             return lib.QuantoConfig(weights=choice.scheme, modules_to_not_convert=passed)
         return lib.QuantoConfig(weights_dtype=choice.scheme, modules_to_not_convert=passed)

@@ -15,8 +15,9 @@ import torch
 from ..errors import RecipeError
 from ..recipe.quantize import CHOICES, is_quantized
 from ..recipe.resolution import Recipe
-from .quantize import (is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_library,
-                       torchao_scheme)
+from .kernel_guards import guard_quanto_int8pack
+from .quantize import (is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_int8_beside_cuda,
+                       refuse_library, torchao_scheme)
 
 __all__ = ["quantization_kwargs", "report_quantization", "quantized_in"]
 
@@ -50,6 +51,8 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
             raise RecipeError(f"load_pipeline: quantization_config= and a quantized storage "
                               f"({', '.join(f'{p.name}={p.storage}' for p in wanted)}) both ask how to quantize; "
                               f"pass one: quantize={{...}} / --set COMPONENT.storage=..., or your own quantization_config")
+        if "quanto" in repr(user).lower():  # a QuantoConfig, alone or inside a PipelineQuantizationConfig
+            guard_quanto_int8pack()
         return {"user": user}
     if not wanted:
         return {}
@@ -62,6 +65,7 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
         if spec is None or plan.name not in configs:
             raise RecipeError(f"{where}: {plan.name}.storage={plan.storage}: the folder has no {plan.name}/config.json")
         refuse_library(plan, spec[0], recipe.device, where, loading=True)
+        refuse_int8_beside_cuda(plan, where)
         module = build_on_meta(*spec, configs[plan.name])
         islands = component_islands(plan, module, strict=False)
         modules[plan.name] = (module, islands)
