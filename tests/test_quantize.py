@@ -56,6 +56,10 @@ CASES = [
 def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component, storage, layout):
     if storage in ("nf4", "bnb-int8"):
         pytest.importorskip("bitsandbytes")
+    if storage == "bnb-int8" and torch.cuda.is_available():  # refused there: test_bnb_int8_on_cpu_beside_a_gpu...
+        with pytest.raises(hp.RecipeError, match="beside a CUDA GPU"):
+            hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: storage})
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: storage})
@@ -80,6 +84,23 @@ def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component
     report = hp.check(pipe, call=lambda p: p(**CALL))  # no mismatch, no drift from the plan, islands intact
     assert report.ok, str(report)
     assert torch.isfinite(_run(pipe)).all()
+
+
+def test_bnb_int8_on_cpu_beside_a_gpu_is_refused_before_loading(flux_folder, monkeypatch):
+    """On the H200 machine a CPU-placed LLM.int8 T5 (loaded onto the GPU by transformers, then moved) failed with
+    'invalid argument to getCurrentStream' and broke the CUDA context for every later test of the process; with a GPU
+    present it is refused before a weight is read, naming the storages that run there."""
+    import transformers
+
+    pytest.importorskip("bitsandbytes")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    loads = []
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(lambda *a, **k: loads.append(a)))
+    with pytest.raises(hp.RecipeError) as info:
+        hp.load_pipeline(flux_folder, "cpu", quantize={"text_encoder_2": "bnb-int8"})
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and "text_encoder_2.storage=bnb-int8 on cpu beside a CUDA GPU" in message
+    assert "--set text_encoder_2.storage=int8" in message and not loads
 
 
 def test_quantize_keyword_and_set_flag_are_one_request():

@@ -289,15 +289,15 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
         return None
     from ..errors import override_line
 
-    usable = [s for s in caps.storage if is_quantized(s) and s not in caps.transformers_only
-              and CHOICES[s].backend != "bitsandbytes"]
-    fix = next((s for s in quant.get("storage") or () if s in usable), usable[0] if usable else "float8_e4m3fn")
+    usable = [s for s in caps.storage if s.startswith("float8") or (  # fp8 storage: diffusers' layerwise casting
+        is_quantized(s) and s not in caps.transformers_only and CHOICES[s].backend != "bitsandbytes")]
+    fallback = next((s for s in usable if is_quantized(s)), usable[0] if usable else "float8_e4m3fn")
+    fix = next((s for s in quant.get("storage") or () if s in usable), fallback)
     return (f"components.{name}.storage: {storage} cannot be used for {name} (a diffusers model) on {where}: "
             f"diffusers' bitsandbytes quantizer needs a GPU (diffusers v0.42.1 quantizers/bitsandbytes/"
             f"bnb_quantizer.py:64 'No GPU found'); bitsandbytes quantizes transformers models (the text encoders) on "
             f"the CPU; allowed for {name} there: {', '.join(usable) or 'the float storages'}; "
-            f"fix: {override_line(name, 'storage', fix)} (or quanto-int8, float8_e4m3fn storage, or a GGUF "
-            f"file with base=...)")
+            f"fix: {override_line(name, 'storage', fix)} (or a GGUF file with base=...)")
 
 
 def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed: Any,
