@@ -32,8 +32,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
+# The fp32 rows name a CPU without bf16 instructions ("cpu-avx2"): "cpu" is this machine's CPU, which on an AMX
+# Xeon picks bf16 unasked (on the H200 machine's host the first CUDA run's "fp32" row was bf16 that way).
 LAYOUTS = [  # (label, layout device, quantize=, gguf)
-    ("fp32", "cpu", None, False),
+    ("fp32", "cpu-avx2", None, False),
     ("bf16 (recipe half)", "cpu-amx", None, False),
     ("fp8 storage e4m3 / bf16", "cpu-amx", "float8_e4m3fn", False),
     ("int8 torchao / bf16", "cpu-amx", "int8", False),
@@ -41,13 +43,13 @@ LAYOUTS = [  # (label, layout device, quantize=, gguf)
     ("quanto qfloat8 / bf16", "cpu-amx", "quanto-float8", False),
     ("GGUF Q8_0 / bf16", "cpu-amx", None, True),
     # the storage error alone, without bf16 compute's (what a CPU without bf16 kernels runs)
-    ("int8 torchao / fp32", "cpu", "int8", False),
-    ("quanto qint8 / fp32", "cpu", "quanto-int8", False),
+    ("int8 torchao / fp32", "cpu-avx2", "int8", False),
+    ("quanto qint8 / fp32", "cpu-avx2", "quanto-int8", False),
 ]
 # --device cuda: the same model on the GPU, its half layout chosen by the GPU's own rules (layout None), plus the
 # backends that need CUDA (bitsandbytes, fp8 matmuls from sm 8.9)
 CUDA_LAYOUTS = [
-    ("fp32", "cpu", None, False),
+    ("fp32", "cpu-avx2", None, False),
     ("bf16 (recipe half)", None, None, False),
     ("fp8 storage e4m3 / bf16", None, "float8_e4m3fn", False),
     ("int8 torchao / bf16", None, "int8", False),
@@ -137,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
         folder = save_pipeline(wide_flux(args.width), work / "flux")
     gguf_path = work / "transformer-Q8_0.gguf"
-    write_gguf(hp.load_pipeline(folder, "cpu").transformer, gguf_path)
+    write_gguf(hp.load_pipeline(folder, "cpu", layout="cpu-avx2").transformer, gguf_path)
     inputs, reference, ref_image, rows = None, None, None, []
     for label, layout, storage, gguf in layouts:
         kwargs = {"quantize": {"transformer": storage}} if storage else {}

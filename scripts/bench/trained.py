@@ -85,7 +85,7 @@ def trained_pipeline(name: str, build: Callable[[], Any], spec: dict[str, Any], 
         start = time.perf_counter()
         result = train(TrainSettings(model=str(base), data=str(data), out=str(work / "run"), method="full", steps=steps,
                                      batch_size=batch_size, learning_rate=learning_rate, resolution=resolution,
-                                     device="cpu", layout="cpu", seed=seed, checkpoint_every=10**9, quiet=True))
+                                     device="cpu", layout="cpu-avx2", seed=seed, checkpoint_every=10**9, quiet=True))
         seconds = time.perf_counter() - start
         denoiser = next(d for d in DENOISERS if (work / "run" / d).is_dir())
         shutil.copytree(base, work / "trained", ignore=shutil.ignore_patterns(denoiser))
@@ -96,7 +96,7 @@ def trained_pipeline(name: str, build: Callable[[], Any], spec: dict[str, Any], 
                 "torch_threads": torch.get_num_threads(), "loss_first": losses[0], "loss_last": losses[-1],
                 "loss_first_tenth": sum(losses[:tenth]) / tenth, "loss_last_tenth": sum(losses[-tenth:]) / tenth,
                 "eval_loss": list(result.eval_loss) if result.eval_loss else None,
-                "command": "hf-precision train --method full --layout cpu (scripts/bench/trained.py)"}
+                "command": "hf-precision train --method full --layout cpu-avx2 (scripts/bench/trained.py)"}
         (work / "trained.json").write_text(json.dumps(info, indent=2))
         shutil.rmtree(work / "run")
         shutil.rmtree(work / "demo")
