@@ -17,6 +17,7 @@ section() { local name=$1 limit=$2; shift 2; echo "== $name ($(left "$limit") s 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import torch, diffusers, transformers, peft, accelerate; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)" | tee -a "$OUT/gpu.txt"
 section gpu_tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider -o addopts="-ra" tests
+section consistency 90 $PY scripts/gpu_consistency.py
 section bench_bf16 90 $PY scripts/bench_training.py --device cuda --layout h100 --sizes mid --steps 30
 section bench_fp16 60 $PY scripts/bench_training.py --device cuda --layout t4 --sizes mid --steps 10
 section bench_quantize 120 $PY scripts/bench_quantize.py --device cuda --trained-steps 40 --calls 20
