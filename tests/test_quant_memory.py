@@ -78,6 +78,21 @@ def test_image_plan_names_a_flux_layout_that_fits(model, device, gb):
     assert n * bits // 8 <= c.weights["transformer"] < n * bits / 8 * 1.15 + 0.05 * n
     assert storage in hp.get_recipe("flux", device=device)["transformer"].quantize
     assert c.label() in c.describe() and "held back for activations" in c.describe()
+    assert _measured_speed_said(c.describe(), "transformer", storage)
+
+
+def _measured_speed_said(text: str, component: str, storage: str) -> bool:
+    """The plan quotes the CUDA figure devices.yaml records for the chosen denoiser storage, and the run behind it."""
+    import yaml
+
+    from hf_precision.recipe.files import recipes_dir
+
+    entries = yaml.safe_load((recipes_dir() / "devices.yaml").read_text())["measured_speed"]
+    cuda = next(e for e in entries if e["device"] == "cuda")
+    if storage not in cuda["relative"]:
+        return f"{component} {storage}: not measured on cuda" in text
+    return (f"{component} {storage} {cuda['relative'][storage]:.2f}x the half layout per call" in text
+            and cuda["source"] in text)
 
 
 def test_video_plan_names_a_wan_14b_layout_that_fits_12gb():
@@ -96,3 +111,16 @@ def test_video_plan_names_a_wan_14b_layout_that_fits_12gb():
     bits = {None: 16, "int8": 8, "float8_e4m3fn": 8, "nf4": 4}[storage]
     assert n * bits // 8 <= c.prediction.weights["transformer"] < n * bits / 8 * 1.15 + 0.05 * n
     assert storage is None or storage in c.settings.label()
+    assert storage is None or _measured_speed_said(c.describe(), "transformer", storage)
+
+
+def test_a_bad_measured_speed_entry_is_named():
+    from hf_precision.recipe.schema import check_devices_file
+
+    bad = {"schema": 1, "kind": "devices", "rules": [], "presets": {},
+           "measured_speed": [{"device": "cuda", "source": "", "relative": {"int9": 1.1, "nf4": -1}}]}
+    with pytest.raises(hp.RecipeError) as info:
+        check_devices_file(bad, "devices.yaml")
+    message = str(info.value)
+    for part in ("measured_speed[0].source", "measured_speed[0].relative.int9", "measured_speed[0].relative.nf4"):
+        assert part in message

@@ -28,6 +28,7 @@ class ImageChoice:
     reserve: int
     fits: bool
     tried: tuple[tuple[str, tuple[tuple[str, str], ...], int], ...]
+    device: Any = None  # the layout's device: where the speed of the chosen storage was measured
 
     def label(self) -> str:
         return ", ".join([f"offload {self.offload}", *(f"{c} {s}" for c, s in self.quantize)])
@@ -41,9 +42,12 @@ class ImageChoice:
     def describe(self) -> str:
         from ..units import format_bytes
 
+        from ..recipe.devices import speed_note
+
         head = "chosen" if self.fits else "nothing fits; least memory"
+        speed = speed_note(self.quantize, self.device) if self.device is not None else ""
         return (f"{head} for {format_bytes(self.budget)} ({format_bytes(self.reserve)} held back for activations): "
-                f"{self.label()}; resident weights {format_bytes(self.resident)}")
+                f"{self.label()}; resident weights {format_bytes(self.resident)}" + (f"; {speed}" if speed else ""))
 
 
 def _resident(weights: dict[str, int], offload: str) -> int:
@@ -85,7 +89,7 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
             resident = _resident(weights, offload)
             tried.append((offload, quant, resident))
             choice = ImageChoice(offload, quant, resident, weights, budget, budget - usable, resident <= usable,
-                                 tuple(tried))
+                                 tuple(tried), recipe.device)
             if choice.fits:
                 return choice
             if best is None or resident < best.resident:

@@ -35,7 +35,7 @@ from ..errors import RecipeError, excerpt
 from .files import read_yaml, recipes_dir
 from .schema import TYPES, check_devices_file
 
-__all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
+__all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe", "measured_speed", "speed_note",
            "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
 
 CPU_FLAGS_ENV = "HF_PRECISION_CPU_FLAGS"
@@ -270,6 +270,52 @@ def rule_ids() -> list[str]:
         True
     """
     return [r["id"] for r in _devices_file()["rules"]]
+
+
+def measured_speed(storage: str, device: str | DeviceProfile | None = None) -> tuple[float, str] | None:
+    """The measured time per denoiser call of ``storage`` relative to the device's half layout, and the run that
+    measured it (``devices.yaml`` ``measured_speed``), for the device's type; ``None`` where nothing was measured.
+
+    Example:
+        >>> ratio, source = measured_speed("int8", "a100")
+        >>> ratio > 0 and "bench_quantize" in source
+        True
+        >>> measured_speed("int8", "m1-macos13") is None
+        True
+    """
+    kind = (device if isinstance(device, DeviceProfile) else device_profile(device)).type
+    for entry in _devices_file().get("measured_speed", []):
+        if entry["device"] == kind and storage in entry["relative"]:
+            return float(entry["relative"][storage]), str(entry["source"])
+    return None
+
+
+def speed_note(quantize: Any, device: Any) -> str:
+    """What the quantized storage of a memory plan costs in time per denoiser call, where it was measured
+    (``devices.yaml`` ``measured_speed``); empty when nothing is quantized.
+
+    Example:
+        >>> speed_note([("transformer", "int8")], "rtx3060")  # doctest: +ELLIPSIS
+        'speed: transformer int8 1.14x the half layout per call (measured: python scripts/bench_quantize.py --device cuda; ...)'
+        >>> speed_note([("transformer", "int8")], "m1-macos13")
+        'speed: transformer int8: not measured on mps'
+    """
+    profile = device if isinstance(device, DeviceProfile) else device_profile(device)
+    parts, sources = [], []
+    for component, storage in quantize:
+        if component.startswith(("text_encoder", "image_encoder")):  # the figures are denoiser calls (every step)
+            parts.append(f"{component} {storage}: runs once per prompt, not timed")
+            continue
+        found = measured_speed(storage, profile)
+        if found is None:
+            parts.append(f"{component} {storage}: not measured on {profile.type}")
+            continue
+        parts.append(f"{component} {storage} {found[0]:.2f}x the half layout per call")
+        if found[1] not in sources:
+            sources.append(found[1])
+    if not parts:
+        return ""
+    return "speed: " + ", ".join(parts) + "".join(f" (measured: {src})" for src in sources)
 
 
 def list_presets() -> dict[str, DeviceProfile]:

@@ -344,3 +344,4 @@ def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed
         options.append(tuple((d, choice) for d in dens if choice in firsts(d)))
     extra = tuple((t, firsts(t)[0]) for t in texts if firsts(t))
     return options + ([o + extra for o in options] if extra else [])
+

@@ -40,7 +40,7 @@ TYPES = ("cpu", "cuda", "mps", "xpu")
 
 # The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
 # `capabilty`) is an error, never a condition that silently holds for every device.
-DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets")
+DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets", "measured_speed")
 RULE_KEYS = ("id", "when", "compute", "auto", "storage", "transformers_only", "upcast_attention", "why")
 WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
 PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
@@ -207,6 +207,34 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
     return source, data
 
 
+def _check_measured_speed(entries: Any, problems: Problems) -> None:
+    from .quantize import canonical_storage, is_quantized
+
+    if not isinstance(entries, list):
+        problems.add("measured_speed", f"expected a list of {{device, source, relative}} entries, got {entries!r}")
+        return
+    for i, entry in enumerate(entries):
+        where = f"measured_speed[{i}]"
+        if not isinstance(entry, dict):
+            problems.add(where, f"expected a mapping with device, source and relative, got {entry!r}")
+            continue
+        unknown_keys(entry, ("device", "source", "relative"), where, problems)
+        if entry.get("device") not in TYPES:
+            problems.add(f"{where}.device", f"unknown device type {entry.get('device')!r}; allowed: {', '.join(TYPES)}")
+        if not isinstance(entry.get("source"), str) or not entry["source"].strip():
+            problems.add(f"{where}.source", "name the command and machine that measured these figures")
+        relative = entry.get("relative")
+        if not isinstance(relative, dict):
+            problems.add(f"{where}.relative", f"expected a mapping storage -> time ratio, got {relative!r}")
+            continue
+        for name, ratio in relative.items():
+            if canonical_storage(str(name)) != name or not (is_quantized(name) or str(name).startswith("float8")):
+                problems.add(f"{where}.relative.{name}", "not a quantized storage name (recipe/quantize.py CHOICES) "
+                                                         "or float8_e4m3fn / float8_e5m2")
+            if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+                problems.add(f"{where}.relative.{name}", f"expected a positive time ratio such as 1.14, got {ratio!r}")
+
+
 def check_devices_file(data: Any, source: str) -> None:
     """Validate a device rules file; every problem is reported at once, each naming the key and the fix.
 
@@ -279,6 +307,7 @@ def check_devices_file(data: Any, source: str) -> None:
                 dtype_edits(rule[key], f"{where}.{key}")
         if "upcast_attention" in rule and not isinstance(rule["upcast_attention"], bool):
             problems.add(f"{where}.upcast_attention", f"expected true or false, got {rule['upcast_attention']!r}")
+    _check_measured_speed(data.get("measured_speed", []), problems)
     presets = data.get("presets", {})
     if not isinstance(presets, dict):
         problems.add("presets", "expected a mapping of preset name -> device fields")

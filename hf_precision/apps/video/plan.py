@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import RecipeError
+from ...recipe.devices import speed_note
 from ...runtime.memory import available_bytes
 from ...units import format_bytes, parse_size
 from .counting import count_live_bytes
@@ -396,6 +397,7 @@ class Choice:
     budget: int
     fits: bool
     tried: list[Prediction]
+    device: Any = None  # the layout's device: where the speed of the chosen storage was measured
 
     @property
     def settings(self) -> MemorySettings:
@@ -404,9 +406,9 @@ class Choice:
     def describe(self) -> str:
         p = self.prediction
         head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {format_bytes(self.budget)}: {p.settings.label()}"
-        return f"{head}; predicted peak {format_bytes(p.peak)} (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in p.phases.items()) + ")"
-
-
+        speed = speed_note(p.settings.quantize, self.device) if self.device is not None else ""
+        return (f"{head}; predicted peak {format_bytes(p.peak)} (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in p.phases.items())
+                + ")" + (f"; {speed}" if speed else ""))
 
 
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
@@ -430,8 +432,8 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
         p = _predict(model, settings, height=height, width=width, frames=frames)
         tried.append(p)
         if p.peak <= budget:
-            return Choice(prediction=p, budget=budget, fits=True, tried=tried)
-    return Choice(prediction=min(tried, key=lambda p: p.peak), budget=budget, fits=False, tried=tried)
+            return Choice(prediction=p, budget=budget, fits=True, tried=tried, device=layout)
+    return Choice(prediction=min(tried, key=lambda p: p.peak), budget=budget, fits=False, tried=tried, device=layout)
 
 
 def is_accelerator(layout: Any) -> bool:
