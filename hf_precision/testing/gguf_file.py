@@ -12,7 +12,7 @@ weight's root mean square and a mean near zero (the model stays finite; it no lo
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +37,15 @@ K_QUANTS: dict[str, tuple[int, int | None, float]] = {
 FALLBACK = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
-def write_gguf(module: Any, path: str | os.PathLike[str], qtype: str | Sequence[str] = "Q8_0",
+def write_gguf(module: Any, path: str | os.PathLike[str],
+               qtype: str | Sequence[str] | Callable[[str], str | Sequence[str]] = "Q8_0",
                seed: int = 0) -> dict[str, str]:
     """Save ``module``'s state dict as a GGUF file; returns tensor name -> the GGUF type it was stored in.
 
     ``qtype`` is one type or several tried in order: a weight takes the first whose block fills its rows
     (``("Q4_K", "Q5_0")``: Q4_K where rows are multiples of 256, else Q5_0 where of 32, as llama.cpp falls back:
-    :data:`FALLBACK`). K-quant (and IQ4_NL) blocks are random (see the module docstring), seeded by ``seed``.
+    :data:`FALLBACK`), or a function of the tensor name giving those (files mix types: a Q4_K_M file holds Q4_K and
+    Q6_K). K-quant (and IQ4_NL) blocks are random (see the module docstring), seeded by ``seed``.
 
     Example:
         >>> import tempfile, torch
@@ -57,8 +59,7 @@ def write_gguf(module: Any, path: str | os.PathLike[str], qtype: str | Sequence[
     import gguf
     import numpy as np
 
-    names = [qtype] if isinstance(qtype, str) else list(qtype)
-    kinds = [(name, getattr(gguf.GGMLQuantizationType, name)) for name in names]
+    choose = qtype if callable(qtype) else lambda _: qtype
     rng = np.random.default_rng(seed)
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
@@ -66,6 +67,8 @@ def write_gguf(module: Any, path: str | os.PathLike[str], qtype: str | Sequence[
     types = {}
     for name, tensor in module.state_dict().items():
         data = tensor.detach().float().cpu().numpy()
+        wanted = choose(name)
+        kinds = [(t, getattr(gguf.GGMLQuantizationType, t)) for t in ([wanted] if isinstance(wanted, str) else wanted)]
         fits = [(n, k) for n, k in kinds if data.ndim >= 2 and data.shape[-1] % gguf.GGML_QUANT_SIZES[k][0] == 0]
         if not fits:
             writer.add_tensor(name, data.astype(np.float32))
