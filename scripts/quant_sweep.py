@@ -6,8 +6,10 @@ Every row of ``hf_precision.testing.registry`` is saved with ``save_pretrained``
 ``hp.load_pipeline(folder, "cpu", ...)`` with one component (the denoiser, each text encoder, the VAE) or two at once
 quantized, for each storage that runs on CPU (torchao ``int8``, ``quanto-int8``, ``quanto-float8``, fp8 storage
 ``float8_e4m3fn``/``float8_e5m2``), asked three ways: ``quantize={...}``, the ``--set C.storage=...`` override, and a
-user's own diffusers ``PipelineQuantizationConfig``; and the denoiser from a GGUF file (Q8_0, Q4_0, Q4_K, Q5_K, F16,
-BF16) written with the ``gguf`` package, where diffusers reads that model class from a single file. Each case checks:
+user's own diffusers ``PipelineQuantizationConfig``; and the denoiser from a GGUF file (Q8_0, Q4_0, the K-quants Q2_K
+to Q6_K with llama.cpp's fallback type for rows that do not fill 256 weights, F16, BF16) written by
+``hf_precision.testing.gguf_file.write_gguf``, where diffusers reads that model class from a single file (each GGUF
+case names the types its file holds: the tiny rows seldom fill a K-quant block). Each case checks:
 plan bytes == measured bytes (every component), a 2-step call is finite, no island/embedder/final projection layer
 is quantized (under torchao's exact names), ``hp.check`` passes. ``--quick`` takes a few families; the NaN guard,
 ``calibrate`` and ``explain_error`` are checked once per backend on the first pipeline.
@@ -34,7 +36,7 @@ STORAGES = ("int8", "quanto-int8", "quanto-float8", "float8_e4m3fn", "float8_e5m
 # compute layouts by storage: bf16 compute (cpu-amx preset) for half, fp32 for the rest, fp16 (t4) for pairs
 LAYOUT = {"int8": "cpu-amx", "quanto-int8": None, "quanto-float8": "cpu-amx", "float8_e4m3fn": "cpu-amx",
           "float8_e5m2": None}
-GGUF_TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "F16", "BF16")
+GGUF_TYPES = ("Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
 QUICK = ("flux", "sdxl", "wan", "sd3", "ltx", "pixart")
 FORMS = ("quantize", "set", "user", "gguf")
 
@@ -87,7 +89,7 @@ def run_case(row, folder, form, pairs, layout, tmp):
 
     quant = dict(pairs)
     kw = {"layout": layout}
-    base = None
+    base, note = None, ""
     if form == "quantize":
         kw["quantize"] = quant
     elif form == "set":
@@ -107,15 +109,17 @@ def run_case(row, folder, form, pairs, layout, tmp):
                 mapping[c] = diffusers.QuantoConfig(weights_dtype=s.split("-")[1])
         kw["quantization_config"] = diffusers.PipelineQuantizationConfig(quant_mapping=mapping)
     elif form == "gguf":
-        from hf_precision.testing.gguf_file import write_gguf
+        from hf_precision.testing.gguf_file import FALLBACK, write_gguf
 
         (comp, qtype), = pairs
         probe = row.make()
         path = Path(tmp) / f"{row.name}-{qtype}.gguf"
         try:
-            types = write_gguf(getattr(probe, comp), path, qtype)
-        except Exception as err:  # the gguf package cannot write this type
+            types = write_gguf(getattr(probe, comp), path, (qtype, FALLBACK[qtype]) if qtype in FALLBACK else qtype)
+        except Exception as err:
             raise Fail("gguf-write", f"{type(err).__name__}: {str(err)[:160]}")
+        held = collections.Counter(types.values())
+        note = " (file: " + ", ".join(f"{t} {n}" for t, n in sorted(held.items())) + ")"
         base, folder = folder, path
         kw["base"] = base
     t0 = time.perf_counter()
@@ -206,7 +210,7 @@ def run_case(row, folder, form, pairs, layout, tmp):
         raise Fail("not-finite", f"{torch.isfinite(res.float()).float().mean():.3f} finite")
     if not report.ok:
         raise Fail("check", str(report).replace("\n", " | ")[:300])
-    return time.perf_counter() - t0
+    return f"{time.perf_counter() - t0:.1f}s{note}"
 
 
 def extra_checks(row, folder):
@@ -319,8 +323,8 @@ def main(argv=None):
             for form, pairs, layout in case_list(name, row.make(), recipe, forms):
                 label = f"{name} {form} {'+'.join(f'{c}={s}' for c, s in pairs)} @{layout or 'cpu'}"
                 try:
-                    secs = run_case(row, folder, form, pairs, layout, tmp)
-                    status, detail = ("PASS", f"{secs:.1f}s") if secs != "refused" else ("PASS", "refused before loading")
+                    said = run_case(row, folder, form, pairs, layout, tmp)
+                    status, detail = "PASS", said if said != "refused" else "refused before loading"
                 except Fail as f:
                     status, detail = f"FAIL {f.kind}", f.detail
                 except Exception as err:

@@ -300,32 +300,6 @@ def test_generate_with_max_memory_loads_the_chosen_layout(flux_folder, tmp_path)
     assert out.is_file() and "memory plan: chosen" in lines[0] and "transformer" in lines[0]
 
 
-def test_gguf_single_file_with_a_base_folder(flux_folder, tmp_path):
-    """A GGUF file written by the gguf package (Q8_0 blocks where a row fills them, F32 elsewhere) is the transformer;
-    the rest comes from the diffusers folder. Loaded bytes are the file's blocks plus the rest in the compute dtype."""
-    from diffusers import FluxTransformer2DModel
-
-    from hf_precision.testing.gguf_file import write_gguf
-
-    source = FluxTransformer2DModel.from_pretrained(flux_folder, subfolder="transformer")
-    path = tmp_path / "flux-tiny-Q8_0.gguf"
-    types = write_gguf(source, path)
-    assert "Q8_0" in types.values() and "F32" in types.values()
-    with pytest.raises(RecipeError, match="pass the diffusers folder"):
-        hp.load_pipeline(path, "cpu")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(path, "cpu", base=flux_folder, layout="cpu-amx")
-    assert any("loaded from the GGUF file" in a for a in hp.applied(pipe).actions)
-    # every Q8_0 Linear stays packed but the first (x_embedder): pipelines read their dtype from the first parameter
-    assert len(quantized_in(pipe.transformer)) == sum(1 for n, t in types.items() if t == "Q8_0" and n.endswith("weight")) - 1
-    assert "x_embedder" not in quantized_in(pipe.transformer)
-    planned = hp.plan(path, device="cpu-amx", base=flux_folder)  # the file's header, no weights read
-    assert module_bytes(pipe.transformer) == planned["transformer"].total_bytes
-    assert planned["transformer"].bytes_by_dtype["Q8_0"] > 0
-    assert torch.isfinite(_run(pipe)).all()
-
-
 def test_nan_guard_on_a_quantized_component_says_how_to_store_it_unquantized(flux_folder):
     """The guard re-runs a component in a wider dtype; quantized weights cannot be: it warns with the storage fix
     once, instead of looping or dequantizing behind the user's back."""

@@ -351,6 +351,19 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)
 
 
+def _gguf_storage(packed: Mapping[str, tuple[str, int]], rest: str) -> str:
+    """The storage column of a denoiser read from a GGUF file: its packed types, most bytes first, then the rest.
+
+    Example:
+        >>> _gguf_storage({"a.weight": ("Q4_K", 144), "b.weight": ("Q5_0", 22), "c.weight": ("Q4_K", 144)}, "bfloat16")
+        'gguf Q4_K+Q5_0, rest bfloat16'
+    """
+    sizes: dict[str, int] = {}
+    for qtype, size in packed.values():
+        sizes[qtype] = sizes.get(qtype, 0) + size
+    return f"gguf {'+'.join(sorted(sizes, key=lambda t: (-sizes[t], t)))}, rest {rest}"
+
+
 def _decision(cp: ComponentPlan, field: str) -> Any:
     return next((d for d in cp.decisions if d.field == field), None)
 
@@ -385,8 +398,9 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
     counts = {i: sum(p.numel() for p in module.get_submodule(i).parameters()) for i in islands}
     island_rows = [Island(i, counts[i], island_why) for i in islands]
 
+    storage = _gguf_storage(packed, cp.storage) if packed else cp.storage
     fp32_why = None
-    if cp.compute == "float32" and cp.storage == "float32":
+    if cp.compute == "float32" and cp.storage == "float32" and not packed:
         compute = _decision(cp, "compute")
         fp32_why = f"compute float32: {compute.rule if compute else 'the recipe says so'}"
         if device_why:
@@ -411,6 +425,6 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
                 for n, m in module.named_modules()]
     return PlannedComponent(name=cp.name, cls=type(module).__name__, library=library, params=params,
                             bytes_by_dtype=by_dtype, total_bytes=sum(by_dtype.values()), fp32_bytes=fp32_bytes,
-                            storage=cp.storage, compute=cp.compute, handed_over=cp.handed_over, islands=island_rows,
+                            storage=storage, compute=cp.compute, handed_over=cp.handed_over, islands=island_rows,
                             keep_fp32=tuple(cp.keep_fp32), fp32_why=fp32_why,
                             why=compute_decision.rule if compute_decision else "", modules=rows)
