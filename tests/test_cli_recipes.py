@@ -66,6 +66,7 @@ def test_devices(tmp_path):
     assert rows["m2-macos15"]["upcast_attention"] is True
     here = rows["this machine"]
     assert here["label"]
+    assert ("this cpu" in rows) is not here["label"].startswith("cpu")  # a GPU machine lists its CPU too
     if here["label"].startswith("cpu"):  # CUDA is hidden above; an Apple or XPU machine lists its GPU here
         caps = hp.device_caps("cpu")   # this process reads the same HF_PRECISION_CPU_FLAGS as the command
         assert (here["auto"], here["tags"]) == (list(caps.auto), list(caps.tags))
