@@ -148,6 +148,26 @@ def cpu_as(monkeypatch):
     set_probe(None)
 
 
+@pytest.fixture
+def no_gpu(monkeypatch):
+    """This machine as a CPU-only one for one test: torch reports no CUDA, XPU or MPS device in this process (the
+    device probe reads it afresh) and its subprocesses see none (``CUDA_VISIBLE_DEVICES=""``). For tests that mean
+    the CPU run on any machine, such as a GPU command's CPU refusal. Undone after the test."""
+    import torch
+
+    from hf_precision.recipe.devices import set_probe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    if hasattr(torch, "xpu"):
+        monkeypatch.setattr(torch.xpu, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    set_probe(None)
+    yield
+    monkeypatch.undo()
+    set_probe(None)
+
+
 def pytest_collection_modifyitems(config, items):
     """Tests marked ``gpu`` need CUDA: they are skipped (reported as skipped, never as passed) without it."""
     import torch

@@ -1,10 +1,35 @@
-"""`accelerate launch` as the multi-process tests run it: two CPU processes over gloo, on a port of their own."""
+"""`accelerate launch` as the multi-process tests run it: two CPU processes over gloo, on a port of their own; and
+the environment every subprocess a test starts gets (``subprocess_env``)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def subprocess_env(*, cpu_only: bool = False, **extra: str) -> dict[str, str]:
+    """This process's environment for a test's subprocess: offline, this checkout's package first on PYTHONPATH
+    (prepended: packages found through the caller's PYTHONPATH, e.g. diffusers installed into a side folder, stay
+    importable), and ``extra`` on top.
+
+    ``cpu_only=True`` hides every GPU (``CUDA_VISIBLE_DEVICES=""``): the test means the CPU run (two processes over
+    gloo, a CPU demo, a command's CPU refusal) on any machine; on a 1-GPU machine ``--multi_gpu`` would otherwise
+    put rank 1 on a device ordinal that does not exist.
+
+    >>> env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1")
+    >>> env["PYTHONPATH"].split(os.pathsep)[0] == str(ROOT), env["CUDA_VISIBLE_DEVICES"], env["HF_HUB_OFFLINE"]
+    (True, '', '1')
+    """
+    env = {**os.environ, "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if cpu_only:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    env.update(extra)
+    return env
 
 
 def free_port() -> int:
@@ -16,7 +41,8 @@ def free_port() -> int:
 
 def accelerate_cpu(processes: int = 2) -> list[str]:
     """The `accelerate launch` prefix for ``processes`` CPU processes (no mixed precision, no dynamo, a free port);
-    the venv's `accelerate` script where there is one, else its module."""
+    the venv's `accelerate` script where there is one, else its module. Run it with ``subprocess_env(cpu_only=True)``:
+    `--multi_gpu` spreads the ranks over the visible GPUs when there are any."""
     exe = Path(sys.executable).parent / "accelerate"
     launch = [str(exe), "launch"] if exe.exists() else [sys.executable, "-m", "accelerate.commands.launch"]
     return [*launch, "--multi_gpu", "--num_processes", str(processes), "--num_machines", "1", "--mixed_precision",

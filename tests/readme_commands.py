@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import io
-import os
 import re
 import shlex
 import subprocess
@@ -14,7 +13,8 @@ import sys
 import traceback
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from launch import ROOT, subprocess_env
+
 README = ROOT / "README.md"
 VIDEO_DOC = ROOT / "docs" / "video.md"
 
@@ -145,8 +145,10 @@ def run_in_process(tokens: list[str]) -> Result:
 
 
 def run_subprocess(args: list[str], cwd: Path, timeout: int = 600) -> Result:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    """A command as its own program, GPUs hidden: the docs' commands are checked as the CPU runs them (their CPU
+    refusals, two processes over gloo), on a GPU machine too."""
+    proc = subprocess.run(args, cwd=cwd, env=subprocess_env(cpu_only=True), capture_output=True, text=True,
+                          timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

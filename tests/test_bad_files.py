@@ -5,7 +5,6 @@ wrong and how to get a good copy: from ``load_pipeline``, ``plan``, ``hf-precisi
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,6 +17,8 @@ from hf_precision.errors import DamagedFileError
 from hf_precision.recipe.files import damaged_file, download_command
 from hf_precision.runtime.load import check_files
 from hf_precision.runtime.stream import read_header
+
+from launch import subprocess_env
 
 UNET = "unet/diffusion_pytorch_model.safetensors"
 TEXT_ENCODER = "text_encoder/model.safetensors"
@@ -176,9 +177,8 @@ def test_a_damaged_hub_cache_names_the_repo(saved_pipeline, tmp_path):
     truncate(repo / "snapshots" / "abc123" / TEXT_ENCODER)
     code = ("import hf_precision as hp\ntry:\n    hp.load_pipeline('org/tiny', 'cpu')\n"
             "except hp.errors.DamagedFileError as err:\n    print('ERROR', err)\n")
-    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(Path(hp.__file__).parent.parent)}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=subprocess_env(HF_HUB_CACHE=str(cache)), timeout=300)
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("ERROR")), out.stdout + out.stderr[-2000:])
     assert "(component text_encoder): damaged file: truncated" in line, line
     assert line.endswith(download_command("org/tiny", None, TEXT_ENCODER)), line
@@ -210,8 +210,7 @@ def test_cli_check_plain_names_the_damaged_file(damaged, capsys):
 def test_cli_plan_one_line_exit_2(damaged, kind):
     folder, path = damaged(kind)
     out = subprocess.run([sys.executable, "-m", "hf_precision.cli", "plan", str(folder), "--device", "t4"],
-                         capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(Path(hp.__file__).parent.parent)})
+                         capture_output=True, text=True, timeout=300, env=subprocess_env())
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip() and not ln.startswith("[transformers]")]
     assert len(lines) == 1 and "Traceback" not in out.stderr, out.stderr
@@ -237,8 +236,8 @@ def test_cli_names_the_damage_before_importing_torch(damaged, command, kind):
             "plan": ["plan", str(folder), "--device", "t4"]}[command]
     code = ("import sys\nfrom hf_precision.cli import main\nrc = main(sys.argv[1:])\n"
             "print('RC', rc, [m for m in ('torch', 'diffusers', 'transformers') if m in sys.modules])\n")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(hp.__file__).parent.parent)}
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, env=subprocess_env(),
+                         timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "RC 2 []", out.stdout + out.stderr[-2000:]
     err = [ln for ln in out.stderr.splitlines() if ln.startswith("hf-precision")]
     assert len(err) == 1 and err[0].startswith(f"hf-precision {command}: error: {path}"), out.stderr[-2000:]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -30,6 +29,8 @@ import hf_precision as hp
 from hf_precision.errors import DamagedFileError, RecipeError
 from hf_precision.recipe import devices
 from hf_precision.recipe.overrides import Override, parse_set
+
+from launch import subprocess_env
 
 ROOT = Path(__file__).resolve().parents[1]
 UNET_WEIGHTS = "unet/diffusion_pytorch_model.safetensors"
@@ -346,8 +347,7 @@ def _run(kind: str, spec, env: Env, capsys) -> tuple[int | None, str, BaseExcept
         return None, "", None
     argv = [env.fill(a) for a in spec]
     if kind == "sub":
-        run_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-        proc = subprocess.run(argv, capture_output=True, text=True, env=run_env, cwd=env.root, timeout=60)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=subprocess_env(), cwd=env.root, timeout=60)
         return proc.returncode, proc.stderr, None
     from hf_precision.cli import main as cli_main
     from hf_precision.cli.video import main as video_main

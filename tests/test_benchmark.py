@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ SCRIPT = ROOT / "scripts" / "benchmark.py"
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench import fidelity, memory, progress, report, runtime, speed, trained  # noqa: E402
+from launch import subprocess_env  # noqa: E402
 
 SECTIONS = ("load", "runtime", "apply", "weights", "fidelity")
 
@@ -158,7 +158,7 @@ def test_fingerprint_changes_with_any_training_setting():
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = subprocess_env()
     proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--size", "tiny", "--out", str(out)],
                           capture_output=True, text=True, cwd=str(ROOT), env=env, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

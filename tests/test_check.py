@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +15,8 @@ import hf_precision as hp
 from hf_precision.diagnose.checker import CheckReport, default_call
 from hf_precision.errors import RecipeError
 from hf_precision.diagnose.mismatch import MismatchError
+
+from launch import subprocess_env
 
 SDXL_ISLANDS = ["unet.time_embedding", "unet.add_embedding"]
 
@@ -193,7 +194,7 @@ CLI = [str(_SCRIPT)] if _SCRIPT.exists() else ([shutil.which("hf-precision")] if
 
 def _start(*args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            env=subprocess_env())
 
 
 @pytest.mark.slow

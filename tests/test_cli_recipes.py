@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +13,8 @@ import pytest
 import hf_precision as hp
 from hf_precision.cli import build_parser
 
+from launch import subprocess_env
+
 _SCRIPT = Path(sys.executable).parent / "hf-precision"
 CLI = [str(_SCRIPT)] if _SCRIPT.exists() else ([shutil.which("hf-precision")] if shutil.which("hf-precision")
                                                else [sys.executable, "-m", "hf_precision.cli"])
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 def cli(*args: str, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=120, cwd=cwd,
-                          env={**os.environ, **(env or {})})
+                          env=subprocess_env(**(env or {})))
 
 
 def ok(*args: str, **kwargs) -> str:
@@ -66,6 +67,7 @@ def test_devices(tmp_path):
     assert rows["m2-macos15"]["upcast_attention"] is True
     here = rows["this machine"]
     assert here["label"]
+    assert ("this cpu" in rows) is not here["label"].startswith("cpu")  # a GPU machine lists its CPU too
     if here["label"].startswith("cpu"):  # CUDA is hidden above; an Apple or XPU machine lists its GPU here
         caps = hp.device_caps("cpu")   # this process reads the same HF_PRECISION_CPU_FLAGS as the command
         assert (here["auto"], here["tags"]) == (list(caps.auto), list(caps.tags))

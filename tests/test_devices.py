@@ -212,6 +212,36 @@ def test_env_is_read_again_after_set_probe_none(cpu_as, monkeypatch):
     assert device_caps("cpu").auto[0] == "float32"   # ... and set_probe(None) re-reads
 
 
+class GpuMachineProbe(FakeProbe):
+    """GPUs made of data beside the CPU read as on a real machine (HF_PRECISION_CPU_FLAGS, else /proc/cpuinfo)."""
+
+    cpu_flags = SystemProbe.cpu_flags
+    cpu_name = SystemProbe.cpu_name
+
+
+def test_devices_on_a_gpu_machine_lists_and_reads_its_cpu(use_probe, monkeypatch, capsys):
+    """`hf-precision devices` where this machine is a GPU: a "this cpu" row too (what it offloads or places on its
+    CPU follows the CPU's rules), so the CPU is read and a bad HF_PRECISION_CPU_FLAGS is the user error it is on a
+    CPU-only machine (it exited 0 on a CUDA machine: nothing read the CPU)."""
+    import json
+
+    from hf_precision.cli import main
+
+    h200 = [("NVIDIA H200", (9, 0))]
+    use_probe(GpuMachineProbe(cuda=h200))
+    assert main(["devices", "--json"]) == 0
+    rows = {r["device"]: r for r in json.loads(capsys.readouterr().out)}
+    assert list(rows)[:2] == ["this machine", "this cpu"]
+    assert rows["this machine"]["label"] == "cuda:0 (NVIDIA H200, sm 9.0)"
+    cpu = device_caps("cpu")
+    assert (rows["this cpu"]["label"], rows["this cpu"]["auto"]) == (cpu.profile.label(), list(cpu.auto))
+    monkeypatch.setenv(devices.CPU_FLAGS_ENV, "amx_bf16;avx2")
+    use_probe(GpuMachineProbe(cuda=h200))  # drops the profiles read before the variable was set
+    assert main(["devices"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hf-precision devices: error: HF_PRECISION_CPU_FLAGS='amx_bf16;avx2'")
+
+
 # ---------------------------------------------------------------------------------------- descriptions
 
 

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from launch import subprocess_env
+
 CLI = [sys.executable, "-m", "hf_precision.cli"]
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+# These tests are about the CPU demo and CPU runs: GPUs hidden, and each command names --device cpu as well
+ENV = subprocess_env(cpu_only=True)
 
 
 def run(*args, cwd=None):
@@ -21,7 +23,7 @@ def run(*args, cwd=None):
 def demo(tmp_path_factory):
     """One run of `hf-precision demo --json` for every test below: (stdout, measurements, output folder)."""
     out = tmp_path_factory.mktemp("demo") / "out"
-    result = run("demo", "--out", out, "--json")
+    result = run("demo", "--out", out, "--json", "--device", "cpu")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     split = result.stdout.rindex("\n{")  # what the demo printed, then the --json dump
     return result.stdout[:split], json.loads(result.stdout[split + 1:]), out
@@ -154,7 +156,7 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
 
 
 def test_demo_runs_another_devices_layout(tmp_path):
-    result = run("demo", "--out", tmp_path, "--layout", "t4", "--json")
+    result = run("demo", "--out", tmp_path, "--layout", "t4", "--json", "--device", "cpu")
     assert result.returncode == 0, result.stderr[-3000:]
     text = result.stdout
     assert "part 4 layout: cuda (Tesla T4, sm 7.5)" in text

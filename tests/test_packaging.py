@@ -87,7 +87,8 @@ def test_installed_wheel_finds_every_recipe(wheel, tmp_path):
         print(json.dumps({{"pipeline": hf_precision.list_recipes("pipeline"), "all": names,
                           "resolved": resolved, "files": files, "torch": "torch" in sys.modules}}))
     """)
-    env = {**os.environ, "PYTHONPATH": str(site)}
+    # the wheel's copy first; what the caller's PYTHONPATH provides (dependencies installed beside) stays importable
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
     env.pop("PYTHONSAFEPATH", None)
     proc = _run([sys.executable, "-c", code], cwd=tmp_path, env=env)
     out = json.loads(proc.stdout)

@@ -114,15 +114,19 @@ def test_quantize_keyword_and_set_flag_are_one_request():
 # casts the CLIP embeddings and the latents to it; T5 casts into `wo.weight.dtype` (not an island in fp32 compute).
 @pytest.mark.parametrize("component,layout", [("transformer", "cpu-amx"), ("text_encoder", "cpu-amx"),
                                               ("text_encoder_2", None)])
+@pytest.mark.probe
 def test_fp8_storage_through_quantize_runs(flux_folder, component, layout):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: "float8_e4m3fn"})
-    module, compute = getattr(pipe, component), torch.bfloat16 if layout else torch.float32
+    request = {component: {"storage": "float8_e4m3fn"}}
+    # layout None is this CPU's own: float32, or bfloat16 where the device rules pick it unasked (an AMX CPU)
+    compute = getattr(torch, hp.get_recipe("flux", device=layout or "cpu", overrides=request)[component].compute)
+    module = getattr(pipe, component)
     dtypes = {p.dtype for p in module.parameters()}
     assert torch.float8_e4m3fn in dtypes and compute in dtypes  # norms/embedders stay in the compute dtype
     assert module.dtype == compute
-    planned = hp.plan(flux_folder, device=layout or "cpu", overrides={component: {"storage": "float8_e4m3fn"}})
+    planned = hp.plan(flux_folder, device=layout or "cpu", overrides=request)
     assert planned[component].total_bytes == module_bytes(module)
     assert torch.isfinite(_run(pipe)).all()
 
@@ -331,6 +335,7 @@ def test_nan_guard_reruns_an_fp8_stored_component_in_float32(flux_folder):
 
 @pytest.mark.parametrize("folder,component,storage", [("flux_folder", "transformer", "int8"),
                                                      ("sdxl_inpaint_folder", "unet", "quanto-int8")])
+@pytest.mark.probe
 def test_calibrate_runs_on_a_quantized_component(request, folder, component, storage):
     """calibrate reads each weight's peak; a torchao int8 weight has no abs() (it is read dequantized). Its fp16 runs
     re-apply the component in another compute dtype: quanto's weights, loaded in float32, kept that dtype and gave
@@ -342,10 +347,14 @@ def test_calibrate_runs_on_a_quantized_component(request, folder, component, sto
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(request.getfixturevalue(folder), "cpu", quantize={component: storage})
         row.ready(pipe)
+        module = getattr(pipe, component)
+        loaded = {p.dtype for p in module.parameters()}
+        compute = getattr(torch, hp.applied(pipe).recipe[component].compute)
         result = hp.calibrate(pipe, "t4", row.call_kwargs(), progress=False, rounds=1, steps=1)
-    module = getattr(pipe, component)
     assert result.finite and quantized_in(module)
-    assert {p.dtype for p in module.parameters()} == {torch.float32}  # handed back as loaded
+    # this CPU's compute dtype (float32, or bfloat16 where its device rules pick it) and float32 islands
+    assert compute in loaded and loaded <= {compute, torch.float32}
+    assert {p.dtype for p in module.parameters()} == loaded  # handed back as loaded
 
 
 def test_calibrated_islands_are_kept_out_of_quantization():
@@ -437,6 +446,7 @@ def test_hunyuandit_text_pooler_stays_out_of_quantization(tmp_path, storage):
     assert torch.isfinite(torch.as_tensor(out.images)).all()
 
 
+@pytest.mark.probe
 def test_fp8_stable_cascade_prior_makes_its_latents_in_the_compute_dtype(tmp_path):
     """The prior pipeline takes its latents' dtype from the prior's first parameter; fp8 storage keeps that layer
     (`clip_txt_pooled_mapper`) in the compute dtype ('"normal_kernel_cpu" not implemented for Float8_e5m2' before)."""
@@ -446,9 +456,11 @@ def test_fp8_stable_cascade_prior_makes_its_latents_in_the_compute_dtype(tmp_pat
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(folder, "cpu", quantize={"prior": "float8_e5m2"})
-    assert next(pipe.prior.parameters()).dtype == torch.float32
+    request = {"prior": {"storage": "float8_e5m2"}}
+    recipe = hp.get_recipe(PIPELINES["cascade_prior"].recipe, device="cpu", overrides=request)
+    assert next(pipe.prior.parameters()).dtype == getattr(torch, recipe["prior"].compute)  # this CPU's
     assert any(p.dtype == torch.float8_e5m2 for p in pipe.prior.parameters())
-    planned = hp.plan(folder, device="cpu", overrides={"prior": {"storage": "float8_e5m2"}})["prior"]
+    planned = hp.plan(folder, device="cpu", overrides=request)["prior"]
     assert planned.total_bytes == module_bytes(pipe.prior)
     out = pipe(**PIPELINES["cascade_prior"].call_kwargs(num_inference_steps=1))
     assert torch.isfinite(torch.as_tensor(PIPELINES["cascade_prior"].result(out))).all()

@@ -1,10 +1,10 @@
 """README.md as a test: every command and snippet of README.md (and docs/video.md's per-card commands) runs as written.
 
-The commands run offline on the CPU, in a folder that holds tiny random-weight stand-ins saved under the names the
-README uses (``./stable-diffusion-xl-base-1.0``, ``./Wan2.1-T2V-1.3B-Diffusers`` ...; hf_precision.testing builds
-them). A command fails the test when it exits with another code than the README shows, prints a traceback, or its
-output no longer has the README's lines (compared loosely: whitespace collapsed, numbers free to vary, ``...``
-standing for what the README leaves out).
+The commands run offline on the CPU, with any GPU hidden (a GPU machine runs them as a CPU-only one), in a folder
+that holds tiny random-weight stand-ins saved under the names the README uses (``./stable-diffusion-xl-base-1.0``,
+``./Wan2.1-T2V-1.3B-Diffusers`` ...; hf_precision.testing builds them). A command fails the test when it exits with
+another code than the README shows, prints a traceback, or its output no longer has the README's lines (compared
+loosely: whitespace collapsed, numbers free to vary, ``...`` standing for what the README leaves out).
 
 Commands run in this process (the CLI's ``main(argv)`` with captured output); a few run as subprocesses to prove the
 console script and the script entry work. What cannot run as written on a CPU has one entry in ``INSTEAD`` saying
@@ -216,8 +216,11 @@ def _id(c: Command) -> str:
 
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if instead(c.text) is None or instead(c.text)[0] == "refusal"],
                          ids=_id)
-def test_command(cmd, workdir):
-    """Each command exits as the docs show, prints no traceback, and prints the lines the docs show."""
+def test_command(cmd, workdir, no_gpu):
+    """Each command exits as the docs show, prints no traceback, and prints the lines the docs show.
+
+    GPUs hidden (``no_gpu``): the table above says what a command does on a CPU-only machine (a GPU command's one-line
+    refusal), which on a GPU machine would run instead of refusing."""
     plan = instead(cmd.text)
     if plan is None:
         result = run_as_written(cmd.text)
@@ -299,7 +302,9 @@ def test_make_targets_the_readme_names():
 
 def test_make_demo(workdir):
     """What `make demo` runs prints the four parts the README describes, with the calls the README quotes."""
-    result = run_in_process(["hf-precision", "demo", "--out", "demo_output"])
+    # --device cpu: the README quotes the CPU demo (`hp.load_pipeline(folder, "cpu", layout="t4")`); without it a GPU
+    # machine runs the demo on cuda:0 and prints that device instead (the same text with another place)
+    result = run_in_process(["hf-precision", "demo", "--out", "demo_output", "--device", "cpu"])
     assert_clean(result, "hf-precision demo", 0)
     section = README.read_text().split("## Quick start")[1].split("## Use it")[0]
     for title in ("1. the classic failure", "2. what the recipe", "3. the NaN guard", "4. the recipe of"):
@@ -513,15 +518,21 @@ def _statements(start: str) -> list[str]:
 
 
 def test_quantize_block(workdir):
-    """The quantized-weights block here: as written it is one clear error (no CUDA here); on the CPU it loads the
-    transformer in torchao int8 and the T5 in bitsandbytes nf4 (a transformers model: bitsandbytes runs there)."""
+    """The quantized-weights block: with CUDA it loads as written; without, as written it is one clear error, and on
+    the CPU it loads. Either way the transformer is in torchao int8 and the T5 in bitsandbytes nf4 (a transformers
+    model: bitsandbytes runs on the CPU too)."""
+    import torch
+
     pytest.importorskip("bitsandbytes")
     first = _statements('pipe = hp.load_pipeline("./FLUX.1-dev", "cuda", quantize=')[0]
-    with pytest.raises(hp.RecipeError) as info:
-        exec(first, {"hp": hp})
-    assert len(str(info.value).splitlines()) == 1 and "layout=" in str(info.value)
     namespace = {"hp": hp}
-    exec(first.replace('"cuda"', '"cpu"'), namespace)
+    if torch.cuda.is_available():
+        exec(first, namespace)
+    else:
+        with pytest.raises(hp.RecipeError) as info:
+            exec(first, {"hp": hp})
+        assert len(str(info.value).splitlines()) == 1 and "layout=" in str(info.value)
+        exec(first.replace('"cuda"', '"cpu"'), namespace)
     recipe = hp.applied(namespace["pipe"]).recipe
     assert recipe["transformer"].storage == "int8" and recipe["text_encoder_2"].storage == "nf4"
 

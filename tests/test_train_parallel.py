@@ -4,30 +4,26 @@ each batch, and only the main process writes (one LoRA, one log line per step, o
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from launch import accelerate_cpu
+from launch import ROOT, accelerate_cpu, subprocess_env
 
 
 @pytest.mark.slow
 def test_two_processes_split_the_data_and_write_once(tmp_path):
     from hf_precision.apps.train.demo import make_demo
 
-    root = Path(__file__).resolve().parents[1]
     model, data = make_demo(tmp_path / "demo")
     out = tmp_path / "lora"
-    cmd = [*accelerate_cpu(), str(root / "scripts" / "train.py"),
+    cmd = [*accelerate_cpu(), str(ROOT / "scripts" / "train.py"),
            "--model", str(model), "--data", str(data), "--out", str(out), "--device", "cpu", "--steps", "3",
            "--lora-rank", "4", "--resolution", "32", "--checkpoint-every", "2", "--quiet",
            "--validation-prompt", "a red square", "--validation-inference-steps", "2"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(root)}
+    env = subprocess_env(cpu_only=True, HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert sorted(re.findall(r"\[process (\d)/2\] takes 1 of each global batch of 2", proc.stdout)) == ["0", "1"]
@@ -47,11 +43,10 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_130(tmp_path):
 
     from hf_precision.apps.train.demo import make_demo
 
-    root = Path(__file__).resolve().parents[1]
     model, data = make_demo(tmp_path / "demo")
     out = tmp_path / "lora"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    cmd = [sys.executable, str(root / "scripts" / "train.py"), "--model", str(model), "--data", str(data), "--out",
+    env = subprocess_env(OMP_NUM_THREADS="1")
+    cmd = [sys.executable, str(ROOT / "scripts" / "train.py"), "--model", str(model), "--data", str(data), "--out",
            str(out), "--device", "cpu", "--steps", "100000", "--lora-rank", "4", "--resolution", "32",
            "--checkpoint-every", "100000", "--quiet"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

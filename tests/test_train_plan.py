@@ -4,12 +4,13 @@ CPU step, and the choice it makes for a budget."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from launch import subprocess_env
 
 # One training step in a fresh process: RSS above the state after a warm-up step (AdamW moments exist by then), so
 # what is measured is the step's activations and gradients. glibc returns freed buffers at once with this threshold
@@ -55,8 +56,7 @@ def test_predicted_training_step_matches_measured_cpu_step(mid_sd15):
     pred = predict_training(str(mid_sd15), "cpu-avx2", rank=4, resolution=resolution,
                             options=Options(batch, False, True))
     predicted = pred.activations + pred.grads
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MALLOC_MMAP_THRESHOLD_": "65536", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = subprocess_env(MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, "-c", MEASURE, str(mid_sd15), str(batch), str(resolution // 2)],
                           capture_output=True, text=True, env=env, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -229,14 +229,15 @@ def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys,
     from hf_precision.apps.train.plan import Options, predict_training
     from hf_precision.cli import main
 
+    # the float32 CPU layout named: the sizes and "computed in float32" below are its (an AMX CPU's own computes bf16)
     common = ["train", "--model", str(folders["sd15"]), "--data", str(folders["shapes"]), "--resolution", "32",
-              "--device", "cpu", "--lora-rank", "4", "--quiet"]
+              "--device", "cpu", "--layout", "cpu-avx2", "--lora-rank", "4", "--quiet"]
     assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "p")]) == 0
     assert "unet 0.2 MiB (int8, backend bytes)" in capsys.readouterr().out
-    pred = predict_training(str(folders["sd15"]), "cpu", rank=4, resolution=32, options=Options(1, False, True),
+    pred = predict_training(str(folders["sd15"]), "cpu-avx2", rank=4, resolution=32, options=Options(1, False, True),
                             overrides={"unet": {"storage": "int8"}})
-    planned = hp.plan(folders["sd15"], device="cpu", overrides={"unet": {"storage": "int8"}})["unet"].total_bytes
-    assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu")["unet"].total_bytes
+    planned = hp.plan(folders["sd15"], device="cpu-avx2", overrides={"unet": {"storage": "int8"}})["unet"].total_bytes
+    assert pred.weights["unet"] == planned < hp.plan(folders["sd15"], device="cpu-avx2")["unet"].total_bytes
     assert main([*common, "--set", "unet.storage=int8", "--plan", "--out", str(tmp_path / "f"), "--method", "full"]) == 2
     assert "'full' cannot train int8 weights" in capsys.readouterr().err  # training.quantized.refuse_untrainable's
     # a full fine-tune of fp8 weights is refused from the recipe, before any weight is read

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
@@ -13,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch import accelerate_cpu
+from launch import ROOT, accelerate_cpu, subprocess_env
 
-ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "generate_video.py"
 SMALL = ["--height", "32", "--width", "48", "--frames", "3", "--steps", "2", "--decode-chunk-size", "2", "--quiet"]
 
@@ -38,9 +36,8 @@ def images(tmp_path_factory) -> Path:
 
 
 def script(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=180,
-                          cwd=cwd, env=env, check=False)
+                          cwd=cwd, env=subprocess_env(), check=False)
 
 
 def _ffmpeg_missing() -> str | None:
@@ -192,7 +189,7 @@ def test_accelerate_two_processes_write_each_output_once(svd_folder, images, tmp
     out = tmp_path / "videos"
     cmd = [*accelerate_cpu(), str(SCRIPT), "--model", str(svd_folder), "--image", str(images), "--out", str(out), "--device", "cpu",
            "--format", fmt, *SMALL]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1"}
+    env = subprocess_env(cpu_only=True, HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = [f"img{i}.{fmt}" for i in range(3)]

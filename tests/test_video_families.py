@@ -253,21 +253,18 @@ def test_planted_fp16_overflow_naive_nan_recipe_finite(kind, folders, tmp_path, 
 @pytest.mark.slow
 def test_accelerate_two_processes_split_a_prompt_file(folders, tmp_path):
     """`accelerate launch --num_processes 2` over gloo on CPU: each prompt's video is written once, by one process."""
-    import os
     import subprocess
 
-    from launch import accelerate_cpu
+    from launch import ROOT, accelerate_cpu, subprocess_env
 
-    root = Path(__file__).resolve().parents[1]
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("a cat\na dog\na fox\n")
     out = tmp_path / "videos"
     args = _args("wan", folders("wan"), out, tmp_path)
     args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
-    cmd = [*accelerate_cpu(), str(root / "scripts" / "generate_video.py"),
+    cmd = [*accelerate_cpu(), str(ROOT / "scripts" / "generate_video.py"),
            *args, "--format", "gif", "--layout", "t4"]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(root)}
+    env = subprocess_env(cpu_only=True, HF_HOME=str(tmp_path / "hf_home"), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = ["000-a-cat.gif", "001-a-dog.gif", "002-a-fox.gif"]

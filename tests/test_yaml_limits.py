@@ -7,13 +7,14 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import yaml
 
 import hf_precision as hp
 from hf_precision.recipe import files
+
+from launch import subprocess_env
 from hf_precision.errors import excerpt
 from hf_precision.recipe.files import parse_yaml, read_yaml, recipes_dir
 
@@ -98,7 +99,7 @@ def test_alias_bomb_cli_one_line_exit_2_fast_and_small(tmp_path):
         print(json.dumps({{"rc": rc, "stderr": err.getvalue(), "events": events[0], "grew_mb": rss_mb() - before}}))
     """)
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(Path(hp.__file__).parent.parent)})
+                         env=subprocess_env())
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["rc"] == 2

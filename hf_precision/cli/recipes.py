@@ -26,11 +26,15 @@ def _cmd_recipes(args: argparse.Namespace) -> int:
 
 
 def _cmd_devices(args: argparse.Namespace) -> int:
-    from ..recipe.devices import device_caps, list_presets
+    from ..recipe.devices import device_caps, device_profile, list_presets
 
+    specs: dict[str, str | None] = {"this machine": None}
+    if device_profile(None).type != "cpu":  # what a GPU machine offloads or places on its CPU follows the CPU's rules
+        specs["this cpu"] = "cpu"
+    specs.update((name, name) for name in list_presets())
     rows = []
-    for name in ["this machine", *list_presets()]:
-        caps = device_caps(None if name == "this machine" else name)
+    for name, spec in specs.items():
+        caps = device_caps(spec)
         rows.append({"device": name, "label": caps.profile.label(), "compute": list(caps.compute),
                      "auto": list(caps.auto), "storage": list(caps.storage), "tags": list(caps.tags),
                      "upcast_attention": caps.upcast_attention})
@@ -86,7 +90,8 @@ def _args_recipes(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-@command("devices", "list this machine and the device presets you can plan for", "hf_precision.cli.recipes:_cmd_devices")
+@command("devices", "list this machine (and its CPU beside a GPU) and the device presets you can plan for",
+         "hf_precision.cli.recipes:_cmd_devices")
 def _args_devices(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
