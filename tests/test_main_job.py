@@ -135,14 +135,15 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
     for kind in ("sdxl", "svd"):
         stats = machine[kind]
         assert stats["nonfinite"] == 0 and stats["check_ok"]
-        # Issue 11 item 6: no bound fitted on one CPU (0.5 held on one, a GPU host measured 0.89). Random tiny
-        # weights amplify rounding by an amount that depends on the host's kernels, so the bound comes from the
-        # same host: the recipe's picture must be nearer its fp32 reference than halfway to the fp32 picture of
-        # the next seed (a different sample), measured in mean |difference|, which one saturated pixel cannot swing.
-        assert stats["mean_abs"] < 0.5 * stats["other_seed_mean_abs"], stats
+        # No bound fitted on one CPU, and none on the picture: random tiny weights amplify rounding through the
+        # steps by an amount that depends on the host's kernels (issue 11 item 6: a GPU host measured a max of 0.89;
+        # on the H200 machine's Sapphire Rapids CPU the bf16 and fp16 pictures lay as far from fp32's as the next
+        # seed's). One denoiser call on the same inputs carries no steps: the recipe's must be far nearer fp32's
+        # than the fp32 call on the next seed's inputs is (the scale, from the same host).
+        assert stats["call_rel_l2"] < 0.1 * stats["call_other_seed_rel_l2"], stats
         if full_precision:
             # the same dtypes as the reference: only float32 rounding is left (mapped weights, kernel sum order)
-            assert stats["saved_bytes"] == 0 and stats["max_abs"] < 1e-4
+            assert stats["saved_bytes"] == 0 and stats["max_abs"] < 1e-4 and stats["call_rel_l2"] < 1e-4
         else:
             assert stats["saved_bytes"] > 0
     if full_precision:  # nothing may read as 0 without saying why
@@ -165,7 +166,7 @@ def test_demo_runs_another_devices_layout(tmp_path):
     assert machine["why_float32"] is None and "why this part saves nothing" not in text
     for kind in ("sdxl", "svd"):
         assert machine[kind]["saved_bytes"] > 0 and machine[kind]["nonfinite"] == 0
-        assert machine[kind]["mean_abs"] < 0.5 * machine[kind]["other_seed_mean_abs"]  # see the test above
+        assert machine[kind]["call_rel_l2"] < 0.1 * machine[kind]["call_other_seed_rel_l2"]  # see the test above
 
 
 @pytest.mark.parametrize("device, says", [

@@ -49,6 +49,59 @@ def difference(a: Any, b: Any) -> dict[str, float]:
             "nonfinite": int((~np.isfinite(a)).sum())}
 
 
+def _clone(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {k: _clone(v) for k, v in value.items()}
+    return value
+
+
+def one_call_difference(pipe: Any, reference: Any, kwargs: dict[str, Any], seed: int) -> dict[str, float]:
+    """One denoiser call of ``pipe`` and of the fp32 ``reference`` on the same inputs (the first step's, ``seed``),
+    and the reference's on the next seed's inputs: relative L2 differences from the reference's output.
+
+    Unlike the picture after several steps, one call does not carry rounding from step to step, which random tiny
+    weights amplify by an amount that depends on the kernels: on the H200 machine, its Sapphire Rapids CPU (AMX bf16,
+    AVX512-FP16) and its GPU, the 4-step pictures of the bf16 and fp16 layouts lay as far from fp32's as the next
+    seed's picture does, while on an AVX2 CPU they stayed within 1% of it.
+
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> from hf_precision.testing.pipelines import example_call_kwargs
+        >>> ref = make_pipeline("sdxl"); ref.set_progress_bar_config(disable=True)
+        >>> d = one_call_difference(ref, ref, example_call_kwargs("sdxl"), 0)
+        >>> d["call_rel_l2"], d["call_other_seed_rel_l2"] > 0.1
+        (0.0, True)
+    """
+    import torch
+
+    name = "unet" if getattr(reference, "unet", None) is not None else "transformer"
+    denoiser, model = getattr(reference, name), getattr(pipe, name)
+
+    def first_inputs(s: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        seen: list[Any] = []
+        handle = denoiser.register_forward_pre_hook(lambda m, a, kw: seen or seen.append((_clone(a), _clone(kw))),
+                                                    with_kwargs=True)
+        try:
+            with torch.no_grad():
+                reference(**{**kwargs, "num_inference_steps": 1, "output_type": "latent"},
+                          generator=torch.Generator("cpu").manual_seed(s))
+        finally:
+            handle.remove()
+        return seen[0]
+
+    (args, kw), (other_args, other_kw) = first_inputs(seed), first_inputs(seed + 1)
+    with torch.no_grad():
+        want = denoiser(*args, **kw)[0].float()
+        got = model(*args, **kw)[0].float()
+        other = denoiser(*other_args, **other_kw)[0].float()
+    scale = float(want.norm())
+    return {"call_rel_l2": float((got - want).norm()) / scale, "call_other_seed_rel_l2": float((other - want).norm()) / scale}
+
+
 def why_float32(device: Any = None) -> str | None:
     """Why a device's recipes compute in float32 everywhere, from the rules of ``devices.yaml``; ``None`` when
     its rules let recipes pick a half-precision dtype.
@@ -358,6 +411,7 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         output = (lambda r: r.images) if kind == "sdxl" else (lambda r: r.frames)
         stats = difference(output(got), output(want))
         seeds = difference(output(other), output(want))
+        stats.update(one_call_difference(pipe, reference_pipe, kwargs, seed))
         if kind == "sdxl":
             size_note = _save_png(got.images[0], out / filename)
         else:
@@ -371,6 +425,9 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
              f"in [0, 1]; for scale, the fp32 runs with seeds {seed} and {seed + 1} differ by mean "
              f"{seeds['mean_abs']:.3g}, max {seeds['max_abs']:.3g}), non-finite values: {stats['nonfinite']}, "
              f"wrote {out / filename} ({size_note}; {stats['seconds']} s)")
+        _say(f"one {'UNet' if hasattr(pipe, 'unet') else 'denoiser'} call on the same inputs: relative L2 "
+             f"{stats['call_rel_l2']:.3g} from fp32 (the next seed's inputs: {stats['call_other_seed_rel_l2']:.3g}); "
+             f"the picture adds the steps, where random tiny weights amplify rounding")
         if full and stats["max_abs"] < 1e-4:
             _say(f"(difference {stats['max_abs']:.2g}: every component computes in float32 here, like the reference; "
                  "what is left is float32 rounding: the loaded weights are memory-mapped from the saved files, and "
@@ -463,8 +520,9 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
     guard = results["nan_guard"]
     _say(f"NaN guard: {guard['unguarded_nonfinite']:,} inf/NaN without it, {guard['guarded_nonfinite']} with it "
          f"(fell back to {guard['dtype_after']}; {guard['override'] or 'no override line'})")
-    _say(f"part 4 ({device_profile(layout_device).label()}): " + "; ".join(f"{k}: max diff {v['max_abs']:.3g}, check {'ok' if v['check_ok'] else 'PROBLEMS'}"
-                                      for k, v in zip(("sdxl", "svd"), machine))
+    _say(f"part 4 ({device_profile(layout_device).label()}): "
+         + "; ".join(f"{k}: max diff {v['max_abs']:.3g}, one call {v['call_rel_l2']:.2g} off fp32, "
+                     f"check {'ok' if v['check_ok'] else 'PROBLEMS'}" for k, v in zip(("sdxl", "svd"), machine))
          + (" (float32 everywhere here: see part 4)" if results["machine"]["why_float32"] else ""))
     _say(f"wrote {out / 'sdxl.png'}, {out / 'svd.gif'}, {out / 'report.json'} in {results['seconds']} s")
     return results
