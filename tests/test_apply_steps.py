@@ -79,3 +79,34 @@ def test_containers_a_model_fills_in_place_are_passed_through():
     assert out is args and out[1]["feat_cache"] is cache and out[1]["feat_idx"] is idx
     changed = cast_tree([torch.ones(1), cache], torch.float16)
     assert changed[0].dtype == torch.float16 and changed[1] is cache
+
+
+def test_a_patched_processor_swaps_torch_functions_for_its_own_thread_only():
+    """The fp32-SDPA (macOS) and fp32-matmul (training) processor patches replace a torch function for the length of
+    a processor call: another thread running its own model meanwhile must see torch's function, and the last call
+    out puts it back. Before: the swap was process-wide, so a second thread used the first one's wrapper."""
+    import threading
+
+    from hf_precision.runtime.patches import processor_calling
+
+    inside, release, seen = threading.Event(), threading.Event(), {}
+    marked = lambda fn: lambda *a, **k: ("wrapped", fn(*a, **k))  # noqa: E731
+
+    class Processor:
+        def __call__(self, x):
+            inside.set()
+            release.wait(10)
+            return torch.matmul(x, x)
+
+    patched = processor_calling(Processor, "_thread_test", torch, ("matmul",), marked)
+    original = torch.matmul
+    x = torch.eye(2)
+    worker = threading.Thread(target=lambda: seen.update(patched=patched()(x)))
+    worker.start()
+    assert inside.wait(10)
+    seen["other"] = torch.matmul(x, x)  # this thread, while the worker is inside its patched call
+    release.set()
+    worker.join(10)
+    assert seen["patched"][0] == "wrapped" and torch.equal(seen["patched"][1], x)
+    assert isinstance(seen["other"], torch.Tensor) and torch.equal(seen["other"], x)
+    assert torch.matmul is original  # nothing left behind

@@ -9,6 +9,7 @@ Each function changes the module in place and returns what it did, for :class:`~
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -91,16 +92,63 @@ def _sdpa_wrap(sdpa: Any) -> Any:
     return functools.partial(_sdpa_in_fp32, sdpa)
 
 
+# (id(owner), name) -> [the function the patch replaced, the dispatcher set in its place, how many calls are inside]
+_swapped: dict[tuple[int, str], list[Any]] = {}
+_swap_lock = threading.Lock()
+_swap_local = threading.local()  # .stacks: (id(owner), name) -> this thread's wrapped functions, innermost last
+
+
+def _enter(owner: Any, name: str, wrap: Any) -> None:
+    """Make ``owner.<name>`` call ``wrap(...)`` in this thread until :func:`_leave`; other threads keep the original.
+
+    While any thread is inside, ``owner.<name>`` is a dispatcher that looks up the calling thread's stack; the last
+    thread out puts the original back, so outside patched calls torch is untouched (no cost, nothing for
+    ``torch.compile`` to trace through).
+    """
+    key = (id(owner), name)
+    with _swap_lock:
+        entry = _swapped.get(key)
+        if entry is None:
+            original = getattr(owner, name)
+
+            @functools.wraps(original)
+            def dispatch(*args: Any, **kwargs: Any) -> Any:
+                stack = getattr(_swap_local, "stacks", {}).get(key)
+                return (stack[-1] if stack else original)(*args, **kwargs)
+
+            entry = _swapped[key] = [original, dispatch, 0]
+            setattr(owner, name, dispatch)
+        entry[2] += 1
+    stacks = _swap_local.__dict__.setdefault("stacks", {})
+    stack = stacks.setdefault(key, [])
+    stack.append(wrap(stack[-1] if stack else entry[0]))
+
+
+def _leave(owner: Any, name: str) -> None:
+    key = (id(owner), name)
+    _swap_local.stacks[key].pop()
+    with _swap_lock:
+        entry = _swapped[key]
+        entry[2] -= 1
+        if entry[2] == 0:
+            if getattr(owner, name) is entry[1]:  # put back only what we set (someone may have replaced it since)
+                setattr(owner, name, entry[0])
+            del _swapped[key]
+
+
 @functools.lru_cache(maxsize=None)
 def processor_calling(cls: type, marker: str, owner: Any, names: tuple[str, ...], wrap: Any,
                       when: Any = None) -> type:
     """``cls`` (an attention processor class) whose call runs with each ``owner.<name>`` replaced by
-    ``wrap(original)``, and put back after; the subclass has ``marker`` set, so a processor is patched once.
+    ``wrap(original)`` in the calling thread, and put back after; the subclass has ``marker`` set, so a processor is
+    patched once.
 
     diffusers' processors call torch functions directly, so changing how one math op runs inside them (SDPA in fp32
     on MPS, fp32 matmuls kept out of a training autocast) means replacing it for the length of the call; the
-    subclass keeps the processor's own signature (``Attention.forward`` passes only the kwargs it names). ``when``
-    (optional, no arguments): replace only while it returns True.
+    replacement holds for the calling thread only (another thread running its own model meanwhile sees torch's
+    function), and nested or concurrent patched calls stack. The subclass keeps the processor's own signature
+    (``Attention.forward`` passes only the kwargs it names). ``when`` (optional, no arguments): replace only while
+    it returns True.
 
     Example:
         >>> from diffusers.models.attention_processor import AttnProcessor2_0
@@ -112,14 +160,15 @@ def processor_calling(cls: type, marker: str, owner: Any, names: tuple[str, ...]
     def __call__(self: Any, *args: Any, **kwargs: Any) -> Any:
         if when is not None and not when():
             return cls.__call__(self, *args, **kwargs)
-        saved = {name: getattr(owner, name) for name in names}
-        for name, fn in saved.items():
-            setattr(owner, name, wrap(fn))
+        entered = []
         try:
+            for name in names:
+                _enter(owner, name, wrap)
+                entered.append(name)
             return cls.__call__(self, *args, **kwargs)
         finally:
-            for name, fn in saved.items():
-                setattr(owner, name, fn)
+            for name in reversed(entered):
+                _leave(owner, name)
 
     return type(cls.__name__, (cls,), {"__call__": __call__, marker: True, "__module__": cls.__module__})
 
