@@ -11,8 +11,9 @@ storage (diffusers layerwise casting), torchao int8 weight-only, optimum-quanto 
 file written with the ``gguf`` package. Per layout: the transformer's planned bytes (``hf_precision.plan``, or the
 GGUF file's) and measured bytes (the backends' tensors), the median seconds per transformer call on the same
 captured inputs, and the output difference from fp32: mean absolute and relative L2 of the transformer output on
-those inputs, and the PSNR of a ``--sample-steps`` sample (the decoded image, same seed) against fp32's. Prints a
-markdown table; ``--out`` writes JSON atomically.
+those inputs, and the PSNR of a ``--sample-steps`` sample (the decoded image, same seed) against fp32's and against
+the half layout's (the storage alone: the same text encoders and VAE). Prints a markdown table; ``--out`` writes JSON
+atomically.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     gguf_path = work / "transformer-Q8_0.gguf"
     write_gguf(hp.load_pipeline(folder, "cpu", layout="cpu-avx2").transformer, gguf_path)
     inputs, reference, ref_image, rows = None, None, None, []
+    half_image, half_layout = None, None
     for label, layout, storage, gguf in layouts:
         kwargs = {"quantize": {"transformer": storage}} if storage else {}
         where = str(gguf_path) if gguf else folder
@@ -170,11 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         image = _sample(pipe, args.resolution, args.sample_steps)
         if reference is None:
             reference, ref_image = out, image
+        elif label.startswith("bf16 (recipe half)"):  # its text encoders and VAE are those of the rows in its layout
+            half_image, half_layout = image, layout
         rows.append({"layout": label, "planned_bytes": planned, "measured_bytes": module_bytes(pipe.transformer),
                      "ms_per_call": 1000 * statistics.median(times),
                      "mean_abs_diff_vs_fp32": float((out - reference).abs().mean()),
                      "rel_l2_vs_fp32": float((out - reference).norm() / reference.norm()),
                      "sample_psnr_db_vs_fp32": _psnr(image, ref_image),
+                     # the storage's own effect on the picture: same text encoders, VAE and compute dtype
+                     "sample_psnr_db_vs_half": _psnr(image, half_image) if layout == half_layout else None,
                      "finite": bool(torch.isfinite(out).all())})
     machine = {"cpu": (torch.cuda.get_device_name() if args.device.startswith("cuda") else
                        platform.processor() or platform.machine()), "cores": os.cpu_count(), "torch": torch.__version__,
@@ -184,11 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"Flux transformer, width {args.width}, {weights}; {args.resolution}px; median of {args.calls} calls; "
           f"sample {args.sample_steps} steps; {machine['cpu']} ({machine['threads']} threads), torch {machine['torch']}")
     print("| layout | planned bytes | measured bytes | ms / call | mean abs diff vs fp32 | rel L2 vs fp32 | "
-          "sample PSNR vs fp32 |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "sample PSNR vs fp32 | sample PSNR vs half |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
+        vs_half = "" if r["sample_psnr_db_vs_half"] is None else f"{r['sample_psnr_db_vs_half']:.1f} dB"
         print(f"| {r['layout']} | {r['planned_bytes']:,} | {r['measured_bytes']:,} | {r['ms_per_call']:.1f} | "
-              f"{r['mean_abs_diff_vs_fp32']:.2e} | {r['rel_l2_vs_fp32']:.2e} | {r['sample_psnr_db_vs_fp32']:.1f} dB |")
+              f"{r['mean_abs_diff_vs_fp32']:.2e} | {r['rel_l2_vs_fp32']:.2e} | {r['sample_psnr_db_vs_fp32']:.1f} dB | "
+              f"{vs_half} |")
     if args.out:
         tmp = Path(args.out).with_suffix(".tmp")
         tmp.write_text(json.dumps({"machine": machine, "width": args.width, "trained": trained, "rows": rows}, indent=2))
