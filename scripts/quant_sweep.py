@@ -32,10 +32,10 @@ from pathlib import Path
 
 import torch
 
-STORAGES = ("int8", "quanto-int8", "quanto-float8", "float8_e4m3fn", "float8_e5m2")
+STORAGES = ("int8", "quanto-int8", "quanto-float8", "quanto-int4", "quanto-int2", "float8_e4m3fn", "float8_e5m2")
 # compute layouts by storage: bf16 compute (cpu-amx preset) for half, fp32 for the rest, fp16 (t4) for pairs
-LAYOUT = {"int8": "cpu-amx", "quanto-int8": None, "quanto-float8": "cpu-amx", "float8_e4m3fn": "cpu-amx",
-          "float8_e5m2": None}
+LAYOUT = {"int8": "cpu-amx", "quanto-int8": None, "quanto-float8": "cpu-amx", "quanto-int4": "cpu-amx",
+          "quanto-int2": None, "float8_e4m3fn": "cpu-amx", "float8_e5m2": None}
 GGUF_TYPES = ("Q8_0", "Q4_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "F16", "BF16")
 QUICK = ("flux", "sdxl", "wan", "sd3", "ltx", "pixart")
 FORMS = ("quantize", "set", "user", "gguf")
@@ -184,8 +184,9 @@ def run_case(row, folder, form, pairs, layout, tmp):
             if not any(p.dtype == getattr(torch, s) for p in module.parameters()):
                 raise Fail("fp8-not-stored", c)
         if s.startswith("quanto-") and form != "gguf":  # the quanto type asked for, not the backend's default
-            want = {"quanto-int8": torch.int8, "quanto-float8": torch.float8_e4m3fn}[s]
-            got = {getattr(p, "_data", p).dtype for p in module.parameters() if hasattr(p, "_data")}
+            want = {"quanto-int8": "qint8", "quanto-float8": "qfloat8_e4m3fn", "quanto-int4": "qint4",
+                    "quanto-int2": "qint2"}[s]
+            got = {p.qtype.name for p in module.parameters() if hasattr(p, "qtype")}
             if got and got != {want}:
                 raise Fail("quanto-type", f"{c}: {got}")
     # one 2-step call through hp.check: finite, no finding

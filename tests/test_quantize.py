@@ -49,6 +49,8 @@ CASES = [
     ("text_encoder_2", "quanto-int8", None),
     ("text_encoder_2", "nf4", "cpu-amx"),
     ("text_encoder_2", "bnb-int8", None),
+    ("transformer", "quanto-int4", "cpu-amx"),
+    ("text_encoder_2", "quanto-int2", None),
 ]
 
 
@@ -101,6 +103,24 @@ def test_bnb_int8_on_cpu_beside_a_gpu_is_refused_before_loading(flux_folder, mon
     message = str(info.value)
     assert len(message.splitlines()) == 1 and "text_encoder_2.storage=bnb-int8 on cpu beside a CUDA GPU" in message
     assert "--set text_encoder_2.storage=int8" in message and not loads
+
+
+def test_quanto_int4_in_bf16_keeps_the_layers_tinygemm_cannot_pack():
+    """quanto packs qint4 with bf16 scales in torch's tinygemm layout when a row is whole 128-input groups, and that
+    needs out_features % 16 == 0: such a layer would fail the load, so it is kept (and planned) unquantized."""
+    from optimum.quanto import freeze, qint4, quantize
+
+    from hf_precision.runtime.quantize import kept_layers
+
+    layers = torch.nn.ModuleDict({"a": torch.nn.Linear(256, 24), "b": torch.nn.Linear(256, 32),
+                                  "c": torch.nn.Linear(128, 24)})
+    bf16 = hp.get_recipe("flux", device="cpu-amx", overrides={"transformer": {"storage": "quanto-int4"}})["transformer"]
+    fp32 = hp.get_recipe("flux", device="cpu-avx2", overrides={"transformer": {"storage": "quanto-int4"}})["transformer"]
+    assert kept_layers(layers, bf16, []) == ["a"] and kept_layers(layers, fp32, []) == []
+    plain = torch.nn.Sequential(torch.nn.Linear(256, 24)).to(torch.bfloat16)
+    quantize(plain, weights=qint4)
+    with pytest.raises(RuntimeError, match="dividable by 16"):
+        freeze(plain)
 
 
 def test_quantize_keyword_and_set_flag_are_one_request():

@@ -29,7 +29,7 @@ from typing import Any
 
 from .. import dtypes as dt
 
-__all__ = ["QuantChoice", "CHOICES", "canonical_storage", "is_quantized", "storage_names", "weight_bytes", "stored_bytes",
+__all__ = ["QuantChoice", "CHOICES", "quanto_group", "canonical_storage", "is_quantized", "storage_names", "weight_bytes", "stored_bytes",
            "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
            "library_refusal"]
 
@@ -48,6 +48,8 @@ class QuantChoice:
     block: int = 0         # elements per block with one fp32 absmax (bitsandbytes 4-bit)
     layer_scalars: int = 0  # scalar buffers per quantized layer, in the compute dtype (quanto's input/output scales)
     layer_bytes: int = 0    # further bytes per quantized layer (bitsandbytes 4-bit: its 16-entry fp32 code table)
+    group: int = 0          # largest input group (quanto 4/2-bit: 128; the group it picks: quanto_group)
+    group_params: int = 0   # values per group in the compute dtype (quanto 4/2-bit: a scale and a shift)
     why: str = ""
 
 
@@ -58,6 +60,12 @@ CHOICES: dict[str, QuantChoice] = {c.name: c for c in (
                 why="optimum-quanto qint8 weights, per-row scale in the compute dtype"),
     QuantChoice("quanto-float8", "quanto", "float8", ("qfloat8",), 8, "compute", 0, layer_scalars=2,
                 why="optimum-quanto qfloat8 (e4m3) weights, per-row scale in the compute dtype; fp8 matmul not needed"),
+    QuantChoice("quanto-int4", "quanto", "int4", ("qint4",), 4, "", 0, layer_scalars=2, group=128, group_params=2,
+                why="optimum-quanto qint4 weights (two per byte), a scale and a shift in the compute dtype per group "
+                    "of 128 (or 96, 64, 32) inputs of a row, or per row"),
+    QuantChoice("quanto-int2", "quanto", "int2", ("qint2",), 2, "", 0, layer_scalars=2, group=128, group_params=2,
+                why="optimum-quanto qint2 weights (four per byte), a scale and a shift in the compute dtype per group "
+                    "of 128 (or 96, 64, 32) inputs of a row, or per row"),
     QuantChoice("fp8-compute", "torchao", "Float8DynamicActivationFloat8WeightConfig",
                 ("float8dq", "torchao-float8", "fp8_compute"), 8, "float32", 0,
                 why="fp8 weights and activations (torchao), fp8 tensor-core matmuls: CUDA compute capability 8.9+"),
@@ -125,17 +133,40 @@ def weight_bytes(storage: str, out_features: int, in_features: int, compute: str
         4356
         >>> weight_bytes("nf4", 128, 32, "bfloat16")  # 2048 packed + 64 fp32 absmax + the 64-byte code table
         2368
+        >>> weight_bytes("quanto-int4", 64, 256, "bfloat16")  # 8192 packed + 128 groups x (scale, shift) + 2 scalars
+        8708
     """
     choice = CHOICES[storage]
     n = out_features * in_features
     data = (n * choice.data_bits + 7) // 8
     if choice.block:
         data += -(-n // choice.block) * 4
+    if choice.group:  # quanto: rows of whole groups when the row length allows, values packed along the rows
+        group = quanto_group(in_features, choice.group)
+        rows, cols = (n // group, group) if group else (out_features, in_features)
+        data = -(-rows * choice.data_bits // 8) * cols
+        data += rows * choice.group_params * dt.itemsize(compute)  # a scale and a shift per row of the grouping
     scale = {"": 0, "compute": dt.itemsize(compute)}.get(choice.row_scale)
     if scale is None:
         scale = dt.itemsize(choice.row_scale)
     return (data + out_features * (scale + choice.row_extra) + choice.layer_scalars * dt.itemsize(compute)
             + choice.layer_bytes)
+
+
+def quanto_group(in_features: int, largest: int = 128) -> int | None:
+    """The group optimum-quanto gives a 4/2-bit layer's rows: the first of 128, 96, 64, 32 that divides a row longer
+    than 128, else none (one scale and shift per row): optimum/quanto/nn/qmodule.py ``QModuleMixin.__init__``.
+
+    Example:
+        >>> quanto_group(3072), quanto_group(160), quanto_group(200), quanto_group(128)
+        (128, 32, None, None)
+    """
+    if in_features <= largest:
+        return None
+    group = largest
+    while in_features % group and group > 32:
+        group -= 32
+    return group if in_features % group == 0 else None
 
 
 def stored_bytes(storage: str, shape: tuple[int, ...], compute: str) -> int:
@@ -165,7 +196,8 @@ def check_storage_value(value: Any, path: str, problems: Any) -> str | None:
         >>> from hf_precision.errors import Problems
         >>> p = Problems("--set"); check_storage_value("int9", "components.unet.storage", p); print(p.items[0])
         --set: components.unet.storage: unknown storage 'int9'; allowed: float32, bfloat16, float16, float8_e4m3fn, \
-float8_e5m2, int8, quanto-int8, quanto-float8, fp8-compute, nf4, fp4, bnb-int8; did you mean 'int8'?
+float8_e5m2, int8, quanto-int8, quanto-float8, quanto-int4, quanto-int2, fp8-compute, nf4, fp4, bnb-int8; did you mean \
+'int8'?
     """
     canon = canonical_storage(value) if isinstance(value, str) else None
     if canon is None:

@@ -118,14 +118,26 @@ def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[
     islands = list(islands)
     globs = [*DEFAULT_KEEP, *plan.quantize_keep]
     fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
+    unpackable = set(_unpackable(module, plan))
     out = []
     for name in _linears(module):
         parts = name.split(".")
         prefixes = [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
         if (inside(name, islands) or any(fnmatch.fnmatchcase(p, g) for p in prefixes for g in globs)
-                or any(k in name for k in fp32)):
+                or any(k in name for k in fp32) or name in unpackable):
             out.append(name)
     return out
+
+
+def _unpackable(module: torch.nn.Module, plan: ComponentPlan) -> list[str]:
+    """Layers the backend cannot pack and would fail on at load: optimum-quanto packs qint4 with bfloat16 scales in
+    torch's tinygemm int4 layout whenever a row is two or more whole 128-input groups, and that packing needs the
+    output features to be a multiple of 16 (``_convert_weight_to_int4pack_cpu : expect N to be dividable by 16``:
+    optimum/quanto/tensor/weights/qbits.py ``WeightQBitsTensor.create``)."""
+    if plan.storage != "quanto-int4" or plan.compute != "bfloat16":
+        return []
+    return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and n
+            and m.in_features % 128 == 0 and m.in_features > 128 and m.out_features % 16]
 
 
 def _passed(library: str, backend: str, module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> list[str]:
@@ -141,7 +153,7 @@ def _passed(library: str, backend: str, module: torch.nn.Module, plan: Component
         return sorted(kept)
     fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
     leaf = lambda n: n.rpartition(".")[2]
-    hard = {k for k in kept if inside(k, islands) or any(f in k for f in fp32)}
+    hard = {k for k in kept if inside(k, islands) or any(f in k for f in fp32)} | set(_unpackable(module, plan))
     taken = set(kept)
     colliding = {leaf(n) for n in _linears(module) if n not in taken}
     return sorted({leaf(k) for k in kept if k in hard or leaf(k) not in colliding})
