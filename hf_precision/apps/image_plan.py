@@ -28,7 +28,7 @@ class ImageChoice:
     reserve: int
     fits: bool
     tried: tuple[tuple[str, tuple[tuple[str, str], ...], int], ...]
-    device: Any = None  # the layout's device: where the speed of the chosen storage was measured
+    device: Any  # the layout's device (a DeviceProfile): where the speed of the chosen storage was measured
 
     def label(self) -> str:
         return ", ".join([f"offload {self.offload}", *(f"{c} {s}" for c, s in self.quantize)])
@@ -40,12 +40,11 @@ class ImageChoice:
         return Override("memory plan (--max-memory)", {"components": {c: {"storage": s} for c, s in self.quantize}})
 
     def describe(self) -> str:
+        from ..recipe.devices import speed_note
         from ..units import format_bytes
 
-        from ..recipe.devices import speed_note
-
         head = "chosen" if self.fits else "nothing fits; least memory"
-        speed = speed_note(self.quantize, self.device) if self.device is not None else ""
+        speed = speed_note(self.quantize, self.device)
         return (f"{head} for {format_bytes(self.budget)} ({format_bytes(self.reserve)} held back for activations): "
                 f"{self.label()}; resident weights {format_bytes(self.resident)}" + (f"; {speed}" if speed else ""))
 

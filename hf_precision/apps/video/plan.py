@@ -397,7 +397,7 @@ class Choice:
     budget: int
     fits: bool
     tried: list[Prediction]
-    device: Any = None  # the layout's device: where the speed of the chosen storage was measured
+    device: Any  # the layout's device (a DeviceProfile): where the speed of the chosen storage was measured
 
     @property
     def settings(self) -> MemorySettings:
@@ -406,7 +406,7 @@ class Choice:
     def describe(self) -> str:
         p = self.prediction
         head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {format_bytes(self.budget)}: {p.settings.label()}"
-        speed = speed_note(p.settings.quantize, self.device) if self.device is not None else ""
+        speed = speed_note(p.settings.quantize, self.device)
         return (f"{head}; predicted peak {format_bytes(p.peak)} (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in p.phases.items())
                 + ")" + (f"; {speed}" if speed else ""))
 
@@ -432,8 +432,9 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
         p = _predict(model, settings, height=height, width=width, frames=frames)
         tried.append(p)
         if p.peak <= budget:
-            return Choice(prediction=p, budget=budget, fits=True, tried=tried, device=layout)
-    return Choice(prediction=min(tried, key=lambda p: p.peak), budget=budget, fits=False, tried=tried, device=layout)
+            return Choice(prediction=p, budget=budget, fits=True, tried=tried, device=model.plan.recipe.device)
+    return Choice(prediction=min(tried, key=lambda p: p.peak), budget=budget, fits=False, tried=tried,
+                  device=model.plan.recipe.device)
 
 
 def is_accelerator(layout: Any) -> bool:
