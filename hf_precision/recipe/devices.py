@@ -35,8 +35,8 @@ from ..errors import RecipeError, excerpt
 from .files import read_yaml, recipes_dir
 from .schema import TYPES, check_devices_file
 
-__all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe", "measured_speed", "speed_note",
-           "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
+__all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
+           "measured_speed", "speed_note", "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS"]
 
 CPU_FLAGS_ENV = "HF_PRECISION_CPU_FLAGS"
 CPU_NAME_ENV = "HF_PRECISION_CPU_NAME"

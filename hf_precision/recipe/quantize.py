@@ -29,8 +29,8 @@ from typing import Any
 
 from .. import dtypes as dt
 
-__all__ = ["QuantChoice", "CHOICES", "quanto_group", "canonical_storage", "is_quantized", "storage_names", "weight_bytes", "stored_bytes",
-           "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
+__all__ = ["QuantChoice", "CHOICES", "quanto_group", "canonical_storage", "is_quantized", "storage_names",
+           "weight_bytes", "stored_bytes", "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
            "library_refusal"]
 
 
@@ -138,14 +138,15 @@ def weight_bytes(storage: str, out_features: int, in_features: int, compute: str
     """
     choice = CHOICES[storage]
     n = out_features * in_features
-    data = (n * choice.data_bits + 7) // 8
-    if choice.block:
-        data += -(-n // choice.block) * 4
     if choice.group:  # quanto: rows of whole groups when the row length allows, values packed along the rows
         group = quanto_group(in_features, choice.group)
         rows, cols = (n // group, group) if group else (out_features, in_features)
         data = -(-rows * choice.data_bits // 8) * cols
         data += rows * choice.group_params * dt.itemsize(compute)  # a scale and a shift per row of the grouping
+    else:
+        data = (n * choice.data_bits + 7) // 8
+    if choice.block:
+        data += -(-n // choice.block) * 4
     scale = {"": 0, "compute": dt.itemsize(compute)}.get(choice.row_scale)
     if scale is None:
         scale = dt.itemsize(choice.row_scale)
@@ -376,4 +377,3 @@ def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed
         options.append(tuple((d, choice) for d in dens if choice in firsts(d)))
     extra = tuple((t, firsts(t)[0]) for t in texts if firsts(t))
     return options + ([o + extra for o in options] if extra else [])
-

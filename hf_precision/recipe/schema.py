@@ -208,7 +208,7 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
 
 
 def _check_measured_speed(entries: Any, problems: Problems) -> None:
-    from .quantize import canonical_storage, is_quantized
+    from .quantize import canonical_storage, is_quantized, storage_names
 
     if not isinstance(entries, list):
         problems.add("measured_speed", f"expected a list of {{device, source, relative}} entries, got {entries!r}")
@@ -227,10 +227,11 @@ def _check_measured_speed(entries: Any, problems: Problems) -> None:
         if not isinstance(relative, dict):
             problems.add(f"{where}.relative", f"expected a mapping storage -> time ratio, got {relative!r}")
             continue
+        timed = [n for n in storage_names() if is_quantized(n) or n.startswith("float8")]
         for name, ratio in relative.items():
-            if canonical_storage(str(name)) != name or not (is_quantized(name) or str(name).startswith("float8")):
-                problems.add(f"{where}.relative.{name}", "not a quantized storage name (recipe/quantize.py CHOICES) "
-                                                         "or float8_e4m3fn / float8_e5m2")
+            if canonical_storage(str(name)) != name or name not in timed:
+                problems.add(f"{where}.relative.{name}", f"unknown storage {name!r}; allowed: {', '.join(timed)} "
+                                                         f"(a quantized or fp8 storage, by its canonical name)")
             if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
                 problems.add(f"{where}.relative.{name}", f"expected a positive time ratio such as 1.14, got {ratio!r}")
 

@@ -26,8 +26,8 @@ from ..recipe.resolution import ComponentPlan, Recipe
 from .kernel_guards import guard_quanto_int8pack
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
-           "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of", "refuse_library",
-           "refuse_int8_beside_cuda"]
+           "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of",
+           "refuse_library", "refuse_int8_beside_cuda"]
 
 
 def is_quantized_tensor(t: Any) -> bool:
