@@ -86,6 +86,15 @@ def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component
     report = hp.check(pipe, call=lambda p: p(**CALL))  # no mismatch, no drift from the plan, islands intact
     assert report.ok, str(report)
     assert torch.isfinite(_run(pipe)).all()
+    if storage in ("nf4", "fp4"):  # repacked for the fused kernel exactly where bitsandbytes' CPU path can take it
+        from bitsandbytes.functional import has_avx512bf16
+
+        from hf_precision.runtime.kernel_guards import bnb_cpu_packable
+
+        layers = {n: m for n, m in module.named_modules() if n in quantized}
+        packed = {n for n, m in layers.items() if getattr(m.weight.quant_state, "packing_format_for_cpu", False)}
+        packable = {n for n, m in layers.items() if bnb_cpu_packable(*m.weight.quant_state.shape, m.weight.quant_state.blocksize)}
+        assert packed == (packable if has_avx512bf16() else set())
 
 
 def test_bnb_int8_on_cpu_beside_a_gpu_is_refused_before_loading(flux_folder, monkeypatch):

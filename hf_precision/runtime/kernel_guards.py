@@ -1,4 +1,4 @@
-"""Backend kernels that crash the process on some inputs, routed around where the crash is known.
+"""Backend kernels that crash or fail on some inputs, routed around where the failure is known.
 
 optimum-quanto (v0.2.7 optimum/quanto/library/qbytes_mm.py ``qbytes_mm_impl_cpu``) sends a bfloat16 activation times
 an int8 weight on the CPU to ``torch._weight_int8pack_mm`` whenever ``in_features % 4 == 0``. torch's x86 kernel for
@@ -8,6 +8,15 @@ does not start on a 32-byte boundary, is a segmentation fault, not an error: mea
 AVX2 CPU (torch 2.13) and in a LoRA training step on a Sapphire Rapids CPU (torch 2.11). Real models have K a
 multiple of 64; tiny and odd-sized layers do not. :func:`guard_quanto_int8pack` keeps quanto's fast path where it
 is safe and sends the rest to quanto's own dequantizing matmul, which is exact to the same weights.
+
+bitsandbytes (v0.50.2 nn/modules.py ``Linear4bit.forward``) repacks a 4-bit weight for its fused AVX512-BF16 CPU
+kernel on the first inference call wherever the native library reports ``has_avx512bf16()`` (AMD Zen 4, Intel
+Cooper Lake and later), and the repacking (functional.py ``_convert_weight_packed_for_cpu``) takes only weights
+whose output rows are a multiple of 32 and whose input width is a multiple of the quantization block (64): other
+layers raise ``N must be divisible by block_n`` or ``shape '[32, 0]' is invalid``. An AVX2 CPU never repacks, so
+the same model runs there. :func:`guard_bnb_cpu_packing` leaves those layers on bitsandbytes' generic dequantizing
+path (the one every other CPU takes), and :func:`keep_bnb_unpacked` keeps a part that gradients must pass through
+off the fused kernel, which has no backward.
 """
 
 from __future__ import annotations
@@ -16,7 +25,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["int8pack_safe", "guard_quanto_int8pack"]
+__all__ = ["int8pack_safe", "guard_quanto_int8pack", "bnb_cpu_packable", "guard_bnb_cpu_packing",
+           "keep_bnb_unpacked"]
 
 # The widest step any of the kernel's paths takes over K (AVX512: 16 bf16 values), and the alignment its loads need
 # (32 bytes for a row of bf16; 16 for a row of int8). 64 covers both with margin for the allocator's own alignment.
@@ -74,3 +84,79 @@ def guard_quanto_int8pack() -> bool:
     guarded.__wrapped__ = original  # type: ignore[attr-defined]
     lib.qbytes_int8pack_mm = guarded
     return True
+
+
+# bitsandbytes' CPU repacking groups output rows in blocks of 32 (``block_n``) and lays the absmax out as one column
+# per quantization block of a row (functional.py ``_convert_weight_packed_for_cpu``).
+_BNB_BLOCK_N = 32
+
+
+def bnb_cpu_packable(out_features: int, in_features: int, blocksize: int = 64) -> bool:
+    """Whether bitsandbytes can repack a 4-bit ``[out_features, in_features]`` weight for its AVX512-BF16 CPU kernel.
+
+    Example:
+        >>> bnb_cpu_packable(3072, 3072), bnb_cpu_packable(48, 64), bnb_cpu_packable(32, 32)
+        (True, False, False)
+    """
+    return out_features % _BNB_BLOCK_N == 0 and in_features % blocksize == 0 and in_features % 2 == 0
+
+
+def guard_bnb_cpu_packing() -> bool:
+    """Leave the 4-bit layers bitsandbytes cannot repack for its AVX512-BF16 CPU kernel on its generic path (see the
+    module docstring); returns whether the guard is in place (False: bitsandbytes is not installed or has no such
+    path). Idempotent and process-wide, like :func:`guard_quanto_int8pack`.
+
+    Example:
+        >>> import importlib.util
+        >>> guard_bnb_cpu_packing() == (importlib.util.find_spec("bitsandbytes") is not None)
+        True
+    """
+    try:
+        from bitsandbytes.nn import modules as lib
+    except ImportError:
+        return False
+    original = getattr(lib, "_convert_weight_packed_for_cpu", None)
+    if original is None:
+        return False
+    if getattr(original, "_hf_precision_guard", False):
+        return True
+
+    def guarded(qweight: torch.Tensor, quant_state: Any, *args: Any, **kwargs: Any) -> Any:
+        out_features, in_features = (list(quant_state.shape) + [0, 0])[:2]
+        if len(quant_state.shape) == 2 and bnb_cpu_packable(out_features, in_features, quant_state.blocksize):
+            return original(qweight, quant_state, *args, **kwargs)
+        return qweight, quant_state  # not flagged as packed: matmul_4bit takes the generic dequantizing path
+
+    guarded._hf_precision_guard = True  # type: ignore[attr-defined]
+    guarded.__wrapped__ = original  # type: ignore[attr-defined]
+    lib._convert_weight_packed_for_cpu = guarded
+    return True
+
+
+def keep_bnb_unpacked(module: torch.nn.Module) -> int:
+    """Keep every bitsandbytes 4-bit layer of ``module`` off the fused AVX512-BF16 CPU kernel: layers already
+    repacked by an inference call are unpacked again (bitsandbytes' own inverse: the same 4-bit codes, its nested
+    block scales quantized again), and none repacks later.
+    Returns how many layers were unpacked.
+
+    The fused kernel (``torch.ops.bitsandbytes.gemv_4bit``) has no backward, so a LoRA inside the layer's component,
+    or one before it, would get no gradient through it; bitsandbytes repacks only in eval mode without gradients,
+    which a check or a sample between training steps is.
+
+    Example:
+        >>> keep_bnb_unpacked(torch.nn.Linear(4, 4))
+        0
+    """
+    unpacked = 0
+    for layer in module.modules():
+        if not hasattr(layer, "support_avx512bf16_for_cpu"):
+            continue
+        layer.support_avx512bf16_for_cpu = False
+        state = getattr(layer.weight, "quant_state", None)
+        if state is not None and getattr(state, "packing_format_for_cpu", False):
+            from bitsandbytes.functional import _convert_weight_packed_for_cpu_inverse
+
+            layer.weight.data, layer.weight.quant_state = _convert_weight_packed_for_cpu_inverse(layer.weight.data,
+                                                                                                 state)
+            unpacked += 1
+    return unpacked

@@ -23,7 +23,7 @@ from ..errors import RecipeError
 from ..recipe.patterns import inside
 from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized
 from ..recipe.resolution import ComponentPlan, Recipe
-from .kernel_guards import guard_quanto_int8pack
+from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
            "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of",
@@ -293,6 +293,7 @@ def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterab
             return lib.QuantoConfig(weights=choice.scheme, modules_to_not_convert=passed)
         return lib.QuantoConfig(weights_dtype=choice.scheme, modules_to_not_convert=passed)
     if choice.backend == "bitsandbytes":
+        guard_bnb_cpu_packing()
         compute = dt.to_torch(plan.compute)
         if choice.scheme == "int8":
             return lib.BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=passed)

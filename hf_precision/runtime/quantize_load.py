@@ -15,7 +15,7 @@ import torch
 from ..errors import RecipeError
 from ..recipe.quantize import CHOICES, is_quantized
 from ..recipe.resolution import Recipe
-from .kernel_guards import guard_quanto_int8pack
+from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack
 from .quantize import (is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_int8_beside_cuda,
                        refuse_library, torchao_scheme)
 
@@ -53,6 +53,8 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
                               f"pass one: quantize={{...}} / --set COMPONENT.storage=..., or your own quantization_config")
         if "quanto" in repr(user).lower():  # a QuantoConfig, alone or inside a PipelineQuantizationConfig
             guard_quanto_int8pack()
+        if "bitsandbytes" in repr(user).lower():
+            guard_bnb_cpu_packing()
         return {"user": user}
     if not wanted:
         return {}

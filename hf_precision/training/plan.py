@@ -378,6 +378,7 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     applied = apply_recipe(holder, recipe=name, device=str(dev), layout=layout, overrides=layers + _as_list(overrides),
                            force=is_dict)
     quantized.upcast_fp8(applied.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
+    quantized.keep_4bit_differentiable(comps, train, denoiser)
     return _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
 
 

@@ -29,7 +29,7 @@ from ..runtime.quantize import is_quantized_tensor, module_bytes
 from .rules import ComputeChoice, TrainingError
 
 __all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "compute_before_load", "refuse_untrainable",
-           "upcast_fp8", "base_lines"]
+           "upcast_fp8", "keep_4bit_differentiable", "base_lines"]
 
 
 def _guess(module: torch.nn.Module) -> str | None:
@@ -204,6 +204,22 @@ def upcast_fp8(recipe: Any, comps: Mapping[str, torch.nn.Module], train: Mapping
         if comp in recipe and comp in comps and recipe[comp].storage in dt.FLOAT8:
             done[comp] = patches.upcast_on_use(comps[comp], dt.to_torch(recipe[comp].compute))
     return done
+
+
+def keep_4bit_differentiable(comps: Mapping[str, torch.nn.Module], train: Mapping[str, str],
+                             denoiser: str | None) -> dict[str, int]:
+    """bitsandbytes 4-bit layers that gradients pass through stay off its fused AVX512-BF16 CPU kernel, which has no
+    backward (:func:`hf_precision.runtime.kernel_guards.keep_bnb_unpacked`); returns the layers unpacked again
+    per component (layers an earlier inference call had repacked).
+
+    Example:
+        >>> keep_4bit_differentiable({"unet": torch.nn.Linear(2, 2)}, {"unet": "lora"}, "unet")
+        {}
+    """
+    from ..runtime.kernel_guards import keep_bnb_unpacked
+
+    done = {comp: keep_bnb_unpacked(comps[comp]) for comp in sorted(_through(train, denoiser)) if comp in comps}
+    return {comp: n for comp, n in done.items() if n}
 
 
 def base_lines(tp: Any) -> list[str]:
