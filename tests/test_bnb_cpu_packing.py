@@ -104,3 +104,15 @@ def test_keep_unpacked_restores_the_codes_and_keeps_gradients_flowing():
     layer(x).float().sum().backward()
     assert x.grad is not None and bool(x.grad.abs().sum() > 0)
     assert keep_bnb_unpacked(torch.nn.Sequential(layer)) == 0
+
+
+@pytest.mark.parametrize("m,k,n", [(3, 12, 8), (1, 5, 7), (17, 33, 9), (2, 64, 48)])
+def test_llm_int8_matmul_takes_odd_shapes_on_this_cpus_kernel(m, k, n):
+    """LLM.int8's integer matmul goes to ``torch._int_mm`` where torch reports an AVX512 CPU and to bitsandbytes'
+    own kernel elsewhere (bitsandbytes v0.50.2 backends/cpu/ops.py): whichever this CPU registered is exact on
+    widths that are not whole vector steps."""
+    torch.manual_seed(0)
+    a = torch.randint(-127, 128, (m, k), dtype=torch.int8)
+    b = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    out = torch.ops.bitsandbytes.int8_linear_matmul(a, b)
+    assert torch.equal(out, a.int() @ b.int().t())

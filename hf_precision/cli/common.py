@@ -130,11 +130,15 @@ def resolve_for(args: argparse.Namespace) -> str | None:
 #     and its Enum registrations trip a torch deprecation notice; diffusers then says it cannot import torchao tensors.
 #   transformers: an image processor falls back to its PIL version without torchvision (same results).
 #   huggingface_hub: diffusers' configuration_utils.py passes local_dir_use_symlinks="auto", which the Hub deprecated.
+#   What they print while they import at all is held back by hf_precision.cli.quiet.
 _QUIET_LOGS = {
     "torchao": ("Failed to load ",),
     "torch.utils._pytree": ("is an Enum subclass and is now natively supported",),
     "diffusers.quantizers.torchao.torchao_quantizer": ("Unable to import `torchao` Tensor objects",),
     "transformers.utils.import_utils": ("requires torchvision (not installed)",),
+    # diffusers lists a model's _keep_in_fp32_modules on every `.to(dtype)`, even when empty; the recipe decides and
+    # reports which modules stay float32 (the plan's islands)
+    "diffusers.models.modeling_utils": ("that should be kept in float32",),
 }
 
 
@@ -163,8 +167,17 @@ def quiet_optional_dependencies() -> None:
     import logging
     import warnings
 
+    from .quiet import install
+
+    install()
     for name, parts in _QUIET_LOGS.items():
         logger = logging.getLogger(name)
         if not any(isinstance(f, _Drop) for f in logger.filters):
             logger.addFilter(_Drop(parts))
     warnings.filterwarnings("ignore", message=r"The `local_dir_use_symlinks` argument is deprecated")
+    # Other libraries' deprecation notices are about their own code or what diffusers passes them, not about the
+    # user's command; what one means for the user is said in our words (optimum-quanto leaving diffusers 1.0: the
+    # load report, hf_precision.runtime.quantize_load.QUANTO_LEAVES). Our own stay visible.
+    for category in (FutureWarning, DeprecationWarning):
+        warnings.filterwarnings("ignore", category=category)
+        warnings.filterwarnings("default", category=category, module=r"hf_precision(\.|$)")

@@ -19,7 +19,12 @@ from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack
 from .quantize import (is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_int8_beside_cuda,
                        refuse_library, torchao_scheme)
 
-__all__ = ["quantization_kwargs", "report_quantization", "quantized_in"]
+__all__ = ["quantization_kwargs", "report_quantization", "quantized_in", "QUANTO_LEAVES"]
+
+# diffusers v0.42.1 quantizers/quantization_config.py ``QuantoConfig.__init__`` warns on every use that it goes in
+# diffusers 1.0; said once, here, with what to use instead (the command line holds the library's warning back).
+QUANTO_LEAVES = ("; diffusers drops optimum-quanto in its version 1.0: for the same bytes without it use int8 or "
+                 "fp8-compute (torchao), or nf4 on CUDA (bitsandbytes)")
 
 
 def quantized_in(module: torch.nn.Module) -> set[str]:
@@ -148,7 +153,7 @@ def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> 
         choice = CHOICES[plan.storage]
         if actual == predicted:
             lines.append(f"{name}: {plan.storage} via {choice.backend} ({choice.scheme}): {len(actual)} Linear layers "
-                         f"quantized, as planned")
+                         f"quantized, as planned" + (QUANTO_LEAVES if choice.backend == "quanto" else ""))
         else:
             msg = (f"{name}: {choice.backend} quantized {len(actual)} layers where the plan counted {len(predicted)} "
                    f"(extra: {sorted(actual - predicted)[:5]}, missing: {sorted(predicted - actual)[:5]}): "

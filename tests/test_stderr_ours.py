@@ -1,0 +1,78 @@
+"""Every command prints only the project's lines on stderr (progress bars aside): what diffusers, transformers and
+the quantization backends print while they import or load is held back (hf_precision/cli/quiet.py,
+hf_precision/cli/common.py). One fresh process runs the README's kinds of command one after another, each with the
+process's stderr (the file descriptor, where compiled code writes too) captured on its own: the first pays every
+import, as a user's command does."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from launch import subprocess_env
+
+DRIVER = textwrap.dedent("""
+    import json, os, shlex, sys, tempfile
+    from hf_precision.cli import main
+    out = {}
+    for cmd in sys.argv[1:]:
+        sys.stderr.flush()
+        with tempfile.TemporaryFile() as sink:
+            saved = os.dup(2)
+            os.dup2(sink.fileno(), 2)
+            try:
+                try:
+                    code = main(shlex.split(cmd))
+                except SystemExit as e:
+                    code = e.code
+                sys.stderr.flush()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+            sink.seek(0)
+            out[cmd] = [code, sink.read().decode(errors="replace")]
+    print("JSON" + json.dumps(out))
+""")
+
+# The first command pays the imports of diffusers, transformers and every installed backend; a bad input must be
+# one line; a quanto storage makes diffusers warn of its deprecation while loading; a train plan casts on meta.
+COMMANDS = [
+    ("plan sdxl --device t4", 0),
+    ("plan 42", 2),
+    ("recipes", 0),
+    ("show sdxl --device t4 --brief", 0),
+    ("devices", 0),
+    ("check {folder} --device cpu --layout t4", 0),
+    ("check {folder} --device cpu --set unet.storage=quanto-int8", 0),
+    ("generate {folder} --prompt cat --device cpu --layout t4 --steps 1 --height 32 --width 32 --out {out}/c.png", 0),
+    ("train --plan --model sdxl --device t4 --max-memory 12GB", 0),
+]
+# tqdm's bars (diffusers' loading and denoising, calibrate's): a count and a rate or a time
+_BAR = re.compile(r"\d+/\d+ \[|\d+%\|")
+
+
+def _ours(line: str) -> bool:
+    return not line.strip() or line.startswith("hf-precision") or bool(_BAR.search(line))
+
+
+@pytest.mark.slow
+def test_every_command_writes_only_our_lines_to_stderr(saved_pipeline, tmp_path):
+    pytest.importorskip("optimum.quanto")
+    folder = saved_pipeline("sdxl")
+    cmds = [c.format(folder=folder, out=tmp_path) for c, _ in COMMANDS]
+    proc = subprocess.run([sys.executable, "-c", DRIVER, *cmds], capture_output=True, text=True, timeout=900,
+                          env=subprocess_env(cpu_only=True), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.split("JSON", 1)[1])
+    for (cmd, code), text in zip(COMMANDS, cmds):
+        got, err = results[text]
+        assert got == code, (text, got, err[-2000:])
+        foreign = [line for line in re.split(r"[\r\n]", err) if not _ours(line)]
+        assert not foreign, f"{text}: lines on stderr that are not ours:\n" + "\n".join(foreign[:10])
+        if code:
+            assert len(err.strip().splitlines()) == 1 and err.startswith(f"hf-precision {cmd.split()[0]}: error:"), err
