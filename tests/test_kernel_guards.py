@@ -29,11 +29,13 @@ def _run(form: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", SCRIPT, form], capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"),
-                    reason="torch's vectorised int8pack kernel (aligned loads) exists on x86 AVX2/AVX512 only")
 def test_plain_quanto_bf16_matmul_with_k_12_kills_the_process_and_the_guard_runs_it():
-    plain = _run("plain")
-    assert plain.returncode < 0, (plain.returncode, plain.stderr[-500:])  # killed by a signal (SIGSEGV), no error
+    """torch's vectorised int8pack kernel with aligned loads is x86 AVX2/AVX512's: there the plain call dies. Other
+    CPUs have other kernels (what arm64's does with K = 12 was not measured here); the guarded call runs on every
+    one."""
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        plain = _run("plain")
+        assert plain.returncode < 0, (plain.returncode, plain.stderr[-500:])  # killed by a signal (SIGSEGV)
     guarded = _run("guard")
     assert guarded.returncode == 0, guarded.stderr[-2000:]
     assert float(guarded.stdout.strip().splitlines()[-1]) > 0
