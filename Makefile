@@ -23,6 +23,7 @@ NO_AMX_FLAGS ?= avx2,avx512f
 AVX2_FLAGS ?= avx2
 # The suite runs in TEST_WORKERS processes (pytest-xdist; each test file stays in one process, so its fixtures are
 # built once): 2 fits the 2-core CI machine; `make test TEST_WORKERS=0` runs it in this process alone.
+# It ends with the 20 slowest tests, so what CI time goes to stays in every run's log.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-cpus test-latest lock install clean
@@ -41,7 +42,7 @@ demo: $(STAMP)
 	$(BIN)/hf-precision demo --out demo_output
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
 
 test-cpus: $(STAMP)
 	HF_PRECISION_CPU_FLAGS="$(AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe
