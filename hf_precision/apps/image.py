@@ -38,6 +38,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     import torch
 
     from ..runtime.load import load_pipeline
+    from ..runtime.progress import quiet_call
 
     out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=True, what="image")
     if steps < 1:
@@ -72,7 +73,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
                        ("negative_prompt", negative_prompt)):
         if value is not None:
             kwargs[key] = value
-    image = pipe(**kwargs, generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    image = pipe(**quiet_call(pipe, kwargs), generator=torch.Generator("cpu").manual_seed(seed)).images[0]
     with written_atomically(out) as tmp:
         image.save(tmp)
     return out

@@ -40,6 +40,18 @@ def _denoiser_name(pipe: Any) -> str | None:
     return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
 
 
+def _spatial_patch(patch: Any) -> int:
+    """The spatial side of a denoiser's ``patch_size``: an int, or the last two of a (frames, height, width) list.
+
+    Example:
+        >>> _spatial_patch(2), _spatial_patch([1, 2, 2]), _spatial_patch((1, 4, 2))
+        (2, 2, 4)
+    """
+    if isinstance(patch, (list, tuple)):  # video transformers (Wan): [t, h, w]; an image one may write [h, w]
+        return max((int(p) for p in patch[-2:]), default=1)
+    return int(patch)
+
+
 def _side(pipe: Any) -> int:
     """The smallest image side that runs every level of the denoiser: VAE factor x its downsampling x 2, >= 32."""
     vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
@@ -52,23 +64,64 @@ def _side(pipe: Any) -> int:
             down = 2 ** (len(blocks) - 1)
         patch = config.get("patch_size") if hasattr(config, "get") else None
         if patch:
-            down = max(down, int(patch))
+            down = max(down, _spatial_patch(patch))
     side = max(32, vae_factor * down * 2)
     return -(-side // 16) * 16
 
 
 def _fewest_steps(pipe: Any) -> int:
-    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart.
+    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart or whose scheduler cannot take 1 step.
 
     pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
     meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
-    source, so no pipeline class is named here.
+    source, so no pipeline class is named here. The scheduler is asked as well (:func:`_one_step_schedule`).
     """
     try:
         source = inspect.getsource(type(pipe).__call__)
     except (OSError, TypeError):
-        return 1
-    return 2 if "num_inference_steps == 1" in source else 1
+        source = ""
+    if "num_inference_steps == 1" in source:
+        return 2
+    return 1 if _one_step_schedule(getattr(pipe, "scheduler", None)) else 2
+
+
+def _one_step_schedule(scheduler: Any) -> bool:
+    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of 1 step (True when it cannot be asked).
+
+    FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
+    ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
+
+    Example:
+        >>> from diffusers import FlowMatchEulerDiscreteScheduler
+        >>> _one_step_schedule(FlowMatchEulerDiscreteScheduler()), _one_step_schedule(FlowMatchEulerDiscreteScheduler(shift_terminal=0.1))
+        (True, False)
+    """
+    import copy
+    import warnings
+
+    import numpy as np
+    import torch
+
+    if scheduler is None or not hasattr(scheduler, "set_timesteps"):
+        return True
+    probe = copy.deepcopy(scheduler)
+    config = getattr(probe, "config", {})
+    params = inspect.signature(probe.set_timesteps).parameters
+    kwargs = {"mu": 0.0} if "mu" in params and config.get("use_dynamic_shifting") else {}  # what the pipeline computes
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            probe.set_timesteps(1, **kwargs)
+        except Exception:  # noqa: BLE001 -- a scheduler that refuses 1 step (or needs pipeline inputs): take 2
+            return False
+    for name in ("timesteps", "sigmas"):
+        value = getattr(probe, name, None)
+        if value is None:
+            continue
+        value = torch.as_tensor(np.asarray(value, dtype=np.float64) if not torch.is_tensor(value) else value).double()
+        if value.numel() == 0 or not bool(torch.isfinite(value).all()):
+            return False
+    return True
 
 
 def default_call(pipe: Any) -> Callable[[Any], Any]:

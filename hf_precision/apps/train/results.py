@@ -44,6 +44,7 @@ def validate(run: Any, step: int) -> Path | None:
     if not run.accelerator.is_main_process:
         run.accelerator.wait_for_everyone()
         return None
+    from ...runtime.progress import quiet_call
     from .cache import offload_encoders
 
     offload_encoders(run, run.accelerator.device if run.accelerator.device.type != "cpu" else "cpu")
@@ -53,7 +54,7 @@ def validate(run: Any, step: int) -> Path | None:
         kwargs["num_frames"] = run.data.frames
     with torch.random.fork_rng(devices=[]), run.tp.sampling() as pipe:
         generator = torch.Generator("cpu").manual_seed(s.seed)
-        out = pipe(s.validation_prompt, generator=generator, **kwargs)
+        out = pipe(s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
     frames = out.frames[0] if hasattr(out, "frames") else None
     folder = run.out / "validation"
