@@ -228,3 +228,49 @@ def test_calibrate_calls_pixart_without_caption_cleaning(tiny_pipe, monkeypatch)
     assert _call_kwargs(pipe, None, "a cat", None, 2, (32, 32))["clean_caption"] is False
     assert _call_kwargs(pipe, {"prompt": "a cat", "clean_caption": True}, None, None, 2, (None, None))["clean_caption"]
     assert "clean_caption" not in _call_kwargs(tiny_pipe("sd15"), None, "a cat", None, 2, (32, 32))
+
+
+def test_train_refuses_a_pipeline_without_captions_before_loading(saved_pipeline, tmp_path, capfd, monkeypatch):
+    """SVD trains on clips but is conditioned on an image, not a caption: one line before any weight is read."""
+    import hf_precision.runtime.load as load
+
+    model, data = saved_pipeline("svd"), _clips(tmp_path / "d")
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    capfd.readouterr()
+    rc = main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o"), "--frames", "4",
+               "--resolution", "32", "--device", "cpu", "--steps", "2", "--quiet"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "StableVideoDiffusionPipeline has no encode_prompt" in err and not _noise(err), err
+    assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------------------------------ 5: a LoRA without a loader mixin
+
+
+def test_pixart_lora_is_saved_where_peft_loads_it(saved_pipeline, tmp_path, capfd):
+    """diffusers 0.42 has no LoRA loader for PixArt (pipeline or transformer): the adapter is written in peft's own
+    format, and PeftModel.from_pretrained puts the trained weights back, key for key."""
+    from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    from hf_precision.testing import make_pipeline
+
+    model, data, out = saved_pipeline("pixart"), _images(tmp_path / "d"), tmp_path / "o"
+    capfd.readouterr()
+    rc = main(["train", "--model", str(model), "--data", str(data), "--out", str(out), "--resolution", "32",
+               "--device", "cpu", "--steps", "2", "--learning-rate", "0.01", "--save-dtype", "float32", "--quiet"])
+    stdout, err = capfd.readouterr()
+    assert rc == 0, err
+    from hf_precision.training.io import lora_loader
+
+    assert lora_loader("PixArtAlphaPipeline", ["PixArtAlphaPipeline", "PixArtSigmaPipeline"]) is None
+    assert f"PeftModel.from_pretrained(pipe.transformer, {str(out / 'transformer')!r})" in stdout
+    saved = load_file(out / "transformer" / "adapter_model.safetensors")
+    assert any("lora_B" in k and v.abs().max() > 0 for k, v in saved.items())  # trained, not the zero init
+
+    loaded = PeftModel.from_pretrained(make_pipeline("pixart").transformer, out / "transformer")
+    state = get_peft_model_state_dict(loaded)
+    assert set(state) == set(saved)
+    for key, value in saved.items():
+        torch.testing.assert_close(state[key], value)

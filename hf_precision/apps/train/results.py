@@ -3,7 +3,10 @@ recorded beside them. Only the main process writes; every file is written atomic
 
 ``OUT/`` after a LoRA run (``pipe.load_lora_weights(OUT)`` reads it as is)::
 
-    pytorch_lora_weights.safetensors   the LoRA in diffusers/peft format, --save-dtype (default float16)
+    pytorch_lora_weights.safetensors   the LoRA in diffusers/peft format, --save-dtype (default float16); where
+                                       diffusers has no LoRA loader for the pipeline (PixArt) instead
+    transformer/adapter_model.safetensors  peft's format, adapter_config.json beside it:
+                                       PeftModel.from_pretrained(pipe.transformer, OUT/transformer) reads it
     training.json                      settings, the training plan (dtypes per component, rules), fingerprint, losses
     train_log.jsonl                    one line per step: step, loss, skipped steps, learning rate
     validation/step-000100.png         validation images (clips: .gif), before training as step-000000
