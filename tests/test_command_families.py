@@ -36,8 +36,23 @@ def _noise(err: str) -> list[str]:
 
 # ------------------------------------------------------------------------------------ 1: check on video families
 
-# Chosen by what differs in the configs: a list patch_size (Wan's [1, 2, 2]), an int one (LTX, CogVideoX), a UNet.
+# The command on saved folders, chosen by what differs in the configs: a list patch_size (Wan's [1, 2, 2]), an int
+# one (LTX, CogVideoX), a UNet with a frame-wise VAE (SVD).
 CHECKED = ["wan", "ltx", "cogvideox", "hunyuan_video", "svd"]
+# The default call on every video family of the registry but these, whose call check cannot build yet: Allegro (its
+# tiny VAE's tiled decode fails at check's 32 pixels), HunyuanVideo I2V (its image tokens need a longer
+# prompt than 16), Mochi (its own sigma schedule divides by zero for 1 step), Wan Animate (pose and face clips), Wan
+# I2V and VACE (diffusers calls ftfy without checking that it is installed).
+NOT_YET = {"allegro", "hunyuan_video_i2v", "mochi", "wan_animate", "wan_i2v", "wan_vace"}
+VIDEO = sorted(n for n, row in PIPELINES.items() if "video" in row.tags and n not in NOT_YET)
+
+
+@pytest.mark.parametrize("kind", VIDEO)
+def test_check_builds_a_call_for_each_video_family(kind, tiny_pipe):
+    import hf_precision as hp
+
+    report = hp.check(tiny_pipe(kind))
+    assert report.error is None and report.ok, report.table()
 
 
 def test_a_list_patch_size_gives_its_spatial_side():

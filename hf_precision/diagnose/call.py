@@ -124,6 +124,44 @@ def _one_step_schedule(scheduler: Any) -> bool:
     return True
 
 
+def _frames(pipe: Any, denoiser: Any) -> int:
+    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1), a
+    Latte transformer's fixed ``video_length``, else 2 (a frame-wise VAE: SVD, AnimateDiff)."""
+    config = getattr(denoiser, "config", None) or {}
+    if config.get("video_length"):
+        return int(config["video_length"])
+    for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
+        t = getattr(pipe, attr, None)
+        if isinstance(t, int) and t > 1:
+            return t + 1
+    return 2
+
+
+def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any],
+                  image: Callable[..., Any]) -> dict[str, Any]:
+    """What a video pipeline needs beside the prompt: few frames, an input clip (video-to-video, VACE: ``video`` and
+    ``mask``; AnimateDiff ControlNet: ``conditioning_frames``), and the size a learned position table fixes."""
+    frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)
+    clip_args = [a for a in ("video", "conditioning_frames") if a in params]
+    if frames_arg is None and not clip_args:
+        return {}
+    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
+    config = getattr(denoiser, "config", None) or {}
+    frames = int(kwargs.get(frames_arg, 0) or _frames(pipe, denoiser)) if frames_arg else _frames(pipe, denoiser)
+    extra: dict[str, Any] = {frames_arg: frames} if frames_arg else {}
+    for arg in clip_args:
+        extra[arg] = [image((40 * i % 256, 90, 60)) for i in range(frames)]
+    if "mask" in params and "video" in params:
+        extra["mask"] = [image((255, 255, 255)).convert("L") for _ in range(frames)]
+    if "strength" in params and "video" in params:
+        extra["strength"] = 1.0
+    spatial = getattr(pipe, "vae_scale_factor_spatial", None)
+    if config.get("use_learned_positional_embeddings") and config.get("sample_height") and spatial:
+        # pipeline_cogvideox_image2video.py refuses any other size when the positions are learned
+        extra.update(height=int(config["sample_height"]) * spatial, width=int(config["sample_width"]) * spatial)
+    return extra
+
+
 def default_call(pipe: Any) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
@@ -167,7 +205,10 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
                           f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
-    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16)):
+    kwargs.update(_video_kwargs(pipe, params, kwargs, image))
+    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
+    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16),
+                       ("clip_skip", None)):
         if key in params:
             kwargs[key] = value
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
