@@ -93,7 +93,8 @@ def _one_step_schedule(scheduler: Any) -> bool:
 
     Example:
         >>> from diffusers import FlowMatchEulerDiscreteScheduler
-        >>> _one_step_schedule(FlowMatchEulerDiscreteScheduler()), _one_step_schedule(FlowMatchEulerDiscreteScheduler(shift_terminal=0.1))
+        >>> ltx = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
+        >>> _one_step_schedule(FlowMatchEulerDiscreteScheduler()), _one_step_schedule(ltx)
         (True, False)
     """
     import copy

@@ -60,8 +60,8 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
 
     Where diffusers has a LoRA loader for the pipeline, one ``pytorch_lora_weights.safetensors`` that
     ``pipe.load_lora_weights(path)`` reads. Else (PixArt, whose transformer has no ``load_lora_adapter`` either),
-    each LoRA component in peft's own format, ``path/<component>/adapter_config.json`` and ``adapter_model.safetensors``,
-    which ``PeftModel.from_pretrained(pipe.<component>, path/<component>)`` reads (then ``.merge_and_unload()``);
+    each LoRA component in peft's own format, ``path/<component>/adapter_config.json`` and
+    ``adapter_model.safetensors``, which ``PeftModel.from_pretrained(pipe.<component>, path/<component>)`` reads (then ``.merge_and_unload()``);
     the folder is returned.
     """
     from diffusers.utils import convert_state_dict_to_diffusers
@@ -80,7 +80,8 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
         layers = {}
         for name in names:
             state = get_peft_model_state_dict(tp.components[name])
-            layers[f"{name}_lora_layers"] = {k: v.detach().to(dtype) for k, v in convert_state_dict_to_diffusers(state).items()}
+            layers[f"{name}_lora_layers"] = {k: v.detach().to(dtype)
+                                             for k, v in convert_state_dict_to_diffusers(state).items()}
         loader.save_lora_weights(save_directory=str(scratch), **layers)
         target = folder / LORA_FILE
         os.replace(scratch / LORA_FILE, target)
