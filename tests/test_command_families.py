@@ -289,3 +289,16 @@ def test_pixart_lora_is_saved_where_peft_loads_it(saved_pipeline, tmp_path, capf
     assert set(state) == set(saved)
     for key, value in saved.items():
         torch.testing.assert_close(state[key], value)
+
+
+def test_video_with_one_step_on_the_real_ltx_scheduler_says_how_many(saved_pipeline, tmp_path, capfd):
+    """`video --steps 1` there: one line naming --steps and the count that runs, not a failed clip and a warning."""
+    folder = shutil.copytree(saved_pipeline("ltx"), tmp_path / "ltx")
+    shutil.copy(CONFIGS / "LTX-Video" / "scheduler" / "scheduler_config.json", folder / "scheduler")
+    capfd.readouterr()
+    with _no_runtime_warning():
+        rc = main(["video", "--model", str(folder), "--prompt", "a cat", "--out", str(tmp_path / "x.gif"), "--height",
+                   "32", "--width", "32", "--frames", "9", "--steps", "1", "--device", "cpu", "--quiet"])
+    err = capfd.readouterr().err
+    assert rc == 2 and "--steps 1: FlowMatchEulerDiscreteScheduler cannot" in err and "use --steps 2" in err, err
+    assert not _noise(err) and not (tmp_path / "x.gif").exists(), err

@@ -11,7 +11,7 @@ from ..errors import RecipeError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["default_call", "pipeline_modules"]
+__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem"]
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -74,7 +74,7 @@ def _fewest_steps(pipe: Any) -> int:
 
     pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
     meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
-    source, so no pipeline class is named here. The scheduler is asked as well (:func:`_one_step_schedule`).
+    source, so no pipeline class is named here. The scheduler is asked as well (:func:`schedulable`).
     """
     try:
         source = inspect.getsource(type(pipe).__call__)
@@ -82,11 +82,12 @@ def _fewest_steps(pipe: Any) -> int:
         source = ""
     if "num_inference_steps == 1" in source:
         return 2
-    return 1 if _one_step_schedule(getattr(pipe, "scheduler", None)) else 2
+    return 1 if schedulable(getattr(pipe, "scheduler", None)) else 2
 
 
-def _one_step_schedule(scheduler: Any) -> bool:
-    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of 1 step (True when it cannot be asked).
+def schedulable(scheduler: Any, steps: int = 1) -> bool:
+    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when it cannot be
+    asked: no scheduler, or one without ``set_timesteps``).
 
     FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
     ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
@@ -94,8 +95,8 @@ def _one_step_schedule(scheduler: Any) -> bool:
     Example:
         >>> from diffusers import FlowMatchEulerDiscreteScheduler
         >>> ltx = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
-        >>> _one_step_schedule(FlowMatchEulerDiscreteScheduler()), _one_step_schedule(ltx)
-        (True, False)
+        >>> schedulable(FlowMatchEulerDiscreteScheduler()), schedulable(ltx), schedulable(ltx, 2)
+        (True, False, True)
     """
     import copy
     import warnings
@@ -112,8 +113,8 @@ def _one_step_schedule(scheduler: Any) -> bool:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
-            probe.set_timesteps(1, **kwargs)
-        except Exception:  # noqa: BLE001 -- a scheduler that refuses 1 step (or needs pipeline inputs): take 2
+            probe.set_timesteps(steps, **kwargs)
+        except Exception:  # noqa: BLE001 -- a scheduler that refuses the count (or needs pipeline inputs)
             return False
     for name in ("timesteps", "sigmas"):
         value = getattr(probe, name, None)
@@ -123,6 +124,25 @@ def _one_step_schedule(scheduler: Any) -> bool:
         if value.numel() == 0 or not bool(torch.isfinite(value).all()):
             return False
     return True
+
+
+def steps_problem(pipe: Any, steps: int) -> str | None:
+    """Why ``pipe``'s scheduler cannot run ``steps`` steps, with the fix (``--steps``), or None when it can.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from diffusers import FlowMatchEulerDiscreteScheduler
+        >>> pipe = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler(shift_terminal=0.1))
+        >>> steps_problem(pipe, 1)[:62], steps_problem(pipe, 2)
+        ('--steps 1: FlowMatchEulerDiscreteScheduler cannot make a sched', None)
+    """
+    scheduler = getattr(pipe, "scheduler", None)
+    if schedulable(scheduler, steps):
+        return None
+    more = next((n for n in range(steps + 1, steps + 4) if schedulable(scheduler, n)), None)
+    return (f"--steps {steps}: {type(scheduler).__name__} cannot make a schedule of {steps} step(s) from this model's "
+            f"scheduler config (its timesteps come out empty or not finite); "
+            + (f"use --steps {more} or more" if more else "give the model another scheduler"))
 
 
 def _frames(pipe: Any, denoiser: Any) -> int:
@@ -168,7 +188,9 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
 
     Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
     ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
-    (and a mask) with ``strength=1``. Outputs are numpy (``output_type="np"``).
+    (and a mask) with ``strength=1``. Video pipelines get the fewest frames their VAE takes (Wan: 5) and, where they
+    take one, an input clip. Outputs are numpy (``output_type="np"``). The steps are 2 where 1 cannot run
+    (:func:`_fewest_steps`).
 
     Raises:
         RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass

@@ -316,6 +316,7 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     """Load the pipeline once and make this process's jobs with it; returns the outputs that failed."""
     from tqdm import tqdm
 
+    from ...diagnose.call import steps_problem
     from ...runtime import applied as applied_record
 
     parallel = options.context_parallel
@@ -330,6 +331,9 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
         from . import parallel as cp
 
         cp.enable_context_parallel(pipe, parallel)
+    problem = steps_problem(pipe, options.steps)  # before any clip: every clip would fail the same way
+    if problem:
+        raise RecipeError(problem)
     applied = applied_record(pipe)
     plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
     tell(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {chosen.label()}")
