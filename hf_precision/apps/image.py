@@ -37,7 +37,9 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     """
     import torch
 
+    from ..diagnose.call import steps_problem
     from ..runtime.load import load_pipeline
+    from ..runtime.progress import quiet_call
 
     out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=True, what="image")
     if steps < 1:
@@ -64,6 +66,9 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     pipe = load_pipeline(model, "cpu" if offload else device, recipe=recipe, overrides=overrides, force=force, **kwargs)
     if offload:
         pipe.enable_model_cpu_offload(device=device)
+    problem = steps_problem(pipe, steps)  # LTX-style shift_terminal schedulers cannot take 1 step
+    if problem:
+        raise RecipeError(problem)
     if "prompt" not in __import__("inspect").signature(pipe.__call__).parameters:
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
                           "use `hf-precision video` for SVD")
@@ -72,7 +77,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
                        ("negative_prompt", negative_prompt)):
         if value is not None:
             kwargs[key] = value
-    image = pipe(**kwargs, generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    image = pipe(**quiet_call(pipe, kwargs), generator=torch.Generator("cpu").manual_seed(seed)).images[0]
     with written_atomically(out) as tmp:
         image.save(tmp)
     return out

@@ -21,7 +21,7 @@ EXAMPLES = """examples:
   hf-precision plan sdxl --device t4
   hf-precision check ./my-sdxl-folder --device cpu
   hf-precision demo --out demo_output
-  hf-precision calibrate ./my-sdxl-folder --device t4 --out islands.yaml
+  hf-precision calibrate ./my-sdxl-folder --layout t4 --out islands.yaml
   hf-precision train --demo --out demo-lora
 """
 

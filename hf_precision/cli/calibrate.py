@@ -36,7 +36,7 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
                    help="the reference run's dtype (default: float32 when it fits memory; bfloat16 gives ranges only)")
     p.add_argument("--max-memory", default=None, metavar="SIZE",
-                   help="memory budget on --run-on (e.g. 12GB, 800MB): when the reference run does not fit it whole, "
+                   help="memory budget on --device (e.g. 12GB, 800MB): when the reference run does not fit it whole, "
                         "it runs with model offload, one component at a time; calibrate refuses, saying what to do, "
                         "when even the largest component does not fit")
     p.add_argument("--bound", type=float, default=0.05,
@@ -59,6 +59,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     # One rule: --device is where it runs, --layout whose rules choose the dtypes. The old spelling
     # (--device LAYOUT --run-on DEVICE) still means what it meant.
     layout, run_on = args.layout or args.device, args.run_on or args.device
+    if run_on is not None:  # --device t4 without --run-on: refused as check and generate refuse it, before loading
+        from ..runtime.apply import torch_device
+
+        torch_device(run_on, "--run-on" if args.run_on else "--device")
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
                        seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width),

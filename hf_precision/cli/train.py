@@ -185,7 +185,9 @@ def _report(result) -> int:
         print(f"trained {result.step} steps: loss {first:.4f} (step {min(losses)}) -> {last:.4f} (step {max(losses)}); "
               f"{result.skipped} skipped step(s)")
     if result.saved is not None:
-        how = {"lora": f"pipe.load_lora_weights({str(result.saved)!r})",
+        from ..training.io import lora_reader
+
+        how = {"lora": lora_reader(result.saved),
                "embedding": f"pipe.load_textual_inversion(<the .safetensors file in {str(result.saved)!r}>)",
                "full": "from_pretrained on the denoiser's subfolder"}[result.method]
         print(f"wrote {result.saved} ({how} reads it; training.json beside it)")

@@ -11,7 +11,7 @@ from ..errors import RecipeError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["default_call", "pipeline_modules"]
+__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem"]
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -40,6 +40,18 @@ def _denoiser_name(pipe: Any) -> str | None:
     return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
 
 
+def _spatial_patch(patch: Any) -> int:
+    """The spatial side of a denoiser's ``patch_size``: an int, or the last two of a (frames, height, width) list.
+
+    Example:
+        >>> _spatial_patch(2), _spatial_patch([1, 2, 2]), _spatial_patch((1, 4, 2))
+        (2, 2, 4)
+    """
+    if isinstance(patch, (list, tuple)):  # video transformers (Wan): [t, h, w]; an image one may write [h, w]
+        return max((int(p) for p in patch[-2:]), default=1)
+    return int(patch)
+
+
 def _side(pipe: Any) -> int:
     """The smallest image side that runs every level of the denoiser: VAE factor x its downsampling x 2, >= 32."""
     vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
@@ -52,23 +64,123 @@ def _side(pipe: Any) -> int:
             down = 2 ** (len(blocks) - 1)
         patch = config.get("patch_size") if hasattr(config, "get") else None
         if patch:
-            down = max(down, int(patch))
+            down = max(down, _spatial_patch(patch))
     side = max(32, vae_factor * down * 2)
     return -(-side // 16) * 16
 
 
 def _fewest_steps(pipe: Any) -> int:
-    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart.
+    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart or whose scheduler cannot take 1 step.
 
     pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
     meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
-    source, so no pipeline class is named here.
+    source, so no pipeline class is named here. The scheduler is asked as well (:func:`schedulable`).
     """
     try:
         source = inspect.getsource(type(pipe).__call__)
     except (OSError, TypeError):
-        return 1
-    return 2 if "num_inference_steps == 1" in source else 1
+        source = ""
+    if "num_inference_steps == 1" in source:
+        return 2
+    return 1 if schedulable(getattr(pipe, "scheduler", None)) else 2
+
+
+def schedulable(scheduler: Any, steps: int = 1) -> bool:
+    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when it cannot be
+    asked: no scheduler, or one without ``set_timesteps``).
+
+    FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
+    ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
+
+    Example:
+        >>> from diffusers import FlowMatchEulerDiscreteScheduler
+        >>> ltx = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
+        >>> schedulable(FlowMatchEulerDiscreteScheduler()), schedulable(ltx), schedulable(ltx, 2)
+        (True, False, True)
+    """
+    import copy
+    import warnings
+
+    import numpy as np
+    import torch
+
+    if scheduler is None or not hasattr(scheduler, "set_timesteps"):
+        return True
+    probe = copy.deepcopy(scheduler)
+    config = getattr(probe, "config", {})
+    params = inspect.signature(probe.set_timesteps).parameters
+    kwargs = {"mu": 0.0} if "mu" in params and config.get("use_dynamic_shifting") else {}  # what the pipeline computes
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        try:
+            probe.set_timesteps(steps, **kwargs)
+        except Exception:  # noqa: BLE001 -- a scheduler that refuses the count (or needs pipeline inputs)
+            return False
+    for name in ("timesteps", "sigmas"):
+        value = getattr(probe, name, None)
+        if value is None:
+            continue
+        value = torch.as_tensor(np.asarray(value, dtype=np.float64) if not torch.is_tensor(value) else value).double()
+        if value.numel() == 0 or not bool(torch.isfinite(value).all()):
+            return False
+    return True
+
+
+def steps_problem(pipe: Any, steps: int) -> str | None:
+    """Why ``pipe``'s scheduler cannot run ``steps`` steps, with the fix (``--steps``), or None when it can.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from diffusers import FlowMatchEulerDiscreteScheduler
+        >>> pipe = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler(shift_terminal=0.1))
+        >>> steps_problem(pipe, 1)[:62], steps_problem(pipe, 2)
+        ('--steps 1: FlowMatchEulerDiscreteScheduler cannot make a sched', None)
+    """
+    scheduler = getattr(pipe, "scheduler", None)
+    if schedulable(scheduler, steps):
+        return None
+    more = next((n for n in range(steps + 1, steps + 4) if schedulable(scheduler, n)), None)
+    return (f"--steps {steps}: {type(scheduler).__name__} cannot make a schedule of {steps} step(s) from this model's "
+            f"scheduler config (its timesteps come out empty or not finite); "
+            + (f"use --steps {more} or more" if more else "give the model another scheduler"))
+
+
+def _frames(pipe: Any, denoiser: Any) -> int:
+    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1), a
+    Latte transformer's fixed ``video_length``, else 2 (a frame-wise VAE: SVD, AnimateDiff)."""
+    config = getattr(denoiser, "config", None) or {}
+    if config.get("video_length"):
+        return int(config["video_length"])
+    for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
+        t = getattr(pipe, attr, None)
+        if isinstance(t, int) and t > 1:
+            return t + 1
+    return 2
+
+
+def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any],
+                  image: Callable[..., Any]) -> dict[str, Any]:
+    """What a video pipeline needs beside the prompt: few frames, an input clip (video-to-video, VACE: ``video`` and
+    ``mask``; AnimateDiff ControlNet: ``conditioning_frames``), and the size a learned position table fixes."""
+    frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)
+    clip_args = [a for a in ("video", "conditioning_frames") if a in params]
+    if frames_arg is None and not clip_args:
+        return {}
+    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
+    config = getattr(denoiser, "config", None) or {}
+    frames = int(kwargs.get(frames_arg, 0) or _frames(pipe, denoiser)) if frames_arg else _frames(pipe, denoiser)
+    extra: dict[str, Any] = {frames_arg: frames} if frames_arg else {}
+    for arg in clip_args:
+        extra[arg] = [image((40 * i % 256, 90, 60)) for i in range(frames)]
+    if "mask" in params and "video" in params:
+        extra["mask"] = [image((255, 255, 255)).convert("L") for _ in range(frames)]
+    if "strength" in params and "video" in params:
+        extra["strength"] = 1.0
+    spatial = getattr(pipe, "vae_scale_factor_spatial", None)
+    if config.get("use_learned_positional_embeddings") and config.get("sample_height") and spatial:
+        # pipeline_cogvideox_image2video.py refuses any other size when the positions are learned
+        extra.update(height=int(config["sample_height"]) * spatial, width=int(config["sample_width"]) * spatial)
+    return extra
 
 
 def default_call(pipe: Any) -> Callable[[Any], Any]:
@@ -76,7 +188,9 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
 
     Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
     ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
-    (and a mask) with ``strength=1``. Outputs are numpy (``output_type="np"``).
+    (and a mask) with ``strength=1``. Video pipelines get the fewest frames their VAE takes (Wan: 5) and, where they
+    take one, an input clip. Outputs are numpy (``output_type="np"``). The steps are 2 where 1 cannot run
+    (:func:`_fewest_steps`).
 
     Raises:
         RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
@@ -114,7 +228,10 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
                           f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
-    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16)):
+    kwargs.update(_video_kwargs(pipe, params, kwargs, image))
+    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
+    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16),
+                       ("clip_skip", None)):
         if key in params:
             kwargs[key] = value
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -37,20 +37,34 @@ def quiet() -> Iterator[None]:
         tlog.set_verbosity(levels[1])
 
 
-def build_on_meta(library: str, class_name: str, config: Mapping[str, Any]) -> nn.Module:
+def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtype: Any = None) -> nn.Module:
     """Build a model from its config on the meta device: real shapes and module names, no memory for weights.
 
     Diffusers classes use ``from_config`` (``Transformer2DModel`` configs dispatch to ``PixArtTransformer2DModel``
     or ``DiTTransformer2DModel``). Transformers classes are built from their config class; the model class is the
     one ``model_index.json`` names, else ``config.architectures[0]`` (``AutoModel`` would build T5's decoder too).
     Everything is built under ``torch.device("meta")``, where T5's tied input embedding counts once (under
-    ``accelerate.init_empty_weights()`` it would count 131,596,288 parameters too many).
+    ``accelerate.init_empty_weights()`` it would count 131,596,288 parameters too many). ``dtype`` (a torch dtype)
+    casts every floating tensor to it, and moves to meta the buffers a legacy constructor (``torch.Tensor([..])``)
+    left on the CPU, without the warning diffusers' ``ModelMixin.to(dtype)`` logs about its
+    ``_keep_in_fp32_modules`` (meaningless on meta: a plan that wants them in float32 casts them itself).
 
     Example:
+        >>> import torch
         >>> m = build_on_meta("diffusers", "AutoencoderKL", {"block_out_channels": [8], "norm_num_groups": 4})
         >>> next(m.parameters()).device.type
         'meta'
+        >>> next(build_on_meta("diffusers", "AutoencoderKL", {"norm_num_groups": 4}, torch.float16).parameters()).dtype
+        torch.float16
     """
+    model = _build(library, class_name, config)
+    if dtype is not None:
+        with quiet():
+            model.to("meta", dtype)
+    return model
+
+
+def _build(library: str, class_name: str, config: Mapping[str, Any]) -> nn.Module:
     import importlib
 
     import torch

@@ -1,5 +1,6 @@
 """A pipeline's own progress bar, silenced for a block: calibrate's runs, check's run and each video clip (which
-draws its own bar) need it, and each must hand the caller's settings back as they were."""
+draws its own bar) need it, and each must hand the caller's settings back as they were; and the keywords that keep a
+pipeline call from logging what is not the user's business (:func:`quiet_call`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["quiet_progress"]
+__all__ = ["quiet_call", "quiet_progress"]
 
 
 @contextlib.contextmanager
@@ -38,3 +39,31 @@ def quiet_progress(pipe: Any) -> Iterator[None]:
             pipe.__dict__.pop("_progress_bar_config", None)
         else:
             pipe._progress_bar_config = saved
+
+
+def quiet_call(pipe: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` for ``pipe(**kwargs)`` with ``clean_caption=False`` where the pipeline would clean captions but
+    cannot here: PixArt, Allegro, Latte (``clean_caption=True`` by default) need Beautiful Soup and ftfy for it, and
+    without them diffusers logs two warnings on every call and turns the cleaning off itself. So the result is the
+    same; only the noise goes. A caller's own ``clean_caption`` is kept, as is everything where the packages exist.
+
+    Example:
+        >>> class Pipe:
+        ...     def __call__(self, prompt, clean_caption=True): ...
+        >>> from diffusers.utils import is_bs4_available, is_ftfy_available
+        >>> quiet_call(Pipe(), {"prompt": "a cat"}) == (
+        ...     {"prompt": "a cat"} if is_bs4_available() and is_ftfy_available()
+        ...     else {"prompt": "a cat", "clean_caption": False})
+        True
+    """
+    import inspect
+
+    from diffusers.utils import is_bs4_available, is_ftfy_available
+
+    if "clean_caption" in kwargs or (is_bs4_available() and is_ftfy_available()):
+        return kwargs
+    try:
+        params = inspect.signature(pipe.__call__).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    return {**kwargs, "clean_caption": False} if "clean_caption" in params else kwargs

@@ -13,7 +13,7 @@ import torch
 from . import families
 from .rules import TrainingError
 
-__all__ = ["encode_images", "encode_prompt", "normalise_latents"]
+__all__ = ["encode_images", "encode_prompt", "frame_wise", "normalise_latents", "vae_latents"]
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
@@ -40,14 +40,45 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
     vae = tp.components.get("vae")
     if vae is None:
         raise TrainingError(f"tp.encode_images: no 'vae' component (components: {sorted(tp.components)})")
-    with torch.no_grad():
-        out = vae.encode(pixels)  # the entry hooks cast the pixels to the VAE's planned dtype and device
-        dist = getattr(out, "latent_dist", None)
-        if dist is not None:
-            raw = dist.sample(generator)
-        else:
-            raw = getattr(out, "latent", out[0] if isinstance(out, (tuple, list)) else out)
+    with torch.no_grad():  # the entry hooks cast the pixels to the VAE's planned dtype and device
+        raw = vae_latents(vae, pixels, generator)
     return normalise_latents(raw, vae.config)
+
+
+def frame_wise(vae: torch.nn.Module) -> bool:
+    """Whether ``vae`` encodes a clip one frame at a time: its encoder has no 3D convolution (SVD's
+    AutoencoderKLTemporalDecoder, AutoencoderKL under AnimateDiff); a video VAE (Wan, LTX, CogVideoX, Allegro) has.
+
+    Example:
+        >>> from diffusers import AutoencoderKL
+        >>> frame_wise(AutoencoderKL(block_out_channels=(8,), norm_num_groups=8, latent_channels=4))
+        True
+    """
+    encoder = getattr(vae, "encoder", vae)
+    return not any(isinstance(m, torch.nn.Conv3d) for m in encoder.modules())
+
+
+def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The raw latents of ``vae.encode(pixels)``, unscaled: a sample of ``latent_dist`` (AutoencoderKL and kin), else
+    ``latent`` (AutoencoderDC). A clip (B, C, F, H, W) into a frame-wise VAE (:func:`frame_wise`) is encoded with
+    its frames in the batch, as diffusers' SVD pipeline encodes frames, and handed back as (B, C', F, H', W').
+
+    Example:
+        >>> from diffusers import AutoencoderKL
+        >>> vae = AutoencoderKL(block_out_channels=(8,), norm_num_groups=8, latent_channels=4)
+        >>> tuple(vae_latents(vae, torch.zeros(2, 3, 5, 8, 8)).shape)
+        (2, 4, 5, 8, 8)
+    """
+    folded = pixels.dim() == 5 and frame_wise(vae)
+    b, f = pixels.shape[0], pixels.shape[2] if folded else 1
+    x = pixels.transpose(1, 2).flatten(0, 1) if folded else pixels
+    out = vae.encode(x)
+    dist = getattr(out, "latent_dist", None)
+    if dist is not None:
+        raw = dist.sample(generator)
+    else:
+        raw = getattr(out, "latent", out[0] if isinstance(out, (tuple, list)) else out)
+    return raw.unflatten(0, (b, f)).transpose(1, 2) if folded else raw
 
 
 def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:

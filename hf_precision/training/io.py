@@ -1,5 +1,6 @@
-"""Training results out: LoRA weights in the diffusers/peft layout ``pipe.load_lora_weights`` reads, and trained
-token rows in the layout ``pipe.load_textual_inversion`` reads. Files are written whole or not at all."""
+"""Training results out: LoRA weights in the diffusers/peft layout ``pipe.load_lora_weights`` reads (peft's own
+adapter folders for a pipeline diffusers has no LoRA loader for), and trained token rows in the layout
+``pipe.load_textual_inversion`` reads. Files are written whole or not at all."""
 
 from __future__ import annotations
 
@@ -14,46 +15,98 @@ import torch
 
 from .rules import TrainingError
 
-__all__ = ["save_lora", "save_embeddings", "LORA_FILE"]
+__all__ = ["save_lora", "save_embeddings", "lora_loader", "lora_reader", "LORA_FILE", "PEFT_FILE"]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
+PEFT_FILE = "adapter_model.safetensors"  # peft's PeftModel.save_pretrained names; adapter_config.json beside it
 
 
-def _pipeline_class(tp: Any) -> type:
+def lora_loader(pipeline: str, recipe_pipelines: Any = ()) -> type | None:
+    """The diffusers pipeline class whose LoRA loader mixin writes and reads LoRA weights for ``pipeline``: the class
+    itself, else one its recipe names (StableDiffusionAdapterPipeline -> StableDiffusionPipeline); None where diffusers
+    has none (PixArt, SVD, DiT in diffusers 0.42): :func:`save_lora` then writes peft's adapter folders.
+
+    Example:
+        >>> lora_loader("StableDiffusionXLPipeline").__name__, lora_loader("PixArtSigmaPipeline")
+        ('StableDiffusionXLPipeline', None)
+    """
     import diffusers
 
-    cls = type(tp.pipe)
-    if hasattr(cls, "save_lora_weights"):
-        return cls
-    for name in tp.recipe.pipelines:
-        candidate = getattr(diffusers, name, None)
+    for name in (pipeline, *recipe_pipelines):
+        candidate = getattr(diffusers, str(name), None)
         if candidate is not None and hasattr(candidate, "save_lora_weights"):
             return candidate
-    raise TrainingError(f"tp.save_lora: no diffusers pipeline class of recipe {tp.recipe.name} can save LoRA weights "
-                        f"(tried {type(tp.pipe).__name__}, {', '.join(tp.recipe.pipelines) or '-'})")
+    return None
+
+
+def lora_reader(folder: Any, pipe: str = "pipe") -> str:
+    """The Python that loads the LoRA :func:`save_lora` wrote in ``folder`` back into ``pipe``.
+
+    Example:
+        >>> lora_reader("out")
+        "pipe.load_lora_weights('out')"
+    """
+    folder = Path(folder)
+    adapters = sorted(p.parent.name for p in folder.glob(f"*/{PEFT_FILE}"))
+    if (folder / LORA_FILE).is_file() or not adapters:
+        return f"{pipe}.load_lora_weights({str(folder)!r})"
+    return "; ".join(["from peft import PeftModel"] + [
+        f"{pipe}.{name} = PeftModel.from_pretrained({pipe}.{name}, {str(folder / name)!r}).merge_and_unload()"
+        for name in adapters])
 
 
 def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
+    """Write the LoRA weights of ``tp``; returns what was written (:func:`lora_reader` says how to load it).
+
+    Where diffusers has a LoRA loader for the pipeline, one ``pytorch_lora_weights.safetensors`` that
+    ``pipe.load_lora_weights(path)`` reads. Else (PixArt, whose transformer has no ``load_lora_adapter`` either),
+    each LoRA component in peft's own format, ``path/<component>/adapter_config.json`` and
+    ``adapter_model.safetensors``, which ``PeftModel.from_pretrained(pipe.<component>, path/<component>)`` reads (then ``.merge_and_unload()``);
+    the folder is returned.
+    """
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
-    layers = {}
-    for name, kind in tp.kinds.items():
-        if kind == "lora":
-            state = get_peft_model_state_dict(tp.components[name])
-            layers[f"{name}_lora_layers"] = {k: v.detach().to(dtype) for k, v in convert_state_dict_to_diffusers(state).items()}
-    if not layers:
+    names = [name for name, kind in tp.kinds.items() if kind == "lora"]
+    if not names:
         raise TrainingError(f"tp.save_lora: nothing trains as LoRA in this plan (train: {tp.kinds})")
+    loader = lora_loader(type(tp.pipe).__name__, tp.recipe.pipelines)
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".lora-"))
     try:
-        _pipeline_class(tp).save_lora_weights(save_directory=str(scratch), **layers)
+        if loader is None:
+            return _save_peft(tp, names, folder, scratch, dtype)
+        layers = {}
+        for name in names:
+            state = get_peft_model_state_dict(tp.components[name])
+            layers[f"{name}_lora_layers"] = {k: v.detach().to(dtype)
+                                             for k, v in convert_state_dict_to_diffusers(state).items()}
+        loader.save_lora_weights(save_directory=str(scratch), **layers)
         target = folder / LORA_FILE
         os.replace(scratch / LORA_FILE, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def _save_peft(tp: Any, names: list[str], folder: Path, scratch: Path, dtype: torch.dtype) -> Path:
+    """Each component's adapter as ``PeftModel.save_pretrained`` writes it (keys under ``base_model.model.``)."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    for name in names:
+        module = tp.components[name]
+        state = {f"base_model.model.{k}": v.detach().to(dtype).cpu().contiguous()
+                 for k, v in get_peft_model_state_dict(module).items()}
+        (scratch / name).mkdir()
+        module.peft_config["default"].save_pretrained(str(scratch / name))
+        save_file(state, str(scratch / name / PEFT_FILE), metadata={"format": "pt"})
+    for name in names:  # each component's folder replaced whole
+        if (folder / name).exists():
+            shutil.rmtree(folder / name)
+        os.replace(scratch / name, folder / name)
+    return folder
 
 
 def save_embeddings(tp: Any, path: Any) -> list[Path]:

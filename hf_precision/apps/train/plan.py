@@ -85,7 +85,7 @@ def _meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str
     from ...diagnose.planner import build_on_meta
     from ...runtime.source import listed_components
 
-    return build_on_meta(*listed_components(index)[name], configs[name]).to("meta", dtype)
+    return build_on_meta(*listed_components(index)[name], configs[name], dtype)
 
 
 def _cast(value: Any, dtype: Any, key: str = "") -> Any:
@@ -206,6 +206,7 @@ def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any]
                             resolution: int, frames: int) -> int:
     import torch
 
+    from ...training.data import vae_latents
     from ..video.counting import count_live_bytes
 
     if "vae" not in index or "vae" not in configs:
@@ -214,7 +215,7 @@ def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any]
     shape = (batch, 3, frames, resolution, resolution) if frames > 1 else (batch, 3, resolution, resolution)
     pixels = torch.empty(*shape, device="meta", dtype=dtype)
     with count_live_bytes() as live:
-        out = vae.encode(pixels).latent_dist
+        out = vae_latents(vae, pixels)  # what train encodes with: folded frames, .latent_dist or .latent
         del out
     return live.peak
 

@@ -82,6 +82,28 @@ def _check_family(index: dict[str, Any]) -> None:
                       f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
 
 
+def _check_conditioning(index: dict[str, Any]) -> None:
+    """Refuse, before loading, a pipeline without ``encode_prompt``: the program conditions on captions through it.
+
+    Example:
+        >>> _check_conditioning({"_class_name": "StableDiffusionPipeline"})
+        >>> _check_conditioning({"_class_name": "StableVideoDiffusionPipeline"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --model: StableVideoDiffusionPipeline has no encode_prompt...
+    """
+    import diffusers
+
+    name = str(index.get("_class_name"))
+    cls = getattr(diffusers, name, None)
+    if cls is None or hasattr(cls, "encode_prompt"):
+        return
+    raise RecipeError(f"--model: {name} has no encode_prompt: the training program conditions the denoiser on each "
+                      f"caption through it, and {name} is conditioned otherwise (an input image or class labels); "
+                      f"write your own loop with hf_precision.prepare_training(...) and give its conditioning in the "
+                      f"batch (tp.loss(batch))")
+
+
 def _accelerator(out: Path, device: str | None) -> Any:
     import torch
     from accelerate import Accelerator
@@ -134,6 +156,7 @@ def prepare_run(s: TrainSettings) -> Run:
                      caption_column=s.caption_column, caption=s.caption)
     train, extra = _train_parts(s, index)
     _check_family(index)
+    _check_conditioning(index)
     if s.method == "embedding":
         lacking = [smp.path.name for smp in data.samples if s.embedding not in smp.caption]
         if lacking:

@@ -3,7 +3,10 @@ recorded beside them. Only the main process writes; every file is written atomic
 
 ``OUT/`` after a LoRA run (``pipe.load_lora_weights(OUT)`` reads it as is)::
 
-    pytorch_lora_weights.safetensors   the LoRA in diffusers/peft format, --save-dtype (default float16)
+    pytorch_lora_weights.safetensors   the LoRA in diffusers/peft format, --save-dtype (default float16); where
+                                       diffusers has no LoRA loader for the pipeline (PixArt) instead
+    transformer/adapter_model.safetensors  peft's format, adapter_config.json beside it:
+                                       PeftModel.from_pretrained(pipe.transformer, OUT/transformer) reads it
     training.json                      settings, the training plan (dtypes per component, rules), fingerprint, losses
     train_log.jsonl                    one line per step: step, loss, skipped steps, learning rate
     validation/step-000100.png         validation images (clips: .gif), before training as step-000000
@@ -44,6 +47,7 @@ def validate(run: Any, step: int) -> Path | None:
     if not run.accelerator.is_main_process:
         run.accelerator.wait_for_everyone()
         return None
+    from ...runtime.progress import quiet_call
     from .cache import offload_encoders
 
     offload_encoders(run, run.accelerator.device if run.accelerator.device.type != "cpu" else "cpu")
@@ -53,7 +57,7 @@ def validate(run: Any, step: int) -> Path | None:
         kwargs["num_frames"] = run.data.frames
     with torch.random.fork_rng(devices=[]), run.tp.sampling() as pipe:
         generator = torch.Generator("cpu").manual_seed(s.seed)
-        out = pipe(s.validation_prompt, generator=generator, **kwargs)
+        out = pipe(s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
     frames = out.frames[0] if hasattr(out, "frames") else None
     folder = run.out / "validation"

@@ -46,8 +46,7 @@ def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: 
         spec = index.get(name)
         if not isinstance(spec, (list, tuple)) or name not in configs:
             continue
-        # .to("meta") also moves buffers made with legacy constructors (torch.Tensor([..])) that stayed on the CPU
-        modules[name] = build_on_meta(str(spec[0]), str(spec[1]), configs[name]).to("meta", dtype).eval()
+        modules[name] = build_on_meta(str(spec[0]), str(spec[1]), configs[name], dtype).eval()
     return modules
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import RecipeError, override_line
-from ...runtime.progress import quiet_progress
+from ...runtime.progress import quiet_call, quiet_progress
 from ...units import format_bytes
 from .io import Job, read_image, save_video
 from .load import MemorySettings, components_by_role, load_video_pipeline
@@ -156,7 +156,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
     decode_seconds = None
     try:
         with torch.no_grad(), quiet_progress(pipe), phase_hooks(pipe, memory, None if row.decode_chunks else bar):
-            out = pipe(**kwargs, generator=generator, callback_on_step_end=on_step_end).frames
+            out = pipe(**quiet_call(pipe, kwargs), generator=generator, callback_on_step_end=on_step_end).frames
             if row.decode_chunks:
                 decoding = time.perf_counter()
                 out = _decode(pipe, out, decode_chunk_size, memory, bar)
@@ -316,6 +316,7 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     """Load the pipeline once and make this process's jobs with it; returns the outputs that failed."""
     from tqdm import tqdm
 
+    from ...diagnose.call import steps_problem
     from ...runtime import applied as applied_record
 
     parallel = options.context_parallel
@@ -330,6 +331,9 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
         from . import parallel as cp
 
         cp.enable_context_parallel(pipe, parallel)
+    problem = steps_problem(pipe, options.steps)  # before any clip: every clip would fail the same way
+    if problem:
+        raise RecipeError(problem)
     applied = applied_record(pipe)
     plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
     tell(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {chosen.label()}")

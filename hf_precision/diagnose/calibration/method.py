@@ -71,9 +71,11 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         (['condition_embedder.time_embedder'], False, True)
     """
     from ...recipe.devices import device_caps, device_profile
+    from ...runtime.apply import torch_device
 
     clock = _Clock()
     run_on = str(run_on or device_profile(None).torch_device())
+    torch_device(run_on, "run_on")  # a preset such as "t4" is a layout (device=): refused before the model loads
     caps = device_caps(device if device is not None else run_on)  # a layout that does not exist fails before loading
     model = str(pipe_or_folder) if isinstance(pipe_or_folder, (str, os.PathLike)) else type(pipe_or_folder).__name__
     pipe, owned, ref_dtype, offload = open_pipeline(pipe_or_folder, run_on, reference, target, recipe, max_memory)
@@ -225,7 +227,9 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         kwargs["num_inference_steps"] = steps
     if "output_type" in params:
         kwargs.setdefault("output_type", "np")
-    return kwargs
+    from ...runtime.progress import quiet_call
+
+    return quiet_call(pipe, kwargs)
 
 
 class _Runs:
