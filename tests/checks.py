@@ -59,3 +59,24 @@ def assert_plan_dtypes(pipe: Any, recipe: Recipe) -> None:
         if plan.keep_fp32 and plan.compute != "float32":
             left = any("left to the layerwise casting" in a for a in record.actions)
             assert islands or left, f"{plan.name}: keep_fp32 {plan.keep_fp32} produced no island"
+
+
+def held_bytes(module: Any) -> int:
+    """Every byte a module holds, counted here independently of the library: each parameter and buffer once,
+    persistent or not, a quantized tensor by its inner tensors (data, scales, zero points)."""
+    from hf_precision.runtime.quantize import tensor_bytes
+
+    tensors = {id(t): t for t in [*module.parameters(), *module.buffers()]}
+    return sum(tensor_bytes(t) for t in tensors.values())
+
+
+def assert_plan_bytes(pipe: Any, folder: Any, layout: Any, overrides: Any = None) -> None:
+    """``hp.plan`` of the folder counts every byte each loaded component holds (:func:`held_bytes`), and the
+    library's own measure (``module_bytes``) agrees."""
+    from hf_precision.runtime.quantize import module_bytes
+
+    planned = hp.plan(folder, device=layout, overrides=overrides)
+    assert planned.components, "nothing planned"
+    held = {c: held_bytes(getattr(pipe, c)) for c in planned.components}
+    assert held == {c: p.total_bytes for c, p in planned.components.items()}
+    assert held == {c: module_bytes(getattr(pipe, c)) for c in planned.components}

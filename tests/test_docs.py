@@ -148,3 +148,26 @@ def test_the_layout_table_lists_every_layout():
     section = text.split("## F11. Layout table", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\|\s*([SVPD]\d+b?)\s*\|", section, re.MULTILINE)
     assert rows == [layout.id for layout in LAYOUTS]
+
+
+@pytest.mark.slow
+def test_the_train_plan_the_docs_show_is_what_the_command_prints(capsys):
+    """docs/train-program.md quotes `hf-precision train --plan ...` (issue 34: it quoted 11.47 GiB and an encode peak
+    of 4.33 GiB the command no longer printed): run the command it names, compare every line and every figure the
+    text after the block quotes, and check the output agrees with itself."""
+    import shlex
+
+    from hf_precision.cli import main
+    from training_checks import SIZE, assert_plan_output_agrees
+
+    section = (ROOT / "docs" / "train-program.md").read_text().split("## Memory plan", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```\n\$ (hf-precision train --plan[^\n]*)\n(.*?)```", section, re.S)
+    assert block, "the memory plan section shows no `$ hf-precision train --plan` block"
+    assert f"What `{block[1]}` prints" in section  # the text names the command it quotes
+    assert main(shlex.split(block[1])[1:]) == 0
+    out = capsys.readouterr().out
+    assert block[2].strip().splitlines() == out.strip().splitlines()
+    assert_plan_output_agrees(out)
+    prose = section[block.end():section.index("Checked against")]
+    quoted = re.findall(SIZE, prose)
+    assert quoted and all(figure in out for figure in quoted), quoted

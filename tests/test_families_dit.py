@@ -15,7 +15,7 @@ import hf_precision as hp
 from hf_precision.recipe import recipe_for_class
 from hf_precision.runtime.source import CONFIGS_DIR
 from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
-from checks import assert_finite, assert_plan_dtypes
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes
 
 LAYOUTS = ["cpu", "t4", "a100", "m2-macos14"]  # this CPU's own rules, fp16 CUDA, bf16 CUDA, MPS with bf16
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -64,6 +64,8 @@ def test_loads_runs_and_follows_the_plan(family, layout, folders):
         got = record.recipe[plan.name]
         assert (got.compute, got.storage, got.keep_fp32) == (plan.compute, plan.storage, plan.keep_fp32), plan.name
     assert_plan_dtypes(pipe, record.recipe)
+    if layout in ("t4", "cpu"):  # plan bytes == every byte loaded, buffers included (PixArt-Sigma's pos_embed)
+        assert_plan_bytes(pipe, folder, layout)
     assert_finite(_run(pipe, family))
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from checks import assert_plan_dtypes
+from checks import assert_plan_bytes, assert_plan_dtypes
 from hf_precision.recipe import recipe_for_class
 from hf_precision.runtime.source import models_of_pipeline
 from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
@@ -105,6 +105,8 @@ def test_family_loads_in_the_planned_dtypes_and_runs(family, layout, saved):
     assert _denoiser(family) in present
     assert {n: record.recipe[n].compute for n in present} == {n: expected[n].compute for n in present}
     assert_plan_dtypes(pipe, expected)
+    if layout in ("t4", "cpu") and spec.loads:  # plan bytes == every byte loaded, buffers included
+        assert_plan_bytes(pipe, saved(family), layout)
     _run(family, pipe)
 
 

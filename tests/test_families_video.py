@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from checks import assert_finite, assert_plan_dtypes
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes
 from hf_precision.recipe.resolution import resolve
 from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
 from hf_precision.testing.calibration import plant_fp16_overflow
@@ -67,6 +67,8 @@ def _load_and_check(name, folder, layout):
     expected = resolve(pipeline_class=spec.pipeline_class, devices="cpu", layout=layout, configs=_configs(path))
     assert hp.applied(pipe).recipe.name == expected.name == spec.recipe
     assert_plan_dtypes(pipe, expected)
+    if layout in ("t4", "cpu"):  # plan bytes == every byte loaded, buffers included (rotary and position tables)
+        assert_plan_bytes(pipe, path, layout)
     assert_finite(_run(name, pipe))
     return pipe, expected
 

@@ -11,7 +11,7 @@ import torch
 import hf_precision as hp
 from hf_precision.recipe import resolve
 from hf_precision.testing.pipelines import example_call_kwargs, example_img2img_kwargs
-from checks import assert_finite, assert_plan_dtypes
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes
 
 # The device table of the foundation issue: CPU without native bf16, CPU with AMX, CUDA 7.0, 7.5 (T4),
 # GTX 1660, 8.0, 8.9, 9.0, MPS on macOS 13 and 15, XPU. Every layout runs here on the CPU.
@@ -34,6 +34,8 @@ def test_every_recipe_on_every_device_layout(kind, device, saved_pipeline):
     cls = StableDiffusionXLImg2ImgPipeline if kind == "sdxl-img2img" else None
     pipe = hp.load_pipeline(saved_pipeline(base), "cpu", recipe=recipe, pipeline_class=cls)
     assert_plan_dtypes(pipe, recipe)
+    if device in ("t4", "cpu-avx512"):  # a half and a float32 layout: buffers follow the compute dtype
+        assert_plan_bytes(pipe, saved_pipeline(base), device)
     assert_finite(_run(pipe, kind))
     if kind == "sdxl-img2img":
         assert type(pipe).__name__ == "StableDiffusionXLImg2ImgPipeline"

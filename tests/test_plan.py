@@ -24,6 +24,12 @@ CLIP_L = 123_060_480
 SDXL_TE2 = 694_659_840
 PIXART_T5 = 4_762_310_656
 SDXL_ISLANDS = 2_050_560 + 5_245_440  # PARAM_COUNTS children: time_embedding + add_embedding
+# Buffers the loaded models hold beside their parameters, in no checkpoint (non-persistent) but in memory all the
+# same: CLIP's int64 position_ids (max_position_embeddings 77 text, 257 = (224/14)^2 + 1 vision) and the sin-cos
+# position tables of PixArt (64x64 patches of 1152) and DiT (16x16), which follow the compute dtype.
+CLIP_IDS = 77 * 8
+BUFFERS = {("svd", "image_encoder"): (257 * 8, 0), ("pixart", "transformer"): (0, 4096 * 1152),
+           ("dit", "transformer"): (0, 256 * 1152), ("sd15", "text_encoder"): (CLIP_IDS, 0)}  # (int bytes, float values)
 
 
 def _child(model: str, file: str, child: str) -> int:
@@ -97,11 +103,12 @@ def test_sdxl_on_t4_keeps_the_vae_in_fp32_and_bytes_add_up():
     assert all("unet.yaml" in i.why for i in unet.islands)
     assert (unet.compute, unet.handed_over) == ("float16", "float16")
 
-    assert p["text_encoder"].total_bytes == CLIP_L * 2
-    assert p["text_encoder_2"].total_bytes == SDXL_TE2 * 2
+    assert p["text_encoder"].total_bytes == CLIP_L * 2 + CLIP_IDS
+    assert p["text_encoder"].bytes_by_dtype == {"float16": CLIP_L * 2, "int64": CLIP_IDS}
+    assert p["text_encoder_2"].total_bytes == SDXL_TE2 * 2 + CLIP_IDS
     assert p.total_bytes == sum(c.total_bytes for c in p.components.values()) == (
-        CLIP_L * 2 + SDXL_TE2 * 2 + (SDXL_UNET - SDXL_ISLANDS) * 2 + SDXL_ISLANDS * 4 + SDXL_VAE * 4)
-    assert p.fp32_bytes == (CLIP_L + SDXL_TE2 + SDXL_UNET + SDXL_VAE) * 4
+        CLIP_L * 2 + SDXL_TE2 * 2 + (SDXL_UNET - SDXL_ISLANDS) * 2 + SDXL_ISLANDS * 4 + SDXL_VAE * 4 + 2 * CLIP_IDS)
+    assert p.fp32_bytes == (CLIP_L + SDXL_TE2 + SDXL_UNET + SDXL_VAE) * 4 + 2 * CLIP_IDS
     assert p.params == CLIP_L + SDXL_TE2 + SDXL_UNET + SDXL_VAE
 
 
@@ -117,7 +124,7 @@ def test_table_shows_sizes_the_fp32_comparison_and_why():
     vae_line = next(line for line in text.splitlines() if line.startswith("vae "))
     assert "AutoencoderKL" in vae_line and "83,653,863" in vae_line and "float32" in vae_line
     assert "whole component" in vae_line and "334.6 MB" in vae_line
-    assert "all-fp32" in text and "13,875,351,468 bytes" in text and "saves" in text
+    assert "all-fp32" in text and f"{13_875_351_468 + 2 * CLIP_IDS:,} bytes" in text and "saves" in text
     assert "unet.time_embedding" in text and "2,050,560" in text
     assert "stays float32, and why:" in text and "overflows fp16" in text
     assert f"{(SDXL_UNET - SDXL_ISLANDS) * 2:,}" in text  # exact bytes per dtype
@@ -205,8 +212,9 @@ def test_plans_of_other_pipelines(name, device, expected):
     for c in p.components.values():
         island = c.island_params
         size = {"float32": 4, "float16": 2, "bfloat16": 2}[c.storage]
-        assert c.total_bytes == (c.params - island) * size + island * 4
-        assert c.fp32_bytes == c.params * 4
+        ints, floats = BUFFERS.get((name, c.name), (0, 0))
+        assert c.total_bytes == (c.params - island) * size + island * 4 + ints + floats * size
+        assert c.fp32_bytes == c.params * 4 + ints + floats * 4
         assert (c.fp32_why is not None) == (c.compute == "float32")
     if all(v == "float32" for v in expected.values()):
         assert p.total_bytes == p.fp32_bytes and "device:" in p.table()

@@ -69,6 +69,7 @@ def test_predicted_training_step_matches_measured_cpu_step(mid_sd15):
 def test_plan_chooses_checkpointing_or_smaller_batches_for_a_small_budget(mid_sd15, capsys):
     from hf_precision.apps.train.plan import Options, choose, predict_training
     from hf_precision.cli import main
+    from training_checks import assert_plan_output_agrees
 
     kwargs = dict(method="lora", rank=4, resolution=128, frames=0)
     full = predict_training(str(mid_sd15), "t4", options=Options(4, False, False), **kwargs)
@@ -85,3 +86,5 @@ def test_plan_chooses_checkpointing_or_smaller_batches_for_a_small_budget(mid_sd
                  "--batch-size", "4", "--lora-rank", "4", "--max-memory", f"{budget / 2**20:.3f}MiB"]) == 0
     out = capsys.readouterr().out
     assert "chosen: --gradient-checkpointing" in out and "tried batch size 4, gradient checkpointing off" in out
+    assert_plan_output_agrees(out)
+

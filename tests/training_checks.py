@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,3 +65,32 @@ def run_steps(tp: Any, batch: Mapping[str, Any], steps: int = 4, lr: float = 1e-
             if key in frozen:
                 assert torch.equal(t, frozen[key]), f"frozen {key} changed"
     return losses
+
+
+SIZE = r"\d+(?:\.\d+)? [MG]iB"
+
+
+def _bytes(text: str) -> float:
+    number, unit = text.split()
+    return float(number) * (2**30 if unit == "GiB" else 2**20)
+
+
+def assert_plan_output_agrees(out: str) -> dict[str, str]:
+    """The printed plan agrees with itself (issue 34: '15.93 GiB > 11.18 GiB', then 'predicted peak: 9.22 GiB fits
+    in 11.18 GiB'): each setting tried lists its phases, its peak is the largest of them and names that phase, and its
+    verdict follows from that peak; the chosen setting's phase lines, peak and verdict agree the same way. Returns the
+    chosen setting's figures (phase -> printed size, and 'peak')."""
+    tried = re.findall(rf"^  tried .*?: ((?:[a-z ]+ {SIZE}(?:, )?)+); peak ({SIZE}) \(([a-z ]+)\) (fits in|does NOT fit in) ({SIZE})$",
+                       out, re.M)
+    for phases_text, peak, phase, verdict, budget in tried:
+        phases = dict(re.findall(rf"([a-z][a-z ]*?) ({SIZE})", phases_text))
+        assert phases[phase] == peak and _bytes(peak) == max(map(_bytes, phases.values())), phases_text
+        assert verdict == "does NOT fit in" and _bytes(peak) > _bytes(budget)  # else it would have been chosen
+    assert len(tried) == out.count("  tried "), "a tried line without its phases and verdict"
+    phases = dict(re.findall(rf"^  ([a-z ]+?) +peak ({SIZE})$", out, re.M))
+    (peak, phase, verdict, budget), = re.findall(rf"^predicted peak: ({SIZE}) \(([a-z ]+)\) (fits in|does NOT fit in) ({SIZE})$",
+                                                out, re.M)
+    assert set(phases) == {"encode", "train step"} and phases[phase] == peak
+    assert _bytes(peak) == max(map(_bytes, phases.values()))
+    assert (verdict == "fits in") == (_bytes(peak) <= _bytes(budget))
+    return {**phases, "peak": peak}

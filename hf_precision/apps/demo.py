@@ -261,7 +261,6 @@ def _classic_failure(work: Path, place: str, seed: int) -> dict[str, Any]:
 
 
 def _real_plans() -> list[dict[str, Any]]:
-    from ..dtypes import itemsize
     from ..diagnose.planner import plan
 
     _heading("2. what the recipe buys on the real models (shipped configs, meta device, no weights)")
@@ -270,7 +269,7 @@ def _real_plans() -> list[dict[str, Any]]:
         for device in PLAN_DEVICES:
             p = plan(model, device=device)
             params = sum(c.params for c in p.components.values())
-            fp32 = params * itemsize("float32")  # the baseline: every parameter in float32, plain from_pretrained
+            fp32 = p.fp32_bytes  # the baseline: every parameter and buffer in float32, plain from_pretrained
             stays = {}
             for c in p.components.values():
                 why = " ".join((p.recipe[c.name].why or "kept float32 by the recipe").split())
@@ -293,7 +292,8 @@ def _real_plans() -> list[dict[str, Any]]:
         print("  ".join(c.rjust(w) if 2 <= j <= 5 else c.ljust(w) for j, (c, w) in enumerate(zip(r, widths))).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
-    _say("(all-fp32 = parameters x 4 bytes, what plain from_pretrained without a dtype loads; weights only)")
+    _say("(all-fp32 = parameters and buffers in float32, what plain from_pretrained without a dtype loads; "
+         "activations come on top)")
     _say("\nwhat stays float32, and why:")
     for why, where in whys.items():
         seen = {}

@@ -70,8 +70,9 @@ class ModuleRow:
 class PlannedComponent:
     """One component of a :class:`Plan`.
 
-    ``bytes_by_dtype`` maps a canonical dtype name to the bytes of the parameters planned in it; ``fp32_bytes`` is
-    what the same parameters take in float32 (plain ``from_pretrained`` without a dtype).
+    ``bytes_by_dtype`` maps a canonical dtype name to the bytes of the parameters and buffers (persistent or not)
+    planned in it; ``fp32_bytes`` is what the same tensors take in float32 (plain ``from_pretrained`` without a
+    dtype; integer buffers at their own size). ``params`` counts parameters only.
     """
 
     name: str
@@ -180,7 +181,7 @@ class Plan:
         pct = f" ({100 * saved / self.fp32_bytes:.0f}%)" if self.fp32_bytes else ""
         out.append(f"weights: {self.total_bytes:,} bytes ({format_bytes(self.total_bytes)}) with this recipe, "
                    f"{self.fp32_bytes:,} bytes ({format_bytes(self.fp32_bytes)}) all-fp32: saves {format_bytes(saved)}{pct}")
-        out.append("(1 GB = 10^9 bytes; weights only, activations come on top)")
+        out.append("(1 GB = 10^9 bytes; parameters and buffers, activations come on top)")
         out += ["", "bytes by dtype:"]
         for c in self.components.values():
             parts = " + ".join(f"{name} {n:,} ({format_bytes(n)})" for name, n in c.bytes_by_dtype.items())
@@ -388,6 +389,13 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
         by_dtype[name] = by_dtype.get(name, 0) + size
         fp32_bytes += n * 4 if param.is_floating_point() else size
         own.setdefault(pname.rpartition(".")[0], []).append((n, name))
+    from ..runtime.layout import planned_buffers
+
+    # buffers, persistent or not (PixArt's pos_embed table, CLIP's position_ids), are held like the weights
+    for bname, (name, size) in planned_buffers(module, cp, islands).items():
+        by_dtype[name] = by_dtype.get(name, 0) + size
+        buf = module.get_buffer(bname)
+        fp32_bytes += buf.numel() * 4 if buf.is_floating_point() else size
     order = {name: i for i, name in enumerate(dt.DTYPES)}
     by_dtype = dict(sorted(by_dtype.items(), key=lambda kv: (order.get(kv[0], 99), kv[0])))
 

@@ -26,7 +26,7 @@ from .model import Recipe
 from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
-           "recipe_for_class", "recipe_for_denoiser", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
+           "recipe_for_class", "recipes_for_denoiser", "entry_classes", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
            "component_spec", "component_recipe_for", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
 
 Models = Mapping[str, tuple[str, str]]
@@ -220,40 +220,50 @@ def recipe_for_class(class_name: str) -> str:
                       "--force); or write your own recipe YAML that lists the class under pipelines:")
 
 
-def _entry_classes(spec: Mapping[str, Any], seen: tuple[str, ...] = ()) -> tuple[str, ...]:
-    # As resolution merges a `use:` chain: an entry's own class list wins over the one of the entry it uses.
+def entry_classes(spec: Mapping[str, Any], seen: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The model classes a recipe's component entry lists, following its ``use:`` chain; ``()``: any class.
+
+    As resolution merges a ``use:`` chain, an entry's own class list wins over the one of the entry it uses.
+
+    Example:
+        >>> entry_classes({"use": "unet.sdxl"}), entry_classes({"dtype": "float32"})
+        (('UNet2DConditionModel',), ())
+    """
     if spec.get("class"):
         return tuple(str(c) for c in spec["class"])
     ref = spec.get("use")
     if not ref or ref in seen:
         return ()
-    return _entry_classes(component_entry(str(ref), "recipes", "use")[1], (*seen, str(ref)))
+    return entry_classes(component_entry(str(ref), "recipes", "use")[1], (*seen, str(ref)))
 
 
 @functools.lru_cache(maxsize=None)
-def _denoiser_index() -> dict[tuple[str, str], str]:
-    """(denoiser component, model class) -> the first shipped pipeline recipe (in name order) that plans it."""
-    index: dict[tuple[str, str], str] = {}
+def _denoiser_index() -> dict[tuple[str, str], tuple[str, ...]]:
+    """(denoiser component, model class) -> every shipped pipeline recipe that plans it, in name order."""
+    index: dict[tuple[str, str], tuple[str, ...]] = {}
     for name in list_recipes("pipeline"):
         spec = pipeline_spec(name)
         denoiser = spec.get("denoiser")
         if denoiser and denoiser in spec["components"]:
-            for cls in _entry_classes(spec["components"][denoiser]):
-                index.setdefault((str(denoiser), cls), name)
+            for cls in entry_classes(spec["components"][denoiser]):
+                index[(str(denoiser), cls)] = (*index.get((str(denoiser), cls), ()), name)
     return index
 
 
-def recipe_for_denoiser(component: str, class_name: str) -> str | None:
-    """The shipped pipeline recipe whose denoiser is ``component`` of model class ``class_name``, or ``None``.
+def recipes_for_denoiser(component: str, class_name: str) -> list[str]:
+    """The shipped pipeline recipes whose denoiser is ``component`` of model class ``class_name`` (name order).
 
-    For components given without their pipeline (``prepare_training({"transformer": m, ...})``): read from the
-    recipes' class lists, without resolving any recipe.
+    Several recipes may share a denoiser class (``UNet2DConditionModel``: sd15, sd_upscale, sdxl); their
+    ``recognise:`` sections tell them apart (:mod:`hf_precision.recipe.recognise`). Read from the recipes' class
+    lists, without resolving any recipe.
 
     Example:
-        >>> recipe_for_denoiser("transformer", "FluxTransformer2DModel"), recipe_for_denoiser("unet", "NoSuchModel")
-        ('flux', None)
+        >>> recipes_for_denoiser("transformer", "FluxTransformer2DModel"), recipes_for_denoiser("unet", "NoSuchModel")
+        (['flux'], [])
+        >>> recipes_for_denoiser("unet", "UNet2DConditionModel")
+        ['sd15', 'sd_upscale', 'sdxl']
     """
-    return _denoiser_index().get((component, class_name))
+    return list(_denoiser_index().get((component, class_name), ()))
 
 
 def check_recipe_class(recipe: str, listed: Iterable[str], pipeline_class: str | None, force: bool = False) -> None:

@@ -31,8 +31,10 @@ POLICY_KEYS: dict[str, str] = {
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
                  "no_cast", "layerwise_skip", "quantize"}
 # `training:` holds what differs when the pipeline is trained (same shape as an override file; hf_precision.training).
+# `recognise:` (component -> {config key: value}) tells a dict of components from another recipe's with the same
+# denoiser class (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
-                 "training"}
+                 "training", "recognise"}
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 # Device types tensors can sit on (and devices.yaml's `type:` values).
@@ -203,8 +205,26 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
     for key in ("latents_from", "denoiser"):
         if data.get(key) is not None and data[key] not in comps:
             problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
+    _check_recognise(data.get("recognise"), set(comps), problems)
     problems.raise_if_any()
     return source, data
+
+
+def _check_recognise(recognise: Any, components: set[str], problems: Problems) -> None:
+    if recognise is None:
+        return
+    example = "e.g. {unet: {addition_embed_type: text_time}}"
+    if not isinstance(recognise, dict) or not recognise:
+        problems.add("recognise", f"expected component -> {{config key: value}}, got {excerpt(recognise)}; {example}")
+        return
+    for comp, values in recognise.items():
+        if comp not in components:
+            problems.add(f"recognise.{comp}", f"unknown component {excerpt(comp)}; this recipe has "
+                         f"{', '.join(sorted(components))}{did_you_mean(str(comp), components)}")
+        elif not isinstance(values, dict) or not values or not all(
+                isinstance(v, (str, int, float, bool)) or v is None for v in values.values()):
+            problems.add(f"recognise.{comp}", f"expected {{config key: value}} with plain values (text, numbers, "
+                         f"true/false, null), got {excerpt(values)}; {example}")
 
 
 def _check_measured_speed(entries: Any, problems: Problems) -> None:

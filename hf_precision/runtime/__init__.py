@@ -8,7 +8,7 @@ from ..lazy import face
 
 _EXPORTS = {
     "load_pipeline": "load", "from_pretrained_dtypes": "load", "locate": "source", "component_configs": "source", "configs_of": "source", "shipped_configs": "source",
-    "role_of": "source", "models_of_pipeline": "source", "models_of_index": "source", "models_of_class": "source",
+    "role_of": "source", "recipe_of": "choose", "models_of_pipeline": "source", "models_of_index": "source", "models_of_class": "source",
     "component_islands": "layout", "planned_dtypes": "layout", "drift": "layout", "layerwise_skip_regexes": "layout",
     "apply_recipe": "apply", "Applied": "apply", "applied": "apply", "torch_device": "apply", "same_device": "apply",
     "cast_tree": "hooks", "EntryHook": "hooks", "IslandHook": "hooks", "attach": "hooks",

@@ -21,7 +21,7 @@ from ..recipe.model import ComponentPlan
 from .patches import layerwise_hook
 
 __all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
-           "drift", "Drifted", "planned_bytes"]
+           "drift", "Drifted", "planned_bytes", "planned_buffers"]
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
@@ -189,6 +189,43 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
     return out
 
 
+def planned_buffers(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, tuple[str, int]]:
+    """Buffer name -> (dtype, bytes) it is held in under ``plan``, persistent or not (PixArt's ``pos_embed`` table,
+    CLIP's ``position_ids``): memory the loaded module holds like its weights.
+
+    Floating buffers follow the module casts that place the parameters (``.to(dtype)`` casts every floating buffer):
+    float32 inside an island, else the compute dtype, or the storage dtype in a layer diffusers' layerwise casting
+    stores (its hook casts the whole layer). Integer and complex buffers keep their own dtype. Works on the meta
+    device; a buffer held twice is listed once.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> m = torch.nn.Module()
+        >>> m.register_buffer("table", torch.zeros(4), persistent=False)
+        >>> m.register_buffer("ids", torch.zeros(4, dtype=torch.int64))
+        >>> planned_buffers(m, get_recipe("unet.sdxl", device="t4")["unet"], [])
+        {'table': ('float16', 8), 'ids': ('int64', 32)}
+    """
+    from ..recipe.quantize import is_quantized
+
+    layerwise = (_layerwise_layers(module, islands, plan.layerwise_skip)
+                 if plan.storage != plan.compute and not is_quantized(plan.storage) else set())
+    out: dict[str, tuple[str, int]] = {}
+    for bname, buf in module.named_buffers():
+        owner = bname.rpartition(".")[0]
+        if not buf.is_floating_point():
+            name = dt.from_torch(buf.dtype)
+        elif inside(owner, islands):
+            name = "float32"
+        elif owner in layerwise:
+            name = plan.storage
+        else:
+            name = plan.compute
+        out[bname] = (name, buf.numel() * dt.to_torch(name).itemsize if buf.is_floating_point() else
+                      buf.numel() * buf.element_size())
+    return out
+
+
 def has_layerwise_casting(module: torch.nn.Module) -> bool:
     # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
     return any(layerwise_hook(m) is not None for m in module.modules())
@@ -241,7 +278,8 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list
 
 
 def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
-    """The bytes a component's parameters take under ``plan`` (what ``plan()`` counts), from a meta-device model.
+    """The bytes a component's parameters and buffers take under ``plan`` (what ``plan()`` counts), from a
+    meta-device model.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -251,8 +289,9 @@ def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
     """
     from ..recipe.quantize import stored_bytes
 
-    planned = planned_dtypes(module, plan, component_islands(plan, module, strict=False))
-    total = 0
+    islands = component_islands(plan, module, strict=False)
+    planned = planned_dtypes(module, plan, islands)
+    total = sum(size for _, size in planned_buffers(module, plan, islands).values())
     for name, param in module.named_parameters():
         want = planned.get(name)
         total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())

@@ -65,27 +65,28 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def module_bytes(module: torch.nn.Module) -> int:
-    """Measured bytes of a module's weights: its parameters (each once, quantized ones by their storage) and the
-    buffers a backend adds to the layers it quantized (quanto's scales). The model's own buffers (RoPE tables) are
-    not weights, and :func:`hf_precision.plan` does not count them either.
+    """Measured bytes a module holds: every parameter and buffer, persistent or not (RoPE and position tables are
+    memory like the weights), each once; quantized tensors by their storage (data, scales, zero points), with the
+    buffers a backend adds to the layers it quantized (quanto's scales) and bitsandbytes' moved row scales.
+    :func:`hf_precision.plan` counts the same.
 
     Example:
-        >>> module_bytes(torch.nn.Linear(4, 2))
-        40
+        >>> m = torch.nn.Linear(4, 2)
+        >>> m.register_buffer("table", torch.zeros(3), persistent=False)
+        >>> module_bytes(m)  # 10 float32 weights and biases + 3 float32 buffer values
+        52
     """
     seen: set[int] = set()
-    tensors = list(module.parameters())
     total = 0
     for m in module.modules():
         weight = m._parameters.get("weight")
         if is_quantized_tensor(weight):
-            tensors += list(m.buffers(recurse=False))
             # bitsandbytes' Linear8bitLt moves its row scales from the weight to ``m.state`` on the first forward
             scb = getattr(getattr(m, "state", None), "SCB", None)
             if isinstance(scb, torch.Tensor) and scb is not getattr(weight, "SCB", None) and id(scb) not in seen:
                 seen.add(id(scb))
                 total += scb.numel() * scb.element_size()
-    for t in tensors:
+    for t in [*module.parameters(), *module.buffers()]:
         if id(t) not in seen:
             seen.add(id(t))
             total += tensor_bytes(t)

@@ -379,3 +379,4 @@ def _classes_in(annotation: Any) -> list[Any]:
     for arg in typing.get_args(annotation):
         found += _classes_in(arg)
     return found
+

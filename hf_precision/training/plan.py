@@ -23,7 +23,7 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.devices import device_caps, device_profile
-from ..recipe.catalog import recipe_classes, recipe_for_denoiser, training_overrides
+from ..recipe.catalog import list_recipes, pipeline_file, training_overrides, unknown_recipe
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
@@ -290,14 +290,24 @@ def _model_id(pipe: Any) -> str:
     return type(pipe).__name__
 
 
-def _recipe_name(pipe: Any, comps: Mapping[str, Any], is_dict: bool) -> str | None:
-    if not is_dict:
-        return recipe_classes().get(type(pipe).__name__)  # None: apply_recipe composes from the component classes
-    found = sorted(filter(None, (recipe_for_denoiser(comp, type(m).__name__) for comp, m in comps.items())))
-    if found:
-        return found[0]
-    raise TrainingError(f"prepare_training: no shipped recipe has a denoiser of the classes given "
-                        f"({', '.join(f'{k}: {type(v).__name__}' for k, v in comps.items())}); pass the pipeline instead")
+def _recipe_name(pipe: Any, recipe: Any) -> str | None:
+    """The recipe named with ``recipe=`` (checked), else the one :func:`~hf_precision.runtime.source.recipe_of` picks."""
+    from ..runtime.choose import recipe_of
+
+    if recipe is None:
+        return recipe_of(pipe, "prepare_training")  # None: composed from the classes of a pipeline no recipe lists
+    if not isinstance(recipe, str):
+        raise TrainingError(f"prepare_training: recipe= takes a pipeline recipe's name (recipe='sdxl') or a recipe "
+                            f"YAML file, got {type(recipe).__name__}")
+    if recipe.endswith((".yaml", ".yml")):
+        pipeline_file(recipe)  # a missing or invalid file: one error naming it
+        return recipe
+    if recipe not in list_recipes("pipeline"):
+        if recipe in list_recipes("component"):
+            raise TrainingError(f"prepare_training: recipe {recipe!r} is a component recipe; training plans every "
+                                f"component: name a pipeline recipe ({', '.join(list_recipes('pipeline'))})")
+        raise unknown_recipe(recipe)
+    return recipe
 
 
 def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str, tokens: Mapping[str, Any] | None) -> None:
@@ -322,7 +332,7 @@ def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str,
 def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
-                     overrides: Any = None) -> TrainingPlan:
+                     overrides: Any = None, recipe: str | None = None, force: bool = False) -> TrainingPlan:
     """Set a pipeline up for training under its recipe (see the module docstring for the rules).
 
     Args:
@@ -334,6 +344,11 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         tokens / init_tokens: textual inversion: new tokens per text encoder, and words to start them from.
         master: ``"fp32"`` master weights, or ``"bf16-sr"`` (bf16 weights, stochastic rounding; bf16 compute only).
         overrides: the same override forms as ``load_pipeline``; they win over the training rules.
+        recipe: the pipeline recipe to train under (``"sdxl"``, or a recipe YAML file); default: the pipeline's class
+            chooses it, and a dict of components is recognised by its components' classes and configs (a dict that
+            does not tell two recipes apart is refused, asking for this). A component the recipe does not plan is
+            left as it is and gets a row saying so.
+        force: apply a recipe whose ``pipelines:`` list does not name the pipeline's class (as ``apply_recipe``).
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -345,7 +360,8 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     holder = Components(pipe) if is_dict else pipe
     comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
     dev = torch_device(device, "device")
-    name = _recipe_name(holder, comps, is_dict)
+    name = _recipe_name(pipe, recipe)
+    force = force or is_dict  # a dict has no pipeline class to check the recipe against
     _check_args(comps, dict(train or {}), master, tokens)
     # the quantized/fp8 storage the pipeline was loaded with stays (the backend holds those weights)
     loaded = quantized.loaded_storage(holder, comps)
@@ -357,7 +373,7 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     configs = {n: config_dict(m) for n, m in comps.items()}
     base = resolve(name, pipeline_class=type(holder).__name__, devices=str(dev), layout=layout, configs=configs,
                    overrides=layers + _as_list(overrides), components=list(comps), models=models_of_pipeline(holder),
-                   force=is_dict)
+                   force=force)
     denoiser = base.denoiser  # also for a recipe composed from the classes of a pipeline no recipe lists
     train = dict(train) if train is not None else ({denoiser: "lora"} if denoiser in comps else {})
     if not train:
@@ -376,7 +392,7 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     if rule_layer:
         layers.append(Override("training rule (hf_precision.training.rules)", {"components": rule_layer}))
     applied = apply_recipe(holder, recipe=name, device=str(dev), layout=layout, overrides=layers + _as_list(overrides),
-                           force=is_dict)
+                           force=force)
     quantized.upcast_fp8(applied.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     quantized.keep_4bit_differentiable(comps, train, denoiser)
     return _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)

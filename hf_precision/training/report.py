@@ -9,6 +9,21 @@ from .quantized import base_lines
 __all__ = ["plan_table"]
 
 
+def _unplanned_row(tp: Any, name: str, module: Any) -> tuple[str, ...]:
+    """A component the recipe does not plan: left in the dtype it was given, said so with the recipes that plan it."""
+    from ..recipe.recognise import recipes_planning
+
+    cls = type(module).__name__
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()}) or ["-"]
+    params = [p for n, p in tp.named_parameters() if n.startswith(name + ".")]
+    trained = f"{sum(p.numel() for p in params):,}" if params else "-"
+    others = recipes_planning(name, cls)
+    fix = (f"recipe={others[0]!r} plans it" + (f" ({', '.join(others[1:])} too)" if others[1:] else "")
+           if others else "no shipped recipe plans it; pin its dtype yourself")
+    return (name, tp.kinds.get(name, "frozen"), "/".join(dtypes), "/".join(dtypes), trained, "-",
+            f"not in recipe {tp.recipe.name}: {cls} left as it was given; {fix}")
+
+
 def plan_table(tp: Any) -> str:
     """One line per component, then the objective, the loss scaling and every downgrade with its reason."""
     recipe = tp.recipe
@@ -32,6 +47,7 @@ def plan_table(tp: Any) -> str:
         islands = ", ".join(tp.applied.islands.get(plan.name, [])) or "-"
         storage = "float32 (masters)" if kind == "full" else plan.storage
         rows.append((plan.name, label, storage, plan.compute, trained, islands, rule))
+    rows += [_unplanned_row(tp, name, module) for name, module in comps.items() if name not in recipe]
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head) - 1)]
     line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths)) + "  " + r[-1]
     scaler = "GradScaler on (fp16 compute)" if tp.scaler is not None else "no loss scaling"

@@ -67,6 +67,18 @@ class TrainingPrediction:
     def peak(self) -> int:
         return max(self.phases.values())
 
+    @property
+    def peak_phase(self) -> str:
+        """The phase whose figure is the peak (encode: every weight on the device while the cache fills)."""
+        return max(self.phases, key=lambda phase: self.phases[phase])
+
+    def verdict(self, budget: int | None) -> str:
+        """The peak, the phase that sets it, and whether it fits ``budget``: one line, from the same numbers."""
+        line = f"{_size(self.peak)} ({self.peak_phase})"
+        if budget is None:
+            return line
+        return f"{line} {'fits in' if self.peak <= budget else 'does NOT fit in'} {_size(budget)}"
+
 
 def _size(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
@@ -349,8 +361,7 @@ def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
               f"from upcast copies; autograd keeps those on the gradient's path until backward)")
     for phase, peak in pred.phases.items():
         print(f"  {phase:<11} peak {_size(peak)}")
-    fits = "" if budget is None else (" fits" if pred.peak <= budget else " does NOT fit")
-    print(f"predicted peak: {_size(pred.peak)}{fits}" + (f" in {_size(budget)}" if budget else ""))
+    print(f"predicted peak: {pred.verdict(budget)}")
 
 
 def plan_command(args: Any, overrides: Any = None) -> int:
@@ -380,8 +391,9 @@ def plan_command(args: Any, overrides: Any = None) -> int:
     pred, tried = choose(args.model, device, budget, batch_size=args.batch_size,
                          gradient_checkpointing=args.gradient_checkpointing, cached=args.cache,
                          overrides=overrides, **kwargs)
-    for other in tried[:-1]:
-        print(f"  tried {other.options.describe()}: {_size(other.peak)} > {_size(budget)}")
+    for other in tried[:-1]:  # its phases too: a setting that did not fit is told apart by the phase that broke it
+        phases = ", ".join(f"{phase} {_size(peak)}" for phase, peak in other.phases.items())
+        print(f"  tried {other.options.describe()}: {phases}; peak {other.verdict(budget)}")
     print_prediction(pred, budget)
     if pred.peak > budget:
         weights = sum(pred.weights.values())

@@ -1,0 +1,103 @@
+"""The shipped recipe of components given without their pipeline (``prepare_training({"unet": unet, ...})``). Torch-free.
+
+A pipeline object or a folder names its class (``model_index.json``'s ``_class_name``), and the class names the
+recipe (:func:`~hf_precision.recipe.catalog.recipe_for`). A dict of components has no class. Its recipe is the one
+whose denoiser it holds: the same component name, of a model class the recipe's ``class:`` lists. Where several
+recipes share that denoiser class (``UNet2DConditionModel``: sd15, sd_upscale, sdxl), each says under
+``recognise:`` the config values that are its own (SDXL's UNet has ``addition_embed_type: text_time``), and the one
+recipe whose values all hold is taken. When none or several hold, or the dict holds no denoiser a recipe plans, a
+:class:`~hf_precision.errors.RecipeError` asks for ``recipe=``: another family's recipe is never guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..errors import RecipeError, excerpt
+from .catalog import entry_classes, list_recipes, pipeline_spec, recipes_for_denoiser
+
+__all__ = ["recipe_for_parts", "recognised_by", "recipes_planning"]
+
+Parts = Mapping[str, tuple[str, Mapping[str, Any]]]
+_MISSING = object()
+
+
+def recognised_by(name: str) -> dict[str, dict[str, Any]]:
+    """A shipped pipeline recipe's ``recognise:`` section: component -> the config values that tell it apart.
+
+    Example:
+        >>> recognised_by("sdxl"), recognised_by("flux")
+        ({'unet': {'addition_embed_type': 'text_time'}}, {})
+    """
+    return {str(c): dict(v) for c, v in (pipeline_spec(name).get("recognise") or {}).items()}
+
+
+def recipes_planning(component: str, class_name: str) -> list[str]:
+    """The shipped pipeline recipes that plan a component of this name and model class (name order): the fix
+    offered for a component the chosen recipe leaves as it is.
+
+    Example:
+        >>> recipes_planning("text_encoder_2", "CLIPTextModelWithProjection")[:3]
+        ['animatediff_sdxl', 'hunyuan_video', 'sd3']
+    """
+    out = []
+    for name in list_recipes("pipeline"):
+        entry = pipeline_spec(name)["components"].get(component)
+        if entry is not None and class_name in (entry_classes(entry) or (class_name,)):
+            out.append(name)
+    return out
+
+
+def _holds(name: str, parts: Parts) -> bool:
+    for comp, values in recognised_by(name).items():
+        if comp not in parts:
+            return False  # what tells it apart is not here: not a match, so the choice is left to the user
+        config = parts[comp][1]
+        if any(config.get(key, _MISSING) != value for key, value in values.items()):
+            return False
+    return True
+
+
+def _shown(parts: Parts, name: str) -> str:
+    wants = "; ".join(f"{c}.{k} = {v!r}" for c, values in recognised_by(name).items() for k, v in values.items())
+    has = ", ".join(f"{c}.{k} = {excerpt(parts[c][1].get(k, '<missing>')) if c in parts else '<no ' + c + '>'}"
+                    for c, values in recognised_by(name).items() for k in values)
+    return f"{name} wants {wants or 'nothing more'} (given: {has or '-'})"
+
+
+def recipe_for_parts(parts: Parts, caller: str = "prepare_training") -> str:
+    """The shipped pipeline recipe of a set of model components, from their classes and configs.
+
+    Args:
+        parts: component name -> (model class name, its config as a dict), for each ``nn.Module`` component.
+        caller: the function named in the error.
+
+    Raises:
+        RecipeError: no recipe plans a denoiser among ``parts``, or the configs do not tell the recipes that share
+            its class apart; the message names them and asks for ``recipe=``.
+
+    Example:
+        >>> recipe_for_parts({"unet": ("UNet2DConditionModel", {"addition_embed_type": "text_time"})})
+        'sdxl'
+        >>> recipe_for_parts({"unet": ("UNet2DConditionModel", {"addition_embed_type": None, "num_class_embeds": None})})
+        'sd15'
+        >>> recipe_for_parts({"transformer": ("FluxTransformer2DModel", {})})
+        'flux'
+    """
+    candidates = sorted({r for comp, (cls, _) in parts.items() for r in recipes_for_denoiser(comp, cls)})
+    classes = ", ".join(f"{c}: {cls}" for c, (cls, _) in parts.items()) or "none"
+    if not candidates:
+        covering = [n for n in list_recipes("pipeline") if all(n in recipes_planning(c, cls) for c, (cls, _) in parts.items())]
+        raise RecipeError(f"{caller}: no shipped recipe has a denoiser of the classes given ({classes}); pass the "
+                          f"pipeline instead, or name the recipe: recipe='<name>' (recipes that plan "
+                          f"{'all of these' if parts else 'them'}: {', '.join(covering) or 'none'})")
+    matched = [name for name in candidates if _holds(name, parts)]
+    if len(matched) == 1:
+        return matched[0]
+    offer = matched or candidates
+    why = "none of them fits" if not matched else f"{', '.join(matched)} all fit"
+    raise RecipeError(f"{caller}: the components given ({classes}) have a denoiser that recipes "
+                      f"{', '.join(candidates)} plan, and their configs do not tell which ({why}: "
+                      f"{'; '.join(_shown(parts, n) for n in candidates)}); name it: recipe={offer[-1]!r} "
+                      f"(or {', '.join(repr(c) for c in offer[:-1])})")
