@@ -38,13 +38,18 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     from peft.utils import get_peft_model_state_dict
 
     layers = {}
+    sharded = getattr(tp, "shard", None) is not None
     for name, kind in tp.kinds.items():
         if kind == "lora":
-            state = get_peft_model_state_dict(tp.components[name])
+            # sharded: every rank gathers the whole adapters (a collective), then only rank 0 writes
+            whole = _full_state(tp.components[name], "lora_") if sharded else None
+            state = get_peft_model_state_dict(tp.components[name], state_dict=whole)
             layers[f"{name}_lora_layers"] = {k: v.detach().to(dtype) for k, v in convert_state_dict_to_diffusers(state).items()}
     if not layers:
         raise TrainingError(f"tp.save_lora: nothing trains as LoRA in this plan (train: {tp.kinds})")
     folder = Path(path)
+    if sharded and not _writer():
+        return folder / LORA_FILE
     folder.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".lora-"))
     try:
@@ -54,6 +59,18 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def _full_state(module: torch.nn.Module, only: str) -> dict[str, torch.Tensor]:
+    from .shard import full_state
+
+    return full_state(module, only)
+
+
+def _writer() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def save_embeddings(tp: Any, path: Any) -> list[Path]:

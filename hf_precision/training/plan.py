@@ -70,6 +70,7 @@ class TrainingPlan:
     handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     alphas_cumprod: torch.Tensor | None = None
     sigma_range: tuple[float, float] | None = None
+    shard: Any = None  # a training.shard.ShardPlan when prepare_training(..., shard=True)
     _trainable: Any = dataclasses.field(default=None, repr=False)
     _names: Any = dataclasses.field(default=None, repr=False)
     _modules: Any = dataclasses.field(default=None, repr=False)
@@ -322,7 +323,7 @@ def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str,
 def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
-                     overrides: Any = None) -> TrainingPlan:
+                     overrides: Any = None, shard: bool = False) -> TrainingPlan:
     """Set a pipeline up for training under its recipe (see the module docstring for the rules).
 
     Args:
@@ -334,6 +335,8 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         tokens / init_tokens: textual inversion: new tokens per text encoder, and words to start them from.
         master: ``"fp32"`` master weights, or ``"bf16-sr"`` (bf16 weights, stochastic rounding; bf16 compute only).
         overrides: the same override forms as ``load_pipeline``; they win over the training rules.
+        shard: shard what trains with FSDP2 over the launcher's processes, unit by unit in the plan's dtypes
+            (:mod:`hf_precision.training.shard`); frozen parts stay replicated.
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -364,6 +367,10 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         raise TrainingError(f"prepare_training: recipe {base.name} names no denoiser among {sorted(comps)}; say what "
                             f"trains: train={{'<component>': 'lora'}}")
     quantized.refuse_untrainable(base, train, denoiser)
+    if shard:
+        from .shard import refuse_unshardable
+
+        refuse_unshardable(base, train)
     choices: dict[str, ComputeChoice] = {}
     rule_layer: dict[str, Any] = {}
     for comp, kind in train.items():
@@ -379,7 +386,12 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
                            force=is_dict)
     quantized.upcast_fp8(applied.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     quantized.keep_4bit_differentiable(comps, train, denoiser)
-    return _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
+    tp = _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
+    if shard:
+        from .shard import shard_training
+
+        tp.shard = shard_training(tp)
+    return tp
 
 
 def _as_list(overrides: Any) -> list[Any]:
