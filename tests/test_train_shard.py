@@ -43,3 +43,91 @@ def test_layer_shards_under_the_recipe(tmp_path):
     # an inf in rank 1's gradient shard only: both ranks skip the step and halve the scale
     for r in ranks:
         assert r["skip"] == {"stepped": False, "unchanged": True, "scale": [65536.0, 32768.0]}
+
+
+def _train(tmp_path, out, *extra, processes=2):
+    launcher = torchrun(processes) if processes > 1 else [sys.executable]
+    cmd = [*launcher, "-m", "hf_precision.cli", "train", "--model", str(tmp_path / "tiny-sdxl"), "--data",
+           str(tmp_path / "shapes"), "--out", str(out), "--device", "cpu", "--layout", "t4", "--resolution", "32",
+           "--quiet", *extra]
+    env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def _cut(run, copy, step):
+    """A copy of a finished run as a run killed right after its checkpoint of ``step`` would have left it."""
+    import shutil
+
+    shutil.copytree(run, copy)
+    for entry in copy.iterdir():
+        if entry.name not in ("checkpoints", "cache", "train_log.jsonl"):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for ck in (copy / "checkpoints").iterdir():
+        if int(ck.name.split("-")[1]) > step:
+            shutil.rmtree(ck)
+    lines = (copy / "train_log.jsonl").read_text().splitlines()[:step]
+    (copy / "train_log.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+@pytest.mark.slow
+def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
+    import re
+
+    import torch
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+
+    from hf_precision.apps.train.demo import make_demo
+    from hf_precision.testing.pipelines import make_sdxl, save_pipeline
+
+    make_demo(tmp_path)
+    save_pipeline(make_sdxl(), tmp_path / "tiny-sdxl")
+    # LoRA: each rank holds half of the sharded UNet; the output loads with load_lora_weights
+    stdout, lora_log = _train(tmp_path, tmp_path / "lora", "--steps", "4", "--checkpoint-every", "2", "--lora-rank",
+                              "4", "--shard")
+    held = re.findall(r"\[process (\d)/2\] holds unet ([\d,]+) of ([\d,]+) bytes", stdout)
+    assert sorted(r for r, _, _ in held) == ["0", "1"]
+    for _, local, whole in held:
+        assert abs(int(local.replace(",", "")) / int(whole.replace(",", "")) - 0.5) < 0.02
+    pipe = StableDiffusionXLPipeline.from_pretrained(tmp_path / "tiny-sdxl")
+    pipe.load_lora_weights(tmp_path / "lora")
+    assert any("lora_A" in n for n, _ in pipe.unet.named_parameters())
+    # killed after the step-2 checkpoint: the resumed sharded run gives the same losses
+    _cut(tmp_path / "lora", tmp_path / "lora-cut", 2)
+    _, resumed = _train(tmp_path, tmp_path / "lora-cut", "--steps", "4", "--checkpoint-every", "2", "--lora-rank", "4",
+                        "--shard", "--resume", "latest")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(resumed, lora_log):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]), (resumed, lora_log)
+    # full fine-tune: fp32 islands stay fp32 shards; the UNet is written as a diffusers folder
+    stdout, _ = _train(tmp_path, tmp_path / "full", "--method", "full", "--steps", "2", "--checkpoint-every", "1",
+                       "--shard")
+    assert stdout.count("island shards: unet.time_embedding float32, unet.add_embedding float32") == 2
+    unet = UNet2DConditionModel.from_pretrained(tmp_path / "full" / "unet")
+    assert {p.dtype for p in unet.parameters()} == {torch.float32}
+    assert not torch.equal(unet.conv_in.weight, pipe.unet.conv_in.weight)  # it trained
+    # the 2-process checkpoint resumes in one process (no launcher, no sharding)
+    _cut(tmp_path / "full", tmp_path / "full-one", 1)
+    _, one = _train(tmp_path, tmp_path / "full-one", "--method", "full", "--steps", "2", "--checkpoint-every", "1",
+                    "--resume", "latest", processes=1)
+    assert [r["step"] for r in one] == [1, 2] and all(r["loss"] == r["loss"] for r in one)
+    assert (tmp_path / "full-one" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+def test_fsdp1_and_deepspeed_are_refused_naming_what_to_use():
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from hf_precision.apps.train.sharded import accelerate_shard
+    from hf_precision.errors import RecipeError
+
+    def acc(kind, version=None):
+        return SimpleNamespace(distributed_type=kind, state=SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=version)))
+
+    assert accelerate_shard(acc(DistributedType.FSDP, 2)) is True
+    assert accelerate_shard(acc(DistributedType.MULTI_CPU)) is False
+    for kind, version in ((DistributedType.FSDP, 1), (DistributedType.DEEPSPEED, None)):
+        with pytest.raises(RecipeError, match=r"use `hf-precision train --shard` under `torchrun .*fsdp_version: 2"):
+            accelerate_shard(acc(kind, version))
