@@ -29,17 +29,34 @@ def global_batches(unet: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
     return out
 
 
+def rank_bytes(tp, opt) -> dict[str, int]:
+    """What this rank holds at rest after a backward: every component's weights (the local shards of the sharded
+    ones), the trainable gradients and AdamW's state."""
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        t = t.to_local() if isinstance(t, DTensor) else t
+        return t.numel() * t.element_size()
+
+    weights = sum(local(p) for m in tp.components.values() for p in m.parameters())
+    grads = sum(local(p.grad) for p in tp.parameters() if p.grad is not None)
+    state = sum(local(v) for s in opt.state.values() for k, v in s.items() if k != "step" and torch.is_tensor(v))
+    return {"weights": weights, "grads": grads, "optimizer": state}
+
+
 def run(name: str, kind: str, shard: bool, rank: int, world: int) -> tuple[list[float], object]:
     torch.manual_seed(0)  # the LoRA initialisation, the same on every rank and in the one-process run
     tp = prepare_training(make_pipeline(name), layout="t4", train={"unet": kind}, shard=shard)
     opt = torch.optim.AdamW(tp.parameters(), lr=1e-3 if kind == "lora" else 1e-4)
     losses = []
+    tp.held = {}
     per = GLOBAL // world
     for batch in global_batches(tp.components["unet"]):
         mine = {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
         loss = tp.loss(mine)
         tp.backward(loss)
         tp.step(opt)
+        tp.held = rank_bytes(tp, opt)
         opt.zero_grad(set_to_none=True)
         value = loss.detach().float()
         if shard:
@@ -106,7 +123,7 @@ def main() -> None:
         local, whole = sharded_bytes(tp.components["unet"])
         tp.check()  # the plan's shards pass the preflight
         result[f"{name}-{kind}"] = {"losses": losses, "local": local, "whole": whole, "islands": islands(tp),
-                                    "skipped": tp.skipped_steps}
+                                    "skipped": tp.skipped_steps, "held": tp.held}
         if name == "sdxl":
             result["check"] = check_names_bad_unit(tp)
         if rank == 0:

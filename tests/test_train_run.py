@@ -172,20 +172,30 @@ def test_cache_written_under_the_t4_plan_is_not_read_under_the_a100_plan(tmp_pat
     assert EncodingCache(tmp_path, prints["a100"]).get("text", ("a cat",)) is None
 
 
-def test_fsdp_and_deepspeed_are_refused(monkeypatch, tmp_path):
+def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path):
+    import types
+
     import accelerate
     from accelerate.utils import DistributedType
 
     from hf_precision.apps.train import prepare
+    from hf_precision.apps.train.settings import TrainSettings
     from hf_precision.errors import RecipeError
 
-    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    for kind, version in ((DistributedType.FSDP, 1), (DistributedType.DEEPSPEED, None), (DistributedType.FSDP, 2)):
         class Fake:
             distributed_type = kind
+            state = types.SimpleNamespace(fsdp_plugin=types.SimpleNamespace(fsdp_version=version))
 
             def __init__(self, **kwargs):
                 pass
 
         monkeypatch.setattr(accelerate, "Accelerator", Fake)
-        with pytest.raises(RecipeError, match=f"selects {kind.value}.*DDP"):
-            prepare._accelerator(tmp_path, "cpu")
+        s = TrainSettings(model="m", data="d", out=str(tmp_path))
+        if version == 2:  # accelerate's FSDP2 config: the layer shards under the recipe
+            prepare._accelerator(tmp_path, "cpu", s)
+            assert s.shard
+            continue
+        with pytest.raises(RecipeError, match=r"selects .*use `hf-precision train --shard` under `torchrun "
+                                              r"--nproc_per_node N` or `accelerate launch` with an FSDP2 config"):
+            prepare._accelerator(tmp_path, "cpu", s)

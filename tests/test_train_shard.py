@@ -40,6 +40,19 @@ def test_layer_shards_under_the_recipe(tmp_path):
     assert ranks[0]["sdxl-full"]["islands"] == {i: ["policy torch.float32", "torch.float32"]
                                                for i in ("time_embedding", "add_embedding")}
     assert "unet.time_embedding: shard unit computes in float16" in ranks[0]["check"]
+    # the per-rank plan of the same configs predicts what each rank holds (weights, masters, gradients, AdamW state)
+    from hf_precision.apps.train.plan import Options
+    from hf_precision.apps.train.shard_plan import predict_rank
+    from hf_precision.testing import make_pipeline
+    from hf_precision.testing.pipelines import save_pipeline
+
+    for case, name in (("sd15-lora", "sd15"), ("sdxl-full", "sdxl")):
+        folder = save_pipeline(make_pipeline(name), tmp_path / name)
+        pred = predict_rank(str(folder), "t4", processes=2, shard=True, method=case.split("-")[1], rank=4,
+                            resolution=32, options=Options(2, False, False))
+        for r in ranks:
+            held = sum(r[case]["held"].values())
+            assert abs(pred.at_rest - held) <= 0.1 * held, (case, pred.at_rest, r[case]["held"])
     # an inf in rank 1's gradient shard only: both ranks skip the step and halve the scale
     for r in ranks:
         assert r["skip"] == {"stepped": False, "unchanged": True, "scale": [65536.0, 32768.0]}
@@ -114,20 +127,3 @@ def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
     assert [r["step"] for r in one] == [1, 2] and all(r["loss"] == r["loss"] for r in one)
     assert (tmp_path / "full-one" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
 
-
-def test_fsdp1_and_deepspeed_are_refused_naming_what_to_use():
-    from types import SimpleNamespace
-
-    from accelerate.utils import DistributedType
-
-    from hf_precision.apps.train.sharded import accelerate_shard
-    from hf_precision.errors import RecipeError
-
-    def acc(kind, version=None):
-        return SimpleNamespace(distributed_type=kind, state=SimpleNamespace(fsdp_plugin=SimpleNamespace(fsdp_version=version)))
-
-    assert accelerate_shard(acc(DistributedType.FSDP, 2)) is True
-    assert accelerate_shard(acc(DistributedType.MULTI_CPU)) is False
-    for kind, version in ((DistributedType.FSDP, 1), (DistributedType.DEEPSPEED, None)):
-        with pytest.raises(RecipeError, match=r"use `hf-precision train --shard` under `torchrun .*fsdp_version: 2"):
-            accelerate_shard(acc(kind, version))

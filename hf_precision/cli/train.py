@@ -80,6 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print the predicted peak memory (weights, gradients, optimizer, activations) and the settings "
                         "chosen for --max-memory, from the configs on the meta device; no weights, no training")
     p.add_argument("--max-memory", default=None, metavar="SIZE", help="memory budget for --plan, e.g. 16GB")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="with --plan: plan each rank of N processes (data parallel, or sharded with --shard)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_args(p, device_help="device to run on (cpu, cuda, mps; under accelerate launch each process's own), or "
                                    "with --plan a preset to plan for (t4, a100, ...)")
@@ -130,6 +132,10 @@ def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-precision train`` from parsed arguments."""
+    if args.plan and (args.processes != 1 or args.shard):
+        from ..apps.train.shard_plan import rank_plan_command
+
+        return rank_plan_command(args, overrides_from(args) or None)
     if args.plan:
         from ..apps.train.plan import plan_command
 
