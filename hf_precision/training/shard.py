@@ -166,9 +166,9 @@ def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
         raise TrainingError(problems)
 
 
-def init_group() -> Any:
-    """The default process group: the launcher's (torchrun / accelerate launch), or a 1-process gloo group when
-    the run was started without a launcher (resuming a sharded run on one process)."""
+def init_group(device_type: str = "cpu") -> Any:
+    """The default process group: the launcher's (torchrun / accelerate launch), or a 1-process group when the run
+    was started without a launcher (resuming a sharded run on one process); nccl for CUDA tensors, else gloo."""
     import os
 
     import torch.distributed as dist
@@ -176,15 +176,16 @@ def init_group() -> Any:
     if not dist.is_available():
         raise TrainingError("shard=True: this torch build has no torch.distributed; install a build with it")
     if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            dist.init_process_group(backend)
         else:
             from socket import socket
 
             with socket() as s:
                 s.bind(("127.0.0.1", 0))
                 port = s.getsockname()[1]
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return dist.group.WORLD
 
 
@@ -195,7 +196,7 @@ def shard_training(tp: Any) -> ShardPlan:
     from torch.distributed.fsdp import fully_shard
 
     refuse_unshardable(tp.recipe, tp.kinds)
-    init_group()
+    init_group(tp.device.type)
     world = dist.get_world_size()
     mesh = init_device_mesh(tp.device.type, (world,))
     comps = tp.components

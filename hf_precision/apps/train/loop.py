@@ -285,6 +285,14 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     return float(value), bool(stepped)
 
 
+def _agreed(run: Run, stop: bool) -> bool:
+    """True on every rank when any rank was asked to stop (Ctrl-C reaches the ranks at different moments)."""
+    import torch
+
+    flag = torch.tensor([1.0 if stop else 0.0], device=run.accelerator.device)
+    return float(run.accelerator.reduce(flag, "sum")) > 0.0
+
+
 class NonFiniteLoss(RecipeError):
     """The loss was inf/NaN and ``--on-nan stop``: names the step and the component."""
 
@@ -353,6 +361,8 @@ def train_steps(run: Run) -> TrainResult:
             bar.update(1)
             log_line(run, step, loss)
             stop = interrupt.requested or (s.stop_after is not None and step - start >= s.stop_after)
+            if acc.num_processes > 1:  # every rank stops at the same step: the checkpoint save is a collective
+                stop = _agreed(run, stop)
             if step % s.checkpoint_every == 0 or stop or step == s.steps:
                 _save_checkpoint(run, step, rng_state(), losses)
             if s.validation_prompt and s.validation_every and step % s.validation_every == 0 and step < s.steps:
