@@ -199,3 +199,22 @@ def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path)
         with pytest.raises(RecipeError, match=r"selects .*use `hf-precision train --shard` under `torchrun "
                                               r"--nproc_per_node N` or `accelerate launch` with an FSDP2 config"):
             prepare._accelerator(tmp_path, "cpu", s)
+    # on the CPU accelerate's state says MULTI_CPU whatever the config: the launcher's environment says FSDP
+    class Cpu:
+        distributed_type = DistributedType.MULTI_CPU
+        state = types.SimpleNamespace(fsdp_plugin=None)
+
+        def __init__(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(accelerate, "Accelerator", Cpu)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    for version, shards in (("2", True), ("1", False)):
+        monkeypatch.setenv("FSDP_VERSION", version)
+        s = TrainSettings(model="m", data="d", out=str(tmp_path))
+        if shards:
+            prepare._accelerator(tmp_path, "cpu", s)
+            assert s.shard
+        else:
+            with pytest.raises(RecipeError, match="FSDP version 1: FSDP1 flattens"):
+                prepare._accelerator(tmp_path, "cpu", s)

@@ -134,13 +134,22 @@ def holding(tp: Any) -> str:
 def accelerate_shard(acc: Any) -> bool:
     """Whether accelerate's config asks for sharding (FSDP2: ``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are
     refused naming what to use. False for one process or data parallel."""
+    import os
+
     from accelerate.utils import DistributedType
 
     kind = acc.distributed_type
+    # On the CPU (Accelerator(cpu=True)) accelerate makes a MULTI_CPU state whatever its config says: the launcher's
+    # environment still tells what the config asked for
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+        kind = DistributedType.FSDP
+    elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+        kind = DistributedType.DEEPSPEED
     use = ("use `hf-precision train --shard` under `torchrun --nproc_per_node N` or `accelerate launch` with an FSDP2 "
            "config (fsdp_version: 2): it shards each block in the dtypes of the recipe")
     if kind == DistributedType.FSDP:
-        version = int(getattr(getattr(acc.state, "fsdp_plugin", None), "fsdp_version", 1) or 1)
+        plugin = getattr(getattr(acc, "state", None), "fsdp_plugin", None)
+        version = int(getattr(plugin, "fsdp_version", None) or os.environ.get("FSDP_VERSION") or 1)
         if version == 2:
             return True
         raise RecipeError(f"accelerate config selects FSDP version {version}: FSDP1 flattens each wrapped module into "
