@@ -218,3 +218,17 @@ def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path)
         else:
             with pytest.raises(RecipeError, match="FSDP version 1: FSDP1 flattens"):
                 prepare._accelerator(tmp_path, "cpu", s)
+
+
+def test_shard_refuses_a_quantized_trained_part_before_loading(train_demo, tmp_path, monkeypatch):
+    import hf_precision.runtime.load as load
+    from hf_precision.apps.train.loop import train
+    from hf_precision.errors import RecipeError
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(load, "load_pipeline", never)
+    settings = _settings(train_demo, tmp_path / "o", shard=True, overrides=[{"unet": {"storage": "int8"}}])
+    with pytest.raises(RecipeError, match=r"shard: unet is stored in int8, which FSDP2 cannot shard .*without sharding"):
+        train(settings)
