@@ -172,20 +172,63 @@ def test_cache_written_under_the_t4_plan_is_not_read_under_the_a100_plan(tmp_pat
     assert EncodingCache(tmp_path, prints["a100"]).get("text", ("a cat",)) is None
 
 
-def test_fsdp_and_deepspeed_are_refused(monkeypatch, tmp_path):
+def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path):
+    import types
+
     import accelerate
     from accelerate.utils import DistributedType
 
     from hf_precision.apps.train import prepare
+    from hf_precision.apps.train.settings import TrainSettings
     from hf_precision.errors import RecipeError
 
-    for kind in (DistributedType.FSDP, DistributedType.DEEPSPEED):
+    for kind, version in ((DistributedType.FSDP, 1), (DistributedType.DEEPSPEED, None), (DistributedType.FSDP, 2)):
         class Fake:
             distributed_type = kind
+            state = types.SimpleNamespace(fsdp_plugin=types.SimpleNamespace(fsdp_version=version))
 
             def __init__(self, **kwargs):
                 pass
 
         monkeypatch.setattr(accelerate, "Accelerator", Fake)
-        with pytest.raises(RecipeError, match=f"selects {kind.value}.*DDP"):
-            prepare._accelerator(tmp_path, "cpu")
+        s = TrainSettings(model="m", data="d", out=str(tmp_path))
+        if version == 2:  # accelerate's FSDP2 config: the layer shards under the recipe
+            prepare._accelerator(tmp_path, "cpu", s)
+            assert s.shard
+            continue
+        with pytest.raises(RecipeError, match=r"selects .*use `hf-precision train --shard` under `torchrun "
+                                              r"--nproc_per_node N` or `accelerate launch` with an FSDP2 config"):
+            prepare._accelerator(tmp_path, "cpu", s)
+    # on the CPU accelerate's state says MULTI_CPU whatever the config: the launcher's environment says FSDP
+    class Cpu:
+        distributed_type = DistributedType.MULTI_CPU
+        state = types.SimpleNamespace(fsdp_plugin=None)
+
+        def __init__(self, **kwargs):
+            pass
+
+    monkeypatch.setattr(accelerate, "Accelerator", Cpu)
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    for version, shards in (("2", True), ("1", False)):
+        monkeypatch.setenv("FSDP_VERSION", version)
+        s = TrainSettings(model="m", data="d", out=str(tmp_path))
+        if shards:
+            prepare._accelerator(tmp_path, "cpu", s)
+            assert s.shard
+        else:
+            with pytest.raises(RecipeError, match="FSDP version 1: FSDP1 flattens"):
+                prepare._accelerator(tmp_path, "cpu", s)
+
+
+def test_shard_refuses_a_quantized_trained_part_before_loading(train_demo, tmp_path, monkeypatch):
+    import hf_precision.runtime.load as load
+    from hf_precision.apps.train.loop import train
+    from hf_precision.errors import RecipeError
+
+    def never(*args, **kwargs):
+        raise AssertionError("the model was loaded")
+
+    monkeypatch.setattr(load, "load_pipeline", never)
+    settings = _settings(train_demo, tmp_path / "o", shard=True, overrides=[{"unet": {"storage": "int8"}}])
+    with pytest.raises(RecipeError, match=r"shard: unet is stored in int8, which FSDP2 cannot shard .*without sharding"):
+        train(settings)

@@ -21,6 +21,7 @@ USAGE = """examples:
   %(prog)s --model ./stable-diffusion-v1-5 --data ./cat --method embedding --embedding "<my-cat>" --init-token cat --out ./ti
   %(prog)s --model ./sd15 --data ./photos --out ./my-lora --resume latest   # continue a run (same loss curve)
   accelerate launch --num_processes 2 scripts/train.py --model ... --data ... --out ...   # data parallel
+  torchrun --nproc_per_node 8 -m hf_precision.cli train --model ... --data ... --out ... --shard   # FSDP2
 
 data: a folder of images (clips for video models) with a caption file beside each (cat.png + cat.txt), or a
 metadata.jsonl ({"file_name": "cat.png", "text": "a photo of a cat"} per line). Bad input (no images, missing or
@@ -72,10 +73,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save-dtype", choices=("float16", "bfloat16", "float32"), default="float16",
                    help="dtype of the saved LoRA (default float16, as LoRAs are exchanged)")
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--shard", action="store_true",
+                   help="under torchrun/accelerate launch: shard what trains over the processes (FSDP2), each block in "
+                        "the recipe's dtypes; frozen parts replicated. --plan --processes N plans it per rank")
     p.add_argument("--plan", action="store_true",
                    help="print the predicted peak memory (weights, gradients, optimizer, activations) and the settings "
                         "chosen for --max-memory, from the configs on the meta device; no weights, no training")
     p.add_argument("--max-memory", default=None, metavar="SIZE", help="memory budget for --plan, e.g. 16GB")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="with --plan: plan each rank of N processes (data parallel, or sharded with --shard)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_args(p, device_help="device to run on (cpu, cuda, mps; under accelerate launch each process's own), or "
                                    "with --plan a preset to plan for (t4, a100, ...)")
@@ -112,7 +118,7 @@ def _settings(args: argparse.Namespace, model: str, data: str):
         checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints, resume=args.resume,
         validation_prompt=args.validation_prompt, validation_every=args.validation_every,
         validation_inference_steps=args.validation_inference_steps, cache=args.cache, on_nan=args.on_nan,
-        save_dtype=args.save_dtype, gradient_checkpointing=args.gradient_checkpointing, caption_ext=args.caption_ext,
+        save_dtype=args.save_dtype, gradient_checkpointing=args.gradient_checkpointing, shard=args.shard, caption_ext=args.caption_ext,
         caption_column=args.caption_column, caption=args.caption, quiet=args.quiet)
 
 
@@ -126,6 +132,10 @@ def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-precision train`` from parsed arguments."""
+    if args.plan and (args.processes != 1 or args.shard):
+        from ..apps.train.shard_plan import rank_plan_command
+
+        return rank_plan_command(args, overrides_from(args) or None)
     if args.plan:
         from ..apps.train.plan import plan_command
 

@@ -70,18 +70,22 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     names = [name for name, kind in tp.kinds.items() if kind == "lora"]
     if not names:
         raise TrainingError(f"tp.save_lora: nothing trains as LoRA in this plan (train: {tp.kinds})")
+    sharded = getattr(tp, "shard", None) is not None
+    # sharded: every rank gathers the whole adapters (a collective), then only rank 0 writes
+    states = {name: get_peft_model_state_dict(tp.components[name], state_dict=_full_state(tp.components[name], "lora_")
+                                              if sharded else None) for name in names}
     loader = lora_loader(type(tp.pipe).__name__, tp.recipe.pipelines)
     folder = Path(path)
+    if sharded and not _writer():
+        return folder / LORA_FILE
     folder.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".lora-"))
     try:
         if loader is None:
-            return _save_peft(tp, names, folder, scratch, dtype)
-        layers = {}
-        for name in names:
-            state = get_peft_model_state_dict(tp.components[name])
-            layers[f"{name}_lora_layers"] = {k: v.detach().to(dtype)
-                                             for k, v in convert_state_dict_to_diffusers(state).items()}
+            return _save_peft(tp, names, folder, scratch, dtype, states)
+        layers = {f"{name}_lora_layers": {k: v.detach().to(dtype)
+                                          for k, v in convert_state_dict_to_diffusers(states[name]).items()}
+                  for name in names}
         loader.save_lora_weights(save_directory=str(scratch), **layers)
         target = folder / LORA_FILE
         os.replace(scratch / LORA_FILE, target)
@@ -90,15 +94,14 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     return target
 
 
-def _save_peft(tp: Any, names: list[str], folder: Path, scratch: Path, dtype: torch.dtype) -> Path:
+def _save_peft(tp: Any, names: list[str], folder: Path, scratch: Path, dtype: torch.dtype,
+               states: dict[str, dict[str, torch.Tensor]]) -> Path:
     """Each component's adapter as ``PeftModel.save_pretrained`` writes it (keys under ``base_model.model.``)."""
-    from peft.utils import get_peft_model_state_dict
     from safetensors.torch import save_file
 
     for name in names:
         module = tp.components[name]
-        state = {f"base_model.model.{k}": v.detach().to(dtype).cpu().contiguous()
-                 for k, v in get_peft_model_state_dict(module).items()}
+        state = {f"base_model.model.{k}": v.detach().to(dtype).cpu().contiguous() for k, v in states[name].items()}
         (scratch / name).mkdir()
         module.peft_config["default"].save_pretrained(str(scratch / name))
         save_file(state, str(scratch / name / PEFT_FILE), metadata={"format": "pt"})
@@ -107,6 +110,18 @@ def _save_peft(tp: Any, names: list[str], folder: Path, scratch: Path, dtype: to
             shutil.rmtree(folder / name)
         os.replace(scratch / name, folder / name)
     return folder
+
+
+def _full_state(module: torch.nn.Module, only: str) -> dict[str, torch.Tensor]:
+    from .shard import full_state
+
+    return full_state(module, only)
+
+
+def _writer() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def save_embeddings(tp: Any, path: Any) -> list[Path]:

@@ -70,6 +70,7 @@ class TrainingPlan:
     handles: list[Any] = dataclasses.field(default_factory=list, repr=False)
     alphas_cumprod: torch.Tensor | None = None
     sigma_range: tuple[float, float] | None = None
+    shard: Any = None  # a training.shard.ShardPlan when prepare_training(..., shard=True)
     _trainable: Any = dataclasses.field(default=None, repr=False)
     _names: Any = dataclasses.field(default=None, repr=False)
     _modules: Any = dataclasses.field(default=None, repr=False)
@@ -332,7 +333,8 @@ def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str,
 def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
-                     overrides: Any = None, recipe: str | None = None, force: bool = False) -> TrainingPlan:
+                     overrides: Any = None, recipe: str | None = None, force: bool = False,
+                     shard: bool = False) -> TrainingPlan:
     """Set a pipeline up for training under its recipe (see the module docstring for the rules).
 
     Args:
@@ -349,6 +351,8 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
             does not tell two recipes apart is refused, asking for this). A component the recipe does not plan is
             left as it is and gets a row saying so.
         force: apply a recipe whose ``pipelines:`` list does not name the pipeline's class (as ``apply_recipe``).
+        shard: shard what trains with FSDP2 over the launcher's processes, unit by unit in the plan's dtypes
+            (:mod:`hf_precision.training.shard`); frozen parts stay replicated.
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -380,6 +384,10 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         raise TrainingError(f"prepare_training: recipe {base.name} names no denoiser among {sorted(comps)}; say what "
                             f"trains: train={{'<component>': 'lora'}}")
     quantized.refuse_untrainable(base, train, denoiser)
+    if shard:
+        from .shard import refuse_unshardable
+
+        refuse_unshardable(base, train)
     choices: dict[str, ComputeChoice] = {}
     rule_layer: dict[str, Any] = {}
     for comp, kind in train.items():
@@ -395,7 +403,12 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
                            force=force)
     quantized.upcast_fp8(applied.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     quantized.keep_4bit_differentiable(comps, train, denoiser)
-    return _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
+    tp = _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
+    if shard:
+        from .shard import shard_training
+
+        tp.shard = shard_training(tp)
+    return tp
 
 
 def _as_list(overrides: Any) -> list[Any]:

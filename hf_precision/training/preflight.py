@@ -45,6 +45,9 @@ def static_problems(tp: Any) -> list[str]:
                     and inside(name.rpartition(".")[0], islands):
                 problems.append(f"{owner}: {str(t.dtype).removeprefix('torch.')} inside the fp32 island of {comp}; "
                                 f"something cast it after the recipe was applied (re-run prepare_training)")
+    from .shard import shard_problems
+
+    problems += shard_problems(tp)
     for name, p in tp.named_parameters():
         if p.dtype != tp.stepper.master_dtype:
             problems.append(f"{name}: trainable but {str(p.dtype).removeprefix('torch.')}, not the master dtype "

@@ -57,4 +57,6 @@ def plan_table(tp: Any) -> str:
     downgrades = [c.downgrade for c in tp.choices.values() if c.downgrade]
     out += [f"downgrade: {d}" for d in downgrades]
     out += base_lines(tp)
+    if getattr(tp, "shard", None) is not None:
+        out.append(str(tp.shard))
     return "\n".join(out)

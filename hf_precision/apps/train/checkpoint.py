@@ -75,6 +75,11 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _complete(path: Path) -> bool:
+    # a one-process checkpoint (safetensors weights) or a sharded one (torch.distributed.checkpoint folder)
+    return (path / STATE).is_file() and ((path / WEIGHTS).is_file() or (path / "sharded" / ".metadata").is_file())
+
+
 @dataclasses.dataclass
 class Checkpoints:
     """The checkpoints of one output folder.
@@ -97,8 +102,7 @@ class Checkpoints:
         """Complete checkpoints, oldest first (a temporary folder of an interrupted save is never listed)."""
         if not self.folder.is_dir():
             return []
-        found = [p for p in self.folder.iterdir() if p.is_dir() and _NAME.fullmatch(p.name)
-                 and (p / WEIGHTS).is_file() and (p / STATE).is_file()]
+        found = [p for p in self.folder.iterdir() if p.is_dir() and _NAME.fullmatch(p.name) and _complete(p)]
         return sorted(found, key=lambda p: int(_NAME.fullmatch(p.name)[1]))
 
     def latest(self) -> Path | None:
@@ -114,11 +118,15 @@ class Checkpoints:
         with written_atomically(target, folder=True) as tmp:
             save_file(dict(weights), str(tmp / WEIGHTS))
             torch.save(dict(state), tmp / STATE)
+        self.prune()
+        return target
+
+    def prune(self) -> None:
+        """Drop the oldest checkpoints beyond ``keep`` and the temporary folders of saves that were killed."""
         for old in self.all()[:-self.keep] if self.keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
-        for stale in self.folder.glob(".step-*"):  # temp folders of saves that were killed
+        for stale in self.folder.glob(".step-*"):
             shutil.rmtree(stale, ignore_errors=True)
-        return target
 
     def find(self, resume: str) -> Path:
         """The checkpoint ``--resume`` names: ``latest`` or a path; a RecipeError when there is none."""
@@ -129,8 +137,8 @@ class Checkpoints:
                                   f"or pass the --out of the run to continue")
             return found
         path = Path(resume).expanduser()
-        if not ((path / WEIGHTS).is_file() and (path / STATE).is_file()):
-            raise RecipeError(f"--resume {resume}: not a checkpoint folder (needs {WEIGHTS} and {STATE}); pass "
+        if not _complete(path):
+            raise RecipeError(f"--resume {resume}: not a checkpoint folder (needs {STATE} and {WEIGHTS} or sharded/); pass "
                               f"'latest' or a folder under {self.folder}")
         return path
 

@@ -7,7 +7,10 @@ loading, caches, one progress bar, checkpoints, validation, faults (NaN, Ctrl-C)
 Several processes (``accelerate launch``): every process computes the same global batch order and takes its share
 of each batch; gradients of the trainable parameters are averaged over processes before each step (what DDP does,
 without wrapping the denoiser, so the training layer's hooks and loss stay as they are); only the main process
-writes. FSDP and DeepSpeed are refused: they shard or wrap the parameters the layer must see as fp32 masters.
+writes. ``--shard`` (or accelerate's FSDP2 config) shards what trains with FSDP2 under the recipe (see
+:mod:`hf_precision.training.shard`): FSDP reduces the gradients itself, checkpoints are sharded
+(:mod:`.sharded`), and every rank takes part in validation and in gathering the outputs. FSDP1 and DeepSpeed are
+refused: they flatten or cast the parameters the layer keeps in per-module dtypes and fp32 masters.
 """
 
 from __future__ import annotations
@@ -151,8 +154,11 @@ def _nonfinite_component(tp: Any, batch: dict[str, Any]) -> str:
 
 
 def _state(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> dict[str, Any]:
-    return {"step": step, "rng": rng, "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
-            "training": run.tp.state_dict(), "losses": {str(k): v for k, v in losses.items()},
+    sharded = run.tp.shard is not None  # weights and optimizer state go to the sharded folder instead
+    training = {**run.tp.stepper.state_dict(), "fingerprint": run.tp.fingerprint()} if sharded else run.tp.state_dict()
+    return {"step": step, "rng": rng, **({} if sharded else {"optimizer": run.optimizer.state_dict()}),
+            "scheduler": run.scheduler.state_dict(), "training": training,
+            "losses": {str(k): v for k, v in losses.items()},
             "settings": {k: run.settings.record()[k] for k in RESUME_KEYS}, "data": _data_list(run)}
 
 
@@ -164,6 +170,15 @@ def _data_list(run: Run) -> list[str]:
 
 def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> Path | None:
     path = None
+    if run.tp.shard is not None:
+        from .sharded import save_sharded
+
+        path = save_sharded(run.checkpoints.folder, step, run.tp, run.optimizer, _state(run, step, rng, losses),
+                            run.checkpoints.keep)
+        if run.accelerator.is_main_process:
+            run.checkpoints.prune()
+        run.accelerator.wait_for_everyone()
+        return path
     if run.accelerator.is_main_process:
         path = run.checkpoints.save(step, trainable_state(run.tp.components), _state(run, step, rng, losses))
     run.accelerator.wait_for_everyone()
@@ -175,7 +190,18 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
     if run.settings.resume is None:
         return 0, {}, None
     path = run.checkpoints.find(run.settings.resume)
-    weights, state = Checkpoints.load(path)
+    from .sharded import is_sharded
+
+    sharded = is_sharded(path)
+    if run.tp.shard is not None and not sharded:
+        raise RecipeError(f"--resume {run.settings.resume}: {path} was written by a run without --shard; resume it "
+                          f"without --shard (its weights are whole, not sharded)")
+    if sharded:
+        import torch
+
+        weights, state = {}, torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    else:
+        weights, state = Checkpoints.load(path)
     now = run.settings.record()
     changed = [f"{k}: {state['settings'].get(k)!r} -> {now[k]!r}" for k in RESUME_KEYS if state["settings"].get(k) != now[k]]
     if changed:
@@ -188,8 +214,13 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
                           f"then, {len(now_data)} now; gone or changed: {[g.split('|')[0] for g in gone[:3]]}, new: "
                           f"{[n.split('|')[0] for n in new[:3]]}); the batches would not be the ones the run was "
                           f"trained on. Restore the folder to continue, or start a new --out with the new data")
-    load_trainable(run.tp.components, weights, str(path))
-    run.optimizer.load_state_dict(state["optimizer"])
+    if sharded:  # any world size, sharded or not: the saved shards are re-sliced to this run's
+        from .sharded import load_sharded
+
+        load_sharded(path, run.tp, run.optimizer)
+    else:
+        load_trainable(run.tp.components, weights, str(path))
+        run.optimizer.load_state_dict(state["optimizer"])
     run.scheduler.load_state_dict(state["scheduler"])
     run.tp.load_state_dict(state["training"])
     return int(state["step"]), {int(k): float(v) for k, v in state["losses"].items()}, state["rng"]
@@ -243,7 +274,7 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
         print(f"hf-precision train: step {step + 1}: loss not finite ({where}); batch skipped (--on-nan skip)")
         return None, False
     run.tp.backward(loss)
-    if run.accelerator.num_processes > 1:
+    if run.accelerator.num_processes > 1 and run.tp.shard is None:  # FSDP reduce-scatters the gradients itself
         _reduce_gradients(run)
     stepped = run.tp.step(run.optimizer)
     run.optimizer.zero_grad(set_to_none=True)
@@ -252,6 +283,14 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     if run.accelerator.num_processes > 1:
         value = run.accelerator.reduce(value, "mean")
     return float(value), bool(stepped)
+
+
+def _agreed(run: Run, stop: bool) -> bool:
+    """True on every rank when any rank was asked to stop (Ctrl-C reaches the ranks at different moments)."""
+    import torch
+
+    flag = torch.tensor([1.0 if stop else 0.0], device=run.accelerator.device)
+    return float(run.accelerator.reduce(flag, "sum")) > 0.0
 
 
 class NonFiniteLoss(RecipeError):
@@ -298,8 +337,13 @@ def train_steps(run: Run) -> TrainResult:
     if run.cache is not None:
         fill_cache(run)
     if acc.num_processes > 1:
+        how = "sharded, FSDP2" if tp.shard is not None else "gradients averaged over processes"
         print(f"[process {acc.process_index}/{acc.num_processes}] takes {s.batch_size} of each global batch of "
-              f"{s.batch_size * acc.num_processes} (gradients averaged over processes)", flush=True)
+              f"{s.batch_size * acc.num_processes} ({how})", flush=True)
+    if tp.shard is not None:
+        from .sharded import holding
+
+        print(f"[process {acc.process_index}/{acc.num_processes}] {holding(tp)}", flush=True)
     before_eval = evaluate(run) if start == 0 else None
     interrupt, bar, step, exit_code = _Interrupt(), _progress(run, start), start, 0
     if start == 0 and s.validation_prompt:
@@ -317,6 +361,8 @@ def train_steps(run: Run) -> TrainResult:
             bar.update(1)
             log_line(run, step, loss)
             stop = interrupt.requested or (s.stop_after is not None and step - start >= s.stop_after)
+            if acc.num_processes > 1:  # every rank stops at the same step: the checkpoint save is a collective
+                stop = _agreed(run, stop)
             if step % s.checkpoint_every == 0 or stop or step == s.steps:
                 _save_checkpoint(run, step, rng_state(), losses)
             if s.validation_prompt and s.validation_every and step % s.validation_every == 0 and step < s.steps:

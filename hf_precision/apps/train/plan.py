@@ -211,7 +211,9 @@ def _make_trainable(module: Any, method: str, rank: int) -> int:
 
         inject_lora("denoiser", module, LoraConfig(r=rank, lora_alpha=rank, target_modules=default_targets(module),
                                                    init_lora_weights="gaussian"))
-    return make_masters(module, method, torch.float32)
+    # A full fine-tune computes under autocast from its fp32 masters; meta has no autocast, so the meta module keeps
+    # the compute dtype its activations are made in (the masters are counted apart, at 4 bytes each).
+    return make_masters(module, method, torch.float32 if method != "full" else next(module.parameters()).dtype)
 
 
 def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any], dtype: Any, batch: int,

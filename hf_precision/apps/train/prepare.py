@@ -104,10 +104,9 @@ def _check_conditioning(index: dict[str, Any]) -> None:
                       f"batch (tp.loss(batch))")
 
 
-def _accelerator(out: Path, device: str | None) -> Any:
+def _accelerator(out: Path, device: str | None, s: TrainSettings) -> Any:
     import torch
     from accelerate import Accelerator
-    from accelerate.utils import DistributedType
 
     log_with = None
     try:
@@ -119,11 +118,10 @@ def _accelerator(out: Path, device: str | None) -> Any:
     has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
     acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
-    if acc.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
-        raise RecipeError(f"accelerate config selects {acc.distributed_type.value}: hf-precision train supports one "
-                          f"process or data parallel (DDP) only; FSDP and DeepSpeed shard or wrap the trainable "
-                          f"parameters, which the training layer keeps as fp32 masters it checks before every step. "
-                          f"Run `accelerate config` and choose multi-GPU (no FSDP/DeepSpeed)")
+    from .sharded import accelerate_shard
+
+    if accelerate_shard(acc):  # accelerate's FSDP2 config: the layer shards, in the recipe's dtypes (never acc.prepare)
+        s.shard = True
     return acc
 
 
@@ -168,10 +166,15 @@ def prepare_run(s: TrainSettings) -> Run:
     from ...runtime.load import load_pipeline
     from ...training import prepare_training
 
-    acc = _accelerator(out, s.device)
+    acc = _accelerator(out, s.device, s)
     device = _device(s, acc)
     torch.manual_seed(s.seed)  # LoRA initialisation
     overrides = list(s.overrides)
+    if s.shard:  # quantized/fp8 trainable storage and textual inversion: refused before any weight loads
+        from ...diagnose.planner import plan as hp_plan
+        from ...training.shard import refuse_unshardable
+
+        refuse_unshardable(hp_plan(where, device=s.layout or device, overrides=overrides or None).recipe, train)
     if overrides:  # a quantized trainable part: its backend makes its scales in the training compute dtype
         from ...diagnose.planner import plan as hp_plan
         from ...training.quantized import compute_before_load, refuse_untrainable
@@ -185,7 +188,7 @@ def prepare_run(s: TrainSettings) -> Run:
     # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
     # add_adapter, whose peft version check refused the installed peft.
     tp = prepare_training(pipe, device=device, layout=s.layout, train=train, master=s.master,
-                          overrides=overrides or None, **extra)
+                          overrides=overrides or None, shard=s.shard, **extra)
     if s.gradient_checkpointing:
         denoiser = tp.components[tp.denoiser_name]
         if not getattr(denoiser, "_supports_gradient_checkpointing", False):

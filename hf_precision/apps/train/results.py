@@ -44,7 +44,8 @@ def validate(run: Any, step: int) -> Path | None:
     import torch
 
     s = run.settings
-    if not run.accelerator.is_main_process:
+    sharded = run.tp.shard is not None  # the sharded denoiser's forward is a collective: every rank samples
+    if not run.accelerator.is_main_process and not sharded:
         run.accelerator.wait_for_everyone()
         return None
     from ...runtime.progress import quiet_call
@@ -59,6 +60,9 @@ def validate(run: Any, step: int) -> Path | None:
         generator = torch.Generator("cpu").manual_seed(s.seed)
         out = pipe(s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
+    if not run.accelerator.is_main_process:
+        run.accelerator.wait_for_everyone()
+        return None
     frames = out.frames[0] if hasattr(out, "frames") else None
     folder = run.out / "validation"
     if frames is not None:
@@ -95,25 +99,34 @@ def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
 
     s, tp, out = run.settings, run.tp, run.out
     run.accelerator.wait_for_everyone()
-    if not run.accelerator.is_main_process:
+    sharded = tp.shard is not None  # gathering the shards is a collective: every rank takes part, rank 0 writes
+    if not run.accelerator.is_main_process and not sharded:
         return None
     dtype = getattr(torch, SAVE_DTYPES[s.save_dtype])
-    tmp = Path(_tmpdir(out))
+    tmp = Path(_tmpdir(out)) if run.accelerator.is_main_process else out / ".not-written"
     try:
         if s.method == "lora":
             tp.save_lora(tmp, dtype=dtype)
         elif s.method == "embedding":
             tp.save_embeddings(tmp)
+        elif sharded:
+            from .sharded import save_full_model
+
+            save_full_model(tp.components[tp.denoiser_name], tmp / tp.denoiser_name)
         else:
             tp.components[tp.denoiser_name].save_pretrained(tmp / tp.denoiser_name, safe_serialization=True)
+        if not run.accelerator.is_main_process:
+            return None
         saved = _move_into(tmp, out)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if run.accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
     record = {
         "settings": s.record(), "steps": step, "skipped_steps": tp.skipped_steps,
         "final_loss": losses.get(step), "first_loss": losses.get(min(losses)) if losses else None,
         "fingerprint": tp.fingerprint(), "plan": tp.report(), "saved": [p.name for p in saved],
         "save_dtype": s.save_dtype, "versions": _versions(), "command": " ".join(sys.argv),
+        **({"shard": str(tp.shard)} if sharded else {}),
     }
     with written_atomically(out / "training.json") as f:
         f.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")

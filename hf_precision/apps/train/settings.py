@@ -57,6 +57,7 @@ class TrainSettings:
     on_nan: str = "stop"
     save_dtype: str = "float16"
     gradient_checkpointing: bool = False
+    shard: bool = False  # FSDP2 over the launcher's processes (not a resume key: a run may resume at another size)
     caption_ext: str = ".txt"
     caption_column: str = "text"
     caption: str | None = None

@@ -1,0 +1,287 @@
+"""Sharded training (FSDP2) under the recipe: each shard unit gets the dtypes the plan gives its modules.
+
+``prepare_training(..., shard=True)`` in processes started by ``torchrun`` or ``accelerate launch`` (one process per
+device; gloo on the CPU) puts ``torch.distributed.fsdp.fully_shard`` on every component that trains:
+
+- one unit per block (the outermost ``ModuleList`` items: UNet down/up blocks, DiT transformer blocks, text-encoder
+  layers; and a ``mid_block``), and the component itself for what is left (conv_in, embeddings, norms);
+- every fp32 island is a unit of its own with ``param_dtype=float32`` (output in the component's compute dtype, as the
+  recipe's island hook hands it over), so no block policy ever casts it to half;
+- a full fine-tune: ``param_dtype`` = the training rule's compute dtype (the fp32 masters are all-gathered in it);
+  a LoRA: ``param_dtype=None``, each parameter all-gathered in its planned dtype (the frozen base already holds the
+  compute dtype, the adapters stay fp32 as in the one-process plan, so both compute alike);
+- ``reduce_dtype=float32`` everywhere (gradients are averaged in fp32) and the component's ``output_dtype`` is the
+  recipe's hand-over dtype.
+
+The sharded parameters are the fp32 masters (each rank holds 1/N of them, and of their gradients and optimizer
+state). Frozen components are replicated in their storage dtype: they carry no gradients and no optimizer state, so
+sharding them would save only 1-1/N of their weights at the price of an all-gather per call.
+
+fp16 layouts keep the GradScaler: the sharded gradients are DTensors, and torch's DTensor dispatch of the scaler's
+non-finite check reduces the found-inf flag with max over the mesh (torch/distributed/tensor/_dispatch.py,
+``found_inf_reduce_handler``), so a step is skipped on every rank or on none (tests/test_train_shard.py checks it).
+
+FSDP2 shards plain tensors only: quantized storages (bitsandbytes, torchao, quanto, GGUF tensor subclasses) and fp8
+storage in a trainable component are refused before loading (:func:`refuse_unshardable`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from .. import dtypes as dt
+from ..recipe.quantize import is_quantized
+from .rules import TrainingError
+
+__all__ = ["ShardUnit", "ShardPlan", "block_paths", "plan_units", "refuse_unshardable", "shard_training",
+           "shard_problems", "sharded_bytes", "full_state", "init_group"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardUnit:
+    """One ``fully_shard`` call: module path (``component`` or ``component.sub``) and its MixedPrecisionPolicy."""
+
+    path: str
+    role: str  # "island", "block" or "root"
+    param_dtype: str | None
+    reduce_dtype: str
+    output_dtype: str | None
+
+    def policy(self) -> Any:
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        return MixedPrecisionPolicy(param_dtype=_torch(self.param_dtype), reduce_dtype=_torch(self.reduce_dtype),
+                                    output_dtype=_torch(self.output_dtype))
+
+
+@dataclasses.dataclass
+class ShardPlan:
+    """What :func:`shard_training` sharded (units, world size) and what it replicated, with the reason."""
+
+    world: int
+    units: list[ShardUnit]
+    replicated: dict[str, str]
+
+    def __str__(self) -> str:
+        lines = [f"sharded over {self.world} process(es) (FSDP2):"]
+        for comp in dict.fromkeys(u.path.split(".")[0] for u in self.units):
+            own = [u for u in self.units if u.path.split(".")[0] == comp]
+            blocks = sum(u.role == "block" for u in own)
+            root = next(u for u in own if u.role == "root")
+            islands = [u.path.split(".", 1)[1] for u in own if u.role == "island"]
+            lines.append(f"  {comp}: {blocks} block units + the component, params in "
+                         f"{root.param_dtype or 'their planned dtypes'}, reduce {root.reduce_dtype}, out "
+                         f"{root.output_dtype}" + (f"; fp32 island units: {', '.join(islands)}" if islands else ""))
+        lines += [f"  {comp}: replicated ({why})" for comp, why in self.replicated.items()]
+        return "\n".join(lines)
+
+
+def _torch(name: str | None) -> torch.dtype | None:
+    return None if name is None else dt.to_torch(name)
+
+
+def block_paths(module: torch.nn.Module) -> list[str]:
+    """The blocks of ``module`` a shard unit each: items of its outermost ``ModuleList``s, and any ``mid_block``.
+
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> block_paths(make_pipeline("sd15").unet)
+        ['down_blocks.0', 'down_blocks.1', 'up_blocks.0', 'up_blocks.1', 'mid_block']
+    """
+    mids = [name for name, sub in module.named_children()
+            if name.endswith("mid_block") and sub is not None and any(True for _ in sub.parameters())]
+    found: list[str] = []
+    taken = list(mids)
+    for name, sub in module.named_modules():
+        if not name or any(name == t or name.startswith(t + ".") for t in taken):
+            continue
+        if isinstance(sub, torch.nn.ModuleList):
+            items = [f"{name}.{i}" for i, item in enumerate(sub) if any(True for _ in item.parameters())]
+            if items:
+                found += items
+                taken.append(name)
+    return found + mids
+
+
+def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list[str]],
+               modules: Mapping[str, torch.nn.Module]) -> list[ShardUnit]:
+    """The shard units of every component that trains (``lora`` or ``full``), innermost first.
+
+    Works on meta-device modules too (the memory plan reads it). Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> from hf_precision.recipe import get_recipe
+        >>> pipe = make_pipeline("sdxl")
+        >>> units = plan_units(get_recipe("sdxl", device="t4"), {"unet": "full"}, {"unet": ["time_embedding"]},
+        ...                    {"unet": pipe.unet})
+        >>> [(u.path, u.param_dtype) for u in units if u.role != "block"]
+        [('unet.time_embedding', 'float32'), ('unet', 'float16')]
+    """
+    units: list[ShardUnit] = []
+    for comp, kind in kinds.items():
+        if kind not in ("lora", "full") or comp not in modules:
+            continue
+        plan = recipe[comp] if comp in recipe else None
+        compute = plan.compute if plan is not None else "float32"
+        hand_over = plan.handed_over if plan is not None and plan.handed_over in dt.DTYPES else None
+        param = compute if kind == "full" else None
+        own = [i for i in islands.get(comp, []) if any(True for _ in modules[comp].get_submodule(i).parameters())]
+        for island in own:
+            units.append(ShardUnit(f"{comp}.{island}", "island", "float32", "float32", compute))
+        for block in block_paths(modules[comp]):
+            if any(block == i or block.startswith(i + ".") for i in own):
+                continue  # inside an island: the island is the unit
+            units.append(ShardUnit(f"{comp}.{block}", "block", param, "float32", None))
+        units.append(ShardUnit(comp, "root", param, "float32", hand_over))
+    return units
+
+
+def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
+    """One TrainingError for what FSDP2 cannot shard: a trainable component in quantized or fp8 storage, or
+    textual inversion (a few new rows: nothing to shard). Runs on the recipe, before any weight loads.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> r = get_recipe("sd15", device="cpu", overrides={"unet": {"storage": "float8_e4m3fn"}})
+        >>> refuse_unshardable(r, {"unet": "lora"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.training.rules.TrainingError: shard: unet is stored in float8_e4m3fn, which FSDP2 cannot shard ...
+    """
+    problems = []
+    for comp, kind in train.items():
+        storage = recipe[comp].storage if comp in recipe else None
+        if kind in ("lora", "full") and storage is not None and (is_quantized(storage) or storage in dt.FLOAT8):
+            problems.append(f"shard: {comp} is stored in {storage}, which FSDP2 cannot shard (fully_shard splits plain "
+                            f"tensors; the backend's quantized/fp8 tensor subclasses have no sharded form); train it "
+                            f"without sharding (one process, or data parallel: accelerate launch --multi_gpu), or load "
+                            f"{comp} in float16/bfloat16 to shard it")
+        if kind == "embedding":
+            problems.append(f"shard: {comp} trains new token rows (textual inversion), a few kilobytes: nothing to "
+                            f"shard; run it without sharding (one process or data parallel)")
+    if problems:
+        raise TrainingError(problems)
+
+
+def init_group(device_type: str = "cpu") -> Any:
+    """The default process group: the launcher's (torchrun / accelerate launch), or a 1-process group when the run
+    was started without a launcher (resuming a sharded run on one process); nccl for CUDA tensors, else gloo."""
+    import os
+
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise TrainingError("shard=True: this torch build has no torch.distributed; install a build with it")
+    if not dist.is_initialized():
+        backend = "nccl" if device_type == "cuda" else "gloo"
+        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            dist.init_process_group(backend)
+        else:
+            from socket import socket
+
+            with socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    return dist.group.WORLD
+
+
+def shard_training(tp: Any) -> ShardPlan:
+    """Put ``fully_shard`` on the trainable components of a prepared plan, unit by unit (see the module docstring)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    refuse_unshardable(tp.recipe, tp.kinds)
+    init_group(tp.device.type)
+    world = dist.get_world_size()
+    mesh = init_device_mesh(tp.device.type, (world,))
+    comps = tp.components
+    units = plan_units(tp.recipe, tp.kinds, tp.applied.islands, comps)
+    if not units:
+        raise TrainingError(f"shard=True: nothing trains as 'lora' or 'full' in this plan (train: {tp.kinds}); "
+                            f"there is nothing to shard")
+    for unit in units:
+        comp, _, sub = unit.path.partition(".")
+        module = comps[comp].get_submodule(sub) if sub else comps[comp]
+        fully_shard(module, mesh=mesh, mp_policy=unit.policy())
+    tp._trainable = tp._names = None  # the parameters are now DTensor shards: the caches are rebuilt from them
+    why = "frozen: no gradients and no optimizer state, only weights; sharding them saves 1-1/N of those weights " \
+          "for an all-gather every call"
+    replicated = {c: why for c, k in tp.kinds.items() if k not in ("lora", "full")}
+    return ShardPlan(world, units, replicated)
+
+
+def _units(tp: Any) -> Iterator[tuple[ShardUnit, torch.nn.Module]]:
+    comps = tp.components
+    for unit in tp.shard.units:
+        comp, _, sub = unit.path.partition(".")
+        if comp in comps:
+            yield unit, comps[comp].get_submodule(sub) if sub else comps[comp]
+
+
+def shard_problems(tp: Any) -> list[str]:
+    """Shard units whose policy or shards differ from the plan (``tp.check()`` reports them), naming the module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    problems: list[str] = []
+    if getattr(tp, "shard", None) is None:
+        return problems
+    for unit, module in _units(tp):
+        if not isinstance(module, FSDPModule):
+            problems.append(f"{unit.path}: not sharded, the plan makes it a shard unit ({unit.role}); re-run "
+                            f"prepare_training(..., shard=True) on a fresh pipeline")
+            continue
+        group = module._get_fsdp_state()._fsdp_param_group
+        if group is None:
+            continue
+        got = group.mp_policy.param_dtype
+        want = _torch(unit.param_dtype)
+        if got != want:
+            problems.append(f"{unit.path}: shard unit computes in {_name(got)} (MixedPrecisionPolicy.param_dtype), "
+                            f"the plan says {_name(want)}" + (" (fp32 island)" if unit.role == "island" else "")
+                            + "; re-shard with the plan's policy (prepare_training(..., shard=True))")
+        for fsdp_param in group.fsdp_params:
+            local = fsdp_param.sharded_param
+            if unit.role == "island" and local.dtype != torch.float32:
+                problems.append(f"{unit.path}.{fsdp_param._param_fqn or ''}: shard is {_name(local.dtype)} inside "
+                                f"the fp32 island; re-run prepare_training".replace("..", "."))
+    return problems
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return "each parameter's own dtype" if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def sharded_bytes(module: torch.nn.Module) -> tuple[int, int]:
+    """(bytes this rank holds, bytes of the whole) of the sharded parameters of ``module``.
+
+    Example:
+        >>> sharded_bytes(torch.nn.Linear(2, 2))  # nothing sharded
+        (0, 0)
+    """
+    from torch.distributed.tensor import DTensor
+
+    local = whole = 0
+    for p in module.parameters():
+        if isinstance(p, DTensor):
+            local += p.to_local().numel() * p.element_size()
+            whole += p.numel() * p.element_size()
+    return local, whole
+
+
+def full_state(module: torch.nn.Module, only: str | None = None) -> dict[str, torch.Tensor]:
+    """The whole state of a sharded ``module`` on every rank (a collective: every rank calls it), CPU tensors;
+    ``only`` keeps the entries whose name contains it (``"lora_"``)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, value in module.state_dict().items():
+        if only is not None and only not in name:
+            continue
+        value = value.full_tensor() if isinstance(value, DTensor) else value
+        out[name] = value.detach().cpu()
+    return out

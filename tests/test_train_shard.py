@@ -1,0 +1,129 @@
+"""Sharded training (FSDP2) under the recipe, in two CPU processes over gloo (torchrun): the layer
+(prepare_training(..., shard=True)) and the program (`hf-precision train --shard`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from launch import ROOT, free_port, subprocess_env
+
+
+def torchrun(processes: int = 2) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port",
+            str(free_port())]
+
+
+# fp16 compute (T4 layout): a half batch accumulates its fp16 sums in another order than the whole batch
+LOSS_RTOL = 2e-3
+
+
+@pytest.mark.slow
+def test_layer_shards_under_the_recipe(tmp_path):
+    out = tmp_path / "result"
+    env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1")
+    proc = subprocess.run([*torchrun(), str(ROOT / "tests" / "shard_worker.py"), str(out)], capture_output=True,
+                          text=True, timeout=400, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"result.{r}.json").read_text()) for r in (0, 1)]
+    for case in ("sd15-lora", "sdxl-full"):
+        got, ref = ranks[0][case]["losses"], ranks[0][case]["reference"]
+        assert got == ranks[1][case]["losses"]
+        assert all(abs(g - r) <= LOSS_RTOL * abs(r) for g, r in zip(got, ref)), (case, got, ref)
+        for r in ranks:  # each rank holds half of what is sharded (the UNet's parameters)
+            assert r[case]["whole"] > 0 and abs(r[case]["local"] / r[case]["whole"] - 0.5) < 0.02, r[case]
+            assert r[case]["skipped"] == 0
+    # SDXL's fp32 islands are units of their own, fp32 shards under an fp32 policy, in a full fine-tune of fp16 compute
+    assert ranks[0]["sdxl-full"]["islands"] == {i: ["policy torch.float32", "torch.float32"]
+                                               for i in ("time_embedding", "add_embedding")}
+    assert "unet.time_embedding: shard unit computes in float16" in ranks[0]["check"]
+    # the per-rank plan of the same configs predicts what each rank holds (weights, masters, gradients, AdamW state)
+    from hf_precision.apps.train.plan import Options
+    from hf_precision.apps.train.shard_plan import predict_rank
+    from hf_precision.testing import make_pipeline
+    from hf_precision.testing.pipelines import save_pipeline
+
+    for case, name in (("sd15-lora", "sd15"), ("sdxl-full", "sdxl")):
+        folder = save_pipeline(make_pipeline(name), tmp_path / name)
+        pred = predict_rank(str(folder), "t4", processes=2, shard=True, method=case.split("-")[1], rank=4,
+                            resolution=32, options=Options(2, False, False))
+        for r in ranks:
+            held = sum(r[case]["held"].values())
+            assert abs(pred.at_rest - held) <= 0.1 * held, (case, pred.at_rest, r[case]["held"])
+    # an inf in rank 1's gradient shard only: both ranks skip the step and halve the scale
+    for r in ranks:
+        assert r["skip"] == {"stepped": False, "unchanged": True, "scale": [65536.0, 32768.0]}
+
+
+def _train(tmp_path, out, *extra, processes=2):
+    launcher = torchrun(processes) if processes > 1 else [sys.executable]
+    cmd = [*launcher, "-m", "hf_precision.cli", "train", "--model", str(tmp_path / "tiny-sdxl"), "--data",
+           str(tmp_path / "shapes"), "--out", str(out), "--device", "cpu", "--layout", "t4", "--resolution", "32",
+           "--quiet", *extra]
+    env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env=env, cwd=tmp_path, check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def _cut(run, copy, step):
+    """A copy of a finished run as a run killed right after its checkpoint of ``step`` would have left it."""
+    import shutil
+
+    shutil.copytree(run, copy)
+    for entry in copy.iterdir():
+        if entry.name not in ("checkpoints", "cache", "train_log.jsonl"):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    for ck in (copy / "checkpoints").iterdir():
+        if int(ck.name.split("-")[1]) > step:
+            shutil.rmtree(ck)
+    lines = (copy / "train_log.jsonl").read_text().splitlines()[:step]
+    (copy / "train_log.jsonl").write_text("".join(line + "\n" for line in lines))
+
+
+@pytest.mark.slow
+def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
+    import re
+
+    import torch
+    from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
+
+    from hf_precision.apps.train.demo import make_demo
+    from hf_precision.testing.pipelines import make_sdxl, save_pipeline
+
+    make_demo(tmp_path)
+    save_pipeline(make_sdxl(), tmp_path / "tiny-sdxl")
+    # LoRA: each rank holds half of the sharded UNet; the output loads with load_lora_weights
+    stdout, lora_log = _train(tmp_path, tmp_path / "lora", "--steps", "4", "--checkpoint-every", "2", "--lora-rank",
+                              "4", "--shard")
+    held = re.findall(r"\[process (\d)/2\] holds unet ([\d,]+) of ([\d,]+) bytes", stdout)
+    assert sorted(r for r, _, _ in held) == ["0", "1"]
+    for _, local, whole in held:
+        assert abs(int(local.replace(",", "")) / int(whole.replace(",", "")) - 0.5) < 0.02
+    pipe = StableDiffusionXLPipeline.from_pretrained(tmp_path / "tiny-sdxl")
+    pipe.load_lora_weights(tmp_path / "lora")
+    assert any("lora_A" in n for n, _ in pipe.unet.named_parameters())
+    # killed after the step-2 checkpoint: the resumed sharded run gives the same losses
+    _cut(tmp_path / "lora", tmp_path / "lora-cut", 2)
+    _, resumed = _train(tmp_path, tmp_path / "lora-cut", "--steps", "4", "--checkpoint-every", "2", "--lora-rank", "4",
+                        "--shard", "--resume", "latest")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for a, b in zip(resumed, lora_log):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]), (resumed, lora_log)
+    # full fine-tune: fp32 islands stay fp32 shards; the UNet is written as a diffusers folder
+    stdout, _ = _train(tmp_path, tmp_path / "full", "--method", "full", "--steps", "2", "--checkpoint-every", "1",
+                       "--shard")
+    assert stdout.count("island shards: unet.time_embedding float32, unet.add_embedding float32") == 2
+    unet = UNet2DConditionModel.from_pretrained(tmp_path / "full" / "unet")
+    assert {p.dtype for p in unet.parameters()} == {torch.float32}
+    assert not torch.equal(unet.conv_in.weight, pipe.unet.conv_in.weight)  # it trained
+    # the 2-process checkpoint resumes in one process (no launcher, no sharding)
+    _cut(tmp_path / "full", tmp_path / "full-one", 1)
+    _, one = _train(tmp_path, tmp_path / "full-one", "--method", "full", "--steps", "2", "--checkpoint-every", "1",
+                    "--resume", "latest", processes=1)
+    assert [r["step"] for r in one] == [1, 2] and all(r["loss"] == r["loss"] for r in one)
+    assert (tmp_path / "full-one" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
