@@ -23,12 +23,13 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.devices import device_caps, device_profile
-from ..recipe.catalog import list_recipes, pipeline_file, training_overrides, unknown_recipe
+from ..recipe.catalog import training_overrides
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override
 from ..recipe.resolution import resolve
 from ..runtime.apply import Applied, apply_recipe, config_dict, torch_device
 from . import control, families, quantized, trainable
+from .recipe_choice import recipe_name
 from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
 from .scaler import Stepper, parameter_names
 
@@ -291,26 +292,6 @@ def _model_id(pipe: Any) -> str:
     return type(pipe).__name__
 
 
-def _recipe_name(pipe: Any, recipe: Any) -> str | None:
-    """The recipe named with ``recipe=`` (checked), else the one :func:`~hf_precision.runtime.source.recipe_of` picks."""
-    from ..runtime.choose import recipe_of
-
-    if recipe is None:
-        return recipe_of(pipe, "prepare_training")  # None: composed from the classes of a pipeline no recipe lists
-    if not isinstance(recipe, str):
-        raise TrainingError(f"prepare_training: recipe= takes a pipeline recipe's name (recipe='sdxl') or a recipe "
-                            f"YAML file, got {type(recipe).__name__}")
-    if recipe.endswith((".yaml", ".yml")):
-        pipeline_file(recipe)  # a missing or invalid file: one error naming it
-        return recipe
-    if recipe not in list_recipes("pipeline"):
-        if recipe in list_recipes("component"):
-            raise TrainingError(f"prepare_training: recipe {recipe!r} is a component recipe; training plans every "
-                                f"component: name a pipeline recipe ({', '.join(list_recipes('pipeline'))})")
-        raise unknown_recipe(recipe)
-    return recipe
-
-
 def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str, tokens: Mapping[str, Any] | None) -> None:
     problems = []
     for name, kind in train.items():
@@ -364,7 +345,7 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     holder = Components(pipe) if is_dict else pipe
     comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
     dev = torch_device(device, "device")
-    name = _recipe_name(pipe, recipe)
+    name = recipe_name(pipe, recipe)
     force = force or is_dict  # a dict has no pipeline class to check the recipe against
     _check_args(comps, dict(train or {}), master, tokens)
     # the quantized/fp8 storage the pipeline was loaded with stays (the backend holds those weights)
