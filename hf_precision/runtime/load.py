@@ -14,7 +14,7 @@ from ..recipe.files import read_json
 from ..recipe.catalog import recipe_components, recipe_for
 from ..recipe.model import Recipe
 from ..recipe.resolution import resolve
-from .arguments import as_class, check_keywords, from_pretrained_keywords, index_class, override_layers
+from .arguments import as_class, check_keywords, concrete_class, from_pretrained_keywords, index_class, override_layers
 from .source import check_folder_fits, component_configs, listed_components, locate, models_of_index, offline_error
 
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
@@ -214,8 +214,9 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
         gguf_file, name_or_path = split_gguf(name_or_path, base)
     pipeline_class = as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
+    pipeline_class = concrete_class(pipeline_class, where, index, kwargs)  # an AutoPipeline: the class it builds
     built = index_class(where, index) if pipeline_class is None else None
-    if built is None:  # an AutoPipeline builds the index's class: its components are keywords too
+    if built is None:  # another class is built from the folder: the saved class's keywords are taken too
         import diffusers
 
         built = getattr(diffusers, str(index.get("_class_name")), None)
