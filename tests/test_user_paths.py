@@ -70,3 +70,49 @@ def test_an_auto_pipeline_without_a_pipeline_for_its_task_is_refused_before_load
     with pytest.raises(hp.RecipeError, match=r"pipeline_class=AutoPipelineForInpainting: diffusers has no inpaint "
                                              r"pipeline for StableVideoDiffusionPipeline"):
         hp.load_pipeline(saved_pipeline("svd"), "cpu", pipeline_class=diffusers.AutoPipelineForInpainting)
+
+
+# --- help says every default ---------------------------------------------------------------------------------------
+
+def _parsers():
+    """Every parser a user reads: each ``hf-precision`` command, and the scripts that share their options."""
+    import argparse
+
+    from hf_precision.cli import build_parser
+    from hf_precision.cli import train, video
+
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return [("hf-precision", top), *sub.choices.items(), ("scripts/train.py", train.build_parser("train.py")),
+            ("scripts/generate_video.py", video.build_parser("generate_video.py"))]
+
+
+def test_every_option_with_a_default_says_it_in_its_help():
+    import argparse
+
+    missing = []
+    for name, parser in _parsers():
+        for action in parser._actions:
+            if not action.option_strings or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+                continue
+            text = " ".join(parser._get_formatter()._format_action(action).split())
+            if not action.help:
+                missing.append(f"{name} {action.option_strings[0]}: no help")
+            default = action.default
+            if default is None or isinstance(default, bool) or default == [] or default is argparse.SUPPRESS:
+                continue
+            if "default" not in text or str(default) not in text:
+                missing.append(f"{name} {action.option_strings[0]}: default {default!r} not said: {text}")
+    assert not missing, "\n".join(missing)
+
+
+def test_train_and_generate_help_show_the_defaults_of_the_issue(capsys):
+    from hf_precision.cli import main
+
+    for command, expected in (("train", ("(default: 1000)", "(default: 0.0001)", "(default: 3)")),
+                              ("generate", ("(default: 30)", "(default: the pipeline's"))):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        text = " ".join(capsys.readouterr().out.split())
+        for part in expected:
+            assert part in text, (command, part)

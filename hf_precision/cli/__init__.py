@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import RecipeError
-from .common import COMMANDS, quiet_optional_dependencies
+from .common import COMMANDS, HelpFormatter, quiet_optional_dependencies
 
 __all__ = ["main", "build_parser"]
 
@@ -38,10 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}")
     parser = argparse.ArgumentParser(prog="hf-precision", description="Dtype and device recipes for diffusers pipelines.",
-                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=EXAMPLES, formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
         add_args(p)
     return parser
 

@@ -29,8 +29,9 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     source.add_argument("--prompt", default=None, help="the prompt of the runs (default: a fixed one)")
     source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per run (default: 4)")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None,
+                   help="height in pixels of the runs (default: the pipeline's own, within what the model takes)")
+    p.add_argument("--width", type=int, default=None, help="width in pixels of the runs (default: as --height)")
     p.add_argument("--target", default=None, choices=["float16", "bfloat16"],
                    help="the half dtype to calibrate (default: the layout's denoiser dtype)")
     p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
@@ -42,7 +43,7 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=float, default=0.05,
                    help="mean absolute error of the final image (0..1) the islands should stay within (default: 0.05)")
     p.add_argument("--recipe", default=None, metavar="NAME", help="recipe (default: chosen from model_index.json)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the runs")
     p.add_argument("--out", default="islands.yaml", metavar="YAML",
                    help="override file to write (default: islands.yaml); load it with --overrides")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

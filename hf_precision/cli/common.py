@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["COMMANDS", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
+__all__ = ["COMMANDS", "HelpFormatter", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
            "script_main"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -18,6 +18,26 @@ def command(name: str, help: str, handler: str) -> Callable[[Callable[[argparse.
         COMMANDS[name] = (help, fn, handler)
         return fn
     return wrap
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the help already quotes it: a user is never left to guess
+    what ``--steps`` runs when not given. Flags, empty lists and ``None`` (whose help says what happens) add nothing.
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x", formatter_class=HelpFormatter)
+        >>> _ = p.add_argument("--steps", type=int, default=30, help="denoising steps")
+        >>> "denoising steps (default: 30)" in p.format_help()
+        True
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or default == [] or "%(default)" in text or ("default" in text and str(default) in text)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 RUN_DEVICE_HELP = ("where it runs: cpu, cuda, cuda:1, mps, xpu (default: the best present device). To run the dtypes "
