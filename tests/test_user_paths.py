@@ -116,3 +116,64 @@ def test_train_and_generate_help_show_the_defaults_of_the_issue(capsys):
         text = " ".join(capsys.readouterr().out.split())
         for part in expected:
             assert part in text, (command, part)
+
+
+# --- training: early refusals, one log line per step, the expected time, one report --------------------------------
+
+def _train_args(train_demo, out, *extra):
+    model, data = train_demo
+    return ["train", "--model", str(model), "--data", str(data), "--out", str(out), "--device", "cpu", "--quiet",
+            "--lora-rank", "4", "--batch-size", "2", "--learning-rate", "5e-3", "--resolution", "32", *extra]
+
+
+def test_resume_is_refused_before_the_model_loads_and_reruns_leave_one_log_row_per_step(train_demo, tmp_path,
+                                                                                        monkeypatch, capsys):
+    import json
+    import shutil
+
+    import hf_precision.runtime.load as load
+    from hf_precision.cli import main
+
+    out = tmp_path / "run"
+    # Killed after step 3 with the last checkpoint at step 2 (a kill, unlike Ctrl-C, saves nothing): step 3 is run
+    # again on resume, and the log keeps one row for it.
+    assert main(_train_args(train_demo, out, "--steps", "3", "--checkpoint-every", "2")) == 0
+    shutil.rmtree(out / "checkpoints" / "step-000003")
+    (out / "pytorch_lora_weights.safetensors").unlink()
+    assert main(_train_args(train_demo, out, "--steps", "4", "--resume", "latest")) == 0
+    rows = [json.loads(line)["step"] for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert rows == [1, 2, 3, 4]
+    capsys.readouterr()
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded before the resume check")
+
+    monkeypatch.setattr(load, "load_pipeline", no_loading)
+    assert main(_train_args(train_demo, out, "--steps", "6", "--resume", "latest", "--seed", "7")) == 2
+    assert "seed: 0 -> 7" in capsys.readouterr().err
+
+
+def test_a_run_says_its_expected_time_once_and_only_the_main_process_reports(train_demo, tmp_path, monkeypatch, capsys):
+    import re
+
+    from hf_precision.apps.train import loop
+    from hf_precision.cli import main
+
+    assert main(_train_args(train_demo, tmp_path / "a", "--steps", "4", "--checkpoint-every", "10")) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "s a step" in line]
+    assert len(lines) == 1 and re.fullmatch(r"hf-precision train: [\d.]+ s a step: the 2 steps left take about \d+ s "
+                                            r"\(4 in all\)", lines[0]), out
+    assert "trained 4 steps" in out
+
+    # Another process of an `accelerate launch` run: it trains, and leaves the report to the main process.
+    real = loop.train
+
+    def as_second_process(settings):
+        result = real(settings)
+        result.main_process = False
+        return result
+
+    monkeypatch.setattr(loop, "train", as_second_process)
+    assert main(_train_args(train_demo, tmp_path / "b", "--steps", "1")) == 0
+    assert "trained" not in capsys.readouterr().out

@@ -170,7 +170,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             result = train(_settings(args, str(model), str(data)))
     finally:
         torch.set_num_threads(threads)
-    if result.eval_loss:
+    if result.eval_loss and result.main_process:
         before, after = result.eval_loss
         print(f"evaluation loss on a fixed batch (fixed noise and timesteps): {before:.4f} before, {after:.4f} after "
               f"({'falls' if after < before else 'does not fall'})")
@@ -178,6 +178,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _report(result) -> int:
+    if not result.main_process:  # under accelerate launch: the main process reports the run once
+        return 130 if result.exit_code == 130 else 0
     if result.exit_code == 130:
         print(f"interrupted at step {result.step}: checkpoint saved in {result.out}/checkpoints; continue with the "
               f"same command and --resume latest", file=sys.stderr)
