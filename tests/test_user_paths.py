@@ -160,7 +160,8 @@ def test_a_run_says_its_expected_time_once_and_only_the_main_process_reports(tra
     from hf_precision.cli import main
 
     assert main(_train_args(train_demo, tmp_path / "a", "--steps", "4", "--checkpoint-every", "10")) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "Loading pipeline components" not in err and "Loading weights" not in err  # --quiet: no loading bars
     lines = [line for line in out.splitlines() if "s a step" in line]
     assert len(lines) == 1 and re.fullmatch(r"hf-precision train: [\d.]+ s a step: the 2 steps left take about \d+ s "
                                             r"\(4 in all\)", lines[0]), out

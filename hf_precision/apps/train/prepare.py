@@ -160,7 +160,10 @@ def prepare_run(s: TrainSettings) -> Run:
         refuse_untrainable(recipe, train, recipe.denoiser)  # e.g. --method full on fp8 or int8 storage, before loading
         early = compute_before_load(recipe, train, s.layout or device)
         overrides += [early] if early else []
-    pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
+    from ...runtime.progress import quiet_loading
+
+    with quiet_loading(s.quiet):
+        pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
     pipe.set_progress_bar_config(disable=True)
     # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
     # add_adapter, whose peft version check refused the installed peft.
