@@ -178,3 +178,61 @@ def test_a_run_says_its_expected_time_once_and_only_the_main_process_reports(tra
     monkeypatch.setattr(loop, "train", as_second_process)
     assert main(_train_args(train_demo, tmp_path / "b", "--steps", "1")) == 0
     assert "trained" not in capsys.readouterr().out
+
+
+# --- errors that come late or not in our words ---------------------------------------------------------------------
+
+@pytest.fixture
+def hub_unreachable(monkeypatch):
+    """The Hub allowed (HF_HUB_OFFLINE unset) but not answering: its endpoint is a local port nobody listens on."""
+    import socket
+
+    from huggingface_hub import constants
+
+    with socket.socket() as s:  # a free port, closed again: connecting to it is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    for key in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
+    return monkeypatch
+
+
+def test_an_unreachable_hub_gives_our_message_without_asking_it(hub_unreachable, tmp_path):
+    """huggingface_hub retried for ~25 s (Retrying in 1s/2s/4s/8s/8s) before our message; the Hub is not asked now."""
+    from diffusers import DiffusionPipeline
+    from huggingface_hub import constants
+
+    import hf_precision as hp
+
+    asked = []
+    real = DiffusionPipeline.load_config.__func__
+
+    def spy(cls, name, *args, **kwargs):
+        asked.append(kwargs.get("local_files_only", False))
+        return real(cls, name, *args, **kwargs)
+
+    hub_unreachable.setattr(DiffusionPipeline, "load_config", classmethod(spy))
+    hub_unreachable.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(hp.RecipeError, match=r"'stabilityai/stable-diffusion-xl-base-1.0': not a local folder, and the "
+                                             r"Hugging Face Hub could not be reached .*hf download"):
+        hp.load_pipeline("sdxl", "cpu")
+    assert not [a for a in asked if not a], "the Hub was asked (and retried) before the error"
+
+
+def test_an_unreachable_hub_loads_the_cached_copy(hub_unreachable, saved_pipeline, tmp_path):
+    import shutil
+
+    from huggingface_hub import constants
+
+    import hf_precision as hp
+
+    repo = tmp_path / "hub" / "models--someone--tiny-sd"
+    shutil.copytree(saved_pipeline("sd15"), repo / "snapshots" / "abc123")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    hub_unreachable.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    pipe = hp.load_pipeline("someone/tiny-sd", "cpu")
+    assert type(pipe).__name__ == "StableDiffusionPipeline"
