@@ -236,3 +236,19 @@ def test_an_unreachable_hub_loads_the_cached_copy(hub_unreachable, saved_pipelin
     hub_unreachable.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     pipe = hp.load_pipeline("someone/tiny-sd", "cpu")
     assert type(pipe).__name__ == "StableDiffusionPipeline"
+
+
+def test_a_dtype_the_layout_cannot_compute_counts_the_components_present_and_is_fixed_in_python(saved_pipeline):
+    """A 4-model SDXL folder: four problems, not seven (the absent controlnet, adapter and image_encoder of its
+    recipe), and a Python caller is told the keyword argument, not a --set flag first."""
+    import torch
+
+    import hf_precision as hp
+
+    with pytest.raises(hp.RecipeError) as info:
+        hp.load_pipeline(saved_pipeline("sdxl"), "cpu", layout="t4", dtype=torch.bfloat16)
+    problems = info.value.problems
+    assert len(problems) == 4, problems
+    assert {p.split("components.")[1].split(".")[0] for p in problems} == {"text_encoder", "text_encoder_2", "unet", "vae"}
+    assert all(p.split("fix: ")[1].startswith("overrides={") for p in problems), problems
+    assert "fix: overrides={'vae': {'dtype': 'float32'}} (CLI: --set vae.dtype=float32)" in str(info.value)

@@ -229,7 +229,10 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
 
         models = (lambda: models_of_index(index)) if pipeline_class is not None else (lambda: composable_models(where, index))
         recipe = recipe_for(pipeline, models)
-    layers = override_layers(kwargs, recipe_components(recipe), overrides, quantize)
+    planned = recipe_components(recipe)
+    # dtype= applies to the components the folder has, not to the optional ones its recipe could also plan
+    present = [c for c in planned if c in listed_components(index)] or planned
+    layers = override_layers(kwargs, present, overrides, quantize)
     if device is None:
         device = device_profile(None).torch_device()
     for spec in (device.values() if isinstance(device, Mapping) else [device]):
