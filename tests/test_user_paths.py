@@ -252,3 +252,35 @@ def test_a_dtype_the_layout_cannot_compute_counts_the_components_present_and_is_
     assert {p.split("components.")[1].split(".")[0] for p in problems} == {"text_encoder", "text_encoder_2", "unet", "vae"}
     assert all(p.split("fix: ")[1].startswith("overrides={") for p in problems), problems
     assert "fix: overrides={'vae': {'dtype': 'float32'}} (CLI: --set vae.dtype=float32)" in str(info.value)
+
+
+# --- small things ----------------------------------------------------------------------------------------------------
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_the_readme_quotes_the_demo_picture_sizes():
+    import numpy as np
+
+    from hf_precision.apps.demo import PICTURE_CALLS, _enlarged
+    from hf_precision.testing.pipelines import example_call_kwargs
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    for kind, words in (("sdxl", "tiny SDXL's {} picture enlarged {}"), ("svd", "tiny SVD's {} frames enlarged {}")):
+        call = {**example_call_kwargs(kind), **PICTURE_CALLS[kind]}
+        note = _enlarged(np.zeros((call["height"], call["width"], 3)))[1]  # '64x64, enlarged 4x to 256x256 ...'
+        size, factor = note.split(", enlarged ")[0], note.split(", enlarged ")[1].split()[0]
+        assert words.format(size, factor) in readme, (kind, note)
+
+
+def test_gitignore_covers_what_the_readmes_offline_commands_write():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    # commands as the README gives them to copy (a `$ ` transcript shows an error case, which writes nothing)
+    written = set(re.findall(r"(?m)^(?:hf-precision|python) .*--demo --out (\S+)", readme)) | set(re.findall(r"save_pipeline\(\w+\(\), '([^']+)'\)", readme))
+    written |= {"demo_output", "islands.yaml"}  # make demo's folder; calibrate's default --out
+    assert {"demo.mp4", "demo-lora", "sdxl-tiny"} <= written
+    ignored = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    assert not {w.strip("./") for w in written} - ignored
