@@ -284,3 +284,22 @@ def test_gitignore_covers_what_the_readmes_offline_commands_write():
     ignored = {line.strip().strip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
                if line.strip() and not line.startswith("#")}
     assert not {w.strip("./") for w in written} - ignored
+
+
+def test_the_calibrated_override_file_gets_the_usual_file_mode(tmp_path):
+    """islands.yaml was written 0600 (mkstemp's private mode): a file people share gets 0666 less the umask."""
+    import os
+
+    from hf_precision.diagnose.calibration.report import CalibrationResult, RunError
+
+    errors = {k: RunError(k, True, 0.0, 0.0, 0.0) for k in ("naive", "islands")}
+    result = CalibrationResult(model="m", layout="t4", target="float16", reference="float32", islands={}, whole=[],
+                               evidence={}, extra_bytes=0, island_bytes={}, component_bytes={}, recipe_islands={},
+                               recipe_fp32=[], errors=errors, ranges={}, notes=[], bound=0.05, timings={}, components=[])
+    mask = os.umask(0o022)
+    try:
+        path = result.write(tmp_path / "islands.yaml")
+    finally:
+        os.umask(mask)
+    assert oct(path.stat().st_mode & 0o777) == "0o644"
+    assert [p.name for p in tmp_path.iterdir()] == ["islands.yaml"]  # still atomic: no temporary left
