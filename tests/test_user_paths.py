@@ -303,3 +303,31 @@ def test_the_calibrated_override_file_gets_the_usual_file_mode(tmp_path):
         os.umask(mask)
     assert oct(path.stat().st_mode & 0o777) == "0o644"
     assert [p.name for p in tmp_path.iterdir()] == ["islands.yaml"]  # still atomic: no temporary left
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly():
+    """`hf-precision show ... | head` ended in a BrokenPipeError traceback. A pipe whose reader is already gone makes
+    the first write fail, whatever the output's size."""
+    import os
+    import subprocess
+    import sys
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([sys.executable, "-m", "hf_precision.cli", "show", "sdxl", "--device", "t4"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    finally:
+        os.close(write)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+    assert done.returncode == 141
+
+
+def test_version(capsys):
+    import hf_precision
+    from hf_precision.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0 and capsys.readouterr().out.strip() == f"hf-precision {hf_precision.__version__}"

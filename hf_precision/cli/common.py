@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["COMMANDS", "HelpFormatter", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
+__all__ = ["COMMANDS", "HelpFormatter", "closed_output", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
            "script_main"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -126,17 +126,42 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
     from ..errors import RecipeError
 
     quiet_optional_dependencies()
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return run(args)
     except RecipeError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return closed_output()
     except KeyboardInterrupt:
         if interrupted is None:
             raise
         print(f"{parser.prog}: {interrupted}", file=sys.stderr)
         return 130
+
+
+# The exit status of a program its reader stopped reading (`| head`): 128 + SIGPIPE, as the shell's own tools end.
+CLOSED_PIPE_EXIT = 141
+
+
+def closed_output() -> int:
+    """What a command does when whoever reads its output went away (``hf-precision show ... | head``): no traceback,
+    and no second one when Python flushes stdout at exit (it is pointed at /dev/null); returns the exit status.
+
+    Example:
+        >>> closed_output()  # under doctest stdout has no file descriptor: nothing to redirect
+        141
+    """
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test's capture)
+        pass
+    return CLOSED_PIPE_EXIT
 
 
 def resolve_for(args: argparse.Namespace) -> str | None:
