@@ -331,3 +331,17 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0 and capsys.readouterr().out.strip() == f"hf-precision {hf_precision.__version__}"
+
+
+def test_our_warnings_print_as_one_line_of_ours(capsys):
+    """`show --class ZImageControlNetPipeline` printed Python's `file:line: UserWarning` and the quoted source line."""
+    import warnings
+
+    from hf_precision.cli import main
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["show", "--class", "ZImageControlNetPipeline", "--device", "t4", "--brief"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("hf-precision show: warning: ZImageControlNetPipeline: no component recipe for"), err
+    assert "UserWarning" not in err and len(err.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import RecipeError
-from .common import COMMANDS, HelpFormatter, closed_output, quiet_optional_dependencies
+from .common import COMMANDS, HelpFormatter, closed_output, our_warnings, quiet_optional_dependencies
 
 __all__ = ["main", "build_parser"]
 
@@ -69,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         module, _, func = COMMANDS[args.command][2].partition(":")
         handler = getattr(importlib.import_module(module), func)
         try:
-            return int(handler(args) or 0)
+            with our_warnings(f"hf-precision {args.command}"):
+                return int(handler(args) or 0)
         except RecipeError as err:
             print(f"hf-precision {args.command}: error: {err}", file=sys.stderr)
             return 2

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["COMMANDS", "HelpFormatter", "closed_output", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
+__all__ = ["COMMANDS", "HelpFormatter", "closed_output", "our_warnings", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
            "script_main"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -128,7 +129,8 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
     quiet_optional_dependencies()
     try:
         args = parser.parse_args(argv)
-        return run(args)
+        with our_warnings(str(parser.prog)):
+            return run(args)
     except RecipeError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
@@ -139,6 +141,37 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
             raise
         print(f"{parser.prog}: {interrupted}", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def our_warnings(prog: str) -> Iterator[None]:
+    """Inside the block, a warning hf_precision itself gives prints as one line of ours (``hf-precision show:
+    warning: ...``), not Python's ``file:line: UserWarning`` with the source line quoted under it; other packages'
+    warnings are printed as Python prints them. The previous printer comes back after the block.
+
+    Example:
+        >>> import sys, warnings
+        >>> from hf_precision.recipe.catalog import recipe_for
+        >>> with our_warnings("hf-precision show"), contextlib.redirect_stderr(sys.stdout):
+        ...     warnings.warn_explicit("no component recipe for x", UserWarning, recipe_for.__code__.co_filename, 1)
+        hf-precision show: warning: no component recipe for x
+    """
+    import sys
+    import warnings
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parents[1])
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not str(Path(filename).resolve()).startswith(package):
+            shown(message, category, filename, lineno, file, line)
+            return
+        print(f"{prog}: warning: {message}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 # The exit status of a program its reader stopped reading (`| head`): 128 + SIGPIPE, as the shell's own tools end.
