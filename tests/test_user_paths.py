@@ -345,3 +345,15 @@ def test_our_warnings_print_as_one_line_of_ours(capsys):
     err = capsys.readouterr().err
     assert err.startswith("hf-precision show: warning: ZImageControlNetPipeline: no component recipe for"), err
     assert "UserWarning" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_variant_the_folder_lacks_is_our_error_before_loading(saved_pipeline):
+    """diffusers raised its own ValueError from inside from_pretrained; the README promises a RecipeError."""
+    import hf_precision as hp
+
+    with pytest.raises(hp.RecipeError, match=r"variant='fp16': the folder has no weight files of that variant \(its "
+                                             r"variants: none, only the full files\); leave variant out"):
+        hp.load_pipeline(saved_pipeline("sd15"), "cpu", variant="fp16")
+    with pytest.raises(hp.RecipeError, match=r"variant='bf16': .*\(its variants: 'fp16'\); pass one of them "
+                                             r"\(variant='fp16'\) or leave variant out"):
+        hp.load_pipeline(saved_pipeline("sd15", fp16_variant=True), "cpu", variant="bf16")

@@ -17,7 +17,7 @@ from ..recipe.resolution import resolve
 from .arguments import as_class, check_keywords, concrete_class, from_pretrained_keywords, index_class, override_layers
 from .source import check_folder_fits, component_configs, listed_components, locate, models_of_index, offline_error
 
-__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
+__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "check_variant", "from_pretrained_keywords"]
 
 
 def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None, *, weights: bool = True) -> None:
@@ -71,6 +71,37 @@ def _damage_or_none(where: str, folder: Path | None, index: Mapping[str, Any]) -
 
 def _has_fp16_variant(folder: Path | None) -> bool:
     return folder is not None and any(any(folder.glob(f"*/{p}")) for p in ("*.fp16.safetensors", "*.fp16-*.safetensors"))
+
+
+def check_variant(where: str, folder: Path | None, variant: Any) -> None:
+    """Refuse, before any weight is read, a ``variant=`` a local folder has no files of: diffusers would raise its own
+    ValueError from inside ``from_pretrained``. The decision is diffusers' own (its ``variant_compatible_siblings``).
+
+    Example:
+        >>> import tempfile
+        >>> from hf_precision.testing import make_sdxl, save_pipeline
+        >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
+        >>> check_variant(str(folder), folder, "fp16")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: ...: variant='fp16': the folder has no weight files of that variant (its variants: none, only the full files); leave variant out to read the full files, in the planned dtypes
+    """
+    if folder is None or not variant:
+        return
+    import re
+
+    from diffusers.pipelines.pipeline_loading_utils import variant_compatible_siblings
+
+    names = sorted(str(p.relative_to(folder)) for p in folder.glob("*/*") if p.is_file())
+    try:
+        variant_compatible_siblings(names, variant=str(variant))
+    except ValueError:
+        found = sorted({m[1] for n in names if (m := re.search(r"\.(\w+)(?:-\d+-of-\d+)?\.(?:safetensors|bin)$", n))})
+        have = ", ".join(repr(v) for v in found) if found else "none, only the full files"
+        fix = (f"pass one of them (variant={found[0]!r}) or leave variant out" if found else "leave variant out") + \
+            " to read the full files, in the planned dtypes"
+        raise RecipeError(f"{where}: variant={variant!r}: the folder has no weight files of that variant (its "
+                          f"variants: {have}); {fix}") from None
 
 
 def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
@@ -222,6 +253,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
         built = getattr(diffusers, str(index.get("_class_name")), None)
     check_keywords(kwargs, [c for c in (pipeline_class, built) if isinstance(c, type)])
     check_folder_fits(where, index, pipeline_class)
+    check_variant(where, folder, kwargs.get("variant"))
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
     chosen = recipe is None  # chosen by class: resolve refits it to the model classes present
     if recipe is None:  # the shipped recipe for the class, else one composed from its components
