@@ -50,6 +50,32 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the islands, bytes and errors as JSON")
 
 
+def run_size(model: str, height: int | None, width: int | None) -> tuple[int | None, ...]:
+    """(height, width) of calibrate's runs, with frames for a video pipeline whose transformer's rotary table is
+    shorter than the pipeline's own defaults: the capped size ``hf-precision video`` uses (one rule, in
+    apps/video/families.py), so the runs fit the table instead of failing inside diffusers. A size the table cannot
+    hold is refused with the largest it can.
+
+    Example:
+        >>> run_size("./not-a-video-folder", None, 512)
+        (None, 512)
+    """
+    from ..apps.video.families import model_spec
+    from ..errors import RecipeError
+
+    try:
+        _, spec = model_spec(model)
+    except RecipeError:  # not a video pipeline (or not a folder: calibrate itself says so)
+        return height, width
+    if not spec.max_positions:
+        return height, width
+    size = (height or spec.defaults["height"], width or spec.defaults["width"], spec.defaults["frames"])
+    problems = spec.check(height=size[0], width=size[1], frames=size[2])
+    if problems:
+        raise RecipeError(problems)
+    return size
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -62,7 +88,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     layout, run_on = args.layout or args.device, args.run_on or args.device
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
-                       seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width),
+                       seed=args.seed, prompt=args.prompt, image=args.image, size=run_size(args.model, args.height, args.width),
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
     if args.json:
