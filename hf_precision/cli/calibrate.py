@@ -30,8 +30,9 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per run (default: 4)")
     p.add_argument("--height", type=int, default=None,
-                   help="height in pixels of the runs (default: the pipeline's own, within what the model takes)")
-    p.add_argument("--width", type=int, default=None, help="width in pixels of the runs (default: as --height)")
+                   help="height in pixels of the runs (default: the pipeline's own; for a video transformer with a short rotary "
+                        "table, the size hf-precision video caps to)")
+    p.add_argument("--width", type=int, default=None, help="width in pixels of the runs (default: chosen as for --height)")
     p.add_argument("--target", default=None, choices=["float16", "bfloat16"],
                    help="the half dtype to calibrate (default: the layout's denoiser dtype)")
     p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
