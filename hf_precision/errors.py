@@ -7,7 +7,8 @@ from collections.abc import Iterable
 from os import PathLike
 from typing import Any
 
-__all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "override_lines", "override_flag", "excerpt"]
+__all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "override_lines", "override_flag", "override_fix",
+           "excerpt"]
 
 
 class RecipeError(ValueError):
@@ -107,6 +108,28 @@ def override_line(component: str, key: str, value: object) -> str:
         '--set vae.keep_fp32=[decoder.mid_block,post_quant_conv] (YAML: components: {vae: {keep_fp32: [decoder.mid_block, post_quant_conv]}})'
     """
     return override_lines([(component, key, value)])
+
+
+# Override sources a Python caller wrote (load_pipeline's keywords, an overrides dict): their fixes are spelled as the
+# keyword argument to pass; files and --set flags get the flag and the YAML.
+PYTHON_SOURCES = ("load_pipeline ", "apply_recipe ", "overrides dict", "prepare_training ")
+
+
+def override_fix(source: str, component: str, key: str, value: object) -> str:
+    """The fix for a problem of one override ``source``, spelled the way that source was written: a Python keyword
+    argument or dict gets ``overrides={...}`` (with the flag for the command line after it), a file or ``--set`` gets
+    :func:`override_line`.
+
+    Example:
+        >>> override_fix("load_pipeline dtype=", "unet", "dtype", "float16")
+        "overrides={'unet': {'dtype': 'float16'}} (CLI: --set unet.dtype=float16)"
+        >>> override_fix("--set", "unet", "dtype", "float16")
+        '--set unet.dtype=float16 (YAML: components: {unet: {dtype: float16}})'
+    """
+    if not str(source).startswith(PYTHON_SOURCES):
+        return override_line(component, key, value)
+    python = list(value) if isinstance(value, tuple) else value
+    return f"overrides={{{component!r}: {{{key!r}: {python!r}}}}} (CLI: --set {override_flag(component, key, value)})"
 
 
 def override_lines(overrides: Iterable[tuple[str, str, object]], *, quoted: bool = False) -> str:

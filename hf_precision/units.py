@@ -7,7 +7,7 @@ import re
 
 from .errors import RecipeError
 
-__all__ = ["format_bytes", "parse_size"]
+__all__ = ["format_bytes", "format_seconds", "parse_size"]
 
 
 def format_bytes(n: float) -> str:
@@ -23,6 +23,22 @@ def format_bytes(n: float) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.{digits}f} {unit}"
     return f"{n:.0f} B"
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration as people say it: seconds under a minute, then minutes and seconds, then hours and minutes.
+
+    Example:
+        >>> format_seconds(4.2), format_seconds(450), format_seconds(4 * 3600 + 125)
+        ('4 s', '7 min 30 s', '4 h 2 min')
+    """
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, sec = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes} min {sec} s"
+    return f"{minutes // 60} h {minutes % 60} min"
 
 
 def parse_size(text: str, option: str = "--max-memory") -> int:

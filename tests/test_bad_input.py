@@ -761,15 +761,16 @@ def test_every_uncomputable_dtype_is_reported_together():
     msg = raises(hp.get_recipe, "sdxl", device="gtx1660", overrides={"unet": {"dtype": "fp16"}, "vae": {"dtype": "bf16"}})
     assert msg.startswith("2 problems:")
     assert "components.unet.dtype: float16 cannot be computed on cuda (NVIDIA GeForce GTX 1660 SUPER, sm 7.5)" in msg
-    assert "fix: --set unet.dtype=float32" in msg
-    assert "components.vae.dtype: bfloat16 cannot be computed" in msg and "fix: --set vae.dtype=float32" in msg
+    # a Python caller's dict gets the keyword argument to pass, the flag after it
+    assert "fix: overrides={'unet': {'dtype': 'float32'}} (CLI: --set unet.dtype=float32)" in msg
+    assert "components.vae.dtype: bfloat16 cannot be computed" in msg and "fix: overrides={'vae': {'dtype': 'float32'}}" in msg
 
 
 def test_storage_the_device_cannot_hold():
     # fp8 storage needs no fp8 hardware (cast per layer on use), but MPS has no float8 dtypes at all.
     msg = raises(hp.get_recipe, "sdxl", device="m1-macos13", overrides={"unet": {"storage": "fp8"}})
     assert "components.unet.storage: float8_e4m3fn cannot be stored on mps (Apple M1, macOS 13.6)" in msg
-    assert "allowed there: float32, float16" in msg and "fix: --set unet.storage=float16" in msg
+    assert "allowed there: float32, float16" in msg and "fix: overrides={'unet': {'storage': 'float16'}}" in msg
 
 
 def test_uncomputable_dtype_in_a_device_section_names_its_source(tmp_path):

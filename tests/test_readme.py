@@ -312,8 +312,9 @@ def test_make_demo(workdir):
     for call in re.findall(r"`(hp\.load_pipeline\([^`]*\))`", section):
         assert call in result.out, f"the README quotes {call}; the demo prints something else"
     assert "mat1 and mat2 must have the same dtype" in result.out and "unet.time_embedding.linear_1" in result.out
-    assert "32x32, enlarged 8x to 256x256" in " ".join(result.out.split())
-    assert "enlarged 8x to 256x256" in " ".join(section.split())
+    printed, quoted = " ".join(result.out.split()), " ".join(section.split())
+    assert "64x64, enlarged 4x to 256x256" in printed and "32x32, enlarged 8x to 256x256" in printed  # sdxl.png, svd.gif
+    assert "64x64 picture enlarged 4x" in quoted and "32x32 frames enlarged 8x" in quoted
     for name in ("sdxl.png", "svd.gif", "report.json"):
         assert (workdir / "demo_output" / name).is_file()
 

@@ -174,6 +174,10 @@ def test_metadata_jsonl(tmp_path):
         read_data(d, ModelGeometry("StableDiffusionPipeline", 8), 32)
     text = str(err.value)
     assert "line 1" in text and "empty" in text and "9.png" in text and "line 3" in text and "not valid JSON" in text
+    (d / "metadata.jsonl").write_text('{"file_name": "0.png", "text": "a red cat"}\n{"file_name": "1.png", "text": "a b\n')
+    with pytest.raises(RecipeError, match=r"metadata.jsonl: line 2, column 32: not valid JSON \(Unterminated string "
+                                          r"starting at: column 32\)"):
+        read_data(d, ModelGeometry("StableDiffusionPipeline", 8), 32)
 
 
 def test_buckets_follow_aspect_ratio(tmp_path):

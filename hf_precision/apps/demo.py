@@ -23,7 +23,11 @@ from .outputs import written_atomically
 from ..units import format_bytes
 from .. import dtypes as dt
 
-__all__ = ["run_demo", "difference", "why_float32"]
+__all__ = ["run_demo", "difference", "why_float32", "PICTURE_CALLS"]
+
+# Part 4's calls over the tiny models' example kwargs: what sizes its pictures have (the README quotes them).
+PICTURE_CALLS: dict[str, dict[str, Any]] = {"sdxl": {"height": 64, "width": 64, "num_inference_steps": 4},
+                                            "svd": {"num_frames": 4, "num_inference_steps": 3}}
 
 BANNER = ("hf_precision demo: the weights are RANDOM (built from configs on this machine, nothing downloaded), "
           "so the pictures are noise; what the demo shows is the machinery: per-component dtypes, fp32 islands, "
@@ -381,11 +385,7 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         start = time.perf_counter()
         reference_pipe = synthetic.make_pipeline(kind, seed=seed)
         folder = synthetic.save_pipeline(reference_pipe, work / kind)
-        kwargs = synthetic.example_call_kwargs(kind)
-        if kind == "sdxl":
-            kwargs.update(height=64, width=64, num_inference_steps=4)
-        else:
-            kwargs.update(num_frames=4, num_inference_steps=3)
+        kwargs = {**synthetic.example_call_kwargs(kind), **PICTURE_CALLS[kind]}
         print(f"\n--- {kind}: plan (meta device, from the saved configs) ---")
         planned = plan(folder, device=layout_device)
         table = planned.table()

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..errors import RecipeError
-from .common import COMMANDS, quiet_optional_dependencies
+from .common import COMMANDS, HelpFormatter, closed_output, our_warnings, quiet_optional_dependencies
 
 __all__ = ["main", "build_parser"]
 
@@ -38,10 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(f"{__name__}.{name}")
     parser = argparse.ArgumentParser(prog="hf-precision", description="Dtype and device recipes for diffusers pipelines.",
-                                     epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                     epilog=EXAMPLES, formatter_class=HelpFormatter)
+    from .. import __version__
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help)
+        p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
         add_args(p)
     return parser
 
@@ -58,16 +61,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     quiet_optional_dependencies()
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not args.command:
-        parser.print_help()
-        return 2
-    module, _, func = COMMANDS[args.command][2].partition(":")
-    handler = getattr(importlib.import_module(module), func)
-    try:
-        return int(handler(args) or 0)
-    except RecipeError as err:
-        print(f"hf-precision {args.command}: error: {err}", file=sys.stderr)
-        return 2
+    try:  # `hf-precision ... | head`: the reader may leave while any command (or --help) still prints
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return 2
+        module, _, func = COMMANDS[args.command][2].partition(":")
+        handler = getattr(importlib.import_module(module), func)
+        try:
+            with our_warnings(f"hf-precision {args.command}"):
+                return int(handler(args) or 0)
+        except RecipeError as err:
+            print(f"hf-precision {args.command}: error: {err}", file=sys.stderr)
+            return 2
+    except BrokenPipeError:
+        return closed_output()
 
 

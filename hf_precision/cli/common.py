@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["COMMANDS", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
+__all__ = ["COMMANDS", "HelpFormatter", "closed_output", "our_warnings", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
            "script_main"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -18,6 +19,26 @@ def command(name: str, help: str, handler: str) -> Callable[[Callable[[argparse.
         COMMANDS[name] = (help, fn, handler)
         return fn
     return wrap
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default, unless the help already quotes it: a user is never left to guess
+    what ``--steps`` runs when not given. Flags, empty lists and ``None`` (whose help says what happens) add nothing.
+
+    Example:
+        >>> p = argparse.ArgumentParser(prog="x", formatter_class=HelpFormatter)
+        >>> _ = p.add_argument("--steps", type=int, default=30, help="denoising steps")
+        >>> "denoising steps (default: 30)" in p.format_help()
+        True
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or default == [] or "%(default)" in text or ("default" in text and str(default) in text)):
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
 
 
 RUN_DEVICE_HELP = ("where it runs: cpu, cuda, cuda:1, mps, xpu (default: the best present device). To run the dtypes "
@@ -106,17 +127,74 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
     from ..errors import RecipeError
 
     quiet_optional_dependencies()
-    args = parser.parse_args(argv)
     try:
-        return run(args)
+        args = parser.parse_args(argv)
+        with our_warnings(str(parser.prog)):
+            return run(args)
     except RecipeError as err:
         print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        return closed_output()
     except KeyboardInterrupt:
         if interrupted is None:
             raise
         print(f"{parser.prog}: {interrupted}", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def our_warnings(prog: str) -> Iterator[None]:
+    """Inside the block, a warning hf_precision itself gives prints as one line of ours (``hf-precision show:
+    warning: ...``), not Python's ``file:line: UserWarning`` with the source line quoted under it; other packages'
+    warnings are printed as Python prints them. The previous printer comes back after the block.
+
+    Example:
+        >>> import sys, warnings
+        >>> from hf_precision.recipe.catalog import recipe_for
+        >>> with our_warnings("hf-precision show"), contextlib.redirect_stderr(sys.stdout):
+        ...     warnings.warn_explicit("no component recipe for x", UserWarning, recipe_for.__code__.co_filename, 1)
+        hf-precision show: warning: no component recipe for x
+    """
+    import sys
+    import warnings
+    from pathlib import Path
+
+    package = str(Path(__file__).resolve().parents[1])
+    shown = warnings.showwarning
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if not str(Path(filename).resolve()).startswith(package):
+            shown(message, category, filename, lineno, file, line)
+            return
+        print(f"{prog}: warning: {message}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
+# The exit status of a program its reader stopped reading (`| head`): 128 + SIGPIPE, as the shell's own tools end.
+CLOSED_PIPE_EXIT = 141
+
+
+def closed_output() -> int:
+    """What a command does when whoever reads its output went away (``hf-precision show ... | head``): no traceback,
+    and no second one when Python flushes stdout at exit (it is pointed at /dev/null); returns the exit status.
+
+    Example:
+        >>> closed_output()  # under doctest stdout has no file descriptor: nothing to redirect
+        141
+    """
+    import os
+    import sys
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # a stdout without a file descriptor (a test's capture)
+        pass
+    return CLOSED_PIPE_EXIT
 
 
 def resolve_for(args: argparse.Namespace) -> str | None:

@@ -18,7 +18,7 @@ def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layout", default=None, metavar="DEVICE",
                    help="whose device rules choose the dtypes of the last part: t4, a100, cpu-amx ... (default: "
                         "--device)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed of the pictures")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON at the end")
 
 
@@ -37,14 +37,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 @command("generate", "text-to-image with your own weights through the loader", "hf_precision.cli.run:_cmd_generate")
 def _args_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="local diffusers folder, Hub id, or recipe alias (sdxl, sd15, pixart)")
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, help="text prompt")
     p.add_argument("--out", default="image.png", help="image file to write (.png, .jpg, .webp)")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--steps", type=int, default=30, help="denoising steps")
+    p.add_argument("--height", type=int, default=None, help="image height in pixels (default: the pipeline's, from its config)")
+    p.add_argument("--width", type=int, default=None, help="image width in pixels (default: the pipeline's, from its config)")
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the pipeline's)")
-    p.add_argument("--negative-prompt", default=None)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--negative-prompt", default=None, help="negative prompt, where the pipeline takes one (default: none)")
+    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same picture")
     p.add_argument("--recipe", default=None, help="recipe name (default: chosen from model_index.json)")
     p.add_argument("--force", action="store_true",
                    help="use --recipe even for a pipeline class its pipelines: list does not name")

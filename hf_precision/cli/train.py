@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 
 from ..errors import RecipeError
-from .common import add_recipe_args, command, overrides_from, script_main
+from .common import HelpFormatter, add_recipe_args, command, overrides_from, script_main
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``hf-precision train`` and ``scripts/train.py`` (one definition for both)."""
     if p.epilog is None:
         p.epilog = USAGE
-        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        p.formatter_class = HelpFormatter
     p.add_argument("--model", default=None, help="diffusers model folder or Hub id")
     p.add_argument("--data", default=None, help="folder of images/clips with caption .txt files, or a metadata.jsonl")
     p.add_argument("--out", default=None, help="output folder (must not exist, except with --resume)")
@@ -45,46 +45,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--train-text-encoder", action="store_true", help="also put LoRA on the text encoders")
     p.add_argument("--embedding", default=None, metavar="TOKEN", help='textual inversion: the new token, e.g. "<my-cat>"')
     p.add_argument("--init-token", default=None, help="textual inversion: the existing token it starts from")
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=1000, help="optimizer steps")
     p.add_argument("--batch-size", type=int, default=1, help="per process")
-    p.add_argument("--learning-rate", "--lr", type=float, default=1e-4)
+    p.add_argument("--learning-rate", "--lr", type=float, default=1e-4, help="peak learning rate")
     p.add_argument("--lr-scheduler", default="constant", help="diffusers get_scheduler name (constant, cosine, ...)")
-    p.add_argument("--warmup-steps", type=int, default=0)
+    p.add_argument("--warmup-steps", type=int, default=0, help="learning-rate warmup steps")
     p.add_argument("--resolution", type=int, default=None,
                    help="training area is resolution^2 (aspect-ratio buckets around it); a multiple of the VAE factor "
                         "x patch size. Default: the VAE's sample_size")
-    p.add_argument("--frames", type=int, default=None, help="video models: frames per clip (Wan/CogVideoX 4k+1, LTX 8k+1)")
+    p.add_argument("--frames", type=int, default=None, help="video models: frames per clip (Wan/CogVideoX 4k+1, LTX 8k+1); required for them, no default")
     p.add_argument("--caption-ext", default=".txt", help="suffix of the caption files (default .txt)")
     p.add_argument("--caption-column", default="text", help="caption key in metadata.jsonl (default text)")
     p.add_argument("--caption", default=None, help="one caption for every file (no caption files needed)")
     p.add_argument("--master", choices=("fp32", "bf16-sr"), default="fp32",
                    help="trainable weights: fp32 masters (default) or pure bf16 with stochastic rounding")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (data order, noise, LoRA init)")
     p.add_argument("--checkpoint-every", type=int, default=500, help="steps between checkpoints (default 500)")
-    p.add_argument("--keep-checkpoints", type=int, default=3)
+    p.add_argument("--keep-checkpoints", type=int, default=3, help="checkpoints kept in --out (older ones are deleted)")
     p.add_argument("--resume", default=None, metavar="latest|PATH", help="continue from a checkpoint of --out")
-    p.add_argument("--validation-prompt", default=None)
-    p.add_argument("--validation-every", type=int, default=None, help="steps between validation images")
-    p.add_argument("--validation-inference-steps", type=int, default=20)
+    p.add_argument("--validation-prompt", default=None, help="prompt of the validation images (default: none are made)")
+    p.add_argument("--validation-every", type=int, default=None,
+                   help="steps between validation images (default: only before and after training)")
+    p.add_argument("--validation-inference-steps", type=int, default=20, help="denoising steps of a validation image")
     p.add_argument("--no-cache", dest="cache", action="store_false",
                    help="encode every batch (default: cache latents and text embeddings on disk, keyed by the plan)")
     p.add_argument("--on-nan", choices=("stop", "skip"), default="stop",
                    help="a non-finite loss: stop (default) or skip the batch; both name the step and component")
     p.add_argument("--save-dtype", choices=("float16", "bfloat16", "float32"), default="float16",
                    help="dtype of the saved LoRA (default float16, as LoRAs are exchanged)")
-    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass: less memory, slower steps")
     p.add_argument("--shard", action="store_true",
                    help="under torchrun/accelerate launch: shard what trains over the processes (FSDP2), each block in "
                         "the recipe's dtypes; frozen parts replicated. --plan --processes N plans it per rank")
     p.add_argument("--plan", action="store_true",
                    help="print the predicted peak memory (weights, gradients, optimizer, activations) and the settings "
                         "chosen for --max-memory, from the configs on the meta device; no weights, no training")
-    p.add_argument("--max-memory", default=None, metavar="SIZE", help="memory budget for --plan, e.g. 16GB")
+    p.add_argument("--max-memory", default=None, metavar="SIZE",
+                   help="memory budget for --plan, e.g. 16GB: the settings that fit it are chosen (default: none, "
+                        "the plan of the given settings)")
     p.add_argument("--processes", type=int, default=1, metavar="N",
                    help="with --plan: plan each rank of N processes (data parallel, or sharded with --shard)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_recipe_args(p, device_help="device to run on (cpu, cuda, mps; under accelerate launch each process's own), or "
-                                   "with --plan a preset to plan for (t4, a100, ...)")
+                                   "with --plan a preset to plan for (t4, a100, ...). Default: the best present device")
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
@@ -177,7 +180,7 @@ def _run_demo(args: argparse.Namespace) -> int:
             result = train(_settings(args, str(model), str(data)))
     finally:
         torch.set_num_threads(threads)
-    if result.eval_loss:
+    if result.eval_loss and result.main_process:
         before, after = result.eval_loss
         print(f"evaluation loss on a fixed batch (fixed noise and timesteps): {before:.4f} before, {after:.4f} after "
               f"({'falls' if after < before else 'does not fall'})")
@@ -185,6 +188,8 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 def _report(result) -> int:
+    if not result.main_process:  # under accelerate launch: the main process reports the run once
+        return 130 if result.exit_code == 130 else 0
     if result.exit_code == 130:
         print(f"interrupted at step {result.step}: checkpoint saved in {result.out}/checkpoints; continue with the "
               f"same command and --resume latest", file=sys.stderr)

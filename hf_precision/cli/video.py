@@ -19,7 +19,7 @@ from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs
 from ..apps.video.load import OFFLOAD, MemorySettings
 from ..errors import RecipeError
 from ..units import format_bytes, parse_size
-from .common import add_recipe_args, command, overrides_from
+from .common import HelpFormatter, add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``scripts/generate_video.py`` and ``hf-precision video`` (one definition for both)."""
     if p.epilog is None:  # the subcommand parser of `hf-precision video` gets the same examples and output rules
         p.epilog = USAGE
-        p.formatter_class = argparse.RawDescriptionHelpFormatter
+        p.formatter_class = HelpFormatter
     p.add_argument("--model", default=None,
                    help="local diffusers video model folder or Hub id: Wan, LTX-Video, CogVideoX, HunyuanVideo, SVD "
                         "(default: svd = stabilityai/stable-video-diffusion-img2vid-xt)")

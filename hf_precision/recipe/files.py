@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import DamagedFileError, RecipeError, excerpt
 
-__all__ = ["recipes_dir", "read_yaml", "parse_yaml", "read_json", "damaged_file", "download_command",
+__all__ = ["shared_mode", "recipes_dir", "read_yaml", "parse_yaml", "read_json", "damaged_file", "download_command",
            "MAX_YAML_BYTES", "MAX_ITEMS", "MAX_DEPTH", "MAX_NODES", "MAX_KEY_CHARS"]
 
 # The largest shipped recipe is ~5 KB and an override is a few lines: 1 MiB is 200x headroom, and the worst legal
@@ -401,3 +401,21 @@ def read_json(path: str | Path, *, repo: str | None = None) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise damaged_file(path, f"expected a JSON object, found {type(value).__name__} {excerpt(value)}", repo=repo)
     return value
+
+
+def shared_mode(path: str | Path) -> None:
+    """Give a file made by ``tempfile.mkstemp`` (private: 0600) the mode a plain ``open`` would have given it
+    (0666 less the umask: 0644 under the usual 022), before it is renamed onto a result the user shares or serves.
+
+    Example:
+        >>> import os, tempfile
+        >>> fd, name = tempfile.mkstemp(); os.close(fd)
+        >>> mask = os.umask(0o022); shared_mode(name); _ = os.umask(mask)
+        >>> oct(os.stat(name).st_mode & 0o777)
+        '0o644'
+    """
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)

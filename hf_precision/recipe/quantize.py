@@ -270,7 +270,7 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
         >>> print(problems[0])  # doctest: +ELLIPSIS
         --set: components.unet.storage: nf4 cannot be used on mps (...): bitsandbytes runs on CUDA, and on the CPU ...
     """
-    from ..errors import override_line
+    from ..errors import override_fix
 
     if storage not in caps.storage:
         device = caps.profile.label()
@@ -283,7 +283,7 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
         verb = "used" if is_quantized(storage) else "stored"
         problems.append(f"{source}: components.{name}.storage: {storage} cannot be {verb} on {device}"
                         f"{': ' + hint if hint else ''}; allowed there: {', '.join(allowed)}; "
-                        f"fix: {override_line(name, 'storage', fix)}")
+                        f"fix: {override_fix(source, name, 'storage', fix)}")
     if not is_quantized(storage):
         return "set by storage (cast to the compute dtype on use)"
     choice = CHOICES[storage]

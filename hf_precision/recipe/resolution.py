@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import dtypes as dt
-from ..errors import Problems, RecipeError, excerpt, override_line
+from ..errors import Problems, RecipeError, excerpt, override_fix
 from .catalog import (check_recipe_class, component_entry, component_spec, list_recipes, pipeline_file, recipe_for,
                       unknown_recipe)
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
@@ -192,7 +192,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
             problems.append(
                 f"{src('dtype')}: components.{name}.dtype: {forced} cannot be computed on {device}; "
                 f"allowed there: {', '.join(caps.compute)} ({_why_device(caps, forced)}); "
-                f"fix: {override_line(name, 'dtype', fix)}")
+                f"fix: {override_fix(src('dtype'), name, 'dtype', fix)}")
         compute = forced
         note = "" if forced in tolerated else f" (outside the tolerated {tolerated}; NaN guard advised)"
         decisions.append(Decision("compute", compute, "forced by dtype" + note, src("dtype")))

@@ -11,7 +11,7 @@ from .. import dtypes as dt
 from ..errors import RecipeError, excerpt
 from ..recipe.overrides import Override
 
-__all__ = ["as_class", "check_keywords", "from_pretrained_keywords", "index_class", "override_layers"]
+__all__ = ["as_class", "concrete_class", "check_keywords", "from_pretrained_keywords", "index_class", "override_layers"]
 
 
 def _dtype_name(value: Any, keyword: str) -> str:
@@ -162,3 +162,60 @@ def override_layers(kwargs: dict[str, Any], components: list[str], overrides: An
     if asked:
         layers.append(asked)
     return layers
+
+
+# AutoPipeline class -> (its diffusers mapping, the word its task puts in a class name). diffusers' from_pretrained
+# reads _class_name, rewrites it for the task (auto_pipeline.py) and builds the mapped class; the same is done here
+# before loading, so the recipe is chosen for the class that is built, not for the AutoPipeline.
+_AUTO_TASKS = {"AutoPipelineForText2Image": ("AUTO_TEXT2IMAGE_PIPELINES_MAPPING", None),
+               "AutoPipelineForImage2Image": ("AUTO_IMAGE2IMAGE_PIPELINES_MAPPING", "Img2Img"),
+               "AutoPipelineForInpainting": ("AUTO_INPAINT_PIPELINES_MAPPING", "Inpaint"),
+               "AutoPipelineForText2Audio": ("AUTO_TEXT2AUDIO_PIPELINES_MAPPING", "")}
+
+
+def _task_class_name(name: str, marker: str | None, kwargs: Mapping[str, Any]) -> str:
+    """``_class_name`` rewritten as the AutoPipeline's ``from_pretrained`` does for its task, a ControlNet and PAG."""
+    if marker == "":  # text-to-audio: the class as saved
+        return name
+    if marker and marker in name:
+        to_replace = f"{marker}Pipeline"
+    else:
+        to_replace = "ControlPipeline" if "ControlPipeline" in name else "Pipeline"
+    tail = "Pipeline" if marker is None else to_replace
+    if kwargs.get("controlnet") is not None:
+        union = type(kwargs["controlnet"]).__name__ == "ControlNetUnionModel"
+        name = name.replace(to_replace, ("ControlNetUnion" if union else "ControlNet") + tail)
+    if kwargs.get("enable_pag"):
+        name = name.replace(to_replace, "PAG" + tail)
+    if marker and to_replace == "ControlPipeline":
+        name = name.replace(to_replace, f"Control{marker}Pipeline")
+    return name
+
+
+def concrete_class(cls: Any, where: str, index: Mapping[str, Any], kwargs: dict[str, Any]) -> Any:
+    """The class an AutoPipeline ``cls`` builds from this folder (any other class as is), before a weight is read.
+
+    ``enable_pag`` is taken out of ``kwargs`` (the concrete class's ``from_pretrained`` does not take it). A folder
+    whose family has no pipeline for the task is a RecipeError naming the class and what to pass instead.
+
+    Example:
+        >>> from diffusers import AutoPipelineForImage2Image
+        >>> concrete_class(AutoPipelineForImage2Image, "./x", {"_class_name": "StableDiffusionXLPipeline"}, {}).__name__
+        'StableDiffusionXLImg2ImgPipeline'
+    """
+    name = getattr(cls, "__name__", "")
+    if name not in _AUTO_TASKS:
+        return cls
+    from diffusers.pipelines import auto_pipeline
+
+    mapping_name, marker = _AUTO_TASKS[name]
+    saved = str(index.get("_class_name"))
+    wanted = _task_class_name(saved, marker, kwargs)
+    kwargs.pop("enable_pag", None)
+    found = auto_pipeline._get_task_class(getattr(auto_pipeline, mapping_name), wanted, throw_error_if_not_exist=False)
+    if found is None:
+        task = mapping_name.removeprefix("AUTO_").removesuffix("_PIPELINES_MAPPING").lower()
+        raise RecipeError(f"{where}: pipeline_class={name}: diffusers has no {task} pipeline for {saved} "
+                          f"(model_index.json's _class_name{'; asked for ' + wanted if wanted != saved else ''}). "
+                          f"Pass the concrete class to build as pipeline_class=, or leave it out to build {saved}")
+    return found

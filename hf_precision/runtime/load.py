@@ -14,10 +14,10 @@ from ..recipe.files import read_json
 from ..recipe.catalog import recipe_components, recipe_for
 from ..recipe.model import Recipe
 from ..recipe.resolution import resolve
-from .arguments import as_class, check_keywords, from_pretrained_keywords, index_class, override_layers
+from .arguments import as_class, check_keywords, concrete_class, from_pretrained_keywords, index_class, override_layers
 from .source import check_folder_fits, component_configs, listed_components, locate, models_of_index, offline_error
 
-__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "from_pretrained_keywords"]
+__all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "check_variant", "from_pretrained_keywords"]
 
 
 def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None, *, weights: bool = True) -> None:
@@ -71,6 +71,37 @@ def _damage_or_none(where: str, folder: Path | None, index: Mapping[str, Any]) -
 
 def _has_fp16_variant(folder: Path | None) -> bool:
     return folder is not None and any(any(folder.glob(f"*/{p}")) for p in ("*.fp16.safetensors", "*.fp16-*.safetensors"))
+
+
+def check_variant(where: str, folder: Path | None, variant: Any) -> None:
+    """Refuse, before any weight is read, a ``variant=`` a local folder has no files of: diffusers would raise its own
+    ValueError from inside ``from_pretrained``. The decision is diffusers' own (its ``variant_compatible_siblings``).
+
+    Example:
+        >>> import tempfile
+        >>> from hf_precision.testing import make_sdxl, save_pipeline
+        >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
+        >>> check_variant(str(folder), folder, "fp16")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: ...: variant='fp16': the folder has no weight files of that variant (its variants: none, only the full files); leave variant out to read the full files, in the planned dtypes
+    """
+    if folder is None or not variant:
+        return
+    import re
+
+    from diffusers.pipelines.pipeline_loading_utils import variant_compatible_siblings
+
+    names = sorted(str(p.relative_to(folder)) for p in folder.glob("*/*") if p.is_file())
+    try:
+        variant_compatible_siblings(names, variant=str(variant))
+    except ValueError:
+        found = sorted({m[1] for n in names if (m := re.search(r"\.(\w+)(?:-\d+-of-\d+)?\.(?:safetensors|bin)$", n))})
+        have = ", ".join(repr(v) for v in found) if found else "none, only the full files"
+        fix = (f"pass one of them (variant={found[0]!r}) or leave variant out" if found else "leave variant out") + \
+            " to read the full files, in the planned dtypes"
+        raise RecipeError(f"{where}: variant={variant!r}: the folder has no weight files of that variant (its "
+                          f"variants: {have}); {fix}") from None
 
 
 def _pickle_only(folder: Path | None, index: Mapping[str, Any]) -> list[str]:
@@ -214,13 +245,15 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
         gguf_file, name_or_path = split_gguf(name_or_path, base)
     pipeline_class = as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
+    pipeline_class = concrete_class(pipeline_class, where, index, kwargs)  # an AutoPipeline: the class it builds
     built = index_class(where, index) if pipeline_class is None else None
-    if built is None:  # an AutoPipeline builds the index's class: its components are keywords too
+    if built is None:  # another class is built from the folder: the saved class's keywords are taken too
         import diffusers
 
         built = getattr(diffusers, str(index.get("_class_name")), None)
     check_keywords(kwargs, [c for c in (pipeline_class, built) if isinstance(c, type)])
     check_folder_fits(where, index, pipeline_class)
+    check_variant(where, folder, kwargs.get("variant"))
     pipeline = str(getattr(pipeline_class, "__name__", None) or index.get("_class_name"))
     chosen = recipe is None  # chosen by class: resolve refits it to the model classes present
     if recipe is None:  # the shipped recipe for the class, else one composed from its components
@@ -228,7 +261,10 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
 
         models = (lambda: models_of_index(index)) if pipeline_class is not None else (lambda: composable_models(where, index))
         recipe = recipe_for(pipeline, models)
-    layers = override_layers(kwargs, recipe_components(recipe), overrides, quantize)
+    planned = recipe_components(recipe)
+    # dtype= applies to the components the folder has, not to the optional ones its recipe could also plan
+    present = [c for c in planned if c in listed_components(index)] or planned
+    layers = override_layers(kwargs, present, overrides, quantize)
     if device is None:
         device = device_profile(None).torch_device()
     for spec in (device.values() if isinstance(device, Mapping) else [device]):

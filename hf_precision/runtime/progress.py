@@ -1,6 +1,7 @@
-"""A pipeline's own progress bar, silenced for a block: calibrate's runs, check's run and each video clip (which
-draws its own bar) need it, and each must hand the caller's settings back as they were; and the keywords that keep a
-pipeline call from logging what is not the user's business (:func:`quiet_call`)."""
+"""Progress bars silenced for a block: the loading bars of diffusers, transformers and the Hub (``--quiet``), and a
+pipeline's own (calibrate's runs, check's run and each video clip, which draws its own bar), each handing the
+caller's settings back as they were; and the keywords that keep a pipeline call from logging what is not the user's
+business (:func:`quiet_call`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["quiet_call", "quiet_progress"]
+__all__ = ["quiet_call", "quiet_progress", "quiet_loading"]
 
 
 @contextlib.contextmanager
@@ -67,3 +68,40 @@ def quiet_call(pipe: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError):
         return kwargs
     return {**kwargs, "clean_caption": False} if "clean_caption" in params else kwargs
+
+
+@contextlib.contextmanager
+def quiet_loading(quiet: bool = True) -> Iterator[None]:
+    """Inside the block, no loading bars: diffusers' ``Loading pipeline components``, transformers' ``Loading
+    weights`` and the Hub's download bars (each library's own switch); each comes back as it was after it.
+    ``quiet=False`` changes nothing (the commands pass their ``--quiet``).
+
+    Example:
+        >>> from diffusers.utils import logging as dl
+        >>> with quiet_loading():
+        ...     dl.is_progress_bar_enabled()
+        False
+        >>> dl.is_progress_bar_enabled()
+        True
+    """
+    if not quiet:
+        yield
+        return
+    from diffusers.utils import logging as diffusers_logging
+    from huggingface_hub import utils as hub_utils
+    from transformers.utils import logging as transformers_logging
+
+    switches = [(diffusers_logging.is_progress_bar_enabled(), diffusers_logging.disable_progress_bar,
+                 diffusers_logging.enable_progress_bar),
+                (transformers_logging.is_progress_bar_enabled(), transformers_logging.disable_progress_bar,
+                 transformers_logging.enable_progress_bar),
+                (not hub_utils.are_progress_bars_disabled(), hub_utils.disable_progress_bars,
+                 hub_utils.enable_progress_bars)]
+    for _, off, _on in switches:
+        off()
+    try:
+        yield
+    finally:
+        for was_on, _off, on in switches:
+            if was_on:
+                on()

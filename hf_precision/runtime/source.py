@@ -45,7 +45,9 @@ def listed_components(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 
 
 def offline_error(name: str, err: BaseException) -> RecipeError:
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes")
+    from huggingface_hub import constants
+
+    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub could not be reached"
     local = f"./{name.split('/')[-1]}"
     return RecipeError(
@@ -53,10 +55,60 @@ def offline_error(name: str, err: BaseException) -> RecipeError:
         f"(`{download_command(name, local)}`) and pass the folder: hf_precision.load_pipeline('{local}')")
 
 
+# How long the Hub's host may take to accept a connection before it counts as unreachable: huggingface_hub itself
+# retries a failed request five times over ~25 s before it gives up.
+HUB_CONNECT_TIMEOUT_S = 3.0
+
+
+def _hub_offline() -> BaseException | None:
+    """Why the Hub cannot be asked now (HF_HUB_OFFLINE, or its host not answering within HUB_CONNECT_TIMEOUT_S), or
+    None. Behind a proxy the proxy decides: huggingface_hub's own request then says."""
+    import socket
+    import threading
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return ConnectionError("HF_HUB_OFFLINE is set")
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(constants.ENDPOINT)
+    address = (url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80))
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:  # in a thread: the name lookup itself has no timeout
+        try:
+            socket.create_connection(address, timeout=HUB_CONNECT_TIMEOUT_S).close()
+            outcome.append(None)
+        except OSError as err:
+            outcome.append(err)
+
+    worker = threading.Thread(target=connect, daemon=True)
+    worker.start()
+    worker.join(HUB_CONNECT_TIMEOUT_S)
+    if not outcome:
+        return ConnectionError(f"{address[0]}:{address[1]} did not answer within {HUB_CONNECT_TIMEOUT_S:g} s")
+    return outcome[0]
+
+
+def _cached_snapshot(repo: str) -> Path | None:
+    """The local cache's copy of a Hub pipeline (the folder with its model_index.json), or None."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(repo, local_files_only=True))
+    except Exception:  # not cached (huggingface_hub raises its own types)
+        return None
+    return folder if (folder / "model_index.json").is_file() else None
+
+
 def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = None) -> tuple[str, dict[str, Any], Path | None]:
     """Where a pipeline lives: (id or path, its model_index.json, local folder or None).
 
-    Recipe aliases (``"sdxl"``) map to the Hub id written in the recipe.
+    Recipe aliases (``"sdxl"``) map to the Hub id written in the recipe. When the Hub cannot be asked (offline, or
+    its host does not answer within seconds) a cached copy is used as a local folder, else the one-line error comes
+    at once instead of after huggingface_hub's retries.
     """
     text = str(name_or_path)
     folder = Path(text).expanduser()
@@ -72,10 +124,20 @@ def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = N
             raise RecipeError(f"recipe {text!r} names no model; pass a folder or Hub id")
         text = model
     check_name(text)
+    import warnings
+
     from diffusers import DiffusionPipeline
 
+    offline = _hub_offline()
+    if offline is not None:  # huggingface_hub would retry for ~25 s: the cached copy, else our message at once
+        cached = _cached_snapshot(text)
+        if cached is not None:
+            return str(cached), read_json(cached / "model_index.json"), cached
+        raise offline_error(text, offline)
     try:
-        index = DiffusionPipeline.load_config(text)
+        with warnings.catch_warnings():  # diffusers passes the Hub a deprecated argument for the user (not theirs)
+            warnings.filterwarnings("ignore", message=r"The `local_dir_use_symlinks` argument is deprecated")
+            index = DiffusionPipeline.load_config(text)
     except Exception as err:  # offline, unknown repo, no connection: all mean "use a local folder"
         # ... except a cached model_index.json that is damaged (diffusers/configuration_utils.py load_config)
         damaged = re.search(r"config file at '(.+)' is not a valid JSON file", str(err))

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from ..recipe.files import shared_mode
 from .rules import TrainingError
 
 __all__ = ["save_lora", "save_embeddings", "lora_loader", "lora_reader", "LORA_FILE", "PEFT_FILE"]
@@ -141,6 +142,7 @@ def save_embeddings(tp: Any, path: Any) -> list[Path]:
             os.close(fd)
             try:
                 save_file({token: rows.rows[i].detach().to(rows.weight.dtype).cpu().contiguous()}, tmp)
+                shared_mode(tmp)
                 os.replace(tmp, target)
             finally:
                 if os.path.exists(tmp):

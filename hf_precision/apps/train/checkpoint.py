@@ -13,12 +13,13 @@ import re
 import shutil
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...errors import RecipeError
 from ..outputs import written_atomically
 
-__all__ = ["Checkpoints", "trainable_state", "load_trainable", "rng_state", "set_rng_state"]
+__all__ = ["Checkpoints", "Resumed", "check_resume", "data_list", "trainable_state", "load_trainable", "rng_state",
+           "set_rng_state"]
 
 _NAME = re.compile(r"step-(\d{6,})")
 WEIGHTS, STATE = "trainable.safetensors", "state.pt"
@@ -155,3 +156,52 @@ class Checkpoints:
             raise RecipeError(f"{path}: cannot read the checkpoint ({type(err).__name__}: {err}); resume from an "
                               f"older one (--resume {path.parent}/step-...)") from None
         return weights, state
+
+
+class Resumed(NamedTuple):
+    """The checkpoint ``--resume`` continues: its folder, trainable weights and state, read and checked before loading."""
+
+    path: Path
+    weights: dict[str, Any]
+    state: dict[str, Any]
+
+
+def data_list(data: Any) -> list[str]:
+    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket."""
+    return [f"{s.path.relative_to(data.folder) if s.path.is_relative_to(data.folder) else s.path}|"
+            f"{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}" for s in data.samples]
+
+
+def check_resume(settings: Any, data: Any, checkpoints: Checkpoints, keys: tuple[str, ...]) -> Resumed | None:
+    """The checkpoint of ``--resume``, refused (a RecipeError) when the run's ``keys`` settings or its data changed:
+    read from the data folder and the checkpoint alone, so the refusal comes before any model loads.
+
+    Example:
+        >>> import tempfile
+        >>> check_resume(type("S", (), {"resume": None})(), None, Checkpoints(Path(tempfile.mkdtemp()), 3), ()) is None
+        True
+    """
+    if settings.resume is None:
+        return None
+    path = checkpoints.find(settings.resume)
+    from .sharded import is_sharded
+
+    if is_sharded(path):  # the weights stay in their shards until the model is there to take them
+        import torch
+
+        weights, state = {}, torch.load(path / "state.pt", map_location="cpu", weights_only=True)
+    else:
+        weights, state = Checkpoints.load(path)
+    now = settings.record()
+    changed = [f"{k}: {state['settings'].get(k)!r} -> {now[k]!r}" for k in keys if state["settings"].get(k) != now[k]]
+    if changed:
+        raise RecipeError(f"--resume {settings.resume}: {path} was made with other settings ({'; '.join(changed)}); "
+                          f"a resumed run must keep them to continue the same run; start a new --out to change them")
+    then, now_data = state.get("data", []), data_list(data)
+    if then != now_data:
+        gone, new = sorted(set(then) - set(now_data)), sorted(set(now_data) - set(then))
+        raise RecipeError(f"--resume {settings.resume}: the data folder changed since {path.name} ({len(then)} files "
+                          f"then, {len(now_data)} now; gone or changed: {[g.split('|')[0] for g in gone[:3]]}, new: "
+                          f"{[n.split('|')[0] for n in new[:3]]}); the batches would not be the ones the run was "
+                          f"trained on. Restore the folder to continue, or start a new --out with the new data")
+    return Resumed(path, weights, state)

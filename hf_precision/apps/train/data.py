@@ -182,7 +182,9 @@ def _from_metadata(folder: Path, meta: Path, column: str, suffixes: Sequence[str
         try:
             row = json.loads(line)
         except json.JSONDecodeError as err:
-            problems.append(f"{where}: not valid JSON ({err.msg}); each line is one object such as "
+            # json's own message ends where its position would follow ("Unterminated string starting at")
+            problems.append(f"{where}, column {err.colno}: not valid JSON ({err.msg}: column {err.colno}); each line is "
+                            f"one object such as "
                             f'{{"file_name": "0001.png", "{column}": "a photo of a cat"}}')
             continue
         if not isinstance(row, dict) or "file_name" not in row:

@@ -18,18 +18,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
+from ...units import format_seconds
 from .cache import offload_encoders, sample_parts, tp_device
-from .checkpoint import Checkpoints, load_trainable, rng_state, set_rng_state, trainable_state
+from .checkpoint import check_resume, data_list, load_trainable, rng_state, set_rng_state, trainable_state
 from .data import epoch_batches
 from .prepare import Run, prepare_run
 from .settings import RESUME_KEYS, TrainSettings
 
-__all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "fill_cache"]
+__all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "expected_time", "fill_cache"]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 
@@ -37,7 +39,8 @@ LORA_FILE = "pytorch_lora_weights.safetensors"
 @dataclasses.dataclass
 class TrainResult:
     """What a run did: steps done (all processes), the loss of each step of this run, skipped steps, where it wrote,
-    and the exit code the command returns (0 done, 130 interrupted and checkpointed)."""
+    the exit code the command returns (0 done, 130 interrupted and checkpointed), and whether this process is the
+    main one (the one that reports, under ``accelerate launch``)."""
 
     out: Path
     step: int
@@ -47,6 +50,7 @@ class TrainResult:
     saved: Path | None = None
     eval_loss: tuple[float, float] | None = None
     method: str = "lora"
+    main_process: bool = True
 
 
 # --------------------------------------------------------------------------------------------- encodings
@@ -159,13 +163,7 @@ def _state(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -
     return {"step": step, "rng": rng, **({} if sharded else {"optimizer": run.optimizer.state_dict()}),
             "scheduler": run.scheduler.state_dict(), "training": training,
             "losses": {str(k): v for k, v in losses.items()},
-            "settings": {k: run.settings.record()[k] for k in RESUME_KEYS}, "data": _data_list(run)}
-
-
-def _data_list(run: Run) -> list[str]:
-    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket."""
-    return [f"{s.path.relative_to(run.data.folder) if s.path.is_relative_to(run.data.folder) else s.path}|"
-            f"{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}" for s in run.data.samples]
+            "settings": {k: run.settings.record()[k] for k in RESUME_KEYS}, "data": data_list(run.data)}
 
 
 def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> Path | None:
@@ -187,36 +185,20 @@ def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int,
 
 def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
     """(step, losses so far, RNG state to restore) from ``--resume``; (0, {}, None) for a new run."""
-    if run.settings.resume is None:
+    resumed = run.resumed or check_resume(run.settings, run.data, run.checkpoints, RESUME_KEYS)
+    if resumed is None:
         return 0, {}, None
-    path = run.checkpoints.find(run.settings.resume)
-    from .sharded import is_sharded
+    path, weights, state = resumed
+    run.resumed = None  # its tensors are loaded into the model below: not held twice
+    from .results import trim_log
+    from .sharded import is_sharded, load_sharded
 
     sharded = is_sharded(path)
     if run.tp.shard is not None and not sharded:
         raise RecipeError(f"--resume {run.settings.resume}: {path} was written by a run without --shard; resume it "
                           f"without --shard (its weights are whole, not sharded)")
-    if sharded:
-        import torch
-
-        weights, state = {}, torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    else:
-        weights, state = Checkpoints.load(path)
-    now = run.settings.record()
-    changed = [f"{k}: {state['settings'].get(k)!r} -> {now[k]!r}" for k in RESUME_KEYS if state["settings"].get(k) != now[k]]
-    if changed:
-        raise RecipeError(f"--resume {run.settings.resume}: {path} was made with other settings ({'; '.join(changed)}); "
-                          f"a resumed run must keep them to continue the same run; start a new --out to change them")
-    then, now_data = state.get("data", []), _data_list(run)
-    if then != now_data:
-        gone, new = sorted(set(then) - set(now_data)), sorted(set(now_data) - set(then))
-        raise RecipeError(f"--resume {run.settings.resume}: the data folder changed since {path.name} ({len(then)} files "
-                          f"then, {len(now_data)} now; gone or changed: {[g.split('|')[0] for g in gone[:3]]}, new: "
-                          f"{[n.split('|')[0] for n in new[:3]]}); the batches would not be the ones the run was "
-                          f"trained on. Restore the folder to continue, or start a new --out with the new data")
+    trim_log(run, int(state["step"]))
     if sharded:  # any world size, sharded or not: the saved shards are re-sliced to this run's
-        from .sharded import load_sharded
-
         load_sharded(path, run.tp, run.optimizer)
     else:
         load_trainable(run.tp.components, weights, str(path))
@@ -312,6 +294,21 @@ def evaluate(run: Run) -> float:
         return float(run.tp.loss(batch).float())
 
 
+# The step whose time predicts the run: the first carries one-time costs (allocations, kernel choice, lazy inits).
+_TIMED_STEP = 2
+
+
+def expected_time(seconds_per_step: float, left: int, total: int) -> str:
+    """The one line a run prints once its step time is measured: the time the remaining steps will take.
+
+    Example:
+        >>> expected_time(0.45, 998, 1000)
+        'hf-precision train: 0.45 s a step: the 998 steps left take about 7 min 29 s (1000 in all)'
+    """
+    return (f"hf-precision train: {seconds_per_step:.2f} s a step: the {left} steps left take about "
+            f"{format_seconds(seconds_per_step * left)} ({total} in all)")
+
+
 def _progress(run: Run, start: int) -> Any:
     from tqdm.auto import tqdm
 
@@ -352,8 +349,11 @@ def train_steps(run: Run) -> TrainResult:
         batches = _batches_from(run, start)
         while step < s.steps:
             step_no, indices = next(batches)
+            began = time.perf_counter()
             loss, _ = _one_step(run, indices, step_no)
             step += 1
+            if step - start == _TIMED_STEP and step < s.steps and acc.is_main_process:
+                bar.write(expected_time(time.perf_counter() - began, s.steps - step, s.steps))
             if loss is not None:
                 losses[step] = loss
                 acc.log({"loss": loss, "lr": run.scheduler.get_last_lr()[0], "skipped": tp.skipped_steps}, step=step)
@@ -379,7 +379,7 @@ def train_steps(run: Run) -> TrainResult:
             validate(run, step)
         saved = save_outputs(run, step, losses)
     acc.end_training()
-    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method)
+    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method, acc.is_main_process)
 
 
 def train(settings: TrainSettings) -> TrainResult:

@@ -9,9 +9,9 @@ from typing import Any
 
 from ...errors import RecipeError
 from .cache import EncodingCache
-from .checkpoint import Checkpoints
+from .checkpoint import Checkpoints, Resumed, check_resume
 from .data import TrainData, model_geometry, read_data
-from .settings import TrainSettings, check_out_folder, check_settings
+from .settings import RESUME_KEYS, TrainSettings, check_out_folder, check_settings
 
 __all__ = ["Run", "prepare_run"]
 
@@ -30,6 +30,7 @@ class Run:
     accelerator: Any
     cache: EncodingCache | None
     checkpoints: Checkpoints
+    resumed: Resumed | None = None
 
 
 # --------------------------------------------------------------------------------------------- preparation
@@ -162,6 +163,8 @@ def prepare_run(s: TrainSettings) -> Run:
                               f"({', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''}); textual inversion learns "
                               f"the token from the captions that use it: write it in each (e.g. 'a photo of "
                               f"{s.embedding}'), or pass --caption 'a photo of {s.embedding}'")
+    checkpoints = Checkpoints(out, s.keep_checkpoints)
+    resumed = check_resume(s, data, checkpoints, RESUME_KEYS)  # other settings or data: refused before loading
 
     from ...runtime.load import load_pipeline
     from ...training import prepare_training
@@ -183,7 +186,10 @@ def prepare_run(s: TrainSettings) -> Run:
         refuse_untrainable(recipe, train, recipe.denoiser)  # e.g. --method full on fp8 or int8 storage, before loading
         early = compute_before_load(recipe, train, s.layout or device)
         overrides += [early] if early else []
-    pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
+    from ...runtime.progress import quiet_loading
+
+    with quiet_loading(s.quiet):
+        pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
     pipe.set_progress_bar_config(disable=True)
     # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
     # add_adapter, whose peft version check refused the installed peft.
@@ -202,6 +208,6 @@ def prepare_run(s: TrainSettings) -> Run:
                               num_training_steps=s.steps)
     cache = EncodingCache(out / "cache", tp.fingerprint()) if s.cache else None
     out.mkdir(parents=True, exist_ok=True)  # the log is written from step 1 (the cache, when on, made it already)
-    return Run(s, out, data, pipe, tp, optimizer, scheduler, acc, cache, Checkpoints(out, s.keep_checkpoints))
+    return Run(s, out, data, pipe, tp, optimizer, scheduler, acc, cache, checkpoints, resumed)
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..outputs import written_atomically
 
-__all__ = ["log_line", "validate", "save_outputs", "SAVE_DTYPES"]
+__all__ = ["log_line", "trim_log", "validate", "save_outputs", "SAVE_DTYPES"]
 
 SAVE_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
 
@@ -37,6 +37,23 @@ def log_line(run: Any, step: int, loss: float | None) -> None:
     row = {"step": step, "loss": loss, "skipped": run.tp.skipped_steps, "lr": run.scheduler.get_last_lr()[0]}
     with open(run.out / "train_log.jsonl", "a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")
+
+
+def trim_log(run: Any, step: int) -> None:
+    """Drop the log rows after ``step`` (main process): a resumed run writes them again, and the log keeps one line per
+    step. A row that does not parse (a kill mid-write) is dropped with them."""
+    log = run.out / "train_log.jsonl"
+    if not run.accelerator.is_main_process or not log.is_file():
+        return
+    kept = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        try:
+            if int(json.loads(line)["step"]) <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            continue
+    with written_atomically(log) as tmp:
+        tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
 def validate(run: Any, step: int) -> Path | None:

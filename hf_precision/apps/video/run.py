@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...errors import RecipeError, override_line
-from ...runtime.progress import quiet_call, quiet_progress
+from ...runtime.progress import quiet_call, quiet_loading, quiet_progress
 from ...units import format_bytes
 from .io import Job, read_image, save_video
 from .load import MemorySettings, components_by_role, load_video_pipeline
@@ -326,7 +326,8 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     if chosen is not asked:
         say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
     extra = {"layout": options.layout} if options.layout else {}
-    pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
+    with quiet_loading(options.quiet):
+        pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
     if parallel:
         from . import parallel as cp
 

@@ -30,7 +30,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               target: str | None = None, steps: int | None = None, bound: float = 0.05, progress: bool = True,
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
-              size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None) -> CalibrationResult:
+              size: tuple[int | None, ...] = (None, None), max_memory: int | None = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -48,7 +48,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         run_on (*optional*): where the runs happen; default the best present device.
         recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
-        prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
+        prompt, image, size (*optional*): the default call's prompt, input image and (height, width), or (height,
+            width, frames) for a video pipeline (``num_frames``); ``None`` leaves the pipeline's own default.
         max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
             (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
             device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
@@ -202,7 +203,7 @@ class _Setting:
 
 
 def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | None, prompt: str | None, image: Any,
-                 steps: int | None, size: tuple[int | None, int | None]) -> dict[str, Any] | None:
+                 steps: int | None, size: tuple[int | None, ...]) -> dict[str, Any] | None:
     """The kwargs of every run (None: ``call`` is a function); numpy output, so runs compare without a PIL round trip."""
     if callable(call):
         return None
@@ -220,7 +221,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         elif "image" in params and params["image"].default is inspect.Parameter.empty:
             raise RecipeError(f"calibrate: {type(pipe).__name__} needs an input image: pass image=... (CLI: --image FILE)")
         kwargs["num_inference_steps"] = steps or 4
-        for key, value in zip(("height", "width"), size):
+        for key, value in zip(("height", "width", "num_frames"), size):
             if value and key in params:
                 kwargs[key] = value
     if steps is not None:

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...recipe.files import shared_mode
 from ...recipe.patterns import inside, outermost
 from ...units import format_bytes
 
@@ -183,6 +184,7 @@ class CalibrationResult:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 f.write(self.to_yaml())
+            shared_mode(tmp)  # an override file people share, not a private one
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
