@@ -36,6 +36,7 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's hf_precision, not an installed one
 COMMANDS = ("plan", "show", "check", "calibrate", "run", "train-plan", "train")
 LAYOUTS = ("cpu", "t4")
 # tqdm's bars (diffusers' loading and denoising, calibrate's): a count and a rate or a time
@@ -155,7 +156,7 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
         "plan": f"plan {folder} {run}",
         "show": f"show --class {cls} {run} --brief",
         "check": f"check {folder} {run}",
-        "calibrate": f"calibrate {folder} {run} --steps 2 --no-progress --out {out / tag}-islands.yaml",
+        "calibrate": f"calibrate {folder} {run} {size}{frames} --steps 2 --no-progress --out {out / tag}-islands.yaml",
         "run": (f"video --model {folder} --prompt 'a cat' {size}{frames} --steps 2 {run} --quiet "
                 f"--out {out / tag}.gif" if video else
                 f"generate {folder} --prompt 'a cat' {size} --steps 2 {run} --out {out / tag}.png"),

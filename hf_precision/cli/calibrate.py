@@ -29,8 +29,13 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     source.add_argument("--prompt", default=None, help="the prompt of the runs (default: a fixed one)")
     source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per run (default: 4)")
-    p.add_argument("--height", type=int, default=None)
-    p.add_argument("--width", type=int, default=None)
+    p.add_argument("--height", type=int, default=None,
+                   help="image height of the runs (default: the pipeline's; a video model's as `video` takes it)")
+    p.add_argument("--width", type=int, default=None,
+                   help="image width of the runs (default: the pipeline's; a video model's as `video` takes it)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video models: frames of the runs (default: as `video` takes it: the family's, capped to the "
+                        "transformer's rotary table)")
     p.add_argument("--target", default=None, choices=["float16", "bfloat16"],
                    help="the half dtype to calibrate (default: the layout's denoiser dtype)")
     p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
@@ -63,9 +68,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         from ..runtime.apply import torch_device
 
         torch_device(run_on, "--run-on" if args.run_on else "--device")
+    from ..diagnose.call import needed_inputs
+    from ..errors import RecipeError
+
+    pipeline, inputs = needed_inputs(args.model)
+    missing = [name for name in inputs if not (name == "image" and args.image)]
+    if missing:  # before loading: the command line gives a prompt and at most one image
+        fix = "--image FILE" if missing == ["image"] else \
+            f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {', '.join(f'{m!r}: ...' for m in missing)}}})"
+        raise RecipeError(f"{args.model}: {pipeline} needs {' and '.join(missing)} for its runs; {fix}")
+    height, width, frames = _video_size(args)
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
-                       seed=args.seed, prompt=args.prompt, image=args.image, size=(args.height, args.width),
+                       seed=args.seed, prompt=args.prompt, image=args.image, size=(height, width), frames=frames,
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
     if args.json:
@@ -78,3 +93,24 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"wrote {path}: load it with hp.load_pipeline({args.model!r}, device, overrides={str(path)!r}) "
               f"or --overrides {path}; the islands cost {result.extra_bytes} extra bytes")
     return 0 if result.finite else 1
+
+
+def _video_size(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+    """(height, width, frames) of the runs: as given, and for a video model what is missing as `hf-precision video`
+    chooses it (the family's defaults, capped to the transformer's rotary table), so the pipeline's own default
+    size (Wan's 480x832) cannot overrun a shorter table mid-run. A size the model cannot take is refused here,
+    before loading, with the fix."""
+    from ..apps.video.families import model_spec
+    from ..errors import RecipeError
+
+    try:
+        _, spec = model_spec(args.model)
+    except RecipeError:  # not a video pipeline `video` knows: the pipeline's own defaults
+        return args.height, args.width, args.frames
+    height = args.height or spec.defaults["height"]
+    width = args.width or spec.defaults["width"]
+    frames = args.frames or spec.defaults["frames"]
+    problems = spec.check(height=height, width=width, frames=frames)
+    if problems:
+        raise RecipeError("; ".join(problems))
+    return height, width, frames
