@@ -2,8 +2,8 @@
 
 For each family of ``hf_precision.testing.PIPELINES`` the tiny pipeline is saved to a folder (``save_pipeline``),
 and the commands ``plan``, ``show``, ``check``, ``calibrate``, ``generate`` (image families) or ``video`` (video
-families), ``train --plan`` and a 2-step ``train`` run on it, on this CPU's own layout and on ``--layout t4``. The
-training data are tiny photos (image families) or GIF clips (video families) with captions.
+families), ``train --plan`` and a 2-step ``train`` run on it, on this CPU's own layout and on ``--layout t4``; ``check-nf4`` is
+``check`` with the first transformers text encoder stored in nf4. The training data are tiny photos (image families) or GIF clips (video families) with captions.
 
 A run passes when it exits 0 and its stderr holds only our lines (``hf-precision ...``) and progress bars. A run
 that exits 2 with exactly one line ``hf-precision CMD: error: ...`` is a clean refusal (REFUSED). Anything else is a
@@ -18,6 +18,7 @@ Usage (the full sweep; about an hour on 2 busy CPU cores)::
 
     python scripts/command_sweep.py
     python scripts/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json
+    python scripts/command_sweep.py --case wan:check+calibrate:t4 --case sana:train-plan:cpu
 
 Exit status: 0 when every run passed or was refused cleanly, 1 when any failed.
 """
@@ -37,7 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's hf_precision, not an installed one
-COMMANDS = ("plan", "show", "check", "calibrate", "run", "train-plan", "train")
+# run: generate (image families) or video (video families); check-nf4: check with the first transformers text encoder
+# stored in nf4 (bitsandbytes on the CPU, whose block is wider than a tiny encoder's narrowest layer)
+COMMANDS = ("plan", "show", "check", "check-nf4", "calibrate", "run", "train-plan", "train")
 LAYOUTS = ("cpu", "t4")
 # tqdm's bars (diffusers' loading and denoising, calibrate's): a count and a rate or a time
 _BAR = re.compile(r"\d+/\d+ \[|\d+%\|")
@@ -142,6 +145,13 @@ def save_family(kind: str, root: Path) -> tuple[Path, str]:
     return folder, json.loads((folder / "model_index.json").read_text())["_class_name"]
 
 
+def _text_encoder(folder: Path) -> str | None:
+    """The first transformers text encoder of a saved pipeline (the one nf4 can store on the CPU), or None."""
+    index = json.loads((folder / "model_index.json").read_text())
+    return next((k for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list)
+                 and v[0] == "transformers"), None)
+
+
 def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path) -> dict[str, str]:
     """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout)."""
     from hf_precision.testing import PIPELINES
@@ -156,6 +166,7 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
         "plan": f"plan {folder} {run}",
         "show": f"show --class {cls} {run} --brief",
         "check": f"check {folder} {run}",
+        "check-nf4": f"check {folder} {run} --set {_text_encoder(folder)}.storage=nf4" if _text_encoder(folder) else None,
         "calibrate": f"calibrate {folder} {run} {size}{frames} --steps 2 --no-progress --out {out / tag}-islands.yaml",
         "run": (f"video --model {folder} --prompt 'a cat' {size}{frames} --steps 2 {run} --quiet "
                 f"--out {out / tag}.gif" if video else
@@ -184,6 +195,8 @@ def sweep(families: list[str], commands: list[str], layouts: list[str], root: Pa
         for layout in layouts:
             lines = command_lines(kind, folder, cls, data["video" if video else "image"], layout, root / "out")
             for name in commands:
+                if lines[name] is None:  # check-nf4 without a transformers text encoder
+                    continue
                 start = time.perf_counter()
                 code, err, out, crash = run_cli(shlex.split(lines[name]))
                 status, reason = judge(lines[name], code, err, out, crash)
@@ -215,12 +228,21 @@ def _pick(text: str | None, allowed, what: str) -> list[str]:
     return chosen
 
 
+def _case(text: str) -> tuple[str, str, str]:
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise SystemExit(f"command_sweep: --case {text!r}: write FAMILY:CMD[+CMD]:LAYOUT[+LAYOUT], e.g. wan:check:t4")
+    return parts[0], parts[1], parts[2]
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse the options, run the sweep, print the lines and the summary; 1 when any run failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--families", help="comma-separated registry names (default: all)")
     parser.add_argument("--commands", help=f"comma-separated, of {','.join(COMMANDS)} (default: all)")
     parser.add_argument("--layouts", help="comma-separated, of cpu,t4 (default: both)")
+    parser.add_argument("--case", action="append", default=[], metavar="FAMILY:CMD[+CMD]:LAYOUT[+LAYOUT]",
+                        help="one family's commands and layouts (repeatable; replaces --families/--commands/--layouts)")
     parser.add_argument("--workdir", help="folder for models, data and outputs (default: a temporary one)")
     parser.add_argument("--json", help="write every run's result to this file")
     args = parser.parse_args(argv)
@@ -234,9 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     families = _pick(args.families, PIPELINES, "families")
     commands = _pick(args.commands, COMMANDS, "commands")
     layouts = _pick(args.layouts, LAYOUTS, "layouts")
+    cases = [(families, commands, layouts)]
+    if args.case:
+        cases = [([f], _pick(c.replace("+", ","), COMMANDS, "commands"), _pick(l.replace("+", ","), LAYOUTS, "layouts"))
+                 for f, c, l in (_case(text) for text in args.case)]
+        _pick(",".join(c[0][0] for c in cases), PIPELINES, "families")
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.workdir or tmp)
-        results = sweep(families, commands, layouts, root, emit=lambda line: print(line, flush=True))
+        results = [row for fams, cmds, lays in cases
+                   for row in sweep(fams, cmds, lays, root, emit=lambda line: print(line, flush=True))]
     print(summary(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

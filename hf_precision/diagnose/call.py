@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
@@ -138,10 +139,12 @@ def needed_inputs(model: Any) -> tuple[str, list[str]]:
     ``("", [])`` when the model cannot be located here or its class is not diffusers' (loading reports that).
 
     Example:
-        >>> needed_inputs("sdxl")[1], needed_inputs("sd15")[1]
-        ([], [])
+        >>> import json, tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionInpaintPipeline"}))
+        >>> needed_inputs(folder)
+        ('StableDiffusionInpaintPipeline', ['image', 'mask_image'])
     """
-    from ..errors import RecipeError
     from ..runtime.source import locate
 
     try:
