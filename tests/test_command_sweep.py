@@ -89,3 +89,44 @@ def test_judge_tells_a_refusal_from_a_crash_and_from_foreign_lines():
     bars = "Loading pipeline components...: 100%|##| 5/5 [00:00<00:00, 9.1it/s]\r 50%|#  | 1/2 [00:01<00:01]\n"
     assert judge("check", 0, bars, "", None) == ("PASS", "")
     assert judge("check", 0, bars + "You have disabled the safety checker\n", "", None)[0] == "FAIL"
+
+
+def test_calibrate_gives_a_video_model_the_size_video_takes(saved_pipeline, monkeypatch, capfd):
+    """Without --height/--width/--frames, calibrate runs a video model at `video`'s default size, capped to the
+    transformer's rotary table (issue 34 item 7: the tiny Wan's table is shorter than WanPipeline's own 480x832)."""
+    import hf_precision.diagnose.calibration as calibration
+    from hf_precision.apps.video.families import model_spec
+    from hf_precision.cli import main
+    from hf_precision.errors import RecipeError
+
+    seen = {}
+
+    def record(model, layout, call, **kwargs):
+        seen.update(kwargs)
+        raise RecipeError("stopped before the runs")
+
+    monkeypatch.setattr(calibration, "calibrate", record)
+    folder = saved_pipeline("wan")
+    assert main(["calibrate", str(folder), "--device", "cpu", "--out", "unused.yaml"]) == 2
+    assert "stopped before the runs" in capfd.readouterr().err
+    height, width = seen["size"]
+    _, spec = model_spec(str(folder))
+    assert spec.max_positions and height and width and seen["frames"]
+    assert spec.check(height=height, width=width, frames=seen["frames"]) == []
+
+
+@pytest.mark.parametrize("command", ["generate", "calibrate"])
+def test_a_pipeline_that_needs_an_input_image_is_refused_before_loading(command, saved_pipeline, monkeypatch, capfd):
+    import hf_precision.diagnose.calibration.method as method
+    import hf_precision.runtime.load as load
+    from hf_precision.cli import main
+
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(method, "open_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    folder = saved_pipeline("sd_inpaint")
+    capfd.readouterr()
+    rc = main([command, str(folder), "--device", "cpu", "--out", "x.png" if command == "generate" else "x.yaml",
+               *(["--prompt", "a cat"] if command == "generate" else [])])
+    err = capfd.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"hf-precision {command}: error:" in err and "StableDiffusionInpaintPipeline needs image and mask_image" in err
