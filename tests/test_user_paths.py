@@ -3,6 +3,8 @@ issue 34 (each test here failed before its fix)."""
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -364,21 +366,24 @@ def test_calibrate_runs_a_wan_at_the_size_its_rotary_table_holds(saved_pipeline,
     inside diffusers, where `video --plan` capped the size: both now take the video command's capped size."""
     from hf_precision.apps.video.families import model_spec
     from hf_precision.cli import main
-    from hf_precision.cli.calibrate import run_size
+    from hf_precision.cli.calibrate import _video_size
     from hf_precision.diagnose.calibration.method import _call_kwargs
 
     folder = str(saved_pipeline("wan"))
     _, spec = model_spec(folder)
-    height, width, frames = run_size(folder, None, None)
+    def args(model):
+        return argparse.Namespace(model=model, height=None, width=None, frames=None)
+
+    height, width, frames = _video_size(args(folder))
     assert (height, width, frames) == (spec.defaults["height"], spec.defaults["width"], spec.defaults["frames"])
     assert not spec.check(height=height, width=width, frames=frames)  # inside the table, a multiple of the patch
-    assert run_size(str(saved_pipeline("sdxl")), None, None) == (None, None)  # no table: the pipeline's own default
+    assert _video_size(args(str(saved_pipeline("sdxl")))) == (None, None, None)  # not video: the pipeline's own
 
     class Wan:  # what _call_kwargs reads of a pipeline: its __call__ signature
         def __call__(self, prompt=None, height=480, width=832, num_frames=81, num_inference_steps=50, output_type="np"):
             pass
 
-    kwargs = _call_kwargs(Wan(), None, None, None, 1, (height, width, frames))
+    kwargs = _call_kwargs(Wan(), None, None, None, 1, (height, width), frames)
     assert (kwargs["height"], kwargs["width"], kwargs["num_frames"]) == (height, width, frames)
     # a size beyond the table: refused before loading, with the largest it holds
     assert main(["calibrate", folder, "--height", str(spec.max_positions * spec.size_multiple * 2), "--device", "cpu"]) == 2

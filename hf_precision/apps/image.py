@@ -37,7 +37,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     """
     import torch
 
-    from ..diagnose.call import steps_problem
+    from ..diagnose.call import needed_inputs, steps_problem
     from ..runtime.load import load_pipeline
     from ..runtime.progress import quiet_call
 
@@ -47,6 +47,11 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     for name, value in (("height", height), ("width", width)):
         if value is not None and (value <= 0 or value % 8):
             raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
+    pipeline, inputs = needed_inputs(model) if base is None else ("", [])
+    if inputs:  # refused before any weight is read: generate has a prompt and nothing else to give
+        raise RecipeError(f"{model}: {pipeline} needs {' and '.join(inputs)} besides the prompt, and generate is "
+                          f"text-to-image only; call it in Python (pipe = hp.load_pipeline({str(model)!r}, device); "
+                          f"pipe(prompt=..., {inputs[0]}=...)) or run `hf-precision check {model}`")
     offload = False
     if max_memory is not None:
         from .image_plan import choose_image_layout
@@ -69,7 +74,8 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     problem = steps_problem(pipe, steps)  # LTX-style shift_terminal schedulers cannot take 1 step
     if problem:
         raise RecipeError(problem)
-    if "prompt" not in __import__("inspect").signature(pipe.__call__).parameters:
+    params = __import__("inspect").signature(pipe.__call__).parameters
+    if "prompt" not in params:
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
                           "use `hf-precision video` for SVD")
     kwargs: dict[str, Any] = {"prompt": prompt, "num_inference_steps": steps}
@@ -77,7 +83,14 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
                        ("negative_prompt", negative_prompt)):
         if value is not None:
             kwargs[key] = value
-    image = pipe(**quiet_call(pipe, kwargs), generator=torch.Generator("cpu").manual_seed(seed)).images[0]
+    if height or width:  # the size asked is the size made: PixArt's binning would swap it for a table's, or fail
+        kwargs["use_resolution_binning"] = False
+    kwargs = {k: v for k, v in kwargs.items() if k in params or k in ("prompt", "num_inference_steps")}
+    result = pipe(**quiet_call(pipe, kwargs), generator=torch.Generator("cpu").manual_seed(seed))
+    if getattr(result, "images", None) is None:  # a prior (Stable Cascade's) returns embeddings for another pipeline
+        raise RecipeError(f"{model}: {type(pipe).__name__} returns {type(result).__name__}, not images; generate "
+                          f"writes the picture of a text-to-image pipeline: run its decoder pipeline on the output")
+    image = result.images[0]
     with written_atomically(out) as tmp:
         image.save(tmp)
     return out

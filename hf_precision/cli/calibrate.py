@@ -30,9 +30,12 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per run (default: 4)")
     p.add_argument("--height", type=int, default=None,
-                   help="height in pixels of the runs (default: the pipeline's own; for a video transformer with a short rotary "
-                        "table, the size hf-precision video caps to)")
-    p.add_argument("--width", type=int, default=None, help="width in pixels of the runs (default: chosen as for --height)")
+                   help="image height of the runs (default: the pipeline's; a video model's as `video` takes it)")
+    p.add_argument("--width", type=int, default=None,
+                   help="image width of the runs (default: the pipeline's; a video model's as `video` takes it)")
+    p.add_argument("--frames", type=int, default=None,
+                   help="video models: frames of the runs (default: as `video` takes it: the family's, capped to the "
+                        "transformer's rotary table)")
     p.add_argument("--target", default=None, choices=["float16", "bfloat16"],
                    help="the half dtype to calibrate (default: the layout's denoiser dtype)")
     p.add_argument("--reference", default=None, choices=["float32", "bfloat16"],
@@ -44,37 +47,11 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=float, default=0.05,
                    help="mean absolute error of the final image (0..1) the islands should stay within (default: 0.05)")
     p.add_argument("--recipe", default=None, metavar="NAME", help="recipe (default: chosen from model_index.json)")
-    p.add_argument("--seed", type=int, default=0, help="random seed of the runs")
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="islands.yaml", metavar="YAML",
                    help="override file to write (default: islands.yaml); load it with --overrides")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the islands, bytes and errors as JSON")
-
-
-def run_size(model: str, height: int | None, width: int | None) -> tuple[int | None, ...]:
-    """(height, width) of calibrate's runs, with frames for a video pipeline whose transformer's rotary table is
-    shorter than the pipeline's own defaults: the capped size ``hf-precision video`` uses (one rule, in
-    apps/video/families.py), so the runs fit the table instead of failing inside diffusers. A size the table cannot
-    hold is refused with the largest it can.
-
-    Example:
-        >>> run_size("./not-a-video-folder", None, 512)
-        (None, 512)
-    """
-    from ..apps.video.families import model_spec
-    from ..errors import RecipeError
-
-    try:
-        _, spec = model_spec(model)
-    except RecipeError:  # not a video pipeline (or not a folder: calibrate itself says so)
-        return height, width
-    if not spec.max_positions:
-        return height, width
-    size = (height or spec.defaults["height"], width or spec.defaults["width"], spec.defaults["frames"])
-    problems = spec.check(height=size[0], width=size[1], frames=size[2])
-    if problems:
-        raise RecipeError(problems)
-    return size
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
@@ -91,9 +68,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         from ..runtime.apply import torch_device
 
         torch_device(run_on, "--run-on" if args.run_on else "--device")
+    from ..diagnose.call import needed_inputs
+    from ..errors import RecipeError
+
+    pipeline, inputs = needed_inputs(args.model)
+    missing = [name for name in inputs if not (name == "image" and args.image)]
+    if missing:  # before loading: the command line gives a prompt and at most one image
+        fix = "--image FILE" if missing == ["image"] else \
+            f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {', '.join(f'{m!r}: ...' for m in missing)}}})"
+        raise RecipeError(f"{args.model}: {pipeline} needs {' and '.join(missing)} for its runs; {fix}")
+    height, width, frames = _video_size(args)
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
-                       seed=args.seed, prompt=args.prompt, image=args.image, size=run_size(args.model, args.height, args.width),
+                       seed=args.seed, prompt=args.prompt, image=args.image, size=(height, width), frames=frames,
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
     if args.json:
@@ -106,3 +93,24 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"wrote {path}: load it with hp.load_pipeline({args.model!r}, device, overrides={str(path)!r}) "
               f"or --overrides {path}; the islands cost {result.extra_bytes} extra bytes")
     return 0 if result.finite else 1
+
+
+def _video_size(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
+    """(height, width, frames) of the runs: as given, and for a video model what is missing as `hf-precision video`
+    chooses it (the family's defaults, capped to the transformer's rotary table), so the pipeline's own default
+    size (Wan's 480x832) cannot overrun a shorter table mid-run. A size the model cannot take is refused here,
+    before loading, with the fix."""
+    from ..apps.video.families import model_spec
+    from ..errors import RecipeError
+
+    try:
+        _, spec = model_spec(args.model)
+    except RecipeError:  # not a video pipeline `video` knows: the pipeline's own defaults
+        return args.height, args.width, args.frames
+    height = args.height or spec.defaults["height"]
+    width = args.width or spec.defaults["width"]
+    frames = args.frames or spec.defaults["frames"]
+    problems = spec.check(height=height, width=width, frames=frames)
+    if problems:
+        raise RecipeError("; ".join(problems))
+    return height, width, frames

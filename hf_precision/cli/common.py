@@ -217,6 +217,10 @@ _QUIET_LOGS = {
     # diffusers lists a model's _keep_in_fp32_modules on every `.to(dtype)`, even when empty; the recipe decides and
     # reports which modules stay float32 (the plan's islands)
     "diffusers.models.modeling_utils": ("that should be kept in float32",),
+    # on every load of I2VGen-XL, Stable Cascade ...: the same notice each time, about diffusers' plans, not the run
+    "diffusers.pipelines.pipeline_utils": ("has been deprecated and will not receive bug fixes",),
+    # pipelines that prepend a long instruction to the prompt (Sana's complex_human_instruction) and cut it after
+    "transformers.tokenization_utils_base": ("Token indices sequence length is longer than the specified",),
 }
 
 

@@ -55,13 +55,19 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
     if (args.name is None) == (args.pipeline_class is None):
         raise RecipeError("show takes a recipe name (hf-precision show sdxl) or --class PIPELINE_CLASS, one of the two")
-    if args.pipeline_class:
-        from ..runtime.source import models_of_class
+    import warnings
 
-        recipe = resolve(pipeline_class=args.pipeline_class, models=models_of_class(args.pipeline_class),
-                         layout=resolve_for(args), overrides=overrides_from(args) or None)
-    else:
-        recipe = get_recipe(args.name, device=resolve_for(args), overrides=overrides_from(args))
+    with warnings.catch_warnings(record=True) as notes:  # the recipe's notices, said as ours (not a source line)
+        warnings.simplefilter("always", UserWarning)
+        if args.pipeline_class:
+            from ..runtime.source import models_of_class
+
+            recipe = resolve(pipeline_class=args.pipeline_class, models=models_of_class(args.pipeline_class),
+                             layout=resolve_for(args), overrides=overrides_from(args) or None)
+        else:
+            recipe = get_recipe(args.name, device=resolve_for(args), overrides=overrides_from(args))
+    for note in dict.fromkeys(str(n.message) for n in notes if issubclass(n.category, UserWarning)):
+        print(f"hf-precision show: note: {note}", file=sys.stderr)
     print(recipe.to_json() if args.json else recipe.table(why=not args.brief))
     unchecked = _unchecked_patterns(recipe)
     if unchecked:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
@@ -124,6 +125,41 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
         if value.numel() == 0 or not bool(torch.isfinite(value).all()):
             return False
     return True
+
+
+# The __call__ arguments diffusers pipelines take for an input they cannot run without (img2img and upscale's image,
+# inpainting's mask, ControlNet's control image or frames, Stable Cascade decoder's prior embeddings); optional extras such as
+# ip_adapter_image, or Stable Cascade prior's image variation `images`, are not among them.
+INPUTS = ("image", "mask_image", "control_image", "conditioning_frames", "image_embeddings")
+
+
+def needed_inputs(model: Any) -> tuple[str, list[str]]:
+    """(pipeline class, the input arguments besides a prompt its ``__call__`` needs), from ``model_index.json`` alone.
+
+    ``("", [])`` when the model cannot be located here or its class is not diffusers' (loading reports that).
+
+    Example:
+        >>> import json, tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionInpaintPipeline"}))
+        >>> needed_inputs(folder)
+        ('StableDiffusionInpaintPipeline', ['image', 'mask_image'])
+    """
+    from ..runtime.source import locate
+
+    try:
+        _, index, _ = locate(model)
+    except RecipeError:
+        return "", []
+    import diffusers
+
+    name = str(index.get("_class_name", ""))
+    cls = getattr(diffusers, name, None)
+    try:
+        params = inspect.signature(cls.__call__).parameters if cls is not None else {}
+    except (TypeError, ValueError):
+        params = {}
+    return name, [k for k in INPUTS if k in params]
 
 
 def steps_problem(pipe: Any, steps: int) -> str | None:

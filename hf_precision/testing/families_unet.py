@@ -64,14 +64,17 @@ def _image_processor(side: int = 32) -> Any:
 def _sd_img2img(seed: int) -> Any:
     from diffusers import StableDiffusionImg2ImgPipeline
 
-    return StableDiffusionImg2ImgPipeline(**make_sd15(seed=seed).components)
+    # requires_safety_checker=False as in make_sd15: `.components` leaves the flag out, and diffusers' default (True)
+    # with no checker logs a license notice on every load of the saved folder
+    return StableDiffusionImg2ImgPipeline(**make_sd15(seed=seed).components, requires_safety_checker=False)
 
 
 def _sd_inpaint(seed: int) -> Any:
     from diffusers import StableDiffusionInpaintPipeline
 
     # 9 input channels: latents + mask + masked-image latents, as in the real inpainting checkpoints
-    return StableDiffusionInpaintPipeline(**make_sd15({"unet": {"in_channels": 9}}, seed=seed).components)
+    return StableDiffusionInpaintPipeline(**make_sd15({"unet": {"in_channels": 9}}, seed=seed).components,
+                                          requires_safety_checker=False)
 
 
 def _controlnet_from(unet: Any, seed: int) -> Any:
@@ -86,7 +89,8 @@ def _sd_controlnet(seed: int) -> Any:
     from diffusers import StableDiffusionControlNetPipeline
 
     base = make_sd15(seed=seed)
-    return StableDiffusionControlNetPipeline(**base.components, controlnet=_controlnet_from(base.unet, seed))
+    return StableDiffusionControlNetPipeline(**base.components, controlnet=_controlnet_from(base.unet, seed),
+                                             requires_safety_checker=False)
 
 
 def _sd_adapter(seed: int) -> Any:
@@ -96,7 +100,7 @@ def _sd_adapter(seed: int) -> Any:
     adapter = _seeded(seed + 1, lambda: T2IAdapter(in_channels=3, channels=[8, 16], num_res_blocks=1, downscale_factor=2,
                                                    adapter_type="full_adapter"))
     components = {k: v for k, v in base.components.items() if k != "image_encoder"}
-    return StableDiffusionAdapterPipeline(**components, adapter=adapter)
+    return StableDiffusionAdapterPipeline(**components, adapter=adapter, requires_safety_checker=False)
 
 
 def _sd_upscale(seed: int) -> Any:

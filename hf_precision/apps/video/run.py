@@ -207,7 +207,8 @@ def _print(text: str) -> None:
 
 
 def _warn(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    # stderr holds only the command's own lines, which say whose they are (as the CLI prints a RecipeError)
+    print(f"hf-precision video: {text}", file=sys.stderr, flush=True)
 
 
 def _want_cpu(device: str | None) -> bool:

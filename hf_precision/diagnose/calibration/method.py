@@ -30,7 +30,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               target: str | None = None, steps: int | None = None, bound: float = 0.05, progress: bool = True,
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
-              size: tuple[int | None, ...] = (None, None), max_memory: int | None = None) -> CalibrationResult:
+              size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None,
+              frames: int | None = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -48,8 +49,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         run_on (*optional*): where the runs happen; default the best present device.
         recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
-        prompt, image, size (*optional*): the default call's prompt, input image and (height, width), or (height,
-            width, frames) for a video pipeline (``num_frames``); ``None`` leaves the pipeline's own default.
+        prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
+        frames (*optional*): a video pipeline's frame count in the default call (``num_frames`` or ``video_length``).
         max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
             (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
             device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
@@ -83,7 +84,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     clock.lap("load")
     with Session(pipe, restore=True, offload_on=run_on if offload else None, handback=not owned) as session:
         setting = _Setting.resolve(session, recipe, device, caps, run_on, target)
-        runs = _Runs(session, setting, _call_kwargs(pipe, call, prompt, image, steps, size), call, seed, progress)
+        runs = _Runs(session, setting, _call_kwargs(pipe, call, prompt, image, steps, size, frames), call, seed,
+                     progress)
         # 1. The reference run: every component in the reference dtype, every module's range and samples recorded.
         ref_out, ref = runs.reference(ref_dtype, model)
         clock.lap("reference")
@@ -203,7 +205,8 @@ class _Setting:
 
 
 def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | None, prompt: str | None, image: Any,
-                 steps: int | None, size: tuple[int | None, ...]) -> dict[str, Any] | None:
+                 steps: int | None, size: tuple[int | None, int | None],
+                 frames: int | None = None) -> dict[str, Any] | None:
     """The kwargs of every run (None: ``call`` is a function); numpy output, so runs compare without a PIL round trip."""
     if callable(call):
         return None
@@ -221,9 +224,16 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         elif "image" in params and params["image"].default is inspect.Parameter.empty:
             raise RecipeError(f"calibrate: {type(pipe).__name__} needs an input image: pass image=... (CLI: --image FILE)")
         kwargs["num_inference_steps"] = steps or 4
-        for key, value in zip(("height", "width", "num_frames"), size):
+        if "class_labels" in params and params["class_labels"].default is inspect.Parameter.empty:
+            kwargs["class_labels"] = [1]  # class-conditioned (DiT): one fixed class, as check's call
+        for key, value in zip(("height", "width"), size):
             if value and key in params:
                 kwargs[key] = value
+        if any(size) and "use_resolution_binning" in params:  # the size asked is the size run (PixArt's binning)
+            kwargs["use_resolution_binning"] = False
+        frame_arg = next((k for k in ("num_frames", "video_length") if k in params), None)
+        if frames and frame_arg:
+            kwargs[frame_arg] = frames
     if steps is not None:
         kwargs["num_inference_steps"] = steps
     if "output_type" in params:

@@ -1,0 +1,275 @@
+"""Every command on every family of the testing registry, as a user runs it (issue 34).
+
+For each family of ``hf_precision.testing.PIPELINES`` the tiny pipeline is saved to a folder (``save_pipeline``),
+and the commands ``plan``, ``show``, ``check``, ``calibrate``, ``generate`` (image families) or ``video`` (video
+families), ``train --plan`` and a 2-step ``train`` run on it, on this CPU's own layout and on ``--layout t4``; ``check-nf4`` is
+``check`` with the first transformers text encoder stored in nf4. The training data are tiny photos (image families) or GIF clips (video families) with captions.
+
+A run passes when it exits 0 and its stderr holds only our lines (``hf-precision ...``) and progress bars. A run
+that exits 2 with exactly one line ``hf-precision CMD: error: ...`` is a clean refusal (REFUSED). Anything else is a
+failure: an exception out of ``main`` (a traceback), another exit code, several error lines, or lines on stderr that
+diffusers, transformers or a backend printed (the first one is named).
+
+All runs share one process, so the imports are paid once; each run's stderr (the file descriptor, where compiled
+code writes too) and stdout are captured on their own, as tests/test_stderr_ours.py does. Torch runs on one thread:
+the tiny models are dominated by per-op overhead.
+
+Usage (the full sweep; about an hour on 2 busy CPU cores)::
+
+    python scripts/command_sweep.py
+    python scripts/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json
+    python scripts/command_sweep.py --case wan:check+calibrate:t4 --case sana:train-plan:cpu
+
+Exit status: 0 when every run passed or was refused cleanly, 1 when any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's hf_precision, not an installed one
+# run: generate (image families) or video (video families); check-nf4: check with the first transformers text encoder
+# stored in nf4 (bitsandbytes on the CPU, whose block is wider than a tiny encoder's narrowest layer)
+COMMANDS = ("plan", "show", "check", "check-nf4", "calibrate", "run", "train-plan", "train")
+LAYOUTS = ("cpu", "t4")
+# tqdm's bars (diffusers' loading and denoising, calibrate's): a count and a rate or a time
+_BAR = re.compile(r"\d+/\d+ \[|\d+%\|")
+FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo, Mochi's 6k+1 aside) and 8k+1 (LTX): the fewest most VAEs take
+
+
+def ours(line: str) -> bool:
+    """Whether a stderr line is one we allow: blank, ours (``hf-precision ...``) or a progress bar.
+
+    >>> ours("hf-precision check: error: x"), ours("  0%|   | 0/2 [00:00<?, ?it/s]"), ours("FutureWarning: x")
+    (True, True, False)
+    """
+    return not line.strip() or line.startswith("hf-precision") or bool(_BAR.search(line))
+
+
+def judge(command: str, code, err: str, out: str, crash: str | None) -> tuple[str, str]:
+    """PASS, REFUSED or FAIL for one run, with the line that says why.
+
+    >>> judge("check", 0, "", "ok", None)
+    ('PASS', '')
+    >>> judge("plan", 2, "hf-precision plan: error: no such folder\\n", "", None)
+    ('REFUSED', 'hf-precision plan: error: no such folder')
+    >>> judge("plan", 0, "UserWarning: x\\n", "", None)
+    ('FAIL', 'stderr not ours: UserWarning: x')
+    """
+    name = command.split()[0]
+    if crash:
+        return "FAIL", f"traceback: {crash}"
+    lines = [line for part in err.splitlines() for line in part.split("\r")]
+    foreign = [line for line in lines if not ours(line)]
+    if foreign:
+        return "FAIL", f"stderr not ours: {foreign[0].strip()[:200]}"
+    errors = [line for line in lines if line.startswith("hf-precision")]
+    if code == 0:
+        return "PASS", ""
+    if code == 2 and len(errors) == 1 and errors[0].startswith(f"hf-precision {name}: error:"):
+        return "REFUSED", errors[0].strip()
+    last = (errors or [line for line in out.splitlines() if line.strip()] or [""])[-1].strip()
+    return "FAIL", f"exit {code}: {last[:200]}"
+
+
+def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
+    """``hf_precision.cli.main(argv)`` with fd 1 and fd 2 captured: (exit code, stderr, stdout, crash or None)."""
+    from hf_precision.cli import main
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    crash = None
+    with tempfile.TemporaryFile() as err_sink, tempfile.TemporaryFile() as out_sink:
+        saved = os.dup(2), os.dup(1)
+        os.dup2(err_sink.fileno(), 2)
+        os.dup2(out_sink.fileno(), 1)
+        try:
+            try:
+                code = main(argv)
+            except SystemExit as exit_:
+                code = exit_.code
+            except BaseException as exc:  # noqa: BLE001 - a crash is what the sweep reports
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                code = None
+                frame = traceback.extract_tb(exc.__traceback__)[-1]
+                crash = (f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''} "
+                         f"({Path(frame.filename).name}:{frame.lineno})")
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os.dup2(saved[0], 2)
+            os.dup2(saved[1], 1)
+            os.close(saved[0])
+            os.close(saved[1])
+        err_sink.seek(0)
+        out_sink.seek(0)
+        return code, err_sink.read().decode(errors="replace"), out_sink.read().decode(errors="replace"), crash
+
+
+def make_data(root: Path) -> dict[str, Path]:
+    """Two 32-pixel photos and two 9-frame 32-pixel GIF clips, each with a caption file."""
+    import numpy as np
+    from PIL import Image
+
+    images, clips = root / "photos", root / "clips"
+    images.mkdir(parents=True, exist_ok=True)
+    clips.mkdir(parents=True, exist_ok=True)
+    for i in range(2):
+        Image.fromarray(np.full((32, 32, 3), 60 + 40 * i, np.uint8)).save(images / f"i{i}.png")
+        (images / f"i{i}.txt").write_text("a cat")
+        shots = [Image.fromarray(np.full((32, 32, 3), 20 * f + 10 * i, np.uint8)) for f in range(FRAMES)]
+        shots[0].save(clips / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (clips / f"c{i}.txt").write_text("a clip")
+    return {"image": images, "video": clips}
+
+
+def save_family(kind: str, root: Path) -> tuple[Path, str]:
+    """The tiny pipeline of ``kind`` saved under ``root``: (folder, pipeline class name)."""
+    from hf_precision.testing import make_pipeline
+    from hf_precision.testing.pipelines import save_pipeline
+
+    folder = root / kind
+    if not (folder / "model_index.json").is_file():
+        save_pipeline(make_pipeline(kind, size="tiny", seed=0), folder)
+    return folder, json.loads((folder / "model_index.json").read_text())["_class_name"]
+
+
+def _text_encoder(folder: Path) -> str | None:
+    """The first transformers text encoder of a saved pipeline (the one nf4 can store on the CPU), or None."""
+    index = json.loads((folder / "model_index.json").read_text())
+    return next((k for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list)
+                 and v[0] == "transformers"), None)
+
+
+def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path) -> dict[str, str]:
+    """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout)."""
+    from hf_precision.testing import PIPELINES
+
+    video = "video" in PIPELINES[kind].tags
+    lay = "" if layout == "cpu" else f" --layout {layout}"
+    run = f"--device cpu{lay}"
+    size = "--height 32 --width 32"
+    frames = f" --frames {FRAMES}" if video else ""
+    tag = f"{kind}-{layout}"
+    lines = {
+        "plan": f"plan {folder} {run}",
+        "show": f"show --class {cls} {run} --brief",
+        "check": f"check {folder} {run}",
+        "check-nf4": f"check {folder} {run} --set {_text_encoder(folder)}.storage=nf4" if _text_encoder(folder) else None,
+        "calibrate": f"calibrate {folder} {run} {size}{frames} --steps 2 --no-progress --out {out / tag}-islands.yaml",
+        "run": (f"video --model {folder} --prompt 'a cat' {size}{frames} --steps 2 {run} --quiet "
+                f"--out {out / tag}.gif" if video else
+                f"generate {folder} --prompt 'a cat' {size} --steps 2 {run} --out {out / tag}.png"),
+        "train-plan": f"train --plan --model {folder} --data {data} --out {out / tag}-plan --resolution 32{frames} {run}",
+        "train": (f"train --model {folder} --data {data} --out {out / tag}-lora --resolution 32{frames} --steps 2 "
+                  f"--checkpoint-every 1000 {run} --quiet"),
+    }
+    return lines
+
+
+def sweep(families: list[str], commands: list[str], layouts: list[str], root: Path, emit=print) -> list[dict]:
+    """Run the commands on the families and layouts; ``emit`` gets one line per run. Returns one dict per run."""
+    from hf_precision.testing import PIPELINES
+
+    data = make_data(root / "data")
+    results = []
+    for kind in families:
+        try:
+            folder, cls = save_family(kind, root / "models")
+        except Exception as exc:  # noqa: BLE001 - a family the registry cannot save is a result too
+            results.append(dict(family=kind, command="save", layout="-", status="FAIL", reason=repr(exc)[:200]))
+            emit(f"{kind:26} {'save':11} {'-':4} FAIL {exc!r}"[:300])
+            continue
+        video = "video" in PIPELINES[kind].tags
+        for layout in layouts:
+            lines = command_lines(kind, folder, cls, data["video" if video else "image"], layout, root / "out")
+            for name in commands:
+                if lines[name] is None:  # check-nf4 without a transformers text encoder
+                    continue
+                start = time.perf_counter()
+                code, err, out, crash = run_cli(shlex.split(lines[name]))
+                status, reason = judge(lines[name], code, err, out, crash)
+                row = dict(family=kind, command=name, layout=layout, status=status, reason=reason,
+                           seconds=round(time.perf_counter() - start, 1), argv=lines[name])
+                results.append(row)
+                emit(f"{kind:26} {name:11} {layout:4} {status:7} {row['seconds']:6.1f}s {reason}".rstrip())
+    return results
+
+
+def summary(results: list[dict]) -> str:
+    """One table: per command, the count of PASS, REFUSED and FAIL runs."""
+    rows = ["command      PASS  REFUSED  FAIL"]
+    for name in [*COMMANDS, "save"]:
+        mine = [r for r in results if r["command"] == name]
+        if mine:
+            count = {s: sum(r["status"] == s for r in mine) for s in ("PASS", "REFUSED", "FAIL")}
+            rows.append(f"{name:11} {count['PASS']:5} {count['REFUSED']:8} {count['FAIL']:5}")
+    total = {s: sum(r["status"] == s for r in results) for s in ("PASS", "REFUSED", "FAIL")}
+    rows.append(f"{'all':11} {total['PASS']:5} {total['REFUSED']:8} {total['FAIL']:5}")
+    return "\n".join(rows)
+
+
+def _pick(text: str | None, allowed, what: str) -> list[str]:
+    chosen = list(allowed) if not text else [x.strip() for x in text.split(",") if x.strip()]
+    unknown = sorted(set(chosen) - set(allowed))
+    if unknown:
+        raise SystemExit(f"command_sweep: unknown {what} {unknown}; use some of {sorted(allowed)}")
+    return chosen
+
+
+def _case(text: str) -> tuple[str, str, str]:
+    parts = text.split(":")
+    if len(parts) != 3:
+        raise SystemExit(f"command_sweep: --case {text!r}: write FAMILY:CMD[+CMD]:LAYOUT[+LAYOUT], e.g. wan:check:t4")
+    return parts[0], parts[1], parts[2]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the options, run the sweep, print the lines and the summary; 1 when any run failed."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", help="comma-separated registry names (default: all)")
+    parser.add_argument("--commands", help=f"comma-separated, of {','.join(COMMANDS)} (default: all)")
+    parser.add_argument("--layouts", help="comma-separated, of cpu,t4 (default: both)")
+    parser.add_argument("--case", action="append", default=[], metavar="FAMILY:CMD[+CMD]:LAYOUT[+LAYOUT]",
+                        help="one family's commands and layouts (repeatable; replaces --families/--commands/--layouts)")
+    parser.add_argument("--workdir", help="folder for models, data and outputs (default: a temporary one)")
+    parser.add_argument("--json", help="write every run's result to this file")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")  # this CPU's layout, on any machine
+    import torch
+
+    from hf_precision.testing import PIPELINES
+
+    torch.set_num_threads(1)
+    families = _pick(args.families, PIPELINES, "families")
+    commands = _pick(args.commands, COMMANDS, "commands")
+    layouts = _pick(args.layouts, LAYOUTS, "layouts")
+    cases = [(families, commands, layouts)]
+    if args.case:
+        cases = [([f], _pick(c.replace("+", ","), COMMANDS, "commands"), _pick(l.replace("+", ","), LAYOUTS, "layouts"))
+                 for f, c, l in (_case(text) for text in args.case)]
+        _pick(",".join(c[0][0] for c in cases), PIPELINES, "families")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.workdir or tmp)
+        results = [row for fams, cmds, lays in cases
+                   for row in sweep(fams, cmds, lays, root, emit=lambda line: print(line, flush=True))]
+    print(summary(results))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 1 if any(r["status"] == "FAIL" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
