@@ -54,17 +54,25 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("component,storage,layout", CASES)
-def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component, storage, layout):
+def _load_quantized(folder, component, storage, layout):
+    """The pipeline loaded on the CPU with ``component`` in ``storage``; None where a GPU is present and LLM.int8 is
+    refused there (test_bnb_int8_on_cpu_beside_a_gpu_is_refused_before_loading, after asserting the refusal)."""
     if storage in ("nf4", "bnb-int8"):
         pytest.importorskip("bitsandbytes")
-    if storage == "bnb-int8" and torch.cuda.is_available():  # refused there: test_bnb_int8_on_cpu_beside_a_gpu...
+    if storage == "bnb-int8" and torch.cuda.is_available():
         with pytest.raises(hp.RecipeError, match="beside a CUDA GPU"):
-            hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: storage})
-        return
+            hp.load_pipeline(folder, "cpu", layout=layout, quantize={component: storage})
+        return None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(flux_folder, "cpu", layout=layout, quantize={component: storage})
+        return hp.load_pipeline(folder, "cpu", layout=layout, quantize={component: storage})
+
+
+@pytest.mark.parametrize("component,storage,layout", CASES)
+def test_quantized_component_loads_plans_exactly_and_runs(flux_folder, component, storage, layout):
+    pipe = _load_quantized(flux_folder, component, storage, layout)
+    if pipe is None:
+        return
     module = getattr(pipe, component)
     record = hp.applied(pipe)
     plan = record.recipe[component]
@@ -117,15 +125,9 @@ def test_every_cpu_storage_plans_every_byte_the_loaded_pixart_holds(pixart_folde
     memory all the same (18.9 MB fp32 on PixArt-XL-2-1024); the plan left it out, short by 5.5% with quanto-int4."""
     from checks import assert_plan_bytes
 
-    if storage in ("nf4", "bnb-int8"):
-        pytest.importorskip("bitsandbytes")
-        if torch.cuda.is_available():  # refused there (test_bnb_int8_on_cpu_beside_a_gpu_is_refused_before_loading)
-            with pytest.raises(hp.RecipeError, match="beside a CUDA GPU"):
-                hp.load_pipeline(pixart_folder, "cpu", layout=layout, quantize={component: storage})
-            return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        pipe = hp.load_pipeline(pixart_folder, "cpu", layout=layout, quantize={component: storage})
+    pipe = _load_quantized(pixart_folder, component, storage, layout)
+    if pipe is None:
+        return
     table = pipe.transformer.pos_embed.pos_embed
     assert "pos_embed.pos_embed" not in pipe.transformer.state_dict() and table.numel() > 0
     assert quantized_in(getattr(pipe, component)) or storage.startswith("float8")
