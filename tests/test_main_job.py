@@ -202,7 +202,7 @@ def test_generate_writes_a_png(saved_pipeline, tmp_path):
     (["/no/such/folder"], "no such folder"),
     (["{sdxl}", "--out", "x.bmp"], "unsupported image type"),
     (["{sdxl}", "--height", "30"], "multiple of 8"),
-    (["{svd}"], "not a text-to-image pipeline"),
+    (["{svd}"], "StableVideoDiffusionPipeline needs image"),
     (["{sdxl}", "--set", "vae.dtype=half"], "ambiguous"),
 ])
 def test_generate_bad_input(saved_pipeline, tmp_path, args, message):

@@ -122,6 +122,9 @@ def instead(text: str) -> tuple | None:
         return ("skip-why", "the test suite this module belongs to; the Makefile target is checked below")
     if text.startswith("source .venv/bin/activate"):
         return ("skip-why", "an interactive shell's environment; the Makefile's .venv is checked below")
+    if text.startswith("torchrun") and " train " in text and "--shard" in text:
+        return ("skip-why", "8 GPUs and a 12B model; the same program runs sharded over 2 CPU processes in "
+                            "tests/test_train_shard.py::test_sharded_program_on_tiny_sdxl_t4")
     if "--context-parallel" in text:
         return ("refusal", None, "needs GPUs")  # torchrun of a CPU-only torch: the script's own refusal
     if text.startswith("accelerate launch") and "scripts/train.py" in text:

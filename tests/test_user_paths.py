@@ -345,7 +345,7 @@ def test_our_warnings_print_as_one_line_of_ours(capsys):
         warnings.simplefilter("always")
         assert main(["show", "--class", "ZImageControlNetPipeline", "--device", "t4", "--brief"]) == 0
     err = capsys.readouterr().err
-    assert err.startswith("hf-precision show: warning: ZImageControlNetPipeline: no component recipe for"), err
+    assert err.startswith("hf-precision show: note: ZImageControlNetPipeline: no component recipe for"), err
     assert "UserWarning" not in err and len(err.strip().splitlines()) == 1
 
 

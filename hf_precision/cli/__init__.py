@@ -39,9 +39,13 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"{__name__}.{name}")
     parser = argparse.ArgumentParser(prog="hf-precision", description="Dtype and device recipes for diffusers pipelines.",
                                      epilog=EXAMPLES, formatter_class=HelpFormatter)
-    from .. import __version__
+    from importlib.metadata import PackageNotFoundError, version
 
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    try:
+        installed = version("hf_precision")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        installed = "(not installed)"
+    parser.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (help, add_args, _) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)

@@ -47,7 +47,7 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bound", type=float, default=0.05,
                    help="mean absolute error of the final image (0..1) the islands should stay within (default: 0.05)")
     p.add_argument("--recipe", default=None, metavar="NAME", help="recipe (default: chosen from model_index.json)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of every run's noise, the same for each dtype compared")
     p.add_argument("--out", default="islands.yaml", metavar="YAML",
                    help="override file to write (default: islands.yaml); load it with --overrides")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -78,10 +78,11 @@ def quiet_loading(quiet: bool = True) -> Iterator[None]:
 
     Example:
         >>> from diffusers.utils import logging as dl
+        >>> before = dl.is_progress_bar_enabled()
         >>> with quiet_loading():
         ...     dl.is_progress_bar_enabled()
         False
-        >>> dl.is_progress_bar_enabled()
+        >>> dl.is_progress_bar_enabled() == before
         True
     """
     if not quiet:

@@ -74,13 +74,13 @@ class TrainingPrediction:
 
     def verdict(self, budget: int | None) -> str:
         """The peak, the phase that sets it, and whether it fits ``budget``: one line, from the same numbers."""
-        line = f"{_size(self.peak)} ({self.peak_phase})"
+        line = f"{size_text(self.peak)} ({self.peak_phase})"
         if budget is None:
             return line
-        return f"{line} {'fits in' if self.peak <= budget else 'does NOT fit in'} {_size(budget)}"
+        return f"{line} {'fits in' if self.peak <= budget else 'does NOT fit in'} {size_text(budget)}"
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
@@ -93,7 +93,7 @@ def text_tokens(index: Mapping[str, Any]) -> int:
     return 77 if encoders and all(c.startswith("CLIP") for c in encoders) else 512
 
 
-def _meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str, dtype: Any) -> Any:
+def meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str, dtype: Any) -> Any:
     from ...diagnose.planner import build_on_meta
     from ...runtime.source import listed_components
 
@@ -200,7 +200,7 @@ def _store_fp8(module: Any, plan: Any) -> None:
                             layerwise_skip_regexes(islands, plan.layerwise_skip))
 
 
-def _make_trainable(module: Any, method: str, rank: int) -> int:
+def make_trainable(module: Any, method: str, rank: int) -> int:
     """Make ``module`` trainable as prepare_training would; returns the trainable parameter count."""
     import torch
 
@@ -225,7 +225,7 @@ def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any]
 
     if "vae" not in index or "vae" not in configs:
         return 0
-    vae = _meta_module(index, configs, "vae", dtype).eval()
+    vae = meta_module(index, configs, "vae", dtype).eval()
     shape = (batch, 3, frames, resolution, resolution) if frames > 1 else (batch, 3, resolution, resolution)
     pixels = torch.empty(*shape, device="meta", dtype=dtype)
     with count_live_bytes() as live:
@@ -245,7 +245,7 @@ class _Model:
     frame_step: int
 
 
-def _model(model: str, device: Any, overrides: Any) -> _Model:
+def planned_model(model: str, device: Any, overrides: Any) -> _Model:
     from ...diagnose.planner import plan as hp_plan
     from ...runtime.source import configs_of
     from ...training.families import objective_of
@@ -286,18 +286,18 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     from ...recipe.quantize import is_quantized
     from ...training.families import example_batch
 
-    m = _cached_model or _model(model, device, overrides)
+    m = _cached_model or planned_model(model, device, overrides)
     den = m.plan.components[m.denoiser]
     if method == "full":  # the training layer's one rule, as `train` without --plan applies it before loading
         from ...training.quantized import refuse_untrainable
 
         refuse_untrainable(m.plan.recipe, {m.denoiser: "full"}, m.denoiser)
     compute = getattr(torch, den.compute)
-    module = _meta_module(m.index, m.configs, m.denoiser, compute)
+    module = meta_module(m.index, m.configs, m.denoiser, compute)
     fp8 = den.storage in FLOAT8
     if fp8:  # stored as loaded; the LoRA's gradients pass through it as in training.quantized.upcast_fp8
         _store_fp8(module, m.plan.recipe[m.denoiser])
-    trainable = _make_trainable(module, method, rank)
+    trainable = make_trainable(module, method, rank)
     if fp8:
         from ...runtime.patches import upcast_on_use
 
@@ -327,7 +327,7 @@ def choose(model: str, device: Any, budget: int, *, method: str, rank: int, reso
            batch_size: int, gradient_checkpointing: bool, cached: bool, overrides: Any = None
            ) -> tuple[TrainingPrediction, list[TrainingPrediction]]:
     """The first prediction that fits ``budget``, cheapest in speed first; and every one tried."""
-    m = _model(model, device, overrides)
+    m = planned_model(model, device, overrides)
     tried = []
     sizes = [batch_size]
     while sizes[-1] > 1:
@@ -352,17 +352,17 @@ def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
     """The plan as the command prints it."""
     print(f"settings: {pred.options.describe()}")
     print("weights (as the recipe stores them): " + ", ".join(
-        f"{n} {_size(b)}" + (f" ({pred.storage[n]}, backend bytes)" if n in pred.storage else "")
+        f"{n} {size_text(b)}" + (f" ({pred.storage[n]}, backend bytes)" if n in pred.storage else "")
         for n, b in pred.weights.items()))
-    print(f"trainable: {pred.trainable_params:,} parameters: fp32 masters {_size(pred.masters)}, gradients "
-          f"{_size(pred.grads)}, AdamW state {_size(pred.optimizer)}")
-    print(f"activations: train step {_size(pred.activations)} (forward + backward), VAE encode "
-          f"{_size(pred.encode_activations)}")
+    print(f"trainable: {pred.trainable_params:,} parameters: fp32 masters {size_text(pred.masters)}, gradients "
+          f"{size_text(pred.grads)}, AdamW state {size_text(pred.optimizer)}")
+    print(f"activations: train step {size_text(pred.activations)} (forward + backward), VAE encode "
+          f"{size_text(pred.encode_activations)}")
     if pred.fp8_copies:
-        print(f"  of which fp8 weight copies held for backward: {_size(pred.fp8_copies)} (the fp8 layers compute "
+        print(f"  of which fp8 weight copies held for backward: {size_text(pred.fp8_copies)} (the fp8 layers compute "
               f"from upcast copies; autograd keeps those on the gradient's path until backward)")
     for phase, peak in pred.phases.items():
-        print(f"  {phase:<11} peak {_size(peak)}")
+        print(f"  {phase:<11} peak {size_text(peak)}")
     print(f"predicted peak: {pred.verdict(budget)}")
 
 
@@ -377,7 +377,7 @@ def plan_command(args: Any, overrides: Any = None) -> int:
     if method == "embedding":
         raise RecipeError("--plan: textual inversion trains a few embedding rows; its memory is the model's weights "
                           "(hf-precision plan MODEL --device DEVICE); plan lora or full instead")
-    m = _model(args.model, device, overrides)
+    m = planned_model(args.model, device, overrides)
     resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"training plan: {args.model} ({m.plan.pipeline}), {method}"
@@ -394,14 +394,14 @@ def plan_command(args: Any, overrides: Any = None) -> int:
                          gradient_checkpointing=args.gradient_checkpointing, cached=args.cache,
                          overrides=overrides, **kwargs)
     for other in tried[:-1]:  # its phases too: a setting that did not fit is told apart by the phase that broke it
-        phases = ", ".join(f"{phase} {_size(peak)}" for phase, peak in other.phases.items())
+        phases = ", ".join(f"{phase} {size_text(peak)}" for phase, peak in other.phases.items())
         print(f"  tried {other.options.describe()}: {phases}; peak {other.verdict(budget)}")
     print_prediction(pred, budget)
     if pred.peak > budget:
         weights = sum(pred.weights.values())
-        why = (f"the weights alone take {_size(weights)}" if weights > budget else
-               f"the smallest setting tried still needs {_size(pred.peak)}")
-        print(f"nothing tried fits {_size(budget)}: {why}; lower --resolution, use a device with more memory, or a "
+        why = (f"the weights alone take {size_text(weights)}" if weights > budget else
+               f"the smallest setting tried still needs {size_text(pred.peak)}")
+        print(f"nothing tried fits {size_text(budget)}: {why}; lower --resolution, use a device with more memory, or a "
               f"smaller model")
         return 1
     flags = []

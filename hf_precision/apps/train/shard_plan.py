@@ -22,7 +22,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...errors import RecipeError
-from .plan import ADAM_STATES, Options, TrainingPrediction, _make_trainable, _meta_module, _model, _size, predict_training
+from .plan import (ADAM_STATES, Options, TrainingPrediction, make_trainable, meta_module, planned_model,
+                   predict_training, size_text)
 
 __all__ = ["RankPrediction", "predict_rank", "shard_bytes", "rank_plan_command"]
 
@@ -125,8 +126,8 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
         return RankPrediction(processes, False, base, frozen, base.masters, base.grads, base.optimizer, 0,
                               base.phases["encode"])
     den = m.plan.components[m.denoiser]
-    module = _meta_module(m.index, m.configs, m.denoiser, getattr(torch, den.compute))
-    _make_trainable(module, method, rank)
+    module = meta_module(m.index, m.configs, m.denoiser, getattr(torch, den.compute))
+    make_trainable(module, method, rank)
     trainable = [p for p in module.parameters() if p.requires_grad]
     frozen = [p for p in module.parameters() if not p.requires_grad]
     # the recipe's storage bytes of the frozen denoiser weights, split as the meta module's (compute dtype) split
@@ -148,9 +149,9 @@ def training_model(model: str, device: Any, overrides: Any = None) -> Any:
     from ...recipe.catalog import training_overrides
 
     extra = list(overrides) if isinstance(overrides, (list, tuple)) else ([] if overrides is None else [overrides])
-    first = _model(model, device, overrides)
+    first = planned_model(model, device, overrides)
     layer = training_overrides(first.plan.recipe.name)
-    return _model(model, device, [layer, *extra]) if layer else first
+    return planned_model(model, device, [layer, *extra]) if layer else first
 
 
 def _has(module: Any, path: str) -> bool:
@@ -203,7 +204,7 @@ def rank_plan_command(args: Any, overrides: Any = None) -> int:
             chosen = pred
             break
     if chosen is None:
-        print(f"nothing tried fits {_size(budget)} per rank: more processes, a device with more memory, or a lower "
+        print(f"nothing tried fits {size_text(budget)} per rank: more processes, a device with more memory, or a lower "
               f"--resolution")
         return 1
     if budget is not None:
@@ -217,6 +218,6 @@ def rank_plan_command(args: Any, overrides: Any = None) -> int:
 
 def _print_rank(p: RankPrediction, budget: int | None) -> None:
     fits = "" if budget is None else (" fits" if p.peak <= budget else " does NOT fit")
-    print(f"  {p.describe()}: per rank weights {_size(p.weights)}, masters {_size(p.masters)}, gradients "
-          f"{_size(p.grads)}, AdamW {_size(p.optimizer)}, gathered units {_size(p.gathered)}, activations "
-          f"{_size(p.base.activations)} -> peak {_size(p.peak)}{fits}")
+    print(f"  {p.describe()}: per rank weights {size_text(p.weights)}, masters {size_text(p.masters)}, gradients "
+          f"{size_text(p.grads)}, AdamW {size_text(p.optimizer)}, gathered units {size_text(p.gathered)}, activations "
+          f"{size_text(p.base.activations)} -> peak {size_text(p.peak)}{fits}")
