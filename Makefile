@@ -26,7 +26,7 @@ AVX2_FLAGS ?= avx2
 # It ends with the 20 slowest tests, so what CI time goes to stays in every run's log.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-cpus test-latest lock install clean
+.PHONY: demo test test-heavy test-cpus test-latest lock install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,12 @@ demo: $(STAMP)
 	$(BIN)/hf-precision demo --out demo_output
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 -m "not heavy"
+
+# The tests of a minute or more of CPU each (marked `heavy`): a sharded 2-process training run, the real Wan config's
+# plan, the docs' SDXL training plan, quanto-int4 on the Flux transformer.
+test-heavy: $(STAMP)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m heavy
 
 test-cpus: $(STAMP)
 	HF_PRECISION_CPU_FLAGS="$(AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe

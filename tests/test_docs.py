@@ -151,6 +151,7 @@ def test_the_layout_table_lists_every_layout():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_the_train_plan_the_docs_show_is_what_the_command_prints(capsys):
     """docs/train-program.md quotes `hf-precision train --plan ...` (issue 34: it quoted 11.47 GiB and an encode peak
     of 4.33 GiB the command no longer printed): run the command it names, compare every line and every figure the

@@ -49,7 +49,7 @@ CASES = [
     ("text_encoder_2", "quanto-int8", None),
     ("text_encoder_2", "nf4", "cpu-amx"),
     ("text_encoder_2", "bnb-int8", None),
-    ("transformer", "quanto-int4", "cpu-amx"),
+    pytest.param("transformer", "quanto-int4", "cpu-amx", marks=pytest.mark.heavy),
     ("text_encoder_2", "quanto-int2", None),
 ]
 

@@ -85,6 +85,7 @@ def _cut(run, copy, step):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
     import re
 

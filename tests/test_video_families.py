@@ -393,7 +393,7 @@ def test_context_parallel_only_the_main_process_writes_and_says_wrote(rank, fold
     assert rc == 0
 
 
-@pytest.mark.parametrize("alias", ["wan", "ltx"])
+@pytest.mark.parametrize("alias", [pytest.param("wan", marks=pytest.mark.heavy), "ltx"])
 def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     """`--plan --device t4` plans a device this process does not have, offline, from the configs that ship."""
     from hf_precision.cli.video import main
