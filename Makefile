@@ -15,18 +15,12 @@ LATEST_VENV ?= .venv-latest
 # torch and the packages only torch pins are left to TORCH_SPEC (another torch build brings its own).
 LOCK_SKIP := ^(torch|triton|nvidia-[a-z0-9_-]+|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|typing.extensions|setuptools|pip)==
 
-# Tests whose expectation depends on the CPU the device probe sees (marked `probe`) run once more as an AMX CPU
-# once as an AVX512 CPU without AMX/AVX512-BF16/AVX512-FP16 and once as an AVX2-only CPU (HF_PRECISION_CPU_FLAGS,
-# see hf_precision/recipe/devices.py), so a machine of any kind checks all three; `make test` covers this machine.
-AMX_FLAGS ?= avx2,avx512f,avx512_bf16,amx_tile,amx_bf16
-NO_AMX_FLAGS ?= avx2,avx512f
-AVX2_FLAGS ?= avx2
 # The suite runs in TEST_WORKERS processes (pytest-xdist; each test file stays in one process, so its fixtures are
 # built once): 2 fits the 2-core CI machine; `make test TEST_WORKERS=0` runs it in this process alone.
 # It ends with the 20 slowest tests, so what CI time goes to stays in every run's log.
 TEST_WORKERS ?= 2
 
-.PHONY: demo test test-heavy test-cpus test-latest lock install clean
+.PHONY: demo test test-heavy test-latest lock install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -48,11 +42,6 @@ test: $(STAMP)
 # plan, the docs' SDXL training plan, quanto-int4 on the Flux transformer.
 test-heavy: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m heavy
-
-test-cpus: $(STAMP)
-	HF_PRECISION_CPU_FLAGS="$(AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe
-	HF_PRECISION_CPU_FLAGS="$(NO_AMX_FLAGS)" $(BIN)/python -m pytest -q -m probe
-	HF_PRECISION_CPU_FLAGS="$(AVX2_FLAGS)" $(BIN)/python -m pytest -q -m probe
 
 # The newest releases of every dependency (torch stays TORCH_SPEC), in a venv of their own.
 test-latest:

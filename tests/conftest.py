@@ -3,7 +3,8 @@
 Running the suite as another CPU: ``HF_PRECISION_CPU_FLAGS=amx pytest`` (or ``pytest --cpu-flags amx``) makes the
 device probe report those flags, in this process and in every subprocess the tests start (see
 ``hf_precision/recipe/devices.py``). Tests whose expectation depends on what the probe reads are marked ``probe``;
-``.ci/run`` runs them once more as an AMX CPU and once as a CPU without AVX512 or AMX.
+each runs as this CPU and once more as each CPU of ``PROBE_CPUS`` (an AMX CPU, an AVX512 CPU without AMX or
+AVX512-BF16/FP16, an AVX2-only CPU), in the same session, so a machine of any kind checks every form.
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ import pytest
 
 # Everything is built from configs: never touch the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The CPUs (HF_PRECISION_CPU_FLAGS) a test marked ``probe`` runs as, besides this one: a Sapphire Rapids Xeon, an
+# AVX512 CPU without AMX or the bf16/fp16 extensions, an AVX2-only CPU.
+PROBE_CPUS = {"amx": "avx2,avx512f,avx512_bf16,amx_tile,amx_bf16", "avx512": "avx2,avx512f", "avx2": "avx2"}
 
 
 @pytest.fixture(scope="session")
@@ -97,8 +102,8 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "probe: the expectation depends on what the device probe reads about this "
-                                       "machine (CPU flags, the dtypes the cpu rules pick); .ci/run reruns these "
-                                       "as an AMX CPU and as a CPU without it")
+                                       "machine (CPU flags, the dtypes the cpu rules pick); each runs as this "
+                                       "CPU and as every CPU of tests/conftest.py PROBE_CPUS")
     from hf_precision.recipe.devices import CPU_FLAGS_ENV, CPU_NAME_ENV, cpu_flags_from_env, cpu_name_from_env, set_probe
     from hf_precision.errors import RecipeError
 
@@ -164,6 +169,30 @@ def no_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     set_probe(None)
     yield
+    monkeypatch.undo()
+    set_probe(None)
+
+
+def pytest_generate_tests(metafunc):
+    """Each ``probe`` test runs as this CPU (``this-cpu``) and as each CPU of ``PROBE_CPUS``."""
+    if metafunc.definition.get_closest_marker("probe") and "probe_cpu" in metafunc.fixturenames:
+        metafunc.parametrize("probe_cpu", [None, *PROBE_CPUS.values()], indirect=True, ids=["this-cpu", *PROBE_CPUS])
+
+
+@pytest.fixture(autouse=True)
+def probe_cpu(request, monkeypatch):
+    """The CPU flags a ``probe`` test runs with (its parameter; None is this CPU), in this process and in its
+    subprocesses; the probe reads them afresh before and after the test."""
+    flags = getattr(request, "param", None)
+    if flags is None:
+        yield None
+        return
+    from hf_precision.recipe.devices import CPU_FLAGS_ENV, CPU_NAME_ENV, set_probe
+
+    monkeypatch.setenv(CPU_FLAGS_ENV, flags)
+    monkeypatch.delenv(CPU_NAME_ENV, raising=False)
+    set_probe(None)
+    yield flags
     monkeypatch.undo()
     set_probe(None)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from ..lazy import face
 
 _EXPORTS = {
-    "prepare_training": "plan", "TrainingPlan": "plan", "Components": "plan",
+    "prepare_training": "plan", "TrainingPlan": "plan", "Components": "resolve",
+    "resolve_training": "resolve", "TrainingRecipe": "resolve",
     "TrainingError": "rules", "training_compute": "rules", "TRAINING_ORDER": "rules",
     "FAMILIES": "families", "FamilyRow": "families", "family_of": "families", "objective_of": "families",
     "example_batch": "families",

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from .methods import method_of
 from .rules import TrainingError
 
 __all__ = ["SIDE_NETWORKS", "side_inputs"]
@@ -45,7 +46,7 @@ def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], b
     """
     out: dict[str, Any] = {}
     for name, net in _networks(tp):
-        trains = tp.kinds.get(name) in ("lora", "full")
+        trains = method_of(tp.kinds.get(name, "frozen")).trains_weights
         image = batch.get("control_image")
         if image is None:
             if trains:

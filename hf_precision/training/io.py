@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..recipe.files import shared_mode
+from .methods import method_of
 from .rules import TrainingError
 
 __all__ = ["save_lora", "save_embeddings", "lora_loader", "lora_reader", "LORA_FILE", "PEFT_FILE"]
@@ -68,7 +69,7 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
 
-    names = [name for name, kind in tp.kinds.items() if kind == "lora"]
+    names = [name for name, kind in tp.kinds.items() if method_of(kind).saves_adapter]
     if not names:
         raise TrainingError(f"tp.save_lora: nothing trains as LoRA in this plan (train: {tp.kinds})")
     sharded = getattr(tp, "shard", None) is not None

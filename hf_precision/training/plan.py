@@ -22,33 +22,17 @@ from typing import Any
 import torch
 
 from .. import dtypes as dt
-from ..recipe.devices import device_caps, device_profile
-from ..recipe.catalog import training_overrides
 from ..recipe.model import Recipe
-from ..recipe.overrides import Override
-from ..recipe.resolution import resolve
-from ..runtime.apply import Applied, apply_recipe, config_dict, torch_device
+from ..runtime.apply import Applied, applied, apply_recipe, torch_device
 from . import control, families, quantized, trainable
-from .recipe_choice import recipe_name
-from .rules import MASTERS, TRAIN_KINDS, ComputeChoice, TrainingError, training_compute
+from .methods import Setup, method_of, method_names
+from .resolve import Components, TrainingRecipe, resolve_training
+from .rules import MASTERS, ComputeChoice, TrainingError
 from .scaler import Stepper, parameter_names
 
-__all__ = ["prepare_training", "TrainingPlan", "Components"]
+__all__ = ["prepare_training", "TrainingPlan"]
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
-
-
-class Components:
-    """A bag of components standing in for a pipeline (``prepare_training({"unet": m, ...})``)."""
-
-    def __init__(self, parts: Mapping[str, Any]):
-        self._parts = dict(parts)
-        for name, part in self._parts.items():
-            object.__setattr__(self, name, part)
-
-    @property
-    def components(self) -> dict[str, Any]:
-        return dict(self._parts)
 
 
 @dataclasses.dataclass
@@ -276,7 +260,7 @@ class TrainingPlan:
         comps = self._components()
         if self.denoiser_name is None or self.denoiser_name not in comps:
             # A recipe composed for an unknown pipeline knows no denoiser when its class has no row: name what trains
-            trained = [c for c, k in self.kinds.items() if k in ("lora", "full")]
+            trained = [c for c, k in self.kinds.items() if method_of(k).trains_weights]
             if trained:
                 raise families.no_row(comps[trained[0]], trained[0])
             raise TrainingError(f"tp.loss: recipe {self.recipe.name} names no denoiser present here "
@@ -297,16 +281,17 @@ def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str,
     for name, kind in train.items():
         if name not in comps:
             problems.append(f"train: unknown component {name!r}; this pipeline has {', '.join(sorted(comps))}")
-        if kind not in TRAIN_KINDS:
-            problems.append(f"train: {name}: {kind!r} is not one of {', '.join(TRAIN_KINDS)}")
-        if kind == "embedding" and not (tokens or {}).get(name):
-            problems.append(f"train: {name}: 'embedding' needs its new tokens: tokens={{{name!r}: ['<my-token>']}}")
+        if kind not in method_names():
+            problems.append(f"train: {name}: {kind!r} is not one of {', '.join(method_names())}")
+        elif method_of(kind).takes_tokens and not (tokens or {}).get(name):
+            problems.append(f"train: {name}: {kind!r} needs its new tokens: tokens={{{name!r}: ['<my-token>']}}")
     if master not in MASTERS:
         problems.append(f"master: {master!r} is not one of {', '.join(MASTERS)}")
+    takers = [n for n in method_names() if method_of(n).takes_tokens]
     for name in tokens or {}:
-        if train.get(name) != "embedding":
+        if train.get(name) not in takers:
             problems.append(f"tokens: {name!r} is given tokens but train[{name!r}] is {train.get(name, 'frozen')!r}; "
-                            f"set train={{{name!r}: 'embedding'}}")
+                            f"set train={{{name!r}: {takers[0]!r}}}")
     if problems:
         raise TrainingError(problems)
 
@@ -314,7 +299,7 @@ def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str,
 def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
-                     overrides: Any = None, recipe: str | None = None, force: bool = False,
+                     overrides: Any = None, recipe: str | TrainingRecipe | None = None, force: bool = False,
                      shard: bool = False) -> TrainingPlan:
     """Set a pipeline up for training under its recipe (see the module docstring for the rules).
 
@@ -327,7 +312,9 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         tokens / init_tokens: textual inversion: new tokens per text encoder, and words to start them from.
         master: ``"fp32"`` master weights, or ``"bf16-sr"`` (bf16 weights, stochastic rounding; bf16 compute only).
         overrides: the same override forms as ``load_pipeline``; they win over the training rules.
-        recipe: the pipeline recipe to train under (``"sdxl"``, or a recipe YAML file); default: the pipeline's class
+        recipe: the pipeline recipe to train under (``"sdxl"``, or a recipe YAML file), or the
+            :class:`~hf_precision.training.resolve.TrainingRecipe` the pipeline was loaded in (then nothing is resolved
+            or cast again: only masters, adapters, the scaler and hooks are attached); default: the pipeline's class
             chooses it, and a dict of components is recognised by its components' classes and configs (a dict that
             does not tell two recipes apart is refused, asking for this). A component the recipe does not plan is
             left as it is and gets a row saying so.
@@ -341,50 +328,22 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         >>> tp.compute_dtype, tp.scaler is not None, {p.dtype for p in tp.parameters()}
         (torch.float16, True, {torch.float32})
     """
-    is_dict = isinstance(pipe, Mapping)
-    holder = Components(pipe) if is_dict else pipe
+    holder = Components(pipe) if isinstance(pipe, Mapping) else pipe
     comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
     dev = torch_device(device, "device")
-    name = recipe_name(pipe, recipe)
-    force = force or is_dict  # a dict has no pipeline class to check the recipe against
     _check_args(comps, dict(train or {}), master, tokens)
-    # the quantized/fp8 storage the pipeline was loaded with stays (the backend holds those weights)
-    loaded = quantized.loaded_storage(holder, comps)
-    layers: list[Any] = [t for t in [training_overrides(name) if name else None, quantized.loaded_layer(loaded)] if t]
-    profile = device_profile(layout if layout is not None else str(dev))
-    caps = device_caps(profile)
-    from ..runtime.source import models_of_pipeline
-
-    configs = {n: config_dict(m) for n, m in comps.items()}
-    base = resolve(name, pipeline_class=type(holder).__name__, devices=str(dev), layout=layout, configs=configs,
-                   overrides=layers + _as_list(overrides), components=list(comps), models=models_of_pipeline(holder),
-                   force=force)
-    denoiser = base.denoiser  # also for a recipe composed from the classes of a pipeline no recipe lists
-    train = dict(train) if train is not None else ({denoiser: "lora"} if denoiser in comps else {})
-    if not train:
-        raise TrainingError(f"prepare_training: recipe {base.name} names no denoiser among {sorted(comps)}; say what "
-                            f"trains: train={{'<component>': 'lora'}}")
-    quantized.refuse_untrainable(base, train, denoiser)
-    if shard:
-        from .shard import refuse_unshardable
-
-        refuse_unshardable(base, train)
-    choices: dict[str, ComputeChoice] = {}
-    rule_layer: dict[str, Any] = {}
-    for comp, kind in train.items():
-        if kind in ("lora", "full") and comp in base:
-            plan = base[comp]
-            choices[comp] = training_compute(comp, (*plan.dtypes, plan.compute), caps.auto, profile.label(), dict(caps.why))
-    quantized.keep_loaded_compute(holder, loaded, choices)
-    for comp, choice in choices.items():
-        rule_layer[comp] = {"dtype": choice.dtype, "why": choice.rule}
-    if rule_layer:
-        layers.append(Override("training rule (hf_precision.training.rules)", {"components": rule_layer}))
-    applied = apply_recipe(holder, recipe=name, device=str(dev), layout=layout, overrides=layers + _as_list(overrides),
-                           force=force)
-    quantized.upcast_fp8(applied.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
+    if isinstance(recipe, TrainingRecipe):  # resolved before loading (the training program): only attach
+        tr = recipe
+    else:
+        tr = resolve_training(pipe, device=str(dev), layout=layout, train=train, overrides=overrides, recipe=recipe,
+                              force=force, shard=shard)
+    record = applied(holder)
+    if record is None or record.removed or record.recipe != tr.recipe:  # loaded in it already: not cast again
+        record = apply_recipe(holder, recipe=tr.recipe, force=True)
+    train, denoiser = dict(tr.train), tr.denoiser
+    quantized.upcast_fp8(record.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     quantized.keep_4bit_differentiable(comps, train, denoiser)
-    tp = _finish(holder, applied, comps, train, dev, denoiser, choices, rank, lora, tokens, init_tokens, master)
+    tp = _finish(holder, record, comps, train, dev, denoiser, dict(tr.choices), rank, lora, tokens, init_tokens, master)
     if shard:
         from .shard import shard_training
 
@@ -392,17 +351,10 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     return tp
 
 
-def _as_list(overrides: Any) -> list[Any]:
-    return [] if overrides is None else list(overrides) if isinstance(overrides, (list, tuple)) else [overrides]
-
-
 def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], train: dict[str, str], dev: torch.device,
             denoiser: str | None, choices: dict[str, ComputeChoice], rank: int, lora: Any,
             tokens: Mapping[str, list[str]] | None, init_tokens: Mapping[str, list[str]] | None, master: str) -> TrainingPlan:
     recipe = applied.recipe
-    for comp, choice in list(choices.items()):  # the user's override may have replaced the rule's choice
-        if recipe[comp].compute != choice.dtype:
-            choices[comp] = ComputeChoice(recipe[comp].compute, f"set by the user's override (the training rule said {choice.dtype})")
     half = {recipe[c].compute for c in choices}
     if master == "bf16-sr" and half != {"bfloat16"}:
         raise TrainingError(f"master='bf16-sr': pure bf16 training needs bf16 compute, but the trainable parts compute in "
@@ -413,28 +365,20 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
     token_rows: dict[str, trainable.TokenRows] = {}
     ranks: dict[str, int] = {}
     for comp, module in comps.items():
-        kind = train.get(comp, "frozen")
-        if kind == "lora":
-            present = trainable.existing_rank(module)  # an adapter the user injected before (any path, any dtype)
-            if present is None:
-                config = lora or _lora_config(module, rank)
-                trainable.inject_lora(comp, module, config)
-            ranks[comp] = present or int(getattr(config, "r", rank))
-        if kind == "full" and comp in recipe and recipe[comp].storage != recipe[comp].compute:
-            raise TrainingError(f"train: {comp}: 'full' cannot train weights stored in {recipe[comp].storage} and cast on "
-                                f"use; drop the storage override or train a LoRA")
-        trainable.make_masters(module, kind if kind in ("lora", "full") else "frozen", master_dtype)
-        module.train(kind in ("lora", "full"))  # frozen parts in eval mode (no dropout), as diffusers' examples do
-        if kind == "embedding":
-            suffix = comp.removeprefix("text_encoder")
-            tokenizer = getattr(holder, f"tokenizer{suffix}", None)
-            token_rows[comp] = trainable.add_tokens(tokenizer, module, list(tokens[comp]),  # type: ignore[index]
-                                                    (init_tokens or {}).get(comp), master_dtype)
+        method = method_of(train.get(comp, "frozen"))
+        s = Setup(comp, module, holder, recipe, rank, lora, (tokens or {}).get(comp), (init_tokens or {}).get(comp),
+                  master_dtype)
+        method.setup(s)
+        if s.lora_rank is not None:
+            ranks[comp] = s.lora_rank
+        if s.token_rows is not None:
+            token_rows[comp] = s.token_rows
+        module.train(method.trains_weights)  # frozen parts in eval mode (no dropout), as diffusers' examples do
         compute = recipe[comp].compute if comp in recipe else "float32"
         # Only a full fine-tune needs autocast (its masters are fp32); a LoRA's base already holds the compute dtype
         # and peft runs the adapter in its own fp32 (input cast in, result cast back). Autocast there would also undo
         # the explicit fp32 upcasts inside attention processors: Sana's linear attention gives NaN in fp16 under it.
-        autocast = dt.to_torch(compute) if kind == "full" and compute in dt.HALF else None
+        autocast = dt.to_torch(compute) if method.every_weight and compute in dt.HALF else None
         if autocast is not None:
             trainable.keep_explicit_fp32(module)
         handles += trainable.guard(module, dev.type, autocast, inside=True)
@@ -445,13 +389,6 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
                         choices=choices, device=dev, denoiser_name=denoiser, objective=objective, master=master,
                         stepper=stepper, token_rows=token_rows, tokens={k: list(v) for k, v in (tokens or {}).items()},
                         lora_rank=ranks, handles=handles, alphas_cumprod=alphas, sigma_range=sigmas)
-
-
-def _lora_config(module: torch.nn.Module, rank: int) -> Any:
-    from peft import LoraConfig
-
-    # As diffusers' LoRA examples: alpha = rank, gaussian A, zero B (the adapter starts as a no-op).
-    return LoraConfig(r=rank, lora_alpha=rank, init_lora_weights="gaussian", target_modules=trainable.default_targets(module))
 
 
 def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torch.Tensor | None, tuple[float, float] | None]:

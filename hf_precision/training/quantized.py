@@ -26,9 +26,10 @@ from ..recipe.quantize import CHOICES, is_quantized
 from ..runtime import patches
 from ..runtime.apply import applied
 from ..runtime.quantize import is_quantized_tensor, module_bytes
+from .methods import method_of
 from .rules import ComputeChoice, TrainingError
 
-__all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "compute_before_load", "refuse_untrainable",
+__all__ = ["loaded_storage", "loaded_layer", "keep_loaded_compute", "refuse_untrainable",
            "upcast_fp8", "keep_4bit_differentiable", "base_lines"]
 
 
@@ -112,35 +113,9 @@ def keep_loaded_compute(holder: Any, storage: Mapping[str, str], choices: dict[s
                                           f"{comp}: {had} compute, as loaded quantized (the rule picks {choice.dtype}: {fix})")
 
 
-def compute_before_load(recipe: Any, train: Mapping[str, str], layout: Any) -> Override | None:
-    """Before loading: the compute dtype the training rule picks for each LoRA-trained component that ``recipe``
-    (the inference recipe the loader will apply) quantizes, as an override layer for the loader, so the backend
-    makes its scales in the dtype training computes in (else :func:`keep_loaded_compute` keeps the loaded one).
-
-    Example:
-        >>> from hf_precision import get_recipe
-        >>> r = get_recipe("sd15", device="a100", overrides={"unet": {"storage": "quanto-int8"}})
-        >>> compute_before_load(r, {"unet": "lora"}, "a100").data["components"]["unet"]["dtype"]
-        'bfloat16'
-    """
-    from ..recipe.devices import device_caps, device_profile
-    from .rules import training_compute
-
-    profile = device_profile(layout)
-    caps = device_caps(profile)
-    layer = {}
-    for comp, kind in train.items():
-        if kind == "lora" and comp in recipe and is_quantized(recipe[comp].storage):
-            plan = recipe[comp]
-            choice = training_compute(comp, (*plan.dtypes, plan.compute), caps.auto, profile.label(), dict(caps.why))
-            if choice.dtype != plan.compute:
-                layer[comp] = {"dtype": choice.dtype, "why": choice.rule}
-    return Override("training rule, before loading the quantized base", {"components": layer}) if layer else None
-
-
 def _through(train: Mapping[str, str], denoiser: str | None) -> set[str]:
     """The components gradients flow through: those that train, and the denoiser behind a text-encoder LoRA."""
-    through = {c for c, k in train.items() if k in ("lora", "full")}
+    through = {c for c, k in train.items() if method_of(k).trains_weights}
     if through and any(c.startswith("text_encoder") for c in through) and denoiser:
         through.add(denoiser)  # the text encoder's gradients come back through the denoiser
     return through
@@ -164,18 +139,9 @@ def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | No
     """
     problems = []
     for comp in sorted(_through(train, denoiser)):
-        if comp not in recipe or train.get(comp) != "full":
-            continue
-        storage, compute = recipe[comp].storage, recipe[comp].compute
-        if is_quantized(storage):
-            problems.append(f"train: {comp}: 'full' cannot train {storage} weights ({CHOICES[storage].why}): a full "
-                            f"fine-tune updates every weight as an fp32 master; train a LoRA on the quantized base "
-                            f"(train={{{comp!r}: 'lora'}}, --method lora) or load {comp} unquantized")
-        elif storage in dt.FLOAT8:
-            problems.append(f"train: {comp}: 'full' cannot train {storage} weights (stored fp8, cast to {compute} on "
-                            f"use): a full fine-tune updates every weight as an fp32 master, and an fp8 weight has no "
-                            f"room for an update; train a LoRA on the fp8 base (train={{{comp!r}: 'lora'}}, --method "
-                            f"lora) or load {comp} with --set {comp}.storage={compute}")
+        if comp in recipe:
+            problem = method_of(train.get(comp, "frozen")).storage_problem(comp, recipe[comp].storage, recipe[comp].compute)
+            problems += [problem] if problem else []
     if problems:
         raise TrainingError(problems)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .methods import method_of
 from .quantized import base_lines
 
 __all__ = ["plan_table"]
@@ -33,19 +34,17 @@ def plan_table(tp: Any) -> str:
     for plan in recipe.plans:
         if plan.name not in comps:
             continue
-        kind = tp.kinds.get(plan.name, "frozen")
+        method = method_of(tp.kinds.get(plan.name, "frozen"))
         params = [p for n, p in tp.named_parameters() if n.startswith(plan.name + ".")]
         trained = "-"
         if params:
             dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
             trained = f"{sum(p.numel() for p in params):,} {'/'.join(dtypes)}"
-        label = f"lora r={tp.lora_rank[plan.name]}" if kind == "lora" else kind
-        if kind == "embedding":
-            label += f" {', '.join(tp.tokens.get(plan.name, []))}"
+        label = method.label(tp, plan.name)
         choice = tp.choices.get(plan.name)
         rule = choice.rule if choice else next((f"{d.rule} [{d.source}]" for d in plan.decisions if d.field == "compute"), "")
         islands = ", ".join(tp.applied.islands.get(plan.name, [])) or "-"
-        storage = "float32 (masters)" if kind == "full" else plan.storage
+        storage = method.storage_text(plan)
         rows.append((plan.name, label, storage, plan.compute, trained, islands, rule))
     rows += [_unplanned_row(tp, name, module) for name, module in comps.items() if name not in recipe]
     widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head) - 1)]

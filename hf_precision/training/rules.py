@@ -15,11 +15,10 @@ from collections.abc import Iterable
 
 from ..errors import RecipeError
 
-__all__ = ["TrainingError", "TRAINING_ORDER", "TRAIN_KINDS", "MASTERS", "ComputeChoice", "training_compute"]
+__all__ = ["TrainingError", "TRAINING_ORDER", "MASTERS", "ComputeChoice", "training_compute"]
 
 # The order training picks compute dtypes in (first that the device picks unasked and the component tolerates).
 TRAINING_ORDER = ("bfloat16", "float16", "float32")
-TRAIN_KINDS = ("lora", "full", "embedding", "frozen")
 MASTERS = ("fp32", "bf16-sr")
 
 

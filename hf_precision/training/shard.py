@@ -35,6 +35,7 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.quantize import is_quantized
+from .methods import method_of
 from .rules import TrainingError
 
 __all__ = ["ShardUnit", "ShardPlan", "block_paths", "plan_units", "refuse_unshardable", "shard_training",
@@ -122,12 +123,13 @@ def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list
     """
     units: list[ShardUnit] = []
     for comp, kind in kinds.items():
-        if kind not in ("lora", "full") or comp not in modules:
+        method = method_of(kind)
+        if not method.trains_weights or comp not in modules:
             continue
         plan = recipe[comp] if comp in recipe else None
         compute = plan.compute if plan is not None else "float32"
         hand_over = plan.handed_over if plan is not None and plan.handed_over in dt.DTYPES else None
-        param = compute if kind == "full" else None
+        param = compute if method.every_weight else None
         own = [i for i in islands.get(comp, []) if any(True for _ in modules[comp].get_submodule(i).parameters())]
         for island in own:
             units.append(ShardUnit(f"{comp}.{island}", "island", "float32", "float32", compute))
@@ -153,15 +155,16 @@ def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
     """
     problems = []
     for comp, kind in train.items():
+        method = method_of(kind)
         storage = recipe[comp].storage if comp in recipe else None
-        if kind in ("lora", "full") and storage is not None and (is_quantized(storage) or storage in dt.FLOAT8):
+        if method.trains_weights and storage is not None and (is_quantized(storage) or storage in dt.FLOAT8):
             problems.append(f"shard: {comp} is stored in {storage}, which FSDP2 cannot shard (fully_shard splits plain "
                             f"tensors; the backend's quantized/fp8 tensor subclasses have no sharded form); train it "
                             f"without sharding (one process, or data parallel: accelerate launch --multi_gpu), or load "
                             f"{comp} in float16/bfloat16 to shard it")
-        if kind == "embedding":
-            problems.append(f"shard: {comp} trains new token rows (textual inversion), a few kilobytes: nothing to "
-                            f"shard; run it without sharding (one process or data parallel)")
+        problem = method.shard_problem(comp, storage)
+        if problem:
+            problems.append(problem)
     if problems:
         raise TrainingError(problems)
 
@@ -211,7 +214,7 @@ def shard_training(tp: Any) -> ShardPlan:
     tp._trainable = tp._names = None  # the parameters are now DTensor shards: the caches are rebuilt from them
     why = "frozen: no gradients and no optimizer state, only weights; sharding them saves 1-1/N of those weights " \
           "for an all-gather every call"
-    replicated = {c: why for c, k in tp.kinds.items() if k not in ("lora", "full")}
+    replicated = {c: why for c, k in tp.kinds.items() if not method_of(k).trains_weights}
     return ShardPlan(world, units, replicated)
 
 

@@ -65,7 +65,12 @@ def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
                             f"{_targets_hint(module)}) or 'all-linear'") from err
 
 
-def _accept_input_keyword(module: torch.nn.Module) -> None:
+def accept_input_keyword(module: torch.nn.Module) -> None:
+    """Let the LoRA-wrapped projections of AnimateDiff's motion transformers take ``input=`` (idempotent).
+
+    Example:
+        >>> accept_input_keyword(torch.nn.Linear(2, 2))  # no motion transformer: nothing to do
+    """
     # AnimateDiff's motion transformer calls its projections as self.proj_in(input=x) (unet_motion_model.py), and
     # peft's LoRA Linear takes forward(x): "Linear.forward() missing 1 required positional argument: 'x'"
     def positional(layer: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -95,22 +100,6 @@ def existing_rank(module: torch.nn.Module) -> int | None:
         if ".lora_A." in name and param.dim() >= 2:
             return int(param.shape[0])
     return None
-
-
-def make_masters(module: torch.nn.Module, kind: str, master_dtype: torch.dtype) -> int:
-    """Freeze what does not train and store what trains in ``master_dtype``; returns the trainable count."""
-    if kind == "lora":  # whoever injected the adapter (this layer, add_adapter, inject_adapter_in_model)
-        _accept_input_keyword(module)
-    count = 0
-    with torch.no_grad():
-        for pname, param in module.named_parameters():
-            trains = kind == "full" or (kind == "lora" and "lora_" in pname)
-            param.requires_grad_(trains and param.is_floating_point())
-            if param.requires_grad:
-                if param.dtype != master_dtype:
-                    param.data = param.data.to(master_dtype)
-                count += param.numel()
-    return count
 
 
 def trainable_parameters(modules: Iterable[tuple[str, torch.nn.Module]]) -> list[tuple[str, torch.nn.Parameter]]:

@@ -204,7 +204,8 @@ def make_trainable(module: Any, method: str, rank: int) -> int:
     """Make ``module`` trainable as prepare_training would; returns the trainable parameter count."""
     import torch
 
-    from ...training.trainable import default_targets, inject_lora, make_masters
+    from ...training.methods import make_masters
+    from ...training.trainable import default_targets, inject_lora
 
     if method == "lora":
         from peft import LoraConfig

@@ -172,29 +172,21 @@ def prepare_run(s: TrainSettings) -> Run:
     acc = _accelerator(out, s.device, s)
     device = _device(s, acc)
     torch.manual_seed(s.seed)  # LoRA initialisation
-    overrides = list(s.overrides)
-    if s.shard:  # quantized/fp8 trainable storage and textual inversion: refused before any weight loads
-        from ...diagnose.planner import plan as hp_plan
-        from ...training.shard import refuse_unshardable
+    from ...training.resolve import resolve_training
 
-        refuse_unshardable(hp_plan(where, device=s.layout or device, overrides=overrides or None).recipe, train)
-    if overrides:  # a quantized trainable part: its backend makes its scales in the training compute dtype
-        from ...diagnose.planner import plan as hp_plan
-        from ...training.quantized import compute_before_load, refuse_untrainable
-
-        recipe = hp_plan(where, device=s.layout or device, overrides=overrides).recipe
-        refuse_untrainable(recipe, train, recipe.denoiser)  # e.g. --method full on fp8 or int8 storage, before loading
-        early = compute_before_load(recipe, train, s.layout or device)
-        overrides += [early] if early else []
+    # One resolution, from the configs, before any weight loads: what cannot train (or shard) in the asked storage
+    # is refused here, and the model loads straight into the training recipe (a quantized trainable part's backend
+    # makes its scales in the dtype training computes in).
+    tr = resolve_training(where, device=device, layout=s.layout, train=train, overrides=list(s.overrides) or None,
+                          shard=s.shard)
     from ...runtime.progress import quiet_loading
 
     with quiet_loading(s.quiet):
-        pipe = load_pipeline(where, device, layout=s.layout, overrides=overrides or None)
+        pipe = load_pipeline(where, device, recipe=tr.recipe)
     pipe.set_progress_bar_config(disable=True)
     # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
     # add_adapter, whose peft version check refused the installed peft.
-    tp = prepare_training(pipe, device=device, layout=s.layout, train=train, master=s.master,
-                          overrides=overrides or None, shard=s.shard, **extra)
+    tp = prepare_training(pipe, device=device, train=train, master=s.master, recipe=tr, shard=s.shard, **extra)
     if s.gradient_checkpointing:
         denoiser = tp.components[tp.denoiser_name]
         if not getattr(denoiser, "_supports_gradient_checkpointing", False):

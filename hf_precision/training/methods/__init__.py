@@ -1,0 +1,148 @@
+"""How each way of training a component is set up: one registered handler per method, one file each.
+
+``train={"unet": "lora"}`` names a method; :func:`method_of` returns its handler, and the training layer asks the
+handler instead of comparing names: whether gradients reach the component's weights, which parameters become fp32
+masters, what it adds to the module (an adapter, token rows), how the plan table labels it, what storage it refuses.
+A new method is one file that subclasses :class:`Method` and calls :func:`register_method` (the shape of peft's
+``register_peft_method``, ``peft/tuners/lora/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+__all__ = ["Method", "Setup", "register_method", "method_of", "method_names", "make_masters"]
+
+_BUILT_IN = ("lora", "full", "embedding", "frozen")
+_REGISTRY: dict[str, "Method"] = {}
+
+
+@dataclasses.dataclass
+class Setup:
+    """What a handler's :meth:`Method.setup` reads and fills for one component."""
+
+    name: str
+    module: Any
+    holder: Any
+    recipe: Any
+    rank: int
+    lora: Any
+    tokens: list[str] | None
+    init_tokens: list[str] | None
+    master_dtype: Any
+    lora_rank: int | None = None  # filled by the LoRA handler
+    token_rows: Any = None  # filled by the embedding handler
+
+
+class Method:
+    """A way of training a component. Subclasses set the flags and override the hooks they need."""
+
+    name = ""
+    trains_weights = False  # gradients reach the component's weights: masters, a compute choice, a shard unit
+    every_weight = False  # every weight is a master (a full fine-tune): autocast in the compute dtype
+    saves_adapter = False  # its result is a LoRA adapter (tp.save_lora)
+    takes_tokens = False  # it trains new tokens, given with tokens= (textual inversion)
+
+    def owns(self, parameter: str) -> bool:
+        """Whether the parameter of this name trains (becomes a master)."""
+        return False
+
+    def setup(self, s: Setup) -> None:
+        """Make the component trainable this way: what it owns becomes fp32 (or ``master_dtype``) masters, the rest
+        is frozen. Handlers that add to the module (an adapter, token rows) do it around this."""
+        make_masters(s.module, self.name, s.master_dtype)
+
+    def label(self, tp: Any, component: str) -> str:
+        """The plan table's ``train`` cell."""
+        return self.name
+
+    def storage_text(self, plan: Any) -> str:
+        """The plan table's ``storage`` cell."""
+        return plan.storage
+
+    def storage_problem(self, component: str, storage: str, compute: str) -> str | None:
+        """Why this method cannot train weights kept in ``storage`` (None: it can)."""
+        return None
+
+    def shard_problem(self, component: str, storage: str | None) -> str | None:
+        """Why FSDP2 cannot shard this component under this method (None: it can, or there is nothing to shard)."""
+        return None
+
+
+def register_method(method: Method) -> Method:
+    """Register a handler under its ``name`` (a method registered twice is an error).
+
+    Example:
+        >>> class MyLora(Method):
+        ...     name = "lora"
+        >>> _ = method_of("lora")  # the built-in handlers register on first use
+        >>> register_method(MyLora())  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: training method 'lora' is registered already (Lora)
+    """
+    if method.name in _REGISTRY and type(_REGISTRY[method.name]) is not type(method):
+        raise ValueError(f"training method {method.name!r} is registered already ({type(_REGISTRY[method.name]).__name__})")
+    _REGISTRY[method.name] = method
+    return method
+
+
+def _load_built_in() -> None:
+    for name in _BUILT_IN:
+        if name not in _REGISTRY:
+            importlib.import_module(f"{__name__}.{name}")
+
+
+def method_names() -> tuple[str, ...]:
+    """The methods ``train=`` takes.
+
+    Example:
+        >>> method_names()[:4]
+        ('lora', 'full', 'embedding', 'frozen')
+    """
+    _load_built_in()
+    return tuple(sorted(_REGISTRY, key=lambda n: (_BUILT_IN.index(n) if n in _BUILT_IN else len(_BUILT_IN), n)))
+
+
+def method_of(kind: str) -> Method:
+    """The handler of a method name (``"lora"``, ``"full"``, ``"embedding"``, ``"frozen"``).
+
+    Example:
+        >>> method_of("full").trains_weights, method_of("embedding").trains_weights
+        (True, False)
+    """
+    _load_built_in()
+    try:
+        return _REGISTRY[kind]
+    except KeyError:
+        from ..rules import TrainingError
+
+        raise TrainingError(f"train: {kind!r} is not one of {', '.join(_REGISTRY)}") from None
+
+
+def make_masters(module: Any, kind: str, master_dtype: Any) -> int:
+    """Freeze what does not train and store what trains (the parameters the method ``kind`` owns) in
+    ``master_dtype``; returns the trainable count.
+
+    Example:
+        >>> import torch
+        >>> make_masters(torch.nn.Linear(2, 3), "full", torch.float32), make_masters(torch.nn.Linear(2, 3), "lora", torch.float32)
+        (9, 0)
+    """
+    import torch
+
+    from ..trainable import accept_input_keyword
+
+    method = method_of(kind)
+    accept_input_keyword(module)  # LoRA layers, whoever injected them (this layer, add_adapter, inject_adapter_in_model)
+    count = 0
+    with torch.no_grad():
+        for pname, param in module.named_parameters():
+            param.requires_grad_(method.owns(pname) and param.is_floating_point())
+            if param.requires_grad:
+                if param.dtype != master_dtype:
+                    param.data = param.data.to(master_dtype)
+                count += param.numel()
+    return count

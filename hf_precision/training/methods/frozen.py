@@ -1,0 +1,12 @@
+"""Frozen: the component keeps its inference recipe and has no gradients."""
+
+from __future__ import annotations
+
+from . import Method, register_method
+
+
+class Frozen(Method):
+    name = "frozen"
+
+
+register_method(Frozen())

@@ -1,0 +1,149 @@
+"""The training recipe, resolved once, from configs and the device rules, before any weight loads.
+
+A pipeline object, a folder (Hub id, alias) and a dict of components reach it through :func:`resolve_training`:
+the pipeline recipe (``recipe=``, else the one :func:`~hf_precision.runtime.choose.recipe_of` recognises), its
+``training:`` section, the quantized storage a pipeline was loaded with, the user's overrides, and the training rule
+(:func:`~hf_precision.training.rules.training_compute`) for each part that trains. The training program loads
+straight into that recipe (``load_pipeline(folder, recipe=tr.recipe)``) and ``prepare_training(pipe, recipe=tr)``
+then only attaches masters, adapters, the scaler and hooks: nothing is resolved or cast twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ..recipe.catalog import training_overrides
+from ..recipe.devices import device_caps, device_profile
+from ..recipe.model import Recipe
+from ..recipe.overrides import Override, as_list
+from ..recipe.resolution import resolve
+from . import quantized
+from .methods import method_of
+from .recipe_choice import recipe_name
+from .rules import ComputeChoice, TrainingError, training_compute
+
+__all__ = ["Components", "TrainingRecipe", "resolve_training"]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRecipe:
+    """What trains, and the recipe every component is loaded and trained in (frozen; see :func:`resolve_training`)."""
+
+    recipe: Recipe
+    train: Mapping[str, str]
+    choices: Mapping[str, ComputeChoice]  # trainable component -> the training rule's (or the override's) compute
+    loaded: Mapping[str, str]  # component -> the quantized/fp8 storage a given pipeline already holds
+
+    @property
+    def denoiser(self) -> str | None:
+        return self.recipe.denoiser
+
+
+@dataclasses.dataclass(frozen=True)
+class _Parts:
+    """What resolution reads from a source: no weights, only classes and configs."""
+
+    pipeline_class: str
+    configs: dict[str, dict[str, Any]]
+    components: list[str]
+    models: Any
+    loaded: dict[str, str]
+    is_dict: bool
+
+
+def _parts(source: Any) -> _Parts:
+    import torch
+
+    from ..runtime.apply import config_dict
+    from ..runtime.source import component_configs, listed_components, locate, models_of_index, models_of_pipeline
+
+    if isinstance(source, (str, os.PathLike)):
+        where, index, folder = locate(source)
+        return _Parts(str(index.get("_class_name")), component_configs(where, index, folder),
+                      list(listed_components(index)), models_of_index(index), {}, False)
+    is_dict = isinstance(source, Mapping)
+    holder = Components(source) if is_dict else source
+    comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
+    return _Parts(type(holder).__name__, {n: config_dict(m) for n, m in comps.items()}, list(comps),
+                  models_of_pipeline(holder), quantized.loaded_storage(holder, comps), is_dict)
+
+
+class Components:
+    """A bag of components standing in for a pipeline (``prepare_training({"unet": m, ...})``)."""
+
+    def __init__(self, parts: Mapping[str, Any]):
+        self._parts = dict(parts)
+        for name, part in self._parts.items():
+            object.__setattr__(self, name, part)
+
+    @property
+    def components(self) -> dict[str, Any]:
+        return dict(self._parts)
+
+
+def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
+                     overrides: Any = None, recipe: str | None = None, force: bool = False,
+                     shard: bool = False) -> TrainingRecipe:
+    """The recipe a training set-up loads and trains in, from configs and the device rules alone.
+
+    Args:
+        source: a diffusers pipeline, a dict of components, or a folder / Hub id / recipe alias (nothing is loaded).
+        device, layout: where it runs, and whose device rules choose the dtypes (``layout="t4"``).
+        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` (the rest stay frozen); default the denoiser's
+            LoRA.
+        overrides: the override forms of ``load_pipeline``; they win over the training rule.
+        recipe: the pipeline recipe (name or YAML file); default recognised from the source.
+        force: take a recipe whose ``pipelines:`` list does not name the source's class.
+        shard: refuse what FSDP2 cannot shard (quantized or fp8 trainable storage, textual inversion) here, before
+            any weight loads.
+
+    Raises:
+        TrainingError: a trainable part the recipe stores in a form training cannot update, a dict that does not
+            tell two recipes apart (asks for ``recipe=``), no denoiser and nothing said to train.
+
+    Example:
+        >>> from hf_precision.runtime.source import CONFIGS_DIR
+        >>> tr = resolve_training(CONFIGS_DIR / "stable-diffusion-v1-5", layout="t4")
+        >>> tr.recipe.name, dict(tr.train), tr.recipe["unet"].compute, tr.recipe["vae"].compute
+        ('sd15', {'unet': 'lora'}, 'float16', 'float32')
+    """
+    parts = _parts(source)
+    name = recipe_name(source, recipe)
+    force = force or parts.is_dict  # a dict has no pipeline class to check the recipe against
+    fixed = [t for t in [training_overrides(name) if name else None, quantized.loaded_layer(parts.loaded)] if t]
+    user = as_list(overrides)
+
+    def resolved(layers: list[Any]) -> Recipe:
+        return resolve(name, pipeline_class=parts.pipeline_class, devices=str(device), layout=layout,
+                       configs=parts.configs, overrides=layers, components=parts.components, models=parts.models,
+                       force=force)
+
+    base = resolved(fixed + user)
+    denoiser = base.denoiser  # also for a recipe composed from the classes of a pipeline no recipe lists
+    train = dict(train) if train is not None else ({denoiser: "lora"} if denoiser in parts.components else {})
+    if not train:
+        raise TrainingError(f"prepare_training: recipe {base.name} names no denoiser among {sorted(parts.components)}; "
+                            f"say what trains: train={{'<component>': 'lora'}}")
+    quantized.refuse_untrainable(base, train, denoiser)
+    if shard:
+        from .shard import refuse_unshardable
+
+        refuse_unshardable(base, train)
+    profile = device_profile(layout if layout is not None else str(device))
+    caps = device_caps(profile)
+    choices = {comp: training_compute(comp, (*base[comp].dtypes, base[comp].compute), caps.auto, profile.label(),
+                                      dict(caps.why))
+               for comp, kind in train.items() if method_of(kind).trains_weights and comp in base}
+    quantized.keep_loaded_compute(source, parts.loaded, choices)
+    rule = {comp: {"dtype": c.dtype, "why": c.rule} for comp, c in choices.items()}
+    # the rule sits under the user's overrides: an override of a trainable part's dtype wins, and says so
+    final = resolved(fixed + [Override("training rule (hf_precision.training.rules)", {"components": rule})] + user) \
+        if rule else base
+    for comp, choice in list(choices.items()):
+        if final[comp].compute != choice.dtype:
+            choices[comp] = ComputeChoice(final[comp].compute,
+                                          f"set by the user's override (the training rule said {choice.dtype})")
+    return TrainingRecipe(recipe=final, train=train, choices=choices, loaded=parts.loaded)
