@@ -220,9 +220,13 @@ def choose(model: str, device: Any, budget: int, *, method: str, rank: int, reso
     """The first prediction of :func:`options_ladder` that fits ``budget`` (else the least peak); and every one tried.
 
     Example:
-        >>> kwargs = dict(method="lora", rank=4, resolution=64, frames=0, batch_size=2, cached=True)
-        >>> chosen, tried = choose("sd15", "t4", 10**12, gradient_checkpointing=False, **kwargs)
-        >>> chosen.options.describe().startswith("batch size 2, gradient checkpointing off"), len(tried)
+        >>> import tempfile
+        >>> from hf_precision.testing import make_pipeline, save_pipeline
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     tiny = str(save_pipeline(make_pipeline("sd15"), tmp))
+        ...     chosen, tried = choose(tiny, "t4", 10**12, method="lora", rank=4, resolution=32, frames=0,
+        ...                            batch_size=2, gradient_checkpointing=False, cached=True)
+        >>> chosen.options == Options(2, False, True), len(tried)  # the settings as asked fit: one prediction
         (True, 1)
     """
     from ...memory.planner import choose as choose_fitting
