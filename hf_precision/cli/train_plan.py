@@ -21,7 +21,21 @@ size_text = functools.partial(format_bytes, binary=True)
 
 
 def print_prediction(pred: Any, budget: int | None) -> None:
-    """The plan as the command prints it."""
+    """The plan as the command prints it: settings, weights, trainable state, activations, each phase's peak.
+
+    Example:
+        >>> from hf_precision.apps.train.plan import Options, TrainingPrediction
+        >>> pred = TrainingPrediction(Options(1, False, True), {"unet": 2 * 2**30}, 10, 40, 40, 80, 2**20, 0,
+        ...                           {"encode": 2 * 2**30, "train step": 2 * 2**30 + 2**20 + 160})
+        >>> print_prediction(pred, None)  # doctest: +ELLIPSIS
+        settings: batch size 1, gradient checkpointing off, cached latents ...
+        weights (as the recipe stores them): unet 2.00 GiB
+        trainable: 10 parameters: fp32 masters 0.0 MiB, gradients 0.0 MiB, AdamW state 0.0 MiB
+        activations: train step 1.0 MiB (forward + backward), VAE encode 0.0 MiB
+          encode      peak 2.00 GiB
+          train step  peak 2.00 GiB
+        predicted peak: 2.00 GiB (train step)
+    """
     print(f"settings: {pred.options.describe()}")
     print("weights (as the recipe stores them): " + ", ".join(
         f"{n} {size_text(b)}" + (f" ({pred.storage[n]}, backend bytes)" if n in pred.storage else "")
@@ -39,7 +53,13 @@ def print_prediction(pred: Any, budget: int | None) -> None:
 
 
 def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
-    """``hf-precision train --plan``: print the prediction and the settings chosen for ``--max-memory``."""
+    """``hf-precision train --plan``: print the prediction and the settings chosen for ``--max-memory``.
+
+    Example:
+        >>> plan_command(argparse.Namespace(model="sd15", layout=None, device="t4", method=None, embedding=True))
+        Traceback (most recent call last):
+        hf_precision.errors.RecipeError: --plan: textual inversion trains a few embedding rows; its memory is the model's weights (hf-precision plan MODEL --device DEVICE); plan lora or full instead
+    """
     from ..apps.train.plan import Options, choose, planned_model, predict_training
 
     if not args.model:
@@ -86,7 +106,13 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
 
 
 def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
-    """``train --plan --processes N [--shard] [--max-memory SIZE]``: each rank's peak, and the setting that fits."""
+    """``train --plan --processes N [--shard] [--max-memory SIZE]``: each rank's peak, and the setting that fits.
+
+    Example:
+        >>> rank_plan_command(argparse.Namespace(model="sd15", processes=-2))
+        Traceback (most recent call last):
+        hf_precision.errors.RecipeError: --processes -2: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)
+    """
     from ..apps.train.plan import Options
     from ..apps.train.shard_plan import predict_rank, rank_ladder, training_model
     from ..memory.planner import choose

@@ -154,7 +154,12 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
 
 def training_model(model: str, device: Any, overrides: Any = None) -> Any:
     """The plan's model under the training recipe: the recipe's training overrides first (what prepare_training
-    layers on, e.g. an fp32 VAE for SD 1.x), then the user's."""
+    layers on, e.g. an fp32 VAE for SD 1.x), then the user's.
+
+    Example:
+        >>> training_model("sd15", "t4").plan.components["vae"].compute
+        'float32'
+    """
     from ...recipe.catalog import training_overrides
 
     extra = list(overrides) if isinstance(overrides, (list, tuple)) else ([] if overrides is None else [overrides])
