@@ -1,7 +1,8 @@
 """hf_precision: declarative dtype and device recipes for Hugging Face diffusers pipelines.
 
 Layers, each importing only the ones above it in this list (tests/test_layers.py enforces it):
-``errors``/``dtypes`` -> ``recipe`` (torch-free) -> ``runtime`` -> ``diagnose`` -> ``training`` -> ``apps`` -> ``cli``;
+``errors``/``dtypes`` -> ``recipe`` (torch-free) -> ``runtime`` -> ``diagnose`` -> ``training`` -> ``memory`` -> ``apps``
+-> ``cli``;
 ``testing`` (tiny random-weight pipelines that ship) imports only ``errors``/``dtypes`` and diffusers.
 
 Only names are bound here; each submodule is imported on first use (nothing happens at import time).

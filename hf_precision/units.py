@@ -1,5 +1,5 @@
-"""Byte counts as people read and write them: one spelling for every table and message, one parser for every size
-option (``--max-memory``). Torch-free."""
+"""Byte counts as people read and write them: one formatter for every table and message (decimal units, or the
+binary units of the training plans), one parser for every size option (``--max-memory``). Torch-free."""
 
 from __future__ import annotations
 
@@ -10,15 +10,22 @@ from .errors import RecipeError
 __all__ = ["format_bytes", "format_seconds", "parse_size"]
 
 
-def format_bytes(n: float) -> str:
+def format_bytes(n: float, binary: bool = False) -> str:
     """Decimal units, as disks and model cards count: GB with two decimals, MB and kB with one, then bytes.
+
+    ``binary=True``: the units torch's allocator and CUDA's out-of-memory messages print, GiB with two decimals,
+    else MiB with one (so a small part of a training plan reads 0.2 MiB beside its 3.50 GiB neighbours).
 
     Example:
         >>> format_bytes(13_875_351_468), format_bytes(334_640_000), format_bytes(2_000), format_bytes(512)
         ('13.88 GB', '334.6 MB', '2.0 kB', '512 B')
         >>> format_bytes(-2_500_000)
         '-2.5 MB'
+        >>> format_bytes(3 * 2**30, binary=True), format_bytes(200_000, binary=True)
+        ('3.00 GiB', '0.2 MiB')
     """
+    if binary:
+        return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
     for unit, scale, digits in (("GB", 1e9, 2), ("MB", 1e6, 1), ("kB", 1e3, 1)):
         if abs(n) >= scale:
             return f"{n / scale:.{digits}f} {unit}"

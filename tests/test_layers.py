@@ -2,7 +2,7 @@
 function-local imports counted), nobody imports another module's private names, and the recipe layer stays
 torch-free.
 
-    errors, dtypes, lazy, units  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  apps/  <-  cli/
+    errors, dtypes, lazy, units  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  memory/  <-  apps/  <-  cli/
     testing/ (fixtures that ship) imports only errors/dtypes/lazy, torch, diffusers and transformers.
 """
 
@@ -20,7 +20,8 @@ import hf_precision
 
 PACKAGE = Path(hf_precision.__file__).resolve().parent
 # Rank of each layer: a module may import its own layer and the layers of lower rank.
-RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "units": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "training": 4, "apps": 5, "cli": 6}
+RANKS = {"errors": 0, "dtypes": 0, "lazy": 0, "units": 0, "recipe": 1, "runtime": 2, "diagnose": 3, "training": 4, "memory": 5, "apps": 6,
+         "cli": 7}
 # testing/ sits beside the layers: the programs (apps, cli) may use its tiny pipelines, it uses none of the layers.
 TESTING_MAY_IMPORT = {"errors", "dtypes", "lazy", "units", "testing"}
 TESTING_USERS = {"apps", "cli", "testing"}
@@ -232,12 +233,13 @@ def test_recipe_layer_is_torch_free() -> None:
 
 
 def test_package_import_does_no_work() -> None:
-    code = "import sys, hf_precision, hf_precision.runtime, hf_precision.diagnose, hf_precision.training, hf_precision.cli; print('torch' in sys.modules)"
+    code = ("import sys, hf_precision, hf_precision.runtime, hf_precision.diagnose, hf_precision.training, "
+            "hf_precision.memory, hf_precision.cli; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
-@pytest.mark.parametrize("package", ["recipe", "runtime", "diagnose", "training", "apps", "testing"])
+@pytest.mark.parametrize("package", ["recipe", "runtime", "diagnose", "training", "memory", "apps", "testing"])
 def test_face_names_never_collide_with_submodules(package: str) -> None:
     # Importing a submodule binds its name on the package; a face that exports a function of the same name
     # (recipe.resolve() in a module resolve.py) would then hand out the module instead of the function.

@@ -423,7 +423,7 @@ def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
     family accepts them and gives back one latent-sized output per batch entry, and the call is counted."""
     import torch
 
-    from hf_precision.apps.video.counting import count_live_bytes
+    from hf_precision.memory.counting import count_live_bytes
     from hf_precision.apps.video.families import spec_of
     from hf_precision.apps.video.plan import denoiser_call
 

@@ -6,32 +6,37 @@ them (``reserve``, default 20%: a 1024x1024 Flux step at batch 1 uses about 1-2 
 least cost first: everything resident; whole-component offload (each component moves to the device once per call:
 ``enable_model_cpu_offload``); then the quantized layouts the component recipes tolerate on the device (fp8/int8
 storage, then 4-bit; the denoiser first, then the text encoders too), each resident and with offload.
+:func:`hf_precision.memory.choose` takes the first that fits.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["ImageChoice", "choose_image_layout"]
+from ..memory.planner import Choice, choose, resident_bytes
+from ..units import format_bytes
+
+__all__ = ["ImageLayout", "choose_image_layout"]
 
 
-@dataclasses.dataclass(frozen=True)
-class ImageChoice:
-    """The layout chosen for a budget: offload mode, quantized storage, predicted resident weight bytes."""
+class ImageLayout(NamedTuple):
+    """One candidate layout: offload mode, quantized storage (component, storage), resident weight bytes, and the
+    weight bytes of each component in that storage."""
 
     offload: str
     quantize: tuple[tuple[str, str], ...]
     resident: int
     weights: dict[str, int]
-    budget: int
-    reserve: int
-    fits: bool
-    tried: tuple[tuple[str, tuple[tuple[str, str], ...], int], ...]
-    device: Any  # the layout's device (a DeviceProfile): where the speed of the chosen storage was measured
+
+    @property
+    def peak(self) -> int:
+        return self.resident
 
     def label(self) -> str:
         return ", ".join([f"offload {self.offload}", *(f"{c} {s}" for c, s in self.quantize)])
+
+    def details(self) -> str:
+        return f"resident weights {format_bytes(self.resident)}"
 
     def overrides(self) -> Any:
         """The storage overrides that load this layout (``--set C.storage=...``)."""
@@ -39,22 +44,9 @@ class ImageChoice:
 
         return Override("memory plan (--max-memory)", {"components": {c: {"storage": s} for c, s in self.quantize}})
 
-    def describe(self) -> str:
-        from ..recipe.devices import speed_note
-        from ..units import format_bytes
-
-        head = "chosen" if self.fits else "nothing fits; least memory"
-        speed = speed_note(self.quantize, self.device)
-        return (f"{head} for {format_bytes(self.budget)} ({format_bytes(self.reserve)} held back for activations): "
-                f"{self.label()}; resident weights {format_bytes(self.resident)}" + (f"; {speed}" if speed else ""))
-
-
-def _resident(weights: dict[str, int], offload: str) -> int:
-    return sum(weights.values()) if offload == "none" else max(weights.values(), default=0)
-
 
 def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve: float = 0.2, overrides: Any = None,
-                        accelerator: bool | None = None) -> ImageChoice:
+                        accelerator: bool | None = None) -> Choice[ImageLayout]:
     """The first layout, least cost first, whose resident weights fit ``budget`` minus the activation reserve.
 
     Example:
@@ -63,8 +55,7 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
         (True, 'offload none, unet float8_e4m3fn')
     """
     from ..diagnose.planner import plan
-    from ..recipe.devices import device_profile
-    from ..recipe.devices import device_caps
+    from ..recipe.devices import device_caps, device_profile
     from ..recipe.quantize import storage_options
 
     base = plan(name_or_path, device=device, overrides=overrides)
@@ -76,22 +67,16 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
     caps = device_caps(recipe.device)
     options = storage_options(recipe, [recipe.denoiser] if recipe.denoiser else [], texts, caps.storage,
                               caps.transformers_only)
-    usable = budget - int(budget * reserve)
-    tried = []
-    best = None
-    for quant in [(), *options]:
-        layers = [*([overrides] if overrides else []),
-                  {"components": {c: {"storage": s} for c, s in quant}}] if quant else overrides
-        weights = {n: c.total_bytes for n, c in (plan(name_or_path, device=device, overrides=layers) if quant
-                                                 else base).components.items()}
-        for offload in offloads:
-            resident = _resident(weights, offload)
-            tried.append((offload, quant, resident))
-            choice = ImageChoice(offload, quant, resident, weights, budget, budget - usable, resident <= usable,
-                                 tuple(tried), recipe.device)
-            if choice.fits:
-                return choice
-            if best is None or resident < best.resident:
-                best = choice
-    assert best is not None
-    return dataclasses.replace(best, tried=tuple(tried))
+    weights: dict[tuple[tuple[str, str], ...], dict[str, int]] = {}
+
+    def predict(candidate: tuple[tuple[tuple[str, str], ...], str]) -> ImageLayout:
+        quant, offload = candidate
+        if quant not in weights:  # one plan per storage, shared by its offload modes
+            layers = [*([overrides] if overrides else []), {"components": {c: {"storage": s} for c, s in quant}}]
+            planned = plan(name_or_path, device=device, overrides=layers) if quant else base
+            weights[quant] = {n: c.total_bytes for n, c in planned.components.items()}
+        return ImageLayout(offload, quant, resident_bytes(weights[quant], offload), weights[quant])
+
+    held = int(budget * reserve)
+    return choose([(quant, offload) for quant in [(), *options] for offload in offloads], predict, budget,
+                  reserve=held, device=recipe.device)

@@ -136,11 +136,11 @@ def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-precision train`` from parsed arguments."""
     if args.plan and (args.processes != 1 or args.shard):
-        from ..apps.train.shard_plan import rank_plan_command
+        from .train_plan import rank_plan_command
 
         return rank_plan_command(args, overrides_from(args) or None)
     if args.plan:
-        from ..apps.train.plan import plan_command
+        from .train_plan import plan_command
 
         return plan_command(args, overrides_from(args) or None)
     if args.out is None:

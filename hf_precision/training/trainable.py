@@ -19,7 +19,7 @@ import torch
 from ..runtime.patches import processor_calling
 from .rules import TrainingError
 
-__all__ = ["inject_lora", "existing_rank", "default_targets", "make_masters", "trainable_parameters", "masters_problems",
+__all__ = ["inject_lora", "existing_rank", "default_targets", "accept_input_keyword", "trainable_parameters", "masters_problems",
            "TokenRows", "add_tokens", "AutocastGuard", "guard", "keep_explicit_fp32"]
 
 # Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5, BERT

@@ -34,13 +34,14 @@ MAX_RATIO = 2.0
 @dataclasses.dataclass(frozen=True)
 class ModelGeometry:
     """What sizes a model takes: ``multiple`` (pixels per side, VAE factor x patch size), and for video models the
-    frame rule (``frame_step*k + 1`` frames, or exactly ``fixed_frames``)."""
+    frame rule (``frame_step*k + 1`` frames, or exactly ``fixed_frames``); ``vae_factor``: pixels per latent side."""
 
     pipeline: str
     multiple: int
     video: bool = False
     frame_step: int = 1
     fixed_frames: int = 0
+    vae_factor: int = 8
 
     def frame_problem(self, frames: int) -> str | None:
         """Why ``frames`` does not fit this model (None when it does), with the nearest counts that do."""
@@ -56,16 +57,12 @@ class ModelGeometry:
         return None
 
 
-def _last(value: Any) -> int:
-    return int(value[-1] if isinstance(value, (list, tuple)) else (value or 1))
-
-
 def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> ModelGeometry:
     """The size rules of a model from ``model_index.json`` and its component configs (nothing loaded).
 
     Video pipelines use the video program's rules (:func:`hf_precision.apps.video.families.video_spec`); image
-    pipelines: ``2**(len(vae.block_out_channels)-1)`` x the denoiser's ``patch_size`` (x2 where the pipeline packs
-    latents).
+    pipelines: the VAE's factor (:func:`hf_precision.memory.geometry.vae_factors`) x the denoiser's ``patch_size``
+    (x2 where the pipeline packs latents).
 
     Example:
         >>> idx = {"vae": ["diffusers", "AutoencoderKL"], "unet": ["diffusers", "UNet2DConditionModel"]}
@@ -75,6 +72,7 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         >>> model_geometry("FluxPipeline", flux, {"vae": {"block_out_channels": [1, 2, 3, 4]}}).multiple
         16
     """
+    from ...memory.geometry import axis_value, vae_factors
     from ..video.families import video_spec
 
     try:
@@ -82,12 +80,12 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
     except RecipeError:
         spec = None
     if spec is not None:
-        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, spec.fixed_frames)
-    blocks = configs.get("vae", {}).get("block_out_channels") or [0] * 4
-    factor = 2 ** (len(blocks) - 1)
+        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, spec.fixed_frames, spec.spatial)
+    factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
     denoiser = "transformer" if "transformer" in index else "unet"
-    patch = _last(configs.get(denoiser, {}).get("patch_size", 1)) if denoiser == "transformer" else 1
-    return ModelGeometry(pipeline, factor * patch * (2 if _packs_2x2(str((index.get(denoiser) or [None, ""])[1])) else 1))
+    patch = axis_value(configs.get(denoiser, {}).get("patch_size", 1)) if denoiser == "transformer" else 1
+    packs = 2 if _packs_2x2(str((index.get(denoiser) or [None, ""])[1])) else 1
+    return ModelGeometry(pipeline, factor * patch * packs, vae_factor=factor)
 
 
 def _packs_2x2(denoiser_class: str) -> bool:

@@ -10,25 +10,25 @@ Per phase:
 Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the device; a
 quantized storage such as ``--set unet.storage=int8`` counted exactly as its backend stores it).
 Activations are counted by running the training step of the denoiser on torch's ``meta`` device with autograd on
-(:func:`hf_precision.apps.video.counting.count_live_bytes`): what the forward saves for backward stays alive until
-backward frees it, and backward's gradients are added. The call is built by the training layer's family row and
-the LoRA injected by the layer's own functions, so the count follows the code path of the real step (gradient
-checkpointing changes what is saved, and is counted as such).
+(:func:`hf_precision.memory.train_step.step_activations`), the VAE encode of one batch with
+:func:`hf_precision.memory.peaks.vae_encode_peak`.
 
-:func:`choose` takes the first of these settings, cheapest in speed first, whose peak fits ``--max-memory``: as
-asked; cached latents (encoders leave the device); + gradient checkpointing; then halved batch sizes.
+:func:`choose` gives :func:`hf_precision.memory.choose` these settings, cheapest in speed first, to find the first
+whose peak fits ``--max-memory``: as asked; cached latents (encoders leave the device); + gradient checkpointing; then
+halved batch sizes (:func:`options_ladder`). ``hf-precision train --plan`` prints them (:mod:`hf_precision.cli.train_plan`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from ...errors import RecipeError
+from ...memory.peaks import meta_module
+from ...units import format_bytes
 
-__all__ = ["Options", "TrainingPrediction", "predict_training", "choose", "plan_command", "text_tokens", "held_fp8_copies"]
+__all__ = ["Options", "TrainingPrediction", "predict_training", "choose", "options_ladder", "planned_model",
+           "text_tokens", "ADAM_STATES"]
 
 ADAM_STATES = 2  # exp_avg and exp_avg_sq, fp32 each (torch.optim.AdamW)
 
@@ -74,14 +74,16 @@ class TrainingPrediction:
 
     def verdict(self, budget: int | None) -> str:
         """The peak, the phase that sets it, and whether it fits ``budget``: one line, from the same numbers."""
-        line = f"{size_text(self.peak)} ({self.peak_phase})"
+        line = f"{format_bytes(self.peak, binary=True)} ({self.peak_phase})"
         if budget is None:
             return line
-        return f"{line} {'fits in' if self.peak <= budget else 'does NOT fit in'} {size_text(budget)}"
+        return f"{line} {'fits in' if self.peak <= budget else 'does NOT fit in'} {format_bytes(budget, binary=True)}"
 
+    def label(self) -> str:
+        return self.options.describe()
 
-def size_text(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    def details(self) -> str:
+        return "predicted peak " + self.verdict(None)
 
 
 def text_tokens(index: Mapping[str, Any]) -> int:
@@ -93,150 +95,10 @@ def text_tokens(index: Mapping[str, Any]) -> int:
     return 77 if encoders and all(c.startswith("CLIP") for c in encoders) else 512
 
 
-def meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str, dtype: Any) -> Any:
-    from ...diagnose.planner import build_on_meta
-    from ...runtime.source import listed_components
-
-    return build_on_meta(*listed_components(index)[name], configs[name], dtype)
-
-
-def _cast(value: Any, dtype: Any, key: str = "") -> Any:
-    import torch
-
-    if isinstance(value, dict):
-        return {k: _cast(v, dtype, k) for k, v in value.items()}
-    if torch.is_tensor(value) and value.is_floating_point() and key not in ("timestep", "timesteps", "guidance"):
-        return value.to(dtype)
-    return value
-
-
-@contextlib.contextmanager
-def held_fp8_copies() -> Iterator[dict[int, int]]:
-    """Count the compute-dtype copies of fp8 weights that autograd saves for backward: storage -> bytes.
-
-    An fp8-stored layer that gradients pass through computes from ``weight.to(compute)``
-    (:func:`hf_precision.runtime.patches.upcast_on_use`); autograd saves that copy for the input's gradient (a
-    Linear's or Conv's weight is saved when its input requires grad), so it lives until backward frees it. The
-    copies are the outputs of ``_to_copy`` from a float8 tensor (activations never are float8); a saved tensor on
-    one of their storages (the copy, or its transpose) is held. Works on the meta device and on real tensors.
-
-    Example:
-        >>> import torch
-        >>> w = torch.ones(4, 4, dtype=torch.float8_e4m3fn)
-        >>> x = torch.ones(2, 4, requires_grad=True)
-        >>> with held_fp8_copies() as held:
-        ...     y = torch.nn.functional.linear(x, w.to(torch.float32))
-        >>> sum(held.values())  # the 4 x 4 fp32 copy: 64 bytes, until backward
-        64
-    """
-    import weakref
-
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from ...dtypes import FLOAT8
-
-    fp8 = tuple(getattr(torch, d) for d in FLOAT8)
-    copies: dict[int, Any] = {}
-    held: dict[int, int] = {}
-
-    class Copies(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten._to_copy.default and args[0].dtype in fp8 and isinstance(out, torch.Tensor):
-                copies[out.untyped_storage()._cdata] = weakref.ref(out)
-            return out
-
-    def pack(t: Any) -> Any:
-        key = t.untyped_storage()._cdata
-        ref = copies.get(key)
-        if ref is not None and ref() is not None:  # alive: not a later tensor on a reused address
-            held[key] = t.untyped_storage().nbytes()
-        return t
-
-    with Copies(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        yield held
-
-
-def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, checkpointing: bool,
-                      dtype: Any) -> tuple[int, int]:
-    """Activation peak (bytes) of one training forward + backward of ``module`` on meta, gradients excluded, and
-    the bytes of the fp8 weight copies held for backward within it (:func:`held_fp8_copies`)."""
-    import torch
-
-    from ...training.families import family_of, model_output, noisy_inputs
-    from ..video.counting import count_live_bytes
-
-    if checkpointing:
-        if not getattr(module, "_supports_gradient_checkpointing", False):
-            raise RecipeError(f"--gradient-checkpointing: {type(module).__name__} does not support it")
-        module.enable_gradient_checkpointing()
-    module.train()
-    row = family_of(module)
-    meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}
-    meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
-    with count_live_bytes(grad=True) as live, held_fp8_copies() as held:
-        kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
-        kwargs = _cast(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
-        out = module(**kwargs, return_dict=False)
-        loss = torch.nn.functional.mse_loss(model_output(out, target, row).float(), target.float())
-        del out, kwargs, target
-        copies = sum(held.values())
-        loss.backward()
-        del loss
-    grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-    return max(live.peak - grads, 0), copies  # gradients are counted once, below, with the optimizer
-
-
-def _store_fp8(module: Any, plan: Any) -> None:
-    """Store ``module`` (meta) as the loader stores an fp8 ``plan`` (diffusers' layerwise casting, islands and the
-    recipe's skips kept), so the training step on meta computes from upcast copies as the real one does."""
-    from ...dtypes import to_torch
-    from ...runtime import patches
-    from ...runtime.layout import component_islands, layerwise_skip_regexes
-
-    islands = component_islands(plan, module, strict=False)
-    patches.store_layerwise(module, to_torch(plan.storage), to_torch(plan.compute),
-                            layerwise_skip_regexes(islands, plan.layerwise_skip))
-
-
-def make_trainable(module: Any, method: str, rank: int) -> int:
-    """Make ``module`` trainable as prepare_training would; returns the trainable parameter count."""
-    import torch
-
-    from ...training.methods import make_masters
-    from ...training.trainable import default_targets, inject_lora
-
-    if method == "lora":
-        from peft import LoraConfig
-
-        inject_lora("denoiser", module, LoraConfig(r=rank, lora_alpha=rank, target_modules=default_targets(module),
-                                                   init_lora_weights="gaussian"))
-    # A full fine-tune computes under autocast from its fp32 masters; meta has no autocast, so the meta module keeps
-    # the compute dtype its activations are made in (the masters are counted apart, at 4 bytes each).
-    return make_masters(module, method, torch.float32 if method != "full" else next(module.parameters()).dtype)
-
-
-def _vae_encode_activations(index: Mapping[str, Any], configs: Mapping[str, Any], dtype: Any, batch: int,
-                            resolution: int, frames: int) -> int:
-    import torch
-
-    from ...training.data import vae_latents
-    from ..video.counting import count_live_bytes
-
-    if "vae" not in index or "vae" not in configs:
-        return 0
-    vae = meta_module(index, configs, "vae", dtype).eval()
-    shape = (batch, 3, frames, resolution, resolution) if frames > 1 else (batch, 3, resolution, resolution)
-    pixels = torch.empty(*shape, device="meta", dtype=dtype)
-    with count_live_bytes() as live:
-        out = vae_latents(vae, pixels)  # what train encodes with: folded frames, .latent_dist or .latent
-        del out
-    return live.peak
-
-
 @dataclasses.dataclass
-class _Model:
+class PlannedModel:
+    """A model's configs and plan, with what the training plan reads from them (denoiser, objective, latent geometry)."""
+
     index: dict[str, Any]
     configs: dict[str, Any]
     plan: Any
@@ -246,7 +108,14 @@ class _Model:
     frame_step: int
 
 
-def planned_model(model: str, device: Any, overrides: Any) -> _Model:
+def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
+    """The configs and plan of ``model`` on ``device`` (meta device, no weights), read once for every prediction.
+
+    Example:
+        >>> m = planned_model("sd15", "t4", None)
+        >>> m.denoiser, m.objective, m.factor
+        ('unet', 'epsilon', 8)
+    """
     from ...diagnose.planner import plan as hp_plan
     from ...runtime.source import configs_of
     from ...training.families import objective_of
@@ -259,20 +128,11 @@ def planned_model(model: str, device: Any, overrides: Any) -> _Model:
     sched = index.get("scheduler") or [None, ""]
     objective = objective_of(configs.get("scheduler", {}), str(sched[1]))
     geo = model_geometry(str(index.get("_class_name")), index, configs)
-    if geo.video:  # the geometry's multiple is VAE factor x patch size
-        patch = int(_last(configs.get(denoiser, {}).get("patch_size", 1))) if denoiser == "transformer" else 1
-        factor = geo.multiple // patch
-    else:
-        factor = 2 ** (len(configs.get("vae", {}).get("block_out_channels") or [0] * 4) - 1)
-    return _Model(index, configs, p, denoiser, objective, factor, geo.frame_step)
-
-
-def _last(value: Any) -> int:
-    return int(value[-1] if isinstance(value, (list, tuple)) else (value or 1))
+    return PlannedModel(index, configs, p, denoiser, objective, geo.vae_factor, geo.frame_step)
 
 
 def predict_training(model: str, device: Any, *, method: str = "lora", rank: int = 16, resolution: int = 512,
-                     frames: int = 0, options: Options, overrides: Any = None, _cached_model: _Model | None = None
+                     frames: int = 0, options: Options, overrides: Any = None, _cached_model: PlannedModel | None = None
                      ) -> TrainingPrediction:
     """Predict the peak bytes of a training run of ``model`` on ``device`` (a preset such as ``t4`` needs no GPU).
 
@@ -284,6 +144,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     import torch
 
     from ...dtypes import FLOAT8
+    from ...memory.train_step import make_trainable, step_activations, store_fp8
     from ...recipe.quantize import is_quantized
     from ...training.families import example_batch
 
@@ -297,7 +158,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     module = meta_module(m.index, m.configs, m.denoiser, compute)
     fp8 = den.storage in FLOAT8
     if fp8:  # stored as loaded; the LoRA's gradients pass through it as in training.quantized.upcast_fp8
-        _store_fp8(module, m.plan.recipe[m.denoiser])
+        store_fp8(module, m.plan.recipe[m.denoiser])
     trainable = make_trainable(module, method, rank)
     if fp8:
         from ...runtime.patches import upcast_on_use
@@ -306,7 +167,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     side = resolution // m.factor
     latent_frames = (frames - 1) // m.frame_step + 1 if frames > 1 else 1
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
-    activations, copies = _step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
+    activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}
     frozen_den = weights[m.denoiser] - (den.total_bytes * trainable // max(den.params, 1) if method == "full" else 0)
     masters = trainable * 4
@@ -315,7 +176,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     encoders = sum(v for n, v in weights.items() if n != m.denoiser)
     resident = frozen_den + (0 if options.cached else encoders)
     vae_dtype = getattr(torch, m.plan.components["vae"].compute) if "vae" in m.plan.components else compute
-    encode = _vae_encode_activations(m.index, m.configs, vae_dtype, options.batch_size, resolution, frames)
+    encode = _encode_activations(m, vae_dtype, options.batch_size, resolution, frames)
     # Encoding (the cache pass before step 1, or every batch without a cache) runs with every component on the device.
     phases = {"encode": sum(weights.values()) + masters + encode,
               "train step": resident + masters + grads + optimizer + activations}
@@ -324,91 +185,55 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
                               storage, copies)
 
 
-def choose(model: str, device: Any, budget: int, *, method: str, rank: int, resolution: int, frames: int,
-           batch_size: int, gradient_checkpointing: bool, cached: bool, overrides: Any = None
-           ) -> tuple[TrainingPrediction, list[TrainingPrediction]]:
-    """The first prediction that fits ``budget``, cheapest in speed first; and every one tried."""
-    m = planned_model(model, device, overrides)
-    tried = []
+def _encode_activations(m: PlannedModel, dtype: Any, batch: int, resolution: int, frames: int) -> int:
+    """The VAE encode of one batch, as train encodes it (folded frames, ``.latent_dist`` sampled or ``.latent``)."""
+    from ...memory.peaks import vae_encode_peak
+    from ...training.data import vae_latents
+
+    if "vae" not in m.index or "vae" not in m.configs:
+        return 0
+    vae = meta_module(m.index, m.configs, "vae", dtype).eval()
+    shape = (batch, 3, frames, resolution, resolution) if frames > 1 else (batch, 3, resolution, resolution)
+    return vae_encode_peak(vae, shape, dtype, encode=vae_latents)
+
+
+def options_ladder(batch_size: int, gradient_checkpointing: bool, cached: bool) -> list[Options]:
+    """The settings to try, cheapest in speed first: as asked; cached latents (encoders leave the device); +
+    gradient checkpointing; then halved batch sizes, each without and with checkpointing.
+
+    Example:
+        >>> [(o.batch_size, o.gradient_checkpointing, o.cached) for o in options_ladder(2, False, False)]
+        [(2, False, False), (2, False, True), (2, True, True), (1, False, True), (1, True, True)]
+    """
     sizes = [batch_size]
     while sizes[-1] > 1:
         sizes.append(sizes[-1] // 2)
     candidates = [Options(batch_size, gradient_checkpointing, cached)]
     for b in sizes:
         candidates += [Options(b, gradient_checkpointing, True), Options(b, True, True)]
-    seen = set()
-    for opt in candidates:
-        if opt in seen:
-            continue
-        seen.add(opt)
-        pred = predict_training(model, device, method=method, rank=rank, resolution=resolution, frames=frames,
-                                options=opt, overrides=overrides, _cached_model=m)
-        tried.append(pred)
-        if pred.peak <= budget:
-            return pred, tried
-    return min(tried, key=lambda p: p.peak), tried
+    return list(dict.fromkeys(candidates))
 
 
-def print_prediction(pred: TrainingPrediction, budget: int | None) -> None:
-    """The plan as the command prints it."""
-    print(f"settings: {pred.options.describe()}")
-    print("weights (as the recipe stores them): " + ", ".join(
-        f"{n} {size_text(b)}" + (f" ({pred.storage[n]}, backend bytes)" if n in pred.storage else "")
-        for n, b in pred.weights.items()))
-    print(f"trainable: {pred.trainable_params:,} parameters: fp32 masters {size_text(pred.masters)}, gradients "
-          f"{size_text(pred.grads)}, AdamW state {size_text(pred.optimizer)}")
-    print(f"activations: train step {size_text(pred.activations)} (forward + backward), VAE encode "
-          f"{size_text(pred.encode_activations)}")
-    if pred.fp8_copies:
-        print(f"  of which fp8 weight copies held for backward: {size_text(pred.fp8_copies)} (the fp8 layers compute "
-              f"from upcast copies; autograd keeps those on the gradient's path until backward)")
-    for phase, peak in pred.phases.items():
-        print(f"  {phase:<11} peak {size_text(peak)}")
-    print(f"predicted peak: {pred.verdict(budget)}")
+def choose(model: str, device: Any, budget: int, *, method: str, rank: int, resolution: int, frames: int,
+           batch_size: int, gradient_checkpointing: bool, cached: bool, overrides: Any = None
+           ) -> tuple[TrainingPrediction, list[TrainingPrediction]]:
+    """The first prediction of :func:`options_ladder` that fits ``budget`` (else the least peak); and every one tried.
 
+    Example:
+        >>> import tempfile
+        >>> from hf_precision.testing import make_pipeline, save_pipeline
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     tiny = str(save_pipeline(make_pipeline("sd15"), tmp))
+        ...     chosen, tried = choose(tiny, "t4", 10**12, method="lora", rank=4, resolution=32, frames=0,
+        ...                            batch_size=2, gradient_checkpointing=False, cached=True)
+        >>> chosen.options == Options(2, False, True), len(tried)  # the settings as asked fit: one prediction
+        (True, 1)
+    """
+    from ...memory.planner import choose as choose_fitting
 
-def plan_command(args: Any, overrides: Any = None) -> int:
-    """``hf-precision train --plan``: print the prediction and the settings chosen for ``--max-memory``."""
-    from ...units import parse_size
-
-    if not args.model:
-        raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
-    device = args.layout or args.device or "cuda"
-    method = args.method or ("embedding" if args.embedding else "lora")
-    if method == "embedding":
-        raise RecipeError("--plan: textual inversion trains a few embedding rows; its memory is the model's weights "
-                          "(hf-precision plan MODEL --device DEVICE); plan lora or full instead")
-    m = planned_model(args.model, device, overrides)
-    resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
-    budget = parse_size(args.max_memory) if args.max_memory else None
-    print(f"training plan: {args.model} ({m.plan.pipeline}), {method}"
-          f"{f' rank {args.lora_rank}' if method == 'lora' else ''}, {resolution}px, for {device}; "
-          f"{m.objective} objective")
-    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=args.frames or 0)
-    if budget is None:
-        pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,
-                                                                    args.cache), overrides=overrides,
-                                _cached_model=m, **kwargs)
-        print_prediction(pred, None)
-        return 0
-    pred, tried = choose(args.model, device, budget, batch_size=args.batch_size,
-                         gradient_checkpointing=args.gradient_checkpointing, cached=args.cache,
-                         overrides=overrides, **kwargs)
-    for other in tried[:-1]:  # its phases too: a setting that did not fit is told apart by the phase that broke it
-        phases = ", ".join(f"{phase} {size_text(peak)}" for phase, peak in other.phases.items())
-        print(f"  tried {other.options.describe()}: {phases}; peak {other.verdict(budget)}")
-    print_prediction(pred, budget)
-    if pred.peak > budget:
-        weights = sum(pred.weights.values())
-        why = (f"the weights alone take {size_text(weights)}" if weights > budget else
-               f"the smallest setting tried still needs {size_text(pred.peak)}")
-        print(f"nothing tried fits {size_text(budget)}: {why}; lower --resolution, use a device with more memory, or a "
-              f"smaller model")
-        return 1
-    flags = []
-    if pred.options.gradient_checkpointing and not args.gradient_checkpointing:
-        flags.append("--gradient-checkpointing")
-    if pred.options.batch_size != args.batch_size:
-        flags.append(f"--batch-size {pred.options.batch_size}")
-    print("chosen: " + (" ".join(flags) if flags else "the settings as given") + " (the cache is on by default)")
-    return 0
+    m = planned_model(model, device, overrides)
+    choice = choose_fitting(options_ladder(batch_size, gradient_checkpointing, cached),
+                            lambda opt: predict_training(model, device, method=method, rank=rank, resolution=resolution,
+                                                         frames=frames, options=opt, overrides=overrides,
+                                                         _cached_model=m), budget)
+    return choice.prediction, choice.tried

@@ -1,4 +1,4 @@
-"""``hf-precision train --plan --processes N [--shard]``: each rank's peak memory, data parallel or sharded (FSDP2).
+"""Each rank's peak memory for ``hf-precision train --plan --processes N [--shard]``, data parallel or sharded (FSDP2).
 
 Built on the one-process prediction (:mod:`.plan`: activations of one per-process batch, counted on the meta device;
 weights in the recipe's dtypes). Per rank, for N processes:
@@ -10,8 +10,10 @@ weights in the recipe's dtypes). Per rank, for N processes:
   own unit (held through the step), and two block units at a time (the one computing and the one prefetched), with
   their gradients before the reduce-scatter.
 
-The first setting that fits ``--max-memory`` is chosen, cheapest first: data parallel as asked, sharded as asked,
-then the one-process ladder (cached latents, gradient checkpointing, halved batches) with sharding.
+The first setting that fits ``--max-memory`` is chosen by :func:`hf_precision.memory.choose` from
+:func:`rank_ladder`, cheapest first: data parallel as asked, sharded as asked, then the one-process ladder (cached
+latents, gradient checkpointing, halved batches) with sharding. The command prints it
+(:mod:`hf_precision.cli.train_plan`).
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from ...errors import RecipeError
-from .plan import (ADAM_STATES, Options, TrainingPrediction, make_trainable, meta_module, planned_model,
-                   predict_training, size_text)
+from ...memory.peaks import meta_module
+from ...memory.train_step import make_trainable
+from ...units import format_bytes
+from .plan import ADAM_STATES, Options, TrainingPrediction, options_ladder, planned_model, predict_training
 
-__all__ = ["RankPrediction", "predict_rank", "shard_bytes", "rank_plan_command"]
+__all__ = ["RankPrediction", "predict_rank", "rank_ladder", "shard_bytes", "training_model"]
 
 
 @dataclasses.dataclass
@@ -58,6 +61,12 @@ class RankPrediction:
     def describe(self) -> str:
         how = f"sharded over {self.processes} (FSDP2)" if self.sharded else f"data parallel x{self.processes}"
         return f"{how}; {self.options.describe()}"
+
+    def label(self) -> str:
+        return self.describe()
+
+    def details(self) -> str:
+        return f"per rank peak {format_bytes(self.peak, binary=True)}"
 
 
 def shard_bytes(params: Iterable[Any], processes: int, dtype_bytes: int | None = None) -> int:
@@ -145,7 +154,12 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
 
 def training_model(model: str, device: Any, overrides: Any = None) -> Any:
     """The plan's model under the training recipe: the recipe's training overrides first (what prepare_training
-    layers on, e.g. an fp32 VAE for SD 1.x), then the user's."""
+    layers on, e.g. an fp32 VAE for SD 1.x), then the user's.
+
+    Example:
+        >>> training_model("sd15", "t4").plan.components["vae"].compute
+        'float32'
+    """
     from ...recipe.catalog import training_overrides
 
     extra = list(overrides) if isinstance(overrides, (list, tuple)) else ([] if overrides is None else [overrides])
@@ -162,62 +176,13 @@ def _has(module: Any, path: str) -> bool:
     return True
 
 
-def _ladder(batch_size: int, checkpointing: bool, cached: bool) -> list[tuple[bool, Options]]:
-    sizes = [batch_size]
-    while sizes[-1] > 1:
-        sizes.append(sizes[-1] // 2)
-    out = [(False, Options(batch_size, checkpointing, cached)), (True, Options(batch_size, checkpointing, cached))]
-    for b in sizes:
-        out += [(True, Options(b, checkpointing, True)), (True, Options(b, True, True))]
-    return list(dict.fromkeys(out))
+def rank_ladder(batch_size: int, checkpointing: bool, cached: bool) -> list[tuple[bool, Options]]:
+    """(sharded, options) to try, cheapest first: data parallel as asked, then sharded along
+    :func:`hf_precision.apps.train.plan.options_ladder`.
 
-
-def rank_plan_command(args: Any, overrides: Any = None) -> int:
-    """``train --plan --processes N [--shard] [--max-memory SIZE]``: each rank's peak, and the setting that fits."""
-    from ...units import parse_size
-
-    if not args.model:
-        raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
-    processes = int(args.processes or 1)
-    if processes < 1:
-        raise RecipeError(f"--processes {processes}: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)")
-    method = args.method or "lora"
-    if method == "embedding":
-        raise RecipeError("--plan --processes: textual inversion is not sharded; plan lora or full")
-    device = args.layout or args.device or "cuda"
-    m = training_model(args.model, device, overrides)
-    resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
-    budget = parse_size(args.max_memory) if args.max_memory else None
-    print(f"per-rank training plan: {args.model} ({m.plan.pipeline}), {method}, {resolution}px, {processes} "
-          f"process(es) on {device}")
-    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=args.frames or 0,
-                  overrides=overrides, _cached_model=m)
-    if budget is None:
-        ladder = [(args.shard, Options(args.batch_size, args.gradient_checkpointing, args.cache))]
-    else:
-        ladder = _ladder(args.batch_size, args.gradient_checkpointing, args.cache)
-    chosen = None
-    for shard, opts in ladder:
-        pred = predict_rank(args.model, device, processes=processes, shard=shard, options=opts, **kwargs)
-        _print_rank(pred, budget)
-        if budget is None or pred.peak <= budget:
-            chosen = pred
-            break
-    if chosen is None:
-        print(f"nothing tried fits {size_text(budget)} per rank: more processes, a device with more memory, or a lower "
-              f"--resolution")
-        return 1
-    if budget is not None:
-        flags = (["--shard"] if chosen.sharded else []) + (
-            ["--gradient-checkpointing"] if chosen.options.gradient_checkpointing and not args.gradient_checkpointing
-            else []) + ([f"--batch-size {chosen.options.batch_size}"] if chosen.options.batch_size != args.batch_size
-                        else [])
-        print(f"chosen: {chosen.describe()}: {' '.join(flags) or 'the settings as given'}")
-    return 0
-
-
-def _print_rank(p: RankPrediction, budget: int | None) -> None:
-    fits = "" if budget is None else (" fits" if p.peak <= budget else " does NOT fit")
-    print(f"  {p.describe()}: per rank weights {size_text(p.weights)}, masters {size_text(p.masters)}, gradients "
-          f"{size_text(p.grads)}, AdamW {size_text(p.optimizer)}, gathered units {size_text(p.gathered)}, activations "
-          f"{size_text(p.base.activations)} -> peak {size_text(p.peak)}{fits}")
+    Example:
+        >>> [(shard, o.batch_size, o.gradient_checkpointing) for shard, o in rank_ladder(1, False, True)]
+        [(False, 1, False), (True, 1, False), (True, 1, True)]
+    """
+    ladder = options_ladder(batch_size, checkpointing, cached)
+    return [(False, ladder[0])] + [(True, o) for o in ladder]

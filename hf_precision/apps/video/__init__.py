@@ -2,9 +2,9 @@
 
 ``io`` (jobs and outputs), ``families`` (the family table and a pipeline's rules), ``load`` (the pipeline with its
 recipe and memory features), ``memory`` (peak memory per phase), ``run`` (one generator for every family, and the
-batch loop), ``plan`` and ``counting`` (the memory plan on the meta device), ``devices`` (``--device-map balanced``),
-``parallel`` (context parallelism). ``hf-precision video`` and ``scripts/generate_video.py`` parse the command line
-and call :func:`generate_batch`.
+batch loop), ``plan`` (the memory plan on the meta device, counted and chosen by :mod:`hf_precision.memory`),
+``devices`` (``--device-map balanced``), ``parallel`` (context parallelism). ``hf-precision video`` and
+``scripts/generate_video.py`` parse the command line and call :func:`generate_batch`.
 
 Names are bound lazily: a submodule is imported on first use.
 """

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...errors import RecipeError
+from ...memory.geometry import axis_value, vae_factors
 
 __all__ = ["FAMILIES", "Meta", "VideoFamily", "VideoSpec", "family_of", "model_spec", "pipeline_recipe", "spec_of",
            "video_spec"]
@@ -303,35 +304,6 @@ class VideoSpec:
         return problems
 
 
-def _pair(value: Any, index: int = -1) -> int:
-    if isinstance(value, (list, tuple)):
-        return int(value[index])
-    return int(value or 1)
-
-
-def _vae_factors(cls: str, config: Mapping[str, Any]) -> tuple[int, int]:
-    """(spatial, temporal) compression of a video VAE, as the diffusers pipelines compute them."""
-    if cls == "AutoencoderKLWan":
-        # pipeline_wan.py: vae_scale_factor_temporal = 2 ** sum(temperal_downsample), spatial = 2 ** len(...)
-        down = list(config.get("temperal_downsample", [False, True, True]))
-        return 2 ** len(down), 2 ** sum(bool(d) for d in down)
-    if cls == "AutoencoderKLLTXVideo":
-        # autoencoder_kl_ltx.py: spatial = patch_size * 2**sum(spatio_temporal_scaling), temporal = patch_size_t * ...
-        scaling = list(config.get("spatio_temporal_scaling", [True, True, True, False]))
-        n = sum(bool(s) for s in scaling)
-        return int(config.get("patch_size", 4)) * 2 ** n, int(config.get("patch_size_t", 1)) * 2 ** n
-    if cls in ("AutoencoderKLCogVideoX", "AutoencoderKLHunyuanVideo"):
-        blocks = config.get("block_out_channels", [0, 0, 0, 0])
-        spatial = int(config.get("spatial_compression_ratio") or 2 ** (len(blocks) - 1))
-        return spatial, int(config.get("temporal_compression_ratio", 4))
-    if cls == "AutoencoderKLMochi":  # pipeline_mochi.py: vae_spatial_scale_factor = 8, vae_temporal_scale_factor = 6
-        return 8, 6
-    if cls == "AutoencoderKLTemporalDecoder":  # SVD: 2D spatial, no temporal compression
-        return 2 ** (len(config.get("block_out_channels", [0] * 4)) - 1), 1
-    blocks = config.get("block_out_channels")
-    return (2 ** (len(blocks) - 1) if blocks else 8), int(config.get("temporal_compression_ratio", 1) or 1)
-
-
 def _init_default(spec: Any, name: str) -> Any:
     """The default of ``name`` in the ``__init__`` of the diffusers class ``spec`` = [library, class] names."""
     import diffusers
@@ -367,9 +339,9 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     row = family_of(pipeline)
     denoiser = _denoiser(pipeline, index)
     vae_cls = str((index.get("vae") or [None, ""])[1])
-    spatial, temporal = _vae_factors(vae_cls, configs.get("vae", {}))
+    spatial, temporal = vae_factors(vae_cls, configs.get("vae", {}))
     den = configs.get(denoiser, {})
-    patch = _pair(den.get("patch_size", 1))
+    patch = axis_value(den.get("patch_size", 1))
     extra: dict[str, Any] = {}
     if row.text_length_key and den.get(row.text_length_key):
         extra["max_sequence_length"] = int(den[row.text_length_key])  # the pos-embedding length it was built for
@@ -382,7 +354,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
         defaults["frames"] = fixed
     positions = int(den.get("rope_max_seq_len") or _init_default(index.get(denoiser), "rope_max_seq_len") or 0)
     if positions:  # a model card's size the transformer cannot place (a small test model): the largest it can
-        t = max(temporal, 1) * _pair(den.get("patch_size", 1), 0)
+        t = max(temporal, 1) * axis_value(den.get("patch_size", 1), 0)
         defaults["height"] = min(defaults["height"], positions * spatial * patch)
         defaults["width"] = min(defaults["width"], positions * spatial * patch)
         defaults["frames"] = min(defaults["frames"], (positions * t - 1) // max(temporal, 1) * max(temporal, 1) + 1)
@@ -390,7 +362,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
-                     max_positions=positions, frame_factor=_pair(den.get("patch_size", 1), 0) if positions else 1,
+                     max_positions=positions, frame_factor=axis_value(den.get("patch_size", 1), 0) if positions else 1,
                      patch=patch, spatial=spatial)
 
 

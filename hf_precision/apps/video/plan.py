@@ -2,13 +2,15 @@
 
 Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the asked device).
 Activations come from running each phase's module on torch's ``meta`` device (shapes, no storage) and counting the
-bytes alive at once (:mod:`hf_precision.apps.video.counting`), with the same code path diffusers runs (VAE tiling,
+bytes alive at once (:mod:`hf_precision.memory.peaks`), with the same code path diffusers runs (VAE tiling,
 SVD's decode chunks, feed-forward chunking change the count because they change what is alive at once). What one
 denoiser call gets comes from the family's row (:data:`hf_precision.apps.video.families.FAMILIES`).
 
 A phase's peak = weights resident during it (all of them without offload; the running component with
 ``enable_model_cpu_offload``; about two leaf layers with ``enable_group_offload(offload_type="leaf_level",
-use_stream=True)``; one with ``enable_sequential_cpu_offload``) + the activation high-water mark of its forward.
+use_stream=True)``; one with ``enable_sequential_cpu_offload``: :func:`hf_precision.memory.resident_bytes`) + the
+activation high-water mark of its forward. :func:`choose` gives :func:`hf_precision.memory.choose` the candidates,
+fastest first.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from ...errors import RecipeError
-from ...recipe.devices import speed_note
+from ...memory import peaks
+from ...memory.planner import Choice, resident_bytes
+from ...memory.planner import choose as choose_fitting
 from ...runtime.memory import available_bytes
-from ...units import format_bytes, parse_size
-from .counting import count_live_bytes
+from ...units import format_bytes
 from .families import Meta, pipeline_recipe
 from .load import MemorySettings
 
@@ -36,30 +39,6 @@ def free_memory(device: Any) -> int:
     import os
 
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
-
-
-def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: Mapping[str, Any]) -> dict[str, Any]:
-    from ...diagnose.planner import build_on_meta
-
-    modules = {}
-    for name, dtype in dtypes.items():
-        spec = index.get(name)
-        if not isinstance(spec, (list, tuple)) or name not in configs:
-            continue
-        modules[name] = build_on_meta(str(spec[0]), str(spec[1]), configs[name], dtype).eval()
-    return modules
-
-
-def _text_peak(module: Any, length: int, hidden_states: bool = False) -> int:
-    import torch
-
-    kwargs: dict[str, Any] = {"output_hidden_states": True} if hidden_states else {}
-    length = min(length, int(getattr(module.config, "max_position_embeddings", length) or length))
-    with count_live_bytes() as live:
-        ids = torch.zeros(1, length, dtype=torch.long, device="meta")
-        out = module(input_ids=ids, **kwargs)  # no mask: an all-ones mask is the same, and reading it needs values
-        del out
-    return live.peak
 
 
 def _materialise(value: Any, dtype: Any) -> Any:
@@ -95,60 +74,13 @@ def denoiser_call(spec: Any, config: Mapping[str, Any], dtype: Any, height: int,
     return {name: _materialise(value, dtype) for name, value in inputs.items()}
 
 
-def _denoise_peak(spec: Any, module: Any, dtype: Any, height: int, width: int, frames: int, guidance: bool) -> int:
-    call = denoiser_call(spec, module.config, dtype, height, width, frames, guidance)
-    with count_live_bytes() as live:
-        out = module(**call, return_dict=False)
-        del out, call
-    return live.peak
-
-
 def _decode_peak(spec: Any, vae: Any, dtype: Any, height: int, width: int, frames: int, chunk: int | None,
                  cpu: bool = False) -> int:
-    import inspect
-
-    import torch
-
-    f, h, w = spec.latent_shape(height, width, frames)
-    c = vae.config.latent_channels if "latent_channels" in vae.config else vae.config.z_dim
-    meta = {"device": "meta", "dtype": dtype}
-    with count_live_bytes(cpu) as live:
-        if spec.row.decode == "frames":  # a 2D or temporal VAE: latent frames decoded a chunk at a time
-            z = torch.empty(f, c, h, w, **meta)
-            n = (chunk if spec.row.decode_chunks else spec.row.decode_chunk) or f
-            accepts = "num_frames" in inspect.signature(vae.forward).parameters
-            outs = []
-            for i in range(0, f, n):  # the pipeline's decode_latents loop; frames go to the CPU as float32
-                extra = {"num_frames": min(n, f - i)} if accepts else {}
-                part = vae.decode(z[i:i + n], **extra).sample
-                outs.append(part.float())
-                del part
-            out = torch.cat(outs)
-        else:
-            z = torch.empty(1, c, f, h, w, **meta)
-            kwargs = {}
-            if getattr(vae.config, "timestep_conditioning", False):
-                kwargs["temb"] = torch.zeros(1, **meta)
-            out = vae.decode(z, return_dict=False, **kwargs)[0]
-            out = out.float()  # video_processor.postprocess_video works in float32
-        del out
-    return live.peak
-
-
-def _image_encoder_peak(module: Any, dtype: Any) -> int:
-    """CLIP vision encoder on one image at its configured size (SVD resizes to 224 itself, pipeline_stable_video_
-    diffusion.py `_encode_image`; Wan I2V reads ``hidden_states[-2]``, pipeline_wan_i2v.py `encode_image`, so every
-    layer's output is kept)."""
-    import torch
-
-    size = int(getattr(module.config, "image_size", 224))
-    # The input exists before the encoder's forward (the pipeline's preprocessing): the measured phase, which starts
-    # at that forward, does not include it, so neither does the count.
-    pixels = torch.empty(1, 3, size, size, device="meta", dtype=dtype)
-    with count_live_bytes() as live:
-        out = module(pixel_values=pixels, output_hidden_states=True)
-        del out
-    return live.peak
+    latent = spec.latent_shape(height, width, frames)
+    per_call = None
+    if spec.row.decode == "frames":  # a 2D or temporal VAE: latent frames decoded a chunk at a time
+        per_call = (chunk if spec.row.decode_chunks else spec.row.decode_chunk) or latent[0]
+    return peaks.vae_decode_peak(vae, dtype, latent, frames_per_call=per_call, cpu=cpu)
 
 
 def _vae_encode_shape(spec: Any, height: int, width: int, frames: int) -> tuple[int, ...]:
@@ -161,16 +93,6 @@ def _vae_encode_shape(spec: Any, height: int, width: int, frames: int) -> tuple[
     if kind == "image":
         return 1, 3, height, width
     return 1, 3, frames if kind == "clip" else 1, height, width
-
-
-def _vae_encode_peak(spec: Any, vae: Any, dtype: Any, height: int, width: int, frames: int, cpu: bool) -> int:
-    import torch
-
-    image = torch.empty(*_vae_encode_shape(spec, height, width, frames), device="meta", dtype=dtype)  # made before
-    with count_live_bytes(cpu) as live:
-        out = vae.encode(image).latent_dist
-        del out
-    return live.peak
 
 
 # --------------------------------------------------------------------------------------------- prediction
@@ -187,6 +109,17 @@ class Prediction:
     @property
     def peak(self) -> int:
         return max(self.phases.values())
+
+    @property
+    def quantize(self) -> tuple[tuple[str, str], ...]:
+        return self.settings.quantize
+
+    def label(self) -> str:
+        return self.settings.label()
+
+    def details(self) -> str:
+        return (f"predicted peak {format_bytes(self.peak)} ("
+                + ", ".join(f"{k} {format_bytes(v)}" for k, v in self.phases.items()) + ")")
 
 
 @dataclasses.dataclass
@@ -236,7 +169,7 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     level = dlog.get_verbosity()
     dlog.set_verbosity_error()  # casting a meta model logs a keep-in-fp32 notice that concerns real weights only
     try:
-        modules = _meta_modules(index, configs, dtypes)
+        modules = peaks.meta_modules(index, configs, dtypes)
     finally:
         dlog.set_verbosity(level)
     leaf, loose = {}, {}
@@ -251,9 +184,9 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     for name, module in components_by_role(modules, "text encoder"):
         # HunyuanVideo's Llama reads the prompt template too: text_prefix tokens cropped after encoding
         if "CLIP" in type(module).__name__:  # CLIP tokenizers pad to 77 whatever the family
-            text[name] = _text_peak(module, 77)
+            text[name] = peaks.text_encode_peak(module, 77)
         else:
-            text[name] = _text_peak(module, spec.text_length() + spec.row.text_prefix, spec.row.text_hidden_states)
+            text[name] = peaks.text_encode_peak(module, spec.text_length() + spec.row.text_prefix, spec.row.text_hidden_states)
     return _Model(spec=spec, plan=p, modules=modules, dtypes=dtypes, text=text, leaf=leaf, loose=loose,
                   cpu=p.recipe.device.type == "cpu")
 
@@ -274,15 +207,9 @@ def _weights(model: _Model, quantize: tuple[tuple[str, str], ...] = ()) -> dict[
 
 
 def _resident(model: _Model, names: list[str], offload: str, quantize: tuple[tuple[str, str], ...] = ()) -> int:
-    weights = _weights(model, quantize)
-    if offload == "none":
-        return sum(weights.values())
-    present = [n for n in names if n in weights]
-    if offload == "model":
-        return max((weights[n] for n in present), default=0)
-    per_leaf = 2 if offload == "group" else 1  # group offload with a stream prefetches the next layer
-    scale = {n: weights[n] / max(1, model.plan.components[n].total_bytes) for n in present}  # quantized leaves shrink
-    return max((int((per_leaf * model.leaf[n] + model.loose[n]) * scale[n]) for n in present), default=0)
+    unquantized = {n: c.total_bytes for n, c in model.plan.components.items()}
+    return resident_bytes(_weights(model, quantize), offload, names, leaf=model.leaf, loose=model.loose,
+                          unquantized=unquantized)
 
 
 def _image_phase(model: _Model, settings: MemorySettings, vae: str, height: int, width: int, frames: int) -> int:
@@ -291,12 +218,12 @@ def _image_phase(model: _Model, settings: MemorySettings, vae: str, height: int,
     for name in model.named("image encoder"):
         key = ("image encoder", name)
         if key not in model.cache:
-            model.cache[key] = _image_encoder_peak(model.modules[name], model.dtypes[name])
+            model.cache[key] = peaks.image_encode_peak(model.modules[name], model.dtypes[name])
         image.append(_resident(model, [name], settings.offload, settings.quantize) + model.cache[key])
     key = ("vae encode", settings.vae_tiling, height, width, frames)
     if key not in model.cache:
-        model.cache[key] = _vae_encode_peak(model.spec, model.modules[vae], model.dtypes[vae], height, width, frames,
-                                            model.cpu)
+        model.cache[key] = peaks.vae_encode_peak(model.modules[vae], _vae_encode_shape(model.spec, height, width, frames),
+                                                 model.dtypes[vae], cpu=model.cpu)
     image.append(_resident(model, [vae], settings.offload, settings.quantize) + model.cache[key])
     return max(image)
 
@@ -324,7 +251,8 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
         phases["image encoding"] = _image_phase(model, settings, vae_name, height, width, frames)
     key = ("denoise", settings.forward_chunking, height, width, frames, guidance)
     if key not in model.cache:
-        model.cache[key] = _denoise_peak(spec, den, model.dtypes[spec.denoiser], height, width, frames, guidance)
+        model.cache[key] = peaks.denoise_peak(den, lambda: denoiser_call(spec, den.config, model.dtypes[spec.denoiser],
+                                                                         height, width, frames, guidance))
     phases["denoising"] = resident(model.named("denoiser")) + model.cache[key]
     key = ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames)
     if key not in model.cache:
@@ -388,31 +316,9 @@ def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
     return out
 
 
-@dataclasses.dataclass
-class Choice:
-    """The settings chosen for a budget, the prediction for them, and the budget."""
-
-    prediction: Prediction
-    budget: int
-    fits: bool
-    tried: list[Prediction]
-    device: Any  # the layout's device (a DeviceProfile): where the speed of the chosen storage was measured
-
-    @property
-    def settings(self) -> MemorySettings:
-        return self.prediction.settings
-
-    def describe(self) -> str:
-        p = self.prediction
-        head = ("chosen" if self.fits else "nothing fits; least memory") + f" for {format_bytes(self.budget)}: {p.settings.label()}"
-        speed = speed_note(p.settings.quantize, self.device)
-        return (f"{head}; predicted peak {format_bytes(p.peak)} (" + ", ".join(f"{k} {format_bytes(v)}" for k, v in p.phases.items())
-                + ")" + (f"; {speed}" if speed else ""))
-
-
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
            accelerator: bool = True, decode_chunk: int | None = None, overrides: Any = None,
-           quantize: bool = True) -> Choice:
+           quantize: bool = True) -> Choice[Prediction]:
     """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory).
 
     Quantized storage (``quantize=False`` leaves it out) is considered beside offload and tiling, among the layouts
@@ -426,14 +332,9 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
         (True, True)
     """
     model = _load_model(where, spec, layout, overrides)
-    tried = []
-    for settings in _candidates(spec, accelerator, decode_chunk, quantize_options(model) if quantize else []):
-        p = _predict(model, settings, height=height, width=width, frames=frames)
-        tried.append(p)
-        if p.peak <= budget:
-            return Choice(prediction=p, budget=budget, fits=True, tried=tried, device=model.plan.recipe.device)
-    return Choice(prediction=min(tried, key=lambda p: p.peak), budget=budget, fits=False, tried=tried,
-                  device=model.plan.recipe.device)
+    return choose_fitting(_candidates(spec, accelerator, decode_chunk, quantize_options(model) if quantize else []),
+                          lambda settings: _predict(model, settings, height=height, width=width, frames=frames),
+                          budget, device=model.plan.recipe.device)
 
 
 def is_accelerator(layout: Any) -> bool:

@@ -3,7 +3,8 @@
 A ``TorchDispatchMode`` adds up the bytes of every tensor the ops create and subtracts them when Python frees the
 tensor: its high-water mark is the activation peak of that forward, with the same code path diffusers runs. Attention
 is counted as a fused kernel (flash / memory-efficient SDPA: the output, not the score matrix), which is what
-``F.scaled_dot_product_attention`` runs on CUDA and on CPU. The video plan and the training plan count with it.
+``F.scaled_dot_product_attention`` runs on CUDA and on CPU. Every per-phase peak of :mod:`hf_precision.memory.peaks`
+and :mod:`hf_precision.memory.train_step` counts with it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,127 @@
+"""Choosing what fits: the first candidate, cheapest first, whose predicted peak fits a budget.
+
+Each plan supplies its candidates in order of cost (the image plan: offload modes and quantized storage; the video
+plan: offload, storage, tiling and chunking; the training plans: cached latents, gradient checkpointing, smaller
+batches, sharding) and a function that predicts one of them. A prediction has ``peak`` (bytes), ``label()`` (the
+settings in words) and ``details()`` (the figures behind the peak); where it has ``quantize`` (component, storage)
+pairs, :meth:`Choice.describe` adds what those storages cost in speed on the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Generic, Protocol, TypeVar
+
+from ..units import format_bytes
+
+__all__ = ["Prediction", "Choice", "choose", "resident_bytes"]
+
+
+class Prediction(Protocol):
+    """What :func:`choose` needs of a prediction."""
+
+    @property
+    def peak(self) -> int: ...
+
+    def label(self) -> str: ...
+
+    def details(self) -> str: ...
+
+
+P = TypeVar("P", bound=Prediction)
+
+
+@dataclasses.dataclass
+class Choice(Generic[P]):
+    """The prediction chosen for ``budget``, whether it fits, and every prediction tried (the chosen one last when
+    it fits). ``reserve``: bytes of the budget held back for what the predictions leave out (the image plan's
+    activations). ``device`` (a DeviceProfile): where the speed of a quantized storage was measured. The chosen
+    prediction's own attributes read through the choice (``choice.settings`` is ``choice.prediction.settings``).
+    """
+
+    prediction: P
+    budget: int
+    fits: bool
+    tried: list[P]
+    reserve: int | None = None
+    device: Any = None
+
+    def __getattr__(self, name: str) -> Any:
+        prediction = self.__dict__.get("prediction")
+        if name.startswith("_") or prediction is None:
+            raise AttributeError(name)
+        return getattr(prediction, name)
+
+    def describe(self) -> str:
+        """One line: chosen (or the least memory when nothing fits), for which budget, the settings, the figures.
+
+        Example:
+            >>> from types import SimpleNamespace as Pred
+            >>> p = Pred(peak=5 * 10**9, label=lambda: "offload model", details=lambda: "peak 5.00 GB")
+            >>> Choice(p, 4 * 10**9, False, [p]).describe()
+            'nothing fits; least memory for 4.00 GB: offload model; peak 5.00 GB'
+        """
+        from ..recipe.devices import speed_note
+
+        head = "chosen" if self.fits else "nothing fits; least memory"
+        held = f" ({format_bytes(self.reserve)} held back for activations)" if self.reserve is not None else ""
+        speed = speed_note(getattr(self.prediction, "quantize", ()), self.device) if self.device is not None else ""
+        return (f"{head} for {format_bytes(self.budget)}{held}: {self.prediction.label()}; {self.prediction.details()}"
+                + (f"; {speed}" if speed else ""))
+
+
+def choose(candidates: Iterable[Any], predict: Callable[[Any], P], budget: int, *, reserve: int | None = None,
+           device: Any = None) -> Choice[P]:
+    """Predict ``candidates`` in order (cheapest first) until one's peak fits ``budget`` less ``reserve``; when none
+    does, the one with the least peak (the first of equals). Candidates after the chosen one are not predicted.
+
+    Example:
+        >>> from types import SimpleNamespace as Pred
+        >>> predict = lambda gb: Pred(peak=gb * 10**9, label=lambda: f"{gb} GB layout", details=lambda: "")
+        >>> c = choose([9, 7, 5, 3], predict, 6 * 10**9)
+        >>> c.fits, c.prediction.peak, len(c.tried)
+        (True, 5000000000, 3)
+        >>> choose([9, 7], predict, 8 * 10**9, reserve=2 * 10**9).fits  # 7 GB does not fit beside the 2 GB held back
+        False
+    """
+    tried: list[P] = []
+    limit = budget - (reserve or 0)
+    for candidate in candidates:
+        prediction = predict(candidate)
+        tried.append(prediction)
+        if prediction.peak <= limit:
+            return Choice(prediction, budget, True, tried, reserve, device)
+    if not tried:
+        raise ValueError("choose: no candidates to predict")
+    return Choice(min(tried, key=lambda p: p.peak), budget, False, tried, reserve, device)
+
+
+def resident_bytes(weights: Mapping[str, int], offload: str, running: Iterable[str] | None = None, *,
+                   leaf: Mapping[str, int] | None = None, loose: Mapping[str, int] | None = None,
+                   unquantized: Mapping[str, int] | None = None) -> int:
+    """Weight bytes on the device while the ``running`` components (default: any one of them) compute.
+
+    ``none``: every weight. ``model`` (``enable_model_cpu_offload``): the largest running component. ``group``
+    (``enable_group_offload(offload_type="leaf_level", use_stream=True)``): two leaf layers (the one computing and
+    the prefetched one) plus the parameters that sit on non-leaf modules; ``sequential``
+    (``enable_sequential_cpu_offload``): one leaf layer plus those. ``leaf``/``loose`` are those bytes in the
+    component's unquantized layout, ``unquantized`` its weight bytes there: a quantized storage shrinks them alike.
+
+    Example:
+        >>> w = {"text_encoder": 10, "transformer": 30, "vae": 2}
+        >>> resident_bytes(w, "none"), resident_bytes(w, "model"), resident_bytes(w, "model", ["vae"])
+        (42, 30, 2)
+        >>> resident_bytes(w, "group", ["transformer"], leaf={"transformer": 4}, loose={"transformer": 1},
+        ...                unquantized={"transformer": 60})  # stored at half the bytes: (2 x 4 + 1) / 2
+        4
+    """
+    if offload == "none":
+        return sum(weights.values())
+    present = [n for n in (weights if running is None else running) if n in weights]
+    if offload == "model":
+        return max((weights[n] for n in present), default=0)
+    assert leaf is not None and loose is not None and unquantized is not None, "per-layer offload needs layer sizes"
+    per_leaf = 2 if offload == "group" else 1  # group offload with a stream prefetches the next layer
+    scale = {n: weights[n] / max(1, unquantized[n]) for n in present}  # quantized leaves shrink
+    return max((int((per_leaf * leaf[n] + loose[n]) * scale[n]) for n in present), default=0)

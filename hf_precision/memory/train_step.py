@@ -1,0 +1,173 @@
+"""The activations of one training step of a denoiser, counted on torch's ``meta`` device with autograd on.
+
+What the forward saves for backward stays alive until backward frees it, and backward's gradients are added
+(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call is built by the training layer's
+family row and the LoRA injected by the layer's own functions, so the count follows the code path of the real step
+(gradient checkpointing changes what is saved, and is counted as such); an fp8-stored denoiser is stored on meta as
+the loader stores it, and the compute-dtype copies autograd keeps of its weights are counted apart
+(:func:`held_fp8_copies`). The training plans (one process, per rank) call these.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ..errors import RecipeError
+from .counting import count_live_bytes
+
+__all__ = ["held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
+
+
+def _cast(value: Any, dtype: Any, key: str = "") -> Any:
+    import torch
+
+    if isinstance(value, dict):
+        return {k: _cast(v, dtype, k) for k, v in value.items()}
+    if torch.is_tensor(value) and value.is_floating_point() and key not in ("timestep", "timesteps", "guidance"):
+        return value.to(dtype)
+    return value
+
+
+@contextlib.contextmanager
+def held_fp8_copies() -> Iterator[dict[int, int]]:
+    """Count the compute-dtype copies of fp8 weights that autograd saves for backward: storage -> bytes.
+
+    An fp8-stored layer that gradients pass through computes from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`); autograd saves that copy for the input's gradient (a
+    Linear's or Conv's weight is saved when its input requires grad), so it lives until backward frees it. The
+    copies are the outputs of ``_to_copy`` from a float8 tensor (activations never are float8); a saved tensor on
+    one of their storages (the copy, or its transpose) is held. Works on the meta device and on real tensors.
+
+    Example:
+        >>> import torch
+        >>> w = torch.ones(4, 4, dtype=torch.float8_e4m3fn)
+        >>> x = torch.ones(2, 4, requires_grad=True)
+        >>> with held_fp8_copies() as held:
+        ...     y = torch.nn.functional.linear(x, w.to(torch.float32))
+        >>> sum(held.values())  # the 4 x 4 fp32 copy: 64 bytes, until backward
+        64
+    """
+    import weakref
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from ..dtypes import FLOAT8
+
+    fp8 = tuple(getattr(torch, d) for d in FLOAT8)
+    copies: dict[int, Any] = {}
+    held: dict[int, int] = {}
+
+    class Copies(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and args[0].dtype in fp8 and isinstance(out, torch.Tensor):
+                copies[out.untyped_storage()._cdata] = weakref.ref(out)
+            return out
+
+    def pack(t: Any) -> Any:
+        key = t.untyped_storage()._cdata
+        ref = copies.get(key)
+        if ref is not None and ref() is not None:  # alive: not a later tensor on a reused address
+            held[key] = t.untyped_storage().nbytes()
+        return t
+
+    with Copies(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield held
+
+
+def step_activations(module: Any, batch: Mapping[str, Any], objective: str, checkpointing: bool,
+                     dtype: Any) -> tuple[int, int]:
+    """Activation peak (bytes) of one training forward + backward of ``module`` on meta, gradients excluded, and
+    the bytes of the fp8 weight copies held for backward within it (:func:`held_fp8_copies`).
+
+    Example:
+        >>> import torch
+        >>> from hf_precision.training.families import example_batch
+        >>> unet = _tiny_unet()
+        >>> trainable = make_trainable(unet, "lora", 2)
+        >>> activations, copies = step_activations(unet, example_batch(unet, 2, side=8), "epsilon", False,
+        ...                                        torch.float32)
+        >>> activations > 0, copies
+        (True, 0)
+    """
+    import torch
+
+    from ..training.families import family_of, model_output, noisy_inputs
+
+    if checkpointing:
+        if not getattr(module, "_supports_gradient_checkpointing", False):
+            raise RecipeError(f"--gradient-checkpointing: {type(module).__name__} does not support it")
+        module.enable_gradient_checkpointing()
+    module.train()
+    row = family_of(module)
+    meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}
+    meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
+    with count_live_bytes(grad=True) as live, held_fp8_copies() as held:
+        kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
+        kwargs = _cast(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
+        out = module(**kwargs, return_dict=False)
+        loss = torch.nn.functional.mse_loss(model_output(out, target, row).float(), target.float())
+        del out, kwargs, target
+        copies = sum(held.values())
+        loss.backward()
+        del loss
+    grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    return max(live.peak - grads, 0), copies  # gradients are counted once, below, with the optimizer
+
+
+def store_fp8(module: Any, plan: Any) -> None:
+    """Store ``module`` (meta) as the loader stores an fp8 ``plan`` (diffusers' layerwise casting, islands and the
+    recipe's skips kept), so the training step on meta computes from upcast copies as the real one does.
+
+    Example:
+        >>> import dataclasses, torch
+        >>> import hf_precision as hp
+        >>> unet = _tiny_unet()
+        >>> store_fp8(unet, dataclasses.replace(hp.get_recipe("sd15", device="cpu")["unet"], storage="float8_e4m3fn"))
+        >>> torch.float8_e4m3fn in {p.dtype for p in unet.parameters()}
+        True
+    """
+    from ..dtypes import to_torch
+    from ..runtime import patches
+    from ..runtime.layout import component_islands, layerwise_skip_regexes
+
+    islands = component_islands(plan, module, strict=False)
+    patches.store_layerwise(module, to_torch(plan.storage), to_torch(plan.compute),
+                            layerwise_skip_regexes(islands, plan.layerwise_skip))
+
+
+def make_trainable(module: Any, method: str, rank: int) -> int:
+    """Make ``module`` trainable as prepare_training would (LoRA adapters, or every weight for ``"full"``, with fp32
+    masters); returns the trainable parameter count.
+
+    Example:
+        >>> unet = _tiny_unet()
+        >>> make_trainable(unet, "lora", 2) < make_trainable(_tiny_unet(), "full", 0)
+        True
+    """
+    import torch
+
+    from ..training.methods import Setup, method_of
+
+    handler = method_of(method)
+    # A full fine-tune computes under autocast from its fp32 masters; meta has no autocast, so the meta module keeps
+    # the compute dtype its activations are made in (the masters are counted apart, at 4 bytes each).
+    masters = next(module.parameters()).dtype if handler.every_weight else torch.float32
+    handler.setup(Setup("denoiser", module, None, {}, rank, None, None, None, masters))
+    return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+
+
+def _tiny_unet() -> Any:
+    """A two-block UNet on meta for the examples."""
+    import torch
+    from diffusers import UNet2DConditionModel
+
+    with torch.device("meta"):
+        return UNet2DConditionModel(
+            block_out_channels=(8, 16), layers_per_block=1, norm_num_groups=8, cross_attention_dim=8,
+            attention_head_dim=2, sample_size=8, down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+            up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
