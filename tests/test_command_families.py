@@ -87,6 +87,23 @@ def test_check_runs_on_video_families(kind, layout, saved_pipeline, capfd):
     assert not _noise(err), err
 
 
+# ------------------------------------------------------------------------------------ sweep: absent components
+
+
+def test_a_component_the_pipeline_lacks_is_no_note_unless_an_override_names_it(tiny_pipe):
+    """wan.yaml plans image_encoder and transformer_2, which WanPipeline lacks (Flux ControlNet, HunyuanVideo I2V,
+    Wan VACE and Animate each lack one their recipe plans): no 'not in this pipeline' note, unless --set asked."""
+    import hf_precision as hp
+    from hf_precision.recipe.overrides import Override, parse_set
+
+    pipe = tiny_pipe("wan")
+    assert pipe.components.get("transformer_2") is None and "image_encoder" not in pipe.components
+    assert hp.apply_recipe(pipe, device="cpu").skipped == []
+    asked = [Override("--set", parse_set(["transformer_2.dtype=float32"]))]
+    assert hp.apply_recipe(pipe, device="cpu", overrides=asked).skipped == [
+        "transformer_2: not in this pipeline, so --set changes nothing"]
+
+
 # ------------------------------------------------------------------------------------ 2: calibrate's --device
 
 
