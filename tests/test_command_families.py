@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CONFIGS = Path(__file__).resolve().parents[1] / "hf_precision" / "model_configs"
 # What diffusers and its dependencies may print that is not ours: loading bars (issue 34 item 7 covers --quiet) and
 # the notices `hf-precision` silences itself (cli/common.py _QUIET_LOGS) but pytest's log capture re-emits.
+_BAR = re.compile(r"^\s*$|\d+/\d+ \[")  # a blank line or a progress bar (transformers' loading, saving)
 _NOT_OURS = re.compile(r"Loading pipeline components|Loading weights|Loading checkpoint shards|it/s\]|s/it\]")
 
 
@@ -102,6 +103,74 @@ def test_a_component_the_pipeline_lacks_is_no_note_unless_an_override_names_it(t
     asked = [Override("--set", parse_set(["transformer_2.dtype=float32"]))]
     assert hp.apply_recipe(pipe, device="cpu", overrides=asked).skipped == [
         "transformer_2: not in this pipeline, so --set changes nothing"]
+
+
+# ------------------------------------------------------------------------------------ sweep: library notices
+
+
+def test_a_log_handler_made_during_a_held_import_writes_to_stderr_after_it(capsys):
+    """diffusers and transformers make their handler on sys.stderr when first imported, which held_back had
+    pointed at its own buffer: every later notice vanished in `hf-precision`, and printed in the sweep (which
+    imports them first), so the two disagreed about the same command."""
+    import logging
+
+    from hf_precision.cli.quiet import held_back
+
+    logger = logging.getLogger("hf_precision_test.held")
+    logger.propagate = False
+    with held_back():
+        logger.addHandler(logging.StreamHandler())
+    try:
+        logger.warning("after the import")
+        assert capsys.readouterr().err == "after the import\n"
+    finally:
+        logger.handlers.clear()
+
+
+def test_library_notices_are_held_and_missing_weights_said_in_our_words(tmp_path, capsys):
+    """Lumina 2's, QwenImage's, Wan I2V's and LTX condition's notices are about diffusers' own calls: held back, and
+    written out only before a crash. transformers' load report of weights a checkpoint lacks (HunyuanDiT's BERT
+    pooler) changes the outputs: one line of ours."""
+    import logging
+
+    from transformers import BertConfig, BertModel
+
+    from hf_precision.cli.quiet import library_logs
+    from hf_precision.errors import RecipeError
+
+    config = BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=8, vocab_size=16)
+    BertModel(config, add_pooling_layer=False).save_pretrained(tmp_path / "text_encoder")
+    notice = logging.getLogger("diffusers.pipelines.qwenimage.pipeline_qwenimage")
+    with library_logs("hf-precision check"):
+        notice.warning("true_cfg_scale is passed as 4.0, but classifier-free guidance is not enabled")
+        BertModel.from_pretrained(tmp_path / "text_encoder")
+        BertModel.from_pretrained(tmp_path / "text_encoder")  # the same report: said once
+    err = capsys.readouterr().err
+    assert "true_cfg_scale" not in err and "LOAD REPORT" not in err, err
+    assert [line for part in err.splitlines() for line in part.split("\r") if not _BAR.search(line)] == [
+        "hf-precision check: note: text_encoder (BertModel): 2 weight(s) not in its checkpoint were initialized at "
+        "random: pooler.dense.bias, pooler.dense.weight"], err
+    for error, shown in ((RecipeError("bad --set"), ""), (ValueError("crash"), "a notice before the crash\n")):
+        with pytest.raises(type(error)), library_logs("hf-precision check"):
+            notice.warning("a notice before the crash")
+            raise error
+        assert capsys.readouterr().err == shown
+
+
+def test_a_pipeline_that_calls_ftfy_uninstalled_cleans_prompts_as_wanpipeline_does(monkeypatch):
+    """Wan I2V, VACE, Animate (and others) call ftfy.fix_text where ftfy is not installed: NameError on any prompt."""
+    import diffusers.pipelines.wan.pipeline_wan_vace as vace
+    import diffusers.utils
+
+    from hf_precision.runtime.patches import ftfy_stand_in
+
+    monkeypatch.setattr(diffusers.utils, "is_ftfy_available", lambda: False)
+    monkeypatch.setitem(vars(vace), "ftfy", None)  # so the module is as it was after the test
+    monkeypatch.delitem(vars(vace), "ftfy")  # as diffusers leaves it without ftfy
+    with pytest.raises(NameError):
+        vace.prompt_clean("a  cat")
+    assert ftfy_stand_in(object.__new__(vace.WanVACEPipeline)) == [vace.__name__]
+    assert vace.prompt_clean(" a  cat ") == "a cat"
 
 
 # ------------------------------------------------------------------------------------ 2: calibrate's --device

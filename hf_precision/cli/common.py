@@ -147,7 +147,9 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
 def our_warnings(prog: str) -> Iterator[None]:
     """Inside the block, a warning hf_precision itself gives prints as one line of ours (``hf-precision show:
     warning: ...``), not Python's ``file:line: UserWarning`` with the source line quoted under it; other packages'
-    warnings are printed as Python prints them. The previous printer comes back after the block.
+    warnings are printed as Python prints them. The previous printer comes back after the block. What diffusers and
+    transformers log inside it goes through :func:`hf_precision.cli.quiet.library_logs`: said in our words where it
+    changes what the user gets, else held back.
 
     Example:
         >>> import sys, warnings
@@ -169,7 +171,9 @@ def our_warnings(prog: str) -> Iterator[None]:
             return
         print(f"{prog}: warning: {message}", file=file or sys.stderr)
 
-    with warnings.catch_warnings():
+    from .quiet import library_logs
+
+    with warnings.catch_warnings(), library_logs(prog):
         warnings.showwarning = show
         yield
 

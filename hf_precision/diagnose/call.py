@@ -234,6 +234,9 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     """
     import torch
 
+    from ..runtime.patches import ftfy_stand_in
+
+    ftfy_stand_in(pipe)  # a pipeline without a recipe too (apply_recipe gives it one): Wan VACE's prompt needs it
     try:
         params = inspect.signature(pipe.__call__).parameters
     except (TypeError, ValueError):

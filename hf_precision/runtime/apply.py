@@ -304,6 +304,9 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
                 applied.skipped.append(f"{plan.name}: not in this pipeline, so {', '.join(asked)} changes nothing")
             continue
         _apply_component(applied, plan, module, plan.device, strict)
+    if "" not in comps:
+        applied.actions += [f"ftfy is not installed: {m} cleans prompts without it, as WanPipeline does"
+                            for m in patches.ftfy_stand_in(pipe)]
     try:
         object.__setattr__(pipe, _ATTR, applied)
         applied._owner = weakref.ref(pipe)
