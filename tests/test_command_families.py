@@ -173,6 +173,20 @@ def test_a_pipeline_that_calls_ftfy_uninstalled_cleans_prompts_as_wanpipeline_do
     assert vace.prompt_clean(" a  cat ") == "a cat"
 
 
+def test_the_stable_cascade_decoder_loads_with_the_hubs_index(saved_pipeline, tmp_path):
+    """diffusers 0.42 keeps PaellaVQModel under pipelines/deprecated/: neither the Hub's ["wuerstchen", ...] nor the
+    ["diffusers", ...] it saves itself (tests/test_command_sweep.py's case) was found on load."""
+    import hf_precision as hp
+
+    folder = shutil.copytree(saved_pipeline("cascade_decoder"), tmp_path / "decoder")
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "vqgan": ["wuerstchen", "PaellaVQModel"]}))
+    pipe = hp.load_pipeline(folder, "cpu", layout="t4")
+    plan = hp.applied(pipe).recipe
+    assert type(pipe.vqgan).__name__ == "PaellaVQModel" and "vqgan" in hp.applied(pipe).modules
+    assert pipe.vqgan.dtype == getattr(torch, plan["vqgan"].storage) != torch.float32  # loaded in its planned dtype
+
+
 # ------------------------------------------------------------------------------------ 2: calibrate's --device
 
 

@@ -265,6 +265,10 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     else:
         raise RecipeError(f"check: no default call for {name} (its __call__ takes no prompt, image or class_labels); "
                           f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
+    if "image_embeddings" in params:  # Stable Cascade decoder: the prior's output, its size sets the latents'
+        config = getattr(getattr(pipe, _denoiser_name(pipe) or "", None), "config", None) or {}
+        if config.get("effnet_in_channels"):
+            kwargs["image_embeddings"] = torch.zeros(1, int(config["effnet_in_channels"]), 4, 4)
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))

@@ -337,7 +337,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             skipped.append(f"{cp.name} ({class_name}): no {cp.name}/config.json")
             continue
         refuse_library(cp, library, resolved.device, text, loading=False)
-        module = build_on_meta(library, class_name, configs[cp.name])
+        module = build_on_meta(library, class_name, configs[cp.name], pipeline=pipeline)
         check_user_names(cp, module)
         islands = component_islands(cp, module)
         planned = planned_dtypes(module, cp, islands)

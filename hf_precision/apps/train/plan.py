@@ -97,7 +97,7 @@ def meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str,
     from ...diagnose.planner import build_on_meta
     from ...runtime.source import listed_components
 
-    return build_on_meta(*listed_components(index)[name], configs[name], dtype)
+    return build_on_meta(*listed_components(index)[name], configs[name], dtype, pipeline=index.get("_class_name"))
 
 
 def _cast(value: Any, dtype: Any, key: str = "") -> Any:

@@ -46,7 +46,8 @@ def _meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: 
         spec = index.get(name)
         if not isinstance(spec, (list, tuple)) or name not in configs:
             continue
-        modules[name] = build_on_meta(str(spec[0]), str(spec[1]), configs[name], dtype).eval()
+        modules[name] = build_on_meta(str(spec[0]), str(spec[1]), configs[name], dtype,
+                                      pipeline=index.get("_class_name")).eval()
     return modules
 
 
