@@ -187,6 +187,17 @@ class _Route(logging.Handler):
                 handler.addFilter(_ERRORS_ONLY)
                 self.muted.append(handler)
 
+    def hold_warning(self, message: Any, category: Any, filename: str, lineno: int) -> bool:
+        """Hold a Python warning raised in a library's own file as its log records are held (torch's autocast notice
+        from diffusers' transformer_mochi.py, about a float32 autocast diffusers asks for on the CPU)."""
+        path = os.path.realpath(filename)
+        homes = [os.path.dirname(os.path.realpath(getattr(sys.modules.get(name), "__file__", None) or "/"))
+                 for name in LIBRARIES if name in sys.modules]
+        if not any(path.startswith(home + os.sep) for home in homes if home != "/"):
+            return False
+        self.held.append(f"{filename}:{lineno}: {category.__name__}: {message}")
+        return True
+
     def emit(self, record: logging.LogRecord) -> None:
         self.mute(logging.getLogger(record.name.split(".")[0]))  # before the later handlers see this record
         if record.levelno >= logging.ERROR:  # the library failing: its own handlers say it as it says it
@@ -208,14 +219,15 @@ _ERRORS_ONLY = _ErrorsOnly()
 
 
 @contextlib.contextmanager
-def library_logs(prog: str) -> Iterator[None]:
+def library_logs(prog: str) -> Iterator[_Route]:
     """Inside the block, what :data:`LIBRARIES` log below ERROR goes through us instead of their handlers: what
     changes what the user gets is said once as ``PROG: note: ...`` (:func:`in_our_words`); the rest is about the
     libraries' own calls, not the command (a default a pipeline turns off itself, as QwenImage's ``true_cfg_scale``
     without a negative prompt; ``timesteps`` diffusers passes a scheduler itself, in LTX condition; the class a
     pipeline declares for a checkpoint's subclass, as Wan I2V's image encoder; check's 16-token prompt cutting
     Lumina 2's system prompt) and is held back, written out as the library wrote it only if the block raises
-    something other than our own error, so a traceback keeps what led to it.
+    something other than our own error, so a traceback keeps what led to it. The block gets the router, whose
+    ``hold_warning`` a warning printer calls for Python warnings (``our_warnings`` does).
 
     Example:
         >>> import contextlib, logging, sys
@@ -233,7 +245,7 @@ def library_logs(prog: str) -> Iterator[None]:
         route.mute(logger)
         logger.handlers.insert(0, route)
     try:
-        yield
+        yield route
     except Exception as err:
         if route.held and not isinstance(err, RecipeError):
             sys.stderr.write("".join(f"{message}\n" for message in route.held))

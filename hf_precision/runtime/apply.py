@@ -304,6 +304,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
                 applied.skipped.append(f"{plan.name}: not in this pipeline, so {', '.join(asked)} changes nothing")
             continue
         _apply_component(applied, plan, module, plan.device, strict)
+    applied.actions += [f"{name}: tiling on ({type(module).__name__} encodes and decodes only tiled)"
+                        for name, module in comps.items() if patches.tile_where_required(module)]
     if "" not in comps:
         applied.actions += [f"ftfy is not installed: {m} cleans prompts without it, as WanPipeline does"
                             for m in patches.ftfy_stand_in(pipe)]

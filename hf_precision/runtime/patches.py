@@ -1,7 +1,8 @@
 """What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
 file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
 weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place), and
-a stand-in for ftfy where a pipeline module calls it uninstalled (:func:`ftfy_stand_in`). Everything else ``apply_recipe`` does is casts and hooks.
+a stand-in for ftfy where a pipeline module calls it uninstalled (:func:`ftfy_stand_in`), tiling where a VAE
+runs only tiled (:func:`tile_where_required`). Everything else ``apply_recipe`` does is casts and hooks.
 
 Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
 """
@@ -16,7 +17,8 @@ from typing import Any
 import torch
 
 __all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
-           "upcast_on_use", "upcasts_on_use", "processor_calling", "ftfy_stand_in"]
+           "upcast_on_use", "upcasts_on_use", "processor_calling", "ftfy_stand_in",
+           "tile_where_required"]
 
 
 # set on a module whose shipped force_upcast=True was patched off, so that recipes re-applied later still see it
@@ -354,3 +356,35 @@ def ftfy_stand_in(pipe: Any) -> list[str]:
             module.ftfy = _PlainText  # type: ignore[attr-defined]
             given.append(cls.__module__)
     return given
+
+
+def tile_where_required(module: Any) -> bool:
+    """Turn tiling on in a VAE that refuses to encode or decode without it; returns whether it did.
+
+    AutoencoderKLAllegro raises "Decoding without tiling has not been implemented yet" (diffusers 0.42.1
+    autoencoder_kl_allegro.py:804 and :841) unless ``enable_tiling()`` was called, as diffusers' Allegro example
+    does. Read from the class's own source, so no class is named here; any other module is left as it is.
+
+    Example:
+        >>> from diffusers import AutoencoderKL, AutoencoderKLAllegro
+        >>> tile_where_required(AutoencoderKL(block_out_channels=(8,), norm_num_groups=8))
+        False
+        >>> vae = AutoencoderKLAllegro(block_out_channels=(8,), norm_num_groups=8, down_block_types=(
+        ...     "AllegroDownBlock3D",), up_block_types=("AllegroUpBlock3D",), temporal_downsample_blocks=(False,),
+        ...     temporal_upsample_blocks=(False,))
+        >>> tile_where_required(vae), vae.use_tiling, tile_where_required(vae)
+        (True, True, False)
+    """
+    import inspect
+
+    if not hasattr(module, "enable_tiling") or getattr(module, "use_tiling", True):
+        return False
+    for name in ("_encode", "encode", "_decode", "decode"):
+        try:
+            source = inspect.getsource(getattr(type(module), name))
+        except (AttributeError, OSError, TypeError):
+            continue
+        if "NotImplementedError" in source and "without tiling" in source:
+            module.enable_tiling()
+            return True
+    return False
