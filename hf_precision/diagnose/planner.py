@@ -330,7 +330,9 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             skipped.append(f"{comp} ({class_name}): not in recipe {resolved.name}, left as loaded")
     for cp in resolved.plans:
         if cp.name not in listed:
-            skipped.append(f"{cp.name}: not in {pipeline}'s model_index.json")
+            note = resolved.absent_note(cp.name, f"{pipeline}'s model_index.json")  # optional: no note unless asked
+            if note:
+                skipped.append(note)
             continue
         library, class_name = listed[cp.name]
         if cp.name not in configs:

@@ -296,12 +296,9 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     for plan in resolved.plans:
         module = comps.get(plan.name)
         if module is None:
-            # A recipe covers every pipeline of its family (wan.yaml names transformer_2 and image_encoder, which
-            # only some Wan pipelines have; an optional component saved as [null, null] loads as None): a component
-            # the pipeline lacks is no finding, unless an override (sources after the recipe's own) asked for it.
-            asked = sorted({d.source for d in plan.decisions} & set(resolved.sources[1:]))
-            if asked:
-                applied.skipped.append(f"{plan.name}: not in this pipeline, so {', '.join(asked)} changes nothing")
+            note = resolved.absent_note(plan.name, "this pipeline")  # an optional component: no note unless asked
+            if note:
+                applied.skipped.append(note)
             continue
         _apply_component(applied, plan, module, plan.device, strict)
     applied.actions += [f"{name}: tiling on ({type(module).__name__} encodes and decodes only tiled)"
