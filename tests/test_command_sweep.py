@@ -28,6 +28,7 @@ the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 
   the pipeline lacks (``transformer_2``), and ftfy called uninstalled by diffusers.
 - cascade_decoder, check: a component class diffusers cannot find by the name it saved (``PaellaVQModel``) and a
   call input that is a tensor (``image_embeddings``).
+- allegro, check: a VAE that encodes and decodes only tiled (tiling is turned on where it is required).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ CASES = {
     ("qwenimage", "check", "cpu"): "PASS",
     ("wan_i2v", "check", "cpu"): "PASS",
     ("cascade_decoder", "check", "cpu"): "PASS",
+    ("allegro", "check", "cpu"): "PASS",
 }
 
 

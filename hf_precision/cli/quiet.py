@@ -164,7 +164,7 @@ def in_our_words(message: str) -> str | None:
     if report is None:
         return None
     cells = [[c.strip() for c in row.split("|")] for row in rest.splitlines() if row.count("|") >= 2]
-    lost = [c[0] for c in cells if c[1] in ("MISSING", "MISMATCH")]
+    lost = sorted(c[0] for c in cells if c[1] in ("MISSING", "MISMATCH"))  # transformers lists them from a set
     if not lost:
         return None
     source = report.group(2).strip()
