@@ -343,7 +343,7 @@ def _missed_by_diffusers(cls: Any, where: str, index: Mapping[str, Any], dtype_m
                 or (library != "diffusers" and hasattr(diffusers.pipelines, library)):
             continue  # passed, or where diffusers looks
         model = component_class(library, class_name, cls.__name__)
-        if model is not None and hasattr(model, "from_pretrained"):
+        if model is not None and model.__module__.startswith("diffusers.") and hasattr(model, "from_pretrained"):
             dtype = dtype_map.get(name, dtype_map.get("default"))
             missed[name] = model.from_pretrained(where, subfolder=name, torch_dtype=dtype,
                                                  **{k: given[k] for k in _SHARED if k in given})
