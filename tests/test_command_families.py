@@ -160,6 +160,34 @@ def test_library_notices_are_held_and_missing_weights_said_in_our_words(tmp_path
         assert capsys.readouterr().err == shown
 
 
+def test_a_warning_raised_in_diffusers_own_file_is_held_with_its_notices():
+    """torch's "In CPU autocast, but the target dtype is not supported" from diffusers' transformer_mochi.py (a float32
+    autocast diffusers asks for) printed on every Mochi check; a warning of another package still prints."""
+    import warnings
+
+    import diffusers.models.transformers.transformer_mochi as mochi
+
+    from hf_precision.cli.common import our_warnings
+
+    shown = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, *args, **kwargs: shown.append(str(message))  # as Python prints it
+        with our_warnings("hf-precision check"):
+            warnings.warn_explicit("In CPU autocast, but the target dtype is not supported", UserWarning,
+                                   mochi.__file__, 1)
+            warnings.warn_explicit("a warning of someone else", UserWarning, "/elsewhere/x.py", 1)
+    assert shown == ["a warning of someone else"]
+
+
+def test_check_gives_a_controlnet_its_control_image(tiny_pipe):
+    """FluxControlNetPipeline takes control_image (not image): check's call gave none, and diffusers raised."""
+    import hf_precision as hp
+
+    report = hp.check(tiny_pipe("flux_controlnet"))
+    assert report.error is None and report.ok, report.table()
+
+
 def test_a_pipeline_that_calls_ftfy_uninstalled_cleans_prompts_as_wanpipeline_does(monkeypatch):
     """Wan I2V, VACE, Animate (and others) call ftfy.fix_text where ftfy is not installed: NameError on any prompt."""
     import diffusers.pipelines.wan.pipeline_wan_vace as vace
