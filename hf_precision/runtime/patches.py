@@ -375,16 +375,21 @@ def tile_where_required(module: Any) -> bool:
         >>> tile_where_required(vae), vae.use_tiling, tile_where_required(vae)
         (True, True, False)
     """
+    if not hasattr(module, "enable_tiling") or getattr(module, "use_tiling", True) or not _runs_only_tiled(type(module)):
+        return False
+    module.enable_tiling()
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_only_tiled(cls: type) -> bool:
     import inspect
 
-    if not hasattr(module, "enable_tiling") or getattr(module, "use_tiling", True):
-        return False
     for name in ("_encode", "encode", "_decode", "decode"):
         try:
-            source = inspect.getsource(getattr(type(module), name))
+            source = inspect.getsource(getattr(cls, name))
         except (AttributeError, OSError, TypeError):
             continue
         if "NotImplementedError" in source and "without tiling" in source:
-            module.enable_tiling()
             return True
     return False
