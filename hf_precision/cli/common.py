@@ -147,7 +147,9 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
 def our_warnings(prog: str) -> Iterator[None]:
     """Inside the block, a warning hf_precision itself gives prints as one line of ours (``hf-precision show:
     warning: ...``), not Python's ``file:line: UserWarning`` with the source line quoted under it; other packages'
-    warnings are printed as Python prints them. The previous printer comes back after the block.
+    warnings are printed as Python prints them, except those raised in diffusers' and transformers' own files, held
+    back with what they log (:func:`hf_precision.cli.quiet.library_logs`: said in our words where it changes what
+    the user gets, else held back). The previous printer comes back after the block.
 
     Example:
         >>> import sys, warnings
@@ -164,12 +166,16 @@ def our_warnings(prog: str) -> Iterator[None]:
     shown = warnings.showwarning
 
     def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if route.hold_warning(message, category, filename, lineno):
+            return
         if not str(Path(filename).resolve()).startswith(package):
             shown(message, category, filename, lineno, file, line)
             return
         print(f"{prog}: warning: {message}", file=file or sys.stderr)
 
-    with warnings.catch_warnings():
+    from .quiet import library_logs
+
+    with warnings.catch_warnings(), library_logs(prog) as route:
         warnings.showwarning = show
         yield
 

@@ -8,7 +8,10 @@ falls back to PIL. None of it changes what a command does. :func:`install` holds
 of these packages is first imported (Python warnings, log records, and the process's own stderr, where compiled
 code writes) and lets it through only when that import fails, so a broken install still says why.
 
-The command line installs it (``hf_precision.cli.main``, ``script_main``); the library itself changes nothing.
+While a command runs, :func:`library_logs` routes what diffusers and transformers log through us: what changes
+what the user gets is said once in our words, the rest is held back like an import's notices.
+
+The command line installs both (``hf_precision.cli.main``, ``script_main``); the library itself changes nothing.
 """
 
 from __future__ import annotations
@@ -19,13 +22,14 @@ import importlib.util
 import io
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["install", "held_back"]
+__all__ = ["install", "held_back", "library_logs", "in_our_words"]
 
 # The packages whose first import is held back; their own imports of each other happen inside it.
 NOISY = ("diffusers", "transformers", "torchao", "bitsandbytes", "optimum", "gguf", "peft", "accelerate")
@@ -73,7 +77,18 @@ def held_back() -> Iterator[None]:
         finally:
             logging.disable(previous)
             _restore(saved_fd)
+            _repoint(text, stderr)
             _depth -= 1
+
+
+def _repoint(held: io.StringIO, stderr: Any) -> None:
+    """A log handler made inside the block (diffusers and transformers make theirs on import, on ``sys.stderr``)
+    writes where stderr was before it, not into the block's buffer, which nobody reads after it."""
+    loggers = [logging.root, *(v for v in logging.root.manager.loggerDict.values() if isinstance(v, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is held:
+                handler.setStream(stderr)
 
 
 def _restore(saved_fd: int | None) -> None:
@@ -121,3 +136,123 @@ def install() -> None:
     """
     if not any(isinstance(f, _HeldFinder) for f in sys.meta_path):
         sys.meta_path.insert(0, _HeldFinder())
+
+
+# The libraries whose log records a command routes: every module logger of theirs propagates to these, whose own
+# handlers print to stderr (diffusers.utils.logging, transformers.utils.logging).
+LIBRARIES = ("diffusers", "transformers")
+_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+_REPORT = re.compile(r"(\w+) LOAD REPORT from: (.+)")
+
+
+def in_our_words(message: str) -> str | None:
+    """What a library log message means for the user, in our words, or None where it changes nothing they get.
+
+    transformers' load report lists the weights a checkpoint lacks (MISSING) or has in another shape (MISMATCH):
+    both are initialized at random, so the outputs change. UNEXPECTED weights (ones the model does not use, such as
+    a full CLIP checkpoint loaded as its text tower) are ignored, and so is a report of only those.
+
+    Example:
+        >>> report = "BertModel LOAD REPORT from: /m/text_encoder\\nKey | Status |\\npooler.dense.bias | MISSING |"
+        >>> in_our_words(report + "\\nlm_head | UNEXPECTED |")
+        'text_encoder (BertModel): 1 weight(s) not in its checkpoint were initialized at random: pooler.dense.bias'
+        >>> in_our_words("true_cfg_scale is passed as 4.0, but classifier-free guidance is not enabled") is None
+        True
+    """
+    head, _, rest = _STYLE.sub("", message).partition("\n")
+    report = _REPORT.match(head.strip())
+    if report is None:
+        return None
+    cells = [[c.strip() for c in row.split("|")] for row in rest.splitlines() if row.count("|") >= 2]
+    lost = sorted(c[0] for c in cells if c[1] in ("MISSING", "MISMATCH"))  # transformers lists them from a set
+    if not lost:
+        return None
+    source = report.group(2).strip()
+    shown = ", ".join(lost[:4]) + (f" and {len(lost) - 4} more" if len(lost) > 4 else "")
+    return (f"{os.path.basename(source.rstrip('/')) or source} ({report.group(1)}): {len(lost)} weight(s) not in its "
+            f"checkpoint were initialized at random: {shown}")
+
+
+class _Route(logging.Handler):
+    """Goes first among a library's handlers inside :func:`library_logs`; the others get :data:`_ERRORS_ONLY` there,
+    also one a library adds inside the block (its first import configures its logger)."""
+
+    def __init__(self, prog: str):
+        super().__init__()
+        self.prog, self.held, self.said, self.muted = prog, [], set(), []
+
+    def mute(self, logger: logging.Logger) -> None:
+        for handler in logger.handlers:
+            if handler is not self and _ERRORS_ONLY not in handler.filters:
+                handler.addFilter(_ERRORS_ONLY)
+                self.muted.append(handler)
+
+    def hold_warning(self, message: Any, category: Any, filename: str, lineno: int) -> bool:
+        """Hold a Python warning raised in a library's own file as its log records are held (torch's autocast notice
+        from diffusers' transformer_mochi.py, about a float32 autocast diffusers asks for on the CPU)."""
+        path = os.path.realpath(filename)
+        homes = [os.path.dirname(os.path.realpath(getattr(sys.modules.get(name), "__file__", None) or "/"))
+                 for name in LIBRARIES if name in sys.modules]
+        if not any(path.startswith(home + os.sep) for home in homes if home != "/"):
+            return False
+        self.held.append(f"{filename}:{lineno}: {category.__name__}: {message}")
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.mute(logging.getLogger(record.name.split(".")[0]))  # before the later handlers see this record
+        if record.levelno >= logging.ERROR:  # the library failing: its own handlers say it as it says it
+            return
+        note = in_our_words(record.getMessage())
+        if note is None:
+            self.held.append(record.getMessage())
+        elif note not in self.said:
+            self.said.add(note)
+            print(f"{self.prog}: note: {note}", file=sys.stderr)
+
+
+class _ErrorsOnly(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.ERROR
+
+
+_ERRORS_ONLY = _ErrorsOnly()
+
+
+@contextlib.contextmanager
+def library_logs(prog: str) -> Iterator[_Route]:
+    """Inside the block, what :data:`LIBRARIES` log below ERROR goes through us instead of their handlers: what
+    changes what the user gets is said once as ``PROG: note: ...`` (:func:`in_our_words`); the rest is about the
+    libraries' own calls, not the command (a default a pipeline turns off itself, as QwenImage's ``true_cfg_scale``
+    without a negative prompt; ``timesteps`` diffusers passes a scheduler itself, in LTX condition; the class a
+    pipeline declares for a checkpoint's subclass, as Wan I2V's image encoder; check's 16-token prompt cutting
+    Lumina 2's system prompt) and is held back, written out as the library wrote it only if the block raises
+    something other than our own error, so a traceback keeps what led to it. The block gets the router, whose
+    ``hold_warning`` a warning printer calls for Python warnings (``our_warnings`` does).
+
+    Example:
+        >>> import contextlib, logging, sys
+        >>> with library_logs("hf-precision check"), contextlib.redirect_stderr(sys.stdout):
+        ...     logging.getLogger("diffusers.pipelines.x").warning("a notice about diffusers' own call")
+        ...     logging.getLogger("transformers.modeling_utils").warning(
+        ...         "BertModel LOAD REPORT from: /m/text_encoder\\npooler.bias | MISSING |")
+        hf-precision check: note: text_encoder (BertModel): 1 weight(s) not in its checkpoint were initialized at random: pooler.bias
+    """
+    from ..errors import RecipeError
+
+    loggers = [logging.getLogger(name) for name in LIBRARIES]
+    route = _Route(prog)
+    for logger in loggers:
+        route.mute(logger)
+        logger.handlers.insert(0, route)
+    try:
+        yield route
+    except Exception as err:
+        if route.held and not isinstance(err, RecipeError):
+            sys.stderr.write("".join(f"{message}\n" for message in route.held))
+        raise
+    finally:
+        for logger in loggers:
+            if route in logger.handlers:
+                logger.removeHandler(route)
+        for handler in route.muted:
+            handler.removeFilter(_ERRORS_ONLY)

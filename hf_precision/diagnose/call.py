@@ -197,9 +197,13 @@ def _frames(pipe: Any, denoiser: Any) -> int:
 def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any],
                   image: Callable[..., Any]) -> dict[str, Any]:
     """What a video pipeline needs beside the prompt: few frames, an input clip (video-to-video, VACE: ``video`` and
-    ``mask``; AnimateDiff ControlNet: ``conditioning_frames``), and the size a learned position table fixes."""
-    frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)
-    clip_args = [a for a in ("video", "conditioning_frames") if a in params]
+    ``mask``; AnimateDiff ControlNet: ``conditioning_frames``; Wan Animate: ``pose_video`` and ``face_video``, one
+    segment of them), and the size a learned position table fixes."""
+    frames_arg = next((a for a in ("num_frames", "video_length", "segment_frame_length") if a in params), None)
+    # an input clip: video-to-video's, ControlNet's, and any clip the call cannot go without (Wan Animate's pose and
+    # face videos)
+    clip_args = [a for a, p in params.items() if a in ("video", "conditioning_frames")
+                 or (a.endswith("_video") and p.default is inspect.Parameter.empty)]
     if frames_arg is None and not clip_args:
         return {}
     denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
@@ -234,6 +238,12 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     """
     import torch
 
+    from ..runtime.patches import ftfy_stand_in, tile_where_required
+
+    # a pipeline without a recipe too (apply_recipe does both): Wan VACE's prompt, Allegro's VAE need them
+    ftfy_stand_in(pipe)
+    for module in pipeline_modules(pipe).values():
+        tile_where_required(module)
     try:
         params = inspect.signature(pipe.__call__).parameters
     except (TypeError, ValueError):
@@ -257,11 +267,17 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
             kwargs["image"] = image()
         if "mask_image" in params:
             kwargs["mask_image"] = image((255, 255, 255))
+        if "control_image" in params:  # ControlNet pipelines (Flux's, SD3's, HunyuanDiT's ...)
+            kwargs["control_image"] = image((200, 200, 200))
         if "strength" in params:
             kwargs["strength"] = 1.0
     else:
         raise RecipeError(f"check: no default call for {name} (its __call__ takes no prompt, image or class_labels); "
                           f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
+    if "image_embeddings" in params:  # Stable Cascade decoder: the prior's output, its size sets the latents'
+        config = getattr(getattr(pipe, _denoiser_name(pipe) or "", None), "config", None) or {}
+        if config.get("effnet_in_channels"):
+            kwargs["image_embeddings"] = torch.zeros(1, int(config["effnet_in_channels"]), 4, 4)
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
@@ -273,10 +289,21 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}
 
-    def call(p: Any) -> Any:
+    def run(p: Any) -> Any:
         if "generator" in params or accepts_any:
             return p(**kwargs, generator=torch.Generator("cpu").manual_seed(0))
         return p(**kwargs)
+
+    def call(p: Any) -> Any:
+        try:
+            return run(p)
+        except ZeroDivisionError:
+            # a pipeline's own sigma schedule that cannot make 1 step (Mochi's linear_quadratic_schedule divides by
+            # num_steps // 2, pipeline_mochi.py:67), where the scheduler asked by _fewest_steps could: 2 steps
+            if kwargs.get("num_inference_steps") != 1:
+                raise
+            kwargs["num_inference_steps"] = 2
+            return run(p)
 
     call.kwargs = kwargs  # type: ignore[attr-defined]
     return call

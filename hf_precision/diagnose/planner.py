@@ -330,14 +330,16 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             skipped.append(f"{comp} ({class_name}): not in recipe {resolved.name}, left as loaded")
     for cp in resolved.plans:
         if cp.name not in listed:
-            skipped.append(f"{cp.name}: not in {pipeline}'s model_index.json")
+            note = resolved.absent_note(cp.name, f"{pipeline}'s model_index.json")  # optional: no note unless asked
+            if note:
+                skipped.append(note)
             continue
         library, class_name = listed[cp.name]
         if cp.name not in configs:
             skipped.append(f"{cp.name} ({class_name}): no {cp.name}/config.json")
             continue
         refuse_library(cp, library, resolved.device, text, loading=False)
-        module = build_on_meta(library, class_name, configs[cp.name])
+        module = build_on_meta(library, class_name, configs[cp.name], pipeline=pipeline)
         check_user_names(cp, module)
         islands = component_islands(cp, module)
         planned = planned_dtypes(module, cp, islands)

@@ -34,7 +34,7 @@ def meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str,
     from ..runtime.meta import build_on_meta
     from ..runtime.source import listed_components
 
-    return build_on_meta(*listed_components(index)[name], configs[name], dtype)
+    return build_on_meta(*listed_components(index)[name], configs[name], dtype, pipeline=index.get("_class_name"))
 
 
 def meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: Mapping[str, Any]) -> dict[str, Any]:

@@ -122,6 +122,25 @@ class Recipe:
     def __contains__(self, name: object) -> bool:
         return any(p.name == name for p in self.plans)
 
+    def absent_note(self, name: str, where: str) -> str | None:
+        """What to say of planned component ``name`` that ``where`` (a pipeline, a folder's index) lacks, or None.
+
+        A recipe covers every pipeline of its family (wan.yaml plans transformer_2 and image_encoder, which only some
+        Wan pipelines have), so an absent component is no finding, unless an override (a source after the recipe's
+        own) decided something for it: then the override changes nothing, and the user should hear it.
+
+        Example:
+            >>> from hf_precision.recipe import get_recipe
+            >>> from hf_precision.recipe.overrides import Override, parse_set
+            >>> get_recipe("wan", device="t4").absent_note("transformer_2", "this pipeline") is None
+            True
+            >>> get_recipe("wan", device="t4", overrides=[Override("--set", parse_set(["transformer_2.dtype=float32"]))]
+            ...            ).absent_note("transformer_2", "this pipeline")
+            'transformer_2: not in this pipeline, so --set changes nothing'
+        """
+        asked = sorted({d.source for d in self[name].decisions} & set(self.sources[1:]))
+        return f"{name}: not in {where}, so {', '.join(asked)} changes nothing" if asked else None
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "schema": self.schema, "model": self.model, "pipelines": list(self.pipelines),
                 "latents_from": self.latents_from, "denoiser": self.denoiser, "device": self.device.to_dict(), "device_tags": list(self.device_tags),

@@ -296,9 +296,16 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     for plan in resolved.plans:
         module = comps.get(plan.name)
         if module is None:
-            applied.skipped.append(f"{plan.name}: not in this pipeline")
+            note = resolved.absent_note(plan.name, "this pipeline")  # an optional component: no note unless asked
+            if note:
+                applied.skipped.append(note)
             continue
         _apply_component(applied, plan, module, plan.device, strict)
+    applied.actions += [f"{name}: tiling on ({type(module).__name__} encodes and decodes only tiled)"
+                        for name, module in comps.items() if patches.tile_where_required(module)]
+    if "" not in comps:
+        applied.actions += [f"ftfy is not installed: {m} cleans prompts without it, as WanPipeline does"
+                            for m in patches.ftfy_stand_in(pipe)]
     try:
         object.__setattr__(pipe, _ATTR, applied)
         applied._owner = weakref.ref(pipe)

@@ -298,7 +298,12 @@ def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[
         # where a component has nothing else: the opt-in the user asked for.
         kwargs["use_safetensors"] = None
     try:
-        return cls.from_pretrained(where, dtype=dtype_map, **streamed, **kwargs)
+        missed = _missed_by_diffusers(cls, where, index, dtype_map, {**streamed, **kwargs})
+        # passed as None, diffusers leaves the component out (passed as itself, it still looks its class up by name)
+        pipe = cls.from_pretrained(where, dtype=dtype_map, **dict.fromkeys(missed), **streamed, **kwargs)
+        if missed:
+            pipe.register_modules(**missed)
+        return pipe
     except Exception as err:  # a damaged file surfaces as OSError, SafetensorError, ValueError ...: name it
         damage = _damage_or_none(where, folder, index)
         if damage is not None:
@@ -315,6 +320,34 @@ def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[
                               f"safe_serialization=True") from None
         raise RecipeError(f"{where}: cannot load it ({err}). If the folder only has fp16 files, pass variant='fp16'; "
                           f"otherwise no fix is known here: check the folder against the model's file list") from None
+
+
+# from_pretrained keywords a component loaded on its own shares with the pipeline's
+_SHARED = ("variant", "revision", "cache_dir", "local_files_only", "token", "use_safetensors")
+
+
+def _missed_by_diffusers(cls: Any, where: str, index: Mapping[str, Any], dtype_map: Mapping[str, Any],
+                         given: Mapping[str, Any]) -> dict[str, Any]:
+    """The components ``from_pretrained`` cannot find by the class ``model_index.json`` names, loaded here from the
+    class the pipeline's module imports (:func:`~hf_precision.runtime.source.component_class`), to put in the built
+    pipeline: the Stable Cascade decoder's ``PaellaVQModel`` (diffusers 0.42 keeps it under
+    ``pipelines/deprecated/``, where neither the Hub's ``["wuerstchen", ...]`` nor its own saved
+    ``["diffusers", ...]`` finds it)."""
+    import diffusers
+
+    from .source import component_class
+
+    missed = {}
+    for name, (library, class_name) in listed_components(index).items():
+        if name in given or library == "transformers" or getattr(diffusers, class_name, None) is not None \
+                or (library != "diffusers" and hasattr(diffusers.pipelines, library)):
+            continue  # passed, or where diffusers looks
+        model = component_class(library, class_name, cls.__name__)
+        if model is not None and model.__module__.startswith("diffusers.") and hasattr(model, "from_pretrained"):
+            dtype = dtype_map.get(name, dtype_map.get("default"))
+            missed[name] = model.from_pretrained(where, subfolder=name, torch_dtype=dtype,
+                                                 **{k: given[k] for k in _SHARED if k in given})
+    return missed
 
 
 def from_pretrained_dtypes(recipe: Recipe) -> dict[str, Any]:

@@ -37,7 +37,8 @@ def quiet() -> Iterator[None]:
         tlog.set_verbosity(levels[1])
 
 
-def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtype: Any = None) -> nn.Module:
+def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtype: Any = None, *,
+                  pipeline: str | None = None) -> nn.Module:
     """Build a model from its config on the meta device: real shapes and module names, no memory for weights.
 
     Diffusers classes use ``from_config`` (``Transformer2DModel`` configs dispatch to ``PixArtTransformer2DModel``
@@ -48,6 +49,8 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtyp
     casts every floating tensor to it, and moves to meta the buffers a legacy constructor (``torch.Tensor([..])``)
     left on the CPU, without the warning diffusers' ``ModelMixin.to(dtype)`` logs about its
     ``_keep_in_fp32_modules`` (meaningless on meta: a plan that wants them in float32 casts them itself).
+    ``pipeline`` (``model_index.json``'s ``_class_name``) finds a class only its module imports
+    (:func:`~hf_precision.runtime.source.component_class`).
 
     Example:
         >>> import torch
@@ -57,16 +60,14 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtyp
         >>> next(build_on_meta("diffusers", "AutoencoderKL", {"norm_num_groups": 4}, torch.float16).parameters()).dtype
         torch.float16
     """
-    model = _build(library, class_name, config)
+    model = _build(library, class_name, config, pipeline)
     if dtype is not None:
         with quiet():
             model.to("meta", dtype)
     return model
 
 
-def _build(library: str, class_name: str, config: Mapping[str, Any]) -> nn.Module:
-    import importlib
-
+def _build(library: str, class_name: str, config: Mapping[str, Any], pipeline: str | None) -> nn.Module:
     import torch
 
     with quiet():
@@ -87,10 +88,9 @@ def _build(library: str, class_name: str, config: Mapping[str, Any]) -> nn.Modul
                 return cls(conf)
         import diffusers
 
-        cls = getattr(diffusers, class_name, None)
-        if cls is None and library not in ("diffusers", None):
-            with contextlib.suppress(ImportError):
-                cls = getattr(importlib.import_module(f"diffusers.pipelines.{library}"), class_name, None)
+        from .source import component_class
+
+        cls = component_class(library or "diffusers", class_name, pipeline)
         if cls is None or not hasattr(cls, "from_config"):
             raise RecipeError(f"{class_name}: not a diffusers model class (diffusers {diffusers.__version__}); "
                               f"upgrade diffusers or check model_index.json")

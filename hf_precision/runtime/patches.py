@@ -1,7 +1,8 @@
 """What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
 file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
-weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place).
-Everything else ``apply_recipe`` does is casts and hooks.
+weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place), and
+a stand-in for ftfy where a pipeline module calls it uninstalled (:func:`ftfy_stand_in`), tiling where a VAE
+runs only tiled (:func:`tile_where_required`). Everything else ``apply_recipe`` does is casts and hooks.
 
 Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
 """
@@ -16,7 +17,8 @@ from typing import Any
 import torch
 
 __all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
-           "upcast_on_use", "upcasts_on_use", "processor_calling"]
+           "upcast_on_use", "upcasts_on_use", "processor_calling", "ftfy_stand_in",
+           "tile_where_required"]
 
 
 # set on a module whose shipped force_upcast=True was patched off, so that recipes re-applied later still see it
@@ -309,3 +311,85 @@ def upcasts_on_use(layer: torch.nn.Module) -> bool:
         False
     """
     return bool(getattr(layerwise_hook(layer), "upcast_on_use", False))
+
+
+class _PlainText:
+    """What ftfy's ``fix_text`` does to a prompt where ftfy is missing, as WanPipeline does it: nothing."""
+
+    @staticmethod
+    def fix_text(text: str, *args: Any, **kwargs: Any) -> str:
+        return text
+
+
+def ftfy_stand_in(pipe: Any) -> list[str]:
+    """Give the modules of ``pipe``'s class that call ``ftfy.fix_text`` without checking ftfy is installed a stand-in
+    that leaves the text as it is; returns the modules given one.
+
+    diffusers imports ftfy only where it is installed (``if is_ftfy_available(): import ftfy``), and WanPipeline
+    then skips the fix (pipeline_wan.py:79), but Wan I2V, VACE, video-to-video and Animate, SkyReels-V2, Allegro
+    and others call it anyway (diffusers 0.42.1 pipeline_wan_vace.py:111): every prompt raised NameError. With the
+    stand-in they do what WanPipeline does. Nothing changes where ftfy is installed or a module defines ``ftfy``.
+
+    Example:
+        >>> class Pipe:  # a module of ours names no ftfy: nothing to stand in for
+        ...     pass
+        >>> ftfy_stand_in(Pipe())
+        []
+    """
+    import inspect
+    import sys
+
+    from diffusers.utils import is_ftfy_available
+
+    if is_ftfy_available():
+        return []
+    given = []
+    for cls in type(pipe).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if module is None or "ftfy" in vars(module) or not cls.__module__.startswith("diffusers."):
+            continue
+        try:
+            source = inspect.getsource(module)
+        except (OSError, TypeError):
+            continue
+        if "ftfy.fix_text" in source:
+            module.ftfy = _PlainText  # type: ignore[attr-defined]
+            given.append(cls.__module__)
+    return given
+
+
+def tile_where_required(module: Any) -> bool:
+    """Turn tiling on in a VAE that refuses to encode or decode without it; returns whether it did.
+
+    AutoencoderKLAllegro raises "Decoding without tiling has not been implemented yet" (diffusers 0.42.1
+    autoencoder_kl_allegro.py:804 and :841) unless ``enable_tiling()`` was called, as diffusers' Allegro example
+    does. Read from the class's own source, so no class is named here; any other module is left as it is.
+
+    Example:
+        >>> from diffusers import AutoencoderKL, AutoencoderKLAllegro
+        >>> tile_where_required(AutoencoderKL(block_out_channels=(8,), norm_num_groups=8))
+        False
+        >>> vae = AutoencoderKLAllegro(block_out_channels=(8,), norm_num_groups=8, down_block_types=(
+        ...     "AllegroDownBlock3D",), up_block_types=("AllegroUpBlock3D",), temporal_downsample_blocks=(False,),
+        ...     temporal_upsample_blocks=(False,))
+        >>> tile_where_required(vae), vae.use_tiling, tile_where_required(vae)
+        (True, True, False)
+    """
+    if not hasattr(module, "enable_tiling") or getattr(module, "use_tiling", True) or not _runs_only_tiled(type(module)):
+        return False
+    module.enable_tiling()
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_only_tiled(cls: type) -> bool:
+    import inspect
+
+    for name in ("_encode", "encode", "_decode", "decode"):
+        try:
+            source = inspect.getsource(getattr(cls, name))
+        except (AttributeError, OSError, TypeError):
+            continue
+        if "NotImplementedError" in source and "without tiling" in source:
+            return True
+    return False

@@ -73,7 +73,7 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
             raise RecipeError(f"{where}: {plan.name}.storage={plan.storage}: the folder has no {plan.name}/config.json")
         refuse_library(plan, spec[0], recipe.device, where, loading=True)
         refuse_int8_beside_cuda(plan, where)
-        module = build_on_meta(*spec, configs[plan.name])
+        module = build_on_meta(*spec, configs[plan.name], pipeline=index.get("_class_name"))
         islands = component_islands(plan, module, strict=False)
         modules[plan.name] = (module, islands)
         planned[plan.name] = set(quantized_layers(module, plan, islands))

@@ -30,7 +30,8 @@ from ..recipe.model import Recipe
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "model_configs"
 
 __all__ = ["locate", "check_name", "component_configs", "configs_of", "shipped_configs", "offline_error", "CONFIGS_DIR",
-           "role_of", "models_of_pipeline", "models_of_index", "models_of_class", "pipeline_class", "listed_components"]
+           "role_of", "models_of_pipeline", "models_of_index", "models_of_class", "pipeline_class", "listed_components",
+           "component_class"]
 
 def listed_components(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """Component -> (library, class) of what ``model_index.json`` lists as present: its ``[library, class]`` pairs.
@@ -306,13 +307,36 @@ def models_of_pipeline(pipe: Any) -> dict[str, tuple[str, str]]:
     return {n: (type(m).__name__, role_of(type(m))) for n, m in comps.items() if isinstance(m, torch.nn.Module)}
 
 
-def _load_class(library: str, name: str) -> type | None:
-    for module in (library, f"diffusers.pipelines.{library}"):
+def component_class(library: str, name: str, pipeline: str | None = None) -> type | None:
+    """The class a ``model_index.json`` entry ``[library, name]`` names, or None: from the library, a diffusers pipeline
+    folder of that name (deprecated ones too), else the class of that name the pipeline's own module imports.
+
+    The last two are where diffusers' own lookup misses: diffusers 0.42 moved Wuerstchen to
+    ``pipelines/deprecated/``, so the Stable Cascade decoder's ``PaellaVQModel`` is found neither as the Hub's
+    ``["wuerstchen", "PaellaVQModel"]`` nor as the ``["diffusers", "PaellaVQModel"]`` diffusers itself saves.
+
+    Example:
+        >>> component_class("diffusers", "PaellaVQModel", "StableCascadeDecoderPipeline").__name__
+        'PaellaVQModel'
+        >>> component_class("diffusers", "PaellaVQModel") is None
+        True
+    """
+    for module in (library, f"diffusers.pipelines.{library}", f"diffusers.pipelines.deprecated.{library}"):
         try:
             cls = getattr(importlib.import_module(module), name, None)
         except ImportError:
             cls = None
         if cls is not None:
+            return cls
+    if pipeline:
+        import sys
+
+        import diffusers
+
+        owner = getattr(diffusers, pipeline, None)
+        module = sys.modules.get(getattr(owner, "__module__", ""))
+        cls = getattr(module, name, None)
+        if isinstance(cls, type):
             return cls
     return None
 
@@ -327,7 +351,7 @@ def models_of_index(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
     """
     out = {}
     for name, (library, class_name) in listed_components(index).items():
-        cls = _load_class(library, class_name)
+        cls = component_class(library, class_name, index.get("_class_name"))
         if _is_model(cls):
             out[name] = (class_name, role_of(cls))  # type: ignore[arg-type]
     return out

@@ -69,6 +69,9 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
         >>> tuple(vae_latents(vae, torch.zeros(2, 3, 5, 8, 8)).shape)
         (2, 4, 5, 8, 8)
     """
+    from ..runtime.patches import tile_where_required
+
+    tile_where_required(vae)  # Allegro's VAE encodes only tiled
     folded = pixels.dim() == 5 and frame_wise(vae)
     b, f = pixels.shape[0], pixels.shape[2] if folded else 1
     x = pixels.transpose(1, 2).flatten(0, 1) if folded else pixels
