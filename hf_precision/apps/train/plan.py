@@ -243,6 +243,7 @@ class _Model:
     objective: str
     factor: int
     frame_step: int
+    geometry: Any = None  # the size rules and limits `train` checks (apps/train/data.py ModelGeometry)
 
 
 def planned_model(model: str, device: Any, overrides: Any) -> _Model:
@@ -263,7 +264,11 @@ def planned_model(model: str, device: Any, overrides: Any) -> _Model:
         factor = geo.multiple // patch
     else:
         factor = 2 ** (len(configs.get("vae", {}).get("block_out_channels") or [0] * 4) - 1)
-    return _Model(index, configs, p, denoiser, objective, factor, geo.frame_step)
+    return _Model(index, configs, p, denoiser, objective, factor, geo.frame_step, geo)
+
+
+def _first(value: Any) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
 
 
 def _last(value: Any) -> int:
@@ -378,12 +383,15 @@ def plan_command(args: Any, overrides: Any = None) -> int:
         raise RecipeError("--plan: textual inversion trains a few embedding rows; its memory is the model's weights "
                           "(hf-precision plan MODEL --device DEVICE); plan lora or full instead")
     m = planned_model(args.model, device, overrides)
-    resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
+    resolution = args.resolution or m.geometry.default_resolution(_first(m.configs.get("vae", {}).get("sample_size")
+                                                                         or 512))
+    m.geometry.buckets(resolution, args.frames)  # the sizes `train` takes, refused as it refuses them
+    frames = args.frames or m.geometry.fixed_frames  # none given: one frame, or the one count a model takes
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"training plan: {args.model} ({m.plan.pipeline}), {method}"
           f"{f' rank {args.lora_rank}' if method == 'lora' else ''}, {resolution}px, for {device}; "
           f"{m.objective} objective")
-    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=args.frames or 0)
+    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=frames)
     if budget is None:
         pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,
                                                                     args.cache), overrides=overrides,
