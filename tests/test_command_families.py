@@ -177,6 +177,25 @@ def test_a_frame_wise_vae_encodes_a_clip_frame_by_frame(tiny_pipe, monkeypatch):
     torch.testing.assert_close(latents[1:2, :, 2], one, rtol=1e-4, atol=1e-4)
 
 
+def test_a_video_vae_encodes_an_image_as_a_clip_of_one_frame():
+    """A video VAE takes (B, C, F, H, W): QwenImage's (an image model) was given training images as (B, C, H, W) and
+    failed inside diffusers ("expected 5, got 4"); they go in as one-frame clips and come back as images."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from hf_precision.training.data import frame_wise, vae_latents
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
+                                 latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    assert not frame_wise(vae)
+    images = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        latents = vae_latents(vae, images, torch.Generator().manual_seed(0))
+        clip = vae_latents(vae, images.unsqueeze(2), torch.Generator().manual_seed(0))
+    assert tuple(latents.shape) == (2, 4, 8, 8)
+    torch.testing.assert_close(latents, clip[:, :, 0])
+
+
 # ------------------------------------------------------------------------------------ 6: LTX's real scheduler
 
 
