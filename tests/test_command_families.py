@@ -196,6 +196,23 @@ def test_a_video_vae_encodes_an_image_as_a_clip_of_one_frame():
     torch.testing.assert_close(latents, clip[:, :, 0])
 
 
+def test_hunyuandit_runs_at_32_pixels_and_trains_on_two_samples(tiny_pipe):
+    """HunyuanDiT's pipeline sizes its rotary grid for an 8x VAE (``height // 8``): the registry's tiny one had a 1x
+    VAE, so `generate`/`calibrate` at 32 pixels failed inside diffusers; and a training batch of two handed the
+    size embedder an expanded (stride 0) ``image_meta_size`` that it flattens with ``.view``."""
+    import hf_precision as hp
+    from hf_precision.training import example_batch
+
+    pipe = tiny_pipe("hunyuandit")
+    assert pipe.vae_scale_factor == 8
+    out = pipe(**PIPELINES["hunyuandit"].call_kwargs(height=32, width=32, num_inference_steps=1),
+               generator=torch.Generator().manual_seed(0))
+    assert out.images.shape[1:3] == (32, 32)
+    tp = hp.prepare_training(pipe, device="cpu", train={"transformer": "lora"}, rank=2)
+    batch = example_batch(pipe.transformer, 2, side=4)
+    assert torch.isfinite(tp.loss(batch, torch.Generator().manual_seed(0)))
+
+
 # ------------------------------------------------------------------------------------ 6: LTX's real scheduler
 
 
