@@ -165,7 +165,7 @@ def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, che
     import torch
 
     from ...training.families import family_of, model_output, noisy_inputs
-    from ..video.counting import count_live_bytes
+    from ..video.counting import count_live_bytes, with_values
 
     if checkpointing:
         if not getattr(module, "_supports_gradient_checkpointing", False):
@@ -173,7 +173,7 @@ def _step_activations(module: Any, batch: Mapping[str, Any], objective: str, che
         module.enable_gradient_checkpointing()
     module.train()
     row = family_of(module)
-    meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}
+    meta = {k: with_values(v) if torch.is_tensor(v) else v for k, v in batch.items()}  # masks keep their values
     meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
     with count_live_bytes(grad=True) as live, held_fp8_copies() as held:
         kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
