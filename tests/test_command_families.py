@@ -213,6 +213,24 @@ def test_hunyuandit_runs_at_32_pixels_and_trains_on_two_samples(tiny_pipe):
     assert torch.isfinite(tp.loss(batch, torch.Generator().manual_seed(0)))
 
 
+def test_a_mask_read_on_meta_keeps_its_values():
+    """The training plan's meta step: Lumina 2 takes ``mask.sum(dim=1).tolist()``, HunyuanVideo Framepack slices the
+    prompt by ``mask.sum(dim=1)[0]`` after concatenating image ones; both failed on meta ("Cannot copy out of meta
+    tensor", "Tensor.item() cannot be called on meta tensors")."""
+    from hf_precision.apps.video.counting import count_live_bytes, with_values
+
+    mask = with_values(torch.tensor([[1, 1, 1, 0]]))
+    prompt = torch.empty(1, 4, 8, device="meta")
+    with count_live_bytes():
+        joint = torch.cat([mask.new_ones((1, 2)), mask], dim=1)
+        lengths = joint.sum(dim=1).tolist()
+        kept = prompt[:, : mask.sum(dim=1, dtype=torch.int)[0]]
+        flags = torch.zeros(1, 6, dtype=torch.bool, device="meta")
+        flags[0, : lengths[0]] = True
+        marked = int(flags.sum())
+    assert lengths == [5] and tuple(kept.shape) == (1, 3, 8) and kept.device.type == "meta" and marked == 5
+
+
 # ------------------------------------------------------------------------------------ 6: LTX's real scheduler
 
 

@@ -47,8 +47,10 @@ class ModelGeometry:
 
     def frame_problem(self, frames: int) -> str | None:
         """Why ``frames`` does not fit this model (None when it does), with the nearest counts that do."""
+        past = [p for p in self.limits.problems(self.pipeline, height=0, width=0, frames=frames) if p[:8] == "--frames"]
         if self.fixed_frames and frames != self.fixed_frames:
-            return f"{self.pipeline} was built for exactly {self.fixed_frames} frames; use --frames {self.fixed_frames}"
+            return past[0].split(": ", 1)[1] if past else (
+                f"{self.pipeline} was built for exactly {self.fixed_frames} frames; use --frames {self.fixed_frames}")
         if frames < 1:
             return "must be at least 1"
         if self.frame_step > 1 and (frames - 1) % self.frame_step:
@@ -56,7 +58,6 @@ class ModelGeometry:
             return (f"{self.pipeline}'s VAE compresses time by {self.frame_step} and keeps the first frame, so frames "
                     f"must be {self.frame_step}*k+1; e.g. --frames {self.frame_step * k + 1} or "
                     f"{self.frame_step * (k + 1) + 1}")
-        past = [p for p in self.limits.problems(self.pipeline, height=0, width=0, frames=frames) if p[:8] == "--frames"]
         return past[0].split(": ", 1)[1] if past else None
 
     def default_resolution(self, resolution: int) -> int:
