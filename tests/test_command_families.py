@@ -56,6 +56,20 @@ def test_check_builds_a_call_for_each_video_family(kind, tiny_pipe):
     assert report.error is None and report.ok, report.table()
 
 
+def test_check_gives_cogvideox_the_text_length_of_its_position_table():
+    """check's call passed 16 prompt tokens to every pipeline; CogVideoX's table holds max_text_seq_length text
+    positions (226 in THUDM/CogVideoX-2b), and any other length failed inside diffusers (embeddings.py)."""
+    from diffusers import CogVideoXPipeline
+
+    import hf_precision as hp
+    from hf_precision.testing.pipelines import finish_pipeline
+    from hf_precision.testing.video_families import _cogvideox_parts
+
+    pipe = finish_pipeline(CogVideoXPipeline(**_cogvideox_parts(0, max_text_seq_length=24)))
+    report = hp.check(pipe)
+    assert report.error is None and report.ok, report.table()
+
+
 def test_a_list_patch_size_gives_its_spatial_side():
     from hf_precision.diagnose.call import _side
 
