@@ -362,14 +362,12 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     defaults = dict(row.defaults)
     if row.frames_key:
         defaults["frames"] = int(den.get(row.frames_key, 14))
-    fixed = int(den.get("video_length") or _init_default(index.get(denoiser), "video_length") or 0)  # Latte:
-    # a temporal position embedding of that many frames (a config may leave it at the class default)
-    if fixed:
-        defaults["frames"] = fixed
     positions = int(den.get("rope_max_seq_len") or _init_default(index.get(denoiser), "rope_max_seq_len") or 0)
     limits = size_limits(index, configs, denoiser, spatial=spatial, temporal=temporal, patch=patch,
                          init_default=_init_default)
-    # a model card's size the position tables cannot place (a small test model): the largest they can
+    fixed = limits.fixed_frames  # Latte's video_length (a config may leave it at the class default)
+    # a model card's size the position tables cannot place (a small test model): the largest they can; the one
+    # frame count a fixed table takes
     defaults["height"], defaults["width"], defaults["frames"] = limits.cap(
         height=defaults["height"], width=defaults["width"], frames=defaults["frames"])
     return VideoSpec(pipeline=pipeline, family=row.name, denoiser=denoiser, takes_prompt="prompt" in params,
