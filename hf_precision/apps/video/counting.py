@@ -67,12 +67,12 @@ def _read(func: Any, args: Any, kwargs: Any) -> Any:
     return None
 
 
-def _carry_values(func: Any, args: Any, kwargs: Any, out: Any) -> None:
-    """Repeat an op on the values of its meta inputs when its meta outputs are small integer or bool tensors."""
+def _carry_values(func: Any, args: Any, kwargs: Any, outs: list[Any]) -> None:
+    """Repeat an op on the values of its meta inputs when its meta outputs (``outs``, flattened) are small integer
+    or bool tensors."""
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    outs = tree_flatten(out)[0]
     if not any(isinstance(t, torch.Tensor) and t.device.type == "meta" and not t.is_floating_point()
                and t.numel() <= _VALUE_LIMIT for t in outs):
         return
@@ -152,16 +152,19 @@ def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     from torch.utils._pytree import tree_flatten
 
     live = _LiveBytes()
+    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten._to_copy.default)
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            read = _read(func, args, kwargs)
-            if read is not None:
-                return read
+            if func in reads:
+                read = _read(func, args, kwargs)
+                if read is not None:
+                    return read
             out = func(*args, **kwargs)
-            _carry_values(func, args, kwargs, out)
-            for t in tree_flatten(out)[0]:
+            flat = tree_flatten(out)[0]
+            _carry_values(func, args, kwargs, flat)
+            for t in flat:
                 if isinstance(t, torch.Tensor) and t.device.type == "meta":
                     live.add(t)
             if cpu and func is torch.ops.aten.convolution.default:
