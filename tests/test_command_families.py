@@ -59,6 +59,20 @@ def test_check_builds_a_call_for_each_video_family(kind, tiny_pipe):
     assert report.error is None and report.ok, report.table()
 
 
+def test_check_gives_cogvideox_the_text_length_of_its_position_table():
+    """check's call passed 16 prompt tokens to every pipeline; CogVideoX's table holds max_text_seq_length text
+    positions (226 in THUDM/CogVideoX-2b), and any other length failed inside diffusers (embeddings.py)."""
+    from diffusers import CogVideoXPipeline
+
+    import hf_precision as hp
+    from hf_precision.testing.pipelines import finish_pipeline
+    from hf_precision.testing.video_families import _cogvideox_parts
+
+    pipe = finish_pipeline(CogVideoXPipeline(**_cogvideox_parts(0, max_text_seq_length=24)))
+    report = hp.check(pipe)
+    assert report.error is None and report.ok, report.table()
+
+
 def test_a_list_patch_size_gives_its_spatial_side():
     from hf_precision.diagnose.call import _side
 
@@ -306,6 +320,60 @@ def test_a_frame_wise_vae_encodes_a_clip_frame_by_frame(tiny_pipe, monkeypatch):
     assert tuple(latents.shape) == (2, pipe.vae.config.latent_channels, 4, 32 // factor, 32 // factor)  # (B, C', F, ..)
     one = tp.encode_images(clip[1:2, :, 2])  # the third frame of the second clip, alone, as an image
     torch.testing.assert_close(latents[1:2, :, 2], one, rtol=1e-4, atol=1e-4)
+
+
+def test_a_video_vae_encodes_an_image_as_a_clip_of_one_frame():
+    """A video VAE takes (B, C, F, H, W): QwenImage's (an image model) was given training images as (B, C, H, W) and
+    failed inside diffusers ("expected 5, got 4"); they go in as one-frame clips and come back as images."""
+    from diffusers import AutoencoderKLQwenImage
+
+    from hf_precision.training.data import frame_wise, vae_latents
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],
+                                 latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    assert not frame_wise(vae)
+    images = torch.rand(2, 3, 16, 16) * 2 - 1
+    with torch.no_grad():
+        latents = vae_latents(vae, images, torch.Generator().manual_seed(0))
+        clip = vae_latents(vae, images.unsqueeze(2), torch.Generator().manual_seed(0))
+    assert tuple(latents.shape) == (2, 4, 8, 8)
+    torch.testing.assert_close(latents, clip[:, :, 0])
+
+
+def test_hunyuandit_runs_at_32_pixels_and_trains_on_two_samples(tiny_pipe):
+    """HunyuanDiT's pipeline sizes its rotary grid for an 8x VAE (``height // 8``): the registry's tiny one had a 1x
+    VAE, so `generate`/`calibrate` at 32 pixels failed inside diffusers; and a training batch of two handed the
+    size embedder an expanded (stride 0) ``image_meta_size`` that it flattens with ``.view``."""
+    import hf_precision as hp
+    from hf_precision.training import example_batch
+
+    pipe = tiny_pipe("hunyuandit")
+    assert pipe.vae_scale_factor == 8
+    out = pipe(**PIPELINES["hunyuandit"].call_kwargs(height=32, width=32, num_inference_steps=1),
+               generator=torch.Generator().manual_seed(0))
+    assert out.images.shape[1:3] == (32, 32)
+    tp = hp.prepare_training(pipe, device="cpu", train={"transformer": "lora"}, rank=2)
+    batch = example_batch(pipe.transformer, 2, side=4)
+    assert torch.isfinite(tp.loss(batch, torch.Generator().manual_seed(0)))
+
+
+def test_a_mask_read_on_meta_keeps_its_values():
+    """The training plan's meta step: Lumina 2 takes ``mask.sum(dim=1).tolist()``, HunyuanVideo Framepack slices the
+    prompt by ``mask.sum(dim=1)[0]`` after concatenating image ones; both failed on meta ("Cannot copy out of meta
+    tensor", "Tensor.item() cannot be called on meta tensors")."""
+    from hf_precision.memory.counting import count_live_bytes, with_values
+
+    mask = with_values(torch.tensor([[1, 1, 1, 0]]))
+    prompt = torch.empty(1, 4, 8, device="meta")
+    with count_live_bytes():
+        joint = torch.cat([mask.new_ones((1, 2)), mask], dim=1)
+        lengths = joint.sum(dim=1).tolist()
+        kept = prompt[:, : mask.sum(dim=1, dtype=torch.int)[0]]
+        flags = torch.zeros(1, 6, dtype=torch.bool, device="meta")
+        flags[0, : lengths[0]] = True
+        marked = int(flags.sum())
+    assert lengths == [5] and tuple(kept.shape) == (1, 3, 8) and kept.device.type == "meta" and marked == 5
 
 
 # ------------------------------------------------------------------------------------ 6: LTX's real scheduler

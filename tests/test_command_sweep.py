@@ -29,6 +29,9 @@ the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 
 - cascade_decoder, check: a component class diffusers cannot find by the name it saved (``PaellaVQModel``) and a
   call input that is a tensor (``image_embeddings``).
 - allegro, check: a VAE that encodes and decodes only tiled (tiling is turned on where it is required).
+- animatediff (video, train --plan), cogvideox_i2v (train) and latte (train --plan): sizes past a position table
+  the configs fix (9 frames against 8 motion positions, 32 pixels against 16 learned, 9 frames against a fixed 2),
+  refused; qwenimage, train --plan: a video VAE given images; lumina2, train --plan: a mask read on meta.
 """
 
 from __future__ import annotations
@@ -61,6 +64,13 @@ CASES = {
     ("wan_i2v", "check", "cpu"): "PASS",
     ("cascade_decoder", "check", "cpu"): "PASS",
     ("allegro", "check", "cpu"): "PASS",
+    # 9 frames past the tiny motion table's 8 positions, 32 pixels past CogVideoX I2V's learned 16: refused
+    ("animatediff", "run+train-plan", "cpu"): "REFUSED",
+    ("cogvideox_i2v", "train", "cpu"): "REFUSED",
+    ("latte", "train-plan", "cpu"): "REFUSED",
+    # a video VAE fed images (QwenImage); masks read on meta (Lumina 2)
+    ("qwenimage", "train-plan", "cpu"): "PASS",
+    ("lumina2", "train-plan", "cpu"): "PASS",
 }
 
 
@@ -124,6 +134,61 @@ def test_calibrate_gives_a_video_model_the_size_video_takes(saved_pipeline, monk
     _, spec = model_spec(str(folder))
     assert spec.max_positions and height and width and seen["frames"]
     assert spec.check(height=height, width=width, frames=seen["frames"]) == []
+
+
+# (family, what its configs bound, the config key named, the size past it) -> issue 34's "a tiny config beyond what
+# the command's size allows": each command capped its default or refused past the limit, or crashed inside torch
+LIMITED = [("animatediff", "motion_max_seq_length", dict(frames=9)),
+           ("cogvideox_i2v", "sample_height x sample_width", dict(height=32, width=32)),
+           ("latte", "video_length", dict(frames=9))]
+
+
+@pytest.mark.parametrize("kind, key, past", LIMITED)
+def test_position_limits_cap_the_defaults_and_refuse_more_in_every_command(kind, key, past, saved_pipeline):
+    """The limits are read once from the configs (apps/video/limits.py): `video`/`calibrate` get capped defaults
+    and a refusal naming the config key; `train`/`train --plan` refuse --resolution/--frames past them the same way."""
+    from hf_precision.apps.train.data import model_geometry
+    from hf_precision.apps.video.families import model_spec
+    from hf_precision.errors import RecipeError
+    from hf_precision.runtime.source import configs_of
+
+    _, spec = model_spec(str(saved_pipeline(kind)))
+    size = dict(height=spec.defaults["height"], width=spec.defaults["width"], frames=spec.defaults["frames"])
+    assert spec.check(**size) == []  # the capped defaults run
+    problems = spec.check(**{**size, **past})
+    assert len(problems) == 1 and key in problems[0] and ("use" in problems[0] or "e.g." in problems[0]), problems
+    _, index, configs = configs_of(str(saved_pipeline(kind)))
+    geo = model_geometry(spec.pipeline, index, configs)
+    resolution = geo.default_resolution(512)
+    assert geo.buckets(resolution, size["frames"])  # the default resolution and frames train
+    with pytest.raises(RecipeError, match=key.split()[0]):
+        geo.buckets(past.get("height", resolution), past.get("frames", size["frames"]))
+
+
+def test_calibrate_passes_the_text_length_the_configs_fix(saved_pipeline, monkeypatch, capfd):
+    """CogVideoX's joint position table holds max_text_seq_length prompt tokens: calibrate ran the pipeline's own
+    226 against the tiny config's 16 and failed inside diffusers; it passes what `video` passes."""
+    import hf_precision.diagnose.calibration as calibration
+    from hf_precision.cli import main
+    from hf_precision.diagnose.calibration.method import _call_kwargs
+    from hf_precision.errors import RecipeError
+
+    seen = {}
+
+    def record(model, layout, call, **kwargs):
+        seen.update(kwargs)
+        raise RecipeError("stopped before the runs")
+
+    monkeypatch.setattr(calibration, "calibrate", record)
+    assert main(["calibrate", str(saved_pipeline("cogvideox")), "--device", "cpu", "--out", "unused.yaml"]) == 2
+    assert seen["options"] == {"max_sequence_length": 16}
+
+    class CogVideoX:  # what _call_kwargs reads of a pipeline: its __call__ signature
+        def __call__(self, prompt=None, num_frames=49, num_inference_steps=50, max_sequence_length=226):
+            pass
+
+    kwargs = _call_kwargs(CogVideoX(), None, None, None, 1, (None, None), 9, seen["options"])
+    assert kwargs["max_sequence_length"] == 16
 
 
 @pytest.mark.parametrize("command", ["generate", "calibrate"])

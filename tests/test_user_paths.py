@@ -374,10 +374,10 @@ def test_calibrate_runs_a_wan_at_the_size_its_rotary_table_holds(saved_pipeline,
     def args(model):
         return argparse.Namespace(model=model, height=None, width=None, frames=None)
 
-    height, width, frames = _video_size(args(folder))
+    height, width, frames, _ = _video_size(args(folder))
     assert (height, width, frames) == (spec.defaults["height"], spec.defaults["width"], spec.defaults["frames"])
     assert not spec.check(height=height, width=width, frames=frames)  # inside the table, a multiple of the patch
-    assert _video_size(args(str(saved_pipeline("sdxl")))) == (None, None, None)  # not video: the pipeline's own
+    assert _video_size(args(str(saved_pipeline("sdxl")))) == (None, None, None, {})  # not video: the pipeline's own
 
     class Wan:  # what _call_kwargs reads of a pipeline: its __call__ signature
         def __call__(self, prompt=None, height=480, width=832, num_frames=81, num_inference_steps=50, output_type="np"):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from .common import command, preflight
 
@@ -77,10 +78,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         fix = "--image FILE" if missing == ["image"] else \
             f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {', '.join(f'{m!r}: ...' for m in missing)}}})"
         raise RecipeError(f"{args.model}: {pipeline} needs {' and '.join(missing)} for its runs; {fix}")
-    height, width, frames = _video_size(args)
+    height, width, frames, options = _video_size(args)
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
                        seed=args.seed, prompt=args.prompt, image=args.image, size=(height, width), frames=frames,
+                       options=options,
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
     if args.json:
@@ -95,22 +97,23 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0 if result.finite else 1
 
 
-def _video_size(args: argparse.Namespace) -> tuple[int | None, int | None, int | None]:
-    """(height, width, frames) of the runs: as given, and for a video model what is missing as `hf-precision video`
-    chooses it (the family's defaults, capped to the transformer's rotary table), so the pipeline's own default
-    size (Wan's 480x832) cannot overrun a shorter table mid-run. A size the model cannot take is refused here,
-    before loading, with the fix."""
+def _video_size(args: argparse.Namespace) -> tuple[int | None, int | None, int | None, dict[str, Any]]:
+    """(height, width, frames, call options) of the runs: as given, and for a video model what is missing as
+    `hf-precision video` chooses it (the family's defaults, capped to the position tables' limits), so the
+    pipeline's own default size (Wan's 480x832) cannot overrun a shorter table mid-run; the options are the call
+    kwargs the configs fix, as `video` passes them (CogVideoX's text length). A size the model cannot take is
+    refused here, before loading, with the fix."""
     from ..apps.video.families import model_spec
     from ..errors import RecipeError
 
     try:
         _, spec = model_spec(args.model)
     except RecipeError:  # not a video pipeline `video` knows: the pipeline's own defaults
-        return args.height, args.width, args.frames
+        return args.height, args.width, args.frames, {}
     height = args.height or spec.defaults["height"]
     width = args.width or spec.defaults["width"]
     frames = args.frames or spec.defaults["frames"]
     problems = spec.check(height=height, width=width, frames=frames)
     if problems:
         raise RecipeError("; ".join(problems))
-    return height, width, frames
+    return height, width, frames, dict(spec.extra)

@@ -20,6 +20,17 @@ __all__ = ["plan_command", "rank_plan_command", "print_prediction"]
 size_text = functools.partial(format_bytes, binary=True)
 
 
+
+def _size(args: Any, m: Any) -> tuple[int, int]:
+    """``--resolution`` and ``--frames`` as ``train`` takes them: the model's default size where none is given, the
+    one frame count a fixed table takes, and one clear refusal past its position tables (as ``train`` refuses)."""
+    from ..memory.geometry import axis_value
+
+    geo = m.geometry
+    resolution = args.resolution or geo.default_resolution(axis_value(m.configs.get("vae", {}).get("sample_size") or 512, 0))
+    geo.buckets(resolution, args.frames)
+    return resolution, args.frames or geo.fixed_frames
+
 def print_prediction(pred: Any, budget: int | None) -> None:
     """The plan as the command prints it: settings, weights, trainable state, activations, each phase's peak.
 
@@ -70,12 +81,12 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         raise RecipeError("--plan: textual inversion trains a few embedding rows; its memory is the model's weights "
                           "(hf-precision plan MODEL --device DEVICE); plan lora or full instead")
     m = planned_model(args.model, device, overrides)
-    resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
+    resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"training plan: {args.model} ({m.plan.pipeline}), {method}"
           f"{f' rank {args.lora_rank}' if method == 'lora' else ''}, {resolution}px, for {device}; "
           f"{m.objective} objective")
-    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=args.frames or 0)
+    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=frames)
     if budget is None:
         pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,
                                                                     args.cache), overrides=overrides,
@@ -127,11 +138,11 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         raise RecipeError("--plan --processes: textual inversion is not sharded; plan lora or full")
     device = args.layout or args.device or "cuda"
     m = training_model(args.model, device, overrides)
-    resolution = args.resolution or int(m.configs.get("vae", {}).get("sample_size") or 512)
+    resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"per-rank training plan: {args.model} ({m.plan.pipeline}), {method}, {resolution}px, {processes} "
           f"process(es) on {device}")
-    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=args.frames or 0,
+    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=frames,
                   overrides=overrides, _cached_model=m)
     def predict(candidate: tuple[bool, Options]) -> Any:
         return predict_rank(args.model, device, processes=processes, shard=candidate[0], options=candidate[1], **kwargs)

@@ -194,6 +194,14 @@ def _frames(pipe: Any, denoiser: Any) -> int:
     return 2
 
 
+def _text_length(pipe: Any) -> int:
+    """The prompt tokens of the default call: 16, or the length the denoiser's position table was built for
+    (CogVideoX's ``max_text_seq_length``: its joint table holds that many text positions, and another length fails
+    inside diffusers; ``hf-precision video`` and ``calibrate`` pass it too)."""
+    config = getattr(getattr(pipe, _denoiser_name(pipe) or "", None), "config", None) or {}
+    return int(config.get("max_text_seq_length") or 16)
+
+
 def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any],
                   image: Callable[..., Any]) -> dict[str, Any]:
     """What a video pipeline needs beside the prompt: few frames, an input clip (video-to-video, VACE: ``video`` and
@@ -282,8 +290,8 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
     # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
-    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("max_sequence_length", 16),
-                       ("clip_skip", None)):
+    for key, value in (("use_resolution_binning", False), ("clean_caption", False),
+                       ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):
         if key in params:
             kwargs[key] = value
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

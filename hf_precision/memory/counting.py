@@ -13,7 +13,91 @@ import contextlib
 import weakref
 from typing import Any, Iterator
 
-__all__ = ["count_live_bytes"]
+__all__ = ["count_live_bytes", "with_values"]
+
+# Small integer and bool meta tensors (attention masks, token counts) keep their values on the CPU beside them, so
+# code that reads them runs on meta: Lumina 2 takes ``mask.sum(dim=1).tolist()`` (transformer_lumina2.py), HunyuanVideo
+# Framepack slices the prompt by ``mask.sum(dim=1)[0]`` (an ``.item()``); each op on them is repeated on the values.
+_VALUES: dict[int, tuple[Any, Any]] = {}
+_VALUE_LIMIT = 1 << 16  # elements: masks and ids, never activations
+# ops whose result depends on their tensor argument's shape and dtype only, not on its values
+_SHAPE_ONLY = ("new_ones", "new_zeros", "new_full", "new_empty", "ones_like", "zeros_like", "full_like", "empty_like")
+
+
+def with_values(t: Any) -> Any:
+    """A CPU tensor on the meta device; a small integer or bool one (a mask) keeps its values for the ops that read
+    them (``.tolist()``, ``.item()``, slicing by a length) under :func:`count_live_bytes`.
+
+    Example:
+        >>> import torch
+        >>> mask = with_values(torch.ones(2, 3, dtype=torch.long))
+        >>> with count_live_bytes():
+        ...     lengths = mask.sum(dim=1).tolist()
+        >>> mask.device.type, lengths
+        ('meta', [3, 3])
+    """
+    meta = t.to("meta")
+    if not t.is_floating_point() and t.numel() <= _VALUE_LIMIT:
+        _remember(meta, t.detach().clone())
+    return meta
+
+
+def _remember(meta: Any, values: Any) -> None:
+    key = id(meta)
+    _VALUES[key] = (weakref.ref(meta), values)
+    weakref.finalize(meta, _VALUES.pop, key, None)
+
+
+def _values(t: Any) -> Any:
+    entry = _VALUES.get(id(t))
+    return entry[1] if entry is not None and entry[0]() is t else None
+
+
+def _read(func: Any, args: Any, kwargs: Any) -> Any:
+    """What an op that reads a meta tensor's values out (``.item()``, ``.to("cpu")``) gives, or None."""
+    import torch
+
+    values = _values(args[0]) if args and isinstance(args[0], torch.Tensor) else None
+    if values is None:
+        return None
+    if func is torch.ops.aten._local_scalar_dense.default:
+        return values.item()
+    device = kwargs.get("device")
+    if func is torch.ops.aten._to_copy.default and device is not None and torch.device(device).type == "cpu":
+        return values.to(dtype=kwargs.get("dtype") or values.dtype, copy=True)
+    return None
+
+
+def _carry_values(func: Any, args: Any, kwargs: Any, outs: list[Any]) -> None:
+    """Repeat an op on the values of its meta inputs when its meta outputs (``outs``, flattened) are small integer
+    or bool tensors."""
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    if not any(isinstance(t, torch.Tensor) and t.device.type == "meta" and not t.is_floating_point()
+               and t.numel() <= _VALUE_LIMIT for t in outs):
+        return
+    flat, spec = tree_flatten((args, kwargs))
+    shape_only = func.__name__.split(".")[0] in _SHAPE_ONLY
+    cpu = []
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == "meta":
+            values = _values(a)
+            if values is None and not shape_only:
+                return  # a value this op reads is unknown: its outputs' values are too
+            a = torch.empty(a.shape, dtype=a.dtype) if values is None else values
+        elif isinstance(a, torch.device) and a.type == "meta":
+            a = torch.device("cpu")
+        cpu.append(a)
+    cpu_args, cpu_kwargs = tree_unflatten(cpu, spec)
+    try:
+        got = tree_flatten(func(*cpu_args, **cpu_kwargs))[0]
+    except Exception:  # noqa: BLE001 - values are a help to code that reads them; the count goes on without them
+        return
+    for m, c in zip(outs, got):
+        if isinstance(m, torch.Tensor) and isinstance(c, torch.Tensor) and m.device.type == "meta" \
+                and c.shape == m.shape and c.numel() <= _VALUE_LIMIT:
+            _remember(m, c)
 
 
 class _LiveBytes:
@@ -69,11 +153,19 @@ def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     from torch.utils._pytree import tree_flatten
 
     live = _LiveBytes()
+    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten._to_copy.default)
 
     class Mode(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in tree_flatten(out)[0]:
+            kwargs = kwargs or {}
+            if func in reads:
+                read = _read(func, args, kwargs)
+                if read is not None:
+                    return read
+            out = func(*args, **kwargs)
+            flat = tree_flatten(out)[0]
+            _carry_values(func, args, kwargs, flat)
+            for t in flat:
                 if isinstance(t, torch.Tensor) and t.device.type == "meta":
                     live.add(t)
             if cpu and func is torch.ops.aten.convolution.default:

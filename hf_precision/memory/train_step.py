@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from ..errors import RecipeError
-from .counting import count_live_bytes
+from .counting import count_live_bytes, with_values
 
 __all__ = ["held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
 
@@ -103,7 +103,7 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
         module.enable_gradient_checkpointing()
     module.train()
     row = family_of(module)
-    meta = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in batch.items()}
+    meta = {k: with_values(v) if torch.is_tensor(v) else v for k, v in batch.items()}  # masks keep their values
     meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
     with count_live_bytes(grad=True) as live, held_fp8_copies() as held:
         kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))

@@ -184,7 +184,10 @@ def make_lumina2(seed: int = 0):
 
 
 def make_hunyuandit(seed: int = 0):
-    """A random-weight ``HunyuanDiTPipeline`` (BERT + T5 encoders; the VAE has the sdxl-vae-fp16-fix config)."""
+    """A random-weight ``HunyuanDiTPipeline`` (BERT + T5 encoders; the VAE has the sdxl-vae-fp16-fix config).
+
+    The VAE downsamples by 8, as every HunyuanDiT VAE: pipeline_hunyuandit.py sizes its rotary grid as
+    ``height // 8 // patch_size`` whatever the VAE, so a narrower one gives more tokens than rotary positions."""
     from diffusers import DDPMScheduler, HunyuanDiT2DModel, HunyuanDiTPipeline
     from transformers import BertConfig, BertModel
 
@@ -196,8 +199,8 @@ def make_hunyuandit(seed: int = 0):
                                                       intermediate_size=37, vocab_size=128, max_position_embeddings=128),
                                            add_pooling_layer=False))
     pipe = HunyuanDiTPipeline(
-        vae=_seeded(seed, lambda: _vae_kl(block_out_channels=[8], down_block_types=["DownEncoderBlock2D"],
-                                          up_block_types=["UpDecoderBlock2D"], scaling_factor=0.13025,
+        vae=_seeded(seed, lambda: _vae_kl(block_out_channels=[8] * 4, down_block_types=["DownEncoderBlock2D"] * 4,
+                                          up_block_types=["UpDecoderBlock2D"] * 4, scaling_factor=0.13025,
                                           force_upcast=False)),
         text_encoder=bert, tokenizer=make_bert_tokenizer(), transformer=transformer, scheduler=DDPMScheduler(),
         safety_checker=None, feature_extractor=None, requires_safety_checker=False,
@@ -266,10 +269,10 @@ ROWS = (
     TinyPipeline("lumina2", "Lumina2Pipeline", "lumina2", make_lumina2,
                  lambda: _text_kwargs(guidance_scale=4.0, max_sequence_length=16, system_prompt=""), _IMAGE),
     TinyPipeline("hunyuandit", "HunyuanDiTPipeline", "hunyuandit", make_hunyuandit, lambda: _text_kwargs(
-        guidance_scale=5.0, use_resolution_binning=False, height=16, width=16), _IMAGE),
+        guidance_scale=5.0, use_resolution_binning=False), _IMAGE),
     TinyPipeline("hunyuandit_controlnet", "HunyuanDiTControlNetPipeline", "hunyuandit", make_hunyuandit_controlnet,
-                 lambda: _text_kwargs(guidance_scale=5.0, use_resolution_binning=False, height=16, width=16,
-                                      control_image=example_image(16, seed=2)), _IMAGE),
+                 lambda: _text_kwargs(guidance_scale=5.0, use_resolution_binning=False,
+                                      control_image=example_image(32, seed=2)), _IMAGE),
     TinyPipeline("qwenimage", "QwenImagePipeline", "qwenimage", make_qwenimage,
                  lambda: _text_kwargs(true_cfg_scale=1.0, max_sequence_length=16), _IMAGE),
 )

@@ -61,7 +61,9 @@ def frame_wise(vae: torch.nn.Module) -> bool:
 def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """The raw latents of ``vae.encode(pixels)``, unscaled: a sample of ``latent_dist`` (AutoencoderKL and kin), else
     ``latent`` (AutoencoderDC). A clip (B, C, F, H, W) into a frame-wise VAE (:func:`frame_wise`) is encoded with
-    its frames in the batch, as diffusers' SVD pipeline encodes frames, and handed back as (B, C', F, H', W').
+    its frames in the batch, as diffusers' SVD pipeline encodes frames, and handed back as (B, C', F, H', W'). An
+    image (B, C, H, W) into a video VAE (one that takes (B, C, F, H, W): QwenImage's, Wan's) goes in as a clip of one
+    frame, as pipeline_qwenimage.py encodes images, and comes back as (B, C', H', W').
 
     Example:
         >>> from diffusers import AutoencoderKL
@@ -72,16 +74,18 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
     from ..runtime.patches import tile_where_required
 
     tile_where_required(vae)  # Allegro's VAE encodes only tiled
-    folded = pixels.dim() == 5 and frame_wise(vae)
+    wise = frame_wise(vae)
+    folded = pixels.dim() == 5 and wise
+    one_frame = pixels.dim() == 4 and not wise
     b, f = pixels.shape[0], pixels.shape[2] if folded else 1
-    x = pixels.transpose(1, 2).flatten(0, 1) if folded else pixels
+    x = pixels.transpose(1, 2).flatten(0, 1) if folded else pixels.unsqueeze(2) if one_frame else pixels
     out = vae.encode(x)
     dist = getattr(out, "latent_dist", None)
     if dist is not None:
         raw = dist.sample(generator)
     else:
         raw = getattr(out, "latent", out[0] if isinstance(out, (tuple, list)) else out)
-    return raw.unflatten(0, (b, f)).transpose(1, 2) if folded else raw
+    return raw.unflatten(0, (b, f)).transpose(1, 2) if folded else raw.squeeze(2) if one_frame else raw
 
 
 def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:

@@ -206,7 +206,9 @@ def _hunyuandit(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tenso
     if config.get("use_style_cond_and_image_meta_size"):
         ids = batch.get("add_time_ids")  # original size, target size, crop top-left, in pixels
         if ids is None:
-            ids = torch.tensor([[h * 8, w * 8, h * 8, w * 8, 0, 0]], dtype=torch.float32, device=x0.device).expand(b, 6)
+            # one row per sample, in memory: the embedder flattens it with .view (embeddings.py
+            # HunyuanCombinedTimestepTextSizeStyleEmbedding), which an expanded (stride 0) batch cannot give
+            ids = torch.tensor([[h * 8, w * 8, h * 8, w * 8, 0, 0]], dtype=torch.float32, device=x0.device).repeat(b, 1)
         out.update(image_meta_size=ids, style=torch.zeros(b, dtype=torch.long, device=x0.device))
     return out
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError, excerpt
+from ..video.limits import SizeLimits
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
            "make_buckets", "epoch_batches"]
@@ -33,20 +34,25 @@ MAX_RATIO = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class ModelGeometry:
-    """What sizes a model takes: ``multiple`` (pixels per side, VAE factor x patch size), and for video models the
-    frame rule (``frame_step*k + 1`` frames, or exactly ``fixed_frames``); ``vae_factor``: pixels per latent side."""
+    """What sizes a model takes: ``multiple`` (pixels per side, VAE factor x patch size), for video models the
+    frame rule (``frame_step*k + 1`` frames, or exactly ``fixed_frames``), the bounds its position tables put
+    on both (``limits``: the video program's, :mod:`hf_precision.apps.video.limits`); ``vae_factor``: pixels per
+    latent side."""
 
     pipeline: str
     multiple: int
     video: bool = False
     frame_step: int = 1
     fixed_frames: int = 0
+    limits: SizeLimits = SizeLimits()
     vae_factor: int = 8
 
     def frame_problem(self, frames: int) -> str | None:
         """Why ``frames`` does not fit this model (None when it does), with the nearest counts that do."""
+        past = [p for p in self.limits.problems(self.pipeline, height=0, width=0, frames=frames) if p[:8] == "--frames"]
         if self.fixed_frames and frames != self.fixed_frames:
-            return f"{self.pipeline} was built for exactly {self.fixed_frames} frames; use --frames {self.fixed_frames}"
+            return past[0].split(": ", 1)[1] if past else (
+                f"{self.pipeline} was built for exactly {self.fixed_frames} frames; use --frames {self.fixed_frames}")
         if frames < 1:
             return "must be at least 1"
         if self.frame_step > 1 and (frames - 1) % self.frame_step:
@@ -54,7 +60,59 @@ class ModelGeometry:
             return (f"{self.pipeline}'s VAE compresses time by {self.frame_step} and keeps the first frame, so frames "
                     f"must be {self.frame_step}*k+1; e.g. --frames {self.frame_step * k + 1} or "
                     f"{self.frame_step * (k + 1) + 1}")
-        return None
+        return past[0].split(": ", 1)[1] if past else None
+
+    def default_resolution(self, resolution: int) -> int:
+        """A default ``--resolution`` within the position tables' bounds (the fixed size's side, or the largest)."""
+        fixed, most = self.limits.fixed_size, self.limits.max_side
+        if fixed[0]:
+            return self.fitting(fixed)
+        return min(resolution, most) if most else resolution
+
+    def fitting(self, size: tuple[int, int]) -> int:
+        """The smallest ``--resolution`` whose buckets hold ``size`` = (height, width)."""
+        r = self.multiple
+        while (size[1], size[0]) not in make_buckets(r, self.multiple) and r < 4 * max(size):
+            r += self.multiple
+        return r
+
+    def buckets(self, resolution: int, frames: int | None = None) -> list[tuple[int, int]]:
+        """The (width, height) buckets of ``resolution`` this model takes, ``frames`` checked for a video model:
+        what ``train`` and ``train --plan`` both check before loading. Refused (one line, the rule and the fix) for
+        a resolution that is no multiple of the model's, a frame count it cannot take, and sizes past its position
+        tables.
+
+        Example:
+            >>> from hf_precision.apps.video.limits import SizeLimits
+            >>> geo = ModelGeometry("P", 16, True, 4, limits=SizeLimits(fixed_size=(16, 16), side_why="x"))
+            >>> geo.buckets(16, 9)
+            [(16, 16)]
+            >>> geo.buckets(32, 9)
+            Traceback (most recent call last):
+            hf_precision.errors.RecipeError: --resolution 32: P's x, so it takes 16x16 only; use --resolution 16
+        """
+        multiple = self.multiple
+        if resolution <= 0 or resolution % multiple:
+            near = max(multiple, round(resolution / multiple) * multiple)
+            raise RecipeError(f"--resolution {resolution}: {self.pipeline} needs a positive multiple of {multiple} "
+                              f"(VAE factor x patch size, from its configs); e.g. --resolution {near}")
+        if self.video and frames is not None:
+            problem = self.frame_problem(frames)
+            if problem:
+                raise RecipeError(f"--frames {frames}: {problem}")
+        buckets = make_buckets(resolution, self.multiple)
+        fixed, most = self.limits.fixed_size, self.limits.max_side
+        if fixed[0]:
+            buckets = [b for b in buckets if b == (fixed[1], fixed[0])]
+        if most:
+            buckets = [b for b in buckets if max(b) <= most]
+        if not buckets and fixed[0]:
+            raise RecipeError(f"--resolution {resolution}: {self.pipeline}'s {self.limits.side_why}, so it takes "
+                              f"{fixed[0]}x{fixed[1]} only; use --resolution {self.fitting(fixed)}")
+        if not buckets:
+            raise RecipeError(f"--resolution {resolution}: {self.pipeline}'s {self.limits.side_why}, so a side can be "
+                              f"at most {most}; use --resolution {most} or lower")
+        return buckets
 
 
 def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> ModelGeometry:
@@ -80,7 +138,8 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
     except RecipeError:
         spec = None
     if spec is not None:
-        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, spec.fixed_frames, spec.spatial)
+        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, spec.fixed_frames, spec.limits,
+                             spec.spatial)
     factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
     denoiser = "transformer" if "transformer" in index else "unet"
     patch = axis_value(configs.get(denoiser, {}).get("patch_size", 1)) if denoiser == "transformer" else 1
@@ -291,15 +350,7 @@ def inspect_items(items: Sequence[tuple[Path, str]], geometry: ModelGeometry, re
     """Decode every file once, check its size (and frame count) and give it a bucket; all problems in one error."""
     multiple = geometry.multiple
     problems = []
-    if resolution <= 0 or resolution % multiple:
-        near = max(multiple, round(resolution / multiple) * multiple)
-        raise RecipeError(f"--resolution {resolution}: {geometry.pipeline} needs a positive multiple of {multiple} "
-                          f"(VAE factor x patch size, from its configs); e.g. --resolution {near}")
-    if geometry.video:
-        problem = geometry.frame_problem(frames or 0)
-        if problem:
-            raise RecipeError(f"--frames {frames}: {problem}")
-    buckets = make_buckets(resolution, multiple)
+    buckets = geometry.buckets(resolution, (frames or 0) if geometry.video else None)
     samples = []
     for path, caption in items:
         try:

@@ -106,6 +106,7 @@ class PlannedModel:
     objective: str
     factor: int
     frame_step: int
+    geometry: Any = None  # the size rules and limits `train` checks (apps/train/data.py ModelGeometry)
 
 
 def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
@@ -128,7 +129,7 @@ def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
     sched = index.get("scheduler") or [None, ""]
     objective = objective_of(configs.get("scheduler", {}), str(sched[1]))
     geo = model_geometry(str(index.get("_class_name")), index, configs)
-    return PlannedModel(index, configs, p, denoiser, objective, geo.vae_factor, geo.frame_step)
+    return PlannedModel(index, configs, p, denoiser, objective, geo.vae_factor, geo.frame_step, geo)
 
 
 def predict_training(model: str, device: Any, *, method: str = "lora", rank: int = 16, resolution: int = 512,

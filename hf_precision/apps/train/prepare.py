@@ -144,10 +144,11 @@ def prepare_run(s: TrainSettings) -> Run:
     out = check_out_folder(s.out, s.resume)
     where, index, configs = _model_info(s.model)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
-    resolution = s.resolution or int(configs.get("vae", {}).get("sample_size") or 512)
+    resolution = s.resolution or configs.get("vae", {}).get("sample_size") or 512
     if isinstance(resolution, (list, tuple)):
         resolution = int(resolution[0])
-    s.resolution = resolution
+    # none given: the VAE's size, within what the position tables hold
+    s.resolution = resolution = int(resolution) if s.resolution else geometry.default_resolution(int(resolution))
     if geometry.video and s.frames is None:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")

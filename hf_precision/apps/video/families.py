@@ -30,6 +30,7 @@ from typing import Any
 
 from ...errors import RecipeError
 from ...memory.geometry import axis_value, vae_factors
+from .limits import SizeLimits, size_limits
 
 __all__ = ["FAMILIES", "Meta", "VideoFamily", "VideoSpec", "family_of", "model_spec", "pipeline_recipe", "spec_of",
            "video_spec"]
@@ -225,9 +226,10 @@ class VideoSpec:
     # Wan-style rotary tables (``rope_max_seq_len`` in the transformer config): each of latent frames, rows and
     # columns, in patches, must fit the table (transformer_wan.py WanRotaryPosEmbed.forward slices it); 0: no limit.
     max_positions: int = 0
-    frame_factor: int = 1      # the VAE's temporal compression times the transformer's temporal patch
     patch: int = 1             # the transformer's spatial patch (1 for a UNet)
     spatial: int = 1           # the VAE's spatial factor (the size check may ask more: SVD 8)
+    # every bound the configs put on the size and frames (position tables), :mod:`.limits`
+    limits: SizeLimits = SizeLimits()
 
     @property
     def row(self) -> VideoFamily:
@@ -251,10 +253,8 @@ class VideoSpec:
                     continue
                 problems.append(f"--{name} {value}: {self.pipeline} needs a positive multiple of {m} (VAE spatial "
                                 f"factor x transformer patch size, from the configs); e.g. --{name} {near}")
-        if self.fixed_frames and frames != self.fixed_frames:
-            problems.append(f"--frames {frames}: {self.pipeline}'s transformer was built for {self.fixed_frames} frames "
-                            f"(video_length in its config: the temporal position embedding has that length); use "
-                            f"--frames {self.fixed_frames}")
+        if self.fixed_frames:  # one count only: the limits below say which
+            pass
         elif frames < 1:
             problems.append(f"--frames {frames}: must be at least 1")
         elif self.frame_step > 1 and (frames - 1) % self.frame_step:
@@ -262,7 +262,8 @@ class VideoSpec:
             problems.append(f"--frames {frames}: {self.pipeline}'s VAE compresses time by {self.frame_step} and keeps "
                             f"the first frame, so frames must be {self.frame_step}*k+1; e.g. --frames "
                             f"{self.frame_step * k + 1} or {self.frame_step * (k + 1) + 1}")
-        return problems or self._position_problems(height, width, frames)
+        # past the position tables' bounds (read once from the configs: .limits); torch fails mid-run otherwise
+        return problems or self.limits.problems(self.pipeline, height=height, width=width, frames=frames)
 
     def required(self, settings: Any) -> Any:
         """``settings`` (a ``MemorySettings``) with what this family cannot run without: VAE tiling for a VAE that
@@ -287,21 +288,6 @@ class VideoSpec:
         """Prompt tokens the denoiser sees: ``--max-sequence-length`` or the config's, else the family's."""
         fixed = self.extra.get("max_sequence_length")
         return int(fixed) if fixed else self.row.text_length
-
-    def _position_problems(self, height: int, width: int, frames: int) -> list[str]:
-        """Sizes beyond the transformer's rotary table: torch would fail with "shape [...] is invalid" mid-run."""
-        if not self.max_positions:
-            return []
-        n, m = self.max_positions, self.size_multiple
-        problems = [f"--{name} {value}: {self.pipeline}'s transformer has rotary positions for {n} patches per side "
-                    f"(rope_max_seq_len in its config), so --{name} can be at most {n * m}; e.g. --{name} "
-                    f"{min(n * m, value)}" for name, value in (("height", height), ("width", width)) if value // m > n]
-        latent = (frames - 1) // max(self.frame_step, 1) + 1
-        if latent // self.frame_factor > n:
-            most = (n * self.frame_factor - 1) * max(self.frame_step, 1) + 1
-            problems.append(f"--frames {frames}: {self.pipeline}'s transformer has rotary positions for {n} latent "
-                            f"frames (rope_max_seq_len), so --frames can be at most {most}; e.g. --frames {most}")
-        return problems
 
 
 def _init_default(spec: Any, name: str) -> Any:
@@ -348,22 +334,19 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     defaults = dict(row.defaults)
     if row.frames_key:
         defaults["frames"] = int(den.get(row.frames_key, 14))
-    fixed = int(den.get("video_length") or _init_default(index.get(denoiser), "video_length") or 0)  # Latte:
-    # a temporal position embedding of that many frames (a config may leave it at the class default)
-    if fixed:
-        defaults["frames"] = fixed
     positions = int(den.get("rope_max_seq_len") or _init_default(index.get(denoiser), "rope_max_seq_len") or 0)
-    if positions:  # a model card's size the transformer cannot place (a small test model): the largest it can
-        t = max(temporal, 1) * axis_value(den.get("patch_size", 1), 0)
-        defaults["height"] = min(defaults["height"], positions * spatial * patch)
-        defaults["width"] = min(defaults["width"], positions * spatial * patch)
-        defaults["frames"] = min(defaults["frames"], (positions * t - 1) // max(temporal, 1) * max(temporal, 1) + 1)
+    limits = size_limits(index, configs, denoiser, spatial=spatial, temporal=temporal, patch=patch,
+                         init_default=_init_default)
+    fixed = limits.fixed_frames  # Latte's video_length (a config may leave it at the class default)
+    # a model card's size the position tables cannot place (a small test model): the largest they can; the one
+    # frame count a fixed table takes
+    defaults["height"], defaults["width"], defaults["frames"] = limits.cap(
+        height=defaults["height"], width=defaults["width"], frames=defaults["frames"])
     return VideoSpec(pipeline=pipeline, family=row.name, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
-                     max_positions=positions, frame_factor=axis_value(den.get("patch_size", 1), 0) if positions else 1,
-                     patch=patch, spatial=spatial)
+                     max_positions=positions, patch=patch, spatial=spatial, limits=limits)
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:

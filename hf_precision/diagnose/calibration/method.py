@@ -31,7 +31,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
               size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None,
-              frames: int | None = None) -> CalibrationResult:
+              frames: int | None = None, options: Mapping[str, Any] | None = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -51,6 +51,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
         prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
         frames (*optional*): a video pipeline's frame count in the default call (``num_frames`` or ``video_length``).
+        options (*optional*): more kwargs of the default call, those its ``__call__`` takes: what a model's configs
+            fix (``{"max_sequence_length": 16}``: the text length CogVideoX's position table was built for).
         max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
             (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
             device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
@@ -84,7 +86,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     clock.lap("load")
     with Session(pipe, restore=True, offload_on=run_on if offload else None, handback=not owned) as session:
         setting = _Setting.resolve(session, recipe, device, caps, run_on, target)
-        runs = _Runs(session, setting, _call_kwargs(pipe, call, prompt, image, steps, size, frames), call, seed,
+        runs = _Runs(session, setting, _call_kwargs(pipe, call, prompt, image, steps, size, frames, options), call, seed,
                      progress)
         # 1. The reference run: every component in the reference dtype, every module's range and samples recorded.
         ref_out, ref = runs.reference(ref_dtype, model)
@@ -206,7 +208,7 @@ class _Setting:
 
 def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | None, prompt: str | None, image: Any,
                  steps: int | None, size: tuple[int | None, int | None],
-                 frames: int | None = None) -> dict[str, Any] | None:
+                 frames: int | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
     """The kwargs of every run (None: ``call`` is a function); numpy output, so runs compare without a PIL round trip."""
     if callable(call):
         return None
@@ -234,6 +236,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         frame_arg = next((k for k in ("num_frames", "video_length") if k in params), None)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
+        kwargs.update({k: v for k, v in (options or {}).items() if k in params})
     if steps is not None:
         kwargs["num_inference_steps"] = steps
     if "output_type" in params:
