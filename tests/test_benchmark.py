@@ -227,7 +227,7 @@ def test_smoke_run_fidelity_is_on_the_shipped_trained_model_beside_random_weight
     trained = fid["models"]["trained"]  # its VAE overflows float16 as the SDXL VAE does: a float16 decode is inf/NaN
     assert trained["decoder_peak"] > 65504
     assert fid["naive_dtype"] == "float16" and trained["vae_half"]["image"]["nonfinite"] > 0  # the default t4 layout
-    assert fid["judged"]["n"] == fid["seeds"] and fid["pass"] == (fid["judged"]["median_diff"] <= fid["judged"]["noise"])
+    assert fid["judged"]["n"] == fid["seeds"] == 1 and fid["pass"] is None  # one seed: no noise, no verdict
     md = (quick_run / "benchmark.md").read_text()
     assert "`hf-precision train --method full`" in md and "| random weights | naive |" in md
     assert "recipe ≤ naive + noise" in md and "VAE decode in float16" in md

@@ -74,7 +74,7 @@ def targets(sec: dict[str, Any]) -> list[list[str]]:
     if "models" in fid:
         t, j = fid["models"]["trained"], fid["judged"]
         noise = (f"; recipe - naive per seed: median {fmt(j['median_diff'])}, noise ±{fmt(j['noise'])} (n={j['n']})"
-                 if "noise" in j else "")
+                 if j.get("noise") is not None else "")
         rows.append(["Fidelity (shipped trained model): recipe image rel L2 vs fp32 not worse than naive pipe.to(half) "
                      "beyond the run-to-run noise (denoiser's own rel L2 beside it)",
                      " / ".join(f"{fmt(t['recipe'][k]['rel_l2']['median'])} vs {fmt(t['naive'][k]['rel_l2']['median'])}"
@@ -189,7 +189,7 @@ def fidelity_section(fid: dict[str, Any]) -> list[str]:
          f"({vae['steps']} steps) and its decoder scaled so its activations leave the float16 range, as the real SDXL "
          f"VAE's do (its decoder peaks at {peak_text}; float16 stops at 65504). Random weights: the same structure "
          f"before any training.", "",
-         f"{fid['image']}x{fid['image']} image, {fid['steps']} Euler steps, guidance {fid['guidance']}, seeds "
+         f"{fid['image']}x{fid['image']} image, {fid['steps']} Euler steps, guidance {fid['guidance']}, one torch thread, seeds "
          f"0..{fid['seeds'] - 1} (prompts the model was trained on), images in [0, 1]; reference: the same weights in "
          f"fp32. Naive: the fp32 pipeline `.to({fid['naive_dtype']})` (diffusers still upcasts this VAE to float32 for "
          f"the decode: its config says force_upcast). VAE in {fid['naive_dtype']}: fp32's final latents through the "
