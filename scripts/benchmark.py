@@ -47,9 +47,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     p.add_argument("--out", default="bench_output", help="output folder (benchmark.md, benchmark.json, cache/)")
     p.add_argument("--quick", action="store_true", help="smoke run (fewest repeats; figures mean nothing)")
-    p.add_argument("--train-steps", type=int, default=None,
-                   help="steps the fidelity model is trained (default 300 tiny / 200 otherwise; quick 4); cached in "
-                        "<out>/trained/")
     p.add_argument("--only", default=None, help=f"comma list of sections to run ({','.join(SECTIONS)})")
     p.add_argument("--worker-load", help=argparse.SUPPRESS)
     p.add_argument("--folder", help=argparse.SUPPRESS)
@@ -68,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     import hf_precision as hp
+    from hf_precision.apps.demo_pictures import SHAPES_CALL
 
     common.quiet_libraries()
     threads = args.threads or torch.get_num_threads()
@@ -86,11 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         "hook_calls": 2 if quick else 3, "batch": 2, "latent": args.latent or (16 if tiny else 32),
         "island_counts": (lambda n: [n]) if quick else (lambda n: sorted({max(n // 4, 1), n // 2, n})),
         "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
-        "fid_steps": 2 if quick else 4, "fid_seeds": 1 if quick else 4, "size_key": key,
-        "train_steps": args.train_steps, "trained_cache": out_dir / "trained",
+        # fidelity measures the shipped shapes model (hf_precision.apps.shapes_model) whatever --size says
+        "fid_steps": 2 if quick else SHAPES_CALL["num_inference_steps"], "fid_seeds": 1 if quick else 4, "size_key": key,
     }
-    if args.train_steps is not None and args.train_steps < 1:
-        raise SystemExit(f"--train-steps {args.train_steps}: must be at least 1 (the random-weight row is always shown)")
     sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",")]
     unknown = set(sections) - set(SECTIONS)
     if unknown:
@@ -99,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     plan = {"load": ("load", 2 * ctx["load_repeats"], 3.0 if tiny else 12.0),
             "runtime": [("unet_call", 4 + (0 if quick else 3), big / 2), ("unet_pair", 2 * ctx["pairs"], big)],
             "apply": ("apply", ctx["apply_sizes"], 4.0),
-            "fidelity": [("train", 1, 5.0 if quick else 120.0), ("image", 2 * 3 * ctx["fid_seeds"], 1.0 if tiny else 5.0)]}
+            "fidelity": [("prepare", 1, 2.0), ("image", 2 * 3 * ctx["fid_seeds"], 1.0)]}
     for name, steps in plan.items():
         if name in sections:
             for kind, count, guess in (steps if isinstance(steps, list) else [steps]):

@@ -126,7 +126,7 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
 
     text, measured, out = demo
     assert "RANDOM" in text  # says plainly the weights are random
-    parts = [text.index(f"======== {n}. ") for n in range(1, 5)]
+    parts = [text.index(f"======== {n}. ") for n in range(1, 6)]
     assert parts == sorted(parts), "the parts are printed in order"
     for section in ("plan: recipe sdxl", "plan: recipe svd", "check StableDiffusionXLPipeline", "max |recipe - fp32|"):
         assert section in text, section
@@ -151,6 +151,15 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
         assert "why this part saves nothing" in text and "(saves 0 B:" in text and "float32 rounding" in text
     with Image.open(out / "sdxl.png") as image:
         assert image.size == (256, 256)
+    pictures = measured["pictures"]  # part 5: fp32, a recipe with a half dtype (the T4's on a float32 CPU), VAE in fp16
+    assert pictures["recipe"]["layout"] == ("t4" if full_precision else "cpu")
+    assert pictures["recipe"]["nonfinite"] == 0 and pictures["recipe"]["mean_abs"] < 0.01  # the fp32 picture
+    assert pictures["naive"]["nonfinite"] > 0 and pictures["naive"]["decoder_peak_fp32"] > 65504
+    assert f"recipe {pictures['recipe']['layout']} (" in text and "drawn black" in text and "force_upcast" in text
+    with Image.open(out / "shapes.png") as grid:
+        from hf_precision.apps.demo_pictures import CELL, GRID_PROMPTS
+
+        assert grid.size[0] == 4 * CELL and grid.size[1] > CELL * len(GRID_PROMPTS)  # labels + 3 columns, a row each
     with Image.open(out / "svd.gif") as clip:
         assert clip.n_frames == 4
     assert json.loads((out / "report.json").read_text())["ok"] is True
@@ -165,6 +174,7 @@ def test_demo_runs_another_devices_layout(tmp_path):
     assert "vae: float32/float32" in text and "unet: float16/float16" in text
     machine = json.loads(text[text.rindex("\n{") + 1:])["machine"]
     assert machine["why_float32"] is None and "why this part saves nothing" not in text
+    assert json.loads(text[text.rindex("\n{") + 1:])["pictures"]["recipe"]["layout"] == "t4"
     for kind in ("sdxl", "svd"):
         assert machine[kind]["saved_bytes"] > 0 and machine[kind]["nonfinite"] == 0
         assert machine[kind]["call_rel_l2"] < 0.1 * machine[kind]["call_other_seed_rel_l2"]  # see the test above

@@ -49,6 +49,9 @@ def test_wheel_contains_every_recipe(wheel):
     assert "hf_precision/recipes/devices.yaml" in names
     assert "hf_precision/recipes/components/vae.yaml" in names
     assert "hf_precision/py.typed" in names
+    shapes = REPO / "hf_precision" / "apps" / "shapes_sdxl"  # the demo's trained model: weights, configs, tokenizers
+    for path in sorted(p for p in shapes.rglob("*") if p.is_file()):
+        assert path.relative_to(REPO).as_posix() in names, f"{path.relative_to(REPO)} is not in the wheel"
     # every module of the package ships too, and no stray top-level recipes/ folder
     for module in sorted((REPO / "hf_precision").rglob("*.py")):
         if "__pycache__" not in module.parts:
@@ -86,9 +89,16 @@ def test_installed_wheel_finds_every_recipe(wheel, tmp_path):
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml"))
         print(json.dumps({{"pipeline": hf_precision.list_recipes("pipeline"), "all": names,
                           "resolved": resolved, "files": files, "torch": "torch" in sys.modules}}))
+        # the demo's model, from the installed copy (after the torch check above)
+        from hf_precision.apps.shapes_model import shipped_folder
+        from diffusers import DiffusionPipeline
+        shapes = shipped_folder().resolve()
+        assert shapes == site / "hf_precision" / "apps" / "shapes_sdxl", shapes
+        DiffusionPipeline.from_pretrained(str(shapes), local_files_only=True)
     """)
     # the wheel's copy first; what the caller's PYTHONPATH provides (dependencies installed beside) stays importable
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])),
+           "HF_HUB_OFFLINE": "1"}
     env.pop("PYTHONSAFEPATH", None)
     proc = _run([sys.executable, "-c", code], cwd=tmp_path, env=env)
     out = json.loads(proc.stdout)

@@ -120,6 +120,9 @@ def instead(text: str) -> tuple | None:
         return ("instead", ["hf-precision", "demo", "--out", "demo_output"], "what `make demo` runs after installing")
     if text.startswith("make test"):
         return ("skip-why", "the test suite this module belongs to; the Makefile target is checked below")
+    if "scripts/build_shapes_model.py" in text:
+        return ("skip-why", "retrains the shipped shapes model (minutes) and rewrites it; "
+                            "tests/test_shapes_model.py checks the shipped fingerprint is the one its settings give")
     if text.startswith("source .venv/bin/activate"):
         return ("skip-why", "an interactive shell's environment; the Makefile's .venv is checked below")
     if text.startswith("torchrun") and " train " in text and "--shard" in text:
@@ -310,15 +313,16 @@ def test_make_demo(workdir):
     result = run_in_process(["hf-precision", "demo", "--out", "demo_output", "--device", "cpu"])
     assert_clean(result, "hf-precision demo", 0)
     section = README.read_text().split("## Quick start")[1].split("## Use it")[0]
-    for title in ("1. the classic failure", "2. what the recipe", "3. the NaN guard", "4. the recipe of"):
+    for title in ("1. the classic failure", "2. what the recipe", "3. the NaN guard", "4. the recipe of", "5. pictures"):
         assert title in result.out
     for call in re.findall(r"`(hp\.load_pipeline\([^`]*\))`", section):
         assert call in result.out, f"the README quotes {call}; the demo prints something else"
     assert "mat1 and mat2 must have the same dtype" in result.out and "unet.time_embedding.linear_1" in result.out
     printed, quoted = " ".join(result.out.split()), " ".join(section.split())
-    assert "64x64, enlarged 4x to 256x256" in printed and "32x32, enlarged 8x to 256x256" in printed  # sdxl.png, svd.gif
-    assert "64x64 picture enlarged 4x" in quoted and "32x32 frames enlarged 8x" in quoted
-    for name in ("sdxl.png", "svd.gif", "report.json"):
+    assert "32x32, enlarged 8x to 256x256" in printed and "4 frames of 32x32, enlarged 8x" in printed  # sdxl.png, svd.gif
+    assert "32x32 picture enlarged 8x" in quoted and "32x32 frames enlarged 8x" in quoted
+    assert "shapes.png" in printed and "shapes.png" in quoted
+    for name in ("shapes.png", "sdxl.png", "svd.gif", "report.json"):
         assert (workdir / "demo_output" / name).is_file()
 
 

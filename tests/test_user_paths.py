@@ -264,15 +264,18 @@ ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 def test_the_readme_quotes_the_demo_picture_sizes():
     import numpy as np
 
-    from hf_precision.apps.demo import PICTURE_CALLS, _enlarged
+    from hf_precision.apps.demo import PICTURE_CALLS
+    from hf_precision.apps.demo_pictures import CELL, SHAPES_CALL, enlarged
     from hf_precision.testing.pipelines import example_call_kwargs
 
     readme = " ".join((ROOT / "README.md").read_text().split())
-    for kind, words in (("sdxl", "tiny SDXL's {} picture enlarged {}"), ("svd", "tiny SVD's {} frames enlarged {}")):
+    for kind, words in (("sdxl", "shapes model's {} picture enlarged {}"), ("svd", "tiny SVD's {} frames enlarged {}")):
         call = {**example_call_kwargs(kind), **PICTURE_CALLS[kind]}
-        note = _enlarged(np.zeros((call["height"], call["width"], 3)))[1]  # '64x64, enlarged 4x to 256x256 ...'
+        note = enlarged(np.zeros((call["height"], call["width"], 3)))[1]  # '32x32, enlarged 8x to 256x256 ...'
         size, factor = note.split(", enlarged ")[0], note.split(", enlarged ")[1].split()[0]
         assert words.format(size, factor) in readme, (kind, note)
+    side = SHAPES_CALL["height"]  # part 5's grid
+    assert f"{side}x{side} pictures enlarged {CELL // side}x to {CELL}x{CELL}" in readme
 
 
 def test_gitignore_covers_what_the_readmes_offline_commands_write():

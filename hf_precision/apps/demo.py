@@ -1,10 +1,13 @@
-"""The embedded demo, in four parts, offline and on any machine:
+"""The embedded demo, in five parts, offline and on any machine:
 
 1. the classic failure: a tiny SDXL with the layout a T4 user picks (fp16 UNet and VAE, fp32 text encoders) raises
    in plain diffusers; ``explain`` says where and why; ``load_pipeline`` with the T4 recipe runs the same folder;
 2. what the recipes save on the real SDXL and SVD configs (meta device, no weights) for a T4 and an A100;
 3. the NaN guard catching a VAE whose activations really overflow fp16, with the override that makes it stick;
-4. this machine's own recipe on tiny SDXL and SVD: plan, check, image and clip, difference from an fp32 run.
+4. this machine's own recipe on a small SDXL (the shipped shapes model) and a tiny SVD: plan, check, image and clip,
+   difference from an fp32 run;
+5. pictures: the shapes model in fp32, in the recipe's layout, and its fp32 latents decoded by the VAE cast to float16
+   (it overflows), side by side in one labelled PNG (``demo_pictures``).
 """
 
 from __future__ import annotations
@@ -19,91 +22,25 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .demo_pictures import SHAPES_CALL, difference, draw_pictures, one_call_difference, save_gif, save_png
 from .outputs import written_atomically
 from ..units import format_bytes
 from .. import dtypes as dt
 
 __all__ = ["run_demo", "difference", "why_float32", "PICTURE_CALLS"]
 
-# Part 4's calls over the tiny models' example kwargs: what sizes its pictures have (the README quotes them).
-PICTURE_CALLS: dict[str, dict[str, Any]] = {"sdxl": {"height": 64, "width": 64, "num_inference_steps": 4},
+# Part 4's calls (SVD's over the tiny model's example kwargs): what sizes its pictures have (the README quotes them).
+PICTURE_CALLS: dict[str, dict[str, Any]] = {"sdxl": {"prompt": "a red square", **SHAPES_CALL},
                                             "svd": {"num_frames": 4, "num_inference_steps": 3}}
 
-BANNER = ("hf_precision demo: the weights are RANDOM (built from configs on this machine, nothing downloaded), "
-          "so the pictures are noise; what the demo shows is the machinery: per-component dtypes, fp32 islands, "
-          "boundary casts, and how far the recipe's output is from an all-fp32 run.")
+BANNER = ("hf_precision demo, offline: parts 1 and 3 and the SVD clip of part 4 use RANDOM weights (built from configs "
+          "on this machine), so what they show is the machinery: per-component dtypes, fp32 islands, boundary casts; "
+          "the SDXL of parts 4 and 5 is a small model shipped with hf_precision, trained on coloured shapes, so its "
+          "pictures can be judged: fp32, the recipe's layout and a float16 VAE decode side by side.")
 # The layout people pick on a T4 after reading "the SDXL VAE needs fp16-fix, text encoders are small": fp16 where
 # the bytes are, fp32 for the rest. Plain diffusers then hands fp32 activations to the fp16 UNet.
 T4_USER_LAYOUT = {"unet": "float16", "vae": "float16", "default": "float32"}
 PLAN_MODELS, PLAN_DEVICES = ("sdxl", "svd"), ("t4", "a100")
-
-
-def difference(a: Any, b: Any) -> dict[str, float]:
-    """Max and mean absolute difference of two image/frame arrays, and the non-finite count of ``a``.
-
-    Example:
-        >>> difference([0.0, 0.5], [0.0, 0.25])
-        {'max_abs': 0.25, 'mean_abs': 0.125, 'nonfinite': 0}
-    """
-    import numpy as np
-
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    diff = np.abs(a - b)
-    return {"max_abs": float(np.nanmax(diff)), "mean_abs": float(np.nanmean(diff)),
-            "nonfinite": int((~np.isfinite(a)).sum())}
-
-
-def _clone(value: Any) -> Any:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        return value.detach().clone()
-    if isinstance(value, dict):
-        return {k: _clone(v) for k, v in value.items()}
-    return value
-
-
-def one_call_difference(pipe: Any, reference: Any, kwargs: dict[str, Any], seed: int) -> dict[str, float]:
-    """One denoiser call of ``pipe`` and of the fp32 ``reference`` on the same inputs (the first step's, ``seed``),
-    and the reference's on the next seed's inputs: relative L2 differences from the reference's output.
-
-    Unlike the picture after several steps, one call does not carry rounding from step to step, which random tiny
-    weights amplify by an amount that depends on the kernels: on the H200 machine, its Sapphire Rapids CPU (AMX bf16,
-    AVX512-FP16) and its GPU, the 4-step pictures of the bf16 and fp16 layouts lay as far from fp32's as the next
-    seed's picture does, while on an AVX2 CPU they stayed within 1% of it.
-
-    Example:
-        >>> from hf_precision.testing import make_pipeline
-        >>> from hf_precision.testing.pipelines import example_call_kwargs
-        >>> ref = make_pipeline("sdxl"); ref.set_progress_bar_config(disable=True)
-        >>> d = one_call_difference(ref, ref, example_call_kwargs("sdxl"), 0)
-        >>> d["call_rel_l2"], d["call_other_seed_rel_l2"] > 0.1
-        (0.0, True)
-    """
-    import torch
-
-    name = "unet" if getattr(reference, "unet", None) is not None else "transformer"
-    denoiser, model = getattr(reference, name), getattr(pipe, name)
-
-    def first_inputs(s: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        seen: list[Any] = []
-        handle = denoiser.register_forward_pre_hook(lambda m, a, kw: seen or seen.append((_clone(a), _clone(kw))),
-                                                    with_kwargs=True)
-        try:
-            with torch.no_grad():
-                reference(**{**kwargs, "num_inference_steps": 1, "output_type": "latent"},
-                          generator=torch.Generator("cpu").manual_seed(s))
-        finally:
-            handle.remove()
-        return seen[0]
-
-    (args, kw), (other_args, other_kw) = first_inputs(seed), first_inputs(seed + 1)
-    with torch.no_grad():
-        want = denoiser(*args, **kw)[0].float()
-        got = model(*args, **kw)[0].float()
-        other = denoiser(*other_args, **other_kw)[0].float()
-    scale = float(want.norm())
-    return {"call_rel_l2": float((got - want).norm()) / scale, "call_other_seed_rel_l2": float((other - want).norm()) / scale}
 
 
 def why_float32(device: Any = None) -> str | None:
@@ -157,31 +94,6 @@ def _say(text: str = "", indent: str = "") -> None:
 
 def _heading(text: str) -> None:
     print(f"\n{'=' * 8} {text} {'=' * max(4, 100 - len(text))}")
-
-
-def _enlarged(array: Any) -> tuple[Any, str]:
-    """The tiny output enlarged (nearest neighbour) to 256 px so its pixels can be seen, and the words that say so."""
-    import numpy as np
-    from PIL import Image
-
-    image = Image.fromarray((np.clip(array, 0, 1) * 255).round().astype("uint8"))
-    w, h = image.size
-    return image.resize((256, 256), Image.NEAREST), f"{w}x{h}, enlarged {256 // max(w, 1)}x to 256x256 to be seen"
-
-
-def _save_png(array: Any, path: Path) -> str:
-    image, note = _enlarged(array)
-    with written_atomically(path) as tmp:
-        image.save(tmp)
-    return note
-
-
-def _save_gif(frames: Any, path: Path, fps: int = 4) -> str:
-    pairs = [_enlarged(f) for f in frames]
-    images = [p[0] for p in pairs]
-    with written_atomically(path) as tmp:
-        images[0].save(tmp, save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    return f"{len(images)} frames of {pairs[0][1]}"
 
 
 def _ran_in(pipe: Any) -> dict[str, str]:
@@ -367,15 +279,17 @@ def _nan_guard(place: str) -> dict[str, Any]:
 def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: int,
                   quiet_progress: bool) -> dict[str, Any]:
     import torch
+    from diffusers import DiffusionPipeline
 
     from .. import testing as synthetic
+    from .shapes_model import shipped_folder
     from ..diagnose.checker import check
     from ..recipe.devices import device_profile
     from ..runtime import applied
     from ..runtime.load import load_pipeline
     from ..diagnose.planner import plan
 
-    _heading(f"4. the recipe of {device_profile(layout_device).label()} on tiny SDXL and SVD, run on {place}")
+    _heading(f"4. the recipe of {device_profile(layout_device).label()} on a small SDXL and a tiny SVD, run on {place}")
     full = why_float32(layout_device)
     if full:
         _say(f"why this part saves nothing and matches fp32 exactly: {full} Nothing to save here; the real-model plans "
@@ -383,9 +297,14 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
     results: dict[str, Any] = {"why_float32": full}
     for kind, filename in (("sdxl", "sdxl.png"), ("svd", "svd.gif")):
         start = time.perf_counter()
-        reference_pipe = synthetic.make_pipeline(kind, seed=seed)
-        folder = synthetic.save_pipeline(reference_pipe, work / kind)
-        kwargs = {**synthetic.example_call_kwargs(kind), **PICTURE_CALLS[kind]}
+        if kind == "sdxl":  # the shipped shapes model: a picture a person can judge
+            folder = shipped_folder()
+            reference_pipe = DiffusionPipeline.from_pretrained(str(folder), dtype=torch.float32, use_safetensors=True)
+            kwargs = dict(PICTURE_CALLS[kind])
+        else:  # random weights: the clip is noise, what counts is the machinery
+            reference_pipe = synthetic.make_pipeline(kind, seed=seed)
+            folder = synthetic.save_pipeline(reference_pipe, work / kind)
+            kwargs = {**synthetic.example_call_kwargs(kind), **PICTURE_CALLS[kind]}
         print(f"\n--- {kind}: plan (meta device, from the saved configs) ---")
         planned = plan(folder, device=layout_device)
         table = planned.table()
@@ -413,9 +332,9 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         seeds = difference(output(other), output(want))
         stats.update(one_call_difference(pipe, reference_pipe, kwargs, seed))
         if kind == "sdxl":
-            size_note = _save_png(got.images[0], out / filename)
+            size_note = save_png(got.images[0], out / filename)
         else:
-            size_note = _save_gif(got.frames[0], out / filename)
+            size_note = save_gif(got.frames[0], out / filename)
         stats.update(seconds=round(time.perf_counter() - start, 2), check_ok=report.ok,
                      dtypes={p.name: p.compute for p in recipe.plans}, output=str(out / filename),
                      saved_bytes=planned.fp32_bytes - planned.total_bytes, other_seed_mean_abs=seeds["mean_abs"],
@@ -460,16 +379,16 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
     """Run the demo; returns what it measured (also printed, and written to ``out/report.json``).
 
     Args:
-        out: folder for ``sdxl.png``, ``svd.gif`` and ``report.json``.
+        out: folder for ``shapes.png`` (part 5's labelled grid), ``sdxl.png``, ``svd.gif`` and ``report.json``.
         device: where to run (default: the best present device). A described CPU (``cpu:amx``, ``cpu-amx``) runs
             that CPU's layout on this one.
-        layout: run the layout another device would use (``"t4"``, ``"a100"``, ``"cpu-amx"`` ...) in part 4;
-            default: this machine's own recipe.
+        layout: run the layout another device would use (``"t4"``, ``"a100"``, ``"cpu-amx"`` ...) in parts 4 and 5;
+            default: this machine's own recipe (part 5 shows the T4's where it has no half-precision dtype).
         seed: seed of the random weights and of the generators.
 
     Returns:
         ``{"plain_diffusers": ..., "plans": [...], "nan_guard": ..., "machine": {"sdxl": ..., "svd": ...},
-        "ok": bool}``: ``ok`` is False when an output was not finite or a check found problems.
+        "pictures": ..., "ok": bool}``: ``ok`` is False when an output was not finite or a check found problems.
 
     Example:
         >>> result = run_demo(tempfile.mkdtemp())  # doctest: +SKIP
@@ -504,11 +423,14 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
             results["plans"] = _real_plans()
             results["nan_guard"] = _nan_guard(place)
             results["machine"] = _this_machine(work, out, place, layout_device, seed, quiet_progress)
+            _heading("5. pictures: the shapes model in fp32, in the recipe's layout, and with its VAE cast to float16")
+            results["pictures"] = draw_pictures(out, place, layout_device, seed, say=_say)
     finally:
         torch.set_num_threads(threads)
     machine = [results["machine"][k] for k in ("sdxl", "svd")]
     results["ok"] = (results["plain_diffusers"]["loader"]["finite"] and results["nan_guard"]["guarded_nonfinite"] == 0
-                     and all(r["nonfinite"] == 0 and r["check_ok"] for r in machine))
+                     and all(r["nonfinite"] == 0 and r["check_ok"] for r in machine)
+                     and results["pictures"]["recipe"]["nonfinite"] == 0)
     results["seconds"] = round(time.perf_counter() - start, 1)
     with written_atomically(out / "report.json") as tmp_report:
         tmp_report.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
@@ -524,5 +446,9 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
          + "; ".join(f"{k}: max diff {v['max_abs']:.3g}, one call {v['call_rel_l2']:.2g} off fp32, "
                      f"check {'ok' if v['check_ok'] else 'PROBLEMS'}" for k, v in zip(("sdxl", "svd"), machine))
          + (" (float32 everywhere here: see part 4)" if results["machine"]["why_float32"] else ""))
-    _say(f"wrote {out / 'sdxl.png'}, {out / 'svd.gif'}, {out / 'report.json'} in {results['seconds']} s")
+    pictures = results["pictures"]
+    _say(f"pictures: recipe {pictures['recipe']['layout']} max diff {pictures['recipe']['max_abs']:.3g} from fp32; "
+         f"VAE in float16: {pictures['naive']['nonfinite']:,} non-finite values (black)")
+    _say(f"wrote {out / 'shapes.png'} (the pictures side by side), {out / 'sdxl.png'}, {out / 'svd.gif'}, "
+         f"{out / 'report.json'} in {results['seconds']} s")
     return results

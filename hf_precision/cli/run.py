@@ -9,15 +9,16 @@ from .common import add_recipe_args, command, overrides_from, preflight
 
 
 @command("demo", "run the embedded demo: the plain diffusers error and its fix, real-model savings, the NaN guard, "
-                 "this machine's recipe (offline, < 1 min)",
+                 "this machine's recipe, and pictures of a shipped trained model in fp32, in the recipe's layout and "
+                 "naively cast to float16 (offline, < 1 min)",
          "hf_precision.cli.run:_cmd_demo")
 def _args_demo(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="demo_output", help="output folder (default: demo_output)")
     p.add_argument("--device", default=None,
                    help="where it runs: cpu, cuda, cuda:1, mps, xpu (default: the best present device)")
     p.add_argument("--layout", default=None, metavar="DEVICE",
-                   help="whose device rules choose the dtypes of the last part: t4, a100, cpu-amx ... (default: "
-                        "--device)")
+                   help="whose device rules choose the dtypes of the last two parts: t4, a100, cpu-amx ... "
+                        "(default: --device)")
     p.add_argument("--seed", type=int, default=0, help="random seed of the pictures")
     p.add_argument("--json", action="store_true", help="print the measurements as JSON at the end")
 

@@ -2,7 +2,8 @@
 
 Random weights are chaotic: a difference of one rounding grows over the blocks and the sampling steps, so an output
 difference on them measures that chaos as much as the precision of a layout. Here a small pipeline's denoiser (the
-Flux transformer of ``scripts/bench_quantize.py``, the SDXL UNet of ``scripts/benchmark.py``) is fitted first, as a
+Flux transformer of ``scripts/bench_quantize.py`` and ``scripts/bench_train_fidelity.py``; ``scripts/benchmark.py``
+measures the SDXL shipped in the package instead, ``hf_precision.apps.shapes_model``) is fitted first, as a
 full fine-tune in the fp32 layout with a fixed seed, to the generated coloured shapes of the ``--demo``
 (``hf_precision.apps.train.demo``), and then measured. The result is cached under ``bench_output/trained/``
 (gitignored) as ``<name>-<fingerprint>``, the fingerprint hashing the architecture and every training setting; a

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["make_demo", "draw_shape", "DEMO_SETTINGS"]
+__all__ = ["make_demo", "draw_shape", "write_shapes", "DEMO_SETTINGS"]
 
 # Small enough for 2 CPU cores in well under a minute; the learning rate is high because the run is short.
 DEMO_SETTINGS = {"steps": 60, "batch_size": 2, "learning_rate": 5e-3, "lora_rank": 4, "checkpoint_every": 20,
@@ -41,11 +41,23 @@ def make_demo(workdir: str | Path, size: int = 32) -> tuple[Path, Path]:
 
     workdir = Path(workdir)
     model = save_pipeline(make_sd15(), workdir / "tiny-sd15")
-    data = workdir / "shapes"
+    return model, write_shapes(workdir / "shapes", size)
+
+
+def write_shapes(data: str | Path, size: int = 32) -> Path:
+    """Write the 8 captioned shape images (every colour, a square and a circle) into the folder ``data``.
+
+    Example:
+        >>> import tempfile
+        >>> data = write_shapes(tempfile.mkdtemp())
+        >>> len(list(data.glob("*.png"))), (data / "red-square.txt").read_text()
+        (8, 'a red square')
+    """
+    data = Path(data)
     data.mkdir(parents=True, exist_ok=True)
     for i, (name, rgb) in enumerate(COLORS.items()):
         for j, shape in enumerate(SHAPES):
             stem = f"{name}-{shape}"
             draw_shape(shape, rgb, size, seed=i * 2 + j).save(data / f"{stem}.png")
             (data / f"{stem}.txt").write_text(f"a {name} {shape}", encoding="utf-8")
-    return model, data
+    return data
