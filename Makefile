@@ -15,9 +15,11 @@ LATEST_VENV ?= .venv-latest
 # torch and the packages only torch pins are left to TORCH_SPEC (another torch build brings its own).
 LOCK_SKIP := ^(torch|triton|nvidia-[a-z0-9_-]+|sympy|mpmath|networkx|jinja2|markupsafe|fsspec|filelock|typing.extensions|setuptools|pip)==
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist; each test file stays in one process, so its fixtures are
-# built once): 2 fits the 2-core CI machine; `make test TEST_WORKERS=0` runs it in this process alone.
-# It ends with the 20 slowest tests, so what CI time goes to stays in every run's log.
+# The suite runs in TEST_WORKERS processes (pytest-xdist, --dist worksteal: each worker starts on its own share of
+# the tests, in file order so module fixtures are built once, and takes tests from the other's end when it runs dry,
+# so no long file left to the end keeps one worker busy while the other waits); 2 fits the 2-core CI machine;
+# `make test TEST_WORKERS=0` runs it in this process alone. It ends with the 20 slowest tests, so what CI time goes
+# to stays in every run's log.
 TEST_WORKERS ?= 2
 
 .PHONY: demo test test-heavy test-latest lock install clean
@@ -36,12 +38,12 @@ demo: $(STAMP)
 	$(BIN)/hf-precision demo --out demo_output
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=20 -m "not heavy"
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=20 -m "not heavy"
 
 # The tests of a minute or more of CPU each (marked `heavy`): a sharded 2-process training run, the real Wan config's
 # plan, the docs' SDXL training plan, quanto-int4 on the Flux transformer.
 test-heavy: $(STAMP)
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m heavy
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m heavy
 
 # The newest releases of every dependency (torch stays TORCH_SPEC), in a venv of their own.
 test-latest:

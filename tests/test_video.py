@@ -82,10 +82,19 @@ def leftovers(folder: Path) -> list[str]:
 
 @pytest.mark.slow
 @pytest.mark.probe
-@pytest.mark.parametrize("suffix", [pytest.param(".mp4", marks=needs_ffmpeg), ".gif"])
-def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_path, suffix):
-    """No --device: the script runs on the best present device (a GPU where there is one) and its memory line
-    names what it measured there."""
+def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_path):
+    """No --device: the script runs on the best present device (a GPU where there is one), in the dtypes the probe's
+    CPU gets, and its memory line names what it measured there."""
+    _script_writes(svd_folder, images, tmp_path, ".gif")
+
+
+@pytest.mark.slow
+@needs_ffmpeg
+def test_script_writes_an_mp4(svd_folder, images, tmp_path):
+    _script_writes(svd_folder, images, tmp_path, ".mp4")
+
+
+def _script_writes(svd_folder, images, tmp_path, suffix):
     from hf_precision.recipe.devices import device_profile
 
     out = tmp_path / f"clip{suffix}"
@@ -238,15 +247,24 @@ CASES = {
 @pytest.mark.slow
 @pytest.mark.parametrize(("case", "out_name"), [(c, o) for c in CASES for o in ("out.mp4", "outdir")
                                                 if not (o == "out.mp4" and "folder" in c and "model" not in c)])
-def test_bad_input_exit_2_and_nothing_written(case, out_name, bad_inputs, svd_folder, tmp_path):
+def test_bad_input_exit_2_and_nothing_written(case, out_name, bad_inputs, svd_folder, tmp_path, monkeypatch, capsys):
     make_args, message = CASES[case]
     work = tmp_path / "work"
     work.mkdir()
-    proc = script(*make_args(bad_inputs, svd_folder), "--out", str(work / out_name), cwd=work)
-    assert proc.returncode == 2, (proc.stdout, proc.stderr)
-    assert "Traceback" not in proc.stderr
-    assert message in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("generate_video.py: error:")
+    # in this process, as the script's main (a subprocess each would cost a Python start and imports per case; the
+    # script's own start-up is run by test_script_writes_video_with_asked_frames_and_size)
+    from hf_precision.cli.video import main
+
+    monkeypatch.chdir(work)
+    try:
+        code = main([*make_args(bad_inputs, svd_folder), "--out", str(work / out_name)], prog="generate_video.py")
+    except SystemExit as exit_:
+        code = exit_.code
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert message in err
+    assert err.strip().splitlines()[-1].startswith("generate_video.py: error:")
     assert list(work.iterdir()) == []  # no output, no temporary file
 
 
