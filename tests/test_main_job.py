@@ -166,6 +166,7 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
     assert not list(out.glob("*.tmp*"))
 
 
+@pytest.mark.heavy
 def test_demo_runs_another_devices_layout(tmp_path):
     result = run("demo", "--out", tmp_path, "--layout", "t4", "--json", "--device", "cpu")
     assert result.returncode == 0, result.stderr[-3000:]

@@ -50,7 +50,7 @@ CASES = [
     ("text_encoder_2", "nf4", "cpu-amx"),
     ("text_encoder_2", "bnb-int8", None),
     pytest.param("transformer", "quanto-int4", "cpu-amx", marks=pytest.mark.heavy),
-    ("text_encoder_2", "quanto-int2", None),
+    pytest.param("text_encoder_2", "quanto-int2", None, marks=pytest.mark.heavy),  # builds quanto's C++ unpacker
 ]
 
 

@@ -472,6 +472,7 @@ def test_console_script_and_script_entry(workdir):
 # ------------------------------------------------------------------------------------------------ slow ones
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if (instead(c.text) or ("",))[0] == "slow-benchmark"], ids=_id)
 def test_benchmark_command(cmd, workdir, tmp_path):
@@ -485,6 +486,7 @@ def test_benchmark_command(cmd, workdir, tmp_path):
     assert "probe:" in result.text and (tmp_path / "benchmark.md").is_file()
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if (instead(c.text) or ("",))[0] == "slow-accelerate"], ids=_id)
 def test_accelerate_launch_command(cmd, workdir, tmp_path):
@@ -504,6 +506,7 @@ def test_accelerate_launch_command(cmd, workdir, tmp_path):
     assert len(list(out.glob("*.mp4"))) == 2, result.text[-3000:]
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 @pytest.mark.parametrize("cmd", [c for c in COMMANDS if (instead(c.text) or ("",))[0] == "slow-accelerate-train"],
                          ids=_id)

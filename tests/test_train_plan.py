@@ -48,6 +48,7 @@ def mid_sd15(tmp_path_factory) -> Path:
     return save_pipeline(pipe, tmp_path_factory.mktemp("sd15-mid"))
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the RSS peak")
 def test_predicted_training_step_matches_measured_cpu_step(mid_sd15):
     from hf_precision.apps.train.plan import Options, predict_training

@@ -179,6 +179,7 @@ def test_inside_an_accelerate_script(sd15, batch, tmp_path, fresh_accelerate_sta
     assert {p.dtype for p in tp.parameters()} == {torch.float32}
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_torch_compile_of_the_denoiser(batch):
     from hf_precision.testing import make_pipeline

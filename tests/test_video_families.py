@@ -250,6 +250,7 @@ def test_planted_fp16_overflow_naive_nan_recipe_finite(kind, folders, tmp_path, 
 # --------------------------------------------------------------------------------------------- two processes
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_accelerate_two_processes_split_a_prompt_file(folders, tmp_path):
     """`accelerate launch --num_processes 2` over gloo on CPU: each prompt's video is written once, by one process."""
