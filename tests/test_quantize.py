@@ -151,6 +151,34 @@ def test_bnb_int8_on_cpu_beside_a_gpu_is_refused_before_loading(flux_folder, mon
     assert "--set text_encoder_2.storage=int8" in message and not loads
 
 
+def test_a_stale_quanto_build_lock_is_refused_before_loading(flux_folder, tmp_path, monkeypatch):
+    """An interrupted first build of quanto's C++ extension leaves ``build/lock``, and torch's FileBaton waits on it
+    forever: a later quanto load of that environment hung with no word (a whole suite run did). A lock older than any
+    build is refused before a weight is read, naming the file and the fix; a fresh one (a build under way) is not."""
+    import os
+    import time
+
+    import transformers
+
+    from hf_precision.runtime import kernel_guards
+
+    lock = tmp_path / "cpp" / "build" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    monkeypatch.setattr(kernel_guards, "_quanto_extensions", lambda: tmp_path)
+    assert kernel_guards.stale_build_locks() == []  # a build under way holds a fresh lock
+    old = time.time() - 2 * kernel_guards._STALE_LOCK_S
+    os.utime(lock, (old, old))
+    assert kernel_guards.stale_build_locks() == [lock]
+    loads = []
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", classmethod(lambda *a, **k: loads.append(a)))
+    with pytest.raises(hp.RecipeError) as info:
+        hp.load_pipeline(flux_folder, "cpu", quantize={"text_encoder_2": "quanto-int8"})
+    message = str(info.value)
+    assert len(message.splitlines()) == 1 and f"rm {lock}" in message and "text_encoder_2.storage=quanto-int8" in message
+    assert not loads
+
+
 def test_quanto_int4_in_bf16_keeps_the_layers_tinygemm_cannot_pack():
     """quanto packs qint4 with bf16 scales in torch's tinygemm layout when a row is whole 128-input groups, and that
     needs out_features % 16 == 0: such a layer would fail the load, so it is kept (and planned) unquantized."""

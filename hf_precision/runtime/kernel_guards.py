@@ -21,12 +21,14 @@ off the fused kernel, which has no backward.
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 __all__ = ["int8pack_safe", "guard_quanto_int8pack", "bnb_cpu_packable", "guard_bnb_cpu_packing",
-           "keep_bnb_unpacked"]
+           "keep_bnb_unpacked", "stale_build_locks"]
 
 # The widest step any of the kernel's paths takes over K (AVX512: 16 bf16 values), and the alignment its loads need
 # (32 bytes for a row of bf16; 16 for a row of int8). 64 covers both with margin for the allocator's own alignment.
@@ -160,3 +162,37 @@ def keep_bnb_unpacked(module: torch.nn.Module) -> int:
                                                                                                  state)
             unpacked += 1
     return unpacked
+
+
+# quanto compiles its C++/CUDA unpackers on first use (optimum/quanto/library/extensions/extension.py ``Extension.lib``
+# -> torch.utils.cpp_extension.load), which holds ``build/lock`` while it compiles (a minute or two). torch's FileBaton
+# waits for that file to go, with no timeout and no word, so a build interrupted by Ctrl-C or a kill leaves every later
+# quanto load of that environment hanging. A lock older than any build is left over.
+_STALE_LOCK_S = 15 * 60
+
+
+def _quanto_extensions() -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("optimum.quanto")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / "library" / "extensions"
+
+
+def stale_build_locks(root: Path | None = None, older_than_s: float = _STALE_LOCK_S) -> list[Path]:
+    """The extension build locks under ``root`` (default: the installed optimum-quanto's extensions) that are older
+    than any build takes, so that an interrupted build left them: every later build would wait on them forever.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp()); (d / "cpp" / "build").mkdir(parents=True)
+        >>> (d / "cpp" / "build" / "lock").touch()
+        >>> stale_build_locks(d), [p.name for p in stale_build_locks(d, older_than_s=-1)]
+        ([], ['lock'])
+    """
+    root = _quanto_extensions() if root is None else root
+    if root is None:
+        return []
+    now = time.time()
+    return sorted(p for p in Path(root).glob("*/build/lock") if now - p.stat().st_mtime > older_than_s)

@@ -209,6 +209,13 @@ def require_backend(storage: str, component: str) -> None:
         raise RecipeError(f"{component}.storage={storage} needs {backend}, which is not installed here ({err}); "
                           f"fix: pip install {BACKEND_PACKAGES[backend]} (or pip install 'hf-precision[quant]'), or "
                           f"choose another storage") from None
+    if backend == "quanto":
+        from .kernel_guards import stale_build_locks
+
+        for lock in stale_build_locks():
+            raise RecipeError(f"{component}.storage={storage}: {lock} is left from an interrupted build of quanto's "
+                              f"C++ extension, and quanto would wait on it forever; fix: delete that file (rm {lock}) "
+                              f"if no other process is building quanto's extension now")
 
 
 def refuse_library(plan: ComponentPlan, library: str, device: Any, where: str, *, loading: bool) -> None:
