@@ -1,4 +1,4 @@
-"""scripts/benchmark.py: a smoke run end to end, and the pure helpers it decides with.
+"""benchmarks/benchmark.py: a smoke run end to end, and the pure helpers it decides with.
 
 No timing value is asserted (the machine may be busy): the smoke run checks that every section ran and that the
 report carries both memory figures, the speed probe and the machine; the unit tests feed the helpers fake timings.
@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "benchmark.py"
-sys.path.insert(0, str(ROOT / "scripts"))
+SCRIPT = ROOT / "benchmarks" / "benchmark.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench import fidelity, memory, progress, report, runtime, speed, trained  # noqa: E402
 from launch import subprocess_env  # noqa: E402
@@ -189,7 +189,7 @@ def test_smoke_run_has_every_section_without_errors(quick_run):
     substituted = data["sections"]["runtime"]["layouts"]["recipe"]["compute"] == "float32"
     assert ("island_note" in data["sections"]["runtime"]) == substituted
     assert data["probe"]["ratio"].keys() == {"float16", "bfloat16"}
-    assert data["config"]["command"].startswith("python scripts/benchmark.py")
+    assert data["config"]["command"].startswith("python benchmarks/benchmark.py")
 
 
 @pytest.mark.slow

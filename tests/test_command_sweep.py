@@ -1,4 +1,4 @@
-"""scripts/command_sweep.py on a chosen subset: every run ends with exit 0 or one error line of ours, and stderr holds
+"""benchmarks/command_sweep.py on a chosen subset: every run ends with exit 0 or one error line of ours, and stderr holds
 only our lines (issue 34, "a sweep that runs every command on every family").
 
 The full script runs ``plan``, ``show``, ``check``, ``check`` with an nf4 text encoder, ``calibrate``, ``generate``
@@ -45,7 +45,7 @@ import pytest
 
 from launch import ROOT, subprocess_env
 
-SCRIPT = ROOT / "scripts" / "command_sweep.py"
+SCRIPT = ROOT / "benchmarks" / "command_sweep.py"
 
 # (family, commands, layouts) -> the expected status of each run: PASS, or REFUSED (one error line of ours)
 CASES = {

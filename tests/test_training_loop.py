@@ -16,7 +16,7 @@ import hf_precision as hp
 from hf_precision.training import TrainingError, example_batch, stochastic_round_
 from training_checks import run_steps
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import bench_training  # noqa: E402
 
 

@@ -16,9 +16,9 @@ the tiny models are dominated by per-op overhead.
 
 Usage (the full sweep; about an hour on 2 busy CPU cores)::
 
-    python scripts/command_sweep.py
-    python scripts/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json
-    python scripts/command_sweep.py --case wan:check+calibrate:t4 --case sana:train-plan:cpu
+    python benchmarks/command_sweep.py
+    python benchmarks/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json
+    python benchmarks/command_sweep.py --case wan:check+calibrate:t4 --case sana:train-plan:cpu
 
 Exit status: 0 when every run passed or was refused cleanly, 1 when any failed.
 """

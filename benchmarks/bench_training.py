@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Training step through hf_precision.training vs a diffusers-example loop vs all-fp32, paired, in ONE run.
 
-    python scripts/bench_training.py                          # tiny + mid SD 1.5 UNet LoRA, bf16 layout (a100), CPU
-    python scripts/bench_training.py --layout cpu --sizes mid # fp32 layout: measures only the layer's overhead
-    python scripts/bench_training.py --device cuda --layout a100 --sizes mid,real   # on a GPU
+    python benchmarks/bench_training.py                          # tiny + mid SD 1.5 UNet LoRA, bf16 layout (a100), CPU
+    python benchmarks/bench_training.py --layout cpu --sizes mid # fp32 layout: measures only the layer's overhead
+    python benchmarks/bench_training.py --device cuda --layout a100 --sizes mid,real   # on a GPU
 
 Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch:
   layer:  ``hp.prepare_training(pipe, layout=...)`` then ``tp.loss``/``tp.backward``/``tp.step``.
