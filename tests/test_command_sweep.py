@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -96,11 +95,8 @@ def test_chosen_commands_end_in_exit_0_or_one_line_of_ours(tmp_path):
 
 
 def test_judge_tells_a_refusal_from_a_crash_and_from_foreign_lines():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from command_sweep import judge
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from hf_precision.testing.cli_runs import judge
+
     assert judge("video --model x", 2, "hf-precision video: error: bad\n", "", None)[0] == "REFUSED"
     # two error lines, the wrong command's name, another exit code: failures
     assert judge("video", 2, "hf-precision video: error: a\nhf-precision video: error: b\n", "", None)[0] == "FAIL"
