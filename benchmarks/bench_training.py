@@ -5,7 +5,7 @@
     python benchmarks/bench_training.py --layout cpu --sizes mid # fp32 layout: measures only the layer's overhead
     python benchmarks/bench_training.py --device cuda --layout a100 --sizes mid,real   # on a GPU
 
-Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch:
+Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch (hf_precision.testing.step_work):
   layer:  ``hp.prepare_training(pipe, layout=...)`` then ``tp.loss``/``tp.backward``/``tp.step``.
   hand:   as diffusers' examples/text_to_image/train_text_to_image_lora.py does it: frozen parts ``.to(weight_dtype)``,
           ``unet.add_adapter``, ``cast_training_params(unet, torch.float32)``, the UNet call under
