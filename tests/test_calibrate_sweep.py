@@ -2,7 +2,7 @@
 float32 run does not show, weights beyond the half range, a finite run over the error bound, and model offload.
 
 Each case reproduces the failure first (the all-fp16 run is not finite, or too far from the reference) and then
-shows it gone with the measured islands. scripts/calibrate_sweep.py runs the same planting over many more modules.
+shows it gone with the measured islands. benchmarks/calibrate_sweep.py runs the same planting over many more modules.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""scripts/command_sweep.py on a chosen subset: every run ends with exit 0 or one error line of ours, and stderr holds
+"""benchmarks/command_sweep.py on a chosen subset: every run ends with exit 0 or one error line of ours, and stderr holds
 only our lines (issue 34, "a sweep that runs every command on every family").
 
 The full script runs ``plan``, ``show``, ``check``, ``check`` with an nf4 text encoder, ``calibrate``, ``generate``
@@ -39,13 +39,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from launch import ROOT, subprocess_env
 
-SCRIPT = ROOT / "scripts" / "command_sweep.py"
+SCRIPT = ROOT / "benchmarks" / "command_sweep.py"
 
 # (family, commands, layouts) -> the expected status of each run: PASS, or REFUSED (one error line of ours)
 CASES = {
@@ -96,11 +95,8 @@ def test_chosen_commands_end_in_exit_0_or_one_line_of_ours(tmp_path):
 
 
 def test_judge_tells_a_refusal_from_a_crash_and_from_foreign_lines():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        from command_sweep import judge
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+    from hf_precision.testing.cli_runs import judge
+
     assert judge("video --model x", 2, "hf-precision video: error: bad\n", "", None)[0] == "REFUSED"
     # two error lines, the wrong command's name, another exit code: failures
     assert judge("video", 2, "hf-precision video: error: a\nhf-precision video: error: b\n", "", None)[0] == "FAIL"

@@ -136,7 +136,7 @@ def instead(text: str) -> tuple | None:
         return ("slow-accelerate",)
     if "--device-map balanced" in text:
         return ("refusal", None, "no accelerator is visible")
-    if "scripts/benchmark.py" in text:
+    if "benchmarks/benchmark.py" in text:
         return ("slow-benchmark",)
     if "--device cuda" in text and ("generate" in text or " train " in text) and "--plan" not in text:
         return ("refusal", text.replace("--device cuda", "--layout t4 --device cpu"), "--layout t4 --device cpu")

@@ -14,6 +14,7 @@ import textwrap
 
 import pytest
 
+from hf_precision.testing.cli_runs import ours
 from launch import subprocess_env
 
 DRIVER = textwrap.dedent("""
@@ -52,12 +53,6 @@ COMMANDS = [
     ("generate {folder} --prompt cat --device cpu --layout t4 --steps 1 --height 32 --width 32 --out {out}/c.png", 0),
     ("train --plan --model sdxl --device t4 --max-memory 12GB", 0),
 ]
-# tqdm's bars (diffusers' loading and denoising, calibrate's): a count and a rate or a time
-_BAR = re.compile(r"\d+/\d+ \[|\d+%\|")
-
-
-def _ours(line: str) -> bool:
-    return not line.strip() or line.startswith("hf-precision") or bool(_BAR.search(line))
 
 
 @pytest.mark.slow
@@ -72,7 +67,7 @@ def test_every_command_writes_only_our_lines_to_stderr(saved_pipeline, tmp_path)
     for (cmd, code), text in zip(COMMANDS, cmds):
         got, err = results[text]
         assert got == code, (text, got, err[-2000:])
-        foreign = [line for line in re.split(r"[\r\n]", err) if not _ours(line)]
+        foreign = [line for line in re.split(r"[\r\n]", err) if not ours(line)]
         assert not foreign, f"{text}: lines on stderr that are not ours:\n" + "\n".join(foreign[:10])
         if code:
             assert len(err.strip().splitlines()) == 1 and err.startswith(f"hf-precision {cmd.split()[0]}: error:"), err

@@ -56,3 +56,34 @@ def test_wan_lora_on_clips(tmp_path):
                  "--validation-prompt", "a cat", "--validation-inference-steps", "2"]) == 0
     assert (out / "pytorch_lora_weights.safetensors").is_file()
     assert sorted(p.name for p in (out / "validation").iterdir()) == ["step-000000.gif", "step-000002.gif"]
+
+
+def test_a_registered_method_trains_through_the_program_with_no_edit(train_demo, tmp_path, monkeypatch, capsys):
+    """A new method is one file: a Method subclass and register_method. Here, a toy that trains only the denoiser's
+    biases: the command line offers it, --plan predicts it, and a 1-step run trains and saves it, with no edit of
+    the program (settings, prepare, results, plan, CLI)."""
+    from diffusers import UNet2DConditionModel
+
+    from hf_precision.training import methods
+
+    class Bias(methods.Method):
+        name = "bias"
+        trains_weights = True
+        every_weight = True  # its masters are the denoiser's own weights (not an adapter): computed under autocast
+
+        def owns(self, parameter: str) -> bool:
+            return parameter.endswith(".bias")
+
+    monkeypatch.setattr(methods, "_REGISTRY", dict(methods._REGISTRY))  # the registration ends with the test
+    methods.register_method(Bias())
+    model = str(train_demo[0])
+    assert main(["train", "--plan", "--model", model, "--device", "t4", "--method", "bias", "--resolution", "32"]) == 0
+    plan = capsys.readouterr().out
+    assert "(StableDiffusionPipeline), bias, 32px" in plan and "predicted peak" in plan
+    out = tmp_path / "bias"
+    assert main([*_common(*train_demo), "--out", str(out), "--method", "bias", "--steps", "1"]) == 0
+    assert "from_pretrained on the denoiser's subfolder" in capsys.readouterr().out
+    unet = UNet2DConditionModel.from_pretrained(str(out / "unet"))
+    before = UNet2DConditionModel.from_pretrained(str(train_demo[0] / "unet"))
+    changed = {n for (n, a), (_, b) in zip(unet.named_parameters(), before.named_parameters()) if not torch.equal(a, b)}
+    assert changed and all(n.endswith(".bias") for n in changed)

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import copy
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 import hf_precision as hp
 from hf_precision.training import TrainingError, example_batch, stochastic_round_
+from hf_precision.testing.step_work import ExampleLoop, LayerLoop, step_work
 from training_checks import run_steps
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-import bench_training  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +47,14 @@ def test_fp16_overflow_skips_the_step_and_halves_the_scale(sd15, batch):
     optimizer.zero_grad()
     tp.backward(tp.loss(batch, generator=torch.Generator().manual_seed(0)))
     assert tp.step(optimizer) is True and tp.skipped_steps == 1
-    # Issue 20's time goal, in work no machine's load changes (bench_training.py prints it beside the times): a step
+    # Issue 20's time goal, in work no machine's load changes (benchmarks/bench_training.py prints it beside the times): a step
     # syncs with the host no more often than the diffusers example loop (loss.item(), GradScaler's found_inf), casts
     # no more, runs hooks only where the UNet is entered (entry cast and autocast guard: none per layer), and adds
     # only a fixed handful of Python calls (the check before the step is one C-speed pass, not a walk of modules).
     optimizer.zero_grad()
-    hand = bench_training.Hand(copy.deepcopy(sd15), "cpu", tp.compute_dtype)
+    hand = ExampleLoop(copy.deepcopy(sd15), "cpu", tp.compute_dtype)
     hand.step(batch)
-    ours, theirs = bench_training.work(bench_training.Layer(tp, optimizer), batch), bench_training.work(hand, batch)
+    ours, theirs = step_work(LayerLoop(tp, optimizer), batch), step_work(hand, batch)
     assert ours["syncs"] <= theirs["syncs"] and ours["casts"] <= theirs["casts"] and ours["ops"] <= theirs["ops"]
     assert ours["hooks"] <= 4 and ours["calls"] <= theirs["calls"] + 300, (ours, theirs)
 

@@ -102,3 +102,24 @@ def test_prepare_training_on_a_pipeline_resolves_once_and_applies_once(tiny_pipe
     applied_to.clear()
     hp.prepare_training(again, layout="t4", recipe=tr)
     assert applied_to == [] and tp.recipe == tr.recipe
+
+
+def test_prepare_training_refuses_settings_other_than_the_training_recipes_own(tiny_pipe):
+    """A TrainingRecipe keeps the device, layout, train and overrides it was resolved with: the same again is
+    accepted (above), another one is refused with both values and the fix, never silently ignored."""
+    from hf_precision.training import TrainingError
+
+    pipe = tiny_pipe("sd15")
+    fp32_vae = {"vae": {"dtype": "float32"}}
+    tr = resolve_training(pipe, layout="t4", train={"unet": "lora"}, overrides=fp32_vae)
+    assert (tr.layout, tr.overrides, tr.device) == ("t4", (fp32_vae,), "cpu")
+    for given, said in [({"layout": "a100"}, "layout='a100', but recipe= is a TrainingRecipe resolved with layout='t4'"),
+                        ({"overrides": {"vae": {"dtype": "float16"}}}, "overrides={'vae': {'dtype': 'float16'}}, but"),
+                        ({"train": {"unet": "full"}}, "train={'unet': 'full'}, but recipe= is a TrainingRecipe resolved "
+                                                      "with train={'unet': 'lora'}"),
+                        ({"device": "meta"}, "device='meta', but recipe= is a TrainingRecipe resolved with device='cpu'")]:
+        with pytest.raises(TrainingError) as err:
+            hp.prepare_training(pipe, recipe=tr, **given)
+        assert said in str(err.value) and "or resolve again" in str(err.value), str(err.value)
+    tp = hp.prepare_training(pipe, recipe=tr, layout="t4", overrides=[fp32_vae], device="cpu")  # the same: accepted
+    assert tp.recipe == tr.recipe and tp.recipe["vae"].compute == "float32"

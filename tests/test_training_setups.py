@@ -1,4 +1,4 @@
-"""Training set-ups beyond a denoiser LoRA, each a class of failure scripts/train_sweep.py found: a ControlNet or
+"""Training set-ups beyond a denoiser LoRA, each a class of failure benchmarks/train_sweep.py found: a ControlNet or
 T2I-Adapter trained through tp.loss with the UNet frozen, text encoders trained through pipelines whose
 encode_prompt is unusual, the SDXL refiner's time ids, MPS's fp32 attention on joint/rotary processors, a full
 fine-tune of Sana under fp16 autocast, LoRA on AnimateDiff's motion projections, and what is refused with one

@@ -39,8 +39,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", default=None, help="folder of images/clips with caption .txt files, or a metadata.jsonl")
     p.add_argument("--out", default=None, help="output folder (must not exist, except with --resume)")
     p.add_argument("--demo", action="store_true", help="train a tiny random model on generated shapes (offline)")
-    p.add_argument("--method", choices=("lora", "full", "embedding"), default=None,
-                   help="lora (default), full fine-tune of the denoiser, or embedding (textual inversion)")
+    from ..training.methods import program_methods
+
+    p.add_argument("--method", choices=program_methods(), default=None,
+                   help="lora (default), full fine-tune of the denoiser, embedding (textual inversion), or another "
+                        "registered method (hf_precision.training.methods)")
     p.add_argument("--lora-rank", type=int, default=16, help="LoRA rank (default 16)")
     p.add_argument("--train-text-encoder", action="store_true", help="also put LoRA on the text encoders")
     p.add_argument("--embedding", default=None, metavar="TOKEN", help='textual inversion: the new token, e.g. "<my-cat>"')
@@ -111,7 +114,9 @@ def _args(p: argparse.ArgumentParser) -> None:
 def _settings(args: argparse.Namespace, model: str, data: str):
     from ..apps.train.settings import TrainSettings
 
-    method = args.method or ("embedding" if args.embedding else "lora")
+    from ..apps.train.settings import chosen_method
+
+    method = chosen_method(args.method, args)
     return TrainSettings(
         model=model, data=data, out=args.out, method=method, lora_rank=args.lora_rank,
         train_text_encoder=args.train_text_encoder, embedding=args.embedding, init_token=args.init_token,
@@ -200,10 +205,8 @@ def _report(result) -> int:
         print(f"trained {result.step} steps: loss {first:.4f} (step {min(losses)}) -> {last:.4f} (step {max(losses)}); "
               f"{result.skipped} skipped step(s)")
     if result.saved is not None:
-        from ..training.io import lora_reader
+        from ..training.methods import method_of
 
-        how = {"lora": lora_reader(result.saved),
-               "embedding": f"pipe.load_textual_inversion(<the .safetensors file in {str(result.saved)!r}>)",
-               "full": "from_pretrained on the denoiser's subfolder"}[result.method]
+        how = method_of(result.method).reader(result.saved)
         print(f"wrote {result.saved} ({how} reads it; training.json beside it)")
     return 0

@@ -63,6 +63,18 @@ def print_prediction(pred: Any, budget: int | None) -> None:
     print(f"predicted peak: {pred.verdict(budget)}")
 
 
+def _planned_method(args: argparse.Namespace, flag: str) -> Any:
+    """The handler of the method ``train --plan`` predicts, refused where it has no prediction."""
+    from ..apps.train.settings import chosen_method
+    from ..training.methods import method_of
+
+    handler = method_of(chosen_method(getattr(args, "method", None), args))
+    problem = handler.plan_problem()
+    if problem:
+        raise RecipeError(f"{flag}: {problem}")
+    return handler
+
+
 def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     """``hf-precision train --plan``: print the prediction and the settings chosen for ``--max-memory``.
 
@@ -76,17 +88,13 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     if not args.model:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     device = args.layout or args.device or "cuda"
-    method = args.method or ("embedding" if args.embedding else "lora")
-    if method == "embedding":
-        raise RecipeError("--plan: textual inversion trains a few embedding rows; its memory is the model's weights "
-                          "(hf-precision plan MODEL --device DEVICE); plan lora or full instead")
+    handler = _planned_method(args, "--plan")
     m = planned_model(args.model, device, overrides)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
-    print(f"training plan: {args.model} ({m.plan.pipeline}), {method}"
-          f"{f' rank {args.lora_rank}' if method == 'lora' else ''}, {resolution}px, for {device}; "
-          f"{m.objective} objective")
-    kwargs = dict(method=method, rank=args.lora_rank, resolution=resolution, frames=frames)
+    print(f"training plan: {args.model} ({m.plan.pipeline}), {handler.plan_label(args.lora_rank)}, {resolution}px, "
+          f"for {device}; {m.objective} objective")
+    kwargs = dict(method=handler.name, rank=args.lora_rank, resolution=resolution, frames=frames)
     if budget is None:
         pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,
                                                                     args.cache), overrides=overrides,
@@ -133,9 +141,7 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     processes = int(args.processes or 1)
     if processes < 1:
         raise RecipeError(f"--processes {processes}: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)")
-    method = args.method or "lora"
-    if method == "embedding":
-        raise RecipeError("--plan --processes: textual inversion is not sharded; plan lora or full")
+    method = _planned_method(args, "--plan --processes").name
     device = args.layout or args.device or "cuda"
     m = training_model(args.model, device, overrides)
     resolution, frames = _size(args, m)

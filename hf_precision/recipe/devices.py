@@ -296,7 +296,7 @@ def speed_note(quantize: Any, device: Any) -> str:
 
     Example:
         >>> speed_note([("transformer", "int8")], "rtx3060")  # doctest: +ELLIPSIS
-        'speed: transformer int8 1.14x the half layout per call (measured: python scripts/bench_quantize.py --device cuda; ...)'
+        'speed: transformer int8 1.14x the half layout per call (measured: python benchmarks/bench_quantize.py --device cuda; ...)'
         >>> speed_note([("transformer", "int8")], "m1-macos13")
         'speed: transformer int8: not measured on mps'
     """

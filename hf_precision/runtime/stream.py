@@ -2,7 +2,7 @@
 
 ``from_pretrained`` memory-maps the safetensors files: every page it touches counts in the process's RSS until
 the file is closed, so loading fp32 files into fp16 peaks near 2.4x the final weights (measured in
-``scripts/benchmark.py``). Here each tensor is cast from the mapping to its target dtype (float32 for islands) and its
+``benchmarks/benchmark.py``). Here each tensor is cast from the mapping to its target dtype (float32 for islands) and its
 pages are released right after: the peak is the final weights plus one tensor. Anything unexpected (sharded
 index gaps, missing or extra keys, shape differences, another library) returns ``None`` and the caller falls back to
 ``from_pretrained``, so this is an optimisation, never a second source of truth.

@@ -296,7 +296,7 @@ def _check_args(comps: Mapping[str, Any], train: Mapping[str, str], master: str,
         raise TrainingError(problems)
 
 
-def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: Mapping[str, str] | None = None,
+def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: Mapping[str, str] | None = None,
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
                      overrides: Any = None, recipe: str | TrainingRecipe | None = None, force: bool = False,
@@ -305,7 +305,8 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
 
     Args:
         pipe: a diffusers pipeline, or a dict of components (``{"unet": m, "vae": m, "scheduler": s}``).
-        device: where it runs. layout: whose device rules choose the dtypes (``"t4"``, ``"a100"``); default device.
+        device: where it runs (default: a TrainingRecipe's own, else ``"cpu"``). layout: whose device rules choose
+            the dtypes (``"t4"``, ``"a100"``); default device.
         train: component -> ``"lora"``, ``"full"``, ``"embedding"`` or ``"frozen"`` (default for the rest);
             default ``{denoiser: "lora"}``.
         rank: LoRA rank when ``lora`` (a ``peft.LoraConfig``) is not given; targets the attention projections.
@@ -314,7 +315,8 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
         overrides: the same override forms as ``load_pipeline``; they win over the training rules.
         recipe: the pipeline recipe to train under (``"sdxl"``, or a recipe YAML file), or the
             :class:`~hf_precision.training.resolve.TrainingRecipe` the pipeline was loaded in (then nothing is resolved
-            or cast again: only masters, adapters, the scaler and hooks are attached); default: the pipeline's class
+            or cast again: only masters, adapters, the scaler and hooks are attached; a ``device``, ``layout``,
+            ``train`` or ``overrides`` given beside it must be the one it was resolved with); default: the pipeline's class
             chooses it, and a dict of components is recognised by its components' classes and configs (a dict that
             does not tell two recipes apart is refused, asking for this). A component the recipe does not plan is
             left as it is and gets a row saying so.
@@ -330,11 +332,12 @@ def prepare_training(pipe: Any, device: Any = "cpu", layout: Any = None, train: 
     """
     holder = Components(pipe) if isinstance(pipe, Mapping) else pipe
     comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
-    dev = torch_device(device, "device")
-    _check_args(comps, dict(train or {}), master, tokens)
     if isinstance(recipe, TrainingRecipe):  # resolved before loading (the training program): only attach
-        tr = recipe
-    else:
+        recipe.refuse_other(device=device, layout=layout, train=train, overrides=overrides)
+        tr, device, train = recipe, recipe.device, recipe.train
+    dev = torch_device("cpu" if device is None else device, "device")
+    _check_args(comps, dict(train or {}), master, tokens)
+    if not isinstance(recipe, TrainingRecipe):
         tr = resolve_training(pipe, device=str(dev), layout=layout, train=train, overrides=overrides, recipe=recipe,
                               force=force, shard=shard)
     record = applied(holder)

@@ -30,16 +30,56 @@ __all__ = ["Components", "TrainingRecipe", "resolve_training"]
 
 @dataclasses.dataclass(frozen=True)
 class TrainingRecipe:
-    """What trains, and the recipe every component is loaded and trained in (frozen; see :func:`resolve_training`)."""
+    """What trains, and the recipe every component is loaded and trained in (frozen; see :func:`resolve_training`).
+
+    It also keeps what it was resolved with (``device``, ``layout``, ``overrides``), so that
+    ``prepare_training(pipe, recipe=tr)`` needs none of them again and refuses different ones
+    (:meth:`refuse_other`).
+    """
 
     recipe: Recipe
     train: Mapping[str, str]
     choices: Mapping[str, ComputeChoice]  # trainable component -> the training rule's (or the override's) compute
     loaded: Mapping[str, str]  # component -> the quantized/fp8 storage a given pipeline already holds
+    device: str = "cpu"
+    layout: Any = None
+    overrides: tuple[Any, ...] = ()
 
     @property
     def denoiser(self) -> str | None:
         return self.recipe.denoiser
+
+    def refuse_other(self, device: Any = None, layout: Any = None, train: Mapping[str, str] | None = None,
+                     overrides: Any = None) -> None:
+        """Refuse a setting given beside this recipe that differs from the one it was resolved with.
+
+        ``None`` means "not given": the recipe's own is used. The same value again is accepted.
+
+        Raises:
+            TrainingError: names the setting, both values and the fix.
+
+        Example:
+            >>> from hf_precision.runtime.source import CONFIGS_DIR
+            >>> tr = resolve_training(CONFIGS_DIR / "stable-diffusion-v1-5", layout="t4")
+            >>> tr.refuse_other(layout="t4", train={"unet": "lora"})  # the same: accepted
+            >>> tr.refuse_other(layout="a100")
+            Traceback (most recent call last):
+            ...
+            hf_precision.training.rules.TrainingError: prepare_training: layout='a100', but recipe= is a TrainingRecipe resolved with layout='t4'; pass no layout= (the TrainingRecipe holds it), or resolve again with the new value: resolve_training(source, layout='a100', ...)
+        """
+        from ..runtime.apply import torch_device
+
+        same = {"device": lambda v: torch_device(v, "device") == torch_device(self.device, "device"),
+                "layout": lambda v: v == self.layout,
+                "train": lambda v: dict(v) == dict(self.train),
+                "overrides": lambda v: as_list(v) == list(self.overrides)}
+        own = {"device": self.device, "layout": self.layout, "train": dict(self.train),
+               "overrides": list(self.overrides) or None}
+        for key, value in (("device", device), ("layout", layout), ("train", train), ("overrides", overrides)):
+            if value is not None and not same[key](value):
+                raise TrainingError(f"prepare_training: {key}={value!r}, but recipe= is a TrainingRecipe resolved with "
+                                    f"{key}={own[key]!r}; pass no {key}= (the TrainingRecipe holds it), or resolve again "
+                                    f"with the new value: resolve_training(source, {key}={value!r}, ...)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,4 +186,5 @@ def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train
         if final[comp].compute != choice.dtype:
             choices[comp] = ComputeChoice(final[comp].compute,
                                           f"set by the user's override (the training rule said {choice.dtype})")
-    return TrainingRecipe(recipe=final, train=train, choices=choices, loaded=parts.loaded)
+    return TrainingRecipe(recipe=final, train=train, choices=choices, loaded=parts.loaded, device=str(device),
+                          layout=layout, overrides=tuple(user))

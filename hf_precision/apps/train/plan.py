@@ -151,10 +151,11 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
 
     m = _cached_model or planned_model(model, device, overrides)
     den = m.plan.components[m.denoiser]
-    if method == "full":  # the training layer's one rule, as `train` without --plan applies it before loading
-        from ...training.quantized import refuse_untrainable
+    from ...training.methods import method_of
+    from ...training.quantized import refuse_untrainable
 
-        refuse_untrainable(m.plan.recipe, {m.denoiser: "full"}, m.denoiser)
+    # the training layer's one rule, as `train` without --plan applies it before loading
+    refuse_untrainable(m.plan.recipe, {m.denoiser: method}, m.denoiser)
     compute = getattr(torch, den.compute)
     module = meta_module(m.index, m.configs, m.denoiser, compute)
     fp8 = den.storage in FLOAT8
@@ -170,7 +171,9 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
     activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}
-    frozen_den = weights[m.denoiser] - (den.total_bytes * trainable // max(den.params, 1) if method == "full" else 0)
+    # the denoiser's own weights that train become masters (counted below), no longer frozen storage
+    owned = den.total_bytes * trainable // max(den.params, 1) if method_of(method).every_weight else 0
+    frozen_den = weights[m.denoiser] - owned
     masters = trainable * 4
     grads = trainable * 4
     optimizer = trainable * 4 * ADAM_STATES

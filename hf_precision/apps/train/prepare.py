@@ -44,23 +44,14 @@ def _model_info(model: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
 
 
 def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
-    """``train=`` and the extra keywords of prepare_training for the method."""
+    """``train=`` and the extra keywords of prepare_training, as the method's handler sets them for a run."""
     from ...runtime.source import listed_components
+    from ...training.methods import method_of
 
     denoiser = "transformer" if "transformer" in index else "unet"
     listed = listed_components(index)
-    encoders = sorted(n for n in listed if n.startswith("text_encoder"))
-    if s.method == "lora":
-        train = {denoiser: "lora", **({n: "lora" for n in encoders} if s.train_text_encoder else {})}
-        return train, {"rank": s.lora_rank}
-    if s.method == "full":
-        return {denoiser: "full"}, {}
-    clip = [n for n in encoders if "CLIP" in listed[n][1]]
-    if not clip:
-        raise RecipeError(f"--embedding {s.embedding}: {index.get('_class_name')} has no CLIP text encoder; textual "
-                          f"inversion trains new rows of a CLIP token table (SD 1.x/2.x, SDXL)")
-    return {n: "embedding" for n in clip}, {"tokens": {n: [s.embedding] for n in clip},
-                                           "init_tokens": {n: [s.init_token] for n in clip}}
+    encoders = {n: str(listed[n][1]) for n in sorted(listed) if n.startswith("text_encoder")}
+    return method_of(s.method).program_train(s, denoiser, encoders)
 
 
 def _check_family(index: dict[str, Any]) -> None:
@@ -157,13 +148,11 @@ def prepare_run(s: TrainSettings) -> Run:
     train, extra = _train_parts(s, index)
     _check_family(index)
     _check_conditioning(index)
-    if s.method == "embedding":
-        lacking = [smp.path.name for smp in data.samples if s.embedding not in smp.caption]
-        if lacking:
-            raise RecipeError(f"--embedding {s.embedding}: {len(lacking)} caption(s) do not contain the token "
-                              f"({', '.join(lacking[:5])}{' ...' if len(lacking) > 5 else ''}); textual inversion learns "
-                              f"the token from the captions that use it: write it in each (e.g. 'a photo of "
-                              f"{s.embedding}'), or pass --caption 'a photo of {s.embedding}'")
+    from ...training.methods import method_of
+
+    problem = method_of(s.method).data_problem(s, data.samples)
+    if problem:
+        raise RecipeError(problem)
     checkpoints = Checkpoints(out, s.keep_checkpoints)
     resumed = check_resume(s, data, checkpoints, RESUME_KEYS)  # other settings or data: refused before loading
 

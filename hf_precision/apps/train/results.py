@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from ...training.methods import method_of
 from ..outputs import written_atomically
 
 __all__ = ["log_line", "trim_log", "validate", "save_outputs", "SAVE_DTYPES"]
@@ -110,6 +111,15 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _module_saver(sharded: bool) -> Any:
+    """How a trained component is written whole: its shards gathered (a collective), or ``save_pretrained``."""
+    if sharded:
+        from .sharded import save_full_model
+
+        return save_full_model
+    return lambda module, folder: module.save_pretrained(folder, safe_serialization=True)
+
+
 def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
     """The trained weights in the format their loader reads, and ``training.json`` beside them."""
     import torch
@@ -122,16 +132,7 @@ def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
     dtype = getattr(torch, SAVE_DTYPES[s.save_dtype])
     tmp = Path(_tmpdir(out)) if run.accelerator.is_main_process else out / ".not-written"
     try:
-        if s.method == "lora":
-            tp.save_lora(tmp, dtype=dtype)
-        elif s.method == "embedding":
-            tp.save_embeddings(tmp)
-        elif sharded:
-            from .sharded import save_full_model
-
-            save_full_model(tp.components[tp.denoiser_name], tmp / tp.denoiser_name)
-        else:
-            tp.components[tp.denoiser_name].save_pretrained(tmp / tp.denoiser_name, safe_serialization=True)
+        method_of(s.method).save(tp, tmp, dtype, _module_saver(sharded))
         if not run.accelerator.is_main_process:
             return None
         saved = _move_into(tmp, out)

@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
+from ...training.methods import method_of, program_methods
 from ..outputs import check_output
 
-__all__ = ["TrainSettings", "METHODS", "ON_NAN", "SAVE_DTYPES", "check_settings", "check_out_folder"]
+__all__ = ["TrainSettings", "ON_NAN", "SAVE_DTYPES", "check_settings", "check_out_folder", "chosen_method"]
 
-METHODS = ("lora", "full", "embedding")
+DEFAULT_METHOD = "lora"
 ON_NAN = ("stop", "skip")
 SAVE_DTYPES = ("float16", "bfloat16", "float32")
 # Settings that must be the same when a run is resumed: they fix the data order, the trained weights' shapes and the
@@ -30,7 +31,7 @@ class TrainSettings:
     model: str
     data: str
     out: str
-    method: str = "lora"
+    method: str = DEFAULT_METHOD
     lora_rank: int = 16
     train_text_encoder: bool = False
     embedding: str | None = None
@@ -70,21 +71,28 @@ class TrainSettings:
                 if k not in ("quiet", "stop_after")}
 
 
+def chosen_method(method: str | None, options: Any) -> str:
+    """``--method`` as given, else the method whose own option is set (``--embedding``: textual inversion), else LoRA.
+
+    Example:
+        >>> import argparse
+        >>> chosen_method(None, argparse.Namespace(embedding="<cat>")), chosen_method("full", argparse.Namespace())
+        ('embedding', 'full')
+    """
+    if method:
+        return method
+    picked = [n for n in program_methods()
+              if method_of(n).selected_by and getattr(options, method_of(n).selected_by, None)]
+    return picked[0] if picked else DEFAULT_METHOD
+
+
 def check_settings(s: TrainSettings) -> None:
     """Every problem of the numbers and choices, in one RecipeError (no file is read)."""
     problems = []
-    if s.method not in METHODS:
-        problems.append(f"--method {s.method}: use one of {', '.join(METHODS)}")
-    if s.method == "lora" and s.lora_rank < 1:
-        problems.append(f"--lora-rank {s.lora_rank}: a LoRA needs rank >= 1 (a rank-0 adapter trains nothing); "
-                        f"typical: 4-64, e.g. --lora-rank 16")
-    if s.method == "embedding":
-        if not s.embedding or not (s.embedding.startswith("<") and s.embedding.endswith(">")):
-            problems.append(f"--embedding {s.embedding!r}: name the new token in angle brackets, e.g. --embedding "
-                            f"\"<my-cat>\" (it must not be a word the tokenizer already has)")
-        if not s.init_token:
-            problems.append("--init-token: textual inversion starts the new token from an existing one; e.g. "
-                            "--init-token cat")
+    if s.method not in program_methods():
+        problems.append(f"--method {s.method}: use one of {', '.join(program_methods())}")
+    else:
+        problems += method_of(s.method).settings_problems(s)
     for name, low in (("steps", 1), ("batch_size", 1), ("checkpoint_every", 1), ("validation_inference_steps", 1),
                       ("warmup_steps", 0), ("keep_checkpoints", 1)):
         value = getattr(s, name)

@@ -3,8 +3,10 @@
 ``train={"unet": "lora"}`` names a method; :func:`method_of` returns its handler, and the training layer asks the
 handler instead of comparing names: whether gradients reach the component's weights, which parameters become fp32
 masters, what it adds to the module (an adapter, token rows), how the plan table labels it, what storage it refuses.
-A new method is one file that subclasses :class:`Method` and calls :func:`register_method` (the shape of peft's
-``register_peft_method``, ``peft/tuners/lora/__init__.py``).
+The training program (``hf-precision train --method NAME``) asks the same handler what its run needs: what trains and
+with which keywords, which settings and data it refuses, what ``train --plan`` prints, how the result is saved and
+read back. A new method is one file that subclasses :class:`Method` and calls :func:`register_method` (the shape of
+peft's ``register_peft_method``, ``peft/tuners/lora/__init__.py``); the program then offers it with no other edit.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import dataclasses
 import importlib
 from typing import Any
 
-__all__ = ["Method", "Setup", "register_method", "method_of", "method_names", "make_masters"]
+__all__ = ["Method", "Setup", "register_method", "method_of", "method_names", "program_methods", "make_masters"]
 
 _BUILT_IN = ("lora", "full", "embedding", "frozen")
 _REGISTRY: dict[str, "Method"] = {}
@@ -41,9 +43,13 @@ class Method:
 
     name = ""
     trains_weights = False  # gradients reach the component's weights: masters, a compute choice, a shard unit
-    every_weight = False  # every weight is a master (a full fine-tune): autocast in the compute dtype
+    # its masters are the component's own weights (every one in a full fine-tune), not added parameters (an adapter,
+    # token rows): the frozen rest and the masters meet under autocast in the compute dtype
+    every_weight = False
     saves_adapter = False  # its result is a LoRA adapter (tp.save_lora)
     takes_tokens = False  # it trains new tokens, given with tokens= (textual inversion)
+    program = True  # `hf-precision train --method NAME` offers it
+    selected_by: str | None = None  # the program setting whose value picks this method when --method is not given
 
     def owns(self, parameter: str) -> bool:
         """Whether the parameter of this name trains (becomes a master)."""
@@ -69,6 +75,39 @@ class Method:
     def shard_problem(self, component: str, storage: str | None) -> str | None:
         """Why FSDP2 cannot shard this component under this method (None: it can, or there is nothing to shard)."""
         return None
+
+    # The training program's hooks: ``s`` is its TrainSettings (apps.train.settings), read by field name.
+
+    def program_train(self, s: Any, denoiser: str, encoders: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+        """``train=`` and prepare_training's other keywords for a run; ``encoders``: text encoder -> class name."""
+        return {denoiser: self.name}, {}
+
+    def settings_problems(self, s: Any) -> list[str]:
+        """What is wrong with the run's settings for this method (one line each, flag and fix)."""
+        return []
+
+    def data_problem(self, s: Any, samples: list[Any]) -> str | None:
+        """Why this method cannot learn from these samples (``.path``, ``.caption``); None: it can."""
+        return None
+
+    def plan_problem(self) -> str | None:
+        """Why ``train --plan`` has no memory prediction for this method (None: it has)."""
+        return None
+
+    def plan_label(self, rank: int) -> str:
+        """How ``train --plan`` names the method in its first line."""
+        return self.name
+
+    def save(self, tp: Any, folder: Any, dtype: Any, save_module: Any) -> None:
+        """Write what trained into ``folder``: here each component trained this way, whole, by ``save_module(module,
+        subfolder)`` (the program passes ``save_pretrained``, or a gather of the shards)."""
+        for comp, kind in tp.kinds.items():
+            if kind == self.name:
+                save_module(tp.components[comp], folder / comp)
+
+    def reader(self, saved: Any) -> str:
+        """What reads the saved result back, for the program's last line."""
+        return "from_pretrained on the denoiser's subfolder"
 
 
 def register_method(method: Method) -> Method:
@@ -104,6 +143,16 @@ def method_names() -> tuple[str, ...]:
     """
     _load_built_in()
     return tuple(sorted(_REGISTRY, key=lambda n: (_BUILT_IN.index(n) if n in _BUILT_IN else len(_BUILT_IN), n)))
+
+
+def program_methods() -> tuple[str, ...]:
+    """The methods ``hf-precision train --method`` offers.
+
+    Example:
+        >>> program_methods()[:3]
+        ('lora', 'full', 'embedding')
+    """
+    return tuple(n for n in method_names() if _REGISTRY[n].program)
 
 
 def method_of(kind: str) -> Method:

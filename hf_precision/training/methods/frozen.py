@@ -7,6 +7,7 @@ from . import Method, register_method
 
 class Frozen(Method):
     name = "frozen"
+    program = False  # what the program trains is never nothing
 
 
 register_method(Frozen())

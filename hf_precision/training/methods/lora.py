@@ -29,6 +29,26 @@ class Lora(Method):
     def label(self, tp: Any, component: str) -> str:
         return f"lora r={tp.lora_rank[component]}"
 
+    def program_train(self, s: Any, denoiser: str, encoders: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
+        return {denoiser: "lora", **({n: "lora" for n in encoders} if s.train_text_encoder else {})}, {"rank": s.lora_rank}
+
+    def settings_problems(self, s: Any) -> list[str]:
+        if s.lora_rank < 1:
+            return [f"--lora-rank {s.lora_rank}: a LoRA needs rank >= 1 (a rank-0 adapter trains nothing); typical: "
+                    f"4-64, e.g. --lora-rank 16"]
+        return []
+
+    def plan_label(self, rank: int) -> str:
+        return f"lora rank {rank}"
+
+    def save(self, tp: Any, folder: Any, dtype: Any, save_module: Any) -> None:
+        tp.save_lora(folder, dtype=dtype)
+
+    def reader(self, saved: Any) -> str:
+        from ..io import lora_reader
+
+        return lora_reader(saved)
+
 
 def _config(module: Any, rank: int) -> Any:
     from peft import LoraConfig

@@ -13,22 +13,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TextIO
 
+from hf_precision.units import format_seconds
 
-def format_duration(seconds: float | None) -> str:
-    """A short human duration: ``42s``, ``3m05s``, ``1h02m``; ``?`` when unknown.
 
-    Example:
-        >>> format_duration(42.4), format_duration(185), format_duration(3725), format_duration(None)
-        ('42s', '3m05s', '1h02m', '?')
-    """
-    if seconds is None or seconds != seconds or seconds < 0:
-        return "?"
-    s = int(round(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    return f"{s // 3600}h{(s % 3600) // 60:02d}m"
+def _duration(seconds: float | None) -> str:
+    """``format_seconds``, or ``?`` when unknown."""
+    return "?" if seconds is None or seconds != seconds or seconds < 0 else format_seconds(seconds)
 
 
 class Progress:
@@ -44,6 +34,19 @@ class Progress:
         ...     pass
         >>> p.eta()  # two calls left, at the measured 2 s each
         4.0
+        >>> import io
+        >>> p = Progress(clock=iter([0.0, 0.0, 0.0, 5.0, 5.0]).__next__, out=io.StringIO())
+        >>> p.plan("load", 3, guess=20.0)
+        >>> with p.step("load", "loading"):
+        ...     pass
+        >>> p.say("next"); p.out.getvalue().splitlines()[-1]
+        '[  1/3  5 s elapsed, ~10 s left] next'
+        >>> p = Progress(clock=lambda: 0.0, out=None)
+        >>> with p.step("extra", "not planned"):
+        ...     pass
+        >>> p.plan("load", 2, 1.0); p.skip("load")
+        >>> p.done, p.total, p.eta()
+        (1, 2, 1.0)
     """
 
     def __init__(self, *, clock: Callable[[], float] = time.perf_counter, out: TextIO | None = sys.stdout):
@@ -85,7 +88,7 @@ class Progress:
     def say(self, message: str) -> None:
         if self.out is not None:
             elapsed = self.clock() - self.start
-            print(f"[{self.done:>3}/{self.total}  {format_duration(elapsed)} elapsed, ~{format_duration(self.eta())} left] "
+            print(f"[{self.done:>3}/{self.total}  {_duration(elapsed)} elapsed, ~{_duration(self.eta())} left] "
                   f"{message}", file=self.out, flush=True)
 
     @contextmanager

@@ -1,6 +1,6 @@
 """How far diffusers' GGUF dequantization (fp16 arithmetic) is from gguf-py's fp32 reference, per GGUF type.
 
-    python scripts/gguf_dequant_precision.py
+    python benchmarks/gguf_dequant_precision.py
 
 diffusers calls its dequantization functions without a dtype (diffusers 0.42.1 quantizers/gguf/utils.py:542), so a
 block's fp16 scales and its quants are combined in fp16; ggml and gguf-py compute in fp32. For each type, a GGUF file

@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Sharded training (FSDP2 under the recipe) vs data parallel vs a hand-written FSDP2 loop, paired, in ONE run.
 
-    python scripts/bench_fsdp.py                             # 2 CPU processes (gloo), mid SDXL UNet, full fine-tune
-    python scripts/bench_fsdp.py --processes 2 --size tiny --method lora --layout t4
-    torchrun --nproc_per_node 8 scripts/bench_fsdp.py --device cuda --size mid    # on GPUs, one per process
+    python benchmarks/bench_fsdp.py                             # 2 CPU processes (gloo), mid SDXL UNet, full fine-tune
+    python benchmarks/bench_fsdp.py --processes 2 --size tiny --method lora --layout t4
+    torchrun --nproc_per_node 8 benchmarks/bench_fsdp.py --device cuda --size mid    # on GPUs, one per process
 
 Without a launcher it starts itself under ``torch.distributed.run`` with ``--processes`` processes (OMP_NUM_THREADS=1
 each). Every rank builds the same pipeline three times and trains it three ways on its half of one fixed global batch:

@@ -2,7 +2,7 @@
 
 Random weights are chaotic: a difference of one rounding grows over the blocks and the sampling steps, so an output
 difference on them measures that chaos as much as the precision of a layout. Here a small pipeline's denoiser (the
-Flux transformer of ``scripts/bench_quantize.py`` and ``scripts/bench_train_fidelity.py``; ``scripts/benchmark.py``
+Flux transformer of ``benchmarks/bench_quantize.py`` and ``benchmarks/bench_train_fidelity.py``; ``benchmarks/benchmark.py``
 measures the SDXL shipped in the package instead, ``hf_precision.apps.shapes_model``) is fitted first, as a
 full fine-tune in the fp32 layout with a fixed seed, to the generated coloured shapes of the ``--demo``
 (``hf_precision.apps.train.demo``), and then measured. The result is cached under ``bench_output/trained/``
@@ -97,7 +97,7 @@ def trained_pipeline(name: str, build: Callable[[], Any], spec: dict[str, Any], 
                 "torch_threads": torch.get_num_threads(), "loss_first": losses[0], "loss_last": losses[-1],
                 "loss_first_tenth": sum(losses[:tenth]) / tenth, "loss_last_tenth": sum(losses[-tenth:]) / tenth,
                 "eval_loss": list(result.eval_loss) if result.eval_loss else None,
-                "command": "hf-precision train --method full --layout cpu-avx2 (scripts/bench/trained.py)"}
+                "command": "hf-precision train --method full --layout cpu-avx2 (benchmarks/bench/trained.py)"}
         (work / "trained.json").write_text(json.dumps(info, indent=2))
         shutil.rmtree(work / "run")
         shutil.rmtree(work / "demo")
@@ -109,7 +109,7 @@ def trained_pipeline(name: str, build: Callable[[], Any], spec: dict[str, Any], 
 
 def trained_flux(width: int, steps: int, *, seed: int = 0, resolution: int = 32, learning_rate: float = 1e-3,
                  batch_size: int = 4, cache: Path = CACHE) -> tuple[Path, dict[str, Any]]:
-    """:func:`trained_pipeline` of :func:`wide_flux` (the model of ``scripts/bench_quantize.py``)."""
+    """:func:`trained_pipeline` of :func:`wide_flux` (the model of ``benchmarks/bench_quantize.py``)."""
     return trained_pipeline(f"flux-w{width}", lambda: wide_flux(width), {"family": "flux", "width": width}, steps,
                             seed=seed, resolution=resolution, learning_rate=learning_rate, batch_size=batch_size,
                             cache=cache)

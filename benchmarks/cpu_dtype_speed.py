@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """How fast this CPU computes fp32, bf16 and fp16: whole UNet calls, single ops, and hook overhead.
 
-    python scripts/cpu_dtype_speed.py               # default run: about 1 minute on 2 cores
-    python scripts/cpu_dtype_speed.py --repeats 15  # tighter medians
-    python scripts/cpu_dtype_speed.py --no-mid      # skip the 33M-parameter UNet
+    python benchmarks/cpu_dtype_speed.py               # default run: about 1 minute on 2 cores
+    python benchmarks/cpu_dtype_speed.py --repeats 15  # tighter medians
+    python benchmarks/cpu_dtype_speed.py --no-mid      # skip the 33M-parameter UNet
 
 Prints markdown tables (the ones in docs/facts.md#f9-cpu-speed-fp32-vs-bf16-vs-fp16 came from this script), headed by
 the machine: CPU model, the ISA flags that decide half-precision speed (avx512_bf16, avx512_fp16, amx_*),

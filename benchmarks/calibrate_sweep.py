@@ -1,6 +1,6 @@
 """Robustness sweep of calibrate: plant an fp16 overflow in one module of many tiny pipelines, calibrate, record.
 
-Usage: python scripts/calibrate_sweep.py [family ...] [--json FILE]
+Usage: python benchmarks/calibrate_sweep.py [family ...] [--json FILE]
 
 For every family (UNet, DiT and video pipelines of ``hf_precision.testing``) and every module category that the
 family has (attention q/k, attention v/out, feed-forward, norm, conv_in/conv_out, time embedding, text-encoder

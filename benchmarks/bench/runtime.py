@@ -65,6 +65,8 @@ def linear_fit(xs: list[float], ys: list[float]) -> dict[str, float] | None:
         >>> fit = linear_fit([1, 2, 4], [3, 5, 9])
         >>> round(fit["slope"], 6), round(fit["intercept"], 6)
         (2.0, 1.0)
+        >>> round(linear_fit([1, 2, 4], [1.0, 4.0, 16.0])["loglog"], 6), linear_fit([5], [1.0])
+        (2.0, None)
     """
     if len(xs) < 2 or len(set(xs)) < 2:
         return None

@@ -5,8 +5,8 @@ Builds tiny (``hf_precision.testing.video_families``) and mid-size random-weight
 for each one runs ``scripts/generate_video.py`` in a fresh process with two prompts; the second clip's per-phase peaks
 are the measurement (the first pays one-time library set-up). Prints a Markdown table for docs/video.md.
 
-    python scripts/video_plan_check.py --device cpu            # this machine's CPU (RSS)
-    python scripts/video_plan_check.py --device cuda           # a GPU (max_memory_allocated per phase)
+    python benchmarks/video_plan_check.py --device cpu            # this machine's CPU (RSS)
+    python benchmarks/video_plan_check.py --device cuda           # a GPU (max_memory_allocated per phase)
 
 On Linux the runs set ``MALLOC_MMAP_THRESHOLD_=65536`` so that glibc hands freed activation buffers back at once and
 the RSS high-water mark follows the tensors (mallopt(3)).

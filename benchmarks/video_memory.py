@@ -7,8 +7,8 @@ with temporal blocks at 0.3x width, the full-depth temporal VAE decoder at 0.5x 
 its peak RSS (``VmHWM``) belongs to that run alone. The folder is saved with an fp16 variant, as SVD-xt is on the
 Hub, so loading reads half-size files. Prints a markdown table.
 
-    python scripts/video_memory.py                        # 8 frames, 320x320, 1 step, chunks 1 2 4 8, on CPU
-    python scripts/video_memory.py --device cuda --height 576 --width 1024 --frames 14 --chunks 1,2,4,8,14
+    python benchmarks/video_memory.py                        # 8 frames, 320x320, 1 step, chunks 1 2 4 8, on CPU
+    python benchmarks/video_memory.py --device cuda --height 576 --width 1024 --frames 14 --chunks 1,2,4,8,14
 
 On CUDA the numbers are ``torch.cuda.max_memory_allocated`` instead of RSS.
 """
@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parent / "generate_video.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "generate_video.py"
 LINE = re.compile(r"peak memory ([\d.]+) MiB \((?P<kind>[^;]+); ([\d.]+) MiB before decoding\); ([\d.na]+) s per denoising "
                   r"step; decode ([\d.]+) s")
 

@@ -1,4 +1,4 @@
-"""The pieces of ``scripts/benchmark.py`` (one module per concern; the command itself only wires them).
+"""The pieces of ``benchmarks/benchmark.py`` (one module per concern; the command itself only wires them).
 
 - ``common``: statistics, formatting, machine description;
 - ``progress``: a line per measurement with the estimated time left;

@@ -1,6 +1,6 @@
 """Which linear layers of the real models bitsandbytes' AVX512-BF16 CPU kernel cannot take in 4 bits.
 
-Usage: python scripts/bnb_cpu_shapes.py [ALIAS ...]
+Usage: python benchmarks/bnb_cpu_shapes.py [ALIAS ...]
 
 Every shipped real config (hf_precision/model_configs) is built on the meta device; each ``nn.Linear`` of each model
 component is checked with :func:`hf_precision.runtime.kernel_guards.bnb_cpu_packable` (output rows a multiple of 32,

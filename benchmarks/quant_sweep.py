@@ -1,6 +1,6 @@
 """Sweep quantized set-ups on CPU over every tiny pipeline: load, plan exactly, run finite, keep islands out.
 
-Usage: python scripts/quant_sweep.py [--quick] [--only NAME ...] [--forms quantize,set,user,gguf] [--json FILE]
+Usage: python benchmarks/quant_sweep.py [--quick] [--only NAME ...] [--forms quantize,set,user,gguf] [--json FILE]
 
 Every row of ``hf_precision.testing.registry`` is saved with ``save_pretrained`` and loaded back through
 ``hp.load_pipeline(folder, "cpu", ...)`` with one component (the denoiser, each text encoder, the VAE) or two at once

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Training step through hf_precision.training vs a diffusers-example loop vs all-fp32, paired, in ONE run.
 
-    python scripts/bench_training.py                          # tiny + mid SD 1.5 UNet LoRA, bf16 layout (a100), CPU
-    python scripts/bench_training.py --layout cpu --sizes mid # fp32 layout: measures only the layer's overhead
-    python scripts/bench_training.py --device cuda --layout a100 --sizes mid,real   # on a GPU
+    python benchmarks/bench_training.py                          # tiny + mid SD 1.5 UNet LoRA, bf16 layout (a100), CPU
+    python benchmarks/bench_training.py --layout cpu --sizes mid # fp32 layout: measures only the layer's overhead
+    python benchmarks/bench_training.py --device cuda --layout a100 --sizes mid,real   # on a GPU
 
-Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch:
+Three loops train the same UNet LoRA (rank 4, AdamW) on one fixed batch (hf_precision.testing.step_work):
   layer:  ``hp.prepare_training(pipe, layout=...)`` then ``tp.loss``/``tp.backward``/``tp.step``.
   hand:   as diffusers' examples/text_to_image/train_text_to_image_lora.py does it: frozen parts ``.to(weight_dtype)``,
           ``unet.add_adapter``, ``cast_training_params(unet, torch.float32)``, the UNet call under
@@ -23,10 +23,7 @@ encoder and VAE after the steps.
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
-import cProfile
-import pstats
 import statistics
 import sys
 import time
@@ -34,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import hf_precision as hp  # noqa: E402
 from hf_precision.testing import make_pipeline  # noqa: E402
+from hf_precision.testing.step_work import ExampleLoop, LayerLoop, step_work  # noqa: E402
 from hf_precision.training import example_batch  # noqa: E402
 
 
@@ -58,121 +55,9 @@ def _bytes(modules: list[torch.nn.Module], optimizer: torch.optim.Optimizer) -> 
     return total
 
 
-class Layer:
-    """The loop through the layer, on a plan (``hp.prepare_training``) and its optimizer (AdamW when not given)."""
-
-    def __init__(self, tp: Any, opt: torch.optim.Optimizer | None = None):
-        self.tp = tp
-        self.opt = opt if opt is not None else torch.optim.AdamW(self.tp.parameters(), lr=1e-4)
-        self.dtype = self.tp.compute_dtype
-
-    def step(self, batch: dict) -> float:
-        loss = self.tp.loss(batch, generator=torch.Generator(self.tp.device).manual_seed(0))
-        self.tp.backward(loss)
-        self.tp.step(self.opt)
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.tp.components[n] for n in ("unet", "text_encoder", "vae")]
-
-
-class Hand:
-    """The diffusers example loop (fp32 when ``weight_dtype`` is fp32)."""
-
-    def __init__(self, pipe: Any, device: str, weight_dtype: torch.dtype):
-        from diffusers import DDPMScheduler
-        from diffusers.training_utils import cast_training_params
-        from peft import LoraConfig
-
-        self.unet, self.vae, self.te = pipe.unet, pipe.vae, pipe.text_encoder
-        for m in (self.unet, self.vae, self.te):
-            m.requires_grad_(False)
-        self.unet.add_adapter(LoraConfig(r=4, lora_alpha=4, init_lora_weights="gaussian",
-                                         target_modules=["to_k", "to_q", "to_v", "to_out.0"]))
-        self.unet.to(device, dtype=weight_dtype)
-        self.vae.to(device, dtype=weight_dtype)
-        self.te.to(device, dtype=weight_dtype)
-        # The examples upcast under fp16; here always, so that both loops keep the same fp32 masters.
-        cast_training_params(self.unet, dtype=torch.float32)
-        self.unet.train()
-        self.params = [p for p in self.unet.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=1e-4)
-        self.dtype, self.device = weight_dtype, torch.device(device)
-        self.scaler = torch.amp.GradScaler(self.device.type) if weight_dtype == torch.float16 else None
-        self.alphas = DDPMScheduler.from_config(pipe.scheduler.config).alphas_cumprod.to(device)
-
-    def step(self, batch: dict) -> float:
-        latents = batch["latents"].to(self.device, self.dtype)
-        gen = torch.Generator(self.device).manual_seed(0)
-        noise = torch.randn(latents.shape, generator=gen, device=self.device, dtype=latents.dtype)
-        t = torch.randint(0, len(self.alphas), (latents.shape[0],), generator=gen, device=self.device)
-        a = self.alphas[t].view(-1, 1, 1, 1).to(latents.dtype)
-        noisy = a.sqrt() * latents + (1 - a).sqrt() * noise
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
-            pred = self.unet(noisy, t, batch["prompt_embeds"].to(self.device, self.dtype)).sample
-        loss = torch.nn.functional.mse_loss(pred.float(), noise.float())
-        if self.scaler is not None:
-            self.scaler.scale(loss).backward()
-            self.scaler.step(self.opt)
-            self.scaler.update()
-        else:
-            loss.backward()
-            self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
-        return loss.item()
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [self.unet, self.te, self.vae]
-
-
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-
-
-class _Aten(TorchDispatchMode):
-    """Counts the aten ops one step dispatches (backward included), host syncs and casts among them."""
-
-    def __init__(self, ignore: set[int]):
-        super().__init__()
-        self.ignore, self.counts = ignore, collections.Counter()
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        name = func.overloadpacket.__name__
-        self.counts["ops"] += 1
-        if name == "_local_scalar_dense" and id(args[0]) not in self.ignore:
-            self.counts["syncs"] += 1
-        elif name in ("_to_copy", "copy_"):
-            self.counts["casts"] += 1
-        return func(*args, **(kwargs or {}))
-
-
-def work(loop: Any, batch: dict) -> dict[str, int]:
-    """What one step of ``loop`` does, counted: host syncs, casts/copies, aten ops, forward-hook calls, Python calls.
-
-    Host syncs are aten ``_local_scalar_dense`` calls (``.item()``, ``bool(t)``, ``float(t)``) except on the optimizer's
-    state tensors: AdamW keeps its step counters on the CPU, also on CUDA, and both loops read them alike.
-    """
-    hooks = [0]
-
-    def count_hooks(module: torch.nn.Module, args: Any) -> None:
-        hooks[0] += len(module._forward_pre_hooks) + len(module._forward_hooks)
-
-    ignore = {id(t) for state in loop.opt.state.values() for t in state.values() if isinstance(t, torch.Tensor)}
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(count_hooks)
-    try:
-        with _Aten(ignore) as aten:
-            loop.step(batch)
-    finally:
-        handle.remove()
-    profile = cProfile.Profile()
-    profile.enable()
-    loop.step(batch)
-    profile.disable()
-    calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
-    return {"syncs": aten.counts["syncs"], "casts": aten.counts["casts"], "ops": aten.counts["ops"],
-            "hooks": hooks[0], "calls": int(calls)}
 
 
 def _quartiles(values: list[float]) -> tuple[float, float, float]:
@@ -184,9 +69,9 @@ def _quartiles(values: list[float]) -> tuple[float, float, float]:
 
 def run(size: str, device: str, layout: str, steps: int, batch_size: int, warmup: int = 3) -> dict[str, Any]:
     base = make_pipeline("sd15", size=size, seed=0)
-    layer = Layer(hp.prepare_training(copy.deepcopy(base), device=device, layout=layout, train={"unet": "lora"}))
-    hand = Hand(copy.deepcopy(base), device, layer.dtype)
-    fp32 = Hand(copy.deepcopy(base), device, torch.float32)
+    layer = LayerLoop(hp.prepare_training(copy.deepcopy(base), device=device, layout=layout, train={"unet": "lora"}))
+    hand = ExampleLoop(copy.deepcopy(base), device, layer.dtype)
+    fp32 = ExampleLoop(copy.deepcopy(base), device, torch.float32)
     side = 8 if size == "tiny" else 16 if size == "mid" else 64
     batch = example_batch(layer.tp.components["unet"], batch_size, side=side, tokens=77 if size != "tiny" else 4)
     batch = {k: v.to(device) for k, v in batch.items()}
@@ -195,7 +80,7 @@ def run(size: str, device: str, layout: str, steps: int, batch_size: int, warmup
     for _ in range(warmup):
         for loop in loops.values():
             loop.step(batch)
-    counts = {k: work(v, batch) for k, v in loops.items()}
+    counts = {k: step_work(v, batch) for k, v in loops.items()}
     times: dict[str, list[float]] = {k: [] for k in loops}
     for i in range(steps):
         for name in names[i % 3:] + names[:i % 3]:  # rotate who goes first

@@ -36,6 +36,9 @@ def compare(out: Any, ref: Any, peak: float | None = None) -> dict[str, float]:
         >>> r = compare(np.array([0.5, 1.0]), np.array([0.5, 0.9]), peak=1.0)
         >>> round(r["psnr_db"], 2), round(r["max_abs"], 2), r["nonfinite"]
         (23.01, 0.1, 0)
+        >>> bad = compare(np.array([np.nan, 1.0]), np.array([0.5, 1.0]))  # a NaN counts, and is infinitely off
+        >>> bad["nonfinite"], bad["max_abs"], bad["psnr_db"]
+        (1, inf, -inf)
     """
     import numpy as np
 

@@ -6,8 +6,8 @@ summary by failure class.
 Each case takes 3 optimizer steps on one fixed batch and checks: finite loss, a falling loss, every trainable
 parameter a master after every step, frozen weights bit-identical, frozen storage as planned.
 
-    OMP_NUM_THREADS=1 python scripts/train_sweep.py --quick          # a subset (one pipeline per recipe, fewer layouts)
-    OMP_NUM_THREADS=1 python scripts/train_sweep.py -k sd_controlnet  # cases whose id contains the string
+    OMP_NUM_THREADS=1 python benchmarks/train_sweep.py --quick          # a subset (one pipeline per recipe, fewer layouts)
+    OMP_NUM_THREADS=1 python benchmarks/train_sweep.py -k sd_controlnet  # cases whose id contains the string
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """Bytes, time per denoiser call and output difference of each storage layout of one model, side by side in one run.
 
-    python scripts/bench_quantize.py [--out bench_quantize.json] [--calls 20] [--width 128] [--trained-steps 100]
-    python scripts/bench_quantize.py --quick        # a few seconds' check of the script itself (tiny, 1 call)
+    python benchmarks/bench_quantize.py [--out bench_quantize.json] [--calls 20] [--width 128] [--trained-steps 100]
+    python benchmarks/bench_quantize.py --quick        # a few seconds' check of the script itself (tiny, 1 call)
 
-The model is the Flux transformer of ``scripts/bench/trained.py`` (``hf_precision.testing.families_dit.make_flux``
+The model is the Flux transformer of ``benchmarks/bench/trained.py`` (``hf_precision.testing.families_dit.make_flux``
 widened by ``--width``), fitted first by ``hf-precision train --method full`` in fp32 for ``--trained-steps`` steps
 on generated coloured shapes (cached under ``bench_output/trained/``; ``--trained-steps 0``: random weights), saved
 once and loaded per layout through ``hf_precision.load_pipeline``: fp32, the recipe's half layout (bf16), fp8
@@ -31,7 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 # The fp32 rows name a CPU without bf16 instructions ("cpu-avx2"): "cpu" is this machine's CPU, which on an AMX
 # Xeon picks bf16 unasked (on the H200 machine's host the first CUDA run's "fp32" row was bf16 that way).

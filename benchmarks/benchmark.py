@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """hf_precision benchmark: load memory and time, runtime overhead, island cost, apply cost, fidelity, in ONE run.
 
-    python scripts/benchmark.py                       # mid-size SDXL (~287M params), T4 layout, <= 10 min on 2 cores
-    python scripts/benchmark.py --quick --size tiny   # smoke run, < 1 min
-    python scripts/benchmark.py --layout t4           # exactly the T4 layout, even where this CPU computes fp16 slowly
-    python scripts/benchmark.py --size real --device cuda   # the real SDXL configs, random weights, on a GPU
+    python benchmarks/benchmark.py                       # mid-size SDXL (~287M params), T4 layout, <= 10 min on 2 cores
+    python benchmarks/benchmark.py --quick --size tiny   # smoke run, < 1 min
+    python benchmarks/benchmark.py --layout t4           # exactly the T4 layout, even where this CPU computes fp16 slowly
+    python benchmarks/benchmark.py --size real --device cuda   # the real SDXL configs, random weights, on a GPU
 
 Before measuring, a short probe times fp16 and bf16 against fp32 on this machine. Without ``--layout``, a
 component whose compute dtype is slow here is measured in a fast dtype with the layout's structure kept (and the
 report says so); ``--layout X`` measures exactly X. Writes ``<out>/benchmark.md`` and ``<out>/benchmark.json``
-(every raw sample). The pieces live in ``scripts/bench/``.
+(every raw sample). The pieces live in ``benchmarks/bench/``.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx["layout"] = run_layout
     prepared = pipeline.prepare(size, key, out_dir / "cache", progress.say)
     ctx["folder"] = prepared["folder"]
-    command = "python scripts/benchmark.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    command = "python benchmarks/benchmark.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     results: dict[str, Any] = {
         "env": common.env_info(threads, args.device),
         "config": {"command": command.strip(), "size": key, "params": prepared["params"], "layout": layout,

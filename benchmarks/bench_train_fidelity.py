@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Fidelity of ``hf-precision train``: a LoRA trained under each layout against the same LoRA trained in fp32.
 
-    python scripts/bench_train_fidelity.py [--steps 20] [--layouts fp32,a100,int8] [--out bench_train_fidelity.json]
-    python scripts/bench_train_fidelity.py --quick     # a few seconds' check of the script itself
+    python benchmarks/bench_train_fidelity.py [--steps 20] [--layouts fp32,a100,int8] [--out bench_train_fidelity.json]
+    python benchmarks/bench_train_fidelity.py --quick     # a few seconds' check of the script itself
 
-The model is the trained Flux of ``scripts/bench/trained.py`` (fitted in fp32 first, so that differences measure
-precision rather than the chaos of random weights; shared cache with ``scripts/bench_quantize.py``). Each layout
+The model is the trained Flux of ``benchmarks/bench/trained.py`` (fitted in fp32 first, so that differences measure
+precision rather than the chaos of random weights; shared cache with ``benchmarks/bench_quantize.py``). Each layout
 trains the same LoRA (rank 4, same data, seed, noise and timesteps) through the command's own ``train``:
 
 - ``fp32``: the reference (``--layout cpu``);
@@ -33,7 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 LAYOUTS = {  # name -> (--layout, --set overrides)
     "fp32": ("cpu", []),

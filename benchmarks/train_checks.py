@@ -3,8 +3,8 @@
 ``examples/text_to_image/train_text_to_image_lora.py`` (fetch it from the diffusers repository at the version in
 use; it needs ``datasets`` and ``torchvision``). Prints one JSON line per section and writes OUT/results.json.
 
-    python scripts/train_checks.py --out checks/ --device cuda --diffusers-script ./train_text_to_image_lora.py
-    python scripts/train_checks.py --out checks/ --device cuda --sections demo,resume,plan_vs_measured
+    python benchmarks/train_checks.py --out checks/ --device cuda --diffusers-script ./train_text_to_image_lora.py
+    python benchmarks/train_checks.py --out checks/ --device cuda --sections demo,resume,plan_vs_measured
 
 Sections: demo (the demo on the device), resume (stop after 2 of 6 steps, resume, compare losses; native and T4
 layouts), plan_vs_measured (predicted activations + gradients of a training step against

@@ -13,7 +13,7 @@ tiny encoders) and runs from there, so the relative Hub ids resolve to those fol
 something else from the Hub, OpenCV, ``ftfy`` or a chat template are reported as setup errors, not counted.
 
 Usage (the numbers are in docs/pipelines.md, "diffusers' own test pipelines"):
-    python scripts/diffusers_tests_sweep.py --diffusers /path/to/diffusers --hub /tmp/hub [module ...] > out.jsonl
+    python benchmarks/diffusers_tests_sweep.py --diffusers /path/to/diffusers --hub /tmp/hub [module ...] > out.jsonl
     (diffusers' tests import ``parameterized`` and ``requests_mock``: pip install them, or pass --extra DIR)
 """
 

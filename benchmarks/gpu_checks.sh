@@ -5,7 +5,7 @@
 # benchmark on CUDA (torchao, quanto, GGUF, bitsandbytes, fp8 compute), a real-size SD 1.5 UNet LoRA step, the whole
 # suite on the CUDA machine, and (given a diffusers example script) the training program's GPU checks. Results go to
 # ${OUT:-gpu_out}.
-#   bash scripts/gpu_checks.sh [DIFFUSERS_TRAIN_SCRIPT]
+#   bash benchmarks/gpu_checks.sh [DIFFUSERS_TRAIN_SCRIPT]
 set -uo pipefail
 OUT=${OUT:-gpu_out}; mkdir -p "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -17,11 +17,10 @@ section() { local name=$1 limit=$2; shift 2; echo "== $name ($(left "$limit") s 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 $PY -c "import torch, diffusers, transformers, peft, accelerate; print('torch', torch.__version__, 'diffusers', diffusers.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__, 'accelerate', accelerate.__version__)" | tee -a "$OUT/gpu.txt"
 section gpu_tests 150 $PY -m pytest -q -m gpu -p no:cacheprovider -o addopts="-ra" tests
-section consistency 90 $PY scripts/gpu_consistency.py
-section bench_bf16 90 $PY scripts/bench_training.py --device cuda --layout h100 --sizes mid --steps 30
-section bench_fp16 60 $PY scripts/bench_training.py --device cuda --layout t4 --sizes mid --steps 10
-section bench_quantize 120 $PY scripts/bench_quantize.py --device cuda --trained-steps 40 --calls 20
-section train_step_real 120 $PY scripts/train_step_real.py --device cuda --steps 6
+section bench_bf16 90 $PY benchmarks/bench_training.py --device cuda --layout h100 --sizes mid --steps 30
+section bench_fp16 60 $PY benchmarks/bench_training.py --device cuda --layout t4 --sizes mid --steps 10
+section bench_quantize 120 $PY benchmarks/bench_quantize.py --device cuda --trained-steps 40 --calls 20
+section train_step_real 120 $PY benchmarks/train_step_real.py --device cuda --steps 6
 TAIL=40 section suite 400 $PY -m pytest -q -n 12 --dist loadfile -p no:cacheprovider --maxfail=40
-[ -n "${1:-}" ] && section train_checks 200 $PY scripts/train_checks.py --out "$OUT/checks" --device cuda --diffusers-script "$1"
+[ -n "${1:-}" ] && section train_checks 200 $PY benchmarks/train_checks.py --out "$OUT/checks" --device cuda --diffusers-script "$1"
 exit 0

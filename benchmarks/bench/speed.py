@@ -110,6 +110,8 @@ def effective_layout(recipe: Any, slow: dict[str, bool], exact: bool, fast: str 
         >>> over, note = effective_layout(get_recipe("sdxl", device="t4"), {"float16": True, "bfloat16": False}, False)
         >>> over["components"]["unet"]["dtype"], over["components"]["unet"]["keep_fp32"], over["components"]["vae"]["dtype"]
         ('bfloat16', ['time_embedding', 'add_embedding'], 'float32')
+        >>> effective_layout(get_recipe("sdxl", device="t4"), {"float16": True}, exact=True)[0] is None  # as asked
+        True
     """
     slow_parts = [p for p in recipe.plans if slow.get(p.compute)]
     if not slow_parts:

@@ -1,6 +1,6 @@
 """Extra time per denoising step of calibrate's recording hooks: a float32 SDXL run with and without them.
 
-Usage: python scripts/calibrate_cost.py [tiny|mid] [pairs]
+Usage: python benchmarks/calibrate_cost.py [tiny|mid] [pairs]
 
 CPU, one torch thread, plain and recording runs interleaved, median of ``pairs``; process CPU time, which a machine
 shared with other jobs disturbs far less than wall time. The numbers are in docs/calibrate.md ("Cost").

@@ -3,7 +3,7 @@
 rank 16, through ``hf_precision.prepare_training`` under a bf16 layout and a T4 layout (fp16 + GradScaler); prints
 ms/step, peak memory, the trainable dtypes and the frozen storage dtype, paired in one run.
 
-    python scripts/train_step_real.py --device cuda --steps 6
+    python benchmarks/train_step_real.py --device cuda --steps 6
 """
 
 from __future__ import annotations

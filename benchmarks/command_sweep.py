@@ -16,9 +16,9 @@ the tiny models are dominated by per-op overhead.
 
 Usage (the full sweep; about an hour on 2 busy CPU cores)::
 
-    python scripts/command_sweep.py
-    python scripts/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json
-    python scripts/command_sweep.py --case wan:check+calibrate:t4 --case sana:train-plan:cpu
+    python benchmarks/command_sweep.py
+    python benchmarks/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json
+    python benchmarks/command_sweep.py --case wan:check+calibrate:t4 --case sana:train-plan:cpu
 
 Exit status: 0 when every run passed or was refused cleanly, 1 when any failed.
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shlex
 import sys
 import tempfile
@@ -38,48 +37,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's hf_precision, not an installed one
+from hf_precision.testing.cli_runs import judge  # noqa: E402
 # run: generate (image families) or video (video families); check-nf4: check with the first transformers text encoder
 # stored in nf4 (bitsandbytes on the CPU, whose block is wider than a tiny encoder's narrowest layer)
 COMMANDS = ("plan", "show", "check", "check-nf4", "calibrate", "run", "train-plan", "train")
 LAYOUTS = ("cpu", "t4")
-# tqdm's bars (diffusers' loading and denoising, calibrate's): a count and a rate or a time
-_BAR = re.compile(r"\d+/\d+ \[|\d+%\|")
 FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo, Mochi's 6k+1 aside) and 8k+1 (LTX): the fewest most VAEs take
-
-
-def ours(line: str) -> bool:
-    """Whether a stderr line is one we allow: blank, ours (``hf-precision ...``) or a progress bar.
-
-    >>> ours("hf-precision check: error: x"), ours("  0%|   | 0/2 [00:00<?, ?it/s]"), ours("FutureWarning: x")
-    (True, True, False)
-    """
-    return not line.strip() or line.startswith("hf-precision") or bool(_BAR.search(line))
-
-
-def judge(command: str, code, err: str, out: str, crash: str | None) -> tuple[str, str]:
-    """PASS, REFUSED or FAIL for one run, with the line that says why.
-
-    >>> judge("check", 0, "", "ok", None)
-    ('PASS', '')
-    >>> judge("plan", 2, "hf-precision plan: error: no such folder\\n", "", None)
-    ('REFUSED', 'hf-precision plan: error: no such folder')
-    >>> judge("plan", 0, "UserWarning: x\\n", "", None)
-    ('FAIL', 'stderr not ours: UserWarning: x')
-    """
-    name = command.split()[0]
-    if crash:
-        return "FAIL", f"traceback: {crash}"
-    lines = [line for part in err.splitlines() for line in part.split("\r")]
-    foreign = [line for line in lines if not ours(line)]
-    if foreign:
-        return "FAIL", f"stderr not ours: {foreign[0].strip()[:200]}"
-    errors = [line for line in lines if line.startswith("hf-precision")]
-    if code == 0:
-        return "PASS", ""
-    if code == 2 and len(errors) == 1 and errors[0].startswith(f"hf-precision {name}: error:"):
-        return "REFUSED", errors[0].strip()
-    last = (errors or [line for line in out.splitlines() if line.strip()] or [""])[-1].strip()
-    return "FAIL", f"exit {code}: {last[:200]}"
 
 
 def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
