@@ -14,19 +14,28 @@ from hf_precision.training import prepare_training
 from hf_precision.training.families import example_batch
 from hf_precision.training.shard import sharded_bytes
 
-STEPS, GLOBAL = 3, 4
+GLOBAL = 4
+# (tiny pipeline, method, steps): SD 1.5 and SDXL (UNets, DDPM), Flux (flow, packed latents, no islands) and Wan
+# (video, flow, fp32 islands: time embedder and RoPE); the added families take 2 steps each to keep the launch short
+CASES = (("sd15", "lora", 3), ("sdxl", "full", 3), ("flux", "lora", 2), ("wan", "full", 2))
 
 
-def global_batches(unet: torch.nn.Module) -> list[dict[str, torch.Tensor]]:
-    """Fixed batches with their noise and timesteps, so a slice of a batch gets what the whole batch gets."""
+def global_batches(denoiser: torch.nn.Module, steps: int) -> list[dict[str, torch.Tensor]]:
+    """Fixed batches with their noise, timesteps (DDPM) and noise levels (flow), so a slice of a batch gets what the
+    whole batch gets."""
     out = []
-    for step in range(STEPS):
-        batch = example_batch(unet, GLOBAL, seed=step)
+    for step in range(steps):
+        batch = example_batch(denoiser, GLOBAL, seed=step)
         gen = torch.Generator().manual_seed(100 + step)
         batch["noise"] = torch.randn(batch["latents"].shape, generator=gen)
         batch["timesteps"] = torch.randint(0, 1000, (GLOBAL,), generator=gen)
+        batch["sigmas"] = torch.rand(GLOBAL, generator=gen)
         out.append(batch)
     return out
+
+
+def denoiser_of(tp) -> str:
+    return "unet" if "unet" in tp.components else "transformer"
 
 
 def rank_bytes(tp, opt) -> dict[str, int]:
@@ -44,14 +53,16 @@ def rank_bytes(tp, opt) -> dict[str, int]:
     return {"weights": weights, "grads": grads, "optimizer": state}
 
 
-def run(name: str, kind: str, shard: bool, rank: int, world: int) -> tuple[list[float], object]:
+def run(name: str, kind: str, steps: int, shard: bool, rank: int, world: int) -> tuple[list[float], object]:
     torch.manual_seed(0)  # the LoRA initialisation, the same on every rank and in the one-process run
-    tp = prepare_training(make_pipeline(name), layout="t4", train={"unet": kind}, shard=shard)
+    pipe = make_pipeline(name)
+    den = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
+    tp = prepare_training(pipe, layout="t4", train={den: kind}, shard=shard)
     opt = torch.optim.AdamW(tp.parameters(), lr=1e-3 if kind == "lora" else 1e-4)
     losses = []
     tp.held = {}
     per = GLOBAL // world
-    for batch in global_batches(tp.components["unet"]):
+    for batch in global_batches(tp.components[den], steps):
         mine = {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
         loss = tp.loss(mine)
         tp.backward(loss)
@@ -70,8 +81,11 @@ def islands(tp) -> dict[str, list[str]]:
     from torch.distributed.fsdp import FSDPModule
 
     out = {}
-    for island in tp.applied.islands.get("unet", []):
-        module = tp.components["unet"].get_submodule(island)
+    den = denoiser_of(tp)
+    for island in tp.applied.islands.get(den, []):
+        module = tp.components[den].get_submodule(island)
+        if not any(True for _ in module.parameters()):
+            continue  # Wan's RoPE: buffers only, nothing to shard
         policy = module._get_fsdp_state()._fsdp_param_group.mp_policy if isinstance(module, FSDPModule) else None
         out[island] = sorted({str(p.to_local().dtype) for p in module.parameters()} | {f"policy {policy.param_dtype}"})
     return out
@@ -82,7 +96,7 @@ def skip_together(rank: int) -> dict[str, object]:
     torch.manual_seed(0)
     tp = prepare_training(make_pipeline("sd15"), layout="t4", train={"unet": "lora"}, shard=True)
     opt = torch.optim.AdamW(tp.parameters(), lr=1e-3)
-    batch = global_batches(tp.components["unet"])[0]
+    batch = global_batches(tp.components["unet"], 1)[0]
     mine = {k: v[rank * 2:(rank + 1) * 2] for k, v in batch.items()}
     tp.backward(tp.loss(mine))
     if rank == 1:
@@ -118,16 +132,16 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     result: dict[str, object] = {}
-    for name, kind in (("sd15", "lora"), ("sdxl", "full")):
-        losses, tp = run(name, kind, True, rank, world)
-        local, whole = sharded_bytes(tp.components["unet"])
+    for name, kind, steps in CASES:
+        losses, tp = run(name, kind, steps, True, rank, world)
+        local, whole = sharded_bytes(tp.components[denoiser_of(tp)])
         tp.check()  # the plan's shards pass the preflight
         result[f"{name}-{kind}"] = {"losses": losses, "local": local, "whole": whole, "islands": islands(tp),
                                     "skipped": tp.skipped_steps, "held": tp.held}
         if name == "sdxl":
             result["check"] = check_names_bad_unit(tp)
         if rank == 0:
-            result[f"{name}-{kind}"]["reference"] = run(name, kind, False, 0, 1)[0]
+            result[f"{name}-{kind}"]["reference"] = run(name, kind, steps, False, 0, 1)[0]
         dist.barrier()
     result["skip"] = skip_together(rank)
     with open(f"{out_path}.{rank}.json", "w", encoding="utf-8") as f:

@@ -17,6 +17,8 @@ def torchrun(processes: int = 2) -> list[str]:
             str(free_port())]
 
 
+# the cases of tests/shard_worker.py (SD 1.5, SDXL, Flux, Wan), with the latent frames of their batches
+CASES = {"sd15-lora": 0, "sdxl-full": 0, "flux-lora": 0, "wan-full": 2}
 # fp16 compute (T4 layout): a half batch accumulates its fp16 sums in another order than the whole batch
 LOSS_RTOL = 2e-3
 
@@ -29,16 +31,19 @@ def test_layer_shards_under_the_recipe(tmp_path):
                           text=True, timeout=400, env=env, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ranks = [json.loads((tmp_path / f"result.{r}.json").read_text()) for r in (0, 1)]
-    for case in ("sd15-lora", "sdxl-full"):
+    for case in CASES:
         got, ref = ranks[0][case]["losses"], ranks[0][case]["reference"]
-        assert got == ranks[1][case]["losses"]
+        assert got == ranks[1][case]["losses"] and len(got) >= 2
         assert all(abs(g - r) <= LOSS_RTOL * abs(r) for g, r in zip(got, ref)), (case, got, ref)
-        for r in ranks:  # each rank holds half of what is sharded (the UNet's parameters)
+        for r in ranks:  # each rank holds half of what is sharded (the denoiser's parameters)
             assert r[case]["whole"] > 0 and abs(r[case]["local"] / r[case]["whole"] - 0.5) < 0.02, r[case]
             assert r[case]["skipped"] == 0
-    # SDXL's fp32 islands are units of their own, fp32 shards under an fp32 policy, in a full fine-tune of fp16 compute
-    assert ranks[0]["sdxl-full"]["islands"] == {i: ["policy torch.float32", "torch.float32"]
-                                               for i in ("time_embedding", "add_embedding")}
+    # the fp32 islands of SDXL and Wan are units of their own, fp32 shards under an fp32 policy, in full fine-tunes of
+    # fp16 compute (Wan's RoPE island holds no parameters: nothing to shard); Flux's recipe has none
+    fp32 = ["policy torch.float32", "torch.float32"]
+    assert ranks[0]["sdxl-full"]["islands"] == {i: fp32 for i in ("time_embedding", "add_embedding")}
+    assert ranks[0]["wan-full"]["islands"] == {"condition_embedder.time_embedder": fp32}
+    assert ranks[0]["flux-lora"]["islands"] == {}
     assert "unet.time_embedding: shard unit computes in float16" in ranks[0]["check"]
     # the per-rank plan of the same configs predicts what each rank holds (weights, masters, gradients, AdamW state)
     from hf_precision.apps.train.plan import Options
@@ -46,10 +51,11 @@ def test_layer_shards_under_the_recipe(tmp_path):
     from hf_precision.testing import make_pipeline
     from hf_precision.testing.pipelines import save_pipeline
 
-    for case, name in (("sd15-lora", "sd15"), ("sdxl-full", "sdxl")):
+    for case, frames in CASES.items():
+        name, method = case.split("-")
         folder = save_pipeline(make_pipeline(name), tmp_path / name)
-        pred = predict_rank(str(folder), "t4", processes=2, shard=True, method=case.split("-")[1], rank=4,
-                            resolution=32, options=Options(2, False, False))
+        pred = predict_rank(str(folder), "t4", processes=2, shard=True, method=method, rank=4, resolution=32,
+                            frames=frames, options=Options(2, False, False))
         for r in ranks:
             held = sum(r[case]["held"].values())
             assert abs(pred.at_rest - held) <= 0.1 * held, (case, pred.at_rest, r[case]["held"])
@@ -127,4 +133,5 @@ def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
                     "--resume", "latest", processes=1)
     assert [r["step"] for r in one] == [1, 2] and all(r["loss"] == r["loss"] for r in one)
     assert (tmp_path / "full-one" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
 
