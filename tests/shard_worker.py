@@ -3,6 +3,7 @@ run on this rank's half of a global batch, and on rank 0 the one-process run of 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -53,6 +54,87 @@ def rank_bytes(tp, opt) -> dict[str, int]:
     return {"weights": weights, "grads": grads, "optimizer": state}
 
 
+class TensorPeak:
+    """High-water mark of the bytes of tensors allocated inside (``with TensorPeak() as peak``), on any device: every
+    op's new outputs (a TorchDispatchMode; outputs that alias an input, in-place and views, are not new), alive while
+    Python references them, and FSDP2's unsharded parameters, whose storages it resizes outside any op."""
+
+    def __init__(self) -> None:
+        self.live = self.peak = 0
+        self.refs: dict[int, list[int]] = {}
+
+    def _bump(self, delta: int) -> None:
+        self.live += delta
+        self.peak = max(self.peak, self.live)
+
+    def add(self, t: torch.Tensor) -> None:
+        import weakref
+
+        from torch.distributed.tensor import DTensor
+
+        t = t._local_tensor if isinstance(t, DTensor) else t
+        key = t.untyped_storage()._cdata
+        entry = self.refs.setdefault(key, [0, 0])
+        if entry[1] == 0:
+            entry[0] = t.untyped_storage().nbytes()
+            self._bump(entry[0])
+        entry[1] += 1
+        weakref.finalize(t, self._drop, key)
+
+    def _drop(self, key: int) -> None:
+        entry = self.refs.get(key)
+        if entry is not None:
+            entry[1] -= 1
+            if entry[1] <= 0:
+                self._bump(-entry[0])
+                del self.refs[key]
+
+    def resized(self, tensor: torch.Tensor, before: int) -> None:
+        delta = tensor.untyped_storage().nbytes() - before
+        entry = self.refs.get(tensor.untyped_storage()._cdata)
+        if entry is not None:
+            entry[0] += delta
+        self._bump(delta)
+
+    def __enter__(self) -> "TensorPeak":
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        tracker = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                returns = func._schema.returns
+                flat = tree_flatten(out)[0]
+                for i, t in enumerate(flat):
+                    aliased = i < len(returns) and returns[i].alias_info is not None
+                    if isinstance(t, torch.Tensor) and not aliased:
+                        tracker.add(t)
+                return out
+
+        def counted(original):
+            def wrapper(tensor):
+                before = tensor.untyped_storage().nbytes()
+                original(tensor)
+                tracker.resized(tensor, before)
+            return wrapper
+
+        self._patched = [(mod, name, getattr(mod, name)) for mod in (_fsdp_param, _fsdp_param_group)
+                         for name in ("alloc_storage", "free_storage") if hasattr(mod, name)]
+        for mod, name, original in self._patched:
+            setattr(mod, name, counted(original))
+        self._mode = Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        for mod, name, original in self._patched:
+            setattr(mod, name, original)
+
+
 def run(name: str, kind: str, steps: int, shard: bool, rank: int, world: int) -> tuple[list[float], object]:
     torch.manual_seed(0)  # the LoRA initialisation, the same on every rank and in the one-process run
     pipe = make_pipeline(name)
@@ -62,12 +144,17 @@ def run(name: str, kind: str, steps: int, shard: bool, rank: int, world: int) ->
     losses = []
     tp.held = {}
     per = GLOBAL // world
-    for batch in global_batches(tp.components[den], steps):
+    for i, batch in enumerate(global_batches(tp.components[den], steps)):
         mine = {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
-        loss = tp.loss(mine)
-        tp.backward(loss)
-        tp.step(opt)
+        # the last step's tensor peak: what the rank holds before it (weights, AdamW state), and what the step allocates
+        before = sum(rank_bytes(tp, opt).values())
+        with TensorPeak() if i == steps - 1 else contextlib.nullcontext() as peak:
+            loss = tp.loss(mine)
+            tp.backward(loss)
+            tp.step(opt)
         tp.held = rank_bytes(tp, opt)
+        if peak is not None:
+            tp.held["peak"] = before + peak.peak
         opt.zero_grad(set_to_none=True)
         value = loss.detach().float()
         if shard:
@@ -137,7 +224,8 @@ def main() -> None:
         local, whole = sharded_bytes(tp.components[denoiser_of(tp)])
         tp.check()  # the plan's shards pass the preflight
         result[f"{name}-{kind}"] = {"losses": losses, "local": local, "whole": whole, "islands": islands(tp),
-                                    "skipped": tp.skipped_steps, "held": tp.held}
+                                    "skipped": tp.skipped_steps, "held": tp.held,
+                                    "frozen": {c: f.sharded for c, f in tp.shard.frozen.items()}}
         if name == "sdxl":
             result["check"] = check_names_bad_unit(tp)
         if rank == 0:

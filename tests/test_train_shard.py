@@ -23,6 +23,37 @@ CASES = {"sd15-lora": 0, "sdxl-full": 0, "flux-lora": 0, "wan-full": 2}
 LOSS_RTOL = 2e-3
 
 
+def test_frozen_components_sharded_or_replicated_as_the_plan_decides(saved_pipeline, capsys):
+    import torch
+
+    from hf_precision.apps.train.shard_plan import training_model
+    from hf_precision.cli import main
+    from hf_precision.memory.peaks import meta_module
+    from hf_precision.testing import make_pipeline
+    from hf_precision.training.shard import frozen_choice
+
+    # Flux's real T5-XXL on the meta device, over 8 ranks: its 1/8, its embedding and two of its 24 blocks gathered
+    # hold less than the whole, so it is sharded in its storage dtype (bf16)
+    m = training_model("flux", "a100")
+    t5 = meta_module(m.index, m.configs, "text_encoder_2", torch.bfloat16)
+    choice = frozen_choice("text_encoder_2", t5, 8)
+    assert choice.sharded and choice.share + choice.running < choice.whole, choice
+    assert choice.whole == sum(p.numel() * 2 for p in t5.parameters()) and choice.held == choice.share
+    assert "sharded in its storage dtype" in str(choice)
+    # cached outputs (it leaves the device after the cache pass) or one process: replicated, saying why
+    assert "outputs are cached" in str(frozen_choice("text_encoder_2", t5, 8, cached=True))
+    assert not frozen_choice("text_encoder_2", t5, 1).sharded
+    # two blocks: gathered whole while it runs, they hold as much as all of it, so replicated
+    clip = make_pipeline("sdxl").text_encoder
+    tiny = frozen_choice("text_encoder", clip, 2)
+    assert not tiny.sharded and tiny.held == tiny.whole and "not less than" in tiny.why
+    # the per-rank plan prints each frozen component's choice; the sharded ones count their share only at rest
+    assert main(["train", "--plan", "--processes", "2", "--shard", "--model", str(saved_pipeline("sd15")),
+                 "--device", "t4", "--resolution", "32", "--lora-rank", "4", "--no-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "    text_encoder: replicated (" in out and "    vae: sharded in its storage dtype (" in out, out
+
+
 @pytest.mark.slow
 def test_layer_shards_under_the_recipe(tmp_path):
     out = tmp_path / "result"
@@ -57,8 +88,12 @@ def test_layer_shards_under_the_recipe(tmp_path):
         pred = predict_rank(str(folder), "t4", processes=2, shard=True, method=method, rank=4, resolution=32,
                             frames=frames, options=Options(2, False, False))
         for r in ranks:
-            held = sum(r[case]["held"].values())
+            held = sum(v for k, v in r[case]["held"].items() if k != "peak")
             assert abs(pred.at_rest - held) <= 0.1 * held, (case, pred.at_rest, r[case]["held"])
+            # the layer shards or replicates each frozen component as the plan decides (the tiny VAEs of SD 1.5,
+            # SDXL and Flux are sharded: two of their blocks hold less than all of them)
+            assert r[case]["frozen"] == {c.component: c.sharded for c in pred.frozen}, (case, r[case]["frozen"])
+    assert ranks[0]["sd15-lora"]["frozen"] == {"text_encoder": False, "vae": True}
     # an inf in rank 1's gradient shard only: both ranks skip the step and halve the scale
     for r in ranks:
         assert r["skip"] == {"stepped": False, "unchanged": True, "scale": [65536.0, 32768.0]}
