@@ -170,3 +170,80 @@ def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
     assert (tmp_path / "full-one" / "unet" / "diffusion_pytorch_model.safetensors").is_file()
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process started under ``pid``: torchrun starts each rank in a session of its own, so a signal to
+    torchrun's process group reaches torchrun alone."""
+    from pathlib import Path
+
+    found, todo = [], [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _killed(tmp_path, out, args, how):
+    """Start a sharded 2-process run of ``args`` and stop it once its step-2 checkpoint exists: ``kill`` SIGKILLs
+    torchrun and every rank (no handler runs, a save in flight stays half written), ``ctrl-c`` sends SIGINT to
+    torchrun as a terminal's Ctrl-C does (torchrun forwards it to the ranks). Returns the run's exit status."""
+    import os
+    import signal
+    import time
+
+    cmd = [*torchrun(), "-m", "hf_precision.cli", "train", "--model", str(tmp_path / "tiny-sdxl"), "--data",
+           str(tmp_path / "shapes"), "--out", str(out), "--device", "cpu", "--layout", "t4", "--resolution", "32",
+           "--quiet", *args]
+    env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
+    proc = subprocess.Popen(cmd, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    first, deadline = out / "checkpoints" / "step-000002", time.monotonic() + 600
+    while not first.is_dir() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not first.is_dir():
+        proc.kill()
+    assert first.is_dir(), f"no step-2 checkpoint in 600 s (the run's status: {proc.poll()})"
+    assert proc.poll() is None, f"the run ended ({proc.returncode}) before it could be stopped after step 2"
+    if how == "kill":
+        ranks = _descendants(proc.pid)
+        for pid in [proc.pid, *ranks]:
+            os.kill(pid, signal.SIGKILL)
+        for pid in ranks:  # the ranks are torchrun's children: gone once /proc no longer lists them
+            while os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read():
+                time.sleep(0.01)
+    else:
+        os.kill(proc.pid, signal.SIGINT)
+    return proc.wait(timeout=120)
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_sharded_run_killed_or_interrupted_resumes_the_same_curve(tmp_path):
+    from hf_precision.apps.train.checkpoint import Checkpoints
+    from hf_precision.apps.train.demo import make_demo
+    from hf_precision.testing.pipelines import make_sdxl, save_pipeline
+
+    make_demo(tmp_path)
+    save_pipeline(make_sdxl(), tmp_path / "tiny-sdxl")
+    args = ["--steps", "10", "--checkpoint-every", "2", "--lora-rank", "4", "--shard"]
+    _, whole = _train(tmp_path, tmp_path / "whole", *args)
+    for how in ("kill", "ctrl-c"):
+        out = tmp_path / how
+        status = _killed(tmp_path, out, args, how)
+        assert status != 0 and not (out / "pytorch_lora_weights.safetensors").exists(), (how, status)
+        done = Checkpoints(out).all()
+        assert done and all(int(p.name.split("-")[1]) < 10 for p in done), (how, done)
+        if how == "ctrl-c":  # the ranks finish the step they are in and checkpoint it together
+            logged = (out / "train_log.jsonl").read_text().splitlines()
+            assert int(done[-1].name.split("-")[1]) == len(logged), (done, logged)
+        _, resumed = _train(tmp_path, out, *args, "--resume", "latest")
+        assert [r["step"] for r in resumed] == list(range(1, 11)), (how, resumed)
+        for a, b in zip(resumed, whole):
+            assert abs(a["loss"] - b["loss"]) <= 1e-6 * abs(b["loss"]), (how, resumed, whole)
+        assert (out / "pytorch_lora_weights.safetensors").is_file()
+        assert not list((out / "checkpoints").glob(".step-*")), "a killed save's temporary folder was not cleared"
+
