@@ -10,27 +10,27 @@ import sys
 import torch
 import torch.distributed as dist
 
+from hf_precision.apps.train.plan import text_tokens
 from hf_precision.testing import make_pipeline
 from hf_precision.training import prepare_training
 from hf_precision.training.families import example_batch
 from hf_precision.training.shard import sharded_bytes
 
-GLOBAL = 4
 # (tiny pipeline, method, steps): SD 1.5 and SDXL (UNets, DDPM), Flux (flow, packed latents, no islands) and Wan
 # (video, flow, fp32 islands: time embedder and RoPE); the added families take 2 steps each to keep the launch short
 CASES = (("sd15", "lora", 3), ("sdxl", "full", 3), ("flux", "lora", 2), ("wan", "full", 2))
 
 
-def global_batches(denoiser: torch.nn.Module, steps: int) -> list[dict[str, torch.Tensor]]:
+def global_batches(denoiser: torch.nn.Module, steps: int, size: int = 4, tokens: int = 4) -> list[dict[str, torch.Tensor]]:
     """Fixed batches with their noise, timesteps (DDPM) and noise levels (flow), so a slice of a batch gets what the
-    whole batch gets."""
+    whole batch gets; 8x8 latents (2 latent frames for video), ``tokens`` text tokens."""
     out = []
     for step in range(steps):
-        batch = example_batch(denoiser, GLOBAL, seed=step)
+        batch = example_batch(denoiser, size, seed=step, tokens=tokens)
         gen = torch.Generator().manual_seed(100 + step)
         batch["noise"] = torch.randn(batch["latents"].shape, generator=gen)
-        batch["timesteps"] = torch.randint(0, 1000, (GLOBAL,), generator=gen)
-        batch["sigmas"] = torch.rand(GLOBAL, generator=gen)
+        batch["timesteps"] = torch.randint(0, 1000, (size,), generator=gen)
+        batch["sigmas"] = torch.rand(size, generator=gen)
         out.append(batch)
     return out
 
@@ -135,7 +135,7 @@ class TensorPeak:
             setattr(mod, name, original)
 
 
-def run(name: str, kind: str, steps: int, shard: bool, rank: int, world: int) -> tuple[list[float], object]:
+def run(name: str, kind: str, steps: int, shard: bool, rank: int, world: int, size: int) -> tuple[list[float], object]:
     torch.manual_seed(0)  # the LoRA initialisation, the same on every rank and in the one-process run
     pipe = make_pipeline(name)
     den = "unet" if getattr(pipe, "unet", None) is not None else "transformer"
@@ -143,8 +143,10 @@ def run(name: str, kind: str, steps: int, shard: bool, rank: int, world: int) ->
     opt = torch.optim.AdamW(tp.parameters(), lr=1e-3 if kind == "lora" else 1e-4)
     losses = []
     tp.held = {}
-    per = GLOBAL // world
-    for i, batch in enumerate(global_batches(tp.components[den], steps)):
+    per = size // world
+    # the text tokens the per-rank plan counts activations for (77 for CLIP pipelines, else 512)
+    tokens = text_tokens({n: ["diffusers", type(m).__name__] for n, m in pipe.components.items() if m is not None})
+    for i, batch in enumerate(global_batches(tp.components[den], steps, size, tokens)):
         mine = {k: v[rank * per:(rank + 1) * per] for k, v in batch.items()}
         # the last step's tensor peak: what the rank holds before it (weights, AdamW state), and what the step allocates
         before = sum(rank_bytes(tp, opt).values())
@@ -214,28 +216,47 @@ def dataclasses_replace(obj, **kw):
     return dataclasses.replace(obj, **kw)
 
 
+def expected_share(module: torch.nn.Module, world: int, rank: int) -> int:
+    """This rank's bytes of ``module``'s sharded parameters as the plan computes them (rank_share), from their whole
+    shapes: the 3-process test checks FSDP2's uneven split against it."""
+    from torch.distributed.tensor import DTensor
+
+    from hf_precision.training.shard import rank_share
+
+    whole = [torch.empty(p.shape, dtype=p.dtype, device="meta") for p in module.parameters() if isinstance(p, DTensor)]
+    return rank_share(whole, world, rank=rank)
+
+
 def main() -> None:
+    """``shard_worker.py OUT [CASE,...]``: the cases named (``sd15-lora``), or all; each rank takes 2 samples of a
+    global batch of 2 x world."""
     out_path = sys.argv[1]
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    size = 2 * world
     result: dict[str, object] = {}
     for name, kind, steps in CASES:
-        losses, tp = run(name, kind, steps, True, rank, world)
-        local, whole = sharded_bytes(tp.components[denoiser_of(tp)])
+        if only is not None and f"{name}-{kind}" not in only:
+            continue
+        losses, tp = run(name, kind, steps, True, rank, world, size)
+        den = tp.components[denoiser_of(tp)]
+        local, whole = sharded_bytes(den)
         tp.check()  # the plan's shards pass the preflight
         result[f"{name}-{kind}"] = {"losses": losses, "local": local, "whole": whole, "islands": islands(tp),
                                     "skipped": tp.skipped_steps, "held": tp.held,
-                                    "frozen": {c: f.sharded for c, f in tp.shard.frozen.items()}}
+                                    "frozen": {c: f.sharded for c, f in tp.shard.frozen.items()},
+                                    "expected": expected_share(den, world, rank)}
         if name == "sdxl":
             result["check"] = check_names_bad_unit(tp)
         if rank == 0:
-            result[f"{name}-{kind}"]["reference"] = run(name, kind, steps, False, 0, 1)[0]
+            result[f"{name}-{kind}"]["reference"] = run(name, kind, steps, False, 0, 1, size)[0]
         dist.barrier()
-    result["skip"] = skip_together(rank)
+    if only is None:
+        result["skip"] = skip_together(rank)
     with open(f"{out_path}.{rank}.json", "w", encoding="utf-8") as f:
         json.dump(result, f)
     dist.destroy_process_group()
-
 
 if __name__ == "__main__":
     main()

@@ -138,19 +138,21 @@ def block_paths(module: torch.nn.Module) -> list[str]:
     return found + mids
 
 
-def rank_share(params: Iterable[torch.Tensor], world: int, dtype_bytes: int | None = None) -> int:
-    """Bytes one rank holds of ``params`` sharded over ``world`` as FSDP2 shards them (dim 0 padded to a multiple of
-    ``world``, rank 0's share: the largest); ``dtype_bytes`` overrides the element size (fp32 masters, gradients).
+def rank_share(params: Iterable[torch.Tensor], world: int, dtype_bytes: int | None = None, rank: int = 0) -> int:
+    """Bytes rank ``rank`` holds of ``params`` sharded over ``world`` as FSDP2 shards them: ``torch.chunk`` along dim
+    0, chunks of ceil(rows / world) rows, the last ranks' smaller or empty when the rows do not divide (rank 0's
+    share is the largest: the plan's per-rank figure); ``dtype_bytes`` overrides the element size (fp32 masters).
 
     Example:
-        >>> rank_share([torch.empty(5, 2)], 2)  # rows 5 -> padded 6, 3 rows of 2 fp32 each
-        24
+        >>> [rank_share([torch.empty(5, 2)], 3, rank=r) for r in range(3)]  # rows 5 over 3: 2, 2 and 1 rows of 2 fp32
+        [16, 16, 8]
     """
     total = 0
     for p in params:
         rows = p.shape[0] if p.dim() > 0 else 1
         rest = p.numel() // max(rows, 1) if p.dim() > 0 else 1
-        total += -(-rows // world) * rest * (dtype_bytes or p.element_size())
+        chunk = -(-rows // world)
+        total += max(0, min(chunk, rows - rank * chunk)) * rest * (dtype_bytes or p.element_size())
     return total
 
 
