@@ -5,8 +5,10 @@ weights in the recipe's dtypes). Per rank, for N processes:
 
 - **data parallel** (DDP): every rank holds what one process holds.
 - **sharded** (``--shard``, :mod:`hf_precision.training.shard`): the trained denoiser's weights, fp32 masters,
-  gradients and AdamW state are split over the ranks, each parameter padded along its first dimension to a multiple
-  of N as FSDP2 pads it; frozen components stay replicated. While a unit computes it is gathered whole: the component's
+  gradients and AdamW state are split over the ranks, each parameter's rows chunked as FSDP2 chunks them (rank 0's
+  share, the largest, counted); each frozen component sharded or replicated as
+  :func:`hf_precision.training.shard.frozen_choice` decides (replicated and off the device once the cache is
+  filled, with cached latents). While a unit computes it is gathered whole: the component's
   own unit (held through the step), and two block units at a time (the one computing and the one prefetched), with
   their gradients before the reduce-scatter.
 
