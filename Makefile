@@ -42,7 +42,8 @@ test: $(STAMP)
 
 # The tests of the most CPU each (marked `heavy`), kept out of `make test` so CI stays near 15 minutes on 2 cores:
 # the multi-process runs the suite has a lighter twin of (README's accelerate launch commands, a prompt file over 2
-# processes, a sharded 2-process training run), the README's benchmark commands (tests/test_benchmark.py runs the
+# processes, a sharded 2-process training run, its live kill / Ctrl-C and resume, a 3-process uneven shard resumed at
+# 2 and 1 processes), the README's benchmark commands (tests/test_benchmark.py runs the
 # benchmark), a second demo layout, torch.compile, the measured-vs-predicted training step, the real Wan config's
 # plan, the docs' SDXL training plan, quanto int4/int2 (they build quanto's C++ unpacker on first use).
 test-heavy: $(STAMP)

@@ -79,7 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass: less memory, slower steps")
     p.add_argument("--shard", action="store_true",
                    help="under torchrun/accelerate launch: shard what trains over the processes (FSDP2), each block in "
-                        "the recipe's dtypes; frozen parts replicated. --plan --processes N plans it per rank")
+                        "the recipe's dtypes; frozen parts sharded where that holds less, else replicated (the plan says "
+                        "which and why). --plan --processes N plans it per rank")
     p.add_argument("--plan", action="store_true",
                    help="print the predicted peak memory (weights, gradients, optimizer, activations) and the settings "
                         "chosen for --max-memory, from the configs on the meta device; no weights, no training")

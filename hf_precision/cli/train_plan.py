@@ -177,3 +177,5 @@ def _print_rank(p: Any, budget: int | None) -> None:
     print(f"  {p.describe()}: per rank weights {size_text(p.weights)}, masters {size_text(p.masters)}, gradients "
           f"{size_text(p.grads)}, AdamW {size_text(p.optimizer)}, gathered units {size_text(p.gathered)}, activations "
           f"{size_text(p.base.activations)} -> peak {size_text(p.peak)}{fits}")
+    for choice in p.frozen:  # the frozen components: sharded in their storage dtype or replicated, and why
+        print(f"    {choice}")

@@ -300,7 +300,7 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
                      overrides: Any = None, recipe: str | TrainingRecipe | None = None, force: bool = False,
-                     shard: bool = False) -> TrainingPlan:
+                     shard: bool | str = False) -> TrainingPlan:
     """Set a pipeline up for training under its recipe (see the module docstring for the rules).
 
     Args:
@@ -322,7 +322,9 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
             left as it is and gets a row saying so.
         force: apply a recipe whose ``pipelines:`` list does not name the pipeline's class (as ``apply_recipe``).
         shard: shard what trains with FSDP2 over the launcher's processes, unit by unit in the plan's dtypes
-            (:mod:`hf_precision.training.shard`); frozen parts stay replicated.
+            (:mod:`hf_precision.training.shard`); each frozen component is sharded in its storage dtype or replicated,
+            whichever a rank holds less of (``tp.shard`` says which and why); ``"cached"``: as True for a run that
+            caches the encoders' outputs, so the frozen components stay replicated (they run in the cache pass only).
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -347,10 +349,13 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
     quantized.upcast_fp8(record.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     quantized.keep_4bit_differentiable(comps, train, denoiser)
     tp = _finish(holder, record, comps, train, dev, denoiser, dict(tr.choices), rank, lora, tokens, init_tokens, master)
+    if shard not in (False, True, "cached"):
+        raise TrainingError(f"prepare_training(shard={shard!r}): use True (shard over the launcher's processes), "
+                            f"'cached' (the same, for a run that caches the encoders' outputs) or False")
     if shard:
         from .shard import shard_training
 
-        tp.shard = shard_training(tp)
+        tp.shard = shard_training(tp, cached=shard == "cached")
     return tp
 
 

@@ -14,8 +14,12 @@ device; gloo on the CPU) puts ``torch.distributed.fsdp.fully_shard`` on every co
   recipe's hand-over dtype.
 
 The sharded parameters are the fp32 masters (each rank holds 1/N of them, and of their gradients and optimizer
-state). Frozen components are replicated in their storage dtype: they carry no gradients and no optimizer state, so
-sharding them would save only 1-1/N of their weights at the price of an all-gather per call.
+state). A frozen component (text encoders, VAE) carries no gradients and no optimizer state: sharding it saves 1-1/N
+of its weights, at the price of holding its own parameters and two of its blocks whole while it runs (the one
+computing and the one prefetched) and an all-gather per call. :func:`frozen_choice` decides per component, by those
+bytes: sharded in its storage dtype (``param_dtype=None``: each weight all-gathered as stored) where that holds less
+than the whole, replicated where it does not (few large blocks: a VAE) or where the component leaves the device once
+its outputs are cached; the per-rank memory plan (``train --plan --processes N --shard``) prints the same decision.
 
 fp16 layouts keep the GradScaler: the sharded gradients are DTensors, and torch's DTensor dispatch of the scaler's
 non-finite check reduces the found-inf flag with max over the mesh (torch/distributed/tensor/_dispatch.py,
@@ -28,7 +32,7 @@ storage in a trainable component are refused before loading (:func:`refuse_unsha
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -38,7 +42,7 @@ from ..recipe.quantize import is_quantized
 from .methods import method_of
 from .rules import TrainingError
 
-__all__ = ["ShardUnit", "ShardPlan", "block_paths", "plan_units", "refuse_unshardable", "shard_training",
+__all__ = ["ShardUnit", "ShardPlan", "FrozenChoice", "block_paths", "frozen_choice", "rank_share", "plan_units", "refuse_unshardable", "shard_training",
            "shard_problems", "sharded_bytes", "full_state", "init_group"]
 
 
@@ -59,13 +63,39 @@ class ShardUnit:
                                     output_dtype=_torch(self.output_dtype))
 
 
+@dataclasses.dataclass(frozen=True)
+class FrozenChoice:
+    """How one frozen component is held over the ranks (:func:`frozen_choice`): sharded in its storage dtype or
+    replicated, the bytes one rank holds of it either way, and why."""
+
+    component: str
+    sharded: bool
+    whole: int  # its weights in their storage dtype: what a rank holds replicated
+    share: int  # one rank's shard of them
+    running: int  # gathered on top of the shard while it runs: its own parameters and its two largest blocks
+    why: str
+
+    @property
+    def held(self) -> int:
+        """Bytes one rank holds of it between its calls, as chosen."""
+        return self.share if self.sharded else self.whole
+
+    def __str__(self) -> str:
+        return f"{self.component}: {'sharded in its storage dtype' if self.sharded else 'replicated'} ({self.why})"
+
+
 @dataclasses.dataclass
 class ShardPlan:
-    """What :func:`shard_training` sharded (units, world size) and what it replicated, with the reason."""
+    """What :func:`shard_training` sharded (units, world size), and each frozen component's choice with the reason."""
 
     world: int
     units: list[ShardUnit]
-    replicated: dict[str, str]
+    frozen: dict[str, FrozenChoice]
+
+    @property
+    def replicated(self) -> dict[str, str]:
+        """The frozen components left whole on every rank, with the reason."""
+        return {c: f.why for c, f in self.frozen.items() if not f.sharded}
 
     def __str__(self) -> str:
         lines = [f"sharded over {self.world} process(es) (FSDP2):"]
@@ -77,7 +107,7 @@ class ShardPlan:
             lines.append(f"  {comp}: {blocks} block units + the component, params in "
                          f"{root.param_dtype or 'their planned dtypes'}, reduce {root.reduce_dtype}, out "
                          f"{root.output_dtype}" + (f"; fp32 island units: {', '.join(islands)}" if islands else ""))
-        lines += [f"  {comp}: replicated ({why})" for comp, why in self.replicated.items()]
+        lines += [f"  {choice}" for choice in self.frozen.values()]
         return "\n".join(lines)
 
 
@@ -106,6 +136,66 @@ def block_paths(module: torch.nn.Module) -> list[str]:
                 found += items
                 taken.append(name)
     return found + mids
+
+
+def rank_share(params: Iterable[torch.Tensor], world: int, dtype_bytes: int | None = None, rank: int = 0) -> int:
+    """Bytes rank ``rank`` holds of ``params`` sharded over ``world`` as FSDP2 shards them: ``torch.chunk`` along dim
+    0, chunks of ceil(rows / world) rows, the last ranks' smaller or empty when the rows do not divide (rank 0's
+    share is the largest: the plan's per-rank figure); ``dtype_bytes`` overrides the element size (fp32 masters).
+
+    Example:
+        >>> [rank_share([torch.empty(5, 2)], 3, rank=r) for r in range(3)]  # rows 5 over 3: 2, 2 and 1 rows of 2 fp32
+        [16, 16, 8]
+    """
+    total = 0
+    for p in params:
+        rows = p.shape[0] if p.dim() > 0 else 1
+        rest = p.numel() // max(rows, 1) if p.dim() > 0 else 1
+        chunk = -(-rows // world)
+        total += max(0, min(chunk, rows - rank * chunk)) * rest * (dtype_bytes or p.element_size())
+    return total
+
+
+def frozen_choice(name: str, module: torch.nn.Module, world: int, *, weight_bytes: int | None = None,
+                  cached: bool = False) -> FrozenChoice:
+    """Shard frozen component ``name`` over ``world`` ranks, or replicate it: whichever one rank holds less of.
+
+    Sharded, a rank holds its 1/N share, plus while the component runs its own (non-block) parameters and two blocks
+    whole (FSDP2 gathers the block that computes and prefetches the next). ``weight_bytes`` gives the weights in their
+    storage dtype when ``module`` is built in another (a meta module of the memory plan); ``cached``: its outputs are
+    cached, so it leaves the device after the cache pass and is replicated for that pass alone.
+
+    Example:
+        >>> from hf_precision.testing import make_pipeline
+        >>> pipe = make_pipeline("sd15")
+        >>> print(frozen_choice("text_encoder", pipe.text_encoder, 8, cached=True))  # doctest: +ELLIPSIS
+        text_encoder: replicated (its outputs are cached: ...)
+    """
+    params = list(module.parameters())
+    whole = sum(p.numel() * p.element_size() for p in params)
+    scale = weight_bytes / whole if weight_bytes and whole else 1.0
+    blocks = [sum(p.numel() * p.element_size() for p in module.get_submodule(b).parameters())
+              for b in block_paths(module)]
+    share = int(rank_share(params, max(world, 1)) * scale)
+    running = int((whole - sum(blocks) + sum(sorted(blocks)[-2:])) * scale)
+    sharded, replicated = share + running, int(whole * scale)
+    if world <= 1:
+        why = "one process: nothing to shard over"
+    elif cached:
+        why = "its outputs are cached: it runs in the cache pass only and leaves the device after it"
+    elif sharded < replicated:
+        why = (f"{_size(sharded)} per rank sharded (its 1/{world}, and its own parameters and two blocks whole while "
+               f"it runs) against {_size(replicated)} whole")
+    else:
+        why = (f"sharded it would hold {_size(sharded)} per rank (its own parameters and two of its {len(blocks)} "
+               f"blocks whole while it runs), not less than the {_size(replicated)} of all of it")
+    return FrozenChoice(name, world > 1 and not cached and sharded < replicated, replicated, share, running, why)
+
+
+def _size(n: int) -> str:
+    from ..units import format_bytes
+
+    return format_bytes(n, binary=True)
 
 
 def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list[str]],
@@ -192,8 +282,10 @@ def init_group(device_type: str = "cpu") -> Any:
     return dist.group.WORLD
 
 
-def shard_training(tp: Any) -> ShardPlan:
-    """Put ``fully_shard`` on the trainable components of a prepared plan, unit by unit (see the module docstring)."""
+def shard_training(tp: Any, cached: bool = False) -> ShardPlan:
+    """Put ``fully_shard`` on the trainable components of a prepared plan, unit by unit, and on the frozen ones
+    :func:`frozen_choice` shards (none when ``cached``: they leave the device after the cache pass); see the module
+    docstring."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -211,11 +303,30 @@ def shard_training(tp: Any) -> ShardPlan:
         comp, _, sub = unit.path.partition(".")
         module = comps[comp].get_submodule(sub) if sub else comps[comp]
         fully_shard(module, mesh=mesh, mp_policy=unit.policy())
+    frozen = {}
+    trained = {u.path.split(".")[0] for u in units}
+    for name, module in comps.items():
+        if name in trained or not any(True for _ in module.parameters()):
+            continue
+        frozen[name] = choice = frozen_choice(name, module, world, cached=cached)
+        if choice.sharded:
+            _shard_frozen(module, mesh)
     tp._trainable = tp._names = None  # the parameters are now DTensor shards: the caches are rebuilt from them
-    why = "frozen: no gradients and no optimizer state, only weights; sharding them saves 1-1/N of those weights " \
-          "for an all-gather every call"
-    replicated = {c: why for c, k in tp.kinds.items() if not method_of(k).trains_weights}
-    return ShardPlan(world, units, replicated)
+    return ShardPlan(world, units, frozen)
+
+
+def _shard_frozen(module: torch.nn.Module, mesh: Any) -> None:
+    """A frozen component sharded per block in its storage dtype (param_dtype None: gathered as stored, computed
+    as the recipe casts its inputs); its encode/decode methods gather it as its forward does."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
+
+    policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, output_dtype=None)
+    for block in block_paths(module):
+        fully_shard(module.get_submodule(block), mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
+    for method in ("encode", "decode", "get_text_features"):
+        if callable(getattr(module, method, None)):
+            register_fsdp_forward_method(module, method)
 
 
 def _units(tp: Any) -> Iterator[tuple[ShardUnit, torch.nn.Module]]:

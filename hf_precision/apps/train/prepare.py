@@ -176,7 +176,9 @@ def prepare_run(s: TrainSettings) -> Run:
     pipe.set_progress_bar_config(disable=True)
     # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
     # add_adapter, whose peft version check refused the installed peft.
-    tp = prepare_training(pipe, device=device, train=train, master=s.master, recipe=tr, shard=s.shard, **extra)
+    # with the cache on, the frozen encoders run in the cache pass only: replicated, as the per-rank plan counts them
+    shard = ("cached" if s.cache else True) if s.shard else False
+    tp = prepare_training(pipe, device=device, train=train, master=s.master, recipe=tr, shard=shard, **extra)
     if s.gradient_checkpointing:
         denoiser = tp.components[tp.denoiser_name]
         if not getattr(denoiser, "_supports_gradient_checkpointing", False):

@@ -5,8 +5,10 @@ weights in the recipe's dtypes). Per rank, for N processes:
 
 - **data parallel** (DDP): every rank holds what one process holds.
 - **sharded** (``--shard``, :mod:`hf_precision.training.shard`): the trained denoiser's weights, fp32 masters,
-  gradients and AdamW state are split over the ranks, each parameter padded along its first dimension to a multiple
-  of N as FSDP2 pads it; frozen components stay replicated. While a unit computes it is gathered whole: the component's
+  gradients and AdamW state are split over the ranks, each parameter's rows chunked as FSDP2 chunks them (rank 0's
+  share, the largest, counted); each frozen component sharded or replicated as
+  :func:`hf_precision.training.shard.frozen_choice` decides (replicated and off the device once the cache is
+  filled, with cached latents). While a unit computes it is gathered whole: the component's
   own unit (held through the step), and two block units at a time (the one computing and the one prefetched), with
   their gradients before the reduce-scatter.
 
@@ -19,7 +21,6 @@ latents, gradient checkpointing, halved batches) with sharding. The command prin
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -45,6 +46,7 @@ class RankPrediction:
     optimizer: int
     gathered: int
     encode: int  # the cache pass: encoders whole, the denoiser as this rank holds it, its masters, VAE activations
+    frozen: list[Any] = dataclasses.field(default_factory=list)  # sharded: each frozen component's FrozenChoice
 
     @property
     def options(self) -> Options:
@@ -78,12 +80,9 @@ def shard_bytes(params: Iterable[Any], processes: int, dtype_bytes: int | None =
         >>> shard_bytes([torch.empty(5, 2)], 2)  # rows 5 -> padded 6, 3 rows of 2 fp32 each
         24
     """
-    total = 0
-    for p in params:
-        rows = p.shape[0] if p.dim() > 0 else 1
-        rest = p.numel() // max(rows, 1) if p.dim() > 0 else 1
-        total += math.ceil(rows / processes) * rest * (dtype_bytes or p.element_size())
-    return total
+    from ...training.shard import rank_share
+
+    return rank_share(params, processes, dtype_bytes)
 
 
 def _unit_bytes(module: Any, units: list[Any], denoiser: str) -> tuple[int, int, int]:
@@ -129,11 +128,13 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     base = predict_training(model, device, method=method, rank=rank, resolution=resolution, frames=frames,
                             options=options, overrides=overrides, _cached_model=m)
     encoders = sum(v for n, v in base.weights.items() if n != m.denoiser)
-    replicated = 0 if options.cached else encoders
     if not shard or processes <= 1:
         frozen = base.phases["train step"] - base.masters - base.grads - base.optimizer - base.activations
         return RankPrediction(processes, False, base, frozen, base.masters, base.grads, base.optimizer, 0,
                               base.phases["encode"])
+    choices = _frozen_choices(m, base, processes, options.cached)
+    # cached: the encoders leave the device after the cache pass (held whole in it); else each as its choice holds it
+    replicated = 0 if options.cached else sum(c.held for c in choices)
     den = m.plan.components[m.denoiser]
     module = meta_module(m.index, m.configs, m.denoiser, getattr(torch, den.compute))
     make_trainable(module, method, rank)
@@ -149,7 +150,23 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     gathered = root + 2 * block + block_grads
     encode = encoders + frozen_den + masters + base.encode_activations
     return RankPrediction(processes, True, base, frozen_den + replicated, masters, masters,
-                          masters * ADAM_STATES, gathered, encode)
+                          masters * ADAM_STATES, gathered, encode, choices)
+
+
+def _frozen_choices(m: Any, base: TrainingPrediction, processes: int, cached: bool) -> list[Any]:
+    """Each frozen component's choice (:func:`hf_precision.training.shard.frozen_choice`, as the layer makes it),
+    from its meta module and its weights in the recipe's storage dtype."""
+    import torch
+
+    from ...training.shard import frozen_choice
+
+    out = []
+    for name, size in base.weights.items():
+        if name == m.denoiser or not size:
+            continue
+        module = meta_module(m.index, m.configs, name, getattr(torch, m.plan.components[name].compute))
+        out.append(frozen_choice(name, module, processes, weight_bytes=size, cached=cached))
+    return out
 
 
 def training_model(model: str, device: Any, overrides: Any = None) -> Any:
