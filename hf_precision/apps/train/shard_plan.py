@@ -26,6 +26,7 @@ from typing import Any
 
 from ...memory.peaks import meta_module
 from ...memory.train_step import make_trainable
+from ...training.methods import method_of
 from ...units import format_bytes
 from .plan import ADAM_STATES, Options, TrainingPrediction, options_ladder, planned_model, predict_training
 
@@ -142,7 +143,7 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     frozen = [p for p in module.parameters() if not p.requires_grad]
     # the recipe's storage bytes of the frozen denoiser weights, split as the meta module's (compute dtype) split
     frozen_share = shard_bytes(frozen, processes) / max(sum(p.numel() * p.element_size() for p in frozen), 1)
-    frozen_den = int((base.weights[m.denoiser] - (den.total_bytes if method == "full" else 0)) * frozen_share)
+    frozen_den = int((base.weights[m.denoiser] - (den.total_bytes if method_of(method).every_weight else 0)) * frozen_share)
     masters = shard_bytes(trainable, processes, 4)
     islands = {m.denoiser: [i for i in m.plan.recipe[m.denoiser].keep_fp32 if _has(module, i)]}
     units = plan_units(m.plan.recipe, {m.denoiser: method}, islands, {m.denoiser: module})

@@ -45,8 +45,11 @@ def _barrier() -> None:
 def _trainables(tp: Any) -> Any:
     import torch
 
+    from ...training.methods import method_of
+
     # one module over the trained components, so the saved names are "unet.<fqn>" as in the one-process checkpoint
-    return torch.nn.ModuleDict({n: m for n, m in tp.components.items() if tp.kinds.get(n) in ("lora", "full")})
+    return torch.nn.ModuleDict({n: m for n, m in tp.components.items()
+                                if n in tp.kinds and method_of(tp.kinds[n]).trains_weights})
 
 
 def _options(strict: bool = True) -> Any:
