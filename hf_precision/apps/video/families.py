@@ -40,8 +40,8 @@ class VideoFamily:
     """One video family: what its pipelines share beyond their configs.
 
     What one denoiser call gets is the denoiser class's row of recipes/denoisers.yaml, the training loss's too
-    (:func:`hf_precision.apps.video.plan.denoiser_call`). ``decode``: ``"video"`` (the VAE decodes the 5D latent at once) or
-    ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
+    (:func:`hf_precision.apps.video.plan.denoiser_call`). ``decode``: ``"video"`` (the VAE decodes the 5D latent at
+    once) or ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
     and the program decodes them ``--decode-chunk-size`` frames at a time, with the noise drawn here in the
     denoiser's compute dtype (SVD). ``vae_tiling``: ``"always"`` for a VAE that only decodes tiled.
 
@@ -91,20 +91,24 @@ class VideoFamily:
 FAMILIES: dict[str, VideoFamily] = {f.name: f for f in (
     VideoFamily("wan", "Wan", {"height": 480, "width": 832, "frames": 81, "steps": 50}, text_length=512,
                 cfg_batch=1, image_encode="clip"),
-    VideoFamily("ltx", "LTX", {"height": 480, "width": 704, "frames": 161, "steps": 50}, text_length=128, image_encode="frame"),
-    VideoFamily("cogvideox", "CogVideoX", {"height": 480, "width": 720, "frames": 49, "steps": 50}, text_length=226, image_encode="frame", text_length_key="max_text_seq_length"),
+    VideoFamily("ltx", "LTX", {"height": 480, "width": 704, "frames": 161, "steps": 50}, text_length=128,
+                image_encode="frame"),
+    VideoFamily("cogvideox", "CogVideoX", {"height": 480, "width": 720, "frames": 49, "steps": 50}, text_length=226,
+                image_encode="frame", text_length_key="max_text_seq_length"),
     VideoFamily("hunyuan", "HunyuanVideo", {"height": 320, "width": 512, "frames": 61, "steps": 30},
                 text_length=256, text_prefix=95, text_hidden_states=True, cfg_batch=1),
-    VideoFamily("svd", "StableVideoDiffusion", {"height": 576, "width": 1024, "frames": 0, "steps": 25}, image_encode="image", decode="frames", decode_chunks=True,
-                forward_chunking=True, vae_tiling="never", frames_key="num_frames",
-                call_options=("fps", "motion_bucket_id", "noise_aug_strength"),
+    VideoFamily("svd", "StableVideoDiffusion", {"height": 576, "width": 1024, "frames": 0, "steps": 25},
+                image_encode="image", decode="frames", decode_chunks=True, forward_chunking=True, vae_tiling="never",
+                frames_key="num_frames", call_options=("fps", "motion_bucket_id", "noise_aug_strength"),
                 size_multiple=8, size_note="SVD's VAE works on 8x8 blocks"),
     VideoFamily("mochi", "Mochi", {"height": 480, "width": 848, "frames": 19, "steps": 64}),
     # AutoencoderKLAllegro refuses to decode untiled: "Decoding without tiling has not been implemented yet"
     # (diffusers v0.42.1 autoencoder_kl_allegro.py:841), so tiling is turned on whatever the settings say.
-    VideoFamily("allegro", "Allegro", {"height": 720, "width": 1280, "frames": 85, "steps": 100}, text_length=512, vae_tiling="always"),
+    VideoFamily("allegro", "Allegro", {"height": 720, "width": 1280, "frames": 85, "steps": 100}, text_length=512,
+                vae_tiling="always"),
     # pipeline_latte.py decode_latents: a 2D VAE, 14 frames at a time
-    VideoFamily("latte", "Latte", {"height": 512, "width": 512, "frames": 16, "steps": 50}, text_length=120, decode="frames", decode_chunk=14),
+    VideoFamily("latte", "Latte", {"height": 512, "width": 512, "frames": 16, "steps": 50}, text_length=120,
+                decode="frames", decode_chunk=14),
     VideoFamily("other", "", {"height": 480, "width": 832, "frames": 49, "steps": 30}),
 )}
 
