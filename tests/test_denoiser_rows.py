@@ -24,7 +24,7 @@ def _file(**row):
     ({"layout": "vidoe"}, "denoisers.MyDiT.layout: bad value 'vidoe'; allowed: image, video, frames_first; did you mean 'video'?"),
     ({"extras": ["guidanse"]}, "denoisers.MyDiT.extras[0]: no registered builder 'guidanse'; allowed: "),
     ({"optional": {"clip_img": ["image_embeds", "tokens@dim"]}}, "denoisers.MyDiT.optional: bad value"),
-    ({"timestep_scale": "1000"}, "denoisers.MyDiT.timestep_scale: bad value '1000'; allowed: a number, e.g. 1000.0"),
+    ({"timestep_scale": "1000"}, "denoisers.MyDiT.timestep_scale: bad value '1000'; allowed: a positive number, e.g. 1000.0"),
     ({"latent_arg": None}, "denoisers.MyDiT.latent_arg: bad value None; allowed: a Python identifier"),
     ({"timestep_sacle": 1.0}, "denoisers.MyDiT.timestep_sacle: unknown key 'timestep_sacle'; allowed: "),
 ])

@@ -18,54 +18,36 @@ from .schema import check_schema, did_you_mean, unknown_keys
 
 __all__ = ["ROW_KEYS", "check_denoisers", "read_denoisers"]
 
-# key -> kind of value; `latent_arg` and `source` are required, the rest have the defaults of the training row
-ROW_KEYS = {
-    "latent_arg": "name", "source": "text", "cond": "name-map", "encode": "returns", "text_dims": "name-map",
-    "text_len": "length-map", "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", None),
-    "timestep_arg": "name", "timestep_scale": "number", "flip": "bool", "discrete_scale": "number-or-null",
-    "timestep_in_weights_dtype": "bool", "guidance_scale": "number", "optional": "optional", "per_frame": "names",
-    "extras": "builders", "encode_more": "encode-more",
-}
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_NAME = re.compile(r"[A-Za-z_]\w*\Z")
 _ZEROS = re.compile(r"latents(@[A-Za-z_]\w*)?\Z|token@[A-Za-z_]\w*\Z")
-_EXAMPLES = {
-    "name": "a Python identifier, e.g. hidden_states", "text": "a non-empty string naming the diffusers pipeline file",
-    "name-map": "a mapping of names, e.g. {prompt_embeds: encoder_hidden_states}",
-    "returns": "a list of names or null, e.g. [prompt_embeds, null, pooled_prompt_embeds, null]",
-    "length-map": "a mapping name -> config key or token count, e.g. {prompt_embeds: max_text_seq_length}",
-    "number": "a number, e.g. 1000.0", "bool": "true or false", "number-or-null": "a number or null",
-    "optional": "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]",
-    "names": "a list of names, e.g. [encoder_hidden_states]",
-    "encode-more": "a list of {options: {keyword: value}, returns: [names or null]}",
+_name = lambda v: isinstance(v, str) and bool(_NAME.match(v))  # noqa: E731
+_names = lambda v, null=False: isinstance(v, list) and all((null and x is None) or _name(x) for x in v)  # noqa: E731
+_map = lambda v, ok=_name: isinstance(v, dict) and all(_name(k) and ok(x) for k, x in v.items())  # noqa: E731
+_number = lambda v: type(v) in (int, float) and v > 0  # noqa: E731
+_NAMES = (_names, "a list of names, e.g. [encoder_hidden_states]")
+_RETURNS = (lambda v: _names(v, True), "a list of names or null, e.g. [prompt_embeds, null, pooled_prompt_embeds]")
+_MAP = (_map, "a mapping of names, e.g. {prompt_embeds: encoder_hidden_states}")
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_NUMBER = (_number, "a positive number, e.g. 1000.0")
+# key -> (check, what is allowed) or the values allowed; `latent_arg` and `source` are required
+ROW_KEYS: dict[str, Any] = {
+    "latent_arg": (_name, "a Python identifier, e.g. hidden_states"),
+    "source": (lambda v: isinstance(v, str) and bool(v.strip()), "text naming the diffusers pipeline file"),
+    "cond": _MAP, "encode": _RETURNS, "text_dims": _MAP, "per_frame": _NAMES, "extras": _NAMES,
+    "text_len": (lambda v: _map(v, lambda x: _name(x) or (type(x) is int and x > 0)),
+                 "a mapping name -> config key or token count, e.g. {prompt_embeds: max_text_seq_length}"),
+    "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", None),
+    "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"), "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
+    "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": _BOOL,
+    "timestep_in_weights_dtype": _BOOL,
+    "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
+                                and isinstance(x[1], str) and bool(_ZEROS.match(x[1]))),
+                 "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]"),
+    "encode_more": (lambda v: isinstance(v, list) and all(isinstance(x, dict) and set(x) == {"options", "returns"}
+                                                          and isinstance(x["options"], dict)
+                                                          and _names(x["returns"], True) for x in v),
+                    "a list of {options: {keyword: value}, returns: [names or null]}"),
 }
-
-
-def _valid(kind: str, value: Any) -> bool:
-    names = lambda v: isinstance(v, list) and all(isinstance(x, str) and _NAME.match(x) for x in v)  # noqa: E731
-    if kind == "name":
-        return isinstance(value, str) and bool(_NAME.match(value))
-    if kind == "text":
-        return isinstance(value, str) and bool(value.strip())
-    if kind in ("name-map", "length-map"):
-        ok = lambda v: _valid("name", v) or (kind == "length-map" and type(v) is int and v > 0)  # noqa: E731
-        return isinstance(value, dict) and all(_valid("name", k) and ok(v) for k, v in value.items())
-    if kind == "returns":
-        return isinstance(value, list) and all(x is None or _valid("name", x) for x in value)
-    if kind in ("number", "number-or-null"):
-        return (value is None and kind == "number-or-null") or (type(value) in (int, float) and value > 0)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "optional":
-        return isinstance(value, dict) and all(
-            _valid("name", k) and isinstance(v, list) and len(v) == 2 and _valid("name", v[0])
-            and isinstance(v[1], str) and bool(_ZEROS.match(v[1])) for k, v in value.items())
-    if kind in ("names", "builders"):
-        return names(value)
-    if kind == "encode-more":
-        return isinstance(value, list) and all(
-            isinstance(v, dict) and set(v) == {"options", "returns"} and isinstance(v["options"], dict)
-            and _valid("returns", v["returns"]) for v in value)
-    raise AssertionError(kind)
 
 
 def _row(cls: str, row: Any, builders: list[str], problems: Problems) -> dict[str, Any]:
@@ -76,27 +58,21 @@ def _row(cls: str, row: Any, builders: list[str], problems: Problems) -> dict[st
     unknown_keys(row, set(ROW_KEYS), path, problems)
     for key in ("latent_arg", "source"):
         if key not in row:
-            problems.add(f"{path}.{key}", f"missing; every row names it ({_EXAMPLES[str(ROW_KEYS[key])]})")
-    out: dict[str, Any] = {}
+            problems.add(f"{path}.{key}", f"missing; every row names it ({ROW_KEYS[key][1]})")
     for key, value in row.items():
-        kind = ROW_KEYS.get(key)
-        if kind is None:
-            continue
-        if isinstance(kind, tuple):
-            if value not in kind:
-                problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: "
-                             f"{', '.join('null' if k is None else k for k in kind)}{did_you_mean(value, map(str, kind))}")
-        elif not _valid(kind, value):
-            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: {_EXAMPLES.get(kind, _EXAMPLES['names'])}")
-            continue
-        elif kind == "builders":
+        kind = ROW_KEYS.get(key, (lambda v: True, ""))
+        if not callable(kind[0]) and value not in kind:
+            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: "
+                         f"{', '.join('null' if k is None else k for k in kind)}{did_you_mean(value, map(str, kind))}")
+        elif callable(kind[0]) and not kind[0](value):
+            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: {kind[1]}")
+        elif key == "extras":
             for i, name in enumerate(value):
                 if name not in builders:
                     problems.add(f"{path}.{key}[{i}]", f"no registered builder {excerpt(name)}; allowed: "
                                  f"{', '.join(builders)}{did_you_mean(name, builders)} (a new one: "
                                  f"@hf_precision.training.inputs.builder({name!r}))")
-        out[key] = _plain(key, value)
-    return out
+    return {key: _plain(key, value) for key, value in row.items() if key in ROW_KEYS}
 
 
 def _plain(key: str, value: Any) -> Any:

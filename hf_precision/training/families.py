@@ -17,11 +17,10 @@ from typing import Any
 import torch
 
 from . import inputs
-from .inputs import cogvideox_rotary
 from .rules import TrainingError
 
 __all__ = ["FamilyRow", "FAMILIES", "add_rows", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs",
-           "call_inputs", "example_batch", "model_output", "cogvideox_rotary", "OBJECTIVES"]
+           "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 # EDM training draws ln(sigma) ~ N(P_mean, P_std^2) (Karras et al. 2022, "Elucidating the Design Space of

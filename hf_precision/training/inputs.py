@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["BUILDERS", "builder", "channel_dim", "cogvideox_rotary", "frozen_dtype", "model_layout", "optional_inputs"]
+__all__ = ["BUILDERS", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
@@ -98,48 +98,31 @@ def _qwen_img_shapes(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.
 
 @builder('cogvideox')
 def _cogvideox(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    config = module.config
-    out: dict[str, Any] = {}
-    if config.get("ofs_embed_dim"):  # CogVideoX 1.5 I2V: pipeline_cogvideox_image2video.py passes ofs = 2.0
-        out["ofs"] = x0.new_full((1,), 2.0)
-    if config.get("use_rotary_positional_embeddings"):
-        rotary = cogvideox_rotary(module, x0.shape[1], x0.shape[-2], x0.shape[-1])
-        out["image_rotary_emb"] = tuple(t.to(x0.device) for t in rotary)  # the video plan's latents are on meta
-    return out
-
-
-def cogvideox_rotary(module: Any, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """CogVideoX's RoPE (cos, sin) for latents of ``frames`` x ``height`` x ``width``, in fp32 on the module's device.
-
-    What pipeline_cogvideox.py ``_prepare_rotary_positional_embeddings`` builds, from latent sizes (the pipeline
-    divides pixel sizes by the VAE factor first): CogVideoX 1.0 crops a grid centred in the base size, 1.5
-    (``patch_size_t``) slices one from the maximum size.
-
-    Example:
-        >>> from diffusers import CogVideoXTransformer3DModel
-        >>> m = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=1,
-        ...     sample_width=8, sample_height=8, use_rotary_positional_embeddings=True, text_embed_dim=8,
-        ...     time_embed_dim=4)
-        >>> [tuple(t.shape) for t in cogvideox_rotary(m, 2, 8, 8)]
-        [(32, 16), (32, 16)]
-    """
     from diffusers.models.embeddings import get_3d_rotary_pos_embed
     from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
 
     config = module.config
-    device = next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
-    p, p_t = int(config["patch_size"]), config.get("patch_size_t")
-    grid = (height // p, width // p)
+    out: dict[str, Any] = {}
+    if config.get("ofs_embed_dim"):  # CogVideoX 1.5 I2V: pipeline_cogvideox_image2video.py passes ofs = 2.0
+        out["ofs"] = x0.new_full((1,), 2.0)
+    if not config.get("use_rotary_positional_embeddings"):
+        return out
+    # pipeline_cogvideox.py _prepare_rotary_positional_embeddings, from latent sizes (the pipeline divides pixel sizes
+    # by the VAE factor first): CogVideoX 1.0 crops a grid centred in the base size, 1.5 (patch_size_t) slices one
+    # from the maximum size
+    frames, p, p_t = x0.shape[1], int(config["patch_size"]), config.get("patch_size_t")
+    grid = (x0.shape[-2] // p, x0.shape[-1] // p)
     base_h, base_w = int(config["sample_height"]) // p, int(config["sample_width"]) // p
+    dim = int(config["attention_head_dim"])
     if p_t is None:
-        crops = get_resize_crop_region_for_grid(grid, base_w, base_h)
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=int(config["attention_head_dim"]), crops_coords=crops,
-                                           grid_size=grid, temporal_size=frames, device=device)
+        cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=get_resize_crop_region_for_grid(grid, base_w, base_h),
+                                           grid_size=grid, temporal_size=frames, device=x0.device)
     else:
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=int(config["attention_head_dim"]), crops_coords=None, grid_size=grid,
-                                           temporal_size=(frames + p_t - 1) // p_t, grid_type="slice",
-                                           max_size=(base_h, base_w), device=device)
-    return cos.float(), sin.float()
+        cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=None, grid_size=grid, grid_type="slice",
+                                           temporal_size=(frames + p_t - 1) // p_t, max_size=(base_h, base_w),
+                                           device=x0.device)
+    out["image_rotary_emb"] = (cos.float(), sin.float())
+    return out
 
 
 @builder('guidance')
