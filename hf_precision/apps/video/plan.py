@@ -47,11 +47,12 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
 
     Example:
         >>> from hf_precision.apps.video.families import model_spec
-        >>> from hf_precision.memory.peaks import meta_modules
+        >>> import torch
+        >>> from hf_precision.memory.peaks import meta_module
         >>> from hf_precision.runtime.source import configs_of
         >>> where, spec = model_spec("wan", configs_only=True)
         >>> _, index, configs = configs_of(where)
-        >>> den = meta_modules({"transformer": index["transformer"]}, configs, {})["transformer"]
+        >>> den = meta_module(index, configs, "transformer", torch.bfloat16)
         >>> call = denoiser_call(spec, den, None, 480, 832, 81)
         >>> tuple(call["hidden_states"].shape), tuple(call["encoder_hidden_states"].shape)
         ((1, 16, 21, 60, 104), (1, 512, 4096))
