@@ -295,8 +295,11 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     row = family_of(module)
     config = module.config
     gen = torch.Generator().manual_seed(seed)
-    meta = torch.device(device or "cpu").type == "meta"
-    randn = (lambda *shape: torch.empty(shape, device="meta")) if meta else (lambda *shape: torch.randn(*shape, generator=gen))
+    device = torch.device(device or "cpu")
+
+    def randn(*shape: int) -> torch.Tensor:  # meta: shapes only, nothing drawn
+        return torch.empty(shape, device=device) if device.type == "meta" else torch.randn(*shape, generator=gen).to(device)
+
     in_c = int(config["in_channels"])
     out_c = int(config.get("out_channels") or in_c)
     channels = in_c // 4 if row.pack == "flux" else min(in_c, out_c)
@@ -312,7 +315,8 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
             batch["pooled_prompt_embeds"] = randn(batch_size, pooled)
         # CogVideoX pads the prompt to max_text_seq_length, HunyuanDiT to text_len / text_len_t5 (its padding table)
         length = row.text_len.get(key, "")
-        length = length if isinstance(length, int) else int(config.get(length) or (1 if key == "image_embeds" else tokens))
+        if not isinstance(length, int):  # a config key; else the prompt, one token for an image embedding (SVD)
+            length = int(config.get(length) or (1 if key == "image_embeds" else tokens))
         shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, length, int(dim))
         batch[key] = randn(*shape)
     for key in row.cond:

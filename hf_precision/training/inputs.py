@@ -115,8 +115,9 @@ def _cogvideox(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor
     base_h, base_w = int(config["sample_height"]) // p, int(config["sample_width"]) // p
     dim = int(config["attention_head_dim"])
     if p_t is None:
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=get_resize_crop_region_for_grid(grid, base_w, base_h),
-                                           grid_size=grid, temporal_size=frames, device=x0.device)
+        crops = get_resize_crop_region_for_grid(grid, base_w, base_h)
+        cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=crops, grid_size=grid, temporal_size=frames,
+                                           device=x0.device)
     else:
         cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=None, grid_size=grid, grid_type="slice",
                                            temporal_size=(frames + p_t - 1) // p_t, max_size=(base_h, base_w),

@@ -40,8 +40,8 @@ class VideoFamily:
     """One video family: what its pipelines share beyond their configs.
 
     What one denoiser call gets is the denoiser class's row of recipes/denoisers.yaml, the training loss's too
-    (:func:`hf_precision.apps.video.plan.denoiser_call`). ``decode``: ``"video"`` (the VAE decodes the 5D latent at
-    once) or ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
+    (:func:`hf_precision.apps.video.plan.denoiser_call`). ``decode``: ``"video"`` (the VAE decodes the 5D latent
+    at once) or ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
     and the program decodes them ``--decode-chunk-size`` frames at a time, with the noise drawn here in the
     denoiser's compute dtype (SVD). ``vae_tiling``: ``"always"`` for a VAE that only decodes tiled.
 
