@@ -17,15 +17,25 @@ from typing import Any
 from ..errors import RecipeError
 from .counting import count_live_bytes, with_values
 
-__all__ = ["held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
+__all__ = ["cast_floats", "held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
 
 
-def _cast(value: Any, dtype: Any, key: str = "") -> Any:
+def cast_floats(value: Any, dtype: Any, key: str = "") -> Any:
+    """A denoiser's keyword arguments with floating tensors in ``dtype``, as the boundary hooks cast them at its entry
+    (the timesteps and guidance stay as they are); ``None`` keeps every dtype.
+
+    Example:
+        >>> import torch
+        >>> out = cast_floats({"x": torch.ones(1), "timestep": torch.ones(1)}, torch.float16)
+        >>> out["x"].dtype, out["timestep"].dtype
+        (torch.float16, torch.float32)
+    """
     import torch
 
     if isinstance(value, dict):
-        return {k: _cast(v, dtype, k) for k, v in value.items()}
-    if torch.is_tensor(value) and value.is_floating_point() and key not in ("timestep", "timesteps", "guidance"):
+        return {k: cast_floats(v, dtype, k) for k, v in value.items()}
+    if (dtype is not None and torch.is_tensor(value) and value.is_floating_point()
+            and key not in ("timestep", "timesteps", "guidance")):
         return value.to(dtype)
     return value
 
@@ -107,7 +117,7 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
     meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
     with count_live_bytes(grad=True) as live, held_fp8_copies() as held:
         kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
-        kwargs = _cast(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
+        kwargs = cast_floats(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
         out = module(**kwargs, return_dict=False)
         loss = torch.nn.functional.mse_loss(model_output(out, target, row).float(), target.float())
         del out, kwargs, target

@@ -123,7 +123,7 @@ def list_recipes(kind: str = "all") -> list[str]:
         ['sdxl', 'svd']
     """
     root = recipes_dir()
-    pipelines = sorted(p.stem for p in root.glob("*.yaml") if p.stem != "devices")
+    pipelines = sorted(p.stem for p in root.glob("*.yaml") if p.stem not in ("devices", "denoisers"))
     components = sorted(f"{p.stem}.{c}" for p in (root / "components").glob("*.yaml") for c in _component_file(p.stem)[1])
     return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
 

@@ -12,7 +12,7 @@ _EXPORTS = {
     "resolve_training": "resolve", "TrainingRecipe": "resolve",
     "TrainingError": "rules", "training_compute": "rules", "TRAINING_ORDER": "rules",
     "FAMILIES": "families", "FamilyRow": "families", "family_of": "families", "objective_of": "families",
-    "example_batch": "families",
+    "example_batch": "families", "add_rows": "families", "call_inputs": "families",
     "stochastic_round_": "scaler", "Stepper": "scaler",
     "TokenRows": "trainable", "default_targets": "trainable",
     "normalise_latents": "data",

@@ -1,13 +1,11 @@
-"""How each denoiser family takes a training step: one row of data per model class.
+"""How each denoiser family is called: one row per model class, read from recipes/denoisers.yaml.
 
-A row says which forward argument takes the noisy latents, how the pipeline-level conditioning names
-(``prompt_embeds``, ``pooled_prompt_embeds``, ``prompt_attention_mask``, ``image_embeds``, what the pipeline's
-``encode_prompt`` returns) map onto the denoiser's keyword arguments, the latent layout and packing (Flux packs 2x2
-patches into tokens with position ids; LTX flattens video latents into tokens), how timesteps are scaled, which
-extra inputs the forward needs (SDXL's time ids, Flux/HunyuanVideo guidance, LTX's latent sizes) and what
-``encode_prompt`` returns in order. Each row follows the family's diffusers pipeline (cited per row), so a
-training step feeds the denoiser exactly what sampling feeds it. The noise objective comes from the scheduler
-config (:func:`objective_of`), not from the row.
+A row says which forward argument takes the noisy latents, how the pipeline-level conditioning names map onto the
+denoiser's keyword arguments, the latent layout and packing, how timesteps are scaled, which registered extra input
+builders the forward needs (:mod:`.inputs`) and what ``encode_prompt`` returns in order. Each row follows the
+family's diffusers pipeline (cited per row), so a training step and the video memory plan (:func:`call_inputs`,
+on the meta device) feed the denoiser what sampling feeds it. The noise objective comes from the scheduler config
+(:func:`objective_of`), not from the row.
 """
 
 from __future__ import annotations
@@ -19,11 +17,10 @@ from typing import Any
 import torch
 
 from . import inputs
-from .inputs import cogvideox_rotary
 from .rules import TrainingError
 
-__all__ = ["FamilyRow", "FAMILIES", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs", "example_batch",
-           "model_output", "cogvideox_rotary", "OBJECTIVES"]
+__all__ = ["FamilyRow", "FAMILIES", "add_rows", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs",
+           "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 # EDM training draws ln(sigma) ~ N(P_mean, P_std^2) (Karras et al. 2022, "Elucidating the Design Space of
@@ -33,166 +30,52 @@ EDM_P_MEAN, EDM_P_STD = -1.2, 1.2
 
 @dataclasses.dataclass(frozen=True)
 class FamilyRow:
-    """One denoiser family (see the module docstring for the fields' meaning)."""
+    """One denoiser family: a row of recipes/denoisers.yaml (its header says what each field means)."""
 
     latent_arg: str
-    cond: Mapping[str, str]
-    encode: tuple[str | None, ...]
-    text_dims: Mapping[str, str]
-    layout: str = "image"            # image (B,C,H,W) | video (B,C,F,H,W) | frames_first (B,F,C,H,W)
-    pack: str | None = None          # flux | ltx
-    timestep_scale: float = 1000.0   # flow matching: the denoiser takes sigma * timestep_scale
+    source: str
+    cond: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    encode: tuple[str | None, ...] = ()
+    text_dims: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    layout: str = "image"
+    pack: str | None = None
+    timestep_scale: float = 1000.0
     extras: tuple[str, ...] = ()
-    guidance_scale: float = 1.0      # multiplier on the guidance value the pipeline applies before the call
-    source: str = ""
-    timestep_arg: str = "timestep"   # Stable Cascade: timestep_ratio
-    # flow: the denoiser's clock runs from noise (0) to data (1): timestep (1 - sigma) * timestep_scale, and it
-    # predicts x0 - noise (Lumina2 negates its output, Mochi's scheduler inverts its sigmas)
+    guidance_scale: float = 1.0
+    timestep_arg: str = "timestep"
     flip: bool = False
-    discrete_scale: float | None = None  # DDPM: the denoiser takes t * discrete_scale (Cascade: t / 1000), else t
-    # forward argument -> (batch key, zeros shape when the batch lacks it: "latents", "latents@<config key>" for that
-    # many channels, "token@<config key>" for (B, 1, dim)); left out where the config key is null
+    discrete_scale: float | None = None
     optional: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
-    text_len: Mapping[str, str] = dataclasses.field(default_factory=dict)  # batch key -> config key of its token count
-    # further encode_prompt calls, each (its options, the names of what it returns) (HunyuanDiT: the T5 encoder)
+    text_len: Mapping[str, str | int] = dataclasses.field(default_factory=dict)
     encode_more: tuple[tuple[Mapping[str, Any], tuple[str | None, ...]], ...] = ()
-    per_frame: tuple[str, ...] = ()  # forward arguments the pipeline repeats once per frame on the batch axis
-    timestep_in_weights_dtype: bool = False  # the pipeline casts the timestep to the denoiser's dtype itself
+    per_frame: tuple[str, ...] = ()
+    timestep_in_weights_dtype: bool = False
 
 
-_TEXT = {"prompt_embeds": "encoder_hidden_states"}
-_MASKED = {"prompt_embeds": "encoder_hidden_states", "prompt_attention_mask": "encoder_attention_mask"}
+def _rows(path: str | None = None) -> dict[str, FamilyRow]:
+    from ..recipe.calls import read_denoisers
 
-FAMILIES: dict[str, FamilyRow] = {
-    "UNet2DConditionModel": FamilyRow(
-        "sample", _TEXT, ("prompt_embeds", None, "pooled_prompt_embeds", None),
-        {"prompt_embeds": "cross_attention_dim"}, extras=("sdxl_time_ids", "noise_level"),
-        source="pipeline_stable_diffusion.py / pipeline_stable_diffusion_xl.py (added_cond_kwargs text_embeds, time_ids); "
-               "pipeline_stable_diffusion_upscale.py (class_labels = noise_level, low-res image concatenated)"),
-    "UNetSpatioTemporalConditionModel": FamilyRow(
-        "sample", {"image_embeds": "encoder_hidden_states"}, (), {"image_embeds": "cross_attention_dim"},
-        layout="frames_first", extras=("svd_time_ids",),
-        source="pipeline_stable_video_diffusion.py (image embeddings, added_time_ids fps/motion/noise_aug)"),
-    "SD3Transformer2DModel": FamilyRow(
-        "hidden_states", {**_TEXT, "pooled_prompt_embeds": "pooled_projections"},
-        ("prompt_embeds", None, "pooled_prompt_embeds", None),
-        {"prompt_embeds": "joint_attention_dim", "pooled_prompt_embeds": "pooled_projection_dim"},
-        source="pipeline_stable_diffusion_3.py (timestep = sigma * 1000)"),
-    "FluxTransformer2DModel": FamilyRow(
-        "hidden_states", {**_TEXT, "pooled_prompt_embeds": "pooled_projections"},
-        ("prompt_embeds", "pooled_prompt_embeds", None),
-        {"prompt_embeds": "joint_attention_dim", "pooled_prompt_embeds": "pooled_projection_dim"},
-        pack="flux", timestep_scale=1.0, extras=("flux_ids", "guidance"),
-        source="pipeline_flux.py (_pack_latents 2x2, img_ids/txt_ids, timestep / 1000, guidance)"),
-    "PixArtTransformer2DModel": FamilyRow(
-        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None),
-        {"prompt_embeds": "caption_channels"}, extras=("pixart_micro",),
-        source="pipeline_pixart_sigma.py (added_cond_kwargs resolution/aspect_ratio; learned sigma halves)"),
-    "SanaTransformer2DModel": FamilyRow(
-        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None),
-        {"prompt_embeds": "caption_channels"}, extras=("guidance",),
-        source="pipeline_sana.py (encoder_attention_mask; timestep = sigma * 1000)"),
-    "WanTransformer3DModel": FamilyRow(
-        "hidden_states", {**_TEXT, "image_embeds": "encoder_hidden_states_image"}, ("prompt_embeds", None),
-        {"prompt_embeds": "text_dim"}, layout="video",
-        source="pipeline_wan.py (B,C,F,H,W latents; timestep = sigma * 1000)"),
-    "WanAnimateTransformer3DModel": FamilyRow(
-        "hidden_states", {**_TEXT, "image_embeds": "encoder_hidden_states_image"}, ("prompt_embeds", None),
-        {"prompt_embeds": "text_dim"}, layout="video", extras=("wan_animate",),
-        source="pipeline_wan_animate.py (reference latents + mask concatenated on channels, the reference as frame 0; "
-               "pose_hidden_states one frame fewer; face_pixel_values, -1 for the unconditional face)"),
-    "CogVideoXTransformer3DModel": FamilyRow(
-        "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "text_embed_dim"}, layout="frames_first",
-        extras=("cogvideox",), text_len={"prompt_embeds": "max_text_seq_length"},
-        source="pipeline_cogvideox.py (latents permuted to B,F,C,H,W; integer timesteps; image_rotary_emb from "
-               "_prepare_rotary_positional_embeddings); pipeline_cogvideox_image2video.py (ofs = 2.0)"),
-    "LTXVideoTransformer3DModel": FamilyRow(
-        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None),
-        {"prompt_embeds": "caption_channels"}, layout="video", pack="ltx", extras=("ltx_sizes",),
-        source="pipeline_ltx.py (_pack_latents to tokens; num_frames/height/width of the latents)"),
-    "HunyuanVideoTransformer3DModel": FamilyRow(
-        "hidden_states", {**_MASKED, "pooled_prompt_embeds": "pooled_projections"},
-        ("prompt_embeds", "pooled_prompt_embeds", "prompt_attention_mask"),
-        {"prompt_embeds": "text_embed_dim", "pooled_prompt_embeds": "pooled_projection_dim"}, layout="video",
-        extras=("guidance",), guidance_scale=1000.0,
-        source="pipeline_hunyuan_video.py (guidance * 1000; timestep = sigma * 1000)"),
-    "HunyuanVideoFramepackTransformer3DModel": FamilyRow(
-        "hidden_states", {**_MASKED, "pooled_prompt_embeds": "pooled_projections"},
-        ("prompt_embeds", "pooled_prompt_embeds", "prompt_attention_mask"),
-        {"prompt_embeds": "text_embed_dim", "pooled_prompt_embeds": "pooled_projection_dim"}, layout="video",
-        extras=("guidance", "framepack"), guidance_scale=1000.0,
-        optional={"image_embeds": ("image_embeds", "token@image_proj_dim")},
-        source="pipeline_hunyuan_video_framepack.py (SigLIP image_embeds; history latents 1x/2x/4x and their frame "
-               "indices, inverted anti-drifting; guidance * 1000; timestep = sigma * 1000)"),
-    "QwenImageTransformer2DModel": FamilyRow(
-        "hidden_states", {"prompt_embeds": "encoder_hidden_states", "prompt_attention_mask": "encoder_hidden_states_mask"},
-        ("prompt_embeds", "prompt_attention_mask"), {"prompt_embeds": "joint_attention_dim"},
-        pack="flux", timestep_scale=1.0, extras=("qwen_img_shapes", "guidance"),
-        source="pipeline_qwenimage.py (_pack_latents 2x2 as Flux, img_shapes, encoder_hidden_states_mask, timestep / 1000; "
-               "the transformer multiplies guidance by 1000 itself)"),
-    "WanVACETransformer3DModel": FamilyRow(
-        "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "text_dim"}, layout="video",
-        optional={"control_hidden_states": ("control_latents", "latents@vace_in_channels")},
-        source="pipeline_wan_vace.py (control_hidden_states = video latents + mask, vace_in_channels; none: zeros)"),
-    "UNetMotionModel": FamilyRow(
-        "sample", _TEXT, ("prompt_embeds", None, "pooled_prompt_embeds", None), {"prompt_embeds": "cross_attention_dim"},
-        layout="video", extras=("sdxl_time_ids",), per_frame=("encoder_hidden_states",),
-        source="pipeline_animatediff.py / pipeline_animatediff_sdxl.py (B,C,F,H,W latents, which the UNet folds into "
-               "(B*F,C,H,W); prompt_embeds.repeat_interleave(num_frames) first; SDXL: added_cond_kwargs)"),
-    "I2VGenXLUNet": FamilyRow(
-        "sample", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "cross_attention_dim"}, layout="video",
-        extras=("fps",), optional={"image_latents": ("image_latents", "latents"),
-                                   "image_embeddings": ("image_embeds", "token@cross_attention_dim")},
-        source="deprecated/i2vgen_xl/pipeline_i2vgen_xl.py (fps=16, image_latents (B,C,F,H,W), CLIP image_embeddings "
-               "(B,1,D))"),
-    "Kandinsky3UNet": FamilyRow(
-        "sample", _MASKED, ("prompt_embeds", None, "prompt_attention_mask", None), {"prompt_embeds": "encoder_hid_dim"},
-        source="pipeline_kandinsky3.py (encoder_attention_mask = encode_prompt's attention_mask)"),
-    "StableCascadeUNet": FamilyRow(
-        "sample", {"prompt_embeds": "clip_text", "pooled_prompt_embeds": "clip_text_pooled"},
-        ("prompt_embeds", "pooled_prompt_embeds", None, None),
-        {"prompt_embeds": "clip_text_in_channels", "pooled_prompt_embeds": "clip_text_pooled_in_channels"},
-        timestep_arg="timestep_ratio", discrete_scale=1e-3, extras=("cascade_pooled",), timestep_in_weights_dtype=True,
-        optional={"clip_img": ("image_embeds", "token@clip_image_in_channels"),
-                  "effnet": ("effnet", "latents@effnet_in_channels")},
-        source="pipeline_stable_cascade_prior.py (clip_text, clip_text_pooled, clip_img zeros without images) / "
-               "pipeline_stable_cascade.py (clip_text_pooled, effnet; the decoder has no clip_img, so clip_text is "
-               "unused there); timestep_ratio = t in [0, 1] of DDPMWuerstchenScheduler, cast to the denoiser's dtype "
-               "by the pipeline (the recipe's no_cast keeps the entry hook off it)"),
-    "DiTTransformer2DModel": FamilyRow(
-        "hidden_states", {}, (), {}, extras=("dit_class",),
-        source="pipeline_dit.py (class_labels, the null class num_embeds_ada_norm for guidance; learned sigma half)"),
-    "AuraFlowTransformer2DModel": FamilyRow(
-        "hidden_states", _TEXT, ("prompt_embeds", "prompt_attention_mask", None, None),
-        {"prompt_embeds": "joint_attention_dim"}, timestep_scale=1.0,
-        source="pipeline_aura_flow.py (timestep = t / 1000; no mask into the transformer)"),
-    "Lumina2Transformer2DModel": FamilyRow(
-        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None), {"prompt_embeds": "cap_feat_dim"},
-        timestep_scale=1.0, flip=True,
-        source="pipeline_lumina2.py (timestep = 1 - t / num_train_timesteps; noise_pred = -noise_pred)"),
-    "HunyuanDiT2DModel": FamilyRow(
-        "hidden_states", {**_TEXT, "prompt_attention_mask": "text_embedding_mask",
-                          "prompt_embeds_2": "encoder_hidden_states_t5", "prompt_attention_mask_2": "text_embedding_mask_t5"},
-        ("prompt_embeds", None, "prompt_attention_mask", None),
-        {"prompt_embeds": "cross_attention_dim", "prompt_embeds_2": "cross_attention_dim_t5"}, extras=("hunyuandit",),
-        discrete_scale=1.0,
-        text_len={"prompt_embeds": "text_len", "prompt_embeds_2": "text_len_t5"},
-        encode_more=(({"text_encoder_index": 1}, ("prompt_embeds_2", None, "prompt_attention_mask_2", None)),),
-        source="pipeline_hunyuandit.py (CLIP + T5 embeddings and masks, text_encoder_index 0 / 1; float timesteps "
-               "(t_expand in the latents' dtype: the model embeds in timestep.dtype); image_meta_size, "
-               "style, 2D rotary embedding; learned sigma half)"),
-    "MochiTransformer3DModel": FamilyRow(
-        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None), {"prompt_embeds": "text_embed_dim"},
-        layout="video", flip=True,
-        source="pipeline_mochi.py (the scheduler's invert_sigmas: timestep = (1 - sigma) * 1000)"),
-    "AllegroTransformer3DModel": FamilyRow(
-        "hidden_states", _MASKED, ("prompt_embeds", "prompt_attention_mask", None, None), {"prompt_embeds": "caption_channels"},
-        layout="video", extras=("allegro_rotary",),
-        source="pipeline_allegro.py (image_rotary_emb from _prepare_rotary_positional_embeddings)"),
-    "LatteTransformer3DModel": FamilyRow(
-        "hidden_states", _TEXT, ("prompt_embeds", None), {"prompt_embeds": "caption_channels"}, layout="video",
-        source="pipeline_latte.py (B,C,F,H,W latents, integer timesteps, temporal attention on; learned sigma half)"),
-}
+    return {cls: FamilyRow(**row) for cls, row in read_denoisers(inputs.BUILDERS, path).items()}
+
+
+FAMILIES: dict[str, FamilyRow] = _rows()
+
+
+def add_rows(path: str) -> list[str]:
+    """Add (or replace) rows from a user's denoisers YAML file (the shape of recipes/denoisers.yaml, checked the same
+    way); returns the model classes it gives. A new family is a row, plus at most one registered builder.
+
+    Example:
+        >>> import tempfile, pathlib
+        >>> path = pathlib.Path(tempfile.mkdtemp()) / "mine.yaml"
+        >>> _ = path.write_text("schema: 1\\nkind: denoisers\\ndenoisers:\\n  MyDiT: {latent_arg: hidden_states, "
+        ...                     "source: pipeline_my.py}\\n")
+        >>> add_rows(str(path)), FAMILIES.pop("MyDiT").latent_arg
+        (['MyDiT'], 'hidden_states')
+    """
+    rows = _rows(path)
+    FAMILIES.update(rows)
+    return list(rows)
 
 
 def family_of(module: torch.nn.Module, component: str = "the denoiser") -> FamilyRow:
@@ -225,7 +108,8 @@ def no_row(module: torch.nn.Module, component: str = "the denoiser") -> Training
         f"dtype plan still holds (storage, compute, fp32 masters, boundary hooks: print(tp)); pass the denoiser its "
         f"inputs yourself: `with tp.autocast(): pred = tp.components[{comp!r}](noisy_latents, timestep, ...)`, "
         f"`loss = torch.nn.functional.mse_loss(pred.float(), target)`, then tp.backward(loss) and tp.step(optimizer); "
-        f"or add a row to hf_precision.training.families.FAMILIES (known: {', '.join(sorted(FAMILIES))})")
+        f"or add a row for it in a denoisers YAML file (the shape of recipes/denoisers.yaml) and load it with "
+        f"hf_precision.training.families.add_rows(path) (known: {', '.join(sorted(FAMILIES))})")
 
 
 def objective_of(scheduler_config: Mapping[str, Any] | None, scheduler_class: str = "") -> str:
@@ -321,9 +205,30 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
+    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack else target
+
+
+def call_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
+                timestep: torch.Tensor | None = None, x0: torch.Tensor | None = None) -> dict[str, Any]:
+    """The denoiser's keyword arguments for ``noisy`` latents (the denoiser's layout, before packing) at ``timestep``:
+    the training step's call and the video memory plan's (meta tensors). Without ``noisy``: the batch's latents;
+    without ``timestep``: zeros, one per sample.
+
+    Example:
+        >>> from diffusers import SD3Transformer2DModel
+        >>> m = SD3Transformer2DModel(sample_size=8, num_layers=1, attention_head_dim=8, num_attention_heads=1,
+        ...     joint_attention_dim=8, caption_projection_dim=8, pooled_projection_dim=6, in_channels=4, out_channels=4)
+        >>> sorted(call_inputs(family_of(m), m, example_batch(m, device="meta")))
+        ['encoder_hidden_states', 'hidden_states', 'pooled_projections', 'timestep']
+    """
+    if noisy is None:
+        noisy = inputs.model_layout(row, batch["latents"])
+    x0 = noisy if x0 is None else x0
+    if timestep is None:
+        timestep = torch.zeros(noisy.shape[0], device=noisy.device)
     noisy = _with_condition_latents(row, module, noisy, batch)
     if row.pack:
-        noisy, target = _pack(row, noisy), _pack(row, target)
+        noisy = _pack(row, noisy)
     if row.timestep_in_weights_dtype:
         timestep = timestep.to(inputs.frozen_dtype(module))
     kwargs: dict[str, Any] = {row.latent_arg: noisy, row.timestep_arg: timestep}
@@ -335,8 +240,8 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
         if kwargs.get(arg) is not None:
             kwargs[arg] = kwargs[arg].repeat_interleave(x0.shape[2], dim=0)
     for extra in row.extras:
-        kwargs.update(inputs.EXTRAS[extra](row, module, batch, x0))
-    return kwargs, target
+        kwargs.update(inputs.BUILDERS[extra](row, module, batch, x0))
+    return kwargs
 
 
 def model_output(out: Any, target: torch.Tensor, row: FamilyRow) -> torch.Tensor:
@@ -374,8 +279,11 @@ def _pack(row: FamilyRow, x: torch.Tensor) -> torch.Tensor:
 
 
 def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8, frames: int = 2, tokens: int = 4,
-                  seed: int = 0) -> dict[str, torch.Tensor]:
+                  seed: int = 0, latent: tuple[int, ...] | None = None, device: Any = None) -> dict[str, torch.Tensor]:
     """A small random batch shaped for ``module`` from its config: latents (VAE layout) and conditioning.
+
+    ``latent`` gives the latents' (frames, height, width) or (height, width) as they are, instead of ``side`` and
+    ``frames`` fitted to the config; on ``device="meta"`` the tensors have shapes only (the video memory plan's).
 
     Example:
         >>> from diffusers import SD3Transformer2DModel
@@ -387,9 +295,38 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     row = family_of(module)
     config = module.config
     gen = torch.Generator().manual_seed(seed)
+    device = torch.device(device or "cpu")
+
+    def randn(*shape: int) -> torch.Tensor:  # meta: shapes only, nothing drawn
+        return torch.empty(shape, device=device) if device.type == "meta" else torch.randn(*shape, generator=gen).to(device)
+
     in_c = int(config["in_channels"])
     out_c = int(config.get("out_channels") or in_c)
     channels = in_c // 4 if row.pack == "flux" else min(in_c, out_c)
+    if latent is None:
+        latent = _fitted_latent(row, config, side, frames)
+    batch = {"latents": randn(batch_size, channels, *latent)}
+    for key, dim_key in row.text_dims.items():
+        dim = config.get(dim_key)
+        if dim is None:  # a part this configuration lacks (no pooled projection; Cascade's decoder has no clip_text)
+            continue
+        if config.get("addition_embed_type") == "text_time" and key == "prompt_embeds":
+            pooled = int(config["projection_class_embeddings_input_dim"]) - 6 * int(config["addition_time_embed_dim"])
+            batch["pooled_prompt_embeds"] = randn(batch_size, pooled)
+        # CogVideoX pads the prompt to max_text_seq_length, HunyuanDiT to text_len / text_len_t5 (its padding table)
+        length = row.text_len.get(key, "")
+        if not isinstance(length, int):  # a config key; else the prompt, one token for an image embedding (SVD)
+            length = int(config.get(length) or (1 if key == "image_embeds" else tokens))
+        shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, length, int(dim))
+        batch[key] = randn(*shape)
+    for key in row.cond:
+        embeds = batch.get(key.replace("attention_mask", "embeds"))
+        if key.startswith("prompt_attention_mask") and embeds is not None:
+            batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long, device=embeds.device)
+    return batch
+
+
+def _fitted_latent(row: FamilyRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:
     if config.get("sample_frames") and config.get("temporal_compression_ratio"):
         # CogVideoX 1.0 sizes its temporal position embedding from the config (cogvideox_transformer_3d.py)
         frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1
@@ -399,21 +336,4 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
         # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
         height, width = int(config["sample_height"]), int(config["sample_width"])
-    spatial = (frames, height, width) if row.layout in ("video", "frames_first") else (height, width)
-    batch = {"latents": torch.randn(batch_size, channels, *spatial, generator=gen)}
-    for key, dim_key in row.text_dims.items():
-        dim = config.get(dim_key)
-        if dim is None:  # a part this configuration lacks (no pooled projection; Cascade's decoder has no clip_text)
-            continue
-        if config.get("addition_embed_type") == "text_time" and key == "prompt_embeds":
-            pooled = int(config["projection_class_embeddings_input_dim"]) - 6 * int(config["addition_time_embed_dim"])
-            batch["pooled_prompt_embeds"] = torch.randn(batch_size, pooled, generator=gen)
-        # CogVideoX pads the prompt to max_text_seq_length, HunyuanDiT to text_len / text_len_t5 (its padding table)
-        length = int(config.get(row.text_len.get(key, ""), None) or tokens)
-        shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, 1 if key == "image_embeds" else length, int(dim))
-        batch[key] = torch.randn(*shape, generator=gen)
-    for key in row.cond:
-        embeds = batch.get(key.replace("attention_mask", "embeds"))
-        if key.startswith("prompt_attention_mask") and embeds is not None:
-            batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long)
-    return batch
+    return (frames, height, width) if row.layout in ("video", "frames_first") else (height, width)

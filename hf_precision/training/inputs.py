@@ -1,18 +1,40 @@
-"""The extra inputs a denoiser family's forward needs beside the noisy latents (one function per ``extras`` name of a
-:class:`~hf_precision.training.families.FamilyRow`, each following its diffusers pipeline: SDXL's time ids, Flux's
-position ids, CogVideoX's and Allegro's rotary tables, ...), and the latent layout helpers they share.
+"""The extra inputs a denoiser family's forward needs beside the noisy latents, registered by name (:func:`builder`;
+a row's ``extras`` in recipes/denoisers.yaml names them), each following its diffusers pipeline: SDXL's time ids,
+Flux's position ids, CogVideoX's and Allegro's rotary tables, ...; and the latent layout helpers they share.
 
 ``row`` is a ``FamilyRow``; it is typed ``Any`` here because ``families`` imports this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 
-__all__ = ["EXTRAS", "channel_dim", "cogvideox_rotary", "frozen_dtype", "model_layout", "optional_inputs"]
+__all__ = ["BUILDERS", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs"]
+
+Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
+BUILDERS: dict[str, Builder] = {}
+
+
+def builder(name: str) -> Callable[[Builder], Builder]:
+    """Register an extra input builder under ``name``, the name a row's ``extras`` gives (recipes/denoisers.yaml).
+
+    A builder takes (row, denoiser, batch, clean latents in the denoiser's layout) and returns keyword arguments.
+
+    Example:
+        >>> @builder("my_scale")
+        ... def _my_scale(row, module, batch, x0):
+        ...     return {"scale": 1.0}
+        >>> BUILDERS["my_scale"](None, None, {}, None)
+        {'scale': 1.0}
+        >>> del BUILDERS["my_scale"]
+    """
+    def register(fn: Builder) -> Builder:
+        BUILDERS[name] = fn
+        return fn
+    return register
 
 
 def channel_dim(row: Any) -> int:
@@ -27,6 +49,7 @@ def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@builder('sdxl_time_ids')
 def _sdxl_time_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     if module.config.get("addition_embed_type") != "text_time":
         return {}
@@ -48,6 +71,7 @@ def _time_id_count(config: Any, pooled_dim: int) -> int:
     return (int(config["projection_class_embeddings_input_dim"]) - pooled_dim) // int(config["addition_time_embed_dim"])
 
 
+@builder('svd_time_ids')
 def _svd_time_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     ids = batch.get("added_time_ids")
     if ids is None:  # fps - 1, motion bucket, noise augmentation (pipeline_stable_video_diffusion.py _get_add_time_ids)
@@ -55,6 +79,7 @@ def _svd_time_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Ten
     return {"added_time_ids": ids}
 
 
+@builder('flux_ids')
 def _flux_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     h, w = x0.shape[-2] // 2, x0.shape[-1] // 2
     img = torch.zeros(h, w, 3, device=x0.device)
@@ -65,55 +90,43 @@ def _flux_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor)
     return {"img_ids": img.reshape(h * w, 3), "txt_ids": torch.zeros(tokens, 3, device=x0.device)}
 
 
+@builder('qwen_img_shapes')
 def _qwen_img_shapes(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     # pipeline_qwenimage.py: img_shapes = [[(1, latent_h // 2, latent_w // 2)]] * batch_size (RoPE positions)
     return {"img_shapes": [[(1, x0.shape[-2] // 2, x0.shape[-1] // 2)]] * x0.shape[0]}
 
 
+@builder('cogvideox')
 def _cogvideox(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
-    config = module.config
-    out: dict[str, Any] = {}
-    if config.get("ofs_embed_dim"):  # CogVideoX 1.5 I2V: pipeline_cogvideox_image2video.py passes ofs = 2.0
-        out["ofs"] = x0.new_full((1,), 2.0)
-    if config.get("use_rotary_positional_embeddings"):
-        out["image_rotary_emb"] = cogvideox_rotary(module, x0.shape[1], x0.shape[-2], x0.shape[-1])
-    return out
-
-
-def cogvideox_rotary(module: Any, frames: int, height: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """CogVideoX's RoPE (cos, sin) for latents of ``frames`` x ``height`` x ``width``, in fp32 on the module's device.
-
-    What pipeline_cogvideox.py ``_prepare_rotary_positional_embeddings`` builds, from latent sizes (the pipeline
-    divides pixel sizes by the VAE factor first): CogVideoX 1.0 crops a grid centred in the base size, 1.5
-    (``patch_size_t``) slices one from the maximum size.
-
-    Example:
-        >>> from diffusers import CogVideoXTransformer3DModel
-        >>> m = CogVideoXTransformer3DModel(num_attention_heads=2, attention_head_dim=16, in_channels=4, num_layers=1,
-        ...     sample_width=8, sample_height=8, use_rotary_positional_embeddings=True, text_embed_dim=8,
-        ...     time_embed_dim=4)
-        >>> [tuple(t.shape) for t in cogvideox_rotary(m, 2, 8, 8)]
-        [(32, 16), (32, 16)]
-    """
     from diffusers.models.embeddings import get_3d_rotary_pos_embed
     from diffusers.pipelines.cogvideo.pipeline_cogvideox import get_resize_crop_region_for_grid
 
     config = module.config
-    device = next((p.device for p in module.parameters() if p.device.type != "meta"), torch.device("cpu"))
-    p, p_t = int(config["patch_size"]), config.get("patch_size_t")
-    grid = (height // p, width // p)
+    out: dict[str, Any] = {}
+    if config.get("ofs_embed_dim"):  # CogVideoX 1.5 I2V: pipeline_cogvideox_image2video.py passes ofs = 2.0
+        out["ofs"] = x0.new_full((1,), 2.0)
+    if not config.get("use_rotary_positional_embeddings"):
+        return out
+    # pipeline_cogvideox.py _prepare_rotary_positional_embeddings, from latent sizes (the pipeline divides pixel sizes
+    # by the VAE factor first): CogVideoX 1.0 crops a grid centred in the base size, 1.5 (patch_size_t) slices one
+    # from the maximum size
+    frames, p, p_t = x0.shape[1], int(config["patch_size"]), config.get("patch_size_t")
+    grid = (x0.shape[-2] // p, x0.shape[-1] // p)
     base_h, base_w = int(config["sample_height"]) // p, int(config["sample_width"]) // p
+    dim = int(config["attention_head_dim"])
     if p_t is None:
         crops = get_resize_crop_region_for_grid(grid, base_w, base_h)
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=int(config["attention_head_dim"]), crops_coords=crops,
-                                           grid_size=grid, temporal_size=frames, device=device)
+        cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=crops, grid_size=grid, temporal_size=frames,
+                                           device=x0.device)
     else:
-        cos, sin = get_3d_rotary_pos_embed(embed_dim=int(config["attention_head_dim"]), crops_coords=None, grid_size=grid,
-                                           temporal_size=(frames + p_t - 1) // p_t, grid_type="slice",
-                                           max_size=(base_h, base_w), device=device)
-    return cos.float(), sin.float()
+        cos, sin = get_3d_rotary_pos_embed(embed_dim=dim, crops_coords=None, grid_size=grid, grid_type="slice",
+                                           temporal_size=(frames + p_t - 1) // p_t, max_size=(base_h, base_w),
+                                           device=x0.device)
+    out["image_rotary_emb"] = (cos.float(), sin.float())
+    return out
 
 
+@builder('guidance')
 def _guidance(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     if not module.config.get("guidance_embeds"):
         return {}
@@ -121,6 +134,7 @@ def _guidance(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor)
     return {"guidance": torch.full((x0.shape[0],), value * row.guidance_scale, device=x0.device)}
 
 
+@builder('pixart_micro')
 def _pixart_micro(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     if not getattr(module, "use_additional_conditions", False):
         return {"added_cond_kwargs": {"resolution": None, "aspect_ratio": None}}
@@ -129,6 +143,7 @@ def _pixart_micro(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Ten
                                   "aspect_ratio": torch.tensor([[h / w]], device=x0.device).expand(b, 1)}}
 
 
+@builder('ltx_sizes')
 def _ltx_sizes(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     return {"num_frames": x0.shape[2], "height": x0.shape[3], "width": x0.shape[4]}
 
@@ -161,6 +176,7 @@ def optional_inputs(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.T
     return out
 
 
+@builder('noise_level')
 def _noise_level(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     # pipeline_stable_diffusion_upscale.py: class_labels = noise_level (default 20) added to the low-res image
     if batch.get("class_labels") is not None:
@@ -171,6 +187,7 @@ def _noise_level(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tens
     return {"class_labels": torch.as_tensor(level, device=x0.device).long().reshape(-1).expand(x0.shape[0])}
 
 
+@builder('dit_class')
 def _dit_class(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     labels = batch.get("class_labels")
     if labels is None:  # pipeline_dit.py class_null: index num_embeds_ada_norm, the unconditional embedding
@@ -178,11 +195,13 @@ def _dit_class(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor
     return {"class_labels": labels}
 
 
+@builder('fps')
 def _fps(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     # pipeline_i2vgen_xl.py: fps_tensor = target_fps (default 16) per sample
     return {"fps": torch.as_tensor(batch.get("fps", 16), device=x0.device).reshape(-1).expand(x0.shape[0])}
 
 
+@builder('cascade_pooled')
 def _cascade_pooled(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     # The pipelines hand pooled text embeddings as (B, 1, D); unet_stable_cascade.py get_clip_embeddings reads
     # size(1) of what it is given, so a (B, D) tensor would be mis-shaped.
@@ -192,6 +211,7 @@ def _cascade_pooled(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.T
     return {"clip_text_pooled": pooled if pooled.dim() == 3 else pooled[:, None]}
 
 
+@builder('hunyuandit')
 def _hunyuandit(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     from diffusers.models.embeddings import get_2d_rotary_pos_embed
     from diffusers.pipelines.hunyuandit.pipeline_hunyuandit import get_resize_crop_region_for_grid
@@ -213,6 +233,7 @@ def _hunyuandit(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tenso
     return out
 
 
+@builder('allegro_rotary')
 def _allegro_rotary(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     from diffusers.models.embeddings import get_3d_rotary_pos_embed_allegro
 
@@ -227,6 +248,7 @@ def _allegro_rotary(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.T
     return {"image_rotary_emb": (tuple(freqs), tuple(pos.reshape(-1, 3).transpose(0, 1).reshape(3, 1, -1).contiguous()))}
 
 
+@builder('framepack')
 def _framepack(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     # pipeline_hunyuan_video_framepack.py, its default inverted anti-drifting sampling, the section next to the
     # image (no padding): frame indices [prefix | window | history 1x, 2x, 4x]; the clean latents are the image
@@ -246,6 +268,7 @@ def _framepack(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor
             "indices_latents_history_4x": index_4x}
 
 
+@builder('wan_animate')
 def _wan_animate(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     # pipeline_wan_animate.py: the latents' first frame is the reference image, so the pose latents have one frame
     # fewer, and the face video has the segment's pixel frames (4 per latent frame after the first) at the motion
@@ -257,11 +280,3 @@ def _wan_animate(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tens
         size = int(module.config["motion_encoder_size"])
         face = x0.new_full((b, 3, 4 * (f - 2) + 1, size, size), -1.0)
     return {"pose_hidden_states": x0.new_zeros(b, c, f - 1, h, w) if pose is None else pose, "face_pixel_values": face}
-
-
-EXTRAS = {"sdxl_time_ids": _sdxl_time_ids, "svd_time_ids": _svd_time_ids, "flux_ids": _flux_ids,
-           "guidance": _guidance, "pixart_micro": _pixart_micro, "ltx_sizes": _ltx_sizes,
-           "qwen_img_shapes": _qwen_img_shapes, "cogvideox": _cogvideox, "noise_level": _noise_level,
-           "dit_class": _dit_class, "fps": _fps, "cascade_pooled": _cascade_pooled, "hunyuandit": _hunyuandit,
-           "allegro_rotary": _allegro_rotary, "framepack": _framepack,
-           "wan_animate": _wan_animate}

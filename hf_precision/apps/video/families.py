@@ -2,9 +2,8 @@
 
 ``FAMILIES`` holds one :class:`VideoFamily` row per diffusers video family: the pipeline class-name prefix it
 matches, the defaults of its model card, the text length and classifier-free-guidance batch its denoiser sees, how
-its VAE decodes, and ``denoiser_inputs``, which says what one denoiser call gets (the memory plan runs it on the meta
-device). Adding a family is one row here plus a tiny builder in ``hf_precision/testing/video_families.py``;
-``tests/test_video_families.py`` checks each row's inputs against that builder's real transformer.
+its VAE decodes. What one denoiser call gets is not here: the memory plan builds it from the denoiser class's row of
+recipes/denoisers.yaml, as the training loss does. A pipeline without a row here gets ``other``'s defaults.
 
 Everything else is read from the pipeline class and the component configs of ``model_index.json`` (no weights), so
 the arguments are checked before anything is loaded. The rules are the ones the diffusers pipelines apply themselves:
@@ -25,37 +24,24 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ...errors import RecipeError
 from ...memory.geometry import axis_value, vae_factors
 from .limits import SizeLimits, size_limits
 
-__all__ = ["FAMILIES", "Meta", "VideoFamily", "VideoSpec", "family_of", "model_spec", "pipeline_recipe", "spec_of",
+__all__ = ["FAMILIES", "VideoFamily", "VideoSpec", "family_of", "model_spec", "pipeline_recipe", "spec_of",
            "video_spec"]
-
-
-@dataclasses.dataclass(frozen=True)
-class Meta:
-    """A tensor the memory plan makes on the meta device: its shape and dtype (``""``: the denoiser's compute
-    dtype; ``"long"``: token ids and masks; ``"float32"``: rotary tables the pipelines make in float32)."""
-
-    shape: tuple[int, ...]
-    dtype: str = ""
-
-
-Inputs = Callable[[Mapping[str, Any], int, tuple[int, int, int], int], dict[str, Any]]
 
 
 @dataclasses.dataclass(frozen=True)
 class VideoFamily:
     """One video family: what its pipelines share beyond their configs.
 
-    ``denoiser_inputs(cfg, batch, (frames, height, width), text)`` gives the keyword arguments of one denoiser call,
-    with :class:`Meta` for tensors: ``cfg`` is the denoiser's config, the shape is the latent's (before patching) and
-    ``text`` the prompt tokens the denoiser sees. ``decode``: ``"video"`` (the VAE decodes the 5D latent at once) or
-    ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
+    What one denoiser call gets is the denoiser class's row of recipes/denoisers.yaml, the training loss's too
+    (:func:`hf_precision.apps.video.plan.denoiser_call`). ``decode``: ``"video"`` (the VAE decodes the 5D latent
+    at once) or ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
     and the program decodes them ``--decode-chunk-size`` frames at a time, with the noise drawn here in the
     denoiser's compute dtype (SVD). ``vae_tiling``: ``"always"`` for a VAE that only decodes tiled.
 
@@ -72,7 +58,6 @@ class VideoFamily:
     text_hidden_states: bool = False  # the pipeline reads an inner layer of the text encoder, so every layer's
                                       # output is kept (HunyuanVideo: hidden_states[-3])
     cfg_batch: int = 2
-    denoiser_inputs: Inputs | None = None
     image_encode: str = ""           # what vae.encode gets for an input image: "image", "frame", "clip" or "" (none)
     decode: str = "video"
     decode_chunk: int = 0            # frames the pipeline itself decodes at once ("frames" decode; 0: all)
@@ -91,73 +76,6 @@ class VideoFamily:
         return 1, frames, int(cfg["in_channels"]) // 2, height, width
 
 
-def _wan(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    image = {"encoder_hidden_states_image": Meta((b, 257, cfg["image_dim"]))} if cfg.get("image_dim") else {}
-    return {"hidden_states": Meta((b, cfg["in_channels"], f, h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, text, cfg["text_dim"])), **image}
-
-
-def _ltx(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    p, pt = cfg["patch_size"], cfg["patch_size_t"]
-    return {"hidden_states": Meta((b, (f // pt) * (h // p) * (w // p), cfg["in_channels"])),
-            "encoder_hidden_states": Meta((b, text, cfg["caption_channels"])), "timestep": Meta((b,)),
-            "encoder_attention_mask": Meta((b, text), "long"), "num_frames": f // pt, "height": h // p,
-            "width": w // p, "rope_interpolation_scale": (1.0, 1.0, 1.0)}
-
-
-def _cogvideox(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    rope = None
-    if cfg.get("use_rotary_positional_embeddings"):
-        seq = f * (h // cfg["patch_size"]) * (w // cfg["patch_size"]) // int(cfg.get("patch_size_t") or 1)
-        rope = (Meta((seq, cfg["attention_head_dim"]), "float32"),) * 2
-    return {"hidden_states": Meta((b, f, cfg["in_channels"], h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, text, cfg["text_embed_dim"])), "image_rotary_emb": rope}
-
-
-def _hunyuan(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    return {"hidden_states": Meta((b, cfg["in_channels"], f, h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, text, cfg["text_embed_dim"])),
-            "encoder_attention_mask": Meta((b, text), "long"),
-            "pooled_projections": Meta((b, cfg["pooled_projection_dim"])),
-            "guidance": Meta((b,)) if cfg.get("guidance_embeds") else None}
-
-
-def _svd(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    return {"sample": Meta((b, f, cfg["in_channels"], h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, 1, cfg["cross_attention_dim"])), "added_time_ids": Meta((b, 3))}
-
-
-def _mochi(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    return {"hidden_states": Meta((b, cfg["in_channels"], f, h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, text, cfg["text_embed_dim"])),
-            "encoder_attention_mask": Meta((b, text), "long")}
-
-
-def _allegro(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    # pipeline_allegro.py `_prepare_rotary_positional_embeddings`: (cos, sin) tables per axis, each a third of the
-    # head, and the (t, h, w) position of every token
-    f, h, w = latent
-    p, d = cfg["patch_size"], cfg["attention_head_dim"] // 3
-    rows, cols = h // p, w // p
-    tables = tuple((Meta((n, d), "float32"),) * 2 for n in (f, rows, cols))
-    rope = (tables, (Meta((1, f * rows * cols), "long"),) * 3)
-    return {"hidden_states": Meta((b, cfg["in_channels"], f, h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, text, cfg["caption_channels"])),
-            "encoder_attention_mask": Meta((b, text), "long"), "image_rotary_emb": rope}
-
-
-def _latte(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: int) -> dict[str, Any]:
-    f, h, w = latent
-    return {"hidden_states": Meta((b, cfg["in_channels"], f, h, w)), "timestep": Meta((b,)),
-            "encoder_hidden_states": Meta((b, text, cfg["caption_channels"]))}
-
-
 # Defaults: the resolution and frame count each model card shows, steps from the diffusers docs examples. Wan 2.1:
 # 480x832, 81 frames (Wan-AI/Wan2.1-T2V-1.3B-Diffusers model card); LTX-Video: 480x704, 161 frames
 # (Lightricks/LTX-Video model card); CogVideoX: 480x720, 49 frames (THUDM/CogVideoX-2b model card); HunyuanVideo:
@@ -172,27 +90,25 @@ def _latte(cfg: Mapping[str, Any], b: int, latent: tuple[int, int, int], text: i
 # unconditional half.
 FAMILIES: dict[str, VideoFamily] = {f.name: f for f in (
     VideoFamily("wan", "Wan", {"height": 480, "width": 832, "frames": 81, "steps": 50}, text_length=512,
-                cfg_batch=1, denoiser_inputs=_wan, image_encode="clip"),
+                cfg_batch=1, image_encode="clip"),
     VideoFamily("ltx", "LTX", {"height": 480, "width": 704, "frames": 161, "steps": 50}, text_length=128,
-                denoiser_inputs=_ltx, image_encode="frame"),
+                image_encode="frame"),
     VideoFamily("cogvideox", "CogVideoX", {"height": 480, "width": 720, "frames": 49, "steps": 50}, text_length=226,
-                denoiser_inputs=_cogvideox, image_encode="frame", text_length_key="max_text_seq_length"),
+                image_encode="frame", text_length_key="max_text_seq_length"),
     VideoFamily("hunyuan", "HunyuanVideo", {"height": 320, "width": 512, "frames": 61, "steps": 30},
-                text_length=256, text_prefix=95, text_hidden_states=True, cfg_batch=1,
-                denoiser_inputs=_hunyuan),
+                text_length=256, text_prefix=95, text_hidden_states=True, cfg_batch=1),
     VideoFamily("svd", "StableVideoDiffusion", {"height": 576, "width": 1024, "frames": 0, "steps": 25},
-                denoiser_inputs=_svd, image_encode="image", decode="frames", decode_chunks=True,
-                forward_chunking=True, vae_tiling="never", frames_key="num_frames",
-                call_options=("fps", "motion_bucket_id", "noise_aug_strength"),
+                image_encode="image", decode="frames", decode_chunks=True, forward_chunking=True, vae_tiling="never",
+                frames_key="num_frames", call_options=("fps", "motion_bucket_id", "noise_aug_strength"),
                 size_multiple=8, size_note="SVD's VAE works on 8x8 blocks"),
-    VideoFamily("mochi", "Mochi", {"height": 480, "width": 848, "frames": 19, "steps": 64}, denoiser_inputs=_mochi),
+    VideoFamily("mochi", "Mochi", {"height": 480, "width": 848, "frames": 19, "steps": 64}),
     # AutoencoderKLAllegro refuses to decode untiled: "Decoding without tiling has not been implemented yet"
     # (diffusers v0.42.1 autoencoder_kl_allegro.py:841), so tiling is turned on whatever the settings say.
     VideoFamily("allegro", "Allegro", {"height": 720, "width": 1280, "frames": 85, "steps": 100}, text_length=512,
-                denoiser_inputs=_allegro, vae_tiling="always"),
+                vae_tiling="always"),
     # pipeline_latte.py decode_latents: a 2D VAE, 14 frames at a time
     VideoFamily("latte", "Latte", {"height": 512, "width": 512, "frames": 16, "steps": 50}, text_length=120,
-                denoiser_inputs=_latte, decode="frames", decode_chunk=14),
+                decode="frames", decode_chunk=14),
     VideoFamily("other", "", {"height": 480, "width": 832, "frames": 49, "steps": 30}),
 )}
 

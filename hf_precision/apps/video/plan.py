@@ -4,7 +4,7 @@ Weights come from :func:`hf_precision.plan` (each parameter in the dtype the rec
 Activations come from running each phase's module on torch's ``meta`` device (shapes, no storage) and counting the
 bytes alive at once (:mod:`hf_precision.memory.peaks`), with the same code path diffusers runs (VAE tiling,
 SVD's decode chunks, feed-forward chunking change the count because they change what is alive at once). What one
-denoiser call gets comes from the family's row (:data:`hf_precision.apps.video.families.FAMILIES`).
+denoiser call gets comes from the denoiser class's row (recipes/denoisers.yaml), built by the training loss's code.
 
 A phase's peak = weights resident during it (all of them without offload; the running component with
 ``enable_model_cpu_offload``; about two leaf layers with ``enable_group_offload(offload_type="leaf_level",
@@ -16,7 +16,6 @@ fastest first.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 from ...errors import RecipeError
@@ -25,7 +24,7 @@ from ...memory.planner import Choice, resident_bytes
 from ...memory.planner import choose as choose_fitting
 from ...runtime.memory import available_bytes
 from ...units import format_bytes
-from .families import Meta, pipeline_recipe
+from .families import pipeline_recipe
 from .load import MemorySettings
 
 __all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
@@ -41,37 +40,36 @@ def free_memory(device: Any) -> int:
     return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
 
 
-def _materialise(value: Any, dtype: Any) -> Any:
-    """Meta tensors for the :class:`Meta` placeholders of a family's denoiser inputs (nested tuples included)."""
-    import torch
-
-    if isinstance(value, Meta):
-        kind = {"": dtype, "long": torch.long, "float32": torch.float32}[value.dtype]
-        return torch.empty(value.shape, device="meta", dtype=kind)
-    if isinstance(value, tuple):
-        return tuple(_materialise(v, dtype) for v in value)
-    return value
-
-
-def denoiser_call(spec: Any, config: Mapping[str, Any], dtype: Any, height: int, width: int, frames: int,
+def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, frames: int,
                   guidance: bool = True) -> dict[str, Any]:
-    """The keyword arguments of one denoiser call of a clip, as meta tensors in ``dtype``.
+    """The keyword arguments of one denoiser call of a clip, as meta tensors (floating ones in ``dtype``), built by
+    the training loss's code from the denoiser class's row (recipes/denoisers.yaml).
 
     Example:
         >>> from hf_precision.apps.video.families import model_spec
+        >>> import torch
+        >>> from hf_precision.memory.peaks import meta_module
         >>> from hf_precision.runtime.source import configs_of
         >>> where, spec = model_spec("wan", configs_only=True)
-        >>> call = denoiser_call(spec, configs_of(where)[2]["transformer"], None, 480, 832, 81)
+        >>> _, index, configs = configs_of(where)
+        >>> den = meta_module(index, configs, "transformer", torch.bfloat16)
+        >>> call = denoiser_call(spec, den, None, 480, 832, 81)
         >>> tuple(call["hidden_states"].shape), tuple(call["encoder_hidden_states"].shape)
         ((1, 16, 21, 60, 104), (1, 512, 4096))
     """
-    row = spec.row
-    if row.denoiser_inputs is None:
-        raise RecipeError(f"--plan: {spec.pipeline} has no row in the video family table "
-                          f"(hf_precision/apps/video/families.py), so its denoiser's inputs are unknown")
-    batch = row.cfg_batch if guidance else 1
-    inputs = row.denoiser_inputs(config, batch, spec.latent_shape(height, width, frames), spec.text_length())
-    return {name: _materialise(value, dtype) for name, value in inputs.items()}
+    from ...memory.train_step import cast_floats
+    from ...training.families import FAMILIES, call_inputs, example_batch, family_of
+    from ...training.rules import TrainingError
+
+    try:
+        row = family_of(module, spec.denoiser)
+    except TrainingError:
+        raise RecipeError(f"--plan: {spec.pipeline}: {type(module).__name__} has no row in recipes/denoisers.yaml, so "
+                          f"its denoiser's inputs are unknown; add one (hf_precision.training.families.add_rows; "
+                          f"known: {', '.join(sorted(FAMILIES))})") from None
+    batch = example_batch(module, spec.row.cfg_batch if guidance else 1, tokens=spec.text_length(), device="meta",
+                          latent=spec.latent_shape(height, width, frames))
+    return cast_floats(call_inputs(row, module, batch), dtype)
 
 
 def _decode_peak(spec: Any, vae: Any, dtype: Any, height: int, width: int, frames: int, chunk: int | None,
@@ -251,7 +249,7 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
         phases["image encoding"] = _image_phase(model, settings, vae_name, height, width, frames)
     key = ("denoise", settings.forward_chunking, height, width, frames, guidance)
     if key not in model.cache:
-        model.cache[key] = peaks.denoise_peak(den, lambda: denoiser_call(spec, den.config, model.dtypes[spec.denoiser],
+        model.cache[key] = peaks.denoise_peak(den, lambda: denoiser_call(spec, den, model.dtypes[spec.denoiser],
                                                                          height, width, frames, guidance))
     phases["denoising"] = resident(model.named("denoiser")) + model.cache[key]
     key = ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames)

@@ -1,0 +1,128 @@
+"""What a denoiser class is called with, as recipe data: ``recipes/denoisers.yaml`` read and checked. Torch-free.
+
+One row per model class (the fields are described at the top of the file). A row names its extra input builders
+(SDXL's time ids, Flux's position ids, ...), code registered by name in the training layer; the names allowed are
+passed in, so a row naming no registered builder is refused here, with the file, the key and the names allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..errors import Problems, RecipeError, excerpt
+from .files import read_yaml, recipes_dir
+from .schema import check_schema, did_you_mean, unknown_keys
+
+__all__ = ["ROW_KEYS", "check_denoisers", "read_denoisers"]
+
+_NAME = re.compile(r"[A-Za-z_]\w*\Z")
+_ZEROS = re.compile(r"latents(@[A-Za-z_]\w*)?\Z|token@[A-Za-z_]\w*\Z")
+_name = lambda v: isinstance(v, str) and bool(_NAME.match(v))  # noqa: E731
+_names = lambda v, null=False: isinstance(v, list) and all((null and x is None) or _name(x) for x in v)  # noqa: E731
+_map = lambda v, ok=_name: isinstance(v, dict) and all(_name(k) and ok(x) for k, x in v.items())  # noqa: E731
+_number = lambda v: type(v) in (int, float) and v > 0  # noqa: E731
+_NAMES = (_names, "a list of names, e.g. [encoder_hidden_states]")
+_RETURNS = (lambda v: _names(v, True), "a list of names or null, e.g. [prompt_embeds, null, pooled_prompt_embeds]")
+_MAP = (_map, "a mapping of names, e.g. {prompt_embeds: encoder_hidden_states}")
+_BOOL = (lambda v: isinstance(v, bool), "true or false")
+_NUMBER = (_number, "a positive number, e.g. 1000.0")
+# key -> (check, what is allowed) or the values allowed; `latent_arg` and `source` are required
+ROW_KEYS: dict[str, Any] = {
+    "latent_arg": (_name, "a Python identifier, e.g. hidden_states"),
+    "source": (lambda v: isinstance(v, str) and bool(v.strip()), "text naming the diffusers pipeline file"),
+    "cond": _MAP, "encode": _RETURNS, "text_dims": _MAP, "per_frame": _NAMES, "extras": _NAMES,
+    "text_len": (lambda v: _map(v, lambda x: _name(x) or (type(x) is int and x > 0)),
+                 "a mapping name -> config key or token count, e.g. {prompt_embeds: max_text_seq_length}"),
+    "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", None),
+    "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
+    "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
+    "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": _BOOL,
+    "timestep_in_weights_dtype": _BOOL,
+    "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
+                                and isinstance(x[1], str) and bool(_ZEROS.match(x[1]))),
+                 "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]"),
+    "encode_more": (lambda v: isinstance(v, list) and all(isinstance(x, dict) and set(x) == {"options", "returns"}
+                                                          and isinstance(x["options"], dict)
+                                                          and _names(x["returns"], True) for x in v),
+                    "a list of {options: {keyword: value}, returns: [names or null]}"),
+}
+
+
+def _row(cls: str, row: Any, builders: list[str], problems: Problems) -> dict[str, Any]:
+    path = f"denoisers.{cls}"
+    if not isinstance(row, dict):
+        problems.add(path, f"expected a mapping with latent_arg and source, got {excerpt(row)}")
+        return {}
+    unknown_keys(row, set(ROW_KEYS), path, problems)
+    for key in ("latent_arg", "source"):
+        if key not in row:
+            problems.add(f"{path}.{key}", f"missing; every row names it ({ROW_KEYS[key][1]})")
+    for key, value in row.items():
+        kind = ROW_KEYS.get(key, (lambda v: True, ""))
+        if not callable(kind[0]) and value not in kind:
+            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: "
+                         f"{', '.join('null' if k is None else k for k in kind)}{did_you_mean(value, map(str, kind))}")
+        elif callable(kind[0]) and not kind[0](value):
+            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: {kind[1]}")
+        elif key == "extras":
+            for i, name in enumerate(value):
+                if name not in builders:
+                    problems.add(f"{path}.{key}[{i}]", f"no registered builder {excerpt(name)}; allowed: "
+                                 f"{', '.join(builders)}{did_you_mean(name, builders)} (a new one: "
+                                 f"@hf_precision.training.inputs.builder({name!r}))")
+    return {key: _plain(key, value) for key, value in row.items() if key in ROW_KEYS}
+
+
+def _plain(key: str, value: Any) -> Any:
+    """The row's value as the training row holds it: tuples for lists (frozen rows), pairs for the encode calls."""
+    if key == "encode_more":
+        return tuple((dict(v["options"]), tuple(v["returns"])) for v in value)
+    if key == "optional":
+        return {k: tuple(v) for k, v in value.items()}
+    return tuple(value) if isinstance(value, list) else value
+
+
+def check_denoisers(data: Any, source: str, builders: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """Model class -> its row (tuples for lists), every problem of the file in one :class:`RecipeError`.
+
+    Example:
+        >>> check_denoisers({"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {"latent_arg": "hidden_states",
+        ...     "extras": ["guidanse"], "source": "pipeline_my.py"}}}, "my.yaml", ["guidance"])
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: my.yaml: denoisers.MyDiT.extras[0]: no registered builder 'guidanse'; allowed: guidance; did you mean 'guidance'? (a new one: @hf_precision.training.inputs.builder('guidanse'))
+    """
+    problems = Problems(source)
+    if not isinstance(data, dict):
+        raise RecipeError(f"{source}: expected a mapping with 'schema: 1', 'kind: denoisers' and 'denoisers'")
+    check_schema(data, problems)
+    unknown_keys(data, {"schema", "kind", "denoisers"}, "", problems)
+    if data.get("kind") != "denoisers":
+        problems.add("kind", f"{excerpt(data.get('kind'))} is not 'denoisers'; write 'kind: denoisers'")
+    rows = data.get("denoisers")
+    if not isinstance(rows, dict) or not rows:
+        problems.add("denoisers", f"expected model class -> row, got {excerpt(rows)}; e.g. {{MyTransformer: "
+                     f"{{latent_arg: hidden_states, source: pipeline_my.py}}}}")
+        rows = {}
+    names = sorted(builders)
+    out = {str(cls): _row(str(cls), row, names, problems) for cls, row in rows.items()}
+    problems.raise_if_any()
+    return out
+
+
+def read_denoisers(builders: Iterable[str], path: str | Path | None = None) -> dict[str, dict[str, Any]]:
+    """The checked rows of a denoisers file: the shipped ``recipes/denoisers.yaml``, or a user's file at ``path``.
+
+    Example:
+        >>> try:
+        ...     read_denoisers(["flux_ids", "guidance"])
+        ... except RecipeError as err:
+        ...     print(err.problems[0].split(";")[0])
+        recipes/denoisers.yaml: denoisers.UNet2DConditionModel.extras[0]: no registered builder 'sdxl_time_ids'
+    """
+    where = recipes_dir() / "denoisers.yaml" if path is None else Path(path)
+    source = "recipes/denoisers.yaml" if path is None else str(path)
+    return check_denoisers(read_yaml(where), source, builders)

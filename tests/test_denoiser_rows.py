@@ -1,0 +1,107 @@
+"""What a denoiser is called with is recipe data (recipes/denoisers.yaml): a bad value is one clear RecipeError, a
+row names only registered builders, and a new image or video family is added with YAML alone; training and the
+video memory plan then build its call with the same code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+import hf_precision as hp
+from hf_precision.recipe.calls import check_denoisers
+from hf_precision.recipe.files import recipes_dir
+from hf_precision.training import families
+from hf_precision.training.inputs import BUILDERS
+
+
+def _file(**row):
+    return {"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {"latent_arg": "hidden_states",
+                                                                     "source": "pipeline_my.py", **row}}}
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"layout": "vidoe"}, "denoisers.MyDiT.layout: bad value 'vidoe'; allowed: image, video, frames_first; did you mean 'video'?"),
+    ({"extras": ["guidanse"]}, "denoisers.MyDiT.extras[0]: no registered builder 'guidanse'; allowed: "),
+    ({"optional": {"clip_img": ["image_embeds", "tokens@dim"]}}, "denoisers.MyDiT.optional: bad value"),
+    ({"timestep_scale": "1000"}, "denoisers.MyDiT.timestep_scale: bad value '1000'; allowed: a positive number, e.g. 1000.0"),
+    ({"latent_arg": None}, "denoisers.MyDiT.latent_arg: bad value None; allowed: a Python identifier"),
+    ({"timestep_sacle": 1.0}, "denoisers.MyDiT.timestep_sacle: unknown key 'timestep_sacle'; allowed: "),
+])
+def test_a_bad_row_value_is_one_recipe_error_naming_file_key_value_and_allowed(row, message):
+    with pytest.raises(hp.RecipeError) as err:
+        check_denoisers(_file(**row), "my.yaml", BUILDERS)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"my.yaml: {message}"), err.value
+
+
+def test_every_shipped_row_names_registered_builders_and_every_builder_is_used():
+    rows = check_denoisers(yaml.safe_load((recipes_dir() / "denoisers.yaml").read_text()), "denoisers.yaml", BUILDERS)
+    used = {name for row in rows.values() for name in row.get("extras", ())}
+    assert used == set(BUILDERS)
+
+
+def _row_file(tmp_path, shipped: str, new: str):
+    """A user's denoisers file: the shipped row of ``shipped`` copied under the class name ``new``."""
+    row = yaml.safe_load((recipes_dir() / "denoisers.yaml").read_text())["denoisers"][shipped]
+    path = tmp_path / f"{new}.yaml"
+    path.write_text(yaml.safe_dump({"schema": 1, "kind": "denoisers", "denoisers": {new: row}}), encoding="utf-8")
+    return str(path)
+
+
+def _new_family(monkeypatch, tmp_path, parent: type, new: str) -> tuple[type, str]:
+    """A model class no row knows (its parent's row taken out), and the YAML file that adds it."""
+    monkeypatch.setattr(families, "FAMILIES", {k: v for k, v in families.FAMILIES.items() if k != parent.__name__})
+    cls = type(new, (parent,), {"__module__": __name__})
+    return cls, _row_file(tmp_path, parent.__name__, new)
+
+
+def _train(pipe, denoiser):
+    """prepare_training on a pipeline class no recipe lists (composed, as for inference), and 2 LoRA steps."""
+    from diffusers import DiffusionPipeline
+
+    from training_checks import run_steps
+
+    class MyPipeline(DiffusionPipeline):
+        def __init__(self, transformer, vae, scheduler):
+            super().__init__()
+            self.register_modules(transformer=transformer, vae=vae, scheduler=scheduler)
+
+    tp = hp.prepare_training(MyPipeline(transformer=denoiser, vae=pipe.vae, scheduler=pipe.scheduler), layout="cpu",
+                             train={"transformer": "lora"})
+    run_steps(tp, families.example_batch(denoiser, 1), steps=2)
+
+
+@pytest.mark.filterwarnings("ignore:MyPipeline")
+def test_a_new_image_family_with_yaml_alone_trains(monkeypatch, tmp_path):
+    from hf_precision.testing import make_pipeline
+
+    pipe = make_pipeline("sd3", seed=0)
+    cls, path = _new_family(monkeypatch, tmp_path, type(pipe.transformer), "NewImageTransformer")
+    denoiser = cls.from_config(pipe.transformer.config)
+    denoiser.load_state_dict(pipe.transformer.state_dict())
+    with pytest.raises(hp.RecipeError, match="NewImageTransformer .*no training row"):
+        families.family_of(denoiser)
+    assert families.add_rows(path) == ["NewImageTransformer"]
+    _train(pipe, denoiser)
+
+
+@pytest.mark.filterwarnings("ignore:MyPipeline")
+def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeypatch, tmp_path):
+    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.plan import denoiser_call
+    from hf_precision.memory.peaks import denoise_peak
+    from hf_precision.testing import make_pipeline
+
+    pipe = make_pipeline("latte", seed=0)
+    cls, path = _new_family(monkeypatch, tmp_path, type(pipe.transformer), "NewVideoTransformer")
+    denoiser = cls.from_config(pipe.transformer.config)
+    spec = spec_of(pipe)
+    frames = pipe.transformer.config.video_length
+    with pytest.raises(hp.RecipeError, match="NewVideoTransformer has no row in recipes/denoisers.yaml"):
+        denoiser_call(spec, denoiser, torch.float32, 32, 32, frames)
+    families.add_rows(path)
+    _train(pipe, denoiser)
+    on_meta = cls.from_config(pipe.transformer.config).to("meta")
+    call = denoiser_call(spec, on_meta, torch.float32, 32, 32, frames)
+    assert call["hidden_states"].device.type == "meta" and call["hidden_states"].shape[0] == spec.row.cfg_batch
+    assert denoise_peak(on_meta, lambda: denoiser_call(spec, on_meta, torch.float32, 32, 32, frames)) > 0
