@@ -12,7 +12,7 @@ from ..errors import RecipeError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem"]
+__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs"]
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -172,15 +172,25 @@ def needed_inputs(model: Any) -> tuple[str, list[str]]:
     import diffusers
 
     name = str(index.get("_class_name", ""))
-    cls = getattr(diffusers, name, None)
+    return name, call_inputs(getattr(diffusers, name, None))
+
+
+def call_inputs(cls: Any) -> list[str]:
+    """The input arguments besides a prompt (and DiT's class labels) a pipeline class's ``__call__`` needs.
+
+    Example:
+        >>> from diffusers import WanAnimatePipeline, WanVACEPipeline
+        >>> call_inputs(WanAnimatePipeline), call_inputs(WanVACEPipeline), call_inputs(None)
+        (['image', 'pose_video', 'face_video'], [], [])
+    """
     try:
         params = inspect.signature(cls.__call__).parameters if cls is not None else {}
     except (TypeError, ValueError):
         params = {}
     needed = [k for k in INPUTS if k in params and not (k in MAY_BE_OPTIONAL and _documented_optional(cls, k))]
     # anything else the call cannot go without: Wan Animate's pose_video and face_video, Kandinsky's image_embeds
-    return name, needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
-                           and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    return needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def steps_problem(pipe: Any, steps: int) -> str | None:
