@@ -20,7 +20,7 @@ the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 
   tests/test_command_families.py's).
 - sd_inpaint, generate and calibrate: a pipeline that needs inputs the command line cannot give (image and mask),
   refused before loading.
-- dit, calibrate: class-conditioned, no prompt.
+- dit, calibrate and generate: class-conditioned, no prompt (generate's refusal names the call's class_labels).
 - cascade_prior, generate: an output that holds no images, and diffusers' deprecation notice on load.
 - qwenimage, check: a notice diffusers logs during the call (``true_cfg_scale`` without a negative prompt), held
   back by the CLI (cli/quiet.py ``library_logs``).
@@ -63,6 +63,7 @@ CASES = {
     ("ltx", "check", "cpu"): "PASS",
     ("sd_inpaint", "run+calibrate", "cpu"): "REFUSED",
     ("dit", "calibrate", "cpu"): "PASS",
+    ("dit", "run", "cpu"): "REFUSED",  # class-conditioned: the fix names its class_labels (it named SVD's command)
     ("cascade_prior", "run", "cpu"): "REFUSED",
     ("qwenimage", "check", "cpu"): "PASS",
     ("wan_i2v", "check", "cpu"): "PASS",
@@ -101,6 +102,7 @@ def test_chosen_commands_end_in_exit_0_or_one_line_of_ours(tmp_path):
     for (_, command, _), (status, reason) in got.items():  # a refusal names the command that refused, in one line
         if status == "REFUSED":
             assert reason.startswith(tuple(f"hf-precision {v}: error: " for v in verbs.get(command, (command,))))
+    assert "pipe(class_labels=...)" in got[("dit", "run", "cpu")][1]
     assert proc.returncode == 0 and "all" in proc.stdout.splitlines()[-1], proc.stdout[-2000:]
 
 
