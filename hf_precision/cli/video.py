@@ -167,9 +167,9 @@ def _check_mode(args: argparse.Namespace, spec: Any) -> None:
         raise RecipeError(f"{spec.pipeline} is text-to-video: it takes no --image; use an image-to-video model "
                           f"(e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, Lightricks/LTX-Video with "
                           f"LTXImageToVideoPipeline, THUDM/CogVideoX-5b-I2V) or drop --image")
-    if spec.takes_image and not args.image:
+    if spec.takes_image and not args.image and not spec.image_optional:
         raise RecipeError(f"{spec.pipeline} is image-to-video: give --image FILE or FOLDER")
-    if not spec.takes_image and not has_text:
+    if (not spec.takes_image or (spec.image_optional and not args.image)) and not has_text:
         raise RecipeError(f"{spec.pipeline} is text-to-video: give --prompt TEXT or --prompts FILE")
 
 

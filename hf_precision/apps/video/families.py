@@ -232,6 +232,8 @@ class VideoSpec:
     limits: SizeLimits = SizeLimits()
     # the clips the call needs as input (video-to-video: CogVideoX V2V's ``video``; Wan Animate's pose and face)
     input_clips: tuple[str, ...] = ()
+    # an image the pipeline takes but documents as optional (LTX condition: text-to-video without it)
+    image_optional: bool = False
 
     @property
     def row(self) -> VideoFamily:
@@ -355,7 +357,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg or "num_frames",
                      fixed_frames=fixed,
-                     max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips)
+                     max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips,
+                     image_optional="image" in params and "image" not in call_inputs(cls))
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:
