@@ -32,7 +32,7 @@ the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 
 - animatediff (video, train --plan), cogvideox_i2v (train) and latte (train --plan): sizes past a position table
   the configs fix (9 frames against 8 motion positions, 32 pixels against 16 learned, 9 frames against a fixed 2),
   refused; qwenimage, train --plan: a video VAE given images; lumina2, train --plan: a mask read on meta.
-- cogvideox_v2v and ltx_condition, calibrate (and video): an input clip the call needs (refused before loading; it
+- cogvideox_v2v, calibrate, and ltx_condition, video: an input clip the call needs (refused before loading; it
   crashed inside diffusers) and an image and clip the pipeline documents as optional (LTX condition was refused by
   calibrate and video);
   cogvideox_v2v, video and train: a video-to-video pipeline (no num_frames) is a video model: `video` refuses it for
@@ -81,7 +81,7 @@ CASES = {
     # and clip the pipeline documents as optional (LTX condition runs text-to-video without them): run
     ("cogvideox_v2v", "calibrate+run", "cpu"): "REFUSED",
     ("cogvideox_v2v", "train", "cpu"): "PASS",  # a video model all the same: it trains on clips
-    ("ltx_condition", "calibrate+run", "cpu"): "PASS",
+    ("ltx_condition", "run", "cpu"): "PASS",  # calibrate's side: call_inputs' doctest
     ("mochi", "train-plan", "cpu"): "PASS",  # the sweep's 9 frames do not fit its VAE (6k+1): it asks 7
 }
 

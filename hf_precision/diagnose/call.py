@@ -179,8 +179,8 @@ def call_inputs(cls: Any) -> list[str]:
     """The input arguments besides a prompt (and DiT's class labels) a pipeline class's ``__call__`` needs.
 
     Example:
-        >>> from diffusers import WanAnimatePipeline, WanVACEPipeline
-        >>> call_inputs(WanAnimatePipeline), call_inputs(WanVACEPipeline), call_inputs(None)
+        >>> from diffusers import LTXConditionPipeline, WanAnimatePipeline, WanVACEPipeline
+        >>> call_inputs(WanAnimatePipeline), call_inputs(WanVACEPipeline), call_inputs(LTXConditionPipeline)
         (['image', 'pose_video', 'face_video'], [], [])
     """
     try:
