@@ -42,7 +42,7 @@ from hf_precision.testing.cli_runs import judge  # noqa: E402
 # stored in nf4 (bitsandbytes on the CPU, whose block is wider than a tiny encoder's narrowest layer)
 COMMANDS = ("plan", "show", "check", "check-nf4", "calibrate", "run", "train-plan", "train")
 LAYOUTS = ("cpu", "t4")
-FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo, Mochi's 6k+1 aside) and 8k+1 (LTX): the fewest most VAEs take
+FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo) and 8k+1 (LTX): the fewest most VAEs take; Mochi's 6k+1: 7 (_frames)
 
 
 def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
@@ -115,6 +115,18 @@ def _text_encoder(folder: Path) -> str | None:
                  and v[0] == "transformers"), None)
 
 
+def _frames(folder: Path) -> int:
+    """:data:`FRAMES`, or the fewest a VAE whose time factor does not divide ``FRAMES - 1`` takes (Mochi's 6: 7)."""
+    from hf_precision.apps.video.families import model_spec
+    from hf_precision.errors import RecipeError
+
+    try:
+        step = model_spec(str(folder))[1].frame_step
+    except RecipeError:
+        return FRAMES
+    return FRAMES if step <= 1 or (FRAMES - 1) % step == 0 else step + 1
+
+
 def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path) -> dict[str, str]:
     """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout)."""
     from hf_precision.testing import PIPELINES
@@ -123,7 +135,7 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
     lay = "" if layout == "cpu" else f" --layout {layout}"
     run = f"--device cpu{lay}"
     size = "--height 32 --width 32"
-    frames = f" --frames {FRAMES}" if video else ""
+    frames = f" --frames {_frames(folder)}" if video else ""
     tag = f"{kind}-{layout}"
     lines = {
         "plan": f"plan {folder} {run}",

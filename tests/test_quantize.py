@@ -585,12 +585,14 @@ def flux_missing_weight(flux_folder, tmp_path_factory):
 @pytest.mark.parametrize("component,storage,layout", [("text_encoder", "int8", "cpu-amx"),
                                                       ("text_encoder", "quanto-int8", None),
                                                       ("text_encoder", "quanto-float8", "cpu-amx"),
+                                                      ("text_encoder", "nf4", None),
                                                       ("transformer", "quanto-float8", "cpu-amx")])
 def test_missing_and_zero_weights_are_quantized_as_planned_and_stay_finite(flux_missing_weight, component, storage,
                                                                           layout):
-    """The backends quantize weights as they read them, so a newly initialized layer stayed plain (torchao) or held
-    float weights (quanto) while plan() counted it quantized: HunyuanDiT's text encoder was 864-2936 B off. quanto's
-    float8 wrote an all-zero weight row as NaN (0/0): Kandinsky 3's UNet gave all-NaN output."""
+    """The backends quantize weights as they read them, so a newly initialized layer stayed plain (torchao), held
+    float weights (quanto) or a float Parameter in a Linear4bit (bitsandbytes nf4: "FP4 quantization state not
+    initialized" on its first call) while plan() counted it quantized: HunyuanDiT's text encoder was 864-2936 B off.
+    quanto's float8 wrote an all-zero weight row as NaN (0/0): Kandinsky 3's UNet gave all-NaN output."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         pipe = hp.load_pipeline(flux_missing_weight, "cpu", layout=layout, quantize={component: storage})

@@ -75,9 +75,12 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     if problem:
         raise RecipeError(problem)
     params = __import__("inspect").signature(pipe.__call__).parameters
-    if "prompt" not in params:
-        raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); "
-                          "use `hf-precision video` for SVD")
+    if "prompt" not in params:  # the fix: the video command for a video pipeline (SVD), else the call's own inputs
+        takes = [k for k, p in params.items() if p.default is p.empty and k != "self"] or ["..."]
+        fix = ("use `hf-precision video`" if "num_frames" in params else
+               f"call it in Python (pipe = hp.load_pipeline({str(model)!r}, device); pipe({takes[0]}=...)) or run "
+               f"`hf-precision check {model}`")
+        raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); {fix}")
     kwargs: dict[str, Any] = {"prompt": prompt, "num_inference_steps": steps}
     for key, value in (("height", height), ("width", width), ("guidance_scale", guidance),
                        ("negative_prompt", negative_prompt)):

@@ -156,15 +156,20 @@ def _check_mode(args: argparse.Namespace, spec: Any) -> None:
     if args.prompt is not None and args.prompts is not None:
         raise RecipeError("--prompt and --prompts: give one of them")
     has_text = args.prompt is not None or args.prompts is not None
+    if spec.input_clips:  # the command line gives a prompt and an image, no clip
+        clips = ", ".join(f"{c}=[frames]" for c in spec.input_clips)
+        raise RecipeError(f"{spec.pipeline} is video-to-video: its call needs {' and '.join(spec.input_clips)} (input "
+                          f"clips), which video has no option for; call it in Python: pipe = hp.load_pipeline("
+                          f"{args.model!r}, device); pipe(prompt=..., {clips})")
     if spec.takes_image and not spec.takes_prompt and has_text:
         raise RecipeError(f"{spec.pipeline} is image-to-video without a prompt: drop --prompt/--prompts")
     if not spec.takes_image and args.image:
         raise RecipeError(f"{spec.pipeline} is text-to-video: it takes no --image; use an image-to-video model "
                           f"(e.g. Wan-AI/Wan2.1-I2V-14B-480P-Diffusers, Lightricks/LTX-Video with "
                           f"LTXImageToVideoPipeline, THUDM/CogVideoX-5b-I2V) or drop --image")
-    if spec.takes_image and not args.image:
+    if spec.takes_image and not args.image and not spec.image_optional:
         raise RecipeError(f"{spec.pipeline} is image-to-video: give --image FILE or FOLDER")
-    if not spec.takes_image and not has_text:
+    if (not spec.takes_image or (spec.image_optional and not args.image)) and not has_text:
         raise RecipeError(f"{spec.pipeline} is text-to-video: give --prompt TEXT or --prompts FILE")
 
 

@@ -12,7 +12,7 @@ from ..errors import RecipeError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem"]
+__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs"]
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -128,9 +128,24 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
 
 
 # The __call__ arguments diffusers pipelines take for an input they cannot run without (img2img and upscale's image,
-# inpainting's mask, ControlNet's control image or frames, Stable Cascade decoder's prior embeddings); optional extras such as
-# ip_adapter_image, or Stable Cascade prior's image variation `images`, are not among them.
-INPUTS = ("image", "mask_image", "control_image", "conditioning_frames", "image_embeddings")
+# inpainting's mask, ControlNet's control image or frames, Stable Cascade decoder's prior embeddings, video-to-video's
+# clip); optional extras such as ip_adapter_image, or Stable Cascade prior's image variation `images`, are not among
+# them. Their defaults are None either way, so the signature cannot tell.
+INPUTS = ("image", "mask_image", "control_image", "conditioning_frames", "image_embeddings", "video")
+# Of those, the ones a pipeline may document as *optional* and then run without: LTX condition's image and video
+# (text-to-video without them), Wan VACE's video. AnimateDiff ControlNet documents its conditioning_frames optional
+# too, and fails without them, so the others are needed whatever the docstring says.
+MAY_BE_OPTIONAL = ("image", "video")
+# Arguments without a default the command line gives itself
+GIVEN = ("self", "prompt", "class_labels")
+
+
+def _documented_optional(cls: Any, name: str) -> bool:
+    """Whether ``cls.__call__``'s docstring marks the argument ``name`` as *optional*, as diffusers writes it."""
+    import re
+
+    found = re.search(rf"^\s+{re.escape(name)} \((.*)$", inspect.getdoc(cls.__call__) or "", re.M)
+    return bool(found and "*optional*" in found.group(1))
 
 
 def needed_inputs(model: Any) -> tuple[str, list[str]]:
@@ -144,6 +159,9 @@ def needed_inputs(model: Any) -> tuple[str, list[str]]:
         >>> _ = (folder / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionInpaintPipeline"}))
         >>> needed_inputs(folder)
         ('StableDiffusionInpaintPipeline', ['image', 'mask_image'])
+        >>> _ = (folder / "model_index.json").write_text(json.dumps({"_class_name": "CogVideoXVideoToVideoPipeline"}))
+        >>> needed_inputs(folder)
+        ('CogVideoXVideoToVideoPipeline', ['video'])
     """
     from ..runtime.source import locate
 
@@ -154,12 +172,25 @@ def needed_inputs(model: Any) -> tuple[str, list[str]]:
     import diffusers
 
     name = str(index.get("_class_name", ""))
-    cls = getattr(diffusers, name, None)
+    return name, call_inputs(getattr(diffusers, name, None))
+
+
+def call_inputs(cls: Any) -> list[str]:
+    """The input arguments besides a prompt (and DiT's class labels) a pipeline class's ``__call__`` needs.
+
+    Example:
+        >>> from diffusers import LTXConditionPipeline, WanAnimatePipeline, WanVACEPipeline
+        >>> call_inputs(WanAnimatePipeline), call_inputs(WanVACEPipeline), call_inputs(LTXConditionPipeline)
+        (['image', 'pose_video', 'face_video'], [], [])
+    """
     try:
         params = inspect.signature(cls.__call__).parameters if cls is not None else {}
     except (TypeError, ValueError):
         params = {}
-    return name, [k for k in INPUTS if k in params]
+    needed = [k for k in INPUTS if k in params and not (k in MAY_BE_OPTIONAL and _documented_optional(cls, k))]
+    # anything else the call cannot go without: Wan Animate's pose_video and face_video, Kandinsky's image_embeds
+    return needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
+                     and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def steps_problem(pipe: Any, steps: int) -> str | None:

@@ -86,7 +86,8 @@ def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[s
 
     transformers and diffusers quantize weights as they are read from the checkpoint, so a layer whose weights the
     checkpoint lacks (BertModel's ``pooler`` in HunyuanDiT's text encoder is newly initialized) stays plain
-    (torchao) or holds unfrozen float weights (quanto), while the plan, built from the model's structure, counts it.
+    (torchao), holds unfrozen float weights (quanto) or a float ``Parameter`` in a ``Linear4bit`` (bitsandbytes, whose
+    forward then warns "FP4 quantization state not initialized" and fails), while the plan counts it.
     """
     missing = sorted(predicted - quantized_in(module))
     if not missing:
@@ -101,9 +102,26 @@ def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[s
             import torchao.quantization as ao
 
             ao.quantize_(layer, torchao_scheme(choice.scheme))
+        elif choice.backend == "bitsandbytes" and hasattr(layer, "quant_storage"):  # Linear4bit
+            _bnb_4bit(module, layer, choice.scheme)
         if is_quantized_tensor(layer._parameters.get("weight")):
             done.append(name)
     return done
+
+
+def _bnb_4bit(module: torch.nn.Module, layer: torch.nn.Module, quant_type: str) -> None:
+    """Quantize a ``Linear4bit``'s float weight in place, with the settings of the layers bitsandbytes quantized on
+    load (block size, double quantization, storage type), so the plan's bytes hold for it too."""
+    from bitsandbytes.nn import Params4bit
+
+    like = next((m.weight for m in module.modules() if isinstance(getattr(m, "weight", None), Params4bit)
+                 and m.weight.quant_state is not None), None)
+    settings = ({} if like is None else
+                dict(blocksize=like.blocksize, compress_statistics=like.compress_statistics, quant_type=like.quant_type))
+    weight = layer.weight
+    param = Params4bit(weight.data, requires_grad=False, quant_storage=layer.quant_storage, module=layer,
+                       **{"quant_type": quant_type, **settings})
+    layer.weight = param._quantize(weight.device)
 
 
 def _zero_rows(module: torch.nn.Module) -> list[str]:

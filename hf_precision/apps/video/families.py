@@ -146,6 +146,10 @@ class VideoSpec:
     spatial: int = 1           # the VAE's spatial factor (the size check may ask more: SVD 8)
     # every bound the configs put on the size and frames (position tables), :mod:`.limits`
     limits: SizeLimits = SizeLimits()
+    # the clips the call needs as input (video-to-video: CogVideoX V2V's ``video``; Wan Animate's pose and face)
+    input_clips: tuple[str, ...] = ()
+    # an image the pipeline takes but documents as optional (LTX condition: text-to-video without it)
+    image_optional: bool = False
 
     @property
     def row(self) -> VideoFamily:
@@ -154,6 +158,8 @@ class VideoSpec:
 
     @property
     def mode(self) -> str:
+        if self.input_clips:
+            return "video-to-video"
         return "+".join(m for m, on in (("text", self.takes_prompt), ("image", self.takes_image)) if on) + "-to-video"
 
     def check(self, *, height: int, width: int, frames: int) -> list[str]:
@@ -233,8 +239,12 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
 
     cls = getattr(diffusers, pipeline, None)
     params = inspect.signature(cls.__call__).parameters if cls is not None else {}
+    from ...diagnose.call import call_inputs
+
     frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)  # Latte: video_length
-    if frames_arg is None:
+    # video-to-video: the frames come from the input clips
+    clips = tuple(a for a in call_inputs(cls) if a == "video" or a.endswith("_video"))
+    if frames_arg is None and not clips:
         raise RecipeError(f"model_index.json names {pipeline}, which is not a diffusers video pipeline (its __call__ "
                           f"takes no num_frames or video_length); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
                           f"or Stable Video Diffusion")
@@ -261,8 +271,10 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     return VideoSpec(pipeline=pipeline, family=row.name, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
-                     vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg, fixed_frames=fixed,
-                     max_positions=positions, patch=patch, spatial=spatial, limits=limits)
+                     vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg or "num_frames",
+                     fixed_frames=fixed,
+                     max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips,
+                     image_optional="image" in params and "image" not in call_inputs(cls))
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:

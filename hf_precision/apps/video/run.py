@@ -125,7 +125,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
                               "output_type": "np", **{**spec.extra, **extra}}
     if spec.takes_prompt:
         kwargs["prompt"] = prompt or ""
-    if spec.takes_image:
+    if spec.takes_image and (image is not None or not spec.image_optional):
         if image is None:
             raise RecipeError(f"{spec.pipeline} is image-to-video: give --image")
         kwargs["image"] = image
