@@ -107,7 +107,8 @@ def _components(pipe: Any) -> dict[str, torch.nn.Module]:
 
 
 def torch_device(spec: Any, what: str) -> torch.device:
-    """A device tensors can be placed on, or a ``RecipeError`` that explains presets are for planning only.
+    """A device tensors can be placed on here, or a ``RecipeError`` that explains presets are for planning only,
+    or that this machine has no such device (and how to run its layout on one it has).
 
     Example:
         >>> torch_device("cpu", "device")
@@ -122,6 +123,12 @@ def torch_device(spec: Any, what: str) -> torch.device:
                           f"{', '.join(present_devices())}). "
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
                           f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
+    if dev.type in ("cuda", "mps", "xpu"):
+        from ..recipe.devices import device_profile
+
+        # A device this machine lacks: our one error naming layout=, not torch's "Torch not compiled with CUDA
+        # enabled" from the first tensor moved there (layout= or a resolved Recipe skips the rules' own check).
+        device_profile(str(dev))
     return dev
 
 

@@ -1,0 +1,529 @@
+"""docs/*.md and the ``--help`` examples as tests: every code block of the docs and every example line of an epilog
+runs here, or is listed with the reason it does not (issue 34).
+
+The machinery is tests/test_readme.py's (tests/readme_commands.py): the same folder of tiny random-weight stand-ins
+under the names the docs use, the commands run in this process, GPU commands checked as their CPU refusal and then
+the fix it names, video and training commands at the stand-in's size, output compared loosely (whitespace collapsed,
+``...`` for what the docs leave out, numbers free) except figures a command computes from configs alone (bytes,
+parameter counts), which must be the command's. A command the README already runs is not run twice (``readme``).
+What cannot run in a few seconds here (benchmarks, the plans of real model configs, multi-process launches) has a
+cheap twin in the suite (its arguments parse with its program's own parser; the plan of a smaller run) and a
+``heavy`` test (``make test-heavy``). A docs block or epilog example that none of this covers fails
+``test_every_docs_block_is_covered`` / ``test_every_epilog_example_is_covered``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import functools
+import inspect
+import io
+import re
+import runpy
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import hf_precision as hp
+
+from readme_commands import (BYTES, DOCS, README, ROOT, Block, Command, _tokens, all_commands, assert_clean,  # noqa: E402
+                             blocks, inside, instead, missing_lines, readme_commands, run_as_written, run_in_process,
+                             run_subprocess, shell_commands, stand_in_folder)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """The README test's folder of stand-ins (built once per process), the working directory while the module runs."""
+    with inside(stand_in_folder(tmp_path_factory)) as work:
+        yield work
+
+
+# ------------------------------------------------------------------------------------------------ what runs
+
+
+# One program under two names: the subcommand and the script share their parser and code (hf_precision/cli/).
+PROGRAMS = {("python", "scripts/generate_video.py"): ["hf-precision", "video"],
+            ("python", "scripts/train.py"): ["hf-precision", "train"]}
+
+
+def _same(a: str, b: str) -> bool:
+    """Two command lines that run the same thing (``./x`` and ``x``, ``videos/`` and ``videos``, ``hf-precision
+    video`` and ``python scripts/generate_video.py``)."""
+    def norm(text: str) -> list[str]:
+        tokens = shlex.split(text)
+        tokens[0] = tokens[0].removeprefix(".venv/bin/")
+        tokens = PROGRAMS.get(tuple(tokens[:2]), tokens[:2]) + tokens[2:]
+        return [t.removeprefix("./").rstrip("/") or t for t in tokens]
+    return norm(a) == norm(b)
+
+
+def _launched(text: str) -> list[str]:
+    """The program and arguments a launcher (``accelerate launch``, ``torchrun``) starts; the command as is else."""
+    tokens = shlex.split(text)
+    if tokens[0] in ("accelerate", "torchrun"):
+        start = next(i for i, t in enumerate(tokens) if t.endswith(".py") or t == "-m")
+        tokens = ["python", *tokens[start:]]
+    if tokens[0].startswith(".venv/bin/"):
+        tokens[0] = tokens[0][len(".venv/bin/"):]
+    return tokens
+
+
+def _in_readme(text: str) -> Command | None:
+    """The README command that runs ``text`` (as written, or what its entry in README's table runs instead)."""
+    for c in readme_commands():
+        plan = instead(c.text)
+        if _same(c.text, text) or (plan and plan[0] == "instead" and _same(shlex.join(plan[1]), text)):
+            return c
+    return None
+
+
+SCRIPTS = ("benchmark.py", "bench_training.py", "video_memory.py")
+
+
+def how(text: str) -> tuple:
+    """How a command of the docs or of an epilog is checked here: None = run as written (test_doc_command);
+    ("refusal", FIX, SAYS) = README's table: one clear error naming SAYS, then FIX runs; ("readme", WHERE) = the same
+    command is one of the README's, test_readme runs it; ("parse", WHY) = its arguments parse with its program's own
+    parser (test_doc_command_parses) and WHY names what runs it; ("heavy", WHY) = that, and a heavy test below runs it
+    reduced; ("skip-why", WHY) = not a runnable command (WHY says where its program runs)."""
+    if (same := _in_readme(text)) is not None:
+        return ("readme", same.where)
+    if re.search(r"(^|\s)\.\.\.(\s|$)", text) and not text.startswith(("accelerate", "torchrun")):
+        return ("skip-why", "'...' stands for the arguments of the command above it in the docs, which runs here")
+    if any(name in text for name in SCRIPTS):
+        return ("heavy", "a benchmark (minutes of CPU): test_benchmark_script_commands runs it reduced")
+    if "--plan" in text and "wan2.1-t2v-1.3b-configs" in text:
+        return ("heavy", "the real Wan configs at 832x480, 81 frames (minutes of CPU): test_real_wan_plan_block")
+    if text.startswith("hf-precision train --plan --model sdxl"):
+        return ("heavy", "the real SDXL configs (a minute of CPU): "
+                         "tests/test_docs.py::test_the_train_plan_the_docs_show_is_what_the_command_prints")
+    readme = instead(text)
+    if readme is not None and readme[0] == "refusal":
+        return readme
+    if readme is None and (_works(text) or _reads_work(text)):
+        return ("heavy", "a generation, training or calibration run, or what reads its output (seconds to a minute "
+                         "of CPU each at the stand-in's size): test_doc_command_heavy runs it; the README runs the "
+                         "same program")
+    if readme is None or readme[0] == "instead":
+        return readme
+    if readme[0] == "skip-why" and not text.startswith(("torchrun", "accelerate")):
+        return readme
+    return ("parse", "a launch of several processes: test_readme's heavy accelerate tests, "
+                     "tests/test_video_families.py and tests/test_train_shard.py run the program on 2 CPU processes")
+
+
+def _works(text: str) -> bool:
+    """Whether a command does a model's work (denoising, training, calibration), not a plan, a listing, a check or
+    an input error: the costly kind, which runs in the heavy test (the README's commands run each program once)."""
+    tokens = shlex.split(text)
+    program = PROGRAMS.get(tuple(_launched(text)[:2]), tokens[:2])
+    return program[1:2] in (["generate"], ["video"], ["train"], ["calibrate"], ["demo"]) and "--plan" not in tokens \
+        and not any(": error: " in line for line in _expected(text))
+
+
+def _reads_work(text: str) -> bool:
+    """Whether a command reads what another command of the docs writes by doing a model's work (islands.yaml)."""
+    mine = shlex.split(text)
+    tokens = {t.removeprefix("./") for i, t in enumerate(mine) if i and not t.startswith("-") and mine[i - 1] != "--out"}
+    for c in all_commands():
+        out = shlex.split(c.text)
+        if c.text != text and "--out" in out and out[out.index("--out") + 1].removeprefix("./") in tokens:
+            if _works(c.text):
+                return True
+    return False
+
+
+def _expected(text: str) -> list[str]:
+    return next((c.expected for c in doc_commands() if c.text == text), [])
+
+
+@functools.lru_cache(maxsize=1)
+def doc_commands() -> tuple[Command, ...]:
+    """The shell commands of docs/*.md (bash blocks, and ``$`` transcripts in plain and text blocks)."""
+    return tuple(c for path in DOCS for b in blocks(path) if b.lang in ("bash", "", "text") for c in shell_commands(b))
+
+
+# ------------------------------------------------------------------------------------------------ --help examples
+
+
+def _parsers() -> dict[str, argparse.ArgumentParser]:
+    """``hf-precision`` and each subcommand's parser, by the command line that prints its help."""
+    from hf_precision.cli import build_parser
+
+    top = build_parser()
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    return {"hf-precision --help": top, **{f"hf-precision {name} --help": p for name, p in sub.choices.items()}}
+
+
+def epilog_examples() -> list[Command]:
+    """The example command lines of every ``--help`` epilog (its ``examples:`` section, ``# comments`` dropped)."""
+    out: list[Command] = []
+    for where, parser in _parsers().items():
+        epilog = (parser.epilog or "") % {"prog": parser.prog}
+        section = epilog.split("examples:\n", 1)[1].split("\n\n", 1)[0] if "examples:\n" in epilog else ""
+        for line in section.splitlines():
+            if re.match(r"  \S", line):  # deeper lines continue the note of the example above
+                text = re.sub(r"\s+#\s.*$", "", line).strip()
+                if not any(_same(text, c.text) for c in out):  # `video` and generate_video.py share theirs
+                    out.append(Command(text, where))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ the tests
+
+
+def _unique(cmds: list[Command]) -> list[Command]:
+    """The commands, each run once: an epilog example the docs also show runs as the docs' command."""
+    out: list[Command] = []
+    for c in cmds:
+        if not any(_same(c.text, o.text) and not c.expected for o in out):
+            out.append(c)
+    return out
+
+
+COMMANDS = _unique([*doc_commands(), *epilog_examples()])
+
+
+def _id(c: Command) -> str:
+    return f"{c.where} {c.text[:60]}"
+
+
+def _runs(c: Command) -> bool:
+    plan = how(c.text)
+    return plan is None or plan[0] == "refusal"
+
+
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if _runs(c)], ids=_id)
+def test_doc_command(cmd, workdir, no_gpu):
+    """Each command exits as the docs show, prints no traceback, and prints the lines the docs show (figures from
+    configs alone, e.g. bytes, exactly). A GPU command: its one-line CPU refusal; the fix it names parses here and
+    runs in test_doc_command_heavy."""
+    plan = how(cmd.text)
+    if plan is not None:
+        _, fix, says = plan
+        result = run_as_written(cmd.text)
+        assert_clean(result, cmd.text, 2)
+        assert says in result.err and len(result.err.strip().splitlines()) == 1, result.err
+        if fix is not None:
+            with contextlib.redirect_stderr(io.StringIO()):
+                parse_only(shlex.split(fix))
+        return
+    run_and_compare(cmd)
+
+
+def run_and_compare(cmd: Command) -> None:
+    """Run a command of the docs as written here and compare what it prints (and writes) with what the docs show."""
+    result = run_as_written(cmd.text)
+    assert_clean(result, cmd.text, cmd.exit or 0)
+    missing = missing_lines(cmd.expected, result.text, exact=BYTES)
+    assert not missing, f"{cmd.where}: `{cmd.text}` no longer prints:\n" + "\n".join(missing) + \
+        f"\n--- it printed:\n{result.text[-4000:]}"
+    _check_output_blocks(cmd.text, result.text)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if (how(c.text) or ("",))[0] == "refusal" and how(c.text)[1]
+                                 or (how(c.text) or ("",))[0] == "heavy" and _works(c.text)], ids=_id)
+def test_doc_command_heavy(cmd, workdir, no_gpu):
+    """The commands that do a model's work, as written at the stand-in's size (a GPU command: the fix its refusal
+    names), their output compared as test_doc_command compares it."""
+    plan = how(cmd.text)
+    if plan[0] == "refusal":
+        assert_clean(run_as_written(plan[1]), plan[1], 0)
+        return
+    run_and_compare(cmd)
+
+
+class _Parsed(Exception):
+    pass
+
+
+def parse_only(tokens: list[str]) -> None:
+    """Run the program of a command line up to its argument parsing (its own parser, on these arguments): a flag
+    the program does not have fails here as it would for the user (exit 2), nothing else runs."""
+    original = argparse.ArgumentParser.parse_args
+
+    def parse_then_stop(self, args=None, namespace=None):
+        raise _Parsed(original(self, args, namespace))
+
+    tokens = _tokens(" ".join(shlex.quote(t) for t in tokens))
+    if tokens[:3] == ["python", "-m", "hf_precision.cli"]:
+        tokens = ["hf-precision", *tokens[3:]]
+    argparse.ArgumentParser.parse_args = parse_then_stop
+    try:
+        if tokens[0] == "hf-precision":
+            from hf_precision.cli import main
+
+            main(tokens[1:])
+        else:
+            script = next(t for t in tokens if t.endswith(".py"))
+            argv = tokens[tokens.index(script) + 1:]
+            old_argv, sys.argv = sys.argv, [script, *argv]
+            try:
+                runpy.run_path(str(ROOT / script), run_name="__main__")
+            finally:
+                sys.argv = old_argv
+    except _Parsed:
+        return
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    raise AssertionError(f"{' '.join(tokens)}: the program ended without parsing its arguments")
+
+
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if (how(c.text) or ("",))[0] in ("parse", "heavy")], ids=_id)
+def test_doc_command_parses(cmd, workdir):
+    """The cheap twin of what runs elsewhere or in a heavy test: the arguments parse with the program's parser."""
+    with contextlib.redirect_stderr(io.StringIO()) as err:
+        try:
+            parse_only(_launched(cmd.text))
+        except SystemExit as exit_:
+            raise AssertionError(f"{cmd.where}: `{cmd.text}`: {err.getvalue()}") from None
+
+
+def test_every_command_has_a_runner():
+    kinds = {(how(c.text) or ("as written",))[0] for c in COMMANDS}
+    assert kinds <= {"as written", "refusal", "readme", "parse", "heavy", "skip-why"}, kinds
+    assert len(doc_commands()) > 40 and len(epilog_examples()) > 20  # the extraction still finds them
+
+
+def test_every_epilog_example_is_covered():
+    """Every subcommand's ``--help`` is read, and the epilogs' examples are the commands above."""
+    parsers = _parsers()
+    assert {"hf-precision --help", "hf-precision train --help", "hf-precision video --help"} <= set(parsers)
+    examples = epilog_examples()
+    for where in ("hf-precision --help", "hf-precision train --help", "hf-precision video --help"):
+        assert any(c.where == where for c in examples), where
+    for c in examples:
+        assert shlex.split(c.text)[0] in ("hf-precision", "accelerate", "torchrun"), c.text
+
+
+# ------------------------------------------------------------------------------------------------ coverage
+
+
+def _first(block: Block) -> str:
+    return block.text.splitlines()[0] if block.text else ""
+
+
+def test_every_docs_block_is_covered():
+    """Every fenced block of docs/*.md runs here or is listed with the reason it does not."""
+    tables = set(NOT_COMMANDS) | set(PYTHON_BLOCKS) | set(YAML_BLOCKS) | \
+        {f"{doc}:{first}" for (doc, first) in OUTPUT_BLOCKS}
+    uncovered = []
+    for path in DOCS:
+        for b in blocks(path):
+            if b.lang in ("bash", "", "text") and shell_commands(b):
+                continue
+            if f"{path.name}:{_first(b)}" not in tables:
+                uncovered.append(f"{b.where} ({b.lang or 'text'}): {_first(b)}")
+    assert not uncovered, "docs blocks that no test runs: add them to a table of tests/test_docs_examples.py:\n" + \
+        "\n".join(uncovered)
+    stale = [key for key in tables if not any(f"{p.name}:{_first(b)}" == key for p in DOCS for b in blocks(p))]
+    assert not stale, f"table entries whose block is gone: {stale}"
+
+
+# Blocks that are not commands, by file:first line, and why (each is still checked where it can be).
+NOT_COMMANDS = {
+    "DESIGN.md:errors, dtypes, lazy, units  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  memory/  <-  "
+    "apps/  <-  cli/  <-  scripts/": "the layer diagram; tests/test_layers.py checks the imports go one way",
+    "train-program.md:OUT/pytorch_lora_weights.safetensors   the LoRA (diffusers/peft format, --save-dtype, default "
+    "float16): pipe.load_lora_weights(OUT)": "the files a run writes; tests/test_train_run.py checks them",
+}
+# Python blocks, by file:first line -> the test below that runs them.
+PYTHON_BLOCKS = {
+    "DESIGN.md:import hf_precision as hp": "test_design_api_listing",
+    "calibrate.md:import hf_precision as hp": "test_python_block",
+    'quantization.md:pipe = hp.load_pipeline("./FLUX.1-dev", "cuda", quantize={"transformer": "int8", '
+    '"text_encoder_2": "nf4"})': "test_quantization_block_is_the_readmes",
+    'quantization.md:pipe = hp.load_pipeline("./stable-diffusion-v1-5", "cpu", quantize={"unet": "int8"})':
+        "test_python_block",
+    "training.md:import torch, hf_precision as hp": "test_training_loop_block",
+    'training.md:tr = hp.resolve_training("./my-sdxl", "cuda", train={"unet": "lora"})   # refuses what cannot '
+    'train, before loading': "test_python_block",
+    "training.md:with tp.autocast():": "test_autocast_block",
+}
+# Override files, by file:first line -> the recipe they are written for (test_override_yaml_block loads them).
+YAML_BLOCKS = {"DESIGN.md:schema: 1": "sdxl", "quantization.md:schema: 1": "flux"}
+# Output blocks without a `$` command, by (file, first line) -> the command that prints or writes them, and where:
+# "out" = its printed output, or a file it writes (test_doc_command compares them after the command runs).
+OUTPUT_BLOCKS = {
+    ("calibrate.md", "calibrate planted_sdxl: layout t4, target float16, reference float32"):
+        ("hf-precision calibrate planted_sdxl", "out"),
+    ("calibrate.md", "  vae:"): ("hf-precision calibrate planted_sdxl", "islands.yaml"),
+}
+
+
+def _check_output_blocks(text: str, printed: str) -> None:
+    for (doc, first), (cmd, where) in OUTPUT_BLOCKS.items():
+        if not text.startswith(cmd):
+            continue
+        block = next(b for b in blocks(ROOT / "docs" / doc) if _first(b) == first)
+        have = printed if where == "out" else Path(where).read_text(encoding="utf-8")
+        missing = missing_lines(block.text.splitlines(), have, exact=BYTES)
+        assert not missing, f"{block.where}: `{text}` no longer {'prints' if where == 'out' else 'writes'}:\n" + \
+            "\n".join(missing) + f"\n--- it {'printed' if where == 'out' else 'wrote'}:\n{have[-4000:]}"
+
+
+def test_output_blocks_are_compared():
+    """Each output block's command is one of the docs' commands test_doc_command(_heavy) runs, so it is compared."""
+    for cmd, _ in OUTPUT_BLOCKS.values():
+        assert any(c.text.startswith(cmd) and (_runs(c) or _works(c.text)) for c in doc_commands()), cmd
+
+
+# ------------------------------------------------------------------------------------------------ python blocks
+
+
+def _python(doc: str, start: str) -> Block:
+    return next(b for b in blocks(ROOT / "docs" / doc) if b.lang == "python" and b.text.startswith(start))
+
+
+# On this CPU-only machine: the fixes the library's errors name, followed when a statement raises one.
+FOLLOW = [('"cuda")', '"cpu", layout="t4")'), ('"cuda",', '"cpu", layout="t4",'), ('device="cuda"', 'device="cpu"')]
+
+
+def run_statements(block: Block, namespace: dict[str, Any]) -> str:
+    """A Python block statement by statement: each runs, or raises one RecipeError naming the fix (``layout=``) that
+    FOLLOW applies, and then runs. Returns what it printed."""
+    printed = io.StringIO()
+    for node in ast.parse(block.text).body:
+        source = ast.get_source_segment(block.text, node)
+        try:
+            with contextlib.redirect_stdout(printed):
+                exec(compile(source, block.where, "exec"), namespace)
+            continue
+        except hp.RecipeError as err:
+            message = str(err)
+        fixed = source
+        for old, new in FOLLOW:
+            fixed = fixed.replace(old, new)
+        assert fixed != source and "layout=" in message and len(message.splitlines()) == 1, (source, message)
+        with contextlib.redirect_stdout(printed):
+            exec(compile(fixed, block.where, "exec"), namespace)
+    return printed.getvalue()
+
+
+@pytest.mark.parametrize("key", [k for k, test in PYTHON_BLOCKS.items() if test == "test_python_block"])
+def test_python_block(key, workdir, no_gpu):
+    doc, first = key.split(":", 1)
+    namespace: dict[str, Any] = {"hp": hp}
+    printed = run_statements(_python(doc, first), namespace)
+    if "calibrate" in first or doc == "calibrate.md":
+        assert "islands:" in printed and Path("islands.yaml").is_file()
+    if "tp" in namespace:
+        import torch
+
+        assert all(p.dtype == torch.float32 for p in namespace["tp"].parameters())
+
+
+def test_design_api_listing():
+    """DESIGN.md's API list: every name is hp's, and every parameter it shows is the function's."""
+    block = _python("DESIGN.md", "import hf_precision as hp")
+    for line in block.text.splitlines()[1:]:
+        name = re.match(r"hp\.(\w+)", line)[1]
+        assert hasattr(hp, name), line
+        params = re.match(r"hp\.\w+\(([^)]*)\)", line)
+        if params is None or params[1] in ("...", "") or inspect.isclass(getattr(hp, name)):
+            continue
+        have = inspect.signature(getattr(hp, name)).parameters
+        for param in params[1].split(","):
+            param = param.strip().split("=")[0].strip("* ")
+            assert not param or param in have, f"DESIGN.md: {line}: hp.{name} has no parameter {param}"
+
+
+def test_override_yaml_block(tmp_path):
+    for key, recipe in YAML_BLOCKS.items():
+        doc, first = key.split(":", 1)
+        block = next(b for b in blocks(ROOT / "docs" / doc) if b.lang == "yaml" and b.text.startswith(first))
+        (tmp_path / "o.yaml").write_text(block.text)
+        loaded = hp.get_recipe(recipe, device="t4", overrides=str(tmp_path / "o.yaml"))
+        assert loaded is not None, block.where
+
+
+def test_quantization_block_is_the_readmes():
+    """docs/quantization.md opens with the README's quantized-weights statement: test_readme::test_quantize_block runs
+    it (torchao int8 + bitsandbytes nf4 loads on the CPU)."""
+    docs = _python("quantization.md", 'pipe = hp.load_pipeline("./FLUX.1-dev"')
+    readme = next(b for b in blocks(README) if b.lang == "python" and b.text.startswith(docs.text))
+    assert readme.text.splitlines()[0] == docs.text
+
+
+def test_training_loop_block(workdir, no_gpu):
+    """docs/training.md's loop on the SDXL stand-in (the Hub id's folder is offline here), a one-batch loader, the
+    T4 layout run on this CPU, 2 sampling steps."""
+    import torch
+
+    block = _python("training.md", "import torch, hf_precision as hp")
+    source = (block.text.replace('"stabilityai/stable-diffusion-xl-base-1.0"', '"./stable-diffusion-xl-base-1.0"')
+              .replace('device="cuda"', 'device="cpu", layout="t4"').replace("num_inference_steps=20",
+                                                                            "num_inference_steps=2, height=32, width=32"))
+    namespace = {"loader": [(torch.rand(1, 3, 32, 32) * 2 - 1, ["a cat"])]}
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        exec(compile(source, block.where, "exec"), namespace)
+    assert "lora" in printed.getvalue() and (Path("out") / "pytorch_lora_weights.safetensors").is_file()
+    assert Path("state.pt").is_file() and namespace["images"]
+
+
+def test_autocast_block(workdir, no_gpu):
+    """docs/training.md's own-loop fragment, with the names it uses made from the sd15 stand-in."""
+    import torch
+
+    block = _python("training.md", "with tp.autocast():")
+    pipe = hp.load_pipeline("./sd15", "cpu", layout="t4")
+    tp = hp.prepare_training(pipe, "cpu", layout="t4", train={"unet": "lora"})
+    latents = tp.encode_images(torch.rand(1, 3, 32, 32) * 2 - 1)
+    noise = torch.randn_like(latents)
+    namespace = {"tp": tp, "torch": torch, "noisy_latents": latents + noise, "timestep": torch.tensor([10]),
+                 "prompt_embeds": tp.encode_prompt(["a cat"])["encoder_hidden_states"], "noise": noise,
+                 "optimizer": torch.optim.AdamW(tp.parameters(), lr=1e-4)}
+    before = [p.detach().clone() for p in tp.parameters()]
+    exec(compile(block.text, block.where, "exec"), namespace)
+    assert any(not torch.equal(a, p) for a, p in zip(before, tp.parameters()))
+
+
+# ------------------------------------------------------------------------------------------------ heavy ones
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+@pytest.mark.parametrize("cmd", [c for c in COMMANDS if any(s in c.text for s in SCRIPTS)], ids=_id)
+def test_benchmark_script_commands(cmd, workdir, tmp_path):
+    """The docs' benchmark commands as separate programs, at their smallest (the real runs take minutes to hours)."""
+    tokens = [t for t in _launched(re.sub(r"^OMP_NUM_THREADS=\d+ ", "", cmd.text)) if t != "cuda"]
+    tokens = [t for i, t in enumerate(tokens) if not (t == "--device" and tokens[i + 1:i + 2] == ["--out"])]
+    if "--device" in tokens and tokens.index("--device") == len(tokens) - 1:
+        tokens.pop()
+    script = next(t for t in tokens if t.endswith(".py"))
+    smallest = {"benchmark.py": ["--size", "tiny", "--quick", "--only", "apply", "--out", str(tmp_path)],
+                "bench_training.py": ["--sizes", "tiny", "--steps", "1", "--warmup", "0"],
+                "video_memory.py": ["--size", "tiny", "--frames", "2", "--height", "32", "--width", "32", "--chunks", "1",
+                                    "--workdir", str(tmp_path)]}[Path(script).name]
+    args = [sys.executable, str(ROOT / script), *tokens[tokens.index(script) + 1:], *smallest]
+    result = run_subprocess(args, workdir, timeout=600)
+    assert_clean(result, cmd.text, 0)
+
+
+@pytest.mark.heavy
+@pytest.mark.slow
+def test_real_wan_plan_block(workdir):
+    """docs/video.md's plan of the real Wan 1.3B configs for 8 GB, as the docs show it, every byte figure included."""
+    cmd = next(c for c in doc_commands() if "wan2.1-t2v-1.3b-configs" in c.text)
+    result = run_in_process(["python", *shlex.split(cmd.text.replace("tests/", str(ROOT / "tests") + "/"))[1:]])
+    assert_clean(result, cmd.text, 0)
+    assert not missing_lines(cmd.expected, result.text, exact=BYTES), (missing_lines(cmd.expected, result.text,
+                                                                                     exact=BYTES), result.out)
+
+
+def test_real_wan_plan_block_twin(workdir):
+    """The cheap twin: the same configs at a small size; the lines that do not depend on the size (the weights, every
+    byte of them, and the table's heading) are the docs' own."""
+    cmd = next(c for c in doc_commands() if "wan2.1-t2v-1.3b-configs" in c.text)
+    tokens = shlex.split(cmd.text.replace("tests/", str(ROOT / "tests") + "/"))
+    result = run_in_process(["python", *tokens[1:], "--height", "256", "--width", "256", "--frames", "9"])
+    assert_clean(result, cmd.text, 0)
+    shown = [line for line in cmd.expected if line.startswith(("weights:", "settings "))]
+    assert len(shown) == 2 and not missing_lines(shown, result.text, exact=BYTES), result.out
