@@ -218,7 +218,7 @@ STAND_INS = {
     "CogVideoX-5b-I2V": "cogvideox_i2v", "HunyuanVideo": "hunyuan_video",
     "stable-video-diffusion-img2vid-xt": "svd", "svd-xt": "svd",
     "sd15": "sd15", "stable-diffusion-v1-5": "sd15", "FLUX.1-dev": "flux",
-    "my-sdxl": "sdxl", "my-sdxl-folder": "sdxl", "sdxl": "sdxl",
+    "my-sdxl": "sdxl", "my-sdxl-folder": "sdxl",
 }
 
 
@@ -245,20 +245,38 @@ def _training_data(work: Path) -> None:
 _FOLDER: list[Path] = []
 
 
-def stand_in_folder(tmp_path_factory) -> Path:
+def stand_in_folder(tmp_path_factory, eager: bool = True) -> Path:
     """The folder laid out as the docs expect (the stand-ins under the docs' model names, captioned images and clips,
-    cat.png, prompts.txt ...), built once per test process and shared by every module that runs the docs' commands."""
-    if _FOLDER:
-        return _FOLDER[0]
-    from hf_precision.testing import example_image, make_pipeline, save_pipeline
+    cat.png, prompts.txt ...), made once per test process and shared by every module that runs the docs' commands.
+    ``eager=False``: the stand-ins are built when a command names them (``ensure_stand_ins``), not all at first."""
+    if not _FOLDER:
+        _FOLDER.append(_lay_out(tmp_path_factory.mktemp("docs")))
+    if eager:
+        ensure_stand_ins(" ".join(f"./{name}" for name in STAND_INS), _FOLDER[0])
+    return _FOLDER[0]
 
-    work = tmp_path_factory.mktemp("docs")
-    saved: dict[str, Path] = {}
+
+def ensure_stand_ins(text: str, work: Path | None = None) -> None:
+    """Build the stand-ins whose folder ``text`` names as ``./NAME`` (a command, a Python block), each kind once: the
+    other names of a kind are links to its folder. (A bare ``sd15`` is the recipe alias, not the folder.)"""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    work = work or _FOLDER[0]
+    words = set(re.findall(r"(?<![\w/.])\./([\w.-]+)", text))
     for name, kind in STAND_INS.items():
-        if kind in saved:  # one build per kind; the other names are links to it
-            (work / name).symlink_to(saved[kind], target_is_directory=True)
+        if name not in words or (work / name).exists():
             continue
-        saved[kind] = save_pipeline(make_pipeline(kind), work / name)
+        built = next((work / n for n, k in STAND_INS.items() if k == kind and (work / n).is_dir()), None)
+        if built is None:
+            save_pipeline(make_pipeline(kind), work / name)
+        else:
+            (work / name).symlink_to(built.resolve(), target_is_directory=True)
+
+
+def _lay_out(work: Path) -> Path:
+    """The folder's files besides the stand-ins."""
+    from hf_precision.testing import example_image
+
     example_image(32).save(work / "cat.png")
     _training_data(work)
     (work / "prompts.txt").write_text("a cat surfing\n")
@@ -266,7 +284,6 @@ def stand_in_folder(tmp_path_factory) -> Path:
     (work / "notes.png").write_text("a text file named .png\n")  # docs/video.md's unreadable image
     my_yaml = next(b for b in blocks(README) if b.lang == "yaml" and b.text.startswith("# my.yaml"))
     (work / "my.yaml").write_text(my_yaml.text)
-    _FOLDER.append(work)
     return work
 
 
@@ -369,6 +386,7 @@ def run_as_written(text: str) -> Result:
     Each command of the docs stands alone: an output an earlier one wrote under the same name (cat.mp4) is removed
     first, and what a command reads that another command of the docs makes (sdxl-tiny, islands.yaml) is made first.
     """
+    ensure_stand_ins(text)
     tokens = _tokens(text)
     if "--out" in tokens and "--resume" not in tokens:
         target = Path(tokens[tokens.index("--out") + 1])

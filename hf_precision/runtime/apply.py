@@ -132,6 +132,30 @@ def torch_device(spec: Any, what: str) -> torch.device:
     return dev
 
 
+def check_placeable(device: Any, recipe: Any = None) -> None:
+    """Each device of ``device`` (one, or a mapping component -> device) is one tensors can be placed on here
+    (:func:`torch_device`). With a resolved :class:`Recipe`, whose dtypes are fixed, the fix named for a device this
+    machine lacks is a present device, not ``layout=`` (which a resolved Recipe refuses).
+
+    Example:
+        >>> check_placeable({"unet": "cpu", "default": None})
+    """
+    for spec in (device.values() if isinstance(device, Mapping) else [device]):
+        if spec is None:
+            continue
+        try:
+            torch_device(spec, "device")
+        except RecipeError as err:
+            if not isinstance(recipe, Recipe) or "this machine has no" not in str(err):
+                raise
+            from ..recipe.devices import present_devices
+
+            raise RecipeError(f"device {spec!r}: this machine has no such device (present: "
+                              f"{', '.join(present_devices())}); recipe= is a resolved Recipe, which keeps the dtypes it "
+                              f"was resolved for ({recipe.plans[0].resolved_for}): place it on a present device, "
+                              f"e.g. device='cpu'") from None
+
+
 def same_device(planned: Any, actual: torch.device) -> bool:
     """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it.
 
@@ -283,9 +307,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         comps = {stem: comps[""]}
     if device is None and not isinstance(recipe, Recipe):
         device = {n: _module_device(m) for n, m in comps.items()}  # resolve each for where it sits
-    for spec in (device.values() if isinstance(device, Mapping) else [device]):
-        if spec is not None:
-            torch_device(spec, "device")
+    check_placeable(device, recipe)
     from .source import models_of_pipeline
 
     resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
