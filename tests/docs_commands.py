@@ -74,19 +74,22 @@ def how(text: str) -> tuple | None:
     """How a command of the docs or of an epilog is checked here: None = run as written (test_doc_command);
     ("refusal", FIX, SAYS) = README's table: one clear error naming SAYS, then FIX runs; ("readme", WHERE) = the same
     command is one of the README's, test_readme runs it; ("parse", WHY) = its arguments parse with its program's own
-    parser (test_doc_command_parses) and WHY names what runs it; ("heavy", WHY) = that, and a heavy test below runs it
-    reduced; ("skip-why", WHY) = not a runnable command (WHY says where its program runs)."""
+    parser (test_doc_command_parses) and WHY names what runs it; ("heavy", WHY) = that, and test_doc_command_heavy
+    runs it as written at the stand-in's size; ("heavy-test", WHY) = that, and the heavy test WHY names runs it; ("skip-why", WHY) = not a runnable command (WHY says where its program runs)."""
     if (same := _in_readme(text)) is not None:
         return ("readme", same.where)
     if re.search(r"(^|\s)\.\.\.(\s|$)", text) and not text.startswith(("accelerate", "torchrun")):
         return ("skip-why", "'...' stands for the arguments of the command above it in the docs, which runs here")
     if any(name in text for name in SCRIPTS):
-        return ("heavy", "a benchmark (minutes of CPU): test_benchmark_script_commands runs it reduced")
+        return ("heavy-test", "a benchmark (minutes of CPU): test_benchmark_script_commands runs it reduced")
     if "--plan" in text and "wan2.1-t2v-1.3b-configs" in text:
-        return ("heavy", "the real Wan configs at 832x480, 81 frames (minutes of CPU): test_real_wan_plan_block")
+        return ("heavy-test", "the real Wan configs at 832x480, 81 frames (minutes of CPU): test_real_wan_plan_block")
     if text.startswith("hf-precision train --plan --model sdxl"):
-        return ("heavy", "the real SDXL configs (a minute of CPU): "
+        return ("heavy-test", "the real SDXL configs (a minute of CPU): "
                          "tests/test_docs.py::test_the_train_plan_the_docs_show_is_what_the_command_prints")
+    if text.startswith("python -c") and "save_pipeline(" in text:
+        return ("heavy", "builds and saves a model for the command after it (seconds of CPU): "
+                         "test_doc_command_heavy runs it; here it compiles and its imports resolve")
     readme = instead(text)
     if readme is not None and readme[0] == "refusal":
         return readme
@@ -200,6 +203,16 @@ def parse_only(tokens: list[str]) -> None:
     def parse_then_stop(self, args=None, namespace=None):
         raise _Parsed(original(self, args, namespace))
 
+    if tokens[:2] == ["python", "-c"]:  # a snippet: it compiles, and what it imports is there
+        import importlib
+
+        tree = ast.parse(tokens[2])
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                module = importlib.import_module(node.module)
+                missing = [a.name for a in node.names if not hasattr(module, a.name)]
+                assert not missing, f"python -c: {node.module} has no {missing}"
+        return
     tokens = _tokens(" ".join(shlex.quote(t) for t in tokens))
     if tokens[:3] == ["python", "-m", "hf_precision.cli"]:
         tokens = ["hf-precision", *tokens[3:]]

@@ -11,7 +11,9 @@ console script and the script entry work. What cannot run as written on a CPU ha
 what runs in its place and why (a GPU command: its one-line refusal, then the fix that refusal names; a multi-GPU
 launch: its CPU refusal or CPU equivalent; a video at a model card's size: the same command at the stand-in's tiny
 size). A README block that is neither runnable nor listed in ``NOT_COMMANDS`` fails ``test_every_block_is_covered``:
-nothing is skipped silently, and a new README command needs a way to run here.
+nothing is skipped silently, and a new README command needs a way to run here. tests/test_docs_examples.py does the
+same for docs/*.md and the ``--help`` examples, on the same folder (tests/readme_commands.py builds it once per
+process).
 """
 
 from __future__ import annotations
