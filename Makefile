@@ -45,7 +45,10 @@ test: $(STAMP)
 # processes, a sharded 2-process training run, its live kill / Ctrl-C and resume, a 3-process uneven shard resumed at
 # 2 and 1 processes), the README's benchmark commands (tests/test_benchmark.py runs the
 # benchmark), a second demo layout, torch.compile, the measured-vs-predicted training step, the real Wan config's
-# plan, the docs' SDXL training plan, quanto int4/int2 (they build quanto's C++ unpacker on first use).
+# plan, the docs' SDXL training plan, quanto int4/int2 (they build quanto's C++ unpacker on first use); the commands and
+# Python blocks of docs/*.md and of the --help examples that do a model's work, the benchmarks they name at their
+# smallest and the docs' real Wan plan (tests/test_docs_examples.py: in `make test` their arguments parse, and the
+# README's commands run each program).
 test-heavy: $(STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m heavy
 

@@ -26,7 +26,9 @@ import time
 from pathlib import Path
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "generate_video.py"
-LINE = re.compile(r"peak memory ([\d.]+) MiB \((?P<kind>[^;]+); ([\d.]+) MiB before decoding\); ([\d.na]+) s per denoising "
+# generate_video.py's summary line; its sizes are format_bytes' (decimal units, e.g. "490.9 MB"), read with parse_size
+SIZE = r"[\d.]+ [kMGT]?i?B"
+LINE = re.compile(rf"peak memory ({SIZE}) \((?P<kind>[^;]+); ({SIZE}) before decoding\); ([\d.na]+) s per denoising "
                   r"step; decode ([\d.]+) s")
 
 
@@ -47,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from PIL import Image
 
     from hf_precision.testing.pipelines import count_parameters, make_svd, save_pipeline
+    from hf_precision.units import parse_size
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="hf_precision_video_memory_"))
     model = work / f"svd-{args.size}"
@@ -78,8 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         recipe = next((line for line in proc.stdout.splitlines() if line.startswith("svd recipe")), "")
         peak, kind, before, per_step, decode = found.group(1), found.group("kind"), found.group(3), found.group(4), found.group(5)
-        rows.append((chunk, float(peak), float(before), float(decode), float(per_step), wall))
-        print(f"chunk {chunk}: peak {peak} MiB, before decoding {before} MiB, decode {decode} s, {wall:.1f} s in all",
+        peak, before = parse_size(peak) / 2**20, parse_size(before) / 2**20  # MiB, as the table says
+        rows.append((chunk, peak, before, float(decode), float(per_step), wall))
+        print(f"chunk {chunk}: peak {peak:.1f} MiB, before decoding {before:.1f} MiB, decode {decode} s, {wall:.1f} s in all",
               file=sys.stderr, flush=True)
 
     what = "peak RSS" if args.device == "cpu" else "peak allocated"

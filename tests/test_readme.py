@@ -11,7 +11,9 @@ console script and the script entry work. What cannot run as written on a CPU ha
 what runs in its place and why (a GPU command: its one-line refusal, then the fix that refusal names; a multi-GPU
 launch: its CPU refusal or CPU equivalent; a video at a model card's size: the same command at the stand-in's tiny
 size). A README block that is neither runnable nor listed in ``NOT_COMMANDS`` fails ``test_every_block_is_covered``:
-nothing is skipped silently, and a new README command needs a way to run here.
+nothing is skipped silently, and a new README command needs a way to run here. tests/test_docs_examples.py does the
+same for docs/*.md and the ``--help`` examples, on the same folder (tests/readme_commands.py builds it once per
+process).
 """
 
 from __future__ import annotations
@@ -19,10 +21,8 @@ from __future__ import annotations
 import ast
 import contextlib
 import io
-import os
 import re
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,186 +31,19 @@ import pytest
 
 import hf_precision as hp
 
-from readme_commands import (README, ROOT, Block, Command, Result, blocks, missing_lines,  # noqa: E402
-                             readme_commands, run_in_process, run_subprocess, shell_commands)
+from readme_commands import (BYTES, README, ROOT, Block, Command, _tiny_size, _tokens, _video_family,  # noqa: E402
+                             assert_clean, blocks, inside, instead, missing_lines, readme_commands, run_as_written,
+                             run_in_process, run_subprocess, shell_commands, stand_in_folder)
 from launch import accelerate_cpu  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
 
-# ------------------------------------------------------------------------------------------------ the stand-ins
-
-
-def _tiny_size(family: str) -> list[str]:
-    """The stand-in's own size, for a video command written for a model card's size (minutes per clip on a CPU)."""
-    from hf_precision.testing import PIPELINES
-
-    if family == "svd":
-        return ["--height", "32", "--width", "32", "--frames", "2", "--steps", "2", "--decode-chunk-size", "2"]
-    kw, spec = PIPELINES[family].call_kwargs(), PIPELINES[family]
-    frames = kw["num_frames"]
-    if spec.recipe == "cogvideox" and (frames - 1) % 4:  # diffusers' own I2V test calls it with 8 frames
-        frames = 9
-    return ["--height", str(kw["height"]), "--width", str(kw["width"]), "--frames", str(frames), "--steps", "2"]
-
-
-# model folder name the docs use -> the tiny stand-in saved under it
-STAND_INS = {
-    "stable-diffusion-xl-base-1.0": "sdxl", "my-sdxl-finetune": "sdxl",
-    "Wan2.1-T2V-1.3B-Diffusers": "wan", "Wan2.1-T2V-14B-Diffusers": "wan", "LTX-Video": "ltx",
-    "CogVideoX-5b-I2V": "cogvideox_i2v", "HunyuanVideo": "hunyuan_video",
-    "stable-video-diffusion-img2vid-xt": "svd", "svd-xt": "svd",
-    "sd15": "sd15", "stable-diffusion-v1-5": "sd15", "FLUX.1-dev": "flux",
-}
-
-
-def _training_data(work: Path) -> None:
-    """Captioned images (photos/, and cat/ with the embedding's token), and captioned 5-frame clips (clips/)."""
-    import numpy as np
-    from PIL import Image
-
-    from hf_precision.apps.train.demo import draw_shape
-
-    (work / "photos").mkdir()
-    (work / "cat").mkdir()
-    (work / "clips").mkdir()
-    for i, shape in enumerate(("square", "circle")):
-        draw_shape(shape, (200, 40, 40), 32, seed=i).save(work / "photos" / f"{shape}.png")
-        (work / "photos" / f"{shape}.txt").write_text(f"a red {shape}", encoding="utf-8")
-        draw_shape(shape, (40, 40, 200), 32, seed=i).save(work / "cat" / f"{shape}.png")
-        (work / "cat" / f"{shape}.txt").write_text(f"a photo of <my-cat> as a {shape}", encoding="utf-8")
-        frames = [Image.fromarray(np.full((16, 16, 3), 20 * j + 50 * i, np.uint8)) for j in range(5)]
-        frames[0].save(work / "clips" / f"c{i}.gif", save_all=True, append_images=frames[1:], duration=100)
-        (work / "clips" / f"c{i}.txt").write_text(f"clip {i}", encoding="utf-8")
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """A folder laid out as the README expects, the process's working directory while the module runs."""
-    from hf_precision.testing import example_image, make_pipeline, save_pipeline
-
-    work = tmp_path_factory.mktemp("readme")
-    saved: dict[str, Path] = {}
-    for name, kind in STAND_INS.items():
-        if kind in saved:  # one build per kind; the other names are links to it
-            (work / name).symlink_to(saved[kind], target_is_directory=True)
-            continue
-        saved[kind] = save_pipeline(make_pipeline(kind), work / name)
-    example_image(32).save(work / "cat.png")
-    _training_data(work)
-    (work / "prompts.txt").write_text("a cat surfing\n")
-    (work / "notes.txt").write_text("not a folder\n")
-    my_yaml = next(b for b in blocks(README) if b.lang == "yaml" and b.text.startswith("# my.yaml"))
-    (work / "my.yaml").write_text(my_yaml.text)
-    old = os.getcwd()
-    os.chdir(work)
-    try:
+    """The folder of stand-ins laid out as the README expects, the process's working directory while the module runs."""
+    with inside(stand_in_folder(tmp_path_factory)) as work:
         yield work
-    finally:
-        os.chdir(old)
-
-
-
-
-# Commands that cannot run as written here, and what runs instead. Keys are the command as written (collapsed
-# spaces); values: ("refusal", FIX) = it must fail with one clear error (exit 2) naming FIX's first words, then FIX
-# runs; ("tiny", FAMILY) = the same command at the stand-in's size; ("instead", ARGS, WHY) = what runs in its place.
-def instead(text: str) -> tuple | None:
-    if text.startswith("make demo"):
-        return ("instead", ["hf-precision", "demo", "--out", "demo_output"], "what `make demo` runs after installing")
-    if text.startswith("make test"):
-        return ("skip-why", "the test suite this module belongs to; the Makefile target is checked below")
-    if "scripts/build_shapes_model.py" in text:
-        return ("skip-why", "retrains the shipped shapes model (minutes) and rewrites it; "
-                            "tests/test_shapes_model.py checks the shipped fingerprint is the one its settings give")
-    if text.startswith("source .venv/bin/activate"):
-        return ("skip-why", "an interactive shell's environment; the Makefile's .venv is checked below")
-    if text.startswith("torchrun") and " train " in text and "--shard" in text:
-        return ("skip-why", "8 GPUs and a 12B model; the same program runs sharded over 2 CPU processes in "
-                            "tests/test_train_shard.py::test_sharded_program_on_tiny_sdxl_t4")
-    if "--context-parallel" in text:
-        return ("refusal", None, "needs GPUs")  # torchrun of a CPU-only torch: the script's own refusal
-    if text.startswith("accelerate launch") and "scripts/train.py" in text:
-        return ("slow-accelerate-train",)
-    if text.startswith("accelerate launch"):
-        return ("slow-accelerate",)
-    if "--device-map balanced" in text:
-        return ("refusal", None, "no accelerator is visible")
-    if "benchmarks/benchmark.py" in text:
-        return ("slow-benchmark",)
-    if "--device cuda" in text and ("generate" in text or " train " in text) and "--plan" not in text:
-        return ("refusal", text.replace("--device cuda", "--layout t4 --device cpu"), "--layout t4 --device cpu")
-    if re.search(r"--device mps(\s|$)", text):
-        return ("refusal", text.replace("--device mps", "--layout m2-macos15 --device cpu"), "--layout m2-macos15")
-    return None
-
-
-def _video_family(tokens: list[str]) -> str | None:
-    if "--plan" in tokens or "--demo" in tokens or "--model" not in tokens:
-        return None
-    return STAND_INS.get(Path(tokens[tokens.index("--model") + 1]).name)
-
-
-def _tokens(text: str) -> list[str]:
-    tokens = shlex.split(text)
-    if tokens[0].startswith(".venv/bin/"):
-        tokens[0] = tokens[0][len(".venv/bin/"):]
-    if tokens[0] == "accelerate" or tokens[0] == "torchrun":
-        tokens = ["python", *tokens[tokens.index("scripts/generate_video.py"):]]
-    return tokens
-
-
-def run_as_written(text: str) -> Result:
-    """Run a command of the docs here: in process, at the stand-in's size where it makes a video.
-
-    Each command of the docs stands alone: an output an earlier one wrote under the same name (cat.mp4) is removed
-    first, and the folder a command reads that another command of the docs makes (sdxl-tiny) is made first.
-    """
-    tokens = _tokens(text)
-    if "--out" in tokens and "--resume" not in tokens:
-        target = Path(tokens[tokens.index("--out") + 1])
-        if target.is_dir() and not target.is_symlink():
-            shutil.rmtree(target)
-        elif target.is_file():
-            target.unlink()
-    if "sdxl-tiny" in tokens and not Path("sdxl-tiny").is_dir():
-        maker = next(c for c in COMMANDS if "'sdxl-tiny'" in c.text)
-        assert_clean(run_in_process(_tokens(maker.text)), maker.text)
-    family = _video_family(tokens) if tokens[1:2] != ["train"] else None
-    if family is not None and "--height" not in tokens:
-        tokens += _tiny_size(family)
-    if tokens[1:2] == ["generate"] and "--steps" not in tokens:  # 30 steps of fp16 on a CPU: minutes
-        tokens += ["--steps", "2", "--height", "32", "--width", "32"]
-    if tokens[1:2] == ["train"] and "--demo" not in tokens and "--plan" not in tokens:
-        tokens = _tiny_training(tokens)
-    return run_in_process(tokens)
-
-
-def _tiny_training(tokens: list[str]) -> list[str]:
-    """A README training run at the stand-in's size: 2 steps (3 when resumed), its resolution, 5 frames for clips.
-
-    ``--resume latest`` first makes what it resumes: the same run, stopped after 2 steps with a checkpoint.
-    """
-    def without(flag: str, tokens: list[str]) -> list[str]:
-        if flag not in tokens:
-            return tokens
-        i = tokens.index(flag)
-        return tokens[:i] + tokens[i + 2:]
-
-    for flag in ("--steps", "--frames", "--validation-every", "--validation-prompt"):
-        tokens = without(flag, tokens)
-    tokens += ["--resolution", "16" if "./clips" in tokens else "32"] + (["--frames", "5"] if "./clips" in tokens else [])
-    if "--resume" in tokens:
-        first = without("--resume", tokens)
-        shutil.rmtree(first[first.index("--out") + 1], ignore_errors=True)
-        assert_clean(run_in_process(first + ["--steps", "2", "--checkpoint-every", "1"]), " ".join(first))
-        return tokens + ["--steps", "3"]
-    return tokens + ["--steps", "2"]
-
-
-def assert_clean(result: Result, text: str, code: int = 0) -> None:
-    assert "Traceback" not in result.text, f"{text}\n{result.text[-4000:]}"
-    assert result.code == code, f"{text}: exit {result.code}, the docs show {code}\n{result.text[-3000:]}"
 
 
 COMMANDS = readme_commands()
@@ -231,7 +64,7 @@ def test_command(cmd, workdir, no_gpu):
     if plan is None:
         result = run_as_written(cmd.text)
         assert_clean(result, cmd.text, cmd.exit or 0)
-        missing = missing_lines(cmd.expected, result.text)
+        missing = missing_lines(cmd.expected, result.text, exact=BYTES)  # bytes from configs: the same everywhere
         assert not missing, f"{cmd.where}: `{cmd.text}` no longer prints:\n" + "\n".join(missing) + \
             f"\n--- it printed:\n{result.text[-4000:]}"
         return

@@ -107,7 +107,8 @@ def _components(pipe: Any) -> dict[str, torch.nn.Module]:
 
 
 def torch_device(spec: Any, what: str) -> torch.device:
-    """A device tensors can be placed on, or a ``RecipeError`` that explains presets are for planning only.
+    """A device tensors can be placed on here, or a ``RecipeError`` that explains presets are for planning only,
+    or that this machine has no such device (and how to run its layout on one it has).
 
     Example:
         >>> torch_device("cpu", "device")
@@ -122,7 +123,37 @@ def torch_device(spec: Any, what: str) -> torch.device:
                           f"{', '.join(present_devices())}). "
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
                           f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
+    if dev.type in ("cuda", "mps", "xpu"):
+        from ..recipe.devices import device_profile
+
+        # A device this machine lacks: our one error naming layout=, not torch's "Torch not compiled with CUDA
+        # enabled" from the first tensor moved there (layout= or a resolved Recipe skips the rules' own check).
+        device_profile(str(dev))
     return dev
+
+
+def check_placeable(device: Any, recipe: Any = None) -> None:
+    """Each device of ``device`` (one, or a mapping component -> device) is one tensors can be placed on here
+    (:func:`torch_device`). With a resolved :class:`Recipe`, whose dtypes are fixed, the fix named for a device this
+    machine lacks is a present device, not ``layout=`` (which a resolved Recipe refuses).
+
+    Example:
+        >>> check_placeable({"unet": "cpu", "default": None})
+    """
+    for spec in (device.values() if isinstance(device, Mapping) else [device]):
+        if spec is None:
+            continue
+        try:
+            torch_device(spec, "device")
+        except RecipeError as err:
+            if not isinstance(recipe, Recipe) or "this machine has no" not in str(err):
+                raise
+            from ..recipe.devices import present_devices
+
+            raise RecipeError(f"device {spec!r}: this machine has no such device (present: "
+                              f"{', '.join(present_devices())}); recipe= is a resolved Recipe, which keeps the dtypes it "
+                              f"was resolved for ({recipe.plans[0].resolved_for}): place it on a present device, "
+                              f"e.g. device='cpu'") from None
 
 
 def same_device(planned: Any, actual: torch.device) -> bool:
@@ -276,9 +307,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         comps = {stem: comps[""]}
     if device is None and not isinstance(recipe, Recipe):
         device = {n: _module_device(m) for n, m in comps.items()}  # resolve each for where it sits
-    for spec in (device.values() if isinstance(device, Mapping) else [device]):
-        if spec is not None:
-            torch_device(spec, "device")
+    check_placeable(device, recipe)
     from .source import models_of_pipeline
 
     resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,

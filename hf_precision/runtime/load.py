@@ -233,7 +233,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
                     force: bool, quantize: Any, base: Any, kwargs: dict[str, Any]) -> _Target:
     """Everything that can be refused before a weight is read: the location, the keywords, the recipe and its plan."""
     from ..recipe.devices import device_profile
-    from .apply import torch_device
+    from .apply import check_placeable
 
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
@@ -267,9 +267,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
     layers = override_layers(kwargs, present, overrides, quantize)
     if device is None:
         device = device_profile(None).torch_device()
-    for spec in (device.values() if isinstance(device, Mapping) else [device]):
-        if spec is not None:
-            torch_device(spec, "device")
+    check_placeable(device, recipe)
     resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device,
                        layout=layout, overrides=layers or None, configs=component_configs(where, index, folder),
                        components=list(listed_components(index)), force=force, models=models_of_index(index))

@@ -23,7 +23,7 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.model import Recipe
-from ..runtime.apply import Applied, applied, apply_recipe, torch_device
+from ..runtime.apply import Applied, applied, apply_recipe, check_placeable, torch_device
 from . import control, families, quantized, trainable
 from .methods import Setup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
@@ -334,6 +334,8 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
     """
     holder = Components(pipe) if isinstance(pipe, Mapping) else pipe
     comps = {n: m for n, m in holder.components.items() if isinstance(m, torch.nn.Module)}
+    # a resolved TrainingRecipe keeps its dtypes: a device this machine lacks is named with a present one as the fix
+    check_placeable(device, recipe.recipe if isinstance(recipe, TrainingRecipe) else None)
     if isinstance(recipe, TrainingRecipe):  # resolved before loading (the training program): only attach
         recipe.refuse_other(device=device, layout=layout, train=train, overrides=overrides)
         tr, device, train = recipe, recipe.device, recipe.train
