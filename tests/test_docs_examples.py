@@ -148,7 +148,7 @@ def test_every_docs_block_is_covered():
 # Blocks that are not commands, by file:first line, and why (each is still checked where it can be).
 NOT_COMMANDS = {
     "DESIGN.md:errors, dtypes, lazy, units  <-  recipe/  <-  runtime/  <-  diagnose/  <-  training/  <-  memory/  <-  "
-    "apps/  <-  cli/  <-  scripts/": "the layer diagram; tests/test_layers.py checks the imports go one way",
+    "apps/  <-  cli/  <-  scripts/, benchmarks/": "the layer diagram; tests/test_layers.py checks the imports go one way",
     "train-program.md:OUT/pytorch_lora_weights.safetensors   the LoRA (diffusers/peft format, --save-dtype, default "
     "float16): pipe.load_lora_weights(OUT)": "the files a run writes; tests/test_train_run.py checks them",
 }
