@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +13,6 @@ from hf_precision.diagnose.checker import CheckReport, default_call
 from hf_precision.errors import RecipeError
 from hf_precision.diagnose.mismatch import MismatchError
 
-from launch import subprocess_env
 
 SDXL_ISLANDS = ["unet.time_embedding", "unet.add_embedding"]
 
@@ -187,32 +183,22 @@ def test_an_index_less_device_plan_is_the_current_device(monkeypatch):
 
 # ------------------------------------------------------------------------------------------ the CLI
 
-_SCRIPT = Path(sys.executable).parent / "hf-precision"
-CLI = [str(_SCRIPT)] if _SCRIPT.exists() else ([shutil.which("hf-precision")] if shutil.which("hf-precision")
-                                               else [sys.executable, "-m", "hf_precision.cli"])
-
-
-def _start(*args: str, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                            env=subprocess_env())
-
-
-@pytest.mark.slow
-def test_cli(saved_pipeline, tmp_path):
-    """The commands as a user runs them, started together (each process pays the torch import once, in parallel)."""
+def test_cli(saved_pipeline, tmp_path, capsys, monkeypatch):
+    """The commands as a user types them, in this process (the console script's start-up and its stderr are
+    tests/test_stderr_ours.py's)."""
     folder = str(saved_pipeline("sdxl"))
+    monkeypatch.chdir(tmp_path)
     runs = {
-        "table": _start("plan", "sdxl", "--device", "t4", cwd=tmp_path),
-        "json": _start("plan", "sdxl", "--device", "a100", "--json", cwd=tmp_path),
-        "check": _start("check", folder, "--device", "cpu", "--for", "t4", cwd=tmp_path),
-        "plain": _start("check", folder, "--device", "cpu", "--plain", "--dtype", "unet=float16", cwd=tmp_path),
-        "bad_set": _start("check", folder, "--device", "cpu", "--set", "vae.dtype=half", cwd=tmp_path),
+        "table": ("plan", "sdxl", "--device", "t4"),
+        "json": ("plan", "sdxl", "--device", "a100", "--json"),
+        "check": ("check", folder, "--device", "cpu", "--for", "t4"),
+        "plain": ("check", folder, "--device", "cpu", "--plain", "--dtype", "unet=float16"),
+        "bad_set": ("check", folder, "--device", "cpu", "--set", "vae.dtype=half"),
     }
     out = {}
-    for name, proc in runs.items():
-        stdout, stderr = proc.communicate(timeout=300)
-        out[name] = (proc.returncode, stdout, stderr)
-        assert "Traceback" not in stderr, (name, stderr)
+    for name, args in runs.items():
+        out[name] = _main(capsys, *args)
+        assert "Traceback" not in out[name][2], (name, out[name][2])
 
     rc, stdout, _ = out["table"]
     assert rc == 0

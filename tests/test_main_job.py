@@ -216,11 +216,20 @@ def test_generate_writes_a_png(saved_pipeline, tmp_path):
     (["{svd}"], "StableVideoDiffusionPipeline needs image"),
     (["{sdxl}", "--set", "vae.dtype=half"], "ambiguous"),
 ])
-def test_generate_bad_input(saved_pipeline, tmp_path, args, message):
+def test_generate_bad_input(saved_pipeline, tmp_path, args, message, capsys, monkeypatch):
+    """In this process (the console script's start-up is test_generate_writes_a_png's; stderr holding only our lines
+    is tests/test_stderr_ours.py's): our error, exit 2, no output written."""
+    from hf_precision.cli import main
+
     args = [a.format(sdxl=saved_pipeline("sdxl"), svd=saved_pipeline("svd")) for a in args]
     if "--out" not in args:
         args += ["--out", str(tmp_path / "img.png")]
-    result = run("generate", *args, "--prompt", "x", "--steps", "1", "--device", "cpu", cwd=tmp_path)
-    assert result.returncode == 2, result.stdout + result.stderr
-    assert message in result.stderr and "Traceback" not in result.stderr
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(["generate", *args, "--prompt", "x", "--steps", "1", "--device", "cpu"])
+    except SystemExit as exit_:  # argparse's own refusals exit
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert message in err and "Traceback" not in err
     assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob(".*tmp*"))
