@@ -87,28 +87,38 @@ def test_script_writes_video_with_asked_frames_and_size(svd_folder, images, tmp_
     _script_writes(svd_folder, images, tmp_path, ".gif")
 
 
-@pytest.mark.slow
 @needs_ffmpeg
-def test_script_writes_an_mp4(svd_folder, images, tmp_path):
-    _script_writes(svd_folder, images, tmp_path, ".mp4")
+def test_script_writes_an_mp4(svd_folder, images, tmp_path, capsys):
+    """The same program in this process (the script's own start-up is the gif test's)."""
+    from hf_precision.cli.video import main
+
+    out = tmp_path / "clip.mp4"
+    code = main(["--model", str(svd_folder), "--image", str(images / "img0.png"), "--out", str(out), *SMALL,
+                 "--fps", "5"])
+    captured = capsys.readouterr()
+    _wrote(out, tmp_path, code, captured.out, captured.err)
 
 
 def _script_writes(svd_folder, images, tmp_path, suffix):
-    from hf_precision.recipe.devices import device_profile
-
     out = tmp_path / f"clip{suffix}"
     proc = script("--model", str(svd_folder), "--image", str(images / "img0.png"), "--out", str(out), *SMALL,
                   "--fps", "5")
-    assert proc.returncode == 0, proc.stderr
-    assert "Traceback" not in proc.stderr
+    _wrote(out, tmp_path, proc.returncode, proc.stdout, proc.stderr)
+
+
+def _wrote(out, tmp_path, code, stdout, stderr):
+    from hf_precision.recipe.devices import device_profile
+
+    assert code == 0, stderr
+    assert "Traceback" not in stderr
     frames = read_video(out)
     assert frames.shape[:3] == (3, 32, 48), frames.shape  # frames, height, width
     assert frames.shape[3] in (3, 4) and frames.dtype == np.uint8
     assert frames.std() > 0  # not a blank video
-    ran_on = device_it_ran_on(proc.stdout)
+    ran_on = device_it_ran_on(stdout)
     assert ran_on == device_profile(None).type  # the same choice this process makes
-    assert re.search(rf"peak memory [\d.]+ [kMG]?B \({re.escape(MEMORY_WORDING[ran_on])}", proc.stdout), proc.stdout
-    assert re.search(r"[\d.]+ s per denoising step", proc.stdout)
+    assert re.search(rf"peak memory [\d.]+ [kMG]?B \({re.escape(MEMORY_WORDING[ran_on])}", stdout), stdout
+    assert re.search(r"[\d.]+ s per denoising step", stdout)
     assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # not left with mkstemp's private mode
     assert leftovers(tmp_path) == []
 
