@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CLIP_VOCAB_MERGES", "make_bert_tokenizer", "make_gemma_tokenizer", "make_llama_tokenizer",
+__all__ = ["CLIP_VOCAB_MERGES", "make_bert_tokenizer", "make_gemma_tokenizer", "make_llama_chat_tokenizer",
+           "make_llama_tokenizer",
            "make_qwen2_tokenizer", "make_t5_tokenizer", "make_tokenizer"]
 
 # Handmade CLIP BPE: <|startoftext|>, <|endoftext|>, a-z, a-z</w>, digits, punctuation, a few merges.
@@ -157,12 +158,54 @@ def make_llama_tokenizer():
     """
     from transformers import LlamaTokenizer
 
+    vocab, merges = _llama_pieces()
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, pad_token="<pad>")
+    tokenizer.model_max_length = 256
+    return tokenizer
+
+
+def _llama_pieces() -> tuple[dict[str, int], list[tuple[str, str]]]:
     letters = "abcdefghijklmnopqrstuvwxyz0123456789.,!?'-:;()"
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<pad>": 3, "\u2581": 4}
     for c in letters + letters.upper():
         vocab.setdefault(c, len(vocab))
         vocab.setdefault("\u2581" + c, len(vocab))
-    merges = [("\u2581", c) for c in letters + letters.upper()]
-    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, pad_token="<pad>")
-    tokenizer.model_max_length = 256
+    return vocab, [("\u2581", c) for c in letters + letters.upper()]
+
+
+def make_llama_chat_tokenizer(template: str):
+    """A handmade Llama BPE tokenizer that reads a chat ``template`` in about as many tokens as a real one.
+
+    Pipelines that cut a prompt template's encoding at fixed token positions (HunyuanVideo I2V: ``crop_start`` 103,
+    the ``<image>`` token at position 5, the ``<|end_header_id|>`` markers) need what a character-level tokenizer
+    lacks: the template's ``<...>`` markers as single special tokens, its words and ``"\\n\\n"`` as single tokens (a
+    merge chain each), a BOS token, and a word-start mark after every special token (``legacy``), so the words
+    there are whole too. Other text still falls back to single characters.
+
+    >>> tok = make_llama_chat_tokenizer("<|h|>system<|e|>\\n\\n<image>\\nDescribe the video")
+    >>> tok.convert_ids_to_tokens(tok("<|h|>system<|e|>\\n\\n<image>\\nDescribe the cat").input_ids)[:9]
+    ['<s>', '<|h|>', '\u2581system', '<|e|>', '\u2581\\n\\n', '<image>', '\u2581\\n', 'Describe', '\u2581the']
+    """
+    import re
+
+    from transformers import LlamaTokenizer
+
+    vocab, merges = _llama_pieces()
+    vocab.setdefault("\n", len(vocab))
+    specials = list(dict.fromkeys(re.findall(r"<[^<>\s]+>", template)))
+    for special in specials:
+        template = template.replace(special, " ")
+    words = sorted(set(re.findall(r"[A-Za-z]+", template)))
+    # word-start chains first, so they win over the bare chains (a word right after a newline) inside a word
+    pieces = ["\u2581" + w for w in words + ["\n\n"]] + words
+    known = set(merges)
+    for piece in pieces:
+        for i in range(1, len(piece)):
+            if (piece[:i], piece[i]) not in known:
+                known.add((piece[:i], piece[i]))
+                merges.append((piece[:i], piece[i]))
+                vocab.setdefault(piece[:i + 1], len(vocab))
+    tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, pad_token="<pad>", legacy=True, add_bos_token=True)
+    tokenizer.add_special_tokens({"additional_special_tokens": specials})
+    tokenizer.model_max_length = 1024
     return tokenizer

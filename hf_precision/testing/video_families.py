@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from .parts import example_image, finish_pipeline, seeded as _seeded, t5_encoder
 from .record import TinyPipeline
-from .tokenizers import make_llama_tokenizer, make_t5_tokenizer, make_tokenizer
+from .tokenizers import make_llama_chat_tokenizer, make_llama_tokenizer, make_t5_tokenizer, make_tokenizer
 
 __all__ = ["ROWS"]
 
@@ -321,35 +321,34 @@ def _hunyuan_kwargs() -> dict:
 
 
 def _build_hunyuan_video_i2v(seed: int):
-    """HunyuanVideo I2V: a tiny Llava text encoder (Llama + CLIP vision) reads the image with the prompt."""
+    """HunyuanVideo I2V: a tiny Llava reads image and prompt. The pipeline cuts its template's encoding at fixed places
+    (576 image features at 5, ``<|end_header_id|>``): a tokenizer that reads it, 24x24 patches (the real 336 / 14)."""
     from diffusers import (FlowMatchEulerDiscreteScheduler, HunyuanVideoImageToVideoPipeline,
                            HunyuanVideoTransformer3DModel)
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
     from transformers import CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration
 
-    tokenizer = make_llama_tokenizer()
+    tokenizer = make_llama_chat_tokenizer(DEFAULT_PROMPT_TEMPLATE["template"])
     text_config = LlamaConfig(bos_token_id=1, eos_token_id=2, pad_token_id=3, hidden_size=16, intermediate_size=37,
-                              num_attention_heads=4, num_hidden_layers=2, vocab_size=200, hidden_act="gelu")
+                              num_attention_heads=4, num_hidden_layers=2, vocab_size=len(tokenizer), hidden_act="gelu")
     vision_config = CLIPVisionConfig(hidden_size=8, intermediate_size=37, projection_dim=32, num_attention_heads=4,
-                                     num_hidden_layers=2, image_size=224)
+                                     num_hidden_layers=2, image_size=336, patch_size=14)
     text_encoder = _seeded(seed, lambda: LlavaForConditionalGeneration(LlavaConfig(
-        vision_config=vision_config, text_config=text_config, pad_token_id=3, image_token_index=199)))
+        vision_config=vision_config, text_config=text_config, pad_token_id=3,
+        image_token_index=tokenizer.convert_tokens_to_ids("<image>"))))
     tokenizer_2, text_encoder_2 = _clip_text(seed)
     transformer = _seeded(seed, lambda: HunyuanVideoTransformer3DModel(
         in_channels=2 * 4 + 1, out_channels=4, num_attention_heads=2, attention_head_dim=10, num_layers=1,
         num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=False,
         text_embed_dim=16, pooled_projection_dim=8, rope_axes_dim=(2, 4, 4), image_condition_type="latent_concat"))
-    image_processor = CLIPImageProcessor(
-        crop_size=224, do_center_crop=True, do_normalize=True, do_resize=True, resample=3, size=224,
-        image_mean=[0.48145466, 0.4578275, 0.40821073], image_std=[0.26862954, 0.26130258, 0.27577711])
     return finish_pipeline(HunyuanVideoImageToVideoPipeline(
         tokenizer=tokenizer, text_encoder=text_encoder, tokenizer_2=tokenizer_2, text_encoder_2=text_encoder_2,
         transformer=transformer, vae=_hunyuan_vae(seed), scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0),
-        image_processor=image_processor))
+        image_processor=CLIPImageProcessor(crop_size=336, size=336)))  # OpenAI CLIP's mean, std, bicubic resize
 
 
-def _hunyuan_i2v_kwargs() -> dict:
-    template = {"template": "{}", "crop_start": 0, "image_emb_len": 49, "image_emb_start": 5, "image_emb_end": 54}
-    return dict(_hunyuan_kwargs(), image=_image(16), prompt_template=template, max_sequence_length=64)
+def _hunyuan_i2v_kwargs() -> dict:  # the pipeline's own prompt template, as a user's call has it
+    return {k: v for k, v in dict(_hunyuan_kwargs(), image=_image(16)).items() if k != "prompt_template"}
 
 
 def _build_hunyuan_video_framepack(seed: int):
@@ -485,12 +484,10 @@ ROWS = (
                  _build_cogvideox_i2v, _cogvideox_i2v_kwargs, _VIDEO, mode="i2v", time_mlp="time_embedding", **_FRAMES),
     TinyPipeline("cogvideox_v2v", "CogVideoXVideoToVideoPipeline", "cogvideox",
                  _build_cogvideox_v2v, _cogvideox_v2v_kwargs, _VIDEO, mode="v2v", time_mlp="time_embedding", **_FRAMES),
-    TinyPipeline("hunyuan_video", "HunyuanVideoPipeline", "hunyuan_video",
-                 _build_hunyuan_video, _hunyuan_kwargs, _VIDEO, mode="t2v", 
-                 time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
-    TinyPipeline("hunyuan_video_i2v", "HunyuanVideoImageToVideoPipeline", "hunyuan_video",
-                 _build_hunyuan_video_i2v, _hunyuan_i2v_kwargs, _VIDEO, mode="i2v", 
-                 time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
+    TinyPipeline("hunyuan_video", "HunyuanVideoPipeline", "hunyuan_video", _build_hunyuan_video, _hunyuan_kwargs,
+                 _VIDEO, mode="t2v", time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
+    TinyPipeline("hunyuan_video_i2v", "HunyuanVideoImageToVideoPipeline", "hunyuan_video", _build_hunyuan_video_i2v,
+                 _hunyuan_i2v_kwargs, _VIDEO, mode="i2v", time_mlp="time_text_embed.timestep_embedder", **_FRAMES),
     TinyPipeline("hunyuan_video_framepack", "HunyuanVideoFramepackPipeline", "hunyuan_video",
                  _build_hunyuan_video_framepack, _hunyuan_framepack_kwargs, _VIDEO, mode="i2v",
                  time_mlp="time_text_embed.timestep_embedder", **_FRAMES),

@@ -96,6 +96,45 @@ def _check_conditioning(index: dict[str, Any]) -> None:
                       f"batch (tp.loss(batch))")
 
 
+def _check_latents(index: dict[str, Any]) -> None:
+    """Refuse, before loading, a pipeline without a ``vae``: the program makes each image's latents with it.
+
+    Kandinsky 3's latents come from a MoVQ (``movq``), Stable Cascade's decoder's from its ``vqgan``, and its prior's
+    are image embeddings that no listed model encodes: the denoiser of a prior/decoder pair.
+
+    Example:
+        >>> _check_latents({"_class_name": "StableDiffusionPipeline", "vae": ["diffusers", "AutoencoderKL"]})
+        >>> _check_latents({"_class_name": "Kandinsky3Pipeline", "movq": ["diffusers", "VQModel"],
+        ...                 "unet": ["diffusers", "Kandinsky3UNet"]})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --model: Kandinsky3Pipeline has no 'vae': its latents come from movq...
+    """
+    import diffusers
+
+    from ...runtime.source import listed_components
+    from ...training.families import FAMILIES
+
+    listed = listed_components(index)
+    if "vae" in listed:
+        return
+    encoders, denoisers = [], []
+    for name, (library, cls_name) in sorted(listed.items()):
+        cls = getattr(diffusers, str(cls_name), None)
+        if library != "diffusers" or (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
+            continue
+        mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
+        (denoisers if any(n in FAMILIES for n in mro) else encoders).append(f"{name} ({cls_name})")
+    name = index.get("_class_name")
+    where = (f"its latents come from {', '.join(encoders)}" if encoders else
+             f"no model it lists encodes images into its latents (its denoiser {', '.join(denoisers) or '?'} works in "
+             f"another model's latent space, as the prior of a prior/decoder pair does)")
+    raise RecipeError(f"--model: {name} has no 'vae': {where}, and the training program encodes each image into "
+                      f"latents with the pipeline's vae; train a pipeline with a vae, or "
+                      f"write your own loop with hf_precision.prepare_training(...) and give the latents in the batch "
+                      f"(tp.loss(batch))")
+
+
 def _accelerator(out: Path, device: str | None, s: TrainSettings) -> Any:
     import torch
     from accelerate import Accelerator
@@ -148,6 +187,7 @@ def prepare_run(s: TrainSettings) -> Run:
     train, extra = _train_parts(s, index)
     _check_family(index)
     _check_conditioning(index)
+    _check_latents(index)
     from ...training.methods import method_of
 
     problem = method_of(s.method).data_problem(s, data.samples)
