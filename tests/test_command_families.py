@@ -497,6 +497,10 @@ def test_train_refuses_kandinsky3_before_loading(saved_pipeline, tmp_path, capfd
     err = capfd.readouterr().err
     assert rc == 2 and "Kandinsky3Pipeline has no 'vae': its latents come from movq" in err and not _noise(err), err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists(), err
+    # train --plan refuses it too: it printed a memory plan for the run train then refused
+    rc = main(["train", "--plan", "--model", str(model), "--device", "t4", "--resolution", "32"])
+    captured = capfd.readouterr()
+    assert rc == 2 and "its latents come from movq" in captured.err and "training plan" not in captured.out, captured
 
 
 # ------------------------------------------------------------------------------------ 5: a LoRA without a loader mixin

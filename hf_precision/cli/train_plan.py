@@ -84,12 +84,14 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         hf_precision.errors.RecipeError: --plan: textual inversion trains a few embedding rows; its memory is the model's weights (hf-precision plan MODEL --device DEVICE); plan lora or full instead
     """
     from ..apps.train.plan import Options, choose, planned_model, predict_training
+    from ..apps.train.prepare import check_trainable
 
     if not args.model:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     device = args.layout or args.device or "cuda"
     handler = _planned_method(args, "--plan")
     m = planned_model(args.model, device, overrides)
+    check_trainable(m.index)  # a plan for a run `train` refuses would mislead
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"training plan: {args.model} ({m.plan.pipeline}), {handler.plan_label(args.lora_rank)}, {resolution}px, "
@@ -133,6 +135,7 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         hf_precision.errors.RecipeError: --processes -2: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)
     """
     from ..apps.train.plan import Options
+    from ..apps.train.prepare import check_trainable
     from ..apps.train.shard_plan import predict_rank, rank_ladder, training_model
     from ..memory.planner import choose
 
@@ -144,6 +147,7 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     method = _planned_method(args, "--plan --processes").name
     device = args.layout or args.device or "cuda"
     m = training_model(args.model, device, overrides)
+    check_trainable(m.index)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"per-rank training plan: {args.model} ({m.plan.pipeline}), {method}, {resolution}px, {processes} "

@@ -54,6 +54,19 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
     return method_of(s.method).program_train(s, denoiser, encoders)
 
 
+def check_trainable(index: dict[str, Any]) -> None:
+    """Refuse, from the folder's model_index alone, a model the program cannot train: no denoiser row, a
+    conditioning it cannot make, or latents that do not come from a ``vae``. ``train`` and ``train --plan`` both ask.
+
+    Example:
+        >>> check_trainable({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
+        ...                  "vae": ["diffusers", "AutoencoderKL"]})
+    """
+    _check_family(index)
+    _check_conditioning(index)
+    _check_latents(index)
+
+
 def _check_family(index: dict[str, Any]) -> None:
     """Refuse, before loading, a denoiser class the training layer has no family row for (it cannot build its call)."""
     import diffusers
@@ -185,9 +198,7 @@ def prepare_run(s: TrainSettings) -> Run:
     data = read_data(s.data, geometry, resolution, frames=s.frames, caption_ext=s.caption_ext,
                      caption_column=s.caption_column, caption=s.caption)
     train, extra = _train_parts(s, index)
-    _check_family(index)
-    _check_conditioning(index)
-    _check_latents(index)
+    check_trainable(index)
     from ...training.methods import method_of
 
     problem = method_of(s.method).data_problem(s, data.samples)
