@@ -243,12 +243,19 @@ FOLLOW = [('"cuda", recipe=', '"cpu", recipe='), ('"cuda")', '"cpu", layout="t4"
           ('device="cuda"', 'device="cpu"')]
 
 
-def run_statements(block: Block, namespace: dict[str, Any]) -> str:
-    """A Python block statement by statement: each runs, or raises one RecipeError naming the fix (``layout=``) that
-    FOLLOW applies, and then runs. Returns what it printed."""
+def _names_the_fix(fixed: str, message: str) -> bool:
+    return ("device='cpu'" if "recipe=" in fixed else "layout=") in message
+
+
+def run_statements(block: Block, namespace: dict[str, Any], *, size: Any = (), follow: Any = None,
+                   names: Any = _names_the_fix) -> str:
+    """A Python block statement by statement: each runs (after SIZE's replacements: fewer steps), or raises one
+    RecipeError naming the fix that ``follow`` (default FOLLOW) applies, and then runs. Returns what it printed."""
     printed = io.StringIO()
     for node in ast.parse(block.text).body:
         source = ast.get_source_segment(block.text, node)
+        for old, new in size:
+            source = source.replace(old, new)
         try:
             with contextlib.redirect_stdout(printed):
                 exec(compile(source, block.where, "exec"), namespace)
@@ -256,10 +263,9 @@ def run_statements(block: Block, namespace: dict[str, Any]) -> str:
         except hp.RecipeError as err:
             message = str(err)
         fixed = source
-        for old, new in FOLLOW:
+        for old, new in (FOLLOW if follow is None else follow):
             fixed = fixed.replace(old, new)
-        named = "device='cpu'" if "recipe=" in fixed else "layout="
-        assert fixed != source and named in message and len(message.splitlines()) == 1, (source, message)
+        assert fixed != source and names(fixed, message) and len(message.splitlines()) == 1, (source, message)
         with contextlib.redirect_stdout(printed):
             exec(compile(fixed, block.where, "exec"), namespace)
     return printed.getvalue()

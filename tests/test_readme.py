@@ -35,6 +35,7 @@ from readme_commands import (BYTES, README, ROOT, Block, Command, _tiny_size, _t
                              assert_clean, blocks, inside, instead, missing_lines, readme_commands, run_as_written,
                              run_in_process, run_subprocess, shell_commands, stand_in_folder)
 from launch import accelerate_cpu  # noqa: E402
+from docs_commands import run_statements  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -177,25 +178,10 @@ def test_use_it_block(workdir):
     """The Use-it block statement by statement: each runs, or raises one RecipeError whose fix, followed, runs."""
     block = _python("import hf_precision as hp")
     namespace: dict[str, Any] = {}
-    printed = io.StringIO()
-    for node in ast.parse(block.text).body:
-        source = ast.get_source_segment(block.text, node)
-        for old, new in SIZE:
-            source = source.replace(old, new)
-        try:
-            with contextlib.redirect_stdout(printed):
-                exec(compile(source, block.where, "exec"), namespace)
-            continue
-        except hp.RecipeError as err:
-            message = str(err)
-        fixed = source
-        for old, new in FOLLOW:
-            fixed = fixed.replace(old, new)
-        assert fixed != source, f"{source}: {message}"
-        assert "layout=" in message or "download" in message, message  # the error names the fix applied
-        with contextlib.redirect_stdout(printed):
-            exec(compile(fixed, block.where, "exec"), namespace)
-    assert "hf_precision applied recipe" in printed.getvalue()  # print(applied) before remove()
+    # the error names the fix applied (layout=), or that an offline machine cannot download the Hub id
+    printed = run_statements(block, namespace, size=SIZE, follow=FOLLOW,
+                             names=lambda fixed, message: "layout=" in message or "download" in message)
+    assert "hf_precision applied recipe" in printed  # print(applied) before remove()
     assert namespace["image"].size[0] > 0
     assert hp.applied(namespace["pipe"]) is None  # applied.remove() takes the record off too (issue 25 item 8)
 
