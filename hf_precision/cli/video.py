@@ -293,9 +293,11 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     print(f"plan: {spec.pipeline} ({spec.mode}) for {device_profile(layout).label()}, {args.width}x{args.height}, "
           f"{args.frames} frames (configs on the meta device, no weights)")
     print("weights: " + ", ".join(f"{n} {gb(b)}" for n, b in p.weights.items()) + f"; total {gb(sum(p.weights.values()))}")
-    print(f"{'settings':58} " + " ".join(f"{k:>15}" for k in p.phases) + f" {'peak':>10}")
+    wide = max([58, *(len(t.settings.label()) for t in choice.tried)])  # quantized rows' labels run longer
+    print(f"{'settings':{wide}} " + " ".join(f"{k:>15}" for k in p.phases) + f" {'peak':>10}")
     for t in choice.tried:
-        print(f"{t.settings.label():58} " + " ".join(f"{gb(v):>15}" for v in t.phases.values()) + f" {gb(t.peak):>10}")
+        print(f"{t.settings.label():{wide}} " + " ".join(f"{gb(v):>15}" for v in t.phases.values())
+              + f" {gb(t.peak):>10}")
     print(choice.describe())
     return 0
 
