@@ -85,13 +85,14 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     """
     from ..apps.train.plan import Options, choose, planned_model, predict_training
     from ..apps.train.prepare import check_trainable
+    from ..runtime.source import configs_of
 
     if not args.model:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     device = args.layout or args.device or "cuda"
     handler = _planned_method(args, "--plan")
+    check_trainable(configs_of(args.model)[1])  # from model_index alone, before the plan's meta build
     m = planned_model(args.model, device, overrides)
-    check_trainable(m.index)  # a plan for a run `train` refuses would mislead
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"training plan: {args.model} ({m.plan.pipeline}), {handler.plan_label(args.lora_rank)}, {resolution}px, "
@@ -138,6 +139,7 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     from ..apps.train.prepare import check_trainable
     from ..apps.train.shard_plan import predict_rank, rank_ladder, training_model
     from ..memory.planner import choose
+    from ..runtime.source import configs_of
 
     if not args.model:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
@@ -146,8 +148,8 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         raise RecipeError(f"--processes {processes}: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)")
     method = _planned_method(args, "--plan --processes").name
     device = args.layout or args.device or "cuda"
+    check_trainable(configs_of(args.model)[1])  # a plan for a run `train` refuses would mislead
     m = training_model(args.model, device, overrides)
-    check_trainable(m.index)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"per-rank training plan: {args.model} ({m.plan.pipeline}), {method}, {resolution}px, {processes} "
