@@ -146,7 +146,19 @@ def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
 
 
 @contextlib.contextmanager
-def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
+def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
+    """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
+
+    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
+    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
+
+    Example:
+        >>> import torch
+        >>> with count_live_bytes() as live:
+        ...     x = torch.empty(256, device="meta") * 2   # the empty input and the product: 2 x 1 KiB
+        >>> live.peak
+        2048
+    """
     import torch
     import torch.nn.functional as F
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -215,19 +227,3 @@ def _counting(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     finally:
         F.scaled_dot_product_attention = sdpa
         torch.autocast = autocast
-
-
-def count_live_bytes(cpu: bool = False, grad: bool = False) -> contextlib.AbstractContextManager[Any]:
-    """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
-
-    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
-    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
-
-    Example:
-        >>> import torch
-        >>> with count_live_bytes() as live:
-        ...     x = torch.empty(256, device="meta") * 2   # the empty input and the product: 2 x 1 KiB
-        >>> live.peak
-        2048
-    """
-    return _counting(cpu, grad)

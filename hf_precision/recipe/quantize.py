@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -179,10 +180,7 @@ def stored_bytes(storage: str, shape: tuple[int, ...], compute: str) -> int:
     """
     if storage in CHOICES:
         return weight_bytes(storage, shape[0], shape[1], compute)
-    n = 1
-    for d in shape:
-        n *= d
-    return n * dt.itemsize(storage)
+    return math.prod(shape) * dt.itemsize(storage)
 
 
 def _close(word: str, options: list[str]) -> str:

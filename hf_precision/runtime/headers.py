@@ -8,6 +8,7 @@ Torch-free, so the command line can find a truncated or corrupt weight file befo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -78,9 +79,9 @@ def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, 
             raise damaged(f"its header entry for {key!r} is not a tensor description (dtype, shape, data_offsets)")
         start, end = info["data_offsets"]
         itemsize = _ITEMSIZE.get(info["dtype"])
-        if itemsize is not None and end - start != itemsize * _numel(info["shape"]):
+        if itemsize is not None and end - start != itemsize * math.prod(info["shape"]):
             raise damaged(f"tensor {key!r} ({info['dtype']} {info['shape']}) has {end - start:,} bytes in the header "
-                          f"instead of {itemsize * _numel(info['shape']):,}; the header is corrupt")
+                          f"instead of {itemsize * math.prod(info['shape']):,}; the header is corrupt")
         spans.append((start, end, key))
     spans.sort()
     covered = 0
@@ -94,10 +95,3 @@ def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, 
     if size > expected:
         raise damaged(f"{size - expected:,} bytes longer than its header describes ({expected:,} bytes)")
     return 8 + length, header
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n

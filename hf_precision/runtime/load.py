@@ -15,7 +15,8 @@ from ..recipe.catalog import recipe_components, recipe_for
 from ..recipe.model import Recipe
 from ..recipe.resolution import resolve
 from .arguments import as_class, check_keywords, concrete_class, from_pretrained_keywords, index_class, override_layers
-from .source import check_folder_fits, component_configs, listed_components, locate, models_of_index, offline_error
+from .source import (cached_snapshot, check_folder_fits, component_configs, listed_components, locate, models_of_index,
+                     offline_error)
 
 __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "check_variant", "from_pretrained_keywords"]
 
@@ -56,11 +57,8 @@ def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None 
 
 def _damage_or_none(where: str, folder: Path | None, index: Mapping[str, Any]) -> DamagedFileError | None:
     if folder is None:  # a Hub id: its files are in the local cache
-        try:
-            from huggingface_hub import snapshot_download
-
-            folder = Path(snapshot_download(where, local_files_only=True))
-        except Exception:
+        folder = cached_snapshot(where)
+        if folder is None:
             return None
     try:
         check_files(folder, index)

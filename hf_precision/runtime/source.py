@@ -12,6 +12,7 @@ of component names.
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import os
 import re
@@ -23,7 +24,7 @@ from typing import Any
 
 from ..errors import RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
-from ..recipe.catalog import list_recipes, pipeline_spec, suggest_recipe
+from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes, suggest_recipe
 from ..recipe.model import Recipe
 
 # The real configs (no weights) that ship for offline plans: hf_precision/model_configs/<hub basename>/.
@@ -45,11 +46,15 @@ def listed_components(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
             if not name.startswith("_") and isinstance(spec, (list, tuple)) and len(spec) == 2 and spec[0] and spec[1]}
 
 
-def offline_error(name: str, err: BaseException) -> RecipeError:
+def _offline_set() -> bool:
+    # huggingface_hub reads the variable once, at import: it may have been set since
     from huggingface_hub import constants
 
-    offline = constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub could not be reached"
+    return constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def offline_error(name: str, err: BaseException) -> RecipeError:
+    why = "HF_HUB_OFFLINE is set" if _offline_set() else "the Hugging Face Hub could not be reached"
     local = f"./{name.split('/')[-1]}"
     return RecipeError(
         f"{name!r}: not a local folder, and {why} ({type(err).__name__}). Download it where there is network "
@@ -70,7 +75,7 @@ def _hub_offline() -> BaseException | None:
 
     from huggingface_hub import constants
 
-    if constants.HF_HUB_OFFLINE or os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+    if _offline_set():
         return ConnectionError("HF_HUB_OFFLINE is set")
     if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")):
         return None
@@ -93,7 +98,7 @@ def _hub_offline() -> BaseException | None:
     return outcome[0]
 
 
-def _cached_snapshot(repo: str) -> Path | None:
+def cached_snapshot(repo: str) -> Path | None:
     """The local cache's copy of a Hub pipeline (the folder with its model_index.json), or None."""
     try:
         from huggingface_hub import snapshot_download
@@ -131,7 +136,7 @@ def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = N
 
     offline = _hub_offline()
     if offline is not None:  # huggingface_hub would retry for ~25 s: the cached copy, else our message at once
-        cached = _cached_snapshot(text)
+        cached = cached_snapshot(text)
         if cached is not None:
             return str(cached), read_json(cached / "model_index.json"), cached
         raise offline_error(text, offline)
@@ -249,8 +254,7 @@ def configs_of(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]
             raise RecipeError(f"{folder}: no model_index.json; point at a diffusers pipeline folder (model_index.json "
                               f"and one folder per component with its config.json; weights are not needed)")
         index = read_json(index_file)
-        configs = {comp: read_json(folder / comp / "config.json") for comp in listed_components(index)
-                   if (folder / comp / "config.json").is_file()}
+        configs = component_configs(str(folder), index, folder)
         try:
             source = str(folder.relative_to(CONFIGS_DIR.parent.parent))
         except ValueError:
@@ -359,11 +363,7 @@ def models_of_index(index: Mapping[str, Any]) -> dict[str, tuple[str, str]]:
 
 def pipeline_class(name: str) -> type:
     """The diffusers pipeline class called ``name``; a ``RecipeError`` with close names when there is none."""
-    import difflib
-
     import diffusers
-
-    from ..errors import RecipeError
 
     cls = getattr(diffusers, name, None)
     if not (isinstance(cls, type) and issubclass(cls, diffusers.DiffusionPipeline)):
@@ -387,8 +387,6 @@ def check_folder_fits(where: str, index: Mapping[str, Any], cls: Any = None) -> 
 does not list (it lists: unet). Pass pipeline_class= the class this folder was saved from, or fix _class_name \
 in model_index.json
     """
-    from ..errors import RecipeError
-
     name = getattr(cls, "__name__", None) or str(index.get("_class_name"))
     if cls is None:
         try:
@@ -413,11 +411,6 @@ def composable_models(where: str, index: Mapping[str, Any]) -> dict[str, tuple[s
     Composition works for any pipeline class diffusers ships; a ``_class_name`` it does not ship (a typo, an edited
     index) is refused with the close class names and the recipe of the closest one, before any weight is read.
     """
-    import difflib
-
-    from ..errors import RecipeError
-    from ..recipe.catalog import recipe_classes
-
     name = str(index.get("_class_name"))
     try:
         pipeline_class(name)
