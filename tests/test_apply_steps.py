@@ -110,3 +110,16 @@ def test_a_patched_processor_swaps_torch_functions_for_its_own_thread_only():
     assert seen["patched"][0] == "wrapped" and torch.equal(seen["patched"][1], x)
     assert isinstance(seen["other"], torch.Tensor) and torch.equal(seen["other"], x)
     assert torch.matmul is original  # nothing left behind
+
+
+def test_a_resolved_recipe_placed_on_a_missing_device_names_a_present_one():
+    # A resolved Recipe keeps its dtypes, so the fix for a device this machine lacks is a present device, not layout=
+    present = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "xpu": torch.xpu.is_available()}
+    missing = next(t for t, there in present.items() if not there)
+    try:
+        apply.check_placeable(missing, hp.get_recipe("sdxl", device="t4"))
+    except hp.RecipeError as err:
+        assert "recipe= is a resolved Recipe, which keeps the dtypes it was resolved for" in str(err)
+        assert "e.g. device='cpu'" in str(err) and "layout=" not in str(err)
+    else:
+        raise AssertionError(f"{missing}: placed a resolved Recipe on a device this machine lacks")

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import dtypes as dt
-from ..recipe.devices import device_caps
+from ..recipe.devices import device_caps, device_profile, present_devices
 from ..errors import RecipeError, override_line
 from . import patches
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
@@ -23,6 +23,7 @@ from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
 from ..recipe.quantize import is_quantized
 from .quantize import is_quantized_tensor
+from .source import models_of_pipeline
 
 __all__ = ["apply_recipe", "applied", "Applied", "torch_device", "same_device", "config_dict"]
 
@@ -117,15 +118,11 @@ def torch_device(spec: Any, what: str) -> torch.device:
     try:
         dev = torch.device(spec)
     except (RuntimeError, TypeError):
-        from ..recipe.devices import present_devices
-
         raise RecipeError(f"{what}: {spec!r} is not a device this process can place tensors on (present here: "
                           f"{', '.join(present_devices())}). "
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
                           f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
     if dev.type in ("cuda", "mps", "xpu"):
-        from ..recipe.devices import device_profile
-
         # A device this machine lacks: our one error naming layout=, not torch's "Torch not compiled with CUDA
         # enabled" from the first tensor moved there (layout= or a resolved Recipe skips the rules' own check).
         device_profile(str(dev))
@@ -148,8 +145,6 @@ def check_placeable(device: Any, recipe: Any = None) -> None:
         except RecipeError as err:
             if not isinstance(recipe, Recipe) or "this machine has no" not in str(err):
                 raise
-            from ..recipe.devices import present_devices
-
             raise RecipeError(f"device {spec!r}: this machine has no such device (present: "
                               f"{', '.join(present_devices())}); recipe= is a resolved Recipe, which keeps the dtypes it "
                               f"was resolved for ({recipe.plans[0].resolved_for}): place it on a present device, "
@@ -308,8 +303,6 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     if device is None and not isinstance(recipe, Recipe):
         device = {n: _module_device(m) for n, m in comps.items()}  # resolve each for where it sits
     check_placeable(device, recipe)
-    from .source import models_of_pipeline
-
     resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
                        configs={n: config_dict(m) for n, m in comps.items()}, components=list(comps),
                        models=models_of_pipeline(pipe) if "" not in comps else None, force=force)

@@ -22,6 +22,8 @@ from ..errors import override_line
 from .. import dtypes as dt
 from ..recipe.patterns import inside
 from ..recipe.model import DEFAULT_NO_CAST
+from .patches import retarget_layerwise
+from .quantize import is_quantized_tensor
 
 __all__ = ["cast_tree", "EntryHook", "IslandHook", "attach"]
 
@@ -254,8 +256,6 @@ def nan_guard(fallbacks: list[torch.dtype], component: str, on_switch: Callable[
             target = remaining[0]
             _cast_component(hook.root, target, current)
             # fp8-stored layers (layerwise casting) keep their fp8 weights; their hooks now compute in the target
-            from .patches import retarget_layerwise
-
             if retarget_layerwise(hook.root, target):
                 for follower in (hook, *guard.followers):  # entries and islands cast to what the hooks compute in
                     follower.planned_compute = target
@@ -286,8 +286,6 @@ def _finite(out: Any) -> bool:
 
 
 def _holds_quantized(root: torch.nn.Module) -> bool:
-    from .quantize import is_quantized_tensor
-
     return any(is_quantized_tensor(p) for p in root.parameters())
 
 

@@ -16,9 +16,12 @@ from typing import Any
 import torch
 
 from .. import dtypes as dt
-from ..recipe.patterns import inside, resolve_islands
+from ..errors import RecipeError, override_line
+from ..recipe.patterns import inside, resolve_islands, suggest
 from ..recipe.model import ComponentPlan
+from ..recipe.quantize import is_quantized, stored_bytes
 from .patches import layerwise_hook
+from .quantize import is_quantized_tensor, quantized_layers
 
 __all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
            "drift", "Drifted", "planned_bytes", "planned_buffers"]
@@ -108,9 +111,6 @@ def check_user_names(plan: ComponentPlan, module: torch.nn.Module) -> None:
         hf_precision.errors.RecipeError: vae.entry: ['decoderr'] name no module of ModuleDict (overrides dict; \
 'decoderr': did you mean ['decoder']?); fix: --set vae.entry=[decoder] (YAML: components: {vae: {entry: [decoder]}})
     """
-    from ..errors import RecipeError, override_line
-    from ..recipe.patterns import suggest
-
     names = [n for n, _ in module.named_modules() if n]
     known = set(names)
     problems = []
@@ -163,9 +163,6 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
     layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
     on the meta device (no weights needed); tied parameters are listed once.
     """
-    from ..recipe.quantize import is_quantized
-    from .quantize import quantized_layers
-
     quantized = is_quantized(plan.storage)
     layerwise = _layerwise_layers(module, islands, plan.layerwise_skip) if plan.storage != plan.compute and not quantized else set()
     converted = frozenset(quantized_layers(module, plan, islands)) if quantized else frozenset()
@@ -206,8 +203,6 @@ def planned_buffers(module: torch.nn.Module, plan: ComponentPlan, islands: list[
         >>> planned_buffers(m, get_recipe("unet.sdxl", device="t4")["unet"], [])
         {'table': ('float16', 8), 'ids': ('int64', 32)}
     """
-    from ..recipe.quantize import is_quantized
-
     layerwise = (_layerwise_layers(module, islands, plan.layerwise_skip)
                  if plan.storage != plan.compute and not is_quantized(plan.storage) else set())
     out: dict[str, tuple[str, int]] = {}
@@ -261,8 +256,6 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list
     roots = frozenset(islands)
     found: dict[tuple[str | None, str, str], int] = {}
     for pname, param in module.named_parameters():
-        from .quantize import is_quantized_tensor
-
         want = planned.get(pname)
         have = dt.from_torch(param.dtype) if param.is_floating_point() else None
         if is_quantized_tensor(param):
@@ -287,8 +280,6 @@ def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
         >>> planned_bytes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan)  # 4736 + fp16 bias
         4992
     """
-    from ..recipe.quantize import stored_bytes
-
     islands = component_islands(plan, module, strict=False)
     planned = planned_dtypes(module, plan, islands)
     total = sum(size for _, size in planned_buffers(module, plan, islands).values())

@@ -21,9 +21,10 @@ import torch
 from .. import dtypes as dt
 from ..errors import RecipeError
 from ..recipe.patterns import inside
-from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized
+from ..recipe.devices import device_caps
+from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized, library_refusal
 from ..recipe.resolution import ComponentPlan, Recipe
-from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack
+from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack, stale_build_locks
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
            "backend_config", "torchao_scheme", "pipeline_quantization_config", "require_backend", "library_of",
@@ -210,8 +211,6 @@ def require_backend(storage: str, component: str) -> None:
                           f"fix: pip install {BACKEND_PACKAGES[backend]} (or pip install 'hf-precision[quant]'), or "
                           f"choose another storage") from None
     if backend == "quanto":
-        from .kernel_guards import stale_build_locks
-
         for lock in stale_build_locks():
             raise RecipeError(f"{component}.storage={storage}: {lock} is left from an interrupted build of quanto's "
                               f"C++ extension, and quanto would wait on it forever; fix: delete that file (rm {lock}) "
@@ -228,9 +227,6 @@ def refuse_library(plan: ComponentPlan, library: str, device: Any, where: str, *
         >>> r = get_recipe("flux", device="cpu", overrides={"text_encoder_2": {"storage": "nf4"}})
         >>> refuse_library(r["text_encoder_2"], "transformers", r.device, "plan", loading=False)  # allowed
     """
-    from ..recipe.devices import device_caps
-    from ..recipe.quantize import library_refusal
-
     gpu = True
     if loading:
         gpu = torch.cuda.is_available() or torch.xpu.is_available() or torch.backends.mps.is_available()
@@ -265,8 +261,6 @@ def refuse_int8_beside_cuda(plan: ComponentPlan, where: str, cuda_present: bool 
         return
     if not (torch.cuda.is_available() if cuda_present is None else cuda_present):
         return
-    from ..recipe.devices import device_caps
-
     allowed = [s for s in device_caps("cpu").storage if is_quantized(s) and s != plan.storage]
     raise RecipeError(
         f"{where}: {plan.name}.storage=bnb-int8 on cpu beside a CUDA GPU: transformers loads bitsandbytes weights onto "
