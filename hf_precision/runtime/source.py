@@ -25,7 +25,6 @@ from typing import Any
 from ..errors import RecipeError, excerpt
 from ..recipe.files import damaged_file, download_command, read_json
 from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes, suggest_recipe
-from ..recipe.model import Recipe
 
 # The real configs (no weights) that ship for offline plans: hf_precision/model_configs/<hub basename>/.
 CONFIGS_DIR = Path(__file__).resolve().parents[1] / "model_configs"
@@ -109,7 +108,7 @@ def cached_snapshot(repo: str) -> Path | None:
     return folder if (folder / "model_index.json").is_file() else None
 
 
-def locate(name_or_path: str | os.PathLike[str], recipe: str | Recipe | None = None) -> tuple[str, dict[str, Any], Path | None]:
+def locate(name_or_path: str | os.PathLike[str]) -> tuple[str, dict[str, Any], Path | None]:
     """Where a pipeline lives: (id or path, its model_index.json, local folder or None).
 
     Recipe aliases (``"sdxl"``) map to the Hub id written in the recipe. When the Hub cannot be asked (offline, or
