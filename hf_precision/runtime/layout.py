@@ -133,14 +133,17 @@ def check_user_names(plan: ComponentPlan, module: torch.nn.Module) -> None:
         raise RecipeError(problems)
 
 
-def _layerwise_layers(module: torch.nn.Module, islands: list[str], skip: tuple[str, ...]) -> set[str]:
-    """Modules diffusers' ``apply_layerwise_casting`` stores in the storage dtype (its traversal, with our skips)."""
+def _layerwise_layers(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> set[str]:
+    """Modules diffusers' ``apply_layerwise_casting`` stores in the storage dtype (its traversal, with our skips);
+    none where the plan stores no layer per layer (storage == compute, or a backend's quantized layout)."""
+    if plan.storage == plan.compute or is_quantized(plan.storage):
+        return set()
     try:
         from diffusers.hooks._common import _GO_LC_SUPPORTED_PYTORCH_LAYERS as supported
     except ImportError:  # older diffusers: the same list
         nn = torch.nn
         supported = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear)
-    patterns = layerwise_skip_regexes([*islands, *dtype_anchors(module)], skip)
+    patterns = layerwise_skip_regexes([*islands, *dtype_anchors(module)], plan.layerwise_skip)
     found: set[str] = set()
 
     def walk(mod: torch.nn.Module, prefix: str) -> None:
@@ -156,6 +159,14 @@ def _layerwise_layers(module: torch.nn.Module, islands: list[str], skip: tuple[s
     return found
 
 
+def _held_in(owner: str, plan: ComponentPlan, islands: frozenset[str], layerwise: set[str]) -> str:
+    """The floating dtype the tensors of module ``owner`` are held in: float32 in an island, the storage dtype in a
+    layer layerwise casting stores (its hook casts the whole layer), else the compute dtype."""
+    if inside(owner, islands):
+        return "float32"
+    return plan.storage if inside(owner, layerwise) else plan.compute
+
+
 def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, str]:
     """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
 
@@ -163,26 +174,16 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
     layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
     on the meta device (no weights needed); tied parameters are listed once.
     """
-    quantized = is_quantized(plan.storage)
-    layerwise = _layerwise_layers(module, islands, plan.layerwise_skip) if plan.storage != plan.compute and not quantized else set()
-    converted = frozenset(quantized_layers(module, plan, islands)) if quantized else frozenset()
-    islands = frozenset(islands)  # type: ignore[assignment]
+    layerwise = _layerwise_layers(module, plan, islands)
+    converted = frozenset(quantized_layers(module, plan, islands)) if is_quantized(plan.storage) else frozenset()
+    held = frozenset(islands)
     out: dict[str, str] = {}
     for pname, param in module.named_parameters():
         owner, _, leaf = pname.rpartition(".")
         if owner in converted and leaf == "weight":
             out[pname] = plan.storage  # a quantized layout (int8, nf4 ...): the backend's tensor, not a dtype
-            continue
-        if not param.is_floating_point():
-            continue
-        if inside(owner, islands):
-            out[pname] = "float32"
-        elif quantized:
-            out[pname] = plan.compute
-        elif plan.storage == plan.compute or inside(owner, layerwise):
-            out[pname] = plan.storage
-        else:
-            out[pname] = plan.compute
+        elif param.is_floating_point():
+            out[pname] = _held_in(owner, plan, held, layerwise)
     return out
 
 
@@ -203,21 +204,15 @@ def planned_buffers(module: torch.nn.Module, plan: ComponentPlan, islands: list[
         >>> planned_buffers(m, get_recipe("unet.sdxl", device="t4")["unet"], [])
         {'table': ('float16', 8), 'ids': ('int64', 32)}
     """
-    layerwise = (_layerwise_layers(module, islands, plan.layerwise_skip)
-                 if plan.storage != plan.compute and not is_quantized(plan.storage) else set())
+    layerwise = _layerwise_layers(module, plan, islands)
+    held = frozenset(islands)
     out: dict[str, tuple[str, int]] = {}
     for bname, buf in module.named_buffers():
-        owner = bname.rpartition(".")[0]
-        if not buf.is_floating_point():
-            name = dt.from_torch(buf.dtype)
-        elif inside(owner, islands):
-            name = "float32"
-        elif owner in layerwise:
-            name = plan.storage
+        if buf.is_floating_point():
+            name = _held_in(bname.rpartition(".")[0], plan, held, layerwise)
+            out[bname] = (name, buf.numel() * dt.to_torch(name).itemsize)
         else:
-            name = plan.compute
-        out[bname] = (name, buf.numel() * dt.to_torch(name).itemsize if buf.is_floating_point() else
-                      buf.numel() * buf.element_size())
+            out[bname] = (dt.from_torch(buf.dtype), buf.numel() * buf.element_size())
     return out
 
 
