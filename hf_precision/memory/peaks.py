@@ -54,6 +54,14 @@ def meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: M
             if name in listed and name in configs}
 
 
+def _peak(forward: Callable[[], Any], cpu: bool = False) -> int:
+    """The bytes ``forward()`` keeps alive at its peak; what it returns is freed before the count ends."""
+    with count_live_bytes(cpu) as live:
+        out = forward()
+        del out
+    return live.peak
+
+
 def text_encode_peak(module: Any, length: int, hidden_states: bool = False) -> int:
     """A text encoder on one prompt of ``length`` tokens (at most its position table); ``hidden_states`` keeps every
     layer's output, as pipelines that read ``hidden_states[-2]`` ask for.
@@ -71,11 +79,8 @@ def text_encode_peak(module: Any, length: int, hidden_states: bool = False) -> i
 
     kwargs: dict[str, Any] = {"output_hidden_states": True} if hidden_states else {}
     length = min(length, int(getattr(module.config, "max_position_embeddings", length) or length))
-    with count_live_bytes() as live:
-        ids = torch.zeros(1, length, dtype=torch.long, device="meta")
-        out = module(input_ids=ids, **kwargs)  # no mask: an all-ones mask is the same, and reading it needs values
-        del out
-    return live.peak
+    # no mask: an all-ones mask is the same, and reading it needs values
+    return _peak(lambda: module(input_ids=torch.zeros(1, length, dtype=torch.long, device="meta"), **kwargs))
 
 
 def image_encode_peak(module: Any, dtype: Any) -> int:
@@ -98,10 +103,7 @@ def image_encode_peak(module: Any, dtype: Any) -> int:
     # The input exists before the encoder's forward (the pipeline's preprocessing): the measured phase, which starts
     # at that forward, does not include it, so neither does the count.
     pixels = torch.empty(1, 3, size, size, device="meta", dtype=dtype)
-    with count_live_bytes() as live:
-        out = module(pixel_values=pixels, output_hidden_states=True)
-        del out
-    return live.peak
+    return _peak(lambda: module(pixel_values=pixels, output_hidden_states=True))
 
 
 def _latent_dist(vae: Any, pixels: Any) -> Any:
@@ -125,10 +127,7 @@ def vae_encode_peak(vae: Any, shape: tuple[int, ...], dtype: Any, *, cpu: bool =
     import torch
 
     pixels = torch.empty(*shape, device="meta", dtype=dtype)  # made by the pipeline before the phase
-    with count_live_bytes(cpu) as live:
-        out = (encode or _latent_dist)(vae, pixels)
-        del out
-    return live.peak
+    return _peak(lambda: (encode or _latent_dist)(vae, pixels), cpu)
 
 
 def vae_decode_peak(vae: Any, dtype: Any, latent: tuple[int, int, int], *, frames_per_call: int | None = None,
@@ -187,7 +186,4 @@ def denoise_peak(module: Any, make_call: Callable[[], dict[str, Any]]) -> int:
         2048
     """
     call = make_call()
-    with count_live_bytes() as live:
-        out = module(**call, return_dict=False)
-        del out, call
-    return live.peak
+    return _peak(lambda: module(**call, return_dict=False))
