@@ -111,16 +111,12 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     caps = device_caps(device)
     configs = configs or {}
     pipelines = list_recipes("pipeline")
-    composed = isinstance(name, Mapping)
-    if composed:  # a composed recipe (recipe.compose) or a shipped one refitted to the classes present: data
-        spec = dict(name)  # type: ignore[arg-type]
+    if isinstance(name, Mapping):  # a composed recipe (recipe.compose) or a shipped one refitted to the classes present
+        spec = dict(name)
         label, origin = spec.pop("recipe_name", None), spec.pop("origin", None)
         source, data = check_pipeline(spec, origin or f"composed for {', '.join(spec.get('pipelines') or ['?'])}", rule_ids())
-        name = label or f"composed:{(data.get('pipelines') or ['?'])[0]}"
-    name = str(name)
-    if composed:
-        pass  # read above
-    elif name in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
+        name = str(label or f"composed:{(data.get('pipelines') or ['?'])[0]}")
+    elif (name := str(name)) in pipelines or name.endswith((".yaml", ".yml")):  # before the "." test: a path has a suffix
         source, data = pipeline_file(name)
     elif "." in name and "/" not in name:  # a component recipe (vae.sdxl); a Hub id has a '/'
         stem = name.split(".", 1)[0]
@@ -276,13 +272,18 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
         return {n: None for n in names}
     if isinstance(devices, Mapping):
         known = [*names, *(a for a in also if a not in names)]
-        unknown = sorted(str(k) for k in devices if k not in known and k != "default")
-        if unknown:
-            raise RecipeError(f"device mapping: unknown component(s) {unknown}; components: {', '.join(known)}, "
-                              f"or 'default' for the rest{did_you_mean(unknown[0], known)}")
+        _check_keys("device", devices, known)
         return {n: one(devices.get(n, devices.get("default")), f"device[{n!r}]") for n in names}
     place = one(devices, "device")
     return {n: place for n in names}
+
+
+def _check_keys(what: str, mapping: Mapping[Any, Any], known: list[str]) -> None:
+    """Refuse a component -> device mapping (``device=``, ``layout=``) that names a component the pipeline lacks."""
+    unknown = sorted(str(k) for k in mapping if k not in known and k != "default")
+    if unknown:
+        raise RecipeError(f"{what} mapping: unknown component(s) {unknown}; components: {', '.join(known)}, "
+                          f"or 'default' for the rest{did_you_mean(unknown[0], known)}")
 
 
 def _fit_classes(name: str, resolved: Recipe, models: Mapping[str, tuple[str, str]]) -> str | dict[str, Any]:
@@ -395,10 +396,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
 
     wanted = {n: rules_for(n) for n in names}
     if isinstance(layout, Mapping):
-        unknown = sorted(str(k) for k in layout if k not in names and k != "default")
-        if unknown:
-            raise RecipeError(f"layout mapping: unknown component(s) {unknown}; components: {', '.join(names)}, "
-                              f"or 'default' for the rest{did_you_mean(unknown[0], names)}")
+        _check_keys("layout", layout, names)
     by_spec: dict[str, Recipe] = {}
     for spec in wanted.values():
         key = repr(spec)
