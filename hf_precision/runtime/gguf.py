@@ -16,7 +16,7 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError, excerpt
-from .source import listed_components
+from .source import component_class, listed_components
 from ..recipe.resolution import Recipe
 
 __all__ = ["split_gguf", "load_gguf_denoiser", "gguf_packed", "refuse_unreadable"]
@@ -49,16 +49,13 @@ base='black-forest-labs/FLUX.1-dev') (CLI: --base)
 def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe: Recipe,
                        kwargs: Mapping[str, Any]) -> tuple[str, Any]:
     """Load the recipe's denoiser from a GGUF file through diffusers' ``from_single_file``; (component, model)."""
-    import importlib
-
     import diffusers
 
     name = recipe.denoiser
     spec = listed_components(index).get(name) if name else None
     if spec is None:
         raise RecipeError(f"{path}: the base {where} has no denoiser component for the GGUF file (recipe {recipe.name})")
-    cls = getattr(diffusers, str(spec[1]), None) or getattr(importlib.import_module(f"diffusers.pipelines.{spec[0]}"),
-                                                             str(spec[1]), None)
+    cls = component_class(*spec, index.get("_class_name"))
     if cls is None:
         raise RecipeError(f"{path}: diffusers {diffusers.__version__} has no class {spec[1]} (the {name} of {where})")
     refuse_unreadable(path, cls, name, where)
