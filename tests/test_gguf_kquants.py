@@ -104,3 +104,11 @@ def test_kquant_file_loads_plans_exactly_reads_like_gguf_py_and_runs(kquant_file
         warnings.simplefilter("ignore")
         out = pipe(**CALL, generator=torch.Generator().manual_seed(0)).images
     assert np.isfinite(out).all() and out.std() > 0
+
+
+def test_a_denoiser_class_diffusers_lacks_is_named_not_an_import_error(tmp_path):
+    from hf_precision.runtime.gguf import load_gguf_denoiser
+
+    index = {"transformer": ["diffusers", "NoSuchTransformer2DModel"]}
+    with pytest.raises(RecipeError, match=r"has no class NoSuchTransformer2DModel \(the transformer of ./base\)"):
+        load_gguf_denoiser(tmp_path / "x.gguf", "./base", index, hp.get_recipe("flux", device="cpu"), {})
