@@ -217,7 +217,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
 
 
 class _Target(NamedTuple):
-    """What ``load_pipeline`` loads: where from, the index it read, the class to build and the resolved recipe."""
+    """What ``load_pipeline`` loads: where from, the index it read, the class to build, the class the index names
+    (``None`` when diffusers has none of that name) and the resolved recipe."""
 
     where: str
     index: Mapping[str, Any]
@@ -225,6 +226,7 @@ class _Target(NamedTuple):
     pipeline_class: Any
     gguf_file: Path | None
     resolved: Recipe
+    saved_class: Any
 
 
 def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any, layout: Any, pipeline_class: Any,
@@ -269,7 +271,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
     resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device,
                        layout=layout, overrides=layers or None, configs=component_configs(where, index, folder),
                        components=list(listed_components(index)), force=force, models=models_of_index(index))
-    return _Target(where, index, folder, pipeline_class, gguf_file, resolved)
+    return _Target(where, index, folder, pipeline_class, gguf_file, resolved, built)
 
 
 def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[str, Any], kwargs: dict[str, Any]) -> Any:
@@ -283,11 +285,8 @@ def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[
         # _optional_components, so through the base class a component the class's __init__ defaults to None (Wan's
         # transformer, Wan 2.2) was taken for a config keyword and loaded again from the folder over the one passed
         # (a GGUF transformer, a streamed one): pipeline_utils.py _get_signature_keys.
-        import diffusers
-
-        named = getattr(diffusers, str(index.get("_class_name")), None)
-        if isinstance(named, type) and issubclass(named, DiffusionPipeline):
-            cls = named
+        if isinstance(target.saved_class, type) and issubclass(target.saved_class, DiffusionPipeline):
+            cls = target.saved_class
     if kwargs.get("use_safetensors") is False:
         # diffusers passes use_safetensors=False on to transformers, which then refuses the model.safetensors it
         # saves itself (transformers 5 always writes safetensors); None reads safetensors where present, pickle
