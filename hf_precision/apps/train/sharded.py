@@ -134,20 +134,33 @@ def holding(tp: Any) -> str:
     return f"holds {'; '.join(parts)} of the sharded weights" + (f"; island shards: {', '.join(islands)}" if islands else "")
 
 
-def accelerate_shard(acc: Any) -> bool:
+def accelerate_shard(acc: Any = None) -> bool:
     """Whether accelerate's config asks for sharding (FSDP2: ``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are
-    refused naming what to use. False for one process or data parallel."""
+    refused naming what to use. False for one process or data parallel. Without ``acc``: from what ``accelerate
+    launch`` put in the environment alone, so the refusal comes before the Accelerator is made (accelerate itself
+    would first stop a DeepSpeed config with "DeepSpeed is not installed", which sends the user the wrong way).
+
+    Example:
+        >>> import os
+        >>> os.environ.get("ACCELERATE_USE_FSDP") is None and accelerate_shard()  # a plain run: nothing asked
+        False
+    """
     import os
 
     from accelerate.utils import DistributedType
 
-    kind = acc.distributed_type
+    def asked(name: str) -> bool:
+        return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+    kind = acc.distributed_type if acc is not None else DistributedType.NO
     # On the CPU (Accelerator(cpu=True)) accelerate makes a MULTI_CPU state whatever its config says: the launcher's
     # environment still tells what the config asked for
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+    if asked("ACCELERATE_USE_FSDP"):
         kind = DistributedType.FSDP
-    elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+    elif asked("ACCELERATE_USE_DEEPSPEED"):
         kind = DistributedType.DEEPSPEED
+    elif asked("ACCELERATE_USE_MEGATRON_LM"):
+        kind = DistributedType.MEGATRON_LM
     use = ("use `hf-precision train --shard` under `torchrun --nproc_per_node N` or `accelerate launch` with an FSDP2 "
            "config (fsdp_version: 2): it shards each block in the dtypes of the recipe")
     if kind == DistributedType.FSDP:
