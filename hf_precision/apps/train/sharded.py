@@ -118,7 +118,8 @@ def save_full_model(module: Any, target: Path) -> None:
 
 
 def holding(tp: Any) -> str:
-    """What this rank holds of the sharded weights, and the dtypes of the island shards (one line per rank)."""
+    """What this rank holds of the sharded weights, the dtypes of the island shards, and each frozen component as the
+    plan placed it (sharded: this rank's bytes of it; or replicated), one line per rank."""
     from ...training.shard import sharded_bytes
 
     parts, islands = [], []
@@ -131,7 +132,14 @@ def holding(tp: Any) -> str:
         elif unit.role == "island":
             dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.get_submodule(sub).parameters()})
             islands.append(f"{unit.path} {'/'.join(dtypes)}")
-    return f"holds {'; '.join(parts)} of the sharded weights" + (f"; island shards: {', '.join(islands)}" if islands else "")
+    for name, choice in tp.shard.frozen.items():
+        if choice.sharded:
+            local, whole = sharded_bytes(tp.components[name])
+            parts.append(f"frozen {name} {local:,} of {whole:,} bytes ({local / max(whole, 1):.1%})")
+    replicated = [f"{c} replicated" for c, f in tp.shard.frozen.items() if not f.sharded]
+    return (f"holds {'; '.join(parts)} of the sharded weights"
+            + (f"; island shards: {', '.join(islands)}" if islands else "")
+            + (f"; frozen: {', '.join(replicated)}" if replicated else ""))
 
 
 def accelerate_shard(acc: Any = None) -> bool:
