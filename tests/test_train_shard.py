@@ -342,3 +342,23 @@ def test_three_processes_shard_unevenly_and_resume_at_another_world_size(tmp_pat
         assert [r["step"] for r in log] == [1, 2] and log[0] == three[0], (processes, log, three)
         assert log[1]["loss"] == log[1]["loss"]  # step 2 trained (finite) on the re-sliced shards
         assert (copy / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_bench_fsdp_bytes_are_the_docs():
+    """docs/train-program.md's benchmark table: the bytes each setup's rank 0 holds and their ratios are what
+    `benchmarks/bench_fsdp.py` measures now (one paired round: the bytes held after a step do not depend on the
+    rounds or the machine's load; the step times do, and are not checked)."""
+    docs = (ROOT / "docs" / "train-program.md").read_text(encoding="utf-8")
+    cmd = re.search(r"`python (benchmarks/bench_fsdp\.py --size tiny[^`]*)` on this machine", docs).group(1).split()
+    cmd[cmd.index("--rounds") + 1], cmd[cmd.index("--warmup") + 1] = "1", "0"
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=subprocess_env(cpu_only=True, OMP_NUM_THREADS="1"), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    measured = dict(re.findall(r"^  (\w+) +step .* holds +([\d.]+) MiB", proc.stdout, re.M))
+    table = dict(re.findall(r"^\| (data parallel|`--shard`|hand-written)[^|]*\| [\d.]+ ms \| ([\d.]+) MiB \|$", docs,
+                            re.M))
+    assert {"data parallel": measured["ddp"], "`--shard`": measured["shard"], "hand-written": measured["hand"]} == table
+    ratios = re.findall(r"bytes held ([\d.]+)", proc.stdout)
+    assert re.findall(r"bytes ([\d.]+)[;.]", docs[docs.index("Paired ratios: shard"):])[:2] == ratios, proc.stdout
