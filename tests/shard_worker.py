@@ -227,11 +227,30 @@ def expected_share(module: torch.nn.Module, world: int, rank: int) -> int:
     return rank_share(whole, world, rank=rank)
 
 
+PROGRAM_STEPS = 3
+
+
+def program(model: str, data: str, out: str) -> int:
+    """`hf-precision train --shard --no-cache` in this launch's process group: the frozen VAE and text encoder run at
+    every step, sharded or replicated as the per-rank plan decides (a sharded VAE encodes under FSDP2); 1 sample per
+    rank, as one process with --batch-size 2 (the test's reference)."""
+    from hf_precision.cli import main as cli
+
+    return cli(["train", "--model", model, "--data", data, "--out", out, "--device", "cpu", "--layout", "t4",
+                "--resolution", "32", "--steps", str(PROGRAM_STEPS), "--lora-rank", "4", "--quiet", "--shard",
+                "--no-cache"])
+
+
 def main() -> None:
-    """``shard_worker.py OUT [CASE,...]``: the cases named (``sd15-lora``), or all; each rank takes 2 samples of a
-    global batch of 2 x world."""
-    out_path = sys.argv[1]
-    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
+    """``shard_worker.py OUT [CASE,...] [--program MODEL DATA RUN_OUT]``: the cases named (``sd15-lora``), or all;
+    each rank takes 2 samples of a global batch of 2 x world; ``--program``: then :func:`program` on MODEL."""
+    args = sys.argv[1:]
+    run_program = None
+    if "--program" in args:
+        at = args.index("--program")
+        run_program, args = args[at + 1:at + 4], args[:at]
+    out_path = args[0]
+    only = args[1].split(",") if len(args) > 1 else None
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     size = 2 * world
@@ -254,9 +273,12 @@ def main() -> None:
         dist.barrier()
     if only is None:
         result["skip"] = skip_together(rank)
+    if run_program is not None:
+        result["program"] = program(*run_program)
     with open(f"{out_path}.{rank}.json", "w", encoding="utf-8") as f:
         json.dump(result, f)
-    dist.destroy_process_group()
+    if dist.is_initialized():  # the program (--program) ends the group it ran in
+        dist.destroy_process_group()
 
 if __name__ == "__main__":
     main()

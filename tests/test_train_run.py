@@ -182,6 +182,7 @@ def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path)
     from hf_precision.apps.train.settings import TrainSettings
     from hf_precision.errors import RecipeError
 
+    real = accelerate.Accelerator
     for kind, version in ((DistributedType.FSDP, 1), (DistributedType.DEEPSPEED, None), (DistributedType.FSDP, 2)):
         class Fake:
             distributed_type = kind
@@ -218,6 +219,15 @@ def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path)
         else:
             with pytest.raises(RecipeError, match="FSDP version 1: FSDP1 flattens"):
                 prepare._accelerator(tmp_path, "cpu", s)
+    # the real Accelerator under a DeepSpeed or Megatron-LM launch: refused before accelerate acts on the config (it
+    # raised "DeepSpeed is not installed" first, which sends the user to install what is then refused)
+    monkeypatch.setattr(accelerate, "Accelerator", real)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    for env, name in (("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED"), ("ACCELERATE_USE_MEGATRON_LM", "MEGATRON_LM")):
+        monkeypatch.setenv(env, "true")
+        with pytest.raises(RecipeError, match=f"selects {name}: .*use `hf-precision train --shard`"):
+            prepare._accelerator(tmp_path, "cpu", TrainSettings(model="m", data="d", out=str(tmp_path)))
+        monkeypatch.delenv(env)
 
 
 def test_shard_refuses_a_quantized_trained_part_before_loading(train_demo, tmp_path, monkeypatch):

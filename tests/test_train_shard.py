@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -56,12 +57,19 @@ def test_frozen_components_sharded_or_replicated_as_the_plan_decides(saved_pipel
 
 
 @pytest.mark.slow
-def test_layer_shards_under_the_recipe(tmp_path):
+def test_layer_shards_under_the_recipe(tmp_path, train_demo, capsys):
     out = tmp_path / "result"
-    env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1")
-    proc = subprocess.run([*torchrun(), str(ROOT / "tests" / "shard_worker.py"), str(out)], capture_output=True,
-                          text=True, timeout=400, env=env, check=False)
+    env = subprocess_env(cpu_only=True, OMP_NUM_THREADS="1", HF_HOME=str(tmp_path / "hf_home"))
+    model, data = train_demo
+    proc = subprocess.run([*torchrun(), str(ROOT / "tests" / "shard_worker.py"), str(out), "--program", str(model),
+                           str(data), str(tmp_path / "program")], capture_output=True, text=True, timeout=400, env=env,
+                          cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    _program_matches_one_process(proc.stdout, tmp_path, model, data, capsys)
+    # no warning of FSDP2's reaches the user: Flux's single blocks and Wan's transformer return views, which FSDP2
+    # warned of at every step (training/shard.py hands it tensors of their own)
+    fsdp = [line for line in proc.stderr.splitlines() if "FSDP" in line or "torch/distributed" in line]
+    assert not fsdp, fsdp[:4]
     ranks = [json.loads((tmp_path / f"result.{r}.json").read_text()) for r in (0, 1)]
     for case in CASES:
         got, ref = ranks[0][case]["losses"], ranks[0][case]["reference"]
@@ -107,6 +115,32 @@ def test_layer_shards_under_the_recipe(tmp_path):
         assert r["skip"] == {"stepped": False, "unchanged": True, "scale": [65536.0, 32768.0]}
 
 
+def _program_matches_one_process(stdout, tmp_path, model, data, capsys):
+    """The worker's `hf-precision train --shard --no-cache` (tests/shard_worker.py, program): each frozen component
+    sharded or replicated as the per-rank plan says, and the losses of one process taking the whole global batch."""
+    from hf_precision.cli import main
+
+    assert main(["train", "--plan", "--processes", "2", "--shard", "--model", str(model), "--device", "t4",
+                 "--resolution", "32", "--lora-rank", "4", "--no-cache"]) == 0
+    plan = dict(re.findall(r"^    (\w+): (sharded|replicated)\b", capsys.readouterr().out, re.M))
+    assert plan == {"text_encoder": "replicated", "vae": "sharded"}, plan  # the tiny VAE: the sharded kind is tested
+    held = re.findall(r"^\[process (\d)/2\] holds (.*)$", stdout, re.M)
+    assert sorted(r for r, _ in held) == ["0", "1"], stdout
+    for _, line in held:
+        sharded = dict(re.findall(r"frozen (\w+) ([\d,]+) of [\d,]+ bytes", line))
+        replicated = re.findall(r"(\w+) replicated", line)
+        assert {**{c: "sharded" for c in sharded}, **{c: "replicated" for c in replicated}} == plan, line
+    totals = re.findall(r"frozen vae ([\d,]+) of ([\d,]+) bytes", stdout)
+    assert sum(int(a.replace(",", "")) for a, _ in totals) == int(totals[0][1].replace(",", ""))  # two halves
+    # one process of --batch-size 2 draws the noise and VAE samples the 2 processes of 1 each take their share of
+    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "one"), "--device", "cpu",
+                 "--layout", "t4", "--resolution", "32", "--steps", "3", "--lora-rank", "4", "--quiet", "--no-cache",
+                 "--batch-size", "2"]) == 0
+    got, ref = ([json.loads(line)["loss"] for line in (tmp_path / name / "train_log.jsonl").read_text().splitlines()]
+                for name in ("program", "one"))
+    assert len(got) == len(ref) == 3 and all(abs(g - r) <= LOSS_RTOL * abs(r) for g, r in zip(got, ref)), (got, ref)
+
+
 def _train(tmp_path, out, *extra, processes=2):
     launcher = torchrun(processes) if processes > 1 else [sys.executable]
     cmd = [*launcher, "-m", "hf_precision.cli", "train", "--model", str(tmp_path / "tiny-sdxl"), "--data",
@@ -136,8 +170,6 @@ def _cut(run, copy, step):
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_sharded_program_on_tiny_sdxl_t4(tmp_path):
-    import re
-
     import torch
     from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 
@@ -310,3 +342,23 @@ def test_three_processes_shard_unevenly_and_resume_at_another_world_size(tmp_pat
         assert [r["step"] for r in log] == [1, 2] and log[0] == three[0], (processes, log, three)
         assert log[1]["loss"] == log[1]["loss"]  # step 2 trained (finite) on the re-sliced shards
         assert (copy / "unet" / "diffusion_pytorch_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.heavy
+def test_bench_fsdp_bytes_are_the_docs():
+    """docs/train-program.md's benchmark table: the bytes each setup's rank 0 holds and their ratios are what
+    `benchmarks/bench_fsdp.py` measures now (one paired round: the bytes held after a step do not depend on the
+    rounds or the machine's load; the step times do, and are not checked)."""
+    docs = (ROOT / "docs" / "train-program.md").read_text(encoding="utf-8")
+    cmd = re.search(r"`python (benchmarks/bench_fsdp\.py --size tiny[^`]*)` on this machine", docs).group(1).split()
+    cmd[cmd.index("--rounds") + 1], cmd[cmd.index("--warmup") + 1] = "1", "0"
+    proc = subprocess.run([sys.executable, *cmd], capture_output=True, text=True, timeout=600, cwd=ROOT,
+                          env=subprocess_env(cpu_only=True, OMP_NUM_THREADS="1"), check=False)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    measured = dict(re.findall(r"^  (\w+) +step .* holds +([\d.]+) MiB", proc.stdout, re.M))
+    table = dict(re.findall(r"^\| (data parallel|`--shard`|hand-written)[^|]*\| [\d.]+ ms \| ([\d.]+) MiB \|$", docs,
+                            re.M))
+    assert {"data parallel": measured["ddp"], "`--shard`": measured["shard"], "hand-written": measured["hand"]} == table
+    ratios = re.findall(r"bytes held ([\d.]+)", proc.stdout)
+    assert re.findall(r"bytes ([\d.]+)[;.]", docs[docs.index("Paired ratios: shard"):])[:2] == ratios, proc.stdout

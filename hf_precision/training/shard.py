@@ -302,6 +302,7 @@ def shard_training(tp: Any, cached: bool = False) -> ShardPlan:
     for unit in units:
         comp, _, sub = unit.path.partition(".")
         module = comps[comp].get_submodule(sub) if sub else comps[comp]
+        _own_outputs(module)
         fully_shard(module, mesh=mesh, mp_policy=unit.policy())
     frozen = {}
     trained = {u.path.split(".")[0] for u in units}
@@ -322,11 +323,45 @@ def _shard_frozen(module: torch.nn.Module, mesh: Any) -> None:
 
     policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, output_dtype=None)
     for block in block_paths(module):
+        _own_outputs(module.get_submodule(block))
         fully_shard(module.get_submodule(block), mesh=mesh, mp_policy=policy)
+    _own_outputs(module)
     fully_shard(module, mesh=mesh, mp_policy=policy)
     for method in ("encode", "decode", "get_text_features"):
         if callable(getattr(module, method, None)):
             register_fsdp_forward_method(module, method)
+
+
+def _fresh(t: torch.Tensor) -> torch.Tensor:
+    return t.clone() if t._base is not None and t.requires_grad else t
+
+
+def _view_free(module: torch.nn.Module, args: Any, output: Any) -> Any:
+    if not torch.is_grad_enabled():
+        return None  # FSDP2 registers no backward hook without grad: nothing to protect
+    from torch.distributed.utils import _apply_to_tensors
+
+    return _apply_to_tensors(_fresh, output)
+
+
+def _own_outputs(module: torch.nn.Module) -> None:
+    """Make ``module``'s grad-carrying outputs tensors of their own, not views, before FSDP2 hooks them.
+
+    FSDP2's post-forward registers its pre-backward hook (the all-gather of the unit for its backward) on each output
+    and warns when one is a view: an in-place op on a view (``x += y`` downstream) replaces its autograd node and drops
+    the hook silently. Flux's single blocks return two slices of one tensor (text and image tokens) and Wan's
+    transformer a reshaped view, so every step warned. Registered before ``fully_shard``, this hook runs after the
+    recipe's own output hooks and just before FSDP2's, and copies only the views (an activation-sized copy each; the
+    base it was sliced from is then free).
+
+    Example:
+        >>> m = torch.nn.Linear(2, 4)
+        >>> _ = m.register_forward_hook(lambda mod, args, out: out[:, :2])  # a block returning a slice
+        >>> _own_outputs(m)
+        >>> m(torch.ones(1, 2))._base is None
+        True
+    """
+    module.register_forward_hook(_view_free)
 
 
 def _units(tp: Any) -> Iterator[tuple[ShardUnit, torch.nn.Module]]:

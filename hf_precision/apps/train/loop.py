@@ -5,7 +5,8 @@ objective from the scheduler), the GradScaler and the sampling context. This mod
 loading, caches, one progress bar, checkpoints, validation, faults (NaN, Ctrl-C) and the outputs.
 
 Several processes (``accelerate launch``): every process computes the same global batch order and takes its share
-of each batch; gradients of the trainable parameters are averaged over processes before each step (what DDP does,
+of each batch and of the noise drawn for it (:func:`_draws`: the run trains as one process of the global batch does);
+gradients of the trainable parameters are averaged over processes before each step (what DDP does,
 without wrapping the denoiser, so the training layer's hooks and loss stay as they are); only the main process
 writes. ``--shard`` (or accelerate's FSDP2 config) shards what trains with FSDP2 under the recipe (see
 :mod:`hf_precision.training.shard`): FSDP reduces the gradients itself, checkpoints are sharded
@@ -74,8 +75,7 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     if all(f is not None for f in found):
         latents = torch.cat([f["latents"] for f in found])
     else:
-        with torch.no_grad():
-            latents = tp.encode_images(data.pixels(indices))
+        latents = torch.cat([_sample_latents(run, i) for i in indices])
     captions = data.captions(indices)
     cond = None
     if run.cache is not None and not _text_trained(tp):
@@ -87,6 +87,38 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
             cond = dict(tp.encode_prompt(captions))
     device = tp_device(tp)
     return {"latents": latents.to(device), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
+
+
+def _sample_latents(run: Run, i: int) -> Any:
+    """Sample ``i``'s latents, drawn from the VAE's distribution under the sample's own seed in a forked RNG: what the
+    cache holds and what ``--no-cache`` encodes are the same, whatever batch or process the sample is in."""
+    import torch
+
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(run.settings.seed * 1_000_003 + i)
+        return run.tp.encode_images(run.data.pixels([i]))
+
+
+def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
+    """This process's share of the noise and timesteps (or noise levels) drawn for the whole global batch, in the
+    order one process draws them: N processes of --batch-size B train on what one process of N x B does (the
+    layer's loss would draw only B, the same B on every process)."""
+    import torch
+
+    from ...training.families import EDM_P_MEAN, EDM_P_STD
+
+    tp, acc, latents = run.tp, run.accelerator, batch["latents"]
+    b, device = latents.shape[0], latents.device
+    n, mine = b * acc.num_processes, slice(acc.process_index * b, (acc.process_index + 1) * b)
+    out = {"noise": torch.randn((n, *latents.shape[1:]), device=device)[mine]}
+    if tp.objective == "flow":
+        out["sigmas"] = torch.rand(n, device=device)[mine]
+    elif tp.objective == "edm":
+        lo, hi = tp.sigma_range or (0.002, 80.0)
+        out["sigmas"] = (EDM_P_MEAN + EDM_P_STD * torch.randn(n, device=device)[mine]).exp().clamp(lo, hi)
+    elif tp.alphas_cumprod is not None:
+        out["timesteps"] = torch.randint(0, len(tp.alphas_cumprod), (n,), device=device)[mine]
+    return out
 
 
 def fill_cache(run: Run) -> None:
@@ -104,9 +136,7 @@ def fill_cache(run: Run) -> None:
         for i, sample in enumerate(data.samples):
             parts = sample_parts(sample)
             if run.cache.get("latents", parts) is None:
-                with torch.random.fork_rng(devices=[]), torch.no_grad():
-                    torch.manual_seed(run.settings.seed * 1_000_003 + i)
-                    run.cache.put("latents", parts, {"latents": tp.encode_images(data.pixels([i]))})
+                run.cache.put("latents", parts, {"latents": _sample_latents(run, i)})
             if text and run.cache.get("text", (sample.caption,)) is None:
                 with torch.no_grad():
                     cond = tp.encode_prompt([sample.caption])
@@ -241,6 +271,7 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     import torch
 
     batch = _encode(run, indices)
+    batch.update(_draws(run, batch))
     loss = run.tp.loss(batch)
     finite = bool(torch.isfinite(loss.detach()).all())
     if run.accelerator.num_processes > 1:

@@ -161,9 +161,10 @@ def _accelerator(out: Path, device: str | None, s: TrainSettings) -> Any:
     # cpu=True makes several processes without a GPU (or with --device cpu) a MULTI_CPU run over gloo
     has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
-    acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
     from .sharded import accelerate_shard
 
+    accelerate_shard()  # a config the layer cannot honour is refused before accelerate acts on it
+    acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
     if accelerate_shard(acc):  # accelerate's FSDP2 config: the layer shards, in the recipe's dtypes (never acc.prepare)
         s.shard = True
     return acc

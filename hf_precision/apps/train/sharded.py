@@ -118,7 +118,8 @@ def save_full_model(module: Any, target: Path) -> None:
 
 
 def holding(tp: Any) -> str:
-    """What this rank holds of the sharded weights, and the dtypes of the island shards (one line per rank)."""
+    """What this rank holds of the sharded weights, the dtypes of the island shards, and each frozen component as the
+    plan placed it (sharded: this rank's bytes of it; or replicated), one line per rank."""
     from ...training.shard import sharded_bytes
 
     parts, islands = [], []
@@ -131,23 +132,43 @@ def holding(tp: Any) -> str:
         elif unit.role == "island":
             dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.get_submodule(sub).parameters()})
             islands.append(f"{unit.path} {'/'.join(dtypes)}")
-    return f"holds {'; '.join(parts)} of the sharded weights" + (f"; island shards: {', '.join(islands)}" if islands else "")
+    for name, choice in tp.shard.frozen.items():
+        if choice.sharded:
+            local, whole = sharded_bytes(tp.components[name])
+            parts.append(f"frozen {name} {local:,} of {whole:,} bytes ({local / max(whole, 1):.1%})")
+    replicated = [f"{c} replicated" for c, f in tp.shard.frozen.items() if not f.sharded]
+    return (f"holds {'; '.join(parts)} of the sharded weights"
+            + (f"; island shards: {', '.join(islands)}" if islands else "")
+            + (f"; frozen: {', '.join(replicated)}" if replicated else ""))
 
 
-def accelerate_shard(acc: Any) -> bool:
+def accelerate_shard(acc: Any = None) -> bool:
     """Whether accelerate's config asks for sharding (FSDP2: ``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are
-    refused naming what to use. False for one process or data parallel."""
+    refused naming what to use. False for one process or data parallel. Without ``acc``: from what ``accelerate
+    launch`` put in the environment alone, so the refusal comes before the Accelerator is made (accelerate itself
+    would first stop a DeepSpeed config with "DeepSpeed is not installed", which sends the user the wrong way).
+
+    Example:
+        >>> import os
+        >>> os.environ.get("ACCELERATE_USE_FSDP") is None and accelerate_shard()  # a plain run: nothing asked
+        False
+    """
     import os
 
     from accelerate.utils import DistributedType
 
-    kind = acc.distributed_type
+    def asked(name: str) -> bool:
+        return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+    kind = acc.distributed_type if acc is not None else DistributedType.NO
     # On the CPU (Accelerator(cpu=True)) accelerate makes a MULTI_CPU state whatever its config says: the launcher's
     # environment still tells what the config asked for
-    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true", "yes"):
+    if asked("ACCELERATE_USE_FSDP"):
         kind = DistributedType.FSDP
-    elif os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true", "yes"):
+    elif asked("ACCELERATE_USE_DEEPSPEED"):
         kind = DistributedType.DEEPSPEED
+    elif asked("ACCELERATE_USE_MEGATRON_LM"):
+        kind = DistributedType.MEGATRON_LM
     use = ("use `hf-precision train --shard` under `torchrun --nproc_per_node N` or `accelerate launch` with an FSDP2 "
            "config (fsdp_version: 2): it shards each block in the dtypes of the recipe")
     if kind == DistributedType.FSDP:
