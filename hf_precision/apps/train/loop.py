@@ -33,9 +33,6 @@ from .settings import RESUME_KEYS, TrainSettings
 
 __all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "expected_time", "fill_cache"]
 
-LORA_FILE = "pytorch_lora_weights.safetensors"
-
-
 @dataclasses.dataclass
 class TrainResult:
     """What a run did: steps done (all processes), the loss of each step of this run, skipped steps, where it wrote,
