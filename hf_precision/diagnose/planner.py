@@ -24,8 +24,8 @@ from .. import dtypes as dt
 from ..errors import RecipeError
 from ..runtime.meta import build_on_meta
 from ..units import format_bytes
-from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, listed_components, shipped_configs
-from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes
+from ..runtime.source import composable_models, configs_of, listed_components
+from ..recipe.catalog import list_recipes, recipe_classes
 from ..recipe.model import ComponentPlan, Recipe
 from ..recipe.quantize import CHOICES, stored_bytes
 from ..recipe.resolution import resolve
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["plan", "Plan", "PlannedComponent", "Island", "ModuleRow", "build_on_meta"]
-
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -239,12 +238,6 @@ def _island_summary(c: PlannedComponent) -> str:
     return f"{len(c.islands)} modules ({', '.join(c.keep_fp32)})"
 
 
-# --------------------------------------------------------------------------------------------- finding configs
-
-
-# --------------------------------------------------------------------------------------------- building
-
-
 # --------------------------------------------------------------------------------------------- planning
 
 
@@ -410,14 +403,13 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
 
     storage = _gguf_storage(packed, cp.storage) if packed else cp.storage
     fp32_why = None
+    compute_decision = _decision(cp, "compute")
     if cp.compute == "float32" and cp.storage == "float32" and not packed:
-        compute = _decision(cp, "compute")
-        fp32_why = f"compute float32: {compute.rule if compute else 'the recipe says so'}"
+        fp32_why = f"compute float32: {compute_decision.rule if compute_decision else 'the recipe says so'}"
         if device_why:
             fp32_why += f". Device: {device_why}"  # the device picks no half dtype unasked: the device decided
         elif cp.why:
             fp32_why += f". {cp.why}"  # the device would take half precision: the recipe decided
-    compute_decision = _decision(cp, "compute")
 
     rows = None
     if with_modules:

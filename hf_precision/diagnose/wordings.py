@@ -191,10 +191,6 @@ def _dev(m: re.Match[str], a: str = "a", b: str = "b", *, ordered: bool = False,
     return _pair("device", _device(m[a]), _device(m[b]), ordered, roles, **extra)
 
 
-def _groups(m: re.Match[str], name: str) -> str | None:
-    return m.groupdict().get(name)
-
-
 def _family(name: str, pattern: str, parse: Callable[[re.Match[str]], dict[str, Any] | None]) -> _Family:
     return _Family(name, re.compile(pattern), parse)
 
@@ -244,7 +240,7 @@ FAMILIES: tuple[_Family, ...] = (
     # second argument"; torch 1.x: "... for argument #2 'mat2' in call to _th_mm")
     _family("object_scalar_type", rf"Expected object of scalar type (?P<b>{_T}) but got scalar type (?P<a>{_T}) "
                                   rf"for (?:argument #\d+ '(?P<arg>\w+)'|\w+ argument|sequence element \d+)",
-            lambda m: _named("dtype", _dtype(m["a"]), _dtype(m["b"]), _groups(m, "arg"))),
+            lambda m: _named("dtype", _dtype(m["a"]), _dtype(m["b"]), m["arg"])),
     # aten/src/ATen/native/mixed_dtypes.h check_mixed_data_type (CPU layer_norm, group_norm, batch_norm)
     _family("mixed_dtype_cpu", r"mixed dtype \(CPU\): (?:expect parameter to have scalar type of (?P<a>\w+)"
                                r"|all inputs must share same datatype)", _mixed),

@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import json
 import operator
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
