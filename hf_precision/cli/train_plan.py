@@ -24,10 +24,8 @@ size_text = functools.partial(format_bytes, binary=True)
 def _size(args: Any, m: Any) -> tuple[int, int]:
     """``--resolution`` and ``--frames`` as ``train`` takes them: the model's default size where none is given, the
     one frame count a fixed table takes, and one clear refusal past its position tables (as ``train`` refuses)."""
-    from ..memory.geometry import axis_value
-
     geo = m.geometry
-    resolution = args.resolution or geo.default_resolution(axis_value(m.configs.get("vae", {}).get("sample_size") or 512, 0))
+    resolution = args.resolution or geo.configured_resolution(m.configs)
     geo.buckets(resolution, args.frames)
     return resolution, args.frames or geo.fixed_frames
 

@@ -63,7 +63,6 @@ def _describe(module: torch.nn.Module) -> str:
 def _traced_run(tp: Any, module: torch.nn.Module, run: Any) -> None:
     stack: list[str] = []
     names = {id(m): n for n, m in module.named_modules()}
-    failed: list[str] = []
 
     def pre(m: torch.nn.Module, args: Any) -> None:
         stack.append(names.get(id(m), "?"))
@@ -78,8 +77,7 @@ def _traced_run(tp: Any, module: torch.nn.Module, run: Any) -> None:
     try:
         run()
     except Exception as err:  # noqa: BLE001 - re-raised as one error naming the module
-        failed = list(stack)
-        where = failed[-1] if failed else ""
+        where = stack[-1] if stack else ""
         sub = module.get_submodule(where) if where else module
         path = f"{tp.denoiser_name}.{where}" if where else str(tp.denoiser_name)
         raise TrainingError(f"tp.check: a training step fails in {path} ({type(sub).__name__}: {_describe(sub)}): "

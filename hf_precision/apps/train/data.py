@@ -69,6 +69,13 @@ class ModelGeometry:
             return self.fitting(fixed)
         return min(resolution, most) if most else resolution
 
+    def configured_resolution(self, configs: Mapping[str, Mapping[str, Any]]) -> int:
+        """The ``--resolution`` of a run that gives none: the VAE's ``sample_size`` (else 512), within what the
+        position tables hold (:meth:`default_resolution`); ``train`` and ``train --plan`` both take it."""
+        from ...memory.geometry import axis_value
+
+        return self.default_resolution(axis_value(configs.get("vae", {}).get("sample_size") or 512, 0))
+
     def fitting(self, size: tuple[int, int]) -> int:
         """The smallest ``--resolution`` whose buckets hold ``size`` = (height, width)."""
         r = self.multiple

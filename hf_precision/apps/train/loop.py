@@ -240,9 +240,8 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     batch = _encode(run, indices)
     loss = run.tp.loss(batch)
     finite = bool(torch.isfinite(loss.detach()).all())
-    if run.accelerator.num_processes > 1:
-        flag = torch.tensor([0.0 if finite else 1.0], device=loss.device)
-        finite = float(run.accelerator.reduce(flag, "sum")) == 0.0
+    if run.accelerator.num_processes > 1:  # every rank stops or skips together
+        finite = not _agreed(run, not finite)
     if not finite:
         where = _nonfinite_component(run.tp, batch)
         if run.settings.on_nan == "stop":
@@ -265,7 +264,8 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
 
 
 def _agreed(run: Run, stop: bool) -> bool:
-    """True on every rank when any rank was asked to stop (Ctrl-C reaches the ranks at different moments)."""
+    """True on every rank when it is true on any (Ctrl-C reaches the ranks at different moments; a non-finite loss
+    may come on one rank's share of the batch only)."""
     import torch
 
     flag = torch.tensor([1.0 if stop else 0.0], device=run.accelerator.device)

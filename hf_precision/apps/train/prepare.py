@@ -36,13 +36,6 @@ class Run:
 # --------------------------------------------------------------------------------------------- preparation
 
 
-def _model_info(model: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    from ...runtime.source import component_configs, locate
-
-    where, index, folder = locate(model)
-    return where, index, component_configs(where, index, folder)
-
-
 def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
     """``train=`` and the extra keywords of prepare_training, as the method's handler sets them for a run."""
     from ...runtime.source import listed_components
@@ -183,15 +176,14 @@ def prepare_run(s: TrainSettings) -> Run:
     """Check everything that can be checked without weights, then load the model and prepare the training plan."""
     import torch
 
+    from ...runtime.source import component_configs, locate
+
     check_settings(s)
     out = check_out_folder(s.out, s.resume)
-    where, index, configs = _model_info(s.model)
+    where, index, folder = locate(s.model)
+    configs = component_configs(where, index, folder)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
-    resolution = s.resolution or configs.get("vae", {}).get("sample_size") or 512
-    if isinstance(resolution, (list, tuple)):
-        resolution = int(resolution[0])
-    # none given: the VAE's size, within what the position tables hold
-    s.resolution = resolution = int(resolution) if s.resolution else geometry.default_resolution(int(resolution))
+    s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)
     if geometry.video and s.frames is None:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")
