@@ -123,14 +123,6 @@ def _settings(args: argparse.Namespace, model: str, data: str):
                             "overrides": overrides_from(args)})
 
 
-def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
-    from ..apps.train.demo import DEMO_SETTINGS
-
-    for key, value in DEMO_SETTINGS.items():
-        if key not in argv_given:
-            setattr(args, key, value)
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-precision train`` from parsed arguments."""
     if args.plan and (args.processes != 1 or args.shard):
@@ -158,13 +150,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from ..apps.train.demo import make_demo
+    from ..apps.train.demo import DEMO_SETTINGS, make_demo
     from ..apps.train.loop import train
     from ..apps.train.settings import check_out_folder
 
     check_out_folder(args.out, args.resume)
     given = {a for a in vars(args) if getattr(args, a) != build_parser().get_default(a)}
-    _demo_defaults(args, given)
+    for key, value in DEMO_SETTINGS.items():  # the demo's own settings, where the command line gives none
+        if key not in given:
+            setattr(args, key, value)
     if args.device is None:
         args.device = "cpu"
     import torch

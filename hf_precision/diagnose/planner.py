@@ -241,13 +241,6 @@ def _island_summary(c: PlannedComponent) -> str:
 # --------------------------------------------------------------------------------------------- planning
 
 
-def _models_if_composed(source: str, index: Mapping[str, Any], recipe: Any) -> dict[str, tuple[str, str]] | None:
-    """Model components for composing a recipe, when none is named and no shipped recipe lists the class."""
-    if recipe is not None or str(index.get("_class_name")) in recipe_classes():
-        return None
-    return composable_models(source, index)
-
-
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
          overrides: Any = None, modules: bool = False, force: bool = False, base: str | Path | None = None) -> Plan:
     """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
@@ -308,10 +301,12 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     pipeline = str(index.get("_class_name", "?"))
     if recipe is None and text in list_recipes("pipeline"):
         recipe = text
-    # Nothing is placed: the plan is for `device`, built on the meta device.
+    # Nothing is placed: the plan is for `device`, built on the meta device. The models compose a recipe when none
+    # is named and no shipped recipe lists the class.
+    composed = recipe is None and pipeline not in recipe_classes()
     resolved = resolve(recipe, pipeline_class=pipeline, layout=device if not isinstance(recipe, Recipe) else None,
                        overrides=overrides, configs=configs, force=force,
-                       models=_models_if_composed(source, index, recipe))
+                       models=composable_models(source, index) if composed else None)
 
     caps = device_caps(resolved.device)
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")

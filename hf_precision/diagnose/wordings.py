@@ -134,10 +134,6 @@ def _types(ta: str, tb: str, roles: tuple[str, str], **extra: Any) -> dict[str, 
     return _pair("dtype", da, db, True, roles, **extra)
 
 
-def _input_type(m: re.Match[str]) -> dict[str, Any] | None:
-    return _types(m["a"], m["b"], ("input", m["role"]))
-
-
 def _same_type_args(m: re.Match[str]) -> dict[str, Any] | None:
     a1, a2 = m["arg1"], m["arg2"]
     if a1 in _PARAM_ARGS and a2 not in _PARAM_ARGS:  # keep the input first
@@ -201,7 +197,7 @@ FAMILIES: tuple[_Family, ...] = (
     # aten/src/ATen/native/Convolution.cpp check_input_same_type_as_parameters (CUDA, MPS, oneDNN: tensor types,
     # "... or input should be a MKLDNN tensor and weight is a dense tensor"); CPU slow conv: scalar names
     _family("input_type", r"Input type \((?P<a>[^()]+)\) and (?P<role>weight|bias) type \((?P<b>[^()]+)\) "
-                          r"should be the same", _input_type),
+                          r"should be the same", lambda m: _types(m["a"], m["b"], ("input", m["role"]))),
     # aten/src/ATen/TensorUtils.cpp checkSameType / checkScalarType / checkSameGPU / checkBackend / checkDeviceType
     _family("tensor_arg_type", rf"Expected tensor for {_ARG.format('arg1')} to have the same type as tensor for "
                                rf"{_ARG.format('arg2')}; but type (?P<a>\S+) does not equal (?P<b>\S+)"

@@ -21,10 +21,6 @@ from .rules import TrainingError
 __all__ = ["preflight", "static_problems"]
 
 
-def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*module.named_parameters(), *module.named_buffers()]
-
-
 def static_problems(tp: Any) -> list[str]:
     """Placement, island and master problems, each naming the module path."""
     problems: list[str] = []
@@ -32,7 +28,7 @@ def static_problems(tp: Any) -> list[str]:
         planned = tp.applied.devices.get(comp)
         islands = frozenset(tp.applied.islands.get(comp, []))
         seen_devices: set[str] = set()
-        for name, t in _tensors(module):
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
             owner = f"{comp}.{name.rpartition('.')[0] or name}"
             if t.device.type == "meta":
                 problems.append(f"{owner}: {name.rpartition('.')[2]} is on the meta device (never loaded or offloaded "
