@@ -162,10 +162,10 @@ class Plan:
         for c in self.components.values():
             if c.fp32_why is not None:
                 fp32 = "whole component"
-            elif c.islands:
-                fp32 = _island_summary(c)
+            elif len(c.islands) > 3:
+                fp32 = f"{len(c.islands)} modules ({', '.join(c.keep_fp32)})"
             else:
-                fp32 = "-"
+                fp32 = ", ".join(i.module for i in c.islands) or "-"
             rows.append((c.name, c.cls, f"{c.params:,}", c.storage, c.compute, c.handed_over, fp32,
                          format_bytes(c.total_bytes), format_bytes(c.fp32_bytes)))
         total = ("total", "", f"{self.params:,}", "", "", "", "", format_bytes(self.total_bytes), format_bytes(self.fp32_bytes))
@@ -230,12 +230,6 @@ class Plan:
 
 def _wrap(text: str, indent: str) -> list[str]:
     return textwrap.wrap(text, width=110, initial_indent=indent, subsequent_indent=indent) or []
-
-
-def _island_summary(c: PlannedComponent) -> str:
-    if len(c.islands) <= 3:
-        return ", ".join(i.module for i in c.islands)
-    return f"{len(c.islands)} modules ({', '.join(c.keep_fp32)})"
 
 
 # --------------------------------------------------------------------------------------------- planning

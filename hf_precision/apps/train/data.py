@@ -185,11 +185,6 @@ def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -
     return sorted(out)
 
 
-def _bucket_for(size: tuple[int, int], buckets: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    ratio = math.log(size[0] / size[1])
-    return min(buckets, key=lambda b: (abs(math.log(b[0] / b[1]) - ratio), -b[0] * b[1]))
-
-
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """One training example: its file, caption, size as stored (w, h), frames (clips) and bucket (w, h)."""
@@ -374,7 +369,8 @@ def inspect_items(items: Sequence[tuple[Path, str]], geometry: ModelGeometry, re
         except RecipeError as err:
             problems.append(str(err))
             continue
-        bucket = _bucket_for(size, buckets)
+        ratio = math.log(size[0] / size[1])  # the bucket of nearest aspect ratio, the larger of two as near
+        bucket = min(buckets, key=lambda b: (abs(math.log(b[0] / b[1]) - ratio), -b[0] * b[1]))
         if size[0] < bucket[0] or size[1] < bucket[1]:
             fits = max(multiple, min(size) // multiple * multiple)
             problems.append(f"{path}: {size[0]}x{size[1]} is smaller than its {bucket[0]}x{bucket[1]} bucket at "

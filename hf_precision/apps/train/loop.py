@@ -306,15 +306,10 @@ def expected_time(seconds_per_step: float, left: int, total: int) -> str:
             f"{format_seconds(seconds_per_step * left)} ({total} in all)")
 
 
-def _progress(run: Run, start: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=run.settings.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                disable=run.settings.quiet or not run.accelerator.is_local_main_process)
-
-
 def train_steps(run: Run) -> TrainResult:
     """Run the steps of a prepared run (after ``--resume``), with checkpoints, validation and the Ctrl-C save."""
+    from tqdm.auto import tqdm
+
     from .results import log_line, save_outputs, validate
 
     s, acc, tp = run.settings, run.accelerator, run.tp
@@ -339,7 +334,9 @@ def train_steps(run: Run) -> TrainResult:
 
         print(f"[process {acc.process_index}/{acc.num_processes}] {holding(tp)}", flush=True)
     before_eval = evaluate(run) if start == 0 else None
-    interrupt, bar, step, exit_code = _Interrupt(), _progress(run, start), start, 0
+    bar = tqdm(total=s.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+               disable=s.quiet or not acc.is_local_main_process)
+    interrupt, step, exit_code = _Interrupt(), start, 0
     if start == 0 and s.validation_prompt:
         validate(run, 0)
     with interrupt.installed():
