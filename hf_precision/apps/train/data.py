@@ -460,14 +460,6 @@ class TrainData:
     def captions(self, indices: Sequence[int]) -> list[str]:
         return [self.samples[i].caption for i in indices]
 
-    def describe(self) -> str:
-        buckets: dict[tuple[int, int], int] = {}
-        for s in self.samples:
-            buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
-        shown = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
-        what = f"{len(self.samples)} clips of {self.frames} frames" if self.frames else f"{len(self.samples)} images"
-        return f"data: {what} from {self.folder}, buckets {shown}"
-
 
 def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, frames: int | None = None,
               caption_ext: str = ".txt", caption_column: str = "text", caption: str | None = None) -> TrainData:

@@ -210,13 +210,9 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
 
 def _reduce_gradients(run: Run) -> None:
     """Average the trainable gradients over processes (DDP's all-reduce; identical scale on every rank)."""
-    import torch.distributed as dist
-
-    world = run.accelerator.num_processes
     for p in run.tp.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad.div_(world)
+            p.grad = run.accelerator.reduce(p.grad, "mean")
 
 
 def _batches_from(run: Run, step: int) -> Iterator[tuple[int, list[int]]]:

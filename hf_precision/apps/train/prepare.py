@@ -144,13 +144,9 @@ def _check_latents(index: dict[str, Any]) -> None:
 def _accelerator(out: Path, device: str | None, s: TrainSettings) -> Any:
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import is_tensorboard_available
 
-    log_with = None
-    try:
-        import tensorboard  # noqa: F401  (accelerate's TensorBoard tracker needs it)
-        log_with = "tensorboard"
-    except ImportError:
-        pass
+    log_with = "tensorboard" if is_tensorboard_available() else None  # what accelerate's tracker needs
     # cpu=True makes several processes without a GPU (or with --device cpu) a MULTI_CPU run over gloo
     has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
