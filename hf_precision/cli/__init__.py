@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from ..errors import RecipeError
 from .common import COMMANDS, HelpFormatter, closed_output, our_warnings, quiet_optional_dependencies

@@ -113,30 +113,14 @@ def _args(p: argparse.ArgumentParser) -> None:
 
 
 def _settings(args: argparse.Namespace, model: str, data: str):
-    from ..apps.train.settings import TrainSettings
+    import dataclasses
 
-    from ..apps.train.settings import chosen_method
+    from ..apps.train.settings import TrainSettings, chosen_method
 
-    method = chosen_method(args.method, args)
-    return TrainSettings(
-        model=model, data=data, out=args.out, method=method, lora_rank=args.lora_rank,
-        train_text_encoder=args.train_text_encoder, embedding=args.embedding, init_token=args.init_token,
-        steps=args.steps, batch_size=args.batch_size, learning_rate=args.learning_rate, lr_scheduler=args.lr_scheduler,
-        warmup_steps=args.warmup_steps, resolution=args.resolution, frames=args.frames, device=args.device,
-        layout=args.layout, overrides=overrides_from(args), master=args.master, seed=args.seed,
-        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints, resume=args.resume,
-        validation_prompt=args.validation_prompt, validation_every=args.validation_every,
-        validation_inference_steps=args.validation_inference_steps, cache=args.cache, on_nan=args.on_nan,
-        save_dtype=args.save_dtype, gradient_checkpointing=args.gradient_checkpointing, shard=args.shard, caption_ext=args.caption_ext,
-        caption_column=args.caption_column, caption=args.caption, quiet=args.quiet)
-
-
-def _demo_defaults(args: argparse.Namespace, argv_given: set[str]) -> None:
-    from ..apps.train.demo import DEMO_SETTINGS
-
-    for key, value in DEMO_SETTINGS.items():
-        if key not in argv_given:
-            setattr(args, key, value)
+    # the flags are named as the settings' fields (--lora-rank = lora_rank); four are worked out here
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(TrainSettings) if hasattr(args, f.name)}
+    return TrainSettings(**{**given, "model": model, "data": data, "method": chosen_method(args.method, args),
+                            "overrides": overrides_from(args)})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -166,13 +150,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from ..apps.train.demo import make_demo
+    from ..apps.train.demo import DEMO_SETTINGS, make_demo
     from ..apps.train.loop import train
     from ..apps.train.settings import check_out_folder
 
     check_out_folder(args.out, args.resume)
     given = {a for a in vars(args) if getattr(args, a) != build_parser().get_default(a)}
-    _demo_defaults(args, given)
+    for key, value in DEMO_SETTINGS.items():  # the demo's own settings, where the command line gives none
+        if key not in given:
+            setattr(args, key, value)
     if args.device is None:
         args.device = "cpu"
     import torch

@@ -24,10 +24,8 @@ size_text = functools.partial(format_bytes, binary=True)
 def _size(args: Any, m: Any) -> tuple[int, int]:
     """``--resolution`` and ``--frames`` as ``train`` takes them: the model's default size where none is given, the
     one frame count a fixed table takes, and one clear refusal past its position tables (as ``train`` refuses)."""
-    from ..memory.geometry import axis_value
-
     geo = m.geometry
-    resolution = args.resolution or geo.default_resolution(axis_value(m.configs.get("vae", {}).get("sample_size") or 512, 0))
+    resolution = args.resolution or geo.configured_resolution(m.configs)
     geo.buckets(resolution, args.frames)
     return resolution, args.frames or geo.fixed_frames
 
@@ -118,12 +116,7 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         print(f"nothing tried fits {size_text(budget)}: {why}; lower --resolution, use a device with more memory, or a "
               f"smaller model")
         return 1
-    flags = []
-    if pred.options.gradient_checkpointing and not args.gradient_checkpointing:
-        flags.append("--gradient-checkpointing")
-    if pred.options.batch_size != args.batch_size:
-        flags.append(f"--batch-size {pred.options.batch_size}")
-    print("chosen: " + (" ".join(flags) if flags else "the settings as given") + " (the cache is on by default)")
+    print(f"chosen: {' '.join(_flags(pred.options, args)) or 'the settings as given'} (the cache is on by default)")
     return 0
 
 
@@ -170,12 +163,15 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
               f"--resolution")
         return 1
     chosen = choice.prediction
-    flags = (["--shard"] if chosen.sharded else []) + (
-        ["--gradient-checkpointing"] if chosen.options.gradient_checkpointing and not args.gradient_checkpointing
-        else []) + ([f"--batch-size {chosen.options.batch_size}"] if chosen.options.batch_size != args.batch_size
-                    else [])
+    flags = (["--shard"] if chosen.sharded else []) + _flags(chosen.options, args)
     print(f"chosen: {chosen.describe()}: {' '.join(flags) or 'the settings as given'}")
     return 0
+
+
+def _flags(options: Any, args: argparse.Namespace) -> list[str]:
+    """The flags that turn the settings as given into the chosen ``options``."""
+    return ((["--gradient-checkpointing"] if options.gradient_checkpointing and not args.gradient_checkpointing
+             else []) + ([f"--batch-size {options.batch_size}"] if options.batch_size != args.batch_size else []))
 
 
 def _print_rank(p: Any, budget: int | None) -> None:

@@ -160,7 +160,8 @@ def mismatch_fix(parsed: dict[str, Any], w: Where) -> Fix:
                     ordered, roles = True, ("input", "weights")
     if kind == "dtype" and dtype_pair_is_fp8(got, expected):
         # fp8 weights computed with directly: "agree on float8" would be no fix (quant_errors.py)
-        header, fix = quantized_fix("fp8_promotion", w.component, _compute_of(w, got, expected))
+        half = next((d for d in (got, expected, w.input_dtype) if d and d not in FLOAT8_NAMES), None)  # the rest's
+        header, fix = quantized_fix("fp8_promotion", w.component, half)
         header, overrides = f"{header} ({w.path or 'a module'}: input is {got}, weights are {expected})", []
     elif kind == "dtype":
         header, fix, overrides = _dtype_text(parsed, w, got, expected, ordered, roles)
@@ -168,11 +169,6 @@ def mismatch_fix(parsed: dict[str, Any], w: Where) -> Fix:
         header, fix, overrides = _device_text(parsed, w, got, expected, ordered)
     flags = tuple(tuple(override_flag(c or "<component>", k, v) for c, k, v in alt) for alt in overrides)
     return Fix(header, fix, flags, got, expected, ordered)
-
-
-def _compute_of(w: Where, got: str | None, expected: str | None) -> str | None:
-    """The half dtype the rest of the pipeline computes in, beside fp8 weights."""
-    return next((d for d in (got, expected, w.input_dtype) if d and d not in FLOAT8_NAMES), None)
 
 
 def _lines(pairs: list[Override]) -> str:

@@ -24,8 +24,8 @@ from .. import dtypes as dt
 from ..errors import RecipeError
 from ..runtime.meta import build_on_meta
 from ..units import format_bytes
-from ..runtime.source import CONFIGS_DIR, composable_models, configs_of, listed_components, shipped_configs
-from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes
+from ..runtime.source import composable_models, configs_of, listed_components
+from ..recipe.catalog import list_recipes, recipe_classes
 from ..recipe.model import ComponentPlan, Recipe
 from ..recipe.quantize import CHOICES, stored_bytes
 from ..recipe.resolution import resolve
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["plan", "Plan", "PlannedComponent", "Island", "ModuleRow", "build_on_meta"]
-
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -163,10 +162,10 @@ class Plan:
         for c in self.components.values():
             if c.fp32_why is not None:
                 fp32 = "whole component"
-            elif c.islands:
-                fp32 = _island_summary(c)
+            elif len(c.islands) > 3:
+                fp32 = f"{len(c.islands)} modules ({', '.join(c.keep_fp32)})"
             else:
-                fp32 = "-"
+                fp32 = ", ".join(i.module for i in c.islands) or "-"
             rows.append((c.name, c.cls, f"{c.params:,}", c.storage, c.compute, c.handed_over, fp32,
                          format_bytes(c.total_bytes), format_bytes(c.fp32_bytes)))
         total = ("total", "", f"{self.params:,}", "", "", "", "", format_bytes(self.total_bytes), format_bytes(self.fp32_bytes))
@@ -233,26 +232,7 @@ def _wrap(text: str, indent: str) -> list[str]:
     return textwrap.wrap(text, width=110, initial_indent=indent, subsequent_indent=indent) or []
 
 
-def _island_summary(c: PlannedComponent) -> str:
-    if len(c.islands) <= 3:
-        return ", ".join(i.module for i in c.islands)
-    return f"{len(c.islands)} modules ({', '.join(c.keep_fp32)})"
-
-
-# --------------------------------------------------------------------------------------------- finding configs
-
-
-# --------------------------------------------------------------------------------------------- building
-
-
 # --------------------------------------------------------------------------------------------- planning
-
-
-def _models_if_composed(source: str, index: Mapping[str, Any], recipe: Any) -> dict[str, tuple[str, str]] | None:
-    """Model components for composing a recipe, when none is named and no shipped recipe lists the class."""
-    if recipe is not None or str(index.get("_class_name")) in recipe_classes():
-        return None
-    return composable_models(source, index)
 
 
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
@@ -315,10 +295,12 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     pipeline = str(index.get("_class_name", "?"))
     if recipe is None and text in list_recipes("pipeline"):
         recipe = text
-    # Nothing is placed: the plan is for `device`, built on the meta device.
+    # Nothing is placed: the plan is for `device`, built on the meta device. The models compose a recipe when none
+    # is named and no shipped recipe lists the class.
+    composed = recipe is None and pipeline not in recipe_classes()
     resolved = resolve(recipe, pipeline_class=pipeline, layout=device if not isinstance(recipe, Recipe) else None,
                        overrides=overrides, configs=configs, force=force,
-                       models=_models_if_composed(source, index, recipe))
+                       models=composable_models(source, index) if composed else None)
 
     caps = device_caps(resolved.device)
     device_why = "" if set(caps.auto) & dt.HALF else next((caps.why[t] for t in reversed(caps.tags) if caps.why.get(t)), "")
@@ -410,14 +392,13 @@ def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands:
 
     storage = _gguf_storage(packed, cp.storage) if packed else cp.storage
     fp32_why = None
+    compute_decision = _decision(cp, "compute")
     if cp.compute == "float32" and cp.storage == "float32" and not packed:
-        compute = _decision(cp, "compute")
-        fp32_why = f"compute float32: {compute.rule if compute else 'the recipe says so'}"
+        fp32_why = f"compute float32: {compute_decision.rule if compute_decision else 'the recipe says so'}"
         if device_why:
             fp32_why += f". Device: {device_why}"  # the device picks no half dtype unasked: the device decided
         elif cp.why:
             fp32_why += f". {cp.why}"  # the device would take half precision: the recipe decided
-    compute_decision = _decision(cp, "compute")
 
     rows = None
     if with_modules:

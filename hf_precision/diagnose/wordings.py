@@ -134,10 +134,6 @@ def _types(ta: str, tb: str, roles: tuple[str, str], **extra: Any) -> dict[str, 
     return _pair("dtype", da, db, True, roles, **extra)
 
 
-def _input_type(m: re.Match[str]) -> dict[str, Any] | None:
-    return _types(m["a"], m["b"], ("input", m["role"]))
-
-
 def _same_type_args(m: re.Match[str]) -> dict[str, Any] | None:
     a1, a2 = m["arg1"], m["arg2"]
     if a1 in _PARAM_ARGS and a2 not in _PARAM_ARGS:  # keep the input first
@@ -191,10 +187,6 @@ def _dev(m: re.Match[str], a: str = "a", b: str = "b", *, ordered: bool = False,
     return _pair("device", _device(m[a]), _device(m[b]), ordered, roles, **extra)
 
 
-def _groups(m: re.Match[str], name: str) -> str | None:
-    return m.groupdict().get(name)
-
-
 def _family(name: str, pattern: str, parse: Callable[[re.Match[str]], dict[str, Any] | None]) -> _Family:
     return _Family(name, re.compile(pattern), parse)
 
@@ -205,7 +197,7 @@ FAMILIES: tuple[_Family, ...] = (
     # aten/src/ATen/native/Convolution.cpp check_input_same_type_as_parameters (CUDA, MPS, oneDNN: tensor types,
     # "... or input should be a MKLDNN tensor and weight is a dense tensor"); CPU slow conv: scalar names
     _family("input_type", r"Input type \((?P<a>[^()]+)\) and (?P<role>weight|bias) type \((?P<b>[^()]+)\) "
-                          r"should be the same", _input_type),
+                          r"should be the same", lambda m: _types(m["a"], m["b"], ("input", m["role"]))),
     # aten/src/ATen/TensorUtils.cpp checkSameType / checkScalarType / checkSameGPU / checkBackend / checkDeviceType
     _family("tensor_arg_type", rf"Expected tensor for {_ARG.format('arg1')} to have the same type as tensor for "
                                rf"{_ARG.format('arg2')}; but type (?P<a>\S+) does not equal (?P<b>\S+)"
@@ -244,7 +236,7 @@ FAMILIES: tuple[_Family, ...] = (
     # second argument"; torch 1.x: "... for argument #2 'mat2' in call to _th_mm")
     _family("object_scalar_type", rf"Expected object of scalar type (?P<b>{_T}) but got scalar type (?P<a>{_T}) "
                                   rf"for (?:argument #\d+ '(?P<arg>\w+)'|\w+ argument|sequence element \d+)",
-            lambda m: _named("dtype", _dtype(m["a"]), _dtype(m["b"]), _groups(m, "arg"))),
+            lambda m: _named("dtype", _dtype(m["a"]), _dtype(m["b"]), m["arg"])),
     # aten/src/ATen/native/mixed_dtypes.h check_mixed_data_type (CPU layer_norm, group_norm, batch_norm)
     _family("mixed_dtype_cpu", r"mixed dtype \(CPU\): (?:expect parameter to have scalar type of (?P<a>\w+)"
                                r"|all inputs must share same datatype)", _mixed),

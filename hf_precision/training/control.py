@@ -29,10 +29,6 @@ SIDE_NETWORKS = ("controlnet", "adapter")
 _TAKES_RESIDUALS = ("UNet2DConditionModel", "UNetMotionModel")
 
 
-def _networks(tp: Any) -> list[tuple[str, torch.nn.Module]]:
-    return [(n, tp.components[n]) for n in SIDE_NETWORKS if n in tp.components]
-
-
 def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
     """The extra UNet arguments from the ControlNet / T2I-Adapter of ``tp`` for this step (none when neither takes part).
 
@@ -45,7 +41,7 @@ def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], b
         {}
     """
     out: dict[str, Any] = {}
-    for name, net in _networks(tp):
+    for name, net in ((n, tp.components[n]) for n in SIDE_NETWORKS if n in tp.components):
         trains = method_of(tp.kinds.get(name, "frozen")).trains_weights
         image = batch.get("control_image")
         if image is None:

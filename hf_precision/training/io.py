@@ -73,12 +73,15 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     if not names:
         raise TrainingError(f"tp.save_lora: nothing trains as LoRA in this plan (train: {tp.kinds})")
     sharded = getattr(tp, "shard", None) is not None
-    # sharded: every rank gathers the whole adapters (a collective), then only rank 0 writes
-    states = {name: get_peft_model_state_dict(tp.components[name], state_dict=_full_state(tp.components[name], "lora_")
+    if sharded:  # every rank gathers the whole adapters (a collective), then only rank 0 writes
+        import torch.distributed as dist
+
+        from .shard import full_state
+    states = {name: get_peft_model_state_dict(tp.components[name], state_dict=full_state(tp.components[name], "lora_")
                                               if sharded else None) for name in names}
     loader = lora_loader(type(tp.pipe).__name__, tp.recipe.pipelines)
     folder = Path(path)
-    if sharded and not _writer():
+    if sharded and dist.is_initialized() and dist.get_rank() != 0:
         return folder / LORA_FILE
     folder.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".lora-"))
@@ -112,18 +115,6 @@ def _save_peft(tp: Any, names: list[str], folder: Path, scratch: Path, dtype: to
             shutil.rmtree(folder / name)
         os.replace(scratch / name, folder / name)
     return folder
-
-
-def _full_state(module: torch.nn.Module, only: str) -> dict[str, torch.Tensor]:
-    from .shard import full_state
-
-    return full_state(module, only)
-
-
-def _writer() -> bool:
-    import torch.distributed as dist
-
-    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def save_embeddings(tp: Any, path: Any) -> list[Path]:

@@ -185,11 +185,38 @@ class TrainingPlan:
 
         preflight(self, batch)
 
-    def sampling(self) -> contextlib.AbstractContextManager[Any]:
-        """Validation: eval mode, no grad, the inference recipe's hooks; every dtype, device and mode restored after."""
-        from .sampling import sampling
+    @contextlib.contextmanager
+    def sampling(self) -> Iterator[Any]:
+        """Validation: eval mode, no grad, the inference recipe's hooks; every dtype, device and mode restored after.
 
-        return sampling(self)
+        diffusers' examples build a validation pipeline with ``torch_dtype=weight_dtype`` around the live UNet, which
+        casts its fp32 LoRA weights to fp16; the next step then fails with "Attempting to unscale FP16 gradients"
+        (huggingface/diffusers#13124, fixed per script in PR #13895). Here the pipeline is used as planned (the
+        recipe's hooks already make every boundary agree) and whatever the validation code casts or moves is restored
+        on exit: trainable weights bit for bit from a copy, frozen tensors in dtype and device.
+        """
+        comps = self.components
+        modes = {n: m.training for n, m in comps.items()}
+        masters = [(p, p.detach().clone()) for _, p in self.named_parameters()]
+        frozen = [(t, t.dtype, t.device) for m in comps.values() for t in (*m.parameters(), *m.buffers())
+                  if not t.requires_grad]
+        for module in comps.values():
+            module.eval()
+        try:
+            with torch.no_grad():
+                yield self.pipe
+        finally:
+            with torch.no_grad():
+                for t, dtype, device in frozen:
+                    if t.dtype != dtype or t.device != device:
+                        t.data = t.data.to(device=device, dtype=dtype)
+                for p, saved in masters:
+                    if p.dtype != saved.dtype or p.device != saved.device:
+                        p.data = saved
+                    else:
+                        p.copy_(saved)
+            for name, module in comps.items():
+                module.train(modes[name])
 
     # ---------------------------------------------------------------- data in
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:

@@ -21,10 +21,6 @@ from .rules import TrainingError
 __all__ = ["preflight", "static_problems"]
 
 
-def _tensors(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*module.named_parameters(), *module.named_buffers()]
-
-
 def static_problems(tp: Any) -> list[str]:
     """Placement, island and master problems, each naming the module path."""
     problems: list[str] = []
@@ -32,7 +28,7 @@ def static_problems(tp: Any) -> list[str]:
         planned = tp.applied.devices.get(comp)
         islands = frozenset(tp.applied.islands.get(comp, []))
         seen_devices: set[str] = set()
-        for name, t in _tensors(module):
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
             owner = f"{comp}.{name.rpartition('.')[0] or name}"
             if t.device.type == "meta":
                 problems.append(f"{owner}: {name.rpartition('.')[2]} is on the meta device (never loaded or offloaded "
@@ -63,7 +59,6 @@ def _describe(module: torch.nn.Module) -> str:
 def _traced_run(tp: Any, module: torch.nn.Module, run: Any) -> None:
     stack: list[str] = []
     names = {id(m): n for n, m in module.named_modules()}
-    failed: list[str] = []
 
     def pre(m: torch.nn.Module, args: Any) -> None:
         stack.append(names.get(id(m), "?"))
@@ -78,8 +73,7 @@ def _traced_run(tp: Any, module: torch.nn.Module, run: Any) -> None:
     try:
         run()
     except Exception as err:  # noqa: BLE001 - re-raised as one error naming the module
-        failed = list(stack)
-        where = failed[-1] if failed else ""
+        where = stack[-1] if stack else ""
         sub = module.get_submodule(where) if where else module
         path = f"{tp.denoiser_name}.{where}" if where else str(tp.denoiser_name)
         raise TrainingError(f"tp.check: a training step fails in {path} ({type(sub).__name__}: {_describe(sub)}): "

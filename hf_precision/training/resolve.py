@@ -15,17 +15,42 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..recipe.catalog import training_overrides
+from ..recipe.catalog import list_recipes, pipeline_file, training_overrides, unknown_recipe
 from ..recipe.devices import device_caps, device_profile
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override, as_list
 from ..recipe.resolution import resolve
 from . import quantized
 from .methods import method_of
-from .recipe_choice import recipe_name
 from .rules import ComputeChoice, TrainingError, training_compute
 
 __all__ = ["Components", "TrainingRecipe", "resolve_training"]
+
+
+def recipe_name(pipe: Any, recipe: Any) -> str | None:
+    """The recipe named with ``recipe=`` (checked), else the one :func:`~hf_precision.runtime.choose.recipe_of`
+    picks for a pipeline, a folder or a dict of components.
+
+    Example:
+        >>> recipe_name(None, "sdxl")
+        'sdxl'
+    """
+    from ..runtime.choose import recipe_of
+
+    if recipe is None:
+        return recipe_of(pipe, "prepare_training")  # None: composed from the classes of a pipeline no recipe lists
+    if not isinstance(recipe, str):
+        raise TrainingError(f"prepare_training: recipe= takes a pipeline recipe's name (recipe='sdxl') or a recipe "
+                            f"YAML file, got {type(recipe).__name__}")
+    if recipe.endswith((".yaml", ".yml")):
+        pipeline_file(recipe)  # a missing or invalid file: one error naming it
+        return recipe
+    if recipe not in list_recipes("pipeline"):
+        if recipe in list_recipes("component"):
+            raise TrainingError(f"prepare_training: recipe {recipe!r} is a component recipe; training plans every "
+                                f"component: name a pipeline recipe ({', '.join(list_recipes('pipeline'))})")
+        raise unknown_recipe(recipe)
+    return recipe
 
 
 @dataclasses.dataclass(frozen=True)

@@ -267,7 +267,9 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
     for sub in module.modules():
         processor = getattr(sub, "processor", None) if isinstance(sub, Attention) else None
         if processor is not None and not getattr(type(processor), "_explicit_fp32", False):
-            processor.__class__ = _explicit_fp32_class(type(processor))
+            stays = functools.partial(functools.partial, _fp32_stays_fp32)  # wraps each matmul torch has
+            processor.__class__ = processor_calling(type(processor), "_explicit_fp32", torch, _MATMULS, stays,
+                                                    _any_autocast)
             count += 1
     return count
 
@@ -275,16 +277,8 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
 _MATMULS = ("matmul", "bmm", "baddbmm")
 
 
-def _explicit_fp32_class(cls: type) -> type:
-    return processor_calling(cls, "_explicit_fp32", torch, _MATMULS, _fp32_stays_wrap, _any_autocast)
-
-
 def _any_autocast() -> bool:
     return any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda", "mps"))
-
-
-def _fp32_stays_wrap(fn: Any) -> Any:
-    return functools.partial(_fp32_stays_fp32, fn)
 
 
 def _fp32_stays_fp32(fn: Any, *args: Any, **kwargs: Any) -> Any:

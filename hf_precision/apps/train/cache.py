@@ -47,8 +47,6 @@ class EncodingCache:
 
     folder: Path
     fingerprint: str
-    hits: int = 0
-    misses: int = 0
 
     def _path(self, kind: str, parts: tuple[Any, ...]) -> Path:
         key = entry_key(self.fingerprint, kind, *parts)
@@ -59,15 +57,11 @@ class EncodingCache:
 
         path = self._path(kind, parts)
         if not path.is_file():
-            self.misses += 1
             return None
         try:
-            out = load_file(str(path))
+            return load_file(str(path))
         except Exception:  # a damaged entry (disk full at write time, edited by hand) is encoded again
-            self.misses += 1
             return None
-        self.hits += 1
-        return out
 
     def put(self, kind: str, parts: tuple[Any, ...], tensors: Mapping[str, Any]) -> None:
         from safetensors.torch import save_file

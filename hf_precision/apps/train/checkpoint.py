@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,14 +25,11 @@ _NAME = re.compile(r"step-(\d{6,})")
 WEIGHTS, STATE = "trainable.safetensors", "state.pt"
 
 
-def trainable_named(components: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
-    """(``component.parameter``, parameter) for every trainable parameter, in a fixed order."""
-    for name in sorted(components):
-        module = components[name]
-        if hasattr(module, "named_parameters"):
-            for pname, p in module.named_parameters():
-                if p.requires_grad:
-                    yield f"{name}.{pname}", p
+def trainable_named(components: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    """(``component.parameter``, parameter) for every trainable parameter, in a fixed order (components by name)."""
+    from ...training.trainable import trainable_parameters
+
+    return trainable_parameters(sorted(components.items()))
 
 
 def trainable_state(components: Mapping[str, Any]) -> dict[str, Any]:

@@ -69,6 +69,13 @@ class ModelGeometry:
             return self.fitting(fixed)
         return min(resolution, most) if most else resolution
 
+    def configured_resolution(self, configs: Mapping[str, Mapping[str, Any]]) -> int:
+        """The ``--resolution`` of a run that gives none: the VAE's ``sample_size`` (else 512), within what the
+        position tables hold (:meth:`default_resolution`); ``train`` and ``train --plan`` both take it."""
+        from ...memory.geometry import axis_value
+
+        return self.default_resolution(axis_value(configs.get("vae", {}).get("sample_size") or 512, 0))
+
     def fitting(self, size: tuple[int, int]) -> int:
         """The smallest ``--resolution`` whose buckets hold ``size`` = (height, width)."""
         r = self.multiple
@@ -176,11 +183,6 @@ def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -
             out.add((h, w))
         w += multiple
     return sorted(out)
-
-
-def _bucket_for(size: tuple[int, int], buckets: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    ratio = math.log(size[0] / size[1])
-    return min(buckets, key=lambda b: (abs(math.log(b[0] / b[1]) - ratio), -b[0] * b[1]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -367,7 +369,8 @@ def inspect_items(items: Sequence[tuple[Path, str]], geometry: ModelGeometry, re
         except RecipeError as err:
             problems.append(str(err))
             continue
-        bucket = _bucket_for(size, buckets)
+        ratio = math.log(size[0] / size[1])  # the bucket of nearest aspect ratio, the larger of two as near
+        bucket = min(buckets, key=lambda b: (abs(math.log(b[0] / b[1]) - ratio), -b[0] * b[1]))
         if size[0] < bucket[0] or size[1] < bucket[1]:
             fits = max(multiple, min(size) // multiple * multiple)
             problems.append(f"{path}: {size[0]}x{size[1]} is smaller than its {bucket[0]}x{bucket[1]} bucket at "
@@ -456,14 +459,6 @@ class TrainData:
 
     def captions(self, indices: Sequence[int]) -> list[str]:
         return [self.samples[i].caption for i in indices]
-
-    def describe(self) -> str:
-        buckets: dict[tuple[int, int], int] = {}
-        for s in self.samples:
-            buckets[s.bucket] = buckets.get(s.bucket, 0) + 1
-        shown = ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(buckets.items()))
-        what = f"{len(self.samples)} clips of {self.frames} frames" if self.frames else f"{len(self.samples)} images"
-        return f"data: {what} from {self.folder}, buckets {shown}"
 
 
 def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, frames: int | None = None,

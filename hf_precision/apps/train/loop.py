@@ -34,9 +34,6 @@ from .settings import RESUME_KEYS, TrainSettings
 
 __all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "expected_time", "fill_cache"]
 
-LORA_FILE = "pytorch_lora_weights.safetensors"
-
-
 @dataclasses.dataclass
 class TrainResult:
     """What a run did: steps done (all processes), the loss of each step of this run, skipped steps, where it wrote,
@@ -243,13 +240,9 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
 
 def _reduce_gradients(run: Run) -> None:
     """Average the trainable gradients over processes (DDP's all-reduce; identical scale on every rank)."""
-    import torch.distributed as dist
-
-    world = run.accelerator.num_processes
     for p in run.tp.parameters():
         if p.grad is not None:
-            dist.all_reduce(p.grad)
-            p.grad.div_(world)
+            p.grad = run.accelerator.reduce(p.grad, "mean")
 
 
 def _batches_from(run: Run, step: int) -> Iterator[tuple[int, list[int]]]:
@@ -274,9 +267,8 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     batch.update(_draws(run, batch))
     loss = run.tp.loss(batch)
     finite = bool(torch.isfinite(loss.detach()).all())
-    if run.accelerator.num_processes > 1:
-        flag = torch.tensor([0.0 if finite else 1.0], device=loss.device)
-        finite = float(run.accelerator.reduce(flag, "sum")) == 0.0
+    if run.accelerator.num_processes > 1:  # every rank stops or skips together
+        finite = not _agreed(run, not finite)
     if not finite:
         where = _nonfinite_component(run.tp, batch)
         if run.settings.on_nan == "stop":
@@ -299,7 +291,8 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
 
 
 def _agreed(run: Run, stop: bool) -> bool:
-    """True on every rank when any rank was asked to stop (Ctrl-C reaches the ranks at different moments)."""
+    """True on every rank when it is true on any (Ctrl-C reaches the ranks at different moments; a non-finite loss
+    may come on one rank's share of the batch only)."""
     import torch
 
     flag = torch.tensor([1.0 if stop else 0.0], device=run.accelerator.device)
@@ -340,15 +333,10 @@ def expected_time(seconds_per_step: float, left: int, total: int) -> str:
             f"{format_seconds(seconds_per_step * left)} ({total} in all)")
 
 
-def _progress(run: Run, start: int) -> Any:
-    from tqdm.auto import tqdm
-
-    return tqdm(total=run.settings.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
-                disable=run.settings.quiet or not run.accelerator.is_local_main_process)
-
-
 def train_steps(run: Run) -> TrainResult:
     """Run the steps of a prepared run (after ``--resume``), with checkpoints, validation and the Ctrl-C save."""
+    from tqdm.auto import tqdm
+
     from .results import log_line, save_outputs, validate
 
     s, acc, tp = run.settings, run.accelerator, run.tp
@@ -373,7 +361,9 @@ def train_steps(run: Run) -> TrainResult:
 
         print(f"[process {acc.process_index}/{acc.num_processes}] {holding(tp)}", flush=True)
     before_eval = evaluate(run) if start == 0 else None
-    interrupt, bar, step, exit_code = _Interrupt(), _progress(run, start), start, 0
+    bar = tqdm(total=s.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
+               disable=s.quiet or not acc.is_local_main_process)
+    interrupt, step, exit_code = _Interrupt(), start, 0
     if start == 0 and s.validation_prompt:
         validate(run, 0)
     with interrupt.installed():

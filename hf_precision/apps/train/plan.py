@@ -104,9 +104,7 @@ class PlannedModel:
     plan: Any
     denoiser: str
     objective: str
-    factor: int
-    frame_step: int
-    geometry: Any = None  # the size rules and limits `train` checks (apps/train/data.py ModelGeometry)
+    geometry: Any  # the latent factors, size rules and limits `train` checks (apps/train/data.py ModelGeometry)
 
 
 def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
@@ -114,7 +112,7 @@ def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
 
     Example:
         >>> m = planned_model("sd15", "t4", None)
-        >>> m.denoiser, m.objective, m.factor
+        >>> m.denoiser, m.objective, m.geometry.vae_factor
         ('unet', 'epsilon', 8)
     """
     from ...diagnose.planner import plan as hp_plan
@@ -128,8 +126,8 @@ def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
         "transformer" if "transformer" in index else "unet")
     sched = index.get("scheduler") or [None, ""]
     objective = objective_of(configs.get("scheduler", {}), str(sched[1]))
-    geo = model_geometry(str(index.get("_class_name")), index, configs)
-    return PlannedModel(index, configs, p, denoiser, objective, geo.vae_factor, geo.frame_step, geo)
+    return PlannedModel(index, configs, p, denoiser, objective,
+                        model_geometry(str(index.get("_class_name")), index, configs))
 
 
 def predict_training(model: str, device: Any, *, method: str = "lora", rank: int = 16, resolution: int = 512,
@@ -166,8 +164,8 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
         from ...runtime.patches import upcast_on_use
 
         upcast_on_use(module, compute)
-    side = resolution // m.factor
-    latent_frames = (frames - 1) // m.frame_step + 1 if frames > 1 else 1
+    side = resolution // m.geometry.vae_factor
+    latent_frames = (frames - 1) // m.geometry.frame_step + 1 if frames > 1 else 1
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
     activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}

@@ -36,13 +36,6 @@ class Run:
 # --------------------------------------------------------------------------------------------- preparation
 
 
-def _model_info(model: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
-    from ...runtime.source import component_configs, locate
-
-    where, index, folder = locate(model)
-    return where, index, component_configs(where, index, folder)
-
-
 def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
     """``train=`` and the extra keywords of prepare_training, as the method's handler sets them for a run."""
     from ...runtime.source import listed_components
@@ -151,13 +144,9 @@ def _check_latents(index: dict[str, Any]) -> None:
 def _accelerator(out: Path, device: str | None, s: TrainSettings) -> Any:
     import torch
     from accelerate import Accelerator
+    from accelerate.utils import is_tensorboard_available
 
-    log_with = None
-    try:
-        import tensorboard  # noqa: F401  (accelerate's TensorBoard tracker needs it)
-        log_with = "tensorboard"
-    except ImportError:
-        pass
+    log_with = "tensorboard" if is_tensorboard_available() else None  # what accelerate's tracker needs
     # cpu=True makes several processes without a GPU (or with --device cpu) a MULTI_CPU run over gloo
     has_gpu = torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available())
     cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
@@ -184,15 +173,14 @@ def prepare_run(s: TrainSettings) -> Run:
     """Check everything that can be checked without weights, then load the model and prepare the training plan."""
     import torch
 
+    from ...runtime.source import component_configs, locate
+
     check_settings(s)
     out = check_out_folder(s.out, s.resume)
-    where, index, configs = _model_info(s.model)
+    where, index, folder = locate(s.model)
+    configs = component_configs(where, index, folder)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
-    resolution = s.resolution or configs.get("vae", {}).get("sample_size") or 512
-    if isinstance(resolution, (list, tuple)):
-        resolution = int(resolution[0])
-    # none given: the VAE's size, within what the position tables hold
-    s.resolution = resolution = int(resolution) if s.resolution else geometry.default_resolution(int(resolution))
+    s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)
     if geometry.video and s.frames is None:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")

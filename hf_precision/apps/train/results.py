@@ -20,15 +20,14 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ...training.methods import method_of
 from ..outputs import written_atomically
 
-__all__ = ["log_line", "trim_log", "validate", "save_outputs", "SAVE_DTYPES"]
-
-SAVE_DTYPES = {"float16": "float16", "bfloat16": "bfloat16", "float32": "float32"}
+__all__ = ["log_line", "trim_log", "validate", "save_outputs"]
 
 
 def log_line(run: Any, step: int, loss: float | None) -> None:
@@ -129,8 +128,8 @@ def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
     sharded = tp.shard is not None  # gathering the shards is a collective: every rank takes part, rank 0 writes
     if not run.accelerator.is_main_process and not sharded:
         return None
-    dtype = getattr(torch, SAVE_DTYPES[s.save_dtype])
-    tmp = Path(_tmpdir(out)) if run.accelerator.is_main_process else out / ".not-written"
+    dtype = getattr(torch, s.save_dtype)  # one of settings.SAVE_DTYPES, checked before loading
+    tmp = Path(tempfile.mkdtemp(dir=out, prefix=".save-")) if run.accelerator.is_main_process else out / ".not-written"
     try:
         method_of(s.method).save(tp, tmp, dtype, _module_saver(sharded))
         if not run.accelerator.is_main_process:
@@ -149,12 +148,6 @@ def save_outputs(run: Any, step: int, losses: dict[int, float]) -> Path | None:
     with written_atomically(out / "training.json") as f:
         f.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
     return out
-
-
-def _tmpdir(out: Path) -> str:
-    import tempfile
-
-    return tempfile.mkdtemp(dir=out, prefix=".save-")
 
 
 def _move_into(tmp: Path, out: Path) -> list[Path]:

@@ -21,7 +21,7 @@ _EXPORTS = {
     "calibrate": "method",
     "CalibrationResult": "report", "Evidence": "report", "RunError": "report",
     "Recorder": "record",
-    "Session": "session", "quiet_progress": "session",
+    "Session": "session",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__, __dir__ = face(__name__, _EXPORTS)

@@ -3,7 +3,6 @@ when calibrate is given a folder (the safetensors headers say how many values ea
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from typing import Any
 
 from ... import dtypes as dt
 from ...errors import RecipeError
+from ...runtime.headers import read_header
 from ...runtime.memory import available_bytes
 from ...units import format_bytes
 
@@ -25,10 +25,8 @@ def folder_numel(folder: Path) -> dict[str, int]:
         for f in comp.glob("*.safetensors"):
             if ".fp16." in f.name or ".bf16." in f.name:
                 continue
-            with open(f, "rb") as fh:
-                header = json.loads(fh.read(int.from_bytes(fh.read(8), "little")))
-            for key, info in header.items():
-                if key != "__metadata__" and str(info.get("dtype", "")).startswith(("F", "BF")):
+            for info in read_header(f)[1].values():  # checked against the file, its metadata dropped
+                if str(info.get("dtype", "")).startswith(("F", "BF")):
                     out[comp.name] = out.get(comp.name, 0) + math.prod(info["shape"])
     return out
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from ...runtime.progress import quiet_progress
 
-__all__ = ["Session", "quiet_progress"]
+__all__ = ["Session"]
 
 
 class Session:
