@@ -11,7 +11,7 @@ import yaml
 import hf_precision as hp
 from hf_precision.recipe.calls import check_denoisers
 from hf_precision.recipe.files import recipes_dir
-from hf_precision.training import families
+from hf_precision.training import denoiser_rows
 from hf_precision.training.inputs import BUILDERS
 
 
@@ -50,7 +50,7 @@ def _row_file(tmp_path, shipped: str, new: str):
 
 def _new_family(monkeypatch, tmp_path, parent: type, new: str) -> tuple[type, str]:
     """A model class no row knows (its parent's row taken out), and the YAML file that adds it."""
-    monkeypatch.setattr(families, "FAMILIES", {k: v for k, v in families.FAMILIES.items() if k != parent.__name__})
+    monkeypatch.setattr(denoiser_rows, "ROWS", {k: v for k, v in denoiser_rows.ROWS.items() if k != parent.__name__})
     cls = type(new, (parent,), {"__module__": __name__})
     return cls, _row_file(tmp_path, parent.__name__, new)
 
@@ -68,7 +68,7 @@ def _train(pipe, denoiser):
 
     tp = hp.prepare_training(MyPipeline(transformer=denoiser, vae=pipe.vae, scheduler=pipe.scheduler), layout="cpu",
                              train={"transformer": "lora"})
-    run_steps(tp, families.example_batch(denoiser, 1), steps=2)
+    run_steps(tp, denoiser_rows.example_batch(denoiser, 1), steps=2)
 
 
 @pytest.mark.filterwarnings("ignore:MyPipeline")
@@ -80,8 +80,8 @@ def test_a_new_image_family_with_yaml_alone_trains(monkeypatch, tmp_path):
     denoiser = cls.from_config(pipe.transformer.config)
     denoiser.load_state_dict(pipe.transformer.state_dict())
     with pytest.raises(hp.RecipeError, match="NewImageTransformer .*no training row"):
-        families.family_of(denoiser)
-    assert families.add_rows(path) == ["NewImageTransformer"]
+        denoiser_rows.row_of(denoiser)
+    assert denoiser_rows.add_rows(path) == ["NewImageTransformer"]
     _train(pipe, denoiser)
 
 
@@ -99,7 +99,7 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
     frames = pipe.transformer.config.video_length
     with pytest.raises(hp.RecipeError, match="NewVideoTransformer has no row in recipes/denoisers.yaml"):
         denoiser_call(spec, denoiser, torch.float32, 32, 32, frames)
-    families.add_rows(path)
+    denoiser_rows.add_rows(path)
     _train(pipe, denoiser)
     on_meta = cls.from_config(pipe.transformer.config).to("meta")
     call = denoiser_call(spec, on_meta, torch.float32, 32, 32, frames)

@@ -58,15 +58,15 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
         ((1, 16, 21, 60, 104), (1, 512, 4096))
     """
     from ...memory.train_step import cast_floats
-    from ...training.families import FAMILIES, call_inputs, example_batch, family_of
+    from ...training.denoiser_rows import ROWS, call_inputs, example_batch, row_of
     from ...training.rules import TrainingError
 
     try:
-        row = family_of(module, spec.denoiser)
+        row = row_of(module, spec.denoiser)
     except TrainingError:
         raise RecipeError(f"--plan: {spec.pipeline}: {type(module).__name__} has no row in recipes/denoisers.yaml, so "
-                          f"its denoiser's inputs are unknown; add one (hf_precision.training.families.add_rows; "
-                          f"known: {', '.join(sorted(FAMILIES))})") from None
+                          f"its denoiser's inputs are unknown; add one (hf_precision.training.denoiser_rows.add_rows; "
+                          f"known: {', '.join(sorted(ROWS))})") from None
     batch = example_batch(module, spec.row.cfg_batch if guidance else 1, tokens=spec.text_length(), device="meta",
                           latent=spec.latent_shape(height, width, frames))
     return cast_floats(call_inputs(row, module, batch), dtype)
