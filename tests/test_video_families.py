@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_precision.apps.video.families import FAMILIES as TABLE
+from hf_precision.recipe.catalog import list_recipes, pipeline_spec
 from hf_precision.testing import PIPELINES, make_pipeline
 from hf_precision.testing.calibration import plant_fp16_overflow
 from hf_precision.units import parse_size
@@ -407,31 +407,37 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     assert chosen and parse_size(chosen[2]) <= 8 * 10**9, out
 
 
-# --------------------------------------------------------------------------------------------- the family table
+# --------------------------------------------------------------------------------------------- the recipes' video blocks
+
+VIDEO_RECIPES = [name for name in list_recipes("pipeline") if "video" in pipeline_spec(name)]
 
 
-def _tiny_of(row):
-    """The tiny pipeline of a family row: the registry's text-to-video entry of its class prefix (SVD's tiny
+def _tiny_of(recipe: str):
+    """The tiny pipeline of a recipe with a video block: the registry's text-to-video entry under it (SVD's tiny
     pipeline is the image-to-video "svd" entry)."""
-    if row.name == "svd":
+    if recipe == "svd":
         return make_pipeline("svd")
-    return next(p for p in PIPELINES.values() if p.pipeline_class.startswith(row.prefix) and p.mode == "t2v").make(0)
+    return next(p for p in PIPELINES.values() if p.recipe == recipe and p.mode == "t2v").make(0)
 
 
-@pytest.mark.parametrize("name", [n for n in TABLE if n != "other"])
+def test_the_video_recipes_are_the_video_families():
+    assert VIDEO_RECIPES == ["allegro", "cogvideox", "hunyuan_video", "latte", "ltx", "mochi", "svd", "wan"]
+
+
+@pytest.mark.parametrize("name", VIDEO_RECIPES)
 def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
     """The memory plan calls the denoiser with its class's row (the training loss's code) on the meta device: the
     real tiny denoiser of the family accepts them and gives back one latent-sized output per batch entry, and the call is counted."""
     import torch
 
     from hf_precision.memory.counting import count_live_bytes
-    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.spec import spec_of, video_row
     from hf_precision.apps.video.plan import denoiser_call
 
-    row = TABLE[name]
-    pipe = _tiny_of(row)
+    pipe = _tiny_of(name)
     spec = spec_of(pipe)
-    assert spec.row is row
+    row = spec.row
+    assert row.name == name and row == video_row(name)
     h, w, f = SIZES.get(next((k for k in SIZES if k.startswith(name)), ""), (32, 32, 3))
     den = pipe.components[spec.denoiser].to("meta")
     with count_live_bytes() as live:

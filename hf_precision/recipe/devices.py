@@ -20,7 +20,7 @@ from .probe import version as _version
 from .schema import TYPES, check_devices_file
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
-           "measured_speed", "speed_note", "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS",
+           "measured_speed", "speed_note", "video_defaults", "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS",
            "cpu_flags_from_env", "cpu_name_from_env"]
 
 
@@ -95,6 +95,21 @@ def _devices_file() -> dict[str, Any]:
     data = read_yaml(path)
     check_devices_file(data, str(path))
     return data
+
+
+def video_defaults() -> dict[str, Any]:
+    """devices.yaml's ``video:`` block: what a video pipeline whose recipe has no ``video:`` block gets, and each key
+    a recipe's block leaves out (checked complete, :func:`~.schema.check_video`).
+
+    Example:
+        >>> video_defaults()["cfg_batch"], sorted(video_defaults()["defaults"])
+        (2, ['frames', 'height', 'steps', 'width'])
+    """
+    data = _devices_file()
+    if "video" not in data:
+        raise RecipeError(f"{recipes_dir() / 'devices.yaml'}: video: missing; it gives every video key its default "
+                          f"(the keys: hf_precision.recipe.schema.VIDEO_KEYS)")
+    return data["video"]
 
 
 def rule_ids() -> list[str]:

@@ -131,7 +131,7 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         16
     """
     from ...memory.geometry import axis_value, vae_factors
-    from ..video.families import video_spec
+    from ..video.spec import video_spec
 
     try:
         spec = video_spec(pipeline, index, configs)

@@ -24,7 +24,7 @@ from ...memory.planner import Choice, resident_bytes
 from ...memory.planner import choose as choose_fitting
 from ...runtime.memory import available_bytes
 from ...units import format_bytes
-from .families import pipeline_recipe
+from .spec import pipeline_recipe
 from .load import MemorySettings
 
 __all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
@@ -46,7 +46,7 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
     the training loss's code from the denoiser class's row (recipes/denoisers.yaml).
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> import torch
         >>> from hf_precision.memory.peaks import meta_module
         >>> from hf_precision.runtime.source import configs_of
@@ -265,7 +265,7 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
     """Predicted peak memory per phase of one clip, from configs on the meta device (no weights, no GPU).
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
         >>> p = predict(where, spec, layout="t4", height=256, width=256, frames=14,
         ...             settings=MemorySettings(decode_chunk_size=2))
@@ -323,7 +323,7 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
     the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
         >>> c = choose(where, spec, layout="t4", budget=8 * 10**9, height=256, width=256, frames=14)
         >>> c.fits, c.prediction.peak <= 8 * 10**9
