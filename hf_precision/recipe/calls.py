@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import Problems, RecipeError, excerpt
 from .files import read_yaml, recipes_dir
-from .schema import check_fields, check_schema, did_you_mean, unknown_keys
+from .schema import BOOL, check_row, check_schema, did_you_mean, unknown_keys
 
 __all__ = ["LATENT_KEYS", "ROW_KEYS", "check_denoisers", "latent_factor", "read_denoisers", "read_latents"]
 
@@ -32,7 +32,6 @@ _number = lambda v: type(v) in (int, float) and v > 0  # noqa: E731
 _NAMES = (_names, "a list of names, e.g. [encoder_hidden_states]")
 _RETURNS = (lambda v: _names(v, True), "a list of names or null, e.g. [prompt_embeds, null, pooled_prompt_embeds]")
 _MAP = (_map, "a mapping of names, e.g. {prompt_embeds: encoder_hidden_states}")
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
 _NUMBER = (_number, "a positive number, e.g. 1000.0")
 # key -> (check, what is allowed) or the values allowed; `latent_arg` and `source` are required
 ROW_KEYS: dict[str, Any] = {
@@ -44,8 +43,8 @@ ROW_KEYS: dict[str, Any] = {
     "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", None),
     "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
-    "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": _BOOL,
-    "timestep_in_weights_dtype": _BOOL,
+    "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,
+    "timestep_in_weights_dtype": BOOL,
     "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
                                 and isinstance(x[1], str) and bool(_ZEROS.match(x[1]))),
                  "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]"),
@@ -137,28 +136,14 @@ def _latent_rows(rows: Any, problems: Problems) -> dict[str, dict[str, Any]]:
                      f"temporal: 4, source: pipeline_my.py}}}}")
         return {}
     for cls, row in rows.items():
-        path = f"latents.{cls}"
-        if not isinstance(row, dict):
-            problems.add(path, f"expected a mapping with spatial, temporal and source, got {excerpt(row)}")
-            continue
-        unknown_keys(row, set(LATENT_KEYS), path, problems)
-        for key in ("spatial", "temporal", "source"):
-            if key not in row:
-                problems.add(f"{path}.{key}", f"missing; every row names it ({LATENT_KEYS[key][1]})")
-        check_fields(row, LATENT_KEYS, path, problems)
+        check_row(row, LATENT_KEYS, ("spatial", "temporal", "source"), f"latents.{cls}", problems)
     return {str(cls): row for cls, row in rows.items()}
 
 
 def _row(cls: str, row: Any, builders: list[str], problems: Problems) -> dict[str, Any]:
     path = f"denoisers.{cls}"
-    if not isinstance(row, dict):
-        problems.add(path, f"expected a mapping with latent_arg and source, got {excerpt(row)}")
+    if not check_row(row, ROW_KEYS, ("latent_arg", "source"), path, problems):
         return {}
-    unknown_keys(row, set(ROW_KEYS), path, problems)
-    for key in ("latent_arg", "source"):
-        if key not in row:
-            problems.add(f"{path}.{key}", f"missing; every row names it ({ROW_KEYS[key][1]})")
-    check_fields(row, ROW_KEYS, path, problems)
     for i, name in enumerate(row.get("extras") if _names(row.get("extras")) else ()):
         if name not in builders:
             problems.add(f"{path}.extras[{i}]", f"no registered builder {excerpt(name)}; allowed: "

@@ -18,7 +18,7 @@ from ..errors import Problems, RecipeError, excerpt
 
 __all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
            "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
-           "check_file", "check_device_sections", "check_pipeline", "check_devices_file", "check_fields", "check_video",
+           "check_file", "check_device_sections", "check_pipeline", "check_devices_file", "check_row", "check_video", "BOOL",
            "VIDEO_KEYS"]
 
 SCHEMAS = (1,)
@@ -108,13 +108,6 @@ def check_schema(data: Mapping[str, Any], problems: Problems) -> None:
                      "upgrade hf_precision or rewrite the file for schema 1")
 
 
-def unknown_keys(data: Mapping[str, Any], allowed: set[str], path: str, problems: Problems) -> None:
-    for key in data:
-        if key not in allowed:
-            problems.add(f"{path}{'.' if path else ''}{key}",
-                         f"unknown key {excerpt(key)}; allowed: {', '.join(sorted(allowed))}{did_you_mean(key, allowed)}")
-
-
 def check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
     """Validate one policy value and return it normalised (canonical dtype names)."""
     def bad(allowed: str) -> None:
@@ -179,19 +172,19 @@ def check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) 
 # keys a block leaves out. Each key: (check, what is allowed) or the values allowed.
 _WHOLE = lambda v: type(v) is int and v >= 0  # noqa: E731
 _IDENT = lambda v: v is None or (isinstance(v, str) and v.isidentifier())  # noqa: E731
+BOOL = (lambda v: isinstance(v, bool), "true or false")
 VIDEO_SIZES = ("height", "width", "frames", "steps")
 VIDEO_KEYS: dict[str, Any] = {
     "defaults": (lambda v: isinstance(v, dict), "a mapping of height, width, frames, steps to whole numbers "
                  "(frames 0: the denoiser config's frames_key), e.g. {height: 480, width: 832, frames: 81, steps: 50}"),
     "text_length": (lambda v: _WHOLE(v) and v > 0, "the prompt tokens the pipeline pads to, e.g. 226"),
     "text_prefix": (_WHOLE, "template tokens the pipeline crops, 0 or more, e.g. 95"),
-    "text_hidden_states": (lambda v: isinstance(v, bool), "true or false"),
+    "text_hidden_states": BOOL,
     "cfg_batch": (lambda v: v in (1, 2) and type(v) is int, "1 (the pipeline calls the denoiser once per half, or "
                   "embeds guidance) or 2 (it concatenates the unconditional half)"),
     "image_encode": ("image", "frame", "clip", None), "decode": ("video", "frames"),
     "decode_chunk": (_WHOLE, "frames the pipeline decodes at once, 0 for all, e.g. 14"),
-    "decode_chunks": (lambda v: isinstance(v, bool), "true or false"),
-    "forward_chunking": (lambda v: isinstance(v, bool), "true or false"),
+    "decode_chunks": BOOL, "forward_chunking": BOOL,
     "vae_tiling": ("optional", "always", "never"),
     "frames_key": (_IDENT, "a denoiser config key or null, e.g. num_frames"),
     "text_length_key": (_IDENT, "a denoiser config key or null, e.g. max_text_seq_length"),
@@ -212,16 +205,11 @@ def check_video(block: Any, problems: Problems, complete: bool = False) -> None:
         my.yaml: video.cfg_batch: bad value 3; allowed: 1 (the pipeline calls the denoiser once per half, or embeds guidance) or 2 (it concatenates the unconditional half)
         my.yaml: video.decode: bad value 'frame'; allowed: video, frames; did you mean 'frames'?
     """
-    if not isinstance(block, dict):
-        problems.add("video", f"expected a mapping of video keys ({', '.join(VIDEO_KEYS)}), got {excerpt(block)}; "
-                     f"e.g. {{defaults: {{height: 480, width: 832, frames: 81, steps: 50}}, text_length: 512}}")
+    if not check_row(block, VIDEO_KEYS, (), "video", problems):
         return
-    unknown_keys(block, set(VIDEO_KEYS), "video", problems)
-    check_fields(block, VIDEO_KEYS, "video", problems)
     sizes = block.get("defaults") if isinstance(block.get("defaults"), dict) else {}
-    unknown_keys(sizes, set(VIDEO_SIZES), "video.defaults", problems)
-    check_fields(sizes, dict.fromkeys(VIDEO_SIZES, (_WHOLE, "a whole number, 0 or more, e.g. 480")), "video.defaults",
-                 problems)
+    check_row(sizes, dict.fromkeys(VIDEO_SIZES, (_WHOLE, "a whole number, 0 or more, e.g. 480")), (), "video.defaults",
+              problems)
     missing = [k for k in VIDEO_KEYS if k not in block] + [f"defaults.{k}" for k in VIDEO_SIZES if k not in sizes]
     if sizes.get("frames") == 0 and not block.get("frames_key") and not complete:
         problems.add("video.defaults.frames", "0 takes the count from the denoiser config's frames_key, which this "
@@ -231,17 +219,25 @@ def check_video(block: Any, problems: Problems, complete: bool = False) -> None:
         problems.add("video", f"missing {', '.join(missing)}: this block gives every video key its default")
 
 
-def check_fields(row: Mapping[str, Any], keys: Mapping[str, Any], path: str, problems: Problems) -> None:
-    """One problem per value of ``row`` that its key's entry in ``keys`` refuses: ``(check, what is allowed)`` or the
-    values allowed. Unknown keys are :func:`unknown_keys`' to report.
+def check_row(row: Any, keys: Mapping[str, Any], required: Sequence[str], path: str, problems: Problems) -> bool:
+    """Add the problems of one data row: not a mapping, an unknown or missing key, a value its key's entry in
+    ``keys`` refuses (``(check, what is allowed)`` or the values allowed). True when it is a mapping.
 
     Example:
         >>> p = Problems("my.yaml")
-        >>> check_fields({"layout": "vidoe", "steps": 0}, {"layout": ("image", "video"),
-        ...              "steps": (lambda v: v > 0, "a whole number above 0")}, "video", p)
+        >>> check_row({"layout": "vidoe", "steps": 0}, {"layout": ("image", "video"),
+        ...           "steps": (lambda v: v > 0, "a whole number above 0")}, ["layout"], "video", p)
+        True
         >>> p.items
         ["my.yaml: video.layout: bad value 'vidoe'; allowed: image, video; did you mean 'video'?", 'my.yaml: video.steps: bad value 0; allowed: a whole number above 0']
     """
+    if not isinstance(row, dict):
+        problems.add(path, f"expected a mapping with {', '.join(required or keys)}, got {excerpt(row)}")
+        return False
+    unknown_keys(row, set(keys), path, problems)
+    for key in required:
+        if key not in row:
+            problems.add(f"{path}.{key}", f"missing; every row names it ({keys[key][1]})")
     for key, value in row.items():
         kind = keys.get(key, (lambda v: True, ""))
         if not callable(kind[0]) and (value not in kind or isinstance(value, bool)):
@@ -249,6 +245,7 @@ def check_fields(row: Mapping[str, Any], keys: Mapping[str, Any], path: str, pro
                          f"{', '.join('null' if k is None else k for k in kind)}{did_you_mean(value, map(str, kind))}")
         elif callable(kind[0]) and not kind[0](value):
             problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: {kind[1]}")
+    return True
 
 
 def check_device_sections(devices: Any, components: set[str] | None, tags: Sequence[str], problems: Problems) -> dict[str, dict[str, dict[str, Any]]]:

@@ -105,7 +105,6 @@ class VideoSpec:
     size_multiple: int
     defaults: dict[str, int]
     extra: dict[str, Any]
-    vae_tiling_required: bool = False
     frames_arg: str = "num_frames"
     fixed_frames: int = 0
     # Wan-style rotary tables (``rope_max_seq_len`` in the transformer config): each of latent frames, rows and
@@ -154,7 +153,7 @@ class VideoSpec:
     def required(self, settings: Any) -> Any:
         """``settings`` (a ``MemorySettings``) with what this pipeline cannot run without: VAE tiling for a VAE that
         only decodes tiled (Allegro). The same object when nothing is missing."""
-        if self.vae_tiling_required and not settings.vae_tiling:
+        if self.row.vae_tiling == "always" and not settings.vae_tiling:
             return dataclasses.replace(settings, vae_tiling=True)
         return settings
 
@@ -238,8 +237,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     return VideoSpec(pipeline=pipeline, row=row, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
-                     vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg or "num_frames",
-                     fixed_frames=fixed,
+                     frames_arg=frames_arg or "num_frames", fixed_frames=fixed,
                      max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips,
                      image_optional="image" in params and "image" not in call_inputs(cls))
 
