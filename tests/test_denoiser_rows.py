@@ -48,6 +48,13 @@ def test_a_bad_latents_row_is_one_recipe_error_naming_file_key_value_and_allowed
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"my.yaml: {message}"), err.value
 
 
+def test_a_users_denoisers_file_with_latents_rows_is_refused_not_ignored(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**_file(), "latents": {"MyVAE": {"spatial": 8, "temporal": 4, "source": "x"}}}))
+    with pytest.raises(hp.RecipeError, match=r"mine.yaml: latents: unknown key 'latents'; allowed: denoisers, kind"):
+        denoiser_rows.add_rows(str(path))
+
+
 def test_vae_factors_are_the_latents_rows_and_a_config_they_do_not_fit_is_a_clear_error(monkeypatch):
     from hf_precision.memory import geometry
 

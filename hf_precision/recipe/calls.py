@@ -161,8 +161,9 @@ def _plain(key: str, value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def check_denoisers(data: Any, source: str, builders: Iterable[str]) -> dict[str, dict[str, Any]]:
+def check_denoisers(data: Any, source: str, builders: Iterable[str], latents: bool = True) -> dict[str, dict[str, Any]]:
     """Model class -> its row (tuples for lists), every problem of the file in one :class:`RecipeError`.
+    ``latents``: the file may hold ``latents:`` rows (the shipped one; a user's rows join the training rows only).
 
     Example:
         >>> check_denoisers({"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {"latent_arg": "hidden_states",
@@ -175,7 +176,7 @@ def check_denoisers(data: Any, source: str, builders: Iterable[str]) -> dict[str
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: expected a mapping with 'schema: 1', 'kind: denoisers' and 'denoisers'")
     check_schema(data, problems)
-    unknown_keys(data, {"schema", "kind", "denoisers", "latents"}, "", problems)
+    unknown_keys(data, {"schema", "kind", "denoisers", *(["latents"] if latents else [])}, "", problems)
     _latent_rows(data.get("latents"), problems)
     if data.get("kind") != "denoisers":
         problems.add("kind", f"{excerpt(data.get('kind'))} is not 'denoisers'; write 'kind: denoisers'")
@@ -202,7 +203,7 @@ def read_denoisers(builders: Iterable[str], path: str | Path | None = None) -> d
     """
     where = recipes_dir() / "denoisers.yaml" if path is None else Path(path)
     source = "recipes/denoisers.yaml" if path is None else str(path)
-    return check_denoisers(read_yaml(where), source, builders)
+    return check_denoisers(read_yaml(where), source, builders, latents=path is None)
 
 
 def read_latents() -> dict[str, dict[str, Any]]:
