@@ -142,7 +142,8 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
     # its sampling facts: the recipe's video block (the shipped Latte one says 512x512, 50 steps, 120 tokens, batch 2)
     recipe = _video_recipe(tmp_path, defaults={"height": 16, "width": 24, "steps": 7}, text_length=9, cfg_batch=1)
     spec = spec_of(pipe, recipe=recipe)
-    assert (spec.row.name, spec.defaults["steps"], spec.defaults["height"], spec.defaults["width"]) == (recipe, 7, 16, 24)
+    assert (spec.row.name, spec.defaults["steps"], spec.defaults["height"], spec.defaults["width"]) == \
+        (recipe, 7, 16, 24)
     assert (spec.text_length(), spec.row.cfg_batch, spec.row.decode) == (9, 1, "video")  # decode: devices.yaml's
     with pytest.raises(hp.RecipeError, match="NewVideoTransformer has no row in recipes/denoisers.yaml"):
         denoiser_call(spec, denoiser, torch.float32, 32, 32, frames)

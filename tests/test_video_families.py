@@ -407,7 +407,7 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     assert chosen and parse_size(chosen[2]) <= 8 * 10**9, out
 
 
-# --------------------------------------------------------------------------------------------- the recipes' video blocks
+# ----------------------------------------------------------------------------------------- the recipes' video blocks
 
 VIDEO_RECIPES = [name for name in list_recipes("pipeline") if "video" in pipeline_spec(name)]
 

@@ -1,7 +1,8 @@
 """Latent geometry: how far a VAE compresses space and time, and the per-axis values of a model config.
 
 One reading of the configs for every program that sizes latents: the video rules (frame steps, size multiples),
-the training data's buckets and the training plan's latents. Torch-free; the per-class facts are recipe data (recipes/denoisers.yaml ``latents:``).
+the training data's buckets and the training plan's latents. Torch-free; the per-class facts are recipe data
+(recipes/denoisers.yaml ``latents:``).
 """
 
 from __future__ import annotations

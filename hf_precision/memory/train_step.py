@@ -105,7 +105,7 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
     """
     import torch
 
-    from ..training.denoiser_rows import row_of, model_output, noisy_inputs
+    from ..training.denoiser_rows import model_output, noisy_inputs, row_of
 
     if checkpointing:
         if not getattr(module, "_supports_gradient_checkpointing", False):

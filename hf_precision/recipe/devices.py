@@ -20,8 +20,8 @@ from .probe import version as _version
 from .schema import TYPES, check_devices_file
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
-           "measured_speed", "speed_note", "video_defaults", "list_presets", "present_devices", "rule_ids", "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS",
-           "cpu_flags_from_env", "cpu_name_from_env"]
+           "measured_speed", "speed_note", "video_defaults", "list_presets", "present_devices", "rule_ids",
+           "CPU_FLAGS_ENV", "CPU_NAME_ENV", "CPU_FLAG_SETS", "cpu_flags_from_env", "cpu_name_from_env"]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -253,7 +253,8 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
     return pred
 
 
-def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
+def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,
+                             batch: Mapping[str, Any]) -> torch.Tensor:
     # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
     # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
     config = getattr(getattr(module, "_orig_mod", module), "config", {})

@@ -118,7 +118,7 @@ class ModelGeometry:
 def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> ModelGeometry:
     """The size rules of a model from ``model_index.json`` and its component configs (nothing loaded).
 
-    Video pipelines use the video program's rules (:func:`hf_precision.apps.video.denoiser_rows.video_spec`); image
+    Video pipelines use the video program's rules (:func:`hf_precision.apps.video.spec.video_spec`); image
     pipelines: the VAE's factor (:func:`hf_precision.memory.geometry.vae_factors`) x the denoiser's ``patch_size``
     (x2 where the pipeline packs latents).
 
