@@ -457,3 +457,15 @@ def test_plan_gives_mochi_allegro_and_latte_an_estimate(folders):
         p = predict(where, spec, layout="cpu", height=h, width=w, frames=f)
         assert list(p.phases) == ["text encoding", "denoising", "VAE decode"], kind
         assert p.phases["denoising"] > sum(p.weights.values()), kind
+
+
+def test_a_pipeline_gets_the_video_block_of_the_recipe_it_resolves_to_not_of_its_class_name():
+    """SkyReels' image-to-video pipeline is HunyuanVideo's (recipes/hunyuan_video.yaml lists it): the same prompt
+    template crop and one-at-a-time guidance calls. A class-name prefix ("HunyuanVideo") missed it."""
+    from hf_precision.apps.video.spec import video_row, video_spec
+    from hf_precision.runtime.source import configs_of
+
+    _, index, configs = configs_of("hunyuan_video")
+    spec = video_spec("HunyuanSkyreelsImageToVideoPipeline", index, configs)
+    assert spec.row == video_row("hunyuan_video") and (spec.row.cfg_batch, spec.row.text_prefix) == (1, 95)
+    assert spec.defaults == {"height": 320, "width": 512, "frames": 61, "steps": 30}
