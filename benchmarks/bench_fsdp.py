@@ -50,7 +50,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def _batch(unet: Any, size: int, rank: int, device: str) -> dict[str, Any]:
     import torch
 
-    from hf_precision.training.families import example_batch
+    from hf_precision.training.denoiser_rows import example_batch
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     batch = example_batch(unet, size * world, side=16, seed=0)

@@ -117,7 +117,7 @@ def _text_encoder(folder: Path) -> str | None:
 
 def _frames(folder: Path) -> int:
     """:data:`FRAMES`, or the fewest a VAE whose time factor does not divide ``FRAMES - 1`` takes (Mochi's 6: 7)."""
-    from hf_precision.apps.video.families import model_spec
+    from hf_precision.apps.video.spec import model_spec
     from hf_precision.errors import RecipeError
 
     try:

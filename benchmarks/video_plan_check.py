@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             folder = save_pipeline(pipe, Path(tmp) / name.replace(" ", "_"))
             del pipe
             where, spec = model_spec(str(folder))
-            svd = spec.family == "svd"
+            svd = spec.row.name == "svd"
             settings = MemorySettings(decode_chunk_size=SVD_CHUNK) if svd else None
             pred = predict(where, spec, layout=args.device, height=h, width=w, frames=f, settings=settings).phases
             if svd:

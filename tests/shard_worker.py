@@ -13,7 +13,7 @@ import torch.distributed as dist
 from hf_precision.apps.train.plan import text_tokens
 from hf_precision.testing import make_pipeline
 from hf_precision.training import prepare_training
-from hf_precision.training.families import example_batch
+from hf_precision.training.denoiser_rows import example_batch
 from hf_precision.training.shard import sharded_bytes
 
 # (tiny pipeline, method, steps): SD 1.5 and SDXL (UNets, DDPM), Flux (flow, packed latents, no islands) and Wan

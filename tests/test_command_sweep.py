@@ -129,7 +129,7 @@ def test_calibrate_gives_a_video_model_the_size_video_takes(saved_pipeline, monk
     """Without --height/--width/--frames, calibrate runs a video model at `video`'s default size, capped to the
     transformer's rotary table (issue 34 item 7: the tiny Wan's table is shorter than WanPipeline's own 480x832)."""
     import hf_precision.diagnose.calibration as calibration
-    from hf_precision.apps.video.families import model_spec
+    from hf_precision.apps.video.spec import model_spec
     from hf_precision.cli import main
     from hf_precision.errors import RecipeError
 
@@ -161,7 +161,7 @@ def test_position_limits_cap_the_defaults_and_refuse_more_in_every_command(kind,
     """The limits are read once from the configs (apps/video/limits.py): `video`/`calibrate` get capped defaults
     and a refusal naming the config key; `train`/`train --plan` refuse --resolution/--frames past them the same way."""
     from hf_precision.apps.train.data import model_geometry
-    from hf_precision.apps.video.families import model_spec
+    from hf_precision.apps.video.spec import model_spec
     from hf_precision.errors import RecipeError
     from hf_precision.runtime.source import configs_of
 

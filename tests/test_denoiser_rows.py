@@ -11,7 +11,7 @@ import yaml
 import hf_precision as hp
 from hf_precision.recipe.calls import check_denoisers
 from hf_precision.recipe.files import recipes_dir
-from hf_precision.training import families
+from hf_precision.training import denoiser_rows
 from hf_precision.training.inputs import BUILDERS
 
 
@@ -34,6 +34,40 @@ def test_a_bad_row_value_is_one_recipe_error_naming_file_key_value_and_allowed(r
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"my.yaml: {message}"), err.value
 
 
+@pytest.mark.parametrize("row, message", [
+    ({"spatial": "2 ** len(block_out_channels", "temporal": 1}, "latents.MyVAE.spatial: bad value '2 ** len(block_out_"
+                                                               "channels'; allowed: a whole number above 0 or a formula"),
+    ({"spatial": "__import__('os').getpid()", "temporal": 1}, "latents.MyVAE.spatial: bad value \"__import__('os')"),
+    ({"spatial": 8, "temporal": 0}, "latents.MyVAE.temporal: bad value 0; allowed: a whole number above 0 or a "),
+    ({"spatial": 8, "temporal": 4, "tempral": 4}, "latents.MyVAE.tempral: unknown key 'tempral'; allowed: defaults, "),
+])
+def test_a_bad_latents_row_is_one_recipe_error_naming_file_key_value_and_allowed(row, message):
+    data = {**_file(), "latents": {"MyVAE": {"source": "pipeline_my.py", **row}}}
+    with pytest.raises(hp.RecipeError) as err:
+        check_denoisers(data, "my.yaml", BUILDERS)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"my.yaml: {message}"), err.value
+
+
+def test_a_users_denoisers_file_with_latents_rows_is_refused_not_ignored(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**_file(), "latents": {"MyVAE": {"spatial": 8, "temporal": 4, "source": "x"}}}))
+    with pytest.raises(hp.RecipeError, match=r"mine.yaml: latents: unknown key 'latents'; allowed: denoisers, kind"):
+        denoiser_rows.add_rows(str(path))
+
+
+def test_vae_factors_are_the_latents_rows_and_a_config_they_do_not_fit_is_a_clear_error(monkeypatch):
+    from hf_precision.memory import geometry
+
+    assert geometry.vae_factors("AutoencoderKLLTXVideo", {"patch_size": 2}) == (16, 8)  # its defaults fill the rest
+    assert geometry.vae_factors("AutoencoderKLNew", {"block_out_channels": [8, 8]}) == (2, 1)  # no row: `other`
+    rows = {**geometry._rows(), "AutoencoderKLNew": {"spatial": 8, "temporal": "time_ratio * 2", "source": "x"}}
+    monkeypatch.setattr(geometry, "_rows", lambda: rows)
+    assert geometry.vae_factors("AutoencoderKLNew", {"time_ratio": 3}) == (8, 6)
+    with pytest.raises(hp.RecipeError, match=r"AutoencoderKLNew: recipes/denoisers.yaml latents: latents formula "
+                                             r"'time_ratio \* 2' does not fit the VAE config"):
+        geometry.vae_factors("AutoencoderKLNew", {})
+
+
 def test_every_shipped_row_names_registered_builders_and_every_builder_is_used():
     rows = check_denoisers(yaml.safe_load((recipes_dir() / "denoisers.yaml").read_text()), "denoisers.yaml", BUILDERS)
     used = {name for row in rows.values() for name in row.get("extras", ())}
@@ -50,7 +84,7 @@ def _row_file(tmp_path, shipped: str, new: str):
 
 def _new_family(monkeypatch, tmp_path, parent: type, new: str) -> tuple[type, str]:
     """A model class no row knows (its parent's row taken out), and the YAML file that adds it."""
-    monkeypatch.setattr(families, "FAMILIES", {k: v for k, v in families.FAMILIES.items() if k != parent.__name__})
+    monkeypatch.setattr(denoiser_rows, "ROWS", {k: v for k, v in denoiser_rows.ROWS.items() if k != parent.__name__})
     cls = type(new, (parent,), {"__module__": __name__})
     return cls, _row_file(tmp_path, parent.__name__, new)
 
@@ -68,7 +102,7 @@ def _train(pipe, denoiser):
 
     tp = hp.prepare_training(MyPipeline(transformer=denoiser, vae=pipe.vae, scheduler=pipe.scheduler), layout="cpu",
                              train={"transformer": "lora"})
-    run_steps(tp, families.example_batch(denoiser, 1), steps=2)
+    run_steps(tp, denoiser_rows.example_batch(denoiser, 1), steps=2)
 
 
 @pytest.mark.filterwarnings("ignore:MyPipeline")
@@ -80,14 +114,23 @@ def test_a_new_image_family_with_yaml_alone_trains(monkeypatch, tmp_path):
     denoiser = cls.from_config(pipe.transformer.config)
     denoiser.load_state_dict(pipe.transformer.state_dict())
     with pytest.raises(hp.RecipeError, match="NewImageTransformer .*no training row"):
-        families.family_of(denoiser)
-    assert families.add_rows(path) == ["NewImageTransformer"]
+        denoiser_rows.row_of(denoiser)
+    assert denoiser_rows.add_rows(path) == ["NewImageTransformer"]
     _train(pipe, denoiser)
+
+
+def _video_recipe(tmp_path, **video):
+    """A user's pipeline recipe for the tiny Latte pipeline: the shipped one with its own ``video:`` block."""
+    data = yaml.safe_load((recipes_dir() / "latte.yaml").read_text())
+    data["video"] = video
+    path = tmp_path / "my_video.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return str(path)
 
 
 @pytest.mark.filterwarnings("ignore:MyPipeline")
 def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeypatch, tmp_path):
-    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.spec import spec_of
     from hf_precision.apps.video.plan import denoiser_call
     from hf_precision.memory.peaks import denoise_peak
     from hf_precision.testing import make_pipeline
@@ -95,13 +138,37 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
     pipe = make_pipeline("latte", seed=0)
     cls, path = _new_family(monkeypatch, tmp_path, type(pipe.transformer), "NewVideoTransformer")
     denoiser = cls.from_config(pipe.transformer.config)
-    spec = spec_of(pipe)
     frames = pipe.transformer.config.video_length
+    # its sampling facts: the recipe's video block (the shipped Latte one says 512x512, 50 steps, 120 tokens, batch 2)
+    recipe = _video_recipe(tmp_path, defaults={"height": 16, "width": 24, "steps": 7}, text_length=9, cfg_batch=1)
+    spec = spec_of(pipe, recipe=recipe)
+    assert (spec.row.name, spec.defaults["steps"], spec.defaults["height"], spec.defaults["width"]) == \
+        (recipe, 7, 16, 24)
+    assert (spec.text_length(), spec.row.cfg_batch, spec.row.decode) == (9, 1, "video")  # decode: devices.yaml's
     with pytest.raises(hp.RecipeError, match="NewVideoTransformer has no row in recipes/denoisers.yaml"):
         denoiser_call(spec, denoiser, torch.float32, 32, 32, frames)
-    families.add_rows(path)
+    denoiser_rows.add_rows(path)
     _train(pipe, denoiser)
     on_meta = cls.from_config(pipe.transformer.config).to("meta")
     call = denoiser_call(spec, on_meta, torch.float32, 32, 32, frames)
-    assert call["hidden_states"].device.type == "meta" and call["hidden_states"].shape[0] == spec.row.cfg_batch
+    assert call["hidden_states"].device.type == "meta" and call["hidden_states"].shape[0] == 1
+    assert tuple(call["encoder_hidden_states"].shape[:2]) == (1, 9)
     assert denoise_peak(on_meta, lambda: denoiser_call(spec, on_meta, torch.float32, 32, 32, frames)) > 0
+
+
+@pytest.mark.parametrize("video, message", [
+    ({"cfg_batch": 3}, "video.cfg_batch: bad value 3; allowed: 1 (the pipeline calls the denoiser once per half"),
+    ({"decode": "frame"}, "video.decode: bad value 'frame'; allowed: video, frames; did you mean 'frames'?"),
+    ({"defaults": {"height": 480, "fps": 8}}, "video.defaults.fps: unknown key 'fps'; allowed: frames, height, steps, "
+                                               "width"),
+    ({"defaults": {"height": -480}}, "video.defaults.height: bad value -480; allowed: a whole number, 0 or more"),
+    ({"text_lenght": 64}, "video.text_lenght: unknown key 'text_lenght'; allowed: call_options, cfg_batch, "),
+    ({"defaults": {"frames": 0}}, "video.defaults.frames: 0 takes the count from the denoiser config's frames_key"),
+])
+def test_a_bad_video_block_value_is_one_recipe_error_naming_file_key_value_and_allowed(tmp_path, video, message):
+    from hf_precision.recipe.catalog import pipeline_spec
+
+    path = _video_recipe(tmp_path, **video)
+    with pytest.raises(hp.RecipeError) as err:
+        pipeline_spec(path)
+    assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"{path}: {message}"), err.value

@@ -104,7 +104,7 @@ def test_video_plan_names_a_wan_14b_layout_that_fits_12gb():
     """Wan 2.1 T2V 14B (28.6 GB of bf16 transformer) on a 12 GB RTX 3060: the plan names offload with quantized
     storage whose transformer bytes match the hand count x bits per weight, and its predicted peak fits. (A short
     clip keeps the meta-device VAE decode cheap; the weights, what decides the layout here, do not depend on it.)"""
-    from hf_precision.apps.video.families import model_spec
+    from hf_precision.apps.video.spec import model_spec
     from hf_precision.apps.video.plan import choose
 
     n = wan_params(_config("Wan2.1-T2V-14B-Diffusers"))

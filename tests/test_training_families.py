@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from hf_precision.training import FAMILIES, example_batch, family_of
+from hf_precision.training import ROWS, example_batch, row_of
 from training_checks import assert_planned_storage, run_steps
 
 
@@ -119,7 +119,7 @@ def test_lora_step(name):
     checked against its scheduler."""
     tp = hp.prepare_training(_build(name), layout="t4")
     denoiser = tp.components[tp.denoiser_name]
-    assert tp.recipe.name == CASES[name] and family_of(denoiser) is FAMILIES[type(denoiser).__name__]
+    assert tp.recipe.name == CASES[name] and row_of(denoiser) is ROWS[type(denoiser).__name__]
     # fp16 where the recipe tolerates it (Lumina2's does not: fp32 on a T4); the scaler iff fp16
     assert tp.compute_dtype in (torch.float16, torch.float32) and (tp.scaler is not None) == (tp.compute_dtype == torch.float16)
     if tp.objective != "flow":  # the noise schedule the pipeline samples with (CogVideoX: SNR-shifted)
@@ -152,7 +152,7 @@ def test_every_recipe_denoiser_class_has_a_row():
     from hf_precision.recipe.catalog import _denoiser_index
 
     named = {cls for _, cls in _denoiser_index()}
-    assert named - set(FAMILIES) == set(), "denoiser classes of shipped recipes without a training row"
+    assert named - set(ROWS) == set(), "denoiser classes of shipped recipes without a training row"
 
 
 class MyDenoiser(torch.nn.Module):
@@ -196,7 +196,7 @@ def test_an_unknown_denoiser_class_composes_as_inference_does():
     run_steps(tp, batch, steps=3, loss_fn=own_loss)
     assert assert_planned_storage(tp) > 0
     with pytest.raises(hp.RecipeError, match="Linear \\(the denoiser\\): no training row"):
-        family_of(torch.nn.Linear(2, 2))
+        row_of(torch.nn.Linear(2, 2))
 
 
 def test_a_pipeline_class_without_recipe_composes_as_inference_does():
@@ -226,7 +226,7 @@ def test_components_given_without_their_pipeline_take_their_denoisers_recipe():
 
 def _assert_svd_edm_inputs_match_the_scheduler(tp):
     """SVD's training inputs are what its scheduler's scale_model_input and timesteps give at the same sigma."""
-    from hf_precision.training.families import noisy_inputs
+    from hf_precision.training.denoiser_rows import noisy_inputs
 
     assert tp.objective == "edm" and tp.sigma_range == (0.002, 700.0)
     unet, scheduler = tp.components["unet"], copy.deepcopy(tp.pipe.scheduler)
@@ -240,7 +240,7 @@ def _assert_svd_edm_inputs_match_the_scheduler(tp):
         sample = frames_first(x0 + sigma * noise)  # the pipeline's latents at this sigma
         scheduler._step_index = None
         want = scheduler.scale_model_input(sample, t)
-        kwargs, target = noisy_inputs(family_of(unet), unet, {"latents": x0, "noise": noise, "sigmas": sigma[None]},
+        kwargs, target = noisy_inputs(row_of(unet), unet, {"latents": x0, "noise": noise, "sigmas": sigma[None]},
                                       tp.objective, tp.alphas_cumprod, sigmas=tp.sigma_range)
         torch.testing.assert_close(kwargs["sample"][:, :, :4], want)  # image latents are concatenated after it
         torch.testing.assert_close(kwargs["timestep"], t[None])  # c_noise = 0.25 ln(sigma)

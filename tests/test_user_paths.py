@@ -367,7 +367,7 @@ def test_a_variant_the_folder_lacks_is_our_error_before_loading(saved_pipeline):
 def test_calibrate_runs_a_wan_at_the_size_its_rotary_table_holds(saved_pipeline, capsys):
     """calibrate without --height/--width ran the Wan pipeline's own 480x832 past a short rope table and failed
     inside diffusers, where `video --plan` capped the size: both now take the video command's capped size."""
-    from hf_precision.apps.video.families import model_spec
+    from hf_precision.apps.video.spec import model_spec
     from hf_precision.cli import main
     from hf_precision.cli.calibrate import _video_size
     from hf_precision.diagnose.calibration.method import _call_kwargs

@@ -149,7 +149,7 @@ def test_noise_in_compute_dtype_and_same_seed_same_video(tiny_pipe, monkeypatch)
 
     from hf_precision import apply_recipe, get_recipe
     from hf_precision.testing.pipelines import example_image
-    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.spec import spec_of
     from hf_precision.apps.video.run import generate_clip
 
     pipe = tiny_pipe("svd")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hf_precision.apps.video.families import FAMILIES as TABLE
+from hf_precision.recipe.catalog import list_recipes, pipeline_spec
 from hf_precision.testing import PIPELINES, make_pipeline
 from hf_precision.testing.calibration import plant_fp16_overflow
 from hf_precision.units import parse_size
@@ -407,31 +407,37 @@ def test_plan_of_the_shipped_real_configs_for_a_preset_device(alias, capsys):
     assert chosen and parse_size(chosen[2]) <= 8 * 10**9, out
 
 
-# --------------------------------------------------------------------------------------------- the family table
+# ----------------------------------------------------------------------------------------- the recipes' video blocks
+
+VIDEO_RECIPES = [name for name in list_recipes("pipeline") if "video" in pipeline_spec(name)]
 
 
-def _tiny_of(row):
-    """The tiny pipeline of a family row: the registry's text-to-video entry of its class prefix (SVD's tiny
+def _tiny_of(recipe: str):
+    """The tiny pipeline of a recipe with a video block: the registry's text-to-video entry under it (SVD's tiny
     pipeline is the image-to-video "svd" entry)."""
-    if row.name == "svd":
+    if recipe == "svd":
         return make_pipeline("svd")
-    return next(p for p in PIPELINES.values() if p.pipeline_class.startswith(row.prefix) and p.mode == "t2v").make(0)
+    return next(p for p in PIPELINES.values() if p.recipe == recipe and p.mode == "t2v").make(0)
 
 
-@pytest.mark.parametrize("name", [n for n in TABLE if n != "other"])
+def test_the_video_recipes_are_the_video_families():
+    assert VIDEO_RECIPES == ["allegro", "cogvideox", "hunyuan_video", "latte", "ltx", "mochi", "svd", "wan"]
+
+
+@pytest.mark.parametrize("name", VIDEO_RECIPES)
 def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
     """The memory plan calls the denoiser with its class's row (the training loss's code) on the meta device: the
     real tiny denoiser of the family accepts them and gives back one latent-sized output per batch entry, and the call is counted."""
     import torch
 
     from hf_precision.memory.counting import count_live_bytes
-    from hf_precision.apps.video.families import spec_of
+    from hf_precision.apps.video.spec import spec_of, video_row
     from hf_precision.apps.video.plan import denoiser_call
 
-    row = TABLE[name]
-    pipe = _tiny_of(row)
+    pipe = _tiny_of(name)
     spec = spec_of(pipe)
-    assert spec.row is row
+    row = spec.row
+    assert row.name == name and row == video_row(name)
     h, w, f = SIZES.get(next((k for k in SIZES if k.startswith(name)), ""), (32, 32, 3))
     den = pipe.components[spec.denoiser].to("meta")
     with count_live_bytes() as live:
@@ -451,3 +457,15 @@ def test_plan_gives_mochi_allegro_and_latte_an_estimate(folders):
         p = predict(where, spec, layout="cpu", height=h, width=w, frames=f)
         assert list(p.phases) == ["text encoding", "denoising", "VAE decode"], kind
         assert p.phases["denoising"] > sum(p.weights.values()), kind
+
+
+def test_a_pipeline_gets_the_video_block_of_the_recipe_it_resolves_to_not_of_its_class_name():
+    """SkyReels' image-to-video pipeline is HunyuanVideo's (recipes/hunyuan_video.yaml lists it): the same prompt
+    template crop and one-at-a-time guidance calls. A class-name prefix ("HunyuanVideo") missed it."""
+    from hf_precision.apps.video.spec import video_row, video_spec
+    from hf_precision.runtime.source import configs_of
+
+    _, index, configs = configs_of("hunyuan_video")
+    spec = video_spec("HunyuanSkyreelsImageToVideoPipeline", index, configs)
+    assert spec.row == video_row("hunyuan_video") and (spec.row.cfg_batch, spec.row.text_prefix) == (1, 95)
+    assert spec.defaults == {"height": 320, "width": 512, "frames": 61, "steps": 30}

@@ -103,7 +103,7 @@ def _video_size(args: argparse.Namespace) -> tuple[int | None, int | None, int |
     pipeline's own default size (Wan's 480x832) cannot overrun a shorter table mid-run; the options are the call
     kwargs the configs fix, as `video` passes them (CogVideoX's text length). A size the model cannot take is
     refused here, before loading, with the fix."""
-    from ..apps.video.families import model_spec
+    from ..apps.video.spec import model_spec
     from ..errors import RecipeError
 
     try:

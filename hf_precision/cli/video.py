@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..apps.video.families import model_spec
+from ..apps.video.spec import model_spec
 from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs, read_prompts
 from ..apps.video.load import OFFLOAD, MemorySettings
 from ..errors import RecipeError

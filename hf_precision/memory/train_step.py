@@ -95,7 +95,7 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
 
     Example:
         >>> import torch
-        >>> from hf_precision.training.families import example_batch
+        >>> from hf_precision.training.denoiser_rows import example_batch
         >>> unet = _tiny_unet()
         >>> trainable = make_trainable(unet, "lora", 2)
         >>> activations, copies = step_activations(unet, example_batch(unet, 2, side=8), "epsilon", False,
@@ -105,14 +105,14 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
     """
     import torch
 
-    from ..training.families import family_of, model_output, noisy_inputs
+    from ..training.denoiser_rows import model_output, noisy_inputs, row_of
 
     if checkpointing:
         if not getattr(module, "_supports_gradient_checkpointing", False):
             raise RecipeError(f"--gradient-checkpointing: {type(module).__name__} does not support it")
         module.enable_gradient_checkpointing()
     module.train()
-    row = family_of(module)
+    row = row_of(module)
     meta = {k: with_values(v) if torch.is_tensor(v) else v for k, v in batch.items()}  # masks keep their values
     meta["timesteps"] = torch.zeros(next(iter(meta.values())).shape[0], dtype=torch.long, device="meta")
     with count_live_bytes(grad=True) as live, held_fp8_copies() as held:

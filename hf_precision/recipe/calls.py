@@ -3,20 +3,25 @@
 One row per model class (the fields are described at the top of the file). A row names its extra input builders
 (SDXL's time ids, Flux's position ids, ...), code registered by name in the training layer; the names allowed are
 passed in, so a row naming no registered builder is refused here, with the file, the key and the names allowed.
+
+The file's ``latents:`` rows say how far each VAE class compresses space and time, as formulas of its config
+(:func:`latent_factor`; read by :func:`hf_precision.memory.geometry.vae_factors`).
 """
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import Problems, RecipeError, excerpt
 from .files import read_yaml, recipes_dir
-from .schema import check_schema, did_you_mean, unknown_keys
+from .schema import BOOL, check_row, check_schema, did_you_mean, unknown_keys
 
-__all__ = ["ROW_KEYS", "check_denoisers", "read_denoisers"]
+__all__ = ["LATENT_KEYS", "ROW_KEYS", "check_denoisers", "latent_factor", "read_denoisers", "read_latents"]
 
 _NAME = re.compile(r"[A-Za-z_]\w*\Z")
 _ZEROS = re.compile(r"latents(@[A-Za-z_]\w*)?\Z|token@[A-Za-z_]\w*\Z")
@@ -27,7 +32,6 @@ _number = lambda v: type(v) in (int, float) and v > 0  # noqa: E731
 _NAMES = (_names, "a list of names, e.g. [encoder_hidden_states]")
 _RETURNS = (lambda v: _names(v, True), "a list of names or null, e.g. [prompt_embeds, null, pooled_prompt_embeds]")
 _MAP = (_map, "a mapping of names, e.g. {prompt_embeds: encoder_hidden_states}")
-_BOOL = (lambda v: isinstance(v, bool), "true or false")
 _NUMBER = (_number, "a positive number, e.g. 1000.0")
 # key -> (check, what is allowed) or the values allowed; `latent_arg` and `source` are required
 ROW_KEYS: dict[str, Any] = {
@@ -39,8 +43,8 @@ ROW_KEYS: dict[str, Any] = {
     "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", None),
     "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
-    "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": _BOOL,
-    "timestep_in_weights_dtype": _BOOL,
+    "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,
+    "timestep_in_weights_dtype": BOOL,
     "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
                                 and isinstance(x[1], str) and bool(_ZEROS.match(x[1]))),
                  "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]"),
@@ -50,29 +54,101 @@ ROW_KEYS: dict[str, Any] = {
                     "a list of {options: {keyword: value}, returns: [names or null]}"),
 }
 
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Pow: operator.pow}
+_NODES = (ast.BinOp, ast.BoolOp, ast.Or, ast.Name, ast.Load, ast.Call, ast.Constant, *_OPS)
+
+
+def _formula(text: Any) -> ast.expr | None:
+    """The parsed formula, or None when it is not one: whole numbers, config keys, ``len(key)``, ``sum(key)``,
+    ``+ - * **`` and ``or``."""
+    try:
+        tree = ast.parse(str(text), mode="eval").body if type(text) in (int, str) and len(str(text)) < 200 else None
+    except SyntaxError:
+        return None
+    nodes = list(ast.walk(tree)) if tree is not None else [None]
+    calls = [n for n in nodes if isinstance(n, ast.Call)]
+    ok = all(isinstance(n, _NODES) and (not isinstance(n, ast.Constant) or type(n.value) is int) for n in nodes) and \
+        all(isinstance(c.func, ast.Name) and c.func.id in ("len", "sum") and len(c.args) == 1 and not c.keywords
+            and isinstance(c.args[0], ast.Name) for c in calls)
+    return tree if ok else None
+
+
+def latent_factor(formula: int | str, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> int:
+    """A ``latents:`` formula's value for a VAE config: a key missing from the config (or null there) takes its
+    ``defaults`` value, else null (``or`` then picks the next term); ``sum(key)`` counts the list's true entries.
+
+    Raises:
+        RecipeError: the config's values do not fit the formula (a missing key in arithmetic, a number for len).
+
+    Example:
+        >>> latent_factor("patch_size * 2 ** sum(scaling)", {"scaling": [True, True, True, False]}, {"patch_size": 4})
+        32
+        >>> latent_factor("spatial_compression_ratio or 2 ** (len(blocks) - 1)", {"blocks": [1, 2]})
+        2
+    """
+    defaults = defaults or {}
+
+    def value(node: Any) -> Any:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.Name):
+            return defaults.get(node.id) if config.get(node.id) is None else config[node.id]
+        if isinstance(node, ast.Call):
+            seq = value(node.args[0])
+            return len(seq) if node.func.id == "len" else sum(bool(x) for x in seq)
+        if isinstance(node, ast.BoolOp):
+            return next((v for v in map(value, node.values) if v), value(node.values[-1]))
+        left, right = value(node.left), value(node.right)
+        if isinstance(node.op, ast.Pow) and not (isinstance(right, int) and 0 <= right <= 64):
+            raise TypeError(f"exponent {right!r}")
+        return _OPS[type(node.op)](left, right)
+
+    tree = _formula(formula)
+    try:
+        if tree is None:
+            raise TypeError("not a formula")
+        return int(value(tree))
+    except (TypeError, ValueError) as err:
+        raise RecipeError(f"latents formula {formula!r} does not fit the VAE config ({err}); give the key it reads "
+                          f"a value in the row's defaults, or fix the formula") from None
+
+
+def _is_formula(v: Any) -> bool:
+    return (type(v) is int and v > 0) or (isinstance(v, str) and _formula(v) is not None)
+
+
+_FORMULA = (_is_formula, "a whole number above 0 or a formula of the VAE config's keys with + - * **, len(key), "
+                         "sum(key) (its true entries) and or, e.g. 2 ** (len(block_out_channels) - 1)")
+# A `latents:` row: a VAE class's compression as the diffusers pipelines compute it from its config
+LATENT_KEYS: dict[str, Any] = {
+    "spatial": _FORMULA, "temporal": _FORMULA,
+    "defaults": (lambda v: isinstance(v, dict) and all(_name(k) for k in v),
+                 "a mapping config key -> the value a config without it has, e.g. {patch_size: 4}"),
+    "source": ROW_KEYS["source"],
+}
+
+
+def _latent_rows(rows: Any, problems: Problems) -> dict[str, dict[str, Any]]:
+    if rows is None:
+        return {}
+    if not isinstance(rows, dict):
+        problems.add("latents", f"expected VAE class -> row, got {excerpt(rows)}; e.g. {{MyAutoencoder: {{spatial: 8, "
+                     f"temporal: 4, source: pipeline_my.py}}}}")
+        return {}
+    for cls, row in rows.items():
+        check_row(row, LATENT_KEYS, ("spatial", "temporal", "source"), f"latents.{cls}", problems)
+    return {str(cls): row for cls, row in rows.items()}
+
 
 def _row(cls: str, row: Any, builders: list[str], problems: Problems) -> dict[str, Any]:
     path = f"denoisers.{cls}"
-    if not isinstance(row, dict):
-        problems.add(path, f"expected a mapping with latent_arg and source, got {excerpt(row)}")
+    if not check_row(row, ROW_KEYS, ("latent_arg", "source"), path, problems):
         return {}
-    unknown_keys(row, set(ROW_KEYS), path, problems)
-    for key in ("latent_arg", "source"):
-        if key not in row:
-            problems.add(f"{path}.{key}", f"missing; every row names it ({ROW_KEYS[key][1]})")
-    for key, value in row.items():
-        kind = ROW_KEYS.get(key, (lambda v: True, ""))
-        if not callable(kind[0]) and value not in kind:
-            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: "
-                         f"{', '.join('null' if k is None else k for k in kind)}{did_you_mean(value, map(str, kind))}")
-        elif callable(kind[0]) and not kind[0](value):
-            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: {kind[1]}")
-        elif key == "extras":
-            for i, name in enumerate(value):
-                if name not in builders:
-                    problems.add(f"{path}.{key}[{i}]", f"no registered builder {excerpt(name)}; allowed: "
-                                 f"{', '.join(builders)}{did_you_mean(name, builders)} (a new one: "
-                                 f"@hf_precision.training.inputs.builder({name!r}))")
+    for i, name in enumerate(row.get("extras") if _names(row.get("extras")) else ()):
+        if name not in builders:
+            problems.add(f"{path}.extras[{i}]", f"no registered builder {excerpt(name)}; allowed: "
+                         f"{', '.join(builders)}{did_you_mean(name, builders)} (a new one: "
+                         f"@hf_precision.training.inputs.builder({name!r}))")
     return {key: _plain(key, value) for key, value in row.items() if key in ROW_KEYS}
 
 
@@ -85,8 +161,9 @@ def _plain(key: str, value: Any) -> Any:
     return tuple(value) if isinstance(value, list) else value
 
 
-def check_denoisers(data: Any, source: str, builders: Iterable[str]) -> dict[str, dict[str, Any]]:
+def check_denoisers(data: Any, source: str, builders: Iterable[str], latents: bool = True) -> dict[str, dict[str, Any]]:
     """Model class -> its row (tuples for lists), every problem of the file in one :class:`RecipeError`.
+    ``latents``: the file may hold ``latents:`` rows (the shipped one; a user's rows join the training rows only).
 
     Example:
         >>> check_denoisers({"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {"latent_arg": "hidden_states",
@@ -99,7 +176,8 @@ def check_denoisers(data: Any, source: str, builders: Iterable[str]) -> dict[str
     if not isinstance(data, dict):
         raise RecipeError(f"{source}: expected a mapping with 'schema: 1', 'kind: denoisers' and 'denoisers'")
     check_schema(data, problems)
-    unknown_keys(data, {"schema", "kind", "denoisers"}, "", problems)
+    unknown_keys(data, {"schema", "kind", "denoisers", *(["latents"] if latents else [])}, "", problems)
+    _latent_rows(data.get("latents"), problems)
     if data.get("kind") != "denoisers":
         problems.add("kind", f"{excerpt(data.get('kind'))} is not 'denoisers'; write 'kind: denoisers'")
     rows = data.get("denoisers")
@@ -125,4 +203,20 @@ def read_denoisers(builders: Iterable[str], path: str | Path | None = None) -> d
     """
     where = recipes_dir() / "denoisers.yaml" if path is None else Path(path)
     source = "recipes/denoisers.yaml" if path is None else str(path)
-    return check_denoisers(read_yaml(where), source, builders)
+    return check_denoisers(read_yaml(where), source, builders, latents=path is None)
+
+
+def read_latents() -> dict[str, dict[str, Any]]:
+    """VAE class -> its ``latents:`` row of the shipped ``recipes/denoisers.yaml`` (``other``: any class without one).
+
+    Example:
+        >>> read_latents()["AutoencoderKLMochi"]["temporal"]
+        6
+    """
+    problems = Problems("recipes/denoisers.yaml")
+    data = read_yaml(recipes_dir() / "denoisers.yaml")
+    rows = _latent_rows(data.get("latents") if isinstance(data, dict) else None, problems)
+    if "other" not in rows:
+        problems.add("latents.other", "missing; it gives the compression of a VAE class without a row")
+    problems.raise_if_any()
+    return rows

@@ -18,7 +18,8 @@ from ..errors import Problems, RecipeError, excerpt
 
 __all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
            "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
-           "check_file", "check_device_sections", "check_pipeline", "check_devices_file"]
+           "check_file", "check_device_sections", "check_pipeline", "check_devices_file", "check_row", "check_video", "BOOL",
+           "VIDEO_KEYS"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -34,7 +35,7 @@ OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast
 # `recognise:` (component -> {config key: value}) tells a dict of components from another recipe's with the same
 # denoiser class (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
-                 "training", "recognise"}
+                 "training", "recognise", "video"}
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 # Device types tensors can sit on (and devices.yaml's `type:` values).
@@ -42,7 +43,7 @@ TYPES = ("cpu", "cuda", "mps", "xpu")
 
 # The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
 # `capabilty`) is an error, never a condition that silently holds for every device.
-DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets", "measured_speed")
+DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets", "measured_speed", "video")
 RULE_KEYS = ("id", "when", "compute", "auto", "storage", "transformers_only", "upcast_attention", "why")
 WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
 PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
@@ -107,13 +108,6 @@ def check_schema(data: Mapping[str, Any], problems: Problems) -> None:
                      "upgrade hf_precision or rewrite the file for schema 1")
 
 
-def unknown_keys(data: Mapping[str, Any], allowed: set[str], path: str, problems: Problems) -> None:
-    for key in data:
-        if key not in allowed:
-            problems.add(f"{path}{'.' if path else ''}{key}",
-                         f"unknown key {excerpt(key)}; allowed: {', '.join(sorted(allowed))}{did_you_mean(key, allowed)}")
-
-
 def check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
     """Validate one policy value and return it normalised (canonical dtype names)."""
     def bad(allowed: str) -> None:
@@ -173,6 +167,86 @@ def check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) 
     return {k: check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
 
 
+# A video pipeline recipe's `video:` block: what its pipelines share beyond their configs (the video program, the
+# video memory plan). devices.yaml's `video:` block gives every key: the defaults of a recipe without one, and of the
+# keys a block leaves out. Each key: (check, what is allowed) or the values allowed.
+_WHOLE = lambda v: type(v) is int and v >= 0  # noqa: E731
+_IDENT = lambda v: v is None or (isinstance(v, str) and v.isidentifier())  # noqa: E731
+BOOL = (lambda v: isinstance(v, bool), "true or false")
+VIDEO_SIZES = ("height", "width", "frames", "steps")
+VIDEO_KEYS: dict[str, Any] = {
+    "defaults": (lambda v: isinstance(v, dict), "a mapping of height, width, frames, steps to whole numbers "
+                 "(frames 0: the denoiser config's frames_key), e.g. {height: 480, width: 832, frames: 81, steps: 50}"),
+    "text_length": (lambda v: _WHOLE(v) and v > 0, "the prompt tokens the pipeline pads to, e.g. 226"),
+    "text_prefix": (_WHOLE, "template tokens the pipeline crops, 0 or more, e.g. 95"),
+    "text_hidden_states": BOOL,
+    "cfg_batch": (lambda v: v in (1, 2) and type(v) is int, "1 (the pipeline calls the denoiser once per half, or "
+                  "embeds guidance) or 2 (it concatenates the unconditional half)"),
+    "image_encode": ("image", "frame", "clip", None), "decode": ("video", "frames"),
+    "decode_chunk": (_WHOLE, "frames the pipeline decodes at once, 0 for all, e.g. 14"),
+    "decode_chunks": BOOL, "forward_chunking": BOOL,
+    "vae_tiling": ("optional", "always", "never"),
+    "frames_key": (_IDENT, "a denoiser config key or null, e.g. num_frames"),
+    "text_length_key": (_IDENT, "a denoiser config key or null, e.g. max_text_seq_length"),
+    "call_options": (lambda v: isinstance(v, list) and all(map(_IDENT, v)) and None not in v,
+                     "a list of the program's options passed to the pipeline call, e.g. [fps, motion_bucket_id]"),
+    "size_multiple": (lambda v: _WHOLE(v) and v > 0, "a whole number above 0, e.g. 8"),
+    "size_note": (lambda v: isinstance(v, str), "text saying why sizes are multiples of size_multiple"),
+}
+
+
+def check_video(block: Any, problems: Problems, complete: bool = False) -> None:
+    """The problems of a ``video:`` block (``complete``: devices.yaml's, which gives every key and every default).
+
+    Example:
+        >>> p = Problems("my.yaml")
+        >>> check_video({"cfg_batch": 3, "decode": "frame"}, p)
+        >>> print("\\n".join(p.items))
+        my.yaml: video.cfg_batch: bad value 3; allowed: 1 (the pipeline calls the denoiser once per half, or embeds guidance) or 2 (it concatenates the unconditional half)
+        my.yaml: video.decode: bad value 'frame'; allowed: video, frames; did you mean 'frames'?
+    """
+    if not check_row(block, VIDEO_KEYS, (), "video", problems):
+        return
+    sizes = block.get("defaults") if isinstance(block.get("defaults"), dict) else {}
+    check_row(sizes, dict.fromkeys(VIDEO_SIZES, (_WHOLE, "a whole number, 0 or more, e.g. 480")), (), "video.defaults",
+              problems)
+    missing = [k for k in VIDEO_KEYS if k not in block] + [f"defaults.{k}" for k in VIDEO_SIZES if k not in sizes]
+    if sizes.get("frames") == 0 and not block.get("frames_key") and not complete:
+        problems.add("video.defaults.frames", "0 takes the count from the denoiser config's frames_key, which this "
+                     "block does not name; give a count (e.g. frames: 49) or name the key (e.g. frames_key: "
+                     "num_frames)")
+    if complete and missing:
+        problems.add("video", f"missing {', '.join(missing)}: this block gives every video key its default")
+
+
+def check_row(row: Any, keys: Mapping[str, Any], required: Sequence[str], path: str, problems: Problems) -> bool:
+    """Add the problems of one data row: not a mapping, an unknown or missing key, a value its key's entry in
+    ``keys`` refuses (``(check, what is allowed)`` or the values allowed). True when it is a mapping.
+
+    Example:
+        >>> p = Problems("my.yaml")
+        >>> check_row({"layout": "vidoe", "steps": 0}, {"layout": ("image", "video"),
+        ...           "steps": (lambda v: v > 0, "a whole number above 0")}, ["layout"], "video", p)
+        True
+        >>> p.items
+        ["my.yaml: video.layout: bad value 'vidoe'; allowed: image, video; did you mean 'video'?", 'my.yaml: video.steps: bad value 0; allowed: a whole number above 0']
+    """
+    if not isinstance(row, dict):
+        problems.add(path, f"expected a mapping with {', '.join(required or keys)}, got {excerpt(row)}")
+        return False
+    unknown_keys(row, set(keys), path, problems)
+    for key in required:
+        if key not in row:
+            problems.add(f"{path}.{key}", f"missing; every row names it ({keys[key][1]})")
+    for key, value in row.items():
+        kind = keys.get(key, (lambda v: True, ""))
+        if not callable(kind[0]) and (value not in kind or isinstance(value, bool)):
+            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: "
+                         f"{', '.join('null' if k is None else k for k in kind)}{did_you_mean(value, map(str, kind))}")
+        elif callable(kind[0]) and not kind[0](value):
+            problems.add(f"{path}.{key}", f"bad value {excerpt(value)}; allowed: {kind[1]}")
+    return True
+
 
 def check_device_sections(devices: Any, components: set[str] | None, tags: Sequence[str], problems: Problems) -> dict[str, dict[str, dict[str, Any]]]:
     if devices is None:
@@ -206,6 +280,8 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
         if data.get(key) is not None and data[key] not in comps:
             problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
     _check_recognise(data.get("recognise"), set(comps), problems)
+    if "video" in data:
+        check_video(data["video"], problems)
     problems.raise_if_any()
     return source, data
 
@@ -329,6 +405,8 @@ def check_devices_file(data: Any, source: str) -> None:
         if "upcast_attention" in rule and not isinstance(rule["upcast_attention"], bool):
             problems.add(f"{where}.upcast_attention", f"expected true or false, got {rule['upcast_attention']!r}")
     _check_measured_speed(data.get("measured_speed", []), problems)
+    if "video" in data:
+        check_video(data["video"], problems, complete=True)
     presets = data.get("presets", {})
     if not isinstance(presets, dict):
         problems.add("presets", "expected a mapping of preset name -> device fields")

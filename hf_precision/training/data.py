@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from . import families
+from . import denoiser_rows
 from .rules import TrainingError
 
 __all__ = ["encode_images", "encode_prompt", "frame_wise", "normalise_latents", "vae_latents"]
@@ -92,8 +92,8 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
     pipe = tp.pipe
     if not hasattr(pipe, "encode_prompt"):
         raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__} has no encode_prompt; give the conditioning in the "
-                            f"batch yourself (keys: {sorted(families.family_of(tp._denoiser()).cond)})")
-    row = families.family_of(tp._denoiser())
+                            f"batch yourself (keys: {sorted(denoiser_rows.row_of(tp._denoiser()).cond)})")
+    row = denoiser_rows.row_of(tp._denoiser())
     params = inspect.signature(pipe.encode_prompt).parameters
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     wanted = {"prompt": prompts, "device": tp.device, "do_classifier_free_guidance": False,

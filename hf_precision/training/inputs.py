@@ -2,7 +2,7 @@
 a row's ``extras`` in recipes/denoisers.yaml names them), each following its diffusers pipeline: SDXL's time ids,
 Flux's position ids, CogVideoX's and Allegro's rotary tables, ...; and the latent layout helpers they share.
 
-``row`` is a ``FamilyRow``; it is typed ``Any`` here because ``families`` imports this module.
+``row`` is a ``DenoiserRow``; it is typed ``Any`` here because ``denoiser_rows`` imports this module.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ import torch
 from .. import dtypes as dt
 from ..recipe.model import Recipe
 from ..runtime.apply import Applied, applied, apply_recipe, check_placeable, torch_device
-from . import control, families, quantized, trainable
+from . import control, denoiser_rows, quantized, trainable
 from .methods import Setup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
 from .rules import MASTERS, ComputeChoice, TrainingError
@@ -133,12 +133,12 @@ class TrainingPlan:
     def loss(self, batch: Mapping[str, Any], generator: torch.Generator | None = None) -> torch.Tensor:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
-        row = families.family_of(module, str(self.denoiser_name))
-        kwargs, target = families.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
+        row = denoiser_rows.row_of(module, str(self.denoiser_name))
+        kwargs, target = denoiser_rows.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
                                                self.sigma_range)
         kwargs.update(control.side_inputs(self, module, kwargs, batch))  # a ControlNet's / T2I-Adapter's residuals
         out = module(**kwargs, return_dict=False)
-        pred = families.model_output(out, target, row)
+        pred = denoiser_rows.model_output(out, target, row)
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
 
     def backward(self, loss: torch.Tensor, accelerator: Any = None) -> None:
@@ -289,7 +289,7 @@ class TrainingPlan:
             # A recipe composed for an unknown pipeline knows no denoiser when its class has no row: name what trains
             trained = [c for c, k in self.kinds.items() if method_of(k).trains_weights]
             if trained:
-                raise families.no_row(comps[trained[0]], trained[0])
+                raise denoiser_rows.no_row(comps[trained[0]], trained[0])
             raise TrainingError(f"tp.loss: recipe {self.recipe.name} names no denoiser present here "
                                 f"(components: {sorted(self.components)}); compute the loss yourself under tp.autocast()")
         return comps[self.denoiser_name]
@@ -433,10 +433,10 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
     if scheduler is None:  # not `or`: DDPMWuerstchenScheduler's __len__ reads a config key its config lacks
         scheduler = holder.components.get("scheduler")
     if scheduler is None:
-        row = families.family_of(denoiser) if denoiser is not None else None
+        row = denoiser_rows.row_of(denoiser) if denoiser is not None else None
         return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({}), None
     config = dict(scheduler.config)
-    objective = families.objective_of(config, type(scheduler).__name__)
+    objective = denoiser_rows.objective_of(config, type(scheduler).__name__)
     if objective == "flow":
         return objective, None, None
     # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
@@ -447,7 +447,7 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
         # t = i / 1000, the step the Cascade row's timestep_ratio (t * 1e-3) reads back
         own = scheduler._alpha_cumprod(torch.arange(1000) / 1000, "cpu")
     alphas = own.detach().float().cpu() if isinstance(own, torch.Tensor) and own.dim() == 1 else _alphas(config)
-    return objective, alphas, (families.sigma_range(config, alphas) if objective == "edm" else None)
+    return objective, alphas, (denoiser_rows.sigma_range(config, alphas) if objective == "edm" else None)
 
 
 def _alphas(config: Mapping[str, Any]) -> torch.Tensor:

@@ -15,7 +15,7 @@ import torch
 
 from ..recipe.patterns import inside
 from ..runtime.apply import same_device
-from . import families
+from . import denoiser_rows
 from .rules import TrainingError
 
 __all__ = ["preflight", "static_problems"]
@@ -90,8 +90,8 @@ def preflight(tp: Any, batch: Mapping[str, Any] | None) -> None:
     if tp.denoiser_name not in tp.components:
         return
     module = tp.components[tp.denoiser_name]
-    families.family_of(module)
-    batch = dict(batch) if batch is not None else families.example_batch(module)
+    denoiser_rows.row_of(module)
+    batch = dict(batch) if batch is not None else denoiser_rows.example_batch(module)
     batch = {k: (v[:1] if isinstance(v, torch.Tensor) and v.dim() > 0 and k != "sigmas" else v) for k, v in batch.items()}
 
     def run() -> None:

@@ -125,7 +125,7 @@ class ModelGeometry:
 def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> ModelGeometry:
     """The size rules of a model from ``model_index.json`` and its component configs (nothing loaded).
 
-    Video pipelines use the video program's rules (:func:`hf_precision.apps.video.families.video_spec`); image
+    Video pipelines use the video program's rules (:func:`hf_precision.apps.video.spec.video_spec`); image
     pipelines: the VAE's factor (:func:`hf_precision.memory.geometry.vae_factors`) x the denoiser's ``patch_size``
     (x2 where the pipeline packs latents).
 
@@ -138,7 +138,7 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         16
     """
     from ...memory.geometry import axis_value, vae_factors
-    from ..video.families import video_spec
+    from ..video.spec import video_spec
 
     try:
         spec = video_spec(pipeline, index, configs)
@@ -159,9 +159,9 @@ def _packs_2x2(denoiser_class: str) -> bool:
     # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1): the training
     # family row says so (pack="flux"), so a new family is one row there. Imported here: it needs torch, which the
     # callers have already loaded.
-    from ...training.families import FAMILIES
+    from ...training.denoiser_rows import ROWS
 
-    row = FAMILIES.get(denoiser_class)
+    row = ROWS.get(denoiser_class)
     return row is not None and row.pack == "flux"
 
 

@@ -102,7 +102,7 @@ def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
     layer's loss would draw only B, the same B on every process)."""
     import torch
 
-    from ...training.families import EDM_P_MEAN, EDM_P_STD
+    from ...training.denoiser_rows import EDM_P_MEAN, EDM_P_STD
 
     tp, acc, latents = run.tp, run.accelerator, batch["latents"]
     b, device = latents.shape[0], latents.device

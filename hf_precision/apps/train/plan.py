@@ -117,7 +117,7 @@ def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
     """
     from ...diagnose.planner import plan as hp_plan
     from ...runtime.source import configs_of
-    from ...training.families import objective_of
+    from ...training.denoiser_rows import objective_of
     from .data import model_geometry
 
     _, index, configs = configs_of(model)
@@ -145,7 +145,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     from ...dtypes import FLOAT8
     from ...memory.train_step import make_trainable, step_activations, store_fp8
     from ...recipe.quantize import is_quantized
-    from ...training.families import example_batch
+    from ...training.denoiser_rows import example_batch
 
     m = _cached_model or planned_model(model, device, overrides)
     den = m.plan.components[m.denoiser]

@@ -65,18 +65,18 @@ def _check_family(index: dict[str, Any]) -> None:
     import diffusers
 
     from ...runtime.source import listed_components
-    from ...training.families import FAMILIES
+    from ...training.denoiser_rows import ROWS
 
     models = {}
     for name, (_, cls_name) in listed_components(index).items():
         cls = getattr(diffusers, str(cls_name), None)
         if isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin):
             models[name] = (str(cls_name), [c.__name__ for c in cls.__mro__])
-    if any(n in FAMILIES for _, mro in models.values() for n in mro):
+    if any(n in ROWS for _, mro in models.values() for n in mro):
         return  # the denoiser (unet, transformer, Cascade's prior or decoder) has a row
     shown = ", ".join(f"{name} is a {cls}" for name, (cls, _) in models.items()) or "no diffusers model listed"
     raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser the training layer knows ({shown}; it knows "
-                      f"how to call {', '.join(FAMILIES)}): a family without a training recipe; train one of those, or "
+                      f"how to call {', '.join(ROWS)}): a family without a training recipe; train one of those, or "
                       f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
 
 
@@ -119,7 +119,7 @@ def _check_latents(index: dict[str, Any]) -> None:
     import diffusers
 
     from ...runtime.source import listed_components
-    from ...training.families import FAMILIES
+    from ...training.denoiser_rows import ROWS
 
     listed = listed_components(index)
     if "vae" in listed:
@@ -130,7 +130,7 @@ def _check_latents(index: dict[str, Any]) -> None:
         if library != "diffusers" or (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
             continue
         mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
-        (denoisers if any(n in FAMILIES for n in mro) else encoders).append(f"{name} ({cls_name})")
+        (denoisers if any(n in ROWS for n in mro) else encoders).append(f"{name} ({cls_name})")
     name = index.get("_class_name")
     where = (f"its latents come from {', '.join(encoders)}" if encoders else
              f"no model it lists encodes images into its latents (its denoiser {', '.join(denoisers) or '?'} works in "

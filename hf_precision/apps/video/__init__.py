@@ -1,10 +1,10 @@
 """The video program as library functions: text/image-to-video for every diffusers video family.
 
-``io`` (jobs and outputs), ``families`` (the family table and a pipeline's rules), ``load`` (the pipeline with its
-recipe and memory features), ``memory`` (peak memory per phase), ``run`` (one generator for every family, and the
-batch loop), ``plan`` (the memory plan on the meta device, counted and chosen by :mod:`hf_precision.memory`),
-``devices`` (``--device-map balanced``), ``parallel`` (context parallelism). ``hf-precision video`` and
-``scripts/generate_video.py`` parse the command line and call :func:`generate_batch`.
+``io`` (jobs and outputs), ``spec`` (a pipeline's rules: its recipe's ``video:`` block and its configs), ``load``
+(the pipeline with its recipe and memory features), ``memory`` (peak memory per phase), ``run`` (one generator for
+every family, and the batch loop), ``plan`` (the memory plan on the meta device, counted and chosen by
+:mod:`hf_precision.memory`), ``devices`` (``--device-map balanced``), ``parallel`` (context parallelism).
+``hf-precision video`` and ``scripts/generate_video.py`` parse the command line and call :func:`generate_batch`.
 
 Names are bound lazily: a submodule is imported on first use.
 """
@@ -16,8 +16,8 @@ from ...lazy import face
 _EXPORTS = {
     "FORMATS": "io", "Job": "io", "check_out": "io", "plan_outputs": "io", "read_image": "io", "read_prompts": "io",
     "save_video": "io",
-    "FAMILIES": "families", "VideoFamily": "families", "VideoSpec": "families", "model_spec": "families",
-    "spec_of": "families", "video_spec": "families",
+    "VideoRow": "spec", "VideoSpec": "spec", "model_spec": "spec", "spec_of": "spec", "video_row": "spec",
+    "video_spec": "spec",
     "MemorySettings": "load", "load_video_pipeline": "load",
     "PhaseMemory": "memory",
     "BatchOptions": "run", "ClipResult": "run", "generate_batch": "run", "generate_clip": "run",

@@ -126,7 +126,7 @@ def plan_placement(where: str, spec: Any, rooms: Sequence[tuple[str, int]], *, l
     recipe may give a component another dtype on another device, which the sizes of the first do not show.
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
         >>> p = plan_placement(where, spec, [("cuda:0", 16 * 10**9), ("cuda:1", 8 * 10**9)], layout="t4")
         >>> p.devices["unet"], p.devices["image_encoder"], p.devices["vae"]
@@ -134,7 +134,7 @@ def plan_placement(where: str, spec: Any, rooms: Sequence[tuple[str, int]], *, l
     """
     from ...diagnose.planner import plan
     from ...runtime.source import configs_of
-    from .families import pipeline_recipe
+    from .spec import pipeline_recipe
 
     if not rooms:
         raise RecipeError(f"--device-map balanced: no accelerator is visible; {FIX}")

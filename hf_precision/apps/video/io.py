@@ -25,7 +25,7 @@ __all__ = ["FORMATS", "Job", "check_out", "plan_outputs", "read_image", "read_pr
 
 FORMATS = ("mp4", "gif", "png")
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
-# The demo model (a tiny SVD) is tiny and uses its own defaults; models use their family's (families.py).
+# The demo model (a tiny SVD) is tiny and uses its own defaults; models use their recipe's (its video: block, spec.py).
 DEMO_DEFAULTS = {"height": 64, "width": 64, "frames": 8, "steps": 4, "decode_chunk_size": 4}
 
 

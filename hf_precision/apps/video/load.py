@@ -126,7 +126,7 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     from ...recipe.devices import device_profile
     from ...runtime.apply import torch_device
     from ...runtime.load import load_pipeline
-    from .families import model_spec
+    from .spec import model_spec
 
     settings = settings or MemorySettings(offload=offload, forward_chunking=forward_chunking)
     if settings.offload not in OFFLOAD:

@@ -71,7 +71,7 @@ def denoiser_class(model: str, spec: Any) -> Any:
     """The class of a video model's denoiser, from ``model_index.json`` (its name where diffusers has no such class).
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> denoiser_class(*model_spec("wan", configs_only=True)).__name__
         'WanTransformer3DModel'
     """

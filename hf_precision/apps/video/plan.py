@@ -24,7 +24,7 @@ from ...memory.planner import Choice, resident_bytes
 from ...memory.planner import choose as choose_fitting
 from ...runtime.memory import available_bytes
 from ...units import format_bytes
-from .families import pipeline_recipe
+from .spec import pipeline_recipe
 from .load import MemorySettings
 
 __all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
@@ -46,7 +46,7 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
     the training loss's code from the denoiser class's row (recipes/denoisers.yaml).
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> import torch
         >>> from hf_precision.memory.peaks import meta_module
         >>> from hf_precision.runtime.source import configs_of
@@ -58,15 +58,15 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
         ((1, 16, 21, 60, 104), (1, 512, 4096))
     """
     from ...memory.train_step import cast_floats
-    from ...training.families import FAMILIES, call_inputs, example_batch, family_of
+    from ...training.denoiser_rows import ROWS, call_inputs, example_batch, row_of
     from ...training.rules import TrainingError
 
     try:
-        row = family_of(module, spec.denoiser)
+        row = row_of(module, spec.denoiser)
     except TrainingError:
         raise RecipeError(f"--plan: {spec.pipeline}: {type(module).__name__} has no row in recipes/denoisers.yaml, so "
-                          f"its denoiser's inputs are unknown; add one (hf_precision.training.families.add_rows; "
-                          f"known: {', '.join(sorted(FAMILIES))})") from None
+                          f"its denoiser's inputs are unknown; add one (hf_precision.training.denoiser_rows.add_rows; "
+                          f"known: {', '.join(sorted(ROWS))})") from None
     batch = example_batch(module, spec.row.cfg_batch if guidance else 1, tokens=spec.text_length(), device="meta",
                           latent=spec.latent_shape(height, width, frames))
     return cast_floats(call_inputs(row, module, batch), dtype)
@@ -265,7 +265,7 @@ def predict(where: str, spec: Any, *, layout: Any, height: int, width: int, fram
     """Predicted peak memory per phase of one clip, from configs on the meta device (no weights, no GPU).
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
         >>> p = predict(where, spec, layout="t4", height=256, width=256, frames=14,
         ...             settings=MemorySettings(decode_chunk_size=2))
@@ -323,7 +323,7 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
     the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
 
     Example:
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> where, spec = model_spec("svd", configs_only=True)
         >>> c = choose(where, spec, layout="t4", budget=8 * 10**9, height=256, width=256, frames=14)
         >>> c.fits, c.prediction.peak <= 8 * 10**9

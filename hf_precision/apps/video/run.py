@@ -1,11 +1,11 @@
 """Making clips: one generator for every video family, and the batch loop over the jobs of a run.
 
 :func:`generate_clip` calls the pipeline with the noise from a CPU generator (the same clip on every device), one
-progress bar for the batch, and the peak memory of each phase (:mod:`hf_precision.apps.video.memory`). A family whose
-row says ``decode_chunks`` (SVD) is stopped at the latents: the noise is drawn here in the denoiser's compute dtype
-(brycedrennan/imaginAIry#442 drew fp32 noise next to an fp16 model) and the frames are decoded here,
-``decode_chunk_size`` at a time, so the decode peak is bounded (diffusers#6385: "abnormally high VRAM") and the bar
-follows the decode.
+progress bar for the batch, and the peak memory of each phase (:mod:`hf_precision.apps.video.memory`). A pipeline
+whose recipe's video: block says ``decode_chunks`` (SVD) is stopped at the latents: the noise is drawn here in the
+denoiser's compute dtype (brycedrennan/imaginAIry#442 drew fp32 noise next to an fp16 model) and the frames are
+decoded here, ``decode_chunk_size`` at a time, so the decode peak is bounded (diffusers#6385: "abnormally high
+VRAM") and the bar follows the decode.
 
 :func:`generate_batch` loads the pipeline once and makes every job; under ``accelerate launch`` the jobs are split
 between processes with accelerate's ``PartialState.split_between_processes`` and every output is written by exactly
@@ -106,7 +106,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
 
     Example:
         >>> from hf_precision.testing.pipelines import make_svd, example_image
-        >>> from hf_precision.apps.video.families import spec_of
+        >>> from hf_precision.apps.video.spec import spec_of
         >>> pipe = make_svd()
         >>> r = generate_clip(pipe, spec_of(pipe), image=example_image(32), height=32, width=32, frames=3, steps=2)
         >>> r.frames.shape, r.frames.dtype, r.peak_memory >= r.peak_before_decode > 0
@@ -260,7 +260,7 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
     Example:
         >>> import tempfile; from pathlib import Path
         >>> from hf_precision.testing.pipelines import make_svd, save_pipeline, example_image
-        >>> from hf_precision.apps.video.families import model_spec
+        >>> from hf_precision.apps.video.spec import model_spec
         >>> d = Path(tempfile.mkdtemp()); example_image(32).save(d / "cat.png")
         >>> where, spec = model_spec(str(save_pipeline(make_svd(), d / "svd")))
         >>> jobs = [Job(d / "cat.png", d / "cat.gif", "gif")]

@@ -19,7 +19,7 @@ import torch
 from . import inputs
 from .rules import TrainingError
 
-__all__ = ["FamilyRow", "FAMILIES", "add_rows", "family_of", "no_row", "objective_of", "sigma_range", "noisy_inputs",
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of", "sigma_range", "noisy_inputs",
            "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
@@ -29,7 +29,7 @@ EDM_P_MEAN, EDM_P_STD = -1.2, 1.2
 
 
 @dataclasses.dataclass(frozen=True)
-class FamilyRow:
+class DenoiserRow:
     """One denoiser family: a row of recipes/denoisers.yaml (its header says what each field means)."""
 
     latent_arg: str
@@ -52,13 +52,13 @@ class FamilyRow:
     timestep_in_weights_dtype: bool = False
 
 
-def _rows(path: str | None = None) -> dict[str, FamilyRow]:
+def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
     from ..recipe.calls import read_denoisers
 
-    return {cls: FamilyRow(**row) for cls, row in read_denoisers(inputs.BUILDERS, path).items()}
+    return {cls: DenoiserRow(**row) for cls, row in read_denoisers(inputs.BUILDERS, path).items()}
 
 
-FAMILIES: dict[str, FamilyRow] = _rows()
+ROWS: dict[str, DenoiserRow] = _rows()
 
 
 def add_rows(path: str) -> list[str]:
@@ -70,27 +70,27 @@ def add_rows(path: str) -> list[str]:
         >>> path = pathlib.Path(tempfile.mkdtemp()) / "mine.yaml"
         >>> _ = path.write_text("schema: 1\\nkind: denoisers\\ndenoisers:\\n  MyDiT: {latent_arg: hidden_states, "
         ...                     "source: pipeline_my.py}\\n")
-        >>> add_rows(str(path)), FAMILIES.pop("MyDiT").latent_arg
+        >>> add_rows(str(path)), ROWS.pop("MyDiT").latent_arg
         (['MyDiT'], 'hidden_states')
     """
     rows = _rows(path)
-    FAMILIES.update(rows)
+    ROWS.update(rows)
     return list(rows)
 
 
-def family_of(module: torch.nn.Module, component: str = "the denoiser") -> FamilyRow:
-    """The row for a denoiser, by its class (or a base class); a ``TrainingError`` names the families known.
+def row_of(module: torch.nn.Module, component: str = "the denoiser") -> DenoiserRow:
+    """The row for a denoiser, by its class (or a base class); a ``TrainingError`` names the classes known.
 
     Example:
         >>> from diffusers import SD3Transformer2DModel
-        >>> family_of(SD3Transformer2DModel(sample_size=8, num_layers=1, attention_head_dim=8, num_attention_heads=1,
+        >>> row_of(SD3Transformer2DModel(sample_size=8, num_layers=1, attention_head_dim=8, num_attention_heads=1,
         ...     joint_attention_dim=8, caption_projection_dim=8, pooled_projection_dim=8, out_channels=4)).pack is None
         True
     """
     module = getattr(module, "_orig_mod", module)  # torch.compile(module) wraps it in an OptimizedModule
     for cls in type(module).__mro__:
-        if cls.__name__ in FAMILIES:
-            return FAMILIES[cls.__name__]
+        if cls.__name__ in ROWS:
+            return ROWS[cls.__name__]
     raise no_row(module, component)
 
 
@@ -109,7 +109,7 @@ def no_row(module: torch.nn.Module, component: str = "the denoiser") -> Training
         f"inputs yourself: `with tp.autocast(): pred = tp.components[{comp!r}](noisy_latents, timestep, ...)`, "
         f"`loss = torch.nn.functional.mse_loss(pred.float(), target)`, then tp.backward(loss) and tp.step(optimizer); "
         f"or add a row for it in a denoisers YAML file (the shape of recipes/denoisers.yaml) and load it with "
-        f"hf_precision.training.families.add_rows(path) (known: {', '.join(sorted(FAMILIES))})")
+        f"hf_precision.training.denoiser_rows.add_rows(path) (known: {', '.join(sorted(ROWS))})")
 
 
 def objective_of(scheduler_config: Mapping[str, Any] | None, scheduler_class: str = "") -> str:
@@ -152,7 +152,7 @@ def sigma_range(scheduler_config: Mapping[str, Any] | None, alphas_cumprod: torc
     return float(0.002 if lo is None else lo), float(80.0 if hi is None else hi)
 
 
-def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, Any], objective: str,
+def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], objective: str,
                  alphas_cumprod: torch.Tensor | None, generator: torch.Generator | None = None,
                  sigmas: tuple[float, float] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """The denoiser's keyword arguments for one training step, and the target its output is compared with.
@@ -208,7 +208,7 @@ def noisy_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, An
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack else target
 
 
-def call_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
+def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
                 timestep: torch.Tensor | None = None, x0: torch.Tensor | None = None) -> dict[str, Any]:
     """The denoiser's keyword arguments for ``noisy`` latents (the denoiser's layout, before packing) at ``timestep``:
     the training step's call and the video memory plan's (meta tensors). Without ``noisy``: the batch's latents;
@@ -218,7 +218,7 @@ def call_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, Any
         >>> from diffusers import SD3Transformer2DModel
         >>> m = SD3Transformer2DModel(sample_size=8, num_layers=1, attention_head_dim=8, num_attention_heads=1,
         ...     joint_attention_dim=8, caption_projection_dim=8, pooled_projection_dim=6, in_channels=4, out_channels=4)
-        >>> sorted(call_inputs(family_of(m), m, example_batch(m, device="meta")))
+        >>> sorted(call_inputs(row_of(m), m, example_batch(m, device="meta")))
         ['encoder_hidden_states', 'hidden_states', 'pooled_projections', 'timestep']
     """
     if noisy is None:
@@ -244,7 +244,7 @@ def call_inputs(row: FamilyRow, module: torch.nn.Module, batch: Mapping[str, Any
     return kwargs
 
 
-def model_output(out: Any, target: torch.Tensor, row: FamilyRow) -> torch.Tensor:
+def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tensor:
     """The prediction in ``out`` comparable with ``target`` (PixArt's learned-sigma half is dropped)."""
     pred = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
     dim = -1 if row.pack else inputs.channel_dim(row)
@@ -253,7 +253,8 @@ def model_output(out: Any, target: torch.Tensor, row: FamilyRow) -> torch.Tensor
     return pred
 
 
-def _with_condition_latents(row: FamilyRow, module: torch.nn.Module, noisy: torch.Tensor, batch: Mapping[str, Any]) -> torch.Tensor:
+def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,
+                             batch: Mapping[str, Any]) -> torch.Tensor:
     # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
     # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
     config = getattr(getattr(module, "_orig_mod", module), "config", {})
@@ -270,7 +271,7 @@ def _with_condition_latents(row: FamilyRow, module: torch.nn.Module, noisy: torc
     return torch.cat([noisy, extra.to(noisy)], dim=dim)
 
 
-def _pack(row: FamilyRow, x: torch.Tensor) -> torch.Tensor:
+def _pack(row: DenoiserRow, x: torch.Tensor) -> torch.Tensor:
     if row.pack == "flux":  # pipeline_flux.py _pack_latents: 2x2 patches become tokens
         b, c, h, w = x.shape
         return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
@@ -292,7 +293,7 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         >>> {k: tuple(v.shape) for k, v in example_batch(m).items()}
         {'latents': (1, 4, 8, 8), 'prompt_embeds': (1, 4, 8), 'pooled_prompt_embeds': (1, 6)}
     """
-    row = family_of(module)
+    row = row_of(module)
     config = module.config
     gen = torch.Generator().manual_seed(seed)
     device = torch.device(device or "cpu")
@@ -326,7 +327,7 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     return batch
 
 
-def _fitted_latent(row: FamilyRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:
+def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:
     if config.get("sample_frames") and config.get("temporal_compression_ratio"):
         # CogVideoX 1.0 sizes its temporal position embedding from the config (cogvideox_transformer_3d.py)
         frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1

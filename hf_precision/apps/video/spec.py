@@ -1,9 +1,11 @@
-"""The video families as data, and the rules of a video pipeline read from its configs.
+"""The rules of a video pipeline: what its recipe's ``video:`` block says, and what its configs say.
 
-``FAMILIES`` holds one :class:`VideoFamily` row per diffusers video family: the pipeline class-name prefix it
-matches, the defaults of its model card, the text length and classifier-free-guidance batch its denoiser sees, how
-its VAE decodes. What one denoiser call gets is not here: the memory plan builds it from the denoiser class's row of
-recipes/denoisers.yaml, as the training loss does. A pipeline without a row here gets ``other``'s defaults.
+A video pipeline recipe (recipes/wan.yaml, svd.yaml, ...) holds the sampling facts its pipelines share beyond their
+configs, cited there: the defaults of its model card, the text length and classifier-free-guidance batch its
+denoiser sees, how its VAE decodes (:class:`VideoRow`). A pipeline gets the block of the recipe it resolves to, as
+``load_pipeline`` chooses it; a recipe without one, or a composed recipe, gets devices.yaml's ``video:`` defaults.
+What one denoiser call gets is not here: the memory plan builds it from the denoiser class's row of
+recipes/denoisers.yaml, as the training loss does.
 
 Everything else is read from the pipeline class and the component configs of ``model_index.json`` (no weights), so
 the arguments are checked before anything is loaded. The rules are the ones the diffusers pipelines apply themselves:
@@ -31,91 +33,58 @@ from ...errors import RecipeError
 from ...memory.geometry import axis_value, vae_factors
 from .limits import SizeLimits, size_limits
 
-__all__ = ["FAMILIES", "VideoFamily", "VideoSpec", "family_of", "model_spec", "pipeline_recipe", "spec_of",
-           "video_spec"]
+__all__ = ["VideoRow", "VideoSpec", "model_spec", "pipeline_recipe", "spec_of", "video_row", "video_spec"]
 
 
 @dataclasses.dataclass(frozen=True)
-class VideoFamily:
-    """One video family: what its pipelines share beyond their configs.
-
-    What one denoiser call gets is the denoiser class's row of recipes/denoisers.yaml, the training loss's too
-    (:func:`hf_precision.apps.video.plan.denoiser_call`). ``decode``: ``"video"`` (the VAE decodes the 5D latent
-    at once) or ``"frames"`` (a 2D or temporal VAE decodes frames in chunks). ``decode_chunks``: the pipeline stops at the latents
-    and the program decodes them ``--decode-chunk-size`` frames at a time, with the noise drawn here in the
-    denoiser's compute dtype (SVD). ``vae_tiling``: ``"always"`` for a VAE that only decodes tiled.
+class VideoRow:
+    """A recipe's ``video:`` block over devices.yaml's (the keys are described there). ``name``: the recipe's, or
+    ``other`` for a recipe without a block (devices.yaml's alone).
 
     Example:
-        >>> family_of("WanImageToVideoPipeline").name, family_of("MochiPipeline").cfg_batch
-        ('wan', 2)
+        >>> video_row("wan").cfg_batch, video_row("mochi").cfg_batch, video_row("sd15").name
+        (1, 2, 'other')
     """
 
     name: str
-    prefix: str
-    defaults: dict[str, int]
-    text_length: int = 256
-    text_prefix: int = 0             # template tokens the text encoder reads and the pipeline crops (HunyuanVideo)
-    text_hidden_states: bool = False  # the pipeline reads an inner layer of the text encoder, so every layer's
-                                      # output is kept (HunyuanVideo: hidden_states[-3])
-    cfg_batch: int = 2
-    image_encode: str = ""           # what vae.encode gets for an input image: "image", "frame", "clip" or "" (none)
-    decode: str = "video"
-    decode_chunk: int = 0            # frames the pipeline itself decodes at once ("frames" decode; 0: all)
-    decode_chunks: bool = False
-    forward_chunking: bool = False   # the memory plan may try the denoiser's feed-forward chunking
-    vae_tiling: str = "optional"     # "optional", "always" (a VAE that only decodes tiled) or "never"
-    frames_key: str = ""             # the denoiser config key holding the default frame count (SVD: num_frames)
-    text_length_key: str = ""        # the denoiser config key fixing the text length (CogVideoX)
-    call_options: tuple[str, ...] = ()  # program options passed to the pipeline call (SVD: fps, motion bucket, ...)
-    size_multiple: int = 1           # sizes the program accepts: also multiples of this (SVD: 8, whatever its VAE)
-    size_note: str = ""              # why sizes are multiples of 8 (SVD), in the size message
+    defaults: Mapping[str, int]
+    text_length: int
+    text_prefix: int
+    text_hidden_states: bool
+    cfg_batch: int
+    image_encode: str | None
+    decode: str
+    decode_chunk: int
+    decode_chunks: bool
+    forward_chunking: bool
+    vae_tiling: str
+    frames_key: str | None
+    text_length_key: str | None
+    call_options: tuple[str, ...]
+    size_multiple: int
+    size_note: str
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
-        """The latents the program draws for a ``decode_chunks`` family (SVD: half the UNet's input channels; the
+        """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
         other half is the image latent the pipeline concatenates)."""
         return 1, frames, int(cfg["in_channels"]) // 2, height, width
 
 
-# Defaults: the resolution and frame count each model card shows, steps from the diffusers docs examples. Wan 2.1:
-# 480x832, 81 frames (Wan-AI/Wan2.1-T2V-1.3B-Diffusers model card); LTX-Video: 480x704, 161 frames
-# (Lightricks/LTX-Video model card); CogVideoX: 480x720, 49 frames (THUDM/CogVideoX-2b model card); HunyuanVideo:
-# 320x512, 61 frames (diffusers docs api/pipelines/hunyuan_video.md example); SVD: 576x1024, the UNet's num_frames;
-# Mochi: pipeline_mochi.py's own 480x848, 19 frames, 64 steps; Allegro: 720x1280 and 100 steps (rhymes-ai/Allegro
-# model card), 85 frames = the 22 latent frames its transformer was trained on (sample_frames); Latte: 512x512,
-# 50 steps (pipeline_latte.py), frames fixed by the transformer (video_length).
-# Text lengths the pipelines pad to: pipeline_wan.py max_sequence_length=512, pipeline_ltx.py 128,
-# pipeline_cogvideox.py 226, pipeline_hunyuan_video.py 256 plus the template's crop_start 95, pipeline_mochi.py 256,
-# pipeline_allegro.py 512, pipeline_latte.py 120. CFG batch: the batch the denoiser sees per call with guidance;
-# Wan calls the transformer twice with batch 1 and HunyuanVideo embeds guidance (batch 1); the others concatenate the
-# unconditional half.
-FAMILIES: dict[str, VideoFamily] = {f.name: f for f in (
-    VideoFamily("wan", "Wan", {"height": 480, "width": 832, "frames": 81, "steps": 50}, text_length=512,
-                cfg_batch=1, image_encode="clip"),
-    VideoFamily("ltx", "LTX", {"height": 480, "width": 704, "frames": 161, "steps": 50}, text_length=128,
-                image_encode="frame"),
-    VideoFamily("cogvideox", "CogVideoX", {"height": 480, "width": 720, "frames": 49, "steps": 50}, text_length=226,
-                image_encode="frame", text_length_key="max_text_seq_length"),
-    VideoFamily("hunyuan", "HunyuanVideo", {"height": 320, "width": 512, "frames": 61, "steps": 30},
-                text_length=256, text_prefix=95, text_hidden_states=True, cfg_batch=1),
-    VideoFamily("svd", "StableVideoDiffusion", {"height": 576, "width": 1024, "frames": 0, "steps": 25},
-                image_encode="image", decode="frames", decode_chunks=True, forward_chunking=True, vae_tiling="never",
-                frames_key="num_frames", call_options=("fps", "motion_bucket_id", "noise_aug_strength"),
-                size_multiple=8, size_note="SVD's VAE works on 8x8 blocks"),
-    VideoFamily("mochi", "Mochi", {"height": 480, "width": 848, "frames": 19, "steps": 64}),
-    # AutoencoderKLAllegro refuses to decode untiled: "Decoding without tiling has not been implemented yet"
-    # (diffusers v0.42.1 autoencoder_kl_allegro.py:841), so tiling is turned on whatever the settings say.
-    VideoFamily("allegro", "Allegro", {"height": 720, "width": 1280, "frames": 85, "steps": 100}, text_length=512,
-                vae_tiling="always"),
-    # pipeline_latte.py decode_latents: a 2D VAE, 14 frames at a time
-    VideoFamily("latte", "Latte", {"height": 512, "width": 512, "frames": 16, "steps": 50}, text_length=120,
-                decode="frames", decode_chunk=14),
-    VideoFamily("other", "", {"height": 480, "width": 832, "frames": 49, "steps": 30}),
-)}
+def video_row(recipe: str | Mapping[str, Any]) -> VideoRow:
+    """The :class:`VideoRow` of a recipe: a shipped name, a user's YAML path or a composed recipe's data.
 
+    Its ``video:`` block (checked with the recipe) over devices.yaml's; ``other`` when it has none.
+    """
+    from ...recipe.catalog import pipeline_spec
+    from ...recipe.devices import video_defaults
 
-def family_of(pipeline: str) -> VideoFamily:
-    """The row whose prefix starts the pipeline class name (``other`` when none does)."""
-    return next((f for f in FAMILIES.values() if f.prefix and pipeline.startswith(f.prefix)), FAMILIES["other"])
+    data = pipeline_spec(recipe) if isinstance(recipe, str) else recipe
+    block = data.get("video")
+    base = video_defaults()
+    row = {**base, **(block or {}), "defaults": {**base["defaults"], **(block or {}).get("defaults", {})}}
+    row["call_options"] = tuple(row["call_options"])
+    name = str(recipe) if isinstance(recipe, str) and block is not None else "other"
+    return VideoRow(name=name, **row)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +97,7 @@ class VideoSpec:
     """
 
     pipeline: str
-    family: str
+    row: VideoRow
     denoiser: str
     takes_prompt: bool
     takes_image: bool
@@ -136,7 +105,6 @@ class VideoSpec:
     size_multiple: int
     defaults: dict[str, int]
     extra: dict[str, Any]
-    vae_tiling_required: bool = False
     frames_arg: str = "num_frames"
     fixed_frames: int = 0
     # Wan-style rotary tables (``rope_max_seq_len`` in the transformer config): each of latent frames, rows and
@@ -150,11 +118,6 @@ class VideoSpec:
     input_clips: tuple[str, ...] = ()
     # an image the pipeline takes but documents as optional (LTX condition: text-to-video without it)
     image_optional: bool = False
-
-    @property
-    def row(self) -> VideoFamily:
-        """The family's row in :data:`FAMILIES`."""
-        return FAMILIES[self.family]
 
     @property
     def mode(self) -> str:
@@ -188,9 +151,9 @@ class VideoSpec:
         return problems or self.limits.problems(self.pipeline, height=height, width=width, frames=frames)
 
     def required(self, settings: Any) -> Any:
-        """``settings`` (a ``MemorySettings``) with what this family cannot run without: VAE tiling for a VAE that
+        """``settings`` (a ``MemorySettings``) with what this pipeline cannot run without: VAE tiling for a VAE that
         only decodes tiled (Allegro). The same object when nothing is missing."""
-        if self.vae_tiling_required and not settings.vae_tiling:
+        if self.row.vae_tiling == "always" and not settings.vae_tiling:
             return dataclasses.replace(settings, vae_tiling=True)
         return settings
 
@@ -207,7 +170,7 @@ class VideoSpec:
         return (frames - 1) // self.frame_step + 1 if self.frame_step > 1 else frames, height // spatial, width // spatial
 
     def text_length(self) -> int:
-        """Prompt tokens the denoiser sees: ``--max-sequence-length`` or the config's, else the family's."""
+        """Prompt tokens the denoiser sees: ``--max-sequence-length`` or the config's, else the recipe's."""
         fixed = self.extra.get("max_sequence_length")
         return int(fixed) if fixed else self.row.text_length
 
@@ -221,8 +184,10 @@ def _init_default(spec: Any, name: str) -> Any:
     return None if param is None or param.default is inspect.Parameter.empty else param.default
 
 
-def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> VideoSpec:
-    """The rules of a video pipeline from ``model_index.json`` and the component configs.
+def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]],
+               recipe: str | None = None) -> VideoSpec:
+    """The rules of a video pipeline from ``model_index.json``, the component configs and its recipe's ``video:``
+    block: ``recipe`` (a shipped name or a user's YAML file), else the one ``load_pipeline`` chooses for the class.
 
     Raises:
         RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no ``num_frames``, or
@@ -248,8 +213,9 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
         raise RecipeError(f"model_index.json names {pipeline}, which is not a diffusers video pipeline (its __call__ "
                           f"takes no num_frames or video_length); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
                           f"or Stable Video Diffusion")
-    row = family_of(pipeline)
-    denoiser = _denoiser(pipeline, index)
+    chosen = recipe or pipeline_recipe(pipeline, index)
+    row = video_row(chosen)
+    denoiser = _denoiser(pipeline, index, chosen)
     vae_cls = str((index.get("vae") or [None, ""])[1])
     spatial, temporal = vae_factors(vae_cls, configs.get("vae", {}))
     den = configs.get(denoiser, {})
@@ -259,7 +225,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
         extra["max_sequence_length"] = int(den[row.text_length_key])  # the pos-embedding length it was built for
     defaults = dict(row.defaults)
     if row.frames_key:
-        defaults["frames"] = int(den.get(row.frames_key, 14))
+        defaults["frames"] = int(den.get(row.frames_key) or _init_default(index.get(denoiser), row.frames_key))
     positions = int(den.get("rope_max_seq_len") or _init_default(index.get(denoiser), "rope_max_seq_len") or 0)
     limits = size_limits(index, configs, denoiser, spatial=spatial, temporal=temporal, patch=patch,
                          init_default=_init_default)
@@ -268,11 +234,10 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     # frame count a fixed table takes
     defaults["height"], defaults["width"], defaults["frames"] = limits.cap(
         height=defaults["height"], width=defaults["width"], frames=defaults["frames"])
-    return VideoSpec(pipeline=pipeline, family=row.name, denoiser=denoiser, takes_prompt="prompt" in params,
+    return VideoSpec(pipeline=pipeline, row=row, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
-                     vae_tiling_required=row.vae_tiling == "always", frames_arg=frames_arg or "num_frames",
-                     fixed_frames=fixed,
+                     frames_arg=frames_arg or "num_frames", fixed_frames=fixed,
                      max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips,
                      image_optional="image" in params and "image" not in call_inputs(cls))
 
@@ -291,13 +256,12 @@ def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:
     return recipe_for(pipeline, lambda: models_of_index(index))  # the one load_pipeline composes (runtime/load.py)
 
 
-def _denoiser(pipeline: str, index: Mapping[str, Any]) -> str:
+def _denoiser(pipeline: str, index: Mapping[str, Any], recipe: str | Mapping[str, Any]) -> str:
     """The recipe's ``denoiser:``, else the first component whose role is ``denoiser``."""
     from ...recipe.catalog import pipeline_spec
     from ...runtime.source import models_of_index
 
     models = models_of_index(index)
-    recipe = pipeline_recipe(pipeline, index)
     named = (pipeline_spec(recipe) if isinstance(recipe, str) else recipe).get("denoiser")
     if named in models:
         return str(named)
@@ -320,7 +284,7 @@ def model_spec(model: str, configs_only: bool = False) -> tuple[str, VideoSpec]:
 
     Example:
         >>> where, spec = model_spec("svd", configs_only=True)
-        >>> spec.family, spec.denoiser, spec.mode
+        >>> spec.row.name, spec.denoiser, spec.mode
         ('svd', 'unet', 'image-to-video')
     """
     from ...runtime.source import component_configs, configs_of, locate
@@ -338,8 +302,8 @@ def model_spec(model: str, configs_only: bool = False) -> tuple[str, VideoSpec]:
     return where, spec
 
 
-def spec_of(pipe: Any) -> VideoSpec:
-    """The :class:`VideoSpec` of a built pipeline, from its components' configs.
+def spec_of(pipe: Any, recipe: str | None = None) -> VideoSpec:
+    """The :class:`VideoSpec` of a built pipeline, from its components' configs (``recipe``: as :func:`video_spec`).
 
     Example:
         >>> from hf_precision.testing.pipelines import make_svd
@@ -350,4 +314,4 @@ def spec_of(pipe: Any) -> VideoSpec:
              if not name.startswith("_") and isinstance(value, (list, tuple))}
     configs = {name: dict(module.config) for name, module in pipe.components.items()
                if isinstance(getattr(module, "config", None), Mapping)}
-    return video_spec(type(pipe).__name__, index, configs)
+    return video_spec(type(pipe).__name__, index, configs, recipe)
