@@ -19,7 +19,7 @@ import torch
 from . import inputs
 from .rules import TrainingError
 
-__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of", "sigma_range", "noisy_inputs",
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of", "sigma_range", "draw", "noisy_inputs",
            "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
@@ -152,6 +152,31 @@ def sigma_range(scheduler_config: Mapping[str, Any] | None, alphas_cumprod: torc
     return float(0.002 if lo is None else lo), float(80.0 if hi is None else hi)
 
 
+def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor | None = None,
+         sigmas: tuple[float, float] | None = None, generator: torch.Generator | None = None,
+         device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
+    """The random part of a training step for ``shape[0]`` samples: ``noise`` of ``shape``, then the noise levels
+    (``sigmas``: uniform for flow, EDM's log-normal clipped to ``sigmas`` for edm) or DDPM ``timesteps``, in that
+    order. The training loss draws what its batch lacks with it; the program draws a whole global batch with it and
+    gives each process its slice, so N processes train on what one process does.
+
+    Example:
+        >>> d = draw("flow", (2, 4, 8, 8), generator=torch.Generator().manual_seed(0))
+        >>> sorted(d), tuple(d["noise"].shape), tuple(d["sigmas"].shape)
+        (['noise', 'sigmas'], (2, 4, 8, 8), (2,))
+    """
+    b, rnd = shape[0], {"generator": generator, "device": device}
+    out = {"noise": torch.randn(shape, **rnd)}
+    if objective == "flow":
+        out["sigmas"] = torch.rand(b, **rnd)
+    elif objective == "edm":
+        lo, hi = sigmas or (0.002, 80.0)
+        out["sigmas"] = (EDM_P_MEAN + EDM_P_STD * torch.randn(b, **rnd)).exp().clamp(lo, hi)
+    elif alphas_cumprod is not None:
+        out["timesteps"] = torch.randint(0, len(alphas_cumprod), (b,), **rnd)
+    return out
+
+
 def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], objective: str,
                  alphas_cumprod: torch.Tensor | None, generator: torch.Generator | None = None,
                  sigmas: tuple[float, float] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
@@ -165,26 +190,21 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                             f"already scaled (tp.encode_images(pixels) makes them)")
     x0 = inputs.model_layout(row, batch["latents"]).float()
     b = x0.shape[0]
-    noise = batch.get("noise")
-    if noise is None:
-        noise = torch.randn(x0.shape, generator=generator, device=x0.device) if generator is not None else torch.randn_like(x0)
-    else:
-        noise = inputs.model_layout(row, noise).to(x0)  # given in the latents' (VAE) layout
+    drawn = {}
+    if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
+        drawn = draw(objective, x0.shape, alphas_cumprod=alphas_cumprod, sigmas=sigmas, generator=generator,
+                     device=x0.device)
+    # a given noise is in the latents' (VAE) layout; a drawn one in the denoiser's
+    noise = inputs.model_layout(row, batch["noise"]).to(x0) if "noise" in batch else drawn["noise"]
+    given = {**drawn, **batch}
     if objective == "flow":
-        sigma = batch.get("sigmas")
-        if sigma is None:
-            sigma = torch.rand(b, generator=generator, device=x0.device) if generator is not None else torch.rand(b, device=x0.device)
+        sigma = given["sigmas"]
         s = sigma.float().view(b, *[1] * (x0.dim() - 1))
         noisy, target = (1 - s) * x0 + s * noise, noise - x0
         timestep = (1 - sigma.float() if row.flip else sigma.float()) * row.timestep_scale
         target = -target if row.flip else target
     elif objective == "edm":
-        sigma = batch.get("sigmas")
-        if sigma is None:
-            z = torch.randn(b, generator=generator, device=x0.device) if generator is not None else torch.randn(b, device=x0.device)
-            lo, hi = sigmas or (0.002, 80.0)
-            sigma = (EDM_P_MEAN + EDM_P_STD * z).exp().clamp(lo, hi)
-        sigma = sigma.float().to(x0.device).reshape(-1)
+        sigma = given["sigmas"].float().to(x0.device).reshape(-1)
         sigma = sigma.expand(b) if sigma.numel() == 1 else sigma[:b]  # one level for all, or one per sample
         s = sigma.view(b, *[1] * (x0.dim() - 1))
         c_in = (s ** 2 + 1).rsqrt()
@@ -197,10 +217,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         if alphas_cumprod is None:
             raise TrainingError(f"objective {objective} needs the scheduler's noise schedule; the pipeline has no scheduler "
                                 f"(pass a pipeline, or components with a 'scheduler')")
-        t = batch.get("timesteps")
-        if t is None:
-            t = torch.randint(0, len(alphas_cumprod), (b,), generator=generator, device=x0.device) if generator is not None \
-                else torch.randint(0, len(alphas_cumprod), (b,), device=x0.device)
+        t = given["timesteps"]
         a = alphas_cumprod.to(x0.device)[t.long()].view(b, *[1] * (x0.dim() - 1))
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0

@@ -100,22 +100,14 @@ def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
     """This process's share of the noise and timesteps (or noise levels) drawn for the whole global batch, in the
     order one process draws them: N processes of --batch-size B train on what one process of N x B does (the
     layer's loss would draw only B, the same B on every process)."""
-    import torch
-
-    from ...training.denoiser_rows import EDM_P_MEAN, EDM_P_STD
+    from ...training.denoiser_rows import draw
 
     tp, acc, latents = run.tp, run.accelerator, batch["latents"]
-    b, device = latents.shape[0], latents.device
-    n, mine = b * acc.num_processes, slice(acc.process_index * b, (acc.process_index + 1) * b)
-    out = {"noise": torch.randn((n, *latents.shape[1:]), device=device)[mine]}
-    if tp.objective == "flow":
-        out["sigmas"] = torch.rand(n, device=device)[mine]
-    elif tp.objective == "edm":
-        lo, hi = tp.sigma_range or (0.002, 80.0)
-        out["sigmas"] = (EDM_P_MEAN + EDM_P_STD * torch.randn(n, device=device)[mine]).exp().clamp(lo, hi)
-    elif tp.alphas_cumprod is not None:
-        out["timesteps"] = torch.randint(0, len(tp.alphas_cumprod), (n,), device=device)[mine]
-    return out
+    b = latents.shape[0]
+    mine = slice(acc.process_index * b, (acc.process_index + 1) * b)
+    drawn = draw(tp.objective, (b * acc.num_processes, *latents.shape[1:]), alphas_cumprod=tp.alphas_cumprod,
+                 sigmas=tp.sigma_range, device=latents.device)
+    return {k: v[mine] for k, v in drawn.items()}
 
 
 def fill_cache(run: Run) -> None:
