@@ -25,7 +25,7 @@ _EXPORTS = {
     "check": "diagnose", "CheckReport": "diagnose",
     "explain": "diagnose", "explain_error": "diagnose", "MismatchError": "diagnose",
     "calibrate": "diagnose", "CalibrationResult": "diagnose",
-    "prepare_training": "training", "TrainingPlan": "training", "resolve_training": "training",
+    "prepare_training": "training", "TrainingSetup": "training", "resolve_training": "training",
     "TrainingRecipe": "training",
 }
 __all__ = sorted(_EXPORTS)
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from .errors import RecipeError
     from .recipe import ComponentPlan, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
     from .runtime import Applied, applied, apply_recipe, load_pipeline
-    from .training import TrainingPlan, TrainingRecipe, prepare_training, resolve_training
+    from .training import TrainingSetup, TrainingRecipe, prepare_training, resolve_training
 
 
 __getattr__, __dir__ = face(__name__, _EXPORTS)

@@ -330,7 +330,7 @@ def test_a_video_vae_encodes_an_image_as_a_clip_of_one_frame():
     failed inside diffusers ("expected 5, got 4"); they go in as one-frame clips and come back as images."""
     from diffusers import AutoencoderKLQwenImage
 
-    from hf_precision.training.data import frame_wise, vae_latents
+    from hf_precision.training.encode import frame_wise, vae_latents
 
     torch.manual_seed(0)
     vae = AutoencoderKLQwenImage(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[False],

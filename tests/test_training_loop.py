@@ -103,7 +103,7 @@ def test_validation_and_resume_keep_dtypes(sd15, batch, tmp_path):
     assert {p.dtype for p in resumed.parameters()} == {torch.float32}
     assert all(torch.equal(a, b) for a, b in zip(tp.parameters(), resumed.parameters()))
     assert resumed.scaler.get_scale() == tp.scaler.get_scale() and resumed.fingerprint() == tp.fingerprint()
-    with pytest.raises(TrainingError, match="another plan"):  # another layout's plan: test_training_plan.py's fingerprints
+    with pytest.raises(TrainingError, match="another plan"):  # another layout's plan: test_training_setup.py's fingerprints
         resumed.load_state_dict({**state, "fingerprint": "0" * 16})
 
 

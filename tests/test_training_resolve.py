@@ -82,14 +82,14 @@ def test_training_program_resolves_once_and_casts_each_component_once(train_demo
 
 def test_prepare_training_on_a_pipeline_resolves_once_and_applies_once(tiny_pipe, monkeypatch):
     from hf_precision.runtime import apply as apply_module
-    from hf_precision.training import plan as plan_module
+    from hf_precision.training import setup as setup_module
 
     applied_to: list[str] = []
     resolutions: list[object] = []
-    real_apply, real_resolve = apply_module._apply_component, plan_module.resolve_training
+    real_apply, real_resolve = apply_module._apply_component, setup_module.resolve_training
     monkeypatch.setattr(apply_module, "_apply_component",
                         lambda a, plan, m, d, s: (applied_to.append(plan.name), real_apply(a, plan, m, d, s))[1])
-    monkeypatch.setattr(plan_module, "resolve_training",
+    monkeypatch.setattr(setup_module, "resolve_training",
                         lambda *a, **k: (resolutions.append(a[0]), real_resolve(*a, **k))[1])
     pipe = tiny_pipe("sd15")
     tp = hp.prepare_training(pipe, layout="t4", train={"unet": "lora"})

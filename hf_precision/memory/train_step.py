@@ -160,13 +160,13 @@ def make_trainable(module: Any, method: str, rank: int) -> int:
     """
     import torch
 
-    from ..training.methods import Setup, method_of
+    from ..training.methods import ComponentSetup, method_of
 
     handler = method_of(method)
     # A full fine-tune computes under autocast from its fp32 masters; meta has no autocast, so the meta module keeps
     # the compute dtype its activations are made in (the masters are counted apart, at 4 bytes each).
     masters = next(module.parameters()).dtype if handler.every_weight else torch.float32
-    handler.setup(Setup("denoiser", module, None, {}, rank, None, None, None, masters))
+    handler.setup(ComponentSetup("denoiser", module, None, {}, rank, None, None, None, masters))
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 

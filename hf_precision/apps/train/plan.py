@@ -190,7 +190,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
 def _encode_activations(m: PlannedModel, dtype: Any, batch: int, resolution: int, frames: int) -> int:
     """The VAE encode of one batch, as train encodes it (folded frames, ``.latent_dist`` sampled or ``.latent``)."""
     from ...memory.peaks import vae_encode_peak
-    from ...training.data import vae_latents
+    from ...training.encode import vae_latents
 
     if "vae" not in m.index or "vae" not in m.configs:
         return 0

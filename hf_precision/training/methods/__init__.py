@@ -15,14 +15,14 @@ import dataclasses
 import importlib
 from typing import Any
 
-__all__ = ["Method", "Setup", "register_method", "method_of", "method_names", "program_methods", "make_masters"]
+__all__ = ["Method", "ComponentSetup", "register_method", "method_of", "method_names", "program_methods", "make_masters"]
 
 _BUILT_IN = ("lora", "full", "embedding", "frozen")
 _REGISTRY: dict[str, "Method"] = {}
 
 
 @dataclasses.dataclass
-class Setup:
+class ComponentSetup:
     """What a handler's :meth:`Method.setup` reads and fills for one component."""
 
     name: str
@@ -55,7 +55,7 @@ class Method:
         """Whether the parameter of this name trains (becomes a master)."""
         return False
 
-    def setup(self, s: Setup) -> None:
+    def setup(self, s: ComponentSetup) -> None:
         """Make the component trainable this way: what it owns becomes fp32 (or ``master_dtype``) masters, the rest
         is frozen. Handlers that add to the module (an adapter, token rows) do it around this."""
         make_masters(s.module, self.name, s.master_dtype)

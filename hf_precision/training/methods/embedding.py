@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import Method, Setup, register_method
+from . import Method, ComponentSetup, register_method
 
 
 class Embedding(Method):
@@ -12,7 +12,7 @@ class Embedding(Method):
     takes_tokens = True
     selected_by = "embedding"  # --embedding TOKEN alone asks for textual inversion
 
-    def setup(self, s: Setup) -> None:
+    def setup(self, s: ComponentSetup) -> None:
         from .. import trainable
 
         super().setup(s)  # the encoder's weights freeze; the new rows are their own masters

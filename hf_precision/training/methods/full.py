@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
-from . import Method, Setup, register_method
+from . import Method, ComponentSetup, register_method
 
 
 class Full(Method):
@@ -16,7 +16,7 @@ class Full(Method):
     def owns(self, parameter: str) -> bool:
         return True
 
-    def setup(self, s: Setup) -> None:
+    def setup(self, s: ComponentSetup) -> None:
         from ..rules import TrainingError
 
         plan = s.recipe[s.name] if s.name in s.recipe else None

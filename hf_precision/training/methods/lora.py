@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import Method, Setup, register_method
+from . import Method, ComponentSetup, register_method
 
 
 class Lora(Method):
@@ -15,7 +15,7 @@ class Lora(Method):
     def owns(self, parameter: str) -> bool:
         return "lora_" in parameter
 
-    def setup(self, s: Setup) -> None:
+    def setup(self, s: ComponentSetup) -> None:
         from .. import trainable
 
         present = trainable.existing_rank(s.module)  # an adapter the user injected before (any path, any dtype)

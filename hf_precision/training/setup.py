@@ -25,18 +25,18 @@ from .. import dtypes as dt
 from ..recipe.model import Recipe
 from ..runtime.apply import Applied, applied, apply_recipe, check_placeable, torch_device
 from . import control, denoiser_rows, quantized, trainable
-from .methods import Setup, method_of, method_names
+from .methods import ComponentSetup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
 from .rules import MASTERS, ComputeChoice, TrainingError
 from .scaler import Stepper, parameter_names
 
-__all__ = ["prepare_training", "TrainingPlan"]
+__all__ = ["prepare_training", "TrainingSetup"]
 
 _REQUIRES_GRAD = operator.attrgetter("requires_grad")
 
 
 @dataclasses.dataclass
-class TrainingPlan:
+class TrainingSetup:
     """What :func:`prepare_training` set up; print it for the per-component table (see the module docstring)."""
 
     pipe: Any
@@ -221,7 +221,7 @@ class TrainingPlan:
     # ---------------------------------------------------------------- data in
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         """VAE latents of ``pixels`` (in [-1, 1]) in the VAE's planned dtype, scaled as the pipeline does; fp32 out."""
-        from .data import encode_images
+        from .encode import encode_images
 
         return encode_images(self, pixels, generator)
 
@@ -230,7 +230,7 @@ class TrainingPlan:
 
         ``options`` go to the pipeline's ``encode_prompt`` as they are (``max_sequence_length=256``, ``prompt_2=``).
         """
-        from .data import encode_prompt
+        from .encode import encode_prompt
 
         return encode_prompt(self, prompts, **options)
 
@@ -327,7 +327,7 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
                      rank: int = 4, lora: Any = None, tokens: Mapping[str, list[str]] | None = None,
                      init_tokens: Mapping[str, list[str]] | None = None, master: str = "fp32",
                      overrides: Any = None, recipe: str | TrainingRecipe | None = None, force: bool = False,
-                     shard: bool | str = False) -> TrainingPlan:
+                     shard: bool | str = False) -> TrainingSetup:
     """Set a pipeline up for training under its recipe (see the module docstring for the rules).
 
     Args:
@@ -390,7 +390,7 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
 
 def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], train: dict[str, str], dev: torch.device,
             denoiser: str | None, choices: dict[str, ComputeChoice], rank: int, lora: Any,
-            tokens: Mapping[str, list[str]] | None, init_tokens: Mapping[str, list[str]] | None, master: str) -> TrainingPlan:
+            tokens: Mapping[str, list[str]] | None, init_tokens: Mapping[str, list[str]] | None, master: str) -> TrainingSetup:
     recipe = applied.recipe
     half = {recipe[c].compute for c in choices}
     if master == "bf16-sr" and half != {"bfloat16"}:
@@ -403,7 +403,7 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
     ranks: dict[str, int] = {}
     for comp, module in comps.items():
         method = method_of(train.get(comp, "frozen"))
-        s = Setup(comp, module, holder, recipe, rank, lora, (tokens or {}).get(comp), (init_tokens or {}).get(comp),
+        s = ComponentSetup(comp, module, holder, recipe, rank, lora, (tokens or {}).get(comp), (init_tokens or {}).get(comp),
                   master_dtype)
         method.setup(s)
         if s.lora_rank is not None:
@@ -422,7 +422,7 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
         for island in applied.islands.get(comp, []):
             handles += trainable.guard(module.get_submodule(island), dev.type, None)
     objective, alphas, sigmas = _objective(holder, comps.get(denoiser) if denoiser else None)
-    return TrainingPlan(pipe=holder, recipe=recipe, applied=applied, kinds={c: train.get(c, "frozen") for c in comps},
+    return TrainingSetup(pipe=holder, recipe=recipe, applied=applied, kinds={c: train.get(c, "frozen") for c in comps},
                         choices=choices, device=dev, denoiser_name=denoiser, objective=objective, master=master,
                         stepper=stepper, token_rows=token_rows, tokens={k: list(v) for k, v in (tokens or {}).items()},
                         lora_rank=ranks, handles=handles, alphas_cumprod=alphas, sigma_range=sigmas)
