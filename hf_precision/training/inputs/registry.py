@@ -52,10 +52,24 @@ def builder(name: str) -> Callable[[Builder], Builder]:
 
 
 def channel_dim(row: Any) -> int:
+    """The channel axis of latents in the row's layout: 2 for ``frames_first`` (B,F,C,H,W), else 1.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> channel_dim(SimpleNamespace(layout="frames_first")), channel_dim(SimpleNamespace(layout="video"))
+        (2, 1)
+    """
     return 2 if row.layout == "frames_first" else 1
 
 
 def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
+    """Latents as the VAE gives them, in the layout the row's denoiser takes.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> model_layout(SimpleNamespace(layout="frames_first"), torch.zeros(1, 4, 3, 8, 8)).shape
+        torch.Size([1, 3, 4, 8, 8])
+    """
     if row.layout == "image" and x.dim() == 5 and x.shape[2] == 1:
         return x[:, :, 0]  # a 3D causal VAE (QwenImage) encodes an image as one latent frame; the pipeline packs it 2D
     if row.layout == "frames_first":
@@ -64,12 +78,26 @@ def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
 
 
 def frozen_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype of a module's first frozen floating weight (float32 when none is frozen).
+
+    Example:
+        >>> frozen_dtype(torch.nn.Linear(2, 2).half().requires_grad_(False)), frozen_dtype(torch.nn.Linear(2, 2))
+        (torch.float16, torch.float32)
+    """
     # The frozen weights' dtype (a LoRA base: the compute dtype); a full fine-tune (fp32 masters) computes under
     # autocast, which casts the timestep itself.
     return next((p.dtype for p in module.parameters() if not p.requires_grad and p.is_floating_point()), torch.float32)
 
 
 def optional_inputs(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    """The row's ``optional`` forward arguments: the batch's value where it has one, else zeros of the row's shape.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> row = SimpleNamespace(layout="image", optional={"control": ("control_latents", "latents")})
+        >>> optional_inputs(row, torch.nn.Identity(), {}, torch.ones(1, 4, 8, 8))["control"].abs().sum().item()
+        0.0
+    """
     # Conditioning the pipeline always passes but a text-to-X training batch may lack (an I2V image, a VACE control
     # video, Cascade's image embeddings): zeros, the unconditional input, as condition dropout trains it.
     config = getattr(module, "config", {})
