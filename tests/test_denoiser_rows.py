@@ -133,7 +133,7 @@ def test_a_users_own_builder_named_by_a_yaml_row_feeds_the_denoiser_in_training(
     seen, built = [], []
     cls, path = _new_family(monkeypatch, tmp_path, type(pipe.transformer), "MyIdsTransformer", extras=["my_pooled"])
     with pytest.raises(hp.RecipeError) as err:  # named before it is registered: the fix is in the message
-        families.add_rows(path)
+        hp.training.add_rows(path)
     message = str(err.value)
     assert len(err.value.problems) == 1 and message.endswith("(a new one: @hf_precision.training.inputs.builder('my_pooled'))")
     assert f"denoisers.MyIdsTransformer.extras[0]: no registered builder 'my_pooled'; allowed: {', '.join(sorted(BUILDERS))}" in message
@@ -144,7 +144,7 @@ def test_a_users_own_builder_named_by_a_yaml_row_feeds_the_denoiser_in_training(
         built.append(x0.shape)
         return {"pooled_projections": x0.new_full((x0.shape[0], module.config["pooled_projection_dim"]), 0.5)}
 
-    assert families.add_rows(path) == ["MyIdsTransformer"]
+    assert hp.training.add_rows(path) == ["MyIdsTransformer"]
     denoiser = cls.from_config(pipe.transformer.config)
     denoiser.load_state_dict(pipe.transformer.state_dict())
     denoiser.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs.get("pooled_projections")),
