@@ -1,6 +1,6 @@
 """What a denoiser is called with is recipe data (recipes/denoisers.yaml): a bad value is one clear RecipeError, a
-row names only registered builders, and a new image or video family is added with YAML alone; training and the
-video memory plan then build its call with the same code."""
+row names only registered builders (one module each, or a user's own), and a new image or video family is added
+with YAML alone; training and the video memory plan then build its call with the same code."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import yaml
 import hf_precision as hp
 from hf_precision.recipe.calls import check_denoisers
 from hf_precision.recipe.files import recipes_dir
-from hf_precision.training import denoiser_rows
-from hf_precision.training.inputs import BUILDERS
+from hf_precision.training import denoiser_rows, inputs
+from hf_precision.training.inputs import BUILDERS, builder
 
 
 def _file(**row):
@@ -74,19 +74,35 @@ def test_every_shipped_row_names_registered_builders_and_every_builder_is_used()
     assert used == set(BUILDERS)
 
 
-def _row_file(tmp_path, shipped: str, new: str):
-    """A user's denoisers file: the shipped row of ``shipped`` copied under the class name ``new``."""
-    row = yaml.safe_load((recipes_dir() / "denoisers.yaml").read_text())["denoisers"][shipped]
+def test_each_shipped_builder_is_the_module_named_by_its_registered_name():
+    import pkgutil
+
+    modules = {m.name for m in pkgutil.iter_modules(inputs.__path__)} - {"registry"}
+    assert modules == set(BUILDERS)
+    assert {name: BUILDERS[name].__module__ for name in modules} == {name: f"{inputs.__name__}.{name}" for name in modules}
+
+
+@pytest.mark.parametrize("name", ["my-ids", "2x", "", None])
+def test_a_builder_name_no_row_could_give_is_one_recipe_error(name):
+    with pytest.raises(hp.RecipeError) as err:
+        builder(name)
+    assert str(err.value).startswith(f"builder({name!r}): bad name; allowed: a Python identifier") and "\n" not in str(err.value)
+
+
+def _row_file(tmp_path, shipped: str, new: str, **changes):
+    """A user's denoisers file: the shipped row of ``shipped`` copied under the class name ``new``, with ``changes``."""
+    row = {**yaml.safe_load((recipes_dir() / "denoisers.yaml").read_text())["denoisers"][shipped], **changes}
     path = tmp_path / f"{new}.yaml"
     path.write_text(yaml.safe_dump({"schema": 1, "kind": "denoisers", "denoisers": {new: row}}), encoding="utf-8")
     return str(path)
 
 
-def _new_family(monkeypatch, tmp_path, parent: type, new: str) -> tuple[type, str]:
-    """A model class no row knows (its parent's row taken out), and the YAML file that adds it."""
+def _new_family(monkeypatch, tmp_path, parent: type, new: str, **changes) -> tuple[type, str]:
+    """A model class no row knows (its parent's row taken out), and the YAML file that adds it (the parent's row, with
+    ``changes``)."""
     monkeypatch.setattr(denoiser_rows, "ROWS", {k: v for k, v in denoiser_rows.ROWS.items() if k != parent.__name__})
     cls = type(new, (parent,), {"__module__": __name__})
-    return cls, _row_file(tmp_path, parent.__name__, new)
+    return cls, _row_file(tmp_path, parent.__name__, new, **changes)
 
 
 def _train(pipe, denoiser):
@@ -172,3 +188,33 @@ def test_a_bad_video_block_value_is_one_recipe_error_naming_file_key_value_and_a
     with pytest.raises(hp.RecipeError) as err:
         pipeline_spec(path)
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"{path}: {message}"), err.value
+
+
+@pytest.mark.filterwarnings("ignore:MyPipeline")
+def test_a_users_own_builder_named_by_a_yaml_row_feeds_the_denoiser_in_training(monkeypatch, tmp_path):
+    """The documented way: register a builder in one's own code, then a denoisers file whose row names it."""
+    from hf_precision.testing import make_pipeline
+
+    pipe = make_pipeline("sd3", seed=0)
+    seen, built = [], []
+    cls, path = _new_family(monkeypatch, tmp_path, type(pipe.transformer), "MyIdsTransformer", extras=["my_pooled"])
+    with pytest.raises(hp.RecipeError) as err:  # named before it is registered: the fix is in the message
+        hp.training.add_rows(path)
+    message = str(err.value)
+    assert len(err.value.problems) == 1 and message.endswith("(a new one: @hf_precision.training.inputs.builder('my_pooled'))")
+    assert f"denoisers.MyIdsTransformer.extras[0]: no registered builder 'my_pooled'; allowed: {', '.join(sorted(BUILDERS))}" in message
+    monkeypatch.setitem(BUILDERS, "my_pooled", None)  # taken out again when the test ends
+
+    @builder("my_pooled")
+    def _my_pooled(row, module, batch, x0):
+        built.append(x0.shape)
+        return {"pooled_projections": x0.new_full((x0.shape[0], module.config["pooled_projection_dim"]), 0.5)}
+
+    assert hp.training.add_rows(path) == ["MyIdsTransformer"]
+    denoiser = cls.from_config(pipe.transformer.config)
+    denoiser.load_state_dict(pipe.transformer.state_dict())
+    denoiser.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs.get("pooled_projections")),
+                                       with_kwargs=True)
+    _train(pipe, denoiser)
+    assert len(built) == len(seen) >= 2
+    assert all(p is not None and p.eq(0.5).all() for p in seen), "the builder's output did not reach forward"

@@ -58,3 +58,12 @@ def test_the_install_the_readme_names_uses_the_constraints():
     # test-latest takes the newest of everything but torch, which stays TORCH_SPEC (an eager upgrade would pull a
     # CUDA build of several GB)
     assert all("$(CONSTRAINTS)" not in line and "torch-spec.txt" in line for line in latest), latest
+
+
+def test_every_package_folder_ships_in_the_wheel():
+    # pyproject.toml lists its packages by hand: a subpackage left out (hf_precision.training.inputs when it became
+    # one) is missing from the wheel, so an installed copy fails on import while the suite, run from the checkout,
+    # passes.
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "hf_precision").rglob("__init__.py")}
+    assert not found - listed, f"add {sorted(found - listed)} to [tool.setuptools] packages in pyproject.toml"

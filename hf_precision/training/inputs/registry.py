@@ -1,0 +1,119 @@
+"""The registry of extra input builders (:data:`BUILDERS`, :func:`builder`) and the latent layout helpers the
+builders and the training loss share. Each builder lives in its own module of this package, named by its
+registered name; ``row`` is a ``DenoiserRow``, typed ``Any`` here because the module of the rows imports this one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from ...errors import RecipeError
+
+__all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs"]
+
+Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
+BUILDERS: dict[str, Builder] = {}
+
+
+def builder(name: str) -> Callable[[Builder], Builder]:
+    """Register an extra input builder under ``name``, the name a row's ``extras`` gives (recipes/denoisers.yaml).
+
+    A builder takes (row, denoiser, batch, clean latents in the denoiser's layout) and returns keyword arguments for
+    the denoiser's forward, added after the row's conditioning. The shipped ones are the modules of this package, one
+    per name. A user's own builder is registered the same way, in their code, before the denoisers file whose rows
+    name it is read (``hf_precision.training.add_rows(path)`` checks a row's extras against the names registered
+    then); registering a name again replaces the earlier builder.
+
+    Example:
+        >>> @builder("my_scale")
+        ... def _my_scale(row, module, batch, x0):
+        ...     return {"scale": 1.0}
+        >>> BUILDERS["my_scale"](None, None, {}, None)
+        {'scale': 1.0}
+        >>> del BUILDERS["my_scale"]
+        >>> builder("my-scale")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: builder('my-scale'): bad name; allowed: a Python identifier, the name a denoisers row's extras gives, e.g. 'my_scale'
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        fixed = re.sub(r"\W|^(?=\d)", "_", str(name)) or "my_ids"
+        raise RecipeError(f"builder({name!r}): bad name; allowed: a Python identifier, the name a denoisers row's "
+                          f"extras gives, e.g. {fixed!r}")
+
+    def register(fn: Builder) -> Builder:
+        BUILDERS[name] = fn
+        return fn
+    return register
+
+
+def channel_dim(row: Any) -> int:
+    """The channel axis of latents in the row's layout: 2 for ``frames_first`` (B,F,C,H,W), else 1.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> channel_dim(SimpleNamespace(layout="frames_first")), channel_dim(SimpleNamespace(layout="video"))
+        (2, 1)
+    """
+    return 2 if row.layout == "frames_first" else 1
+
+
+def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
+    """Latents as the VAE gives them, in the layout the row's denoiser takes.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> model_layout(SimpleNamespace(layout="frames_first"), torch.zeros(1, 4, 3, 8, 8)).shape
+        torch.Size([1, 3, 4, 8, 8])
+    """
+    if row.layout == "image" and x.dim() == 5 and x.shape[2] == 1:
+        return x[:, :, 0]  # a 3D causal VAE (QwenImage) encodes an image as one latent frame; the pipeline packs it 2D
+    if row.layout == "frames_first":
+        return x.transpose(1, 2)  # the VAE gives (B,C,F,H,W); CogVideoX and SVD take (B,F,C,H,W)
+    return x
+
+
+def frozen_dtype(module: torch.nn.Module) -> torch.dtype:
+    """The dtype of a module's first frozen floating weight (float32 when none is frozen).
+
+    Example:
+        >>> frozen_dtype(torch.nn.Linear(2, 2).half().requires_grad_(False)), frozen_dtype(torch.nn.Linear(2, 2))
+        (torch.float16, torch.float32)
+    """
+    # The frozen weights' dtype (a LoRA base: the compute dtype); a full fine-tune (fp32 masters) computes under
+    # autocast, which casts the timestep itself.
+    return next((p.dtype for p in module.parameters() if not p.requires_grad and p.is_floating_point()), torch.float32)
+
+
+def optional_inputs(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
+    """The row's ``optional`` forward arguments: the batch's value where it has one, else zeros of the row's shape.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> row = SimpleNamespace(layout="image", optional={"control": ("control_latents", "latents")})
+        >>> optional_inputs(row, torch.nn.Identity(), {}, torch.ones(1, 4, 8, 8))["control"].abs().sum().item()
+        0.0
+    """
+    # Conditioning the pipeline always passes but a text-to-X training batch may lack (an I2V image, a VACE control
+    # video, Cascade's image embeddings): zeros, the unconditional input, as condition dropout trains it.
+    config = getattr(module, "config", {})
+    out: dict[str, Any] = {}
+    for arg, (key, shape) in row.optional.items():
+        kind, _, config_key = shape.partition("@")
+        dim = int(config.get(config_key) or 0) if config_key else x0.shape[channel_dim(row)]
+        if not dim:
+            continue
+        given = batch.get(key)
+        if given is not None:
+            out[arg] = given if kind == "token" else model_layout(row, given)
+        elif kind == "token":
+            out[arg] = x0.new_zeros(x0.shape[0], 1, dim)
+        else:
+            zeros = list(x0.shape)
+            zeros[channel_dim(row)] = dim
+            out[arg] = x0.new_zeros(zeros)
+    return out
