@@ -36,7 +36,13 @@ _REFERENCE = re.compile(r"^\$(?:len\((\w+)\)|id\((\w+),\s*(.+)\)|(\w+)\.(\w+))$"
 
 def build_pipeline(row: Row, seed: int, size: str | Mapping[str, Any], lookup: Callable[[str], Any]) -> Any:
     """Build ``row``'s pipeline (float32, not yet finished) for ``seed`` at ``size``; ``lookup(name)`` gives a row's
-    :class:`~hf_precision.testing.record.TinyPipeline` (for ``base``)."""
+    :class:`~hf_precision.testing.record.TinyPipeline` (for ``base``).
+
+    >>> from hf_precision.testing import PIPELINES
+    >>> pipe = build_pipeline(PIPELINES["dit"].row, 0, {"transformer": {"num_layers": 1}}, PIPELINES.__getitem__)
+    >>> type(pipe).__name__, len(pipe.transformer.transformer_blocks)
+    ('DiTPipeline', 1)
+    """
     check_size(row, size)
     data = row.data
     own = data.get("components", {})
@@ -211,6 +217,11 @@ def call_value(value: Any) -> Any:
     return _MAKE[makers[0]](value)
 
 
+def _call_kwargs(kwargs: dict) -> dict:
+    # each value on its own: a kwargs mapping that happens to hold an `image` key is no image maker
+    return {k: call_value(v) for k, v in kwargs.items()}
+
+
 def _mask(spec: dict) -> Any:
     from PIL import Image
 
@@ -239,5 +250,5 @@ _MAKE: dict[str, Callable[[dict], Any]] = {
     "mask": _mask,
     "blank_masks": _blank_masks,
     "randn": _randn,
-    "class": lambda spec: find_class(spec["class"], "call")(**{k: call_value(v) for k, v in spec.get("kwargs", {}).items()}),
+    "class": lambda spec: find_class(spec["class"], "call")(**_call_kwargs(spec.get("kwargs", {}))),
 }

@@ -27,7 +27,12 @@ __all__ = ["PIPELINES", "TinyPipeline", "TinyPipelines", "make_pipeline", "selec
 
 
 class TinyPipelines(Mapping):
-    """Name -> :class:`TinyPipeline`, read from the row files on first use (the shipped ones, then ``extra``)."""
+    """Name -> :class:`TinyPipeline`, read from the row files on first use (the shipped ones, then ``extra``).
+
+    >>> rows = TinyPipelines()
+    >>> rows._rows is None, rows["dit"].recipe, rows._rows is None
+    (True, 'dit', False)
+    """
 
     def __init__(self, *extra: str | os.PathLike[str]):
         self._extra = extra

@@ -74,7 +74,11 @@ class Row:
 
 @functools.lru_cache(maxsize=None)
 def presets() -> dict[str, dict[str, Any]]:
-    """The shared configs of ``tiny/_presets.yaml``, by name."""
+    """The shared configs of ``tiny/_presets.yaml``, by name.
+
+    >>> presets()["t5"]["d_model"]
+    32
+    """
     return _read(FOLDER / "_presets.yaml")
 
 
@@ -83,6 +87,10 @@ def load_rows(*extra: str | os.PathLike[str]) -> dict[str, Row]:
 
     A bad row (unknown key, hook or preset, a ``base`` that is no row, a name in two files) raises one
     :class:`~hf_precision.errors.RecipeError` naming the file, the row, the key, the value and what is allowed.
+
+    >>> rows = load_rows()
+    >>> rows["sd_inpaint"].data["base"], rows["sd_inpaint"].where("size")[-26:]
+    ('sd15', 'unet.yaml: sd_inpaint.size')
     """
     files = sorted(p for p in FOLDER.glob("*.yaml") if not p.name.startswith("_"))
     files += [Path(p) for p in os.environ.get(ENV, "").split(os.pathsep) if p] + [Path(p) for p in extra]
@@ -187,12 +195,22 @@ def _unknown(what: str, value: Any, allowed: Iterable[str]) -> str:
 
 
 def known_sizes(row: Row) -> list[str]:
-    """The size presets of ``row``: ``tiny`` and those under ``sizes``."""
+    """The size presets of ``row``: ``tiny`` and those under ``sizes``.
+
+    >>> known_sizes(load_rows()["sdxl"]), known_sizes(load_rows()["flux"])
+    (['tiny', 'mid'], ['tiny'])
+    """
     return ["tiny", *row.data.get("sizes", {})]
 
 
 def check_size(row: Row, size: Any) -> None:
-    """Raise the one clear error for a ``size`` that ``row`` has no preset for, or that is no preset or dict."""
+    """Raise the one clear error for a ``size`` that ``row`` has no preset for, or that is no preset or dict.
+
+    >>> check_size(load_rows()["flux"], "mid")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown size 'mid' for flux; use one of ['tiny'] or a dict of overrides; sized pipelines: ...
+    """
     if isinstance(size, str):
         if size not in known_sizes(row):
             sized = "" if row.data.get("sizes") else "; sized pipelines: those tagged 'core'"
@@ -203,5 +221,9 @@ def check_size(row: Row, size: Any) -> None:
 
 
 def resolve_call(row: Row, size: str) -> dict[str, Any]:
-    """The call kwargs of ``row`` as data, with those of size preset ``size`` over them."""
+    """The call kwargs of ``row`` as data, with those of size preset ``size`` over them.
+
+    >>> resolve_call(load_rows()["svd"], "mid")["image"]
+    {'image': 64}
+    """
     return {**row.data["call"], **row.data.get("call_sizes", {}).get(size, {})}
