@@ -44,7 +44,7 @@ def _noise(err: str) -> list[str]:
 CHECKED = ["wan", "svd"]
 # The default call on every video family of the registry but these, whose call check cannot build yet on the
 # registry's in-memory pipeline: Allegro, whose
-# registry tile (8x16x16, testing/video_families.py _allegro_tiling, for its own 16-pixel call) is smaller than
+# registry tile (8x16x16, testing/hooks.py _allegro_tiling, for its own 16-pixel call) is smaller than
 # diffusers' fixed 120-pixel tile overlap at check's 32 pixels (a saved folder keeps the default tile and runs:
 # tests/test_command_sweep.py). Mochi (its own sigma schedule divides by zero for 1 step), Wan Animate (pose and face
 # clips), Wan I2V and VACE (diffusers calls ftfy without checking that it is installed) were here, and HunyuanVideo
@@ -65,13 +65,11 @@ def test_check_builds_a_call_for_each_video_family(kind, tiny_pipe):
 def test_check_gives_cogvideox_the_text_length_of_its_position_table():
     """check's call passed 16 prompt tokens to every pipeline; CogVideoX's table holds max_text_seq_length text
     positions (226 in THUDM/CogVideoX-2b), and any other length failed inside diffusers (embeddings.py)."""
-    from diffusers import CogVideoXPipeline
-
     import hf_precision as hp
-    from hf_precision.testing.pipelines import finish_pipeline
-    from hf_precision.testing.video_families import _cogvideox_parts
+    from hf_precision.testing import make_pipeline
 
-    pipe = finish_pipeline(CogVideoXPipeline(**_cogvideox_parts(0, max_text_seq_length=24)))
+    pipe = make_pipeline("cogvideox", size={"transformer": {"max_text_seq_length": 24}})
+    assert pipe.transformer.config.max_text_seq_length == 24
     report = hp.check(pipe)
     assert report.error is None and report.ok, report.table()
 

@@ -49,6 +49,8 @@ def test_wheel_contains_every_recipe(wheel):
     assert "hf_precision/recipes/devices.yaml" in names
     assert "hf_precision/recipes/components/vae.yaml" in names
     assert "hf_precision/py.typed" in names
+    tiny = sorted((REPO / "hf_precision" / "testing" / "tiny").glob("*.yaml"))  # the tiny pipelines' rows
+    assert len(tiny) >= 5 and all(p.relative_to(REPO).as_posix() in names for p in tiny), tiny
     shapes = REPO / "hf_precision" / "apps" / "shapes_sdxl"  # the demo's trained model: weights, configs, tokenizers
     for path in sorted(p for p in shapes.rglob("*") if p.is_file()):
         assert path.relative_to(REPO).as_posix() in names, f"{path.relative_to(REPO)} is not in the wheel"

@@ -1,19 +1,18 @@
 """Fixtures that ship: tiny and mid-size random-weight pipelines built from configs, offline.
 
 Used by the demo, the video demo, doctests and the test suite (like torchao's ``testing/`` and accelerate's
-``test_utils/``): fixtures, not the core API. Every tiny pipeline is a row of ``PIPELINES`` (``registry``); names
-are bound lazily."""
+``test_utils/``): fixtures, not the core API. Every tiny pipeline is a row of ``PIPELINES`` (``registry``), read from
+``tiny/*.yaml`` on first use; names are bound lazily."""
 
 from __future__ import annotations
 
 from ..lazy import face
 
 _EXPORTS = {
-    **{name: "registry" for name in ("PIPELINES", "TinyPipeline", "make_pipeline", "select")},
+    **{name: "registry" for name in ("PIPELINES", "TinyPipeline", "make_pipeline", "select", "tiny_pipelines")},
     **{name: "pipelines" for name in ("count_parameters", "example_call_kwargs", "example_img2img_kwargs", "make_dit",
                                       "make_overflowing_vae", "make_pixart", "make_sd15", "make_sdxl", "make_svd",
                                       "save_pipeline")},
-    **{name: "sizes" for name in ("DIT_SIZES", "PIXART_SIZES", "SD15_SIZES", "SDXL_SIZES", "SVD_SIZES")},
     **{name: "tokenizers" for name in ("CLIP_VOCAB_MERGES", "make_bert_tokenizer", "make_gemma_tokenizer",
                                        "make_llama_tokenizer", "make_qwen2_tokenizer", "make_t5_tokenizer",
                                        "make_tokenizer")},

@@ -1,4 +1,4 @@
-"""The pieces every tiny-pipeline builder shares: one seeded build, the finishing touch, example inputs, a tiny T5.
+"""The pieces the tiny-pipeline builder shares: one seeded build, the finishing touch, example inputs, a tiny T5.
 
     >>> import torch
     >>> a = seeded(0, lambda: torch.nn.Linear(2, 2))
@@ -11,15 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-__all__ = ["T5_TINY", "example_image", "finish_pipeline", "seeded", "t5_encoder"]
-
-# hf-internal-testing/tiny-random-t5 sizes (d_model 32) with 2 layers; T5 v1.1's gated-GELU feed-forward, the variant
-# whose fp16 overflow made transformers keep `wo` in fp32. 200 >= the 87 pieces of tokenizers.make_t5_tokenizer.
-T5_TINY: dict[str, Any] = {
-    "d_model": 32, "d_kv": 8, "d_ff": 37, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8,
-    "dropout_rate": 0.0, "feed_forward_proj": "gated-gelu", "is_encoder_decoder": False, "vocab_size": 200,
-}
-
+__all__ = ["example_image", "finish_pipeline", "seeded", "t5_encoder"]
 
 def seeded(seed: int, build: Callable[[], Any]) -> Any:
     """Build one component from a fixed seed, so its weights do not depend on the order the others were built in."""
@@ -30,14 +22,17 @@ def seeded(seed: int, build: Callable[[], Any]) -> Any:
 
 
 def t5_encoder(seed: int, umt5: bool = False, **overrides: Any) -> Any:
-    """A tiny T5 encoder (``umt5``: the UMT5 encoder Wan and AuraFlow use) from :data:`T5_TINY` plus ``overrides``.
+    """A tiny T5 encoder (``umt5``: the UMT5 encoder Wan and AuraFlow use): the ``t5`` preset of ``tiny/_presets.yaml``
+    plus ``overrides``.
 
     >>> t5_encoder(0, d_model=24).config.d_model
     24
     """
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    config = dict(T5_TINY, **overrides)
+    from .rows import presets
+
+    config = dict(presets()["t5"], **overrides)
     if umt5:
         return seeded(seed, lambda: UMT5EncoderModel(UMT5Config(**config)))
     return seeded(seed, lambda: T5EncoderModel(T5Config(**config)))
@@ -47,8 +42,8 @@ def finish_pipeline(pipe):
     """Put a freshly built test pipeline in inference form: every model in eval mode, progress bars off.
 
     Example:
-        >>> from hf_precision.testing.pipelines import make_dit
-        >>> finish_pipeline(make_dit()).transformer.training
+        >>> from hf_precision.testing import PIPELINES
+        >>> finish_pipeline(PIPELINES["dit"].build()).transformer.training
         False
     """
     for component in pipe.components.values():

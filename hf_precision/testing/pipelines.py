@@ -1,8 +1,9 @@
-"""The five core random-weight pipelines (SDXL, SD 1.x, SVD, PixArt-alpha, DiT), built from configs, offline.
+"""The five core random-weight pipelines (SDXL, SD 1.x, SVD, PixArt-alpha, DiT) by name, and helpers around them.
 
-For tests, the demo, scripts and benchmarks. Every builder works offline, builds in float32 and is deterministic
-given ``seed`` (``torch.manual_seed(seed)`` before each component). ``size`` is a preset name (``"tiny"``, ``"mid"``,
-see :mod:`hf_precision.testing.sizes`) or a dict of per-component config overrides merged over a preset::
+For tests, the demo, scripts and benchmarks. The pipelines are registry rows (``tiny/core.yaml``, tagged ``core``):
+every one builds offline, in float32, deterministic given ``seed`` (``torch.manual_seed(seed)`` before each
+component). ``size`` is a preset name (``"tiny"``, ``"mid"``) or a dict of per-component config overrides merged
+over a preset::
 
     >>> from hf_precision.testing import make_pipeline, example_call_kwargs
     >>> pipe = make_pipeline("sdxl")                       # 115,931 parameters
@@ -10,7 +11,7 @@ see :mod:`hf_precision.testing.sizes`) or a dict of per-component config overrid
 
 ``"mid"`` presets keep the real block structure (SDXL UNet with 3 levels and 1/2/5 transformer layers, SVD UNet with
 4 levels) at about 287M (SDXL) / 169M (SVD) parameters, for memory and speed measurements; call them with
-``example_call_kwargs(kind, size="mid")`` (64x64 images). These five are the registry rows tagged ``core``.
+``example_call_kwargs(kind, size="mid")`` (64x64 images).
 
 Nothing heavy is imported at module import time: torch, diffusers and transformers are imported inside the functions.
 """
@@ -21,13 +22,13 @@ import copy
 from pathlib import Path
 from typing import Any, Mapping
 
-from .parts import example_image, finish_pipeline, seeded as _seeded, t5_encoder
-from .record import TinyPipeline
-from .sizes import SIZES, derive as _derive, resolve_size as _resolve_size
-from .tokenizers import make_t5_tokenizer, make_tokenizer
+from .parts import example_image, finish_pipeline, seeded as _seeded
+from .registry import PIPELINES, make_pipeline
+from .tokenizers import make_tokenizer
 
-__all__ = ["ROWS", "count_parameters", "example_call_kwargs", "example_img2img_kwargs", "make_dit",
-           "make_overflowing_vae", "make_pixart", "make_sd15", "make_sdxl", "make_svd", "save_pipeline"]
+__all__ = ["count_parameters", "example_call_kwargs", "example_img2img_kwargs", "example_image", "finish_pipeline",
+           "make_dit", "make_overflowing_vae", "make_pixart", "make_sd15", "make_sdxl", "make_svd", "make_tokenizer",
+           "save_pipeline"]
 
 
 def count_parameters(pipe) -> dict[str, int]:
@@ -46,153 +47,44 @@ def count_parameters(pipe) -> dict[str, int]:
     return counts
 
 
-def make_sdxl(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
-    """A random-weight ``StableDiffusionXLPipeline`` in float32 (tiny: 115,931 parameters).
+def _maker(name: str, doc: str):
+    def make(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
+        return make_pipeline(name, size=size, seed=seed)
+
+    make.__name__ = make.__qualname__ = f"make_{name}"
+    make.__doc__ = doc
+    return make
+
+
+make_sdxl = _maker("sdxl", """A random-weight ``StableDiffusionXLPipeline`` in float32 (tiny: 115,931 parameters).
 
     >>> pipe = make_sdxl()
     >>> pipe(**example_call_kwargs("sdxl")).images.shape
     (1, 32, 32, 3)
-    """
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionXLPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+    """)
+make_sd15 = _maker("sd15", """A random-weight ``StableDiffusionPipeline`` in float32 (no safety checker).
 
-    configs, explicit = _resolve_size("sdxl", size)
-    te1, te2 = configs["text_encoder"], configs["text_encoder_2"]
-    time_dim = configs["unet"]["addition_time_embed_dim"]
-    _derive(configs, explicit, "unet", "cross_attention_dim", te1["hidden_size"] + te2["hidden_size"])
-    _derive(configs, explicit, "unet", "projection_class_embeddings_input_dim", te2["projection_dim"] + 6 * time_dim)
-
-    unet = _seeded(seed, lambda: UNet2DConditionModel(**configs["unet"]))
-    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
-    text_encoder = _seeded(seed, lambda: CLIPTextModel(CLIPTextConfig(**te1)))
-    text_encoder_2 = _seeded(seed, lambda: CLIPTextModelWithProjection(CLIPTextConfig(**te2)))
-    scheduler = EulerDiscreteScheduler(**configs["scheduler"])
-    pipe = StableDiffusionXLPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        text_encoder_2=text_encoder_2,
-        tokenizer=make_tokenizer(),
-        tokenizer_2=make_tokenizer(),
-        unet=unet,
-        scheduler=scheduler,
-        image_encoder=None,
-        feature_extractor=None,
-    )
-    return finish_pipeline(pipe)
-
-
-def make_sd15(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
-    """A random-weight ``StableDiffusionPipeline`` in float32 (no safety checker).
-
-    >>> pipe = make_sd15()
-    >>> pipe(**example_call_kwargs("sd15")).images.shape
-    (1, 32, 32, 3)
-    """
-    from diffusers import AutoencoderKL, EulerDiscreteScheduler, StableDiffusionPipeline, UNet2DConditionModel
-    from transformers import CLIPTextConfig, CLIPTextModel
-
-    configs, explicit = _resolve_size("sd15", size)
-    _derive(configs, explicit, "unet", "cross_attention_dim", configs["text_encoder"]["hidden_size"])
-
-    unet = _seeded(seed, lambda: UNet2DConditionModel(**configs["unet"]))
-    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
-    text_encoder = _seeded(seed, lambda: CLIPTextModel(CLIPTextConfig(**configs["text_encoder"])))
-    pipe = StableDiffusionPipeline(
-        vae=vae,
-        text_encoder=text_encoder,
-        tokenizer=make_tokenizer(),
-        unet=unet,
-        scheduler=EulerDiscreteScheduler(**configs["scheduler"]),
-        safety_checker=None,
-        feature_extractor=None,
-        image_encoder=None,
-        requires_safety_checker=False,
-    )
-    return finish_pipeline(pipe)
-
-
-def make_svd(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
-    """A random-weight ``StableVideoDiffusionPipeline`` in float32 (tiny: 990,393 parameters).
+    >>> make_sd15().unet.config.cross_attention_dim
+    8
+    """)
+make_svd = _maker("svd", """A random-weight ``StableVideoDiffusionPipeline`` in float32 (tiny: 990,393 parameters).
 
     >>> pipe = make_svd()
     >>> pipe(**example_call_kwargs("svd")).frames.shape
     (1, 2, 32, 32, 3)
-    """
-    import warnings
+    """)
+make_pixart = _maker("pixart", """A random-weight ``PixArtAlphaPipeline`` in float32 (tiny T5 encoder + handmade T5
+    tokenizer).
 
-    from diffusers import (
-        AutoencoderKLTemporalDecoder,
-        EulerDiscreteScheduler,
-        StableVideoDiffusionPipeline,
-        UNetSpatioTemporalConditionModel,
-    )
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    configs, explicit = _resolve_size("svd", size)
-    time_dim = configs["unet"]["addition_time_embed_dim"]
-    _derive(configs, explicit, "unet", "cross_attention_dim", configs["image_encoder"]["projection_dim"])
-    _derive(configs, explicit, "unet", "projection_class_embeddings_input_dim", 3 * time_dim)
-
-    unet = _seeded(seed, lambda: UNetSpatioTemporalConditionModel(**configs["unet"]))
-    vae = _seeded(seed, lambda: AutoencoderKLTemporalDecoder(**configs["vae"]))
-    image_encoder = _seeded(seed, lambda: CLIPVisionModelWithProjection(CLIPVisionConfig(**configs["image_encoder"])))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # "torchvision not available, falling back to the PIL processor"
-        feature_extractor = CLIPImageProcessor(**configs["feature_extractor"])
-    pipe = StableVideoDiffusionPipeline(
-        vae=vae,
-        image_encoder=image_encoder,
-        unet=unet,
-        scheduler=EulerDiscreteScheduler(**configs["scheduler"]),
-        feature_extractor=feature_extractor,
-    )
-    return finish_pipeline(pipe)
-
-
-def make_pixart(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
-    """A random-weight ``PixArtAlphaPipeline`` in float32 (tiny T5 encoder + handmade T5 tokenizer).
-
-    >>> pipe = make_pixart()
-    >>> pipe(**example_call_kwargs("pixart")).images.shape
-    (1, 32, 32, 3)
-    """
-    from diffusers import AutoencoderKL, DPMSolverMultistepScheduler, PixArtAlphaPipeline, PixArtTransformer2DModel
-
-    configs, explicit = _resolve_size("pixart", size)
-    tokenizer = make_t5_tokenizer()
-    _derive(configs, explicit, "transformer", "caption_channels", configs["text_encoder"]["d_model"])
-    configs["text_encoder"]["vocab_size"] = max(configs["text_encoder"]["vocab_size"], len(tokenizer))
-
-    transformer = _seeded(seed, lambda: PixArtTransformer2DModel(**configs["transformer"]))
-    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
-    text_encoder = t5_encoder(seed, **configs["text_encoder"])
-    pipe = PixArtAlphaPipeline(
-        tokenizer=tokenizer,
-        text_encoder=text_encoder,
-        vae=vae,
-        transformer=transformer,
-        scheduler=DPMSolverMultistepScheduler(**configs["scheduler"]),
-    )
-    return finish_pipeline(pipe)
-
-
-def make_dit(size: str | Mapping[str, Any] = "tiny", seed: int = 0):
-    """A random-weight ``DiTPipeline`` in float32 (class-conditional; 1000 classes).
+    >>> make_pixart().transformer.config.caption_channels
+    32
+    """)
+make_dit = _maker("dit", """A random-weight ``DiTPipeline`` in float32 (class-conditional; 1000 classes).
 
     >>> pipe = make_dit()
     >>> pipe(**example_call_kwargs("dit")).images.shape
     (1, 16, 16, 3)
-    """
-    from diffusers import AutoencoderKL, DDIMScheduler, DiTPipeline, DiTTransformer2DModel
-
-    configs, _ = _resolve_size("dit", size)
-    transformer = _seeded(seed, lambda: DiTTransformer2DModel(**configs["transformer"]))
-    vae = _seeded(seed, lambda: AutoencoderKL(**configs["vae"]))
-    pipe = DiTPipeline(transformer=transformer, vae=vae, scheduler=DDIMScheduler(**configs["scheduler"]))
-    return finish_pipeline(pipe)
-
-
-_BUILDERS = {"sdxl": make_sdxl, "svd": make_svd, "pixart": make_pixart, "dit": make_dit, "sd15": make_sd15}
+    """)
 
 
 def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
@@ -255,7 +147,7 @@ def save_pipeline(pipe, folder: str | Path, *, fp16_variant: bool = False) -> Pa
 
 
 def example_call_kwargs(kind: str, *, size: str = "tiny", output_type: str = "np") -> dict[str, Any]:
-    """The smallest call kwargs that run a pipeline of ``kind`` fast (no ``generator``: add one).
+    """The smallest call kwargs that run the registry pipeline ``kind`` fast (no ``generator``: add one).
 
     ``size="mid"`` uses 64x64 images so that the 4-level SVD UNet gets 8x8 latents.
 
@@ -265,41 +157,9 @@ def example_call_kwargs(kind: str, *, size: str = "tiny", output_type: str = "np
     >>> out.images.dtype
     dtype('float32')
     """
-    side = 32 if size == "tiny" else 64
-    if kind in ("sdxl", "sd15"):
-        return {
-            "prompt": "a cat",
-            "height": side,
-            "width": side,
-            "num_inference_steps": 2,
-            "guidance_scale": 5.0,
-            "output_type": output_type,
-        }
-    if kind == "svd":
-        return {
-            "image": example_image(side),
-            "height": side,
-            "width": side,
-            "num_frames": 2,
-            "num_inference_steps": 2,
-            "decode_chunk_size": 2,
-            "output_type": output_type,
-        }
-    if kind == "pixart":
-        return {
-            "prompt": "a cat",
-            "height": side,
-            "width": side,
-            "num_inference_steps": 2,
-            "guidance_scale": 4.5,
-            "use_resolution_binning": False,
-            "clean_caption": False,
-            "max_sequence_length": 16,
-            "output_type": output_type,
-        }
-    if kind == "dit":
-        return {"class_labels": [1], "num_inference_steps": 2, "guidance_scale": 4.0, "output_type": output_type}
-    raise ValueError(f"no example call for {kind!r}; use one of {[row.name for row in ROWS]}")
+    if kind not in PIPELINES:
+        raise ValueError(f"no example call for {kind!r}; use one of {sorted(PIPELINES)}")
+    return PIPELINES[kind].call_kwargs(size, output_type=output_type)
 
 
 def example_img2img_kwargs(*, output_type: str = "np") -> dict[str, Any]:
@@ -318,21 +178,3 @@ def example_img2img_kwargs(*, output_type: str = "np") -> dict[str, Any]:
         "guidance_scale": 5.0,
         "output_type": output_type,
     }
-
-
-def _kwargs_of(kind: str):
-    return lambda size="tiny": example_call_kwargs(kind, size=size)
-
-
-ROWS = (
-    TinyPipeline("sdxl", "StableDiffusionXLPipeline", "sdxl", make_sdxl, _kwargs_of("sdxl"),
-                 ("image", "unet", "core"), sizes=SIZES["sdxl"]),
-    TinyPipeline("svd", "StableVideoDiffusionPipeline", "svd", make_svd, _kwargs_of("svd"),
-                 ("video", "unet", "core"), output="frames", mode="i2v", sizes=SIZES["svd"]),
-    TinyPipeline("pixart", "PixArtAlphaPipeline", "pixart", make_pixart, _kwargs_of("pixart"),
-                 ("image", "dit", "core"), sizes=SIZES["pixart"]),
-    TinyPipeline("dit", "DiTPipeline", "dit", make_dit, _kwargs_of("dit"),
-                 ("image", "dit", "core"), sizes=SIZES["dit"]),
-    TinyPipeline("sd15", "StableDiffusionPipeline", "sd15", make_sd15, _kwargs_of("sd15"),
-                 ("image", "unet", "core"), sizes=SIZES["sd15"]),
-)

@@ -1,8 +1,8 @@
 """One record type for every tiny pipeline: how to build it, how to call it for two steps, what it returns.
 
-The records are gathered in :data:`hf_precision.testing.registry.PIPELINES`; the builder modules
-(``pipelines``, ``families_unet``, ``families_dit``, ``video_families``) each hold their builders and a ``ROWS``
-tuple of records.
+A record is a row of ``hf_precision/testing/tiny/*.yaml`` (:mod:`~hf_precision.testing.rows`) built by the one generic
+builder (:mod:`~hf_precision.testing.build`); the records are gathered in
+:data:`hf_precision.testing.registry.PIPELINES`.
 """
 
 from __future__ import annotations
@@ -11,59 +11,74 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from .parts import finish_pipeline
+from .rows import Row, known_sizes, resolve_call
 
 __all__ = ["TinyPipeline"]
 
 
 @dataclass(frozen=True)
 class TinyPipeline:
-    """One tiny random-weight pipeline.
+    """One tiny random-weight pipeline, from its row.
 
-    ``pipeline_class`` is the diffusers class, ``recipe`` the shipped recipe that names it, ``build(seed)`` (or
-    ``build(size=, seed=)`` where ``sizes`` holds presets) returns it in float32, ``kwargs()`` (``kwargs(size)``)
-    gives fresh call kwargs for a 2-step run without a generator, and ``output`` is the attribute of the pipeline
-    output holding the result. ``tags`` say what it is: ``image``/``video``, ``unet``/``dit``, and ``core`` for the
-    five pipelines with size presets. ``loads`` is False where diffusers cannot load the saved folder back with
-    ``from_pretrained``; ``prepare`` applies what a saved folder does not keep; ``mode`` (``t2v``, ``i2v``, ...) and
-    ``time_mlp`` (the denoiser's timestep-embedding MLP) describe video pipelines.
+    ``pipeline_class`` is the diffusers class, ``recipe`` the shipped recipe that names it, ``make(seed, size=)``
+    returns it in float32, ``call_kwargs()`` gives fresh call kwargs for a 2-step run without a generator, and
+    ``output`` is the attribute of the pipeline output holding the result. ``tags`` say what it is:
+    ``image``/``video``, ``unet``/``dit``, and ``core`` for the five pipelines with size presets (``sizes``).
+    ``loads`` is False where diffusers cannot load the saved folder back with ``from_pretrained``; ``ready`` applies
+    what a saved folder does not keep; ``mode`` (``t2v``, ``i2v``, ...) and ``time_mlp`` (the denoiser's
+    timestep-embedding MLP) describe video pipelines.
 
     >>> from hf_precision.testing.registry import PIPELINES
     >>> PIPELINES["ltx"].pipeline_class, PIPELINES["ltx"].mode, "video" in PIPELINES["ltx"].tags
     ('LTXPipeline', 't2v', True)
     """
 
-    name: str
-    pipeline_class: str
-    recipe: str
-    build: Callable[..., Any] = field(repr=False)
-    kwargs: Callable[..., dict[str, Any]] = field(repr=False)
-    tags: tuple[str, ...] = ()
-    output: str = "images"
-    loads: bool = True
-    prepare: Callable[[Any], Any] | None = field(default=None, repr=False)
-    mode: str = ""
-    time_mlp: str = ""
-    sizes: Mapping[str, Any] | None = field(default=None, repr=False)
+    row: Row = field(repr=False)
+    lookup: Callable[[str], "TinyPipeline"] = field(repr=False, compare=False)
+
+    name = property(lambda self: self.row.name)
+    pipeline_class = property(lambda self: self.row.data["pipeline"])
+    recipe = property(lambda self: self.row.data["recipe"])
+    tags = property(lambda self: tuple(self.row.data.get("tags", ())))
+    output = property(lambda self: self.row.data.get("output", "images"))
+    loads = property(lambda self: bool(self.row.data.get("loads", True)))
+    mode = property(lambda self: self.row.data.get("mode", ""))
+    time_mlp = property(lambda self: self.row.data.get("time_mlp", ""))
+    source = property(lambda self: self.row.source)
+
+    @property
+    def sizes(self) -> tuple[str, ...] | None:
+        """The size presets (``tiny`` first) of a ``core`` row; None for a row with one size."""
+        return tuple(known_sizes(self.row)) if self.row.data.get("sizes") else None
+
+    def build(self, seed: int = 0, size: str | Mapping[str, Any] = "tiny") -> Any:
+        """The pipeline as built, not yet finished (models in train mode): what ``make`` and derived rows start from."""
+        from .build import build_pipeline
+
+        return build_pipeline(self.row, seed, size, self.lookup)
 
     def make(self, seed: int = 0, size: str | Mapping[str, Any] = "tiny") -> Any:
-        """A fresh float32 pipeline, deterministic given ``seed``, in eval mode and ready to call."""
-        if self.sizes is not None:
-            pipe = self.build(size=size, seed=seed)
-        elif size != "tiny":
-            raise ValueError(f"{self.name} has one size, 'tiny'; sized pipelines: those tagged 'core'")
-        else:
-            pipe = self.build(seed)
-        return self.ready(finish_pipeline(pipe))
+        """A fresh float32 pipeline, deterministic given ``seed``, in eval mode and ready to call.
+
+        ``size`` is ``"tiny"``, a preset of a ``core`` row (``"mid"``), or a dict of per-component config overrides
+        merged over ``tiny`` (or over the preset named by its ``"base"`` key)."""
+        return self.ready(finish_pipeline(self.build(seed, size)))
 
     def ready(self, pipe: Any) -> Any:
         """Apply the settings a saved folder does not keep (Allegro's VAE only decodes tiled); returns ``pipe``."""
-        if self.prepare is not None:
-            self.prepare(pipe)
+        from .hooks import HOOKS
+
+        if "prepare" in self.row.data:
+            HOOKS["prepare"][self.row.data["prepare"]](pipe)
         return pipe
 
     def call_kwargs(self, size: str = "tiny", **overrides: Any) -> dict[str, Any]:
-        """Fresh kwargs for a 2-step call with ``output_type="np"`` (add a ``generator``), ``overrides`` on top."""
-        kwargs = self.kwargs(size) if self.sizes is not None else self.kwargs()
+        """Fresh kwargs for a 2-step call with ``output_type="np"`` (add a ``generator``), ``overrides`` on top.
+
+        ``size`` (a preset of a ``core`` row) picks that preset's call (64x64 images for ``"mid"``)."""
+        from .build import call_value
+
+        kwargs = {k: call_value(v) for k, v in resolve_call(self.row, size if self.sizes else "tiny").items()}
         return {**kwargs, **overrides}
 
     def result(self, out: Any) -> Any:

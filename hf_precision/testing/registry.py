@@ -1,9 +1,13 @@
-"""Every tiny random-weight pipeline in one dict, :data:`PIPELINES`, and one way to build any of them.
+"""Every tiny random-weight pipeline in one mapping, :data:`PIPELINES`, and one way to build any of them.
 
-A row is a :class:`~hf_precision.testing.record.TinyPipeline`; the rows live next to their builders
-(:mod:`~hf_precision.testing.pipelines` for the five sized ``core`` ones, :mod:`~hf_precision.testing.families_unet`,
-:mod:`~hf_precision.testing.families_dit`, :mod:`~hf_precision.testing.video_families`). Adding a family is a
-builder and a row there. Tests pick rows by tag (``image``/``video``, ``unet``/``dit``, ``core``)::
+The pipelines are data: one row each in ``hf_precision/testing/tiny/*.yaml`` (core.yaml for the five sized ``core``
+ones, unet.yaml, dit.yaml, video.yaml; schema in :mod:`~hf_precision.testing.rows`), built by one generic builder
+(:mod:`~hf_precision.testing.build`), with what cannot be data registered by name in
+:mod:`~hf_precision.testing.hooks`. Adding a family is a row. Rows load on first use, not at import.
+
+More rows: name YAML files in ``$HF_PRECISION_TINY_PIPELINES`` (separated by ``os.pathsep``) before the first use,
+or build a mapping with :func:`tiny_pipelines` (``tiny_pipelines("my_rows.yaml")["my_row"].make()``).
+Tests pick rows by tag (``image``/``video``, ``unet``/``dit``, ``core``)::
 
     >>> select("video", "unet")
     ['animatediff', 'animatediff_controlnet', 'i2vgenxl', 'svd']
@@ -13,25 +17,65 @@ builder and a row there. Tests pick rows by tag (``image``/``video``, ``unet``/`
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-from . import families_dit, families_unet, pipelines, video_families
 from .record import TinyPipeline
 
-__all__ = ["PIPELINES", "TinyPipeline", "make_pipeline", "select"]
+__all__ = ["PIPELINES", "TinyPipeline", "TinyPipelines", "make_pipeline", "select", "tiny_pipelines"]
 
-PIPELINES: dict[str, TinyPipeline] = {}
-for _row in (*pipelines.ROWS, *families_unet.ROWS, *families_dit.ROWS, *video_families.ROWS):
-    if _row.name in PIPELINES:  # a second row under one name would silently replace the first
-        raise ValueError(f"two tiny pipelines are named {_row.name!r}")
-    PIPELINES[_row.name] = _row
-del _row
+
+class TinyPipelines(Mapping):
+    """Name -> :class:`TinyPipeline`, read from the row files on first use (the shipped ones, then ``extra``).
+
+    >>> rows = TinyPipelines()
+    >>> rows._rows is None, rows["dit"].recipe, rows._rows is None
+    (True, 'dit', False)
+    """
+
+    def __init__(self, *extra: str | os.PathLike[str]):
+        self._extra = extra
+        self._rows: dict[str, TinyPipeline] | None = None
+
+    def _loaded(self) -> dict[str, TinyPipeline]:
+        if self._rows is None:
+            from .rows import load_rows
+
+            self._rows = {name: TinyPipeline(row, self.__getitem__) for name, row in load_rows(*self._extra).items()}
+        return self._rows
+
+    def __getitem__(self, name: str) -> TinyPipeline:
+        return self._loaded()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._loaded())
+
+    def __len__(self) -> int:
+        return len(self._loaded())
+
+    def __repr__(self) -> str:
+        return f"TinyPipelines({sorted(self._loaded())})"
+
+
+PIPELINES = TinyPipelines()
+
+
+def tiny_pipelines(*extra: str | os.PathLike[str]) -> TinyPipelines:
+    """The shipped rows plus the rows of the YAML files ``extra`` (same schema); a bad row raises one clear error.
+
+    >>> sorted(tiny_pipelines()) == sorted(PIPELINES)
+    True
+    """
+    mapping = TinyPipelines(*extra)
+    mapping._loaded()  # check the files now, where the caller named them
+    return mapping
 
 
 def make_pipeline(name: str, size: str | Mapping[str, Any] = "tiny", seed: int = 0) -> Any:
     """Build the tiny float32 pipeline registered as ``name``, in eval mode, progress bar off, ready to call.
 
-    ``size`` is ``"tiny"``, or for the ``core`` rows a preset (``"mid"``) or a dict of config overrides.
+    ``size`` is ``"tiny"``, for the ``core`` rows a preset (``"mid"``), or a dict of config overrides.
 
     >>> make_pipeline("sdxl", size={"unet": {"in_channels": 9}}).unet.config.in_channels
     9

@@ -1,0 +1,92 @@
+"""What a tiny pipeline cannot say as data, registered by name; rows of ``hf_precision/testing/tiny/*.yaml`` name it.
+
+Four kinds, each a table of :data:`HOOKS`:
+
+- ``tokenizer``: a handmade offline tokenizer (a component ``{tokenizer: clip}``);
+- ``component``: a component built from components built before it (``{hook: controlnet_from_unet, config: ...}``);
+  it runs seeded like a model, with the component's ``config`` as keyword arguments;
+- ``after``: applied to a model right after it is built, inside its seeded build (``after: zero_pos_frequencies``);
+- ``prepare``: applied to the finished pipeline, and again by ``TinyPipeline.ready`` to one loaded from a saved
+  folder (what the folder does not keep).
+
+A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
+
+    >>> sorted(HOOKS["tokenizer"])
+    ['bert', 'clip', 'gemma', 'hunyuan_i2v_chat', 'llama', 'qwen2', 't5']
+    >>> @register("after", "halve")
+    ... def _halve(model):
+    ...     model.weight.data /= 2
+    >>> "halve" in HOOKS["after"]
+    True
+    >>> del HOOKS["after"]["halve"]
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from . import tokenizers
+
+__all__ = ["HOOKS", "register"]
+
+HOOKS: dict[str, dict[str, Callable[..., Any]]] = {"tokenizer": {}, "component": {}, "after": {}, "prepare": {}}
+
+
+def register(kind: str, name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as hook ``name`` of ``kind`` (``tokenizer``, ``component``, ``after``,
+    ``prepare``); a second function under one name is an error, not a silent replacement.
+
+    >>> register("prepare", "allegro_tiling")(print)
+    Traceback (most recent call last):
+    ...
+    ValueError: a prepare hook is already registered as 'allegro_tiling'
+    """
+    if kind not in HOOKS:
+        raise ValueError(f"unknown hook kind {kind!r}; use one of {sorted(HOOKS)}")
+
+    def decorate(function: Callable[..., Any]) -> Callable[..., Any]:
+        if name in HOOKS[kind]:
+            raise ValueError(f"a {kind} hook is already registered as {name!r}")
+        HOOKS[kind][name] = function
+        return function
+
+    return decorate
+
+
+for _name, _make in (("clip", tokenizers.make_tokenizer), ("t5", tokenizers.make_t5_tokenizer),
+                     ("gemma", tokenizers.make_gemma_tokenizer), ("qwen2", tokenizers.make_qwen2_tokenizer),
+                     ("bert", tokenizers.make_bert_tokenizer), ("llama", tokenizers.make_llama_tokenizer)):
+    register("tokenizer", _name)(_make)
+
+
+@register("tokenizer", "hunyuan_i2v_chat")
+def _hunyuan_i2v_chat() -> Any:
+    # HunyuanVideo I2V cuts its own prompt template's encoding at fixed token positions: the tokenizer must read
+    # that template as a real one does (make_llama_chat_tokenizer)
+    from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video_image2video import DEFAULT_PROMPT_TEMPLATE
+
+    return tokenizers.make_llama_chat_tokenizer(DEFAULT_PROMPT_TEMPLATE["template"])
+
+
+@register("component", "controlnet_from_unet")
+def _controlnet_from_unet(parts: dict[str, Any], **config: Any) -> Any:
+    # a ControlNet's config follows its UNet's (block types, channels, cross-attention width): diffusers derives it
+    from diffusers import ControlNetModel
+
+    return ControlNetModel.from_unet(parts["unet"], load_weights_from_unet=False, **config)
+
+
+@register("after", "zero_pos_frequencies")
+def _zero_pos_frequencies(model: Any) -> None:
+    # as diffusers' Mochi test: random frequencies make RoPE meaningless
+    model.pos_frequencies.data.zero_()
+
+
+@register("prepare", "allegro_tiling")
+def _allegro_tiling(pipe: Any) -> None:
+    # AutoencoderKLAllegro._decode raises NotImplementedError without tiling (diffusers v0.42.1
+    # models/autoencoders/autoencoder_kl_allegro.py:841); tiling is not saved in the folder. Its tile is
+    # 24 frames x sample_size (autoencoder_kl_allegro.py:789-795): larger than the tiny 8x16x16 video, so no
+    # tile would be decoded and the frames would be all zeros; one tile is the whole tiny video here.
+    pipe.vae.enable_tiling()
+    pipe.vae.kernel = pipe.vae.stride = (8, 16, 16)
