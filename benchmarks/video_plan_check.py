@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Predicted (``--plan``, configs on the meta device) against measured (a real run) peak memory per phase.
 
-Builds tiny (``hf_precision.testing.video_families``) and mid-size random-weight video pipelines, saves them, and
+Builds tiny (the ``video`` rows of ``hf_precision.testing``) and mid-size random-weight video pipelines, saves them, and
 for each one runs ``scripts/generate_video.py`` in a fresh process with two prompts; the second clip's per-phase peaks
 are the measurement (the first pays one-time library set-up). Prints a Markdown table for docs/video.md.
 
