@@ -3,7 +3,7 @@
     python benchmarks/bench_quantize.py [--out bench_quantize.json] [--calls 20] [--width 128] [--trained-steps 100]
     python benchmarks/bench_quantize.py --quick        # a few seconds' check of the script itself (tiny, 1 call)
 
-The model is the Flux transformer of ``benchmarks/bench/trained.py`` (``hf_precision.testing.families_dit.make_flux``
+The model is the Flux transformer of ``benchmarks/bench/trained.py`` (``hf_precision.testing.make_pipeline("flux")``
 widened by ``--width``), fitted first by ``hf-precision train --method full`` in fp32 for ``--trained-steps`` steps
 on generated coloured shapes (cached under ``bench_output/trained/``; ``--trained-steps 0``: random weights), saved
 once and loaded per layout through ``hf_precision.load_pipeline``: fp32, the recipe's half layout (bf16), fp8

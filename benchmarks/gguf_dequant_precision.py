@@ -30,12 +30,12 @@ def main() -> None:
     import hf_precision as hp
     from hf_precision.runtime.quantize_load import quantized_in
     from hf_precision.testing import save_pipeline
-    from hf_precision.testing.families_dit import make_flux
+    from hf_precision.testing import make_pipeline
     from hf_precision.testing.gguf_file import FALLBACK, write_gguf
 
     warnings.simplefilter("ignore")
     torch.manual_seed(0)
-    pipe = make_flux()
+    pipe = make_pipeline("flux")
     pipe.transformer = FluxTransformer2DModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64, num_attention_heads=4,
         joint_attention_dim=32, pooled_projection_dim=8, guidance_embeds=True, axes_dims_rope=[16, 16, 32])

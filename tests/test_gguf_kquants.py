@@ -36,10 +36,10 @@ def kquant_file(tmp_path_factory):
     from diffusers import FluxTransformer2DModel
 
     from hf_precision.testing import save_pipeline
-    from hf_precision.testing.families_dit import make_flux
+    from hf_precision.testing import make_pipeline
     from hf_precision.testing.gguf_file import FALLBACK, write_gguf
 
-    pipe = make_flux()
+    pipe = make_pipeline("flux")
     torch.manual_seed(0)
     pipe.transformer = FluxTransformer2DModel(
         patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=64, num_attention_heads=4,

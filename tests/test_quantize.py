@@ -29,9 +29,9 @@ CALL = dict(prompt="a cat", num_inference_steps=2, height=32, width=32, output_t
 @pytest.fixture(scope="module")
 def flux_folder(tmp_path_factory):
     from hf_precision.testing import save_pipeline
-    from hf_precision.testing.families_dit import make_flux
+    from hf_precision.testing import make_pipeline
 
-    return save_pipeline(make_flux(), tmp_path_factory.mktemp("flux"))
+    return save_pipeline(make_pipeline("flux"), tmp_path_factory.mktemp("flux"))
 
 
 def _run(pipe):

@@ -34,10 +34,10 @@ FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, train_demo):
     from hf_precision.testing import save_pipeline
-    from hf_precision.testing.families_dit import make_flux
+    from hf_precision.testing import make_pipeline
 
     sd15, shapes = train_demo
-    return {"sd15": sd15, "shapes": shapes, "flux": save_pipeline(make_flux(), tmp_path_factory.mktemp("flux"))}
+    return {"sd15": sd15, "shapes": shapes, "flux": save_pipeline(make_pipeline("flux"), tmp_path_factory.mktemp("flux"))}
 
 
 def _stored_state(module: torch.nn.Module) -> dict[str, list[torch.Tensor]]:

@@ -33,9 +33,9 @@ def wide_flux(width: int) -> Any:
     import torch
     from diffusers import FluxTransformer2DModel
 
-    from hf_precision.testing.families_dit import make_flux
+    from hf_precision.testing import make_pipeline
 
-    pipe = make_flux()
+    pipe = make_pipeline("flux")
     torch.manual_seed(0)
     heads = max(2, width // 64)
     pipe.transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=2, num_single_layers=4,
