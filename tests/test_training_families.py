@@ -273,3 +273,22 @@ def test_cogvideox_rotary_embeddings():
         for got, ref in zip(seen["image_rotary_emb"], want):
             assert got.dtype == torch.float32 and torch.equal(got, ref), version
         run_steps(tp, batch, steps=2)
+
+
+def test_micro_conditioning_counts_pixels_with_the_pipelines_own_vae_factor():
+    """SDXL's time ids are pixel sizes: the pipeline multiplies the latent size by its vae_scale_factor (2 in the
+    tiny model, 8 in the released one); a fixed 8 conditioned every tiny step on 4x the size sampling gives. (PixArt's
+    resolution and HunyuanDiT's image meta size go through the same inputs.pixel_size.)"""
+    name, key = "sdxl", "time_ids"
+    pipe = _build(name)
+    factor = pipe.vae_scale_factor
+    for given in (pipe, dict(pipe.components)):  # a pipeline, and its parts as a training script holds them
+        tp = hp.prepare_training(given, layout="cpu")
+        denoiser = tp.components[tp.denoiser_name]
+        batch = example_batch(denoiser, 1)
+        seen, handle = _capture_kwargs(denoiser)
+        with torch.no_grad():
+            tp.loss(batch, generator=torch.Generator().manual_seed(0))
+        handle.remove()
+        h, w = batch["latents"].shape[-2:]
+        assert seen["added_cond_kwargs"][key][0, :2].tolist() == [h * factor, w * factor], (name, type(given))

@@ -134,6 +134,8 @@ class TrainingSetup:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
         row = denoiser_rows.row_of(module, str(self.denoiser_name))
+        if "vae_scale_factor" not in batch and self._vae_scale_factor():
+            batch = {**batch, "vae_scale_factor": self._vae_scale_factor()}  # pixel sizes in the micro-conditioning
         kwargs, target = denoiser_rows.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
                                                self.sigma_range)
         kwargs.update(control.side_inputs(self, module, kwargs, batch))  # a ControlNet's / T2I-Adapter's residuals
@@ -282,6 +284,15 @@ class TrainingSetup:
         if self._alphas_on is None or self._alphas_on[0] is not alphas or self._alphas_on[1].device != latents.device:
             self._alphas_on = (alphas, alphas.to(latents.device))
         return self._alphas_on[1]
+
+    def _vae_scale_factor(self) -> int | None:
+        # the pipeline's own (each pipeline computes it from its VAE's config); for a dict of components, what the
+        # SDXL / PixArt / HunyuanDiT pipelines compute: 2 ** (len(vae.config.block_out_channels) - 1)
+        factor = getattr(self.pipe, "vae_scale_factor", None)
+        if isinstance(factor, int):
+            return factor
+        blocks = getattr(getattr(self.components.get("vae"), "config", None), "get", lambda _: None)("block_out_channels")
+        return 2 ** (len(blocks) - 1) if blocks else None
 
     def _denoiser(self) -> torch.nn.Module:
         comps = self._components()

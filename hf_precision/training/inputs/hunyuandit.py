@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from .registry import builder
+from .registry import builder, pixel_size
 
 
 @builder('hunyuandit')
@@ -29,6 +29,7 @@ def _hunyuandit(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tenso
         if ids is None:
             # one row per sample, in memory: the embedder flattens it with .view (embeddings.py
             # HunyuanCombinedTimestepTextSizeStyleEmbedding), which an expanded (stride 0) batch cannot give
-            ids = torch.tensor([[h * 8, w * 8, h * 8, w * 8, 0, 0]], dtype=torch.float32, device=x0.device).repeat(b, 1)
+            ph, pw = pixel_size(batch, x0)
+            ids = torch.tensor([[ph, pw, ph, pw, 0, 0]], dtype=torch.float32, device=x0.device).repeat(b, 1)
         out.update(image_meta_size=ids, style=torch.zeros(b, dtype=torch.long, device=x0.device))
     return out

@@ -13,7 +13,8 @@ import torch
 
 from ...errors import RecipeError
 
-__all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs"]
+__all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
+           "pixel_size"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
@@ -117,3 +118,17 @@ def optional_inputs(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.T
             zeros[channel_dim(row)] = dim
             out[arg] = x0.new_zeros(zeros)
     return out
+
+
+def pixel_size(batch: Mapping[str, Any], x0: torch.Tensor) -> tuple[int, int]:
+    """The picture's (height, width) in pixels for latents ``x0``, as the pipelines' micro-conditioning counts them:
+    the latent size times the VAE's spatial factor, which the training loss puts in the batch
+    (``vae_scale_factor``, the pipeline's own); 8, the SDXL / PixArt / HunyuanDiT VAEs' factor, where the batch has
+    none (the video memory plan on the meta device).
+
+    Example:
+        >>> pixel_size({"vae_scale_factor": 2}, torch.zeros(1, 4, 16, 8)), pixel_size({}, torch.zeros(1, 4, 16, 8))
+        ((32, 16), (128, 64))
+    """
+    factor = int(batch.get("vae_scale_factor") or 8)
+    return x0.shape[-2] * factor, x0.shape[-1] * factor

@@ -11,14 +11,14 @@ from typing import Any
 
 import torch
 
-from .registry import builder
+from .registry import builder, pixel_size
 
 
 @builder('sdxl_time_ids')
 def _sdxl_time_ids(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
     if module.config.get("addition_embed_type") != "text_time":
         return {}
-    b, h, w = x0.shape[0], x0.shape[-2] * 8, x0.shape[-1] * 8
+    b, (h, w) = x0.shape[0], pixel_size(batch, x0)
     ids = batch.get("add_time_ids")
     pooled = batch.get("pooled_prompt_embeds")
     if ids is None:  # original size, crop top-left, target size (pipeline_stable_diffusion_xl.py _get_add_time_ids)
