@@ -111,7 +111,7 @@ class Setup:
         self.params = [p for p in unet.parameters() if p.requires_grad]
         self.others = [pipe.vae.to(args.device), pipe.text_encoder.to(args.device), pipe.text_encoder_2.to(args.device)]
         alphas = pipe.scheduler.alphas_cumprod.to(args.device)
-        self.alphas = alphas
+        self.alphas, self.vae_factor = alphas, pipe.vae_scale_factor
         if compute == torch.float16:
             self.scaler = torch.amp.GradScaler(args.device)
 
@@ -121,7 +121,7 @@ class Setup:
         b = self.batch
         a = self.alphas[b["timesteps"]].view(-1, 1, 1, 1)
         noisy = a.sqrt() * b["latents"] + (1 - a).sqrt() * b["noise"]
-        side = b["latents"].shape[-1] * 8  # SDXL's micro-conditioning: original size, crop, target size
+        side = b["latents"].shape[-1] * self.vae_factor  # SDXL's micro-conditioning: pixel sizes, as the pipeline
         time_ids = torch.tensor([[side, side, 0, 0, side, side]], device=noisy.device).repeat(noisy.shape[0], 1)
         added = {"text_embeds": b["pooled_prompt_embeds"].to(self.compute), "time_ids": time_ids.to(self.compute)}
         pred = self.unet(noisy.to(self.compute), b["timesteps"], b["prompt_embeds"].to(self.compute),
