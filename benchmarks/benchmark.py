@@ -41,9 +41,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layout", "--recipe-device", dest="layout", default=None,
                    help="measure exactly this layout (a device preset such as t4, a100, cpu). Default: t4 on a CPU, "
                         "the device's own on a GPU, with a slow compute dtype replaced by a fast one (said in the report)")
-    p.add_argument("--repeats", type=int, default=None, help="load repeats per loader (default 3; quick 1)")
-    p.add_argument("--pairs", type=int, default=None, help="hooks/floor call pairs per layout (default 6; quick 2)")
-    p.add_argument("--latent", type=int, default=None, help="latent side of a denoiser call (default 32; tiny 16)")
+    # Defaults sized so the default run fits 10 minutes on a busy 2-core CPU, first run included (issue 34): the load
+    # ratios were identical over 3 repeats, so 2; the hooks' figures are per call or a share of one call, and a
+    # 16x16 latent makes a call 4x cheaper while making the share larger (the conservative side of its target).
+    p.add_argument("--repeats", type=int, default=None, help="load repeats per loader (default 2; quick 1)")
+    p.add_argument("--pairs", type=int, default=None, help="hooks/floor call pairs, benchmarked layout (default 4; "
+                   "quick 2)")
+    p.add_argument("--island-pairs", type=int, default=None, help="hooks/floor call pairs of the every-norm-an-island "
+                   "layout (default 2; quick 1): computed in a half dtype, slow on a CPU without a fast one; its "
+                   "hooks' own time (thread CPU time, unpaired) is the stable island figure")
+    p.add_argument("--latent", type=int, default=None, help="latent side of a denoiser call (default 16)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     p.add_argument("--out", default="bench_output", help="output folder (benchmark.md, benchmark.json, cache/)")
     p.add_argument("--quick", action="store_true", help="smoke run (fewest repeats; figures mean nothing)")
@@ -80,8 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx: dict[str, Any] = {
         "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
         "script": str(Path(__file__).resolve()), "quick": quick,
-        "load_repeats": args.repeats or (1 if quick else 3), "pairs": args.pairs or (2 if quick else 6),
-        "hook_calls": 2 if quick else 3, "batch": 2, "latent": args.latent or (16 if tiny else 32),
+        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (2 if quick else 4),
+        "island_pairs": args.island_pairs or (1 if quick else 2), "hook_calls": 2, "batch": 2,
+        "latent": args.latent or 16,
         "island_counts": (lambda n: [n]) if quick else (lambda n: sorted({max(n // 4, 1), n // 2, n})),
         "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
         # fidelity measures the shipped shapes model (hf_precision.apps.shapes_model) whatever --size says
@@ -93,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
     big = 1.0 if tiny else 6.0
     plan = {"load": ("load", 2 * ctx["load_repeats"], 3.0 if tiny else 12.0),
-            "runtime": [("unet_call", 4 + (0 if quick else 3), big / 2), ("unet_pair", 2 * ctx["pairs"], big)],
+            "runtime": [("unet_call", 4 + (1 if quick else 3), big / 2),
+                        ("unet_pair", ctx["pairs"] + ctx["island_pairs"], big)],
             "apply": ("apply", ctx["apply_sizes"], 4.0),
             "fidelity": [("prepare", 1, 2.0), ("image", 2 * 3 * ctx["fid_seeds"], 1.0)]}
     for name, steps in plan.items():

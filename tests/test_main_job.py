@@ -155,6 +155,12 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
     assert pictures["recipe"]["layout"] == ("t4" if full_precision else "cpu")
     assert pictures["recipe"]["nonfinite"] == 0 and pictures["recipe"]["mean_abs"] < 0.01  # the fp32 picture
     assert pictures["naive"]["nonfinite"] > 0 and pictures["naive"]["decoder_peak_fp32"] > 65504
+    from hf_precision.apps.train.demo import COLORS
+
+    for row in pictures["colours"]:  # each row's colour inside its shape is the caption's, in fp32 and in the recipe
+        named = next(c for c in COLORS if c in row["prompt"].split())  # derived here, not read from the report
+        assert row["fp32"] == row["recipe"] == named == row["named"], row
+    assert {row["prompt"].split()[1] for row in pictures["colours"]} == set(COLORS)  # every colour is shown
     assert f"recipe {pictures['recipe']['layout']} (" in text and "drawn black" in text and "force_upcast" in text
     with Image.open(out / "shapes.png") as grid:
         from hf_precision.apps.demo_pictures import CELL, GRID_PROMPTS

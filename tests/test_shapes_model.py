@@ -114,3 +114,34 @@ def test_the_vae_overflows_float16_and_only_because_of_its_scale(shapes):
     plain = amplify_decoder(copy.deepcopy(shapes.vae), 1 / AMPLIFY)
     assert (_decode(plain, latents) - want).abs().max() < 1e-4
     assert torch.isfinite(_decode(plain.half(), latents)).all()
+
+
+def test_the_model_draws_the_colour_and_the_shape_each_caption_names(shapes):
+    """Every training caption, fp32, the demo's own call: the shape's region holds the caption's colour (nearest of
+    the training colours), and the corners a square fills but a circle leaves are the colour for a square and the
+    background for a circle. The first shipped model drew most captions blue: its epsilon-prediction model read the
+    colour from the seed's noise at the first of 8 "leading" steps (t=876)."""
+    import numpy as np
+    import torch
+
+    from hf_precision.apps.demo_pictures import SHAPES_CALL, colour_read, shape_region
+    from hf_precision.apps.shapes_model import PROMPTS
+    from hf_precision.apps.train.demo import COLORS, draw_shape
+
+    side = SHAPES_CALL["height"]
+    fill = (255, 0, 255)
+    circle_any = np.logical_or.reduce([(np.asarray(draw_shape("circle", fill, side, s)) == fill).all(-1)
+                                       for s in range(16)])
+    corners = shape_region("square", side) & ~circle_any  # inside every square drawn, outside every circle
+    background = np.full(3, (200 + 255) / 2)  # draw_shape's backgrounds: every channel drawn from 200..255
+    for seed in (0, 1):
+        generators = [torch.Generator().manual_seed(seed) for _ in PROMPTS]
+        with torch.no_grad():
+            images = shapes(prompt=list(PROMPTS), **SHAPES_CALL, generator=generators, output_type="np").images
+        for prompt, image in zip(PROMPTS, images):
+            read = colour_read(image, prompt)
+            colour = next(c for c in COLORS if c in prompt.split())
+            assert read["nearest"] == colour, (prompt, seed, read)
+            corner = image[corners].mean(0) * 255
+            to_colour, to_background = (np.linalg.norm(corner - np.asarray(c)) for c in (COLORS[colour], background))
+            assert (to_colour < to_background) == (read["shape"] == "square"), (prompt, seed, corner.round())

@@ -312,7 +312,8 @@ def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> 
                     casts.append(floor.hand.cast_seconds)
                 floor.hooks_on()
                 res["floor_cast_time"] = stats(casts)
-            res.update(paired(progress, "unet_pair", f"runtime ({variant})", floor, hooked, bare, ctx["pairs"], device))
+            pairs = ctx["pairs"] if variant == "recipe" else ctx.get("island_pairs", ctx["pairs"])
+            res.update(paired(progress, "unet_pair", f"runtime ({variant})", floor, hooked, bare, pairs, device))
         res["hook_share"] = res["hook_time"]["per_call"]["median"] / res["floor_s"]["median"]
         # What the hooks cost beyond the casts an island needs anyway (the floor's hand-written casts do the same).
         res["hook_extra"] = res["hook_time"]["per_call"]["median"] - res["floor_cast_time"]["median"]

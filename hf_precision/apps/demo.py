@@ -447,8 +447,12 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
                      f"check {'ok' if v['check_ok'] else 'PROBLEMS'}" for k, v in zip(("sdxl", "svd"), machine))
          + (" (float32 everywhere here: see part 4)" if results["machine"]["why_float32"] else ""))
     pictures = results["pictures"]
+    named = [c["named"] for c in pictures["colours"]]
+    right = {k: sum(c[k] == c["named"] for c in pictures["colours"]) for k in ("fp32", "recipe")}
     _say(f"pictures: recipe {pictures['recipe']['layout']} max diff {pictures['recipe']['max_abs']:.3g} from fp32; "
-         f"VAE in float16: {pictures['naive']['nonfinite']:,} non-finite values (black)")
+         f"VAE in float16: {pictures['naive']['nonfinite']:,} non-finite values (black); the colour the caption "
+         f"names, inside the shape: {right['fp32']}/{len(named)} rows in fp32, {right['recipe']}/{len(named)} in "
+         f"the recipe")
     _say(f"wrote {out / 'shapes.png'} (the pictures side by side), {out / 'sdxl.png'}, {out / 'svd.gif'}, "
          f"{out / 'report.json'} in {results['seconds']} s")
     return results

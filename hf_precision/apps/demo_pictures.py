@@ -18,15 +18,56 @@ from typing import Any
 from .outputs import written_atomically
 
 __all__ = ["difference", "one_call_difference", "SHAPES_CALL", "GRID_PROMPTS", "CELL", "picture_layout",
-           "draw_pictures", "enlarged", "save_png", "save_gif", "decode_naively", "grid_image"]
+           "draw_pictures", "enlarged", "save_png", "save_gif", "decode_naively", "grid_image", "shape_region",
+           "colour_read"]
 
 # What the shapes model was trained for: 32x32 pictures of the captions, no classifier-free guidance (it never saw an
 # empty caption), enough Euler steps for a clean shape.
 SHAPES_CALL: dict[str, Any] = {"height": 32, "width": 32, "num_inference_steps": 8, "guidance_scale": 1.0}
-# Two rows keep the float16 column affordable on a CPU without fast float16 (4x a float32 call here).
-GRID_PROMPTS = ("a red square", "a blue circle")
+# Every colour and both shapes, one row each: a person checks the shape and the colour each caption names.
+GRID_PROMPTS = ("a red square", "a blue circle", "a green circle", "a yellow square")
 CELL = 160  # px per picture in the grid: 32 px enlarged 5x
 T4 = "t4"  # the layout people know (fp16 UNet, fp32 VAE) shown where this machine's own recipe has no half dtype
+
+
+def shape_region(shape: str, size: int, draws: int = 16) -> Any:
+    """The pixels that every training draw of ``shape`` at ``size`` px fills (a boolean ``size x size`` array):
+    where the shape's colour must be, whatever margin a draw picked (``hf_precision.apps.train.demo.draw_shape``).
+
+    Example:
+        >>> region = shape_region("square", 32)
+        >>> bool(region[16, 16]), bool(region[0, 0]), region.shape
+        (True, False, (32, 32))
+    """
+    import numpy as np
+
+    from .train.demo import draw_shape
+
+    fill = (255, 0, 255)  # no background draws it (their channels start at 200)
+    masks = [(np.asarray(draw_shape(shape, fill, size, seed)) == fill).all(-1) for seed in range(draws)]
+    return np.logical_and.reduce(masks)
+
+
+def colour_read(picture: Any, prompt: str) -> dict[str, Any]:
+    """The mean colour of ``picture`` (an ``HxWx3`` array in [0, 1]) inside :func:`shape_region` of the shape that
+    ``prompt`` names, and the training colour (``hf_precision.apps.train.demo.COLORS``) nearest to it.
+
+    Example:
+        >>> import numpy as np
+        >>> from hf_precision.apps.train.demo import COLORS, draw_shape
+        >>> red = np.asarray(draw_shape("circle", COLORS["red"], 32, 0)) / 255
+        >>> colour_read(red, "a red circle")["nearest"]
+        'red'
+    """
+    import numpy as np
+
+    from .train.demo import COLORS, SHAPES
+
+    shape = next(s for s in SHAPES if s in prompt.split())
+    array = np.nan_to_num(np.asarray(picture, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    mean = array[shape_region(shape, array.shape[0])].mean(0) * 255
+    nearest = min(COLORS, key=lambda name: float(np.linalg.norm(mean - np.asarray(COLORS[name]))))
+    return {"shape": shape, "rgb": [round(float(v), 1) for v in mean], "nearest": nearest}
 
 
 def difference(a: Any, b: Any) -> dict[str, float]:
@@ -253,6 +294,11 @@ def draw_pictures(out: Path, place: str, layout_device: str, seed: int, say: Any
         "naive": {"dtypes": "the VAE cast to float16, decoding fp32's latents",
                   "decoder_peak_fp32": decoder_peak(fp32.vae, latents[0]),
                   **difference(pictures["naive"], pictures["fp32"])}}
+    from .train.demo import COLORS
+
+    results["colours"] = [{"prompt": prompt, "named": next(c for c in COLORS if c in prompt.split()),
+                           **{k: colour_read(pictures[k][i], prompt)["nearest"] for k in ("fp32", "recipe")}}
+                          for i, prompt in enumerate(GRID_PROMPTS)]
     columns = ["fp32 (every\ncomponent)", f"recipe {layout}:\n{words}", "naive: VAE in\nfloat16, same latents"]
     rows = [(f"{prompt}\nseed {seed + i}", [pictures[k][i] for k in ("fp32", "recipe", "naive")])
             for i, prompt in enumerate(GRID_PROMPTS)]
@@ -268,8 +314,10 @@ def _tell(results: dict[str, Any], say: Any) -> None:
     side, r, naive = SHAPES_CALL["height"], results["recipe"], results["naive"]
     say(f"model: hf_precision's shipped shapes model (a small SDXL whose UNet `hf-precision train` fitted to the 8 "
         f"captioned shapes of `hf-precision train --demo`; fingerprint {results['fingerprint']}): {side}x{side} "
-        f"pictures, {SHAPES_CALL['num_inference_steps']} Euler steps. It draws the shape its caption names; the colour "
-        f"follows the seed more than the caption (its tiny text encoders barely separate the colour words).")
+        f"pictures, {SHAPES_CALL['num_inference_steps']} Euler steps. It draws the shape and the colour its caption "
+        f"names.")
+    say("the colour inside the shape, nearest training colour (fp32 / recipe): " + "; ".join(
+        f"{c['prompt']!r}: {c['fp32']} / {c['recipe']}" for c in results["colours"]))
     say(f"wrote {results['output']}: one row per prompt and seed "
         f"({', '.join(f'{p!r} seed {s}' for p, s in zip(results['prompts'], results['seeds']))}), each picture "
         f"enlarged {CELL // side}x to {CELL}x{CELL}; the columns, left to right:")
