@@ -134,8 +134,8 @@ class TrainingSetup:
         """The denoising loss (MSE against the scheduler's objective) for a batch of latents and conditioning."""
         module = self._denoiser()
         row = denoiser_rows.row_of(module, str(self.denoiser_name))
-        if "vae_scale_factor" not in batch and self._vae_scale_factor():
-            batch = {**batch, "vae_scale_factor": self._vae_scale_factor()}  # pixel sizes in the micro-conditioning
+        if "vae_scale_factor" not in batch and (factor := self._vae_scale_factor()):
+            batch = {**batch, "vae_scale_factor": factor}  # pixel sizes in the micro-conditioning
         kwargs, target = denoiser_rows.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
                                                self.sigma_range)
         kwargs.update(control.side_inputs(self, module, kwargs, batch))  # a ControlNet's / T2I-Adapter's residuals
@@ -291,7 +291,7 @@ class TrainingSetup:
         factor = getattr(self.pipe, "vae_scale_factor", None)
         if isinstance(factor, int):
             return factor
-        blocks = getattr(getattr(self.components.get("vae"), "config", None), "get", lambda _: None)("block_out_channels")
+        blocks = getattr(getattr(self._components().get("vae"), "config", None), "get", lambda _: None)("block_out_channels")
         return 2 ** (len(blocks) - 1) if blocks else None
 
     def _denoiser(self) -> torch.nn.Module:
