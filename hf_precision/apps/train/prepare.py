@@ -60,21 +60,32 @@ def check_trainable(index: dict[str, Any]) -> None:
     _check_latents(index)
 
 
-def _check_family(index: dict[str, Any]) -> None:
-    """Refuse, before loading, a denoiser class the training layer has no family row for (it cannot build its call)."""
+def _models(index: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """The diffusers models a model_index lists, schedulers aside: (component, class name, whether the training layer
+    has a denoiser row for it or a base class of it). Both family checks read this one classification."""
     import diffusers
 
     from ...runtime.source import listed_components
     from ...training.denoiser_rows import ROWS
 
-    models = {}
-    for name, (_, cls_name) in listed_components(index).items():
+    models = []
+    for name, (library, cls_name) in sorted(listed_components(index).items()):
         cls = getattr(diffusers, str(cls_name), None)
-        if isinstance(cls, type) and issubclass(cls, diffusers.ModelMixin):
-            models[name] = (str(cls_name), [c.__name__ for c in cls.__mro__])
-    if any(n in ROWS for _, mro in models.values() for n in mro):
+        if library != "diffusers" or (isinstance(cls, type) and not issubclass(cls, diffusers.ModelMixin)):
+            continue
+        mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
+        models.append((name, str(cls_name), any(n in ROWS for n in mro)))
+    return models
+
+
+def _check_family(index: dict[str, Any]) -> None:
+    """Refuse, before loading, a denoiser class the training layer has no family row for (it cannot build its call)."""
+    from ...training.denoiser_rows import ROWS
+
+    models = _models(index)
+    if any(denoiser for *_, denoiser in models):
         return  # the denoiser (unet, transformer, Cascade's prior or decoder) has a row
-    shown = ", ".join(f"{name} is a {cls}" for name, (cls, _) in models.items()) or "no diffusers model listed"
+    shown = ", ".join(f"{name} is a {cls}" for name, cls, _ in models) or "no diffusers model listed"
     raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser the training layer knows ({shown}; it knows "
                       f"how to call {', '.join(ROWS)}): a family without a training recipe; train one of those, or "
                       f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
@@ -116,21 +127,13 @@ def _check_latents(index: dict[str, Any]) -> None:
         ...
         hf_precision.errors.RecipeError: --model: Kandinsky3Pipeline has no 'vae': its latents come from movq...
     """
-    import diffusers
-
     from ...runtime.source import listed_components
-    from ...training.denoiser_rows import ROWS
 
-    listed = listed_components(index)
-    if "vae" in listed:
+    if "vae" in listed_components(index):
         return
-    encoders, denoisers = [], []
-    for name, (library, cls_name) in sorted(listed.items()):
-        cls = getattr(diffusers, str(cls_name), None)
-        if library != "diffusers" or (isinstance(cls, type) and issubclass(cls, diffusers.SchedulerMixin)):
-            continue
-        mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
-        (denoisers if any(n in ROWS for n in mro) else encoders).append(f"{name} ({cls_name})")
+    models = _models(index)
+    encoders = [f"{name} ({cls})" for name, cls, denoiser in models if not denoiser]
+    denoisers = [f"{name} ({cls})" for name, cls, denoiser in models if denoiser]
     name = index.get("_class_name")
     where = (f"its latents come from {', '.join(encoders)}" if encoders else
              f"no model it lists encodes images into its latents (its denoiser {', '.join(denoisers) or '?'} works in "
@@ -152,11 +155,11 @@ def _accelerator(out: Path, device: str | None, s: TrainSettings) -> Any:
     cpu = (device or "").split(":")[0] == "cpu" or not has_gpu
     from .sharded import accelerate_shard
 
-    accelerate_shard()  # a config the layer cannot honour is refused before accelerate acts on it
-    acc = Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
-    if accelerate_shard(acc):  # accelerate's FSDP2 config: the layer shards, in the recipe's dtypes (never acc.prepare)
+    # accelerate's FSDP2 config: the layer shards, in the recipe's dtypes (never acc.prepare); a config the layer
+    # cannot honour is refused before accelerate acts on it
+    if accelerate_shard():
         s.shard = True
-    return acc
+    return Accelerator(log_with=log_with, project_dir=str(out / "logs"), cpu=cpu)
 
 
 def _device(s: TrainSettings, acc: Any) -> str:
