@@ -173,51 +173,32 @@ def test_cache_written_under_the_t4_plan_is_not_read_under_the_a100_plan(tmp_pat
 
 
 def test_fsdp1_and_deepspeed_are_refused_and_fsdp2_shards(monkeypatch, tmp_path):
-    import types
-
     import accelerate
-    from accelerate.utils import DistributedType
 
     from hf_precision.apps.train import prepare
     from hf_precision.apps.train.settings import TrainSettings
     from hf_precision.errors import RecipeError
 
     real = accelerate.Accelerator
-    for kind, version in ((DistributedType.FSDP, 1), (DistributedType.DEEPSPEED, None), (DistributedType.FSDP, 2)):
-        class Fake:
-            distributed_type = kind
-            state = types.SimpleNamespace(fsdp_plugin=types.SimpleNamespace(fsdp_version=version))
 
-            def __init__(self, **kwargs):
-                pass
-
-        monkeypatch.setattr(accelerate, "Accelerator", Fake)
-        s = TrainSettings(model="m", data="d", out=str(tmp_path))
-        if version == 2:  # accelerate's FSDP2 config: the layer shards under the recipe
-            prepare._accelerator(tmp_path, "cpu", s)
-            assert s.shard
-            continue
-        with pytest.raises(RecipeError, match=r"selects .*use `hf-precision train --shard` under `torchrun "
-                                              r"--nproc_per_node N` or `accelerate launch` with an FSDP2 config"):
-            prepare._accelerator(tmp_path, "cpu", s)
-    # on the CPU accelerate's state says MULTI_CPU whatever the config: the launcher's environment says FSDP
+    # what `accelerate launch` puts in the environment decides, before an Accelerator exists: on the CPU accelerate's
+    # state says MULTI_CPU whatever the config asked for
     class Cpu:
-        distributed_type = DistributedType.MULTI_CPU
-        state = types.SimpleNamespace(fsdp_plugin=None)
-
         def __init__(self, **kwargs):
             pass
 
     monkeypatch.setattr(accelerate, "Accelerator", Cpu)
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
-    for version, shards in (("2", True), ("1", False)):
+    for version, shards in (("2", True), ("1", False), ("", False)):  # no FSDP_VERSION: accelerate's default, 1
         monkeypatch.setenv("FSDP_VERSION", version)
         s = TrainSettings(model="m", data="d", out=str(tmp_path))
         if shards:
             prepare._accelerator(tmp_path, "cpu", s)
             assert s.shard
         else:
-            with pytest.raises(RecipeError, match="FSDP version 1: FSDP1 flattens"):
+            with pytest.raises(RecipeError, match=r"FSDP version 1: FSDP1 flattens .*use `hf-precision train --shard` "
+                                                  r"under `torchrun --nproc_per_node N` or `accelerate launch` with "
+                                                  r"an FSDP2 config"):
                 prepare._accelerator(tmp_path, "cpu", s)
     # the real Accelerator under a DeepSpeed or Megatron-LM launch: refused before accelerate acts on the config (it
     # raised "DeepSpeed is not installed" first, which sends the user to install what is then refused)

@@ -142,11 +142,12 @@ def holding(tp: Any) -> str:
             + (f"; frozen: {', '.join(replicated)}" if replicated else ""))
 
 
-def accelerate_shard(acc: Any = None) -> bool:
+def accelerate_shard() -> bool:
     """Whether accelerate's config asks for sharding (FSDP2: ``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are
-    refused naming what to use. False for one process or data parallel. Without ``acc``: from what ``accelerate
-    launch`` put in the environment alone, so the refusal comes before the Accelerator is made (accelerate itself
-    would first stop a DeepSpeed config with "DeepSpeed is not installed", which sends the user the wrong way).
+    refused naming what to use. False for one process or data parallel. Read from what ``accelerate launch`` puts in
+    the environment (as accelerate's own plugins read it), so the answer comes before the Accelerator is made:
+    accelerate itself would first stop a DeepSpeed config with "DeepSpeed is not installed", which sends the user the
+    wrong way, and on the CPU (``Accelerator(cpu=True)``) it makes a MULTI_CPU state whatever its config says.
 
     Example:
         >>> import os
@@ -160,9 +161,7 @@ def accelerate_shard(acc: Any = None) -> bool:
     def asked(name: str) -> bool:
         return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
-    kind = acc.distributed_type if acc is not None else DistributedType.NO
-    # On the CPU (Accelerator(cpu=True)) accelerate makes a MULTI_CPU state whatever its config says: the launcher's
-    # environment still tells what the config asked for
+    kind = DistributedType.NO
     if asked("ACCELERATE_USE_FSDP"):
         kind = DistributedType.FSDP
     elif asked("ACCELERATE_USE_DEEPSPEED"):
@@ -172,8 +171,7 @@ def accelerate_shard(acc: Any = None) -> bool:
     use = ("use `hf-precision train --shard` under `torchrun --nproc_per_node N` or `accelerate launch` with an FSDP2 "
            "config (fsdp_version: 2): it shards each block in the dtypes of the recipe")
     if kind == DistributedType.FSDP:
-        plugin = getattr(getattr(acc, "state", None), "fsdp_plugin", None)
-        version = int(getattr(plugin, "fsdp_version", None) or os.environ.get("FSDP_VERSION") or 1)
+        version = int(os.environ.get("FSDP_VERSION") or 1)  # accelerate's FSDP plugin reads the same variable
         if version == 2:
             return True
         raise RecipeError(f"accelerate config selects FSDP version {version}: FSDP1 flattens each wrapped module into "
