@@ -11,6 +11,7 @@ The file's ``latents:`` rows say how far each VAE class compresses space and tim
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import re
 from collections.abc import Iterable, Mapping
@@ -191,6 +192,12 @@ def check_denoisers(data: Any, source: str, builders: Iterable[str], latents: bo
     return out
 
 
+@functools.lru_cache(maxsize=1)
+def _shipped() -> Any:
+    """The parsed shipped ``recipes/denoisers.yaml``: its training rows and its latents rows come from one read."""
+    return read_yaml(recipes_dir() / "denoisers.yaml")
+
+
 def read_denoisers(builders: Iterable[str], path: str | Path | None = None) -> dict[str, dict[str, Any]]:
     """The checked rows of a denoisers file: the shipped ``recipes/denoisers.yaml``, or a user's file at ``path``.
 
@@ -201,9 +208,9 @@ def read_denoisers(builders: Iterable[str], path: str | Path | None = None) -> d
         ...     print(err.problems[0].split(";")[0])
         recipes/denoisers.yaml: denoisers.UNet2DConditionModel.extras[0]: no registered builder 'sdxl_time_ids'
     """
-    where = recipes_dir() / "denoisers.yaml" if path is None else Path(path)
-    source = "recipes/denoisers.yaml" if path is None else str(path)
-    return check_denoisers(read_yaml(where), source, builders, latents=path is None)
+    if path is None:
+        return check_denoisers(_shipped(), "recipes/denoisers.yaml", builders)
+    return check_denoisers(read_yaml(path), str(path), builders, latents=False)
 
 
 def read_latents() -> dict[str, dict[str, Any]]:
@@ -214,7 +221,7 @@ def read_latents() -> dict[str, dict[str, Any]]:
         6
     """
     problems = Problems("recipes/denoisers.yaml")
-    data = read_yaml(recipes_dir() / "denoisers.yaml")
+    data = _shipped()
     rows = _latent_rows(data.get("latents") if isinstance(data, dict) else None, problems)
     if "other" not in rows:
         problems.add("latents.other", "missing; it gives the compression of a VAE class without a row")
