@@ -148,3 +148,21 @@ def test_fingerprint_follows_the_planned_dtypes(pipes):
     assert plans["t4"].fingerprint() != plans["a100"].fingerprint()
     pinned = hp.prepare_training(copy.deepcopy(pipes["flux"]), layout="t4", overrides={"vae": {"dtype": "float16"}})
     assert pinned.recipe["vae"].compute == "float16" and pinned.fingerprint() != again.fingerprint()
+
+
+def test_a_full_fine_tune_hands_each_rms_norm_its_weights_dtype():
+    """Wan's attention norms (torch.nn.RMSNorm) keep fp32 masters in a full fine-tune under fp16 autocast; the CPU's
+    autocast leaves rms_norm alone, so an fp16 activation met the fp32 weight and torch fell back from its fused
+    kernel with a "Mismatch dtype between input and weight" warning at the first step."""
+    from hf_precision.testing import make_pipeline
+    from hf_precision.training import example_batch
+
+    tp = hp.prepare_training(make_pipeline("wan"), layout="t4", train={"transformer": "full"})
+    model = tp.components["transformer"]
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.RMSNorm)]
+    met = []
+    for norm in norms:  # registered after the layer's own hooks: sees what the norm is handed
+        norm.register_forward_pre_hook(lambda m, args: met.append((args[0].dtype, m.weight.dtype)))
+    loss = tp.loss(example_batch(model))
+    assert norms and len(met) >= len(norms) and torch.isfinite(loss), (len(norms), len(met))
+    assert {w for _, w in met} == {torch.float32} and all(x == w for x, w in met), sorted(set(met))

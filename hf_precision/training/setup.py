@@ -429,6 +429,7 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
         autocast = dt.to_torch(compute) if method.every_weight and compute in dt.HALF else None
         if autocast is not None:
             trainable.keep_explicit_fp32(module)
+            handles += trainable.norms_in_weight_dtype(module)
         handles += trainable.guard(module, dev.type, autocast, inside=True)
         for island in applied.islands.get(comp, []):
             handles += trainable.guard(module.get_submodule(island), dev.type, None)

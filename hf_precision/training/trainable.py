@@ -274,6 +274,31 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
     return count
 
 
+def norms_in_weight_dtype(module: torch.nn.Module) -> list[Any]:
+    """Hand each ``torch.nn.RMSNorm`` of a fully fine-tuned ``module`` its input in its weight's dtype; returns the
+    removable handles.
+
+    A full fine-tune keeps fp32 masters and computes under autocast, which (on the CPU) leaves ``rms_norm`` out of its
+    cast lists: an fp16 activation meets the fp32 weight, and torch falls back from its fused kernel with a
+    "Mismatch dtype between input and weight" warning (Wan's ``norm_q``/``norm_k``). The fallback upcasts to fp32 and
+    returns fp32 anyway; casting the input first is the same math through the fused kernel, as autocast's fp32 list
+    does for ``layer_norm``.
+
+    Example:
+        >>> norm = torch.nn.RMSNorm(4)
+        >>> handles = norms_in_weight_dtype(torch.nn.Sequential(norm))
+        >>> norm(torch.ones(1, 4, dtype=torch.float16)).dtype
+        torch.float32
+    """
+    def cast(norm: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        weight, x = norm.weight, args[0] if args else None
+        if weight is None or not isinstance(x, torch.Tensor) or x.dtype == weight.dtype or not x.is_floating_point():
+            return None
+        return (x.to(weight.dtype), *args[1:])
+
+    return [sub.register_forward_pre_hook(cast) for sub in module.modules() if isinstance(sub, torch.nn.RMSNorm)]
+
+
 _MATMULS = ("matmul", "bmm", "baddbmm")
 
 
