@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Rebuild the demo's shapes model (``hf_precision/apps/shapes_sdxl/``) from scratch, deterministically.
 
-    python scripts/build_shapes_model.py                 # rewrites the shipped folder (40 minutes on 2 busy CPU cores)
+    python scripts/build_shapes_model.py                 # rewrites the shipped folder (12-40 minutes on 2 CPU cores, by load)
     python scripts/build_shapes_model.py --out /tmp/m    # somewhere else, to compare
 
 What it builds and how: ``hf_precision/apps/shapes_model.py`` (SPEC, TRAINING, build()).
