@@ -30,8 +30,9 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (exact byte counts)")
     p.add_argument("--base", default=None, metavar="FOLDER",
-                   help="with a .gguf file as NAME: the folder, alias or Hub id for the rest of the pipeline; the "
-                        "denoiser is counted from the file's tensor types")
+                   help="with a single file as NAME (a fine-tuned denoiser .safetensors, or .gguf): the folder, "
+                        "alias or Hub id for the rest of the pipeline; the file's header is checked against its "
+                        "denoiser, and a GGUF denoiser is counted from the file's tensor types")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -40,7 +41,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..runtime.source import check_name, shipped_configs
 
     # A typo or a damaged config fails in a blink, before torch and diffusers are imported; plan reads no weights.
-    if args.base is not None or args.name.lower().endswith(".gguf"):
+    from ..runtime.single_file import PICKLE_SUFFIXES, SINGLE_FILE_SUFFIXES  # torch-free
+
+    if args.base is not None or args.name.lower().endswith(SINGLE_FILE_SUFFIXES + PICKLE_SUFFIXES):
         pass  # plan() names a missing file or base itself
     elif Path(args.name).expanduser().is_dir():
         preflight(args.name, recipe=args.recipe, device=resolve_for(args), overrides=overrides_from(args) or None,

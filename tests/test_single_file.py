@@ -1,0 +1,210 @@
+"""Single-file checkpoints (what ComfyUI / A1111 / Civitai users hold) as a pipeline's denoiser:
+``load_pipeline("finetune.safetensors", device, base=folder)``.
+
+The files are built here, offline: a tiny denoiser with weights of its own ("the fine-tune", so the base folder's
+weights can be told apart) saved with safetensors in the diffusers layout, and for the SDXL UNet in the original
+LDM/SGM layout too: its keys mapped back by ``to_ldm_unet``, a mapping checked against diffusers' own converter
+(``convert_ldm_unet_checkpoint`` must give back the very same state dict), with the ``model.diffusion_model.``
+prefix of whole checkpoints and without it (ComfyUI's ``models/unet`` files). Before this, every such file was
+refused ("base= is for a GGUF file, but ... is not a .gguf file").
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import hf_precision as hp
+from hf_precision.errors import RecipeError
+from hf_precision.runtime.quantize import module_bytes
+
+LAYOUT = "t4"  # fp16 compute with fp32 islands and an fp32 VAE: every kind of dtype in one pipeline, run on the CPU
+
+
+def _finetune(model: torch.nn.Module, seed: int = 1) -> dict[str, torch.Tensor]:
+    """The model's state dict moved off its own weights (fp32, contiguous), as a fine-tune's would be."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v).contiguous()
+            for k, v in model.state_dict().items()}
+
+
+def to_ldm_unet(state: dict[str, torch.Tensor], config: dict, prefix: str = "model.diffusion_model.") -> dict:
+    """A diffusers UNet2DConditionModel state dict in the original LDM/SGM key layout (SD 1.x/2.x/SDXL checkpoints).
+
+    The fixed layers come from diffusers' own table (``DIFFUSERS_TO_LDM_MAPPING``); the blocks are numbered as the
+    LDM UNet numbers them (input_blocks: conv_in, then per down block its resnet+attention pairs and a downsampler;
+    middle_block: resnet, attention, resnet; output_blocks: per up block layers_per_block + 1 pairs, the upsampler
+    after the last). The result is checked against diffusers' converter: it must give back ``state`` exactly.
+    """
+    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING, convert_ldm_unet_checkpoint
+
+    table = DIFFUSERS_TO_LDM_MAPPING["unet"]
+    fixed = {**table["layers"], **(table["addition_embed_type"] if config.get("addition_embed_type") == "text_time" else {})}
+    resnet = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
+              "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
+    per = config["layers_per_block"] + 1
+    with_attention = {i for i, t in enumerate(config["up_block_types"]) if "CrossAttn" in t}
+    out = {}
+    for key, value in state.items():
+        if key in fixed:
+            out[prefix + fixed[key]] = value
+            continue
+        p = key.split(".")
+        if p[0] == "mid_block":
+            kind, index, rest = p[1], int(p[2]), p[3:]
+            head = f"middle_block.{2 * index if kind == 'resnets' else 1}"
+        elif p[2] in ("downsamplers", "upsamplers"):
+            b, rest = int(p[1]), p[4:]
+            head = (f"input_blocks.{1 + b * per + per - 1}.0.op" if p[0] == "down_blocks" else
+                    f"output_blocks.{b * per + per - 1}.{2 if b in with_attention else 1}.conv")
+            rest = rest[1:]  # the `conv` of diffusers' Downsample2D/Upsample2D
+        else:
+            b, kind, index, rest = int(p[1]), p[2], int(p[3]), p[4:]
+            block = f"input_blocks.{1 + b * per + index}" if p[0] == "down_blocks" else f"output_blocks.{b * per + index}"
+            head = f"{block}.{0 if kind == 'resnets' else 1}"
+        if "resnets" in key:
+            rest = [resnet.get(rest[0], rest[0])] + rest[1:]
+        out[prefix + ".".join([head, *rest])] = value
+    back = convert_ldm_unet_checkpoint(dict(out) if prefix else {"model.diffusion_model." + k: v for k, v in out.items()},
+                                       config)
+    assert back.keys() == state.keys() and all(back[k] is state[k] for k in state), "to_ldm_unet disagrees with diffusers"
+    return out
+
+
+@pytest.fixture(scope="module")
+def sdxl(tmp_path_factory):
+    """(base folder, the fine-tune's state dict, the UNet's config, a folder for files) of the tiny SDXL pipeline."""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("sdxl")
+    tmp = tmp_path_factory.mktemp("single_file")
+    return save_pipeline(pipe, tmp / "base"), _finetune(pipe.unet), dict(pipe.unet.config), tmp
+
+
+def _load(path, folder, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hp.load_pipeline(path, "cpu", base=folder, layout=LAYOUT, **kwargs)
+
+
+def _check_planned(pipe, name: str, state: dict[str, torch.Tensor]) -> None:
+    """Every component holds the dtypes the recipe plans; the denoiser the file's values, its islands exactly."""
+    applied = hp.applied(pipe)
+    for plan in applied.recipe.plans:
+        module = getattr(pipe, plan.name, None)
+        if not isinstance(module, torch.nn.Module):
+            continue
+        islands = applied.islands.get(plan.name, [])
+        for key, param in module.named_parameters():
+            inside = any(key.startswith(i + ".") for i in islands)
+            assert param.dtype == (torch.float32 if inside else getattr(torch, plan.storage)), (plan.name, key)
+    model = getattr(pipe, name)
+    islands = applied.islands[name]
+    assert islands, "the recipe plans fp32 islands in the denoiser"
+    for key, value in model.state_dict().items():
+        exact = any(key.startswith(i + ".") for i in islands)
+        assert torch.equal(value, state[key].to(value.dtype)) and (not exact or torch.equal(value, state[key])), key
+
+
+def _runs(pipe, row: str = "sdxl") -> None:
+    from hf_precision.testing import PIPELINES
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = pipe(**PIPELINES[row].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+    res = PIPELINES[row].result(out)
+    assert torch.isfinite(torch.as_tensor(res).float()).all()
+
+
+def test_diffusers_layout_unet_loads_in_planned_dtypes_and_runs(sdxl):
+    folder, state, _, tmp = sdxl
+    path = tmp / "finetune.safetensors"
+    save_file(state, path)
+    pipe = _load(path, folder)
+    _check_planned(pipe, "unet", state)
+    assert any(a.startswith(f"unet: loaded from the single file {path} (diffusers layout) in float16")
+               for a in hp.applied(pipe).actions)
+    # the plan reads the file's header and counts what loading gave
+    planned = hp.plan(path, device=LAYOUT, base=folder)
+    assert planned.source.startswith(str(path))
+    assert {c: p.total_bytes for c, p in planned.components.items()} == \
+        {c: module_bytes(getattr(pipe, c)) for c in planned.components}
+    _runs(pipe)
+
+
+@pytest.mark.parametrize("prefix", ["model.diffusion_model.", ""], ids=["whole-checkpoint keys", "comfyui unet"])
+def test_original_ldm_layout_unet_is_converted_by_diffusers(sdxl, prefix):
+    folder, state, config, tmp = sdxl
+    path = tmp / f"ldm{len(prefix)}.safetensors"
+    save_file({k: v.half() for k, v in to_ldm_unet(state, config, prefix).items()}, path)  # stored fp16, as most are
+    pipe = _load(path, folder)
+    _check_planned(pipe, "unet", {k: v.half().float() for k, v in state.items()})
+    assert any("(original layout, converted by diffusers)" in a for a in hp.applied(pipe).actions)
+    _runs(pipe)
+
+
+def test_a_file_of_another_size_or_model_is_one_error_before_loading(sdxl):
+    from diffusers import UNet2DConditionModel
+
+    from hf_precision.testing import make_pipeline
+
+    folder, _, config, tmp = sdxl
+    wider = UNet2DConditionModel.from_config({**config, "block_out_channels": [16, 32], "norm_num_groups": 8})
+    path = tmp / "wider.safetensors"
+    save_file(wider.state_dict(), path)
+    for call in (lambda: hp.load_pipeline(path, "cpu", base=folder), lambda: hp.plan(path, device="cpu", base=folder)):
+        with pytest.raises(RecipeError) as info:
+            call()
+        text = str(info.value)
+        assert len(text.splitlines()) == 1 and str(path) in text and "not the unet of" in text
+        assert "conv_in.weight is [16, 4, 3, 3] in the file, the base's UNet2DConditionModel has [8, 4, 3, 3]" in text
+        assert "fine-tuned from" in text
+    flux = tmp / "flux.safetensors"
+    save_file(make_pipeline("flux").transformer.state_dict(), flux)
+    with pytest.raises(RecipeError, match=r"flux.safetensors: not the unet \(UNet2DConditionModel\) of .*base: "
+                                          r".*fine-tuned from"):
+        hp.load_pipeline(flux, "cpu", base=folder)
+
+
+def test_whole_pipeline_and_pickle_files_are_refused_with_the_way_out(sdxl):
+    folder, _, _, tmp = sdxl
+    whole = tmp / "sdxl-checkpoint.safetensors"
+    save_file({"model.diffusion_model.out.2.bias": torch.zeros(4), "first_stage_model.decoder.conv_in.bias": torch.zeros(4),
+               "conditioner.embedders.0.transformer.text_model.final_layer_norm.bias": torch.zeros(4)}, whole)
+    with pytest.raises(RecipeError) as info:
+        hp.load_pipeline(whole, "cpu", base=folder)
+    text = str(info.value)
+    assert len(text.splitlines()) == 1 and "whole-pipeline checkpoint" in text and "VAE and text encoders" in text
+    assert f"StableDiffusionXLPipeline.from_single_file('{whole}', config='{folder}').save_pretrained(" in text
+    for name, base in (("finetune.ckpt", folder), ("finetune.pt", None)):
+        with pytest.raises(RecipeError, match=r"is a pickle file, which is refused .* weights_only=True"):
+            hp.load_pipeline(tmp / name, "cpu", base=base)
+    with pytest.raises(RecipeError, match=r"a single-file checkpoint holds one model, not a pipeline; .* base="):
+        hp.load_pipeline(tmp / "finetune.safetensors", "cpu")
+
+
+@pytest.mark.parametrize("row", ["flux", "sd3", "wan"])
+def test_diffusers_layout_transformers_load(tmp_path, row):
+    """The same for the transformer denoisers diffusers reads from a single file."""
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    source = make_pipeline(row)
+    name = hp.get_recipe(PIPELINES[row].recipe, device="cpu").denoiser
+    folder = save_pipeline(source, tmp_path / "base")
+    state = _finetune(getattr(source, name))
+    path = tmp_path / f"{row}.safetensors"
+    save_file(state, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx")
+    PIPELINES[row].ready(pipe)
+    model = getattr(pipe, name)
+    islands = hp.applied(pipe).islands[name]
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            inside = any(key.startswith(i + ".") for i in islands)
+            assert torch.equal(value, state[key].to(value.dtype)) and (value.dtype == torch.float32) == inside, key
+    _runs(pipe, row)
