@@ -208,3 +208,23 @@ def test_diffusers_layout_transformers_load(tmp_path, row):
             inside = any(key.startswith(i + ".") for i in islands)
             assert torch.equal(value, state[key].to(value.dtype)) and (value.dtype == torch.float32) == inside, key
     _runs(pipe, row)
+
+
+def test_cli_generate_and_plan_take_the_file_with_base(sdxl, capsys):
+    """`generate FILE --base FOLDER` writes the picture, `plan FILE --base FOLDER` prints the plan; a bad file is one
+    line on stderr and exit 2, no traceback."""
+    from hf_precision.cli import main
+
+    folder, state, _, tmp = sdxl
+    path = tmp / "cli-finetune.safetensors"
+    save_file(state, path)
+    out = tmp / "cat.png"
+    assert main(["generate", str(path), "--base", str(folder), "--prompt", "a cat", "--steps", "1", "--height", "32",
+                 "--width", "32", "--layout", LAYOUT, "--device", "cpu", "--out", str(out)]) == 0
+    assert out.is_file()
+    assert main(["plan", str(path), "--base", str(folder), "--device", LAYOUT]) == 0
+    printed = capsys.readouterr().out
+    assert f"{path} + {folder}" in printed and "unet" in printed
+    assert main(["plan", str(tmp / "x.ckpt"), "--base", str(folder), "--device", LAYOUT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pickle file" in err and "Traceback" not in err

@@ -184,6 +184,14 @@ def load_single_file_denoiser(path: Path, where: str, index: Mapping[str, Any], 
     Every tensor is read in the dtype the recipe plans for it (``dtype`` for the component, float32 inside its
     islands, exactly as the file stores them) and diffusers' ``from_single_file`` builds the model from the base's
     config; a quantized storage is handed to it as the backend's config, as ``from_pretrained`` gets it.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> load_single_file_denoiser(Path("unet.safetensors"), "./vae-only", {"vae": ["diffusers", "AutoencoderKL"]},
+        ...                           get_recipe("sdxl", device="t4"), {}, None)
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: unet.safetensors: the base ./vae-only has no denoiser component for the file (recipe sdxl)
     """
     import torch
     from safetensors import safe_open
