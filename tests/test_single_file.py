@@ -74,6 +74,40 @@ def to_ldm_unet(state: dict[str, torch.Tensor], config: dict, prefix: str = "mod
     return out
 
 
+def to_ldm_vae(state: dict[str, torch.Tensor], config: dict, prefix: str = "first_stage_model.") -> dict:
+    """A diffusers AutoencoderKL state dict in the original LDM layout (its ``first_stage_model.`` of a whole
+    checkpoint): diffusers' table for the fixed layers, ``down.{i}.block.{j}`` / ``up.{n-1-i}.block.{j}`` resnets,
+    ``mid.block_{1,2}`` and ``mid.attn_1`` with 1x1 convolutions for the attention's projections. Checked against
+    diffusers' ``convert_ldm_vae_checkpoint``, which must give back ``state``."""
+    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING, convert_ldm_vae_checkpoint
+
+    fixed = DIFFUSERS_TO_LDM_MAPPING["vae"]
+    attention = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out": "proj_out"}
+    ups = len(config["up_block_types"])
+    out = {}
+    for key, value in state.items():
+        p = key.split(".")
+        if key in fixed:
+            new = fixed[key]
+        elif p[1] == "mid_block" and p[2] == "resnets":
+            new = ".".join([p[0], "mid", f"block_{int(p[3]) + 1}", *p[4:]])
+        elif p[1] == "mid_block":  # attentions.0.<layer>.(0.)weight
+            new = ".".join([p[0], "mid", "attn_1", attention[p[4]], p[-1]])
+            value = value[:, :, None, None] if value.dim() == 2 else value
+        else:
+            block = int(p[2]) if p[0] == "encoder" else ups - 1 - int(p[2])
+            where = "down" if p[0] == "encoder" else "up"
+            if p[3] == "resnets":
+                rest = [("nin_shortcut" if p[5] == "conv_shortcut" else p[5]), *p[6:]]
+                new = ".".join([p[0], where, str(block), "block", p[4], *rest])
+            else:  # downsamplers.0.conv / upsamplers.0.conv
+                new = ".".join([p[0], where, str(block), "downsample" if where == "down" else "upsample", *p[5:]])
+        out[prefix + new] = value
+    back = convert_ldm_vae_checkpoint(dict(out), config)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state), "to_ldm_vae disagrees"
+    return out
+
+
 @pytest.fixture(scope="module")
 def sdxl(tmp_path_factory):
     """(base folder, the fine-tune's state dict, the UNet's config, a folder for files) of the tiny SDXL pipeline."""
@@ -90,7 +124,7 @@ def _load(path, folder, **kwargs):
         return hp.load_pipeline(path, "cpu", base=folder, layout=LAYOUT, **kwargs)
 
 
-def _check_planned(pipe, name: str, state: dict[str, torch.Tensor]) -> None:
+def _check_planned(pipe, name: str, state: dict[str, torch.Tensor], islands_planned: bool = True) -> None:
     """Every component holds the dtypes the recipe plans; the denoiser the file's values, its islands exactly."""
     applied = hp.applied(pipe)
     for plan in applied.recipe.plans:
@@ -103,7 +137,7 @@ def _check_planned(pipe, name: str, state: dict[str, torch.Tensor]) -> None:
             assert param.dtype == (torch.float32 if inside else getattr(torch, plan.storage)), (plan.name, key)
     model = getattr(pipe, name)
     islands = applied.islands[name]
-    assert islands, "the recipe plans fp32 islands in the denoiser"
+    assert bool(islands) == islands_planned
     for key, value in model.state_dict().items():
         exact = any(key.startswith(i + ".") for i in islands)
         assert torch.equal(value, state[key].to(value.dtype)) and (not exact or torch.equal(value, state[key])), key
@@ -125,8 +159,8 @@ def test_diffusers_layout_unet_loads_in_planned_dtypes_and_runs(sdxl):
     save_file(state, path)
     pipe = _load(path, folder)
     _check_planned(pipe, "unet", state)
-    assert any(a.startswith(f"unet: loaded from the single file {path} (diffusers layout) in float16")
-               for a in hp.applied(pipe).actions)
+    assert f"loaded from the single file {path} (diffusers layout): unet float16; islands float32 as stored; the " \
+        f"rest from {folder}" in hp.applied(pipe).actions
     # the plan reads the file's header and counts what loading gave
     planned = hp.plan(path, device=LAYOUT, base=folder)
     assert planned.source.startswith(str(path))
@@ -169,16 +203,35 @@ def test_a_file_of_another_size_or_model_is_one_error_before_loading(sdxl):
         hp.load_pipeline(flux, "cpu", base=folder)
 
 
-def test_whole_pipeline_and_pickle_files_are_refused_with_the_way_out(sdxl):
+def test_whole_sd15_checkpoint_loads_every_component_in_its_planned_dtype(tmp_path):
+    """An SD 1.5 whole checkpoint (UNet, VAE and CLIP text encoder in the original layout, stored fp16 as most are)
+    with base= giving the configs: each component diffusers finds in the file is read in its own planned dtype; the
+    tokenizer and scheduler come from base."""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("sd15")
+    folder = save_pipeline(pipe, tmp_path / "base")
+    unet, vae = _finetune(pipe.unet, 1), _finetune(pipe.vae, 2)
+    text = _finetune(pipe.text_encoder, 3)
+    whole = {**to_ldm_unet(unet, dict(pipe.unet.config)), **to_ldm_vae(vae, dict(pipe.vae.config)),
+             **{"cond_stage_model.transformer.text_model." + k: v for k, v in text.items()}}
+    path = tmp_path / "sd15-finetune.safetensors"
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in whole.items()}, path)
+    loaded = _load(path, folder)
+    _check_planned(loaded, "unet", {k: v.half().float() for k, v in unet.items()}, islands_planned=False)
+    for name, state in (("vae", vae), ("text_encoder", text)):
+        for key, value in getattr(loaded, name).state_dict().items():
+            if value.is_floating_point():
+                assert torch.equal(value, state[key].half().to(value.dtype)), (name, key)
+    line = next(a for a in hp.applied(loaded).actions if "loaded from the whole checkpoint" in a)
+    assert "(VAE and text encoder beside the denoiser)" in line and "unet float16" in line
+    assert "vae " in line and "text_encoder " in line
+    assert hp.plan(path, device=LAYOUT, base=folder).source.startswith(str(path))
+    _runs(loaded, "sd15")
+
+
+def test_pickle_files_are_refused_with_the_way_out(sdxl):
     folder, _, _, tmp = sdxl
-    whole = tmp / "sdxl-checkpoint.safetensors"
-    save_file({"model.diffusion_model.out.2.bias": torch.zeros(4), "first_stage_model.decoder.conv_in.bias": torch.zeros(4),
-               "conditioner.embedders.0.transformer.text_model.final_layer_norm.bias": torch.zeros(4)}, whole)
-    with pytest.raises(RecipeError) as info:
-        hp.load_pipeline(whole, "cpu", base=folder)
-    text = str(info.value)
-    assert len(text.splitlines()) == 1 and "whole-pipeline checkpoint" in text and "VAE and text encoders" in text
-    assert f"StableDiffusionXLPipeline.from_single_file('{whole}', config='{folder}').save_pretrained(" in text
     for name, base in (("finetune.ckpt", folder), ("finetune.pt", None)):
         with pytest.raises(RecipeError, match=r"is a pickle file, which is refused .* weights_only=True"):
             hp.load_pipeline(tmp / name, "cpu", base=base)

@@ -334,7 +334,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             if single_file.suffix.lower() == ".gguf":
                 packed = gguf_packed(single_file, module, islands)
             else:  # its tensors load in the planned dtypes: the header is checked, the plan is the base's
-                denoiser_layout(single_file, module, cp.name, str(base), pipeline)
+                denoiser_layout(single_file, module, cp.name, str(base))
         components[cp.name] = _plan_component(cp, module, library, islands, planned, modules, device_why, packed)
         del module
     return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)

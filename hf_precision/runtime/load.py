@@ -188,7 +188,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     from .quantize_load import quantization_kwargs, report_quantization
 
     quant_notes = quantization_kwargs(resolved, target.where, target.index, folder, kwargs)
-    single_note = None
+    single_note, from_file = None, {}
     if target.single_file is not None and target.single_file.suffix.lower() == ".gguf":
         from .gguf import load_gguf_denoiser
 
@@ -196,11 +196,11 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
         kwargs[name] = model
         quant_notes["gguf"] = (name, str(target.single_file))
     elif target.single_file is not None:
-        from .single_file import load_single_file_denoiser
+        from .single_file import load_single_file
 
-        name, model, single_note = load_single_file_denoiser(target.single_file, target.where, target.index, resolved,
-                                                             kwargs, dtype_map[resolved.denoiser])
-        kwargs[name] = model
+        from_file, single_note = load_single_file(target.single_file, target.where, target.index, resolved, kwargs,
+                                                  dtype_map)
+        kwargs.update(from_file)
     mark = time.perf_counter()
     placement = {p.name: p.device for p in resolved.plans}
     streamed = _stream_components(folder, target.index, plans, dtype_map, placement, kwargs)
@@ -211,8 +211,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     # everything else went through a half dtype and gets its islands re-read from the full-precision files.
     timings["from_pretrained"] = time.perf_counter() - mark
     exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
-    if target.single_file is not None:  # its islands come from the file (GGUF: upcast by apply_recipe), not the base's
-        exact.add(resolved.denoiser)
+    if target.single_file is not None:  # their islands come from the file (GGUF: upcast by apply_recipe), not the base's
+        exact |= {resolved.denoiser, *from_file}
     mark = time.perf_counter()
     _reload_islands_fp32(pipe, resolved, folder, skip=exact)
     timings["reload_islands"] = time.perf_counter() - mark

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import RecipeError, excerpt
 
-__all__ = ["split_single_file", "denoiser_layout", "load_single_file_denoiser", "SAFETENSORS_SUFFIXES"]
+__all__ = ["split_single_file", "denoiser_layout", "held_components", "load_single_file", "SAFETENSORS_SUFFIXES"]
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")  # .sft: BFL's own name for the Flux releases
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
@@ -82,16 +82,19 @@ def _meta_tensors(header: Mapping[str, Any]) -> dict[str, Any]:
             for k, v in header.items()}
 
 
-def _refuse_whole_pipeline(path: Path, keys: list[str], where: str, pipeline: str) -> None:
-    """A ``RecipeError`` when the file holds a whole pipeline (its denoiser beside a VAE or text encoders)."""
-    others = sorted({what for prefix, what in OTHER_COMPONENTS.items() for k in keys if k.startswith(prefix)})
-    if not others or not any(k.startswith(DENOISER_PREFIX) for k in keys):
-        return
-    folder = f"./{path.stem}"
-    raise RecipeError(f"{path}: a whole-pipeline checkpoint (the denoiser with its {' and '.join(others)} in one "
-                      f"file), where base= takes a single-file denoiser; convert it once with diffusers: python -c "
-                      f"\"from diffusers import {pipeline}; {pipeline}.from_single_file('{path}', config='{where}')"
-                      f".save_pretrained('{folder}')\", then load the folder: load_pipeline('{folder}')")
+def held_components(keys: list[str]) -> list[str]:
+    """What an original whole checkpoint holds beside its denoiser (``["VAE", "text encoders"]``), from its keys;
+    empty for a denoiser alone.
+
+    Example:
+        >>> held_components(["model.diffusion_model.out.2.bias", "first_stage_model.decoder.conv_in.bias"])
+        ['VAE']
+        >>> held_components(["double_blocks.0.img_attn.qkv.weight"])
+        []
+    """
+    if not any(k.startswith(DENOISER_PREFIX) for k in keys):
+        return []
+    return sorted({what for prefix, what in OTHER_COMPONENTS.items() for k in keys if k.startswith(prefix)})
 
 
 def _mapping_fn(cls: type) -> Any:
@@ -132,18 +135,18 @@ def _convert(cls: type, config: Mapping[str, Any], tensors: Mapping[str, Any], e
     return best
 
 
-def denoiser_layout(path: Path, model: Any, name: str, where: str, pipeline: str) -> str:
+def denoiser_layout(path: Path, model: Any, name: str, where: str) -> str:
     """``"diffusers"`` or ``"original"``: the key layout of a single-file denoiser, checked from its header against
-    ``model`` (the base's denoiser, on the meta device is enough). A whole-pipeline checkpoint, a file of another
-    class or size, or one missing tensors is a ``RecipeError`` naming the file, what was expected and the fix.
+    ``model`` (the base's denoiser, on the meta device is enough). A file of another class or size, or one missing
+    tensors, is a ``RecipeError`` naming the file, what was expected and the fix.
 
     Example:
         >>> import tempfile, torch, safetensors.torch
         >>> path = Path(tempfile.mkdtemp()) / "net.safetensors"
         >>> safetensors.torch.save_file({"weight": torch.zeros(3, 2), "bias": torch.zeros(3)}, path)
-        >>> denoiser_layout(path, torch.nn.Linear(2, 3), "unet", "./base", "X")
+        >>> denoiser_layout(path, torch.nn.Linear(2, 3), "unet", "./base")
         'diffusers'
-        >>> denoiser_layout(path, torch.nn.Linear(4, 3), "unet", "./base", "X")  # doctest: +ELLIPSIS
+        >>> denoiser_layout(path, torch.nn.Linear(4, 3), "unet", "./base")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         hf_precision.errors.RecipeError: ...net.safetensors: not the unet of ./base: weight is [3, 2] in the file, the base's Linear has [3, 4] ...
@@ -152,7 +155,6 @@ def denoiser_layout(path: Path, model: Any, name: str, where: str, pipeline: str
 
     _, header = read_header(path)
     keys = list(header)
-    _refuse_whole_pipeline(path, keys, where, pipeline)
     state = model.state_dict()
     expected = {k: list(v.shape) for k, v in state.items()}
     cls = type(model)
@@ -177,78 +179,149 @@ def denoiser_layout(path: Path, model: Any, name: str, where: str, pipeline: str
     return form
 
 
-def load_single_file_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe: Any, kwargs: Mapping[str, Any],
-                              dtype: Any) -> tuple[str, Any, str]:
-    """Load the recipe's denoiser from a single ``.safetensors`` file: (component, model, the report's line).
+def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: Any, kwargs: Mapping[str, Any],
+                     dtypes: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+    """Load the components a single ``.safetensors`` file holds: (component -> model, the report's line).
 
-    Every tensor is read in the dtype the recipe plans for it (``dtype`` for the component, float32 inside its
-    islands, exactly as the file stores them) and diffusers' ``from_single_file`` builds the model from the base's
-    config; a quantized storage is handed to it as the backend's config, as ``from_pretrained`` gets it.
+    A denoiser file gives the recipe's denoiser; an original whole checkpoint (SD 1.x/2.x, SDXL) gives every planned
+    component diffusers finds in it (UNet, VAE, CLIP text encoders), the rest coming from ``base``. Each tensor of a
+    diffusers model is read in the dtype the recipe plans for it (``dtypes[component]``, float32 inside its islands,
+    exactly as the file stores it) and diffusers' ``from_single_file`` builds the model from the base's config; a
+    quantized storage is handed to it as the backend's config, as ``from_pretrained`` gets it. Text encoders are
+    read by diffusers' own single-file functions in their planned dtype. The whole file is never held in float32
+    unless it is stored so.
 
     Example:
         >>> from hf_precision import get_recipe
-        >>> load_single_file_denoiser(Path("unet.safetensors"), "./vae-only", {"vae": ["diffusers", "AutoencoderKL"]},
-        ...                           get_recipe("sdxl", device="t4"), {}, None)
+        >>> load_single_file(Path("unet.safetensors"), "./vae-only", {"vae": ["diffusers", "AutoencoderKL"]},
+        ...                  get_recipe("sdxl", device="t4"), {}, {})
         Traceback (most recent call last):
         ...
         hf_precision.errors.RecipeError: unet.safetensors: the base ./vae-only has no denoiser component for the file (recipe sdxl)
     """
-    import torch
     from safetensors import safe_open
 
     from .gguf import refuse_unreadable
-    from .layout import component_islands
-    from .meta import build_on_meta
-    from .source import component_class, component_configs, listed_components
+    from .headers import read_header
+    from .source import component_configs, listed_components
 
     name = recipe.denoiser
-    spec = listed_components(index).get(name) if name else None
-    if spec is None:
+    listed = listed_components(index)
+    if listed.get(name) is None:
         raise RecipeError(f"{path}: the base {where} has no denoiser component for the file (recipe {recipe.name})")
     pipeline = str(index.get("_class_name"))
+    folder = Path(where) if Path(where).is_dir() else None
+    configs = component_configs(where, index, folder)
+    cls, meta = _meta_model(path, name, listed[name], configs, where, pipeline)
+    refuse_unreadable(path, cls, name, where)
+    form = denoiser_layout(path, meta, name, where)
+    held = held_components(list(read_header(path)[1]))
+    quant = getattr(kwargs.get("quantization_config"), "quant_mapping", None) or {}
+    extra = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
+    build = _Builder(path, where, recipe, dtypes, quant, extra)
+    with safe_open(str(path), framework="pt") as f:
+        if form == "diffusers":  # final names: each tensor is cast as it is read, the file is never held whole
+            return {name: build.model(name, cls, meta, {k: f.get_tensor(k) for k in meta.state_dict()})}, build.line(form)
+        raw = {k: f.get_tensor(k) for k in f.keys()}
+    models = {name: build.model(name, cls, meta, _convert(cls, configs[name], raw, set(meta.state_dict())))}
+    for other, spec in listed.items() if held else ():
+        if other in models or other not in recipe or other not in configs:
+            continue
+        model = build.other(other, spec, configs[other], raw, pipeline)
+        if model is not None:
+            models[other] = model
+    return models, build.line(form, held)
+
+
+def _meta_model(path: Path, name: str, spec: tuple[str, str], configs: Mapping[str, Any], where: str,
+                pipeline: str) -> tuple[type, Any]:
+    """The class of a component of ``base`` and the component built on the meta device from its config."""
+    from .meta import build_on_meta
+    from .source import component_class
+
     cls = component_class(*spec, pipeline)
     if cls is None:
         raise RecipeError(f"{path}: this diffusers has no class {spec[1]} (the {name} of {where})")
-    refuse_unreadable(path, cls, name, where)
-    folder = Path(where) if Path(where).is_dir() else None
-    config = component_configs(where, index, folder).get(name)
-    if config is None:
+    if name not in configs:
         raise RecipeError(f"{path}: the base {where} has no {name}/config.json to build the {spec[1]} from")
-    meta = build_on_meta(*spec, config, pipeline=pipeline)
-    form = denoiser_layout(path, meta, name, where, pipeline)
-    plan = recipe[name]
-    islands = component_islands(plan, meta, strict=False) if plan.compute != "float32" else []
-    expected = set(meta.state_dict())
-    fp32 = {k for k in expected if any(k.startswith(i + ".") for i in islands)}
+    return cls, build_on_meta(*spec, configs[name], pipeline=pipeline)
 
-    def planned(key: str, tensor: torch.Tensor) -> torch.Tensor:
-        if not tensor.is_floating_point():
-            return tensor
-        return tensor.to(torch.float32 if key in fp32 else dtype)
 
-    with safe_open(str(path), framework="pt") as f:
-        if form == "diffusers":  # final names: each tensor is cast as it is read, the file never held whole
-            state = {k: planned(k, f.get_tensor(k)) for k in expected}
-        else:
-            raw = {k: f.get_tensor(k) for k in f.keys()}
-            state = {k: planned(k, v) for k, v in _convert(cls, config, raw, expected).items() if k in expected}
-            del raw
-    quant = kwargs.get("quantization_config")
-    quant = getattr(quant, "quant_mapping", {}).get(name) if quant is not None else None
-    extra = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
-    try:
-        model = cls.from_single_file(state, config=where, subfolder=name, torch_dtype=dtype,
-                                     **({"quantization_config": quant} if quant is not None else {}), **extra)
-    except (ValueError, KeyError, RuntimeError, OSError) as err:
-        raise RecipeError(f"{path}: diffusers could not load it as the {name} ({spec[1]}) of {where}: {err}") from None
-    with torch.no_grad():  # from_single_file cast the islands to `dtype` with the rest: they get the file's values back
-        for key in fp32:
-            owner, _, leaf = key.rpartition(".")
-            module = model.get_submodule(owner)
-            if leaf in module._parameters:
-                module._parameters[leaf].data = state[key]
-            elif leaf in module._buffers:
-                module._buffers[leaf] = state[key]
-    layout = "diffusers layout" if form == "diffusers" else "original layout, converted by diffusers"
-    kept = f", {len(islands)} island(s) float32 as stored" if islands else ""
-    return name, model, f"{name}: loaded from the single file {path} ({layout}) in {str(dtype).replace('torch.', '')}{kept}"
+class _Builder:
+    """Builds components from a file's tensors in their planned dtypes, and says what it built."""
+
+    def __init__(self, path: Path, where: str, recipe: Any, dtypes: Mapping[str, Any], quant: Mapping[str, Any],
+                 extra: Mapping[str, Any]):
+        self.path, self.where, self.recipe, self.dtypes, self.quant, self.extra = path, where, recipe, dtypes, quant, extra
+        self.built: list[str] = []
+
+    def model(self, name: str, cls: type, meta: Any, tensors: Mapping[str, Any]) -> Any:
+        """A diffusers model from tensors in its own key layout: planned dtypes, islands float32 as stored."""
+        import torch
+
+        from .layout import component_islands
+
+        plan, dtype = self.recipe[name], self.dtypes[name]
+        islands = component_islands(plan, meta, strict=False) if plan.compute != "float32" else []
+        fp32 = {k for k in tensors if any(k.startswith(i + ".") for i in islands)}
+        state = {k: v.to(torch.float32 if k in fp32 else dtype) if v.is_floating_point() else v
+                 for k, v in tensors.items() if k in set(meta.state_dict())}
+        quant = self.quant.get(name)
+        try:
+            model = cls.from_single_file(state, config=self.where, subfolder=name, torch_dtype=dtype,
+                                         **({"quantization_config": quant} if quant is not None else {}), **self.extra)
+        except (ValueError, KeyError, RuntimeError, OSError) as err:
+            raise RecipeError(f"{self.path}: diffusers could not load it as the {name} ({cls.__name__}) of "
+                              f"{self.where}: {err}") from None
+        with torch.no_grad():  # from_single_file cast the islands with the rest: they get the file's values back
+            for key in fp32:
+                owner, _, leaf = key.rpartition(".")
+                module = model.get_submodule(owner)
+                if leaf in module._parameters:
+                    module._parameters[leaf].data = state[key]
+                elif leaf in module._buffers:
+                    module._buffers[leaf] = state[key]
+        self.built.append(name)
+        return model
+
+    def other(self, name: str, spec: tuple[str, str], config: Mapping[str, Any], raw: Mapping[str, Any],
+              pipeline: str) -> Any:
+        """Another component of a whole checkpoint, or None when the file does not hold it (base gives it)."""
+        from diffusers.loaders.single_file_utils import (create_diffusers_clip_model_from_ldm,
+                                                         is_clip_model_in_single_file)
+
+        cls, meta = _meta_model(self.path, name, spec, {name: config}, self.where, pipeline)
+        if _mapping_fn(cls) is not None:
+            expected = set(meta.state_dict())
+            try:
+                tensors = _convert(cls, config, raw, expected)
+            except ValueError:
+                return None
+            if not expected & set(tensors):
+                return None
+            missing = sorted(expected - set(tensors))
+            if missing:
+                raise RecipeError(f"{self.path}: its {name} ({cls.__name__}) lacks {len(missing)} of the "
+                                  f"{len(expected)} tensors of the {name} of {self.where} (first: "
+                                  f"{', '.join(missing[:3])}); pass base= the diffusers folder of the model this "
+                                  f"checkpoint was made from")
+            return self.model(name, cls, meta, tensors)
+        if not is_clip_model_in_single_file(cls, raw):
+            return None
+        try:
+            model = create_diffusers_clip_model_from_ldm(cls, raw, subfolder=name, config=self.where,
+                                                         torch_dtype=self.dtypes[name],
+                                                         local_files_only=self.extra.get("local_files_only"))
+        except (ValueError, KeyError, RuntimeError, OSError) as err:
+            raise RecipeError(f"{self.path}: diffusers could not read its {name} ({cls.__name__}) with the config "
+                              f"of {self.where}: {err}") from None
+        self.built.append(name)
+        return model
+
+    def line(self, form: str, held: list[str] | None = None) -> str:
+        """The report's line: what came from the file, in which layout and dtypes."""
+        comps = ", ".join(f"{n} {str(self.dtypes[n]).replace('torch.', '')}" for n in self.built)
+        layout = "diffusers layout" if form == "diffusers" else "original layout, converted by diffusers"
+        what = f"whole checkpoint ({' and '.join(held)} beside the denoiser)" if held else "single file"
+        return (f"loaded from the {what} {self.path} ({layout}): {comps}; islands float32 as stored; the rest from "
+                f"{self.where}")
