@@ -281,3 +281,25 @@ def test_cli_generate_and_plan_take_the_file_with_base(sdxl, capsys):
     assert main(["plan", str(tmp / "x.ckpt"), "--base", str(folder), "--device", LAYOUT]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pickle file" in err and "Traceback" not in err
+
+
+def test_quantized_storage_of_a_single_file_denoiser_is_the_planned_one(tmp_path):
+    """quantize= applies to the file's denoiser as to a folder's: diffusers' from_single_file takes the torchao config
+    but leaves the layers float, so the loader quantizes the planned ones; the plan's bytes hold."""
+    from hf_precision.runtime.quantize_load import quantized_in
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    pytest.importorskip("torchao")
+    source = make_pipeline("flux")
+    folder = save_pipeline(source, tmp_path / "base")
+    path = tmp_path / "flux.safetensors"
+    save_file(_finetune(source.transformer), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx", quantize={"transformer": "int8"})
+    actions = hp.applied(pipe).actions
+    assert "transformer: int8 via torchao (Int8WeightOnlyConfig): 20 Linear layers quantized, as planned" in actions
+    assert not [a for a in actions if "has no weights for" in a] and len(quantized_in(pipe.transformer)) == 20
+    planned = hp.plan(path, device="cpu-amx", base=folder, overrides={"transformer": {"storage": "int8"}})
+    assert planned["transformer"].total_bytes == module_bytes(pipe.transformer)
+    _runs(pipe, "flux")

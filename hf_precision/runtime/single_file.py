@@ -254,6 +254,7 @@ class _Builder:
                  extra: Mapping[str, Any]):
         self.path, self.where, self.recipe, self.dtypes, self.quant, self.extra = path, where, recipe, dtypes, quant, extra
         self.built: list[str] = []
+        self.notes: list[str] = []
 
     def model(self, name: str, cls: type, meta: Any, tensors: Mapping[str, Any]) -> Any:
         """A diffusers model from tensors in its own key layout: planned dtypes, islands float32 as stored."""
@@ -281,8 +282,23 @@ class _Builder:
                     module._parameters[leaf].data = state[key]
                 elif leaf in module._buffers:
                     module._buffers[leaf] = state[key]
+        if quant is not None:
+            self._quantize_rest(name, model, meta, islands)
         self.built.append(name)
         return model
+
+    def _quantize_rest(self, name: str, model: Any, meta: Any, islands: list[str]) -> None:
+        """Quantize the planned layers ``from_single_file`` left plain, with the backend's own per-layer call: diffusers
+        0.42's ``from_single_file`` takes a ``TorchAoConfig`` but leaves every layer float (its ``from_pretrained``
+        quantizes them), so the plan's bytes would not hold."""
+        from .quantize import quantized_layers
+        from .quantize_load import _complete  # the backend's per-layer quantization, shared with the loader's report
+
+        plan = self.recipe[name]
+        done = _complete(model, plan, set(quantized_layers(meta, plan, islands)))
+        if done:
+            self.notes.append(f"{name}: {len(done)} layer(s) quantized to {plan.storage} after from_single_file, "
+                              f"which read the file without quantizing them")
 
     def other(self, name: str, spec: tuple[str, str], config: Mapping[str, Any], raw: Mapping[str, Any],
               pipeline: str) -> Any:
@@ -323,5 +339,5 @@ class _Builder:
         comps = ", ".join(f"{n} {str(self.dtypes[n]).replace('torch.', '')}" for n in self.built)
         layout = "diffusers layout" if form == "diffusers" else "original layout, converted by diffusers"
         what = f"whole checkpoint ({' and '.join(held)} beside the denoiser)" if held else "single file"
-        return (f"loaded from the {what} {self.path} ({layout}): {comps}; islands float32 as stored; the rest from "
-                f"{self.where}")
+        return "; ".join([f"loaded from the {what} {self.path} ({layout}): {comps}; islands float32 as stored; the "
+                          f"rest from {self.where}", *self.notes])
