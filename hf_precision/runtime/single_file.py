@@ -8,9 +8,10 @@ converter where the layout is the original one, so a file of another model or si
 The weights are then read tensor by tensor into their planned dtypes (fp32 islands exactly as stored, the rest in
 the storage dtype) and handed to diffusers' ``<ModelClass>.from_single_file(state, config=base, subfolder=...)``.
 
-A whole-pipeline checkpoint (UNet, VAE and text encoders in one file) is recognised from its key prefixes and
-refused with the conversion to run once; pickle files (``.ckpt``, ``.pt``, ``.bin``) are refused (loading one can
-run code). GGUF files go to :mod:`hf_precision.runtime.gguf`.
+A whole checkpoint (SD 1.x/2.x, SDXL: UNet, VAE and text encoders in one file) is recognised from its key
+prefixes; each planned component diffusers finds in it is read the same way, in its own planned dtype (text
+encoders through diffusers' own single-file functions), and the rest comes from ``base``. Pickle files (``.ckpt``,
+``.pt``, ``.bin``) are refused (loading one can run code). GGUF files go to :mod:`hf_precision.runtime.gguf`.
 """
 
 from __future__ import annotations
