@@ -222,7 +222,7 @@ def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: A
     build = _Builder(path, where, recipe, dtypes, quant, extra)
     with safe_open(str(path), framework="pt") as f:
         if form == "diffusers":  # final names: each tensor is cast as it is read, the file is never held whole
-            return {name: build.model(name, cls, meta, {k: f.get_tensor(k) for k in meta.state_dict()})}, build.line(form)
+            return {name: build.model(name, cls, meta, _Reader(f, meta.state_dict()))}, build.line(form)
         raw = {k: f.get_tensor(k) for k in f.keys()}
     models = {name: build.model(name, cls, meta, _convert(cls, configs[name], raw, set(meta.state_dict())))}
     for other, spec in listed.items() if held else ():
@@ -232,6 +232,23 @@ def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: A
         if model is not None:
             models[other] = model
     return models, build.line(form, held)
+
+
+class _Reader(Mapping):
+    """A file's tensors read on access, so each is cast to its planned dtype before the next is read: a file stored
+    in float32 is never held whole in float32 for a half plan."""
+
+    def __init__(self, handle: Any, keys: Any):
+        self.handle, self.names = handle, list(keys)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.handle.get_tensor(key)
+
+    def __iter__(self) -> Any:
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
 
 
 def _meta_model(path: Path, name: str, spec: tuple[str, str], configs: Mapping[str, Any], where: str,
@@ -265,9 +282,12 @@ class _Builder:
 
         plan, dtype = self.recipe[name], self.dtypes[name]
         islands = component_islands(plan, meta, strict=False) if plan.compute != "float32" else []
-        fp32 = {k for k in tensors if any(k.startswith(i + ".") for i in islands)}
-        state = {k: v.to(torch.float32 if k in fp32 else dtype) if v.is_floating_point() else v
-                 for k, v in tensors.items() if k in set(meta.state_dict())}
+        wanted = set(meta.state_dict())
+        fp32 = {k for k in tensors if k in wanted and any(k.startswith(i + ".") for i in islands)}
+        state = {}
+        for key in [k for k in tensors if k in wanted]:  # one at a time: a lazy `tensors` reads each as it is cast
+            value = tensors[key]
+            state[key] = value.to(torch.float32 if key in fp32 else dtype) if value.is_floating_point() else value
         quant = self.quant.get(name)
         try:
             model = cls.from_single_file(state, config=self.where, subfolder=name, torch_dtype=dtype,
