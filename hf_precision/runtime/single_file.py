@@ -313,10 +313,10 @@ class _Builder:
         0.42's ``from_single_file`` takes a ``TorchAoConfig`` but leaves every layer float (its ``from_pretrained``
         quantizes them), so the plan's bytes would not hold."""
         from .quantize import quantized_layers
-        from .quantize_load import _complete  # the backend's per-layer quantization, shared with the loader's report
+        from .quantize_load import quantize_planned_rest
 
         plan = self.recipe[name]
-        done = _complete(model, plan, set(quantized_layers(meta, plan, islands)))
+        done = quantize_planned_rest(model, plan, set(quantized_layers(meta, plan, islands)))
         if done:
             self.notes.append(f"{name}: {len(done)} layer(s) quantized to {plan.storage} after from_single_file, "
                               f"which read the file without quantizing them")
