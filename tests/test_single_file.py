@@ -263,9 +263,9 @@ def test_diffusers_layout_transformers_load(tmp_path, row):
     _runs(pipe, row)
 
 
-def test_cli_generate_and_plan_take_the_file_with_base(sdxl, capsys):
-    """`generate FILE --base FOLDER` writes the picture, `plan FILE --base FOLDER` prints the plan; a bad file is one
-    line on stderr and exit 2, no traceback."""
+def test_cli_generate_plan_and_check_take_the_file_with_base(sdxl, capsys):
+    """`generate FILE --base FOLDER` writes the picture, `plan` prints the plan, `check` runs it clean; a bad file is
+    one line on stderr and exit 2, no traceback."""
     from hf_precision.cli import main
 
     folder, state, _, tmp = sdxl
@@ -278,6 +278,8 @@ def test_cli_generate_and_plan_take_the_file_with_base(sdxl, capsys):
     assert main(["plan", str(path), "--base", str(folder), "--device", LAYOUT]) == 0
     printed = capsys.readouterr().out
     assert f"{path} + {folder}" in printed and "unet" in printed
+    assert main(["check", str(path), "--base", str(folder), "--layout", LAYOUT, "--device", "cpu"]) == 0
+    assert "unet" in capsys.readouterr().out
     assert main(["plan", str(tmp / "x.ckpt"), "--base", str(folder), "--device", LAYOUT]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pickle file" in err and "Traceback" not in err

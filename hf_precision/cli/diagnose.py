@@ -77,6 +77,9 @@ def _args_check(p: argparse.ArgumentParser) -> None:
                    help="with --plain: the from_pretrained dtype, one for all (--dtype float16) or per component "
                         "(--dtype unet=float16; the rest float32 unless --dtype default=... is given); repeatable")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--base", default=None, metavar="FOLDER",
+                   help="with a single file as PATH (a fine-tuned denoiser .safetensors, or .gguf): the diffusers "
+                        "folder (or Hub id) for the rest of the pipeline")
 
 
 def _plain_dtype(values: list[str]) -> Any:
@@ -128,7 +131,9 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
 def _cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    if not Path(args.path).expanduser().is_dir():
+    if args.base is not None and args.plain:
+        raise RecipeError("--plain loads a diffusers folder with plain diffusers: drop --base (or drop --plain)")
+    if args.base is None and not Path(args.path).expanduser().is_dir():
         raise RecipeError(f"{args.path}: no such folder; check runs a saved pipeline: pass its folder (model_index.json "
                           f"and weights). To plan without weights: hf-precision plan {args.path}")
     if args.plain:
@@ -148,7 +153,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from ..runtime.load import load_pipeline
 
         pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.layout,
-                             force=args.force)
+                             force=args.force, **({"base": args.base} if args.base is not None else {}))
     from ..diagnose.checker import check
 
     report = check(pipe)
