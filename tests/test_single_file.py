@@ -305,3 +305,39 @@ def test_quantized_storage_of_a_single_file_denoiser_is_the_planned_one(tmp_path
     planned = hp.plan(path, device="cpu-amx", base=folder, overrides={"transformer": {"storage": "int8"}})
     assert planned["transformer"].total_bytes == module_bytes(pipe.transformer)
     _runs(pipe, "flux")
+
+
+def _sparse_safetensors(path, shapes: dict) -> object:
+    """A safetensors file of these F16 tensor shapes whose data is a hole (nothing written): a real header and size."""
+    import json
+    import math
+
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[key] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + offset)
+    return path
+
+
+def test_plan_checks_a_real_size_ldm_unet_from_its_header_alone(tmp_path):
+    """An SDXL-size UNet in the LDM layout, as a sparse file (its header and the size of 2.6 G fp16 weights, no byte
+    written): plan(file, base="sdxl") checks it through diffusers' converter on meta tensors and reads no weight;
+    against SD 1.5's configs it is one error naming the first tensor that differs."""
+    from hf_precision.runtime.meta import build_on_meta
+    from hf_precision.runtime.source import configs_of
+
+    _, _, configs = configs_of("sdxl")
+    meta = build_on_meta("diffusers", "UNet2DConditionModel", configs["unet"])
+    ldm = to_ldm_unet(meta.state_dict(), configs["unet"])
+    path = _sparse_safetensors(tmp_path / "sdxl-unet.safetensors", {k: tuple(v.shape) for k, v in ldm.items()})
+    planned = hp.plan(path, device="t4", base="sdxl")
+    assert planned.source.startswith(f"{path} + ") and planned["unet"].params == 2_567_463_684
+    with pytest.raises(RecipeError, match=r"sdxl-unet.safetensors: not the unet of sd15: down_blocks.1.attentions.0."
+                                          r"proj_in.weight is \[640, 640\] in the file, the base's "
+                                          r"UNet2DConditionModel has \[640, 640, 1, 1\] \(176 tensor"):
+        hp.plan(path, device="t4", base="sd15")
