@@ -341,3 +341,73 @@ def test_plan_checks_a_real_size_ldm_unet_from_its_header_alone(tmp_path):
                                           r"proj_in.weight is \[640, 640\] in the file, the base's "
                                           r"UNet2DConditionModel has \[640, 640, 1, 1\] \(176 tensor"):
         hp.plan(path, device="t4", base="sd15")
+
+
+def to_bfl_flux(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A diffusers FluxTransformer2DModel state dict in Black Forest Labs' layout (the flux1-dev.safetensors keys):
+    fused qkv / linear1, ``scale`` for the RMSNorm weights, the final modulation's halves swapped. Written here, not
+    copied: the caller checks it with diffusers' ``convert_flux_transformer_checkpoint_to_diffusers``."""
+    renames = {"time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+               "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+               "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+               "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+               "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+               "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+               "context_embedder": "txt_in", "x_embedder": "img_in", "proj_out": "final_layer.linear"}
+    double = {"norm1.linear": "img_mod.lin", "norm1_context.linear": "txt_mod.lin", "attn.norm_q": "img_attn.norm.query_norm",
+              "attn.norm_k": "img_attn.norm.key_norm", "attn.norm_added_q": "txt_attn.norm.query_norm",
+              "attn.norm_added_k": "txt_attn.norm.key_norm", "ff.net.0.proj": "img_mlp.0", "ff.net.2": "img_mlp.2",
+              "ff_context.net.0.proj": "txt_mlp.0", "ff_context.net.2": "txt_mlp.2", "attn.to_out.0": "img_attn.proj",
+              "attn.to_add_out": "txt_attn.proj"}
+    single = {"norm.linear": "modulation.lin", "attn.norm_q": "norm.query_norm", "attn.norm_k": "norm.key_norm",
+              "proj_out": "linear2"}
+    fused = {"transformer_blocks": {"img_attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"],
+                                    "txt_attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]},
+             "single_transformer_blocks": {"linear1": ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]}}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        module, _, leaf = key.rpartition(".")
+        if module == "norm_out.linear":  # diffusers holds (scale, shift), BFL (shift, scale)
+            scale, shift = value.chunk(2, dim=0)
+            out[f"final_layer.adaLN_modulation.1.{leaf}"] = torch.cat([shift, scale])
+        elif module in renames:
+            out[f"{renames[module]}.{leaf}"] = value
+        else:
+            kind, index, inner = module.split(".", 2)
+            block = f"{'double' if kind == 'transformer_blocks' else 'single'}_blocks.{index}"
+            table = double if kind == "transformer_blocks" else single
+            if inner in table:
+                out[f"{block}.{table[inner]}.{'scale' if 'norm' in inner and 'linear' not in inner else leaf}"] = value
+    for key in state:  # the fused projections, in the order BFL stacks them
+        kind, _, rest = key.partition(".")
+        index, _, inner = rest.partition(".")
+        for target, parts in fused.get(kind, {}).items():
+            leaf = inner.rpartition(".")[2]
+            if inner == f"{parts[0]}.{leaf}":
+                block = f"{'double' if kind == 'transformer_blocks' else 'single'}_blocks.{index}"
+                out[f"{block}.{target}.{leaf}"] = torch.cat([state[f"{kind}.{index}.{p}.{leaf}"] for p in parts])
+    return out
+
+
+def test_plan_checks_a_real_size_bfl_flux_file_from_its_header_alone(tmp_path):
+    """FLUX.1-schnell's transformer (the `flux` alias) in BFL's layout, as a sparse file: plan(file,
+    base="flux") reads it through diffusers' Flux converter on meta tensors (it fixes Flux's width at 3072, so no tiny
+    Flux can be converted); a file with one block less is one error naming what it lacks."""
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers as convert
+
+    from hf_precision.runtime.meta import build_on_meta
+    from hf_precision.runtime.source import configs_of
+
+    _, _, configs = configs_of("flux")
+    state = build_on_meta("diffusers", "FluxTransformer2DModel", configs["transformer"]).state_dict()
+    bfl = to_bfl_flux(state)
+    back = convert(dict(bfl))
+    assert {k: v.shape for k, v in back.items()} == {k: v.shape for k, v in state.items()}, "to_bfl_flux disagrees"
+    path = _sparse_safetensors(tmp_path / "flux1-schnell.safetensors", {k: tuple(v.shape) for k, v in bfl.items()})
+    planned = hp.plan(path, device="a100", base="flux")
+    assert planned.source.startswith(f"{path} + ") and planned["transformer"].params == sum(v.numel() for v in state.values())
+    short = {k: tuple(v.shape) for k, v in bfl.items() if not k.startswith("single_blocks.37.")}
+    with pytest.raises(RecipeError, match=r"not the transformer \(FluxTransformer2DModel\) of flux: read in the "
+                                          r"original layout it lacks 14 of the 1156 tensors \(first: "
+                                          r"single_transformer_blocks.37.attn.norm_k.weight"):
+        hp.plan(_sparse_safetensors(tmp_path / "short.safetensors", short), device="a100", base="flux")
