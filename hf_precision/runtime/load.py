@@ -146,7 +146,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             ``quantization_config=`` of your own is passed through as is and reported.
         base (*optional*): with a single file as ``name_or_path`` (a fine-tuned denoiser as ``.safetensors``, in
             the diffusers or the original layout, or a ``.gguf`` file), the diffusers folder (or Hub id) that holds
-            the rest of the pipeline; the file replaces its denoiser (runtime/single_file.py, runtime/gguf.py).
+            the rest of the pipeline; the file replaces its denoiser (a whole SD/SDXL checkpoint: every planned
+            component it holds), each in its planned dtype (runtime/single_file.py, runtime/gguf.py).
         **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...); a keyword it does
             not take is a ``RecipeError`` with the close names. ``dtype`` / ``torch_dtype`` are taken as an
             override (lowest priority); ``use_safetensors=False`` opts in to pickle files (``*.bin``; safetensors
