@@ -120,6 +120,8 @@ PYTHON_BLOCKS = {"import hf_precision as hp": "test_use_it_block",
                  'pipe = hp.load_pipeline("./FLUX.1-dev", "cuda", quantize={"transformer": "int8", "text_encoder_2": "nf4"})':
                      "test_quantize_block",
                  "import torch, hf_precision as hp": "test_training_block",
+                 'pipe = hp.load_pipeline("./my-sdxl-unet.safetensors", "cuda", base="./stable-diffusion-xl-base-1.0")':
+                     "test_single_file_block",
                  'pipe = hp.load_pipeline("./stable-diffusion-xl-base-1.0", "cuda")': "test_load_lora_block", 'hp.get_recipe("sdxl", device="t4")': "test_devices_python_block",
                  '>>> hp.apply_recipe(sdxl_pipe, "svd")': "test_wrong_recipe_block",
                  "with hp.explain(pipe):          # raises a MismatchError from the original error": "test_explain_block"}
@@ -365,6 +367,24 @@ def test_quantize_block(workdir):
         exec(first.replace('"cuda"', '"cpu"'), namespace)
     recipe = hp.applied(namespace["pipe"]).recipe
     assert recipe["transformer"].storage == "int8" and recipe["text_encoder_2"].storage == "nf4"
+
+
+def test_single_file_block(workdir):
+    """The single-file block on the stand-in: its UNet saved as one safetensors file loads as the pipeline's UNet
+    (the T4 layout on this CPU), in the planned fp16 with the recipe's fp32 islands."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    [statement] = _statements('pipe = hp.load_pipeline("./my-sdxl-unet.safetensors"')
+    unet = Path("stable-diffusion-xl-base-1.0") / "unet"
+    save_file(load_file(next(unet.glob("*.safetensors"))), "my-sdxl-unet.safetensors")
+    namespace = {"hp": hp}
+    exec(statement.replace('"cuda",', '"cpu", layout="t4",'), namespace)
+    pipe = namespace["pipe"]
+    islands = hp.applied(pipe).islands["unet"]
+    assert pipe.unet.conv_in.weight.dtype == torch.float16 and islands
+    assert all(p.dtype == torch.float32 for p in pipe.unet.get_submodule(islands[0]).parameters())
+    assert any("loaded from the single file" in a for a in hp.applied(pipe).actions)
 
 
 def test_training_block(workdir):

@@ -24,8 +24,8 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     loaded. ``force`` uses ``recipe`` even for a pipeline class it does not list. ``device`` is where it runs,
     ``layout`` the device whose rules choose the dtypes (``layout="t4", device="cpu"`` runs T4's dtypes here).
     ``max_memory`` (bytes or ``"12GB"``) lets :func:`~hf_precision.apps.image_plan.choose_image_layout` pick offload
-    and quantized storage that fit; ``say`` gets the line that says what it chose. ``base``: with a ``.gguf`` file as
-    ``model``, the diffusers folder for the rest of the pipeline.
+    and quantized storage that fit; ``say`` gets the line that says what it chose. ``base``: with a single file
+    (a ``.safetensors`` denoiser, a ``.gguf`` file) as ``model``, the diffusers folder for the rest of the pipeline.
 
     Example:
         >>> import tempfile

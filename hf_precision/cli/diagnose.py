@@ -30,8 +30,9 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (exact byte counts)")
     p.add_argument("--base", default=None, metavar="FOLDER",
-                   help="with a .gguf file as NAME: the folder, alias or Hub id for the rest of the pipeline; the "
-                        "denoiser is counted from the file's tensor types")
+                   help="with a single file as NAME (a fine-tuned denoiser .safetensors, or .gguf): the folder, "
+                        "alias or Hub id for the rest of the pipeline; the file's header is checked against its "
+                        "denoiser, and a GGUF denoiser is counted from the file's tensor types")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -40,7 +41,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from ..runtime.source import check_name, shipped_configs
 
     # A typo or a damaged config fails in a blink, before torch and diffusers are imported; plan reads no weights.
-    if args.base is not None or args.name.lower().endswith(".gguf"):
+    from ..runtime.single_file import PICKLE_SUFFIXES, SINGLE_FILE_SUFFIXES  # torch-free
+
+    if args.base is not None or args.name.lower().endswith(SINGLE_FILE_SUFFIXES + PICKLE_SUFFIXES):
         pass  # plan() names a missing file or base itself
     elif Path(args.name).expanduser().is_dir():
         preflight(args.name, recipe=args.recipe, device=resolve_for(args), overrides=overrides_from(args) or None,
@@ -74,6 +77,9 @@ def _args_check(p: argparse.ArgumentParser) -> None:
                    help="with --plain: the from_pretrained dtype, one for all (--dtype float16) or per component "
                         "(--dtype unet=float16; the rest float32 unless --dtype default=... is given); repeatable")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--base", default=None, metavar="FOLDER",
+                   help="with a single file as PATH (a fine-tuned denoiser .safetensors, or .gguf): the diffusers "
+                        "folder (or Hub id) for the rest of the pipeline")
 
 
 def _plain_dtype(values: list[str]) -> Any:
@@ -125,7 +131,9 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
 def _cmd_check(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    if not Path(args.path).expanduser().is_dir():
+    if args.base is not None and args.plain:
+        raise RecipeError("--plain loads a diffusers folder with plain diffusers: drop --base (or drop --plain)")
+    if args.base is None and not Path(args.path).expanduser().is_dir():
         raise RecipeError(f"{args.path}: no such folder; check runs a saved pipeline: pass its folder (model_index.json "
                           f"and weights). To plan without weights: hf-precision plan {args.path}")
     if args.plain:
@@ -145,7 +153,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from ..runtime.load import load_pipeline
 
         pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.layout,
-                             force=args.force)
+                             force=args.force, **({"base": args.base} if args.base is not None else {}))
     from ..diagnose.checker import check
 
     report = check(pipe)

@@ -50,7 +50,8 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true",
                    help="use --recipe even for a pipeline class its pipelines: list does not name")
     p.add_argument("--base", default=None, metavar="FOLDER",
-                   help="with a .gguf file as MODEL: the diffusers folder (or Hub id) for the rest of the pipeline")
+                   help="with a single file as MODEL (a fine-tuned denoiser .safetensors, diffusers or original "
+                        "layout, or .gguf): the diffusers folder (or Hub id) for the rest of the pipeline")
     p.add_argument("--max-memory", default=None, metavar="SIZE",
                    help="fit the weights in this much device memory (e.g. 12GB): whole-component offload and the "
                         "quantized storage the recipes tolerate are considered, and the choice is printed")

@@ -259,9 +259,10 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
             planned dtype (``Plan.table(modules=True)``, ``hf-precision plan --modules``).
         force (`bool`, *optional*, defaults to `False`): Plan with ``recipe`` even when its ``pipelines`` list does
             not name the pipeline class.
-        base (*optional*): With a GGUF single file as ``name_or_path``, what holds the rest of the pipeline (a
-            folder, alias or Hub id, as ``load_pipeline(file, base=...)`` takes it). The denoiser is then counted
-            from the file's tensor types (its header only: ``runtime.gguf.gguf_packed``), exactly as it loads.
+        base (*optional*): With a single file as ``name_or_path`` (a ``.safetensors`` denoiser or a GGUF file),
+            what holds the rest of the pipeline (a folder, alias or Hub id, as ``load_pipeline(file, base=...)``
+            takes it). The file's header is checked against the base's denoiser; a GGUF denoiser is counted from the
+            file's tensor types (``runtime.gguf.gguf_packed``), exactly as it loads.
 
     Returns:
         `Plan`: print it for a table; ``to_json()`` carries exact byte counts.
@@ -284,14 +285,13 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     from ..runtime.quantize import refuse_library
 
     text = str(name_or_path)
-    gguf_file = None
-    if text.lower().endswith(".gguf") or base is not None:
-        from ..runtime.gguf import split_gguf
+    from ..runtime.single_file import split_single_file
 
-        gguf_file, base = split_gguf(text, base, caller="plan")
-    source, index, configs = configs_of(base if gguf_file is not None else text)
-    if gguf_file is not None:
-        source = f"{gguf_file} + {source}"
+    single = split_single_file(text, base, caller="plan")
+    single_file, base = single if single is not None else (None, base)
+    source, index, configs = configs_of(base if single_file is not None else text)
+    if single_file is not None:
+        source = f"{single_file} + {source}"
     pipeline = str(index.get("_class_name", "?"))
     if recipe is None and text in list_recipes("pipeline"):
         recipe = text
@@ -326,11 +326,15 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         islands = component_islands(cp, module)
         planned = planned_dtypes(module, cp, islands)
         packed: dict[str, tuple[str, int]] = {}
-        if gguf_file is not None and cp.name == resolved.denoiser:
+        if single_file is not None and cp.name == resolved.denoiser:
             from ..runtime.gguf import gguf_packed, refuse_unreadable
+            from ..runtime.single_file import denoiser_layout
 
-            refuse_unreadable(gguf_file, type(module), cp.name, str(base))
-            packed = gguf_packed(gguf_file, module, islands)
+            refuse_unreadable(single_file, type(module), cp.name, str(base))
+            if single_file.suffix.lower() == ".gguf":
+                packed = gguf_packed(single_file, module, islands)
+            else:  # its tensors load in the planned dtypes: the header is checked, the plan is the base's
+                denoiser_layout(single_file, module, cp.name, str(base))
         components[cp.name] = _plan_component(cp, module, library, islands, planned, modules, device_why, packed)
         del module
     return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)

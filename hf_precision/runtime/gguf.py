@@ -15,35 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .. import dtypes as dt
-from ..errors import RecipeError, excerpt
+from ..errors import RecipeError
 from .source import component_class, listed_components
 from ..recipe.resolution import Recipe
 
-__all__ = ["split_gguf", "load_gguf_denoiser", "gguf_packed", "refuse_unreadable"]
-
-
-def split_gguf(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None,
-               caller: str = "load_pipeline") -> tuple[Path, str]:
-    """(the GGUF file, the diffusers folder or Hub id for the rest), or a ``RecipeError`` saying what to pass.
-
-    Example:
-        >>> split_gguf("flux1-dev-Q4_K_S.gguf", None)
-        Traceback (most recent call last):
-        ...
-        hf_precision.errors.RecipeError: load_pipeline('flux1-dev-Q4_K_S.gguf'): a GGUF file holds one model, not a \
-pipeline; pass the diffusers folder (or Hub id) for the rest: load_pipeline('flux1-dev-Q4_K_S.gguf', \
-base='black-forest-labs/FLUX.1-dev') (CLI: --base)
-    """
-    path = Path(name_or_path).expanduser()
-    if base is None:
-        raise RecipeError(f"{caller}({excerpt(str(name_or_path))}): a GGUF file holds one model, not a pipeline; "
-                          f"pass the diffusers folder (or Hub id) for the rest: {caller}({excerpt(str(name_or_path))}, "
-                          f"base='black-forest-labs/FLUX.1-dev') (CLI: --base)")
-    if path.suffix.lower() != ".gguf":
-        raise RecipeError(f"{caller}: base= is for a GGUF file, but {excerpt(str(name_or_path))} is not a .gguf file")
-    if not path.is_file():
-        raise RecipeError(f"{caller}: {path}: no such GGUF file")
-    return path, str(base)
+__all__ = ["load_gguf_denoiser", "gguf_packed", "refuse_unreadable"]
 
 
 def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe: Recipe,

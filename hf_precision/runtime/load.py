@@ -144,8 +144,10 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
             the same as ``--set transformer.storage=int8``: loaded through the backend diffusers or transformers
             ships (docs/quantization.md), with islands, norms, embeddings and the final projection kept out. A
             ``quantization_config=`` of your own is passed through as is and reported.
-        base (*optional*): with a single ``.gguf`` file as ``name_or_path``, the diffusers folder (or Hub id) that
-            holds the rest of the pipeline; the GGUF file replaces its denoiser.
+        base (*optional*): with a single file as ``name_or_path`` (a fine-tuned denoiser as ``.safetensors``, in
+            the diffusers or the original layout, or a ``.gguf`` file), the diffusers folder (or Hub id) that holds
+            the rest of the pipeline; the file replaces its denoiser (a whole SD/SDXL checkpoint: every planned
+            component it holds), each in its planned dtype (runtime/single_file.py, runtime/gguf.py).
         **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...); a keyword it does
             not take is a ``RecipeError`` with the close names. ``dtype`` / ``torch_dtype`` are taken as an
             override (lowest priority); ``use_safetensors=False`` opts in to pickle files (``*.bin``; safetensors
@@ -187,12 +189,19 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     from .quantize_load import quantization_kwargs, report_quantization
 
     quant_notes = quantization_kwargs(resolved, target.where, target.index, folder, kwargs)
-    if target.gguf_file is not None:
+    single_note, from_file = None, {}
+    if target.single_file is not None and target.single_file.suffix.lower() == ".gguf":
         from .gguf import load_gguf_denoiser
 
-        name, model = load_gguf_denoiser(target.gguf_file, target.where, target.index, resolved, kwargs)
+        name, model = load_gguf_denoiser(target.single_file, target.where, target.index, resolved, kwargs)
         kwargs[name] = model
-        quant_notes["gguf"] = (name, str(target.gguf_file))
+        quant_notes["gguf"] = (name, str(target.single_file))
+    elif target.single_file is not None:
+        from .single_file import load_single_file
+
+        from_file, single_note = load_single_file(target.single_file, target.where, target.index, resolved, kwargs,
+                                                  dtype_map)
+        kwargs.update(from_file)
     mark = time.perf_counter()
     placement = {p.name: p.device for p in resolved.plans}
     streamed = _stream_components(folder, target.index, plans, dtype_map, placement, kwargs)
@@ -203,15 +212,15 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     # everything else went through a half dtype and gets its islands re-read from the full-precision files.
     timings["from_pretrained"] = time.perf_counter() - mark
     exact = {n for n in streamed if not kwargs.get("variant") or dtype_map[n] not in (torch.float16, torch.bfloat16)}
-    if target.gguf_file is not None:  # its islands come from the GGUF file (upcast by apply_recipe), not from the base folder
-        exact.add(quant_notes["gguf"][0])
+    if target.single_file is not None:  # their islands come from the file (GGUF: upcast by apply_recipe), not the base's
+        exact |= {resolved.denoiser, *from_file}
     mark = time.perf_counter()
     _reload_islands_fp32(pipe, resolved, folder, skip=exact)
     timings["reload_islands"] = time.perf_counter() - mark
     mark = time.perf_counter()
     record = apply_recipe(pipe, resolved, force=force)
     timings["apply"] = time.perf_counter() - mark
-    record.actions += report_quantization(pipe, resolved, quant_notes)
+    record.actions += report_quantization(pipe, resolved, quant_notes) + ([single_note] if single_note else [])
     record.timings.update(timings)
     return pipe
 
@@ -224,7 +233,7 @@ class _Target(NamedTuple):
     index: Mapping[str, Any]
     folder: Path | None
     pipeline_class: Any
-    gguf_file: Path | None
+    single_file: Path | None
     resolved: Recipe
     saved_class: Any
 
@@ -238,11 +247,10 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):
             raise RecipeError(f"load_pipeline: {flag} is refused: hf_precision never runs code downloaded with a model")
-    gguf_file = None
-    if str(name_or_path).lower().endswith(".gguf") or base is not None:
-        from .gguf import split_gguf
+    from .single_file import split_single_file
 
-        gguf_file, name_or_path = split_gguf(name_or_path, base)
+    single = split_single_file(name_or_path, base)
+    single_file, name_or_path = single if single is not None else (None, name_or_path)
     pipeline_class = as_class(pipeline_class)
     where, index, folder = locate(name_or_path)
     pipeline_class = concrete_class(pipeline_class, where, index, kwargs)  # an AutoPipeline: the class it builds
@@ -271,7 +279,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
     resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device,
                        layout=layout, overrides=layers or None, configs=component_configs(where, index, folder),
                        components=list(listed_components(index)), force=force, models=models_of_index(index))
-    return _Target(where, index, folder, pipeline_class, gguf_file, resolved, built)
+    return _Target(where, index, folder, pipeline_class, single_file, resolved, built)
 
 
 def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[str, Any], kwargs: dict[str, Any]) -> Any:

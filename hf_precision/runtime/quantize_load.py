@@ -19,7 +19,7 @@ from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack
 from .quantize import (is_quantized_tensor, pipeline_quantization_config, quantized_layers, refuse_int8_beside_cuda,
                        refuse_library, torchao_scheme)
 
-__all__ = ["quantization_kwargs", "report_quantization", "quantized_in", "QUANTO_LEAVES"]
+__all__ = ["quantization_kwargs", "report_quantization", "quantized_in", "quantize_planned_rest", "QUANTO_LEAVES"]
 
 # diffusers v0.42.1 quantizers/quantization_config.py ``QuantoConfig.__init__`` warns on every use that it goes in
 # diffusers 1.0; said once, here, with what to use instead (the command line holds the library's warning back).
@@ -81,13 +81,18 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
     return {"planned": planned}
 
 
-def _complete(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[str]:
+def quantize_planned_rest(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[str]:
     """Quantize the planned layers the backend left plain, with the same backend and scheme; their names.
 
     transformers and diffusers quantize weights as they are read from the checkpoint, so a layer whose weights the
     checkpoint lacks (BertModel's ``pooler`` in HunyuanDiT's text encoder is newly initialized) stays plain
     (torchao), holds unfrozen float weights (quanto) or a float ``Parameter`` in a ``Linear4bit`` (bitsandbytes, whose
     forward then warns "FP4 quantization state not initialized" and fails), while the plan counts it.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> quantize_planned_rest(torch.nn.Linear(2, 2), get_recipe("flux", device="cpu")["transformer"], set())
+        []
     """
     missing = sorted(predicted - quantized_in(module))
     if not missing:
@@ -163,7 +168,7 @@ def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> 
                      f"hf_precision kept its islands and boundary casts, plan() does not count this layout")
     for name, predicted in (notes.get("planned") or {}).items():
         plan = recipe[name]
-        done = _complete(getattr(pipe, name), plan, predicted)
+        done = quantize_planned_rest(getattr(pipe, name), plan, predicted)
         if done:
             lines.append(f"{name}: {len(done)} planned layer(s) the checkpoint has no weights for (newly initialized, "
                          f"so the backend skipped them) quantized after loading, as planned: {done[:3]}")

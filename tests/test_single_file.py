@@ -1,0 +1,413 @@
+"""Single-file checkpoints (what ComfyUI / A1111 / Civitai users hold) as a pipeline's denoiser:
+``load_pipeline("finetune.safetensors", device, base=folder)``.
+
+The files are built here, offline: a tiny denoiser with weights of its own ("the fine-tune", so the base folder's
+weights can be told apart) saved with safetensors in the diffusers layout, and for the SDXL UNet in the original
+LDM/SGM layout too: its keys mapped back by ``to_ldm_unet``, a mapping checked against diffusers' own converter
+(``convert_ldm_unet_checkpoint`` must give back the very same state dict), with the ``model.diffusion_model.``
+prefix of whole checkpoints and without it (ComfyUI's ``models/unet`` files). Before this, every such file was
+refused ("base= is for a GGUF file, but ... is not a .gguf file").
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import hf_precision as hp
+from hf_precision.errors import RecipeError
+from hf_precision.runtime.quantize import module_bytes
+
+LAYOUT = "t4"  # fp16 compute with fp32 islands and an fp32 VAE: every kind of dtype in one pipeline, run on the CPU
+
+
+def _finetune(model: torch.nn.Module, seed: int = 1) -> dict[str, torch.Tensor]:
+    """The model's state dict moved off its own weights (fp32, contiguous), as a fine-tune's would be."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: (v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v).contiguous()
+            for k, v in model.state_dict().items()}
+
+
+def to_ldm_unet(state: dict[str, torch.Tensor], config: dict, prefix: str = "model.diffusion_model.") -> dict:
+    """A diffusers UNet2DConditionModel state dict in the original LDM/SGM key layout (SD 1.x/2.x/SDXL checkpoints).
+
+    The fixed layers come from diffusers' own table (``DIFFUSERS_TO_LDM_MAPPING``); the blocks are numbered as the
+    LDM UNet numbers them (input_blocks: conv_in, then per down block its resnet+attention pairs and a downsampler;
+    middle_block: resnet, attention, resnet; output_blocks: per up block layers_per_block + 1 pairs, the upsampler
+    after the last). The result is checked against diffusers' converter: it must give back ``state`` exactly.
+    """
+    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING, convert_ldm_unet_checkpoint
+
+    table = DIFFUSERS_TO_LDM_MAPPING["unet"]
+    fixed = {**table["layers"], **(table["addition_embed_type"] if config.get("addition_embed_type") == "text_time" else {})}
+    resnet = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
+              "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
+    per = config["layers_per_block"] + 1
+    with_attention = {i for i, t in enumerate(config["up_block_types"]) if "CrossAttn" in t}
+    out = {}
+    for key, value in state.items():
+        if key in fixed:
+            out[prefix + fixed[key]] = value
+            continue
+        p = key.split(".")
+        if p[0] == "mid_block":
+            kind, index, rest = p[1], int(p[2]), p[3:]
+            head = f"middle_block.{2 * index if kind == 'resnets' else 1}"
+        elif p[2] in ("downsamplers", "upsamplers"):
+            b, rest = int(p[1]), p[4:]
+            head = (f"input_blocks.{1 + b * per + per - 1}.0.op" if p[0] == "down_blocks" else
+                    f"output_blocks.{b * per + per - 1}.{2 if b in with_attention else 1}.conv")
+            rest = rest[1:]  # the `conv` of diffusers' Downsample2D/Upsample2D
+        else:
+            b, kind, index, rest = int(p[1]), p[2], int(p[3]), p[4:]
+            block = f"input_blocks.{1 + b * per + index}" if p[0] == "down_blocks" else f"output_blocks.{b * per + index}"
+            head = f"{block}.{0 if kind == 'resnets' else 1}"
+        if "resnets" in key:
+            rest = [resnet.get(rest[0], rest[0])] + rest[1:]
+        out[prefix + ".".join([head, *rest])] = value
+    back = convert_ldm_unet_checkpoint(dict(out) if prefix else {"model.diffusion_model." + k: v for k, v in out.items()},
+                                       config)
+    assert back.keys() == state.keys() and all(back[k] is state[k] for k in state), "to_ldm_unet disagrees with diffusers"
+    return out
+
+
+def to_ldm_vae(state: dict[str, torch.Tensor], config: dict, prefix: str = "first_stage_model.") -> dict:
+    """A diffusers AutoencoderKL state dict in the original LDM layout (its ``first_stage_model.`` of a whole
+    checkpoint): diffusers' table for the fixed layers, ``down.{i}.block.{j}`` / ``up.{n-1-i}.block.{j}`` resnets,
+    ``mid.block_{1,2}`` and ``mid.attn_1`` with 1x1 convolutions for the attention's projections. Checked against
+    diffusers' ``convert_ldm_vae_checkpoint``, which must give back ``state``."""
+    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING, convert_ldm_vae_checkpoint
+
+    fixed = DIFFUSERS_TO_LDM_MAPPING["vae"]
+    attention = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out": "proj_out"}
+    ups = len(config["up_block_types"])
+    out = {}
+    for key, value in state.items():
+        p = key.split(".")
+        if key in fixed:
+            new = fixed[key]
+        elif p[1] == "mid_block" and p[2] == "resnets":
+            new = ".".join([p[0], "mid", f"block_{int(p[3]) + 1}", *p[4:]])
+        elif p[1] == "mid_block":  # attentions.0.<layer>.(0.)weight
+            new = ".".join([p[0], "mid", "attn_1", attention[p[4]], p[-1]])
+            value = value[:, :, None, None] if value.dim() == 2 else value
+        else:
+            block = int(p[2]) if p[0] == "encoder" else ups - 1 - int(p[2])
+            where = "down" if p[0] == "encoder" else "up"
+            if p[3] == "resnets":
+                rest = [("nin_shortcut" if p[5] == "conv_shortcut" else p[5]), *p[6:]]
+                new = ".".join([p[0], where, str(block), "block", p[4], *rest])
+            else:  # downsamplers.0.conv / upsamplers.0.conv
+                new = ".".join([p[0], where, str(block), "downsample" if where == "down" else "upsample", *p[5:]])
+        out[prefix + new] = value
+    back = convert_ldm_vae_checkpoint(dict(out), config)
+    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state), "to_ldm_vae disagrees"
+    return out
+
+
+@pytest.fixture(scope="module")
+def sdxl(tmp_path_factory):
+    """(base folder, the fine-tune's state dict, the UNet's config, a folder for files) of the tiny SDXL pipeline."""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("sdxl")
+    tmp = tmp_path_factory.mktemp("single_file")
+    return save_pipeline(pipe, tmp / "base"), _finetune(pipe.unet), dict(pipe.unet.config), tmp
+
+
+def _load(path, folder, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return hp.load_pipeline(path, "cpu", base=folder, layout=LAYOUT, **kwargs)
+
+
+def _check_planned(pipe, name: str, state: dict[str, torch.Tensor], islands_planned: bool = True) -> None:
+    """Every component holds the dtypes the recipe plans; the denoiser the file's values, its islands exactly."""
+    applied = hp.applied(pipe)
+    for plan in applied.recipe.plans:
+        module = getattr(pipe, plan.name, None)
+        if not isinstance(module, torch.nn.Module):
+            continue
+        islands = applied.islands.get(plan.name, [])
+        for key, param in module.named_parameters():
+            inside = any(key.startswith(i + ".") for i in islands)
+            assert param.dtype == (torch.float32 if inside else getattr(torch, plan.storage)), (plan.name, key)
+    model = getattr(pipe, name)
+    islands = applied.islands[name]
+    assert bool(islands) == islands_planned
+    for key, value in model.state_dict().items():
+        exact = any(key.startswith(i + ".") for i in islands)
+        assert torch.equal(value, state[key].to(value.dtype)) and (not exact or torch.equal(value, state[key])), key
+
+
+def _runs(pipe, row: str = "sdxl") -> None:
+    from hf_precision.testing import PIPELINES
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = pipe(**PIPELINES[row].call_kwargs(num_inference_steps=1), generator=torch.Generator().manual_seed(0))
+    res = PIPELINES[row].result(out)
+    assert torch.isfinite(torch.as_tensor(res).float()).all()
+
+
+def test_diffusers_layout_unet_loads_in_planned_dtypes_and_runs(sdxl):
+    folder, state, _, tmp = sdxl
+    path = tmp / "finetune.safetensors"
+    save_file(state, path)
+    pipe = _load(path, folder)
+    _check_planned(pipe, "unet", state)
+    assert f"loaded from the single file {path} (diffusers layout): unet float16; islands float32 as stored; the " \
+        f"rest from {folder}" in hp.applied(pipe).actions
+    # the plan reads the file's header and counts what loading gave
+    planned = hp.plan(path, device=LAYOUT, base=folder)
+    assert planned.source.startswith(str(path))
+    assert {c: p.total_bytes for c, p in planned.components.items()} == \
+        {c: module_bytes(getattr(pipe, c)) for c in planned.components}
+    _runs(pipe)
+
+
+@pytest.mark.parametrize("prefix", ["model.diffusion_model.", ""], ids=["whole-checkpoint keys", "comfyui unet"])
+def test_original_ldm_layout_unet_is_converted_by_diffusers(sdxl, prefix):
+    folder, state, config, tmp = sdxl
+    path = tmp / f"ldm{len(prefix)}.safetensors"
+    save_file({k: v.half() for k, v in to_ldm_unet(state, config, prefix).items()}, path)  # stored fp16, as most are
+    pipe = _load(path, folder)
+    _check_planned(pipe, "unet", {k: v.half().float() for k, v in state.items()})
+    assert any("(original layout, converted by diffusers)" in a for a in hp.applied(pipe).actions)
+    _runs(pipe)
+
+
+def test_a_file_of_another_size_or_model_is_one_error_before_loading(sdxl):
+    from diffusers import UNet2DConditionModel
+
+    from hf_precision.testing import make_pipeline
+
+    folder, _, config, tmp = sdxl
+    wider = UNet2DConditionModel.from_config({**config, "block_out_channels": [16, 32], "norm_num_groups": 8})
+    path = tmp / "wider.safetensors"
+    save_file(wider.state_dict(), path)
+    for call in (lambda: hp.load_pipeline(path, "cpu", base=folder), lambda: hp.plan(path, device="cpu", base=folder)):
+        with pytest.raises(RecipeError) as info:
+            call()
+        text = str(info.value)
+        assert len(text.splitlines()) == 1 and str(path) in text and "not the unet of" in text
+        assert "conv_in.weight is [16, 4, 3, 3] in the file, the base's UNet2DConditionModel has [8, 4, 3, 3]" in text
+        assert "fine-tuned from" in text
+    flux = tmp / "flux.safetensors"
+    save_file(make_pipeline("flux").transformer.state_dict(), flux)
+    with pytest.raises(RecipeError, match=r"flux.safetensors: not the unet \(UNet2DConditionModel\) of .*base: "
+                                          r".*fine-tuned from"):
+        hp.load_pipeline(flux, "cpu", base=folder)
+
+
+def test_whole_sd15_checkpoint_loads_every_component_in_its_planned_dtype(tmp_path):
+    """An SD 1.5 whole checkpoint (UNet, VAE and CLIP text encoder in the original layout, stored fp16 as most are)
+    with base= giving the configs: each component diffusers finds in the file is read in its own planned dtype; the
+    tokenizer and scheduler come from base."""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("sd15")
+    folder = save_pipeline(pipe, tmp_path / "base")
+    unet, vae = _finetune(pipe.unet, 1), _finetune(pipe.vae, 2)
+    text = _finetune(pipe.text_encoder, 3)
+    whole = {**to_ldm_unet(unet, dict(pipe.unet.config)), **to_ldm_vae(vae, dict(pipe.vae.config)),
+             **{"cond_stage_model.transformer.text_model." + k: v for k, v in text.items()}}
+    path = tmp_path / "sd15-finetune.safetensors"
+    save_file({k: v.half() if v.is_floating_point() else v for k, v in whole.items()}, path)
+    loaded = _load(path, folder)
+    _check_planned(loaded, "unet", {k: v.half().float() for k, v in unet.items()}, islands_planned=False)
+    for name, state in (("vae", vae), ("text_encoder", text)):
+        for key, value in getattr(loaded, name).state_dict().items():
+            if value.is_floating_point():
+                assert torch.equal(value, state[key].half().to(value.dtype)), (name, key)
+    line = next(a for a in hp.applied(loaded).actions if "loaded from the whole checkpoint" in a)
+    assert "(VAE and text encoder beside the denoiser)" in line and "unet float16" in line
+    assert "vae " in line and "text_encoder " in line
+    assert hp.plan(path, device=LAYOUT, base=folder).source.startswith(str(path))
+    _runs(loaded, "sd15")
+
+
+def test_pickle_files_are_refused_with_the_way_out(sdxl):
+    folder, _, _, tmp = sdxl
+    for name, base in (("finetune.ckpt", folder), ("finetune.pt", None)):
+        with pytest.raises(RecipeError, match=r"is a pickle file, which is refused .* weights_only=True"):
+            hp.load_pipeline(tmp / name, "cpu", base=base)
+    with pytest.raises(RecipeError, match=r"a single-file checkpoint holds one model, not a pipeline; .* base="):
+        hp.load_pipeline(tmp / "finetune.safetensors", "cpu")
+
+
+@pytest.mark.parametrize("row", ["flux", "sd3", "wan"])
+def test_diffusers_layout_transformers_load(tmp_path, row):
+    """The same for the transformer denoisers diffusers reads from a single file."""
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    source = make_pipeline(row)
+    name = hp.get_recipe(PIPELINES[row].recipe, device="cpu").denoiser
+    folder = save_pipeline(source, tmp_path / "base")
+    state = _finetune(getattr(source, name))
+    path = tmp_path / f"{row}.safetensors"
+    save_file(state, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx")
+    PIPELINES[row].ready(pipe)
+    model = getattr(pipe, name)
+    islands = hp.applied(pipe).islands[name]
+    for key, value in model.state_dict().items():
+        if value.is_floating_point():
+            inside = any(key.startswith(i + ".") for i in islands)
+            assert torch.equal(value, state[key].to(value.dtype)) and (value.dtype == torch.float32) == inside, key
+    _runs(pipe, row)
+
+
+def test_cli_generate_plan_and_check_take_the_file_with_base(sdxl, capsys):
+    """`generate FILE --base FOLDER` writes the picture, `plan` prints the plan, `check` runs it clean; a bad file is
+    one line on stderr and exit 2, no traceback."""
+    from hf_precision.cli import main
+
+    folder, state, _, tmp = sdxl
+    path = tmp / "cli-finetune.safetensors"
+    save_file(state, path)
+    out = tmp / "cat.png"
+    assert main(["generate", str(path), "--base", str(folder), "--prompt", "a cat", "--steps", "1", "--height", "32",
+                 "--width", "32", "--layout", LAYOUT, "--device", "cpu", "--out", str(out)]) == 0
+    assert out.is_file()
+    assert main(["plan", str(path), "--base", str(folder), "--device", LAYOUT]) == 0
+    printed = capsys.readouterr().out
+    assert f"{path} + {folder}" in printed and "unet" in printed
+    assert main(["check", str(path), "--base", str(folder), "--layout", LAYOUT, "--device", "cpu"]) == 0
+    assert "unet" in capsys.readouterr().out
+    assert main(["plan", str(tmp / "x.ckpt"), "--base", str(folder), "--device", LAYOUT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pickle file" in err and "Traceback" not in err
+
+
+def test_quantized_storage_of_a_single_file_denoiser_is_the_planned_one(tmp_path):
+    """quantize= applies to the file's denoiser as to a folder's: diffusers' from_single_file takes the torchao config
+    but leaves the layers float, so the loader quantizes the planned ones; the plan's bytes hold."""
+    from hf_precision.runtime.quantize_load import quantized_in
+    from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline
+
+    pytest.importorskip("torchao")
+    source = make_pipeline("flux")
+    folder = save_pipeline(source, tmp_path / "base")
+    path = tmp_path / "flux.safetensors"
+    save_file(_finetune(source.transformer), path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe = hp.load_pipeline(path, "cpu", base=folder, layout="cpu-amx", quantize={"transformer": "int8"})
+    actions = hp.applied(pipe).actions
+    assert "transformer: int8 via torchao (Int8WeightOnlyConfig): 20 Linear layers quantized, as planned" in actions
+    assert not [a for a in actions if "has no weights for" in a] and len(quantized_in(pipe.transformer)) == 20
+    planned = hp.plan(path, device="cpu-amx", base=folder, overrides={"transformer": {"storage": "int8"}})
+    assert planned["transformer"].total_bytes == module_bytes(pipe.transformer)
+    _runs(pipe, "flux")
+
+
+def _sparse_safetensors(path, shapes: dict) -> object:
+    """A safetensors file of these F16 tensor shapes whose data is a hole (nothing written): a real header and size."""
+    import json
+    import math
+
+    header, offset = {}, 0
+    for key, shape in shapes.items():
+        size = 2 * math.prod(shape)
+        header[key] = {"dtype": "F16", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw)
+        f.truncate(8 + len(raw) + offset)
+    return path
+
+
+def test_plan_checks_a_real_size_ldm_unet_from_its_header_alone(tmp_path):
+    """An SDXL-size UNet in the LDM layout, as a sparse file (its header and the size of 2.6 G fp16 weights, no byte
+    written): plan(file, base="sdxl") checks it through diffusers' converter on meta tensors and reads no weight;
+    against SD 1.5's configs it is one error naming the first tensor that differs."""
+    from hf_precision.runtime.meta import build_on_meta
+    from hf_precision.runtime.source import configs_of
+
+    _, _, configs = configs_of("sdxl")
+    meta = build_on_meta("diffusers", "UNet2DConditionModel", configs["unet"])
+    ldm = to_ldm_unet(meta.state_dict(), configs["unet"])
+    path = _sparse_safetensors(tmp_path / "sdxl-unet.safetensors", {k: tuple(v.shape) for k, v in ldm.items()})
+    planned = hp.plan(path, device="t4", base="sdxl")
+    assert planned.source.startswith(f"{path} + ") and planned["unet"].params == 2_567_463_684
+    with pytest.raises(RecipeError, match=r"sdxl-unet.safetensors: not the unet of sd15: down_blocks.1.attentions.0."
+                                          r"proj_in.weight is \[640, 640\] in the file, the base's "
+                                          r"UNet2DConditionModel has \[640, 640, 1, 1\] \(176 tensor"):
+        hp.plan(path, device="t4", base="sd15")
+
+
+def to_bfl_flux(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A diffusers FluxTransformer2DModel state dict in Black Forest Labs' layout (the flux1-dev.safetensors keys):
+    fused qkv / linear1, ``scale`` for the RMSNorm weights, the final modulation's halves swapped. Written here, not
+    copied: the caller checks it with diffusers' ``convert_flux_transformer_checkpoint_to_diffusers``."""
+    renames = {"time_text_embed.timestep_embedder.linear_1": "time_in.in_layer",
+               "time_text_embed.timestep_embedder.linear_2": "time_in.out_layer",
+               "time_text_embed.text_embedder.linear_1": "vector_in.in_layer",
+               "time_text_embed.text_embedder.linear_2": "vector_in.out_layer",
+               "time_text_embed.guidance_embedder.linear_1": "guidance_in.in_layer",
+               "time_text_embed.guidance_embedder.linear_2": "guidance_in.out_layer",
+               "context_embedder": "txt_in", "x_embedder": "img_in", "proj_out": "final_layer.linear"}
+    double = {"norm1.linear": "img_mod.lin", "norm1_context.linear": "txt_mod.lin", "attn.norm_q": "img_attn.norm.query_norm",
+              "attn.norm_k": "img_attn.norm.key_norm", "attn.norm_added_q": "txt_attn.norm.query_norm",
+              "attn.norm_added_k": "txt_attn.norm.key_norm", "ff.net.0.proj": "img_mlp.0", "ff.net.2": "img_mlp.2",
+              "ff_context.net.0.proj": "txt_mlp.0", "ff_context.net.2": "txt_mlp.2", "attn.to_out.0": "img_attn.proj",
+              "attn.to_add_out": "txt_attn.proj"}
+    single = {"norm.linear": "modulation.lin", "attn.norm_q": "norm.query_norm", "attn.norm_k": "norm.key_norm",
+              "proj_out": "linear2"}
+    fused = {"transformer_blocks": {"img_attn.qkv": ["attn.to_q", "attn.to_k", "attn.to_v"],
+                                    "txt_attn.qkv": ["attn.add_q_proj", "attn.add_k_proj", "attn.add_v_proj"]},
+             "single_transformer_blocks": {"linear1": ["attn.to_q", "attn.to_k", "attn.to_v", "proj_mlp"]}}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        module, _, leaf = key.rpartition(".")
+        if module == "norm_out.linear":  # diffusers holds (scale, shift), BFL (shift, scale)
+            scale, shift = value.chunk(2, dim=0)
+            out[f"final_layer.adaLN_modulation.1.{leaf}"] = torch.cat([shift, scale])
+        elif module in renames:
+            out[f"{renames[module]}.{leaf}"] = value
+        else:
+            kind, index, inner = module.split(".", 2)
+            block = f"{'double' if kind == 'transformer_blocks' else 'single'}_blocks.{index}"
+            table = double if kind == "transformer_blocks" else single
+            if inner in table:
+                out[f"{block}.{table[inner]}.{'scale' if 'norm' in inner and 'linear' not in inner else leaf}"] = value
+    for key in state:  # the fused projections, in the order BFL stacks them
+        kind, _, rest = key.partition(".")
+        index, _, inner = rest.partition(".")
+        for target, parts in fused.get(kind, {}).items():
+            leaf = inner.rpartition(".")[2]
+            if inner == f"{parts[0]}.{leaf}":
+                block = f"{'double' if kind == 'transformer_blocks' else 'single'}_blocks.{index}"
+                out[f"{block}.{target}.{leaf}"] = torch.cat([state[f"{kind}.{index}.{p}.{leaf}"] for p in parts])
+    return out
+
+
+def test_plan_checks_a_real_size_bfl_flux_file_from_its_header_alone(tmp_path):
+    """FLUX.1-schnell's transformer (the `flux` alias) in BFL's layout, as a sparse file: plan(file,
+    base="flux") reads it through diffusers' Flux converter on meta tensors (it fixes Flux's width at 3072, so no tiny
+    Flux can be converted); a file with one block less is one error naming what it lacks."""
+    from diffusers.loaders.single_file_utils import convert_flux_transformer_checkpoint_to_diffusers as convert
+
+    from hf_precision.runtime.meta import build_on_meta
+    from hf_precision.runtime.source import configs_of
+
+    _, _, configs = configs_of("flux")
+    state = build_on_meta("diffusers", "FluxTransformer2DModel", configs["transformer"]).state_dict()
+    bfl = to_bfl_flux(state)
+    back = convert(dict(bfl))
+    assert {k: v.shape for k, v in back.items()} == {k: v.shape for k, v in state.items()}, "to_bfl_flux disagrees"
+    path = _sparse_safetensors(tmp_path / "flux1-schnell.safetensors", {k: tuple(v.shape) for k, v in bfl.items()})
+    planned = hp.plan(path, device="a100", base="flux")
+    assert planned.source.startswith(f"{path} + ") and planned["transformer"].params == sum(v.numel() for v in state.values())
+    short = {k: tuple(v.shape) for k, v in bfl.items() if not k.startswith("single_blocks.37.")}
+    with pytest.raises(RecipeError, match=r"not the transformer \(FluxTransformer2DModel\) of flux: read in the "
+                                          r"original layout it lacks 14 of the 1156 tensors \(first: "
+                                          r"single_transformer_blocks.37.attn.norm_k.weight"):
+        hp.plan(_sparse_safetensors(tmp_path / "short.safetensors", short), device="a100", base="flux")
