@@ -1,0 +1,157 @@
+"""Components that reach an applied pipeline after loading get its plan too.
+
+Users change a pipeline after :func:`~hf_precision.load_pipeline`: ``pipe.vae = AutoencoderKL.from_pretrained(...)``
+(the fp16-fix VAE swap), ``pipe.load_ip_adapter(...)`` (which sets ``image_encoder``),
+``StableDiffusionXLControlNetPipeline.from_pipe(pipe, controlnet=cn)``. Without this module the new component has no
+boundary hooks and no planned dtype, and the first call fails with torch's "Input type (c10::Half) and bias type
+(float) should be the same"; and diffusers' ``from_pipe`` casts every shared component to float32 unless given a
+dtype (diffusers 0.42.1 pipeline_utils.py:2127 and :2225), erasing the plan of the pipeline it came from too.
+
+:func:`install` wraps two methods of ``DiffusionPipeline`` once, for every pipeline class: ``__setattr__`` (a
+component set on a pipeline that carries a live record gets that record's plan for its name: dtype, device,
+float32 islands, hooks) and ``from_pipe`` (from a pipeline with a live record and no ``dtype``/``torch_dtype``:
+the shared components keep their planned dtypes instead of being cast to float32, and the new pipeline gets the same
+plan, so a ControlNet passed in is planned as well). Pipelines without a record behave exactly as in diffusers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import warnings
+from typing import Any
+
+import torch
+
+
+__all__ = ["install", "adopt"]
+
+_local = threading.local()  # .keep: inside from_pipe of an applied pipeline (its cast to float32 is skipped)
+_installed: list[bool] = []
+
+
+def install() -> None:
+    """Wrap ``DiffusionPipeline.__setattr__``, ``from_pipe`` and ``to`` once (no-ops for pipelines without a record).
+
+    Example:
+        >>> from diffusers import DiffusionPipeline
+        >>> install(); install()  # once: the second call changes nothing
+        >>> DiffusionPipeline.__setattr__.__name__
+        '__setattr__'
+    """
+    if _installed:
+        return
+    from diffusers import DiffusionPipeline
+
+    original_setattr, original_to = DiffusionPipeline.__setattr__, DiffusionPipeline.to
+    original_from_pipe = DiffusionPipeline.from_pipe.__func__
+
+    @functools.wraps(original_setattr)
+    def __setattr__(self: Any, name: str, value: Any) -> None:
+        original_setattr(self, name, value)
+        record = self.__dict__.get("_hf_precision_applied")
+        if record is not None and not record.removed:
+            adopt(record, name, value)
+
+    @functools.wraps(original_to)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if getattr(_local, "keep", False) and not args and set(kwargs) == {"dtype"}:
+            return self  # from_pipe's own cast to float32: the plan decides the dtypes
+        return original_to(self, *args, **kwargs)
+
+    @functools.wraps(original_from_pipe)
+    def from_pipe(cls: type, pipeline: Any, **kwargs: Any) -> Any:
+        record = pipeline.__dict__.get("_hf_precision_applied") if hasattr(pipeline, "__dict__") else None
+        if record is None or record.removed or kwargs.get("dtype") is not None or kwargs.get("torch_dtype") is not None:
+            return original_from_pipe(cls, pipeline, **kwargs)  # a dtype given: the user's cast, as diffusers does it
+        with _keeping_dtypes():
+            new = original_from_pipe(cls, pipeline, **kwargs)
+        _plan_like(record, new)
+        return new
+
+    DiffusionPipeline.__setattr__ = __setattr__  # type: ignore[method-assign]
+    DiffusionPipeline.to = to  # type: ignore[method-assign]
+    DiffusionPipeline.from_pipe = classmethod(from_pipe)  # type: ignore[method-assign,assignment]
+    _installed.append(True)
+
+
+@contextlib.contextmanager
+def _keeping_dtypes() -> Any:
+    before = getattr(_local, "keep", False)
+    _local.keep = True
+    try:
+        yield
+    finally:
+        _local.keep = before
+
+
+def _plan_like(record: Any, new: Any) -> None:
+    """Apply ``record``'s plan to a pipeline built from its pipeline: the same resolved recipe where it lists the new
+    class, else the recipe of the new class resolved with the same devices, layout and overrides."""
+    from .apply import apply_recipe
+
+    if type(new).__name__ in record.recipe.pipelines:
+        apply_recipe(new, record.recipe, strict=record.inputs.get("strict", True))
+        return
+    inputs = record.inputs
+    devices = {p.name: p.device for p in record.recipe.plans if p.device is not None}
+    # a resolved Recipe applied as is keeps its layout: the rules of the device it was resolved for
+    layout = inputs.get("layout") or (record.recipe.device if not isinstance(inputs.get("recipe"), str) else None)
+    apply_recipe(new, None, device=inputs.get("device") or devices or None, overrides=inputs.get("overrides"),
+                 layout=layout, strict=inputs.get("strict", True))
+
+
+def adopt(record: Any, name: str, value: Any) -> None:
+    """Give ``value``, just set as component ``name`` of the pipeline ``record`` was applied to, the plan for ``name``.
+
+    The plan is resolved again with the arguments the pipeline was loaded with, so the new module's own config
+    chooses its rule (the fp16-fix SDXL VAE, ``force_upcast=False``, may run in fp16 where the shipped one may not);
+    a pipeline applied with a resolved ``Recipe`` gets that recipe's plan. The module it replaced loses the hooks;
+    ``None`` (``unload_ip_adapter``) only drops the old one; the same module set again, or a ``torch.compile``
+    wrapper of it, changes nothing. A module of a class the plan does not fit is left as it is, with one warning.
+
+    Example:
+        >>> import hf_precision as hp, tempfile
+        >>> from diffusers import AutoencoderKL
+        >>> from hf_precision.testing import make_sdxl, save_pipeline
+        >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp())
+        >>> pipe = hp.load_pipeline(folder, "cpu", layout="t4")
+        >>> pipe.vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float16)  # adopt runs here
+        >>> pipe.vae.dtype, hp.applied(pipe).modules["vae"] is pipe.vae
+        (torch.float32, True)
+    """
+    from ..recipe.model import Recipe
+    from .apply import _apply_component, apply_recipe
+
+    if name not in record.recipe:
+        return
+    old = record._modules.get(name)
+    if value is old or (old is not None and getattr(value, "_orig_mod", None) is old):
+        return
+    if old is not None:
+        record._detach(name)
+    if not isinstance(value, torch.nn.Module):
+        return
+    plan, inputs = record.recipe[name], record.inputs
+    pipe = record._owner() if record._owner is not None else None
+    if plan.classes and type(value).__name__ not in plan.classes:
+        note = (f"{name} was set to a {type(value).__name__} after loading and is left as it is, without the plan's "
+                f"dtype and boundary hooks: the component recipe {plan.recipe} is for {', '.join(plan.classes)}; "
+                f"to plan it, re-apply with a component recipe for its class: "
+                f"hf_precision.apply_recipe(pipe, overrides={{{name!r}: {{'use': '<component recipe>'}}}}) "
+                f"(hf-precision recipes lists them)")
+        record.skipped.append(note)
+        warnings.warn(f"hf_precision: {note}", RuntimeWarning, stacklevel=3)
+        return
+    what = f"{name}: a {type(value).__name__} set after loading got the plan"
+    if pipe is not None and inputs and not isinstance(inputs.get("recipe"), Recipe):
+        devices = inputs.get("device") or {p.name: p.device for p in record.recipe.plans if p.device is not None}
+        new = apply_recipe(pipe, inputs.get("recipe"), device=devices or None, overrides=inputs.get("overrides"),
+                           layout=inputs.get("layout"), strict=inputs.get("strict", True), force=inputs.get("force", False))
+        new.inputs = inputs
+        plan = new.recipe[name]
+        new.actions.append(f"{what} ({plan.storage}/{plan.compute}, resolved again for its config)")
+        return
+    _apply_component(record, plan, value, plan.device, inputs.get("strict", True))
+    record.actions.append(f"{what} ({plan.storage}/{plan.compute})")

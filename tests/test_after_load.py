@@ -1,0 +1,124 @@
+"""What users do to a pipeline after ``hp.load_pipeline``: swap or add components, build another pipeline from it,
+cast it, load a LoRA; the plan must still hold and the pipeline must still run (tiny SDXL, T4 layout on the CPU)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from diffusers import AutoencoderKL, AutoencoderTiny, StableDiffusionXLControlNetPipeline
+
+import hf_precision as hp
+from hf_precision.testing import example_call_kwargs, make_pipeline
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    from hf_precision.testing import save_pipeline
+
+    return save_pipeline(make_pipeline("sdxl"), tmp_path_factory.mktemp("sdxl"))
+
+
+@pytest.fixture
+def pipe(folder):
+    return hp.load_pipeline(folder, "cpu", layout="t4")
+
+
+def _finite(pipe, kind="sdxl", **kw):
+    images = pipe(**{**example_call_kwargs(kind), **kw}, generator=torch.Generator().manual_seed(0)).images
+    return bool(np.isfinite(np.asarray(images)).all())
+
+
+def test_a_vae_swapped_after_load_gets_the_plan_and_the_call_runs(pipe, folder):
+    # the classic swap: plain diffusers (and the pipeline before this fix) fails in vae.post_quant_conv with
+    # "Input type (c10::Half) and bias type (float) should be the same": fp16 latents into a hook-less fp32 VAE
+    old = pipe.vae
+    pipe.vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float32)
+    record = hp.applied(pipe)
+    assert record.modules["vae"] is pipe.vae and hp.applied(old) is None   # the old VAE lost its hooks
+    assert pipe.unet.dtype == torch.float16 and pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32
+    assert record.verify() == [] and any("vae: a AutoencoderKL set after loading" in a for a in record.actions)
+    assert _finite(pipe)
+
+
+def test_the_new_vae_config_chooses_its_rule(pipe, folder):
+    # an fp16-fix VAE (force_upcast=False) may run in fp16 on a T4; the shipped SDXL VAE runs in fp32 there
+    fix = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float16)
+    fix.register_to_config(force_upcast=False)
+    pipe.vae = fix
+    assert pipe.vae.dtype == torch.float16 and hp.applied(pipe).recipe["vae"].compute == "float16"
+    shipped = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float16)
+    pipe.vae = shipped
+    assert pipe.vae.dtype == torch.float32 and hp.applied(pipe).recipe["vae"].compute == "float32"
+    assert _finite(pipe, output_type="pt")
+
+
+def test_from_pipe_keeps_the_plan_and_plans_the_controlnet(pipe):
+    # diffusers' from_pipe casts every shared component to float32 unless given a dtype: the loaded pipeline's
+    # fp16 UNet became fp32 (twice the memory), and the fp32 ControlNet had no plan
+    controlnet = make_pipeline("sdxl_controlnet").controlnet
+    assert controlnet.dtype == torch.float32
+    control = StableDiffusionXLControlNetPipeline.from_pipe(pipe, controlnet=controlnet)
+    assert pipe.unet.dtype == torch.float16 and pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32
+    assert control.controlnet.dtype == torch.float16 and hp.applied(control).modules["controlnet"] is controlnet
+    assert _finite(control, "sdxl_controlnet") and _finite(pipe)
+
+
+def test_from_pipe_with_a_dtype_casts_as_diffusers_does(pipe):
+    control = StableDiffusionXLControlNetPipeline.from_pipe(pipe, controlnet=make_pipeline("sdxl_controlnet").controlnet,
+                                                           torch_dtype=torch.float32)
+    assert control.unet.dtype == torch.float32 and hp.applied(control) is None
+
+
+def test_apply_recipe_again_restores_the_loaded_plan_after_pipe_to_dtype(pipe):
+    pipe.to(torch.float16)
+    assert hp.applied(pipe).verify()  # islands and the fp32 VAE were cast
+    hp.apply_recipe(pipe)  # the call verify() names: the plan it was loaded with (the T4's), not this CPU's
+    assert pipe.unet.dtype == torch.float16 and pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32
+    assert pipe.vae.dtype == torch.float32 and hp.applied(pipe).verify() == []
+
+
+def test_an_image_encoder_registered_later_is_planned_and_dropped(pipe):
+    encoder = make_pipeline("sdxl_image_encoder").image_encoder
+    pipe.register_modules(image_encoder=encoder)  # what load_ip_adapter does
+    assert pipe.image_encoder.dtype == torch.float16 and "image_encoder" in hp.applied(pipe).modules
+    pipe.image_encoder = None  # what unload_ip_adapter does
+    assert "image_encoder" not in hp.applied(pipe).modules and hp.applied(encoder) is None
+
+
+def test_compiled_wrapper_and_foreign_class_are_left_as_they_are(pipe):
+    unet = pipe.unet
+    pipe.unet = torch.compile(unet)  # lazy: nothing is compiled until called
+    assert hp.applied(pipe).modules["unet"] is unet
+    tiny = AutoencoderTiny(encoder_block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
+                           num_encoder_blocks=(1, 1), num_decoder_blocks=(1, 1), latent_channels=4,
+                           upsampling_scaling_factor=2).half()
+    with pytest.warns(RuntimeWarning, match=r"vae was set to a AutoencoderTiny .* left as it is.*apply_recipe\(pipe, "
+                                            r"overrides=\{'vae': \{'use'"):
+        pipe.vae = tiny
+    assert tiny.dtype == torch.float16 and "vae" not in hp.applied(pipe).modules
+
+
+def test_lora_on_islands_keeps_them_fp32(pipe, tmp_path):
+    from peft import LoraConfig
+    from peft.utils import get_peft_model_state_dict
+
+    source = make_pipeline("sdxl")
+    targets = ["to_q", "to_v", "time_embedding.linear_1", "add_embedding.linear_2"]
+    source.unet.add_adapter(LoraConfig(r=2, lora_alpha=2, target_modules=targets, init_lora_weights=False))
+    layers = {k: v.to(torch.bfloat16) for k, v in get_peft_model_state_dict(source.unet).items()}
+    type(source).save_lora_weights(tmp_path, unet_lora_layers=layers, safe_serialization=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe.load_lora_weights(tmp_path, adapter_name="a")
+    assert pipe.unet.time_embedding.linear_1.lora_A["a"].weight.dtype == torch.float32
+    assert _finite(pipe)
+    pipe.fuse_lora()
+    assert pipe.unet.time_embedding.linear_1.base_layer.weight.dtype == torch.float32 and _finite(pipe)
+    pipe.unfuse_lora()
+    pipe.unload_lora_weights()
+    assert hp.applied(pipe).verify() == [] and _finite(pipe)
