@@ -122,3 +122,11 @@ def test_lora_on_islands_keeps_them_fp32(pipe, tmp_path):
     pipe.unfuse_lora()
     pipe.unload_lora_weights()
     assert hp.applied(pipe).verify() == [] and _finite(pipe)
+
+
+def test_auto_pipeline_from_pipe_is_planned(pipe):
+    from diffusers import AutoPipelineForImage2Image
+
+    hp.apply_recipe(pipe)  # install() wraps the AutoPipelines once their module is imported
+    img2img = AutoPipelineForImage2Image.from_pipe(pipe)
+    assert hp.applied(img2img).recipe["unet"].compute == "float16" and img2img.unet.dtype == torch.float16

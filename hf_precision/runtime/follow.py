@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 import threading
 import warnings
 from typing import Any
@@ -28,11 +29,12 @@ import torch
 __all__ = ["install", "adopt"]
 
 _local = threading.local()  # .keep: inside from_pipe of an applied pipeline (its cast to float32 is skipped)
-_installed: list[bool] = []
+_installed: list[str] = []  # "base", "auto": what install() wrapped
 
 
 def install() -> None:
-    """Wrap ``DiffusionPipeline.__setattr__``, ``from_pipe`` and ``to`` once (no-ops for pipelines without a record).
+    """Wrap ``DiffusionPipeline.__setattr__``, ``from_pipe`` and ``to`` once (no-ops for pipelines without a record),
+    and the ``AutoPipelineFor*.from_pipe`` methods once their module is imported (importing it costs ~2 s).
 
     Example:
         >>> from diffusers import DiffusionPipeline
@@ -40,17 +42,29 @@ def install() -> None:
         >>> DiffusionPipeline.__setattr__.__name__
         '__setattr__'
     """
-    if _installed:
-        return
-    from diffusers import DiffusionPipeline
+    from .apply import _ATTR
 
-    original_setattr, original_to = DiffusionPipeline.__setattr__, DiffusionPipeline.to
-    original_from_pipe = DiffusionPipeline.from_pipe.__func__
+    if "base" not in _installed:
+        from diffusers import DiffusionPipeline
+
+        _wrap_base(DiffusionPipeline, _ATTR)
+        _installed.append("base")
+    auto = sys.modules.get("diffusers.pipelines.auto_pipeline")
+    if auto is not None and "auto" not in _installed:
+        # AutoPipelineFor*.from_pipe build the class directly, without the base class's cast to float32
+        for name, owner in vars(auto).items():
+            if name.startswith("AutoPipelineFor") and "from_pipe" in vars(owner):
+                owner.from_pipe = classmethod(_planned_from_pipe(vars(owner)["from_pipe"].__func__, _ATTR))
+        _installed.append("auto")
+
+
+def _wrap_base(base: type, attr: str) -> None:
+    original_setattr, original_to = base.__setattr__, base.to
 
     @functools.wraps(original_setattr)
     def __setattr__(self: Any, name: str, value: Any) -> None:
         original_setattr(self, name, value)
-        record = self.__dict__.get("_hf_precision_applied")
+        record = self.__dict__.get(attr)
         if record is not None and not record.removed:
             adopt(record, name, value)
 
@@ -60,20 +74,23 @@ def install() -> None:
             return self  # from_pipe's own cast to float32: the plan decides the dtypes
         return original_to(self, *args, **kwargs)
 
-    @functools.wraps(original_from_pipe)
+    base.__setattr__ = __setattr__  # type: ignore[method-assign]
+    base.to = to  # type: ignore[method-assign]
+    base.from_pipe = classmethod(_planned_from_pipe(vars(base)["from_pipe"].__func__, attr))  # type: ignore[method-assign]
+
+
+def _planned_from_pipe(original: Any, attr: str) -> Any:
+    @functools.wraps(original)
     def from_pipe(cls: type, pipeline: Any, **kwargs: Any) -> Any:
-        record = pipeline.__dict__.get("_hf_precision_applied") if hasattr(pipeline, "__dict__") else None
+        record = getattr(pipeline, "__dict__", {}).get(attr)
         if record is None or record.removed or kwargs.get("dtype") is not None or kwargs.get("torch_dtype") is not None:
-            return original_from_pipe(cls, pipeline, **kwargs)  # a dtype given: the user's cast, as diffusers does it
+            return original(cls, pipeline, **kwargs)  # a dtype given: the user's cast, as diffusers does it
         with _keeping_dtypes():
-            new = original_from_pipe(cls, pipeline, **kwargs)
+            new = original(cls, pipeline, **kwargs)
         _plan_like(record, new)
         return new
 
-    DiffusionPipeline.__setattr__ = __setattr__  # type: ignore[method-assign]
-    DiffusionPipeline.to = to  # type: ignore[method-assign]
-    DiffusionPipeline.from_pipe = classmethod(from_pipe)  # type: ignore[method-assign,assignment]
-    _installed.append(True)
+    return from_pipe
 
 
 @contextlib.contextmanager
@@ -108,8 +125,8 @@ def adopt(record: Any, name: str, value: Any) -> None:
     The plan is resolved again with the arguments the pipeline was loaded with, so the new module's own config
     chooses its rule (the fp16-fix SDXL VAE, ``force_upcast=False``, may run in fp16 where the shipped one may not);
     a pipeline applied with a resolved ``Recipe`` gets that recipe's plan. The module it replaced loses the hooks;
-    ``None`` (``unload_ip_adapter``) only drops the old one; the same module set again, or a ``torch.compile``
-    wrapper of it, changes nothing. A module of a class the plan does not fit is left as it is, with one warning.
+    ``None`` (``unload_ip_adapter``) only drops the old one; the same module set again, or a wrapper holding it
+    (``torch.compile``, ``DistributedDataParallel``), changes nothing. A module of a class the plan does not fit is left as it is, with one warning.
 
     Example:
         >>> import hf_precision as hp, tempfile
@@ -127,8 +144,8 @@ def adopt(record: Any, name: str, value: Any) -> None:
     if name not in record.recipe:
         return
     old = record._modules.get(name)
-    if value is old or (old is not None and getattr(value, "_orig_mod", None) is old):
-        return
+    if old is not None and isinstance(value, torch.nn.Module) and any(m is old for m in value.modules()):
+        return  # the same module, or a wrapper around it (torch.compile, DistributedDataParallel): its hooks hold
     if old is not None:
         record._detach(name)
     if not isinstance(value, torch.nn.Module):
