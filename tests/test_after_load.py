@@ -130,3 +130,26 @@ def test_auto_pipeline_from_pipe_is_planned(pipe):
     hp.apply_recipe(pipe)  # install() wraps the AutoPipelines once their module is imported
     img2img = AutoPipelineForImage2Image.from_pipe(pipe)
     assert hp.applied(img2img).recipe["unet"].compute == "float16" and img2img.unet.dtype == torch.float16
+
+
+def test_two_pipelines_from_one_keep_their_plans_and_the_source_its_record(pipe, folder):
+    from diffusers import StableDiffusionXLImg2ImgPipeline, StableDiffusionXLInpaintPipeline
+
+    own_vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float32)
+    img2img = StableDiffusionXLImg2ImgPipeline.from_pipe(pipe, vae=own_vae)  # shares all but the VAE
+    inpaint = StableDiffusionXLInpaintPipeline.from_pipe(pipe)  # the source was planned, so this one is too
+    assert hp.applied(pipe) is not None and hp.applied(inpaint) is not None and inpaint.unet.dtype == torch.float16
+    assert hp.applied(pipe).hooked["vae"] and hp.applied(img2img).modules["vae"] is own_vae
+    assert _finite(pipe)  # its own VAE kept its hooks: fp16 latents still reach the fp32 VAE cast
+
+
+def test_img2img_keeps_a_bfloat16_vae(folder):
+    # SDXL img2img's prepare_latents casts a force_upcast VAE to float32 and then to the UNet's dtype: a bf16 VAE
+    # (the A100 layout) ended in float16, where the SDXL VAE overflows
+    from diffusers import StableDiffusionXLImg2ImgPipeline
+    from hf_precision.testing import example_img2img_kwargs
+
+    pipe = hp.load_pipeline(folder, "cpu", layout="a100", pipeline_class=StableDiffusionXLImg2ImgPipeline)
+    assert pipe.vae.dtype == torch.bfloat16 and pipe.unet.dtype == torch.float16
+    pipe(**example_img2img_kwargs(), generator=torch.Generator().manual_seed(0))
+    assert pipe.vae.dtype == torch.bfloat16 and hp.applied(pipe).verify() == []

@@ -306,8 +306,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         (torch.float16, torch.float32, torch.float32)
     """
     comps = _components(pipe)
-    previous = getattr(pipe, _ATTR, None)
-    live = isinstance(previous, Applied) and not previous.removed
+    live = isinstance(previous := getattr(pipe, _ATTR, None), Applied) and not previous.removed
     if live and recipe is None and device is None and overrides is None and layout is None:
         recipe = previous.recipe  # re-applied as it was (after pipe.to(dtype), a swap): its layout and overrides kept
     inputs = dict(recipe=recipe, device=device, overrides=overrides, layout=layout, strict=strict, force=force)
@@ -384,9 +383,10 @@ class _Component:
 
 def _check_class(c: _Component) -> None:
     old = getattr(c.module, _ATTR, None)
-    if isinstance(old, Applied) and not old.removed:
-        # The module is shared with another pipeline (from_pipe): its previous hooks go, they never stack.
-        old.remove()
+    if isinstance(old, Applied) and not old.removed and old is not c.applied:
+        # Shared with another pipeline (from_pipe): its hooks from there go, never stack; its other components keep theirs
+        for name in [n for n, m in old._modules.items() if m is c.module]:
+            old._detach(name)
     plan = c.plan
     if plan.classes and type(c.module).__name__ not in plan.classes:
         raise RecipeError(f"recipe {c.applied.recipe.name}: component {plan.name} is a {type(c.module).__name__}, but its "
@@ -440,9 +440,9 @@ def _store_layerwise(c: _Component) -> None:
 def _patch_diffusers(c: _Component) -> None:
     if c.plan.compute == "float16" and patches.disable_force_upcast(c.module):
         c.did("config.force_upcast True -> False (the recipe decides; NaN guard on)")
-    elif (c.plan.storage != c.plan.compute or c.plan.compute == "float32") and patches.disable_force_upcast(c.module):
+    elif patches.disable_force_upcast(c.module):
         # SDXL img2img/inpaint's prepare_latents runs vae.to(float32) and then vae.to(the UNet's dtype): diffusers
-        # refuses that cast on a quantized model, it drops fp8 storage for good, and it leaves a float32 VAE in fp16
+        # refuses that cast on a quantized model, it drops fp8 storage for good, it leaves a fp32 or bf16 VAE in fp16
         c.did(f"config.force_upcast True -> False (vae {c.plan.storage} stored, {c.plan.compute} compute: the "
               f"pipeline's round trip through float32 would cast it to the denoiser's dtype)")
     if c.plan.upcast_attention:
