@@ -75,7 +75,8 @@ def test_from_pipe_with_a_dtype_casts_as_diffusers_does(pipe):
 
 
 def test_apply_recipe_again_restores_the_loaded_plan_after_pipe_to_dtype(pipe):
-    pipe.to(torch.float16)
+    with pytest.warns(RuntimeWarning, match="cast the pipeline off its plan"):
+        pipe.to(torch.float16)
     assert hp.applied(pipe).verify()  # islands and the fp32 VAE were cast
     hp.apply_recipe(pipe)  # the call verify() names: the plan it was loaded with (the T4's), not this CPU's
     assert pipe.unet.dtype == torch.float16 and pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32
@@ -153,3 +154,15 @@ def test_img2img_keeps_a_bfloat16_vae(folder):
     assert pipe.vae.dtype == torch.bfloat16 and pipe.unet.dtype == torch.float16
     pipe(**example_img2img_kwargs(), generator=torch.Generator().manual_seed(0))
     assert pipe.vae.dtype == torch.bfloat16 and hp.applied(pipe).verify() == []
+
+
+def test_pipe_to_dtype_warns_once_with_the_fix(pipe):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe.to("cpu")  # a move keeps the plan: nothing to say
+    with pytest.warns(RuntimeWarning, match=r"pipe.to\(torch.float16\) cast the pipeline off its plan: unet: 4 float32 "
+                                            r"island parameters are float16.*apply_recipe\(pipe\) puts the plan back"):
+        pipe.to(torch.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipe.to(dtype=torch.float16)  # once per record

@@ -72,11 +72,28 @@ def _wrap_base(base: type, attr: str) -> None:
     def to(self: Any, *args: Any, **kwargs: Any) -> Any:
         if getattr(_local, "keep", False) and not args and set(kwargs) == {"dtype"}:
             return self  # from_pipe's own cast to float32: the plan decides the dtypes
-        return original_to(self, *args, **kwargs)
+        out = original_to(self, *args, **kwargs)
+        record = self.__dict__.get(attr)
+        if record is not None and not record.removed and any(isinstance(a, torch.dtype) for a in (*args, *kwargs.values())):
+            _warn_cast(record, args, kwargs)
+        return out
 
     base.__setattr__ = __setattr__  # type: ignore[method-assign]
     base.to = to  # type: ignore[method-assign]
     base.from_pipe = classmethod(_planned_from_pipe(vars(base)["from_pipe"].__func__, attr))  # type: ignore[method-assign]
+
+
+def _warn_cast(record: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """One warning per record when ``pipe.to(dtype)`` (diffusers casts every component, islands included) left the
+    pipeline off its plan: what drifted, and the call that puts the plan back."""
+    problems = record.verify()
+    if not problems or record.__dict__.get("_cast_warned"):
+        return
+    record.__dict__["_cast_warned"] = True
+    call = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
+    more = f" (and {len(problems) - 1} more: hf_precision.applied(pipe).verify())" if len(problems) > 1 else ""
+    warnings.warn(f"hf_precision: pipe.to({call}) cast the pipeline off its plan: {problems[0]}{more}; "
+                  f"hf_precision.apply_recipe(pipe) puts the plan back", RuntimeWarning, stacklevel=3)
 
 
 def _planned_from_pipe(original: Any, attr: str) -> Any:
