@@ -166,3 +166,15 @@ def test_pipe_to_dtype_warns_once_with_the_fix(pipe):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pipe.to(dtype=torch.float16)  # once per record
+
+
+def test_from_pipe_to_a_class_no_recipe_lists_keeps_the_shared_plans(folder):
+    # StableDiffusionXLPAGPipeline gets a recipe composed from its model classes, which cannot tell an SDXL VAE
+    # (fp32 on a T4) from an SD 1.x one (fp16): the shared VAE keeps the plan it has, the overrides hold
+    from diffusers import StableDiffusionXLPAGPipeline
+
+    pipe = hp.load_pipeline(folder, "cpu", layout="t4", overrides={"text_encoder": {"dtype": "float32"}})
+    pag = StableDiffusionXLPAGPipeline.from_pipe(pipe)
+    assert hp.applied(pag).recipe.name != hp.applied(pipe).recipe.name
+    assert (pag.vae.dtype, pag.text_encoder.dtype, pag.unet.dtype) == (torch.float32, torch.float32, torch.float16)
+    assert _finite(pag)

@@ -17,6 +17,7 @@ plan, so a ControlNet passed in is planned as well). Pipelines without a record 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import sys
 import threading
@@ -122,18 +123,28 @@ def _keeping_dtypes() -> Any:
 
 def _plan_like(record: Any, new: Any) -> None:
     """Apply ``record``'s plan to a pipeline built from its pipeline: the same resolved recipe where it lists the new
-    class, else the recipe of the new class resolved with the same devices, layout and overrides."""
-    from .apply import apply_recipe
+    class; else the recipe of the new class resolved with the same devices, layout and overrides, the components
+    shared with the source keeping the plans they run with there (a composed recipe cannot tell an SDXL VAE)."""
+    from ..recipe.model import Recipe
+    from ..recipe.resolution import resolve
+    from .apply import _components, apply_recipe, config_dict
+    from .source import models_of_pipeline
 
-    if type(new).__name__ in record.recipe.pipelines:
-        apply_recipe(new, record.recipe, strict=record.inputs.get("strict", True))
-        return
     inputs = record.inputs
-    devices = {p.name: p.device for p in record.recipe.plans if p.device is not None}
+    if type(new).__name__ in record.recipe.pipelines:
+        apply_recipe(new, record.recipe, strict=inputs.get("strict", True)).inputs = inputs
+        return
+    comps = _components(new)
+    devices = inputs.get("device") or {p.name: p.device for p in record.recipe.plans if p.device is not None} or None
     # a resolved Recipe applied as is keeps its layout: the rules of the device it was resolved for
-    layout = inputs.get("layout") or (record.recipe.device if not isinstance(inputs.get("recipe"), str) else None)
-    apply_recipe(new, None, device=inputs.get("device") or devices or None, overrides=inputs.get("overrides"),
-                 layout=layout, strict=inputs.get("strict", True))
+    layout = inputs.get("layout") or (record.recipe.device if isinstance(inputs.get("recipe"), Recipe) else None)
+    resolved = resolve(None, pipeline_class=type(new).__name__, devices=devices, layout=layout,
+                       overrides=inputs.get("overrides"), configs={n: config_dict(m) for n, m in comps.items()},
+                       components=list(comps), models=models_of_pipeline(new))
+    plans = tuple(record.recipe[p.name] if p.name in record.recipe and comps.get(p.name) is record._modules.get(p.name)
+                  else p for p in resolved.plans)
+    merged = dataclasses.replace(resolved, plans=plans)
+    apply_recipe(new, merged, strict=inputs.get("strict", True), force=True).inputs = {**inputs, "recipe": merged}
 
 
 def adopt(record: Any, name: str, value: Any) -> None:
