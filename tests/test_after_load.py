@@ -161,7 +161,7 @@ def test_pipe_to_dtype_warns_once_with_the_fix(pipe):
         warnings.simplefilter("error")
         pipe.to("cpu")  # a move keeps the plan: nothing to say
     with pytest.warns(RuntimeWarning, match=r"pipe.to\(torch.float16\) cast the pipeline off its plan: unet: 4 float32 "
-                                            r"island parameters are float16.*apply_recipe\(pipe\) puts the plan back"):
+                                            r"island parameters are float16.*re-apply: hf_precision.apply_recipe\(pipe\)"):
         pipe.to(torch.float16)
     with warnings.catch_warnings():
         warnings.simplefilter("error")

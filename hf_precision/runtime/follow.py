@@ -93,8 +93,9 @@ def _warn_cast(record: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> No
     record.__dict__["_cast_warned"] = True
     call = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
     more = f" (and {len(problems) - 1} more: hf_precision.applied(pipe).verify())" if len(problems) > 1 else ""
-    warnings.warn(f"hf_precision: pipe.to({call}) cast the pipeline off its plan: {problems[0]}{more}; "
-                  f"hf_precision.apply_recipe(pipe) puts the plan back", RuntimeWarning, stacklevel=3)
+    # each problem names the fix (reload, or hf_precision.apply_recipe(pipe), or the override that plans this dtype)
+    warnings.warn(f"hf_precision: pipe.to({call}) cast the pipeline off its plan: {problems[0]}{more}",
+                  RuntimeWarning, stacklevel=3)
 
 
 def _planned_from_pipe(original: Any, attr: str) -> Any:
