@@ -83,12 +83,36 @@ def test_apply_recipe_again_restores_the_loaded_plan_after_pipe_to_dtype(pipe):
     assert pipe.vae.dtype == torch.float32 and hp.applied(pipe).verify() == []
 
 
-def test_an_image_encoder_registered_later_is_planned_and_dropped(pipe):
+def _ip_adapter_weights(unet, embed_dim: int, tokens: int = 4) -> dict:
+    """Random IP-Adapter weights for ``unet`` in the layout ``load_ip_adapter`` reads (image projection + to_k/v_ip)."""
+    cross, channels, ip, key = unet.config.cross_attention_dim, unet.config.block_out_channels, {}, 1
+    for name in unet.attn_processors:
+        if name.endswith("attn1.processor"):
+            continue  # self-attention gets no IP weights, and no key number
+        block = int(name.split(".")[1]) if not name.startswith("mid_block") else None
+        width = channels[-1] if block is None else (channels[::-1] if name.startswith("up") else channels)[block]
+        ip.update({f"{key}.to_k_ip.weight": torch.randn(width, cross) * 0.02,
+                   f"{key}.to_v_ip.weight": torch.randn(width, cross) * 0.02})
+        key += 2
+    proj = {"proj.weight": torch.randn(cross * tokens, embed_dim) * 0.02, "proj.bias": torch.zeros(cross * tokens),
+            "norm.weight": torch.ones(cross), "norm.bias": torch.zeros(cross)}
+    return {"image_proj": proj, "ip_adapter": ip}
+
+
+def test_an_ip_adapter_loaded_later_is_planned_and_unloaded(pipe):
+    from transformers import CLIPImageProcessor
+    from hf_precision.testing import example_image
+
     encoder = make_pipeline("sdxl_image_encoder").image_encoder
-    pipe.register_modules(image_encoder=encoder)  # what load_ip_adapter does
+    pipe.load_ip_adapter(_ip_adapter_weights(pipe.unet, encoder.config.projection_dim), subfolder="", weight_name="",
+                         image_encoder_folder=None)  # offline: the encoder is registered as load_ip_adapter does
+    pipe.register_modules(image_encoder=encoder, feature_extractor=CLIPImageProcessor(
+        size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
     assert pipe.image_encoder.dtype == torch.float16 and "image_encoder" in hp.applied(pipe).modules
-    pipe.image_encoder = None  # what unload_ip_adapter does
+    assert _finite(pipe, ip_adapter_image=example_image(32)) and hp.applied(pipe).verify() == []
+    pipe.unload_ip_adapter()  # sets image_encoder to None
     assert "image_encoder" not in hp.applied(pipe).modules and hp.applied(encoder) is None
+    assert _finite(pipe)
 
 
 def test_compiled_wrapper_and_foreign_class_are_left_as_they_are(pipe):
