@@ -351,7 +351,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     except (AttributeError, TypeError):
         pass
     if "" not in comps:
-        follow.install()  # components set on the pipeline later (pipe.vae = ..., from_pipe) get this plan too
+        follow.install(_ATTR, apply_recipe, _apply_component, config_dict)  # components set later get the plan too
     applied.timings["apply"] = time.perf_counter() - started
     return applied
 

@@ -22,6 +22,7 @@ import functools
 import sys
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,31 +32,37 @@ __all__ = ["install", "adopt"]
 
 _local = threading.local()  # .keep: inside from_pipe of an applied pipeline (its cast to float32 is skipped)
 _installed: list[str] = []  # "base", "auto": what install() wrapped
+_api: dict[str, Callable[..., Any]] = {}  # apply_recipe, apply_component, config_dict: given by install()
 
 
-def install() -> None:
+def install(attr: str, apply_recipe: Callable[..., Any], apply_component: Callable[..., None],
+            config_dict: Callable[[Any], dict[str, Any]]) -> None:
     """Wrap ``DiffusionPipeline.__setattr__``, ``from_pipe`` and ``to`` once (no-ops for pipelines without a record),
     and the ``AutoPipelineFor*.from_pipe`` methods once their module is imported (importing it costs ~2 s).
 
+    ``apply_recipe`` calls this with the attribute its record lives in and the functions that apply a plan (passed,
+    not imported: this module serves that one).
+
     Example:
         >>> from diffusers import DiffusionPipeline
-        >>> install(); install()  # once: the second call changes nothing
-        >>> DiffusionPipeline.__setattr__.__name__
-        '__setattr__'
+        >>> from hf_precision.runtime.apply import apply_recipe
+        >>> from hf_precision.testing import make_sdxl
+        >>> _ = apply_recipe(make_sdxl(), device="cpu")  # calls install(); the wrapping is done once per process
+        >>> hasattr(DiffusionPipeline.__setattr__, "__wrapped__"), hasattr(DiffusionPipeline.to.__wrapped__, "__wrapped__")
+        (True, False)
     """
-    from .apply import _ATTR
-
     if "base" not in _installed:
         from diffusers import DiffusionPipeline
 
-        _wrap_base(DiffusionPipeline, _ATTR)
+        _api.update(apply_recipe=apply_recipe, apply_component=apply_component, config_dict=config_dict)
+        _wrap_base(DiffusionPipeline, attr)
         _installed.append("base")
     auto = sys.modules.get("diffusers.pipelines.auto_pipeline")
     if auto is not None and "auto" not in _installed:
         # AutoPipelineFor*.from_pipe build the class directly, without the base class's cast to float32
         for name, owner in vars(auto).items():
             if name.startswith("AutoPipelineFor") and "from_pipe" in vars(owner):
-                owner.from_pipe = classmethod(_planned_from_pipe(vars(owner)["from_pipe"].__func__, _ATTR))
+                owner.from_pipe = classmethod(_planned_from_pipe(vars(owner)["from_pipe"].__func__, attr))
         _installed.append("auto")
 
 
@@ -128,14 +135,15 @@ def _plan_like(record: Any, new: Any) -> None:
     shared with the source keeping the plans they run with there (a composed recipe cannot tell an SDXL VAE)."""
     from ..recipe.model import Recipe
     from ..recipe.resolution import resolve
-    from .apply import _components, apply_recipe, config_dict
     from .source import models_of_pipeline
+
+    apply_recipe, config_dict = _api["apply_recipe"], _api["config_dict"]
 
     inputs = record.inputs
     if type(new).__name__ in record.recipe.pipelines:
         apply_recipe(new, record.recipe, strict=inputs.get("strict", True)).inputs = inputs
         return
-    comps = _components(new)
+    comps = {n: m for n, m in new.components.items() if isinstance(m, torch.nn.Module)}
     devices = inputs.get("device") or {p.name: p.device for p in record.recipe.plans if p.device is not None} or None
     # a resolved Recipe applied as is keeps its layout: the rules of the device it was resolved for
     layout = inputs.get("layout") or (record.recipe.device if isinstance(inputs.get("recipe"), Recipe) else None)
@@ -168,7 +176,8 @@ def adopt(record: Any, name: str, value: Any) -> None:
         (torch.float32, True)
     """
     from ..recipe.model import Recipe
-    from .apply import _apply_component, apply_recipe
+
+    apply_recipe = _api["apply_recipe"]
 
     if name not in record.recipe:
         return
@@ -199,5 +208,5 @@ def adopt(record: Any, name: str, value: Any) -> None:
         plan = new.recipe[name]
         new.actions.append(f"{what} ({plan.storage}/{plan.compute}, resolved again for its config)")
         return
-    _apply_component(record, plan, value, plan.device, inputs.get("strict", True))
+    _api["apply_component"](record, plan, value, plan.device, inputs.get("strict", True))
     record.actions.append(f"{what} ({plan.storage}/{plan.compute})")
