@@ -296,7 +296,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
 
     Returns:
         `Applied`: a report of what was done; ``.remove()`` takes the hooks off, ``.verify()`` checks for drift.
-        Applying again replaces the previous hooks instead of stacking them.
+        Applying again replaces the previous hooks (never stacks them); with no recipe, device, overrides or layout it
+        re-applies the plan the pipeline has, as loaded (its layout and overrides): the fix after ``pipe.to(dtype)``.
 
     Example:
         >>> from hf_precision.testing.pipelines import make_sdxl
