@@ -7,11 +7,12 @@ boundary hooks and no planned dtype, and the first call fails with torch's "Inpu
 (float) should be the same"; and diffusers' ``from_pipe`` casts every shared component to float32 unless given a
 dtype (diffusers 0.42.1 pipeline_utils.py:2127 and :2225), erasing the plan of the pipeline it came from too.
 
-:func:`install` wraps two methods of ``DiffusionPipeline`` once, for every pipeline class: ``__setattr__`` (a
+:func:`install` wraps three methods of ``DiffusionPipeline`` once, for every pipeline class: ``__setattr__`` (a
 component set on a pipeline that carries a live record gets that record's plan for its name: dtype, device,
-float32 islands, hooks) and ``from_pipe`` (from a pipeline with a live record and no ``dtype``/``torch_dtype``:
-the shared components keep their planned dtypes instead of being cast to float32, and the new pipeline gets the same
-plan, so a ControlNet passed in is planned as well). Pipelines without a record behave exactly as in diffusers.
+float32 islands, hooks), ``from_pipe`` (from a pipeline with a live record and no ``dtype``/``torch_dtype``: the
+shared components keep their planned dtypes instead of being cast to float32, and the new pipeline gets the same
+plan, so a ControlNet passed in is planned as well) and ``to`` (a ``pipe.to(dtype)`` that casts the pipeline off
+its plan warns once, with the fix). Pipelines without a record behave exactly as in diffusers.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 
 __all__ = ["install", "adopt"]
 
