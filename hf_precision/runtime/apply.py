@@ -13,7 +13,7 @@ import torch
 from .. import dtypes as dt
 from ..recipe.devices import device_caps, device_profile, present_devices
 from ..errors import RecipeError, override_line
-from . import patches
+from . import follow, patches
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .layout import (check_user_names, component_islands, drift, dtype_anchors, has_layerwise_casting,
                      layerwise_skip_regexes)
@@ -51,6 +51,9 @@ class Applied:
     removed: bool = False
     # Seconds per stage: "apply" always; load_pipeline adds "resolve", "stream", "from_pretrained", "reload_islands".
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
+    # The arguments it was applied with (load_pipeline's own), for a pipeline built from this one (from_pipe).
+    inputs: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
+    _by_name: dict[str, list[Any]] = dataclasses.field(default_factory=dict, repr=False)  # component -> its handles
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -67,6 +70,16 @@ class Applied:
             if getattr(module, _ATTR, None) is self:
                 delattr(module, _ATTR)
         self.removed = True
+
+    def _detach(self, name: str) -> None:
+        """Take this record's hooks off component ``name`` (replaced on the pipeline) and forget the module."""
+        handles = self._by_name.pop(name, [])
+        for handle in handles:
+            handle.remove()
+        self._handles = [h for h in self._handles if all(h is not d for d in handles)]
+        module = self._modules.pop(name, None)
+        if module is not None and getattr(module, _ATTR, None) is self:
+            delattr(module, _ATTR)
 
     def verify(self) -> list[str]:
         """Problems where parameters no longer match the plan (e.g. islands erased by ``pipe.to(torch.float16)``)."""
@@ -283,7 +296,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
 
     Returns:
         `Applied`: a report of what was done; ``.remove()`` takes the hooks off, ``.verify()`` checks for drift.
-        Applying again replaces the previous hooks instead of stacking them.
+        Applying again replaces the previous hooks (never stacks them); with no recipe, device, overrides or layout it
+        re-applies the plan the pipeline has, as loaded (its layout and overrides): the fix after ``pipe.to(dtype)``.
 
     Example:
         >>> from hf_precision.testing.pipelines import make_sdxl
@@ -293,6 +307,10 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         (torch.float16, torch.float32, torch.float32)
     """
     comps = _components(pipe)
+    live = isinstance(previous := getattr(pipe, _ATTR, None), Applied) and not previous.removed
+    if live and recipe is None and device is None and overrides is None and layout is None:
+        recipe = previous.recipe  # re-applied as it was (after pipe.to(dtype), a swap): its layout and overrides kept
+    inputs = dict(recipe=recipe, device=device, overrides=overrides, layout=layout, strict=strict, force=force)
     if "" in comps:
         if not isinstance(recipe, (str, Recipe)) or (isinstance(recipe, str) and recipe in list_recipes("pipeline")):
             got = f"{recipe!r} is a pipeline recipe; " if isinstance(recipe, str) else ""
@@ -307,11 +325,11 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
                        configs={n: config_dict(m) for n, m in comps.items()}, components=list(comps),
                        models=models_of_pipeline(pipe) if "" not in comps else None, force=force)
 
-    previous = getattr(pipe, _ATTR, None)
-    if isinstance(previous, Applied) and not previous.removed:
+    if live:
         previous.remove()
     started = time.perf_counter()
-    applied = Applied(recipe=resolved, devices={}, actions=[], hooked={}, islands={}, skipped=[])
+    applied = Applied(recipe=resolved, devices={}, actions=[], hooked={}, islands={}, skipped=[],
+                      inputs=previous.inputs if live and recipe is previous.recipe else inputs)
     for name in comps:
         if name not in resolved:
             applied.skipped.append(f"{name} ({type(comps[name]).__name__}) is not in recipe {resolved.name}: left as it is")
@@ -333,6 +351,8 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         applied._owner = weakref.ref(pipe)
     except (AttributeError, TypeError):
         pass
+    if "" not in comps:
+        follow.install(_ATTR, apply_recipe, _apply_component, config_dict)  # components set later get the plan too
     applied.timings["apply"] = time.perf_counter() - started
     return applied
 
@@ -364,9 +384,10 @@ class _Component:
 
 def _check_class(c: _Component) -> None:
     old = getattr(c.module, _ATTR, None)
-    if isinstance(old, Applied) and not old.removed:
-        # The module is shared with another pipeline (from_pipe): its previous hooks go, they never stack.
-        old.remove()
+    if isinstance(old, Applied) and not old.removed and old is not c.applied:
+        # Shared with another pipeline (from_pipe): its hooks from there go, never stack; its other components keep theirs
+        for name in [n for n, m in old._modules.items() if m is c.module]:
+            old._detach(name)
     plan = c.plan
     if plan.classes and type(c.module).__name__ not in plan.classes:
         raise RecipeError(f"recipe {c.applied.recipe.name}: component {plan.name} is a {type(c.module).__name__}, but its "
@@ -420,9 +441,9 @@ def _store_layerwise(c: _Component) -> None:
 def _patch_diffusers(c: _Component) -> None:
     if c.plan.compute == "float16" and patches.disable_force_upcast(c.module):
         c.did("config.force_upcast True -> False (the recipe decides; NaN guard on)")
-    elif (c.plan.storage != c.plan.compute or c.plan.compute == "float32") and patches.disable_force_upcast(c.module):
+    elif patches.disable_force_upcast(c.module):
         # SDXL img2img/inpaint's prepare_latents runs vae.to(float32) and then vae.to(the UNet's dtype): diffusers
-        # refuses that cast on a quantized model, it drops fp8 storage for good, and it leaves a float32 VAE in fp16
+        # refuses that cast on a quantized model, it drops fp8 storage for good, it leaves a fp32 or bf16 VAE in fp16
         c.did(f"config.force_upcast True -> False (vae {c.plan.storage} stored, {c.plan.compute} compute: the "
               f"pipeline's round trip through float32 would cast it to the denoiser's dtype)")
     if c.plan.upcast_attention:
@@ -471,7 +492,9 @@ STEPS: tuple[Callable[[_Component], None], ...] = (
 
 def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Module, device: str | None, strict: bool) -> None:
     component = _Component(applied, plan, module, device, strict)
+    first = len(applied._handles)
     for step in STEPS:
         step(component)
+    applied._by_name[plan.name] = applied._handles[first:]
     applied._modules[plan.name] = module
     object.__setattr__(module, _ATTR, applied)

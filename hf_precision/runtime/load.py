@@ -219,6 +219,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     timings["reload_islands"] = time.perf_counter() - mark
     mark = time.perf_counter()
     record = apply_recipe(pipe, resolved, force=force)
+    # what a component set later (pipe.vae = ...) and a pipeline built from this one (from_pipe) are resolved with
+    record.inputs.update(recipe=recipe, device=device, force=force, overrides=target.overrides, layout=layout)
     timings["apply"] = time.perf_counter() - mark
     record.actions += report_quantization(pipe, resolved, quant_notes) + ([single_note] if single_note else [])
     record.timings.update(timings)
@@ -236,6 +238,7 @@ class _Target(NamedTuple):
     single_file: Path | None
     resolved: Recipe
     saved_class: Any
+    overrides: Any = None  # the override layers resolved with (overrides=, dtype=, quantize=)
 
 
 def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any, layout: Any, pipeline_class: Any,
@@ -279,7 +282,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
     resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device,
                        layout=layout, overrides=layers or None, configs=component_configs(where, index, folder),
                        components=list(listed_components(index)), force=force, models=models_of_index(index))
-    return _Target(where, index, folder, pipeline_class, single_file, resolved, built)
+    return _Target(where, index, folder, pipeline_class, single_file, resolved, built, layers or None)
 
 
 def _from_pretrained(target: _Target, dtype_map: dict[str, Any], streamed: dict[str, Any], kwargs: dict[str, Any]) -> Any:
