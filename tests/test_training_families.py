@@ -57,6 +57,8 @@ ENCODE_FEEDS = {
     "hunyuan_video_framepack": {0: ("encoder_hidden_states",), 1: ("pooled_projections",), 2: ("encoder_attention_mask",)},
     "qwenimage": {0: ("encoder_hidden_states",), 1: ("encoder_hidden_states_mask",)},
     "hunyuandit": {0: ("encoder_hidden_states",), 2: ("text_embedding_mask",)},
+    # pipeline_chroma.py: the prompt mask reaches the transformer extended over the image tokens (checked below)
+    "chroma": {0: ("encoder_hidden_states",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -111,8 +113,13 @@ def _assert_fed_as_the_pipeline_does(name, tp, seen):
 PROMPTS = ["a cat"]
 
 
+# Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
+# tests/test_training_loop.py).
+LORA_LOADS = ("chroma",)
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_lora_step(name):
+def test_lora_step(name, tmp_path):
     """A LoRA step on every recipe's denoiser: 3 steps on a fixed batch, finite falling loss, fp32 masters, frozen
     weights bit-identical and stored as planned; where the pipeline has a text encoder, on tp.encode_prompt's
     conditioning, checked against the pipeline's own encode_prompt as the denoiser receives it; SVD's EDM inputs
@@ -138,6 +145,17 @@ def test_lora_step(name):
         _assert_fed_as_the_pipeline_does(name, tp, seen)
     if name == "svd":
         _assert_svd_edm_inputs_match_the_scheduler(tp)
+    if name == "chroma":
+        _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen)
+    if name in LORA_LOADS:
+        _assert_lora_loads_with_plain_diffusers(name, tp, batch, tmp_path / "lora")
+
+
+def _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen):
+    """pipeline_chroma.py _prepare_attention_mask: the prompt mask, then one attended position per 2x2 latent patch."""
+    h, w = batch["latents"].shape[-2:]
+    want = tp.pipe._prepare_attention_mask(1, (h // 2) * (w // 2), tp.compute_dtype, batch["prompt_attention_mask"])
+    assert torch.equal(seen["attention_mask"], want.to(seen["attention_mask"].dtype))
 
 
 def _schedule(scheduler):
@@ -292,3 +310,22 @@ def test_micro_conditioning_counts_pixels_with_the_pipelines_own_vae_factor():
         handle.remove()
         h, w = batch["latents"].shape[-2:]
         assert seen["added_cond_kwargs"][key][0, :2].tolist() == [h * factor, w * factor], (name, type(given))
+
+
+
+def _assert_lora_loads_with_plain_diffusers(name, tp, batch, folder):
+    """tp.save_lora writes what `pipe.load_lora_weights(folder)` reads on a fresh pipeline, no hf_precision involved,
+    and the denoiser's output then changes (a LoRA whose B is still zero, or keys diffusers skips, would not)."""
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp.save_lora(folder)
+    fresh = _build(name)
+    denoiser = getattr(fresh, tp.denoiser_name)
+    kwargs, _ = noisy_inputs(row_of(denoiser), denoiser, {"latents": batch["latents"], **example_batch(denoiser, 1)},
+                             tp.objective, tp.alphas_cumprod, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = denoiser(**kwargs)[0]
+        fresh.load_lora_weights(str(folder))
+        after = denoiser(**kwargs)[0]
+    assert any("lora_" in n for n, _ in denoiser.named_parameters()), name
+    assert torch.isfinite(after).all() and not torch.allclose(before, after), name
