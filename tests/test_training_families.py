@@ -59,6 +59,7 @@ ENCODE_FEEDS = {
     "hunyuandit": {0: ("encoder_hidden_states",), 2: ("text_embedding_mask",)},
     # pipeline_chroma.py: the prompt mask reaches the transformer extended over the image tokens (checked below)
     "chroma": {0: ("encoder_hidden_states",)},
+    "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -106,8 +107,10 @@ def _assert_fed_as_the_pipeline_does(name, tp, seen):
             got = seen
             for key in path:
                 got = got[key]
-            assert got.dtype == (tp.compute_dtype if want.is_floating_point() else want.dtype), (path, got.dtype)
-            assert torch.equal(got, want.to(got.dtype)), path
+            # Z-Image takes a list, one unpadded prompt per sample
+            for g, w in zip(got, want, strict=True) if isinstance(want, list) else [(got, want)]:
+                assert g.dtype == (tp.compute_dtype if w.is_floating_point() else w.dtype), (path, g.dtype)
+                assert torch.equal(g, w.to(g.dtype)), path
 
 
 PROMPTS = ["a cat"]
@@ -115,7 +118,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma",)
+LORA_LOADS = ("chroma", "zimage")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -316,16 +319,17 @@ def test_micro_conditioning_counts_pixels_with_the_pipelines_own_vae_factor():
 def _assert_lora_loads_with_plain_diffusers(name, tp, batch, folder):
     """tp.save_lora writes what `pipe.load_lora_weights(folder)` reads on a fresh pipeline, no hf_precision involved,
     and the denoiser's output then changes (a LoRA whose B is still zero, or keys diffusers skips, would not)."""
-    from hf_precision.training.denoiser_rows import noisy_inputs
+    from hf_precision.training.denoiser_rows import model_output, noisy_inputs
 
     tp.save_lora(folder)
     fresh = _build(name)
     denoiser = getattr(fresh, tp.denoiser_name)
-    kwargs, _ = noisy_inputs(row_of(denoiser), denoiser, {"latents": batch["latents"], **example_batch(denoiser, 1)},
+    kwargs, target = noisy_inputs(row_of(denoiser), denoiser, {"latents": batch["latents"], **example_batch(denoiser, 1)},
                              tp.objective, tp.alphas_cumprod, torch.Generator().manual_seed(0))
+    row = row_of(denoiser)
     with torch.no_grad():
-        before = denoiser(**kwargs)[0]
+        before = model_output(denoiser(**kwargs), target, row)
         fresh.load_lora_weights(str(folder))
-        after = denoiser(**kwargs)[0]
+        after = model_output(denoiser(**kwargs), target, row)
     assert any("lora_" in n for n, _ in denoiser.named_parameters()), name
     assert torch.isfinite(after).all() and not torch.allclose(before, after), name

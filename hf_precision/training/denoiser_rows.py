@@ -23,6 +23,7 @@ __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of"
            "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
+TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
 # EDM training draws ln(sigma) ~ N(P_mean, P_std^2) (Karras et al. 2022, "Elucidating the Design Space of
 # Diffusion-Based Generative Models", Table 1: P_mean -1.2, P_std 1.2), clipped to the scheduler's sigma range.
 EDM_P_MEAN, EDM_P_STD = -1.2, 1.2
@@ -222,7 +223,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
-    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack else target
+    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
 
 
 def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
@@ -264,7 +265,9 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
 def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tensor:
     """The prediction in ``out`` comparable with ``target`` (PixArt's learned-sigma half is dropped)."""
     pred = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
-    dim = -1 if row.pack else inputs.channel_dim(row)
+    if row.pack == "list":  # one (C, 1, H, W) per sample, the frame axis the pipeline added (pipeline_z_image.py)
+        pred = torch.stack(list(pred)).squeeze(2)
+    dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]
     return pred
@@ -288,7 +291,9 @@ def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: to
     return torch.cat([noisy, extra.to(noisy)], dim=dim)
 
 
-def _pack(row: DenoiserRow, x: torch.Tensor) -> torch.Tensor:
+def _pack(row: DenoiserRow, x: torch.Tensor) -> Any:
+    if row.pack == "list":  # pipeline_z_image.py: latents.unsqueeze(2).unbind(0), a list of (C, 1, H, W)
+        return list(x.unsqueeze(2).unbind(0))
     if row.pack == "flux":  # pipeline_flux.py _pack_latents: 2x2 patches become tokens
         b, c, h, w = x.shape
         return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
