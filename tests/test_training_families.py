@@ -333,3 +333,35 @@ def _assert_lora_loads_with_plain_diffusers(name, tp, batch, folder):
         after = model_output(denoiser(**kwargs), target, row)
     assert any("lora_" in n for n, _ in denoiser.named_parameters()), name
     assert torch.isfinite(after).all() and not torch.allclose(before, after), name
+
+
+@pytest.mark.parametrize("name, edit", [("flux_kontext", "FluxKontextPipeline"), ("qwenimage", "QwenImageEditPipeline")])
+def test_a_reference_image_joins_the_tokens_as_the_edit_pipeline_joins_them(name, edit):
+    """Flux Kontext and Qwen-Image Edit train the denoiser of Flux / Qwen-Image with the reference image's latents
+    (batch["reference_latents"], another size than the target's) packed after the noisy latents, positioned as the
+    edit pipeline's own prepare_latents / img_shapes place them; the loss compares the latents' tokens only."""
+    import diffusers
+
+    pipe = _build(name)  # Qwen-Image's parts are the Edit pipeline's, less its image processor
+    pipe.latent_channels = pipe.vae.config.get("z_dim") or pipe.vae.config.get("latent_channels")  # as Edit sets it
+    tp = hp.prepare_training(pipe, layout="cpu")
+    denoiser = tp.components[tp.denoiser_name]
+    batch = example_batch(denoiser, 1)
+    c, h, w = batch["latents"].shape[1:]
+    reference = torch.randn(1, c, 1, h, w + 4, generator=torch.Generator().manual_seed(1))  # as a 3D VAE gives it
+    batch["reference_latents"] = reference if name == "qwenimage" else reference[:, :, 0]
+    f = pipe.vae_scale_factor
+    made = getattr(diffusers, edit).prepare_latents(pipe, batch["reference_latents"], 1, c, h * f, w * f, torch.float32,
+                                                    "cpu", torch.Generator().manual_seed(0))
+    seen, handle = _capture_kwargs(denoiser)
+    try:
+        losses = run_steps(tp, batch, steps=2)
+    finally:
+        handle.remove()
+    assert all(torch.isfinite(torch.tensor(losses)))
+    tokens = (h // 2) * (w // 2)
+    assert torch.equal(seen["hidden_states"][:, tokens:], made[1])  # the reference's tokens, after the latents'
+    if name == "flux_kontext":  # its ids after the latents', with index 0 set to 1
+        assert torch.equal(seen["img_ids"], torch.cat([made[2], made[3]]))
+    else:  # pipeline_qwenimage_edit.py __call__: img_shapes of the latents, then of the reference
+        assert seen["img_shapes"] == [[(1, h // 2, w // 2), (1, h // 2, (w + 4) // 2)]]

@@ -51,6 +51,7 @@ class DenoiserRow:
     encode_more: tuple[tuple[Mapping[str, Any], tuple[str | None, ...]], ...] = ()
     per_frame: tuple[str, ...] = ()
     timestep_in_weights_dtype: bool = False
+    reference: bool = False
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
@@ -247,6 +248,8 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
     noisy = _with_condition_latents(row, module, noisy, batch)
     if row.pack:
         noisy = _pack(row, noisy)
+    if row.reference and row.pack in TOKENS:  # Flux Kontext, Qwen-Image Edit: reference tokens after the latents'
+        noisy = torch.cat([noisy, *(_pack(row, r).to(noisy) for r in inputs.reference_latents(row, batch))], dim=1)
     if row.timestep_in_weights_dtype:
         timestep = timestep.to(inputs.frozen_dtype(module))
     kwargs: dict[str, Any] = {row.latent_arg: noisy, row.timestep_arg: timestep}
@@ -267,6 +270,8 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
     pred = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
     if row.pack == "list":  # one (C, 1, H, W) per sample, the frame axis the pipeline added (pipeline_z_image.py)
         pred = torch.stack(list(pred)).squeeze(2)
+    if row.pack in TOKENS and pred.shape[1] > target.shape[1]:  # the reference tokens' output is not predicted
+        pred = pred[:, :target.shape[1]]
     dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]
