@@ -365,3 +365,38 @@ def test_a_reference_image_joins_the_tokens_as_the_edit_pipeline_joins_them(name
         assert torch.equal(seen["img_ids"], torch.cat([made[2], made[3]]))
     else:  # pipeline_qwenimage_edit.py __call__: img_shapes of the latents, then of the reference
         assert seen["img_shapes"] == [[(1, h // 2, w // 2), (1, h // 2, (w + 4) // 2)]]
+
+
+def _wan22():
+    """The tiny Wan pipeline with a second expert, as Wan 2.2 A14B ships: transformer (high noise), transformer_2."""
+    pipe = _build("wan")
+    torch.manual_seed(1)
+    pipe.register_modules(transformer_2=type(pipe.transformer).from_config(pipe.transformer.config).eval())
+    pipe.register_to_config(boundary_ratio=0.875)
+    return pipe
+
+
+def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws():
+    """pipeline_wan.py calls transformer for t >= boundary_ratio * num_train_timesteps and transformer_2 below: a
+    step trains one expert, called only at its own timesteps; both at once, or a dict that cannot say the boundary,
+    is one clear error."""
+    boundary = 0.875 * 1000
+    for expert, owns in (("transformer", lambda t: t >= boundary), ("transformer_2", lambda t: t < boundary)):
+        tp = hp.prepare_training(_wan22(), layout="cpu", train={expert: "lora"})
+        other = "transformer_2" if expert == "transformer" else "transformer"
+        assert tp.denoiser_name == expert and f"denoiser: {expert}, on noise levels" in str(tp)
+        batch = example_batch(tp.components[expert], 4)
+        seen, handle = _capture_kwargs(tp.components[expert])
+        called, other_handle = _capture_kwargs(tp.components[other])
+        try:
+            tp.backward(tp.loss(batch, generator=torch.Generator().manual_seed(0)))
+        finally:
+            handle.remove(), other_handle.remove()
+        assert not called and all(owns(float(t)) for t in seen["timestep"]), (expert, seen["timestep"])
+        assert all(p.grad is not None for n, p in tp.named_parameters() if n.startswith(f"{expert}."))
+        with pytest.raises(hp.RecipeError, match=r"batch\['sigmas'\] .* leave the trained denoiser's noise levels"):
+            tp.loss({**batch, "sigmas": torch.full((4,), 0.5 if expert == "transformer" else 0.95)})
+    with pytest.raises(hp.RecipeError, match=r"switches experts at boundary_ratio 0.875 .*train one per run"):
+        hp.prepare_training(_wan22(), layout="cpu", train={"transformer": "lora", "transformer_2": "lora"})
+    with pytest.raises(hp.RecipeError, match=r"a dict does not say .*boundary_ratio"):
+        hp.prepare_training(dict(_wan22().components), layout="cpu")

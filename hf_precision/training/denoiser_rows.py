@@ -159,7 +159,8 @@ def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor
          device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """The random part of a training step for ``shape[0]`` samples: ``noise`` of ``shape``, then the noise levels
     (``sigmas``: uniform for flow, EDM's log-normal clipped to ``sigmas`` for edm) or DDPM ``timesteps``, in that
-    order. The training loss draws what its batch lacks with it; the program draws a whole global batch with it and
+    order; ``sigmas`` is the (min, max) of an edm draw, or the window of a flow one. The training loss draws what its
+    batch lacks with it; the program draws a whole global batch with it and
     gives each process its slice, so N processes train on what one process does.
 
     Example:
@@ -169,8 +170,9 @@ def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor
     """
     b, rnd = shape[0], {"generator": generator, "device": device}
     out = {"noise": torch.randn(shape, **rnd)}
-    if objective == "flow":
-        out["sigmas"] = torch.rand(b, **rnd)
+    if objective == "flow":  # uniform; within ``sigmas`` where given (a Wan 2.2 expert's window: training.experts)
+        lo, hi = sigmas or (0.0, 1.0)
+        out["sigmas"] = lo + (hi - lo) * torch.rand(b, **rnd)
     elif objective == "edm":
         lo, hi = sigmas or (0.002, 80.0)
         out["sigmas"] = (EDM_P_MEAN + EDM_P_STD * torch.randn(b, **rnd)).exp().clamp(lo, hi)
@@ -201,6 +203,10 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     given = {**drawn, **batch}
     if objective == "flow":
         sigma = given["sigmas"]
+        if sigmas is not None and "sigmas" in batch and not bool(((sigma >= sigmas[0]) & (sigma <= sigmas[1])).all()):
+            raise TrainingError(f"tp.loss(batch): batch['sigmas'] {sigma.flatten().tolist()} leave the trained "
+                                f"denoiser's noise levels [{sigmas[0]:g}, {sigmas[1]:g}] (a Wan 2.2 expert's: the other "
+                                f"expert owns the rest); draw them there, or leave them out and tp.loss draws them")
         s = sigma.float().view(b, *[1] * (x0.dim() - 1))
         noisy, target = (1 - s) * x0 + s * noise, noise - x0
         timestep = (1 - sigma.float() if row.flip else sigma.float()) * row.timestep_scale
