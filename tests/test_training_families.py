@@ -376,7 +376,7 @@ def _wan22():
     return pipe
 
 
-def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws():
+def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws(tmp_path):
     """pipeline_wan.py calls transformer for t >= boundary_ratio * num_train_timesteps and transformer_2 below: a
     step trains one expert, called only at its own timesteps; both at once, or a dict that cannot say the boundary,
     is one clear error."""
@@ -394,8 +394,19 @@ def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws():
             handle.remove(), other_handle.remove()
         assert not called and all(owns(float(t)) for t in seen["timestep"]), (expert, seen["timestep"])
         assert all(p.grad is not None for n, p in tp.named_parameters() if n.startswith(f"{expert}."))
+        tp.step(torch.optim.AdamW(tp.parameters(), lr=1e-2))  # LoRA B leaves zero: the saved LoRA then acts
         with pytest.raises(hp.RecipeError, match=r"batch\['sigmas'\] .* leave the trained denoiser's noise levels"):
             tp.loss({**batch, "sigmas": torch.full((4,), 0.5 if expert == "transformer" else 0.95)})
+    # diffusers saves and loads the low-noise expert's LoRA as a transformer LoRA put into transformer_2
+    tp.save_lora(tmp_path / "lora")
+    fresh = _wan22()
+    kwargs, _ = hp.training.denoiser_rows.noisy_inputs(row_of(fresh.transformer_2), fresh.transformer_2, batch,
+                                                       tp.objective, None, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = fresh.transformer_2(**kwargs)[0]
+        fresh.load_lora_weights(str(tmp_path / "lora"), load_into_transformer_2=True)
+        after = fresh.transformer_2(**kwargs)[0]
+    assert not torch.allclose(before, after) and not any("lora_" in n for n, _ in fresh.transformer.named_parameters())
     with pytest.raises(hp.RecipeError, match=r"switches experts at boundary_ratio 0.875 .*train one per run"):
         hp.prepare_training(_wan22(), layout="cpu", train={"transformer": "lora", "transformer_2": "lora"})
     with pytest.raises(hp.RecipeError, match=r"a dict does not say .*boundary_ratio"):
