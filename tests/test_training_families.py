@@ -411,3 +411,15 @@ def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws(tmp_path):
         hp.prepare_training(_wan22(), layout="cpu", train={"transformer": "lora", "transformer_2": "lora"})
     with pytest.raises(hp.RecipeError, match=r"a dict does not say .*boundary_ratio"):
         hp.prepare_training(dict(_wan22().components), layout="cpu")
+
+
+def test_the_programs_caption_cache_keeps_a_conditioning_list():
+    """`hf-precision train` caches each caption's encoding as tensors (safetensors): Z-Image's prompt, a list of one
+    unpadded tensor per caption, was dropped (its forward then lacked cap_feats); it is kept and rebuilt in order."""
+    from hf_precision.apps.train.loop import _cacheable, _from_cache
+
+    a, b = torch.ones(3, 4), torch.zeros(5, 4)  # two captions of different lengths
+    entries = [_cacheable({"prompt_embeds": [a]}), _cacheable({"prompt_embeds": [b], "mask": torch.ones(1, 2)})]
+    entries[0]["mask"] = torch.zeros(1, 2)
+    batch = _from_cache(entries)
+    assert [t.shape for t in batch["prompt_embeds"]] == [a.shape, b.shape] and batch["mask"].shape == (2, 2)
