@@ -218,3 +218,21 @@ def test_a_users_own_builder_named_by_a_yaml_row_feeds_the_denoiser_in_training(
     _train(pipe, denoiser)
     assert len(built) == len(seen) >= 2
     assert all(p is not None and p.eq(0.5).all() for p in seen), "the builder's output did not reach forward"
+
+
+def test_a_model_whose_denoiser_has_no_row_is_refused_before_loading_naming_the_class_and_the_fix(tmp_path, capsys):
+    """`train --plan` (and `train`) read model_index.json alone: a folder with no weights at all is refused, in one
+    line naming the denoiser's class and how to add a row."""
+    import json
+
+    from hf_precision.cli import main
+
+    (tmp_path / "model_index.json").write_text(json.dumps({
+        "_class_name": "HunyuanImagePipeline", "transformer": ["diffusers", "HunyuanImageTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKLHunyuanImage"], "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}))
+    assert "HunyuanImageTransformer2DModel" not in denoiser_rows.ROWS
+    assert main(["train", "--plan", "--model", str(tmp_path), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("hf-precision train: error: --model: HunyuanImagePipeline "), err
+    assert "transformer is a HunyuanImageTransformer2DModel" in err
+    assert "recipes/denoisers.yaml" in err and "hf_precision.training.add_rows(path)" in err, err

@@ -57,6 +57,9 @@ ENCODE_FEEDS = {
     "hunyuan_video_framepack": {0: ("encoder_hidden_states",), 1: ("pooled_projections",), 2: ("encoder_attention_mask",)},
     "qwenimage": {0: ("encoder_hidden_states",), 1: ("encoder_hidden_states_mask",)},
     "hunyuandit": {0: ("encoder_hidden_states",), 2: ("text_embedding_mask",)},
+    # pipeline_chroma.py: the prompt mask reaches the transformer extended over the image tokens (checked below)
+    "chroma": {0: ("encoder_hidden_states",)},
+    "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -104,15 +107,22 @@ def _assert_fed_as_the_pipeline_does(name, tp, seen):
             got = seen
             for key in path:
                 got = got[key]
-            assert got.dtype == (tp.compute_dtype if want.is_floating_point() else want.dtype), (path, got.dtype)
-            assert torch.equal(got, want.to(got.dtype)), path
+            # Z-Image takes a list, one unpadded prompt per sample
+            for g, w in zip(got, want, strict=True) if isinstance(want, list) else [(got, want)]:
+                assert g.dtype == (tp.compute_dtype if w.is_floating_point() else w.dtype), (path, g.dtype)
+                assert torch.equal(g, w.to(g.dtype)), path
 
 
 PROMPTS = ["a cat"]
 
 
+# Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
+# tests/test_training_loop.py).
+LORA_LOADS = ("chroma", "zimage")
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_lora_step(name):
+def test_lora_step(name, tmp_path):
     """A LoRA step on every recipe's denoiser: 3 steps on a fixed batch, finite falling loss, fp32 masters, frozen
     weights bit-identical and stored as planned; where the pipeline has a text encoder, on tp.encode_prompt's
     conditioning, checked against the pipeline's own encode_prompt as the denoiser receives it; SVD's EDM inputs
@@ -138,6 +148,17 @@ def test_lora_step(name):
         _assert_fed_as_the_pipeline_does(name, tp, seen)
     if name == "svd":
         _assert_svd_edm_inputs_match_the_scheduler(tp)
+    if name == "chroma":
+        _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen)
+    if name in LORA_LOADS:
+        _assert_lora_loads_with_plain_diffusers(name, tp, batch, tmp_path / "lora")
+
+
+def _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen):
+    """pipeline_chroma.py _prepare_attention_mask: the prompt mask, then one attended position per 2x2 latent patch."""
+    h, w = batch["latents"].shape[-2:]
+    want = tp.pipe._prepare_attention_mask(1, (h // 2) * (w // 2), tp.compute_dtype, batch["prompt_attention_mask"])
+    assert torch.equal(seen["attention_mask"], want.to(seen["attention_mask"].dtype))
 
 
 def _schedule(scheduler):
@@ -292,3 +313,113 @@ def test_micro_conditioning_counts_pixels_with_the_pipelines_own_vae_factor():
         handle.remove()
         h, w = batch["latents"].shape[-2:]
         assert seen["added_cond_kwargs"][key][0, :2].tolist() == [h * factor, w * factor], (name, type(given))
+
+
+
+def _assert_lora_loads_with_plain_diffusers(name, tp, batch, folder):
+    """tp.save_lora writes what `pipe.load_lora_weights(folder)` reads on a fresh pipeline, no hf_precision involved,
+    and the denoiser's output then changes (a LoRA whose B is still zero, or keys diffusers skips, would not)."""
+    from hf_precision.training.denoiser_rows import model_output, noisy_inputs
+
+    tp.save_lora(folder)
+    fresh = _build(name)
+    denoiser = getattr(fresh, tp.denoiser_name)
+    kwargs, target = noisy_inputs(row_of(denoiser), denoiser, {"latents": batch["latents"], **example_batch(denoiser, 1)},
+                             tp.objective, tp.alphas_cumprod, torch.Generator().manual_seed(0))
+    row = row_of(denoiser)
+    with torch.no_grad():
+        before = model_output(denoiser(**kwargs), target, row)
+        fresh.load_lora_weights(str(folder))
+        after = model_output(denoiser(**kwargs), target, row)
+    assert any("lora_" in n for n, _ in denoiser.named_parameters()), name
+    assert torch.isfinite(after).all() and not torch.allclose(before, after), name
+
+
+@pytest.mark.parametrize("name, edit", [("flux_kontext", "FluxKontextPipeline"), ("qwenimage", "QwenImageEditPipeline")])
+def test_a_reference_image_joins_the_tokens_as_the_edit_pipeline_joins_them(name, edit):
+    """Flux Kontext and Qwen-Image Edit train the denoiser of Flux / Qwen-Image with the reference image's latents
+    (batch["reference_latents"], another size than the target's) packed after the noisy latents, positioned as the
+    edit pipeline's own prepare_latents / img_shapes place them; the loss compares the latents' tokens only."""
+    import diffusers
+
+    pipe = _build(name)  # Qwen-Image's parts are the Edit pipeline's, less its image processor
+    pipe.latent_channels = pipe.vae.config.get("z_dim") or pipe.vae.config.get("latent_channels")  # as Edit sets it
+    tp = hp.prepare_training(pipe, layout="cpu")
+    denoiser = tp.components[tp.denoiser_name]
+    batch = example_batch(denoiser, 1)
+    c, h, w = batch["latents"].shape[1:]
+    reference = torch.randn(1, c, 1, h, w + 4, generator=torch.Generator().manual_seed(1))  # as a 3D VAE gives it
+    batch["reference_latents"] = reference if name == "qwenimage" else reference[:, :, 0]
+    f = pipe.vae_scale_factor
+    made = getattr(diffusers, edit).prepare_latents(pipe, batch["reference_latents"], 1, c, h * f, w * f, torch.float32,
+                                                    "cpu", torch.Generator().manual_seed(0))
+    seen, handle = _capture_kwargs(denoiser)
+    try:
+        losses = run_steps(tp, batch, steps=2)
+    finally:
+        handle.remove()
+    assert all(torch.isfinite(torch.tensor(losses)))
+    tokens = (h // 2) * (w // 2)
+    assert torch.equal(seen["hidden_states"][:, tokens:], made[1])  # the reference's tokens, after the latents'
+    if name == "flux_kontext":  # its ids after the latents', with index 0 set to 1
+        assert torch.equal(seen["img_ids"], torch.cat([made[2], made[3]]))
+    else:  # pipeline_qwenimage_edit.py __call__: img_shapes of the latents, then of the reference
+        assert seen["img_shapes"] == [[(1, h // 2, w // 2), (1, h // 2, (w + 4) // 2)]]
+
+
+def _wan22():
+    """The tiny Wan pipeline with a second expert, as Wan 2.2 A14B ships: transformer (high noise), transformer_2."""
+    pipe = _build("wan")
+    torch.manual_seed(1)
+    pipe.register_modules(transformer_2=type(pipe.transformer).from_config(pipe.transformer.config).eval())
+    pipe.register_to_config(boundary_ratio=0.875)
+    return pipe
+
+
+def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws(tmp_path):
+    """pipeline_wan.py calls transformer for t >= boundary_ratio * num_train_timesteps and transformer_2 below: a
+    step trains one expert, called only at its own timesteps; both at once, or a dict that cannot say the boundary,
+    is one clear error."""
+    boundary = 0.875 * 1000
+    for expert, owns in (("transformer", lambda t: t >= boundary), ("transformer_2", lambda t: t < boundary)):
+        tp = hp.prepare_training(_wan22(), layout="cpu", train={expert: "lora"})
+        other = "transformer_2" if expert == "transformer" else "transformer"
+        assert tp.denoiser_name == expert and f"denoiser: {expert}, on noise levels" in str(tp)
+        batch = example_batch(tp.components[expert], 4)
+        seen, handle = _capture_kwargs(tp.components[expert])
+        called, other_handle = _capture_kwargs(tp.components[other])
+        try:
+            tp.backward(tp.loss(batch, generator=torch.Generator().manual_seed(0)))
+        finally:
+            handle.remove(), other_handle.remove()
+        assert not called and all(owns(float(t)) for t in seen["timestep"]), (expert, seen["timestep"])
+        assert all(p.grad is not None for n, p in tp.named_parameters() if n.startswith(f"{expert}."))
+        tp.step(torch.optim.AdamW(tp.parameters(), lr=1e-2))  # LoRA B leaves zero: the saved LoRA then acts
+        with pytest.raises(hp.RecipeError, match=r"batch\['sigmas'\] .* leave the trained denoiser's noise levels"):
+            tp.loss({**batch, "sigmas": torch.full((4,), 0.5 if expert == "transformer" else 0.95)})
+    # diffusers saves and loads the low-noise expert's LoRA as a transformer LoRA put into transformer_2
+    tp.save_lora(tmp_path / "lora")
+    fresh = _wan22()
+    kwargs, _ = hp.training.denoiser_rows.noisy_inputs(row_of(fresh.transformer_2), fresh.transformer_2, batch,
+                                                       tp.objective, None, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = fresh.transformer_2(**kwargs)[0]
+        fresh.load_lora_weights(str(tmp_path / "lora"), load_into_transformer_2=True)
+        after = fresh.transformer_2(**kwargs)[0]
+    assert not torch.allclose(before, after) and not any("lora_" in n for n, _ in fresh.transformer.named_parameters())
+    with pytest.raises(hp.RecipeError, match=r"switches experts at boundary_ratio 0.875 .*train one per run"):
+        hp.prepare_training(_wan22(), layout="cpu", train={"transformer": "lora", "transformer_2": "lora"})
+    with pytest.raises(hp.RecipeError, match=r"a dict does not say .*boundary_ratio"):
+        hp.prepare_training(dict(_wan22().components), layout="cpu")
+
+
+def test_the_programs_caption_cache_keeps_a_conditioning_list():
+    """`hf-precision train` caches each caption's encoding as tensors (safetensors): Z-Image's prompt, a list of one
+    unpadded tensor per caption, was dropped (its forward then lacked cap_feats); it is kept and rebuilt in order."""
+    from hf_precision.apps.train.loop import _cacheable, _from_cache
+
+    a, b = torch.ones(3, 4), torch.zeros(5, 4)  # two captions of different lengths
+    entries = [_cacheable({"prompt_embeds": [a]}), _cacheable({"prompt_embeds": [b], "mask": torch.ones(1, 2)})]
+    entries[0]["mask"] = torch.zeros(1, 2)
+    batch = _from_cache(entries)
+    assert [t.shape for t in batch["prompt_embeds"]] == [a.shape, b.shape] and batch["mask"].shape == (2, 2)

@@ -41,11 +41,11 @@ ROW_KEYS: dict[str, Any] = {
     "cond": _MAP, "encode": _RETURNS, "text_dims": _MAP, "per_frame": _NAMES, "extras": _NAMES,
     "text_len": (lambda v: _map(v, lambda x: _name(x) or (type(x) is int and x > 0)),
                  "a mapping name -> config key or token count, e.g. {prompt_embeds: max_text_seq_length}"),
-    "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", None),
+    "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", "list", None),
     "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
     "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,
-    "timestep_in_weights_dtype": BOOL,
+    "timestep_in_weights_dtype": BOOL, "reference": BOOL,
     "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
                                 and isinstance(x[1], str) and bool(_ZEROS.match(x[1]))),
                  "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]"),

@@ -68,6 +68,16 @@ def _hunyuan_i2v_chat() -> Any:
     return tokenizers.make_llama_chat_tokenizer(DEFAULT_PROMPT_TEMPLATE["template"])
 
 
+@register("tokenizer", "qwen3_chat")
+def _qwen3_chat() -> Any:
+    # Z-Image wraps each prompt in the tokenizer's chat template (pipeline_z_image.py _encode_prompt,
+    # apply_chat_template with enable_thinking): the handmade Qwen2 byte-level BPE with Qwen's ChatML template
+    tok = tokenizers.make_qwen2_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                         "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
+
+
 @register("component", "controlnet_from_unet")
 def _controlnet_from_unet(parts: dict[str, Any], **config: Any) -> Any:
     # a ControlNet's config follows its UNet's (block types, channels, cross-attention width): diffusers derives it
@@ -80,6 +90,16 @@ def _controlnet_from_unet(parts: dict[str, Any], **config: Any) -> Any:
 def _zero_pos_frequencies(model: Any) -> None:
     # as diffusers' Mochi test: random frequencies make RoPE meaningless
     model.pos_frequencies.data.zero_()
+
+
+@register("after", "zimage_pad_tokens")
+def _zimage_pad_tokens(model: Any) -> None:
+    # as diffusers' Z-Image test: x_pad_token and cap_pad_token start as torch.empty, which can hold NaN
+    import torch
+
+    with torch.no_grad():
+        model.x_pad_token.fill_(1.0)
+        model.cap_pad_token.fill_(1.0)
 
 
 @register("prepare", "allegro_tiling")

@@ -23,6 +23,7 @@ __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of"
            "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
+TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
 # EDM training draws ln(sigma) ~ N(P_mean, P_std^2) (Karras et al. 2022, "Elucidating the Design Space of
 # Diffusion-Based Generative Models", Table 1: P_mean -1.2, P_std 1.2), clipped to the scheduler's sigma range.
 EDM_P_MEAN, EDM_P_STD = -1.2, 1.2
@@ -50,6 +51,7 @@ class DenoiserRow:
     encode_more: tuple[tuple[Mapping[str, Any], tuple[str | None, ...]], ...] = ()
     per_frame: tuple[str, ...] = ()
     timestep_in_weights_dtype: bool = False
+    reference: bool = False
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
@@ -157,7 +159,8 @@ def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor
          device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
     """The random part of a training step for ``shape[0]`` samples: ``noise`` of ``shape``, then the noise levels
     (``sigmas``: uniform for flow, EDM's log-normal clipped to ``sigmas`` for edm) or DDPM ``timesteps``, in that
-    order. The training loss draws what its batch lacks with it; the program draws a whole global batch with it and
+    order; ``sigmas`` is the (min, max) of an edm draw, or the window of a flow one. The training loss draws what its
+    batch lacks with it; the program draws a whole global batch with it and
     gives each process its slice, so N processes train on what one process does.
 
     Example:
@@ -167,8 +170,9 @@ def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor
     """
     b, rnd = shape[0], {"generator": generator, "device": device}
     out = {"noise": torch.randn(shape, **rnd)}
-    if objective == "flow":
-        out["sigmas"] = torch.rand(b, **rnd)
+    if objective == "flow":  # uniform; within ``sigmas`` where given (a Wan 2.2 expert's window: training.experts)
+        lo, hi = sigmas or (0.0, 1.0)
+        out["sigmas"] = lo + (hi - lo) * torch.rand(b, **rnd)
     elif objective == "edm":
         lo, hi = sigmas or (0.002, 80.0)
         out["sigmas"] = (EDM_P_MEAN + EDM_P_STD * torch.randn(b, **rnd)).exp().clamp(lo, hi)
@@ -199,6 +203,10 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     given = {**drawn, **batch}
     if objective == "flow":
         sigma = given["sigmas"]
+        if sigmas is not None and "sigmas" in batch and not bool(((sigma >= sigmas[0]) & (sigma <= sigmas[1])).all()):
+            raise TrainingError(f"tp.loss(batch): batch['sigmas'] {sigma.flatten().tolist()} leave the trained "
+                                f"denoiser's noise levels [{sigmas[0]:g}, {sigmas[1]:g}] (a Wan 2.2 expert's: the other "
+                                f"expert owns the rest); draw them there, or leave them out and tp.loss draws them")
         s = sigma.float().view(b, *[1] * (x0.dim() - 1))
         noisy, target = (1 - s) * x0 + s * noise, noise - x0
         timestep = (1 - sigma.float() if row.flip else sigma.float()) * row.timestep_scale
@@ -222,7 +230,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
-    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack else target
+    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
 
 
 def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
@@ -246,6 +254,8 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
     noisy = _with_condition_latents(row, module, noisy, batch)
     if row.pack:
         noisy = _pack(row, noisy)
+    if row.reference and row.pack in TOKENS:  # Flux Kontext, Qwen-Image Edit: reference tokens after the latents'
+        noisy = torch.cat([noisy, *(_pack(row, r).to(noisy) for r in inputs.reference_latents(row, batch))], dim=1)
     if row.timestep_in_weights_dtype:
         timestep = timestep.to(inputs.frozen_dtype(module))
     kwargs: dict[str, Any] = {row.latent_arg: noisy, row.timestep_arg: timestep}
@@ -264,7 +274,11 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
 def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tensor:
     """The prediction in ``out`` comparable with ``target`` (PixArt's learned-sigma half is dropped)."""
     pred = out[0] if isinstance(out, (tuple, list)) else getattr(out, "sample", out)
-    dim = -1 if row.pack else inputs.channel_dim(row)
+    if row.pack == "list":  # one (C, 1, H, W) per sample, the frame axis the pipeline added (pipeline_z_image.py)
+        pred = torch.stack(list(pred)).squeeze(2)
+    if row.pack in TOKENS and pred.shape[1] > target.shape[1]:  # the reference tokens' output is not predicted
+        pred = pred[:, :target.shape[1]]
+    dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]
     return pred
@@ -288,7 +302,9 @@ def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: to
     return torch.cat([noisy, extra.to(noisy)], dim=dim)
 
 
-def _pack(row: DenoiserRow, x: torch.Tensor) -> torch.Tensor:
+def _pack(row: DenoiserRow, x: torch.Tensor) -> Any:
+    if row.pack == "list":  # pipeline_z_image.py: latents.unsqueeze(2).unbind(0), a list of (C, 1, H, W)
+        return list(x.unsqueeze(2).unbind(0))
     if row.pack == "flux":  # pipeline_flux.py _pack_latents: 2x2 patches become tokens
         b, c, h, w = x.shape
         return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)

@@ -88,8 +88,8 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     try:
         if loader is None:
             return _save_peft(tp, names, folder, scratch, dtype, states)
-        layers = {f"{name}_lora_layers": {k: v.detach().to(dtype)
-                                          for k, v in convert_state_dict_to_diffusers(states[name]).items()}
+        layers = {f"{_saved_as(loader, name)}_lora_layers": {k: v.detach().to(dtype) for k, v in
+                                                             convert_state_dict_to_diffusers(states[name]).items()}
                   for name in names}
         loader.save_lora_weights(save_directory=str(scratch), **layers)
         target = folder / LORA_FILE
@@ -97,6 +97,16 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return target
+
+
+def _saved_as(loader: type, name: str) -> str:
+    """The component name the loader saves ``name``'s LoRA under: Wan 2.2's low-noise expert is saved as a transformer
+    LoRA (WanLoraLoaderMixin.save_lora_weights takes transformer_lora_layers only) and read back with
+    ``pipe.load_lora_weights(folder, load_into_transformer_2=True)`` (diffusers loaders/lora_pipeline.py)."""
+    import inspect
+
+    takes = inspect.signature(loader.save_lora_weights).parameters
+    return "transformer" if name == "transformer_2" and "transformer_2_lora_layers" not in takes else name
 
 
 def _save_peft(tp: Any, names: list[str], folder: Path, scratch: Path, dtype: torch.dtype,

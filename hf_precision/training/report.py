@@ -56,6 +56,10 @@ def plan_table(tp: Any) -> str:
     downgrades = [c.downgrade for c in tp.choices.values() if c.downgrade]
     out += [f"downgrade: {d}" for d in downgrades]
     out += base_lines(tp)
+    if tp.objective == "flow" and tp.sigma_range is not None:  # training.experts: Wan 2.2's two experts
+        lo, hi = tp.sigma_range
+        out.append(f"denoiser: {tp.denoiser_name}, on noise levels sigma in [{lo:g}, {hi:g}) only: the pipeline's "
+                   f"boundary_ratio gives the other levels to the other expert (train it in a run of its own)")
     if getattr(tp, "shard", None) is not None:
         out.append(str(tp.shard))
     return "\n".join(out)

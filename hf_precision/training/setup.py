@@ -24,7 +24,7 @@ import torch
 from .. import dtypes as dt
 from ..recipe.model import Recipe
 from ..runtime.apply import Applied, applied, apply_recipe, check_placeable, torch_device
-from . import control, denoiser_rows, quantized, trainable
+from . import control, denoiser_rows, experts, quantized, trainable
 from .methods import ComponentSetup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
 from .rules import MASTERS, ComputeChoice, TrainingError
@@ -386,9 +386,11 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
     if record is None or record.removed or record.recipe != tr.recipe:  # loaded in it already: not cast again
         record = apply_recipe(holder, recipe=tr.recipe, force=True)
     train, denoiser = dict(tr.train), tr.denoiser
+    denoiser, window = experts.expert(holder, train, denoiser)  # Wan 2.2: the expert that trains, on its noise levels
     quantized.upcast_fp8(record.recipe, comps, train, denoiser)  # fp8-stored parts gradients pass through
     quantized.keep_4bit_differentiable(comps, train, denoiser)
     tp = _finish(holder, record, comps, train, dev, denoiser, dict(tr.choices), rank, lora, tokens, init_tokens, master)
+    tp.sigma_range = window or tp.sigma_range
     if shard not in (False, True, "cached"):
         raise TrainingError(f"prepare_training(shard={shard!r}): use True (shard over the launcher's processes), "
                             f"'cached' (the same, for a run that caches the encoders' outputs) or False")

@@ -136,6 +136,10 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         >>> flux = {**idx, "transformer": ["diffusers", "FluxTransformer2DModel"]}  # its pipeline packs 2x2 patches
         >>> model_geometry("FluxPipeline", flux, {"vae": {"block_out_channels": [1, 2, 3, 4]}}).multiple
         16
+        >>> zimage = {**idx, "transformer": ["diffusers", "ZImageTransformer2DModel"]}  # it patchifies 2x2 itself
+        >>> model_geometry("ZImagePipeline", zimage, {"vae": {"block_out_channels": [1, 2, 3, 4]},
+        ...                                           "transformer": {"all_patch_size": [2]}}).multiple
+        16
     """
     from ...memory.geometry import axis_value, vae_factors
     from ..video.spec import video_spec
@@ -149,7 +153,9 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
                              spec.spatial)
     factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
     denoiser = "transformer" if "transformer" in index else "unet"
-    patch = axis_value(configs.get(denoiser, {}).get("patch_size", 1)) if denoiser == "transformer" else 1
+    own = configs.get(denoiser, {})
+    # Z-Image names the patch sizes it takes (all_patch_size) and its pipeline calls it with the default, 2
+    patch = axis_value(own.get("patch_size", own.get("all_patch_size", 1))) if denoiser == "transformer" else 1
     packs = 2 if _packs_2x2(str((index.get(denoiser) or [None, ""])[1])) else 1
     return ModelGeometry(pipeline, factor * patch * packs, vae_factor=factor)
 

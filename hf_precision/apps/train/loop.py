@@ -78,12 +78,39 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", (c,)) for c in captions]
         if all(f is not None for f in texts):
-            cond = {k: torch.cat([f[k] for f in texts]) for k in texts[0]}
+            cond = _from_cache(texts)
     if cond is None:
         with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
             cond = dict(tp.encode_prompt(captions))
     device = tp_device(tp)
     return {"latents": latents.to(device), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
+
+
+def _cacheable(cond: Any) -> dict[str, Any]:
+    """The tensors of one caption's conditioning, as the cache stores them: a list of tensors (Z-Image's unpadded
+    prompt, one per caption) as its items ``KEY.0``, ``KEY.1``, ...; other values are not stored."""
+    import torch
+
+    out = {k: v for k, v in cond.items() if torch.is_tensor(v)}
+    for k, v in cond.items():
+        if isinstance(v, (list, tuple)) and v and all(torch.is_tensor(t) for t in v):
+            out.update({f"{k}.{i}": t for i, t in enumerate(v)})
+    return out
+
+
+def _from_cache(texts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A batch's conditioning from its captions' cache entries (:func:`_cacheable`): tensors joined on the batch axis,
+    ``KEY.i`` items back into one list per key, in caption order."""
+    import re
+
+    import torch
+
+    items: dict[str, list[Any]] = {}
+    for entry in texts:
+        for k in sorted((k for k in entry if re.fullmatch(r".+\.\d+", k)), key=lambda k: int(k.rsplit(".", 1)[1])):
+            items.setdefault(k.rsplit(".", 1)[0], []).append(entry[k])
+    plain = [k for k in texts[0] if not re.fullmatch(r".+\.\d+", k)]
+    return {**{k: torch.cat([f[k] for f in texts]) for k in plain}, **items}
 
 
 def _sample_latents(run: Run, i: int) -> Any:
@@ -129,7 +156,7 @@ def fill_cache(run: Run) -> None:
             if text and run.cache.get("text", (sample.caption,)) is None:
                 with torch.no_grad():
                     cond = tp.encode_prompt([sample.caption])
-                run.cache.put("text", (sample.caption,), {k: v for k, v in cond.items() if torch.is_tensor(v)})
+                run.cache.put("text", (sample.caption,), _cacheable(cond))
     acc.wait_for_everyone()
     offload_encoders(run, "cpu", text)
 

@@ -86,9 +86,11 @@ def _check_family(index: dict[str, Any]) -> None:
     if any(denoiser for *_, denoiser in models):
         return  # the denoiser (unet, transformer, Cascade's prior or decoder) has a row
     shown = ", ".join(f"{name} is a {cls}" for name, cls, _ in models) or "no diffusers model listed"
-    raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser the training layer knows ({shown}; it knows "
-                      f"how to call {', '.join(ROWS)}): a family without a training recipe; train one of those, or "
-                      f"write your own loss with hf_precision.prepare_training(...) and `with tp.autocast():`")
+    raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser with a training row ({shown}), so no "
+                      f"training step can build its call; add a row for its class in a denoisers YAML file shaped like "
+                      f"recipes/denoisers.yaml (plus at most one registered input builder), read it with "
+                      f"hf_precision.training.add_rows(path) and train with hf_precision.prepare_training(...) "
+                      f"(docs/training.md, \"A new family\"); rows exist for {', '.join(sorted(ROWS))}")
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:

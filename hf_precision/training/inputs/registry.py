@@ -14,7 +14,7 @@ import torch
 from ...errors import RecipeError
 
 __all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
-           "pixel_size"]
+           "pixel_size", "reference_latents"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
@@ -61,6 +61,24 @@ def channel_dim(row: Any) -> int:
         (2, 1)
     """
     return 2 if row.layout == "frames_first" else 1
+
+
+def reference_latents(row: Any, batch: Mapping[str, Any]) -> list[torch.Tensor]:
+    """The batch's ``reference_latents`` in the row's layout, one tensor per reference image (none: ``[]``): what a
+    row with ``reference: true`` appends to the token sequence, and what its id builders give positions to.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> row = SimpleNamespace(layout="image", reference=True)
+        >>> [tuple(r.shape) for r in reference_latents(row, {"reference_latents": torch.zeros(1, 4, 1, 8, 6)})]
+        [(1, 4, 8, 6)]
+        >>> reference_latents(row, {}), reference_latents(SimpleNamespace(reference=False), {"reference_latents": 1})
+        ([], [])
+    """
+    given = batch.get("reference_latents") if getattr(row, "reference", False) else None
+    if given is None:
+        return []
+    return [model_layout(row, r) for r in (given if isinstance(given, (list, tuple)) else [given])]
 
 
 def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
