@@ -154,7 +154,7 @@ def test_a_family_without_a_training_recipe_is_refused_before_loading(tmp_path, 
     (data / "a.txt").write_text("a cat")
     code = main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o"), "--quiet"])
     err = capsys.readouterr().err
-    assert code == 2 and "UVit2DModel" in err and "without a training recipe" in err, err
+    assert code == 2 and "UVit2DModel" in err and "has no denoiser with a training row" in err, err
     assert not (tmp_path / "o").exists()
 
 
