@@ -234,5 +234,5 @@ def test_a_model_whose_denoiser_has_no_row_is_refused_before_loading_naming_the_
     assert main(["train", "--plan", "--model", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("hf-precision train: error: --model: HunyuanImagePipeline "), err
-    assert "transformer is a HunyuanImageTransformer2DModel" in err
+    assert "transformer: HunyuanImageTransformer2DModel" in err
     assert "recipes/denoisers.yaml" in err and "hf_precision.training.add_rows(path)" in err, err

@@ -85,7 +85,7 @@ def _check_family(index: dict[str, Any]) -> None:
     models = _models(index)
     if any(denoiser for *_, denoiser in models):
         return  # the denoiser (unet, transformer, Cascade's prior or decoder) has a row
-    shown = ", ".join(f"{name} is a {cls}" for name, cls, _ in models) or "no diffusers model listed"
+    shown = ", ".join(f"{name}: {cls}" for name, cls, _ in models) or "no diffusers model listed"
     raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser with a training row ({shown}), so no "
                       f"training step can build its call; add a row for its class in a denoisers YAML file shaped like "
                       f"recipes/denoisers.yaml (plus at most one registered input builder), read it with "
