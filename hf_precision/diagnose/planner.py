@@ -327,8 +327,8 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         planned = planned_dtypes(module, cp, islands)
         packed: dict[str, tuple[str, int]] = {}
         if single_file is not None and cp.name == resolved.denoiser:
-            from ..runtime.gguf import gguf_packed, refuse_unreadable
-            from ..runtime.single_file import denoiser_layout
+            from ..runtime.gguf import gguf_packed
+            from ..runtime.single_file import denoiser_layout, refuse_unreadable
 
             refuse_unreadable(single_file, type(module), cp.name, str(base))
             if single_file.suffix.lower() == ".gguf":

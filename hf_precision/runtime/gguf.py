@@ -16,10 +16,11 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import RecipeError
+from .single_file import hub_kwargs, refuse_unreadable
 from .source import component_class, listed_components
 from ..recipe.resolution import Recipe
 
-__all__ = ["load_gguf_denoiser", "gguf_packed", "refuse_unreadable"]
+__all__ = ["load_gguf_denoiser", "gguf_packed"]
 
 
 def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe: Recipe,
@@ -41,10 +42,10 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
         raise RecipeError("reading a GGUF file needs the gguf package: pip install gguf (or 'hf-precision[quant]')") from None
     plan = recipe[name]
     compute = dt.to_torch(plan.compute)
-    extra = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
     try:
         model = cls.from_single_file(str(path), config=where, subfolder=name, torch_dtype=compute,
-                                     quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=compute), **extra)
+                                     quantization_config=diffusers.GGUFQuantizationConfig(compute_dtype=compute),
+                                     **hub_kwargs(kwargs))
     except (ValueError, KeyError, RuntimeError, OSError) as err:
         raise RecipeError(f"{path}: diffusers could not load it as the {name} ({spec[1]}) of {where}: {err}; check that "
                           f"the file is a {spec[1]} (same architecture and size as the base folder)") from None
@@ -52,32 +53,6 @@ def load_gguf_denoiser(path: Path, where: str, index: Mapping[str, Any], recipe:
 
     _dequantize_unreadable(model, compute, component_islands(plan, model, strict=False) + _first_layer(model))
     return name, model
-
-
-def refuse_unreadable(path: Path, cls: type, name: str, where: str) -> None:
-    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file.
-
-    Some classes inherit ``from_single_file`` but are in no single-file mapping (HunyuanVideoFramepack's
-    transformer: "FromOriginalModelMixin is currently only compatible with ..."), which diffusers finds by
-    subclass (loaders/single_file_model.py); asked the same way here.
-
-    Example:
-        >>> import torch
-        >>> refuse_unreadable(Path("x.gguf"), torch.nn.Linear, "transformer", "base")
-        Traceback (most recent call last):
-        ...
-        hf_precision.errors.RecipeError: x.gguf: Linear (the transformer of base) cannot be read from a single file by diffusers ... (no single-file loader for it); use a diffusers folder instead
-    """
-    import diffusers
-
-    try:
-        from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class as mapping
-    except ImportError:  # another diffusers: from_single_file itself says
-        mapping = None
-    if not hasattr(cls, "from_single_file") or (mapping is not None and mapping(cls) is None):
-        raise RecipeError(f"{path}: {cls.__name__} (the {name} of {where}) cannot be read from a single file by "
-                          f"diffusers {diffusers.__version__} (no single-file loader for it); use a diffusers folder "
-                          f"instead")
 
 
 def _first_layer(model: Any) -> list[str]:

@@ -23,7 +23,8 @@ from typing import Any
 
 from ..errors import RecipeError, excerpt
 
-__all__ = ["split_single_file", "denoiser_layout", "held_components", "load_single_file", "SAFETENSORS_SUFFIXES"]
+__all__ = ["split_single_file", "denoiser_layout", "held_components", "load_single_file", "refuse_unreadable",
+           "hub_kwargs", "SAFETENSORS_SUFFIXES"]
 
 SAFETENSORS_SUFFIXES = (".safetensors", ".sft")  # .sft: BFL's own name for the Flux releases
 PICKLE_SUFFIXES = (".ckpt", ".pt", ".pth", ".bin", ".pkl")
@@ -34,9 +35,6 @@ DENOISER_PREFIX = "model.diffusion_model."
 # encoders of SD 1.x/2.x (cond_stage_model), SDXL (conditioner.embedders) and SD3 (text_encoders).
 OTHER_COMPONENTS = {"first_stage_model.": "VAE", "vae.": "VAE", "cond_stage_model.": "text encoder",
                     "conditioner.embedders.": "text encoders", "text_encoders.": "text encoders"}
-_ST_DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
-              "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool", "F8_E4M3": "float8_e4m3fn",
-              "F8_E5M2": "float8_e5m2"}
 
 
 def split_single_file(name_or_path: str | os.PathLike[str], base: str | os.PathLike[str] | None,
@@ -75,11 +73,49 @@ def split_single_file(name_or_path: str | os.PathLike[str], base: str | os.PathL
     return path, str(base)
 
 
+def hub_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The keywords of ``load_pipeline`` that ``from_single_file`` also takes: where to read ``base``'s configs from.
+
+    Example:
+        >>> hub_kwargs({"revision": "main", "variant": "fp16", "local_files_only": True})
+        {'revision': 'main', 'local_files_only': True}
+    """
+    return {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
+
+
+def refuse_unreadable(path: Path, cls: type, name: str, where: str) -> None:
+    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file.
+
+    Some classes inherit ``from_single_file`` but are in no single-file mapping (HunyuanVideoFramepack's
+    transformer: "FromOriginalModelMixin is currently only compatible with ..."), which diffusers finds by
+    subclass (loaders/single_file_model.py); asked the same way here.
+
+    Example:
+        >>> import torch
+        >>> refuse_unreadable(Path("x.gguf"), torch.nn.Linear, "transformer", "base")
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: x.gguf: Linear (the transformer of base) cannot be read from a single file by diffusers ... (no single-file loader for it); use a diffusers folder instead
+    """
+    import diffusers
+
+    try:
+        from diffusers.loaders.single_file_model import _get_single_file_loadable_mapping_class as mapping
+    except ImportError:  # another diffusers: from_single_file itself says
+        mapping = None
+    if not hasattr(cls, "from_single_file") or (mapping is not None and mapping(cls) is None):
+        raise RecipeError(f"{path}: {cls.__name__} (the {name} of {where}) cannot be read from a single file by "
+                          f"diffusers {diffusers.__version__} (no single-file loader for it); use a diffusers folder "
+                          f"instead")
+
+
 def _meta_tensors(header: Mapping[str, Any]) -> dict[str, Any]:
     """The file's tensors as meta tensors of their shapes and dtypes: what diffusers' converters need, no bytes."""
     import torch
 
-    return {k: torch.empty(v["shape"], dtype=getattr(torch, _ST_DTYPES.get(v["dtype"], "float32")), device="meta")
+    from .stream import SAFETENSORS_DTYPES
+
+    return {k: torch.empty(v["shape"], dtype=SAFETENSORS_DTYPES.get(v["dtype"], torch.float32), device="meta")
             for k, v in header.items()}
 
 
@@ -136,10 +172,11 @@ def _convert(cls: type, config: Mapping[str, Any], tensors: Mapping[str, Any], e
     return best
 
 
-def denoiser_layout(path: Path, model: Any, name: str, where: str) -> str:
+def denoiser_layout(path: Path, model: Any, name: str, where: str, header: Mapping[str, Any] | None = None) -> str:
     """``"diffusers"`` or ``"original"``: the key layout of a single-file denoiser, checked from its header against
-    ``model`` (the base's denoiser, on the meta device is enough). A file of another class or size, or one missing
-    tensors, is a ``RecipeError`` naming the file, what was expected and the fix.
+    ``model`` (the base's denoiser, on the meta device is enough; ``header``: the file's, when the caller read it). A
+    file of another class or size, or one missing tensors, is a ``RecipeError`` naming the file, what was expected
+    and the fix.
 
     Example:
         >>> import tempfile, torch, safetensors.torch
@@ -154,7 +191,8 @@ def denoiser_layout(path: Path, model: Any, name: str, where: str) -> str:
     """
     from .headers import read_header
 
-    _, header = read_header(path)
+    if header is None:
+        _, header = read_header(path)
     keys = list(header)
     state = model.state_dict()
     expected = {k: list(v.shape) for k, v in state.items()}
@@ -202,7 +240,6 @@ def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: A
     """
     from safetensors import safe_open
 
-    from .gguf import refuse_unreadable
     from .headers import read_header
     from .source import component_configs, listed_components
 
@@ -215,11 +252,11 @@ def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: A
     configs = component_configs(where, index, folder)
     cls, meta = _meta_model(path, name, listed[name], configs, where, pipeline)
     refuse_unreadable(path, cls, name, where)
-    form = denoiser_layout(path, meta, name, where)
-    held = held_components(list(read_header(path)[1]))
+    _, header = read_header(path)
+    form = denoiser_layout(path, meta, name, where, header)
+    held = held_components(list(header))
     quant = getattr(kwargs.get("quantization_config"), "quant_mapping", None) or {}
-    extra = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token") if k in kwargs}
-    build = _Builder(path, where, recipe, dtypes, quant, extra)
+    build = _Builder(path, where, recipe, dtypes, quant, hub_kwargs(kwargs))
     with safe_open(str(path), framework="pt") as f:
         if form == "diffusers":  # final names: each tensor is cast as it is read, the file is never held whole
             return {name: build.model(name, cls, meta, _Reader(f, meta.state_dict()))}, build.line(form)

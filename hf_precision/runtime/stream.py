@@ -20,9 +20,9 @@ import torch
 
 from .headers import read_header
 
-__all__ = ["file_dtypes", "stream_component", "weight_files"]
+__all__ = ["file_dtypes", "stream_component", "weight_files", "SAFETENSORS_DTYPES"]
 
-_DTYPES = {
+SAFETENSORS_DTYPES = {  # a safetensors header's dtype name -> torch's
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool, "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2,
@@ -45,7 +45,7 @@ def _mapped_tensors(path: Path, base: int, header: dict[str, Any],
     released = 0
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
         for key, info in header.items():
-            dtype = _DTYPES[info["dtype"]]
+            dtype = SAFETENSORS_DTYPES[info["dtype"]]
             start, end = (base + o for o in info["data_offsets"])
             if end == start:
                 yield key, torch.empty(info["shape"], dtype=dtype)
@@ -74,7 +74,7 @@ def file_dtypes(path: Path) -> set[torch.dtype]:
         {torch.float16}
     """
     _, header = read_header(path)
-    dtypes = {_DTYPES.get(info["dtype"]) for info in header.values()}
+    dtypes = {SAFETENSORS_DTYPES.get(info["dtype"]) for info in header.values()}
     return {d for d in dtypes if d is not None and d.is_floating_point}
 
 
@@ -144,7 +144,7 @@ def stream_component(library: str, class_name: str, comp_dir: Path, *, variant: 
         return None  # renamed keys (e.g. an older transformers layout) or duplicates: not ours to interpret
     for _, _, header in tables:
         for key, info in header.items():
-            if list(expected[key].shape) != list(info["shape"]) or info["dtype"] not in _DTYPES:
+            if list(expected[key].shape) != list(info["shape"]) or info["dtype"] not in SAFETENSORS_DTYPES:
                 return None
     with torch.no_grad():
         for path, base, header in tables:
