@@ -144,7 +144,7 @@ def _plan_like(record: Any, new: Any) -> None:
         apply_recipe(new, record.recipe, strict=inputs.get("strict", True)).inputs = inputs
         return
     comps = {n: m for n, m in new.components.items() if isinstance(m, torch.nn.Module)}
-    devices = inputs.get("device") or {p.name: p.device for p in record.recipe.plans if p.device is not None} or None
+    devices = _load_devices(record)
     # a resolved Recipe applied as is keeps its layout: the rules of the device it was resolved for
     layout = inputs.get("layout") or (record.recipe.device if isinstance(inputs.get("recipe"), Recipe) else None)
     resolved = resolve(None, pipeline_class=type(new).__name__, devices=devices, layout=layout,
@@ -154,6 +154,12 @@ def _plan_like(record: Any, new: Any) -> None:
                   else p for p in resolved.plans)
     merged = dataclasses.replace(resolved, plans=plans)
     apply_recipe(new, merged, strict=inputs.get("strict", True), force=True).inputs = {**inputs, "recipe": merged}
+
+
+def _load_devices(record: Any) -> Any:
+    """The ``device=`` the record's pipeline was applied with, else each component's planned device (None: none)."""
+    planned = {p.name: p.device for p in record.recipe.plans if p.device is not None}
+    return record.inputs.get("device") or planned or None
 
 
 def adopt(record: Any, name: str, value: Any) -> None:
@@ -201,8 +207,8 @@ def adopt(record: Any, name: str, value: Any) -> None:
         return
     what = f"{name}: a {type(value).__name__} set after loading got the plan"
     if pipe is not None and inputs and not isinstance(inputs.get("recipe"), Recipe):
-        devices = inputs.get("device") or {p.name: p.device for p in record.recipe.plans if p.device is not None}
-        new = apply_recipe(pipe, inputs.get("recipe"), device=devices or None, overrides=inputs.get("overrides"),
+        devices = _load_devices(record)
+        new = apply_recipe(pipe, inputs.get("recipe"), device=devices, overrides=inputs.get("overrides"),
                            layout=inputs.get("layout"), strict=inputs.get("strict", True), force=inputs.get("force", False))
         new.inputs = inputs
         plan = new.recipe[name]
