@@ -36,9 +36,11 @@ def _finite(pipe, kind="sdxl", **kw):
 def test_a_vae_swapped_after_load_gets_the_plan_and_the_call_runs(pipe, folder):
     # the classic swap: plain diffusers (and the pipeline before this fix) fails in vae.post_quant_conv with
     # "Input type (c10::Half) and bias type (float) should be the same": fp16 latents into a hook-less fp32 VAE
-    old = pipe.vae
+    old, before, unet_hooks = pipe.vae, hp.applied(pipe), dict(pipe.unet._forward_pre_hooks)
     pipe.vae = AutoencoderKL.from_pretrained(folder / "vae", torch_dtype=torch.float32)
     record = hp.applied(pipe)
+    # only the VAE was applied: the UNet keeps its hooks, and with them what its NaN guard decided
+    assert record is before and dict(pipe.unet._forward_pre_hooks) == unet_hooks
     assert record.modules["vae"] is pipe.vae and hp.applied(old) is None   # the old VAE lost its hooks
     assert pipe.unet.dtype == torch.float16 and pipe.unet.time_embedding.linear_1.weight.dtype == torch.float32
     assert record.verify() == [] and any("vae: a AutoencoderKL set after loading" in a for a in record.actions)
@@ -104,11 +106,13 @@ def test_an_ip_adapter_loaded_later_is_planned_and_unloaded(pipe):
     from hf_precision.testing import example_image
 
     encoder = make_pipeline("sdxl_image_encoder").image_encoder
-    pipe.load_ip_adapter(_ip_adapter_weights(pipe.unet, encoder.config.projection_dim), subfolder="", weight_name="",
-                         image_encoder_folder=None)  # offline: the encoder is registered as load_ip_adapter does
+    # offline, in load_ip_adapter's order: it registers the encoder, then adds projection layers to the UNet
     pipe.register_modules(image_encoder=encoder, feature_extractor=CLIPImageProcessor(
         size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}))
     assert pipe.image_encoder.dtype == torch.float16 and "image_encoder" in hp.applied(pipe).modules
+    pipe.load_ip_adapter(_ip_adapter_weights(pipe.unet, encoder.config.projection_dim), subfolder="", weight_name="",
+                         image_encoder_folder=None)
+    assert pipe.unet.encoder_hid_proj is not None and hp.applied(pipe).verify() == []
     assert _finite(pipe, ip_adapter_image=example_image(32)) and hp.applied(pipe).verify() == []
     pipe.unload_ip_adapter()  # sets image_encoder to None
     assert "image_encoder" not in hp.applied(pipe).modules and hp.applied(encoder) is None

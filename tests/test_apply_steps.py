@@ -7,7 +7,7 @@ import re
 import torch
 
 import hf_precision as hp
-from hf_precision.runtime import apply
+from hf_precision.runtime import apply, placement
 from hf_precision.runtime.layout import layerwise_skip_regexes, planned_dtypes
 from hf_precision.testing.pipelines import make_sdxl
 
@@ -117,7 +117,7 @@ def test_a_resolved_recipe_placed_on_a_missing_device_names_a_present_one():
     present = {"cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available(), "xpu": torch.xpu.is_available()}
     missing = next(t for t, there in present.items() if not there)
     try:
-        apply.check_placeable(missing, hp.get_recipe("sdxl", device="t4"))
+        placement.check_placeable(missing, hp.get_recipe("sdxl", device="t4"))
     except hp.RecipeError as err:
         assert "recipe= is a resolved Recipe, which keeps the dtypes it was resolved for" in str(err)
         assert "e.g. device='cpu'" in str(err) and "layout=" not in str(err)

@@ -164,7 +164,7 @@ def test_an_index_less_device_plan_is_the_current_device(monkeypatch):
 
     import hf_precision.runtime.layout as layout
     from hf_precision.diagnose.checker import _drift
-    from hf_precision.runtime.apply import same_device
+    from hf_precision.runtime.placement import same_device
 
     monkeypatch.setattr(layout, "drift", lambda *args: [])  # dtypes are not what this test is about
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

@@ -66,7 +66,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     # (--device LAYOUT --run-on DEVICE) still means what it meant.
     layout, run_on = args.layout or args.device, args.run_on or args.device
     if run_on is not None:  # --device t4 without --run-on: refused as check and generate refuse it, before loading
-        from ..runtime.apply import torch_device
+        from ..runtime.placement import torch_device
 
         torch_device(run_on, "--run-on" if args.run_on else "--device")
     from ..diagnose.call import needed_inputs

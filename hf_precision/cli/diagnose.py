@@ -122,7 +122,7 @@ def _load_plain(path: str, dtypes: list[str], device: str | None) -> Any:
             raise
         raise RecipeError(f"{path}: plain diffusers cannot load it ({err})") from None
     if device is not None:
-        from ..runtime.apply import torch_device
+        from ..runtime.placement import torch_device
 
         pipe.to(torch_device(device, "--device"))
     return pipe

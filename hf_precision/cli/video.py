@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
                               f"with {', '.join(clash)} (one device, offload onto one GPU, or a split of the tokens): "
                               f"drop one of them")
     if args.device is not None and not args.plan:  # --plan plans for any device, a preset such as t4 included
-        from ..runtime.apply import torch_device
+        from ..runtime.placement import torch_device
 
         torch_device(args.device, "--device")  # a preset such as t4 fails here, not after --demo built its model
     with contextlib.ExitStack() as stack:

@@ -215,7 +215,7 @@ def _main_dtype(module: nn.Module) -> str | None:
 
 
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
-    from ..runtime.apply import same_device
+    from ..runtime.placement import same_device
     from ..runtime.layout import drift
 
     erased: dict[tuple[str, str, str], int] = {}

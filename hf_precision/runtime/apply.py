@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from .. import dtypes as dt
-from ..recipe.devices import device_caps, device_profile, present_devices
+from ..recipe.devices import device_caps
 from ..errors import RecipeError, override_line
 from . import follow, patches
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
@@ -23,9 +23,10 @@ from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
 from ..recipe.quantize import is_quantized
 from .quantize import is_quantized_tensor
+from .placement import check_placeable
 from .source import models_of_pipeline
 
-__all__ = ["apply_recipe", "applied", "Applied", "torch_device", "same_device", "config_dict"]
+__all__ = ["apply_recipe", "applied", "Applied", "config_dict"]
 
 _ATTR = "_hf_precision_applied"
 
@@ -54,6 +55,7 @@ class Applied:
     # The arguments it was applied with (load_pipeline's own), for a pipeline built from this one (from_pipe).
     inputs: dict[str, Any] = dataclasses.field(default_factory=dict, repr=False)
     _by_name: dict[str, list[Any]] = dataclasses.field(default_factory=dict, repr=False)  # component -> its handles
+    cast_warned: bool = dataclasses.field(default=False, repr=False)  # pipe.to(dtype) drift warned once (follow.py)
 
     @property
     def modules(self) -> dict[str, torch.nn.Module]:
@@ -118,75 +120,6 @@ def _components(pipe: Any) -> dict[str, torch.nn.Module]:
     if not isinstance(comps, Mapping):
         raise RecipeError(f"apply_recipe: expected a diffusers pipeline or an nn.Module, got {type(pipe).__name__}")
     return {k: v for k, v in comps.items() if isinstance(v, torch.nn.Module)}
-
-
-def torch_device(spec: Any, what: str) -> torch.device:
-    """A device tensors can be placed on here, or a ``RecipeError`` that explains presets are for planning only,
-    or that this machine has no such device (and how to run its layout on one it has).
-
-    Example:
-        >>> torch_device("cpu", "device")
-        device(type='cpu')
-    """
-    try:
-        dev = torch.device(spec)
-    except (RuntimeError, TypeError):
-        raise RecipeError(f"{what}: {spec!r} is not a device this process can place tensors on (present here: "
-                          f"{', '.join(present_devices())}). "
-                          f"To run the layout of a device you do not have, resolve it for that device and place it here: "
-                          f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
-    if dev.type in ("cuda", "mps", "xpu"):
-        # A device this machine lacks: our one error naming layout=, not torch's "Torch not compiled with CUDA
-        # enabled" from the first tensor moved there (layout= or a resolved Recipe skips the rules' own check).
-        device_profile(str(dev))
-    return dev
-
-
-def check_placeable(device: Any, recipe: Any = None) -> None:
-    """Each device of ``device`` (one, or a mapping component -> device) is one tensors can be placed on here
-    (:func:`torch_device`). With a resolved :class:`Recipe`, whose dtypes are fixed, the fix named for a device this
-    machine lacks is a present device, not ``layout=`` (which a resolved Recipe refuses).
-
-    Example:
-        >>> check_placeable({"unet": "cpu", "default": None})
-    """
-    for spec in (device.values() if isinstance(device, Mapping) else [device]):
-        if spec is None:
-            continue
-        try:
-            torch_device(spec, "device")
-        except RecipeError as err:
-            if not isinstance(recipe, Recipe) or "this machine has no" not in str(err):
-                raise
-            raise RecipeError(f"device {spec!r}: this machine has no such device (present: "
-                              f"{', '.join(present_devices())}); recipe= is a resolved Recipe, which keeps the dtypes it "
-                              f"was resolved for ({recipe.plans[0].resolved_for}): place it on a present device, "
-                              f"e.g. device='cpu'") from None
-
-
-def same_device(planned: Any, actual: torch.device) -> bool:
-    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it.
-
-    ``torch.device("cuda") != torch.device("cuda:0")``, yet ``.to("cuda")`` lands on the current device (``cuda:0``
-    unless set): an index-less plan means that device, so a correct set-up is not reported as misplaced.
-
-    Example:
-        >>> same_device("cuda", torch.device("cuda", 0)), same_device("cuda", torch.device("cuda", 1))
-        (True, False)
-        >>> same_device("cpu", torch.device("cpu")), same_device("cuda:0", torch.device("cpu"))
-        (True, False)
-    """
-    planned = torch.device(planned)
-    if planned.type != actual.type:
-        return False
-    if planned.index is None and actual.index is not None:
-        backend = getattr(torch, planned.type, None)
-        try:  # torch.cuda.current_device() (xpu, mps alike); a build without the backend places on index 0
-            current = int(backend.current_device()) if hasattr(backend, "current_device") else 0
-        except (RuntimeError, AssertionError, AttributeError):
-            current = 0
-        return actual.index == current
-    return planned.index == actual.index or actual.index is None
 
 
 def config_dict(module: Any) -> dict[str, Any]:
@@ -318,13 +251,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
                               f"e.g. recipe='video.wan'; component recipes: {', '.join(list_recipes('component'))}")
         stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
-    if device is None and not isinstance(recipe, Recipe):
-        device = {n: _module_device(m) for n, m in comps.items()}  # resolve each for where it sits
-    check_placeable(device, recipe)
-    resolved = resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
-                       configs={n: config_dict(m) for n, m in comps.items()}, components=list(comps),
-                       models=models_of_pipeline(pipe) if "" not in comps else None, force=force)
-
+    resolved = resolve_for(pipe, comps, recipe, device, overrides, layout, force)
     if live:
         previous.remove()
     started = time.perf_counter()
@@ -352,9 +279,20 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     except (AttributeError, TypeError):
         pass
     if "" not in comps:
-        follow.install(_ATTR, apply_recipe, _apply_component, config_dict)  # components set later get the plan too
+        follow.install(_ATTR, apply_recipe, lambda p, **kw: resolve_for(p, _components(p), **kw), _apply_component)  # components set later get the plan too
     applied.timings["apply"] = time.perf_counter() - started
     return applied
+
+
+def resolve_for(pipe: Any, comps: dict[str, torch.nn.Module], recipe: Any, device: Any, overrides: Any,
+                layout: Any, force: bool) -> Recipe:
+    """The recipe ``apply_recipe`` applies to ``pipe`` (components ``comps``), resolved from their configs."""
+    if device is None and not isinstance(recipe, Recipe):
+        device = {n: _module_device(m) for n, m in comps.items()}  # resolve each for where it sits
+    check_placeable(device, recipe)
+    return resolve(recipe, pipeline_class=type(pipe).__name__, devices=device, layout=layout, overrides=overrides,
+                   configs={n: config_dict(m) for n, m in comps.items()}, components=list(comps),
+                   models=models_of_pipeline(pipe) if "" not in comps else None, force=force)
 
 
 @dataclasses.dataclass

@@ -32,11 +32,11 @@ __all__ = ["install", "adopt"]
 
 _local = threading.local()  # .keep: inside from_pipe of an applied pipeline (its cast to float32 is skipped)
 _installed: list[str] = []  # "base", "auto": what install() wrapped
-_api: dict[str, Callable[..., Any]] = {}  # apply_recipe, apply_component, config_dict: given by install()
+_api: dict[str, Callable[..., Any]] = {}  # apply_recipe, resolve, apply_component: given by install()
 
 
-def install(attr: str, apply_recipe: Callable[..., Any], apply_component: Callable[..., None],
-            config_dict: Callable[[Any], dict[str, Any]]) -> None:
+def install(attr: str, apply_recipe: Callable[..., Any], resolve: Callable[..., Any],
+            apply_component: Callable[..., None]) -> None:
     """Wrap ``DiffusionPipeline.__setattr__``, ``from_pipe`` and ``to`` once (no-ops for pipelines without a record),
     and the ``AutoPipelineFor*.from_pipe`` methods once their module is imported (importing it costs ~2 s).
 
@@ -54,8 +54,9 @@ def install(attr: str, apply_recipe: Callable[..., Any], apply_component: Callab
     if "base" not in _installed:
         from diffusers import DiffusionPipeline
 
-        _api.update(apply_recipe=apply_recipe, apply_component=apply_component, config_dict=config_dict)
+        _api.update(apply_recipe=apply_recipe, resolve=resolve, apply_component=apply_component)
         _wrap_base(DiffusionPipeline, attr)
+        _wrap_ip_adapter_loaders(attr)
         _installed.append("base")
     auto = sys.modules.get("diffusers.pipelines.auto_pipeline")
     if auto is not None and "auto" not in _installed:
@@ -91,13 +92,47 @@ def _wrap_base(base: type, attr: str) -> None:
     base.from_pipe = classmethod(_planned_from_pipe(vars(base)["from_pipe"].__func__, attr))  # type: ignore[method-assign]
 
 
+def _wrap_ip_adapter_loaders(attr: str) -> None:
+    """``load_ip_adapter`` registers the image encoder (``adopt`` plans it), then adds projection layers to the
+    denoiser in the denoiser's dtype (diffusers 0.42.1 loaders/ip_adapter.py:222 then :245): after it returns, the
+    components it changed in place get their plan again."""
+    from diffusers.loaders import ip_adapter
+
+    for owner in vars(ip_adapter).values():
+        if isinstance(owner, type) and "load_ip_adapter" in vars(owner):
+            owner.load_ip_adapter = _replanning(vars(owner)["load_ip_adapter"], attr)  # type: ignore[attr-defined]
+
+
+def _replanning(original: Any, attr: str) -> Any:
+    @functools.wraps(original)
+    def load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        out = original(self, *args, **kwargs)
+        record = self.__dict__.get(attr)
+        if record is not None and not record.removed:
+            _replan_drifted(record, original.__name__)
+        return out
+
+    return load
+
+
+def _replan_drifted(record: Any, by: str) -> None:
+    from .layout import drift
+
+    for name, module in list(record._modules.items()):
+        plan = record.recipe[name]
+        if drift(name, module, plan, record.islands.get(name, [])):
+            record._detach(name)
+            _api["apply_component"](record, plan, module, plan.device, record.inputs.get("strict", True))
+            record.actions.append(f"{name}: changed in place by {by}, got the plan again ({plan.storage}/{plan.compute})")
+
+
 def _warn_cast(record: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """One warning per record when ``pipe.to(dtype)`` (diffusers casts every component, islands included) left the
     pipeline off its plan: what drifted, and the call that puts the plan back."""
     problems = record.verify()
-    if not problems or record.__dict__.get("_cast_warned"):
+    if not problems or record.cast_warned:
         return
-    record.__dict__["_cast_warned"] = True
+    record.cast_warned = True
     call = ", ".join([*map(str, args), *(f"{k}={v}" for k, v in kwargs.items())])
     more = f" (and {len(problems) - 1} more: hf_precision.applied(pipe).verify())" if len(problems) > 1 else ""
     # each problem names the fix (reload, or hf_precision.apply_recipe(pipe), or the override that plans this dtype)
@@ -134,10 +169,8 @@ def _plan_like(record: Any, new: Any) -> None:
     class; else the recipe of the new class resolved with the same devices, layout and overrides, the components
     shared with the source keeping the plans they run with there (a composed recipe cannot tell an SDXL VAE)."""
     from ..recipe.model import Recipe
-    from ..recipe.resolution import resolve
-    from .source import models_of_pipeline
 
-    apply_recipe, config_dict = _api["apply_recipe"], _api["config_dict"]
+    apply_recipe = _api["apply_recipe"]
 
     inputs = record.inputs
     if type(new).__name__ in record.recipe.pipelines:
@@ -147,9 +180,8 @@ def _plan_like(record: Any, new: Any) -> None:
     devices = _load_devices(record)
     # a resolved Recipe applied as is keeps its layout: the rules of the device it was resolved for
     layout = inputs.get("layout") or (record.recipe.device if isinstance(inputs.get("recipe"), Recipe) else None)
-    resolved = resolve(None, pipeline_class=type(new).__name__, devices=devices, layout=layout,
-                       overrides=inputs.get("overrides"), configs={n: config_dict(m) for n, m in comps.items()},
-                       components=list(comps), models=models_of_pipeline(new))
+    resolved = _api["resolve"](new, recipe=None, device=devices, overrides=inputs.get("overrides"), layout=layout,
+                               force=False)
     plans = tuple(record.recipe[p.name] if p.name in record.recipe and comps.get(p.name) is record._modules.get(p.name)
                   else p for p in resolved.plans)
     merged = dataclasses.replace(resolved, plans=plans)
@@ -183,8 +215,6 @@ def adopt(record: Any, name: str, value: Any) -> None:
     """
     from ..recipe.model import Recipe
 
-    apply_recipe = _api["apply_recipe"]
-
     if name not in record.recipe:
         return
     old = record._modules.get(name)
@@ -206,13 +236,15 @@ def adopt(record: Any, name: str, value: Any) -> None:
         warnings.warn(f"hf_precision: {note}", RuntimeWarning, stacklevel=3)
         return
     what = f"{name}: a {type(value).__name__} set after loading got the plan"
-    if pipe is not None and inputs and not isinstance(inputs.get("recipe"), Recipe):
-        devices = _load_devices(record)
-        new = apply_recipe(pipe, inputs.get("recipe"), device=devices, overrides=inputs.get("overrides"),
-                           layout=inputs.get("layout"), strict=inputs.get("strict", True), force=inputs.get("force", False))
-        new.inputs = inputs
-        plan = new.recipe[name]
-        new.actions.append(f"{what} ({plan.storage}/{plan.compute}, resolved again for its config)")
-        return
+    again = pipe is not None and inputs and not isinstance(inputs.get("recipe"), Recipe)
+    if again:
+        # Resolved again so the new module's config chooses its rule; only this component is applied, so the others
+        # keep their hooks and what their NaN guards decided (a UNet already switched to float32 stays there).
+        resolved = _api["resolve"](pipe, recipe=inputs.get("recipe"), device=_load_devices(record),
+                                   overrides=inputs.get("overrides"), layout=inputs.get("layout"),
+                                   force=inputs.get("force", False))
+        plan = resolved[name]
+        record.recipe = dataclasses.replace(record.recipe, plans=tuple(plan if p.name == name else p
+                                                                       for p in record.recipe.plans))
     _api["apply_component"](record, plan, value, plan.device, inputs.get("strict", True))
-    record.actions.append(f"{what} ({plan.storage}/{plan.compute})")
+    record.actions.append(f"{what} ({plan.storage}/{plan.compute}" + (", resolved again for its config)" if again else ")"))

@@ -245,7 +245,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
                     force: bool, quantize: Any, base: Any, kwargs: dict[str, Any]) -> _Target:
     """Everything that can be refused before a weight is read: the location, the keywords, the recipe and its plan."""
     from ..recipe.devices import device_profile
-    from .apply import check_placeable
+    from .placement import check_placeable
 
     for flag in ("trust_remote_code", "custom_pipeline"):
         if kwargs.get(flag):

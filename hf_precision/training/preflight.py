@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ..recipe.patterns import inside
-from ..runtime.apply import same_device
+from ..runtime.placement import same_device
 from . import denoiser_rows
 from .rules import TrainingError
 

@@ -92,7 +92,7 @@ class TrainingRecipe:
             ...
             hf_precision.training.rules.TrainingError: prepare_training: layout='a100', but recipe= is a TrainingRecipe resolved with layout='t4'; pass no layout= (the TrainingRecipe holds it), or resolve again with the new value: resolve_training(source, layout='a100', ...)
         """
-        from ..runtime.apply import torch_device
+        from ..runtime.placement import torch_device
 
         same = {"device": lambda v: torch_device(v, "device") == torch_device(self.device, "device"),
                 "layout": lambda v: v == self.layout,

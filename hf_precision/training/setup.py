@@ -23,7 +23,8 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.model import Recipe
-from ..runtime.apply import Applied, applied, apply_recipe, check_placeable, torch_device
+from ..runtime.apply import Applied, applied, apply_recipe
+from ..runtime.placement import check_placeable, torch_device
 from . import control, denoiser_rows, experts, quantized, trainable
 from .methods import ComponentSetup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training

@@ -124,7 +124,7 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
         RecipeError: not a video pipeline, unknown device, bad overrides, sequential offload on CPU.
     """
     from ...recipe.devices import device_profile
-    from ...runtime.apply import torch_device
+    from ...runtime.placement import torch_device
     from ...runtime.load import load_pipeline
     from .spec import model_spec
 

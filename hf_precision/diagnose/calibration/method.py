@@ -75,7 +75,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         (['condition_embedder.time_embedder'], False, True)
     """
     from ...recipe.devices import device_caps, device_profile
-    from ...runtime.apply import torch_device
+    from ...runtime.placement import torch_device
 
     clock = _Clock()
     run_on = str(run_on or device_profile(None).torch_device())
