@@ -285,6 +285,37 @@ def test_cli_generate_plan_and_check_take_the_file_with_base(sdxl, capsys):
     assert len(err.splitlines()) == 1 and "pickle file" in err and "Traceback" not in err
 
 
+def test_cli_calibrate_takes_the_file_with_base(sdxl, capsys):
+    """`calibrate FILE --base FOLDER` measures the file's denoiser, not the base's: the file's UNet overflows fp16
+    in its time embedding (the base's does not), so the naive half run is not finite and the islands name it."""
+    import json
+
+    from diffusers import UNet2DConditionModel
+
+    from hf_precision.cli import main
+    from hf_precision.testing.calibration import plant_time_embedding
+
+    folder, state, config, tmp = sdxl
+    unet = UNet2DConditionModel.from_config(config)
+    unet.load_state_dict(state)
+    planted = plant_time_embedding(unet, "time_embedding")
+    path = tmp / "overflowing.safetensors"
+    save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, path)
+    out = tmp / "islands.yaml"
+    assert main(["calibrate", str(path), "--base", str(folder), "--layout", LAYOUT, "--device", "cpu", "--steps", "1",
+                 "--height", "32", "--width", "32", "--out", str(out), "--no-progress", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"]["naive"]["finite"] is False and report["errors"]["islands"]["finite"] is True
+    assert any(planted[0].startswith(i) for i in report["islands"]["unet"]), report["islands"]
+    assert out.is_file()
+    # the same refusals as generate/check/plan, one line before loading
+    assert main(["calibrate", str(tmp / "x.ckpt"), "--base", str(folder), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pickle file" in err
+    assert main(["calibrate", str(path), "--device", "cpu"]) == 2
+    assert "(CLI: --base)" in capsys.readouterr().err
+
+
 def test_quantized_storage_of_a_single_file_denoiser_is_the_planned_one(tmp_path):
     """quantize= applies to the file's denoiser as to a folder's: diffusers' from_single_file takes the torchao config
     but leaves the layers float, so the loader quantizes the planned ones; the plan's bytes hold."""
