@@ -60,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--caption-ext", default=".txt", help="suffix of the caption files (default .txt)")
     p.add_argument("--caption-column", default="text", help="caption key in metadata.jsonl (default text)")
     p.add_argument("--caption", default=None, help="one caption for every file (no caption files needed)")
+    p.add_argument("--reference-column", default="reference",
+                   help="edit models (Flux Kontext, Qwen-Image Edit): metadata.jsonl key of each target's reference "
+                        "image, the picture the edit starts from (the caption is the instruction)")
+    p.add_argument("--reference-dir", default=None, metavar="FOLDER",
+                   help="edit models: a folder of reference images named as the targets in --data (ai-toolkit's "
+                        "control_path); default: none, or the metadata.jsonl column")
     p.add_argument("--master", choices=("fp32", "bf16-sr"), default="fp32",
                    help="trainable weights: fp32 masters (default) or pure bf16 with stochastic rounding")
     p.add_argument("--seed", type=int, default=0, help="random seed (data order, noise, LoRA init)")

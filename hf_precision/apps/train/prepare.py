@@ -190,9 +190,13 @@ def prepare_run(s: TrainSettings) -> Run:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")
     data = read_data(s.data, geometry, resolution, frames=s.frames, caption_ext=s.caption_ext,
-                     caption_column=s.caption_column, caption=s.caption)
+                     caption_column=s.caption_column, caption=s.caption, reference_column=s.reference_column,
+                     reference_dir=s.reference_dir)
     train, extra = _train_parts(s, index)
     check_trainable(index)
+    from .references import check_reference_family
+
+    check_reference_family(index, any(x.reference is not None for x in data.samples))
     from ...training.methods import method_of
 
     problem = method_of(s.method).data_problem(s, data.samples)

@@ -62,6 +62,8 @@ class TrainSettings:
     caption_ext: str = ".txt"
     caption_column: str = "text"
     caption: str | None = None
+    reference_column: str = "reference"
+    reference_dir: str | None = None
     quiet: bool = False
     stop_after: int | None = None  # simulate Ctrl-C after this many steps of this process (tests, --demo)
 
