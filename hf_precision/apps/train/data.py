@@ -23,6 +23,7 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
+from .references import attach_references, find_references
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
            "make_buckets", "epoch_batches"]
@@ -472,10 +473,9 @@ class TrainData:
         """The batch's reference images in [-1, 1], each at its target's bucket; None when the data has none."""
         import torch
 
-        if any(self.samples[i].reference is None for i in indices):
-            return None
-        return torch.stack([to_pixels(dataclasses.replace(self.samples[i], path=self.samples[i].reference))
-                            for i in indices])
+        refs = [self.samples[i] for i in indices]
+        return None if any(s.reference is None for s in refs) else \
+            torch.stack([to_pixels(dataclasses.replace(s, path=s.reference)) for s in refs])
 
 
 def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, frames: int | None = None,
@@ -495,8 +495,6 @@ def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, fra
     items = list_items(data, video=geometry.video, caption_ext=caption_ext, caption_column=caption_column,
                        caption=caption)
     samples = inspect_items(items, geometry, resolution, frames)
-    from .references import attach_references, find_references
-
     found = find_references(data, [p for p, _ in items], reference_column, reference_dir)
     samples = attach_references(samples, found) if found else samples
     return TrainData(Path(data).expanduser(), samples, geometry, resolution, frames if geometry.video else None)
