@@ -66,6 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reference-dir", default=None, metavar="FOLDER",
                    help="edit models: a folder of reference images named as the targets in --data (ai-toolkit's "
                         "control_path); default: none, or the metadata.jsonl column")
+    p.add_argument("--expert", choices=("high", "low"), default=None,
+                   help="two-expert models (Wan 2.2 A14B: transformer below boundary_ratio's noise, transformer_2 "
+                        "above): train the high-noise expert (default) or the low-noise one, each on the timesteps it "
+                        "owns; a low-noise LoRA loads with pipe.load_lora_weights(OUT, load_into_transformer_2=True)")
     p.add_argument("--master", choices=("fp32", "bf16-sr"), default="fp32",
                    help="trainable weights: fp32 masters (default) or pure bf16 with stochastic rounding")
     p.add_argument("--seed", type=int, default=0, help="random seed (data order, noise, LoRA init)")
@@ -201,5 +205,7 @@ def _report(result) -> int:
         from ..training.methods import method_of
 
         how = method_of(result.method).reader(result.saved)
+        if result.low_noise and how.endswith("')"):  # diffusers' Wan loader puts a transformer LoRA into transformer_2
+            how = how[:-1] + ", load_into_transformer_2=True)"
         print(f"wrote {result.saved} ({how} reads it; training.json beside it)")
     return 0

@@ -49,6 +49,7 @@ class TrainResult:
     eval_loss: tuple[float, float] | None = None
     method: str = "lora"
     main_process: bool = True
+    low_noise: bool = False  # a two-expert model's transformer_2 trained (its LoRA loads with load_into_transformer_2)
 
 
 # --------------------------------------------------------------------------------------------- encodings
@@ -427,7 +428,8 @@ def train_steps(run: Run) -> TrainResult:
             validate(run, step)
         saved = save_outputs(run, step, losses)
     acc.end_training()
-    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method, acc.is_main_process)
+    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method, acc.is_main_process,
+                       "transformer_2" in tp.kinds and tp.kinds["transformer_2"] != "frozen")
 
 
 def train(settings: TrainSettings) -> TrainResult:

@@ -44,7 +44,10 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
     denoiser = "transformer" if "transformer" in index else "unet"
     listed = listed_components(index)
     encoders = {n: str(listed[n][1]) for n in sorted(listed) if n.startswith("text_encoder")}
-    return method_of(s.method).program_train(s, denoiser, encoders)
+    from .experts import expert_train
+
+    train, extra = method_of(s.method).program_train(s, denoiser, encoders)
+    return expert_train(train, index, s.expert), extra
 
 
 def check_trainable(index: dict[str, Any]) -> None:
@@ -210,6 +213,11 @@ def prepare_run(s: TrainSettings) -> Run:
 
     acc = _accelerator(out, s.device, s)
     device = _device(s, acc)
+    from .experts import expert_line
+
+    line = expert_line(index, train)
+    if line and acc.is_main_process:
+        print(line)
     torch.manual_seed(s.seed)  # LoRA initialisation
     from ...training.resolve import resolve_training
 
