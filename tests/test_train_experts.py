@@ -1,7 +1,7 @@
-"""`hf-precision train --expert high|low` on a two-expert model (Wan 2.2 A14B's layout: transformer for high noise,
-transformer_2 for low noise, switched at boundary_ratio): the plan and the run say which expert trains, the run
-trains that one only, and its LoRA loads into it with plain diffusers (`load_into_transformer_2=True` for the low-noise
-one). A model with one denoiser refuses --expert before loading."""
+"""`hf-precision train --expert high|low|both` on a two-expert model (Wan 2.2 A14B's layout: transformer for high
+noise, transformer_2 for low noise, switched at boundary_ratio): the plan and the run say which expert trains, each run
+trains that one only, and its LoRA loads into it with plain diffusers (`load_into_transformer_2=True` for the
+low-noise one). A model with one denoiser refuses --expert before loading."""
 
 from __future__ import annotations
 
@@ -35,26 +35,30 @@ def wan22(tmp_path_factory) -> tuple[Path, Path]:
     return save_pipeline(pipe, tmp / "model"), data
 
 
-def test_low_noise_expert_trains_alone_and_loads_with_plain_diffusers(wan22, tmp_path, capsys):
+def test_both_experts_by_default_each_loadable_by_plain_diffusers(wan22, tmp_path, capsys):
+    """The default trains both experts, as ai-toolkit's does: one run each into OUT/high_noise and OUT/low_noise;
+    the high-noise LoRA loads into transformer, the low-noise one with load_into_transformer_2=True, and neither
+    touches the other expert. The plan names the expert(s) for each choice."""
     from diffusers import DiffusionPipeline
 
     model, data = wan22
-    assert main(["train", "--plan", "--model", str(model), "--device", "cpu", "--expert", "low", "--frames", "5",
-                 "--resolution", "16"]) == 0
-    assert "this run trains the low-noise expert transformer_2" in capsys.readouterr().out
-    assert main(["train", "--plan", "--model", str(model), "--device", "cpu", "--frames", "5", "--resolution", "16"]) == 0
-    assert "this run trains the high-noise expert transformer (timesteps from 0.875" in capsys.readouterr().out
-    out = tmp_path / "low"
-    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(out), "--expert", "low", "--steps",
-                 "2", "--frames", "5", "--resolution", "16", "--device", "cpu", "--lora-rank", "2", "--quiet"]) == 0
+    plan = ["train", "--plan", "--model", str(model), "--device", "cpu", "--frames", "5", "--resolution", "16"]
+    assert main(plan + ["--expert", "low"]) == 0
+    assert "this run trains the low-noise expert transformer_2 (timesteps below 0.875" in capsys.readouterr().out
+    assert main(plan) == 0
+    assert "trains both experts, one run each" in capsys.readouterr().out
+    out = tmp_path / "both"
+    assert main(["train", "--model", str(model), "--data", str(data), "--out", str(out), "--steps", "2", "--frames",
+                 "5", "--resolution", "16", "--device", "cpu", "--lora-rank", "2", "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert "this run trains the low-noise expert transformer_2 (timesteps below 0.875" in printed
-    assert "load_into_transformer_2=True)" in printed
-    pipe = DiffusionPipeline.from_pretrained(str(model))
-    pipe.load_lora_weights(str(out), load_into_transformer_2=True)
-    trained = [v for k, v in pipe.transformer_2.state_dict().items() if "lora_B" in k]
-    assert trained and all(v.abs().max() > 0 for v in trained), "the saved LoRA holds no trained update"
-    assert getattr(pipe.transformer, "peft_config", None) is None  # the high-noise expert untouched
+    assert "trains the high-noise expert transformer (timesteps from 0.875" in printed
+    assert f"pipe.load_lora_weights('{out / 'low_noise'}', load_into_transformer_2=True)" in printed
+    for expert, into, other in (("high", "transformer", "transformer_2"), ("low", "transformer_2", "transformer")):
+        pipe = DiffusionPipeline.from_pretrained(str(model))
+        pipe.load_lora_weights(str(out / f"{expert}_noise"), load_into_transformer_2=expert == "low")
+        trained = [v for k, v in getattr(pipe, into).state_dict().items() if "lora_B" in k]
+        assert trained and all(v.abs().max() > 0 for v in trained), f"the {expert}-noise LoRA holds no update"
+        assert getattr(getattr(pipe, other), "peft_config", None) is None  # the other expert untouched
 
 
 def test_expert_on_a_model_with_one_denoiser_is_refused_before_loading(tmp_path, capsys, monkeypatch):

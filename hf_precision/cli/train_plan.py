@@ -93,7 +93,10 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     check_trainable(index)  # from model_index alone, before the plan's meta build
     from ..apps.train.experts import expert_line, expert_train
 
-    experts = expert_line(index, expert_train({"transformer": handler.name}, index, getattr(args, "expert", None)))
+    expert = getattr(args, "expert", None)
+    if expert not in (None, "both"):
+        expert_train({}, index, expert)  # --expert on a model with one denoiser: refused as the run refuses it
+    experts = expert_line(index, expert)
     m = planned_model(args.model, device, overrides)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None

@@ -215,7 +215,7 @@ def prepare_run(s: TrainSettings) -> Run:
     device = _device(s, acc)
     from .experts import expert_line
 
-    line = expert_line(index, train)
+    line = expert_line(index, "low" if "transformer_2" in train else "high")
     if line and acc.is_main_process:
         print(line)
     torch.manual_seed(s.seed)  # LoRA initialisation
