@@ -106,18 +106,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0 if result.finite else 1
 
 
-def _video_size(args: argparse.Namespace, configs: str) -> tuple[int | None, int | None, int | None, dict[str, Any]]:
+def _video_size(args: argparse.Namespace, configs: str | None = None) -> tuple[int | None, int | None, int | None, dict[str, Any]]:
     """(height, width, frames, call options) of the runs: as given, and for a video model what is missing as
     `hf-precision video` chooses it (the family's defaults, capped to the position tables' limits), so the
     pipeline's own default size (Wan's 480x832) cannot overrun a shorter table mid-run; the options are the call
     kwargs the configs fix, as `video` passes them (CogVideoX's text length). A size the model cannot take is
     refused here, before loading, with the fix. ``configs``: the folder or Hub id whose configs say the family
-    (``--base`` for a single file)."""
+    (``--base`` for a single file; default: the model)."""
     from ..apps.video.spec import model_spec
     from ..errors import RecipeError
 
     try:
-        _, spec = model_spec(configs)
+        _, spec = model_spec(configs or args.model)
     except RecipeError:  # not a video pipeline `video` knows: the pipeline's own defaults
         return args.height, args.width, args.frames, {}
     height = args.height or spec.defaults["height"]
