@@ -3,11 +3,12 @@ target the model learns to produce, and its caption (the instruction).
 
 Two conventions, both common, pair each target with its reference:
 - a **folder of references with the targets' file names** (``--reference-dir``): ai-toolkit's ``control_path``
-  ("Control images need to match the filenames on the folder path but in a different folder", its
-  config/examples/train_lora_flux_kontext_24gb.yaml and the Qwen-Image Edit ones), SimpleTuner's conditioning
-  datasets likewise. The name matches without its suffix (``cat.png`` may pair with ``cat.jpg``).
-- a **column of ``metadata.jsonl``** (``--reference-column``, default ``reference``): diffusers' Kontext script
-  (examples/dreambooth/train_dreambooth_lora_flux_kontext.py) reads a dataset column (``--cond_image_column``), and
+  (its config/examples/train_lora_flux_kontext_24gb.yaml and the Qwen-Image Edit ones: the control images carry
+  the targets' file names, in another folder). The name matches without its suffix (``cat.png`` may pair with
+  ``cat.jpg``).
+- a **column of ``metadata.jsonl``** (``--reference-column``, default ``reference``): diffusers' image-to-image
+  DreamBooth scripts (examples/dreambooth/train_dreambooth_lora_flux_kontext.py, ..._flux2_klein_img2img.py) read
+  the reference from a dataset column (``--cond_image_column``), and
   metadata.jsonl is diffusers' ImageFolder: ``{"file_name": "cat.png", "text": "make it blue", "reference":
   "src/cat.png"}``, the reference relative to the data folder as ``file_name`` is.
 
