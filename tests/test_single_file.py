@@ -4,7 +4,8 @@
 The files are built here, offline: a tiny denoiser with weights of its own ("the fine-tune", so the base folder's
 weights can be told apart) saved with safetensors in the diffusers layout, and for the SDXL UNet in the original
 LDM/SGM layout too: its keys mapped back by ``to_ldm_unet``, a mapping checked against diffusers' own converter
-(``convert_ldm_unet_checkpoint`` must give back the very same state dict), with the ``model.diffusion_model.``
+(``convert_ldm_unet_checkpoint`` must give back the very same state dict; hf_precision.testing.ldm_file), with the
+``model.diffusion_model.``
 prefix of whole checkpoints and without it (ComfyUI's ``models/unet`` files). Before this, every such file was
 refused ("base= is for a GGUF file, but ... is not a .gguf file").
 """
@@ -20,6 +21,7 @@ from safetensors.torch import save_file
 import hf_precision as hp
 from hf_precision.errors import RecipeError
 from hf_precision.runtime.quantize import module_bytes
+from hf_precision.testing.ldm_file import sdxl_checkpoint, to_ldm_unet, to_ldm_vae
 
 LAYOUT = "t4"  # fp16 compute with fp32 islands and an fp32 VAE: every kind of dtype in one pipeline, run on the CPU
 
@@ -29,83 +31,6 @@ def _finetune(model: torch.nn.Module, seed: int = 1) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     return {k: (v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v).contiguous()
             for k, v in model.state_dict().items()}
-
-
-def to_ldm_unet(state: dict[str, torch.Tensor], config: dict, prefix: str = "model.diffusion_model.") -> dict:
-    """A diffusers UNet2DConditionModel state dict in the original LDM/SGM key layout (SD 1.x/2.x/SDXL checkpoints).
-
-    The fixed layers come from diffusers' own table (``DIFFUSERS_TO_LDM_MAPPING``); the blocks are numbered as the
-    LDM UNet numbers them (input_blocks: conv_in, then per down block its resnet+attention pairs and a downsampler;
-    middle_block: resnet, attention, resnet; output_blocks: per up block layers_per_block + 1 pairs, the upsampler
-    after the last). The result is checked against diffusers' converter: it must give back ``state`` exactly.
-    """
-    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING, convert_ldm_unet_checkpoint
-
-    table = DIFFUSERS_TO_LDM_MAPPING["unet"]
-    fixed = {**table["layers"], **(table["addition_embed_type"] if config.get("addition_embed_type") == "text_time" else {})}
-    resnet = {"norm1": "in_layers.0", "conv1": "in_layers.2", "norm2": "out_layers.0", "conv2": "out_layers.3",
-              "time_emb_proj": "emb_layers.1", "conv_shortcut": "skip_connection"}
-    per = config["layers_per_block"] + 1
-    with_attention = {i for i, t in enumerate(config["up_block_types"]) if "CrossAttn" in t}
-    out = {}
-    for key, value in state.items():
-        if key in fixed:
-            out[prefix + fixed[key]] = value
-            continue
-        p = key.split(".")
-        if p[0] == "mid_block":
-            kind, index, rest = p[1], int(p[2]), p[3:]
-            head = f"middle_block.{2 * index if kind == 'resnets' else 1}"
-        elif p[2] in ("downsamplers", "upsamplers"):
-            b, rest = int(p[1]), p[4:]
-            head = (f"input_blocks.{1 + b * per + per - 1}.0.op" if p[0] == "down_blocks" else
-                    f"output_blocks.{b * per + per - 1}.{2 if b in with_attention else 1}.conv")
-            rest = rest[1:]  # the `conv` of diffusers' Downsample2D/Upsample2D
-        else:
-            b, kind, index, rest = int(p[1]), p[2], int(p[3]), p[4:]
-            block = f"input_blocks.{1 + b * per + index}" if p[0] == "down_blocks" else f"output_blocks.{b * per + index}"
-            head = f"{block}.{0 if kind == 'resnets' else 1}"
-        if "resnets" in key:
-            rest = [resnet.get(rest[0], rest[0])] + rest[1:]
-        out[prefix + ".".join([head, *rest])] = value
-    back = convert_ldm_unet_checkpoint(dict(out) if prefix else {"model.diffusion_model." + k: v for k, v in out.items()},
-                                       config)
-    assert back.keys() == state.keys() and all(back[k] is state[k] for k in state), "to_ldm_unet disagrees with diffusers"
-    return out
-
-
-def to_ldm_vae(state: dict[str, torch.Tensor], config: dict, prefix: str = "first_stage_model.") -> dict:
-    """A diffusers AutoencoderKL state dict in the original LDM layout (its ``first_stage_model.`` of a whole
-    checkpoint): diffusers' table for the fixed layers, ``down.{i}.block.{j}`` / ``up.{n-1-i}.block.{j}`` resnets,
-    ``mid.block_{1,2}`` and ``mid.attn_1`` with 1x1 convolutions for the attention's projections. Checked against
-    diffusers' ``convert_ldm_vae_checkpoint``, which must give back ``state``."""
-    from diffusers.loaders.single_file_utils import DIFFUSERS_TO_LDM_MAPPING, convert_ldm_vae_checkpoint
-
-    fixed = DIFFUSERS_TO_LDM_MAPPING["vae"]
-    attention = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out": "proj_out"}
-    ups = len(config["up_block_types"])
-    out = {}
-    for key, value in state.items():
-        p = key.split(".")
-        if key in fixed:
-            new = fixed[key]
-        elif p[1] == "mid_block" and p[2] == "resnets":
-            new = ".".join([p[0], "mid", f"block_{int(p[3]) + 1}", *p[4:]])
-        elif p[1] == "mid_block":  # attentions.0.<layer>.(0.)weight
-            new = ".".join([p[0], "mid", "attn_1", attention[p[4]], p[-1]])
-            value = value[:, :, None, None] if value.dim() == 2 else value
-        else:
-            block = int(p[2]) if p[0] == "encoder" else ups - 1 - int(p[2])
-            where = "down" if p[0] == "encoder" else "up"
-            if p[3] == "resnets":
-                rest = [("nin_shortcut" if p[5] == "conv_shortcut" else p[5]), *p[6:]]
-                new = ".".join([p[0], where, str(block), "block", p[4], *rest])
-            else:  # downsamplers.0.conv / upsamplers.0.conv
-                new = ".".join([p[0], where, str(block), "downsample" if where == "down" else "upsample", *p[5:]])
-        out[prefix + new] = value
-    back = convert_ldm_vae_checkpoint(dict(out), config)
-    assert back.keys() == state.keys() and all(torch.equal(back[k], state[k]) for k in state), "to_ldm_vae disagrees"
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -230,6 +155,67 @@ def test_whole_sd15_checkpoint_loads_every_component_in_its_planned_dtype(tmp_pa
     _runs(loaded, "sd15")
 
 
+@pytest.fixture(scope="module")
+def sdxl_whole(tmp_path_factory):
+    """(the whole checkpoint, its base folder, the source pipeline) of a tiny SDXL written as Civitai ships one: UNet,
+    VAE, CLIP-L under ``conditioner.embedders.0.transformer.`` and OpenCLIP-bigG under ``conditioner.embedders.1.model.``
+    (in_proj q/k/v, transposed text_projection), stored fp16. The second encoder is wider than the first, as in every
+    SDXL (768 and 1280), which is how diffusers tells the two apart."""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("sdxl", size={"text_encoder_2": {"hidden_size": 16, "projection_dim": 16,
+                                                          "intermediate_size": 32}})
+    tmp = tmp_path_factory.mktemp("sdxl_whole")
+    folder = save_pipeline(pipe, tmp / "base")
+    for seed, name in enumerate(("unet", "vae", "text_encoder", "text_encoder_2"), 1):  # the fine-tune's own weights
+        getattr(pipe, name).load_state_dict(_finetune(getattr(pipe, name), seed))
+    path = tmp / "sdxl-finetune.safetensors"
+    save_file({k: v.half().contiguous() for k, v in sdxl_checkpoint(pipe).items()}, path)
+    return path, folder, pipe
+
+
+def test_whole_sdxl_checkpoint_loads_as_plain_diffusers_reads_it_in_planned_dtypes(sdxl_whole):
+    """hp.load_pipeline(file, base=) gives every component the values plain StableDiffusionXLPipeline.from_single_file
+    gives (the file's), each in the dtypes the recipe plans, the OpenCLIP encoder included; the plan reads the file
+    and one call runs."""
+    from diffusers import StableDiffusionXLPipeline
+
+    path, folder, source = sdxl_whole
+    ours = _load(path, folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = StableDiffusionXLPipeline.from_single_file(str(path), config=str(folder), local_files_only=True)
+    applied = hp.applied(ours)
+    for name in ("unet", "vae", "text_encoder", "text_encoder_2"):
+        want = {k: v.half().float() for k, v in getattr(source, name).state_dict().items()}
+        for key, value in getattr(ours, name).state_dict().items():
+            assert torch.equal(value.float(), want[key]), (name, key)
+            assert torch.equal(getattr(plain, name).state_dict()[key].float(), want[key]), (name, key)
+        plan = applied.recipe[name]
+        islands = applied.islands.get(name, [])
+        for key, param in getattr(ours, name).named_parameters():
+            inside = any(key.startswith(i + ".") for i in islands)
+            assert param.dtype == (torch.float32 if inside else getattr(torch, plan.storage)), (name, key)
+    line = next(a for a in applied.actions if "loaded from the whole checkpoint" in a)
+    assert "(VAE and text encoders beside the denoiser)" in line and "text_encoder_2 float16" in line
+    assert hp.plan(path, device=LAYOUT, base=folder).source.startswith(str(path))
+    _runs(ours)
+
+
+def test_whole_sdxl_checkpoint_with_encoders_of_one_width_is_refused_not_half_read(sdxl_whole, tmp_path):
+    """Two encoders as wide as each other: diffusers reads the second from the first one's keys and leaves its
+    text_projection on the meta device (plain diffusers then fails mid-call); one error at load instead."""
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("sdxl")  # both encoders 8 wide
+    path = tmp_path / "same-width.safetensors"
+    save_file(sdxl_checkpoint(pipe), path)
+    with pytest.raises(RecipeError, match=r"same-width.safetensors: diffusers read its text_encoder_2 "
+                                          r"\(CLIPTextModelWithProjection\) from the keys of another text encoder.*"
+                                          r"text_projection.weight"):
+        _load(path, save_pipeline(pipe, tmp_path / "base"))
+
+
 def test_pickle_files_are_refused_with_the_way_out(sdxl):
     folder, _, _, tmp = sdxl
     for name, base in (("finetune.ckpt", folder), ("finetune.pt", None)):
@@ -283,6 +269,37 @@ def test_cli_generate_plan_and_check_take_the_file_with_base(sdxl, capsys):
     assert main(["plan", str(tmp / "x.ckpt"), "--base", str(folder), "--device", LAYOUT]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pickle file" in err and "Traceback" not in err
+
+
+def test_cli_calibrate_takes_the_file_with_base(sdxl, capsys):
+    """`calibrate FILE --base FOLDER` measures the file's denoiser, not the base's: the file's UNet overflows fp16
+    in its time embedding (the base's does not), so the naive half run is not finite and the islands name it."""
+    import json
+
+    from diffusers import UNet2DConditionModel
+
+    from hf_precision.cli import main
+    from hf_precision.testing.calibration import plant_time_embedding
+
+    folder, state, config, tmp = sdxl
+    unet = UNet2DConditionModel.from_config(config)
+    unet.load_state_dict(state)
+    planted = plant_time_embedding(unet, "time_embedding")
+    path = tmp / "overflowing.safetensors"
+    save_file({k: v.contiguous() for k, v in unet.state_dict().items()}, path)
+    out = tmp / "islands.yaml"
+    assert main(["calibrate", str(path), "--base", str(folder), "--layout", LAYOUT, "--device", "cpu", "--steps", "1",
+                 "--height", "32", "--width", "32", "--out", str(out), "--no-progress", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["errors"]["naive"]["finite"] is False and report["errors"]["islands"]["finite"] is True
+    assert any(planted[0].startswith(i) for i in report["islands"]["unet"]), report["islands"]
+    assert out.is_file()
+    # the same refusals as generate/check/plan, one line before loading
+    assert main(["calibrate", str(tmp / "x.ckpt"), "--base", str(folder), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pickle file" in err
+    assert main(["calibrate", str(path), "--device", "cpu"]) == 2
+    assert "(CLI: --base)" in capsys.readouterr().err
 
 
 def test_quantized_storage_of_a_single_file_denoiser_is_the_planned_one(tmp_path):

@@ -9,7 +9,7 @@ import argparse
 import json
 from typing import Any
 
-from .common import command, preflight
+from .common import add_base_arg, command, preflight
 
 __all__: list[str] = []
 
@@ -18,7 +18,9 @@ __all__: list[str] = []
                       "write the smallest float32 islands that make the half run finite, as an override file",
          "hf_precision.cli.calibrate:_cmd_calibrate")
 def _args_calibrate(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", metavar="MODEL", help="a diffusers pipeline folder (model_index.json and weights)")
+    p.add_argument("model", metavar="MODEL", help="a diffusers pipeline folder (model_index.json and weights), or a "
+                                                  "single-file checkpoint with --base")
+    add_base_arg(p, "MODEL")
     p.add_argument("--device", default=None, metavar="DEVICE",
                    help="where the runs happen: cpu, cuda, cuda:1, mps (default: the best present device)")
     p.add_argument("--layout", default=None, metavar="DEVICE",
@@ -58,7 +60,8 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    preflight(args.model, recipe=args.recipe, device=args.device)  # damaged files named before torch is imported
+    # damaged files named before torch is imported; a single file's base holds the configs and the rest
+    preflight(args.model if args.base is None else args.base, recipe=args.recipe, device=args.device)
     from ..units import parse_size
     from ..diagnose.calibration import calibrate
 
@@ -72,17 +75,22 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from ..diagnose.call import needed_inputs
     from ..errors import RecipeError
 
-    pipeline, inputs = needed_inputs(args.model)
+    from ..runtime.single_file import split_single_file
+
+    # a missing file, a pickle, a file without --base: refused before loading, as generate/check/plan refuse them
+    single = split_single_file(args.model, args.base, "calibrate")
+    configs = single[1] if single is not None else args.model  # what model_index.json and the configs come from
+    pipeline, inputs = needed_inputs(configs)
     missing = [name for name in inputs if not (name == "image" and args.image)]
     if missing:  # before loading: the command line gives a prompt and at most one image
         fix = "--image FILE" if missing == ["image"] else \
             f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {', '.join(f'{m!r}: ...' for m in missing)}}})"
         raise RecipeError(f"{args.model}: {pipeline} needs {' and '.join(missing)} for its runs; {fix}")
-    height, width, frames, options = _video_size(args)
+    height, width, frames, options = _video_size(args, configs)
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
                        seed=args.seed, prompt=args.prompt, image=args.image, size=(height, width), frames=frames,
-                       options=options,
+                       options=options, base=args.base,
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
     if args.json:
@@ -92,22 +100,24 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
                           "notes": result.notes, "out": str(path)}, indent=2))
     else:
         print(result.table())
-        print(f"wrote {path}: load it with hp.load_pipeline({args.model!r}, device, overrides={str(path)!r}) "
+        base = f", base={args.base!r}" if args.base is not None else ""
+        print(f"wrote {path}: load it with hp.load_pipeline({args.model!r}, device{base}, overrides={str(path)!r}) "
               f"or --overrides {path}; the islands cost {result.extra_bytes} extra bytes")
     return 0 if result.finite else 1
 
 
-def _video_size(args: argparse.Namespace) -> tuple[int | None, int | None, int | None, dict[str, Any]]:
+def _video_size(args: argparse.Namespace, configs: str | None = None) -> tuple[int | None, int | None, int | None, dict[str, Any]]:
     """(height, width, frames, call options) of the runs: as given, and for a video model what is missing as
     `hf-precision video` chooses it (the family's defaults, capped to the position tables' limits), so the
     pipeline's own default size (Wan's 480x832) cannot overrun a shorter table mid-run; the options are the call
     kwargs the configs fix, as `video` passes them (CogVideoX's text length). A size the model cannot take is
-    refused here, before loading, with the fix."""
+    refused here, before loading, with the fix. ``configs``: the folder or Hub id whose configs say the family
+    (``--base`` for a single file; default: the model)."""
     from ..apps.video.spec import model_spec
     from ..errors import RecipeError
 
     try:
-        _, spec = model_spec(args.model)
+        _, spec = model_spec(configs or args.model)
     except RecipeError:  # not a video pipeline `video` knows: the pipeline's own defaults
         return args.height, args.width, args.frames, {}
     height = args.height or spec.defaults["height"]

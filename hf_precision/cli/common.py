@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["COMMANDS", "HelpFormatter", "closed_output", "our_warnings", "command", "add_recipe_args", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
+__all__ = ["COMMANDS", "HelpFormatter", "closed_output", "our_warnings", "command", "add_recipe_args", "add_base_arg", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
            "script_main"]
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
@@ -64,6 +64,24 @@ def add_recipe_args(p: argparse.ArgumentParser, device_help: str | None = None, 
                    help="override file merged over the recipe (repeatable; later files win)")
     p.add_argument("--set", dest="set_", action="append", default=[], metavar="COMPONENT.KEY=VALUE",
                    help="one override, e.g. --set vae.dtype=float32 or --set unet.keep_fp32=[time_embedding] (repeatable; wins over files)")
+
+
+BASE_HELP = ("with a single file as {what} (a fine-tuned denoiser .safetensors, diffusers or original layout, a "
+             "whole SD/SDXL checkpoint, or .gguf): the diffusers folder, alias or Hub id for the rest of the pipeline; "
+             "the file's header is checked against the base's denoiser before loading")
+
+
+def add_base_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """Add ``--base``: every command that takes a model takes a single-file checkpoint the same way, the file as
+    its model argument (``what``, as its usage names it) and ``--base`` for the rest (``load_pipeline(file, base=)``).
+
+    Example:
+        >>> p = argparse.ArgumentParser()
+        >>> add_base_arg(p, "MODEL")
+        >>> p.parse_args(["--base", "./sdxl"]).base
+        './sdxl'
+    """
+    p.add_argument("--base", default=None, metavar="FOLDER", help=BASE_HELP.format(what=what))
 
 
 def overrides_from(args: argparse.Namespace) -> list[Any]:

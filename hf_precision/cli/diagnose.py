@@ -9,7 +9,7 @@ import argparse
 import re
 from typing import Any
 
-from .common import PLAN_DEVICE_HELP, add_recipe_args, command, overrides_from, preflight, resolve_for
+from .common import PLAN_DEVICE_HELP, add_base_arg, add_recipe_args, command, overrides_from, preflight, resolve_for
 from ..errors import RecipeError
 
 __all__: list[str] = []
@@ -29,10 +29,7 @@ def _args_plan(p: argparse.ArgumentParser) -> None:
                    help="use --recipe even for a pipeline class its pipelines: list does not name")
     p.add_argument("--modules", action="store_true", help="also list every module with its parameters and planned dtype")
     p.add_argument("--json", action="store_true", help="print the plan as JSON (exact byte counts)")
-    p.add_argument("--base", default=None, metavar="FOLDER",
-                   help="with a single file as NAME (a fine-tuned denoiser .safetensors, or .gguf): the folder, "
-                        "alias or Hub id for the rest of the pipeline; the file's header is checked against its "
-                        "denoiser, and a GGUF denoiser is counted from the file's tensor types")
+    add_base_arg(p, "NAME_OR_FOLDER")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -77,9 +74,7 @@ def _args_check(p: argparse.ArgumentParser) -> None:
                    help="with --plain: the from_pretrained dtype, one for all (--dtype float16) or per component "
                         "(--dtype unet=float16; the rest float32 unless --dtype default=... is given); repeatable")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--base", default=None, metavar="FOLDER",
-                   help="with a single file as PATH (a fine-tuned denoiser .safetensors, or .gguf): the diffusers "
-                        "folder (or Hub id) for the rest of the pipeline")
+    add_base_arg(p, "PATH")
 
 
 def _plain_dtype(values: list[str]) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .common import add_recipe_args, command, overrides_from, preflight
+from .common import add_base_arg, add_recipe_args, command, overrides_from, preflight
 
 
 @command("demo", "run the embedded demo: the plain diffusers error and its fix, real-model savings, the NaN guard, "
@@ -49,9 +49,7 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default=None, help="recipe name (default: chosen from model_index.json)")
     p.add_argument("--force", action="store_true",
                    help="use --recipe even for a pipeline class its pipelines: list does not name")
-    p.add_argument("--base", default=None, metavar="FOLDER",
-                   help="with a single file as MODEL (a fine-tuned denoiser .safetensors, diffusers or original "
-                        "layout, or .gguf): the diffusers folder (or Hub id) for the rest of the pipeline")
+    add_base_arg(p, "model")
     p.add_argument("--max-memory", default=None, metavar="SIZE",
                    help="fit the weights in this much device memory (e.g. 12GB): whole-component offload and the "
                         "quantized storage the recipes tolerate are considered, and the choice is printed")

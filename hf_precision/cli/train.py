@@ -60,6 +60,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--caption-ext", default=".txt", help="suffix of the caption files (default .txt)")
     p.add_argument("--caption-column", default="text", help="caption key in metadata.jsonl (default text)")
     p.add_argument("--caption", default=None, help="one caption for every file (no caption files needed)")
+    p.add_argument("--reference-column", default="reference",
+                   help="edit models (Flux Kontext, Qwen-Image Edit): metadata.jsonl key of each target's reference "
+                        "image, the picture the edit starts from (the caption is the instruction)")
+    p.add_argument("--reference-dir", default=None, metavar="FOLDER",
+                   help="edit models: a folder of reference images named as the targets in --data (ai-toolkit's "
+                        "control_path); default: none, or the metadata.jsonl column")
+    p.add_argument("--expert", choices=("high", "low", "both"), default=None,
+                   help="two-expert models (Wan 2.2 A14B: transformer for high noise, transformer_2 for low): train "
+                        "one, each on the timesteps it owns, or both (default, as ai-toolkit's): one run each, into "
+                        "OUT/high_noise and OUT/low_noise; a low-noise LoRA loads with pipe.load_lora_weights(OUT, "
+                        "load_into_transformer_2=True)")
     p.add_argument("--master", choices=("fp32", "bf16-sr"), default="fp32",
                    help="trainable weights: fp32 masters (default) or pure bf16 with stochastic rounding")
     p.add_argument("--seed", type=int, default=0, help="random seed (data order, noise, LoRA init)")
@@ -142,11 +153,16 @@ def run(args: argparse.Namespace) -> int:
     from ..apps.train.loop import NonFiniteLoss, train
 
     try:
-        result = train(_settings(args, args.model, args.data))
+        from ..apps.train.experts import expert_runs
+
+        for settings in expert_runs(_settings(args, args.model, args.data)):  # two for both experts of Wan 2.2
+            code = _report(train(settings))
+            if code:
+                return code
     except NonFiniteLoss as err:  # not bad input: the run itself went wrong (exit 1, not 2)
         print(f"hf-precision train: stopped: {err}", file=sys.stderr)
         return 1
-    return _report(result)
+    return code
 
 
 def _run_demo(args: argparse.Namespace) -> int:
@@ -195,5 +211,7 @@ def _report(result) -> int:
         from ..training.methods import method_of
 
         how = method_of(result.method).reader(result.saved)
+        if result.low_noise and how.endswith("')"):  # diffusers' Wan loader puts a transformer LoRA into transformer_2
+            how = how[:-1] + ", load_into_transformer_2=True)"
         print(f"wrote {result.saved} ({how} reads it; training.json beside it)")
     return 0

@@ -89,12 +89,21 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     device = args.layout or args.device or "cuda"
     handler = _planned_method(args, "--plan")
-    check_trainable(configs_of(args.model)[1])  # from model_index alone, before the plan's meta build
+    index = configs_of(args.model)[1]
+    check_trainable(index)  # from model_index alone, before the plan's meta build
+    from ..apps.train.experts import expert_line, expert_train
+
+    expert = getattr(args, "expert", None)
+    if expert not in (None, "both"):
+        expert_train({}, index, expert)  # --expert on a model with one denoiser: refused as the run refuses it
+    experts = expert_line(index, expert)
     m = planned_model(args.model, device, overrides)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None
     print(f"training plan: {args.model} ({m.plan.pipeline}), {handler.plan_label(args.lora_rank)}, {resolution}px, "
           f"for {device}; {m.objective} objective")
+    if experts:  # the two experts have one shape: the memory below holds for either
+        print(experts)
     kwargs = dict(method=handler.name, rank=args.lora_rank, resolution=resolution, frames=frames)
     if budget is None:
         pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,

@@ -389,6 +389,16 @@ class _Builder:
         except (ValueError, KeyError, RuntimeError, OSError) as err:
             raise RecipeError(f"{self.path}: diffusers could not read its {name} ({cls.__name__}) with the config "
                               f"of {self.where}: {err}") from None
+        # diffusers picks the encoder's keys by the first prefix whose width matches the config, not by component:
+        # when two encoders of the file are as wide (never in a real SDXL: 768 and 1280), the second is read from
+        # the first one's keys, and what that one lacks (text_projection) stays on the meta device, to fail mid-call
+        unread = [k for k, v in model.state_dict().items() if v.is_meta]
+        if unread:
+            raise RecipeError(f"{self.path}: diffusers read its {name} ({cls.__name__}) from the keys of another "
+                              f"text encoder of the file, leaving {len(unread)} tensor(s) unread ({', '.join(unread[:3])}): "
+                              f"its encoders are as wide as each other, which diffusers' single-file reader cannot "
+                              f"tell apart; load the file's denoiser alone (save its model.diffusion_model. keys) "
+                              f"with base= giving the encoders")
         self.built.append(name)
         return model
 

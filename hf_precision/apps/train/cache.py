@@ -73,9 +73,15 @@ class EncodingCache:
 
 
 def sample_parts(sample: Any) -> tuple[Any, ...]:
-    """What identifies a sample's pixels: path, size and mtime of the file, its bucket and frames."""
+    """What identifies a sample's pixels: path, size and mtime of the file, its bucket and frames; and of its
+    reference image when it has one (an edit dataset: an edited reference is encoded again)."""
     st = Path(sample.path).stat()
-    return str(Path(sample.path).resolve()), st.st_size, st.st_mtime_ns, sample.bucket, sample.frames
+    parts = str(Path(sample.path).resolve()), st.st_size, st.st_mtime_ns, sample.bucket, sample.frames
+    ref = getattr(sample, "reference", None)
+    if ref is None:
+        return parts
+    rs = Path(ref).stat()
+    return (*parts, "reference", str(Path(ref).resolve()), rs.st_size, rs.st_mtime_ns)
 
 
 def tp_device(tp: Any) -> Any:

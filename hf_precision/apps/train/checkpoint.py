@@ -164,9 +164,15 @@ class Resumed(NamedTuple):
 
 
 def data_list(data: Any) -> list[str]:
-    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket."""
-    return [f"{s.path.relative_to(data.folder) if s.path.is_relative_to(data.folder) else s.path}|"
-            f"{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}" for s in data.samples]
+    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket (and
+    its reference's file and size)."""
+    def name(path: Path) -> str:
+        return str(path.relative_to(data.folder) if path.is_relative_to(data.folder) else path)
+
+    # an edit dataset's reference is part of the sample: another reference is other data
+    return [f"{name(s.path)}|{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}"
+            + (f"|{name(s.reference)}|{s.reference.stat().st_size}" if getattr(s, "reference", None) else "")
+            for s in data.samples]
 
 
 def check_resume(settings: Any, data: Any, checkpoints: Checkpoints, keys: tuple[str, ...]) -> Resumed | None:

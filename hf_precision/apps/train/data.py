@@ -23,6 +23,7 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
+from .references import attach_references, find_references
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
            "make_buckets", "epoch_batches"]
@@ -193,13 +194,15 @@ def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
-    """One training example: its file, caption, size as stored (w, h), frames (clips) and bucket (w, h)."""
+    """One training example: its file, caption, size as stored (w, h), frames (clips), bucket (w, h) and, in an edit
+    dataset, the reference image it was edited from (:mod:`.references`)."""
 
     path: Path
     caption: str
     size: tuple[int, int]
     bucket: tuple[int, int]
     frames: int = 0
+    reference: Path | None = None
 
 
 # --------------------------------------------------------------------------------------------- reading the folder
@@ -466,10 +469,20 @@ class TrainData:
     def captions(self, indices: Sequence[int]) -> list[str]:
         return [self.samples[i].caption for i in indices]
 
+    def reference_pixels(self, indices: Sequence[int]) -> Any:
+        """The batch's reference images in [-1, 1], each at its target's bucket; None when the data has none."""
+        import torch
+
+        refs = [self.samples[i] for i in indices]
+        return None if any(s.reference is None for s in refs) else \
+            torch.stack([to_pixels(dataclasses.replace(s, path=s.reference)) for s in refs])
+
 
 def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, frames: int | None = None,
-              caption_ext: str = ".txt", caption_column: str = "text", caption: str | None = None) -> TrainData:
+              caption_ext: str = ".txt", caption_column: str = "text", caption: str | None = None,
+              reference_column: str = "reference", reference_dir: str | Path | None = None) -> TrainData:
     """Read and check a data folder against a model's size rules; every bad file named in one :class:`RecipeError`.
+    An edit dataset's reference images come from ``reference_dir`` or metadata.jsonl's ``reference_column``.
 
     Example:
         >>> import tempfile
@@ -482,4 +495,6 @@ def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, fra
     items = list_items(data, video=geometry.video, caption_ext=caption_ext, caption_column=caption_column,
                        caption=caption)
     samples = inspect_items(items, geometry, resolution, frames)
+    found = find_references(data, [p for p, _ in items], reference_column, reference_dir)
+    samples = attach_references(samples, found) if found else samples
     return TrainData(Path(data).expanduser(), samples, geometry, resolution, frames if geometry.video else None)

@@ -49,6 +49,7 @@ class TrainResult:
     eval_loss: tuple[float, float] | None = None
     method: str = "lora"
     main_process: bool = True
+    low_noise: bool = False  # a two-expert model's transformer_2 trained (its LoRA loads with load_into_transformer_2)
 
 
 # --------------------------------------------------------------------------------------------- encodings
@@ -69,10 +70,12 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     tp, data = run.tp, run.data
     samples = [data.samples[i] for i in indices]
     found = [run.cache.get("latents", sample_parts(s)) for s in samples] if run.cache is not None else [None]
-    if all(f is not None for f in found):
-        latents = torch.cat([f["latents"] for f in found])
-    else:
-        latents = torch.cat([_sample_latents(run, i) for i in indices])
+    if not all(f is not None for f in found):
+        found = [_sample_latents(run, i) for i in indices]
+    latents = torch.cat([f["latents"] for f in found])
+    # an edit dataset's reference images: the layer appends their latents to the token sequence
+    refs = {"reference_latents": torch.cat([f["reference_latents"] for f in found]).to(tp_device(tp))} \
+        if all("reference_latents" in f for f in found) else {}
     captions = data.captions(indices)
     cond = None
     if run.cache is not None and not _text_trained(tp):
@@ -83,7 +86,8 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
         with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
             cond = dict(tp.encode_prompt(captions))
     device = tp_device(tp)
-    return {"latents": latents.to(device), **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
+    return {"latents": latents.to(device), **refs,
+            **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
 
 
 def _cacheable(cond: Any) -> dict[str, Any]:
@@ -113,14 +117,19 @@ def _from_cache(texts: list[dict[str, Any]]) -> dict[str, Any]:
     return {**{k: torch.cat([f[k] for f in texts]) for k in plain}, **items}
 
 
-def _sample_latents(run: Run, i: int) -> Any:
-    """Sample ``i``'s latents, drawn from the VAE's distribution under the sample's own seed in a forked RNG: what the
-    cache holds and what ``--no-cache`` encodes are the same, whatever batch or process the sample is in."""
+def _sample_latents(run: Run, i: int) -> dict[str, Any]:
+    """Sample ``i``'s latents (and its reference image's, in an edit dataset, by the same VAE path), drawn from the
+    VAE's distribution under the sample's own seed in a forked RNG: what the cache holds and what ``--no-cache``
+    encodes are the same, whatever batch or process the sample is in."""
     import torch
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
-        return run.tp.encode_images(run.data.pixels([i]))
+        out = {"latents": run.tp.encode_images(run.data.pixels([i]))}
+        reference = run.data.reference_pixels([i])
+        if reference is not None:
+            out["reference_latents"] = run.tp.encode_images(reference)
+        return out
 
 
 def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
@@ -152,7 +161,7 @@ def fill_cache(run: Run) -> None:
         for i, sample in enumerate(data.samples):
             parts = sample_parts(sample)
             if run.cache.get("latents", parts) is None:
-                run.cache.put("latents", parts, {"latents": _sample_latents(run, i)})
+                run.cache.put("latents", parts, _sample_latents(run, i))
             if text and run.cache.get("text", (sample.caption,)) is None:
                 with torch.no_grad():
                     cond = tp.encode_prompt([sample.caption])
@@ -419,7 +428,8 @@ def train_steps(run: Run) -> TrainResult:
             validate(run, step)
         saved = save_outputs(run, step, losses)
     acc.end_training()
-    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method, acc.is_main_process)
+    return TrainResult(run.out, step, losses, tp.skipped_steps, exit_code, saved, evals, s.method, acc.is_main_process,
+                       "transformer_2" in tp.kinds and tp.kinds["transformer_2"] != "frozen")
 
 
 def train(settings: TrainSettings) -> TrainResult:

@@ -44,7 +44,10 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
     denoiser = "transformer" if "transformer" in index else "unet"
     listed = listed_components(index)
     encoders = {n: str(listed[n][1]) for n in sorted(listed) if n.startswith("text_encoder")}
-    return method_of(s.method).program_train(s, denoiser, encoders)
+    from .experts import expert_train
+
+    train, extra = method_of(s.method).program_train(s, denoiser, encoders)
+    return expert_train(train, index, s.expert), extra
 
 
 def check_trainable(index: dict[str, Any]) -> None:
@@ -190,9 +193,13 @@ def prepare_run(s: TrainSettings) -> Run:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")
     data = read_data(s.data, geometry, resolution, frames=s.frames, caption_ext=s.caption_ext,
-                     caption_column=s.caption_column, caption=s.caption)
+                     caption_column=s.caption_column, caption=s.caption, reference_column=s.reference_column,
+                     reference_dir=s.reference_dir)
     train, extra = _train_parts(s, index)
     check_trainable(index)
+    from .references import check_reference_family
+
+    check_reference_family(index, any(x.reference is not None for x in data.samples))
     from ...training.methods import method_of
 
     problem = method_of(s.method).data_problem(s, data.samples)
@@ -206,6 +213,11 @@ def prepare_run(s: TrainSettings) -> Run:
 
     acc = _accelerator(out, s.device, s)
     device = _device(s, acc)
+    from .experts import expert_line
+
+    line = expert_line(index, "low" if "transformer_2" in train else "high")
+    if line and acc.is_main_process:
+        print(line)
     torch.manual_seed(s.seed)  # LoRA initialisation
     from ...training.resolve import resolve_training
 

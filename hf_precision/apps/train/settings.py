@@ -21,7 +21,7 @@ SAVE_DTYPES = ("float16", "bfloat16", "float32")
 # Settings that must be the same when a run is resumed: they fix the data order, the trained weights' shapes and the
 # precision plan. Steps, validation and checkpoint cadence may change.
 RESUME_KEYS = ("model", "data", "method", "lora_rank", "train_text_encoder", "embedding", "batch_size", "seed",
-               "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler")
+               "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler", "expert")
 
 
 @dataclasses.dataclass
@@ -62,6 +62,9 @@ class TrainSettings:
     caption_ext: str = ".txt"
     caption_column: str = "text"
     caption: str | None = None
+    reference_column: str = "reference"
+    reference_dir: str | None = None
+    expert: str | None = None  # two-expert models (Wan 2.2 A14B): "high" (default there) or "low"
     quiet: bool = False
     stop_after: int | None = None  # simulate Ctrl-C after this many steps of this process (tests, --demo)
 

@@ -13,6 +13,7 @@ from ... import dtypes as dt
 from ...errors import RecipeError
 from ...runtime.headers import read_header
 from ...runtime.memory import available_bytes
+from ...runtime.single_file import SAFETENSORS_SUFFIXES
 from ...units import format_bytes
 
 __all__ = ["folder_numel", "memory_plan", "open_pipeline"]
@@ -67,20 +68,35 @@ def memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, ta
 
 
 
+def file_numel(path: Path) -> int:
+    """The number of floating values a single ``.safetensors`` file holds (its header only); 0 for another format."""
+    if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
+        return 0  # a GGUF's quantized blocks: the base's own denoiser counts for it
+    return sum(math.prod(i["shape"]) for i in read_header(path)[1].values()
+               if str(i.get("dtype", "")).startswith(("F", "BF")))
+
+
 def open_pipeline(pipe_or_folder: Any, run_on: str, reference: str | None, target: str | None, recipe: str | None,
-                  max_memory: int | None) -> tuple[Any, bool, str, bool]:
+                  max_memory: int | None, base: Any = None) -> tuple[Any, bool, str, bool]:
     """(pipeline, loaded here, reference dtype, offload): a folder is loaded in the reference dtype that fits
-    (on the CPU when the runs offload); a pipeline object is used as it is, its resident weights counted."""
+    (on the CPU when the runs offload); a pipeline object is used as it is, its resident weights counted. A
+    single-file checkpoint with ``base`` is loaded as ``load_pipeline(file, base=base)`` loads it; the file's values
+    count as one component beside the base's, a conservative count (the base's own denoiser stays counted)."""
     import torch
 
     if isinstance(pipe_or_folder, (str, os.PathLike)):
         from ...runtime.load import load_pipeline
+        from ...runtime.single_file import split_single_file
         from ...runtime.source import locate
 
-        where, _, folder = locate(pipe_or_folder)
+        single = split_single_file(pipe_or_folder, base, "calibrate")
+        where, _, folder = locate(single[1] if single is not None else pipe_or_folder)
         numel = folder_numel(folder) if folder is not None else {}
+        if single is not None:
+            numel[str(single[0])] = file_numel(single[0])
         ref_dtype, offload = memory_plan(numel, run_on, reference, target or "float16", max_memory=max_memory)
-        pipe = load_pipeline(where, "cpu" if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype))
+        source = {"name_or_path": single[0], "base": where} if single is not None else {"name_or_path": where}
+        pipe = load_pipeline(device="cpu" if offload else run_on, recipe=recipe, dtype=dt.to_torch(ref_dtype), **source)
         return pipe, True, ref_dtype, offload
     pipe = pipe_or_folder
     models = {n: m for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}

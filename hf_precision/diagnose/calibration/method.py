@@ -31,7 +31,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               reference: str | None = None, run_on: str | None = None, recipe: str | None = None, seed: int = 0,
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
               size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None,
-              frames: int | None = None, options: Mapping[str, Any] | None = None) -> CalibrationResult:
+              frames: int | None = None, options: Mapping[str, Any] | None = None,
+              base: str | os.PathLike[str] | None = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -56,6 +57,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
             (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
             device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
+        base (*optional*): with a single-file checkpoint as ``pipe_or_folder`` (a fine-tuned denoiser or a whole
+            SD/SDXL checkpoint): the diffusers folder, alias or Hub id for the rest, as ``load_pipeline(file, base=)``.
 
     Returns:
         `CalibrationResult`: ``islands`` {component: [module names]}, ``evidence``, ``extra_bytes``, ``errors``
@@ -82,7 +85,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     torch_device(run_on, "run_on")  # a preset such as "t4" is a layout (device=): refused before the model loads
     caps = device_caps(device if device is not None else run_on)  # a layout that does not exist fails before loading
     model = str(pipe_or_folder) if isinstance(pipe_or_folder, (str, os.PathLike)) else type(pipe_or_folder).__name__
-    pipe, owned, ref_dtype, offload = open_pipeline(pipe_or_folder, run_on, reference, target, recipe, max_memory)
+    pipe, owned, ref_dtype, offload = open_pipeline(pipe_or_folder, run_on, reference, target, recipe, max_memory,
+                                                    base)
     clock.lap("load")
     with Session(pipe, restore=True, offload_on=run_on if offload else None, handback=not owned) as session:
         setting = _Setting.resolve(session, recipe, device, caps, run_on, target)

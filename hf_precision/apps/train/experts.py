@@ -1,0 +1,133 @@
+"""``--expert``: which denoising expert of a two-expert model (Wan 2.2 A14B: ``transformer`` for high noise,
+``transformer_2`` for low noise, switched at ``boundary_ratio``) a run of the training program trains.
+
+People choose: ai-toolkit's Wan 2.2 trainer takes ``model_kwargs: train_high_noise / train_low_noise``, both true
+by default (extensions_built_in/diffusion_models/wan22: ``model_kwargs.get("train_high_noise", True)``), switching
+expert every ``switch_boundary_every`` steps; musubi-tuner trains one ``--dit`` per run. The training layer
+(:mod:`hf_precision.training.experts`) trains one expert per plan, on the noise levels it owns, so ``high`` and
+``low`` are one run each and ``both`` (the default, as ai-toolkit's) is the two runs one after the other, into
+``OUT/high_noise`` and ``OUT/low_noise``, each with its own checkpoints. Each LoRA is saved as diffusers' Wan loader
+reads it: ``pipe.load_lora_weights(OUT/high_noise)`` and ``pipe.load_lora_weights(OUT/low_noise,
+load_into_transformer_2=True)``. Read from ``model_index.json`` alone, so a wrong choice is refused before loading.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ...errors import RecipeError
+
+__all__ = ["EXPERT_CHOICES", "boundary_ratio", "expert_train", "expert_line", "expert_runs"]
+
+EXPERT_CHOICES = ("high", "low", "both")
+_COMPONENT = {"high": "transformer", "low": "transformer_2"}
+
+
+def boundary_ratio(index: Mapping[str, Any]) -> float | None:
+    """The ratio at which a pipeline switches from ``transformer`` to ``transformer_2``; None for one denoiser.
+
+    Example:
+        >>> boundary_ratio({"transformer": ["diffusers", "W"], "transformer_2": ["diffusers", "W"], "boundary_ratio": 0.875})
+        0.875
+        >>> boundary_ratio({"transformer": ["diffusers", "W"], "transformer_2": [None, None], "boundary_ratio": None})
+    """
+    from ...runtime.source import listed_components
+
+    ratio = index.get("boundary_ratio")
+    return float(ratio) if ratio is not None and "transformer_2" in listed_components(index) else None
+
+
+def expert_train(train: Mapping[str, str], index: Mapping[str, Any], expert: str | None) -> dict[str, str]:
+    """``train=`` of one run with the chosen expert in the denoiser's place; refused for a model with one denoiser.
+
+    Example:
+        >>> idx = {"_class_name": "WanPipeline", "transformer": ["diffusers", "W"], "transformer_2": ["diffusers", "W"],
+        ...        "boundary_ratio": 0.875}
+        >>> expert_train({"transformer": "lora"}, idx, "low"), expert_train({"transformer": "lora"}, idx, None)
+        ({'transformer_2': 'lora'}, {'transformer': 'lora'})
+        >>> expert_train({"unet": "lora"}, {"_class_name": "StableDiffusionPipeline"}, "low")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --expert low: StableDiffusionPipeline has one denoiser...
+    """
+    if expert is None:
+        return dict(train)
+    if expert not in EXPERT_CHOICES:
+        raise RecipeError(f"--expert {expert}: allowed: {', '.join(EXPERT_CHOICES)}")
+    if boundary_ratio(index) is None:
+        _one(expert, index)
+    if expert == "both":
+        raise RecipeError("--expert both: two runs, one per expert (a plan trains one); run them with hf-precision "
+                          "train, or train() each of hf_precision.apps.train.experts.expert_runs(settings)")
+    out = dict(train)
+    if "transformer" in out:
+        out[_COMPONENT[expert]] = out.pop("transformer")
+    return out
+
+
+def _one(expert: str, index: Mapping[str, Any]) -> None:
+    raise RecipeError(f"--expert {expert}: {index.get('_class_name')} has one denoiser (no transformer_2 with a "
+                      f"boundary_ratio, as Wan 2.2 A14B has); drop --expert")
+
+
+def expert_runs(s: Any) -> list[Any]:
+    """The runs of one ``train`` command: the settings as given, or for ``both`` (the default on a two-expert model)
+    the high-noise run into ``OUT/high_noise`` then the low-noise one into ``OUT/low_noise``. A sub-run not started
+    yet is started fresh under ``--resume``.
+
+    Example:
+        >>> import dataclasses
+        >>> @dataclasses.dataclass
+        ... class S: model: str; out: str; expert: str | None = None; resume: str | None = None
+        >>> expert_runs(S("sd15", "o"))
+        [S(model='sd15', out='o', expert=None, resume=None)]
+    """
+    import dataclasses
+    from pathlib import Path
+
+    from ...runtime.source import locate
+    from .settings import check_out_folder
+
+    if s.expert not in (None, "both"):
+        return [s]
+    try:
+        index = locate(s.model)[1]
+    except RecipeError:
+        return [s]  # the run names what is wrong with --model
+    if boundary_ratio(index) is None:
+        return [s]
+    check_out_folder(s.out, s.resume)
+    runs = []
+    for expert in ("high", "low"):
+        out = Path(s.out) / f"{expert}_noise"
+        resume = s.resume if s.resume is not None and out.is_dir() else None
+        runs.append(dataclasses.replace(s, expert=expert, out=str(out), resume=resume))
+    return runs
+
+
+def expert_line(index: Mapping[str, Any], expert: str | None) -> str | None:
+    """What a plan or a run prints for a two-expert model: which expert(s) train, on which timesteps; None otherwise.
+    ``expert``: the choice, None for the default (both).
+
+    Example:
+        >>> idx = {"_class_name": "WanPipeline", "transformer": ["diffusers", "W"], "transformer_2": ["diffusers", "W"],
+        ...        "boundary_ratio": 0.875}
+        >>> print(expert_line(idx, "low"))
+        experts: WanPipeline switches at boundary_ratio 0.875; this run trains the low-noise expert transformer_2 (timesteps below 0.875 x num_train_timesteps); transformer (high noise) stays frozen (--expert high trains it)
+        >>> print(expert_line(idx, None))  # doctest: +ELLIPSIS
+        experts: WanPipeline switches at boundary_ratio 0.875; trains both experts, one run each: ...
+    """
+    ratio = boundary_ratio(index)
+    if ratio is None:
+        return None
+    head = f"experts: {index.get('_class_name')} switches at boundary_ratio {ratio:g}; "
+    if expert in (None, "both"):
+        return (head + f"trains both experts, one run each: transformer (high noise, timesteps from {ratio:g} x "
+                f"num_train_timesteps) into OUT/high_noise, then transformer_2 (low noise, below) into OUT/low_noise "
+                f"(--expert high or low trains one)")
+    low = expert == "low"
+    trained, other = ("low", "high") if low else ("high", "low")
+    window = f"timesteps {'below' if low else 'from'} {ratio:g} x num_train_timesteps"
+    return (head + f"this run trains the {trained}-noise expert {_COMPONENT[trained]} ({window}); "
+            f"{_COMPONENT[other]} ({other} noise) stays frozen (--expert {other} trains it)")

@@ -1,0 +1,174 @@
+"""Reference images of an edit dataset (Flux Kontext, Qwen-Image Edit): the picture the edit starts from, beside the
+target the model learns to produce, and its caption (the instruction).
+
+Two conventions, both common, pair each target with its reference:
+- a **folder of references with the targets' file names** (``--reference-dir``): ai-toolkit's ``control_path``
+  (its config/examples/train_lora_flux_kontext_24gb.yaml and the Qwen-Image Edit ones: the control images carry
+  the targets' file names, in another folder). The name matches without its suffix (``cat.png`` may pair with
+  ``cat.jpg``).
+- a **column of ``metadata.jsonl``** (``--reference-column``, default ``reference``): diffusers' image-to-image
+  DreamBooth scripts (examples/dreambooth/train_dreambooth_lora_flux_kontext.py, ..._flux2_klein_img2img.py) read
+  the reference from a dataset column (``--cond_image_column``), and
+  metadata.jsonl is diffusers' ImageFolder: ``{"file_name": "cat.png", "text": "make it blue", "reference":
+  "src/cat.png"}``, the reference relative to the data folder as ``file_name`` is.
+
+A reference is scaled and cropped to its target's bucket (as ai-toolkit and the diffusers script resize the control
+image to the target's size) and encoded by the same VAE path as the target, cached with it. Every problem (a missing
+or unreadable reference, targets without one) is one error before any model loads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ...errors import RecipeError, excerpt
+
+__all__ = ["find_references", "attach_references", "check_reference_family"]
+
+
+def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
+    """target -> reference from metadata.jsonl's ``column`` (lines _from_metadata refused are skipped here)."""
+    from .data import IMAGE_SUFFIXES
+
+    meta = folder / "metadata.jsonl"
+    found: dict[Path, Path] = {}
+    if not meta.is_file():
+        return found
+    for n, line in enumerate(meta.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # named by the caption reader
+        if not isinstance(row, dict) or column not in row or "file_name" not in row:
+            continue
+        where, value = f"{meta}: line {n}: reference column {column!r}", row[column]
+        path = (folder / str(value)).resolve() if isinstance(value, str) and value.strip() else None
+        if path is None:
+            problems.append(f"{where} is {excerpt(value)}; give the reference image's file name relative to {folder}")
+        elif folder.resolve() not in path.parents:
+            problems.append(f"{where}: {excerpt(value)} points outside {folder}")
+        elif not path.is_file():
+            problems.append(f"{where}: {excerpt(value)}: no such file in {folder}")
+        elif path.suffix.lower() not in IMAGE_SUFFIXES:
+            problems.append(f"{where}: {path.name}: not an image ({', '.join(IMAGE_SUFFIXES)})")
+        else:
+            found[(folder / str(row["file_name"])).resolve()] = path
+    return found
+
+
+def _from_folder(folder: Path, references: Path, targets: Sequence[Path], problems: list[str]) -> dict[Path, Path]:
+    """target -> the file of ``references`` at the target's path relative to the data folder, any image suffix."""
+    from .data import IMAGE_SUFFIXES
+
+    if not references.is_dir():
+        problems.append(f"--reference-dir {references}: no such folder; pass the folder of reference images named as "
+                        f"the targets in {folder}")
+        return {}
+    found: dict[Path, Path] = {}
+    for target in targets:
+        rel = target.resolve().relative_to(folder.resolve())
+        same = [p for p in sorted((references / rel).parent.glob(f"{rel.stem}.*")) if p.suffix.lower() in IMAGE_SUFFIXES]
+        if same:
+            found[target.resolve()] = same[0]
+    return found
+
+
+def find_references(folder: str | Path, targets: Sequence[Path], column: str = "reference",
+                    reference_dir: str | Path | None = None) -> dict[Path, Path]:
+    """Each target's reference image (resolved paths), from ``reference_dir`` or metadata.jsonl's ``column``; empty
+    when the data gives none. Every problem in one :class:`RecipeError`, the metadata line or target named.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "metadata.jsonl").write_text('{"file_name": "a.png", "text": "x", "reference": "a-src.png"}')
+        >>> find_references(d, [d / "a.png"])  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: ...metadata.jsonl: line 1: reference column 'reference': 'a-src.png': no such file in ...
+    """
+    folder = Path(folder).expanduser()
+    problems: list[str] = []
+    by_column = _from_column(folder, column, problems)
+    found = by_column
+    if reference_dir is not None:
+        if by_column:
+            raise RecipeError(f"--reference-dir {reference_dir}: metadata.jsonl gives references too (column "
+                              f"{column!r}); give them one way: drop --reference-dir or the column")
+        found = _from_folder(folder, Path(reference_dir).expanduser(), targets, problems)
+    if problems:
+        raise RecipeError(problems)
+    missing = [t for t in targets if t.resolve() not in found]
+    if found and missing:
+        how = (f"a file of the same name in {reference_dir}" if reference_dir is not None else
+               f"a {column!r} key on its metadata.jsonl line")
+        raise RecipeError(f"--data {folder}: {len(missing)} of {len(targets)} file(s) have no reference image "
+                          f"({', '.join(p.name for p in missing[:5])}{' ...' if len(missing) > 5 else ''}); an edit "
+                          f"dataset pairs every target with the image it was edited from: give each {how}, or remove "
+                          f"those files")
+    return found
+
+
+def attach_references(samples: Sequence[Any], found: Mapping[Path, Path]) -> list[Any]:
+    """The samples with their reference set, each reference decoded once (a corrupt file named here, not mid-run)."""
+    from .data import _open_image
+
+    out, problems = [], []
+    for sample in samples:
+        ref = found.get(Path(sample.path).resolve())
+        if ref is not None:
+            try:
+                _open_image(ref).close()
+            except RecipeError as err:
+                problems.append(f"reference of {sample.path.name}: {err}")
+                continue
+        out.append(dataclasses.replace(sample, reference=ref))
+    if problems:
+        raise RecipeError(problems)
+    return out
+
+
+def check_reference_family(index: Mapping[str, Any], has_references: bool) -> None:
+    """Refuse, before loading, reference images for a model that takes none: the training layer's denoiser row says
+    whether its call takes ``reference_latents`` (recipes/denoisers.yaml ``reference: true``), and the pipeline
+    must take an input image to edit (FluxKontextPipeline, QwenImageEditPipeline: ``image``), not only its class's
+    transformer (FluxPipeline shares Kontext's).
+
+    Example:
+        >>> check_reference_family({"_class_name": "StableDiffusionXLPipeline",
+        ...                         "unet": ["diffusers", "UNet2DConditionModel"]}, True)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --data: the data gives reference images, but StableDiffusionXLPipeline ...
+    """
+    if not has_references:
+        return
+    import inspect
+
+    import diffusers
+
+    from ...runtime.source import listed_components
+    from ...training.denoiser_rows import ROWS
+
+    name = str(index.get("_class_name"))
+    rows = []
+    for _, (library, cls_name) in listed_components(index).items():
+        cls = getattr(diffusers, str(cls_name), None) if library == "diffusers" else None
+        mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
+        rows += [ROWS[n] for n in mro if n in ROWS][:1]  # the class's own row, else its nearest base's
+    pipeline = getattr(diffusers, name, None)
+    try:
+        takes_image = pipeline is not None and "image" in inspect.signature(pipeline.__call__).parameters
+    except (TypeError, ValueError):
+        takes_image = False
+    if any(getattr(r, "reference", False) for r in rows) and takes_image:
+        return
+    edits = sorted(c for c, r in ROWS.items() if getattr(r, "reference", False))
+    raise RecipeError(f"--data: the data gives reference images, but {name} takes none: it does not edit an input "
+                      f"image (its denoiser rows with reference: true: {', '.join(edits)}, in edit pipelines such as "
+                      f"FluxKontextPipeline and QwenImageEditPipeline); train an edit model, or drop the references "
+                      f"(the metadata.jsonl reference column, --reference-dir)")
