@@ -428,3 +428,41 @@ def test_plan_checks_a_real_size_bfl_flux_file_from_its_header_alone(tmp_path):
                                           r"original layout it lacks 14 of the 1156 tensors \(first: "
                                           r"single_transformer_blocks.37.attn.norm_k.weight"):
         hp.plan(_sparse_safetensors(tmp_path / "short.safetensors", short), device="a100", base="flux")
+
+
+def test_cli_train_takes_the_file_with_base(sdxl, tmp_path, capsys, monkeypatch):
+    """`train --model FILE --base FOLDER` trains a LoRA on the file's UNet (kohya and OneTrainer train from single
+    files), loadable by plain diffusers; `train --plan` plans it as its base; a pickle is refused before loading."""
+    from diffusers import StableDiffusionXLPipeline
+    from PIL import Image
+
+    import hf_precision.runtime.load as load
+    from hf_precision.cli import main
+
+    folder, state, _, tmp = sdxl
+    path = tmp / "train-finetune.safetensors"
+    save_file(state, path)
+    data = tmp_path / "photos"
+    data.mkdir()
+    for n in range(2):
+        Image.new("RGB", (32, 32), (40 * n, 120, 200)).save(data / f"{n}.png")
+        (data / f"{n}.txt").write_text("a photo of a cat")
+    loaded = []
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: loaded.append(_real_load(*a, **k)) or loaded[-1])
+    out = tmp_path / "lora"
+    assert main(["train", "--model", str(path), "--base", str(folder), "--data", str(data), "--out", str(out),
+                 "--steps", "1", "--resolution", "32", "--device", "cpu", "--layout", LAYOUT, "--lora-rank", "2",
+                 "--quiet"]) == 0
+    assert torch.equal(loaded[0].unet.conv_in.weight, state["conv_in.weight"].half())  # the file's weights, not the base's
+    pipe = StableDiffusionXLPipeline.from_pretrained(folder)
+    pipe.load_lora_weights(str(out))
+    assert any("lora_B" in k for k in pipe.unet.state_dict())
+    assert main(["train", "--plan", "--model", str(path), "--base", str(folder), "--device", LAYOUT]) == 0
+    assert "training plan:" in capsys.readouterr().out
+    assert main(["train", "--model", str(tmp / "x.ckpt"), "--base", str(folder), "--data", str(data), "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pickle file" in err
+
+
+_real_load = hp.load_pipeline

@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 
 from ..errors import RecipeError
-from .common import HelpFormatter, add_recipe_args, command, overrides_from, script_main
+from .common import HelpFormatter, add_base_arg, add_recipe_args, command, overrides_from, script_main
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     if p.epilog is None:
         p.epilog = USAGE
         p.formatter_class = HelpFormatter
-    p.add_argument("--model", default=None, help="diffusers model folder or Hub id")
+    p.add_argument("--model", default=None, help="diffusers model folder or Hub id, or a single-file checkpoint with --base")
+    add_base_arg(p, "--model")
     p.add_argument("--data", default=None, help="folder of images/clips with caption .txt files, or a metadata.jsonl")
     p.add_argument("--out", default=None, help="output folder (must not exist, except with --resume)")
     p.add_argument("--demo", action="store_true", help="train a tiny random model on generated shapes (offline)")
@@ -136,6 +137,11 @@ def _settings(args: argparse.Namespace, model: str, data: str):
 
 def run(args: argparse.Namespace) -> int:
     """Run ``hf-precision train`` from parsed arguments."""
+    if args.plan and args.model and args.base:
+        from ..apps.train.settings import configs_source
+
+        # a single file has its base's architecture: the plan is the base's, read from its configs
+        args = argparse.Namespace(**{**vars(args), "model": configs_source(args.model, args.base)})
     if args.plan and (args.processes != 1 or args.shard):
         from .train_plan import rank_plan_command
 

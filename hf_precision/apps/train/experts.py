@@ -87,12 +87,12 @@ def expert_runs(s: Any) -> list[Any]:
     from pathlib import Path
 
     from ...runtime.source import locate
-    from .settings import check_out_folder
+    from .settings import check_out_folder, configs_source
 
     if s.expert not in (None, "both"):
         return [s]
     try:
-        index = locate(s.model)[1]
+        index = locate(configs_source(s.model, s.base))[1]
     except RecipeError:
         return [s]  # the run names what is wrong with --model
     if boundary_ratio(index) is None:

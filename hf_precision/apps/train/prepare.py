@@ -11,7 +11,7 @@ from ...errors import RecipeError
 from .cache import EncodingCache
 from .checkpoint import Checkpoints, Resumed, check_resume
 from .data import TrainData, model_geometry, read_data
-from .settings import RESUME_KEYS, TrainSettings, check_out_folder, check_settings
+from .settings import RESUME_KEYS, TrainSettings, check_out_folder, check_settings, configs_source
 
 __all__ = ["Run", "prepare_run"]
 
@@ -177,6 +177,18 @@ def _device(s: TrainSettings, acc: Any) -> str:
     return s.device
 
 
+def _cache_key(tp: Any, s: TrainSettings) -> str:
+    """The encoding cache's key: the training plan's fingerprint, and for a single file its identity too (a
+    fine-tune of the same base has the base's configs and names, but its own VAE and text encoders)."""
+    if not s.base:
+        return tp.fingerprint()
+    import hashlib
+
+    stat = Path(s.model).stat()
+    ident = f"{tp.fingerprint()}|{Path(s.model).resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    return hashlib.sha256(ident.encode()).hexdigest()[:16]
+
+
 def prepare_run(s: TrainSettings) -> Run:
     """Check everything that can be checked without weights, then load the model and prepare the training plan."""
     import torch
@@ -185,7 +197,7 @@ def prepare_run(s: TrainSettings) -> Run:
 
     check_settings(s)
     out = check_out_folder(s.out, s.resume)
-    where, index, folder = locate(s.model)
+    where, index, folder = locate(configs_source(s.model, s.base))
     configs = component_configs(where, index, folder)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
     s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)
@@ -229,7 +241,7 @@ def prepare_run(s: TrainSettings) -> Run:
     from ...runtime.progress import quiet_loading
 
     with quiet_loading(s.quiet):
-        pipe = load_pipeline(where, device, recipe=tr.recipe)
+        pipe = load_pipeline(s.model if s.base else where, device, recipe=tr.recipe, base=s.base)
     pipe.set_progress_bar_config(disable=True)
     # Text encoders get their LoRA through peft's own injection (training.trainable.inject_lora), not transformers'
     # add_adapter, whose peft version check refused the installed peft.
@@ -247,7 +259,7 @@ def prepare_run(s: TrainSettings) -> Run:
 
     scheduler = get_scheduler(s.lr_scheduler, optimizer, num_warmup_steps=s.warmup_steps,
                               num_training_steps=s.steps)
-    cache = EncodingCache(out / "cache", tp.fingerprint()) if s.cache else None
+    cache = EncodingCache(out / "cache", _cache_key(tp, s)) if s.cache else None
     out.mkdir(parents=True, exist_ok=True)  # the log is written from step 1 (the cache, when on, made it already)
     return Run(s, out, data, pipe, tp, optimizer, scheduler, acc, cache, checkpoints, resumed)
 

@@ -21,7 +21,7 @@ SAVE_DTYPES = ("float16", "bfloat16", "float32")
 # Settings that must be the same when a run is resumed: they fix the data order, the trained weights' shapes and the
 # precision plan. Steps, validation and checkpoint cadence may change.
 RESUME_KEYS = ("model", "data", "method", "lora_rank", "train_text_encoder", "embedding", "batch_size", "seed",
-               "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler", "expert")
+               "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler", "expert", "base")
 
 
 @dataclasses.dataclass
@@ -64,6 +64,7 @@ class TrainSettings:
     caption: str | None = None
     reference_column: str = "reference"
     reference_dir: str | None = None
+    base: str | None = None  # with a single-file --model: the diffusers folder or Hub id for the rest (--base)
     expert: str | None = None  # two-expert models (Wan 2.2 A14B): "high" (default there) or "low"
     quiet: bool = False
     stop_after: int | None = None  # simulate Ctrl-C after this many steps of this process (tests, --demo)
@@ -72,6 +73,29 @@ class TrainSettings:
         """The settings as plain data, for ``training.json`` and the checkpoint."""
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()
                 if k not in ("quiet", "stop_after")}
+
+
+def configs_source(model: str, base: str | None) -> str:
+    """What ``model_index.json`` and the configs of a run come from: ``base`` for a single-file ``model`` (checked:
+    a ``.safetensors`` file; pickles, GGUF files and a base without a file refused), else ``model``.
+
+    Example:
+        >>> configs_source("./my-sdxl", None)
+        './my-sdxl'
+        >>> configs_source("./my-sdxl", "sdxl")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: train --model: base= is for a single-file checkpoint ...
+    """
+    from ...runtime.single_file import split_single_file
+
+    single = split_single_file(model, base, "train --model")
+    if single is None:
+        return model
+    if single[0].suffix.lower() == ".gguf":
+        raise RecipeError(f"train --model {model}: training from a GGUF file is not supported (its weights are "
+                          f"dequantized on every call); train from the model's .safetensors (a diffusers folder, or a single file with --base)")
+    return single[1]
 
 
 def chosen_method(method: str | None, options: Any) -> str:
