@@ -465,4 +465,27 @@ def test_cli_train_takes_the_file_with_base(sdxl, tmp_path, capsys, monkeypatch)
     assert len(err.splitlines()) == 1 and "pickle file" in err
 
 
+def test_cli_video_takes_the_file_with_base(saved_pipeline, tmp_path, monkeypatch):
+    """`video --model FILE --base FOLDER` (a Wan fine-tune or a ComfyUI transformer file) makes the clip with the
+    file's transformer; the frame and size rules and the memory plan are the base's."""
+    from diffusers import WanTransformer3DModel
+
+    import hf_precision.runtime.load as load
+    from hf_precision.cli import main
+
+    folder = saved_pipeline("wan")
+    state = _finetune(WanTransformer3DModel.from_pretrained(folder / "transformer"))
+    path = tmp_path / "wan-finetune.safetensors"
+    save_file(state, path)
+    loaded = []
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: loaded.append(_real_load(*a, **k)) or loaded[-1])
+    out = tmp_path / "clip.gif"
+    assert main(["video", "--model", str(path), "--base", str(folder), "--prompt", "a cat", "--out", str(out),
+                 "--height", "32", "--width", "32", "--frames", "5", "--steps", "1", "--device", "cpu",
+                 "--quiet"]) == 0
+    weight = loaded[0].transformer.patch_embedding.weight
+    assert out.is_file() and torch.equal(weight, state["patch_embedding.weight"].to(weight.dtype))
+    assert main(["video", "--demo", "--base", str(folder), "--out", str(tmp_path / "d.gif")]) == 2
+
+
 _real_load = hp.load_pipeline

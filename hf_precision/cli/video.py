@@ -19,7 +19,7 @@ from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs
 from ..apps.video.load import OFFLOAD, MemorySettings
 from ..errors import RecipeError
 from ..units import format_bytes, parse_size
-from .common import HelpFormatter, add_recipe_args, command, overrides_from
+from .common import HelpFormatter, add_base_arg, add_recipe_args, command, overrides_from
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         p.formatter_class = HelpFormatter
     p.add_argument("--model", default=None,
                    help="local diffusers video model folder or Hub id: Wan, LTX-Video, CogVideoX, HunyuanVideo, SVD "
-                        "(default: svd = stabilityai/stable-video-diffusion-img2vid-xt)")
+                        "(default: svd = stabilityai/stable-video-diffusion-img2vid-xt); or a single file with --base")
+    add_base_arg(p, "--model")
     p.add_argument("--prompt", default=None, help="text prompt (text-to-video; or with --image where the pipeline takes both)")
     p.add_argument("--prompts", default=None, metavar="FILE", help="a text file with one prompt per line: one video each")
     p.add_argument("--negative-prompt", default=None, help="negative prompt, where the pipeline takes one")
@@ -191,8 +192,9 @@ def _demo_inputs(workdir: Path, image: str | None) -> tuple[str, str]:
 
 def run(args: argparse.Namespace) -> int:
     """Run the video command from parsed arguments (``hf-precision video`` calls this). Raises RecipeError on bad input."""
-    if args.demo and args.model:
-        raise RecipeError("--demo builds its own tiny model; drop --model (or drop --demo to use your model)")
+    if args.demo and (args.model or args.base):
+        flag = "--model" if args.model else "--base"
+        raise RecipeError(f"--demo builds its own tiny model; drop {flag} (or drop --demo to use your model)")
     if args.skip_existing and args.overwrite:
         raise RecipeError("--skip-existing and --overwrite: choose one")
     if not args.demo and not args.out and not args.plan:
@@ -218,6 +220,12 @@ def run(args: argparse.Namespace) -> int:
             model, image = _demo_inputs(workdir, args.image)
         else:
             model, image = args.model or "svd", args.image
+        single = None
+        if args.base:
+            from ..runtime.single_file import split_single_file
+
+            # the file has its base's architecture: the spec, the sizes and the memory plan are the base's
+            single, model = split_single_file(model, args.base, "video --model")
         jobs: list[Job] = []
         if not args.plan:  # inputs and outputs first: a missing image fails before any model lookup
             prompts = read_prompts(args.prompts) if args.prompts else ([args.prompt] if args.prompt is not None else None)
@@ -240,7 +248,7 @@ def run(args: argparse.Namespace) -> int:
         if not jobs:
             print(f"nothing to do: all {args.out} outputs exist (--skip-existing)", flush=True)
             return 0
-        return _generate(args, where, spec, jobs)
+        return _generate(args, where, spec, jobs, single)
 
 
 def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> MemorySettings:
@@ -259,7 +267,7 @@ def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> M
     return choice.settings
 
 
-def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) -> int:
+def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job], single: Path | None = None) -> int:
     from ..apps.video.run import BatchOptions, generate_batch
 
     options = BatchOptions(
@@ -268,7 +276,7 @@ def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job]) 
         motion_bucket_id=args.motion_bucket_id, noise_aug_strength=args.noise_aug_strength,
         decode_chunk_size=args.decode_chunk_size, device=args.device, layout=args.layout,
         overrides=overrides_from(args) or None, context_parallel=args.context_parallel, device_map=args.device_map,
-        fail_fast=args.fail_fast, quiet=args.quiet)
+        fail_fast=args.fail_fast, quiet=args.quiet, single_file=str(single) if single else None)
     return generate_batch(model, spec, jobs, options, settings=lambda device: _settings(args, model, spec, device))
 
 

@@ -111,14 +111,15 @@ def apply_memory_settings(pipe: Any, settings: MemorySettings, device: Any) -> N
 
 def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None, offload: str = "none",
                         forward_chunking: bool = False, settings: MemorySettings | None = None,
-                        **kwargs: Any) -> Any:
+                        single_file: str | None = None, **kwargs: Any) -> Any:
     """Load a video pipeline (SVD, Wan, LTX-Video, CogVideoX, HunyuanVideo, ...) with its recipe for ``device``.
 
     The pipeline class comes from ``model_index.json`` and the recipe from the class (``load_pipeline``). With an
     offload mode the recipe is resolved for ``device`` (fp16 on a T4) but the weights are loaded on the CPU and moved
     by diffusers' offload hooks, so a GPU too small for the whole pipeline never holds it at once. ``device`` may also
     be a mapping component -> device (``--device-map balanced``, :mod:`hf_precision.apps.video.devices`): each
-    component then gets the dtypes of its own device, without offload.
+    component then gets the dtypes of its own device, without offload. ``single_file``: a ``.safetensors`` or
+    ``.gguf`` denoiser read in place of ``model``'s (``load_pipeline(single_file, base=model)``).
 
     Raises:
         RecipeError: not a video pipeline, unknown device, bad overrides, sequential offload on CPU.
@@ -132,6 +133,8 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     if settings.offload not in OFFLOAD:
         raise RecipeError(f"offload={settings.offload!r}: use one of {', '.join(OFFLOAD)}")
     where = model_spec(model)[0]  # refuses a model that is not a video pipeline
+    if single_file is not None:
+        where, kwargs = single_file, {**kwargs, "base": where}
     layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
     if settings.quantize:  # the storage the memory plan chose: the same as --set C.storage=...
         from ...recipe.overrides import Override

@@ -200,6 +200,7 @@ class BatchOptions:
     device_map: str | None = None
     fail_fast: bool = False
     quiet: bool = False
+    single_file: str | None = None  # a single-file checkpoint for the model's denoiser (load_pipeline(file, base=))
 
 
 def _print(text: str) -> None:
@@ -327,6 +328,8 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     if chosen is not asked:
         say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
     extra = {"layout": options.layout} if options.layout else {}
+    if options.single_file:
+        extra["single_file"] = options.single_file
     with quiet_loading(options.quiet):
         pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
     if parallel:
