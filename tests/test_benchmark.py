@@ -61,6 +61,13 @@ def test_smoke_run_has_every_section_without_errors(quick_run):
     assert islands["compute"] in ("float16", "bfloat16")
     substituted = data["sections"]["runtime"]["layouts"]["recipe"]["compute"] == "float32"
     assert ("island_note" in data["sections"]["runtime"]) == substituted
+    # the island scaling runs on the islands layout, where island hooks run (on an fp32 UNet they would be none),
+    # at more than one island count, each subset a stride of the norms; every paired figure carries its noise
+    scaling = data["sections"]["runtime"]["scaling"]
+    assert len(scaling["rows"]) >= 2 and all(r["island_s"] > 0 for r in scaling["rows"]), scaling["rows"]
+    assert scaling["rows"][-1]["islands"] == islands["islands"] and scaling["judged"]["slope"] is not None
+    for layout in data["sections"]["runtime"]["layouts"].values():
+        assert {"pass", "why"} <= set(layout["judged"]) and layout["hook_time"]["per_call"]["n"] == layout["overhead"]["n"]
     assert data["probe"]["ratio"].keys() == {"float16", "bfloat16"}
     assert data["config"]["command"].startswith("python benchmarks/benchmark.py")
 
