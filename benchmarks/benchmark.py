@@ -42,16 +42,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="measure exactly this layout (a device preset such as t4, a100, cpu). Default: t4 on a CPU, "
                         "the device's own on a GPU, with a slow compute dtype replaced by a fast one (said in the report)")
     # Defaults sized so the default run fits 10 minutes on a busy 2-core CPU, first run included (issue 34): the load
-    # ratios were identical over 3 repeats, so 2. A denoiser call is the unit of cost (12-28 s each on a busy AVX2
-    # CPU, the every-norm-an-island one in a half dtype); each pair gives the paired ratio, the hooks' own time and
-    # the floor's casts at once, and pairs stop once the ratio is resolved against its target at the noise measured.
+    # ratios were identical over 3 repeats, so 2. A denoiser call is the unit of cost: on a busy AVX2 CPU with one
+    # thread about 3 s in fp32, 30 s in bf16 at latent 16 (bf16 is emulated there, so its cost follows the latent;
+    # fp32's follows the weights). Each pair gives the paired ratio, the hooks' own time and the floor's casts at
+    # once; 3 pairs are the fewest that judge a figure against its noise, and pairs stop once it is resolved.
     p.add_argument("--repeats", type=int, default=None, help="load repeats per loader (default 2; quick 1)")
     p.add_argument("--pairs", type=int, default=None, help="most hooks/floor call pairs of the benchmarked layout "
-                   "(default 3; quick 1); they stop after 2 once the ratio is resolved against its target")
+                   "(default 6; quick 1); they stop after 3 once the ratio is resolved against its target")
     p.add_argument("--island-pairs", type=int, default=None, help="most hooks/floor call pairs of the "
-                   "every-norm-an-island layout (default 2; quick 1): computed in a half dtype, slow on a CPU without "
+                   "every-norm-an-island layout (default 3; quick 1): computed in a half dtype, slow on a CPU without "
                    "a fast one; its hooks' own time (thread CPU time) is the resolving island figure")
-    p.add_argument("--latent", type=int, default=None, help="latent side of a denoiser call (default 16)")
+    p.add_argument("--latent", type=int, default=None, help="latent side of a denoiser call (default 8: the hooks' "
+                   "share of a smaller call is larger, the conservative side of its target)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores the load average "
                    "leaves free, at least 1: on a busy machine a team larger than the free cores waits at every operator)")
     p.add_argument("--out", default="bench_output", help="output folder (benchmark.md, benchmark.json, cache/)")
@@ -92,9 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     ctx: dict[str, Any] = {
         "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
         "script": str(Path(__file__).resolve()), "quick": quick,
-        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (1 if quick else 3),
-        "island_pairs": args.island_pairs or (1 if quick else 2), "min_pairs": 2, "batch": 2,
-        "latent": args.latent or 16,
+        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (1 if quick else 6),
+        "island_pairs": args.island_pairs or (1 if quick else 3), "min_pairs": 3, "batch": 2,
+        "latent": args.latent or 8,
         # the island-scaling subsets: every 4th and every 2nd norm (all of them is the islands layout itself)
         "island_strides": (2,) if quick else (4, 2), "scaling_calls": 1,
         "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
