@@ -65,48 +65,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.worker_load:
-        memory.worker(args.worker_load.split(","), args.folder, args.load_layout, args.device, args.threads)
-        return 0
-    os.environ.update({k: v for k, v in common.QUIET_ENV.items() if k != "PYTHONWARNINGS"})
-    t_start = time.perf_counter()
-    progress = Progress()
-    import torch
+def choose_threads(asked: int | None, cores: int) -> tuple[int, str]:
+    """Torch threads for the run and why: ``--threads``, else the cores the load average leaves free."""
+    if asked:
+        return asked, "--threads"
+    load1 = (common.loadavg() or [None])[0]
+    return common.auto_threads(cores, load1), (f"auto: {cores} cores, 1-minute load average {load1} at the start; "
+                                               "more threads than free cores wait at every operator for a descheduled "
+                                               "one (--threads N to choose)")
 
-    import hf_precision as hp
-    from hf_precision.apps.demo_pictures import SHAPES_CALL
 
-    common.quiet_libraries()
-    cores, load1 = torch.get_num_threads(), (common.loadavg() or [None])[0]
-    threads = args.threads or common.auto_threads(cores, load1)
-    threads_why = ("--threads" if args.threads else f"auto: {cores} cores, 1-minute load average {load1} at the start; "
-                   "more threads than free cores wait at every operator for a descheduled one (--threads N to choose)")
-    torch.set_num_threads(threads)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    quick, on_gpu = args.quick, args.device.startswith("cuda")
-    size, key = pipeline.resolve_size(args.size)
-    layout = args.layout or (args.device if on_gpu else "t4")
-
-    tiny = key == "tiny"
-    ctx: dict[str, Any] = {
-        "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
-        "script": str(Path(__file__).resolve()), "quick": quick,
-        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (1 if quick else 6),
-        "island_pairs": args.island_pairs or (1 if quick else 3), "min_pairs": 3, "batch": 2,
-        "latent": args.latent or 8,
-        # the island-scaling subsets: every 4th and every 2nd norm (all of them is the islands layout itself)
-        "island_strides": (2,) if quick else (4, 2), "scaling_calls": 1,
-        "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
-        # fidelity measures the shipped shapes model (hf_precision.apps.shapes_model) whatever --size says
-        "fid_steps": 2 if quick else SHAPES_CALL["num_inference_steps"], "fid_seeds": 1 if quick else 4, "size_key": key,
-    }
-    sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",")]
-    unknown = set(sections) - set(SECTIONS)
-    if unknown:
-        raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+def plan_progress(progress: Progress, ctx: dict[str, Any], sections: list[str], tiny: bool) -> None:
+    """Plan the measured steps of the sections asked, with a first guess of each kind's seconds."""
     big = 1.0 if tiny else 6.0
     plan = {"load": ("load", 2 * ctx["load_repeats"], 3.0 if tiny else 12.0),
             "runtime": [("unet_call", 4 + len(ctx["island_strides"]) * ctx["scaling_calls"], big / 2),
@@ -117,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         if name in sections:
             for kind, count, guess in (steps if isinstance(steps, list) else [steps]):
                 progress.plan(kind, count, guess)
+
+
+def probe_layout(args: argparse.Namespace, layout: str, ctx: dict[str, Any], progress: Progress) -> tuple:
+    """The speed probe, and the layout runtime measures: the asked one, or its structure in a fast dtype."""
+    import hf_precision as hp
 
     # 1. Is any compute dtype of the layout slow here? Say so before measuring anything.
     progress.say("probing fp16 / bf16 speed against fp32 on this machine ...")
@@ -144,6 +119,50 @@ def main(argv: list[str] | None = None) -> int:
     # substitute is float32, it runs in the half dtype the probe found least slow, and says so.
     live = {d: r for d, r in probe["ratio"].items() if r}
     ctx["island_dtype"] = min(live, key=live.__getitem__) if live else None
+    return asked, note, overrides, run_layout, probe
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker_load:
+        memory.worker(args.worker_load.split(","), args.folder, args.load_layout, args.device, args.threads)
+        return 0
+    os.environ.update({k: v for k, v in common.QUIET_ENV.items() if k != "PYTHONWARNINGS"})
+    t_start = time.perf_counter()
+    progress = Progress()
+    import torch
+
+    import hf_precision as hp
+    from hf_precision.apps.demo_pictures import SHAPES_CALL
+
+    common.quiet_libraries()
+    threads, threads_why = choose_threads(args.threads, torch.get_num_threads())
+    torch.set_num_threads(threads)
+    (out_dir := Path(args.out)).mkdir(parents=True, exist_ok=True)
+    quick, on_gpu = args.quick, args.device.startswith("cuda")
+    size, key = pipeline.resolve_size(args.size)
+    layout = args.layout or (args.device if on_gpu else "t4")
+
+    tiny = key == "tiny"
+    ctx: dict[str, Any] = {
+        "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
+        "script": str(Path(__file__).resolve()), "quick": quick,
+        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (1 if quick else 6),
+        "island_pairs": args.island_pairs or (1 if quick else 3), "min_pairs": 3, "batch": 2,
+        "latent": args.latent or 8,
+        # the island-scaling subsets: every 4th and every 2nd norm (all of them is the islands layout itself)
+        "island_strides": (2,) if quick else (4, 2), "scaling_calls": 1,
+        "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
+        # fidelity measures the shipped shapes model (hf_precision.apps.shapes_model) whatever --size says
+        "fid_steps": 2 if quick else SHAPES_CALL["num_inference_steps"], "fid_seeds": 1 if quick else 4, "size_key": key,
+    }
+    sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",")]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    plan_progress(progress, ctx, sections, tiny)
+
+    asked, note, overrides, run_layout, probe = probe_layout(args, layout, ctx, progress)
     real = pipeline.check_real_fits(layout) if key == "real" else None
 
     ctx["layout"] = run_layout
