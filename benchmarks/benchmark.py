@@ -42,16 +42,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="measure exactly this layout (a device preset such as t4, a100, cpu). Default: t4 on a CPU, "
                         "the device's own on a GPU, with a slow compute dtype replaced by a fast one (said in the report)")
     # Defaults sized so the default run fits 10 minutes on a busy 2-core CPU, first run included (issue 34): the load
-    # ratios were identical over 3 repeats, so 2; the hooks' figures are per call or a share of one call, and a
-    # 16x16 latent makes a call 4x cheaper while making the share larger (the conservative side of its target).
+    # ratios were identical over 3 repeats, so 2. A denoiser call is the unit of cost: on a busy AVX2 CPU with one
+    # thread about 3 s in fp32, 30 s in bf16 at latent 16 (bf16 is emulated there, so its cost follows the latent;
+    # fp32's follows the weights). Each pair gives the paired ratio, the hooks' own time and the floor's casts at
+    # once; 3 pairs are the fewest that judge a figure against its noise, and pairs stop once it is resolved.
     p.add_argument("--repeats", type=int, default=None, help="load repeats per loader (default 2; quick 1)")
-    p.add_argument("--pairs", type=int, default=None, help="hooks/floor call pairs, benchmarked layout (default 4; "
-                   "quick 2)")
-    p.add_argument("--island-pairs", type=int, default=None, help="hooks/floor call pairs of the every-norm-an-island "
-                   "layout (default 2; quick 1): computed in a half dtype, slow on a CPU without a fast one; its "
-                   "hooks' own time (thread CPU time, unpaired) is the stable island figure")
-    p.add_argument("--latent", type=int, default=None, help="latent side of a denoiser call (default 16)")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    p.add_argument("--pairs", type=int, default=None, help="most hooks/floor call pairs of the benchmarked layout "
+                   "(default 6; quick 1); they stop after 3 once the ratio is resolved against its target")
+    p.add_argument("--island-pairs", type=int, default=None, help="most hooks/floor call pairs of the "
+                   "every-norm-an-island layout (default 3; quick 1): computed in a half dtype, slow on a CPU without "
+                   "a fast one; its hooks' own time (thread CPU time) is the resolving island figure")
+    p.add_argument("--latent", type=int, default=None, help="latent side of a denoiser call (default 8: the hooks' "
+                   "share of a smaller call is larger, the conservative side of its target)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: the cores the load average "
+                   "leaves free, at least 1: on a busy machine a team larger than the free cores waits at every operator)")
     p.add_argument("--out", default="bench_output", help="output folder (benchmark.md, benchmark.json, cache/)")
     p.add_argument("--quick", action="store_true", help="smoke run (fewest repeats; figures mean nothing)")
     p.add_argument("--only", default=None, help=f"comma list of sections to run ({','.join(SECTIONS)})")
@@ -61,47 +65,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.worker_load:
-        memory.worker(args.worker_load.split(","), args.folder, args.load_layout, args.device, args.threads)
-        return 0
-    os.environ.update({k: v for k, v in common.QUIET_ENV.items() if k != "PYTHONWARNINGS"})
-    t_start = time.perf_counter()
-    progress = Progress()
-    import torch
+def choose_threads(asked: int | None, cores: int) -> tuple[int, str]:
+    """Torch threads for the run and why: ``--threads``, else the cores the load average leaves free."""
+    if asked:
+        return asked, "--threads"
+    load1 = (common.loadavg() or [None])[0]
+    return common.auto_threads(cores, load1), (f"auto: {cores} cores, 1-minute load average {load1} at the start; "
+                                               "more threads than free cores wait at every operator for a descheduled "
+                                               "one (--threads N to choose)")
 
-    import hf_precision as hp
-    from hf_precision.apps.demo_pictures import SHAPES_CALL
 
-    common.quiet_libraries()
-    threads = args.threads or torch.get_num_threads()
-    torch.set_num_threads(threads)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    quick, on_gpu = args.quick, args.device.startswith("cuda")
-    size, key = pipeline.resolve_size(args.size)
-    layout = args.layout or (args.device if on_gpu else "t4")
-
-    tiny = key == "tiny"
-    ctx: dict[str, Any] = {
-        "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
-        "script": str(Path(__file__).resolve()), "quick": quick,
-        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (2 if quick else 4),
-        "island_pairs": args.island_pairs or (1 if quick else 2), "hook_calls": 2, "batch": 2,
-        "latent": args.latent or 16,
-        "island_counts": (lambda n: [n]) if quick else (lambda n: sorted({max(n // 4, 1), n // 2, n})),
-        "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
-        # fidelity measures the shipped shapes model (hf_precision.apps.shapes_model) whatever --size says
-        "fid_steps": 2 if quick else SHAPES_CALL["num_inference_steps"], "fid_seeds": 1 if quick else 4, "size_key": key,
-    }
-    sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",")]
-    unknown = set(sections) - set(SECTIONS)
-    if unknown:
-        raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+def plan_progress(progress: Progress, ctx: dict[str, Any], sections: list[str], tiny: bool) -> None:
+    """Plan the measured steps of the sections asked, with a first guess of each kind's seconds."""
     big = 1.0 if tiny else 6.0
     plan = {"load": ("load", 2 * ctx["load_repeats"], 3.0 if tiny else 12.0),
-            "runtime": [("unet_call", 4 + (1 if quick else 3), big / 2),
+            "runtime": [("unet_call", 4 + len(ctx["island_strides"]) * ctx["scaling_calls"], big / 2),
                         ("unet_pair", ctx["pairs"] + ctx["island_pairs"], big)],
             "apply": ("apply", ctx["apply_sizes"], 4.0),
             "fidelity": [("prepare", 1, 2.0), ("image", 2 * 3 * ctx["fid_seeds"], 1.0)]}
@@ -109,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
         if name in sections:
             for kind, count, guess in (steps if isinstance(steps, list) else [steps]):
                 progress.plan(kind, count, guess)
+
+
+def probe_layout(args: argparse.Namespace, layout: str, ctx: dict[str, Any], progress: Progress) -> tuple:
+    """The speed probe, and the layout runtime measures: the asked one, or its structure in a fast dtype."""
+    import hf_precision as hp
 
     # 1. Is any compute dtype of the layout slow here? Say so before measuring anything.
     progress.say("probing fp16 / bf16 speed against fp32 on this machine ...")
@@ -136,6 +119,50 @@ def main(argv: list[str] | None = None) -> int:
     # substitute is float32, it runs in the half dtype the probe found least slow, and says so.
     live = {d: r for d, r in probe["ratio"].items() if r}
     ctx["island_dtype"] = min(live, key=live.__getitem__) if live else None
+    return asked, note, overrides, run_layout, probe
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker_load:
+        memory.worker(args.worker_load.split(","), args.folder, args.load_layout, args.device, args.threads)
+        return 0
+    os.environ.update({k: v for k, v in common.QUIET_ENV.items() if k != "PYTHONWARNINGS"})
+    t_start = time.perf_counter()
+    progress = Progress()
+    import torch
+
+    import hf_precision as hp
+    from hf_precision.apps.demo_pictures import SHAPES_CALL
+
+    common.quiet_libraries()
+    threads, threads_why = choose_threads(args.threads, torch.get_num_threads())
+    torch.set_num_threads(threads)
+    (out_dir := Path(args.out)).mkdir(parents=True, exist_ok=True)
+    quick, on_gpu = args.quick, args.device.startswith("cuda")
+    size, key = pipeline.resolve_size(args.size)
+    layout = args.layout or (args.device if on_gpu else "t4")
+
+    tiny = key == "tiny"
+    ctx: dict[str, Any] = {
+        "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
+        "script": str(Path(__file__).resolve()), "quick": quick,
+        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (1 if quick else 6),
+        "island_pairs": args.island_pairs or (1 if quick else 3), "min_pairs": 3, "batch": 2,
+        "latent": args.latent or 8,
+        # the island-scaling subsets: every 4th and every 2nd norm (all of them is the islands layout itself)
+        "island_strides": (2,) if quick else (4, 2), "scaling_calls": 1,
+        "apply_sizes": 2 if quick else 3, "apply_repeats": 2 if quick else 5,
+        # fidelity measures the shipped shapes model (hf_precision.apps.shapes_model) whatever --size says
+        "fid_steps": 2 if quick else SHAPES_CALL["num_inference_steps"], "fid_seeds": 1 if quick else 4, "size_key": key,
+    }
+    sections = [s.strip() for s in (args.only or ",".join(SECTIONS)).split(",")]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        raise SystemExit(f"--only: unknown section(s) {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    plan_progress(progress, ctx, sections, tiny)
+
+    asked, note, overrides, run_layout, probe = probe_layout(args, layout, ctx, progress)
     real = pipeline.check_real_fits(layout) if key == "real" else None
 
     ctx["layout"] = run_layout
@@ -145,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "env": common.env_info(threads, args.device),
         "config": {"command": command.strip(), "size": key, "params": prepared["params"], "layout": layout,
-                   "layout_label": asked.device.label(), "asked_layout": pipeline.layout_text(asked),
+                   "layout_label": asked.device.label(), "threads_why": threads_why, "asked_layout": pipeline.layout_text(asked),
                    "exact": args.layout is not None, "note": note, "overrides": overrides, "real_memory": real,
                    "run_layout_device": run_layout,
                    **{k: v for k, v in ctx.items() if not callable(v) and k not in ("overrides", "script", "layout")}},
@@ -176,8 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         results["config"]["run_layout"] = pipeline.layout_text(hp.applied(pipes["recipe"]).recipe)
         for p in pipes.values():
             p.set_progress_bar_config(disable=True)
-    run("runtime", lambda: {**runtime.bench_runtime(ctx, pipes, progress),
-                            "scaling": runtime.bench_hook_scaling(ctx, pipes, progress)})
+    run("runtime", lambda: runtime.bench_runtime(ctx, pipes, progress))
     run("weights", lambda: memory.bench_weights(ctx, pipes))
     if on_gpu and "recipe" in pipes:
         results["gpu_max_allocated"] = torch.cuda.max_memory_allocated()

@@ -51,16 +51,25 @@ def test_smoke_run_has_every_section_without_errors(quick_run):
         assert layout["hook_time"]["hook_calls_per_call"] > 0
     islands = data["sections"]["runtime"]["layouts"]["islands"]
     import torch
-
-    from hf_precision.testing.pipelines import make_sdxl
+    from diffusers import UNet2DConditionModel
 
     # every norm is an island, on every CPU: where the probe made the benchmarked UNet float32, the islands
-    # layout still computes in a half dtype (and says so)
-    norms = [m for m in make_sdxl().unet.modules() if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm))]
+    # layout still computes in a half dtype (and says so). The norms are counted on the saved UNet's config, built
+    # on the meta device (building the whole pipeline again took 45 s of this test on a busy machine).
+    with torch.device("meta"):
+        unet = UNet2DConditionModel.from_config(UNet2DConditionModel.load_config(quick_run / "cache" / "sdxl-tiny" / "unet"))
+    norms = [m for m in unet.modules() if isinstance(m, (torch.nn.GroupNorm, torch.nn.LayerNorm))]
     assert islands["islands"] == len(norms)
     assert islands["compute"] in ("float16", "bfloat16")
     substituted = data["sections"]["runtime"]["layouts"]["recipe"]["compute"] == "float32"
     assert ("island_note" in data["sections"]["runtime"]) == substituted
+    # the island scaling runs on the islands layout, where island hooks run (on an fp32 UNet they would be none),
+    # at more than one island count, each subset a stride of the norms; every paired figure carries its noise
+    scaling = data["sections"]["runtime"]["scaling"]
+    assert len(scaling["rows"]) >= 2 and all(r["island_s"] > 0 for r in scaling["rows"]), scaling["rows"]
+    assert scaling["rows"][-1]["islands"] == islands["islands"] and scaling["judged"]["slope"] is not None
+    for layout in data["sections"]["runtime"]["layouts"].values():
+        assert {"pass", "why"} <= set(layout["judged"]) and layout["hook_time"]["per_call"]["n"] == layout["overhead"]["n"]
     assert data["probe"]["ratio"].keys() == {"float16", "bfloat16"}
     assert data["config"]["command"].startswith("python benchmarks/benchmark.py")
 

@@ -20,6 +20,7 @@ TARGETS = {
     "island_hook_share": 0.01,       # hooks' own time with 166 islands / one denoiser call
     "reapply_over_first": 1.20,      # re-apply / first apply
 }
+LINEAR_SLOPE = 1.25  # a log-log slope up to this counts as linear growth (1.0 = exactly linear)
 QUIET_ENV = {
     "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "DIFFUSERS_VERBOSITY": "error", "TRANSFORMERS_VERBOSITY": "error", "PYTHONWARNINGS": "ignore",
@@ -89,6 +90,23 @@ def loadavg() -> list[float] | None:
     with contextlib.suppress(OSError, AttributeError):
         return [round(x, 2) for x in os.getloadavg()]
     return None
+
+
+def auto_threads(cores: int, load1: float | None) -> int:
+    """Torch threads for a run on a shared machine: every core when the machine is idle, else the cores left free.
+
+    An OpenMP team larger than the free cores waits at every operator's barrier for a member the kernel has
+    descheduled: on a 2-core machine at load average 10, one mid-size UNet call took 31-38 s with 2 threads and 8 s
+    with 1, burning 7x the CPU time spinning. Both sides of every pair run with the same threads, so the ratios keep
+    their meaning; the report names the count and why.
+
+    Example:
+        >>> auto_threads(2, 0.3), auto_threads(2, 1.6), auto_threads(2, 9.0), auto_threads(16, 3.2), auto_threads(4, None)
+        (2, 1, 1, 13, 4)
+    """
+    if load1 is None:
+        return cores
+    return max(1, min(cores, cores - int(load1)))
 
 
 def cpu_info() -> dict[str, Any]:
@@ -171,3 +189,67 @@ def pipeline_modules(pipe: Any) -> dict[str, Any]:
     import torch
 
     return {k: v for k, v in pipe.components.items() if isinstance(v, torch.nn.Module)}
+
+
+def judge_paired(samples: list[float], target: float, fewest: int = 3) -> dict[str, Any]:
+    """A paired figure judged against the noise it shows: half the spread of the per-pair samples.
+
+    PASS when even the median plus the noise is within ``target``, FAIL when the median minus the noise is above it,
+    otherwise no verdict (``pass`` None): the pairs cannot tell the figure from ``target`` at this noise. Fewer than
+    ``fewest`` samples give no verdict: two samples that happen to agree are no measure of the noise (a busy run
+    had two pairs agree within 0.4% while single calls of the same kind spread ±33%).
+
+    Example:
+        >>> [judge_paired(xs, 0.01)["pass"] for xs in ([0.001, 0.003, 0.0], [0.2, 0.3, 0.25], [-0.3, 0.3, 0.0])]
+        [True, False, None]
+        >>> judge_paired([0.2, 0.3], 0.01)["pass"], round(judge_paired([-0.3, 0.3, 0.1], 0.01)["noise"], 2)
+        (None, 0.3)
+    """
+    xs = [float(x) for x in samples if x is not None and math.isfinite(float(x))]
+    if len(xs) < fewest:
+        return {"pass": None, "median": statistics.median(xs) if xs else None, "noise": None, "n": len(xs),
+                "why": f"{len(xs)} sample(s) measure no noise (a verdict needs {fewest}): no verdict"}
+    median, noise = statistics.median(xs), (max(xs) - min(xs)) / 2
+    if median - noise > target:
+        why, ok = "above the target beyond the noise", False
+    elif median + noise <= target:
+        why, ok = "within the target beyond the noise", True
+    else:
+        why, ok = "the noise is larger than the distance to the target: these samples cannot resolve it", None
+    return {"pass": ok, "median": median, "noise": noise, "n": len(xs), "why": why}
+
+
+def judge_slope(samples: dict[int, list[float]], limit: float) -> dict[str, Any]:
+    """The log-log slope of the medians of ``samples`` (count -> repeated times) judged against ``limit``.
+
+    The noise is the largest relative half spread among the counts with two samples or more; moving both ends of
+    the range by that much moves the slope by at most ``log((1 + r) / (1 - r)) / log(x_max / x_min)``. PASS when
+    the slope plus that is within ``limit``, FAIL when the slope minus it is above, else no verdict.
+
+    Example:
+        >>> j = judge_slope({40: [1.0, 1.1], 80: [2.0], 160: [4.2, 3.8]}, 1.25)
+        >>> round(j["slope"], 2), round(j["noise"], 2), j["pass"]
+        (0.96, 0.07, True)
+        >>> [judge_slope(s, 1.25)["pass"] for s in ({40: [1.0, 3.0], 160: [16.0]}, {40: [1.0], 160: [4.0]})]
+        [None, None]
+    """
+    xs = sorted(n for n, v in samples.items() if v)
+    meds = [statistics.median(samples[n]) for n in xs]
+    if len(xs) < 2 or min(meds) <= 0:
+        return {"pass": None, "slope": None, "noise": None, "why": "fewer than two counts with island hook time"}
+    lx, ly = [math.log(x) for x in xs], [math.log(y) for y in meds]
+    mx, my = statistics.mean(lx), statistics.mean(ly)
+    slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+    spreads = [(max(v) - min(v)) / 2 / statistics.median(v) for v in samples.values() if len(v) > 1]
+    if not spreads:
+        return {"pass": None, "slope": slope, "noise": None, "relative_noise": None,
+                "why": "no count was called twice: no noise measured, no verdict"}
+    r = max(spreads)
+    noise = math.log((1 + r) / (1 - r)) / math.log(xs[-1] / xs[0]) if r < 1 else math.inf
+    if slope - noise > limit:
+        why, ok = "above the limit beyond the noise", False
+    elif slope + noise <= limit:
+        why, ok = "within the limit beyond the noise", True
+    else:
+        why, ok = "the noise is larger than the distance to the limit: these samples cannot resolve it", None
+    return {"pass": ok, "slope": slope, "noise": noise, "relative_noise": r, "why": why}

@@ -5,9 +5,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from .common import TARGETS, fmt, fmt_stats, md_table, verdict
+from .common import LINEAR_SLOPE, TARGETS, fmt, fmt_stats, md_table, stats, verdict
 
-LINEAR_SLOPE = 1.25  # a log-log slope up to this counts as linear growth (1.0 = exactly linear)
+
+def judged(j: dict[str, Any] | None, unit: str = "%") -> str:
+    """The noise beside a judged figure, and what it allows one to say.
+
+    Example:
+        >>> judged({"pass": None, "noise": 0.3, "n": 3, "why": "the noise is larger ..."})
+        'noise ±30.00% (half the spread, n=3): the noise is larger ...'
+    """
+    if not j or j.get("noise") is None:
+        return (j or {}).get("why", "")
+    return f"noise ±{fmt(j['noise'], unit).lstrip('+')} (half the spread, n={j['n']}): {j['why']}"
+
+
+def judged_verdict(j: dict[str, Any] | None) -> str:
+    """PASS / FAIL beyond the noise, or say that the noise cannot decide."""
+    ok = (j or {}).get("pass")
+    return "**within noise** (no verdict)" if ok is None else verdict(ok)
 
 
 def header(res: dict[str, Any]) -> list[str]:
@@ -21,7 +37,8 @@ def header(res: dict[str, Any]) -> list[str]:
          f"{env['torch_cpu_capability']}",
          f"- GPU: {env['gpu'] or 'none (not measured: no GPU in this run)'}",
          f"- torch {env['torch']}, diffusers {env['diffusers']}, transformers {env['transformers']}, accelerate "
-         f"{env['accelerate']}, Python {env['python']}; torch threads {env['threads']}; device {env['device']}",
+         f"{env['accelerate']}, Python {env['python']}; torch threads {env['threads']} "
+         f"({cfg.get('threads_why', 'torch default')}); device {env['device']}",
          f"- Load average (1, 5, 15 min) at start {env.get('loadavg_start')}, at end {env.get('loadavg_end')} "
          f"(other processes on the machine add noise)"]
     pr = res["probe"]
@@ -50,18 +67,23 @@ def targets(sec: dict[str, Any]) -> list[list[str]]:
                      f"{fmt(ld['plain']['anon_over_weights']['median'], 'x', 2)}", "≤ plain's", verdict(ld["pass_anon"])])
     if "layouts" in rt:
         lay = rt["layouts"]
+        rec, isl = lay["recipe"], lay["islands"]
         rows.append(["Runtime: hooks over the no-hook floor, benchmarked layout (paired)",
-                     fmt_stats(lay["recipe"]["overhead"], "%"), "≤ 1%", verdict(rt["pass_overhead"])])
-        isl = lay["islands"]
+                     f"{fmt_stats(rec['overhead'], '%')}; {judged(rec.get('judged'))}", "≤ 1%",
+                     judged_verdict(rec.get("judged"))])
         rows.append([f"Islands: hooks' own time beyond the casts an island needs / denoiser call, {isl['islands']} islands",
                      f"{fmt(isl['hook_extra_share'], '%')} ({fmt(isl['hook_extra'], 'us', 0)} per call; with the casts "
-                     f"{fmt(isl['hook_share'], '%')})", "≤ 1%", verdict(rt["pass_island_share"])])
-        rows.append([f"Islands: hooks over the floor, {lay['islands']['islands']} islands (paired)",
-                     fmt_stats(lay["islands"]["overhead"], "%"), "≤ 1%", verdict(rt["pass_island_paired"])])
-        fit = rt.get("scaling", {}).get("fit") or {}
-        if fit.get("loglog") is not None:
-            rows.append(["Islands: hook time linear in islands (log-log slope)", f"{fit['loglog']:.2f}",
-                         f"≤ {LINEAR_SLOPE}", verdict(fit["loglog"] <= LINEAR_SLOPE)])
+                     f"{fmt(isl['hook_share'], '%')}); {judged(isl.get('extra_judged'))}", "≤ 1%",
+                     judged_verdict(isl.get("extra_judged"))])
+        rows.append([f"Islands: hooks over the floor, {isl['islands']} islands (paired)",
+                     f"{fmt_stats(isl['overhead'], '%')}; {judged(isl.get('judged'))}", "≤ 1%",
+                     judged_verdict(isl.get("judged"))])
+        sj = rt.get("scaling", {}).get("judged") or {}
+        if sj.get("slope") is not None:
+            noise = (f"noise ±{sj['noise']:.2f} (from a ±{sj['relative_noise'] * 100:.0f}% spread of repeated calls): "
+                     if sj.get("noise") is not None else "")
+            rows.append(["Islands: island hooks' own time linear in islands (log-log slope, every 4th / 2nd / all norms)",
+                         f"{sj['slope']:.2f}; {noise}{sj['why']}", f"≤ {LINEAR_SLOPE}", judged_verdict(sj)])
     if "rows" in ap:
         worst = max(r["ratio"]["median"] for r in ap["rows"])
         rows.append(["Apply: re-apply / first apply (every norm an island; worst size)", fmt(worst, "x", 2),
@@ -121,8 +143,10 @@ def runtime_section(rt: dict[str, Any]) -> list[str]:
          f"UNet {rt['params']:,} parameters, {rt['modules']} modules, one call = batch 2 (CFG), 77 tokens, inputs "
          "arriving in the pipeline's latents dtype, `torch.inference_mode()`. Floor: the same UNet object with the hooks "
          "removed (`hf_precision.applied(pipe).remove()`), each island wrapped in a hand-written fp32 cast, inputs cast "
-         "beforehand; hooks back with `apply_recipe`. Pairs run back to back, order alternating. Hooks' own time: the "
-         "registered `EntryHook`/`IslandHook` pre/post callables wrapped with a timer (only time inside the hooks).", ""]
+         "beforehand; hooks back with `apply_recipe`. Pairs run back to back, order alternating; they stop once the ratio is "
+         "resolved against its target at the noise measured (half the spread of the pairs' ratios), else at --pairs. "
+         "Hooks' own time, in the same pairs: the registered `EntryHook`/`IslandHook` pre/post callables wrapped with a "
+         "timer (only time inside the hooks), while the floor times its hand-written casts the same way.", ""]
     rows = []
     for name, r in rt["layouts"].items():
         label = "benchmarked layout" if name == "recipe" else f"every norm an island ({r['islands']})"
@@ -140,16 +164,17 @@ def runtime_section(rt: dict[str, Any]) -> list[str]:
     L.append("")
     sc = rt.get("scaling", {})
     if sc.get("rows"):
-        L.append("Hooks' own time against the number of islands (the first N norms made islands):")
+        L.append("Island hooks' own time against the number of islands (every 4th, every 2nd and every norm an island, "
+                 "so that each subset holds norms of every block and size; all of them from the pairs above):")
         L.append("")
-        L.append(md_table(["islands", "all hooks per call", "island hooks per call", "per island"],
-                          [[r["islands"], fmt(r["hook_s"], "us", 0), fmt(r["island_s"], "us", 0),
-                            fmt(r["island_s"] / max(r["islands"], 1), "us", 2)] for r in sc["rows"]]))
+        L.append(md_table(["islands", "island hooks per call", "calls", "per island"],
+                          [[r["islands"], fmt_stats(stats(r["samples"]), "us", 0), len(r["samples"]),
+                            fmt(r["per_island_s"], "us", 2)] for r in sc["rows"]]))
         fit = sc.get("fit") or {}
         if fit:
             L.append("")
             L.append(f"- Fit: {fmt(fit['slope'], 'us', 2)} per island + {fmt(fit['intercept'], 'us', 0)}; log-log slope "
-                     f"{fit.get('loglog', float('nan')):.2f} (1.0 = linear).")
+                     f"{fit.get('loglog', float('nan')):.2f} (1.0 = linear); {(sc.get('judged') or {}).get('why', '')}.")
     return L + [""]
 
 

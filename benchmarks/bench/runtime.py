@@ -6,12 +6,14 @@
   bit-identical), so the ratio inside a back-to-back pair is the hooks' cost. The hooks come back with
   ``hf_precision.apply_recipe(pipe, record.recipe)`` (re-applying replaces hooks, never stacks them).
 - **The hooks' own time**: each registered hook is one of the public ``EntryHook.pre/post`` or
-  ``IslandHook.pre/post`` methods; the benchmark wraps those registered callables with a timer for a few calls and
-  puts them back. It measures only time spent inside the hooks, so machine noise in the convolutions does not
-  enter it.
+  ``IslandHook.pre/post`` methods; during each pair's hooked call the benchmark wraps those registered callables
+  with a timer (thread CPU time) and puts them back, while the floor's call times its hand-written casts the same
+  way. It measures only time spent inside the hooks, so machine noise in the convolutions does not enter it.
+- **Noise**: every paired figure is judged against half the spread of its pairs (``common.judge_paired``): PASS or
+  FAIL only beyond that noise, else no verdict, and pairs stop early once a figure is resolved.
 - **Islands stress**: every norm of the UNet made an island (166 on the mid-size SDXL UNet) with a ``keep_fp32``
-  override, hook time per call at a few island counts, and first apply vs re-apply on meta-device UNets of growing
-  size (``hf_precision.diagnose.planner.build_on_meta``).
+  override, in a half dtype; the island hooks' own time at every 4th, every 2nd and every norm (linear in islands?),
+  and first apply vs re-apply on meta-device UNets of growing size (``hf_precision.diagnose.planner.build_on_meta``).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from .common import TARGETS, stats, sync
+from .common import LINEAR_SLOPE, TARGETS, judge_paired, judge_slope, stats, sync
 
 NORM_TYPES = ("GroupNorm", "LayerNorm")
 
@@ -211,40 +213,50 @@ def timed_hooks(module: Any) -> Any:
             hooks[key] = fn
 
 
-def hook_time(pipe: Any, call: Callable[[], Any], calls: int) -> dict[str, Any]:
-    """Seconds per denoiser call spent inside the recipe's hooks (median over ``calls`` calls)."""
-    per_call, entry, island, n_calls = [], [], [], 0
-    with timed_hooks(pipe.unet) as spent:
-        for _ in range(calls):
-            before = dict(spent)
-            call()
-            per_call.append(spent["total"] - before["total"])
-            entry.append(spent["entry"] - before["entry"])
-            island.append(spent["island"] - before["island"])
-            n_calls = spent["calls"] - before["calls"]
-    return {"per_call": stats(per_call), "entry": stats(entry), "island": stats(island), "hook_calls_per_call": n_calls}
-
-
 def paired(progress: Any, kind: str, label: str, floor: Floor, hooked: Callable[[], Any], bare: Callable[[], Any],
-           pairs: int, device: str) -> dict[str, Any]:
-    """``pairs`` back-to-back (hooks, floor) call pairs, order alternating; the overhead is the ratio in a pair."""
-    times = {"hooks": [], "floor": []}
-    ratios = []
-    for i in range(pairs):
-        with progress.step(kind, f"{label}: hooks/floor pair {i + 1}/{pairs}"):
+           limits: tuple[int, int], device: str, target: float) -> dict[str, Any]:
+    """Back-to-back (hooks, floor) call pairs, order alternating; the overhead is the ratio inside a pair.
+
+    Each hooked call also records the hooks' own time (``timed_hooks``, wrapped outside the timed region) and each
+    floor call its hand-written casts, so one pair gives the three figures and both sides pay one timer per island.
+    ``limits`` = (fewest, most) pairs: past the fewest, pairs stop once the ratio is resolved against ``target`` at
+    the noise measured so far (``common.judge_paired``), else at the most.
+    """
+    fewest, most = limits
+    times: dict[str, list[float]] = {"hooks": [], "floor": []}
+    ratios: list[float] = []
+    hooks: list[dict[str, float]] = []
+    casts: list[float] = []
+    for i in range(most):
+        with progress.step(kind, f"{label}: hooks/floor pair {i + 1} (at most {most})"):
             got = {}
             for name in (("hooks", "floor") if i % 2 == 0 else ("floor", "hooks")):
                 (floor.hooks_on if name == "hooks" else floor.hooks_off)()
-                sync(device)
-                t0 = time.perf_counter()
-                (hooked if name == "hooks" else bare)()
-                sync(device)
-                got[name] = time.perf_counter() - t0
+                floor.hand.cast_seconds = 0.0
+                with (timed_hooks(floor.pipe.unet) if name == "hooks" else contextlib.nullcontext()) as spent:
+                    sync(device)
+                    t0 = time.perf_counter()
+                    (hooked if name == "hooks" else bare)()
+                    sync(device)
+                    got[name] = time.perf_counter() - t0
+                if name == "hooks":
+                    hooks.append(dict(spent))
+                else:
+                    casts.append(floor.hand.cast_seconds)
             floor.hooks_on()
         for k, v in got.items():
             times[k].append(v)
         ratios.append(got["hooks"] / got["floor"] - 1)
-    return {"hooks_s": stats(times["hooks"]), "floor_s": stats(times["floor"]), "overhead": stats(ratios)}
+        if i + 1 >= fewest and judge_paired(ratios, target)["pass"] is not None:
+            break
+    # the hooks' cost beyond the casts any island needs, as a share of the floor's call, pair by pair
+    extra = [(h["total"] - c) / f for h, c, f in zip(hooks, casts, times["floor"])]
+    return {"hooks_s": stats(times["hooks"]), "floor_s": stats(times["floor"]), "overhead": stats(ratios),
+            "judged": judge_paired(ratios, target), "extra_judged": judge_paired(extra, target),
+            "hook_time": {"per_call": stats([h["total"] for h in hooks]), "entry": stats([h["entry"] for h in hooks]),
+                          "island": stats([h["island"] for h in hooks]),
+                          "hook_calls_per_call": int(hooks[-1]["calls"]) if hooks else 0},
+            "floor_cast_time": stats(casts)}
 
 
 # ----------------------------------------------------------------------------------------------- sections
@@ -262,98 +274,114 @@ def island_half_dtype(compute: str, probe_choice: str | None) -> str | None:
     return probe_choice or "bfloat16"
 
 
-def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> dict[str, Any]:
-    """Paired overhead and hook time on the benchmarked layout, then on the 166-island layout."""
+def _islands_pipe(ctx: dict[str, Any], pipes: dict[str, Any], out: dict[str, Any]) -> tuple[Any, list[Any]]:
+    """The every-norm-an-island pipeline, and the overrides under its islands (the scaling re-applies subsets)."""
+    import hf_precision as hp
+
+    pipe = pipes["recipe"]
+    over, out["island_count"] = all_norms_override(pipe.unet)
+    half = island_half_dtype(hp.applied(pipe).recipe["unet"].compute, ctx.get("island_dtype"))
+    base = list(ctx["overrides"])
+    if half:  # a separate pipeline: casting the benchmarked one to half and back would round its weights
+        base.append({"components": {"unet": {"dtype": half}}})
+        pipe = hp.load_pipeline(ctx["folder"], ctx["device"], layout=ctx["layout"], overrides=[*base, over])
+        out["island_note"] = (f"the benchmarked UNet computes float32 here, where no norm can be an island: "
+                              f"the islands layout computes {half}, the least slow half dtype of the probe")
+    else:
+        hp.apply_recipe(pipe, "sdxl", device=ctx["device"], layout=ctx["layout"], overrides=[*base, over])
+    return pipe, base
+
+
+def bench_variant(ctx: dict[str, Any], pipe: Any, variant: str, progress: Any, target: float) -> dict[str, Any]:
+    """Warm-up, bit-identity of the floor, then the pairs (overhead, hooks' own time, the floor's casts)."""
     import torch
 
     import hf_precision as hp
     from hf_precision import dtypes as hdt
 
     device = ctx["device"]
+    record = hp.applied(pipe)
+    plan = record.recipe["unet"]
+    compute = hdt.to_torch(plan.compute)
+    latents = hdt.to_torch(record.recipe[record.recipe.latents_from].compute) if record.recipe.latents_from else compute
+    arrive = unet_inputs(pipe, ctx["batch"], ctx["latent"], latents, device)
+    pre_cast = unet_inputs(pipe, ctx["batch"], ctx["latent"], compute, device)
+    unet = pipe.unet
+    floor = Floor(pipe, compute)
+    hooked = lambda: unet(**arrive, return_dict=False)[0]
+    bare = lambda: unet(**pre_cast, return_dict=False)[0]
+    res: dict[str, Any] = {"compute": plan.compute, "storage": plan.storage, "latents_dtype": hdt.from_torch(latents),
+                           "islands": len(record.islands.get("unet", [])),
+                           "island_names": list(record.islands.get("unet", []))[:6]}
+    with torch.inference_mode():
+        with progress.step("unet_call", f"runtime ({variant}): warm-up call with the hooks"):
+            ref = hooked().float()
+        with progress.step("unet_call", f"runtime ({variant}): the floor's call, bit-identical to the hooks'?"):
+            floor.hooks_off()
+            res["max_abs_diff_floor"] = float((bare().float() - ref).abs().max())
+            floor.hooks_on()
+        most = ctx["pairs"] if variant == "recipe" else ctx.get("island_pairs", ctx["pairs"])
+        res.update(paired(progress, "unet_pair", f"runtime ({variant})", floor, hooked, bare,
+                          (min(ctx.get("min_pairs", 2), most), most), device, target))
+    res["hook_share"] = res["hook_time"]["per_call"]["median"] / res["floor_s"]["median"]
+    # What the hooks cost beyond the casts an island needs anyway (the floor's hand-written casts do the same).
+    res["hook_extra"] = res["hook_time"]["per_call"]["median"] - res["floor_cast_time"]["median"]
+    res["hook_extra_share"] = res["hook_extra"] / res["floor_s"]["median"]
+    res["arrive"] = arrive
+    return res
+
+
+def bench_runtime(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> dict[str, Any]:
+    """Paired overhead and hook time on the benchmarked layout, then every norm an island, then the scaling."""
+    import hf_precision as hp
+
     out: dict[str, Any] = {"layouts": {}}
-    for variant in ("recipe", "islands"):
-        pipe = pipes["recipe"]
-        if variant == "islands":
-            over, out["island_count"] = all_norms_override(pipe.unet)
-            half = island_half_dtype(hp.applied(pipe).recipe["unet"].compute, ctx.get("island_dtype"))
-            if half:  # a separate pipeline: casting the benchmarked one to half and back would round its weights
-                pipe = hp.load_pipeline(ctx["folder"], device, layout=ctx["layout"],
-                                        overrides=[*ctx["overrides"], {"components": {"unet": {"dtype": half}}}, over])
-                out["island_note"] = (f"the benchmarked UNet computes float32 here, where no norm can be an island: "
-                                      f"the islands layout computes {half}, the least slow half dtype of the probe")
-            else:
-                hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=[*ctx["overrides"], over])
-        record = hp.applied(pipe)
-        plan = record.recipe["unet"]
-        compute = hdt.to_torch(plan.compute)
-        latents = hdt.to_torch(record.recipe[record.recipe.latents_from].compute) if record.recipe.latents_from else compute
-        arrive = unet_inputs(pipe, ctx["batch"], ctx["latent"], latents, device)
-        pre_cast = unet_inputs(pipe, ctx["batch"], ctx["latent"], compute, device)
-        unet = pipe.unet
-        floor = Floor(pipe, compute)
-        hooked = lambda: unet(**arrive, return_dict=False)[0]
-        bare = lambda: unet(**pre_cast, return_dict=False)[0]
-        res: dict[str, Any] = {"compute": plan.compute, "storage": plan.storage, "latents_dtype": hdt.from_torch(latents),
-                               "islands": len(record.islands.get("unet", [])),
-                               "island_names": list(record.islands.get("unet", []))[:6]}
-        with torch.inference_mode():
-            with progress.step("unet_call", f"runtime ({variant}): warm-up and bit-identity check"):
-                ref = hooked().float()
-                floor.hooks_off()
-                res["max_abs_diff_floor"] = float((bare().float() - ref).abs().max())
-                floor.hooks_on()
-            with progress.step("unet_call", f"runtime ({variant}): hooks' own time, and the floor's hand-written casts"):
-                res["hook_time"] = hook_time(pipe, hooked, ctx["hook_calls"])
-                floor.hooks_off()
-                casts = []
-                for _ in range(ctx["hook_calls"]):
-                    floor.hand.cast_seconds = 0.0
-                    bare()
-                    casts.append(floor.hand.cast_seconds)
-                floor.hooks_on()
-                res["floor_cast_time"] = stats(casts)
-            pairs = ctx["pairs"] if variant == "recipe" else ctx.get("island_pairs", ctx["pairs"])
-            res.update(paired(progress, "unet_pair", f"runtime ({variant})", floor, hooked, bare, pairs, device))
-        res["hook_share"] = res["hook_time"]["per_call"]["median"] / res["floor_s"]["median"]
-        # What the hooks cost beyond the casts an island needs anyway (the floor's hand-written casts do the same).
-        res["hook_extra"] = res["hook_time"]["per_call"]["median"] - res["floor_cast_time"]["median"]
-        res["hook_extra_share"] = res["hook_extra"] / res["floor_s"]["median"]
-        out["layouts"][variant] = res
+    out["layouts"]["recipe"] = bench_variant(ctx, pipes["recipe"], "recipe", progress, TARGETS["runtime_overhead"])
+    pipe, base = _islands_pipe(ctx, pipes, out)
+    isl = out["layouts"]["islands"] = bench_variant(ctx, pipe, "islands", progress, TARGETS["island_hook_share"])
+    out["scaling"] = bench_hook_scaling(ctx, pipe, base, isl, progress)
+    for res in out["layouts"].values():
+        res.pop("arrive")
     # back to the benchmarked recipe (the pipeline is the caller's)
-    hp.apply_recipe(pipes["recipe"], "sdxl", device=device, layout=ctx["layout"], overrides=ctx["overrides"])
-    isl, rec = out["layouts"]["islands"], out["layouts"]["recipe"]
-    out["pass_overhead"] = rec["overhead"]["median"] <= TARGETS["runtime_overhead"]
-    out["pass_island_share"] = isl["hook_extra_share"] <= TARGETS["island_hook_share"]
-    out["pass_island_paired"] = isl["overhead"]["median"] <= TARGETS["runtime_overhead"]
+    hp.apply_recipe(pipes["recipe"], "sdxl", device=ctx["device"], layout=ctx["layout"], overrides=ctx["overrides"])
+    rec = out["layouts"]["recipe"]
+    out["pass_overhead"] = rec["judged"]["pass"]
+    out["pass_island_share"] = isl["extra_judged"]["pass"]
+    out["pass_island_paired"] = isl["judged"]["pass"]
     out["modules"] = sum(1 for _ in pipes["recipe"].unet.modules())
     out["params"] = sum(p.numel() for p in pipes["recipe"].unet.parameters())
     return out
 
 
-def bench_hook_scaling(ctx: dict[str, Any], pipes: dict[str, Any], progress: Any) -> dict[str, Any]:
-    """Hooks' own time per call at a few island counts (linear in islands?)."""
+def bench_hook_scaling(ctx: dict[str, Any], pipe: Any, base: list[Any], full: dict[str, Any],
+                       progress: Any) -> dict[str, Any]:
+    """The island hooks' own time per call at a quarter, a half and all of the norms as islands (linear?).
+
+    The subsets take every 4th and every 2nd norm, so that each holds norms of every block and size (the first N
+    norms would all sit in the high-resolution down blocks, whose casts move more bytes per island). All islands
+    is the islands variant's own pairs; each subset is re-applied on the same pipeline and called
+    ``ctx["scaling_calls"]`` times. The slope is judged against the relative noise of the repeated samples.
+    """
     import torch
 
     import hf_precision as hp
-    from hf_precision import dtypes as hdt
 
-    pipe, device = pipes["recipe"], ctx["device"]
     names = norm_modules(pipe.unet)
-    rows = []
+    rows = {len(names): full["hook_time"]["island"]["samples"]}
     with torch.inference_mode():
-        for count in ctx["island_counts"](len(names)):
-            hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"],
-                            overrides=[*ctx["overrides"], island_overrides(names[:count])])
-            record = hp.applied(pipe)
-            latents = hdt.to_torch(record.recipe[record.recipe.latents_from].compute)
-            arrive = unet_inputs(pipe, ctx["batch"], ctx["latent"], latents, device)
-            with progress.step("unet_call", f"hook scaling: {count} islands"):
-                t = hook_time(pipe, lambda: pipe.unet(**arrive, return_dict=False)[0], ctx["hook_calls"])
-            rows.append({"islands": count, "hook_s": t["per_call"]["median"], "island_s": t["island"]["median"],
-                         "hook_calls": t["hook_calls_per_call"]})
-    hp.apply_recipe(pipe, "sdxl", device=device, layout=ctx["layout"], overrides=ctx["overrides"])
-    fit = linear_fit([r["islands"] for r in rows], [r["island_s"] for r in rows])
-    return {"rows": rows, "fit": fit}
+        for step in ctx["island_strides"]:
+            subset = names[::step]
+            hp.apply_recipe(pipe, "sdxl", device=ctx["device"], layout=ctx["layout"],
+                            overrides=[*base, island_overrides(subset)])
+            for _ in range(ctx.get("scaling_calls", 1)):
+                with progress.step("unet_call", f"hook scaling: every {step}th norm an island ({len(subset)})"):
+                    with timed_hooks(pipe.unet) as spent:
+                        pipe.unet(**full["arrive"], return_dict=False)
+                rows.setdefault(len(subset), []).append(spent["island"])
+    table = [{"islands": n, "island_s": statistics.median(xs), "samples": xs, "per_island_s": statistics.median(xs) / n}
+             for n, xs in sorted(rows.items())]
+    fit = linear_fit([r["islands"] for r in table], [r["island_s"] for r in table])
+    return {"rows": table, "fit": fit, "judged": judge_slope(rows, LINEAR_SLOPE)}
 
 
 def bench_apply(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
