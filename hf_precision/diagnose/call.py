@@ -92,12 +92,16 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
 
     FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
     ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
+    A dynamic-shifting scheduler is probed with the shift that leaves the sigmas as they are, as its pipeline
+    computes a shift of its own (CogView4's scheduler shifts linearly: ``mu`` 1, not 0).
 
     Example:
         >>> from diffusers import FlowMatchEulerDiscreteScheduler
         >>> ltx = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
         >>> schedulable(FlowMatchEulerDiscreteScheduler()), schedulable(ltx), schedulable(ltx, 2)
         (True, False, True)
+        >>> schedulable(FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="linear"), 2)
+        True
     """
     import copy
     import warnings
@@ -110,7 +114,9 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
     probe = copy.deepcopy(scheduler)
     config = getattr(probe, "config", {})
     params = inspect.signature(probe.set_timesteps).parameters
-    kwargs = {"mu": 0.0} if "mu" in params and config.get("use_dynamic_shifting") else {}  # what the pipeline computes
+    # the identity shift: exp(mu) = 1 for the exponential time shift, mu = 1 for the linear one (mu 0 there is 0/0)
+    identity = 1.0 if config.get("time_shift_type") == "linear" else 0.0
+    kwargs = {"mu": identity} if "mu" in params and config.get("use_dynamic_shifting") else {}
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
