@@ -40,6 +40,10 @@ the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 
   the clip it cannot give, `train` trains it on clips (it wanted images).
 - hunyuan_video_i2v, check on t4: a pipeline that cuts its own prompt template's encoding at fixed token positions
   (the image features, ``<|end_header_id|>``); the tiny tokenizer lacked the template's tokens (IndexError).
+- cogview4, generate: the only scheduler config with a linear time shift (``time_shift_type: linear``), for which
+  the step probe's identity shift is mu 1, not 0 (generate refused every step count).
+- flux2_klein, check: a reference image the pipeline takes but diffusers does not document as optional, and refuses
+  below 64 pixels (check passed its 32-pixel image and failed).
 """
 
 from __future__ import annotations
@@ -86,6 +90,8 @@ CASES = {
     ("ltx_condition", "run", "cpu"): "PASS",  # calibrate's side: call_inputs' doctest
     ("mochi", "train-plan", "cpu"): "PASS",  # the sweep's 9 frames do not fit its VAE (6k+1): it asks 7
     ("hunyuan_video_i2v", "check", "t4"): "PASS",  # its prompt template cut at fixed token positions (about 1 s)
+    ("cogview4", "run", "cpu"): "PASS",  # a linear time-shift scheduler
+    ("flux2_klein", "check", "cpu"): "PASS",  # an optional reference image, refused below 64 pixels
 }
 
 

@@ -60,6 +60,8 @@ ENCODE_FEEDS = {
     # pipeline_chroma.py: the prompt mask reaches the transformer extended over the image tokens (checked below)
     "chroma": {0: ("encoder_hidden_states",)},
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
+    "cogview4": {0: ("encoder_hidden_states",)},
+    "flux2_klein": {0: ("encoder_hidden_states",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -118,7 +120,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein")
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -92,12 +92,16 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
 
     FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
     ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
+    A dynamic-shifting scheduler is probed with the shift that leaves the sigmas as they are, as its pipeline
+    computes a shift of its own (CogView4's scheduler shifts linearly: ``mu`` 1, not 0).
 
     Example:
         >>> from diffusers import FlowMatchEulerDiscreteScheduler
         >>> ltx = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
         >>> schedulable(FlowMatchEulerDiscreteScheduler()), schedulable(ltx), schedulable(ltx, 2)
         (True, False, True)
+        >>> schedulable(FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="linear"), 2)
+        True
     """
     import copy
     import warnings
@@ -110,7 +114,9 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
     probe = copy.deepcopy(scheduler)
     config = getattr(probe, "config", {})
     params = inspect.signature(probe.set_timesteps).parameters
-    kwargs = {"mu": 0.0} if "mu" in params and config.get("use_dynamic_shifting") else {}  # what the pipeline computes
+    # the identity shift: exp(mu) = 1 for the exponential time shift, mu = 1 for the linear one (mu 0 there is 0/0)
+    identity = 1.0 if config.get("time_shift_type") == "linear" else 0.0
+    kwargs = {"mu": identity} if "mu" in params and config.get("use_dynamic_shifting") else {}
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         try:
@@ -175,6 +181,24 @@ def needed_inputs(model: Any) -> tuple[str, list[str]]:
     return name, call_inputs(getattr(diffusers, name, None))
 
 
+def _example_runs_without(cls: Any, name: str) -> bool:
+    """Whether the ``Examples:`` of ``cls.__call__``'s docstring call the pipeline, never giving it ``name``: FLUX.2
+    documents no reference image as optional, and its own example generates from a prompt alone."""
+    import re
+
+    doc = inspect.getdoc(cls.__call__) or ""
+    examples = doc.split("Examples:", 1)[1] if "Examples:" in doc else ""
+    calls = re.findall(r"\bpipe(?:line)?\((.*?)\)\.(?:images|frames)", examples, re.S)
+    return bool(calls) and not any(re.search(rf"\b{re.escape(name)}\b", call) for call in calls)
+
+
+def _optional(cls: Any, params: Mapping[str, Any], name: str) -> bool:
+    if name not in MAY_BE_OPTIONAL:
+        return False
+    defaulted = params[name].default is None
+    return _documented_optional(cls, name) or (defaulted and _example_runs_without(cls, name))
+
+
 def call_inputs(cls: Any) -> list[str]:
     """The input arguments besides a prompt (and DiT's class labels) a pipeline class's ``__call__`` needs.
 
@@ -182,12 +206,15 @@ def call_inputs(cls: Any) -> list[str]:
         >>> from diffusers import LTXConditionPipeline, WanAnimatePipeline, WanVACEPipeline
         >>> call_inputs(WanAnimatePipeline), call_inputs(WanVACEPipeline), call_inputs(LTXConditionPipeline)
         (['image', 'pose_video', 'face_video'], [], [])
+        >>> from diffusers import Flux2KleinPipeline, FluxKontextPipeline
+        >>> call_inputs(Flux2KleinPipeline), call_inputs(FluxKontextPipeline)  # an example without image; one with
+        ([], ['image'])
     """
     try:
         params = inspect.signature(cls.__call__).parameters if cls is not None else {}
     except (TypeError, ValueError):
         params = {}
-    needed = [k for k in INPUTS if k in params and not (k in MAY_BE_OPTIONAL and _documented_optional(cls, k))]
+    needed = [k for k in INPUTS if k in params and not _optional(cls, params, k)]
     # anything else the call cannot go without: Wan Animate's pose_video and face_video, Kandinsky's image_embeds
     return needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
@@ -302,7 +329,8 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
         kwargs.update(image=image(), num_frames=2, decode_chunk_size=1)
     elif "prompt" in params:
         kwargs["prompt"] = "check"
-        if "image" in params:
+        # FLUX.2's reference image is optional (call_inputs), and refused below 64 pixels: text-to-image without it
+        if "image" in call_inputs(type(pipe)) or ("image" in params and _documented_optional(type(pipe), "image")):
             kwargs["image"] = image()
         if "mask_image" in params:
             kwargs["mask_image"] = image((255, 255, 255))

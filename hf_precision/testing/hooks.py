@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'hunyuan_i2v_chat', 'llama', 'qwen2', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'llama', 'qwen2', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -75,6 +75,21 @@ def _qwen3_chat() -> Any:
     tok = tokenizers.make_qwen2_tokenizer()
     tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
+
+
+@register("tokenizer", "glm4")
+def _glm4() -> Any:
+    # GLM-4's tokenizer (CogView4's) starts every text with [gMASK]<sop>: CogView4 encodes an empty negative prompt,
+    # which without them is an empty sequence its text encoder cannot run (pipeline_cogview4.py _get_glm_embeds).
+    # The handmade Qwen2 byte-level BPE (GLM-4's is byte-level BPE too) with that prefix; saved in tokenizer.json.
+    from tokenizers.processors import TemplateProcessing
+
+    tok = tokenizers.make_qwen2_tokenizer()
+    tok.add_tokens(["[gMASK]", "<sop>"], special_tokens=True)
+    prefix = [(t, tok.convert_tokens_to_ids(t)) for t in ("[gMASK]", "<sop>")]
+    tok._tokenizer.post_processor = TemplateProcessing(single="[gMASK] <sop> $A", pair="[gMASK] <sop> $A $B",
+                                                       special_tokens=prefix)
     return tok
 
 

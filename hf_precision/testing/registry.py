@@ -89,7 +89,7 @@ def select(*tags: str, exclude: tuple[str, ...] | str = ()) -> list[str]:
     """Names of the rows carrying every tag in ``tags`` and none in ``exclude``, sorted.
 
     >>> select("image", "dit", exclude="core")[:3]
-    ['auraflow', 'chroma', 'flux']
+    ['auraflow', 'chroma', 'cogview4']
     """
     excluded = {exclude} if isinstance(exclude, str) else set(exclude)
     return sorted(n for n, row in PIPELINES.items() if set(tags) <= set(row.tags) and not excluded & set(row.tags))
