@@ -425,3 +425,26 @@ def test_the_programs_caption_cache_keeps_a_conditioning_list():
     entries[0]["mask"] = torch.zeros(1, 2)
     batch = _from_cache(entries)
     assert [t.shape for t in batch["prompt_embeds"]] == [a.shape, b.shape] and batch["mask"].shape == (2, 2)
+
+
+def test_flux2_latents_are_normalised_where_its_pipeline_normalises_them(monkeypatch):
+    """FLUX.2's VAE keeps batch-norm statistics per channel of the 2x2-patchified latents and its pipeline normalises
+    there (pipeline_flux2.py _encode_vae_image); the config's scaling/shift (what every other VAE uses) mis-scaled
+    the training latents. Sampling aside (its mode is compared), ours packed 2x2 equal the pipeline's exactly."""
+    import types
+
+    from hf_precision.testing import make_pipeline
+    from hf_precision.training import encode
+
+    pipe = make_pipeline("flux2_klein")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        pipe.vae.bn.running_mean.normal_()
+        pipe.vae.bn.running_var.uniform_(0.5, 2.0)
+        pixels = torch.rand(1, 3, 64, 64) * 2 - 1
+        theirs = pipe._encode_vae_image(pixels, generator=None)
+    monkeypatch.setattr(encode, "vae_latents", lambda vae, x, generator: vae.encode(x).latent_dist.mode())
+    ours = encode.encode_images(types.SimpleNamespace(components={"vae": pipe.vae}), pixels)
+    b, c, h, w = ours.shape
+    packed = ours.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+    torch.testing.assert_close(packed, theirs.float(), rtol=1e-5, atol=1e-5)

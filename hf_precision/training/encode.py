@@ -13,7 +13,7 @@ import torch
 from . import denoiser_rows
 from .rules import TrainingError
 
-__all__ = ["encode_images", "encode_prompt", "frame_wise", "normalise_latents", "vae_latents"]
+__all__ = ["encode_images", "encode_prompt", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
@@ -42,7 +42,30 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
         raise TrainingError(f"tp.encode_images: no 'vae' component (components: {sorted(tp.components)})")
     with torch.no_grad():  # the entry hooks cast the pixels to the VAE's planned dtype and device
         raw = vae_latents(vae, pixels, generator)
+    bn = getattr(vae, "bn", None)
+    if isinstance(bn, torch.nn.BatchNorm2d) and bn.running_mean is not None:
+        return patch_normalised(raw.float(), bn, float(vae.config.get("batch_norm_eps", bn.eps)))
     return normalise_latents(raw, vae.config)
+
+
+def patch_normalised(latents: torch.Tensor, bn: torch.nn.BatchNorm2d, eps: float) -> torch.Tensor:
+    """FLUX.2's latents: its VAE (AutoencoderKLFlux2) keeps running statistics per channel of the 2x2-patchified
+    latents, and the pipeline normalises there (diffusers 0.42.1 pipeline_flux2.py:611-618; the inverse before
+    decoding, :1019-1024). Returned unpatchified, as the training row packs them 2x2 like Flux.
+
+    Example:
+        >>> bn = torch.nn.BatchNorm2d(4).eval()
+        >>> bn.running_mean.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))  # doctest: +ELLIPSIS
+        tensor(...)
+        >>> patch_normalised(torch.tensor([[[[1.0, 2.0], [3.0, 4.0]]]]), bn, 0.0).abs().max().item()
+        0.0
+    """
+    b, c, h, w = latents.shape
+    patches = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
+    mean = bn.running_mean.view(1, -1, 1, 1).to(latents)
+    std = torch.sqrt(bn.running_var.view(1, -1, 1, 1).to(latents) + eps)
+    patches = (patches - mean) / std
+    return patches.reshape(b, c, 2, 2, h // 2, w // 2).permute(0, 1, 4, 2, 5, 3).reshape(b, c, h, w)
 
 
 def frame_wise(vae: torch.nn.Module) -> bool:
