@@ -11,7 +11,7 @@ import torch
 import hf_precision as hp
 from hf_precision.recipe import resolve
 from hf_precision.testing.pipelines import example_call_kwargs, example_img2img_kwargs
-from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes, group_id, same_load
 
 # The device table of the foundation issue: CPU without native bf16, CPU with AMX, CUDA 7.0, 7.5 (T4),
 # GTX 1660, 8.0, 8.9, 9.0, MPS on macOS 13 and 15, XPU. Every layout runs here on the CPU.
@@ -24,26 +24,13 @@ def _run(pipe, kind):
     return pipe(**kwargs, generator=torch.Generator().manual_seed(0))
 
 
-def _same_load(kind: str) -> list[tuple[str, ...]]:
-    """``DEVICES`` grouped by what loading and running ``kind`` on this CPU reads of their recipe: every component's
-    plan (storage, compute, islands, entries, attention upcast, NaN guard, quantization; not its words) and what the
-    device computes (the NaN guard's fallbacks). Devices of one group give the same load, byte for byte: one of
-    them runs (t4 or cpu-avx512 where the group has it, for the plan-bytes check). Computed from the recipes, so a
-    device whose rules change gets a run of its own; 66 runs were 36 (cut ~20 s of the suite)."""
-    groups: dict[str, list[str]] = {}
-    for device in DEVICES:
-        plans = [{k: v for k, v in p.to_dict().items() if k not in ("why", "decisions", "resolved_for", "device")}
-                 for p in hp.get_recipe(kind, device=device).plans]
-        key = json.dumps([plans, hp.device_caps(device).compute], sort_keys=True, default=str)
-        groups.setdefault(key, []).append(device)
-    return [tuple(sorted(g, key=lambda d: d not in ("t4", "cpu-avx512"))) for g in groups.values()]
+GROUPS = [(kind, group) for kind in KINDS for group in same_load(kind.split("-")[0], DEVICES)]
 
 
-@pytest.mark.parametrize("kind, devices", [(kind, group) for kind in KINDS for group in _same_load(kind.split("-")[0])],
-                         ids=lambda v: "+".join(v) if isinstance(v, tuple) else v)
+@pytest.mark.parametrize("kind, devices", GROUPS, ids=group_id)
 def test_every_recipe_on_every_device_layout(kind, devices, saved_pipeline):
     """Every kind under the recipe of every device of ``DEVICES``, one run per group of devices whose recipes load
-    the same (``_same_load``)."""
+    the same (tests/checks.py ``same_load``): 66 runs were 36."""
     from diffusers import StableDiffusionXLImg2ImgPipeline
 
     base, device = kind.split("-")[0], devices[0]
