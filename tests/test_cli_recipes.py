@@ -52,16 +52,28 @@ def test_recipes(tmp_path):
     assert "sdxl" in data["pipeline"] and "unet.sdxl" in data["component"]
 
 
+def _in_process(capsys, *args: str) -> str:
+    """``hf-precision ARGS`` through ``main`` in this process: exit 0, no traceback; its stdout."""
+    from hf_precision.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    return out
+
+
 @pytest.mark.probe
-def test_devices(tmp_path):
-    out = ok("devices", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+def test_devices(no_gpu, capsys):
+    """In this process, GPUs hidden (``no_gpu``): the probe parametrisation runs it as 4 CPUs, and a process each
+    (8 in all) cost ~20 s of imports; the console script's start-up is every other test's of this module."""
+    out = _in_process(capsys, "devices")
     lines = out.splitlines()
     assert lines[0].startswith("this machine")
     for preset in ("cpu-avx2", "cpu-amx", "t4", "gtx1660", "a100", "h100", "m1-macos13", "m2-macos15", "arc-a770"):
         assert any(line.startswith(f"{preset} ") for line in lines), preset
     assert "t4            cuda (Tesla T4, sm 7.5)" in out
     assert "attention upcast" in out  # m2-macos15
-    rows = {r["device"]: r for r in json.loads(ok("devices", "--json", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}))}
+    rows = {r["device"]: r for r in json.loads(_in_process(capsys, "devices", "--json"))}
     assert rows["t4"]["compute"] == ["float32", "float16"] and rows["t4"]["tags"] == ["cuda"]
     assert rows["a100"]["tags"] == ["cuda", "cuda-sm80"] and "bfloat16" in rows["a100"]["auto"]
     assert rows["m2-macos15"]["upcast_attention"] is True
@@ -69,7 +81,7 @@ def test_devices(tmp_path):
     assert here["label"]
     assert ("this cpu" in rows) is not here["label"].startswith("cpu")  # a GPU machine lists its CPU too
     if here["label"].startswith("cpu"):  # CUDA is hidden above; an Apple or XPU machine lists its GPU here
-        caps = hp.device_caps("cpu")   # this process reads the same HF_PRECISION_CPU_FLAGS as the command
+        caps = hp.device_caps("cpu")   # read afresh, as the command read it
         assert (here["auto"], here["tags"]) == (list(caps.auto), list(caps.tags))
 
 
