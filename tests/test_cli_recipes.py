@@ -171,9 +171,20 @@ def test_show_uncomputable_dtype_exits_2_with_the_fix(tmp_path):
     (("show", "sdxl", "--device", "t4", "--overrides", "missing.yaml"), "missing.yaml: file not found"),
     (("show", "sdxl", "--device", "cuda"), "this machine has no cuda device (present: cpu)"),
 ])
-def test_show_bad_input_exits_2(tmp_path, args, needle):
-    err = user_error(*args, cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
-    assert err.startswith("hf-precision show: error: ")
+def test_show_bad_input_exits_2(args, needle, no_gpu, capsys, monkeypatch, tmp_path):
+    """In this process, GPUs hidden (``no_gpu``): exit 2, one line of ours, nothing on stdout. A process each cost
+    ~6 s of imports; the same refusal from a real process is test_show_reports_every_problem_of_a_file's and
+    test_bad_cpu_flags_env_is_a_user_error's, and the one line on a fresh process's stderr tests/test_stderr_ours.py's."""
+    from hf_precision.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's own refusals exit
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "Traceback" not in err, (code, out, err)
+    assert err.startswith("hf-precision show: error: ") and len(err.strip().splitlines()) == 1, err
     assert needle in err
 
 
