@@ -173,8 +173,9 @@ def test_show_uncomputable_dtype_exits_2_with_the_fix(tmp_path):
 ])
 def test_show_bad_input_exits_2(args, needle, no_gpu, capsys, monkeypatch, tmp_path):
     """In this process, GPUs hidden (``no_gpu``): exit 2, one line of ours, nothing on stdout. A process each cost
-    ~6 s of imports; the same refusal from a real process is test_show_reports_every_problem_of_a_file's and
-    test_bad_cpu_flags_env_is_a_user_error's, and the one line on a fresh process's stderr tests/test_stderr_ours.py's."""
+    ~6 s of imports; a refusal from a real process is test_show_reports_every_problem_of_a_file's and
+    test_bad_cpu_flags_env_is_a_user_error's, and the one line on a fresh process's stderr
+    tests/test_stderr_ours.py's."""
     from hf_precision.cli import main
 
     monkeypatch.chdir(tmp_path)
