@@ -11,6 +11,34 @@ import hf_precision as hp
 from hf_precision.recipe.model import Recipe
 
 
+def same_load(recipe: str, devices: Any) -> list[tuple[str, ...]]:
+    """``devices`` grouped by what loading and running ``recipe``'s pipeline on this CPU reads of their recipes: every
+    component's plan (storage, compute, islands, entries, attention upcast, NaN guard, quantization; not its words)
+    and what the device computes (the NaN guard's fallbacks). Devices of one group load the same, byte for byte, so
+    a test that loads and runs a pipeline runs once per group (t4, then cpu-avx512, then cpu first where the group
+    has it: the layouts the plan-bytes checks take). Computed from the recipes, so a device whose rules change gets
+    a run of its own.
+
+    >>> same_load("sdxl", ["t4", "v100", "a100"])
+    [('t4', 'v100'), ('a100',)]
+    """
+    import json
+
+    groups: dict[str, list[str]] = {}
+    for device in devices:
+        plans = [{k: v for k, v in p.to_dict().items() if k not in ("why", "decisions", "resolved_for", "device")}
+                 for p in hp.get_recipe(recipe, device=device).plans]
+        key = json.dumps([plans, hp.device_caps(device).compute], sort_keys=True, default=str)
+        groups.setdefault(key, []).append(device)
+    first = ("t4", "cpu-avx512", "cpu")
+    return [tuple(sorted(g, key=lambda d: first.index(d) if d in first else len(first))) for g in groups.values()]
+
+
+def group_id(value: Any) -> str:
+    """A pytest id for a group of ``same_load``: its devices joined by ``+``."""
+    return "+".join(value) if isinstance(value, tuple) else str(value)
+
+
 def output_array(out: Any) -> np.ndarray:
     """The images or frames of a pipeline output as one float array."""
     data = getattr(out, "images", None)

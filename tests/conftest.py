@@ -92,6 +92,24 @@ def train_demo(tmp_path_factory) -> tuple[Path, Path]:
     return make_demo(tmp_path_factory.mktemp("train-demo"))
 
 
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """One ``hf-precision demo --out DIR --json --device cpu`` in this process, shared by tests/test_main_job.py and
+    README's `make demo` check (tests/test_readme.py): ``(result, printed text, measurements, DIR)``, ``result`` a
+    ``readme_commands.Result`` (exit code, stdout, stderr). The demo is the suite's longest single command; run twice
+    it cost ~30 s more. ``--json`` only appends the measurements to what the demo prints: ``text`` is what it printed
+    before them. Read-only for the tests."""
+    import json
+
+    from readme_commands import run_in_process
+
+    out = tmp_path_factory.mktemp("demo") / "demo_output"
+    result = run_in_process(["hf-precision", "demo", "--out", str(out), "--json", "--device", "cpu"])
+    assert result.code == 0 and "Traceback" not in result.err, result.out[-3000:] + result.err[-3000:]
+    split = result.out.rindex("\n{")  # what the demo printed, then the --json dump
+    return result, result.out[:split], json.loads(result.out[split + 1:]), out
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("hf_precision")
     group.addoption("--cpu-flags", default=None, metavar="FLAGS",

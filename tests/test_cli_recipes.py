@@ -52,16 +52,28 @@ def test_recipes(tmp_path):
     assert "sdxl" in data["pipeline"] and "unet.sdxl" in data["component"]
 
 
+def _in_process(capsys, *args: str) -> str:
+    """``hf-precision ARGS`` through ``main`` in this process: exit 0, no traceback; its stdout."""
+    from hf_precision.cli import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    assert code == 0 and "Traceback" not in err, err
+    return out
+
+
 @pytest.mark.probe
-def test_devices(tmp_path):
-    out = ok("devices", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
+def test_devices(no_gpu, capsys):
+    """In this process, GPUs hidden (``no_gpu``): the probe parametrisation runs it as 4 CPUs, and a process each
+    (8 in all) cost ~20 s of imports; the console script's start-up is every other test's of this module."""
+    out = _in_process(capsys, "devices")
     lines = out.splitlines()
     assert lines[0].startswith("this machine")
     for preset in ("cpu-avx2", "cpu-amx", "t4", "gtx1660", "a100", "h100", "m1-macos13", "m2-macos15", "arc-a770"):
         assert any(line.startswith(f"{preset} ") for line in lines), preset
     assert "t4            cuda (Tesla T4, sm 7.5)" in out
     assert "attention upcast" in out  # m2-macos15
-    rows = {r["device"]: r for r in json.loads(ok("devices", "--json", cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""}))}
+    rows = {r["device"]: r for r in json.loads(_in_process(capsys, "devices", "--json"))}
     assert rows["t4"]["compute"] == ["float32", "float16"] and rows["t4"]["tags"] == ["cuda"]
     assert rows["a100"]["tags"] == ["cuda", "cuda-sm80"] and "bfloat16" in rows["a100"]["auto"]
     assert rows["m2-macos15"]["upcast_attention"] is True
@@ -69,7 +81,7 @@ def test_devices(tmp_path):
     assert here["label"]
     assert ("this cpu" in rows) is not here["label"].startswith("cpu")  # a GPU machine lists its CPU too
     if here["label"].startswith("cpu"):  # CUDA is hidden above; an Apple or XPU machine lists its GPU here
-        caps = hp.device_caps("cpu")   # this process reads the same HF_PRECISION_CPU_FLAGS as the command
+        caps = hp.device_caps("cpu")   # read afresh, as the command read it
         assert (here["auto"], here["tags"]) == (list(caps.auto), list(caps.tags))
 
 
@@ -159,9 +171,21 @@ def test_show_uncomputable_dtype_exits_2_with_the_fix(tmp_path):
     (("show", "sdxl", "--device", "t4", "--overrides", "missing.yaml"), "missing.yaml: file not found"),
     (("show", "sdxl", "--device", "cuda"), "this machine has no cuda device (present: cpu)"),
 ])
-def test_show_bad_input_exits_2(tmp_path, args, needle):
-    err = user_error(*args, cwd=tmp_path, env={"CUDA_VISIBLE_DEVICES": ""})
-    assert err.startswith("hf-precision show: error: ")
+def test_show_bad_input_exits_2(args, needle, no_gpu, capsys, monkeypatch, tmp_path):
+    """In this process, GPUs hidden (``no_gpu``): exit 2, one line of ours, nothing on stdout. A process each cost
+    ~6 s of imports; a refusal from a real process is test_show_reports_every_problem_of_a_file's and
+    test_bad_cpu_flags_env_is_a_user_error's, and the one line on a fresh process's stderr
+    tests/test_stderr_ours.py's."""
+    from hf_precision.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = main(list(args))
+    except SystemExit as exit_:  # argparse's own refusals exit
+        code = exit_.code
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and "Traceback" not in err, (code, out, err)
+    assert err.startswith("hf-precision show: error: ") and len(err.strip().splitlines()) == 1, err
     assert needle in err
 
 

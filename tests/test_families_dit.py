@@ -15,7 +15,7 @@ import hf_precision as hp
 from hf_precision.recipe import recipe_for_class
 from hf_precision.runtime.source import CONFIGS_DIR
 from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
-from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes, group_id, same_load
 
 LAYOUTS = ["cpu", "t4", "a100", "m2-macos14"]  # this CPU's own rules, fp16 CUDA, bf16 CUDA, MPS with bf16
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -48,21 +48,26 @@ def _alias(family: str) -> str:
     return recipe_for_class(PIPELINES[family].pipeline_class)
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("family", FAMILIES)
-def test_loads_runs_and_follows_the_plan(family, layout, folders):
-    folder = folders(family)
+@pytest.mark.parametrize("family, layouts", [(f, g) for f in FAMILIES for g in same_load(_alias(f), LAYOUTS)],
+                         ids=group_id)
+def test_loads_runs_and_follows_the_plan(family, layouts, folders):
+    """Each family under each layout of ``LAYOUTS``, one load and run per group of layouts whose recipes load the
+    same (tests/checks.py ``same_load``: the A100's and the bf16 Mac's are one, 52 runs were 39); each layout's plan
+    for the folder's configs is checked against the one loaded."""
+    folder, layout = folders(family), layouts[0]
     pipe = hp.load_pipeline(folder, "cpu", layout=None if layout == "cpu" else layout)
     record = hp.applied(pipe)
     # The plan the loader followed is the one the recipe gives for that device and these configs, derived here
     # independently (no dtype is written down in this test).
-    expected = hp.get_recipe(_alias(family), device=layout, configs=_configs(folder))
-    assert record.recipe.name == expected.name
-    present = [p for p in expected.plans if getattr(pipe, p.name, None) is not None]
-    assert present, "no planned component is in the pipeline"
-    for plan in present:
-        got = record.recipe[plan.name]
-        assert (got.compute, got.storage, got.keep_fp32) == (plan.compute, plan.storage, plan.keep_fp32), plan.name
+    for each in layouts:
+        expected = hp.get_recipe(_alias(family), device=each, configs=_configs(folder))
+        assert record.recipe.name == expected.name
+        present = [p for p in expected.plans if getattr(pipe, p.name, None) is not None]
+        assert present, "no planned component is in the pipeline"
+        for plan in present:
+            got = record.recipe[plan.name]
+            assert (got.compute, got.storage, got.keep_fp32) == (plan.compute, plan.storage, plan.keep_fp32), \
+                (each, plan.name)
     assert_plan_dtypes(pipe, record.recipe)
     if layout in ("t4", "cpu"):  # plan bytes == every byte loaded, buffers included (PixArt-Sigma's pos_embed)
         assert_plan_bytes(pipe, folder, layout)

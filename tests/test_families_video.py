@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import hf_precision as hp
-from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes, group_id, same_load
 from hf_precision.recipe.resolution import resolve
 from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
 from hf_precision.testing.calibration import plant_fp16_overflow
@@ -73,10 +73,17 @@ def _load_and_check(name, folder, layout):
     return pipe, expected
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize("name", MAIN)
-def test_family_loads_and_runs_in_the_planned_dtypes(name, layout, folder):
-    _load_and_check(name, folder, layout)
+@pytest.mark.parametrize("name, layouts", [(n, g) for n in MAIN for g in same_load(PIPELINES[n].recipe, LAYOUTS)],
+                         ids=group_id)
+def test_family_loads_and_runs_in_the_planned_dtypes(name, layouts, folder):
+    """Each family under each layout of ``LAYOUTS``, one load and run per group of layouts whose recipes load the
+    same (tests/checks.py ``same_load``: the T4's and the MPS Mac's fp16 are one); every layout's plan, resolved with
+    the folder's configs, is checked on the loaded pipeline."""
+    pipe, _ = _load_and_check(name, folder, layouts[0])
+    spec, path = PIPELINES[name], folder(name)
+    for other in layouts[1:]:
+        assert_plan_dtypes(pipe, resolve(pipeline_class=spec.pipeline_class, devices="cpu", layout=other,
+                                          configs=_configs(path)))
 
 
 @pytest.mark.parametrize("name", MODES)

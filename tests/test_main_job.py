@@ -20,13 +20,11 @@ def run(*args, cwd=None):
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """One run of `hf-precision demo --json` for every test below: (stdout, measurements, output folder)."""
-    out = tmp_path_factory.mktemp("demo") / "out"
-    result = run("demo", "--out", out, "--json", "--device", "cpu")
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    split = result.stdout.rindex("\n{")  # what the demo printed, then the --json dump
-    return result.stdout[:split], json.loads(result.stdout[split + 1:]), out
+def demo(demo_run):
+    """One run of `hf-precision demo --json` for every test below (tests/conftest.py ``demo_run``, shared with the
+    README's `make demo` check): (what it printed, measurements, output folder)."""
+    _, text, measured, out = demo_run
+    return text, measured, out
 
 
 def _flat(text):
@@ -131,7 +129,7 @@ def test_demo_runs_this_machines_recipe_and_writes_files(demo):
     for section in ("plan: recipe sdxl", "plan: recipe svd", "check StableDiffusionXLPipeline", "max |recipe - fp32|"):
         assert section in text, section
     machine = measured["machine"]
-    full_precision = not HALF & set(device_caps("cpu").auto)  # the demo subprocess runs on the CPU
+    full_precision = not HALF & set(device_caps("cpu").auto)  # the demo runs on the CPU
     assert (machine["why_float32"] is not None) == full_precision
     for kind in ("sdxl", "svd"):
         stats = machine[kind]
@@ -203,16 +201,22 @@ def test_why_float32_is_derived_from_the_device_rules(device, says):
         assert text is not None and all(s in text for s in says), text
 
 
-def test_generate_writes_a_png(saved_pipeline, tmp_path):
+def test_generate_writes_a_png(saved_pipeline, tmp_path, capsys):
+    """In this process: the console program's start-up is tests/test_cli_recipes.py's (``hf-precision``) and
+    tests/test_bad_input.py's (``python -m hf_precision.cli``), and a fresh process's `generate` is
+    tests/test_stderr_ours.py's; a process of its own here cost ~10 s of imports."""
     from PIL import Image
 
+    from hf_precision.cli import main
+
     out = tmp_path / "cat.png"
-    result = run("generate", saved_pipeline("sdxl"), "--prompt", "a cat", "--out", out, "--steps", "2",
-                 "--height", "32", "--width", "32", "--device", "cpu")
-    assert result.returncode == 0, result.stderr[-3000:]
+    code = main(["generate", str(saved_pipeline("sdxl")), "--prompt", "a cat", "--out", str(out), "--steps", "2",
+                 "--height", "32", "--width", "32", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 0, err[-3000:]
     with Image.open(out) as image:
         assert image.size == (32, 32)
-    assert "100%" in result.stderr  # the pipeline's progress bar
+    assert "100%" in err  # the pipeline's progress bar
 
 
 @pytest.mark.parametrize("args, message", [
@@ -223,7 +227,7 @@ def test_generate_writes_a_png(saved_pipeline, tmp_path):
     (["{sdxl}", "--set", "vae.dtype=half"], "ambiguous"),
 ])
 def test_generate_bad_input(saved_pipeline, tmp_path, args, message, capsys, monkeypatch):
-    """In this process (the console script's start-up is test_generate_writes_a_png's; stderr holding only our lines
+    """In this process (the console script's start-up is tests/test_cli_recipes.py's; stderr holding only our lines
     is tests/test_stderr_ours.py's): our error, exit 2, no output written."""
     from hf_precision.cli import main
 

@@ -142,11 +142,14 @@ def test_make_targets_the_readme_names():
     assert ".venv/bin/" in README.read_text().split("## Use it")[0]
 
 
-def test_make_demo(workdir):
-    """What `make demo` runs prints the four parts the README describes, with the calls the README quotes."""
+def test_make_demo(demo_run):
+    """What `make demo` runs prints the four parts the README describes, with the calls the README quotes.
+
+    The run is tests/conftest.py's ``demo_run``, shared with tests/test_main_job.py: ``hf-precision demo --out DIR
+    --device cpu`` plus ``--json``, which appends the measurements after what is checked here."""
     # --device cpu: the README quotes the CPU demo (`hp.load_pipeline(folder, "cpu", layout="t4")`); without it a GPU
     # machine runs the demo on cuda:0 and prints that device instead (the same text with another place)
-    result = run_in_process(["hf-precision", "demo", "--out", "demo_output", "--device", "cpu"])
+    result, _, _, folder = demo_run
     assert_clean(result, "hf-precision demo", 0)
     section = README.read_text().split("## Quick start")[1].split("## Use it")[0]
     for title in ("1. the classic failure", "2. what the recipe", "3. the NaN guard", "4. the recipe of", "5. pictures"):
@@ -159,7 +162,7 @@ def test_make_demo(workdir):
     assert "32x32 picture enlarged 8x" in quoted and "32x32 frames enlarged 8x" in quoted
     assert "shapes.png" in printed and "shapes.png" in quoted
     for name in ("shapes.png", "sdxl.png", "svd.gif", "report.json"):
-        assert (workdir / "demo_output" / name).is_file()
+        assert (folder / name).is_file()
 
 
 # ------------------------------------------------------------------------------------------------ python blocks
