@@ -50,7 +50,7 @@ class Fail(Exception):
 def components_of(pipe, recipe):
     """(denoiser, text encoders, vae) names present in both the pipeline and its recipe."""
     mods = {n for n, m in pipe.components.items() if isinstance(m, torch.nn.Module)}
-    names = [p.name for p in recipe.plans if p.name in mods]
+    names = [p.name for p in recipe.policies if p.name in mods]
     den = recipe.denoiser if recipe.denoiser in names else None
     texts = [n for n in names if n.startswith("text_encoder")]
     vae = [n for n in names if n in ("vae", "movq", "vqgan")]

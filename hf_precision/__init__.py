@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "RecipeError": "errors",
-    "Recipe": "recipe", "ComponentPlan": "recipe", "get_recipe": "recipe", "list_recipes": "recipe",
+    "Recipe": "recipe", "ComponentPolicy": "recipe", "get_recipe": "recipe", "list_recipes": "recipe",
     "DeviceProfile": "recipe", "device_profile": "recipe", "device_caps": "recipe", "list_presets": "recipe",
     "load_pipeline": "runtime", "apply_recipe": "runtime", "Applied": "runtime", "applied": "runtime",
     "plan": "diagnose", "Plan": "diagnose",
@@ -33,7 +33,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from .diagnose import CalibrationResult, CheckReport, MismatchError, Plan, calibrate, check, explain, explain_error, plan
     from .errors import RecipeError
-    from .recipe import ComponentPlan, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
+    from .recipe import ComponentPolicy, DeviceProfile, Recipe, device_caps, device_profile, get_recipe, list_presets, list_recipes
     from .runtime import Applied, applied, apply_recipe, load_pipeline
     from .training import TrainingSetup, TrainingRecipe, prepare_training, resolve_training
 

@@ -27,7 +27,7 @@ def same_load(recipe: str, devices: Any) -> list[tuple[str, ...]]:
     groups: dict[str, list[str]] = {}
     for device in devices:
         plans = [{k: v for k, v in p.to_dict().items() if k not in ("why", "decisions", "resolved_for", "device")}
-                 for p in hp.get_recipe(recipe, device=device).plans]
+                 for p in hp.get_recipe(recipe, device=device).policies]
         key = json.dumps([plans, hp.device_caps(device).compute], sort_keys=True, default=str)
         groups.setdefault(key, []).append(device)
     first = ("t4", "cpu-avx512", "cpu")
@@ -65,7 +65,7 @@ def assert_plan_dtypes(pipe: Any, recipe: Recipe) -> None:
     """
     record = hp.applied(pipe)
     assert record is not None, "the pipeline was not applied"
-    for plan in recipe.plans:
+    for plan in recipe.policies:
         module = getattr(pipe, plan.name, None)
         if module is None:
             continue

@@ -62,7 +62,7 @@ def test_loads_runs_and_follows_the_plan(family, layouts, folders):
     for each in layouts:
         expected = hp.get_recipe(_alias(family), device=each, configs=_configs(folder))
         assert record.recipe.name == expected.name
-        present = [p for p in expected.plans if getattr(pipe, p.name, None) is not None]
+        present = [p for p in expected.policies if getattr(pipe, p.name, None) is not None]
         assert present, "no planned component is in the pipeline"
         for plan in present:
             got = record.recipe[plan.name]

@@ -105,7 +105,7 @@ def test_family_loads_in_the_planned_dtypes_and_runs(family, layouts, saved):
     # An independent resolution of the same recipe for each device: the loader must agree with it.
     for each in layouts:
         expected = hp.get_recipe(spec.recipe, device=each)
-        present = [p.name for p in expected.plans if getattr(pipe, p.name, None) is not None]
+        present = [p.name for p in expected.policies if getattr(pipe, p.name, None) is not None]
         assert _denoiser(family) in present
         assert {n: record.recipe[n].compute for n in present} == {n: expected[n].compute for n in present}
         assert_plan_dtypes(pipe, expected)
@@ -138,7 +138,7 @@ def test_hand_written_fp16_denoiser_fails_in_plain_diffusers_and_runs_here(famil
         pipe = _load(family, None, overrides={denoiser: {"dtype": "float16"}}, layout="cpu-avx2")
     record = hp.applied(pipe)
     assert record.recipe[denoiser].compute == "float16"
-    others = [p.name for p in record.recipe.plans if p.name != denoiser and getattr(pipe, p.name, None) is not None]
+    others = [p.name for p in record.recipe.policies if p.name != denoiser and getattr(pipe, p.name, None) is not None]
     assert others and all(record.recipe[n].compute == "float32" for n in others)
     assert_plan_dtypes(pipe, record.recipe)
     _run(family, pipe)

@@ -89,7 +89,7 @@ def test_family_loads_and_runs_in_the_planned_dtypes(name, layouts, folder):
 @pytest.mark.parametrize("name", MODES)
 def test_other_modes_load_and_run_in_the_fp16_layout(name, folder):
     pipe, expected = _load_and_check(name, folder, "t4")
-    assert any(p.compute == "float16" for p in expected.plans if getattr(pipe, p.name, None) is not None)
+    assert any(p.compute == "float16" for p in expected.policies if getattr(pipe, p.name, None) is not None)
 
 
 @pytest.mark.parametrize("name", MAIN)

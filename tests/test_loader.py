@@ -55,7 +55,7 @@ def test_recipe_chosen_from_model_index_and_this_machine(saved_pipeline):
     assert applied.recipe.name == "sdxl"
     assert applied.recipe.device.present and applied.recipe.device == hp.device_profile("cpu")
     expected = hp.get_recipe("sdxl", device="cpu")
-    assert {p.name: p.compute for p in applied.recipe.plans} == {p.name: p.compute for p in expected.plans}
+    assert {p.name: p.compute for p in applied.recipe.policies} == {p.name: p.compute for p in expected.policies}
     auto = hp.device_caps("cpu").auto[0]
     assert applied.recipe["unet"].compute == auto  # the UNet tolerates every dtype: it gets the CPU's first pick
     assert_plan_dtypes(pipe, applied.recipe)
@@ -103,9 +103,9 @@ def test_layout_runs_another_devices_plan_here(saved_pipeline, tiny_pipe):
     t4 = hp.get_recipe("sdxl", device="t4")
     pipe = hp.load_pipeline(saved_pipeline("sdxl"), "cpu", layout="t4")
     record = hp.applied(pipe)
-    assert {p.name: (p.compute, p.keep_fp32) for p in record.recipe.plans} == \
-        {p.name: (p.compute, p.keep_fp32) for p in t4.plans}
-    assert {p.device for p in record.recipe.plans} == {"cpu"}
+    assert {p.name: (p.compute, p.keep_fp32) for p in record.recipe.policies} == \
+        {p.name: (p.compute, p.keep_fp32) for p in t4.policies}
+    assert {p.device for p in record.recipe.policies} == {"cpu"}
     assert pipe.unet.dtype == torch.float16 and pipe.vae.dtype == torch.float32
     applied = hp.apply_recipe(tiny_pipe("sdxl"), device="cpu", layout="t4")
     assert applied.recipe["unet"].compute == "float16" and applied.recipe["unet"].resolved_for == t4["unet"].resolved_for
@@ -113,10 +113,10 @@ def test_layout_runs_another_devices_plan_here(saved_pipeline, tiny_pipe):
 
 def test_resolve_is_one_door_with_clear_errors():
     placed = resolve(pipeline_class="StableDiffusionXLPipeline", devices={"text_encoder": "cpu", "default": "cpu"})
-    assert {p.device for p in placed.plans} == {"cpu"}  # every planned component, optional ones included
-    assert {"text_encoder", "text_encoder_2", "unet", "vae"} <= {p.name for p in placed.plans}
+    assert {p.device for p in placed.policies} == {"cpu"}  # every planned component, optional ones included
+    assert {"text_encoder", "text_encoder_2", "unet", "vae"} <= {p.name for p in placed.policies}
     unplaced = resolve("sdxl", layout="a100")
-    assert {p.device for p in unplaced.plans} == {None}
+    assert {p.device for p in unplaced.policies} == {None}
     assert unplaced == hp.get_recipe("sdxl", device="a100")  # unplaced and resolved for a100: get_recipe's answer
     with pytest.raises(hp.RecipeError, match="layout='t4'"):
         resolve("sdxl", devices="t4")  # a preset is a device you plan for: it belongs in layout=

@@ -79,7 +79,7 @@ def test_demo_shows_the_plain_diffusers_error_and_its_explanation(demo, saved_pi
 
     loader = plain["loader"]
     assert loader["finite"] and loader["nonfinite"] == 0 and "all values finite" in text
-    planned = {p.name: p.compute for p in hp.get_recipe("sdxl", device="t4").plans}
+    planned = {p.name: p.compute for p in hp.get_recipe("sdxl", device="t4").policies}
     assert {"text_encoder", "text_encoder_2", "unet", "vae"} <= set(loader["dtypes"])  # the folder's models
     for name, dtypes in loader["dtypes"].items():
         assert dtypes.split(",")[0] == planned[name], name

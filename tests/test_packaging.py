@@ -85,9 +85,9 @@ def test_installed_wheel_finds_every_recipe(wheel, tmp_path):
         resolved = {{}}
         for name in names:
             r = hf_precision.get_recipe(name, device="t4")
-            assert r.plans, name
-            assert all(p.recipe for p in r.plans), name
-            resolved[name] = {{p.name: p.compute for p in r.plans}}
+            assert r.policies, name
+            assert all(p.recipe for p in r.policies), name
+            resolved[name] = {{p.name: p.compute for p in r.policies}}
         files = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.yaml"))
         print(json.dumps({{"pipeline": hf_precision.list_recipes("pipeline"), "all": names,
                           "resolved": resolved, "files": files, "torch": "torch" in sys.modules}}))

@@ -248,7 +248,7 @@ def expected_compute(device: str, recipe: str) -> str:
     return FP32 if tol in (FP32_FIRST, FP32_ONLY) else DEVICES[device][tol]
 
 
-def assert_component(plan: hp.ComponentPlan, device: str, recipe: str, latents_dtype: str) -> None:
+def assert_component(plan: hp.ComponentPolicy, device: str, recipe: str, latents_dtype: str) -> None:
     spec, facts = COMPONENTS[recipe], DEVICES[device]
     compute = expected_compute(device, recipe)
     # without latents_from (SanaPipeline makes fp32 latents itself) a denoiser hands back what it computes in
@@ -306,7 +306,7 @@ def test_pipeline_recipe(pipeline: str, device: str):
 @pytest.mark.parametrize("device", list(DEVICES))
 def test_component_recipe(component: str, device: str):
     recipe = hp.get_recipe(component, device=device)
-    (plan,) = recipe.plans
+    (plan,) = recipe.policies
     assert plan.name == component.split(".")[0]
     # alone, a denoiser's latents arrive in its own compute dtype
     assert_component(plan, device, component, expected_compute(device, component))
@@ -375,7 +375,7 @@ def test_islands_are_reported():
 def test_every_decision_carries_a_rule():
     for device in ("t4", "m2-macos15", "cpu-amx"):
         recipe = hp.get_recipe("sdxl", device=device, configs={"vae": {"force_upcast": False}})
-        for plan in recipe.plans:
+        for plan in recipe.policies:
             assert plan.decisions
             for d in plan.decisions:
                 assert isinstance(d, Decision)
@@ -396,7 +396,7 @@ def test_recipe_is_frozen():
         recipe["vae"].compute = FP16  # type: ignore[misc]
     with pytest.raises(dataclasses.FrozenInstanceError):
         recipe["vae"].decisions[0].value = FP16  # type: ignore[misc]
-    assert isinstance(recipe.plans, tuple) and isinstance(recipe["unet"].keep_fp32, tuple)
+    assert isinstance(recipe.policies, tuple) and isinstance(recipe["unet"].keep_fp32, tuple)
     # the components mapping is a fresh view: changing it does not change the recipe
     recipe.components.pop("vae")
     assert "vae" in recipe and recipe["vae"].compute == FP32
@@ -411,13 +411,13 @@ def test_recipe_prints_as_a_table():
     header = lines[1].split()
     assert header[:3] == ["component", "storage", "compute"] and "islands" in lines[1]
     assert set(lines[2]) <= {"-", " "}
-    rows = {line.split()[0]: line.split() for line in lines[3:3 + len(recipe.plans)]}
+    rows = {line.split()[0]: line.split() for line in lines[3:3 + len(recipe.policies)]}
     assert set(rows) == set(recipe.components) >= {"text_encoder", "text_encoder_2", "unet", "vae"}
     assert rows["vae"][1:4] == [FP32, FP32, FP32]
     assert rows["unet"][1:4] == [FP16, FP16, FP16]
     assert "decisions:" in text and "vae.compute = float32" in text
     brief = recipe.table(why=False)
-    assert "decisions:" not in brief and len(brief.splitlines()) == 3 + len(recipe.plans)
+    assert "decisions:" not in brief and len(brief.splitlines()) == 3 + len(recipe.policies)
 
 
 def test_recipe_serialises_to_json():

@@ -69,9 +69,9 @@ def test_frozen_pipeline_recipe_loads(device):
     assert recipe.sources == (str(PIPELINE),)
     assert recipe.latents_from == "text_encoder_2"
     assert list(recipe.components) == ["text_encoder", "text_encoder_2", "unet", "vae"]
-    computes = tuple(p.compute for p in recipe.plans)
+    computes = tuple(p.compute for p in recipe.policies)
     assert computes == PIPELINE_EXPECTED[device]
-    assert all(p.storage == p.compute for p in recipe.plans)
+    assert all(p.storage == p.compute for p in recipe.policies)
     assert recipe["unet"].handed_over == recipe["text_encoder_2"].compute
     assert recipe["vae"].handed_over == FP32
     assert recipe["unet"].keep_fp32 == ("time_embedding", "add_embedding")

@@ -52,7 +52,7 @@ def _load(path, folder, **kwargs):
 def _check_planned(pipe, name: str, state: dict[str, torch.Tensor], islands_planned: bool = True) -> None:
     """Every component holds the dtypes the recipe plans; the denoiser the file's values, its islands exactly."""
     applied = hp.applied(pipe)
-    for plan in applied.recipe.plans:
+    for plan in applied.recipe.policies:
         module = getattr(pipe, plan.name, None)
         if not isinstance(module, torch.nn.Module):
             continue

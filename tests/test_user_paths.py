@@ -43,7 +43,7 @@ def test_every_auto_pipeline_of_a_shipped_family_resolves_to_its_recipe():
                 continue
             tried.add(built.__name__)
             recipe = resolve(pipeline_class=built.__name__, devices="cpu", models=models_of_class(built.__name__))
-            assert recipe.plans, built
+            assert recipe.policies, built
     assert {"StableDiffusionXLImg2ImgPipeline", "StableDiffusionInpaintPipeline", "FluxImg2ImgPipeline"} <= tried
 
 

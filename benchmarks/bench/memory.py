@@ -251,5 +251,5 @@ def bench_weights(ctx: dict[str, Any], pipes: dict[str, Any]) -> dict[str, Any]:
         p = hp.plan("sdxl", device=dev)
         real[dev] = {"label": p.recipe.device.label(), "bytes": p.total_bytes, "fp32_bytes": p.fp32_bytes,
                      "params": p.params, "saving": 1 - p.total_bytes / p.fp32_bytes,
-                     "layout": ", ".join(f"{c.name} {c.compute}" for c in p.recipe.plans)}
+                     "layout": ", ".join(f"{c.name} {c.compute}" for c in p.recipe.policies)}
     return {"loaded": loaded, "loaded_total": sum(loaded.values()), "loaded_fp32": fp32, "real_sdxl": real}

@@ -100,7 +100,7 @@ def prepare(size: str | dict[str, Any], key: str, cache: Path, say: Any) -> dict
 def layout_text(recipe: Any) -> str:
     """One line per recipe: each component's storage/compute dtype and its float32 islands."""
     parts = []
-    for p in recipe.plans:
+    for p in recipe.policies:
         text = f"{p.name} {p.storage}" + (f"/{p.compute}" if p.compute != p.storage else "")
         if p.keep_fp32 and p.compute != "float32":
             islands = list(p.keep_fp32)

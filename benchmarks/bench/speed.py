@@ -113,7 +113,7 @@ def effective_layout(recipe: Any, slow: dict[str, bool], exact: bool, fast: str 
         >>> effective_layout(get_recipe("sdxl", device="t4"), {"float16": True}, exact=True)[0] is None  # as asked
         True
     """
-    slow_parts = [p for p in recipe.plans if slow.get(p.compute)]
+    slow_parts = [p for p in recipe.policies if slow.get(p.compute)]
     if not slow_parts:
         return None, "every compute dtype of this layout runs fast here: measured as it is"
     names = ", ".join(f"{p.name} {p.compute}" for p in slow_parts)
@@ -122,7 +122,7 @@ def effective_layout(recipe: Any, slow: dict[str, bool], exact: bool, fast: str 
                       f"take long")
     fast = fast or fast_substitute(slow)
     over = {"components": {p.name: {"dtype": fast if slow.get(p.compute) else p.compute, "keep_fp32": list(p.keep_fp32)}
-                           for p in recipe.plans}}
+                           for p in recipe.policies}}
     return over, (f"this machine computes {names} slowly (see the probe): runtime measures the layout's "
                   f"structure (the same fp32 components, islands and hooks) with {fast} in place of "
                   f"{', '.join(sorted({p.compute for p in slow_parts}))}; the load and fidelity sections use the exact "
@@ -140,6 +140,6 @@ def slowdown(recipe: Any, probe: dict[str, Any]) -> tuple[float, str]:
         >>> slowdown(get_recipe("sdxl", device="cpu-avx2"), {"ratio": {"float16": 59.0}})
         (1.0, 'float32')
     """
-    denoiser = recipe[recipe.denoiser] if recipe.denoiser in recipe else recipe.plans[0]
+    denoiser = recipe[recipe.denoiser] if recipe.denoiser in recipe else recipe.policies[0]
     ratio = probe.get("ratio", {}).get(denoiser.compute) if denoiser.compute != "float32" else 1.0
     return max(1.0, float(ratio or 1.0)), denoiser.compute

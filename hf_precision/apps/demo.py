@@ -336,7 +336,7 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         else:
             size_note = save_gif(got.frames[0], out / filename)
         stats.update(seconds=round(time.perf_counter() - start, 2), check_ok=report.ok,
-                     dtypes={p.name: p.compute for p in recipe.plans}, output=str(out / filename),
+                     dtypes={p.name: p.compute for p in recipe.policies}, output=str(out / filename),
                      saved_bytes=planned.fp32_bytes - planned.total_bytes, other_seed_mean_abs=seeds["mean_abs"],
                      other_seed_max_abs=seeds["max_abs"])
         results[kind] = stats

@@ -215,7 +215,7 @@ def picture_layout(layout_device: str) -> str:
     from ..recipe.resolution import get_recipe
 
     recipe = get_recipe("sdxl", device=layout_device)
-    return layout_device if any(p.compute in HALF for p in recipe.plans) else T4
+    return layout_device if any(p.compute in HALF for p in recipe.policies) else T4
 
 
 def decode_naively(pipe: Any) -> Any:
@@ -225,7 +225,7 @@ def decode_naively(pipe: Any) -> Any:
 
 
 def _layout_words(recipe: Any) -> str:
-    return ", ".join(f"{p.name} {p.compute}" for p in recipe.plans if p.name in ("unet", "vae"))
+    return ", ".join(f"{p.name} {p.compute}" for p in recipe.policies if p.name in ("unet", "vae"))
 
 
 def _run(pipe: Any, seed: int, seen: list[Any] | None = None) -> Any:

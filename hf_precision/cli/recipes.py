@@ -84,7 +84,7 @@ def _unchecked_patterns(recipe: Any) -> list[str]:
     Shipped recipes' patterns are checked against the real configs by the tests; a user's may match nothing.
     """
     out = []
-    for plan in recipe.plans:
+    for plan in recipe.policies:
         for d in plan.decisions:
             if d.field in ("keep_fp32", "entry", "layerwise_skip") and not d.source.startswith("recipes/"):
                 out.append(f"{plan.name}.{d.field}: [{d.value}] ({d.source})")

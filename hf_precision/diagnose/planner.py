@@ -26,7 +26,7 @@ from ..runtime.meta import build_on_meta
 from ..units import format_bytes
 from ..runtime.source import composable_models, configs_of, listed_components
 from ..recipe.catalog import list_recipes, recipe_classes
-from ..recipe.model import ComponentPlan, Recipe
+from ..recipe.model import ComponentPolicy, Recipe
 from ..recipe.quantize import CHOICES, stored_bytes
 from ..recipe.resolution import resolve
 
@@ -310,7 +310,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     for comp, (_, class_name) in listed.items():
         if comp not in resolved and comp in configs:
             skipped.append(f"{comp} ({class_name}): not in recipe {resolved.name}, left as loaded")
-    for cp in resolved.plans:
+    for cp in resolved.policies:
         if cp.name not in listed:
             note = resolved.absent_note(cp.name, f"{pipeline}'s model_index.json")  # optional: no note unless asked
             if note:
@@ -353,11 +353,11 @@ def _gguf_storage(packed: Mapping[str, tuple[str, int]], rest: str) -> str:
     return f"gguf {'+'.join(sorted(sizes, key=lambda t: (-sizes[t], t)))}, rest {rest}"
 
 
-def _decision(cp: ComponentPlan, field: str) -> Any:
+def _decision(cp: ComponentPolicy, field: str) -> Any:
     return next((d for d in cp.decisions if d.field == field), None)
 
 
-def _plan_component(cp: ComponentPlan, module: nn.Module, library: str, islands: list[str], planned: dict[str, str],
+def _plan_component(cp: ComponentPolicy, module: nn.Module, library: str, islands: list[str], planned: dict[str, str],
                     with_modules: bool, device_why: str,
                     packed: Mapping[str, tuple[str, int]] | None = None) -> PlannedComponent:
     from ..recipe.patterns import inside

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..lazy import face
 
 _EXPORTS = {
-    "Recipe": "model", "ComponentPlan": "model", "Decision": "model",
+    "Recipe": "model", "ComponentPolicy": "model", "Decision": "model",
     "get_recipe": "resolution", "resolve": "resolution", "placement": "resolution",
     "list_recipes": "catalog", "pipeline_spec": "catalog", "recipe_for": "catalog", "recipe_for_class": "catalog", "training_overrides": "catalog",
     "recipe_components": "catalog", "component_entries": "catalog", "compose_spec": "catalog", "component_recipe_for": "catalog",

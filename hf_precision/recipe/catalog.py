@@ -304,7 +304,7 @@ def recipe_components(recipe: str | Recipe) -> list[str]:
         (['image_encoder', 'unet', 'vae'], ['vae'])
     """
     if isinstance(recipe, Recipe):
-        return [p.name for p in recipe.plans]
+        return [p.name for p in recipe.policies]
     if isinstance(recipe, Mapping):
         return list(recipe["components"])
     name = str(recipe)

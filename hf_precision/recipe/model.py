@@ -1,4 +1,4 @@
-"""The resolved recipe as values: ``Recipe``, one ``ComponentPlan`` per component, the ``Decision`` behind each field.
+"""The resolved recipe as values: ``Recipe``, one ``ComponentPolicy`` per component, the ``Decision`` behind each field.
 
 Frozen, torch-free, built only by :mod:`hf_precision.recipe.resolution`. A plan prints in one line, in the manner of
 jmp's ``Policy`` (``p=f32,c=f16,o=f16``): ``unet: s=f16 c=f16 o=f16 fp32=[time_embedding, add_embedding]`` reads as
@@ -13,7 +13,7 @@ from typing import Any
 
 from .devices import DeviceProfile
 
-__all__ = ["Recipe", "ComponentPlan", "Decision", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
+__all__ = ["Recipe", "ComponentPolicy", "Decision", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
 
 # Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
 # projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
@@ -38,7 +38,7 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
-class ComponentPlan:
+class ComponentPolicy:
     """One component of a resolved recipe: its dtypes, islands and entry points, and why."""
 
     name: str
@@ -105,22 +105,22 @@ class Recipe:
     latents_from: str | None
     device: DeviceProfile
     device_tags: tuple[str, ...]
-    plans: tuple[ComponentPlan, ...]
+    policies: tuple[ComponentPolicy, ...]
     sources: tuple[str, ...]
     denoiser: str | None = None
 
     @property
-    def components(self) -> dict[str, ComponentPlan]:
-        return {p.name: p for p in self.plans}
+    def components(self) -> dict[str, ComponentPolicy]:
+        return {p.name: p for p in self.policies}
 
-    def __getitem__(self, name: str) -> ComponentPlan:
-        for p in self.plans:
+    def __getitem__(self, name: str) -> ComponentPolicy:
+        for p in self.policies:
             if p.name == name:
                 return p
-        raise KeyError(f"recipe {self.name!r} has no component {name!r}; it has {[p.name for p in self.plans]}")
+        raise KeyError(f"recipe {self.name!r} has no component {name!r}; it has {[p.name for p in self.policies]}")
 
     def __contains__(self, name: object) -> bool:
-        return any(p.name == name for p in self.plans)
+        return any(p.name == name for p in self.policies)
 
     def absent_note(self, name: str, where: str) -> str | None:
         """What to say of planned component ``name`` that ``where`` (a pipeline, a folder's index) lacks, or None.
@@ -144,7 +144,7 @@ class Recipe:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "schema": self.schema, "model": self.model, "pipelines": list(self.pipelines),
                 "latents_from": self.latents_from, "denoiser": self.denoiser, "device": self.device.to_dict(), "device_tags": list(self.device_tags),
-                "components": {p.name: p.to_dict() for p in self.plans}, "sources": list(self.sources)}
+                "components": {p.name: p.to_dict() for p in self.policies}, "sources": list(self.sources)}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -152,7 +152,7 @@ class Recipe:
     def table(self, why: bool = True) -> str:
         head = ("component", "storage", "compute", "hands over", "fp32 islands", "notes")
         rows = []
-        for p in self.plans:
+        for p in self.policies:
             notes = [n for n, on in (("nan-guard", p.nan_guard), ("attn-upcast", p.upcast_attention)) if on]
             rows.append((p.name, p.storage, p.compute, p.handed_over, ", ".join(p.keep_fp32) or "-", " ".join(notes) or "-"))
         widths = [max(len(r[i]) for r in (head, *rows)) for i in range(len(head))]
@@ -162,7 +162,7 @@ class Recipe:
         if why:
             out.append("")
             out.append("decisions:")
-            for p in self.plans:
+            for p in self.policies:
                 for d in p.decisions:
                     out.append(f"  {p.name}.{d.field} = {d.value}: {d.rule} [{d.source}]")
         return "\n".join(out)

@@ -23,7 +23,7 @@ from ..errors import Problems, RecipeError, excerpt, override_fix
 from .catalog import (check_recipe_class, component_entry, component_spec, list_recipes, pipeline_file, recipe_for,
                       unknown_recipe)
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
-from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPlan, Decision, Recipe
+from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPolicy, Decision, Recipe
 from .overrides import Layer, as_list, override_layer
 from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean
 
@@ -162,7 +162,7 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     label = caps.profile.label()
     return Recipe(name=name, schema=int(data.get("schema", 1)), model=data.get("model"),
                   pipelines=tuple(data.get("pipelines") or ()), latents_from=latents_from, device=caps.profile,
-                  device_tags=caps.tags, plans=tuple(dataclasses.replace(p, resolved_for=label) for p in final),
+                  device_tags=caps.tags, policies=tuple(dataclasses.replace(p, resolved_for=label) for p in final),
                   sources=tuple(sources), denoiser=data.get("denoiser"))
 
 
@@ -173,7 +173,7 @@ def _why_device(caps: DeviceCaps, dtype: str) -> str:
     return "; ".join(f"rule {t}" for t in caps.tags)
 
 
-def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: DeviceCaps, problems: list[str]) -> ComponentPlan:
+def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: DeviceCaps, problems: list[str]) -> ComponentPolicy:
     get = lambda k, default=None: policy.get(k, (default, ""))[0]
     src = lambda k: policy.get(k, (None, "default"))[1]
     decisions: list[Decision] = []
@@ -231,7 +231,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
         if get(key) and not src(key).startswith(("recipes/", "composed for")):
             names = ", ".join(v or "(forward)" for v in get(key))
             decisions.append(Decision(key, names, "set by the user: must name modules of the component", src(key)))
-    return ComponentPlan(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
+    return ComponentPolicy(name=name, storage=storage, compute=compute, output=get("output") or "compute", handed_over="",
                          keep_fp32=islands, entry=tuple(get("entry") or ("",)), nan_guard=nan_guard,
                          upcast_attention=bool(upcast), dtypes=tuple(tolerated), classes=tuple(get("class") or ()),
                          recipe=str(get("recipe") or ""), why=str(get("why") or ""), decisions=tuple(decisions),
@@ -296,7 +296,7 @@ def _fit_classes(name: str, resolved: Recipe, models: Mapping[str, tuple[str, st
     is still checked against the class (and one that fits leaves nothing to refit). Returns ``name`` itself when
     every class fits.
     """
-    misfits = {p.name: models[p.name] for p in resolved.plans
+    misfits = {p.name: models[p.name] for p in resolved.policies
                if p.name in models and p.classes and models[p.name][0] not in p.classes}
     if not misfits:
         return name
@@ -365,9 +365,9 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
                               "or resolve it for that device with hf_precision.get_recipe(name, device=...)")
         if devices is None:
             return recipe  # nothing to place: the very object (callers may hold on to it)
-        place = placement(devices, [p.name for p in recipe.plans], components)
-        plans = tuple(dataclasses.replace(p, device=place.get(p.name) or p.device) for p in recipe.plans)
-        return dataclasses.replace(recipe, plans=plans)
+        place = placement(devices, [p.name for p in recipe.policies], components)
+        plans = tuple(dataclasses.replace(p, device=place.get(p.name) or p.device) for p in recipe.policies)
+        return dataclasses.replace(recipe, policies=plans)
     chosen = recipe is None  # by class: refitted to the classes present; a recipe the user names is taken as named
     if recipe is None:
         if not pipeline_class:
@@ -382,7 +382,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
             name = fitted
             first = get_recipe(name, device=best, overrides=overrides, configs=configs)
     check_recipe_class(first.name, first.pipelines, pipeline_class, force)
-    names = [p.name for p in first.plans]
+    names = [p.name for p in first.policies]
     place = placement(devices, names, components)
 
     def rules_for(component: str) -> Any:
@@ -406,5 +406,5 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
                                                                             configs=configs)
     main_name = first.denoiser if first.denoiser in wanted else names[0]
     main = by_spec[repr(wanted[main_name])]
-    plans = tuple(dataclasses.replace(by_spec[repr(wanted[p.name])][p.name], device=place[p.name]) for p in main.plans)
-    return dataclasses.replace(main, plans=plans)
+    plans = tuple(dataclasses.replace(by_spec[repr(wanted[p.name])][p.name], device=place[p.name]) for p in main.policies)
+    return dataclasses.replace(main, policies=plans)

@@ -18,7 +18,7 @@ from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .layout import (check_user_names, component_islands, drift, dtype_anchors, has_layerwise_casting,
                      layerwise_skip_regexes)
 from ..recipe.catalog import list_recipes
-from ..recipe.model import ComponentPlan, Recipe
+from ..recipe.model import ComponentPolicy, Recipe
 from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
 from ..recipe.quantize import is_quantized
@@ -99,7 +99,7 @@ class Applied:
             return (f"hf_precision recipe {self.recipe.name} ({self.recipe.device.label()}): removed; no hooks on "
                     f"{', '.join(self._modules) or 'any component'} (dtypes stay as cast: reload to undo a cast)")
         lines = [f"hf_precision applied recipe {self.recipe.name} ({self.recipe.device.label()}):"]
-        for plan in self.recipe.plans:
+        for plan in self.recipe.policies:
             if plan.name not in self._modules:
                 continue
             islands = self.islands.get(plan.name) or []
@@ -249,7 +249,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
             got = f"{recipe!r} is a pipeline recipe; " if isinstance(recipe, str) else ""
             raise RecipeError(f"apply_recipe: {got}name a component recipe for a bare {type(comps['']).__name__}, "
                               f"e.g. recipe='video.wan'; component recipes: {', '.join(list_recipes('component'))}")
-        stem = recipe.plans[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
+        stem = recipe.policies[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
     resolved = resolve_for(pipe, comps, recipe, device, overrides, layout, force)
     if live:
@@ -260,7 +260,7 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     for name in comps:
         if name not in resolved:
             applied.skipped.append(f"{name} ({type(comps[name]).__name__}) is not in recipe {resolved.name}: left as it is")
-    for plan in resolved.plans:
+    for plan in resolved.policies:
         module = comps.get(plan.name)
         if module is None:
             note = resolved.absent_note(plan.name, "this pipeline")  # an optional component: no note unless asked
@@ -300,7 +300,7 @@ class _Component:
     """One component on its way through :data:`STEPS`: the plan, the module, and what earlier steps decided."""
 
     applied: Applied
-    plan: ComponentPlan
+    plan: ComponentPolicy
     module: torch.nn.Module
     device: str | None
     strict: bool
@@ -428,7 +428,7 @@ STEPS: tuple[Callable[[_Component], None], ...] = (
     _check_class, _find_islands, _place_and_cast, _store_layerwise, _patch_diffusers, _hook_entries, _hook_islands)
 
 
-def _apply_component(applied: Applied, plan: ComponentPlan, module: torch.nn.Module, device: str | None, strict: bool) -> None:
+def _apply_component(applied: Applied, plan: ComponentPolicy, module: torch.nn.Module, device: str | None, strict: bool) -> None:
     component = _Component(applied, plan, module, device, strict)
     first = len(applied._handles)
     for step in STEPS:

@@ -183,14 +183,14 @@ def _plan_like(record: Any, new: Any) -> None:
     resolved = _api["resolve"](new, recipe=None, device=devices, overrides=inputs.get("overrides"), layout=layout,
                                force=False)
     plans = tuple(record.recipe[p.name] if p.name in record.recipe and comps.get(p.name) is record._modules.get(p.name)
-                  else p for p in resolved.plans)
-    merged = dataclasses.replace(resolved, plans=plans)
+                  else p for p in resolved.policies)
+    merged = dataclasses.replace(resolved, policies=plans)
     apply_recipe(new, merged, strict=inputs.get("strict", True), force=True).inputs = {**inputs, "recipe": merged}
 
 
 def _load_devices(record: Any) -> Any:
     """The ``device=`` the record's pipeline was applied with, else each component's planned device (None: none)."""
-    planned = {p.name: p.device for p in record.recipe.plans if p.device is not None}
+    planned = {p.name: p.device for p in record.recipe.policies if p.device is not None}
     return record.inputs.get("device") or planned or None
 
 
@@ -244,7 +244,7 @@ def adopt(record: Any, name: str, value: Any) -> None:
                                    overrides=inputs.get("overrides"), layout=inputs.get("layout"),
                                    force=inputs.get("force", False))
         plan = resolved[name]
-        record.recipe = dataclasses.replace(record.recipe, plans=tuple(plan if p.name == name else p
-                                                                       for p in record.recipe.plans))
+        record.recipe = dataclasses.replace(record.recipe, policies=tuple(plan if p.name == name else p
+                                                                       for p in record.recipe.policies))
     _api["apply_component"](record, plan, value, plan.device, inputs.get("strict", True))
     record.actions.append(f"{what} ({plan.storage}/{plan.compute}" + (", resolved again for its config)" if again else ")"))

@@ -18,7 +18,7 @@ import torch
 from .. import dtypes as dt
 from ..errors import RecipeError, override_line
 from ..recipe.patterns import inside, resolve_islands, suggest
-from ..recipe.model import ComponentPlan
+from ..recipe.model import ComponentPolicy
 from ..recipe.quantize import is_quantized, stored_bytes
 from .patches import layerwise_hook
 from .quantize import is_quantized_tensor, quantized_layers
@@ -81,7 +81,7 @@ def dtype_anchors(module: torch.nn.Module) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
+def component_islands(plan: ComponentPolicy, module: torch.nn.Module, *, strict: bool = True) -> list[str]:
     """The float32 islands of a built component under a plan (outermost matched modules; none in fp32)."""
     names = [n for n, _ in module.named_modules() if n]
     keep = list(plan.keep_fp32)
@@ -96,7 +96,7 @@ def component_islands(plan: ComponentPlan, module: torch.nn.Module, *, strict: b
                            active=plan.compute != "float32", strict=strict)
 
 
-def check_user_names(plan: ComponentPlan, module: torch.nn.Module) -> None:
+def check_user_names(plan: ComponentPolicy, module: torch.nn.Module) -> None:
     """Refuse ``entry`` names and ``layerwise_skip`` globs the user set that name no module of the component.
 
     A misspelled entry would leave the component's inputs uncast; a misspelled skip glob would store the layers it
@@ -133,7 +133,7 @@ def check_user_names(plan: ComponentPlan, module: torch.nn.Module) -> None:
         raise RecipeError(problems)
 
 
-def _layerwise_layers(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> set[str]:
+def _layerwise_layers(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> set[str]:
     """Modules diffusers' ``apply_layerwise_casting`` stores in the storage dtype (its traversal, with our skips);
     none where the plan stores no layer per layer (storage == compute, or a backend's quantized layout)."""
     if plan.storage == plan.compute or is_quantized(plan.storage):
@@ -159,7 +159,7 @@ def _layerwise_layers(module: torch.nn.Module, plan: ComponentPlan, islands: lis
     return found
 
 
-def _held_in(owner: str, plan: ComponentPlan, islands: frozenset[str], layerwise: set[str]) -> str:
+def _held_in(owner: str, plan: ComponentPolicy, islands: frozenset[str], layerwise: set[str]) -> str:
     """The floating dtype the tensors of module ``owner`` are held in: float32 in an island, the storage dtype in a
     layer layerwise casting stores (its hook casts the whole layer), else the compute dtype."""
     if inside(owner, islands):
@@ -167,7 +167,7 @@ def _held_in(owner: str, plan: ComponentPlan, islands: frozenset[str], layerwise
     return plan.storage if inside(owner, layerwise) else plan.compute
 
 
-def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, str]:
+def planned_dtypes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, str]:
     """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
 
     Islands are float32. With ``storage == compute`` every other parameter is in the storage dtype; otherwise the
@@ -187,7 +187,7 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPlan, islands: list[s
     return out
 
 
-def planned_buffers(module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> dict[str, tuple[str, int]]:
+def planned_buffers(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, tuple[str, int]]:
     """Buffer name -> (dtype, bytes) it is held in under ``plan``, persistent or not (PixArt's ``pos_embed`` table,
     CLIP's ``position_ids``): memory the loaded module holds like its weights.
 
@@ -237,7 +237,7 @@ class Drifted:
     count: int
 
 
-def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> list[Drifted]:
+def drift(name: str, module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> list[Drifted]:
     """Where a component's parameters left the plan (a ``pipe.to(dtype)`` after loading, a hand cast).
 
     Example:
@@ -265,7 +265,7 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPlan, islands: list
     return [Drifted(name, island, have, want, n) for (island, have, want), n in found.items()]
 
 
-def planned_bytes(module: torch.nn.Module, plan: ComponentPlan) -> int:
+def planned_bytes(module: torch.nn.Module, plan: ComponentPolicy) -> int:
     """The bytes a component's parameters and buffers take under ``plan`` (what ``plan()`` counts), from a
     meta-device model.
 

@@ -180,7 +180,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     resolved, folder = target.resolved, target.folder
     timings = {"resolve": time.perf_counter() - start}
     dtype_map = from_pretrained_dtypes(resolved)
-    plans = {p.name: p for p in resolved.plans}
+    plans = {p.name: p for p in resolved.policies}
     denoiser = plans.get(resolved.denoiser) if resolved.denoiser else None
     if "variant" not in kwargs and denoiser is not None and denoiser.storage in {"float16", "bfloat16"} \
             and _has_fp16_variant(folder):
@@ -203,7 +203,7 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
                                                   dtype_map)
         kwargs.update(from_file)
     mark = time.perf_counter()
-    placement = {p.name: p.device for p in resolved.plans}
+    placement = {p.name: p.device for p in resolved.policies}
     streamed = _stream_components(folder, target.index, plans, dtype_map, placement, kwargs)
     timings["stream"] = time.perf_counter() - mark
     mark = time.perf_counter()
@@ -370,7 +370,7 @@ def from_pretrained_dtypes(recipe: Recipe) -> dict[str, Any]:
     """
     import torch
 
-    plans = {p.name: p for p in recipe.plans}
+    plans = {p.name: p for p in recipe.policies}
     latents = plans.get(recipe.latents_from) if recipe.latents_from else None
     dtype_map: dict[str, Any] = {"default": dt.to_torch(latents.compute) if latents else torch.float32}
     for name, plan in plans.items():
@@ -437,7 +437,7 @@ def _reload_islands_fp32(pipe: Any, recipe: Recipe, folder: Path | None, skip: s
     from .layout import component_islands
     from .headers import read_header  # torch-free: the command line calls this before importing torch
 
-    for plan in recipe.plans:
+    for plan in recipe.policies:
         module = getattr(pipe, plan.name, None)
         if module is None or plan.name in skip or not plan.keep_fp32 or plan.compute == "float32":
             continue

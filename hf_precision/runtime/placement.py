@@ -54,7 +54,7 @@ def check_placeable(device: Any, recipe: Any = None) -> None:
                 raise
             raise RecipeError(f"device {spec!r}: this machine has no such device (present: "
                               f"{', '.join(present_devices())}); recipe= is a resolved Recipe, which keeps the dtypes it "
-                              f"was resolved for ({recipe.plans[0].resolved_for}): place it on a present device, "
+                              f"was resolved for ({recipe.policies[0].resolved_for}): place it on a present device, "
                               f"e.g. device='cpu'") from None
 
 

@@ -23,7 +23,7 @@ from ..errors import RecipeError
 from ..recipe.patterns import inside
 from ..recipe.devices import device_caps
 from ..recipe.quantize import BACKEND_PACKAGES, CHOICES, DEFAULT_KEEP, is_quantized, library_refusal
-from ..recipe.resolution import ComponentPlan, Recipe
+from ..recipe.resolution import ComponentPolicy, Recipe
 from .kernel_guards import guard_bnb_cpu_packing, guard_quanto_int8pack, stale_build_locks
 
 __all__ = ["is_quantized_tensor", "tensor_bytes", "module_bytes", "kept_layers", "quantized_layers",
@@ -103,7 +103,7 @@ def _linears(module: torch.nn.Module) -> list[str]:
     return [n for n, m in module.named_modules() if isinstance(m, torch.nn.Linear) and n]
 
 
-def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[str]) -> list[str]:
+def kept_layers(module: torch.nn.Module, plan: ComponentPolicy, islands: Iterable[str]) -> list[str]:
     """The ``nn.Linear`` layers hf_precision keeps out of quantization, and so hands to the backend by name.
 
     Islands and :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` plus the recipe's ``quantize.keep`` (embedders,
@@ -131,7 +131,7 @@ def kept_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[
     return out
 
 
-def _unpackable(module: torch.nn.Module, plan: ComponentPlan) -> list[str]:
+def _unpackable(module: torch.nn.Module, plan: ComponentPolicy) -> list[str]:
     """Layers the backend cannot pack and would fail on at load: optimum-quanto packs qint4 with bfloat16 scales in
     torch's tinygemm int4 layout whenever a row is two or more whole 128-input groups, and that packing needs the
     output features to be a multiple of 16 (``_convert_weight_to_int4pack_cpu : expect N to be dividable by 16``:
@@ -142,7 +142,7 @@ def _unpackable(module: torch.nn.Module, plan: ComponentPlan) -> list[str]:
             and m.in_features % 128 == 0 and m.in_features > 128 and m.out_features % 16]
 
 
-def _passed(library: str, backend: str, module: torch.nn.Module, plan: ComponentPlan, islands: list[str]) -> list[str]:
+def _passed(library: str, backend: str, module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> list[str]:
     """The names handed to the backend for the kept layers, in the form its own matching rule reads.
 
     diffusers' quanto and bitsandbytes compare child names only (``proj_out`` keeps every block's ``proj_out``): there a
@@ -177,7 +177,7 @@ def _excluded(library: str, backend: str, name: str, passed: list[str], fp32: li
     return leaf in keys or any((k + ".") in name or k == name for k in keys)
 
 
-def quantized_layers(module: torch.nn.Module, plan: ComponentPlan, islands: Iterable[str]) -> list[str]:
+def quantized_layers(module: torch.nn.Module, plan: ComponentPolicy, islands: Iterable[str]) -> list[str]:
     """The ``nn.Linear`` layers the component's backend will quantize (its own matching rule applied).
 
     Works on a meta-device model, so the planner counts them before any weight is read.
@@ -217,7 +217,7 @@ def require_backend(storage: str, component: str) -> None:
                               f"if no other process is building quanto's extension now")
 
 
-def refuse_library(plan: ComponentPlan, library: str, device: Any, where: str, *, loading: bool) -> None:
+def refuse_library(plan: ComponentPolicy, library: str, device: Any, where: str, *, loading: bool) -> None:
     """One ``RecipeError`` before loading when the component's backend refuses its model's library on ``device``
     (bitsandbytes for a diffusers model on the CPU: :func:`hf_precision.recipe.quantize.library_refusal`); when
     ``loading``, also when this machine has no GPU for diffusers' bitsandbytes quantizer to check.
@@ -236,7 +236,7 @@ def refuse_library(plan: ComponentPlan, library: str, device: Any, where: str, *
         raise RecipeError(f"{where}: {problem}")
 
 
-def refuse_int8_beside_cuda(plan: ComponentPlan, where: str, cuda_present: bool | None = None) -> None:
+def refuse_int8_beside_cuda(plan: ComponentPolicy, where: str, cuda_present: bool | None = None) -> None:
     """One ``RecipeError`` before loading for bitsandbytes LLM.int8 on a CPU-placed component while a CUDA GPU is
     present.
 
@@ -270,7 +270,7 @@ def refuse_int8_beside_cuda(plan: ComponentPlan, where: str, cuda_present: bool 
         f"(device={{'{plan.name}': 'cuda', 'default': ...}})")
 
 
-def backend_config(plan: ComponentPlan, module: torch.nn.Module, islands: Iterable[str]) -> Any:
+def backend_config(plan: ComponentPolicy, module: torch.nn.Module, islands: Iterable[str]) -> Any:
     """The diffusers or transformers quantization config for one component (``module`` may be on meta).
 
     Example:
@@ -328,7 +328,7 @@ def pipeline_quantization_config(recipe: Recipe, modules: Mapping[str, tuple[tor
 
     ``modules`` maps each such component to its model (meta device is enough) and its islands.
     """
-    mapping = {p.name: backend_config(p, *modules[p.name]) for p in recipe.plans
+    mapping = {p.name: backend_config(p, *modules[p.name]) for p in recipe.policies
                if is_quantized(p.storage) and p.name in modules}
     if not mapping:
         return None

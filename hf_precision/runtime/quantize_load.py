@@ -49,7 +49,7 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
     from .meta import build_on_meta
     from .source import component_configs, listed_components
 
-    wanted = [p for p in recipe.plans if is_quantized(p.storage)]
+    wanted = [p for p in recipe.policies if is_quantized(p.storage)]
     user = kwargs.get("quantization_config")
     if user is not None:
         if wanted:
@@ -153,7 +153,7 @@ def _zero_rows(module: torch.nn.Module) -> list[str]:
 def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> list[str]:
     """Lines for ``Applied.actions``: what each backend quantized, checked against the plan; the caller's config."""
     lines = []
-    for plan in recipe.plans:
+    for plan in recipe.policies:
         module = getattr(pipe, plan.name, None)
         fixed = _zero_rows(module) if isinstance(module, torch.nn.Module) else []
         if fixed:
@@ -161,7 +161,7 @@ def report_quantization(pipe: Any, recipe: Recipe, notes: Mapping[str, Any]) -> 
                          f"stores as NaN (0/0 scale), set back to 0: {fixed[:3]}")
     user = notes.get("user")
     if user is not None:
-        held = {p.name: len(quantized_in(getattr(pipe, p.name))) for p in recipe.plans
+        held = {p.name: len(quantized_in(getattr(pipe, p.name))) for p in recipe.policies
                 if isinstance(getattr(pipe, p.name, None), torch.nn.Module)}
         comps = ", ".join(f"{n} ({k} layers)" for n, k in held.items() if k) or "no component"
         lines.append(f"quantization_config from the caller ({type(user).__name__}) passed through: quantized {comps}; "

@@ -31,7 +31,7 @@ def plan_table(tp: Any) -> str:
     comps = tp.components
     head = ("component", "train", "storage", "compute", "trainable", "fp32 islands", "rule")
     rows = []
-    for plan in recipe.plans:
+    for plan in recipe.policies:
         if plan.name not in comps:
             continue
         method = method_of(tp.kinds.get(plan.name, "frozen"))

@@ -79,7 +79,7 @@ class TrainingSetup:
     @property
     def compute_dtype(self) -> torch.dtype:
         """The denoiser's compute dtype (the first trainable component's when there is no denoiser)."""
-        name = self.denoiser_name if self.denoiser_name in self.recipe else next(iter(self.choices), self.recipe.plans[0].name)
+        name = self.denoiser_name if self.denoiser_name in self.recipe else next(iter(self.choices), self.recipe.policies[0].name)
         return dt.to_torch(self.recipe[name].compute)
 
     @property
@@ -122,7 +122,7 @@ class TrainingSetup:
         data = {"recipe": self.recipe.name, "device": self.recipe.device.label(), "master": self.master,
                 "objective": self.objective, "model": _model_id(self.pipe),
                 "components": {p.name: [p.storage, p.compute, list(self.applied.islands.get(p.name, [])),
-                                        self.kinds.get(p.name, "frozen")] for p in self.recipe.plans if p.name in self.components}}
+                                        self.kinds.get(p.name, "frozen")] for p in self.recipe.policies if p.name in self.components}}
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- the loop

@@ -340,7 +340,7 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     if problem:
         raise RecipeError(problem)
     applied = applied_record(pipe)
-    plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.plans if p.name in applied.devices)
+    plans = ", ".join(f"{p.name} {p.compute}" for p in applied.recipe.policies if p.name in applied.devices)
     tell(f"{applied.recipe.name} recipe for {applied.recipe.device.label()}: {plans}; {chosen.label()}")
     chunks = -(-(options.frames or 0) // options.decode_chunk_size) if spec.row.decode_chunks else 0
     bar = tqdm(total=(options.steps + chunks) * len(mine), unit="step", leave=False,

@@ -179,17 +179,17 @@ class _Setting:
             raise RecipeError(f"calibrate: target {target!r} cannot be computed on {caps.profile.label()} (it computes "
                               f"{', '.join(caps.compute)}); pass target='float16' or 'bfloat16' that the layout "
                               "computes, or another layout (device='t4', 'a100')")
-        recipe_islands = {p.name: list(p.keep_fp32) for p in plan.plans if p.name in comps and p.compute in dt.HALF}
+        recipe_islands = {p.name: list(p.keep_fp32) for p in plan.policies if p.name in comps and p.compute in dt.HALF}
         return cls(
-            names=[p.name for p in plan.plans if p.name in comps],
+            names=[p.name for p in plan.policies if p.name in comps],
             denoiser=plan.denoiser if plan.denoiser in comps else None, target=target, limit=HALF_MAX[target],
             delta=4 - dt.itemsize(target), floor=torch.finfo(dt.to_torch(target)).eps / 2, recipe=recipe,
             layout=layout, apply_on=None if session.offloaded else run_on, recipe_islands=recipe_islands,
             recipe_names={n: resolve_islands(n, v, [m for m, _ in comps[n].named_modules() if m],
                                              owner=type(comps[n]).__name__, strict=False)
                           for n, v in recipe_islands.items()},
-            recipe_fp32=[p.name for p in plan.plans if p.name in comps and p.compute == "float32"],
-            tolerated={p.name: list(p.dtypes) for p in plan.plans if p.name in comps})
+            recipe_fp32=[p.name for p in plan.policies if p.name in comps and p.compute == "float32"],
+            tolerated={p.name: list(p.dtypes) for p in plan.policies if p.name in comps})
 
     def layer(self, dtype: str, islands: Mapping[str, list[str]] = {}, whole: list[str] = (),
               wide: list[str] = ()) -> dict[str, Any]:
