@@ -23,12 +23,12 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
+from .images import IMAGE_SUFFIXES, open_image
 from .references import attach_references, find_references
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
            "make_buckets", "epoch_batches"]
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 CLIP_SUFFIXES = (".mp4", ".webm", ".mov", ".mkv", ".gif")
 MAX_RATIO = 2.0
 
@@ -323,19 +323,6 @@ def list_items(data: str | Path, *, video: bool = False, caption_ext: str = ".tx
 # --------------------------------------------------------------------------------------------- decoding and checking
 
 
-def _open_image(path: Path) -> Any:
-    """The decoded RGB image; a corrupt or truncated file is a RecipeError (PIL decodes lazily: ``load`` forces it)."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            im.load()
-            return im.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        raise RecipeError(f"{path}: cannot decode it as an image ({type(err).__name__}: {err}); the file is corrupt "
-                          f"or truncated: re-export it or remove it from the data folder") from None
-
-
 def _read_clip(path: Path, frames: int | None = None) -> Any:
     """The clip's frames as a uint8 array (F, H, W, 3); the first ``frames`` when given."""
     import imageio.v3 as iio
@@ -373,7 +360,7 @@ def inspect_items(items: Sequence[tuple[Path, str]], geometry: ModelGeometry, re
                                     f"or lower --frames (allowed counts: {geometry.frame_step}*k+1)")
                     continue
             else:
-                with _open_image(path) as im:
+                with open_image(path) as im:
                     size, count = im.size, 0
         except RecipeError as err:
             problems.append(str(err))
@@ -412,7 +399,7 @@ def to_pixels(sample: Sample, frames: int | None = None) -> Any:
         arr = np.stack([fit(Image.fromarray(f)) for f in _read_clip(sample.path, frames)])  # F, H, W, 3
         t = torch.from_numpy(arr).permute(3, 0, 1, 2)
     else:
-        t = torch.from_numpy(fit(_open_image(sample.path))).permute(2, 0, 1)
+        t = torch.from_numpy(fit(open_image(sample.path))).permute(2, 0, 1)
     return t / 127.5 - 1.0
 
 

@@ -79,9 +79,9 @@ def expert_runs(s: Any) -> list[Any]:
     Example:
         >>> import dataclasses
         >>> @dataclasses.dataclass
-        ... class S: model: str; out: str; expert: str | None = None; resume: str | None = None
+        ... class S: model: str; out: str; expert: str | None = None; resume: str | None = None; base: str | None = None
         >>> expert_runs(S("sd15", "o"))
-        [S(model='sd15', out='o', expert=None, resume=None)]
+        [S(model='sd15', out='o', expert=None, resume=None, base=None)]
     """
     import dataclasses
     from pathlib import Path

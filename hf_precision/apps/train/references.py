@@ -32,7 +32,7 @@ __all__ = ["find_references", "attach_references", "check_reference_family"]
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
     """target -> reference from metadata.jsonl's ``column`` (lines _from_metadata refused are skipped here)."""
-    from .data import IMAGE_SUFFIXES
+    from .images import IMAGE_SUFFIXES
 
     meta = folder / "metadata.jsonl"
     found: dict[Path, Path] = {}
@@ -62,7 +62,7 @@ def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, P
 
 def _from_folder(folder: Path, references: Path, targets: Sequence[Path], problems: list[str]) -> dict[Path, Path]:
     """target -> the file of ``references`` at the target's path relative to the data folder, any image suffix."""
-    from .data import IMAGE_SUFFIXES
+    from .images import IMAGE_SUFFIXES
 
     if not references.is_dir():
         problems.append(f"--reference-dir {references}: no such folder; pass the folder of reference images named as "
@@ -115,14 +115,14 @@ def find_references(folder: str | Path, targets: Sequence[Path], column: str = "
 
 def attach_references(samples: Sequence[Any], found: Mapping[Path, Path]) -> list[Any]:
     """The samples with their reference set, each reference decoded once (a corrupt file named here, not mid-run)."""
-    from .data import _open_image
+    from .images import open_image
 
     out, problems = [], []
     for sample in samples:
         ref = found.get(Path(sample.path).resolve())
         if ref is not None:
             try:
-                _open_image(ref).close()
+                open_image(ref).close()
             except RecipeError as err:
                 problems.append(f"reference of {sample.path.name}: {err}")
                 continue
