@@ -89,3 +89,20 @@ def test_plan_chooses_checkpointing_or_smaller_batches_for_a_small_budget(mid_sd
     assert "chosen: --gradient-checkpointing" in out and "tried batch size 4, gradient checkpointing off" in out
     assert_plan_output_agrees(out)
 
+
+
+def test_the_plan_of_an_edit_model_counts_its_reference_tokens(saved_pipeline, monkeypatch):
+    """Flux Kontext trains on (reference, target) pairs: the reference's tokens join the denoiser's sequence, so a
+    step holds more activations than a text-to-image step of the same size; the plan counted the latter."""
+    import dataclasses
+
+    from hf_precision.apps.train.plan import Options, predict_training
+    from hf_precision.training import denoiser_rows
+
+    folder = str(saved_pipeline("flux_kontext"))
+    kwargs = dict(rank=2, resolution=64, options=Options(1, False, True))
+    edit = predict_training(folder, "t4", **kwargs)
+    real_row = denoiser_rows.row_of
+    monkeypatch.setattr(denoiser_rows, "row_of", lambda *a: dataclasses.replace(real_row(*a), reference=False))
+    plain = predict_training(folder, "t4", **kwargs)
+    assert edit.activations > plain.activations
