@@ -210,12 +210,7 @@ def judge_paired(samples: list[float], target: float, fewest: int = 3) -> dict[s
         return {"pass": None, "median": statistics.median(xs) if xs else None, "noise": None, "n": len(xs),
                 "why": f"{len(xs)} sample(s) measure no noise (a verdict needs {fewest}): no verdict"}
     median, noise = statistics.median(xs), (max(xs) - min(xs)) / 2
-    if median - noise > target:
-        why, ok = "above the target beyond the noise", False
-    elif median + noise <= target:
-        why, ok = "within the target beyond the noise", True
-    else:
-        why, ok = "the noise is larger than the distance to the target: these samples cannot resolve it", None
+    ok, why = _verdict(median, noise, target, "target")
     return {"pass": ok, "median": median, "noise": noise, "n": len(xs), "why": why}
 
 
@@ -246,10 +241,14 @@ def judge_slope(samples: dict[int, list[float]], limit: float) -> dict[str, Any]
                 "why": "no count was called twice: no noise measured, no verdict"}
     r = max(spreads)
     noise = math.log((1 + r) / (1 - r)) / math.log(xs[-1] / xs[0]) if r < 1 else math.inf
-    if slope - noise > limit:
-        why, ok = "above the limit beyond the noise", False
-    elif slope + noise <= limit:
-        why, ok = "within the limit beyond the noise", True
-    else:
-        why, ok = "the noise is larger than the distance to the limit: these samples cannot resolve it", None
+    ok, why = _verdict(slope, noise, limit, "limit")
     return {"pass": ok, "slope": slope, "noise": noise, "relative_noise": r, "why": why}
+
+
+def _verdict(value: float, noise: float, bound: float, what: str) -> tuple[bool | None, str]:
+    """PASS (True) or FAIL (False) only when ``value`` is on one side of ``bound`` beyond ``noise``; else None."""
+    if value - noise > bound:
+        return False, f"above the {what} beyond the noise"
+    if value + noise <= bound:
+        return True, f"within the {what} beyond the noise"
+    return None, f"the noise is larger than the distance to the {what}: these samples cannot resolve it"

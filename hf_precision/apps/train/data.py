@@ -23,7 +23,7 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
-from .images import IMAGE_SUFFIXES, open_image
+from .images import IMAGE_SUFFIXES, file_problem, open_image
 from .references import attach_references, find_references
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
@@ -263,13 +263,10 @@ def _from_metadata(folder: Path, meta: Path, column: str, suffixes: Sequence[str
             problems.append(f"{where}: caption column {column!r} is missing or empty (got {excerpt(caption)}); write "
                             f"the caption there, or pass --caption-column NAME for another column")
             continue
-        path = (folder / str(row["file_name"])).resolve()
-        if folder.resolve() not in path.parents:
-            problems.append(f"{where}: file_name {excerpt(row['file_name'])} points outside {folder}")
-        elif not path.is_file():
-            problems.append(f"{where}: file_name {excerpt(row['file_name'])}: no such file in {folder}")
-        elif path.suffix.lower() not in suffixes:
-            problems.append(f"{where}: {path.name}: not a supported file type ({', '.join(suffixes)})")
+        path, problem = file_problem(f"{where}:", row["file_name"], folder, suffixes, "a supported file type",
+                                     "file_name ")
+        if problem:
+            problems.append(problem)
         else:
             items.append((path, caption.strip()))
     return items

@@ -32,7 +32,7 @@ __all__ = ["find_references", "attach_references", "check_reference_family"]
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
     """target -> reference from metadata.jsonl's ``column`` (lines _from_metadata refused are skipped here)."""
-    from .images import IMAGE_SUFFIXES
+    from .images import IMAGE_SUFFIXES, file_problem
 
     meta = folder / "metadata.jsonl"
     found: dict[Path, Path] = {}
@@ -46,15 +46,12 @@ def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, P
         if not isinstance(row, dict) or column not in row or "file_name" not in row:
             continue
         where, value = f"{meta}: line {n}: reference column {column!r}", row[column]
-        path = (folder / str(value)).resolve() if isinstance(value, str) and value.strip() else None
-        if path is None:
+        if not (isinstance(value, str) and value.strip()):
             problems.append(f"{where} is {excerpt(value)}; give the reference image's file name relative to {folder}")
-        elif folder.resolve() not in path.parents:
-            problems.append(f"{where}: {excerpt(value)} points outside {folder}")
-        elif not path.is_file():
-            problems.append(f"{where}: {excerpt(value)}: no such file in {folder}")
-        elif path.suffix.lower() not in IMAGE_SUFFIXES:
-            problems.append(f"{where}: {path.name}: not an image ({', '.join(IMAGE_SUFFIXES)})")
+            continue
+        path, problem = file_problem(f"{where}:", value, folder, IMAGE_SUFFIXES, "an image")
+        if problem:
+            problems.append(problem)
         else:
             found[(folder / str(row["file_name"])).resolve()] = path
     return found
