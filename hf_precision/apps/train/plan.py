@@ -145,7 +145,8 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     from ...dtypes import FLOAT8
     from ...memory.train_step import make_trainable, step_activations, store_fp8
     from ...recipe.quantize import is_quantized
-    from ...training.denoiser_rows import example_batch, row_of
+    from ...training.denoiser_rows import example_batch
+    from .references import edits_images
 
     m = _cached_model or planned_model(model, device, overrides)
     den = m.plan.components[m.denoiser]
@@ -167,7 +168,7 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     side = resolution // m.geometry.vae_factor
     latent_frames = (frames - 1) // m.geometry.frame_step + 1 if frames > 1 else 1
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
-    if row_of(module).reference:  # an edit model trains on a reference image a target's size: its tokens join the sequence
+    if edits_images(m.index):  # an edit model trains on a reference image a target's size: its tokens join the sequence
         batch["reference_latents"] = torch.empty_like(batch["latents"])
     activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}

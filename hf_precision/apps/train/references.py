@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 
-__all__ = ["find_references", "attach_references", "check_reference_family"]
+__all__ = ["find_references", "attach_references", "check_reference_family", "edits_images"]
 
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
@@ -142,8 +142,29 @@ def check_reference_family(index: Mapping[str, Any], has_references: bool) -> No
         ...
         hf_precision.errors.RecipeError: --data: the data gives reference images, but StableDiffusionXLPipeline ...
     """
-    if not has_references:
+    if not has_references or edits_images(index):
         return
+    from ...training.denoiser_rows import ROWS
+
+    name = str(index.get("_class_name"))
+    edits = sorted(c for c, r in ROWS.items() if getattr(r, "reference", False))
+    raise RecipeError(f"--data: the data gives reference images, but {name} takes none: it does not edit an input "
+                      f"image (its denoiser rows with reference: true: {', '.join(edits)}, in edit pipelines such as "
+                      f"FluxKontextPipeline and QwenImageEditPipeline); train an edit model, or drop the references "
+                      f"(the metadata.jsonl reference column, --reference-dir)")
+
+
+def edits_images(index: Mapping[str, Any]) -> bool:
+    """Whether the model of ``index`` (its ``model_index.json``) is an edit model: a denoiser row with ``reference:
+    true`` and a pipeline whose call takes an input ``image`` (FluxKontextPipeline, QwenImageEditPipeline), not only
+    its class's transformer (FluxPipeline shares Kontext's).
+
+    Example:
+        >>> edits_images({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
+        False
+        >>> edits_images({"_class_name": "FluxKontextPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
+        True
+    """
     import inspect
 
     import diffusers
@@ -162,10 +183,4 @@ def check_reference_family(index: Mapping[str, Any], has_references: bool) -> No
         takes_image = pipeline is not None and "image" in inspect.signature(pipeline.__call__).parameters
     except (TypeError, ValueError):
         takes_image = False
-    if any(getattr(r, "reference", False) for r in rows) and takes_image:
-        return
-    edits = sorted(c for c, r in ROWS.items() if getattr(r, "reference", False))
-    raise RecipeError(f"--data: the data gives reference images, but {name} takes none: it does not edit an input "
-                      f"image (its denoiser rows with reference: true: {', '.join(edits)}, in edit pipelines such as "
-                      f"FluxKontextPipeline and QwenImageEditPipeline); train an edit model, or drop the references "
-                      f"(the metadata.jsonl reference column, --reference-dir)")
+    return any(getattr(r, "reference", False) for r in rows) and takes_image
