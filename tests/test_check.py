@@ -268,3 +268,27 @@ def test_cli_in_process(saved_pipeline, tmp_path, capsys):
     ]:
         rc, out, err = _main(capsys, *args)
         assert rc == 2 and out == "" and needle in err, (args, err)
+
+
+def test_the_default_call_of_flux_kontext_runs_at_its_tiny_size():
+    """Flux Kontext sizes its output by ``max_area`` (1024**2) and resizes its input image to a preferred ~1024**2
+    resolution unless ``_auto_resize=False``: the default call of `check` ran the tiny model at 1024 pixels (an hour
+    of the command sweep). The VAE now encodes, and the call returns, images of the call's own size."""
+    from hf_precision.testing import make_pipeline
+
+    pipe = make_pipeline("flux_kontext")
+    call = default_call(pipe)
+    side = call.kwargs["height"]
+    seen = []
+
+    def too_big(module, args):
+        seen.append(tuple(args[0].shape[-2:]))
+        if max(seen[-1]) > side:
+            raise AssertionError(f"the VAE encodes {seen[-1]} pixels for a {side}-pixel call")
+
+    handle = pipe.vae.encoder.register_forward_pre_hook(too_big)
+    try:
+        images = call(pipe).images
+    finally:
+        handle.remove()
+    assert seen == [(side, side)] and images.shape[1:3] == (side, side)

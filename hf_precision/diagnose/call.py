@@ -348,9 +348,12 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
-    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
+    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP).
+    # Flux Kontext sizes its output by max_area (1024**2) and resizes its input image to a preferred ~1024**2
+    # resolution unless _auto_resize=False (pipeline_flux_kontext.py:846, :938): the tiny call ran at 1024 pixels.
     for key, value in (("use_resolution_binning", False), ("clean_caption", False),
-                       ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):
+                       ("max_sequence_length", _text_length(pipe)), ("clip_skip", None), ("_auto_resize", False),
+                       ("max_area", side * side)):
         if key in params:
             kwargs[key] = value
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
