@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx: dict[str, Any] = {
         "device": args.device, "layout": layout, "load_layout": layout, "overrides": [], "threads": threads,
         "script": str(Path(__file__).resolve()), "quick": quick,
-        "load_repeats": args.repeats or (1 if quick else 2), "pairs": args.pairs or (1 if quick else 6),
+        "load_repeats": args.repeats or (1 if quick else 3), "pairs": args.pairs or (1 if quick else 6),
         "island_pairs": args.island_pairs or (1 if quick else 3), "min_pairs": 3, "batch": 2,
         "latent": args.latent or 8,
         # the island-scaling subsets: every 4th and every 2nd norm (all of them is the islands layout itself)
