@@ -41,12 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--layout", "--recipe-device", dest="layout", default=None,
                    help="measure exactly this layout (a device preset such as t4, a100, cpu). Default: t4 on a CPU, "
                         "the device's own on a GPU, with a slow compute dtype replaced by a fast one (said in the report)")
-    # Defaults sized so the default run fits 10 minutes on a busy 2-core CPU, first run included (issue 34): the load
-    # ratios were identical over 3 repeats, so 2. A denoiser call is the unit of cost: on a busy AVX2 CPU with one
+    # Defaults sized so the default run fits 10 minutes on a busy 2-core CPU, first run included (issue 34): 3 load
+    # repeats, the fewest that judge the paired anonymous-memory ratio against its spread. A denoiser call is the unit of cost: on a busy AVX2 CPU with one
     # thread about 3 s in fp32, 30 s in bf16 at latent 16 (bf16 is emulated there, so its cost follows the latent;
     # fp32's follows the weights). Each pair gives the paired ratio, the hooks' own time and the floor's casts at
     # once; 3 pairs are the fewest that judge a figure against its noise, and pairs stop once it is resolved.
-    p.add_argument("--repeats", type=int, default=None, help="load repeats per loader (default 2; quick 1)")
+    p.add_argument("--repeats", type=int, default=None, help="load repeats per loader (default 3; quick 1)")
     p.add_argument("--pairs", type=int, default=None, help="most hooks/floor call pairs of the benchmarked layout "
                    "(default 6; quick 1); they stop after 3 once the ratio is resolved against its target")
     p.add_argument("--island-pairs", type=int, default=None, help="most hooks/floor call pairs of the "
