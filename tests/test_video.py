@@ -197,6 +197,22 @@ def test_save_video_refuses_odd_mp4_and_keeps_old_file_on_failure(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.gif"]
 
 
+def test_cpu_phase_figures_count_quantized_weights_by_what_they_hold():
+    """The CPU phase figures add the loaded weight bytes: an int8 component holds its int8 data and per-row scales
+    (as plan and module_bytes count it), not its logical float size."""
+    import torch
+    from types import SimpleNamespace
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from hf_precision.apps.video.memory import weight_bytes
+    from hf_precision.runtime.quantize import module_bytes
+
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    quantize_(layer, Int8WeightOnlyConfig())
+    pipe = SimpleNamespace(components={"transformer": layer, "scheduler": object()})
+    assert weight_bytes(pipe) == module_bytes(layer) < 64 * 64 * 2  # below even a float16 copy of the weight
+
+
 # --------------------------------------------------------------------------------------------- two processes
 
 

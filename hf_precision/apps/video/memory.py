@@ -51,13 +51,13 @@ def rss() -> int:
 
 
 def weight_bytes(pipe: Any) -> int:
-    """Bytes of the parameters and buffers of a pipeline's model components, as loaded."""
-    total = 0
-    for component in pipe.components.values():
-        if hasattr(component, "parameters"):
-            total += sum(t.numel() * t.element_size() for t in component.parameters())
-            total += sum(t.numel() * t.element_size() for t in component.buffers())
-    return total
+    """Bytes of the parameters and buffers of a pipeline's model components, as loaded: quantized tensors by their
+    inner data and scales (:func:`hf_precision.runtime.quantize.module_bytes`)."""
+    import torch
+
+    from ...runtime.quantize import module_bytes
+
+    return sum(module_bytes(c) for c in pipe.components.values() if isinstance(c, torch.nn.Module))
 
 
 def _reset_hwm() -> bool:
