@@ -14,7 +14,6 @@ import sys
 from typing import Any, Iterator
 
 from ...runtime.memory import proc_bytes
-from ...units import format_bytes
 
 __all__ = ["PhaseMemory", "peak_rss", "phase_hooks", "rss", "weight_bytes"]
 
@@ -151,9 +150,6 @@ class PhaseMemory:
             figure = max(0, raw - self.start) + self.weights if self.device.type == "cpu" else raw
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), figure)
             self.phase = None
-
-    def summary(self) -> str:
-        return ", ".join(f"{p} {format_bytes(b)}" for p, b in self.peaks.items()) + f" ({self.kind})"
 
 
 def _phase_modules(pipe: Any) -> list[tuple[Any, str]]:
