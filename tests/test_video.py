@@ -197,6 +197,30 @@ def test_save_video_refuses_odd_mp4_and_keeps_old_file_on_failure(tmp_path, monk
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.gif"]
 
 
+def test_a_prompt_and_an_image_out_checked_alike(tmp_path, images):
+    """One --out for one clip is checked by check_out whatever the input: the same words for a prompt and an image."""
+    from hf_precision import RecipeError
+    from hf_precision.apps.video.io import plan_outputs
+
+    for image, prompts in ((None, ["a cat"]), (str(images / "img0.png"), None)):
+        with pytest.raises(RecipeError, match="is an mp4 output but --format is gif; drop --format"):
+            plan_outputs(image, str(tmp_path / "cat.mp4"), "gif", prompts=prompts)
+def test_cpu_phase_figures_count_quantized_weights_by_what_they_hold():
+    """The CPU phase figures add the loaded weight bytes: an int8 component holds its int8 data and per-row scales
+    (as plan and module_bytes count it), not its logical float size."""
+    import torch
+    from types import SimpleNamespace
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    from hf_precision.apps.video.memory import weight_bytes
+    from hf_precision.runtime.quantize import module_bytes
+
+    layer = torch.nn.Sequential(torch.nn.Linear(64, 64))
+    quantize_(layer, Int8WeightOnlyConfig())
+    pipe = SimpleNamespace(components={"transformer": layer, "scheduler": object()})
+    assert weight_bytes(pipe) == module_bytes(layer) < 64 * 64 * 2  # below even a float16 copy of the weight
+
+
 # --------------------------------------------------------------------------------------------- two processes
 
 

@@ -295,7 +295,9 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         _say(f"why this part saves nothing and matches fp32 exactly: {full} Nothing to save here; the real-model plans "
              f"in part 2 show the saving on GPUs.")
     results: dict[str, Any] = {"why_float32": full}
-    for kind, filename in (("sdxl", "sdxl.png"), ("svd", "svd.gif")):
+    # per model: the file it writes, the output field that holds its pictures, and how they are saved
+    models = (("sdxl", "sdxl.png", "images", save_png), ("svd", "svd.gif", "frames", save_gif))
+    for kind, filename, field, save in models:
         start = time.perf_counter()
         if kind == "sdxl":  # the shipped shapes model: a picture a person can judge
             folder = shipped_folder()
@@ -327,14 +329,10 @@ def _this_machine(work: Path, out: Path, place: str, layout_device: str, seed: i
         report = check(pipe)
         print(f"\n--- {kind}: check (one tiny forward pass with recording hooks) ---")
         print(report.table())
-        output = (lambda r: r.images) if kind == "sdxl" else (lambda r: r.frames)
-        stats = difference(output(got), output(want))
-        seeds = difference(output(other), output(want))
+        stats = difference(getattr(got, field), getattr(want, field))
+        seeds = difference(getattr(other, field), getattr(want, field))
         stats.update(one_call_difference(pipe, reference_pipe, kwargs, seed))
-        if kind == "sdxl":
-            size_note = save_png(got.images[0], out / filename)
-        else:
-            size_note = save_gif(got.frames[0], out / filename)
+        size_note = save(getattr(got, field)[0], out / filename)
         stats.update(seconds=round(time.perf_counter() - start, 2), check_ok=report.ok,
                      dtypes={p.name: p.compute for p in recipe.policies}, output=str(out / filename),
                      saved_bytes=planned.fp32_bytes - planned.total_bytes, other_seed_mean_abs=seeds["mean_abs"],

@@ -18,7 +18,7 @@ from typing import Any
 from .outputs import written_atomically
 
 __all__ = ["difference", "one_call_difference", "SHAPES_CALL", "GRID_PROMPTS", "CELL", "picture_layout",
-           "draw_pictures", "enlarged", "save_png", "save_gif", "decode_naively", "grid_image", "shape_region",
+           "draw_pictures", "enlarged", "save_png", "save_gif", "grid_image", "shape_region",
            "colour_read"]
 
 # What the shapes model was trained for: 32x32 pictures of the captions, no classifier-free guidance (it never saw an
@@ -216,12 +216,6 @@ def picture_layout(layout_device: str) -> str:
 
     recipe = get_recipe("sdxl", device=layout_device)
     return layout_device if any(p.compute in HALF for p in recipe.policies) else T4
-
-
-def decode_naively(pipe: Any) -> Any:
-    """``pipe`` with its VAE decoding in the VAE's own dtype: ``force_upcast`` off, as in a config without it."""
-    pipe.vae.register_to_config(force_upcast=False)
-    return pipe
 
 
 def _layout_words(recipe: Any) -> str:

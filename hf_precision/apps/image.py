@@ -55,13 +55,14 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     offload = False
     if max_memory is not None:
         from .image_plan import choose_image_layout
+        from ..recipe.overrides import as_list
         from ..units import parse_size
 
         budget = parse_size(max_memory) if isinstance(max_memory, str) else int(max_memory)
         choice = choose_image_layout(model, layout or device or "cpu", budget, overrides=overrides)
         (say or (lambda _: None))(f"memory plan: {choice.describe()}")
         if choice.quantize:
-            overrides = [*(overrides if isinstance(overrides, list) else [overrides] if overrides else []), choice.overrides()]
+            overrides = [*as_list(overrides), choice.overrides()]
         offload = choice.offload == "model"
     kwargs: dict[str, Any] = {}
     if layout is not None or offload:

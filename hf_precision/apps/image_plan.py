@@ -56,6 +56,7 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
     """
     from ..diagnose.planner import plan
     from ..recipe.devices import device_caps, device_profile
+    from ..recipe.overrides import as_list
     from ..recipe.quantize import storage_options
 
     base = plan(name_or_path, device=device, overrides=overrides)
@@ -72,7 +73,7 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
     def predict(candidate: tuple[tuple[tuple[str, str], ...], str]) -> ImageLayout:
         quant, offload = candidate
         if quant not in weights:  # one plan per storage, shared by its offload modes
-            layers = [*([overrides] if overrides else []), {"components": {c: {"storage": s} for c, s in quant}}]
+            layers = [*as_list(overrides), {"components": {c: {"storage": s} for c, s in quant}}]
             planned = plan(name_or_path, device=device, overrides=layers) if quant else base
             weights[quant] = {n: c.total_bytes for n, c in planned.components.items()}
         return ImageLayout(offload, quant, resident_bytes(weights[quant], offload), weights[quant])

@@ -41,6 +41,12 @@ def _denoiser_name(pipe: Any) -> str | None:
     return max(comps, key=lambda n: sum(p.numel() for p in comps[n].parameters()), default=None)
 
 
+def _denoiser_config(pipe: Any) -> Mapping[str, Any]:
+    """The config of the denoiser :func:`_denoiser_name` finds; empty when there is none."""
+    config = getattr(getattr(pipe, _denoiser_name(pipe) or "", None), "config", None)
+    return config if isinstance(config, Mapping) else {}
+
+
 def _spatial_patch(patch: Any) -> int:
     """The spatial side of a denoiser's ``patch_size``: an int, or the last two of a (frames, height, width) list.
 
@@ -56,16 +62,11 @@ def _spatial_patch(patch: Any) -> int:
 def _side(pipe: Any) -> int:
     """The smallest image side that runs every level of the denoiser: VAE factor x its downsampling x 2, >= 32."""
     vae_factor = int(getattr(pipe, "vae_scale_factor", 8) or 8)
-    down = 1
-    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
-    config = getattr(denoiser, "config", None)
-    if config is not None:
-        blocks = config.get("block_out_channels") if hasattr(config, "get") else None
-        if blocks:
-            down = 2 ** (len(blocks) - 1)
-        patch = config.get("patch_size") if hasattr(config, "get") else None
-        if patch:
-            down = max(down, _spatial_patch(patch))
+    config = _denoiser_config(pipe)
+    blocks, patch = config.get("block_out_channels"), config.get("patch_size")
+    down = 2 ** (len(blocks) - 1) if blocks else 1
+    if patch:
+        down = max(down, _spatial_patch(patch))
     side = max(32, vae_factor * down * 2)
     return -(-side // 16) * 16
 
@@ -239,10 +240,10 @@ def steps_problem(pipe: Any, steps: int) -> str | None:
             + (f"use --steps {more} or more" if more else "give the model another scheduler"))
 
 
-def _frames(pipe: Any, denoiser: Any) -> int:
+def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
     """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1), a
-    Latte transformer's fixed ``video_length``, else 2 (a frame-wise VAE: SVD, AnimateDiff)."""
-    config = getattr(denoiser, "config", None) or {}
+    Latte transformer's fixed ``video_length`` (``config``: the denoiser's), else 2 (a frame-wise VAE: SVD,
+    AnimateDiff)."""
     if config.get("video_length"):
         return int(config["video_length"])
     for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
@@ -256,8 +257,7 @@ def _text_length(pipe: Any) -> int:
     """The prompt tokens of the default call: 16, or the length the denoiser's position table was built for
     (CogVideoX's ``max_text_seq_length``: its joint table holds that many text positions, and another length fails
     inside diffusers; ``hf-precision video`` and ``calibrate`` pass it too)."""
-    config = getattr(getattr(pipe, _denoiser_name(pipe) or "", None), "config", None) or {}
-    return int(config.get("max_text_seq_length") or 16)
+    return int(_denoiser_config(pipe).get("max_text_seq_length") or 16)
 
 
 def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any],
@@ -272,9 +272,8 @@ def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any
                  or (a.endswith("_video") and p.default is inspect.Parameter.empty)]
     if frames_arg is None and not clip_args:
         return {}
-    denoiser = getattr(pipe, _denoiser_name(pipe) or "", None)
-    config = getattr(denoiser, "config", None) or {}
-    frames = int(kwargs.get(frames_arg, 0) or _frames(pipe, denoiser)) if frames_arg else _frames(pipe, denoiser)
+    config = _denoiser_config(pipe)
+    frames = int(kwargs.get(frames_arg, 0) or _frames(pipe, config)) if frames_arg else _frames(pipe, config)
     extra: dict[str, Any] = {frames_arg: frames} if frames_arg else {}
     for arg in clip_args:
         extra[arg] = [image((40 * i % 256, 90, 60)) for i in range(frames)]
@@ -342,9 +341,9 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
         raise RecipeError(f"check: no default call for {name} (its __call__ takes no prompt, image or class_labels); "
                           f"pass one: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
     if "image_embeddings" in params:  # Stable Cascade decoder: the prior's output, its size sets the latents'
-        config = getattr(getattr(pipe, _denoiser_name(pipe) or "", None), "config", None) or {}
-        if config.get("effnet_in_channels"):
-            kwargs["image_embeddings"] = torch.zeros(1, int(config["effnet_in_channels"]), 4, 4)
+        channels = _denoiser_config(pipe).get("effnet_in_channels")
+        if channels:
+            kwargs["image_embeddings"] = torch.zeros(1, int(channels), 4, 4)
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))

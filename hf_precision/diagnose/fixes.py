@@ -69,11 +69,11 @@ def _compute_dtype(root: nn.Module) -> str | None:
     A layer under diffusers' layerwise casting (diffusers/hooks/layerwise_casting.py) stores one dtype and computes
     in its hook's ``compute_dtype``; every other parameter computes in the dtype it is stored in.
     """
+    from ..runtime.patches import layerwise_hook
+
     counts: Counter[str] = Counter()
     for m in root.modules():
-        hooks = getattr(getattr(m, "_diffusers_hook", None), "hooks", None)
-        hook = hooks.get("layerwise_casting") if isinstance(hooks, Mapping) else None
-        compute = getattr(hook, "compute_dtype", None)
+        compute = getattr(layerwise_hook(m), "compute_dtype", None)
         for p in m.parameters(recurse=False):
             if p.is_floating_point():
                 counts[dt.from_torch(compute or p.dtype)] += p.numel()

@@ -93,10 +93,14 @@ def pipeline_components(target: Any) -> Mapping[str, Any] | None:
     return components if isinstance(components, Mapping) else None
 
 
-def pipeline_models(pipe: Any, components: Mapping[str, Any]) -> dict[str, nn.Module]:
-    """The pipeline's models in data-flow order (diffusers' ``model_cpu_offload_seq``, then the rest)."""
+def pipeline_models(pipe: Any) -> dict[str, nn.Module] | None:
+    """The pipeline's models in data-flow order (diffusers' ``model_cpu_offload_seq``, then the rest); ``None`` for
+    what is not a pipeline."""
     from torch import nn
 
+    components = pipeline_components(pipe)
+    if components is None:
+        return None
     order = [n for n in str(getattr(pipe, "model_cpu_offload_seq", "") or "").split("->") if n]
     names = [n for n in order if n in components] + [n for n in components if n not in order]
     return {n: components[n] for n in names if isinstance(components[n], nn.Module)}
@@ -111,11 +115,9 @@ class Names:
         # id(module) -> (component, path inside the component); roots: component -> component module
         self.names: dict[int, tuple[str | None, str]] = {}
         self.roots: dict[str | None, nn.Module] = {}
-        self.components: dict[str, nn.Module] | None = None  # the pipeline's models, for fixes that name them
+        self.components = pipeline_models(target)  # the pipeline's models, for fixes that name them
         self.lazy = target is None  # name modules relative to the outermost executing module
-        components = pipeline_components(target) if target is not None else None
-        if components is not None:
-            self.components = pipeline_models(target, components)
+        if self.components is not None:
             for cname, comp in self.components.items():
                 self.roots.setdefault(cname, comp)
                 for n, m in comp.named_modules():

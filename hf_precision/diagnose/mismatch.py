@@ -142,8 +142,7 @@ def explain_error(exc: BaseException, module_path: str | None = None, *, target:
         component, _, rel = module_path.partition(".")
         if target is not None:
             component, rel, module, root = module_at(target, module_path)
-            comps = pipeline_components(target)
-            components = pipeline_models(target, comps) if comps is not None else None
+            components = pipeline_models(target)
     return _build(exc, parsed, Where(module_path, component, rel, module, root, components))
 
 

@@ -28,14 +28,6 @@ def _floating(tree: Any) -> list[Any]:
 _UPCASTING = frozenset({"FP32LayerNorm"})
 
 
-def _layerwise_compute(module: nn.Module) -> Any:
-    """The compute dtype of diffusers' layerwise casting on this layer (weights are cast inside forward)."""
-    registry = getattr(module, "_diffusers_hook", None)
-    get = getattr(registry, "get_hook", None)
-    hook = get("layerwise_casting") if get is not None else None
-    return getattr(hook, "compute_dtype", None)
-
-
 class Recorder:
     """Per-module hooks over a pipeline's components: input/parameter mismatches and dtype changes made by hooks.
 
@@ -115,6 +107,8 @@ class Recorder:
         return hook
 
     def _inputs(self, component: str, path: str) -> Callable[..., None]:
+        from ..runtime.patches import layerwise_hook
+
         def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
             self.calls[component] = self.calls.get(component, 0) + 1
             params = [p for p in mod._parameters.values() if p is not None and p.is_floating_point()]
@@ -122,7 +116,7 @@ class Recorder:
                 return  # sequential offload: weights arrive inside forward
             if type(mod).__name__ in _UPCASTING:
                 return  # it casts its input and weights to fp32 itself: any input dtype is right
-            compute = _layerwise_compute(mod)
+            compute = getattr(layerwise_hook(mod), "compute_dtype", None)  # weights are cast inside forward
             dtypes = {compute} if compute is not None else {p.dtype for p in params}
             want_dtype = sorted(dtypes, key=str)[0]
             device = params[0].device

@@ -147,10 +147,7 @@ def plan_outputs(image: str | None, out: str, fmt: str | None = None, *, prompts
 
 def _prompt_jobs(prompts: list[str], target: Path, out: str, fmt: str | None) -> list[Job]:
     if len(prompts) == 1 and _format_of(target) in ("mp4", "gif"):
-        if fmt is not None and fmt != _format_of(target):
-            raise RecipeError(f"--out {out} is a {_format_of(target)} output but --format is {fmt}; drop --format or "
-                              f"change the suffix")
-        return [Job(None, target, str(_format_of(target)), prompts[0])]
+        return [Job(None, check_out(out, fmt), str(_format_of(target)), prompts[0])]
     if _format_of(target) is None or _format_of(target) in ("mp4", "gif"):
         raise RecipeError(f"--out {out}: with {len(prompts)} prompts --out is a folder (one video per prompt); choose "
                           f"the format with --format {'|'.join(FORMATS)}")

@@ -16,6 +16,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from ...memory.geometry import axis_value
+
 __all__ = ["SizeLimits", "size_limits"]
 
 
@@ -93,7 +95,7 @@ def size_limits(index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any
                   f"embedding has that length)") if fixed else ""
     positions = key("rope_max_seq_len")
     if positions:  # Wan: each of latent frames, rows and columns, in patches, must fit the table
-        t = max(temporal, 1) * _first(den.get("patch_size", 1))
+        t = max(temporal, 1) * axis_value(den.get("patch_size", 1), 0)
         most = (positions * t - 1) // max(temporal, 1) * max(temporal, 1) + 1
         return SizeLimits(max_side=positions * spatial * patch, max_frames=most, fixed_frames=fixed,
                           side_why=f"transformer has rotary positions for {positions} patches per side "
@@ -112,7 +114,3 @@ def size_limits(index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any
                                    f"its config, {den['sample_height']}x{den['sample_width']} latents, times the VAE's "
                                    f"{spatial})")
     return SizeLimits(fixed_frames=fixed, frames_why=frames_why)
-
-
-def _first(value: Any) -> int:
-    return int(value[0]) if isinstance(value, (list, tuple)) else int(value or 1)

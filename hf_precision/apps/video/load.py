@@ -125,6 +125,7 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
         RecipeError: not a video pipeline, unknown device, bad overrides, sequential offload on CPU.
     """
     from ...recipe.devices import device_profile
+    from ...recipe.overrides import Override, as_list
     from ...runtime.placement import torch_device
     from ...runtime.load import load_pipeline
     from .spec import model_spec
@@ -135,22 +136,20 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     where = model_spec(model)[0]  # refuses a model that is not a video pipeline
     if single_file is not None:
         where, kwargs = single_file, {**kwargs, "base": where}
-    layers = overrides if isinstance(overrides, (list, tuple)) else ([overrides] if overrides is not None else [])
+    layers = as_list(overrides)
     if settings.quantize:  # the storage the memory plan chose: the same as --set C.storage=...
-        from ...recipe.overrides import Override
-
-        layers = [*layers, Override("memory plan (--max-memory)",
-                                    {"components": {c: {"storage": s} for c, s in settings.quantize}})]
+        layers.append(Override("memory plan (--max-memory)",
+                               {"components": {c: {"storage": s} for c, s in settings.quantize}}))
     if isinstance(device, Mapping):  # a device per component (--device-map balanced): each resolved for its own
         if settings.offload != "none":
             raise RecipeError(f"offload {settings.offload} with a device per component: offload moves every "
                               f"component onto one device; use one or the other")
-        pipe = load_pipeline(where, dict(device), overrides=list(layers) or None, **kwargs)
+        pipe = load_pipeline(where, dict(device), overrides=layers or None, **kwargs)
         apply_memory_settings(pipe, settings, pipe._execution_device)
         return pipe
     dev = torch_device(device if device is not None else device_profile(None).torch_device(), "--device")
     if settings.offload == "none":
-        pipe = load_pipeline(where, str(dev), overrides=list(layers) or None, **kwargs)
+        pipe = load_pipeline(where, str(dev), overrides=layers or None, **kwargs)
     else:
         if dev.type == "cpu" and settings.offload == "sequential":
             raise RecipeError("--offload sequential needs an accelerator (cuda, xpu, mps): it streams weights from "
@@ -158,6 +157,6 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
                               "sequential hooks also fail there). Use --offload none, model or group")
         # Resolved for the accelerator, loaded on the CPU: the offload hooks move each component when it runs.
         kwargs.setdefault("layout", str(dev))
-        pipe = load_pipeline(where, "cpu", overrides=list(layers) or None, **kwargs)
+        pipe = load_pipeline(where, "cpu", overrides=layers or None, **kwargs)
     apply_memory_settings(pipe, settings, dev)
     return pipe

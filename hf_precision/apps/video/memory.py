@@ -14,11 +14,8 @@ import sys
 from typing import Any, Iterator
 
 from ...runtime.memory import proc_bytes
-from ...units import format_bytes
 
-__all__ = ["PHASES", "PhaseMemory", "peak_rss", "phase_hooks", "rss", "weight_bytes"]
-
-PHASES = ("text encoding", "image encoding", "denoising", "VAE decode")
+__all__ = ["PhaseMemory", "peak_rss", "phase_hooks", "rss", "weight_bytes"]
 
 
 def peak_rss() -> int:
@@ -53,13 +50,13 @@ def rss() -> int:
 
 
 def weight_bytes(pipe: Any) -> int:
-    """Bytes of the parameters and buffers of a pipeline's model components, as loaded."""
-    total = 0
-    for component in pipe.components.values():
-        if hasattr(component, "parameters"):
-            total += sum(t.numel() * t.element_size() for t in component.parameters())
-            total += sum(t.numel() * t.element_size() for t in component.buffers())
-    return total
+    """Bytes of the parameters and buffers of a pipeline's model components, as loaded: quantized tensors by their
+    inner data and scales (:func:`hf_precision.runtime.quantize.module_bytes`)."""
+    import torch
+
+    from ...runtime.quantize import module_bytes
+
+    return sum(module_bytes(c) for c in pipe.components.values() if isinstance(c, torch.nn.Module))
 
 
 def _reset_hwm() -> bool:
@@ -99,34 +96,32 @@ class PhaseMemory:
         self.sampled = 0
         self.run_peak = 0
         self.before_decode = 0
-        self.kind = {"cuda": "torch.cuda.max_memory_allocated", "xpu": "torch.xpu.max_memory_allocated",
-                     "mps": "torch.mps.driver_allocated_memory (sampled)"}.get(
-                         self.device.type, "CPU: RSS peak above the phase's start + loaded weight bytes")
-        self.run_kind = {"cuda": f"torch.cuda.max_memory_allocated on {self.device}",
-                         "xpu": f"torch.xpu.max_memory_allocated on {self.device}",
-                         "mps": "torch.mps.driver_allocated_memory, sampled per step and chunk"}.get(
-                             self.device.type, "peak RSS of the process")
+        # torch.cuda or torch.xpu: the allocator's own peak, read and reset alike
+        self.allocator = getattr(torch, self.device.type) if self.device.type in ("cuda", "xpu") else None
+        if self.allocator is not None:
+            self.kind = f"torch.{self.device.type}.max_memory_allocated"
+            self.run_kind = f"{self.kind} on {self.device}"
+        elif self.device.type == "mps":
+            self.kind = "torch.mps.driver_allocated_memory (sampled)"
+            self.run_kind = "torch.mps.driver_allocated_memory, sampled per step and chunk"
+        else:
+            self.kind = "CPU: RSS peak above the phase's start + loaded weight bytes"
+            self.run_kind = "peak RSS of the process"
 
     def _raw(self) -> int:
         """The device's peak since the last reset, as the device counts it."""
-        torch, dev = self.torch, self.device
-        if dev.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(dev))
-        if dev.type == "xpu":
-            return int(torch.xpu.max_memory_allocated(dev))
-        if dev.type == "mps":
-            return max(self.sampled, int(torch.mps.driver_allocated_memory()))
+        if self.allocator is not None:
+            return int(self.allocator.max_memory_allocated(self.device))
+        if self.device.type == "mps":
+            return max(self.sampled, int(self.torch.mps.driver_allocated_memory()))
         return max(self.sampled, peak_rss())
 
     def _reset(self) -> None:
-        torch, dev = self.torch, self.device
         self.sampled = 0
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
-            torch.cuda.reset_peak_memory_stats(dev)
-        elif dev.type == "xpu":
-            torch.xpu.reset_peak_memory_stats(dev)
-        elif dev.type == "cpu":
+        if self.allocator is not None:
+            self.allocator.synchronize(self.device)
+            self.allocator.reset_peak_memory_stats(self.device)
+        elif self.device.type == "cpu":
             self.start = rss()
             if not _reset_hwm():
                 self.sampled = self.start
@@ -148,16 +143,13 @@ class PhaseMemory:
 
     def finish(self) -> None:
         if self.phase is not None:
-            if self.device.type == "cuda":
-                self.torch.cuda.synchronize(self.device)
+            if self.allocator is not None:
+                self.allocator.synchronize(self.device)
             raw = self._raw()
             self.run_peak = max(self.run_peak, raw)
             figure = max(0, raw - self.start) + self.weights if self.device.type == "cpu" else raw
             self.peaks[self.phase] = max(self.peaks.get(self.phase, 0), figure)
             self.phase = None
-
-    def summary(self) -> str:
-        return ", ".join(f"{p} {format_bytes(b)}" for p, b in self.peaks.items()) + f" ({self.kind})"
 
 
 def _phase_modules(pipe: Any) -> list[tuple[Any, str]]:

@@ -132,6 +132,12 @@ class _Model:
     cpu: bool = False
     cache: dict[tuple[Any, ...], int] = dataclasses.field(default_factory=dict)
 
+    def cached(self, key: tuple[Any, ...], count: Any) -> int:
+        """``count()`` once per key: a meta forward costs seconds, and the candidates share most of them."""
+        if key not in self.cache:
+            self.cache[key] = count()
+        return self.cache[key]
+
     def named(self, wanted: str) -> list[str]:
         """The components with role ``wanted`` (:func:`hf_precision.apps.video.load.role`)."""
         from .load import components_by_role
@@ -197,10 +203,8 @@ def _weights(model: _Model, quantize: tuple[tuple[str, str], ...] = ()) -> dict[
 
     weights = {n: c.total_bytes for n, c in model.plan.components.items()}
     for name, storage in quantize:
-        key = ("weights", name, storage)
-        if key not in model.cache:
-            model.cache[key] = planned_bytes(model.modules[name], dc.replace(model.plan.recipe[name], storage=storage))
-        weights[name] = model.cache[key]
+        weights[name] = model.cached(("weights", name, storage), lambda: planned_bytes(
+            model.modules[name], dc.replace(model.plan.recipe[name], storage=storage)))
     return weights
 
 
@@ -214,15 +218,12 @@ def _image_phase(model: _Model, settings: MemorySettings, vae: str, height: int,
     """The image encoder (CLIP vision) on the image, then the VAE's encode of what the family hands it."""
     image = []
     for name in model.named("image encoder"):
-        key = ("image encoder", name)
-        if key not in model.cache:
-            model.cache[key] = peaks.image_encode_peak(model.modules[name], model.dtypes[name])
-        image.append(_resident(model, [name], settings.offload, settings.quantize) + model.cache[key])
-    key = ("vae encode", settings.vae_tiling, height, width, frames)
-    if key not in model.cache:
-        model.cache[key] = peaks.vae_encode_peak(model.modules[vae], _vae_encode_shape(model.spec, height, width, frames),
-                                                 model.dtypes[vae], cpu=model.cpu)
-    image.append(_resident(model, [vae], settings.offload, settings.quantize) + model.cache[key])
+        peak = model.cached(("image encoder", name),
+                            lambda: peaks.image_encode_peak(model.modules[name], model.dtypes[name]))
+        image.append(_resident(model, [name], settings.offload, settings.quantize) + peak)
+    peak = model.cached(("vae encode", settings.vae_tiling, height, width, frames), lambda: peaks.vae_encode_peak(
+        model.modules[vae], _vae_encode_shape(model.spec, height, width, frames), model.dtypes[vae], cpu=model.cpu))
+    image.append(_resident(model, [vae], settings.offload, settings.quantize) + peak)
     return max(image)
 
 
@@ -247,16 +248,13 @@ def _predict(model: _Model, settings: MemorySettings, *, height: int, width: int
         phases["text encoding"] = max(resident([n]) + model.text[n] for n in text_names)
     if spec.takes_image and spec.row.image_encode:
         phases["image encoding"] = _image_phase(model, settings, vae_name, height, width, frames)
-    key = ("denoise", settings.forward_chunking, height, width, frames, guidance)
-    if key not in model.cache:
-        model.cache[key] = peaks.denoise_peak(den, lambda: denoiser_call(spec, den, model.dtypes[spec.denoiser],
-                                                                         height, width, frames, guidance))
-    phases["denoising"] = resident(model.named("denoiser")) + model.cache[key]
-    key = ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames)
-    if key not in model.cache:
-        model.cache[key] = _decode_peak(spec, vae, model.dtypes[vae_name], height, width, frames,
-                                        settings.decode_chunk_size, model.cpu)
-    phases["VAE decode"] = resident([vae_name]) + model.cache[key]
+    call = lambda: denoiser_call(spec, den, model.dtypes[spec.denoiser], height, width, frames, guidance)  # noqa: E731
+    phases["denoising"] = resident(model.named("denoiser")) + model.cached(
+        ("denoise", settings.forward_chunking, height, width, frames, guidance), lambda: peaks.denoise_peak(den, call))
+    phases["VAE decode"] = resident([vae_name]) + model.cached(
+        ("decode", settings.vae_tiling, settings.decode_chunk_size, height, width, frames),
+        lambda: _decode_peak(spec, vae, model.dtypes[vae_name], height, width, frames, settings.decode_chunk_size,
+                             model.cpu))
     return Prediction(settings=settings, phases=phases, weights=_weights(model, settings.quantize))
 
 

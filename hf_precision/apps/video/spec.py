@@ -106,10 +106,6 @@ class VideoSpec:
     defaults: dict[str, int]
     extra: dict[str, Any]
     frames_arg: str = "num_frames"
-    fixed_frames: int = 0
-    # Wan-style rotary tables (``rope_max_seq_len`` in the transformer config): each of latent frames, rows and
-    # columns, in patches, must fit the table (transformer_wan.py WanRotaryPosEmbed.forward slices it); 0: no limit.
-    max_positions: int = 0
     patch: int = 1             # the transformer's spatial patch (1 for a UNet)
     spatial: int = 1           # the VAE's spatial factor (the size check may ask more: SVD 8)
     # every bound the configs put on the size and frames (position tables), :mod:`.limits`
@@ -118,6 +114,16 @@ class VideoSpec:
     input_clips: tuple[str, ...] = ()
     # an image the pipeline takes but documents as optional (LTX condition: text-to-video without it)
     image_optional: bool = False
+
+    @property
+    def fixed_frames(self) -> int:
+        """The one frame count a fixed temporal table takes (Latte's ``video_length``); 0: any count."""
+        return self.limits.fixed_frames
+
+    @property
+    def max_positions(self) -> int:
+        """Patches per axis a Wan-style rotary table (``rope_max_seq_len``) holds; 0: no table."""
+        return self.limits.max_side // self.size_multiple
 
     @property
     def mode(self) -> str:
@@ -226,19 +232,17 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     defaults = dict(row.defaults)
     if row.frames_key:
         defaults["frames"] = int(den.get(row.frames_key) or _init_default(index.get(denoiser), row.frames_key))
-    positions = int(den.get("rope_max_seq_len") or _init_default(index.get(denoiser), "rope_max_seq_len") or 0)
     limits = size_limits(index, configs, denoiser, spatial=spatial, temporal=temporal, patch=patch,
                          init_default=_init_default)
-    fixed = limits.fixed_frames  # Latte's video_length (a config may leave it at the class default)
     # a model card's size the position tables cannot place (a small test model): the largest they can; the one
-    # frame count a fixed table takes
+    # frame count a fixed table takes (Latte's video_length: a config may leave it at the class default)
     defaults["height"], defaults["width"], defaults["frames"] = limits.cap(
         height=defaults["height"], width=defaults["width"], frames=defaults["frames"])
     return VideoSpec(pipeline=pipeline, row=row, denoiser=denoiser, takes_prompt="prompt" in params,
                      takes_image="image" in params, frame_step=temporal if temporal > 1 else 1,
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
-                     frames_arg=frames_arg or "num_frames", fixed_frames=fixed,
-                     max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips,
+                     frames_arg=frames_arg or "num_frames", patch=patch, spatial=spatial, limits=limits,
+                     input_clips=clips,
                      image_optional="image" in params and "image" not in call_inputs(cls))
 
 

@@ -23,12 +23,9 @@ def folder_numel(folder: Path) -> dict[str, int]:
     """Component -> number of floating values in its default safetensors files (read from the headers only)."""
     out: dict[str, int] = {}
     for comp in sorted(p for p in folder.iterdir() if p.is_dir()):
-        for f in comp.glob("*.safetensors"):
-            if ".fp16." in f.name or ".bf16." in f.name:
-                continue
-            for info in read_header(f)[1].values():  # checked against the file, its metadata dropped
-                if str(info.get("dtype", "")).startswith(("F", "BF")):
-                    out[comp.name] = out.get(comp.name, 0) + math.prod(info["shape"])
+        files = [f for f in comp.glob("*.safetensors") if ".fp16." not in f.name and ".bf16." not in f.name]
+        if files:
+            out[comp.name] = sum(file_numel(f) for f in files)
     return out
 
 
@@ -72,6 +69,7 @@ def file_numel(path: Path) -> int:
     """The number of floating values a single ``.safetensors`` file holds (its header only); 0 for another format."""
     if path.suffix.lower() not in SAFETENSORS_SUFFIXES:
         return 0  # a GGUF's quantized blocks: the base's own denoiser counts for it
+    # the header is checked against the file, its metadata dropped
     return sum(math.prod(i["shape"]) for i in read_header(path)[1].values()
                if str(i.get("dtype", "")).startswith(("F", "BF")))
 
