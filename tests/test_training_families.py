@@ -62,6 +62,8 @@ ENCODE_FEEDS = {
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
+    "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
+                        2: ("encoder_hidden_states_2",), 3: ("encoder_attention_mask_2",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
