@@ -152,7 +152,12 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
         if image is None:
             raise RecipeError(f"{spec.pipeline} is image-to-video: give --image")
         kwargs["image"] = image
-    if guidance_scale is not None:
+    if guidance_scale is not None and getattr(pipe, "guider", None) is not None \
+            and "guidance_scale" not in inspect.signature(pipe.__call__).parameters:
+        # guider pipelines (HunyuanVideo 1.5) take the scale from their guider (pipeline_hunyuan_video1_5.py:766):
+        # passed to the call, it raised TypeError
+        pipe.guider = pipe.guider.new(guidance_scale=guidance_scale)
+    elif guidance_scale is not None:
         kwargs["guidance_scale"] = guidance_scale
     device = pipe._execution_device
     if row.decode_chunks:  # the noise in the denoiser's compute dtype, drawn on the CPU; the frames decoded here
