@@ -377,6 +377,20 @@ def test_a_mask_read_on_meta_keeps_its_values():
     assert lengths == [5] and tuple(kept.shape) == (1, 3, 8) and kept.device.type == "meta" and marked == 5
 
 
+def test_zero_embeddings_read_on_meta_keep_their_values():
+    """HunyuanVideo 1.5 branches on ``torch.all(image_embeds == 0)`` (text-to-video); the training plan's meta step
+    makes those embeddings with new_zeros and casts them to the compute dtype, and train --plan failed with
+    "Tensor.item() cannot be called on meta tensors". A draw's values stay unknown: nothing is guessed for it."""
+    from hf_precision.memory.counting import count_live_bytes
+
+    x0 = torch.empty(1, 4, 2, 2, 2, device="meta")
+    with count_live_bytes():
+        zeros = x0.new_zeros(1, 1, 12).to(torch.float16)
+        assert bool(torch.all(zeros == 0)) and not bool(torch.all(zeros + 1 == 0))
+        with pytest.raises(RuntimeError, match="meta"):
+            bool(torch.all(torch.empty(1, 1, 12, device="meta") == 0))
+
+
 # ------------------------------------------------------------------------------------ 6: LTX's real scheduler
 
 

@@ -62,6 +62,9 @@ ENCODE_FEEDS = {
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
+    "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
+                        2: ("encoder_hidden_states_2",), 3: ("encoder_attention_mask_2",)},
+    "skyreels_v2": {0: ("encoder_hidden_states",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -120,7 +123,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "skyreels_v2")
 
 
 @pytest.mark.parametrize("name", CASES)

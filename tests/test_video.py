@@ -315,3 +315,20 @@ def test_subcommand_shares_the_options_and_the_errors(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("hf-precision video: error: --image")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_pipeline_without_step_callbacks_runs_and_counts_its_steps(tiny_pipe):
+    """HunyuanVideo 1.5's __call__ takes no callback_on_step_end nor guidance_scale (pipeline_hunyuan_video1_5.py:544):
+    video passed them and every clip failed with TypeError. Its steps are counted at scheduler.step, which is the
+    class's again after; --guidance-scale sets its guider's scale."""
+    from hf_precision import apply_recipe, get_recipe
+    from hf_precision.apps.video.run import generate_clip
+    from hf_precision.apps.video.spec import spec_of
+
+    pipe = tiny_pipe("hunyuan_video15")
+    apply_recipe(pipe, get_recipe("hunyuan_video15", device="cpu"), device="cpu")
+    clip = generate_clip(pipe, spec_of(pipe), prompt="a cat", height=16, width=16, frames=5, steps=2, seed=0,
+                         guidance_scale=3.0)
+    assert clip.frames.shape == (5, 16, 16, 3) and np.isfinite(clip.frames).all()
+    assert clip.seconds_per_step > 0 and "step" not in vars(pipe.scheduler)
+    assert pipe.guider.guidance_scale == 3.0  # its guider's scale: the call takes none

@@ -22,6 +22,10 @@ _VALUES: dict[int, tuple[Any, Any]] = {}
 _VALUE_LIMIT = 1 << 16  # elements: masks and ids, never activations
 # ops whose result depends on their tensor argument's shape and dtype only, not on its values
 _SHAPE_ONLY = ("new_ones", "new_zeros", "new_full", "new_empty", "ones_like", "zeros_like", "full_like", "empty_like")
+# ops whose result's values are known from their arguments alone: kept for float results too, since code tests them
+# as HunyuanVideo 1.5 does `if torch.all(image_embeds == 0)` on the zero image embeddings of text-to-video
+# (diffusers v0.42.1 transformer_hunyuan_video15.py:701-702), which the training plan makes with new_zeros
+_FILLS = ("new_ones", "new_zeros", "new_full", "ones_like", "zeros_like", "full_like", "zeros", "ones", "full")
 
 
 def with_values(t: Any) -> Any:
@@ -74,11 +78,14 @@ def _carry_values(func: Any, args: Any, kwargs: Any, outs: list[Any]) -> None:
     import torch
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    if not any(isinstance(t, torch.Tensor) and t.device.type == "meta" and not t.is_floating_point()
+    name = func.__name__.split(".")[0]
+    flat, spec = tree_flatten((args, kwargs))
+    # float values start at a fill and follow the ops on it (the boundary cast to the compute dtype, `== 0`)
+    floats = name in _FILLS or any(isinstance(a, torch.Tensor) and _values(a) is not None for a in flat)
+    if not any(isinstance(t, torch.Tensor) and t.device.type == "meta" and (floats or not t.is_floating_point())
                and t.numel() <= _VALUE_LIMIT for t in outs):
         return
-    flat, spec = tree_flatten((args, kwargs))
-    shape_only = func.__name__.split(".")[0] in _SHAPE_ONLY
+    shape_only = name in _SHAPE_ONLY
     cpu = []
     for a in flat:
         if isinstance(a, torch.Tensor) and a.device.type == "meta":

@@ -125,3 +125,12 @@ def _allegro_tiling(pipe: Any) -> None:
     # tile would be decoded and the frames would be all zeros; one tile is the whole tiny video here.
     pipe.vae.enable_tiling()
     pipe.vae.kernel = pipe.vae.stride = (8, 16, 16)
+
+
+@register("prepare", "hunyuan_video15_lengths")
+def _hunyuan_video15_lengths(pipe: Any) -> None:
+    # HunyuanVideo 1.5 pads every prompt to 1000 Qwen tokens and 256 ByT5 tokens and feeds 729 (zero, for text-to-video)
+    # image tokens, fixed in __init__ rather than config (pipeline_hunyuan_video1_5.py:235-238): at tiny widths those
+    # ~2000 tokens, not the model, were the run's cost. The folder does not keep them; the commands run the real ones.
+    pipe.tokenizer_max_length = pipe.tokenizer_2_max_length = 16
+    pipe.vision_num_semantic_tokens = 8

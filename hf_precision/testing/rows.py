@@ -6,7 +6,8 @@ A file maps row names to rows; a top-level key starting with ``_`` is no row (it
     flux:                                  # the name: PIPELINES["flux"]
       pipeline: FluxPipeline               # the diffusers pipeline class
       recipe: flux                         # the shipped recipe that names it
-      tags: [image, dit]                   # image/video, unet/dit, core
+      tags: [image, dit]                   # image/video, unet/dit, core; shares_layout: another row's classes
+                                           # and dtype layout (the per-layout real-forward tests skip it)
       output: images                       # the attribute of the call's output holding the result (default)
       loads: true                          # false: diffusers cannot load the saved folder back
       mode: ""                             # video: t2v, i2v, v2v, vace, condition, animate

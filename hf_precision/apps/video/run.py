@@ -14,12 +14,13 @@ one process; a failed clip is reported and the batch goes on.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ...errors import RecipeError, override_line
@@ -94,6 +95,28 @@ def _decode(pipe: Any, latents: Any, chunk: int, memory: PhaseMemory, bar: Any) 
     return torch.cat(out).numpy()
 
 
+@contextlib.contextmanager
+def _each_step(pipe: Any, on_step_end: Callable[..., Any]) -> Iterator[dict[str, Any]]:
+    # diffusers' callback_on_step_end where __call__ takes it; the guider pipelines (HunyuanVideo 1.5,
+    # pipeline_hunyuan_video1_5.py:544) do not, and passing it raised TypeError. Every pipeline calls
+    # scheduler.step once per denoising step, so there the step is counted by wrapping that instead.
+    if "callback_on_step_end" in inspect.signature(pipe.__call__).parameters:
+        yield {"callback_on_step_end": on_step_end}
+        return
+    scheduler, step = pipe.scheduler, pipe.scheduler.step
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = step(*args, **kwargs)
+        on_step_end(pipe, None, None, {})
+        return out
+
+    scheduler.step = counted
+    try:
+        yield {}
+    finally:
+        del scheduler.step  # the class's own method again
+
+
 def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any = None, height: int, width: int,
                   frames: int | None = None, steps: int, seed: int = 0, guidance_scale: float | None = None,
                   decode_chunk_size: int = 8, bar: Any = None, memory: PhaseMemory | None = None,
@@ -129,7 +152,12 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
         if image is None:
             raise RecipeError(f"{spec.pipeline} is image-to-video: give --image")
         kwargs["image"] = image
-    if guidance_scale is not None:
+    if guidance_scale is not None and getattr(pipe, "guider", None) is not None \
+            and "guidance_scale" not in inspect.signature(pipe.__call__).parameters:
+        # guider pipelines (HunyuanVideo 1.5) take the scale from their guider (pipeline_hunyuan_video1_5.py:766):
+        # passed to the call, it raised TypeError
+        pipe.guider = pipe.guider.new(guidance_scale=guidance_scale)
+    elif guidance_scale is not None:
         kwargs["guidance_scale"] = guidance_scale
     device = pipe._execution_device
     if row.decode_chunks:  # the noise in the denoiser's compute dtype, drawn on the CPU; the frames decoded here
@@ -155,8 +183,9 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
     start = time.perf_counter()
     decode_seconds = None
     try:
-        with torch.no_grad(), quiet_progress(pipe), phase_hooks(pipe, memory, None if row.decode_chunks else bar):
-            out = pipe(**quiet_call(pipe, kwargs), generator=generator, callback_on_step_end=on_step_end).frames
+        with torch.no_grad(), quiet_progress(pipe), phase_hooks(pipe, memory, None if row.decode_chunks else bar), \
+                _each_step(pipe, on_step_end) as callback:
+            out = pipe(**quiet_call(pipe, kwargs), generator=generator, **callback).frames
             if row.decode_chunks:
                 decoding = time.perf_counter()
                 out = _decode(pipe, out, decode_chunk_size, memory, bar)
