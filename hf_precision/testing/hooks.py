@@ -125,3 +125,12 @@ def _allegro_tiling(pipe: Any) -> None:
     # tile would be decoded and the frames would be all zeros; one tile is the whole tiny video here.
     pipe.vae.enable_tiling()
     pipe.vae.kernel = pipe.vae.stride = (8, 16, 16)
+
+
+@register("prepare", "hidream_sample_size")
+def _hidream_sample_size(pipe: Any) -> None:
+    # HiDreamImagePipeline rescales every call to (default_sample_size * vae_scale_factor)**2 pixels, whatever height
+    # and width it is given (pipeline_hidream_image.py:814-817), and sets default_sample_size = 128 in __init__
+    # (:198), which no saved folder keeps: 4096 image tokens at any size, 10-20 s a tiny call on a shared CPU. 16 makes
+    # the tiny call's 32x32 pixels what it asks for.
+    pipe.default_sample_size = 16
