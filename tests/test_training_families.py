@@ -62,6 +62,8 @@ ENCODE_FEEDS = {
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
+    # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
+    "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -120,7 +122,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "hidream")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -154,6 +156,39 @@ def test_lora_step(name, tmp_path):
         _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen)
     if name in LORA_LOADS:
         _assert_lora_loads_with_plain_diffusers(name, tp, batch, tmp_path / "lora")
+
+
+def test_hidream_trains_toward_what_its_pipeline_steps_with():
+    """HiDream's pipeline steps the scheduler with minus the transformer's output (pipeline_hidream_image.py:942): a
+    transformer that predicts the training target exactly takes the pipeline's own last step (sigma -> 0) from the
+    noisy latents to the clean ones; the step runs in train mode, whose output diffusers patchifies unless
+    force_inference_output; the batch holds the Llama states (layers first in the pipeline) batch-first, so the
+    training program's per-caption cache joins them as one encode of the captions, and the denoiser gets them as the
+    pipeline's own encode_prompt gives them."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp = hp.prepare_training(_build("hidream"), layout="cpu")
+    denoiser = tp.components[tp.denoiser_name].train()
+    captions = ["a cat", "a dog", "a red fox"]
+    batch = {"latents": torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(0)),
+             **tp.encode_prompt(captions, max_sequence_length=16)}
+    one_by_one = [tp.encode_prompt([c], max_sequence_length=16)["prompt_embeds_llama3"] for c in captions]
+    assert torch.equal(torch.cat(one_by_one), batch["prompt_embeds_llama3"])  # as apps/train/loop.py _from_cache
+    sigma = torch.tensor([0.7, 0.7, 0.7])
+    kwargs, target = noisy_inputs(row_of(denoiser), denoiser, {**batch, "sigmas": sigma}, tp.objective, None,
+                                  torch.Generator().manual_seed(1))
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    scheduler.set_timesteps(sigmas=[0.7], device="cpu")  # one step: 0.7 -> 0
+    stepped = scheduler.step(-target, scheduler.timesteps[0], kwargs["hidden_states"]).prev_sample
+    assert torch.allclose(stepped, batch["latents"], atol=1e-5)
+    seen, handle = _capture_kwargs(denoiser)
+    try:
+        losses = run_steps(tp, batch, steps=2)
+    finally:
+        handle.remove()
+    llama = tp.pipe.encode_prompt(captions, max_sequence_length=16, do_classifier_free_guidance=False)[2]
+    assert torch.equal(seen["encoder_hidden_states_llama3"], llama) and torch.isfinite(torch.tensor(losses)).all()
 
 
 def _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen):
