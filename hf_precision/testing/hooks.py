@@ -134,3 +134,17 @@ def _hidream_sample_size(pipe: Any) -> None:
     # (:198), which no saved folder keeps: 4096 image tokens at any size, 10-20 s a tiny call on a shared CPU. 16 makes
     # the tiny call's 32x32 pixels what it asks for.
     pipe.default_sample_size = 16
+
+
+@register("tokenizer", "mistral3_chat")
+def _mistral3_chat() -> Any:
+    # FLUX.2 [dev] encodes [system, user] messages whose content is a list of {"type": "text", "text": ...} parts
+    # through its processor's apply_chat_template (pipeline_flux2.py format_input, :323): the handmade byte-level
+    # BPE with a Mistral-style template ([SYSTEM_PROMPT] ... [INST] ... [/INST]) that reads such parts
+    tok = tokenizers.make_qwen2_tokenizer()
+    tok.add_special_tokens({"pad_token": "<pad>"})
+    tok.chat_template = ("{% for m in messages %}{% set text = m['content'] if m['content'] is string else "
+                         "m['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
+                         "{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+                         "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
+    return tok
