@@ -36,8 +36,9 @@ def _recipe_cases() -> dict[str, str]:
     return cases
 
 
-# Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers.
-EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack")
+# Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers, or a call of its own
+# (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder).
+EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev")
 CASES = _recipe_cases()
 
 
@@ -62,6 +63,7 @@ ENCODE_FEEDS = {
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
+    "flux2_dev": {0: ("encoder_hidden_states",)},
     # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
     "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},
 }
@@ -122,7 +124,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "hidream")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream")
 
 
 @pytest.mark.parametrize("name", CASES)
