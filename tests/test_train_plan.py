@@ -106,3 +106,13 @@ def test_the_plan_of_an_edit_model_counts_its_reference_tokens(saved_pipeline, m
     monkeypatch.setattr(denoiser_rows, "row_of", lambda *a: dataclasses.replace(real_row(*a), reference=False))
     plain = predict_training(folder, "t4", **kwargs)
     assert edit.activations > plain.activations
+
+
+def test_a_denoiser_that_reads_its_own_values_is_refused_by_the_plan_in_one_line(saved_pipeline):
+    """HiDream's transformer routes tokens among its experts and unpatchifies by sizes it reads with .item(): on the
+    meta device nothing has a value, so --plan says it cannot count the step, naming the class, not a traceback."""
+    from hf_precision.apps.train.plan import Options, predict_training
+    from hf_precision.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=r"^--plan: HiDreamImageTransformer2DModel reads values of its own tensors"):
+        predict_training(str(saved_pipeline("hidream")), "t4", rank=2, resolution=32, options=Options(1, False, True))

@@ -36,8 +36,9 @@ def _recipe_cases() -> dict[str, str]:
     return cases
 
 
-# Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers.
-EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack")
+# Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers, or a call of its own
+# (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder).
+EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev")
 CASES = _recipe_cases()
 
 
@@ -65,6 +66,9 @@ ENCODE_FEEDS = {
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
                         2: ("encoder_hidden_states_2",), 3: ("encoder_attention_mask_2",)},
     "skyreels_v2": {0: ("encoder_hidden_states",)},
+    "flux2_dev": {0: ("encoder_hidden_states",)},
+    # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
+    "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -123,7 +127,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "skyreels_v2")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -157,6 +161,39 @@ def test_lora_step(name, tmp_path):
         _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen)
     if name in LORA_LOADS:
         _assert_lora_loads_with_plain_diffusers(name, tp, batch, tmp_path / "lora")
+
+
+def test_hidream_trains_toward_what_its_pipeline_steps_with():
+    """HiDream's pipeline steps the scheduler with minus the transformer's output (pipeline_hidream_image.py:942): a
+    transformer that predicts the training target exactly takes the pipeline's own last step (sigma -> 0) from the
+    noisy latents to the clean ones; the step runs in train mode, whose output diffusers patchifies unless
+    force_inference_output; the batch holds the Llama states (layers first in the pipeline) batch-first, so the
+    training program's per-caption cache joins them as one encode of the captions, and the denoiser gets them as the
+    pipeline's own encode_prompt gives them."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp = hp.prepare_training(_build("hidream"), layout="cpu")
+    denoiser = tp.components[tp.denoiser_name].train()
+    captions = ["a cat", "a dog", "a red fox"]
+    batch = {"latents": torch.randn(3, 4, 8, 8, generator=torch.Generator().manual_seed(0)),
+             **tp.encode_prompt(captions, max_sequence_length=16)}
+    one_by_one = [tp.encode_prompt([c], max_sequence_length=16)["prompt_embeds_llama3"] for c in captions]
+    assert torch.equal(torch.cat(one_by_one), batch["prompt_embeds_llama3"])  # as apps/train/loop.py _from_cache
+    sigma = torch.tensor([0.7, 0.7, 0.7])
+    kwargs, target = noisy_inputs(row_of(denoiser), denoiser, {**batch, "sigmas": sigma}, tp.objective, None,
+                                  torch.Generator().manual_seed(1))
+    scheduler = FlowMatchEulerDiscreteScheduler()
+    scheduler.set_timesteps(sigmas=[0.7], device="cpu")  # one step: 0.7 -> 0
+    stepped = scheduler.step(-target, scheduler.timesteps[0], kwargs["hidden_states"]).prev_sample
+    assert torch.allclose(stepped, batch["latents"], atol=1e-5)
+    seen, handle = _capture_kwargs(denoiser)
+    try:
+        loss = tp.loss(batch, generator=torch.Generator().manual_seed(0))  # train mode: (B, C, H, W) out, or it fails
+    finally:
+        handle.remove()
+    llama = tp.pipe.encode_prompt(captions, max_sequence_length=16, do_classifier_free_guidance=False)[2]
+    assert torch.equal(seen["encoder_hidden_states_llama3"], llama) and torch.isfinite(loss)
 
 
 def _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen):

@@ -25,6 +25,7 @@ from .schema import BOOL, check_row, check_schema, did_you_mean, unknown_keys
 __all__ = ["LATENT_KEYS", "ROW_KEYS", "check_denoisers", "latent_factor", "read_denoisers", "read_latents"]
 
 _NAME = re.compile(r"[A-Za-z_]\w*\Z")
+_ITEM = re.compile(r"[A-Za-z_]\w*(\[\d+\])?\Z")
 _ZEROS = re.compile(r"latents(@[A-Za-z_]\w*)?\Z|token@[A-Za-z_]\w*\Z")
 _name = lambda v: isinstance(v, str) and bool(_NAME.match(v))  # noqa: E731
 _names = lambda v, null=False: isinstance(v, list) and all((null and x is None) or _name(x) for x in v)  # noqa: E731
@@ -38,14 +39,19 @@ _NUMBER = (_number, "a positive number, e.g. 1000.0")
 ROW_KEYS: dict[str, Any] = {
     "latent_arg": (_name, "a Python identifier, e.g. hidden_states"),
     "source": (lambda v: isinstance(v, str) and bool(v.strip()), "text naming the diffusers pipeline file"),
-    "cond": _MAP, "encode": _RETURNS, "text_dims": _MAP, "per_frame": _NAMES, "extras": _NAMES,
+    "cond": _MAP, "encode": _RETURNS, "per_frame": _NAMES, "extras": _NAMES, "text_layers": _MAP,
+    "text_dims": (lambda v: _map(v, lambda x: isinstance(x, str) and bool(_ITEM.match(x))),
+                  "a mapping name -> config key or key[i], e.g. {prompt_embeds: caption_channels[1]}"),
+    "batch_axis": (lambda v: _map(v, lambda x: type(x) is int and x > 0), "a mapping name -> axis, e.g. {prompt_embeds: 1}"),
     "text_len": (lambda v: _map(v, lambda x: _name(x) or (type(x) is int and x > 0)),
                  "a mapping name -> config key or token count, e.g. {prompt_embeds: max_text_seq_length}"),
     "layout": ("image", "video", "frames_first"), "pack": ("flux", "ltx", "list", None),
     "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
     "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,
-    "timestep_in_weights_dtype": BOOL, "reference": BOOL,
+    "timestep_in_weights_dtype": BOOL, "reference": BOOL, "negate": BOOL,
+    "train_config": (lambda v: _map(v, lambda x: type(x) in (bool, int, float, str)),
+                     "a mapping config key -> value, e.g. {force_inference_output: true}"),
     "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
                                 and isinstance(x[1], str) and bool(_ZEROS.match(x[1]))),
                  "a mapping argument -> [batch key, latents | latents@<config key> | token@<config key>]"),

@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'llama', 'qwen2', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'llama', 'mistral3_chat', 'qwen2', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -134,3 +134,26 @@ def _hunyuan_video15_lengths(pipe: Any) -> None:
     # ~2000 tokens, not the model, were the run's cost. The folder does not keep them; the commands run the real ones.
     pipe.tokenizer_max_length = pipe.tokenizer_2_max_length = 16
     pipe.vision_num_semantic_tokens = 8
+
+
+@register("prepare", "hidream_sample_size")
+def _hidream_sample_size(pipe: Any) -> None:
+    # HiDreamImagePipeline rescales every call to (default_sample_size * vae_scale_factor)**2 pixels, whatever height
+    # and width it is given (pipeline_hidream_image.py:814-817), and sets default_sample_size = 128 in __init__
+    # (:198), which no saved folder keeps: 4096 image tokens at any size, 10-20 s a tiny call on a shared CPU. 16 makes
+    # the tiny call's 32x32 pixels what it asks for.
+    pipe.default_sample_size = 16
+
+
+@register("tokenizer", "mistral3_chat")
+def _mistral3_chat() -> Any:
+    # FLUX.2 [dev] encodes [system, user] messages whose content is a list of {"type": "text", "text": ...} parts
+    # through its processor's apply_chat_template (pipeline_flux2.py format_input, :323): the handmade byte-level
+    # BPE with a Mistral-style template ([SYSTEM_PROMPT] ... [INST] ... [/INST]) that reads such parts
+    tok = tokenizers.make_qwen2_tokenizer()
+    tok.add_special_tokens({"pad_token": "<pad>"})
+    tok.chat_template = ("{% for m in messages %}{% set text = m['content'] if m['content'] is string else "
+                         "m['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
+                         "{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
+                         "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
+    return tok

@@ -20,7 +20,7 @@ from . import inputs
 from .rules import TrainingError
 
 __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of", "sigma_range", "draw", "noisy_inputs",
-           "call_inputs", "example_batch", "model_output", "OBJECTIVES"]
+           "call_inputs", "example_batch", "model_output", "config_value", "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
@@ -52,6 +52,10 @@ class DenoiserRow:
     per_frame: tuple[str, ...] = ()
     timestep_in_weights_dtype: bool = False
     reference: bool = False
+    negate: bool = False
+    batch_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    text_layers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    train_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
@@ -194,6 +198,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                             f"already scaled (tp.encode_images(pixels) makes them)")
     x0 = inputs.model_layout(row, batch["latents"]).float()
     b = x0.shape[0]
+    _train_config(row, module)
     drawn = {}
     if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
         drawn = draw(objective, x0.shape, alphas_cumprod=alphas_cumprod, sigmas=sigmas, generator=generator,
@@ -211,6 +216,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         noisy, target = (1 - s) * x0 + s * noise, noise - x0
         timestep = (1 - sigma.float() if row.flip else sigma.float()) * row.timestep_scale
         target = -target if row.flip else target
+        target = -target if row.negate else target  # the pipeline steps with minus the denoiser's output (HiDream)
     elif objective == "edm":
         sigma = given["sigmas"].float().to(x0.device).reshape(-1)
         sigma = sigma.expand(b) if sigma.numel() == 1 else sigma[:b]  # one level for all, or one per sample
@@ -231,6 +237,15 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
+
+
+def _train_config(row: DenoiserRow, module: torch.nn.Module) -> None:
+    # config values a training step needs (HiDream in train mode returns its output patchified, (B, C, H*W/4, 4),
+    # unless force_inference_output: diffusers' train_dreambooth_lora_hidream.py sets it)
+    module = getattr(module, "_orig_mod", module)
+    wrong = {k: v for k, v in row.train_config.items() if getattr(module, "config", {}).get(k) != v}
+    if wrong:
+        module.register_to_config(**wrong)
 
 
 def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
@@ -260,8 +275,8 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
         timestep = timestep.to(inputs.frozen_dtype(module))
     kwargs: dict[str, Any] = {row.latent_arg: noisy, row.timestep_arg: timestep}
     for key, arg in row.cond.items():
-        if batch.get(key) is not None:
-            kwargs[arg] = batch[key]
+        if batch.get(key) is not None:  # held batch-first; the denoiser takes it with its batch on batch_axis
+            kwargs[arg] = batch[key].movedim(0, row.batch_axis[key]) if key in row.batch_axis else batch[key]
     kwargs.update(inputs.optional_inputs(row, module, batch, x0))
     for arg in row.per_frame:
         if kwargs.get(arg) is not None:
@@ -341,7 +356,7 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         latent = _fitted_latent(row, config, side, frames)
     batch = {"latents": randn(batch_size, channels, *latent)}
     for key, dim_key in row.text_dims.items():
-        dim = config.get(dim_key)
+        dim = config_value(config, dim_key)
         if dim is None:  # a part this configuration lacks (no pooled projection; Cascade's decoder has no clip_text)
             continue
         if config.get("addition_embed_type") == "text_time" and key == "prompt_embeds":
@@ -352,12 +367,29 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         if not isinstance(length, int):  # a config key; else the prompt, one token for an image embedding (SVD)
             length = int(config.get(length) or (1 if key == "image_embeds" else tokens))
         shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, length, int(dim))
+        if key in row.text_layers:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
+            shape = (batch_size, max(config[row.text_layers[key]]) + 1, *shape[1:])
         batch[key] = randn(*shape)
     for key in row.cond:
         embeds = batch.get(key.replace("attention_mask", "embeds"))
         if key.startswith("prompt_attention_mask") and embeds is not None:
             batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long, device=embeds.device)
     return batch
+
+
+def config_value(config: Mapping[str, Any], key: str) -> Any:
+    """A config value by a row's name for it: a key, or ``key[i]``, item ``i`` of a list (None where absent).
+
+    Example:
+        >>> config_value({"caption_channels": [4096, 2048]}, "caption_channels[1]"), config_value({}, "dim")
+        (2048, None)
+    """
+    name, _, index = key.partition("[")
+    value = config.get(name)
+    if index and isinstance(value, (list, tuple)):
+        i = int(index.rstrip("]"))
+        return value[i] if i < len(value) else None
+    return None if index else value
 
 
 def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:

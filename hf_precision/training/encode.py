@@ -152,7 +152,9 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
                                     f"pipeline needs a package that is not installed (pip install ftfy for "
                                     f"'ftfy'), or give the conditioning in the batch yourself") from err
         out = out if isinstance(out, tuple) else (out,)
-        batch.update({name: value for name, value in zip(names, out) if name is not None and value is not None})
+        # held batch-first, as the cache, the shards and torch.cat see a batch (HiDream's Llama states: layers first)
+        batch.update({name: value.movedim(row.batch_axis[name], 0) if name in row.batch_axis else value
+                      for name, value in zip(names, out) if name is not None and value is not None})
     return batch
 
 

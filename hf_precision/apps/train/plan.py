@@ -170,7 +170,18 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
     if edits_images(m.index):  # an edit model trains on a reference image a target's size: its tokens join the sequence
         batch["reference_latents"] = torch.empty_like(batch["latents"])
-    activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
+    try:
+        activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
+    except RuntimeError as err:
+        if "meta" not in str(err):
+            raise
+        # a forward that reads its own tensors' values (HiDream's mixture of experts routes tokens, and unpatchifies
+        # by per-sample sizes read with .item()) cannot run on the meta device, where nothing has a value
+        from ...errors import RecipeError
+
+        raise RecipeError(f"--plan: {type(module).__name__} reads values of its own tensors in forward ({err}), so "
+                          f"its training step cannot be counted on the meta device; run train without --plan on a "
+                          f"few --steps to measure it") from None
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}
     # the denoiser's own weights that train become masters (counted below), no longer frozen storage
     owned = den.total_bytes * trainable // max(den.params, 1) if method_of(method).every_weight else 0
