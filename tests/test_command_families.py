@@ -460,6 +460,23 @@ def test_train_refuses_a_pipeline_without_captions_before_loading(saved_pipeline
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("plan", [False, True])
+def test_train_refuses_a_prompt_encoder_that_needs_the_input_image_before_loading(plan, saved_pipeline, tmp_path, capfd,
+                                                                                   monkeypatch):
+    """HunyuanVideo I2V's encode_prompt encodes its input image with the caption: `train` loaded the model and then
+    refused in the training layer's words (tp.encode_prompt ... pass image=...), and `train --plan` planned it."""
+    import hf_precision.runtime.load as load
+
+    model, data = saved_pipeline("hunyuan_video_i2v"), _clips(tmp_path / "d", frames=5)
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    capfd.readouterr()
+    rc = main(["train", *(["--plan"] if plan else []), "--model", str(model), "--data", str(data), "--out",
+               str(tmp_path / "o"), "--frames", "5", "--resolution", "32", "--device", "cpu", "--steps", "2", "--quiet"])
+    err = capfd.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides the caption" in err, err
+
+
 @pytest.mark.parametrize("index, source", [
     ({"_class_name": "Kandinsky3Pipeline", "movq": ["diffusers", "VQModel"], "unet": ["diffusers", "Kandinsky3UNet"],
       "scheduler": ["diffusers", "DDPMScheduler"], "text_encoder": ["transformers", "T5EncoderModel"]},
