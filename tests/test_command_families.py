@@ -561,3 +561,19 @@ def test_video_with_one_step_on_the_real_ltx_scheduler_says_how_many(saved_pipel
     err = capfd.readouterr().err
     assert rc == 2 and "--steps 1: FlowMatchEulerDiscreteScheduler cannot" in err and "use --steps 2" in err, err
     assert not _noise(err) and not (tmp_path / "x.gif").exists(), err
+
+
+def test_video_refuses_a_control_clip_it_cannot_give_before_loading(saved_pipeline, tmp_path, capfd, monkeypatch):
+    """AnimateDiff ControlNet's call needs conditioning_frames (no option of `video` gives them): at a frame count its
+    motion table takes, `video` loaded the model, failed inside diffusers and said "1 output(s) missing" (exit 1)."""
+    import hf_precision.runtime.load as load
+
+    folder = saved_pipeline("animatediff_controlnet")
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    capfd.readouterr()
+    rc = main(["video", "--model", str(folder), "--prompt", "a cat", "--height", "32",
+               "--width", "32", "--frames", "8", "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "x.gif")])
+    err = capfd.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "AnimateDiffControlNetPipeline needs conditioning_frames besides the prompt" in err, err
+    assert "pipe(prompt=..., conditioning_frames=...)" in err

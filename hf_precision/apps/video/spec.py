@@ -118,6 +118,9 @@ class VideoSpec:
     input_clips: tuple[str, ...] = ()
     # an image the pipeline takes but documents as optional (LTX condition: text-to-video without it)
     image_optional: bool = False
+    # other inputs the call cannot go without, which no option of `video` gives (AnimateDiff ControlNet's
+    # conditioning_frames)
+    other_inputs: tuple[str, ...] = ()
 
     @property
     def mode(self) -> str:
@@ -208,7 +211,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
 
     frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)  # Latte: video_length
     # video-to-video: the frames come from the input clips
-    clips = tuple(a for a in call_inputs(cls) if a == "video" or a.endswith("_video"))
+    needed = call_inputs(cls)
+    clips = tuple(a for a in needed if a == "video" or a.endswith("_video"))
     if frames_arg is None and not clips:
         raise RecipeError(f"model_index.json names {pipeline}, which is not a diffusers video pipeline (its __call__ "
                           f"takes no num_frames or video_length); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
@@ -239,7 +243,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      frames_arg=frames_arg or "num_frames", fixed_frames=fixed,
                      max_positions=positions, patch=patch, spatial=spatial, limits=limits, input_clips=clips,
-                     image_optional="image" in params and "image" not in call_inputs(cls))
+                     image_optional="image" in params and "image" not in needed,
+                     other_inputs=tuple(a for a in needed if a not in clips and a != "image"))
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:
