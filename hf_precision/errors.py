@@ -10,7 +10,7 @@ from os import PathLike
 from typing import Any
 
 __all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "override_lines", "override_flag", "override_fix",
-           "excerpt", "arg", "command_line_spelling"]
+           "excerpt", "arg", "command_line_spelling", "spelled"]
 
 
 class RecipeError(ValueError):
@@ -193,3 +193,17 @@ def arg(name: str, value: object = None) -> str:
         flag = "--" + name.replace("_", "-")
         return flag if value is None else f"{flag} {value}"
     return f"{name}=" if value is None else f"{name}={value!r}"
+
+
+def spelled(python: str, flags: str) -> str:
+    """A fix written both ways, for whoever reads it: the Python spelling with the flags after it, ``python (CLI:
+    flags)``, or the flags alone within :func:`command_line_spelling`.
+
+    Example:
+        >>> spelled("recipe='svd'", "--recipe svd")
+        "recipe='svd' (CLI: --recipe svd)"
+        >>> with command_line_spelling():
+        ...     spelled("recipe='svd'", "--recipe svd")
+        '--recipe svd'
+    """
+    return flags if _SPELLING.get() == "cli" else f"{python} (CLI: {flags})"

@@ -249,6 +249,7 @@ def test_calibrate_refuses_a_preset_as_device_before_loading(saved_pipeline, cap
     err = capfd.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "--device: 't4'" in err and "--layout t4 --device cpu" in err
+    assert "layout='t4'" not in err and "(CLI:" not in err  # the fix in the spelling the user types (errors.spelled)
 
 
 def test_calibrate_help_example_runs_and_help_names_device(saved_pipeline, tmp_path, capfd, monkeypatch):
