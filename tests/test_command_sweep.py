@@ -246,3 +246,23 @@ def test_the_sweep_asks_each_video_family_a_size_its_configs_allow(kind, size, s
     assert sweep.video_size(folder) == size
     height, width, frames = size
     assert model_spec(str(folder))[1].check(height=height, width=width, frames=frames) == []
+
+
+def test_calibrate_gives_an_image_pipeline_a_prompt_too():
+    """`calibrate --image FILE` on a pipeline that takes a prompt and an image (Flux Kontext, LTX/CogVideoX I2V,
+    I2VGenXL) ran it without a prompt, and diffusers raised "Provide either `prompt` or `prompt_embeds`"."""
+    from PIL import Image
+
+    from hf_precision.diagnose.calibration.method import _call_kwargs
+
+    class Kontext:  # what _call_kwargs reads of a pipeline: its __call__ signature
+        def __call__(self, image=None, prompt=None, num_inference_steps=28):
+            pass
+
+    class SVD:
+        def __call__(self, image, num_frames=None, num_inference_steps=25):
+            pass
+
+    image = Image.new("RGB", (32, 32))
+    assert _call_kwargs(Kontext(), None, None, image, 2, (None, None))["prompt"]
+    assert "prompt" not in _call_kwargs(SVD(), None, None, image, 2, (None, None))
