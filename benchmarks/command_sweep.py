@@ -131,12 +131,7 @@ def video_size(folder: Path) -> tuple[int, int, int]:
         spec = model_spec(str(folder))[1]
     except RecipeError:  # not a video pipeline by its signature: the command names why
         return SIDE, SIDE, FRAMES
-    step = spec.frame_step
-    frames = FRAMES if step <= 1 or (FRAMES - 1) % step == 0 else step + 1
-    height, width, frames = spec.limits.cap(height=SIDE, width=SIDE, frames=frames)
-    if step > 1 and (frames - 1) % step and not spec.limits.fixed_frames:
-        frames = (frames - 1) // step * step + 1  # capped below a table's bound: the VAE's count under it
-    return height, width, frames
+    return spec.within(height=SIDE, width=SIDE, frames=FRAMES)
 
 
 def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path) -> dict[str, str]:

@@ -234,18 +234,15 @@ def test_a_pipeline_that_needs_an_input_image_is_refused_before_loading(command,
                                         ("cogvideox_i2v", (16, 16, 9)), ("mochi", (32, 32, 7)), ("wan", (32, 32, 9))])
 def test_the_sweep_asks_each_video_family_a_size_its_configs_allow(kind, size, saved_pipeline):
     """It asked every family 9 frames at 32 pixels, so AnimateDiff, Latte and CogVideoX I2V were refused by every
-    command that takes a size: the sweep, as a user run, asks what works (the refusal is kept as one run)."""
-    import importlib.util
-
+    command that takes a size: the sweep, as a user run, asks what works (VideoSpec.within; one refusal is kept as a
+    run of its own, PAST_LIMITS)."""
     from hf_precision.apps.video.spec import model_spec
 
-    spec_ = importlib.util.spec_from_file_location("command_sweep", SCRIPT)
-    sweep = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(sweep)
-    folder = saved_pipeline(kind)
-    assert sweep.video_size(folder) == size
+    spec = model_spec(str(saved_pipeline(kind)))[1]
+    assert spec.within(height=32, width=32, frames=9) == size
     height, width, frames = size
-    assert model_spec(str(folder))[1].check(height=height, width=width, frames=frames) == []
+    assert spec.check(height=height, width=width, frames=frames) == []
+    assert "within(height=SIDE, width=SIDE, frames=FRAMES)" in SCRIPT.read_text()  # what the sweep asks
 
 
 def test_calibrate_gives_an_image_pipeline_a_prompt_too():

@@ -153,6 +153,25 @@ class VideoSpec:
         # past the position tables' bounds (read once from the configs: .limits); torch fails mid-run otherwise
         return problems or self.limits.problems(self.pipeline, height=height, width=width, frames=frames)
 
+    def within(self, *, height: int, width: int, frames: int) -> tuple[int, int, int]:
+        """The nearest (height, width, frames) at or below the ones given that this pipeline takes: frames its VAE
+        takes (``frame_step*k + 1``, the next one up where none is below), then the bounds of its position tables
+        (:meth:`SizeLimits.cap`). What a run that must work asks (benchmarks/command_sweep.py).
+
+        Example:
+            >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
+            >>> spec = video_spec("WanPipeline", idx, {"transformer": {"patch_size": [1, 2, 2]}})
+            >>> spec.within(height=480, width=832, frames=80)
+            (480, 832, 77)
+        """
+        step = self.frame_step
+        if step > 1 and (frames - 1) % step:
+            frames = max((frames - 1) // step * step + 1, step + 1)
+        height, width, frames = self.limits.cap(height=height, width=width, frames=frames)
+        if step > 1 and (frames - 1) % step and not self.limits.fixed_frames:
+            frames = (frames - 1) // step * step + 1  # capped below a table's bound: the VAE's count under it
+        return height, width, frames
+
     def required(self, settings: Any) -> Any:
         """``settings`` (a ``MemorySettings``) with what this pipeline cannot run without: VAE tiling for a VAE that
         only decodes tiled (Allegro). The same object when nothing is missing."""
