@@ -2,8 +2,8 @@
 only our lines (issue 34, "a sweep that runs every command on every family").
 
 The full script runs ``plan``, ``show``, ``check``, ``check`` with an nf4 text encoder, ``calibrate``, ``generate``
-or ``video``, ``train --plan`` and a 2-step ``train`` on all 47 families of ``hf_precision.testing.PIPELINES``, on
-this CPU's layout and on ``--layout t4`` (748 runs, about half an hour on 2 busy cores; docs/pipelines.md gives its
+or ``video``, ``train --plan`` and a 2-step ``train`` on all 52 families of ``hf_precision.testing.PIPELINES``, on
+this CPU's layout and on ``--layout t4`` (828 runs, about half an hour on 2 busy cores; docs/pipelines.md gives its
 last result). Here it runs in one subprocess, imports paid once, on the cases below, chosen by what differs between
 the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 9):
 
