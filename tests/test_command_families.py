@@ -462,13 +462,17 @@ def test_train_refuses_a_pipeline_without_captions_before_loading(saved_pipeline
 
 
 @pytest.mark.parametrize("plan", [False, True])
-def test_train_refuses_a_prompt_encoder_that_needs_the_input_image_before_loading(plan, saved_pipeline, tmp_path, capfd,
-                                                                                   monkeypatch):
+def test_train_refuses_a_prompt_encoder_that_needs_the_input_image_before_loading(plan, tmp_path, capfd, monkeypatch):
     """HunyuanVideo I2V's encode_prompt encodes its input image with the caption: `train` loaded the model and then
     refused in the training layer's words (tp.encode_prompt ... pass image=...), and `train --plan` planned it."""
+    import hf_precision
     import hf_precision.runtime.load as load
 
-    model, data = saved_pipeline("hunyuan_video_i2v"), _clips(tmp_path / "d", frames=5)
+    # the real HunyuanVideo configs under the I2V class name: the refusal reads model_index.json, no weights are needed
+    model = shutil.copytree(Path(hf_precision.__file__).parent / "model_configs" / "HunyuanVideo", tmp_path / "m")
+    index = json.loads((model / "model_index.json").read_text())
+    (model / "model_index.json").write_text(json.dumps({**index, "_class_name": "HunyuanVideoImageToVideoPipeline"}))
+    data = _clips(tmp_path / "d", frames=5)
     monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
     capfd.readouterr()
     rc = main(["train", *(["--plan"] if plan else []), "--model", str(model), "--data", str(data), "--out",
