@@ -573,7 +573,10 @@ def test_video_refuses_a_control_clip_it_cannot_give_before_loading(saved_pipeli
     motion table takes, `video` loaded the model, failed inside diffusers and said "1 output(s) missing" (exit 1)."""
     import hf_precision.runtime.load as load
 
-    folder = saved_pipeline("animatediff_controlnet")
+    # the tiny AnimateDiff folder (saved for other tests) under the ControlNet class: the refusal reads the class's call
+    folder = shutil.copytree(saved_pipeline("animatediff"), tmp_path / "adc")
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "AnimateDiffControlNetPipeline"}))
     monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
     capfd.readouterr()
     rc = main(["video", "--model", str(folder), "--prompt", "a cat", "--height", "32",
