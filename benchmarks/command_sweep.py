@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 import time
@@ -42,7 +43,10 @@ from hf_precision.testing.cli_runs import judge  # noqa: E402
 # stored in nf4 (bitsandbytes on the CPU, whose block is wider than a tiny encoder's narrowest layer)
 COMMANDS = ("plan", "show", "check", "check-nf4", "calibrate", "run", "train-plan", "train")
 LAYOUTS = ("cpu", "t4")
-FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo) and 8k+1 (LTX): the fewest most VAEs take; Mochi's 6k+1: 7 (_frames)
+FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo) and 8k+1 (LTX): the fewest most VAEs take; others: video_size
+SIDE = 32
+# a run past what a family's configs allow, asked on purpose: the command refuses it in one line before loading
+PAST_LIMITS = {("animatediff", "run"): "--frames 9"}
 
 
 def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
@@ -115,16 +119,19 @@ def _text_encoder(folder: Path) -> str | None:
                  and v[0] == "transformers"), None)
 
 
-def _frames(folder: Path) -> int:
-    """:data:`FRAMES`, or the fewest a VAE whose time factor does not divide ``FRAMES - 1`` takes (Mochi's 6: 7)."""
+def video_size(folder: Path) -> tuple[int, int, int]:
+    """(height, width, frames) the sweep asks of a video model: :data:`SIDE` x :data:`SIDE` and :data:`FRAMES`, brought
+    within what its configs allow, as a user reads them from a refusal: frames its VAE takes (Mochi's 6k+1: 7) and
+    the bounds of its position tables (AnimateDiff's 8 motion positions, Latte's one frame count, CogVideoX I2V's one
+    learned size). :data:`PAST_LIMITS` keeps one run past them, to show the refusal."""
     from hf_precision.apps.video.spec import model_spec
     from hf_precision.errors import RecipeError
 
     try:
-        step = model_spec(str(folder))[1].frame_step
-    except RecipeError:
-        return FRAMES
-    return FRAMES if step <= 1 or (FRAMES - 1) % step == 0 else step + 1
+        spec = model_spec(str(folder))[1]
+    except RecipeError:  # not a video pipeline by its signature: the command names why
+        return SIDE, SIDE, FRAMES
+    return spec.within(height=SIDE, width=SIDE, frames=FRAMES)
 
 
 def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path) -> dict[str, str]:
@@ -134,8 +141,10 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
     video = "video" in PIPELINES[kind].tags
     lay = "" if layout == "cpu" else f" --layout {layout}"
     run = f"--device cpu{lay}"
-    size = "--height 32 --width 32"
-    frames = f" --frames {_frames(folder)}" if video else ""
+    height, width, count = video_size(folder) if video else (SIDE, SIDE, 1)
+    size = f"--height {height} --width {width}"
+    frames = f" --frames {count}" if video else ""
+    resolution = f"--resolution {max(height, width)}"
     tag = f"{kind}-{layout}"
     lines = {
         "plan": f"plan {folder} {run}",
@@ -146,10 +155,13 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
         "run": (f"video --model {folder} --prompt 'a cat' {size}{frames} --steps 2 {run} --quiet "
                 f"--out {out / tag}.gif" if video else
                 f"generate {folder} --prompt 'a cat' {size} --steps 2 {run} --out {out / tag}.png"),
-        "train-plan": f"train --plan --model {folder} --data {data} --out {out / tag}-plan --resolution 32{frames} {run}",
-        "train": (f"train --model {folder} --data {data} --out {out / tag}-lora --resolution 32{frames} --steps 2 "
+        "train-plan": f"train --plan --model {folder} --data {data} --out {out / tag}-plan {resolution}{frames} {run}",
+        "train": (f"train --model {folder} --data {data} --out {out / tag}-lora {resolution}{frames} --steps 2 "
                   f"--checkpoint-every 1000 {run} --quiet"),
     }
+    for (family, name), past in PAST_LIMITS.items():
+        if family == kind:
+            lines[name] = f"{lines[name]} {past}"  # argparse: the last --frames wins
     return lines
 
 
@@ -167,6 +179,8 @@ def sweep(families: list[str], commands: list[str], layouts: list[str], root: Pa
             emit(f"{kind:26} {'save':11} {'-':4} FAIL {exc!r}"[:300])
             continue
         video = "video" in PIPELINES[kind].tags
+        for old in (root / "out").glob(f"{kind}-*"):  # a --workdir used before: train refuses an --out that exists
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
         for layout in layouts:
             lines = command_lines(kind, folder, cls, data["video" if video else "image"], layout, root / "out")
             for name in commands:

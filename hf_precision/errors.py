@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from os import PathLike
 from typing import Any
 
 __all__ = ["RecipeError", "DamagedFileError", "Problems", "override_line", "override_lines", "override_flag", "override_fix",
-           "excerpt"]
+           "excerpt", "arg", "command_line_spelling", "spelled"]
 
 
 class RecipeError(ValueError):
@@ -155,3 +157,53 @@ def _flag_value(value: object) -> str:
     if isinstance(value, (list, tuple)):
         return f"[{','.join(map(str, value))}]"
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+# Who reads the message of an argument's problem: a Python caller (keyword spelling) or the command line (flags).
+# hf_precision.cli.main sets it once for every command, so a message raised deep in the library names the spelling
+# the user typed.
+_SPELLING: contextvars.ContextVar[str] = contextvars.ContextVar("hf_precision_spelling", default="python")
+
+
+@contextlib.contextmanager
+def command_line_spelling() -> Iterator[None]:
+    """Within it, :func:`arg` spells arguments as command-line flags (``hf_precision.cli.main`` runs commands in it).
+
+    Example:
+        >>> with command_line_spelling():
+        ...     arg("base", "./sdxl")
+        '--base ./sdxl'
+    """
+    token = _SPELLING.set("cli")
+    try:
+        yield
+    finally:
+        _SPELLING.reset(token)
+
+
+def arg(name: str, value: object = None) -> str:
+    """One argument, as the reader of the message passes it: ``name=value`` (Python; ``name=`` without a value), or
+    ``--name value`` within :func:`command_line_spelling` (underscores become dashes).
+
+    Example:
+        >>> arg("base"), arg("base", "./sdxl")
+        ('base=', "base='./sdxl'")
+    """
+    if _SPELLING.get() == "cli":
+        flag = "--" + name.replace("_", "-")
+        return flag if value is None else f"{flag} {value}"
+    return f"{name}=" if value is None else f"{name}={value!r}"
+
+
+def spelled(python: str, flags: str) -> str:
+    """A fix written both ways, for whoever reads it: the Python spelling with the flags after it, ``python (CLI:
+    flags)``, or the flags alone within :func:`command_line_spelling`.
+
+    Example:
+        >>> spelled("recipe='svd'", "--recipe svd")
+        "recipe='svd' (CLI: --recipe svd)"
+        >>> with command_line_spelling():
+        ...     spelled("recipe='svd'", "--recipe svd")
+        '--recipe svd'
+    """
+    return flags if _SPELLING.get() == "cli" else f"{python} (CLI: {flags})"

@@ -249,6 +249,7 @@ def test_calibrate_refuses_a_preset_as_device_before_loading(saved_pipeline, cap
     err = capfd.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert "--device: 't4'" in err and "--layout t4 --device cpu" in err
+    assert "layout='t4'" not in err and "(CLI:" not in err  # the fix in the spelling the user types (errors.spelled)
 
 
 def test_calibrate_help_example_runs_and_help_names_device(saved_pipeline, tmp_path, capfd, monkeypatch):
@@ -474,6 +475,27 @@ def test_train_refuses_a_pipeline_without_captions_before_loading(saved_pipeline
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("plan", [False, True])
+def test_train_refuses_a_prompt_encoder_that_needs_the_input_image_before_loading(plan, tmp_path, capfd, monkeypatch):
+    """HunyuanVideo I2V's encode_prompt encodes its input image with the caption: `train` loaded the model and then
+    refused in the training layer's words (tp.encode_prompt ... pass image=...), and `train --plan` planned it."""
+    import hf_precision
+    import hf_precision.runtime.load as load
+
+    # the real HunyuanVideo configs under the I2V class name: the refusal reads model_index.json, no weights are needed
+    model = shutil.copytree(Path(hf_precision.__file__).parent / "model_configs" / "HunyuanVideo", tmp_path / "m")
+    index = json.loads((model / "model_index.json").read_text())
+    (model / "model_index.json").write_text(json.dumps({**index, "_class_name": "HunyuanVideoImageToVideoPipeline"}))
+    data = _clips(tmp_path / "d", frames=5)
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    capfd.readouterr()
+    rc = main(["train", *(["--plan"] if plan else []), "--model", str(model), "--data", str(data), "--out",
+               str(tmp_path / "o"), "--frames", "5", "--resolution", "32", "--device", "cpu", "--steps", "2", "--quiet"])
+    err = capfd.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides the caption" in err, err
+
+
 @pytest.mark.parametrize("index, source", [
     ({"_class_name": "Kandinsky3Pipeline", "movq": ["diffusers", "VQModel"], "unet": ["diffusers", "Kandinsky3UNet"],
       "scheduler": ["diffusers", "DDPMScheduler"], "text_encoder": ["transformers", "T5EncoderModel"]},
@@ -558,3 +580,22 @@ def test_video_with_one_step_on_the_real_ltx_scheduler_says_how_many(saved_pipel
     err = capfd.readouterr().err
     assert rc == 2 and "--steps 1: FlowMatchEulerDiscreteScheduler cannot" in err and "use --steps 2" in err, err
     assert not _noise(err) and not (tmp_path / "x.gif").exists(), err
+
+
+def test_video_refuses_a_control_clip_it_cannot_give_before_loading(saved_pipeline, tmp_path, capfd, monkeypatch):
+    """AnimateDiff ControlNet's call needs conditioning_frames (no option of `video` gives them): at a frame count its
+    motion table takes, `video` loaded the model, failed inside diffusers and said "1 output(s) missing" (exit 1)."""
+    import hf_precision.runtime.load as load
+
+    # the tiny AnimateDiff folder (saved for other tests) under the ControlNet class: the refusal reads the class's call
+    folder = shutil.copytree(saved_pipeline("animatediff"), tmp_path / "adc")
+    index = json.loads((folder / "model_index.json").read_text())
+    (folder / "model_index.json").write_text(json.dumps({**index, "_class_name": "AnimateDiffControlNetPipeline"}))
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    capfd.readouterr()
+    rc = main(["video", "--model", str(folder), "--prompt", "a cat", "--height", "32",
+               "--width", "32", "--frames", "8", "--steps", "2", "--device", "cpu", "--out", str(tmp_path / "x.gif")])
+    err = capfd.readouterr().err
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert "AnimateDiffControlNetPipeline needs conditioning_frames besides the prompt" in err, err
+    assert "pipe(prompt=..., conditioning_frames=...)" in err

@@ -299,7 +299,7 @@ def test_cli_calibrate_takes_the_file_with_base(sdxl, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "pickle file" in err
     assert main(["calibrate", str(path), "--device", "cpu"]) == 2
-    assert "(CLI: --base)" in capsys.readouterr().err
+    assert "--base stabilityai/stable-diffusion-xl-base-1.0" in capsys.readouterr().err
 
 
 def test_quantized_storage_of_a_single_file_denoiser_is_the_planned_one(tmp_path):
@@ -489,3 +489,20 @@ def test_cli_video_takes_the_file_with_base(saved_pipeline, tmp_path, monkeypatc
 
 
 _real_load = hp.load_pipeline
+
+
+def test_base_problems_name_the_flag_on_the_command_line_and_the_keyword_in_python(tmp_path, capsys):
+    """`--base` with a folder model: the command line said "pass a diffusers folder without base=" (the Python
+    spelling); each reader now gets the spelling they typed (hf_precision.errors.arg, set once by the CLI)."""
+    from hf_precision.cli import main
+
+    folder = tmp_path / "sdxl"
+    folder.mkdir()
+    for argv in (["train", "--plan", "--model", str(folder), "--base", "./other", "--device", "cpu"],
+                 ["calibrate", str(folder), "--base", "./other", "--device", "cpu", "--out", str(tmp_path / "i.yaml")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and "pass a diffusers folder without --base" in err, err
+        assert "base=" not in err, err
+    with pytest.raises(RecipeError, match="pass a diffusers folder without base=, or the file"):
+        hp.load_pipeline(str(folder), "cpu", base="./other")

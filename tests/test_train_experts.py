@@ -76,3 +76,64 @@ def test_expert_on_a_model_with_one_denoiser_is_refused_before_loading(tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and err.count("error:") == 1
     assert "--expert low: StableDiffusionPipeline has one denoiser" in err
+
+
+def test_both_experts_resume_each_its_own_checkpoint_with_the_same_loss_curve(wan22, tmp_path):
+    """`--expert both --resume latest` after a stop in either expert's run (Ctrl-C: a checkpoint and exit 130): the
+    expert that was cut resumes its own checkpoint, one already finished is not trained again, one not started yet
+    starts fresh, and each loss curve equals an uninterrupted run's."""
+    import dataclasses
+
+    from hf_precision.apps.train.experts import expert_runs
+    from hf_precision.apps.train.loop import train
+    from hf_precision.apps.train.settings import TrainSettings
+
+    model, data = wan22
+    base = TrainSettings(model=str(model), data=str(data), out="", device="cpu", lora_rank=2, steps=2, frames=5,
+                         resolution=16, checkpoint_every=1000, learning_rate=5e-3, quiet=True)
+
+    def run_all(out, resume=None, stop_in=None):  # as `hf-precision train` runs them: the first stop ends the command
+        results = {}
+        for s in expert_runs(dataclasses.replace(base, out=str(out), resume=resume)):
+            r = results[Path(s.out).name] = train(dataclasses.replace(s, stop_after=1 if s.expert == stop_in else None))
+            if r.exit_code:
+                break
+        return results
+
+    whole = run_all(tmp_path / "whole")
+    assert sorted(whole) == ["high_noise", "low_noise"] and all(len(r.losses) == 2 for r in whole.values())
+    out = tmp_path / "cut"
+    first = run_all(out, stop_in="high")  # Ctrl-C in the high-noise run: the low-noise one never started
+    assert list(first) == ["high_noise"] and first["high_noise"].exit_code == 130
+    second = run_all(out, resume="latest", stop_in="low")  # high resumes its checkpoint; low starts, then is cut
+    assert list(second) == ["high_noise", "low_noise"] and second["low_noise"].exit_code == 130
+    third = run_all(out, resume="latest")  # the finished high-noise run is not loaded again
+    assert list(third) == ["low_noise"] and third["low_noise"].exit_code == 0
+    for name, done in (("high_noise", second), ("low_noise", third)):
+        assert done[name].losses == whole[name].losses, (name, done[name].losses, whole[name].losses)
+        assert (out / name / "pytorch_lora_weights.safetensors").is_file()
+
+
+def test_both_experts_give_a_checkpoint_path_to_the_expert_that_owns_it(wan22, tmp_path):
+    """`--expert both --resume PATH`: the expert whose folder holds PATH resumes it, the other its latest (or it is
+    skipped when finished); a path in neither folder is refused before loading (no model is read here)."""
+    import json
+
+    from hf_precision.apps.train.experts import expert_runs
+    from hf_precision.apps.train.settings import TrainSettings
+    from hf_precision.errors import RecipeError
+
+    model, data = wan22
+    (tmp_path / "o" / "high_noise").mkdir(parents=True)
+    (tmp_path / "o" / "low_noise").mkdir()
+    (tmp_path / "o" / "high_noise" / "training.json").write_text(json.dumps({"steps": 4}))
+    path = str(tmp_path / "o" / "low_noise" / "checkpoints" / "step-000002")
+    said = []
+    s = TrainSettings(model=str(model), data=str(data), out=str(tmp_path / "o"), steps=4, resume=path)
+    runs = expert_runs(s, say=said.append)
+    assert [(r.expert, r.resume) for r in runs] == [("low", path)] and "finished its 4 steps" in said[0]
+    s.steps = 6  # more steps than the finished run made: it continues from its latest checkpoint
+    assert [(r.expert, r.resume) for r in expert_runs(s)] == [("high", "latest"), ("low", path)]
+    s.resume = str(tmp_path / "elsewhere")
+    with pytest.raises(RecipeError, match="trains each expert from its own checkpoints"):
+        expert_runs(s)

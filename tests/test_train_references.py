@@ -120,12 +120,32 @@ def test_reference_dir_pairs_by_file_name_and_names_targets_without_one(kontext,
     assert found == {(d / f"{i}.png").resolve(): refs / f"{i}.jpg" for i in range(2)}
 
 
-def test_references_for_a_model_that_edits_nothing_are_refused(kontext, tmp_path, capsys, monkeypatch):
-    """FluxPipeline shares Kontext's transformer class (whose row takes references) but edits no input image."""
+@pytest.mark.parametrize("pipeline, why", [
+    ("FluxPipeline", "it does not edit an input image"),
+    # they take an `image`, but start from it (strength), with Kontext's transformer class: pairs trained as
+    # reference tokens would not match their call, and `train --plan` counted those tokens
+    ("FluxImg2ImgPipeline", "its input image is where denoising starts, noised by strength"),
+    ("FluxInpaintPipeline", "its input image is where denoising starts, noised by strength")])
+def test_references_for_a_model_that_edits_nothing_are_refused(pipeline, why, kontext, tmp_path, capsys, monkeypatch):
+    """FluxPipeline, FluxImg2ImgPipeline and FluxInpaintPipeline share Kontext's transformer class (whose row takes
+    references) but read no reference image: one line before loading, naming the fix."""
+    from hf_precision.apps.train.references import edits_images
+
     _no_loading(monkeypatch)
     flux = tmp_path / "flux"
     shutil.copytree(kontext, flux)
-    index = json.loads((flux / "model_index.json").read_text())
-    (flux / "model_index.json").write_text(json.dumps({**index, "_class_name": "FluxPipeline"}))
+    index = {**json.loads((flux / "model_index.json").read_text()), "_class_name": pipeline}
+    (flux / "model_index.json").write_text(json.dumps(index))
+    assert not edits_images(index)  # train --plan adds no reference tokens either
     err = _fails(capsys, flux, _pairs(tmp_path), tmp_path / "o")
-    assert "the data gives reference images, but FluxPipeline takes none" in err and "FluxKontextPipeline" in err
+    assert f"the data gives reference images, but {pipeline} takes none: {why}" in err and "FluxKontextPipeline" in err
+
+
+def test_references_for_sdxl_img2img_are_refused_as_img2img(saved_pipeline, tmp_path, capsys, monkeypatch):
+    """An SDXL image-to-image folder (its UNet row takes no references): refused before loading, and told apart from
+    a model without an input image (it said "it does not edit an input image")."""
+    _no_loading(monkeypatch)
+    folder = saved_pipeline("sdxl_refiner")
+    assert json.loads((folder / "model_index.json").read_text())["_class_name"] == "StableDiffusionXLImg2ImgPipeline"
+    err = _fails(capsys, folder, _pairs(tmp_path), tmp_path / "o", "--resolution", "32")
+    assert "StableDiffusionXLImg2ImgPipeline takes none: its input image is where denoising starts" in err, err

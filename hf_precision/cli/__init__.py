@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ..errors import RecipeError
+from ..errors import RecipeError, command_line_spelling
 from .common import COMMANDS, HelpFormatter, closed_output, our_warnings, quiet_optional_dependencies
 
 __all__ = ["main", "build_parser"]
@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         module, _, func = COMMANDS[args.command][2].partition(":")
         handler = getattr(importlib.import_module(module), func)
         try:
-            with our_warnings(f"hf-precision {args.command}"):
+            with our_warnings(f"hf-precision {args.command}"), command_line_spelling():  # messages name the flags
                 return int(handler(args) or 0)
         except RecipeError as err:
             print(f"hf-precision {args.command}: error: {err}", file=sys.stderr)

@@ -161,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from ..apps.train.experts import expert_runs
 
-        for settings in expert_runs(_settings(args, args.model, args.data)):  # two for both experts of Wan 2.2
+        for settings in expert_runs(_settings(args, args.model, args.data), say=print):  # two for both experts of Wan 2.2
             code = _report(train(settings))
             if code:
                 return code

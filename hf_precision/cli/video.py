@@ -162,6 +162,11 @@ def _check_mode(args: argparse.Namespace, spec: Any) -> None:
         raise RecipeError(f"{spec.pipeline} is video-to-video: its call needs {' and '.join(spec.input_clips)} (input "
                           f"clips), which video has no option for; call it in Python: pipe = hp.load_pipeline("
                           f"{args.model!r}, device); pipe(prompt=..., {clips})")
+    if spec.other_inputs:  # e.g. AnimateDiff ControlNet's control clip: refused here, not after loading
+        given = ", ".join(f"{c}=..." for c in spec.other_inputs)
+        raise RecipeError(f"{spec.pipeline} needs {' and '.join(spec.other_inputs)} besides the prompt, which video has "
+                          f"no option for; call it in Python: pipe = hp.load_pipeline({args.model!r}, device); "
+                          f"pipe(prompt=..., {given})")
     if spec.takes_image and not spec.takes_prompt and has_text:
         raise RecipeError(f"{spec.pipeline} is image-to-video without a prompt: drop --prompt/--prompts")
     if not spec.takes_image and args.image:

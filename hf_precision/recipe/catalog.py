@@ -19,7 +19,9 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import Problems, RecipeError, excerpt, override_line
+from ..errors import Problems, RecipeError, excerpt, override_line, spelled
+
+FORCE_SDXL = "recipe='sdxl', force=True"  # the example of forcing a recipe onto a class none lists
 from .devices import rule_ids
 from .files import read_yaml, recipes_dir
 from .model import Recipe
@@ -216,8 +218,8 @@ def recipe_for_class(class_name: str) -> str:
     hint = (f"did you mean {', '.join(f'{c!r} (recipe {covered[c]})' for c in near)}? " if near else "")
     raise RecipeError(f"no recipe for pipeline class {class_name!r}; {hint}pipeline recipes: "
                       f"{', '.join(list_recipes('pipeline'))} "
-                      f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: recipe='sdxl', force=True (CLI: --recipe sdxl "
-                      "--force); or write your own recipe YAML that lists the class under pipelines:")
+                      f"(`hf-precision recipes` lists the classes each covers). To use one anyway, name it and force it: "
+                      f"{spelled(FORCE_SDXL, '--recipe sdxl --force')}; or write your own recipe YAML that lists the class under pipelines:")
 
 
 def entry_classes(spec: Mapping[str, Any], seen: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -286,14 +288,14 @@ chosen; to apply 'sdxl' anyway: force=True (CLI: --force)
     others = [n for n in list_recipes("pipeline") if pipeline_class in (pipeline_spec(n).get("pipelines") or ())]
     if others:
         fix = (f"The recipe{'s' if len(others) > 1 else ''} that list{'' if len(others) > 1 else 's'} {pipeline_class}: "
-               f"{', '.join(others)}: pass recipe={others[0]!r} (CLI: --recipe {others[0]}), or leave the recipe out to "
+               f"{', '.join(others)}: pass {spelled(f'recipe={others[0]!r}', f'--recipe {others[0]}')}, or leave the recipe out to "
                f"have it chosen")
     else:
         fix = (f"No shipped recipe lists {pipeline_class}: leave the recipe out and one is composed from the "
                f"pipeline's components")
     raise RecipeError(f"recipe {excerpt(recipe)} is for {', '.join(listed)}, not {pipeline_class}: its components, "
                       f"float32 islands and entry points may not fit. {fix}; to apply {excerpt(recipe)} anyway: "
-                      f"force=True (CLI: --force)")
+                      f"{spelled('force=True', '--force')}")
 
 
 def recipe_components(recipe: str | Recipe) -> list[str]:

@@ -12,7 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import RecipeError, excerpt
+from ..errors import RecipeError, excerpt, spelled
+
+CPU = "cpu"
 from .files import read_yaml, recipes_dir
 from .probe import (CPU_FLAG_SETS, CPU_FLAGS_ENV, CPU_NAME_ENV, SystemProbe, cpu_flags_from_env,  # noqa: F401 (API)
                     cpu_name_from_env)
@@ -252,7 +254,7 @@ def _present(kind: str, index: int | None, spec: str) -> DeviceProfile:
         example = _LAYOUT_EXAMPLE.get(kind, "t4")
         raise _spec_error(spec, f"this machine has {have} (present: {', '.join(present_devices())}). To run the dtypes "
                                 f"of a {kind} device here, resolve for it and place on a present one: "
-                                f"load_pipeline(..., 'cpu', layout={example!r}) (CLI: --layout {example} --device cpu); "
+                                f"{spelled(f'load_pipeline(..., {CPU!r}, layout={example!r})', f'--layout {example} --device cpu')}; "
                                 f"to plan for one, name a preset or describe it")
     if kind == "cuda":
         name, cap = _probe.cuda(index or 0)

@@ -318,7 +318,7 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
         where = f"{caps.profile.label()} planned on a machine without a CUDA, XPU or MPS GPU"
     else:
         return None
-    from ..errors import override_line
+    from ..errors import arg, override_line
 
     usable = [s for s in caps.storage if s.startswith("float8") or (  # fp8 storage: diffusers' layerwise casting
         is_quantized(s) and s not in caps.transformers_only and CHOICES[s].backend != "bitsandbytes")]
@@ -328,7 +328,7 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
             f"diffusers' bitsandbytes quantizer needs a GPU (diffusers v0.42.1 quantizers/bitsandbytes/"
             f"bnb_quantizer.py:64 'No GPU found'); bitsandbytes quantizes transformers models (the text encoders) on "
             f"the CPU; allowed for {name} there: {', '.join(usable) or 'the float storages'}; "
-            f"fix: {override_line(name, 'storage', fix)} (or a GGUF file with base=...)")
+            f"fix: {override_line(name, 'storage', fix)} (or a GGUF file with {arg('base', '...')})")
 
 
 def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed: Any,

@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .. import dtypes as dt
-from ..errors import Problems, RecipeError, excerpt, override_fix
+from ..errors import Problems, RecipeError, excerpt, override_fix, spelled
+
+CPU = "cpu"
 from .catalog import (check_recipe_class, component_entry, component_spec, list_recipes, pipeline_file, recipe_for,
                       unknown_recipe)
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
@@ -266,7 +268,7 @@ def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> d
             return text
         raise RecipeError(f"{what}: {spec!r} is not a device tensors can be placed on ({', '.join(TYPES)}, or with an "
                           f"index: cuda:1). To run the layout of a device you do not have, place the pipeline here and "
-                          f"resolve for that device: layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)")
+                          f"resolve for that device: {spelled(f'layout={spec!r}, device={CPU!r}', f'--layout {spec} --device cpu')}")
 
     if devices is None:
         return {n: None for n in names}

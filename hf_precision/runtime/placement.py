@@ -7,7 +7,9 @@ from typing import Any
 
 import torch
 
-from ..errors import RecipeError
+from ..errors import RecipeError, spelled
+
+CPU = "cpu"
 from ..recipe.devices import device_profile, present_devices
 from ..recipe.model import Recipe
 
@@ -28,7 +30,7 @@ def torch_device(spec: Any, what: str) -> torch.device:
         raise RecipeError(f"{what}: {spec!r} is not a device this process can place tensors on (present here: "
                           f"{', '.join(present_devices())}). "
                           f"To run the layout of a device you do not have, resolve it for that device and place it here: "
-                          f"layout={spec!r}, device='cpu' (CLI: --layout {spec} --device cpu)") from None
+                          f"{spelled(f'layout={spec!r}, device={CPU!r}', f'--layout {spec} --device cpu')}") from None
     if dev.type in ("cuda", "mps", "xpu"):
         # A device this machine lacks: our one error naming layout=, not torch's "Torch not compiled with CUDA
         # enabled" from the first tensor moved there (layout= or a resolved Recipe skips the rules' own check).

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import RecipeError, excerpt
+from ..errors import RecipeError, arg, excerpt
 
 __all__ = ["split_single_file", "denoiser_layout", "held_components", "load_single_file", "refuse_unreadable",
            "hub_kwargs", "SAFETENSORS_SUFFIXES"]
@@ -64,10 +64,10 @@ def split_single_file(name_or_path: str | os.PathLike[str], base: str | os.PathL
     if base is None:
         example = "black-forest-labs/FLUX.1-dev" if suffix == ".gguf" else "stabilityai/stable-diffusion-xl-base-1.0"
         raise RecipeError(f"{caller}({excerpt(text)}): {kind} holds one model, not a pipeline; pass the diffusers "
-                          f"folder (or Hub id) for the rest: {caller}({excerpt(text)}, base='{example}') (CLI: --base)")
+                          f"folder (or Hub id) for the rest: {arg('base', example)}")
     if suffix not in SINGLE_FILE_SUFFIXES:
-        raise RecipeError(f"{caller}: base= is for a single-file checkpoint ({', '.join(SINGLE_FILE_SUFFIXES)}), but "
-                          f"{excerpt(text)} is none; pass a diffusers folder without base=, or the file")
+        raise RecipeError(f"{caller}: {arg('base')} is for a single-file checkpoint ({', '.join(SINGLE_FILE_SUFFIXES)}), "
+                          f"but {excerpt(text)} is none; pass a diffusers folder without {arg('base')}, or the file")
     if not path.is_file():
         raise RecipeError(f"{caller}: {path}: no such file")
     return path, str(base)
@@ -197,7 +197,7 @@ def denoiser_layout(path: Path, model: Any, name: str, where: str, header: Mappi
     state = model.state_dict()
     expected = {k: list(v.shape) for k, v in state.items()}
     cls = type(model)
-    fix = (f"pass base= the diffusers folder (or Hub id) of the model this file was fine-tuned from, whose {name} is "
+    fix = (f"pass {arg('base')} the diffusers folder (or Hub id) of the model this file was fine-tuned from, whose {name} is "
            f"a {cls.__name__} of the same size")
     try:
         converted = _convert(cls, getattr(model, "config", {}), _meta_tensors(header), set(expected))
@@ -377,7 +377,7 @@ class _Builder:
             if missing:
                 raise RecipeError(f"{self.path}: its {name} ({cls.__name__}) lacks {len(missing)} of the "
                                   f"{len(expected)} tensors of the {name} of {self.where} (first: "
-                                  f"{', '.join(missing[:3])}); pass base= the diffusers folder of the model this "
+                                  f"{', '.join(missing[:3])}); pass {arg('base')} the diffusers folder of the model this "
                                   f"checkpoint was made from")
             return self.model(name, cls, meta, tensors)
         if not is_clip_model_in_single_file(cls, raw):
@@ -398,7 +398,7 @@ class _Builder:
                               f"text encoder of the file, leaving {len(unread)} tensor(s) unread ({', '.join(unread[:3])}): "
                               f"its encoders are as wide as each other, which diffusers' single-file reader cannot "
                               f"tell apart; load the file's denoiser alone (save its model.diffusion_model. keys) "
-                              f"with base= giving the encoders")
+                              f"with {arg('base')} giving the encoders")
         self.built.append(name)
         return model
 

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import RecipeError, excerpt
+from ..errors import RecipeError, excerpt, spelled
 from ..recipe.files import damaged_file, download_command, read_json
 from ..recipe.catalog import list_recipes, pipeline_spec, recipe_classes, suggest_recipe
 
@@ -416,8 +416,8 @@ def composable_models(where: str, index: Mapping[str, Any]) -> dict[str, tuple[s
     except RecipeError as err:
         covered = recipe_classes()
         near = difflib.get_close_matches(name, list(covered), n=1, cutoff=0.8)
-        fix = (f"Fix _class_name in model_index.json, or name a recipe and force it: recipe='{covered[near[0]]}', "
-               f"force=True (CLI: --recipe {covered[near[0]]} --force)" if near else
+        fix = (f"Fix _class_name in model_index.json, or name a recipe and force it: "
+               f"{spelled(f'recipe={covered[near[0]]!r}, force=True', f'--recipe {covered[near[0]]} --force')}" if near else
                "Fix _class_name in model_index.json (no shipped recipe is close to it)")
         raise RecipeError(f"{where}: model_index.json names {err}. {fix}") from None
     return models_of_index(index)

@@ -13,7 +13,7 @@ import torch
 from . import denoiser_rows
 from .rules import TrainingError
 
-__all__ = ["encode_images", "encode_prompt", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
+__all__ = ["encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
@@ -111,6 +111,31 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
     return raw.unflatten(0, (b, f)).transpose(1, 2) if folded else raw.squeeze(2) if one_frame else raw
 
 
+def _required(params: Any, given: Any) -> list[str]:
+    """The parameters of a signature that have no default and are not in ``given``."""
+    return [k for k, p in params.items() if k not in given and p.default is inspect.Parameter.empty
+            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+
+
+def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
+    """What a pipeline class's ``encode_prompt`` requires beyond the captions :func:`encode_prompt` gives it (the
+    prompts, device and counts): HunyuanVideo I2V encodes its input image with the prompt. Read from the class, so
+    ``train`` and ``train --plan`` refuse such a model before loading it.
+
+    Example:
+        >>> import diffusers
+        >>> encode_prompt_needs(diffusers.StableDiffusionXLPipeline), encode_prompt_needs(diffusers.StableCascadePriorPipeline)
+        ([], [])
+        >>> encode_prompt_needs(diffusers.HunyuanVideoImageToVideoPipeline)
+        ['image']
+    """
+    params = inspect.signature(pipeline_cls.encode_prompt).parameters
+    # as encode_prompt fills them: its own keys, prompt_2/prompt_3 (None: reuse prompt), Stable Cascade's batch_size
+    given = {"prompt", "device", "do_classifier_free_guidance", "num_images_per_prompt", "num_videos_per_prompt",
+             "batch_size", "self", *(k for k in params if k.startswith("prompt_"))}
+    return _required(params, given)
+
+
 def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
     pipe = tp.pipe
     if not hasattr(pipe, "encode_prompt"):
@@ -139,8 +164,7 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
                        and p.default is inspect.Parameter.empty})
         if "batch_size" in params and "batch_size" not in kwargs:  # Stable Cascade's encode_prompt requires it
             kwargs["batch_size"] = len(prompts)
-        missing = [k for k, p in params.items() if k not in kwargs and p.default is inspect.Parameter.empty
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        missing = _required(params, kwargs)
         if missing:  # HunyuanVideo I2V encodes the image with the prompt
             raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt needs {', '.join(missing)}; pass "
                                 f"{', '.join(f'{k}=...' for k in missing)} as the pipeline's __call__ would")

@@ -71,10 +71,14 @@ def _one(expert: str, index: Mapping[str, Any]) -> None:
                       f"boundary_ratio, as Wan 2.2 A14B has); drop --expert")
 
 
-def expert_runs(s: Any) -> list[Any]:
+def expert_runs(s: Any, say: Any = None) -> list[Any]:
     """The runs of one ``train`` command: the settings as given, or for ``both`` (the default on a two-expert model)
-    the high-noise run into ``OUT/high_noise`` then the low-noise one into ``OUT/low_noise``. A sub-run not started
-    yet is started fresh under ``--resume``.
+    the high-noise run into ``OUT/high_noise`` then the low-noise one into ``OUT/low_noise``.
+
+    Under ``--resume`` each expert continues its own checkpoints: ``latest`` is each folder's latest, a checkpoint
+    path is given to the expert whose folder holds it (the other continues its latest); an expert not started yet
+    starts fresh, and one whose run finished (its ``training.json`` records ``--steps`` steps) is not loaded again
+    (``say`` gets a line for it).
 
     Example:
         >>> import dataclasses
@@ -98,12 +102,46 @@ def expert_runs(s: Any) -> list[Any]:
     if boundary_ratio(index) is None:
         return [s]
     check_out_folder(s.out, s.resume)
+    outs = {expert: Path(s.out) / f"{expert}_noise" for expert in ("high", "low")}
+    owner = _checkpoint_owner(s.resume, outs)
     runs = []
-    for expert in ("high", "low"):
-        out = Path(s.out) / f"{expert}_noise"
-        resume = s.resume if s.resume is not None and out.is_dir() else None
+    for expert, out in outs.items():
+        if owner == expert or (owner is None and s.resume is not None and out.is_dir()):
+            resume = s.resume
+        else:  # not started yet: fresh; the other expert of a checkpoint path: its latest
+            resume = "latest" if s.resume is not None and out.is_dir() else None
+        if resume is not None and owner != expert and _finished(out, s.steps):
+            if say is not None:
+                say(f"{out}: the {expert}-noise expert finished its {s.steps} steps (training.json); not trained again")
+            continue
         runs.append(dataclasses.replace(s, expert=expert, out=str(out), resume=resume))
     return runs
+
+
+def _checkpoint_owner(resume: str | None, outs: Mapping[str, Any]) -> str | None:
+    """The expert whose folder holds the checkpoint path ``--resume`` names (None for ``latest`` or no resume); a
+    path in neither folder is refused before loading."""
+    from pathlib import Path
+
+    if resume in (None, "latest"):
+        return None
+    path = Path(resume).expanduser().resolve()
+    for expert, out in outs.items():
+        if path.is_relative_to(Path(out).resolve()):
+            return expert
+    raise RecipeError(f"--resume {resume}: --expert both trains each expert from its own checkpoints, in "
+                      f"{outs['high']}/checkpoints and {outs['low']}/checkpoints; pass one of those, or --resume latest")
+
+
+def _finished(out: Any, steps: int) -> bool:
+    """Whether a run's output folder holds its finished result of ``steps`` steps (the record ``train`` writes last)."""
+    import json
+    from pathlib import Path
+
+    try:
+        return int(json.loads((Path(out) / "training.json").read_text(encoding="utf-8"))["steps"]) >= steps
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
 
 
 def expert_line(index: Mapping[str, Any], expert: str | None) -> str | None:

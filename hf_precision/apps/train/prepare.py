@@ -97,10 +97,15 @@ def _check_family(index: dict[str, Any]) -> None:
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:
-    """Refuse, before loading, a pipeline without ``encode_prompt``: the program conditions on captions through it.
+    """Refuse, before loading, a pipeline without ``encode_prompt`` (the program conditions on captions through it)
+    or whose ``encode_prompt`` needs an input besides the caption.
 
     Example:
         >>> _check_conditioning({"_class_name": "StableDiffusionPipeline"})
+        >>> _check_conditioning({"_class_name": "HunyuanVideoImageToVideoPipeline"})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --model: HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides...
         >>> _check_conditioning({"_class_name": "StableVideoDiffusionPipeline"})  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
@@ -108,9 +113,20 @@ def _check_conditioning(index: dict[str, Any]) -> None:
     """
     import diffusers
 
+    from ...training.encode import encode_prompt_needs
+
     name = str(index.get("_class_name"))
     cls = getattr(diffusers, name, None)
-    if cls is None or hasattr(cls, "encode_prompt"):
+    if cls is not None and hasattr(cls, "encode_prompt"):
+        needs = encode_prompt_needs(cls)
+        if needs:  # HunyuanVideo I2V encodes its input image into the prompt's tokens; the data has no such input
+            raise RecipeError(f"--model: {name}.encode_prompt needs {', '.join(needs)} besides the caption (it "
+                              f"conditions on the input with the prompt), and the training program encodes captions "
+                              f"alone (the data gives no such input); write your own loop with "
+                              f"hf_precision.prepare_training(...) and give the conditioning in the batch "
+                              f"(tp.loss(batch))")
+        return
+    if cls is None:
         return
     raise RecipeError(f"--model: {name} has no encode_prompt: the training program conditions the denoiser on each "
                       f"caption through it, and {name} is conditioned otherwise (an input image or class labels); "

@@ -132,8 +132,9 @@ def attach_references(samples: Sequence[Any], found: Mapping[Path, Path]) -> lis
 def check_reference_family(index: Mapping[str, Any], has_references: bool) -> None:
     """Refuse, before loading, reference images for a model that takes none: the training layer's denoiser row says
     whether its call takes ``reference_latents`` (recipes/denoisers.yaml ``reference: true``), and the pipeline
-    must take an input image to edit (FluxKontextPipeline, QwenImageEditPipeline: ``image``), not only its class's
-    transformer (FluxPipeline shares Kontext's).
+    must read a reference image (:func:`edits_images`), not only its class's transformer (FluxPipeline shares
+    Kontext's; FluxImg2ImgPipeline starts from its image). An image-to-image or inpainting pipeline is told apart
+    in the message: it does take an image, to noise.
 
     Example:
         >>> check_reference_family({"_class_name": "StableDiffusionXLPipeline",
@@ -146,27 +147,35 @@ def check_reference_family(index: Mapping[str, Any], has_references: bool) -> No
         return
     from ...training.denoiser_rows import ROWS
 
+    import diffusers
+
     name = str(index.get("_class_name"))
     edits = sorted(c for c, r in ROWS.items() if getattr(r, "reference", False))
-    raise RecipeError(f"--data: the data gives reference images, but {name} takes none: it does not edit an input "
-                      f"image (its denoiser rows with reference: true: {', '.join(edits)}, in edit pipelines such as "
-                      f"FluxKontextPipeline and QwenImageEditPipeline); train an edit model, or drop the references "
-                      f"(the metadata.jsonl reference column, --reference-dir)")
+    params = _call_params(getattr(diffusers, name, None))
+    why = (f"its input image is where denoising starts, noised by strength (image-to-image or inpainting), not a "
+           f"reference its denoiser reads beside the target, so a pair trains nothing of it; train on the targets "
+           f"alone (its LoRA loads into {name} as into its text-to-image pipeline)" if "image" in params else
+           "it does not edit an input image; drop the references")
+    raise RecipeError(f"--data: the data gives reference images, but {name} takes none: {why}, or train an edit "
+                      f"model on the pairs (the denoiser rows with reference: true: {', '.join(edits)}, in "
+                      f"FluxKontextPipeline, QwenImageEditPipeline); references come from the metadata.jsonl "
+                      f"reference column or --reference-dir")
 
 
 def edits_images(index: Mapping[str, Any]) -> bool:
     """Whether the model of ``index`` (its ``model_index.json``) is an edit model: a denoiser row with ``reference:
-    true`` and a pipeline whose call takes an input ``image`` (FluxKontextPipeline, QwenImageEditPipeline), not only
-    its class's transformer (FluxPipeline shares Kontext's).
+    true`` and a pipeline whose call reads a reference image beside the latents (FluxKontextPipeline,
+    QwenImageEditPipeline), not only its class's transformer: FluxPipeline shares Kontext's, and FluxImg2ImgPipeline
+    and FluxInpaintPipeline take an ``image`` they start from (``strength``), not a reference.
 
     Example:
         >>> edits_images({"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
         False
         >>> edits_images({"_class_name": "FluxKontextPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
         True
+        >>> edits_images({"_class_name": "FluxImg2ImgPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"]})
+        False
     """
-    import inspect
-
     import diffusers
 
     from ...runtime.source import listed_components
@@ -178,9 +187,22 @@ def edits_images(index: Mapping[str, Any]) -> bool:
         cls = getattr(diffusers, str(cls_name), None) if library == "diffusers" else None
         mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
         rows += [ROWS[n] for n in mro if n in ROWS][:1]  # the class's own row, else its nearest base's
-    pipeline = getattr(diffusers, name, None)
+    return any(getattr(r, "reference", False) for r in rows) and _reads_reference(getattr(diffusers, name, None))
+
+
+def _call_params(pipeline: Any) -> Any:
+    import inspect
+
     try:
-        takes_image = pipeline is not None and "image" in inspect.signature(pipeline.__call__).parameters
+        return inspect.signature(pipeline.__call__).parameters if pipeline is not None else {}
     except (TypeError, ValueError):
-        takes_image = False
-    return any(getattr(r, "reference", False) for r in rows) and takes_image
+        return {}
+
+
+def _reads_reference(pipeline: Any) -> bool:
+    """Whether a pipeline's call puts a reference image beside the latents it denoises: an ``image_reference``
+    (FluxKontextInpaintPipeline, Flux2KleinInpaintPipeline), or an ``image`` without ``strength``. With
+    ``strength`` the ``image`` is where denoising starts, noised to that level (img2img, inpainting:
+    FluxImg2ImgPipeline, FluxInpaintPipeline, QwenImageImg2ImgPipeline, SDXL's), not a reference."""
+    params = _call_params(pipeline)
+    return "image_reference" in params or ("image" in params and "strength" not in params)

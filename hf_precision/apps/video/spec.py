@@ -114,6 +114,9 @@ class VideoSpec:
     input_clips: tuple[str, ...] = ()
     # an image the pipeline takes but documents as optional (LTX condition: text-to-video without it)
     image_optional: bool = False
+    # other inputs the call cannot go without, which no option of `video` gives (AnimateDiff ControlNet's
+    # conditioning_frames)
+    other_inputs: tuple[str, ...] = ()
 
     @property
     def fixed_frames(self) -> int:
@@ -155,6 +158,25 @@ class VideoSpec:
                             f"{self.frame_step * k + 1} or {self.frame_step * (k + 1) + 1}")
         # past the position tables' bounds (read once from the configs: .limits); torch fails mid-run otherwise
         return problems or self.limits.problems(self.pipeline, height=height, width=width, frames=frames)
+
+    def within(self, *, height: int, width: int, frames: int) -> tuple[int, int, int]:
+        """The nearest (height, width, frames) at or below the ones given that this pipeline takes: frames its VAE
+        takes (``frame_step*k + 1``, the next one up where none is below), then the bounds of its position tables
+        (:meth:`SizeLimits.cap`). What a run that must work asks (benchmarks/command_sweep.py).
+
+        Example:
+            >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
+            >>> spec = video_spec("WanPipeline", idx, {"transformer": {"patch_size": [1, 2, 2]}})
+            >>> spec.within(height=480, width=832, frames=80)
+            (480, 832, 77)
+        """
+        step = self.frame_step
+        if step > 1 and (frames - 1) % step:
+            frames = max((frames - 1) // step * step + 1, step + 1)
+        height, width, frames = self.limits.cap(height=height, width=width, frames=frames)
+        if step > 1 and (frames - 1) % step and not self.limits.fixed_frames:
+            frames = (frames - 1) // step * step + 1  # capped below a table's bound: the VAE's count under it
+        return height, width, frames
 
     def required(self, settings: Any) -> Any:
         """``settings`` (a ``MemorySettings``) with what this pipeline cannot run without: VAE tiling for a VAE that
@@ -214,7 +236,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
 
     frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)  # Latte: video_length
     # video-to-video: the frames come from the input clips
-    clips = tuple(a for a in call_inputs(cls) if a == "video" or a.endswith("_video"))
+    needed = call_inputs(cls)
+    clips = tuple(a for a in needed if a == "video" or a.endswith("_video"))
     if frames_arg is None and not clips:
         raise RecipeError(f"model_index.json names {pipeline}, which is not a diffusers video pipeline (its __call__ "
                           f"takes no num_frames or video_length); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
@@ -243,7 +266,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                      size_multiple=spatial * patch, defaults=defaults, extra=extra,
                      frames_arg=frames_arg or "num_frames", patch=patch, spatial=spatial, limits=limits,
                      input_clips=clips,
-                     image_optional="image" in params and "image" not in call_inputs(cls))
+                     image_optional="image" in params and "image" not in needed,
+                     other_inputs=tuple(a for a in needed if a not in clips and a != "image"))
 
 
 def pipeline_recipe(pipeline: str, index: Mapping[str, Any]) -> Any:

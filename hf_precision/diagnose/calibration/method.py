@@ -221,7 +221,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         kwargs = dict(call)
     else:
         kwargs = {}
-        if "prompt" in params and image is None or prompt is not None:
+        if "prompt" in params or prompt is not None:  # with an image too: Kontext, I2V and img2img calls need one
             kwargs["prompt"] = prompt or "a photo of an astronaut riding a horse"
         if image is not None:
             from PIL import Image
