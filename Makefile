@@ -17,7 +17,8 @@ LOCK_SKIP := ^(torch|triton|nvidia-[a-z0-9_-]+|sympy|mpmath|networkx|jinja2|mark
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist, --dist worksteal: each worker starts on its own share of
 # the tests, in file order so module fixtures are built once, and takes tests from the other's end when it runs dry,
-# so no long file left to the end keeps one worker busy while the other waits); 2 fits the 2-core CI machine;
+# so no long file left to the end keeps one worker busy while the other waits; the longest modules come first,
+# tests/conftest.py SLOW_MODULES, and the demo runs once for both workers); 2 fits the 2-core CI machine;
 # `make test TEST_WORKERS=0` runs it in this process alone. It ends with the 20 slowest tests, so what CI time goes
 # to stays in every run's log.
 TEST_WORKERS ?= 2

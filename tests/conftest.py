@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -97,17 +99,45 @@ def demo_run(tmp_path_factory):
     """One ``hf-precision demo --out DIR --json --device cpu`` in this process, shared by tests/test_main_job.py and
     README's `make demo` check (tests/test_readme.py): ``(result, printed text, measurements, DIR)``, ``result`` a
     ``readme_commands.Result`` (exit code, stdout, stderr). The demo is the suite's longest single command; run twice
-    it cost ~30 s more. ``--json`` only appends the measurements to what the demo prints: ``text`` is what it printed
-    before them. Read-only for the tests."""
+    it cost ~30 s more, and each xdist worker ran it once: now once per run (:func:`once_per_run`). ``--json`` only
+    appends the measurements to what the demo prints: ``text`` is what it printed before them. Read-only for the
+    tests."""
     import json
 
-    from readme_commands import run_in_process
+    from readme_commands import Result, run_in_process
 
-    out = tmp_path_factory.mktemp("demo") / "demo_output"
-    result = run_in_process(["hf-precision", "demo", "--out", str(out), "--json", "--device", "cpu"])
+    def run() -> tuple[Result, Path]:
+        out = tmp_path_factory.mktemp("demo") / "demo_output"
+        return run_in_process(["hf-precision", "demo", "--out", str(out), "--json", "--device", "cpu"]), out
+
+    found = once_per_run(tmp_path_factory, "demo_run", lambda: _saved_run(run()))
+    result, out = Result(found["code"], found["out"], found["err"]), Path(found["folder"])
     assert result.code == 0 and "Traceback" not in result.err, result.out[-3000:] + result.err[-3000:]
     split = result.out.rindex("\n{")  # what the demo printed, then the --json dump
     return result, result.out[:split], json.loads(result.out[split + 1:]), out
+
+
+def _saved_run(run: tuple[Any, Path]) -> dict[str, Any]:
+    result, folder = run
+    return {"code": result.code, "out": result.out, "err": result.err, "folder": str(folder)}
+
+
+def once_per_run(tmp_path_factory, name: str, make: Callable[[], Any]) -> Any:
+    """``make()`` (JSON-able) once per pytest run, shared by its xdist workers: the first worker to ask makes it
+    under a file lock in the run's own base folder, the others read what it saved (pytest-xdist's documented way to
+    run a session fixture once). Without xdist, each call makes it (the base folder's parent outlives the run)."""
+    import json
+
+    from filelock import FileLock
+
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return make()
+    root = tmp_path_factory.getbasetemp().parent  # this run's folder, above every worker's own
+    saved = root / f"{name}.json"
+    with FileLock(str(saved) + ".lock"):
+        if not saved.is_file():
+            saved.write_text(json.dumps(make()))
+        return json.loads(saved.read_text())
 
 
 def pytest_addoption(parser):
@@ -215,10 +245,22 @@ def probe_cpu(request, monkeypatch):
     set_probe(None)
 
 
+# The modules whose tests take the longest each (two-process training runs, a benchmark run, subprocess sweeps of
+# the CLI), first: under `make test`'s worksteal a worker runs its share from the front and the other steals from its
+# end, so these start early and the run ends on short tests that balance the workers; at the end of the collection
+# one of them left a worker idle for its whole length. Whole modules move, in file order, so module fixtures are still
+# built once.
+SLOW_MODULES = ("test_train_shard.py", "test_train_parallel.py", "test_video.py", "test_benchmark.py",
+                "test_command_sweep.py", "test_stderr_ours.py", "test_packaging.py", "test_kernel_guards.py")
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``gpu`` need CUDA: they are skipped (reported as skipped, never as passed) without it."""
+    """The modules of ``SLOW_MODULES`` run first (the rest in collection order). Tests marked ``gpu`` need CUDA:
+    they are skipped (reported as skipped, never as passed) without it."""
     import torch
 
+    first = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: first.get(item.path.name, len(first)))  # stable: file order kept otherwise
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device: run `pytest -m gpu` on a GPU machine")

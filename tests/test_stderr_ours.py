@@ -41,7 +41,9 @@ DRIVER = textwrap.dedent("""
 """)
 
 # The first command pays the imports of diffusers, transformers and every installed backend; a bad input must be
-# one line; a quanto storage makes diffusers warn of its deprecation while loading; a train plan casts on meta.
+# one line; a quanto storage makes diffusers warn of its deprecation while loading; a train plan casts on meta (on
+# the tiny folder: the same meta step as at SDXL's size, where its ladder of full-size steps took ~20 s of this test;
+# the README's `train --plan` commands run at full size in tests/test_readme.py).
 COMMANDS = [
     ("plan sdxl --device t4", 0),
     ("plan 42", 2),
@@ -51,7 +53,7 @@ COMMANDS = [
     ("check {folder} --device cpu --layout t4", 0),
     ("check {folder} --device cpu --set unet.storage=quanto-int8", 0),
     ("generate {folder} --prompt cat --device cpu --layout t4 --steps 1 --height 32 --width 32 --out {out}/c.png", 0),
-    ("train --plan --model sdxl --device t4 --max-memory 12GB", 0),
+    ("train --plan --model {folder} --device t4 --max-memory 12GB", 0),
 ]
 
 

@@ -253,3 +253,27 @@ def test_train_command_on_a_quantized_and_an_fp8_base(folders, tmp_path, capsys,
     record = json.loads((out / "training.json").read_text())
     assert torch.isfinite(torch.tensor(record["final_loss"])) and (out / "pytorch_lora_weights.safetensors").exists()
     assert "fp8 base: unet float8_e4m3fn (stored fp8, computed in float32" in record["plan"]
+
+
+def test_only_a_step_with_float8_weights_pays_the_fp8_copies_layer(monkeypatch):
+    """held_fp8_copies' dispatch layer sees every op of the meta step (~6% of it): a denoiser without float8 weights
+    has no copy to count and runs without it; a float8-stored one runs with it and counts its copies."""
+    import dataclasses
+
+    from hf_precision.memory import train_step
+    from hf_precision.runtime.patches import upcast_on_use
+
+    entered = []
+    real = train_step.held_fp8_copies
+    monkeypatch.setattr(train_step, "held_fp8_copies", lambda: entered.append(True) or real())
+    plain = train_step._tiny_unet()
+    train_step.make_trainable(plain, "lora", 2)
+    assert train_step.step_activations(plain, example_batch(plain, 1, side=8), "epsilon", False, torch.float32)[1] == 0
+    assert entered == []
+    stored = train_step._tiny_unet()
+    train_step.store_fp8(stored, dataclasses.replace(hp.get_recipe("sd15", device="cpu")["unet"],
+                                                     storage="float8_e4m3fn"))
+    train_step.make_trainable(stored, "lora", 2)
+    upcast_on_use(stored, torch.float32)
+    _, copies = train_step.step_activations(stored, example_batch(stored, 1, side=8), "epsilon", False, torch.float32)
+    assert entered == [True] and copies > 0

@@ -362,3 +362,22 @@ def test_bench_fsdp_bytes_are_the_docs():
     assert {"data parallel": measured["ddp"], "`--shard`": measured["shard"], "hand-written": measured["hand"]} == table
     ratios = re.findall(r"bytes held ([\d.]+)", proc.stdout)
     assert re.findall(r"bytes ([\d.]+)[;.]", docs[docs.index("Paired ratios: shard"):])[:2] == ratios, proc.stdout
+
+
+def test_per_rank_ladder_counts_each_one_process_step_once(saved_pipeline, monkeypatch):
+    """Data parallel and sharded at the same options share one one-process step (the meta forward + backward of the
+    whole denoiser, ~10 s for Flux): `train --plan --processes N --max-memory` asks both, and ran it twice. (Other
+    options are other steps: test_plan_chooses_checkpointing_or_smaller_batches_for_a_small_budget.)"""
+    from hf_precision.apps.train.plan import Options
+    from hf_precision.apps.train.shard_plan import predict_rank, training_model
+    from hf_precision.memory import train_step
+
+    steps = []
+    real = train_step.step_activations
+    monkeypatch.setattr(train_step, "step_activations", lambda *a, **k: steps.append(a[3]) or real(*a, **k))
+    folder = str(saved_pipeline("sd15"))
+    m = training_model(folder, "t4")
+    kwargs = dict(processes=2, rank=2, resolution=32, _cached_model=m)
+    ddp = predict_rank(folder, "t4", shard=False, options=Options(1, False, True), **kwargs)
+    fsdp = predict_rank(folder, "t4", shard=True, options=Options(1, False, True), **kwargs)
+    assert steps == [False] and fsdp.base is ddp.base

@@ -105,6 +105,10 @@ class PlannedModel:
     denoiser: str
     objective: str
     geometry: Any  # the latent factors, size rules and limits `train` checks (apps/train/data.py ModelGeometry)
+    # predict_training's results on this model by its arguments: the per-rank ladder asks the same one-process step
+    # for data parallel and for sharded (a meta forward + backward of the full denoiser, ~10 s for Flux), once is enough
+    predictions: dict[tuple[Any, ...], TrainingPrediction] = dataclasses.field(default_factory=dict, repr=False,
+                                                                              compare=False)
 
 
 def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
@@ -134,24 +138,34 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
                      frames: int = 0, options: Options, overrides: Any = None, _cached_model: PlannedModel | None = None
                      ) -> TrainingPrediction:
     """Predict the peak bytes of a training run of ``model`` on ``device`` (a preset such as ``t4`` needs no GPU).
+    A ``_cached_model`` keeps each result: asked again with the same arguments, it answers without a meta step.
 
     Example:
         >>> p = predict_training("sd15", "t4", rank=4, resolution=256, options=Options(1, False, True))
         >>> p.trainable_params > 0 and p.phases["train step"] > p.weights["unet"]
         True
     """
+    m = _cached_model or planned_model(model, device, overrides)
+    key = (method, rank, resolution, frames, options)
+    if key not in m.predictions:
+        m.predictions[key] = _predict(m, method, rank, resolution, frames, options)
+    return m.predictions[key]
+
+
+def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: int, options: Options
+             ) -> TrainingPrediction:
+    """predict_training on a planned model (its uncached body)."""
     import torch
 
     from ...dtypes import FLOAT8
     from ...memory.train_step import make_trainable, step_activations, store_fp8
     from ...recipe.quantize import is_quantized
     from ...training.denoiser_rows import example_batch
-    from .references import edits_images
-
-    m = _cached_model or planned_model(model, device, overrides)
-    den = m.plan.components[m.denoiser]
     from ...training.methods import method_of
     from ...training.quantized import refuse_untrainable
+    from .references import edits_images
+
+    den = m.plan.components[m.denoiser]
 
     # the training layer's one rule, as `train` without --plan applies it before loading
     refuse_untrainable(m.plan.recipe, {m.denoiser: method}, m.denoiser)
