@@ -461,6 +461,17 @@ class TrainData:
         return None if any(s.reference is None for s in refs) else \
             torch.stack([to_pixels(dataclasses.replace(s, path=s.reference)) for s in refs])
 
+    def reference_image(self, i: int) -> Any:
+        """Sample ``i``'s reference as a PIL image at its target's bucket (the pixels its reference latents come
+        from), for a pipeline that encodes the prompt with it; None when it has none."""
+        from PIL import Image
+
+        s = self.samples[i]
+        if s.reference is None:
+            return None
+        pixels = (to_pixels(dataclasses.replace(s, path=s.reference)) + 1.0) * 127.5
+        return Image.fromarray(pixels.round().clamp(0, 255).byte().permute(1, 2, 0).numpy())
+
 
 def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, frames: int | None = None,
               caption_ext: str = ".txt", caption_column: str = "text", caption: str | None = None,

@@ -76,18 +76,48 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     # an edit dataset's reference images: the layer appends their latents to the token sequence
     refs = {"reference_latents": torch.cat([f["reference_latents"] for f in found]).to(tp_device(tp))} \
         if all("reference_latents" in f for f in found) else {}
-    captions = data.captions(indices)
     cond = None
     if run.cache is not None and not _text_trained(tp):
-        texts = [run.cache.get("text", (c,)) for c in captions]
+        texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
         if all(f is not None for f in texts):
             cond = _from_cache(texts)
     if cond is None:
         with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
-            cond = dict(tp.encode_prompt(captions))
+            cond = _encode_text(run, indices)
     device = tp_device(tp)
     return {"latents": latents.to(device), **refs,
             **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
+
+
+def _prompt_image(run: Run, i: int) -> Any:
+    """Sample ``i``'s reference image where the pipeline encodes the prompt with it (Qwen-Image Edit: its __call__
+    passes the reference to encode_prompt), else None: the denoiser then sees the conditioning it gets at inference."""
+    return run.data.reference_image(i) if _prompt_image_used(run, i) else None
+
+
+def _text_key(run: Run, i: int) -> tuple[Any, ...]:
+    """What a sample's cached conditioning depends on: its caption, and its reference image (file and bucket) where
+    the prompt is encoded with it: one caption over two references is two conditionings."""
+    sample = run.data.samples[i]
+    if _prompt_image_used(run, i):
+        return (sample.caption, *sample_parts(sample)[-4:], sample.bucket)
+    return (sample.caption,)
+
+
+def _prompt_image_used(run: Run, i: int) -> bool:
+    from .references import prompt_reads_image
+
+    return run.data.samples[i].reference is not None and prompt_reads_image(run.tp.pipe)
+
+
+def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
+    """The conditioning of samples ``indices``: their captions in one call, or, where the prompt is encoded with
+    each sample's reference, one call per sample (QwenImageEditPlusPipeline reads a list of images as pictures of
+    every prompt, not one per prompt), joined as the cache joins them."""
+    if not any(_prompt_image_used(run, i) for i in indices):
+        return dict(run.tp.encode_prompt(run.data.captions(indices)))
+    return _from_cache([_cacheable(run.tp.encode_prompt([run.data.samples[i].caption], image=_prompt_image(run, i)))
+                        for i in indices])
 
 
 def _cacheable(cond: Any) -> dict[str, Any]:
@@ -162,10 +192,10 @@ def fill_cache(run: Run) -> None:
             parts = sample_parts(sample)
             if run.cache.get("latents", parts) is None:
                 run.cache.put("latents", parts, _sample_latents(run, i))
-            if text and run.cache.get("text", (sample.caption,)) is None:
+            if text and run.cache.get("text", _text_key(run, i)) is None:
                 with torch.no_grad():
-                    cond = tp.encode_prompt([sample.caption])
-                run.cache.put("text", (sample.caption,), _cacheable(cond))
+                    cond = _encode_text(run, [i])
+                run.cache.put("text", _text_key(run, i), _cacheable(cond))
     acc.wait_for_everyone()
     offload_encoders(run, "cpu", text)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 
-__all__ = ["find_references", "attach_references", "check_reference_family", "edits_images"]
+__all__ = ["find_references", "attach_references", "check_reference_family", "edits_images", "prompt_reads_image"]
 
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
@@ -206,3 +206,26 @@ def _reads_reference(pipeline: Any) -> bool:
     FluxImg2ImgPipeline, FluxInpaintPipeline, QwenImageImg2ImgPipeline, SDXL's), not a reference."""
     params = _call_params(pipeline)
     return "image_reference" in params or ("image" in params and "strength" not in params)
+
+
+def prompt_reads_image(pipeline: Any) -> bool:
+    """Whether a pipeline (class or instance) encodes its prompt together with an input image: its
+    ``encode_prompt`` takes ``image``. Qwen-Image Edit's vision-language text encoder reads the instruction beside
+    the reference (pipeline_qwenimage_edit.py ``encode_prompt(image=prompt_image, ...)`` in ``__call__``), so
+    training on an edit pair conditions on (caption, reference), not on the caption alone.
+
+    Example:
+        >>> import diffusers
+        >>> prompt_reads_image(diffusers.QwenImageEditPipeline), prompt_reads_image(diffusers.FluxKontextPipeline)
+        (True, False)
+    """
+    return "image" in _call_params_of(getattr(pipeline, "encode_prompt", None))
+
+
+def _call_params_of(function: Any) -> Any:
+    import inspect
+
+    try:
+        return inspect.signature(function).parameters if function is not None else {}
+    except (TypeError, ValueError):
+        return {}
