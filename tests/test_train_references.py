@@ -30,15 +30,16 @@ def _image(path: Path, seed: int, size=(32, 32)) -> Path:
     return path
 
 
-def _pairs(tmp_path: Path, n: int = 2, refs: bool = True) -> Path:
-    """A metadata.jsonl edit dataset: target i.png, instruction, reference src/i.png."""
+def _pairs(tmp_path: Path, n: int = 2, refs: bool = True, caption: str | None = None) -> Path:
+    """A metadata.jsonl edit dataset: target i.png, instruction (``caption``, else one per target), reference
+    src/i.png."""
     d = tmp_path / "data"
     lines = []
     for i in range(n):
         _image(d / f"{i}.png", i)
         if refs:
             _image(d / "src" / f"{i}.png", 100 + i)
-        lines.append(json.dumps({"file_name": f"{i}.png", "text": f"make it red {i}", "reference": f"src/{i}.png"}))
+        lines.append(json.dumps({"file_name": f"{i}.png", "text": caption or f"make it red {i}", "reference": f"src/{i}.png"}))
     (d / "metadata.jsonl").write_text("\n".join(lines) + "\n")
     return d
 
@@ -61,23 +62,62 @@ def _fails(capsys, model: Path, data: Path, out: Path, *extra: str) -> str:
     return err
 
 
-def test_kontext_trains_on_pairs_with_the_references_as_tokens(kontext, tmp_path, monkeypatch):
-    """2 steps on tiny Flux Kontext: each cache entry holds the target's and the reference's latents, and every
-    denoiser call gets the reference's packed tokens after the latents' (twice the tokens of the target alone)."""
-    from diffusers import FluxTransformer2DModel
-    from safetensors.torch import load_file
+@pytest.fixture(scope="module")
+def trained(kontext, tmp_path_factory) -> dict:
+    """One 2-step run on tiny Flux Kontext over two pairs of one caption, recording what the transformer, the
+    pipeline's encode_prompt and each step's batch saw. Kontext's encode_prompt takes no image; a stand-in with an
+    ``image`` parameter (shifting the embeddings by the image's mean, as a vision-language text encoder reads the
+    reference with the instruction: Qwen-Image Edit, whose Qwen2VLProcessor cannot be built here without
+    torchvision) shows what the program hands a pipeline that encodes the prompt with the reference."""
+    import torch
+    from diffusers import FluxKontextPipeline, FluxTransformer2DModel
 
-    seen = []
-    forward = FluxTransformer2DModel.forward
+    import hf_precision.apps.train.loop as loop
+
+    seen, calls, batches, checking = [], [], [], []
+    forward, original, encode = FluxTransformer2DModel.forward, FluxKontextPipeline.encode_prompt, loop._encode
 
     def spy(self, hidden_states=None, *args, **kwargs):
         seen.append((hidden_states.shape[1], kwargs["img_ids"].shape[0]))
         return forward(self, hidden_states, *args, **kwargs)
 
-    monkeypatch.setattr(FluxTransformer2DModel, "forward", spy)
-    out = tmp_path / "out"
-    assert main(["train", "--model", str(kontext), "--data", str(_pairs(tmp_path)), "--out", str(out), "--steps", "2",
-                 "--device", "cpu", "--quiet", "--lora-rank", "2"]) == 0
+    def encode_prompt(self, prompt, prompt_2=None, device=None, num_images_per_prompt=1, prompt_embeds=None,
+                      pooled_prompt_embeds=None, max_sequence_length=512, lora_scale=None, image=None):
+        embeds, pooled, ids = original(self, prompt, prompt_2, device, num_images_per_prompt, prompt_embeds,
+                                       pooled_prompt_embeds, max_sequence_length, lora_scale)
+        if not checking:
+            calls.append((list(prompt), image))
+        if image is not None:
+            embeds = embeds + float(np.asarray(image, dtype=np.float32).mean()) / 255.0
+        return embeds, pooled, ids
+
+    def batch_spy(run, indices):
+        batch = encode(run, indices)
+        checking.append(True)  # the pipeline's own encode_prompt of (caption, reference file), and --no-cache's
+        want = torch.cat([run.tp.pipe.encode_prompt([run.data.samples[i].caption], device="cpu",
+                                                    image=Image.open(run.data.samples[i].reference),
+                                                    max_sequence_length=batch["prompt_embeds"].shape[1])[0]
+                          for i in indices])
+        batches.extend([(batch["prompt_embeds"], want), (loop._encode_text(run, indices)["prompt_embeds"], want)])
+        checking.clear()
+        return batch
+
+    out, tmp = tmp_path_factory.mktemp("trained") / "out", tmp_path_factory.mktemp("pairs")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FluxTransformer2DModel, "forward", spy)
+        mp.setattr(FluxKontextPipeline, "encode_prompt", encode_prompt)
+        mp.setattr(loop, "_encode", batch_spy)
+        assert main(["train", "--model", str(kontext), "--data", str(_pairs(tmp, caption="make it red")), "--out",
+                     str(out), "--steps", "2", "--device", "cpu", "--quiet", "--lora-rank", "2"]) == 0
+    return {"out": out, "data": tmp / "data", "seen": seen, "calls": calls, "batches": batches}
+
+
+def test_kontext_trains_on_pairs_with_the_references_as_tokens(trained):
+    """2 steps on tiny Flux Kontext: each cache entry holds the target's and the reference's latents, and every
+    denoiser call gets the reference's packed tokens after the latents' (twice the tokens of the target alone)."""
+    from safetensors.torch import load_file
+
+    out, seen = trained["out"], trained["seen"]
     entries = [load_file(p) for p in (out / "cache" / "latents").glob("*.safetensors")]
     assert len(entries) == 2 and all(set(e) == {"latents", "reference_latents"} for e in entries)
     assert all(e["reference_latents"].shape == e["latents"].shape for e in entries)
@@ -85,6 +125,26 @@ def test_kontext_trains_on_pairs_with_the_references_as_tokens(kontext, tmp_path
     tokens = entries[0]["latents"].shape[-1] * entries[0]["latents"].shape[-2] // 4  # 2x2 latent patches
     assert seen and all(s == (2 * tokens, 2 * tokens) for s in seen), seen
     assert any(out.glob("*.safetensors"))
+
+
+def test_prompt_is_encoded_with_each_samples_reference_where_the_pipeline_takes_one(trained):
+    """Where encode_prompt takes an ``image`` (Qwen-Image Edit's __call__ passes it the reference), each caption is
+    encoded with its sample's reference, cached per (caption, reference): two pairs of one caption get two
+    conditionings, and a step's batch (cached, or encoded as --no-cache does) equals the pipeline's own
+    encode_prompt of (caption, reference)."""
+    import torch
+
+    refs = sorted((trained["data"] / "src").glob("*.png"))
+    images = [im for prompt, im in trained["calls"] if prompt == ["make it red"]]
+    assert len(images) == 2 and all(im is not None for im in images), images
+    assert sorted(np.asarray(im).tobytes() for im in images) == sorted(np.asarray(Image.open(r)).tobytes() for r in refs)
+    from safetensors.torch import load_file
+
+    texts = [load_file(p)["prompt_embeds"] for p in (trained["out"] / "cache" / "text").glob("*.safetensors")]
+    assert len(texts) == 2 and not torch.allclose(texts[0], texts[1])
+    assert trained["batches"]
+    for got, want in trained["batches"]:
+        assert torch.allclose(got.float(), want.float(), atol=1e-5)
 
 
 def torch_equal(a, b) -> bool:
