@@ -16,7 +16,7 @@ from typing import Any
 
 from ..outputs import written_atomically
 
-__all__ = ["EncodingCache", "entry_key", "tp_device", "offload_encoders"]
+__all__ = ["EncodingCache", "entry_key", "tp_device", "offload_encoders", "join_padded"]
 
 
 def entry_key(fingerprint: str, kind: str, *parts: Any) -> str:
@@ -102,3 +102,44 @@ def offload_encoders(run: Any, device: Any, text: bool = True) -> None:
         frozen = isinstance(module, torch.nn.Module) and not any(p.requires_grad for p in module.parameters())
         if frozen and (name == "vae" or (text and name.startswith("text_encoder"))):
             module.to(device)
+
+
+def join_padded(texts: list[Mapping[str, Any]], keys: list[str], masks: list[str]) -> dict[str, Any]:
+    """The tensors ``keys`` of captions encoded one at a time, as one batch. A caption alone is as long as its own
+    tokens where the pipeline keeps no padding (Qwen-Image's encode_prompt, whose all-ones mask of one prompt is
+    None): tensors of a key that differ on axis 1 are zero-padded to the longest and each of ``masks`` (the family's
+    attention-mask keys) is ones over each caption's tokens, zeros after, as the pipeline pads a batch of prompts.
+    A family with no mask to say where the padding is cannot be joined so: one error naming the fix.
+
+    Example:
+        >>> import torch
+        >>> b = join_padded([{"e": torch.ones(1, 2, 3)}, {"e": torch.ones(1, 4, 3)}], ["e"], ["m"])
+        >>> tuple(b["e"].shape), b["m"].tolist()
+        ((2, 4, 3), [[1, 1, 0, 0], [1, 1, 1, 1]])
+    """
+    import torch
+    from torch.nn.functional import pad
+
+    from ...errors import RecipeError
+
+    out: dict[str, Any] = {}
+    lengths: list[int] | None = None
+    for k in [k for k in keys if k not in masks] + [k for k in keys if k in masks]:
+        parts = [t[k] for t in texts]
+        if k in masks and lengths is not None:
+            continue  # rebuilt below over the padded length
+        long = max(p.shape[1] if p.dim() > 1 else 0 for p in parts)
+        if all(p.dim() > 1 and p.shape[1] == long for p in parts) or any(p.dim() < 2 for p in parts):
+            out[k] = torch.cat(parts)
+            continue
+        if not masks:
+            raise RecipeError(f"--batch-size: the captions of one batch encode to different lengths "
+                              f"({', '.join(str(p.shape[1]) for p in parts)} tokens of {k!r}) and the model's "
+                              f"conditioning has no attention mask to pad them under; use --batch-size 1")
+        lengths = lengths or [p.shape[1] for p in parts]
+        out[k] = torch.cat([pad(p, (0, 0) * (p.dim() - 2) + (0, long - p.shape[1])) for p in parts])
+    if lengths is not None:
+        for m in masks:
+            rows = [t[m].to(torch.long) if m in t else torch.ones(1, n, dtype=torch.long) for t, n in zip(texts, lengths)]
+            out[m] = torch.cat([pad(r, (0, max(lengths) - r.shape[1])) for r in rows])
+    return out

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...errors import RecipeError
 from ...units import format_seconds
-from .cache import offload_encoders, sample_parts, tp_device
+from .cache import join_padded, offload_encoders, sample_parts, tp_device
 from .checkpoint import check_resume, data_list, load_trainable, rng_state, set_rng_state, trainable_state
 from .data import epoch_batches
 from .prepare import Run, prepare_run
@@ -80,7 +80,7 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
         if all(f is not None for f in texts):
-            cond = _from_cache(texts)
+            cond = _from_cache(texts, _masks(run))
     if cond is None:
         with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
             cond = _encode_text(run, indices)
@@ -117,7 +117,15 @@ def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
     if not any(_prompt_image_used(run, i) for i in indices):
         return dict(run.tp.encode_prompt(run.data.captions(indices)))
     return _from_cache([_cacheable(run.tp.encode_prompt([run.data.samples[i].caption], image=_prompt_image(run, i)))
-                        for i in indices])
+                        for i in indices], _masks(run))
+
+
+def _masks(run: Run) -> tuple[str, ...]:
+    """The batch keys of the family's text attention masks (Qwen-Image: prompt_attention_mask)."""
+    from ...training.denoiser_rows import row_of
+
+    row = row_of(run.tp._denoiser())
+    return tuple(n for names in (row.encode, *(m for _, m in row.encode_more)) for n in names if n and "mask" in n)
 
 
 def _cacheable(cond: Any) -> dict[str, Any]:
@@ -132,19 +140,18 @@ def _cacheable(cond: Any) -> dict[str, Any]:
     return out
 
 
-def _from_cache(texts: list[dict[str, Any]]) -> dict[str, Any]:
+def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dict[str, Any]:
     """A batch's conditioning from its captions' cache entries (:func:`_cacheable`): tensors joined on the batch axis,
-    ``KEY.i`` items back into one list per key, in caption order."""
+    ``KEY.i`` items back into one list per key, in caption order; captions of other lengths padded under ``masks``
+    (:func:`~.cache.join_padded`)."""
     import re
-
-    import torch
 
     items: dict[str, list[Any]] = {}
     for entry in texts:
         for k in sorted((k for k in entry if re.fullmatch(r".+\.\d+", k)), key=lambda k: int(k.rsplit(".", 1)[1])):
             items.setdefault(k.rsplit(".", 1)[0], []).append(entry[k])
     plain = [k for k in texts[0] if not re.fullmatch(r".+\.\d+", k)]
-    return {**{k: torch.cat([f[k] for f in texts]) for k in plain}, **items}
+    return {**join_padded(texts, plain, list(masks)), **items}
 
 
 def _sample_latents(run: Run, i: int) -> dict[str, Any]:
