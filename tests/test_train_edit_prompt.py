@@ -18,8 +18,8 @@ def test_captions_of_different_lengths_join_as_the_pipelines_batch(tiny_pipes):
     captions = ["a cat", "a much longer caption about a dog on a red chair"]
     with torch.no_grad():
         embeds, mask = pipe.encode_prompt(captions, device="cpu")
-        entries = [_cacheable(dict(zip(("prompt_embeds", "prompt_attention_mask"), pipe.encode_prompt([c], device="cpu"))))
-                   for c in captions]
+        names = ("prompt_embeds", "prompt_attention_mask")
+        entries = [_cacheable(dict(zip(names, pipe.encode_prompt([c], device="cpu")))) for c in captions]
     assert mask is not None and entries[0]["prompt_embeds"].shape[1] < entries[1]["prompt_embeds"].shape[1]
     batch = _from_cache(entries, ("prompt_attention_mask",))
     assert torch.equal(batch["prompt_attention_mask"], mask.long())

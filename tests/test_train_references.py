@@ -39,7 +39,8 @@ def _pairs(tmp_path: Path, n: int = 2, refs: bool = True, caption: str | None = 
         _image(d / f"{i}.png", i)
         if refs:
             _image(d / "src" / f"{i}.png", 100 + i)
-        lines.append(json.dumps({"file_name": f"{i}.png", "text": caption or f"make it red {i}", "reference": f"src/{i}.png"}))
+        text = caption or f"make it red {i}"
+        lines.append(json.dumps({"file_name": f"{i}.png", "text": text, "reference": f"src/{i}.png"}))
     (d / "metadata.jsonl").write_text("\n".join(lines) + "\n")
     return d
 
@@ -137,7 +138,8 @@ def test_prompt_is_encoded_with_each_samples_reference_where_the_pipeline_takes_
     refs = sorted((trained["data"] / "src").glob("*.png"))
     images = [im for prompt, im in trained["calls"] if prompt == ["make it red"]]
     assert len(images) == 2 and all(im is not None for im in images), images
-    assert sorted(np.asarray(im).tobytes() for im in images) == sorted(np.asarray(Image.open(r)).tobytes() for r in refs)
+    files = sorted(np.asarray(Image.open(r)).tobytes() for r in refs)
+    assert sorted(np.asarray(im).tobytes() for im in images) == files
     from safetensors.torch import load_file
 
     texts = [load_file(p)["prompt_embeds"] for p in (trained["out"] / "cache" / "text").glob("*.safetensors")]

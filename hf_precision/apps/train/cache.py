@@ -140,6 +140,7 @@ def join_padded(texts: list[Mapping[str, Any]], keys: list[str], masks: list[str
         out[k] = torch.cat([pad(p, (0, 0) * (p.dim() - 2) + (0, long - p.shape[1])) for p in parts])
     if lengths is not None:
         for m in masks:
-            rows = [t[m].to(torch.long) if m in t else torch.ones(1, n, dtype=torch.long) for t, n in zip(texts, lengths)]
+            rows = [t[m].to(torch.long) if m in t else torch.ones(1, n, dtype=torch.long)
+                    for t, n in zip(texts, lengths)]
             out[m] = torch.cat([pad(r, (0, max(lengths) - r.shape[1])) for r in rows])
     return out
