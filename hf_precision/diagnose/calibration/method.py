@@ -237,6 +237,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
                 kwargs[key] = value
         if any(size) and "use_resolution_binning" in params:  # the size asked is the size run (PixArt's binning)
             kwargs["use_resolution_binning"] = False
+        kwargs.update(_fitted_to_area(params, size, kwargs.get("image")))
         frame_arg = next((k for k in ("num_frames", "video_length") if k in params), None)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
@@ -248,6 +249,32 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
     from ...runtime.progress import quiet_call
 
     return quiet_call(pipe, kwargs)
+
+
+def _fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
+    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2),
+    not to height x width, and resizes its input image to a ~1 MP training size unless ``_auto_resize=False``
+    (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so ``--height 32 --width 32`` ran at 1024 pixels; the
+    input image is given at the asked size instead, as `check`'s call does. Empty without a full size asked.
+
+    Example:
+        >>> from PIL import Image
+        >>> params = {"image": None, "max_area": None, "_auto_resize": None}
+        >>> kw = _fitted_to_area(params, (32, 48), Image.new("RGB", (640, 480)))
+        >>> kw["max_area"], kw["image"].size, kw["_auto_resize"]
+        (1536, (48, 32), False)
+        >>> _fitted_to_area(params, (None, None), None)
+        {}
+    """
+    from PIL import Image
+
+    height, width = size
+    if not (height and width) or "max_area" not in params:
+        return {}
+    kwargs: dict[str, Any] = {"max_area": height * width}
+    if "_auto_resize" in params and isinstance(image, Image.Image):
+        kwargs.update(image=image.resize((width, height)), _auto_resize=False)
+    return kwargs
 
 
 class _Runs:
