@@ -204,3 +204,20 @@ def test_calibrate_runs_flux_kontext_at_the_asked_size():
     assert (kwargs["height"], kwargs["width"], kwargs["max_area"]) == (32, 48, 32 * 48)
     assert kwargs["image"].size == (48, 32) and kwargs["_auto_resize"] is False
     assert "max_area" not in _call_kwargs(Kontext(), None, None, Image.new("RGB", (64, 64)), 2, (None, None))
+
+
+def test_calibrate_refuses_steps_that_leave_an_img2img_call_no_step():
+    """SDXL img2img (the refiner) runs the last int(steps x strength 0.3) steps: the sweep's --steps 2 ran none and
+    failed inside the VAE on an empty batch (a traceback); refused in one line with the steps that run."""
+    from PIL import Image
+
+    from hf_precision.diagnose.calibration.method import _call_kwargs
+    from hf_precision.errors import RecipeError
+
+    class Refiner:  # what _call_kwargs reads of a pipeline: its __call__ signature (diffusers' defaults)
+        def __call__(self, prompt=None, image=None, strength=0.3, num_inference_steps=50):
+            pass
+
+    with pytest.raises(RecipeError, match=r"--steps 2: Refiner denoises .* = 0 steps .*use --steps 4 or more"):
+        _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 2, (None, None))
+    assert _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 4, (None, None))["num_inference_steps"] == 4

@@ -244,11 +244,40 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         kwargs.update({k: v for k, v in (options or {}).items() if k in params})
     if steps is not None:
         kwargs["num_inference_steps"] = steps
+    problem = _strength_problem(pipe, params, kwargs)
+    if problem:
+        raise RecipeError(problem)
     if "output_type" in params:
         kwargs.setdefault("output_type", "np")
     from ...runtime.progress import quiet_call
 
     return quiet_call(pipe, kwargs)
+
+
+def _strength_problem(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Why an image-to-image call denoises no step at all, with the fix, or None: it runs the last int(steps x
+    strength) of its steps (diffusers 0.42.1 pipeline_stable_diffusion_xl_img2img.py ``get_timesteps``), so SDXL
+    img2img's default strength 0.3 at 2 steps runs none and fails inside the VAE on an empty batch.
+
+    Example:
+        >>> import inspect
+        >>> class Refiner:
+        ...     def __call__(self, image=None, num_inference_steps=50, strength=0.3):
+        ...         pass
+        >>> params = inspect.signature(Refiner.__call__).parameters
+        >>> _strength_problem(Refiner(), params, {"num_inference_steps": 2})[:60]
+        '--steps 2: Refiner denoises int(steps x strength 0.3) = 0 st'
+        >>> _strength_problem(Refiner(), params, {"num_inference_steps": 4}) is None
+        True
+    """
+    strength = kwargs.get("strength", params["strength"].default if "strength" in params else None)
+    steps = kwargs.get("num_inference_steps")
+    if not isinstance(strength, (int, float)) or not isinstance(steps, int) or strength <= 0 or int(steps * strength) >= 1:
+        return None
+    enough = next((n for n in range(steps + 1, steps + 10_000) if int(n * strength) >= 1), None)
+    return (f"--steps {steps}: {type(pipe).__name__} denoises int(steps x strength {strength:g}) = "
+            f"{int(steps * strength)} steps (it starts from the input image that far along); use --steps {enough} "
+            f"or more, or call={{'strength': ...}} in Python")
 
 
 def _fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
