@@ -4,6 +4,10 @@ For each family of ``hf_precision.testing.PIPELINES`` the tiny pipeline is saved
 and the commands ``plan``, ``show``, ``check``, ``calibrate``, ``generate`` (image families) or ``video`` (video
 families), ``train --plan`` and a 2-step ``train`` run on it, on this CPU's own layout and on ``--layout t4``; ``check-nf4`` is
 ``check`` with the first transformers text encoder stored in nf4. The training data are tiny photos (image families) or GIF clips (video families) with captions.
+A pipeline whose call needs an input image (``needed_inputs``: SVD, I2VGenXL, Wan/LTX/CogVideoX/HunyuanVideo I2V,
+Flux Kontext, SD img2img, ControlNet, ...) gets a generated 32-pixel picture as ``--image`` in the commands that
+take one (``calibrate``, ``video``; ``generate`` has no such option), except one run per command kept without it
+to show the refusal (:data:`WITHOUT_IMAGE`). No command takes a mask: inpainting stays refused.
 
 A run passes when it exits 0 and its stderr holds only our lines (``hf-precision ...``) and progress bars. A run
 that exits 2 with exactly one line ``hf-precision CMD: error: ...`` is a clean refusal (REFUSED). Anything else is a
@@ -47,6 +51,11 @@ FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo) and 8k+1 (LTX): the fewest mos
 SIDE = 32
 # a run past what a family's configs allow, asked on purpose: the command refuses it in one line before loading
 PAST_LIMITS = {("animatediff", "run"): "--frames 9"}
+# the commands with an --image option (calibrate; run: video's, generate has none): an image-to-image/video pipeline
+# gets the sweep's picture, as a user runs it; one family per command is run without it on purpose, to show that
+# refusal (its message names --image)
+TAKES_IMAGE = {"calibrate": ("image", "video"), "run": ("video",)}
+WITHOUT_IMAGE = {("svd", "calibrate"), ("wan_i2v", "run")}
 
 
 def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
@@ -85,7 +94,8 @@ def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
 
 
 def make_data(root: Path) -> dict[str, Path]:
-    """Two 32-pixel photos and two 9-frame 32-pixel GIF clips, each with a caption file."""
+    """Two 32-pixel photos and two 9-frame 32-pixel GIF clips, each with a caption file; the input picture of the
+    image-to-image/video pipelines (a colour gradient, :data:`SIDE` pixels)."""
     import numpy as np
     from PIL import Image
 
@@ -98,7 +108,9 @@ def make_data(root: Path) -> dict[str, Path]:
         shots = [Image.fromarray(np.full((32, 32, 3), 20 * f + 10 * i, np.uint8)) for f in range(FRAMES)]
         shots[0].save(clips / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
         (clips / f"c{i}.txt").write_text("a clip")
-    return {"image": images, "video": clips}
+    y, x = np.mgrid[0:SIDE, 0:SIDE] * (255 // SIDE)
+    Image.fromarray(np.stack([x, y, 255 - x], axis=-1).astype(np.uint8)).save(root / "input.png")
+    return {"image": images, "video": clips, "input": root / "input.png"}
 
 
 def save_family(kind: str, root: Path) -> tuple[Path, str]:
@@ -134,11 +146,34 @@ def video_size(folder: Path) -> tuple[int, int, int]:
     return spec.within(height=SIDE, width=SIDE, frames=FRAMES)
 
 
-def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path) -> dict[str, str]:
-    """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout)."""
+def image_input(folder: Path, video: bool) -> tuple[bool, bool]:
+    """(whether ``calibrate``/``video`` get ``--image``, whether ``video`` gets a prompt) for a saved pipeline, from
+    what the commands read of its call: an image it cannot go without (``needed_inputs``; calibrate takes no other
+    input, so a pipeline that also needs a mask or a clip stays refused) and, for a video model, whether the call
+    takes a prompt at all (SVD takes none; ``video`` refuses --prompt for it)."""
+    from hf_precision.apps.video.spec import model_spec
+    from hf_precision.diagnose.call import needed_inputs
+    from hf_precision.errors import RecipeError
+
+    image = needed_inputs(folder)[1] == ["image"]
+    if not video:
+        return image, True
+    try:
+        spec = model_spec(str(folder))[1]
+    except RecipeError:  # not a video pipeline by its signature: the command names why
+        return image, True
+    image = spec.takes_image and not spec.image_optional and not spec.input_clips and not spec.other_inputs
+    return image, spec.takes_prompt or not image
+
+
+def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path,
+                  picture: Path | None = None) -> dict[str, str]:
+    """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout);
+    ``picture``: the input image given to the commands that take one, where the pipeline's call needs it."""
     from hf_precision.testing import PIPELINES
 
     video = "video" in PIPELINES[kind].tags
+    needs_image, prompted = image_input(folder, video) if picture is not None else (False, True)
     lay = "" if layout == "cpu" else f" --layout {layout}"
     run = f"--device cpu{lay}"
     height, width, count = video_size(folder) if video else (SIDE, SIDE, 1)
@@ -152,13 +187,16 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
         "check": f"check {folder} {run}",
         "check-nf4": f"check {folder} {run} --set {_text_encoder(folder)}.storage=nf4" if _text_encoder(folder) else None,
         "calibrate": f"calibrate {folder} {run} {size}{frames} --steps 2 --no-progress --out {out / tag}-islands.yaml",
-        "run": (f"video --model {folder} --prompt 'a cat' {size}{frames} --steps 2 {run} --quiet "
+        "run": (f"video --model {folder}{' --prompt ' + repr('a cat') if prompted else ''} {size}{frames} --steps 2 {run} --quiet "
                 f"--out {out / tag}.gif" if video else
                 f"generate {folder} --prompt 'a cat' {size} --steps 2 {run} --out {out / tag}.png"),
         "train-plan": f"train --plan --model {folder} --data {data} --out {out / tag}-plan {resolution}{frames} {run}",
         "train": (f"train --model {folder} --data {data} --out {out / tag}-lora {resolution}{frames} --steps 2 "
                   f"--checkpoint-every 1000 {run} --quiet"),
     }
+    for name, kinds in TAKES_IMAGE.items() if needs_image else ():
+        if ("video" if video else "image") in kinds and (kind, name) not in WITHOUT_IMAGE:
+            lines[name] = f"{lines[name]} --image {picture}"
     for (family, name), past in PAST_LIMITS.items():
         if family == kind:
             lines[name] = f"{lines[name]} {past}"  # argparse: the last --frames wins
@@ -182,7 +220,8 @@ def sweep(families: list[str], commands: list[str], layouts: list[str], root: Pa
         for old in (root / "out").glob(f"{kind}-*"):  # a --workdir used before: train refuses an --out that exists
             shutil.rmtree(old) if old.is_dir() else old.unlink()
         for layout in layouts:
-            lines = command_lines(kind, folder, cls, data["video" if video else "image"], layout, root / "out")
+            lines = command_lines(kind, folder, cls, data["video" if video else "image"], layout, root / "out",
+                                  data["input"])
             for name in commands:
                 if lines[name] is None:  # check-nf4 without a transformers text encoder
                     continue

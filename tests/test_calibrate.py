@@ -185,3 +185,39 @@ def test_session_hands_back_what_a_run_that_raised_changed():
     assert all(torch.equal(after[k], v) and after[k].dtype == v.dtype and after[k].data_ptr() == ptr
                for k, (v, ptr) in before.items())
     assert vae.config.force_upcast is True and not hasattr(pipe, "_progress_bar_config")
+
+
+def test_calibrate_runs_flux_kontext_at_the_asked_size():
+    """Flux Kontext fits its output to max_area (1024**2) and its input image to a ~1 MP training size, whatever
+    --height/--width say: the sweep's 32-pixel Kontext calibrate encoded a 1024-pixel image (tens of minutes on a
+    CPU). The asked size is the size run, output and input image."""
+    from PIL import Image
+
+    from hf_precision.diagnose.calibration.method import _call_kwargs
+
+    class Kontext:  # what _call_kwargs reads of a pipeline: its __call__ signature (diffusers' defaults)
+        def __call__(self, image=None, prompt=None, height=None, width=None, num_inference_steps=28,
+                     max_area=1024 ** 2, _auto_resize=True):
+            pass
+
+    kwargs = _call_kwargs(Kontext(), None, None, Image.new("RGB", (640, 480)), 2, (32, 48))
+    assert (kwargs["height"], kwargs["width"], kwargs["max_area"]) == (32, 48, 32 * 48)
+    assert kwargs["image"].size == (48, 32) and kwargs["_auto_resize"] is False
+    assert "max_area" not in _call_kwargs(Kontext(), None, None, Image.new("RGB", (64, 64)), 2, (None, None))
+
+
+def test_calibrate_refuses_steps_that_leave_an_img2img_call_no_step():
+    """SDXL img2img (the refiner) runs the last int(steps x strength 0.3) steps: the sweep's --steps 2 ran none and
+    failed inside the VAE on an empty batch (a traceback); refused in one line with the steps that run."""
+    from PIL import Image
+
+    from hf_precision.diagnose.calibration.method import _call_kwargs
+    from hf_precision.errors import RecipeError
+
+    class Refiner:  # what _call_kwargs reads of a pipeline: its __call__ signature (diffusers' defaults)
+        def __call__(self, prompt=None, image=None, strength=0.3, num_inference_steps=50):
+            pass
+
+    with pytest.raises(RecipeError, match=r"--steps 2: Refiner denoises .* = 0 steps .*use --steps 4 or more"):
+        _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 2, (None, None))
+    assert _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 4, (None, None))["num_inference_steps"] == 4

@@ -303,12 +303,13 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     """
     import torch
 
-    from ..runtime.patches import ftfy_stand_in, tile_where_required
+    from ..runtime.patches import ftfy_stand_in, text_model_alias, tile_where_required
 
     # a pipeline without a recipe too (apply_recipe does both): Wan VACE's prompt, Allegro's VAE need them
     ftfy_stand_in(pipe)
     for module in pipeline_modules(pipe).values():
         tile_where_required(module)
+        text_model_alias(module)  # I2VGenXL's clip_skip reads text_encoder.text_model (transformers 5 has none)
     try:
         params = inspect.signature(pipe.__call__).parameters
     except (TypeError, ValueError):

@@ -270,6 +270,9 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
         _apply_component(applied, plan, module, plan.device, strict)
     applied.actions += [f"{name}: tiling on ({type(module).__name__} encodes and decodes only tiled)"
                         for name, module in comps.items() if patches.tile_where_required(module)]
+    applied.actions += [f"{name}: text_model names the encoder itself ({type(module).__name__} has no text_model "
+                        f"wrapper in this transformers; diffusers reads it for clip_skip)"
+                        for name, module in comps.items() if patches.text_model_alias(module)]
     if "" not in comps:
         applied.actions += [f"ftfy is not installed: {m} cleans prompts without it, as WanPipeline does"
                             for m in patches.ftfy_stand_in(pipe)]

@@ -2,7 +2,8 @@
 file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
 weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place), and
 a stand-in for ftfy where a pipeline module calls it uninstalled (:func:`ftfy_stand_in`), tiling where a VAE
-runs only tiled (:func:`tile_where_required`). Everything else ``apply_recipe`` does is casts and hooks.
+runs only tiled (:func:`tile_where_required`), the inner ``text_model`` a flattened CLIP text encoder no longer has
+(:func:`text_model_alias`). Everything else ``apply_recipe`` does is casts and hooks.
 
 Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
 """
@@ -18,7 +19,7 @@ import torch
 
 __all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
            "upcast_on_use", "upcasts_on_use", "processor_calling", "ftfy_stand_in",
-           "tile_where_required"]
+           "tile_where_required", "text_model_alias"]
 
 
 # set on a module whose shipped force_upcast=True was patched off, so that recipes re-applied later still see it
@@ -393,3 +394,37 @@ def _runs_only_tiled(cls: type) -> bool:
         if "NotImplementedError" in source and "without tiling" in source:
             return True
     return False
+
+
+# the children of the text transformer that CLIP text encoders used to wrap as ``.text_model``
+_TEXT_TRANSFORMER = ("embeddings", "encoder", "final_layer_norm")
+
+
+def text_model_alias(module: Any) -> bool:
+    """Let ``module.text_model`` name ``module`` itself where a CLIP text encoder holds its text transformer's
+    layers directly; returns whether it did.
+
+    transformers 5 flattened CLIPTextModel (its embeddings, encoder and final_layer_norm are its own children; the
+    ``text_model`` wrapper is gone; CLIPTextModelWithProjection keeps it), but diffusers still reads
+    ``text_encoder.text_model.final_layer_norm`` for ``clip_skip`` (diffusers 0.42.1 pipeline_i2vgen_xl.py:248,
+    where the call's default ``clip_skip=1`` takes that path on every prompt; the SD and AnimateDiff pipelines
+    take it when given ``clip_skip``). The alias is the module the wrapper held, so the layer norm is the same
+    weights; it is set outside ``_modules`` (no child, no state-dict key, no cycle). Nothing changes where the
+    module has ``text_model`` or lacks those layers.
+
+    Example:
+        >>> from transformers import CLIPTextConfig, CLIPTextModel
+        >>> encoder = CLIPTextModel(CLIPTextConfig(hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+        ...                                        num_attention_heads=2, vocab_size=50, eos_token_id=2))
+        >>> text_model_alias(encoder), encoder.text_model.final_layer_norm is encoder.final_layer_norm
+        (True, True)
+        >>> text_model_alias(encoder), "text_model" in dict(encoder.named_children())
+        (False, False)
+    """
+    if not isinstance(module, torch.nn.Module) or hasattr(module, "text_model"):
+        return False
+    children = dict(module.named_children())
+    if not all(name in children for name in _TEXT_TRANSFORMER):
+        return False
+    object.__setattr__(module, "text_model", module)  # not nn.Module.__setattr__: no child module, no cycle
+    return True

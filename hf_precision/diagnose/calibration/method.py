@@ -237,17 +237,73 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
                 kwargs[key] = value
         if any(size) and "use_resolution_binning" in params:  # the size asked is the size run (PixArt's binning)
             kwargs["use_resolution_binning"] = False
+        kwargs.update(_fitted_to_area(params, size, kwargs.get("image")))
         frame_arg = next((k for k in ("num_frames", "video_length") if k in params), None)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
         kwargs.update({k: v for k, v in (options or {}).items() if k in params})
     if steps is not None:
         kwargs["num_inference_steps"] = steps
+    problem = _strength_problem(pipe, params, kwargs)
+    if problem:
+        raise RecipeError(problem)
     if "output_type" in params:
         kwargs.setdefault("output_type", "np")
     from ...runtime.progress import quiet_call
 
     return quiet_call(pipe, kwargs)
+
+
+def _strength_problem(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> str | None:
+    """Why an image-to-image call denoises no step at all, with the fix, or None: it runs the last int(steps x
+    strength) of its steps (diffusers 0.42.1 pipeline_stable_diffusion_xl_img2img.py ``get_timesteps``), so SDXL
+    img2img's default strength 0.3 at 2 steps runs none and fails inside the VAE on an empty batch.
+
+    Example:
+        >>> import inspect
+        >>> class Refiner:
+        ...     def __call__(self, image=None, num_inference_steps=50, strength=0.3):
+        ...         pass
+        >>> params = inspect.signature(Refiner.__call__).parameters
+        >>> _strength_problem(Refiner(), params, {"num_inference_steps": 2})[:60]
+        '--steps 2: Refiner denoises int(steps x strength 0.3) = 0 st'
+        >>> _strength_problem(Refiner(), params, {"num_inference_steps": 4}) is None
+        True
+    """
+    strength = kwargs.get("strength", params["strength"].default if "strength" in params else None)
+    steps = kwargs.get("num_inference_steps")
+    if not isinstance(strength, (int, float)) or not isinstance(steps, int) or strength <= 0 or int(steps * strength) >= 1:
+        return None
+    enough = next((n for n in range(steps + 1, steps + 10_000) if int(n * strength) >= 1), None)
+    return (f"--steps {steps}: {type(pipe).__name__} denoises int(steps x strength {strength:g}) = "
+            f"{int(steps * strength)} steps (it starts from the input image that far along); use --steps {enough} "
+            f"or more, or call={{'strength': ...}} in Python")
+
+
+def _fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
+    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2),
+    not to height x width, and resizes its input image to a ~1 MP training size unless ``_auto_resize=False``
+    (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so ``--height 32 --width 32`` ran at 1024 pixels; the
+    input image is given at the asked size instead, as `check`'s call does. Empty without a full size asked.
+
+    Example:
+        >>> from PIL import Image
+        >>> params = {"image": None, "max_area": None, "_auto_resize": None}
+        >>> kw = _fitted_to_area(params, (32, 48), Image.new("RGB", (640, 480)))
+        >>> kw["max_area"], kw["image"].size, kw["_auto_resize"]
+        (1536, (48, 32), False)
+        >>> _fitted_to_area(params, (None, None), None)
+        {}
+    """
+    from PIL import Image
+
+    height, width = size
+    if not (height and width) or "max_area" not in params:
+        return {}
+    kwargs: dict[str, Any] = {"max_area": height * width}
+    if "_auto_resize" in params and isinstance(image, Image.Image):
+        kwargs.update(image=image.resize((width, height)), _auto_resize=False)
+    return kwargs
 
 
 class _Runs:
