@@ -422,7 +422,7 @@ def _tiny_of(recipe: str):
 
 def test_the_video_recipes_are_the_video_families():
     assert VIDEO_RECIPES == ["allegro", "cogvideox", "hunyuan_video", "hunyuan_video15", "latte", "ltx", "mochi",
-                             "skyreels_v2", "svd", "wan"]
+                             "sana_video", "skyreels_v2", "svd", "wan"]
 
 
 @pytest.mark.parametrize("name", VIDEO_RECIPES)
