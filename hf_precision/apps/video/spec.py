@@ -218,8 +218,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     block: ``recipe`` (a shipped name or a user's YAML file), else the one ``load_pipeline`` chooses for the class.
 
     Raises:
-        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no ``num_frames``, or
-            ``video_length`` as Latte's does).
+        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no frame count: no
+            ``num_frames``, ``video_length`` as Latte's, nor ``frames`` as Sana-Video's).
 
     Example:
         >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
