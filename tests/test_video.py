@@ -348,5 +348,5 @@ def test_a_pipeline_that_names_its_frame_count_frames_runs_at_the_size_asked(tin
     spec = spec_of(pipe)
     assert spec.frames_arg == "frames" and spec.extra["use_resolution_binning"] is False
     assert [p.split(":")[0] for p in spec.check(height=16, width=32, frames=5)] == ["--height 16"]
-    clip = generate_clip(pipe, spec, prompt="a cat", height=32, width=32, frames=5, steps=2, seed=0)
-    assert clip.frames.shape == (5, 32, 32, 3) and np.isfinite(clip.frames).all()
+    clip = generate_clip(pipe, spec, prompt="a cat", height=32, width=32, frames=1, steps=1, seed=0)
+    assert clip.frames.shape == (1, 32, 32, 3) and np.isfinite(clip.frames).all()
