@@ -113,7 +113,12 @@ def test_a_user_dtype_dict_is_honoured_where_plain_diffusers_fails(name, folder)
     assert_finite(_run(name, pipe))
 
 
-@pytest.mark.parametrize("name", MAIN)
+# Families with no fp16 layout: without bf16 their transformer computes fp32 (tests/test_resolve.py checks the plan).
+# Sana-Video's attention normalizer overflows fp16 (recipes/components/sana_video.yaml).
+NO_FP16 = ("sana_video",)
+
+
+@pytest.mark.parametrize("name", [n for n in MAIN if n not in NO_FP16])
 def test_planted_fp16_overflow_needs_the_recipes_fp32_islands(name):
     """All-fp16 overflows in the timestep MLP (inf/NaN frames); the recipe's own T4 layout (no override) computes the
     transformer in fp16, keeps that MLP fp32 and stays finite."""

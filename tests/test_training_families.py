@@ -66,6 +66,8 @@ ENCODE_FEEDS = {
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
                         2: ("encoder_hidden_states_2",), 3: ("encoder_attention_mask_2",)},
     "skyreels_v2": {0: ("encoder_hidden_states",)},
+    "sana_video": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
+    "chronoedit": {0: ("encoder_hidden_states",)},
     "flux2_dev": {0: ("encoder_hidden_states",)},
     # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
     "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},

@@ -332,3 +332,21 @@ def test_a_pipeline_without_step_callbacks_runs_and_counts_its_steps(tiny_pipe):
     assert clip.frames.shape == (5, 16, 16, 3) and np.isfinite(clip.frames).all()
     assert clip.seconds_per_step > 0 and "step" not in vars(pipe.scheduler)
     assert pipe.guider.guidance_scale == 3.0  # its guider's scale: the call takes none
+
+
+def test_a_pipeline_that_names_its_frame_count_frames_runs_at_the_size_asked(tiny_pipe):
+    """Sana-Video's __call__ takes the frame count as `frames` (pipeline_sana_video.py:725): video refused it as no
+    video pipeline ('takes no num_frames or video_length'). Its resolution binning raised 'Invalid sample size' for a
+    transformer without a bin table and would swap the size for a table's: video asks the size it checked. Its
+    check_inputs takes multiples of 32 only, which the recipe's video block says before any load."""
+    from hf_precision import apply_recipe, get_recipe
+    from hf_precision.apps.video.run import generate_clip
+    from hf_precision.apps.video.spec import spec_of
+
+    pipe = tiny_pipe("sana_video")
+    apply_recipe(pipe, get_recipe("sana_video", device="cpu"), device="cpu")
+    spec = spec_of(pipe)
+    assert spec.frames_arg == "frames" and spec.extra["use_resolution_binning"] is False
+    assert [p.split(":")[0] for p in spec.check(height=16, width=32, frames=5)] == ["--height 16"]
+    clip = generate_clip(pipe, spec, prompt="a cat", height=32, width=32, frames=1, steps=1, seed=0)
+    assert clip.frames.shape == (1, 32, 32, 3) and np.isfinite(clip.frames).all()

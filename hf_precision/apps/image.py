@@ -37,7 +37,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     """
     import torch
 
-    from ..diagnose.call import needed_inputs, steps_problem
+    from ..diagnose.call import frames_argument, needed_inputs, steps_problem
     from ..runtime.load import load_pipeline
     from ..runtime.progress import quiet_call
 
@@ -78,7 +78,7 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     params = __import__("inspect").signature(pipe.__call__).parameters
     if "prompt" not in params:  # the fix: the video command for a video pipeline (SVD), else the call's own inputs
         takes = [k for k, p in params.items() if p.default is p.empty and k != "self"] or ["..."]
-        fix = ("use `hf-precision video`" if "num_frames" in params else
+        fix = ("use `hf-precision video`" if frames_argument(params) else
                f"call it in Python (pipe = hp.load_pipeline({str(model)!r}, device); pipe({takes[0]}=...)) or run "
                f"`hf-precision check {model}`")
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); {fix}")

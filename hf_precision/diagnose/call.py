@@ -12,7 +12,27 @@ from ..errors import RecipeError
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs"]
+__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
+           "frames_argument"]
+
+# The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
+# (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
+# that spells it differently is not taken for an image pipeline.
+FRAME_ARGS = ("num_frames", "video_length", "frames")
+
+
+def frames_argument(params: Any) -> str | None:
+    """The argument of a pipeline's ``__call__`` (``params``: its parameter names) that takes the frame count, or
+    ``None`` for a pipeline that takes none (an image pipeline, or video-to-video whose frames come from its clip).
+
+    Example:
+        >>> frames_argument(["prompt", "num_frames"]), frames_argument({"video_length": 16}), frames_argument(["prompt"])
+        ('num_frames', 'video_length', None)
+        >>> import inspect, diffusers
+        >>> frames_argument(inspect.signature(diffusers.SanaVideoPipeline.__call__).parameters)
+        'frames'
+    """
+    return next((a for a in FRAME_ARGS if a in params), None)
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -265,7 +285,8 @@ def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any
     """What a video pipeline needs beside the prompt: few frames, an input clip (video-to-video, VACE: ``video`` and
     ``mask``; AnimateDiff ControlNet: ``conditioning_frames``; Wan Animate: ``pose_video`` and ``face_video``, one
     segment of them), and the size a learned position table fixes."""
-    frames_arg = next((a for a in ("num_frames", "video_length", "segment_frame_length") if a in params), None)
+    # Wan Animate: the frames of one segment
+    frames_arg = frames_argument(params) or ("segment_frame_length" if "segment_frame_length" in params else None)
     # an input clip: video-to-video's, ControlNet's, and any clip the call cannot go without (Wan Animate's pose and
     # face videos)
     clip_args = [a for a, p in params.items() if a in ("video", "conditioning_frames")

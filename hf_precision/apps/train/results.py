@@ -16,6 +16,7 @@ recorded beside them. Only the main process writes; every file is written atomic
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from ...diagnose.call import frames_argument
 from ...training.methods import method_of
 from ..outputs import written_atomically
 
@@ -71,9 +73,10 @@ def validate(run: Any, step: int) -> Path | None:
     offload_encoders(run, run.accelerator.device if run.accelerator.device.type != "cpu" else "cpu")
     kwargs: dict[str, Any] = {"num_inference_steps": s.validation_inference_steps, "height": s.resolution,
                               "width": s.resolution, "output_type": "np"}
-    if run.data.frames:
-        kwargs["num_frames"] = run.data.frames
     with torch.random.fork_rng(devices=[]), run.tp.sampling() as pipe:
+        frames_arg = frames_argument(inspect.signature(pipe.__call__).parameters)
+        if run.data.frames and frames_arg:  # Sana-Video's call names it `frames`
+            kwargs[frames_arg] = run.data.frames
         generator = torch.Generator("cpu").manual_seed(s.seed)
         out = pipe(s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)

@@ -218,8 +218,8 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     block: ``recipe`` (a shipped name or a user's YAML file), else the one ``load_pipeline`` chooses for the class.
 
     Raises:
-        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no ``num_frames``, or
-            ``video_length`` as Latte's does).
+        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no frame count: no
+            ``num_frames``, ``video_length`` as Latte's, nor ``frames`` as Sana-Video's).
 
     Example:
         >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
@@ -232,15 +232,15 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
 
     cls = getattr(diffusers, pipeline, None)
     params = inspect.signature(cls.__call__).parameters if cls is not None else {}
-    from ...diagnose.call import call_inputs
+    from ...diagnose.call import FRAME_ARGS, call_inputs, frames_argument
 
-    frames_arg = next((a for a in ("num_frames", "video_length") if a in params), None)  # Latte: video_length
+    frames_arg = frames_argument(params)  # Latte: video_length; Sana-Video: frames
     # video-to-video: the frames come from the input clips
     needed = call_inputs(cls)
     clips = tuple(a for a in needed if a == "video" or a.endswith("_video"))
     if frames_arg is None and not clips:
         raise RecipeError(f"model_index.json names {pipeline}, which is not a diffusers video pipeline (its __call__ "
-                          f"takes no num_frames or video_length); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
+                          f"takes none of {', '.join(FRAME_ARGS)}); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
                           f"or Stable Video Diffusion")
     chosen = recipe or pipeline_recipe(pipeline, index)
     row = video_row(chosen)
@@ -252,6 +252,11 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     extra: dict[str, Any] = {}
     if row.text_length_key and den.get(row.text_length_key):
         extra["max_sequence_length"] = int(den[row.text_length_key])  # the pos-embedding length it was built for
+    if "use_resolution_binning" in params:
+        # the size asked is the size made, as generate's: Sana-Video's binning swaps it for its table's nearest
+        # (pipeline_sana_video.py:850-856), past the checks made here, and raises for a transformer whose
+        # sample_size has no table (anything but 30 or 22)
+        extra["use_resolution_binning"] = False
     defaults = dict(row.defaults)
     if row.frames_key:
         defaults["frames"] = int(den.get(row.frames_key) or _init_default(index.get(denoiser), row.frames_key))

@@ -17,6 +17,7 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
+from ..call import frames_argument
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
 from .report import HALF_MAX, CalibrationResult, RunError, compare, recipe_notes
@@ -238,7 +239,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         if any(size) and "use_resolution_binning" in params:  # the size asked is the size run (PixArt's binning)
             kwargs["use_resolution_binning"] = False
         kwargs.update(_fitted_to_area(params, size, kwargs.get("image")))
-        frame_arg = next((k for k in ("num_frames", "video_length") if k in params), None)
+        frame_arg = frames_argument(params)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
         kwargs.update({k: v for k, v in (options or {}).items() if k in params})
