@@ -350,3 +350,21 @@ def test_a_pipeline_that_names_its_frame_count_frames_runs_at_the_size_asked(tin
     assert [p.split(":")[0] for p in spec.check(height=16, width=32, frames=5)] == ["--height 16"]
     clip = generate_clip(pipe, spec, prompt="a cat", height=32, width=32, frames=1, steps=1, seed=0)
     assert clip.frames.shape == (1, 32, 32, 3) and np.isfinite(clip.frames).all()
+
+
+def test_a_call_that_fixes_its_frame_count_refuses_another_before_loading(tmp_path):
+    """ChronoEdit's call makes 5 frames unless enable_temporal_reasoning (diffusers pipeline_chronoedit.py:593), an
+    option `video` does not pass: `--frames 9` wrote a 5-frame clip without a word. The recipe's video row says so
+    (call_frames), and the spec refuses another count with the fix, from model_index.json and configs alone."""
+    from hf_precision.apps.video.spec import video_spec
+
+    idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "ChronoEditTransformer3DModel"],
+           "image_encoder": ["transformers", "CLIPVisionModel"]}
+    spec = video_spec("ChronoEditPipeline", idx, {"transformer": {"patch_size": [1, 2, 2]}})
+    problems = spec.check(height=32, width=32, frames=9)
+    assert len(problems) == 1 and "--frames 9" in problems[0] and "use --frames 5" in problems[0], problems
+    assert spec.check(height=32, width=32, frames=5) == []
+    assert spec.within(height=32, width=32, frames=9)[2] == 5
+    wan = video_spec("WanImageToVideoPipeline", {**idx, "transformer": ["diffusers", "WanTransformer3DModel"]},
+                     {"transformer": {"patch_size": [1, 2, 2]}})
+    assert wan.check(height=32, width=32, frames=9) == []  # a count the call keeps is no problem

@@ -192,6 +192,8 @@ VIDEO_KEYS: dict[str, Any] = {
                      "a list of the program's options passed to the pipeline call, e.g. [fps, motion_bucket_id]"),
     "size_multiple": (lambda v: _WHOLE(v) and v > 0, "a whole number above 0, e.g. 8"),
     "size_note": (lambda v: isinstance(v, str), "text saying why sizes are multiples of size_multiple"),
+    "call_frames": (_WHOLE, "the one frame count the pipeline's call makes whatever it is asked, 0 for any, e.g. 5"),
+    "call_frames_note": (lambda v: isinstance(v, str), "text saying where the call fixes its frame count"),
 }
 
 

@@ -63,6 +63,8 @@ class VideoRow:
     call_options: tuple[str, ...]
     size_multiple: int
     size_note: str
+    call_frames: int
+    call_frames_note: str
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
@@ -147,7 +149,10 @@ class VideoSpec:
                     continue
                 problems.append(f"--{name} {value}: {self.pipeline} needs a positive multiple of {m} (VAE spatial "
                                 f"factor x transformer patch size, from the configs); e.g. --{name} {near}")
-        if self.fixed_frames:  # one count only: the limits below say which
+        if self.row.call_frames and frames != self.row.call_frames:  # the call would make another count, silently
+            problems.append(f"--frames {frames}: {self.pipeline} makes {self.row.call_frames} frames whatever it is "
+                            f"asked ({self.row.call_frames_note}); use --frames {self.row.call_frames}")
+        elif self.fixed_frames:  # one count only: the limits below say which
             pass
         elif frames < 1:
             problems.append(f"--frames {frames}: must be at least 1")
@@ -173,6 +178,8 @@ class VideoSpec:
         step = self.frame_step
         if step > 1 and (frames - 1) % step:
             frames = max((frames - 1) // step * step + 1, step + 1)
+        if self.row.call_frames:  # the only count the call makes (ChronoEdit)
+            frames = self.row.call_frames
         height, width, frames = self.limits.cap(height=height, width=width, frames=frames)
         if step > 1 and (frames - 1) % step and not self.limits.fixed_frames:
             frames = (frames - 1) // step * step + 1  # capped below a table's bound: the VAE's count under it
