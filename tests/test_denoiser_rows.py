@@ -178,7 +178,7 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
     ({"defaults": {"height": 480, "fps": 8}}, "video.defaults.fps: unknown key 'fps'; allowed: frames, height, steps, "
                                                "width"),
     ({"defaults": {"height": -480}}, "video.defaults.height: bad value -480; allowed: a whole number, 0 or more"),
-    ({"text_lenght": 64}, "video.text_lenght: unknown key 'text_lenght'; allowed: call_options, cfg_batch, "),
+    ({"text_lenght": 64}, "video.text_lenght: unknown key 'text_lenght'; allowed: call_frames, call_frames_note, call_options, "),
     ({"defaults": {"frames": 0}}, "video.defaults.frames: 0 takes the count from the denoiser config's frames_key"),
 ])
 def test_a_bad_video_block_value_is_one_recipe_error_naming_file_key_value_and_allowed(tmp_path, video, message):
