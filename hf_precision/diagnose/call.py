@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument"]
+           "frames_argument", "fitted_to_area"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -33,6 +33,33 @@ def frames_argument(params: Any) -> str | None:
         'frames'
     """
     return next((a for a in FRAME_ARGS if a in params), None)
+
+
+def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
+    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2),
+    not to height x width, and resizes its input image to a ~1 MP training size unless ``_auto_resize=False``
+    (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so ``--height 32 --width 32`` ran at 1024 pixels; the
+    input image is given at the asked size instead. Empty without a full size asked; `check`'s default call and
+    `calibrate` both ask it.
+
+    Example:
+        >>> from PIL import Image
+        >>> params = {"image": None, "max_area": None, "_auto_resize": None}
+        >>> kw = fitted_to_area(params, (32, 48), Image.new("RGB", (640, 480)))
+        >>> kw["max_area"], kw["image"].size, kw["_auto_resize"]
+        (1536, (48, 32), False)
+        >>> fitted_to_area(params, (None, None), None)
+        {}
+    """
+    from PIL import Image
+
+    height, width = size
+    if not (height and width) or "max_area" not in params:
+        return {}
+    kwargs: dict[str, Any] = {"max_area": height * width}
+    if "_auto_resize" in params and isinstance(image, Image.Image):
+        kwargs.update(image=image.resize((width, height)), _auto_resize=False)
+    return kwargs
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -369,14 +396,12 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
-    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP).
-    # Flux Kontext sizes its output by max_area (1024**2) and resizes its input image to a preferred ~1024**2
-    # resolution unless _auto_resize=False (pipeline_flux_kontext.py:846, :938): the tiny call ran at 1024 pixels.
+    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
     for key, value in (("use_resolution_binning", False), ("clean_caption", False),
-                       ("max_sequence_length", _text_length(pipe)), ("clip_skip", None), ("_auto_resize", False),
-                       ("max_area", side * side)):
+                       ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):
         if key in params:
             kwargs[key] = value
+    kwargs.update(fitted_to_area(params, (side, side), kwargs.get("image")))  # Flux Kontext: the tiny call's size
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}
 

@@ -17,7 +17,7 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
-from ..call import frames_argument
+from ..call import fitted_to_area, frames_argument
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
 from .report import HALF_MAX, CalibrationResult, RunError, compare, recipe_notes
@@ -238,7 +238,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
                 kwargs[key] = value
         if any(size) and "use_resolution_binning" in params:  # the size asked is the size run (PixArt's binning)
             kwargs["use_resolution_binning"] = False
-        kwargs.update(_fitted_to_area(params, size, kwargs.get("image")))
+        kwargs.update(fitted_to_area(params, size, kwargs.get("image")))
         frame_arg = frames_argument(params)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
@@ -279,32 +279,6 @@ def _strength_problem(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str,
     return (f"--steps {steps}: {type(pipe).__name__} denoises int(steps x strength {strength:g}) = "
             f"{int(steps * strength)} steps (it starts from the input image that far along); use --steps {enough} "
             f"or more, or call={{'strength': ...}} in Python")
-
-
-def _fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
-    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2),
-    not to height x width, and resizes its input image to a ~1 MP training size unless ``_auto_resize=False``
-    (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so ``--height 32 --width 32`` ran at 1024 pixels; the
-    input image is given at the asked size instead, as `check`'s call does. Empty without a full size asked.
-
-    Example:
-        >>> from PIL import Image
-        >>> params = {"image": None, "max_area": None, "_auto_resize": None}
-        >>> kw = _fitted_to_area(params, (32, 48), Image.new("RGB", (640, 480)))
-        >>> kw["max_area"], kw["image"].size, kw["_auto_resize"]
-        (1536, (48, 32), False)
-        >>> _fitted_to_area(params, (None, None), None)
-        {}
-    """
-    from PIL import Image
-
-    height, width = size
-    if not (height and width) or "max_area" not in params:
-        return {}
-    kwargs: dict[str, Any] = {"max_area": height * width}
-    if "_auto_resize" in params and isinstance(image, Image.Image):
-        kwargs.update(image=image.resize((width, height)), _auto_resize=False)
-    return kwargs
 
 
 class _Runs:
