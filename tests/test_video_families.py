@@ -164,7 +164,9 @@ def test_failed_clip_reported_and_batch_goes_on(folders, image, tmp_path, capsys
     args[args.index("--prompt"):args.index("--prompt") + 2] = ["--prompts", str(prompts)]
     assert main([*args, "--format", "gif"]) == 1
     captured = capsys.readouterr()
-    assert "failed: " in captured.out and "out of memory (simulated)" in captured.out
+    # the cause is on stderr beside the count, in our words, and stdout has no failure line
+    assert "001-bad.gif (bad) failed: RuntimeError: out of memory (simulated)" in captured.err
+    assert "1 clip(s) failed" in captured.err and "simulated" not in captured.out
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["000-first.gif", "002-last.gif"]
 
 

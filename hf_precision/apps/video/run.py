@@ -310,6 +310,7 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
         device = "cpu"  # `accelerate launch --cpu`
     tag = f"[process {state.process_index}/{state.num_processes}] " if distributed else ""
     tell: Callable[[str], None] = lambda text: say(f"{tag}{text}")
+    complain: Callable[[str], None] = lambda text: warn(f"{tag}{text}")
     parallel = options.context_parallel
     if parallel:  # before loading: one clear error on a CPU or for a transformer diffusers cannot split
         from . import parallel as cp
@@ -327,7 +328,7 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
                               "launch/torchrun each process has its own GPU: start one process")
         device = _placement(model, spec, options, say)
     if mine:
-        failed = _run_jobs(model, spec, mine, device, options, settings, state, say, tell)
+        failed = _run_jobs(model, spec, mine, device, options, settings, state, say, tell, complain)
     state.wait_for_everyone()
     if failed:
         warn(f"{tag}error: {len(failed)} clip(s) failed: {', '.join(failed)}")
@@ -343,8 +344,12 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
 
 def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: BatchOptions,
               settings: Callable[[str], MemorySettings] | None, state: Any, say: Callable[[str], None],
-              tell: Callable[[str], None]) -> list[str]:
-    """Load the pipeline once and make this process's jobs with it; returns the outputs that failed."""
+              tell: Callable[[str], None], complain: Callable[[str], None]) -> list[str]:
+    """Load the pipeline once and make this process's jobs with it; returns the outputs that failed.
+
+    A clip's failure goes to ``complain`` (stderr) with its cause, so a script reading stderr sees why, not only
+    how many failed.
+    """
     from tqdm import tqdm
 
     from ...diagnose.call import steps_problem
@@ -392,7 +397,7 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
                 if options.fail_fast:
                     raise
                 failed.append(str(job.out))
-                tell(f"failed: {job.out} ({job.name}): {type(err).__name__}: {err}")
+                complain(f"error: {job.out} ({job.name}) failed: {type(err).__name__}: {err}")
                 continue
             f, h, w, _ = result.frames.shape
             if writes:
