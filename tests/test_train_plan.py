@@ -116,3 +116,23 @@ def test_a_denoiser_that_reads_its_own_values_is_refused_by_the_plan_in_one_line
 
     with pytest.raises(RecipeError, match=r"^--plan: HiDreamImageTransformer2DModel reads values of its own tensors"):
         predict_training(str(saved_pipeline("hidream")), "t4", rank=2, resolution=32, options=Options(1, False, True))
+
+
+@pytest.mark.parametrize("raised, refused", [
+    (NotImplementedError("Cannot copy out of meta tensor; no data!"), True),  # .tolist() on meta
+    (RuntimeError("Expected all tensors to be on the same device, but found meta and cpu"), False),
+])
+def test_only_a_value_read_on_meta_is_refused_as_one_and_other_meta_errors_show(saved_pipeline, monkeypatch, raised,
+                                                                                 refused):
+    """A device mix-up mentions "meta" too: it is a defect of the plan to show, not a model to refuse in one line."""
+    from hf_precision.apps.train.plan import Options, predict_training
+    from hf_precision.errors import RecipeError
+    from hf_precision.memory import train_step
+
+    def fails(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr(train_step, "step_activations", fails)
+    with pytest.raises(RecipeError if refused else type(raised)) as info:
+        predict_training(str(saved_pipeline("sd15")), "t4", rank=2, resolution=32, options=Options(1, False, True))
+    assert ("reads values of its own tensors" in str(info.value)) == refused

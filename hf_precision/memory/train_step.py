@@ -130,6 +130,27 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
     return max(live.peak - grads, 0), copies  # gradients are counted once, below, with the optimizer
 
 
+# torch's own words when an op needs values a meta tensor does not have (.item(), .tolist(), nonzero, boolean
+# indexing). Anything else raised on meta (a device mix-up, a shape error) is a defect to show, not a model to refuse.
+_NO_VALUES = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-independent implementation")
+
+
+def reads_values(err: BaseException) -> bool:
+    """Whether ``err`` is torch refusing a data-dependent op on the meta device, where nothing has a value.
+
+    Example:
+        >>> import torch
+        >>> try:
+        ...     torch.empty(2, device="meta").sum().item()
+        ... except RuntimeError as err:
+        ...     reads_values(err)
+        True
+        >>> reads_values(RuntimeError("Expected all tensors to be on the same device, but found meta and cpu"))
+        False
+    """
+    return isinstance(err, (RuntimeError, NotImplementedError)) and any(s in str(err) for s in _NO_VALUES)
+
+
 def _float8_dtypes() -> tuple[Any, ...]:
     """The torch float8 dtypes this library stores weights in."""
     import torch

@@ -158,7 +158,7 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
     import torch
 
     from ...dtypes import FLOAT8
-    from ...memory.train_step import make_trainable, step_activations, store_fp8
+    from ...memory.train_step import make_trainable, reads_values, step_activations, store_fp8
     from ...recipe.quantize import is_quantized
     from ...training.denoiser_rows import example_batch
     from ...training.methods import method_of
@@ -186,8 +186,8 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
         batch["reference_latents"] = torch.empty_like(batch["latents"])
     try:
         activations, copies = step_activations(module, batch, m.objective, options.gradient_checkpointing, compute)
-    except RuntimeError as err:
-        if "meta" not in str(err):
+    except (RuntimeError, NotImplementedError) as err:
+        if not reads_values(err):
             raise
         # a forward that reads its own tensors' values (HiDream's mixture of experts routes tokens, and unpatchifies
         # by per-sample sizes read with .item()) cannot run on the meta device, where nothing has a value
