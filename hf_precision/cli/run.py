@@ -35,6 +35,23 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0 if results["ok"] else 1
 
 
+def add_image_args(p: argparse.ArgumentParser, what: str, default: str = "none; required where the call needs one",
+                   ) -> None:
+    """``--image``, ``--mask`` and ``--strength``: the inputs of image-to-image, edit and inpainting pipelines, one
+    spelling for generate, calibrate and check (checked by :func:`hf_precision.diagnose.inputs.image_inputs`)."""
+    p.add_argument("--image", default=None, metavar="FILE",
+                   help=f"input picture (.png, .jpg, .webp) of {what}, for image-to-image, edit (Kontext) and "
+                        f"inpainting pipelines (and image-to-video); refused where the call takes none (default: "
+                        f"{default})")
+    p.add_argument("--mask", default=None, metavar="FILE",
+                   help=f"inpainting mask picture, white where it repaints, black where it keeps --image (default: "
+                        f"{default})")
+    p.add_argument("--strength", type=float, default=None,
+                   help="image-to-image/inpainting: how far back from --image toward noise it starts, in (0, 1]; 1 "
+                        "repaints all; it denoises about steps x strength steps (default: the pipeline's own, e.g. "
+                        "0.8 for SD img2img, 0.3 for SDXL img2img)")
+
+
 GENERATE_EXAMPLES = """examples:
   hf-precision generate ./stable-diffusion-xl-base-1.0 --prompt "a cat" --device cpu --steps 2 --height 32 --width 32 --out cat.png
   hf-precision generate ./sd-img2img --prompt "a cat, oil painting" --image cat.png --strength 0.75 --steps 4 --device cpu --out painted.png
@@ -53,16 +70,7 @@ def _args_generate(p: argparse.ArgumentParser) -> None:
         p.epilog = GENERATE_EXAMPLES
     p.add_argument("model", help="local diffusers folder, Hub id, or recipe alias (sdxl, sd15, pixart)")
     p.add_argument("--prompt", required=True, help="text prompt")
-    p.add_argument("--image", default=None, metavar="FILE",
-                   help="input picture (.png, .jpg, .webp) of an image-to-image, edit or inpainting pipeline; "
-                        "required where its call needs one, refused where it takes none (default: none)")
-    p.add_argument("--mask", default=None, metavar="FILE",
-                   help="inpainting mask picture, white where it repaints, black where it keeps --image (default: none; "
-                        "required by inpainting pipelines)")
-    p.add_argument("--strength", type=float, default=None,
-                   help="image-to-image/inpainting: how far from --image it starts, in (0, 1]; 1 repaints all "
-                        "(default: the pipeline's, e.g. 0.8 SD img2img, 0.3 SDXL img2img); it denoises about "
-                        "steps x strength steps")
+    add_image_args(p, "the picture")
     p.add_argument("--out", default="image.png", help="image file to write (.png, .jpg, .webp)")
     p.add_argument("--steps", type=int, default=30, help="denoising steps")
     p.add_argument("--height", type=int, default=None,

@@ -105,13 +105,14 @@ def _misplaced(model: Any, pipeline: str, what: str, value: Any) -> str:
 
 
 def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: float | None = None,
-                 steps: int | None = None) -> ImageInputs:
+                 steps: int | None = None, required: bool = True) -> ImageInputs:
     """Check ``image``/``mask``/``strength`` (files or PIL pictures) against the call of the pipeline ``model``'s
     ``model_index.json`` names, before any weight loads, and decode the files. Raises one :class:`RecipeError` when
     the call needs an input not given, is given one it does not take (naming the class of the same folder that takes
     it), a file cannot be read, ``strength`` is outside (0, 1], or ``steps`` x ``strength`` denoises no step
     (:func:`~hf_precision.diagnose.call.steps_problem`). ``others``: what the call needs beyond these (ControlNet's
-    ``control_image``), left to the caller's own message.
+    ``control_image``), left to the caller's own message. ``required=False``: a missing input is no error (check
+    makes one up).
 
     Example:
         >>> import json, tempfile
@@ -133,7 +134,7 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
     found = ImageInputs(pipeline, others=[n for n in needed if n not in GIVEN])
     given = {"image": image, "mask_image": mask}
     if cls is not None:
-        missing = [n for n in GIVEN if n in needed and given[n] is None]
+        missing = [n for n in GIVEN if n in needed and given[n] is None and required]
         if missing:
             what = " and ".join("an input image" if n == "image" else "a mask (white where it repaints)"
                                 for n in missing)
