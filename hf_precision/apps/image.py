@@ -123,8 +123,7 @@ def _call_kwargs(model: str, pipe: Any, inputs: dict[str, Any], *, prompt: str, 
     at the asked size; a pipeline that takes no prompt is refused with the command or call that runs it."""
     import inspect
 
-    from ..diagnose.call import fitted_to_area, frames_argument
-    from ..diagnose.inputs import sized_inputs
+    from ..diagnose.call import fitted_to_area, frames_argument, sized_inputs
 
     params = inspect.signature(pipe.__call__).parameters
     if "prompt" not in params:  # the fix: the video command for a video pipeline (SVD), else the call's own inputs

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument", "fitted_to_area"]
+           "frames_argument", "fitted_to_area", "sized_inputs"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -62,6 +62,25 @@ def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None
         kwargs.update(image=image.resize((width, height)), _auto_resize=False)
     return kwargs
 
+
+def sized_inputs(params: Any, inputs: dict[str, Any], size: tuple[int | None, int | None]) -> dict[str, Any]:
+    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and
+    width: SD and SDXL image-to-image make a picture of the input's size (rounded down to the VAE's multiple), so the
+    size asked is the size made; a call that takes them resizes its inputs itself (inpainting) or fits an area
+    (Kontext: :func:`~hf_precision.diagnose.call.fitted_to_area`). Unchanged without a full size.
+
+    Example:
+        >>> from PIL import Image
+        >>> out = sized_inputs({"image": None}, {"image": Image.new("RGB", (64, 48)), "strength": 0.5}, (32, 40))
+        >>> out["image"].size, out["strength"]
+        ((40, 32), 0.5)
+        >>> sized_inputs({"image": None, "height": None, "width": None}, {"image": 1}, (32, 40))
+        {'image': 1}
+    """
+    height, width = size
+    if not (height and width) or ("height" in params and "width" in params):
+        return dict(inputs)
+    return {k: v.resize((width, height)) if k in ("image", "mask_image") and hasattr(v, "resize") else v for k, v in inputs.items()}
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
     """The components of a diffusers pipeline that are torch modules, or a RecipeError for anything else."""
@@ -339,8 +358,6 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
         if key in params:
             kwargs[key] = value
     if inputs:  # the user's pictures at the tiny call's size (img2img without height/width makes its input's)
-        from .inputs import sized_inputs
-
         kwargs.update(sized_inputs(params, dict(inputs), (side, side)))
         strength = kwargs.get("strength")  # a user's strength below 1: the fewest steps it denoises one of
         while isinstance(strength, float) and kwargs["num_inference_steps"] < 10_000 and \

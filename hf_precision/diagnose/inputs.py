@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import RecipeError, arg
 
-__all__ = ["ImageInputs", "image_inputs", "open_image", "sized_inputs", "task_class"]
+__all__ = ["ImageInputs", "image_inputs", "open_image", "task_class"]
 
 # The call arguments the command line gives, by the argument name its messages spell (arg("mask") -> --mask)
 GIVEN = {"image": "image", "mask_image": "mask"}
@@ -164,22 +164,3 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
         found.kwargs["strength"] = float(strength)
     return found
 
-
-def sized_inputs(params: Any, inputs: dict[str, Any], size: tuple[int | None, int | None]) -> dict[str, Any]:
-    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and
-    width: SD and SDXL image-to-image make a picture of the input's size (rounded down to the VAE's multiple), so the
-    size asked is the size made; a call that takes them resizes its inputs itself (inpainting) or fits an area
-    (Kontext: :func:`~hf_precision.diagnose.call.fitted_to_area`). Unchanged without a full size.
-
-    Example:
-        >>> from PIL import Image
-        >>> out = sized_inputs({"image": None}, {"image": Image.new("RGB", (64, 48)), "strength": 0.5}, (32, 40))
-        >>> out["image"].size, out["strength"]
-        ((40, 32), 0.5)
-        >>> sized_inputs({"image": None, "height": None, "width": None}, {"image": 1}, (32, 40))
-        {'image': 1}
-    """
-    height, width = size
-    if not (height and width) or ("height" in params and "width" in params):
-        return dict(inputs)
-    return {k: v.resize((width, height)) if k in GIVEN and hasattr(v, "resize") else v for k, v in inputs.items()}

@@ -17,8 +17,8 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
-from ..call import fitted_to_area, frames_argument, steps_problem
-from ..inputs import open_image, sized_inputs
+from ..call import fitted_to_area, frames_argument, sized_inputs, steps_problem
+from ..inputs import open_image
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
 from .report import HALF_MAX, CalibrationResult, RunError, compare, recipe_notes
