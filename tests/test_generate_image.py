@@ -155,3 +155,27 @@ def test_calibrate_refuses_the_strength_its_steps_leave_nothing_of(tiny_pipe):
     with pytest.raises(RecipeError, match="denoises 0 of 2 steps at strength 0.3"):
         _call_kwargs(pipe, {"prompt": "a cat", "strength": 0.3}, None, None, 2, (None, None))
     assert _call_kwargs(pipe, {"prompt": "a cat", "strength": 0.6}, None, None, 2, (None, None))["strength"] == 0.6
+
+
+def test_the_command_sweep_gives_image_and_mask_where_the_family_needs_them(saved_pipeline, tmp_path):
+    """benchmarks/command_sweep.py runs each family as a user would: generate and calibrate get --image where the call
+    needs one and --mask where it is inpainting, none where it takes neither (the sweep's run of them is
+    tests/test_command_sweep.py's)."""
+    import importlib.util
+    import json
+    import shlex
+
+    from launch import ROOT
+
+    spec = importlib.util.spec_from_file_location("command_sweep", ROOT / "benchmarks" / "command_sweep.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    picture, mask = tmp_path / "input.png", tmp_path / "mask.png"
+    for kind, image, masked in [("sd_inpaint", True, True), ("sd_img2img", True, False), ("flux_kontext", True, False),
+                                ("sd15", False, False)]:
+        folder = saved_pipeline(kind)
+        cls = json.loads((folder / "model_index.json").read_text())["_class_name"]
+        lines = sweep.command_lines(kind, folder, cls, tmp_path, "cpu", tmp_path, picture, mask)
+        for name in ("run", "calibrate"):
+            tokens = shlex.split(lines[name])
+            assert (str(picture) in tokens) is image and (str(mask) in tokens) is masked, (kind, lines[name])
