@@ -76,8 +76,8 @@ def _args_check(p: argparse.ArgumentParser) -> None:
                         "(--dtype unet=float16; the rest float32 unless --dtype default=... is given); repeatable")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_base_arg(p, "PATH")
-    add_image_args(p, "its one tiny call, resized to the call's size",
-                   "a plain picture (and mask) made up at the call's size, strength 1")
+    add_image_args(p, "its one tiny call, resized to the call's size", "one made up at the call's size",
+                   "1, with the fewest steps a smaller one denoises one of")
 
 
 def _plain_dtype(values: list[str]) -> Any:

@@ -36,7 +36,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def add_image_args(p: argparse.ArgumentParser, what: str, default: str = "none; required where the call needs one",
-                   ) -> None:
+                   strength: str = "the pipeline's own, e.g. 0.8 for SD img2img, 0.3 for SDXL img2img") -> None:
     """``--image``, ``--mask`` and ``--strength``: the inputs of image-to-image, edit and inpainting pipelines, one
     spelling for generate, calibrate and check (checked by :func:`hf_precision.diagnose.inputs.image_inputs`)."""
     p.add_argument("--image", default=None, metavar="FILE",
@@ -48,8 +48,7 @@ def add_image_args(p: argparse.ArgumentParser, what: str, default: str = "none; 
                         f"{default})")
     p.add_argument("--strength", type=float, default=None,
                    help="image-to-image/inpainting: how far back from --image toward noise it starts, in (0, 1]; 1 "
-                        "repaints all; it denoises about steps x strength steps (default: the pipeline's own, e.g. "
-                        "0.8 for SD img2img, 0.3 for SDXL img2img)")
+                        f"repaints all; it denoises about steps x strength steps (default: {strength})")
 
 
 GENERATE_EXAMPLES = """examples:
