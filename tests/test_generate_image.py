@@ -179,3 +179,28 @@ def test_the_command_sweep_gives_image_and_mask_where_the_family_needs_them(save
         for name in ("run", "calibrate"):
             tokens = shlex.split(lines[name])
             assert (str(picture) in tokens) is image and (str(mask) in tokens) is masked, (kind, lines[name])
+
+
+def test_calibrate_takes_a_prompt_with_its_image_where_the_call_reads_both(saved_pipeline, pictures, monkeypatch,
+                                                                          tmp_path, capsys):
+    """--prompt and --image were exclusive (argparse refused both), so Kontext or img2img ran with a fixed prompt;
+    now both go to a call that takes both, and --prompt to one that takes none (SVD) is refused before loading."""
+    import hf_precision.diagnose.calibration as calibration
+    from hf_precision.errors import RecipeError
+
+    seen = {}
+
+    def record(model, layout, call, **kwargs):
+        seen.update(kwargs)
+        raise RecipeError("stopped before the runs")
+
+    monkeypatch.setattr(calibration, "calibrate", record)
+    cat = pictures / "cat.png"
+    code, _, err = _run(["calibrate", saved_pipeline("sd_img2img"), "--device", "cpu", "--prompt", "a red cat",
+                         "--image", cat, "--strength", "0.5", "--out", tmp_path / "x.yaml"], capsys)
+    assert code == 2 and "stopped before the runs" in err, err
+    assert seen["prompt"] == "a red cat" and seen["image"].size == (32, 32) and seen["options"]["strength"] == 0.5
+    code, _, err = _run(["calibrate", saved_pipeline("svd"), "--device", "cpu", "--prompt", "a cat", "--image", cat,
+                         "--out", tmp_path / "x.yaml"], capsys)
+    assert code == 2 and err.startswith("hf-precision calibrate: error: --prompt: StableVideoDiffusionPipeline takes "
+                                        "no prompt"), err

@@ -80,7 +80,9 @@ def sized_inputs(params: Any, inputs: dict[str, Any], size: tuple[int | None, in
     height, width = size
     if not (height and width) or ("height" in params and "width" in params):
         return dict(inputs)
-    return {k: v.resize((width, height)) if k in ("image", "mask_image") and hasattr(v, "resize") else v for k, v in inputs.items()}
+    return {k: v.resize((width, height)) if k in ("image", "mask_image") and hasattr(v, "resize") else v
+            for k, v in inputs.items()}
+
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
     """The components of a diffusers pipeline that are torch modules, or a RecipeError for anything else."""

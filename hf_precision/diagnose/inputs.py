@@ -56,7 +56,7 @@ def open_image(path: str | Path, name: str = "image", mode: str = "RGB") -> Any:
         ((40, 24), 'L')
         >>> open_image(path.with_name("none.png"))  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        hf_precision.errors.RecipeError: image='...none.png': no such file; give the path of a .png, .jpg or .webp picture
+        hf_precision.errors.RecipeError: image='...none.png': no such file; give the path of a .png, .jpg or .webp ...
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -122,7 +122,7 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
         'StableDiffusionXLPipeline'
         >>> image_inputs(folder, image="cat.png")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
-        hf_precision.errors.RecipeError: image='cat.png': StableDiffusionXLPipeline takes no input image ... is StableDiffusionXLImg2ImgPipeline: ...
+        hf_precision.errors.RecipeError: image='cat.png': ... of this folder is StableDiffusionXLImg2ImgPipeline: ...
     """
     from .call import needed_inputs, steps_problem
 

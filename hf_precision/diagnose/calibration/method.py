@@ -52,9 +52,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         run_on (*optional*): where the runs happen; default the best present device.
         recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
-        prompt, image, size (*optional*): the default call's prompt, input image and (height, width); an input image
-            the call takes no height and width for (SD/SDXL img2img) is resized to that size.
-        mask (*optional*): an inpainting pipeline's mask (a file or a PIL picture; white where it repaints).
+        prompt, image, mask, size (*optional*): the default call's prompt, input image, inpainting mask (white where
+            it repaints) and (height, width), to which SD/SDXL img2img's image is resized (their call takes none).
         frames (*optional*): a video pipeline's frame count in the default call (``num_frames`` or ``video_length``).
         options (*optional*): more kwargs of the default call, those its ``__call__`` takes: what a model's configs
             fix (``{"max_sequence_length": 16}``: the text length CogVideoX's position table was built for).
@@ -94,8 +93,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     clock.lap("load")
     with Session(pipe, restore=True, offload_on=run_on if offload else None, handback=not owned) as session:
         setting = _Setting.resolve(session, recipe, device, caps, run_on, target)
-        runs = _Runs(session, setting, _call_kwargs(pipe, call, prompt, image, steps, size, frames, options, mask), call, seed,
-                     progress)
+        kwargs = _call_kwargs(pipe, call, prompt, image, steps, size, frames, options, mask)
+        runs = _Runs(session, setting, kwargs, call, seed, progress)
         # 1. The reference run: every component in the reference dtype, every module's range and samples recorded.
         ref_out, ref = runs.reference(ref_dtype, model)
         clock.lap("reference")
