@@ -8,6 +8,9 @@ The tiny folders are the session's (``saved_pipeline``); every run is in this pr
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 from PIL import Image
 
@@ -162,7 +165,6 @@ def test_the_command_sweep_gives_image_and_mask_where_the_family_needs_them(save
     needs one and --mask where it is inpainting, none where it takes neither (the sweep's run of them is
     tests/test_command_sweep.py's)."""
     import importlib.util
-    import json
     import shlex
 
     from launch import ROOT
@@ -200,7 +202,11 @@ def test_calibrate_takes_a_prompt_with_its_image_where_the_call_reads_both(saved
                          "--image", cat, "--strength", "0.5", "--out", tmp_path / "x.yaml"], capsys)
     assert code == 2 and "stopped before the runs" in err, err
     assert seen["prompt"] == "a red cat" and seen["image"].size == (32, 32) and seen["options"]["strength"] == 0.5
-    code, _, err = _run(["calibrate", saved_pipeline("svd"), "--device", "cpu", "--prompt", "a cat", "--image", cat,
+    # the img2img folder under SVD's class: the refusal reads the class's call, before anything loads
+    svd = shutil.copytree(saved_pipeline("sd_img2img"), tmp_path / "svd")
+    index = json.loads((svd / "model_index.json").read_text())
+    (svd / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableVideoDiffusionPipeline"}))
+    code, _, err = _run(["calibrate", svd, "--device", "cpu", "--prompt", "a cat", "--image", cat,
                          "--out", tmp_path / "x.yaml"], capsys)
     assert code == 2 and err.startswith("hf-precision calibrate: error: --prompt: StableVideoDiffusionPipeline takes "
                                         "no prompt"), err
