@@ -96,7 +96,7 @@ def _misplaced(model: Any, pipeline: str, what: str, value: Any) -> str:
     """The refusal of an input ``pipeline`` does not take, naming the class of the same folder that takes it."""
     task = "inpaint" if what == "mask" else "image2image"
     other = task_class(pipeline, task)
-    kind = "no mask" if what == "mask" else "no input image (it is text-to-image)"
+    kind = "no mask" if what == "mask" else "no input image (its call has no image argument)"
     if other is None or other == pipeline:
         return f"{arg(what, value)}: {pipeline} takes {kind}; drop {arg(what)}"
     return (f"{arg(what, value)}: {pipeline} takes {kind}; the {'inpainting' if what == 'mask' else 'image-to-image'} "
@@ -124,11 +124,11 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
         Traceback (most recent call last):
         hf_precision.errors.RecipeError: image='cat.png': ... of this folder is StableDiffusionXLImg2ImgPipeline: ...
     """
+    import diffusers
+
     from .call import needed_inputs, steps_problem
 
     pipeline, needed = needed_inputs(model)
-    import diffusers
-
     cls = getattr(diffusers, pipeline, None) if pipeline else None
     params = _params(cls)
     found = ImageInputs(pipeline, others=[n for n in needed if n not in GIVEN])
