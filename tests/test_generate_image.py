@@ -88,8 +88,9 @@ def test_check_runs_the_users_picture_and_mask(saved_pipeline, pictures, capsys)
 # (family, arguments, what the one error line says); {cat}, {mask}, {notes}: the pictures above
 REFUSALS = [
     ("sd_img2img", [], "StableDiffusionImg2ImgPipeline needs an input image: give --image FILE"),
-    ("sd15", ["--image", "{cat}"], "--image {cat}: StableDiffusionPipeline takes no input image (its call has no image argument); "
-                                   "the image-to-image pipeline of this folder is StableDiffusionImg2ImgPipeline"),
+    ("sd15", ["--image", "{cat}"],
+     "--image {cat}: StableDiffusionPipeline takes no input image (its call has no image argument); the image-to-image "
+     "pipeline of this folder is StableDiffusionImg2ImgPipeline"),
     ("sd_inpaint", ["--image", "{cat}"], "StableDiffusionInpaintPipeline needs a mask (white where it repaints): give "
                                          "--mask FILE"),
     ("sd_inpaint", [], "needs an input image and a mask (white where it repaints): give --image FILE --mask FILE"),
