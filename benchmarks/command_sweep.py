@@ -5,9 +5,10 @@ and the commands ``plan``, ``show``, ``check``, ``calibrate``, ``generate`` (ima
 families), ``train --plan`` and a 2-step ``train`` run on it, on this CPU's own layout and on ``--layout t4``; ``check-nf4`` is
 ``check`` with the first transformers text encoder stored in nf4. The training data are tiny photos (image families) or GIF clips (video families) with captions.
 A pipeline whose call needs an input image (``needed_inputs``: SVD, I2VGenXL, Wan/LTX/CogVideoX/HunyuanVideo I2V,
-Flux Kontext, SD img2img, ControlNet, ...) gets a generated 32-pixel picture as ``--image`` in the commands that
-take one (``calibrate``, ``video``; ``generate`` has no such option), except one run per command kept without it
-to show the refusal (:data:`WITHOUT_IMAGE`). No command takes a mask: inpainting stays refused.
+Flux Kontext, SD/SDXL img2img, ...) gets a generated 32-pixel picture as ``--image`` in the commands that take one
+(``calibrate``, ``generate``, ``video``), and an inpainting pipeline a 32-pixel mask as ``--mask`` as well
+(``calibrate``, ``generate``), except one run per command kept without it to show the refusal
+(:data:`WITHOUT_IMAGE`). A call that needs what no flag gives (ControlNet's control image) stays refused.
 
 A run passes when it exits 0 and its stderr holds only our lines (``hf-precision ...``) and progress bars. A run
 that exits 2 with exactly one line ``hf-precision CMD: error: ...`` is a clean refusal (REFUSED). Anything else is a
@@ -51,10 +52,11 @@ FRAMES = 9  # 4k+1 (Wan, CogVideoX, HunyuanVideo) and 8k+1 (LTX): the fewest mos
 SIDE = 32
 # a run past what a family's configs allow, asked on purpose: the command refuses it in one line before loading
 PAST_LIMITS = {("animatediff", "run"): "--frames 9"}
-# the commands with an --image option (calibrate; run: video's, generate has none): an image-to-image/video pipeline
-# gets the sweep's picture, as a user runs it; one family per command is run without it on purpose, to show that
-# refusal (its message names --image)
-TAKES_IMAGE = {"calibrate": ("image", "video"), "run": ("video",)}
+# the commands with an --image option (calibrate; run: generate's and video's): an image-to-image/video pipeline
+# gets the sweep's picture, as a user runs it, and an inpainting one the sweep's mask (--mask: calibrate and generate);
+# one family per command is run without them on purpose, to show that refusal (its message names --image)
+TAKES_IMAGE = {"calibrate": ("image", "video"), "run": ("image", "video")}
+TAKES_MASK = {"calibrate": ("image",), "run": ("image",)}
 WITHOUT_IMAGE = {("svd", "calibrate"), ("wan_i2v", "run")}
 
 
@@ -95,7 +97,8 @@ def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
 
 def make_data(root: Path) -> dict[str, Path]:
     """Two 32-pixel photos and two 9-frame 32-pixel GIF clips, each with a caption file; the input picture of the
-    image-to-image/video pipelines (a colour gradient, :data:`SIDE` pixels)."""
+    image-to-image/video pipelines (a colour gradient, :data:`SIDE` pixels) and the mask of the inpainting ones (its
+    middle: white where it repaints)."""
     import numpy as np
     from PIL import Image
 
@@ -110,7 +113,10 @@ def make_data(root: Path) -> dict[str, Path]:
         (clips / f"c{i}.txt").write_text("a clip")
     y, x = np.mgrid[0:SIDE, 0:SIDE] * (255 // SIDE)
     Image.fromarray(np.stack([x, y, 255 - x], axis=-1).astype(np.uint8)).save(root / "input.png")
-    return {"image": images, "video": clips, "input": root / "input.png"}
+    mask = np.zeros((SIDE, SIDE), np.uint8)
+    mask[SIDE // 4:3 * SIDE // 4, SIDE // 4:3 * SIDE // 4] = 255
+    Image.fromarray(mask).save(root / "mask.png")
+    return {"image": images, "video": clips, "input": root / "input.png", "mask": root / "mask.png"}
 
 
 def save_family(kind: str, root: Path) -> tuple[Path, str]:
@@ -147,15 +153,17 @@ def video_size(folder: Path) -> tuple[int, int, int]:
 
 
 def image_input(folder: Path, video: bool) -> tuple[bool, bool]:
-    """(whether ``calibrate``/``video`` get ``--image``, whether ``video`` gets a prompt) for a saved pipeline, from
-    what the commands read of its call: an image it cannot go without (``needed_inputs``; calibrate takes no other
-    input, so a pipeline that also needs a mask or a clip stays refused) and, for a video model, whether the call
-    takes a prompt at all (SVD takes none; ``video`` refuses --prompt for it)."""
+    """(whether ``calibrate``/``generate``/``video`` get ``--image``, whether ``video`` gets a prompt) for a saved
+    pipeline, from what the commands read of its call: an image it cannot go without, with at most a mask beside it
+    (``needed_inputs``; no flag gives another input, so a pipeline that also needs a control image or a clip stays
+    refused) and, for a video model, whether the call takes a prompt at all (SVD takes none; ``video`` refuses
+    --prompt for it)."""
     from hf_precision.apps.video.spec import model_spec
     from hf_precision.diagnose.call import needed_inputs
     from hf_precision.errors import RecipeError
 
-    image = needed_inputs(folder)[1] == ["image"]
+    needed = needed_inputs(folder)[1]
+    image = "image" in needed and set(needed) <= {"image", "mask_image"}
     if not video:
         return image, True
     try:
@@ -167,9 +175,11 @@ def image_input(folder: Path, video: bool) -> tuple[bool, bool]:
 
 
 def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path,
-                  picture: Path | None = None) -> dict[str, str]:
+                  picture: Path | None = None, mask: Path | None = None) -> dict[str, str]:
     """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout);
-    ``picture``: the input image given to the commands that take one, where the pipeline's call needs it."""
+    ``picture`` and ``mask``: the input image and inpainting mask given to the commands that take them, where the
+    pipeline's call needs them."""
+    from hf_precision.diagnose.call import needed_inputs
     from hf_precision.testing import PIPELINES
 
     video = "video" in PIPELINES[kind].tags
@@ -197,6 +207,9 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
     for name, kinds in TAKES_IMAGE.items() if needs_image else ():
         if ("video" if video else "image") in kinds and (kind, name) not in WITHOUT_IMAGE:
             lines[name] = f"{lines[name]} --image {picture}"
+            if mask is not None and "mask_image" in needed_inputs(folder)[1] and \
+                    ("video" if video else "image") in TAKES_MASK.get(name, ()):
+                lines[name] = f"{lines[name]} --mask {mask}"
     for (family, name), past in PAST_LIMITS.items():
         if family == kind:
             lines[name] = f"{lines[name]} {past}"  # argparse: the last --frames wins
@@ -221,7 +234,7 @@ def sweep(families: list[str], commands: list[str], layouts: list[str], root: Pa
             shutil.rmtree(old) if old.is_dir() else old.unlink()
         for layout in layouts:
             lines = command_lines(kind, folder, cls, data["video" if video else "image"], layout, root / "out",
-                                  data["input"])
+                                  data["input"], data["mask"])
             for name in commands:
                 if lines[name] is None:  # check-nf4 without a transformers text encoder
                     continue

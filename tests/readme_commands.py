@@ -219,6 +219,7 @@ STAND_INS = {
     "stable-video-diffusion-img2vid-xt": "svd", "svd-xt": "svd",
     "sd15": "sd15", "stable-diffusion-v1-5": "sd15", "FLUX.1-dev": "flux",
     "my-sdxl": "sdxl", "my-sdxl-folder": "sdxl",
+    "sd-img2img": "sd_img2img", "sd-inpaint": "sd_inpaint",  # `generate --help`'s --image and --mask examples
 }
 
 
@@ -275,9 +276,14 @@ def ensure_stand_ins(text: str, work: Path | None = None) -> None:
 
 def _lay_out(work: Path) -> Path:
     """The folder's files besides the stand-ins."""
+    from PIL import Image
+
     from hf_precision.testing import example_image
 
     example_image(32).save(work / "cat.png")
+    mask = Image.new("L", (32, 32), 0)  # an inpainting mask: white where it repaints
+    mask.paste(255, (8, 8, 24, 24))
+    mask.save(work / "mask.png")
     _training_data(work)
     (work / "prompts.txt").write_text("a cat surfing\n")
     (work / "notes.txt").write_text("not a folder\n")

@@ -214,10 +214,14 @@ def test_calibrate_refuses_steps_that_leave_an_img2img_call_no_step():
     from hf_precision.diagnose.calibration.method import _call_kwargs
     from hf_precision.errors import RecipeError
 
-    class Refiner:  # what _call_kwargs reads of a pipeline: its __call__ signature (diffusers' defaults)
+    from diffusers import StableDiffusionXLImg2ImgPipeline
+
+    class Refiner:  # what _call_kwargs reads of a pipeline: its __call__ signature (diffusers' defaults) and the
+        get_timesteps = StableDiffusionXLImg2ImgPipeline.get_timesteps  # steps its strength leaves (diagnose/steps.py)
+
         def __call__(self, prompt=None, image=None, strength=0.3, num_inference_steps=50):
             pass
 
-    with pytest.raises(RecipeError, match=r"--steps 2: Refiner denoises .* = 0 steps .*use --steps 4 or more"):
+    with pytest.raises(RecipeError, match=r"--steps 2: Refiner denoises 0 of 2 steps at strength 0.3 .*use --steps 4 or more"):
         _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 2, (None, None))
     assert _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 4, (None, None))["num_inference_steps"] == 4

@@ -223,7 +223,7 @@ def test_generate_writes_a_png(saved_pipeline, tmp_path, capsys):
     (["/no/such/folder"], "no such folder"),
     (["{sdxl}", "--out", "x.bmp"], "unsupported image type"),
     (["{sdxl}", "--height", "30"], "multiple of 8"),
-    (["{svd}"], "StableVideoDiffusionPipeline needs image"),
+    (["{svd}"], "StableVideoDiffusionPipeline makes videos, not a picture; use `hf-precision video --model"),
     (["{sdxl}", "--set", "vae.dtype=half"], "ambiguous"),
 ])
 def test_generate_bad_input(saved_pipeline, tmp_path, args, message, capsys, monkeypatch):

@@ -1,4 +1,5 @@
-"""Text-to-image through the loader, for users who have weights: ``hf-precision generate``."""
+"""One picture through the loader, for users who have weights: ``hf-precision generate`` (text-to-image,
+image-to-image, edit and inpainting pipelines)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,19 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp")
 def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, steps: int = 30, height: int | None = None,
              width: int | None = None, guidance: float | None = None, negative_prompt: str | None = None, seed: int = 0,
              recipe: str | None = None, overrides: Any = None, force: bool = False, layout: Any = None,
-             max_memory: str | int | None = None, say: Any = None, base: str | None = None) -> Path:
-    """Generate one image with a text-to-image pipeline loaded through :func:`hf_precision.load_pipeline`.
+             max_memory: str | int | None = None, say: Any = None, base: str | None = None, image: Any = None,
+             mask: Any = None, strength: float | None = None) -> Path:
+    """Generate one image with a pipeline loaded through :func:`hf_precision.load_pipeline`: text-to-image, or with
+    ``image`` (a file or a PIL picture) image-to-image and edit pipelines (SD/SDXL/Flux img2img, Flux Kontext,
+    Qwen-Image Edit), with ``mask`` too inpainting (white where it repaints; SD/SDXL/Flux inpaint, Flux Fill).
 
     The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind;
     ``out`` is checked (a known suffix; missing folders are created, as the video program does) before the model is
-    loaded. ``force`` uses ``recipe`` even for a pipeline class it does not list. ``device`` is where it runs,
+    loaded, and so are the inputs the pipeline's call needs or takes (:func:`~hf_precision.diagnose.inputs.image_inputs`:
+    a missing or misplaced image, mask or ``strength``, an unreadable file, steps that ``strength`` leaves none of).
+    Sizes: ``height``/``width`` where the call takes them; an img2img call that takes none (SD, SDXL) gets its input
+    resized to them, and without them makes the input's size; ``strength`` None is the pipeline's default.
+    ``force`` uses ``recipe`` even for a pipeline class it does not list. ``device`` is where it runs,
     ``layout`` the device whose rules choose the dtypes (``layout="t4", device="cpu"`` runs T4's dtypes here).
     ``max_memory`` (bytes or ``"12GB"``) lets :func:`~hf_precision.apps.image_plan.choose_image_layout` pick offload
     and quantized storage that fit; ``say`` gets the line that says what it chose. ``base``: with a single file
@@ -37,21 +45,12 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     """
     import torch
 
-    from ..diagnose.call import frames_argument, needed_inputs, steps_problem
+    from ..diagnose.call import steps_problem
     from ..runtime.load import load_pipeline
     from ..runtime.progress import quiet_call
 
     out = check_output(out, suffixes=IMAGE_SUFFIXES, create_parents=True, what="image")
-    if steps < 1:
-        raise RecipeError(f"--steps {steps}: must be at least 1")
-    for name, value in (("height", height), ("width", width)):
-        if value is not None and (value <= 0 or value % 8):
-            raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
-    pipeline, inputs = needed_inputs(model) if base is None else ("", [])
-    if inputs:  # refused before any weight is read: generate has a prompt and nothing else to give
-        raise RecipeError(f"{model}: {pipeline} needs {' and '.join(inputs)} besides the prompt, and generate is "
-                          f"text-to-image only; call it in Python (pipe = hp.load_pipeline({str(model)!r}, device); "
-                          f"pipe(prompt=..., {inputs[0]}=...)) or run `hf-precision check {model}`")
+    inputs = _inputs_before_loading(model, base, steps, (height, width), image, mask, strength)
     offload = False
     if max_memory is not None:
         from .image_plan import choose_image_layout
@@ -72,16 +71,68 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     pipe = load_pipeline(model, "cpu" if offload else device, recipe=recipe, overrides=overrides, force=force, **kwargs)
     if offload:
         pipe.enable_model_cpu_offload(device=device)
-    problem = steps_problem(pipe, steps)  # LTX-style shift_terminal schedulers cannot take 1 step
+    # the loaded scheduler (LTX-style shift_terminal cannot take 1 step); a single file's class is known only now
+    problem = steps_problem(pipe, steps, inputs.kwargs.get("strength"))
     if problem:
         raise RecipeError(problem)
-    params = __import__("inspect").signature(pipe.__call__).parameters
+    call = _call_kwargs(model, pipe, inputs.kwargs, prompt=prompt, steps=steps, size=(height, width),
+                        guidance=guidance, negative_prompt=negative_prompt)
+    result = pipe(**quiet_call(pipe, call), generator=torch.Generator("cpu").manual_seed(seed))
+    if getattr(result, "images", None) is None:  # a prior (Stable Cascade's) returns embeddings for another pipeline
+        raise RecipeError(f"{model}: {type(pipe).__name__} returns {type(result).__name__}, not images; generate "
+                          f"writes the picture of a text-to-image pipeline: run its decoder pipeline on the output")
+    picture = result.images[0]
+    with written_atomically(out) as tmp:
+        picture.save(tmp)
+    return out
+
+
+def _inputs_before_loading(model: str, base: str | None, steps: int, size: tuple[int | None, int | None],
+                           image: Any, mask: Any, strength: float | None) -> Any:
+    """The checks made before any weight is read: steps, size, and the inputs the pipeline's call needs, from the
+    ``model_index.json`` of ``model`` (of ``base`` for a single file, whose folder gives the pipeline class)."""
+    import inspect
+
+    import diffusers
+
+    from ..diagnose.call import frames_argument, needed_inputs
+    from ..diagnose.inputs import image_inputs
+
+    if steps < 1:
+        raise RecipeError(f"--steps {steps}: must be at least 1")
+    for name, value in zip(("height", "width"), size):
+        if value is not None and (value <= 0 or value % 8):
+            raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
+    pipeline = needed_inputs(model if base is None else base)[0]
+    cls = getattr(diffusers, pipeline, None) if pipeline else None
+    if cls is not None and frames_argument(inspect.signature(cls.__call__).parameters):  # before its image is asked
+        raise RecipeError(f"{model}: {pipeline} makes videos, not a picture; use `hf-precision video --model {model}`")
+    inputs = image_inputs(model if base is None else base, image=image, mask=mask, strength=strength, steps=steps)
+    if inputs.others:  # ControlNet's control image, Kandinsky's image embeddings: no flag gives them
+        others = inputs.others
+        raise RecipeError(f"{model}: {inputs.pipeline} needs {' and '.join(others)} besides the prompt, which generate "
+                          f"cannot give; call it in Python (pipe = hp.load_pipeline({str(model)!r}, device); "
+                          f"pipe(prompt=..., {others[0]}=...)) or run `hf-precision check {model}`")
+    return inputs
+
+
+def _call_kwargs(model: str, pipe: Any, inputs: dict[str, Any], *, prompt: str, steps: int,
+                 size: tuple[int | None, int | None], guidance: float | None,
+                 negative_prompt: str | None) -> dict[str, Any]:
+    """The kwargs of generate's call: the prompt and the flags the pipeline's ``__call__`` takes, the input pictures
+    at the asked size; a pipeline that takes no prompt is refused with the command or call that runs it."""
+    import inspect
+
+    from ..diagnose.call import fitted_to_area, frames_argument, sized_inputs
+
+    params = inspect.signature(pipe.__call__).parameters
     if "prompt" not in params:  # the fix: the video command for a video pipeline (SVD), else the call's own inputs
         takes = [k for k, p in params.items() if p.default is p.empty and k != "self"] or ["..."]
         fix = ("use `hf-precision video`" if frames_argument(params) else
                f"call it in Python (pipe = hp.load_pipeline({str(model)!r}, device); pipe({takes[0]}=...)) or run "
                f"`hf-precision check {model}`")
         raise RecipeError(f"{model}: {type(pipe).__name__} is not a text-to-image pipeline (it takes no prompt); {fix}")
+    height, width = size
     kwargs: dict[str, Any] = {"prompt": prompt, "num_inference_steps": steps}
     for key, value in (("height", height), ("width", width), ("guidance_scale", guidance),
                        ("negative_prompt", negative_prompt)):
@@ -89,12 +140,6 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
             kwargs[key] = value
     if height or width:  # the size asked is the size made: PixArt's binning would swap it for a table's, or fail
         kwargs["use_resolution_binning"] = False
-    kwargs = {k: v for k, v in kwargs.items() if k in params or k in ("prompt", "num_inference_steps")}
-    result = pipe(**quiet_call(pipe, kwargs), generator=torch.Generator("cpu").manual_seed(seed))
-    if getattr(result, "images", None) is None:  # a prior (Stable Cascade's) returns embeddings for another pipeline
-        raise RecipeError(f"{model}: {type(pipe).__name__} returns {type(result).__name__}, not images; generate "
-                          f"writes the picture of a text-to-image pipeline: run its decoder pipeline on the output")
-    image = result.images[0]
-    with written_atomically(out) as tmp:
-        image.save(tmp)
-    return out
+    kwargs.update(sized_inputs(params, inputs, size))
+    kwargs.update(fitted_to_area(params, size, kwargs.get("image")))  # Kontext: its area rule at the asked size
+    return {k: v for k, v in kwargs.items() if k in params or k in ("prompt", "num_inference_steps")}

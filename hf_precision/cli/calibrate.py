@@ -10,6 +10,7 @@ import json
 from typing import Any
 
 from .common import add_base_arg, command, preflight
+from .run import add_image_args
 
 __all__: list[str] = []
 
@@ -28,9 +29,9 @@ def _args_calibrate(p: argparse.ArgumentParser) -> None:
                         "or a device; its recipe gives the target half dtype (default: --device)")
     p.add_argument("--run-on", default=None, metavar="DEVICE",
                    help="the old spelling: --run-on X is --device X, and with it --device names the layout")
-    source = p.add_mutually_exclusive_group()
-    source.add_argument("--prompt", default=None, help="the prompt of the runs (default: a fixed one)")
-    source.add_argument("--image", default=None, metavar="FILE", help="the input image, for image-to-image/video models")
+    p.add_argument("--prompt", default=None,
+                   help="the prompt of the runs, where the pipeline takes one (default: a fixed one)")
+    add_image_args(p, "the runs")
     p.add_argument("--steps", type=int, default=4, help="denoising steps per run (default: 4)")
     p.add_argument("--height", type=int, default=None,
                    help="image height of the runs (default: the pipeline's; a video model's as `video` takes it)")
@@ -72,7 +73,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         from ..runtime.placement import torch_device
 
         torch_device(run_on, "--run-on" if args.run_on else "--device")
-    from ..diagnose.call import needed_inputs
+    from ..diagnose.inputs import image_inputs
     from ..errors import RecipeError
 
     from ..runtime.single_file import split_single_file
@@ -80,16 +81,21 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     # a missing file, a pickle, a file without --base: refused before loading, as generate/check/plan refuse them
     single = split_single_file(args.model, args.base, "calibrate")
     configs = single[1] if single is not None else args.model  # what model_index.json and the configs come from
-    pipeline, inputs = needed_inputs(configs)
-    missing = [name for name in inputs if not (name == "image" and args.image)]
-    if missing:  # before loading: the command line gives a prompt and at most one image
-        fix = "--image FILE" if missing == ["image"] else \
-            f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {', '.join(f'{m!r}: ...' for m in missing)}}})"
-        raise RecipeError(f"{args.model}: {pipeline} needs {' and '.join(missing)} for its runs; {fix}")
+    # before loading: the image, mask and strength as generate checks them; what no flag gives is refused
+    given = image_inputs(configs, image=args.image, mask=args.mask, strength=args.strength, steps=args.steps)
+    if given.others:
+        calls = ", ".join(f"{m!r}: ..." for m in given.others)
+        raise RecipeError(f"{args.model}: {given.pipeline} needs {' and '.join(given.others)} for its runs; "
+                          f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {calls}}})")
+    if args.prompt is not None and given.pipeline and "prompt" not in _call_params(given.pipeline):
+        raise RecipeError(f"--prompt: {given.pipeline} takes no prompt (its runs start from --image); drop --prompt")
     height, width, frames, options = _video_size(args, configs)
+    if args.strength is not None:
+        options = {**options, "strength": args.strength}
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,
                        progress=not args.no_progress, reference=args.reference, run_on=run_on, recipe=args.recipe,
-                       seed=args.seed, prompt=args.prompt, image=args.image, size=(height, width), frames=frames,
+                       seed=args.seed, prompt=args.prompt, image=given.kwargs.get("image"),
+                       mask=given.kwargs.get("mask_image"), size=(height, width), frames=frames,
                        options=options, base=args.base,
                        max_memory=parse_size(args.max_memory) if args.max_memory else None)
     path = result.write(args.out)
@@ -127,3 +133,13 @@ def _video_size(args: argparse.Namespace, configs: str | None = None) -> tuple[i
     if problems:
         raise RecipeError("; ".join(problems))
     return height, width, frames, dict(spec.extra)
+
+
+def _call_params(pipeline: str) -> Any:
+    """The ``__call__`` parameters of the diffusers class named ``pipeline`` (empty when diffusers has none)."""
+    import inspect
+
+    import diffusers
+
+    cls = getattr(diffusers, pipeline, None)
+    return inspect.signature(cls.__call__).parameters if cls is not None else {}

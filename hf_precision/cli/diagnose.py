@@ -11,6 +11,7 @@ from typing import Any
 
 from .common import PLAN_DEVICE_HELP, add_base_arg, add_recipe_args, command, overrides_from, preflight, resolve_for
 from ..errors import RecipeError
+from .run import add_image_args
 
 __all__: list[str] = []
 
@@ -75,6 +76,8 @@ def _args_check(p: argparse.ArgumentParser) -> None:
                         "(--dtype unet=float16; the rest float32 unless --dtype default=... is given); repeatable")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     add_base_arg(p, "PATH")
+    add_image_args(p, "its one tiny call, resized to the call's size", "one made up at the call's size",
+                   "1, with the fewest steps a smaller one denoises one of")
 
 
 def _plain_dtype(values: list[str]) -> Any:
@@ -131,6 +134,12 @@ def _cmd_check(args: argparse.Namespace) -> int:
     if args.base is None and not Path(args.path).expanduser().is_dir():
         raise RecipeError(f"{args.path}: no such folder; check runs a saved pipeline: pass its folder (model_index.json "
                           f"and weights). To plan without weights: hf-precision plan {args.path}")
+    given = None
+    if args.image is not None or args.mask is not None or args.strength is not None:  # checked before loading
+        from ..diagnose.inputs import image_inputs
+
+        given = image_inputs(args.path if args.base is None else args.base, image=args.image, mask=args.mask,
+                             strength=args.strength, required=False)
     if args.plain:
         used = [flag for flag, on in (("--recipe", args.recipe), ("--overrides", args.overrides), ("--set", args.set_),
                                       ("--layout", args.layout), ("--force", args.force)) if on]
@@ -149,9 +158,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
         pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.layout,
                              force=args.force, **({"base": args.base} if args.base is not None else {}))
+    from ..diagnose.call import default_call
     from ..diagnose.checker import check
 
-    report = check(pipe)
+    report = check(pipe, call=default_call(pipe, given.kwargs) if given is not None else None)
     print(report.to_json() if args.json else report.table(_plain_flags if args.plain else None))
     return report.exit_code
 

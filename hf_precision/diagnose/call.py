@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from .steps import schedulable, steps_problem
 
 if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument", "fitted_to_area"]
+           "frames_argument", "fitted_to_area", "sized_inputs"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -60,6 +61,27 @@ def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None
     if "_auto_resize" in params and isinstance(image, Image.Image):
         kwargs.update(image=image.resize((width, height)), _auto_resize=False)
     return kwargs
+
+
+def sized_inputs(params: Any, inputs: dict[str, Any], size: tuple[int | None, int | None]) -> dict[str, Any]:
+    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and
+    width: SD and SDXL image-to-image make a picture of the input's size (rounded down to the VAE's multiple), so the
+    size asked is the size made; a call that takes them resizes its inputs itself (inpainting) or fits an area
+    (Kontext: :func:`~hf_precision.diagnose.call.fitted_to_area`). Unchanged without a full size.
+
+    Example:
+        >>> from PIL import Image
+        >>> out = sized_inputs({"image": None}, {"image": Image.new("RGB", (64, 48)), "strength": 0.5}, (32, 40))
+        >>> out["image"].size, out["strength"]
+        ((40, 32), 0.5)
+        >>> sized_inputs({"image": None, "height": None, "width": None}, {"image": 1}, (32, 40))
+        {'image': 1}
+    """
+    height, width = size
+    if not (height and width) or ("height" in params and "width" in params):
+        return dict(inputs)
+    return {k: v.resize((width, height)) if k in ("image", "mask_image") and hasattr(v, "resize") else v
+            for k, v in inputs.items()}
 
 
 def pipeline_modules(pipe: Any) -> dict[str, nn.Module]:
@@ -132,53 +154,6 @@ def _fewest_steps(pipe: Any) -> int:
     if "num_inference_steps == 1" in source:
         return 2
     return 1 if schedulable(getattr(pipe, "scheduler", None)) else 2
-
-
-def schedulable(scheduler: Any, steps: int = 1) -> bool:
-    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when it cannot be
-    asked: no scheduler, or one without ``set_timesteps``).
-
-    FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
-    ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
-    A dynamic-shifting scheduler is probed with the shift that leaves the sigmas as they are, as its pipeline
-    computes a shift of its own (CogView4's scheduler shifts linearly: ``mu`` 1, not 0).
-
-    Example:
-        >>> from diffusers import FlowMatchEulerDiscreteScheduler
-        >>> ltx = FlowMatchEulerDiscreteScheduler(shift_terminal=0.1)
-        >>> schedulable(FlowMatchEulerDiscreteScheduler()), schedulable(ltx), schedulable(ltx, 2)
-        (True, False, True)
-        >>> schedulable(FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="linear"), 2)
-        True
-    """
-    import copy
-    import warnings
-
-    import numpy as np
-    import torch
-
-    if scheduler is None or not hasattr(scheduler, "set_timesteps"):
-        return True
-    probe = copy.deepcopy(scheduler)
-    config = getattr(probe, "config", {})
-    params = inspect.signature(probe.set_timesteps).parameters
-    # the identity shift: exp(mu) = 1 for the exponential time shift, mu = 1 for the linear one (mu 0 there is 0/0)
-    identity = 1.0 if config.get("time_shift_type") == "linear" else 0.0
-    kwargs = {"mu": identity} if "mu" in params and config.get("use_dynamic_shifting") else {}
-    with warnings.catch_warnings(), np.errstate(all="ignore"):
-        warnings.simplefilter("ignore")
-        try:
-            probe.set_timesteps(steps, **kwargs)
-        except Exception:  # noqa: BLE001 -- a scheduler that refuses the count (or needs pipeline inputs)
-            return False
-    for name in ("timesteps", "sigmas"):
-        value = getattr(probe, name, None)
-        if value is None:
-            continue
-        value = torch.as_tensor(np.asarray(value, dtype=np.float64) if not torch.is_tensor(value) else value).double()
-        if value.numel() == 0 or not bool(torch.isfinite(value).all()):
-            return False
-    return True
 
 
 # The __call__ arguments diffusers pipelines take for an input they cannot run without (img2img and upscale's image,
@@ -268,25 +243,6 @@ def call_inputs(cls: Any) -> list[str]:
                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
-def steps_problem(pipe: Any, steps: int) -> str | None:
-    """Why ``pipe``'s scheduler cannot run ``steps`` steps, with the fix (``--steps``), or None when it can.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> from diffusers import FlowMatchEulerDiscreteScheduler
-        >>> pipe = SimpleNamespace(scheduler=FlowMatchEulerDiscreteScheduler(shift_terminal=0.1))
-        >>> steps_problem(pipe, 1)[:62], steps_problem(pipe, 2)
-        ('--steps 1: FlowMatchEulerDiscreteScheduler cannot make a sched', None)
-    """
-    scheduler = getattr(pipe, "scheduler", None)
-    if schedulable(scheduler, steps):
-        return None
-    more = next((n for n in range(steps + 1, steps + 4) if schedulable(scheduler, n)), None)
-    return (f"--steps {steps}: {type(scheduler).__name__} cannot make a schedule of {steps} step(s) from this model's "
-            f"scheduler config (its timesteps come out empty or not finite); "
-            + (f"use --steps {more} or more" if more else "give the model another scheduler"))
-
-
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
     """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1), a
     Latte transformer's fixed ``video_length`` (``config``: the denoiser's), else 2 (a frame-wise VAE: SVD,
@@ -336,14 +292,16 @@ def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any
     return extra
 
 
-def default_call(pipe: Any) -> Callable[[Any], Any]:
+def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
     Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
     ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
     (and a mask) with ``strength=1``. Video pipelines get the fewest frames their VAE takes (Wan: 5) and, where they
     take one, an input clip. Outputs are numpy (``output_type="np"``). The steps are 2 where 1 cannot run
-    (:func:`_fewest_steps`).
+    (:func:`_fewest_steps`). ``inputs`` (``image``, ``mask_image``, ``strength``: a user's, as
+    :func:`~hf_precision.diagnose.inputs.image_inputs` returns them) replace the made-up ones, at the call's size;
+    a ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4).
 
     Raises:
         RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
@@ -401,6 +359,12 @@ def default_call(pipe: Any) -> Callable[[Any], Any]:
                        ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):
         if key in params:
             kwargs[key] = value
+    if inputs:  # the user's pictures at the tiny call's size (img2img without height/width makes its input's)
+        kwargs.update(sized_inputs(params, dict(inputs), (side, side)))
+        strength = kwargs.get("strength")  # a user's strength below 1: the fewest steps it denoises one of
+        while isinstance(strength, float) and kwargs["num_inference_steps"] < 10_000 and \
+                steps_problem(type(pipe), kwargs["num_inference_steps"], strength):
+            kwargs["num_inference_steps"] += 1
     kwargs.update(fitted_to_area(params, (side, side), kwargs.get("image")))  # Flux Kontext: the tiny call's size
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}

@@ -17,7 +17,8 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
-from ..call import fitted_to_area, frames_argument
+from ..call import fitted_to_area, frames_argument, sized_inputs, steps_problem
+from ..inputs import open_image
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
 from .report import HALF_MAX, CalibrationResult, RunError, compare, recipe_notes
@@ -33,7 +34,7 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
               rounds: int = 6, slack: float = 0.25, prompt: str | None = None, image: Any = None,
               size: tuple[int | None, int | None] = (None, None), max_memory: int | None = None,
               frames: int | None = None, options: Mapping[str, Any] | None = None,
-              base: str | os.PathLike[str] | None = None) -> CalibrationResult:
+              base: str | os.PathLike[str] | None = None, mask: Any = None) -> CalibrationResult:
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
@@ -51,7 +52,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
         run_on (*optional*): where the runs happen; default the best present device.
         recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
             verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
-        prompt, image, size (*optional*): the default call's prompt, input image and (height, width).
+        prompt, image, mask, size (*optional*): the default call's prompt, input image, inpainting mask (white where
+            it repaints) and (height, width), to which SD/SDXL img2img's image is resized (their call takes none).
         frames (*optional*): a video pipeline's frame count in the default call (``num_frames`` or ``video_length``).
         options (*optional*): more kwargs of the default call, those its ``__call__`` takes: what a model's configs
             fix (``{"max_sequence_length": 16}``: the text length CogVideoX's position table was built for).
@@ -91,8 +93,8 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     clock.lap("load")
     with Session(pipe, restore=True, offload_on=run_on if offload else None, handback=not owned) as session:
         setting = _Setting.resolve(session, recipe, device, caps, run_on, target)
-        runs = _Runs(session, setting, _call_kwargs(pipe, call, prompt, image, steps, size, frames, options), call, seed,
-                     progress)
+        kwargs = _call_kwargs(pipe, call, prompt, image, steps, size, frames, options, mask)
+        runs = _Runs(session, setting, kwargs, call, seed, progress)
         # 1. The reference run: every component in the reference dtype, every module's range and samples recorded.
         ref_out, ref = runs.reference(ref_dtype, model)
         clock.lap("reference")
@@ -213,7 +215,8 @@ class _Setting:
 
 def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | None, prompt: str | None, image: Any,
                  steps: int | None, size: tuple[int | None, int | None],
-                 frames: int | None = None, options: Mapping[str, Any] | None = None) -> dict[str, Any] | None:
+                 frames: int | None = None, options: Mapping[str, Any] | None = None,
+                 mask: Any = None) -> dict[str, Any] | None:
     """The kwargs of every run (None: ``call`` is a function); numpy output, so runs compare without a PIL round trip."""
     if callable(call):
         return None
@@ -225,11 +228,11 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         if "prompt" in params or prompt is not None:  # with an image too: Kontext, I2V and img2img calls need one
             kwargs["prompt"] = prompt or "a photo of an astronaut riding a horse"
         if image is not None:
-            from PIL import Image
-
-            kwargs["image"] = Image.open(image).convert("RGB") if isinstance(image, (str, os.PathLike)) else image
+            kwargs["image"] = open_image(image) if isinstance(image, (str, os.PathLike)) else image
         elif "image" in params and params["image"].default is inspect.Parameter.empty:
             raise RecipeError(f"calibrate: {type(pipe).__name__} needs an input image: pass image=... (CLI: --image FILE)")
+        if mask is not None:  # inpainting: white where it repaints
+            kwargs["mask_image"] = open_image(mask, "mask", "L") if isinstance(mask, (str, os.PathLike)) else mask
         kwargs["num_inference_steps"] = steps or 4
         if "class_labels" in params and params["class_labels"].default is inspect.Parameter.empty:
             kwargs["class_labels"] = [1]  # class-conditioned (DiT): one fixed class, as check's call
@@ -238,6 +241,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
                 kwargs[key] = value
         if any(size) and "use_resolution_binning" in params:  # the size asked is the size run (PixArt's binning)
             kwargs["use_resolution_binning"] = False
+        kwargs.update(sized_inputs(params, kwargs, size))  # img2img makes the input's size: the size asked
         kwargs.update(fitted_to_area(params, size, kwargs.get("image")))
         frame_arg = frames_argument(params)
         if frames and frame_arg:
@@ -245,7 +249,8 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         kwargs.update({k: v for k, v in (options or {}).items() if k in params})
     if steps is not None:
         kwargs["num_inference_steps"] = steps
-    problem = _strength_problem(pipe, params, kwargs)
+    count = kwargs.get("num_inference_steps")  # one rule with generate and video: the schedule, and img2img's strength
+    problem = steps_problem(pipe, count, kwargs.get("strength")) if isinstance(count, int) else None
     if problem:
         raise RecipeError(problem)
     if "output_type" in params:
@@ -253,32 +258,6 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
     from ...runtime.progress import quiet_call
 
     return quiet_call(pipe, kwargs)
-
-
-def _strength_problem(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> str | None:
-    """Why an image-to-image call denoises no step at all, with the fix, or None: it runs the last int(steps x
-    strength) of its steps (diffusers 0.42.1 pipeline_stable_diffusion_xl_img2img.py ``get_timesteps``), so SDXL
-    img2img's default strength 0.3 at 2 steps runs none and fails inside the VAE on an empty batch.
-
-    Example:
-        >>> import inspect
-        >>> class Refiner:
-        ...     def __call__(self, image=None, num_inference_steps=50, strength=0.3):
-        ...         pass
-        >>> params = inspect.signature(Refiner.__call__).parameters
-        >>> _strength_problem(Refiner(), params, {"num_inference_steps": 2})[:60]
-        '--steps 2: Refiner denoises int(steps x strength 0.3) = 0 st'
-        >>> _strength_problem(Refiner(), params, {"num_inference_steps": 4}) is None
-        True
-    """
-    strength = kwargs.get("strength", params["strength"].default if "strength" in params else None)
-    steps = kwargs.get("num_inference_steps")
-    if not isinstance(strength, (int, float)) or not isinstance(steps, int) or strength <= 0 or int(steps * strength) >= 1:
-        return None
-    enough = next((n for n in range(steps + 1, steps + 10_000) if int(n * strength) >= 1), None)
-    return (f"--steps {steps}: {type(pipe).__name__} denoises int(steps x strength {strength:g}) = "
-            f"{int(steps * strength)} steps (it starts from the input image that far along); use --steps {enough} "
-            f"or more, or call={{'strength': ...}} in Python")
 
 
 class _Runs:
