@@ -71,6 +71,7 @@ ENCODE_FEEDS = {
     "flux2_dev": {0: ("encoder_hidden_states",)},
     # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
     "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},
+    "bria": {0: ("encoder_hidden_states",)},  # pipeline_bria.py:682-690: T5 zero-padded, no pooled projection
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
