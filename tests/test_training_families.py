@@ -71,6 +71,8 @@ ENCODE_FEEDS = {
     "flux2_dev": {0: ("encoder_hidden_states",)},
     # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
     "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},
+    "bria": {0: ("encoder_hidden_states",)},  # pipeline_bria.py:682-690: T5 zero-padded, no pooled projection
+    "ovis_image": {0: ("encoder_hidden_states",)},  # pipeline_ovis_image.py:648-656
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).
@@ -161,6 +163,8 @@ def test_lora_step(name, tmp_path):
         _assert_svd_edm_inputs_match_the_scheduler(tp)
     if name == "chroma":
         _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen)
+    if name in IDS_FROM_ENCODE:
+        _assert_ids_as_the_pipeline_makes_them(tp, batch, seen, IDS_FROM_ENCODE[name])
     if name in LORA_LOADS:
         _assert_lora_loads_with_plain_diffusers(name, tp, batch, tmp_path / "lora")
 
@@ -203,6 +207,22 @@ def _assert_chroma_mask_as_the_pipeline_makes_it(tp, batch, seen):
     h, w = batch["latents"].shape[-2:]
     want = tp.pipe._prepare_attention_mask(1, (h // 2) * (w // 2), tp.compute_dtype, batch["prompt_attention_mask"])
     assert torch.equal(seen["attention_mask"], want.to(seen["attention_mask"].dtype))
+
+
+# Flux-shaped pipelines whose encode_prompt returns the text position ids (at this index) and whose
+# _prepare_latent_image_ids makes the image ones: Ovis-Image's text ids are (0, i, i), not Flux's zeros.
+IDS_FROM_ENCODE = {"bria": 2, "ovis_image": 2}
+
+
+def _assert_ids_as_the_pipeline_makes_them(tp, batch, seen, index):
+    """The RoPE ids the denoiser got are the pipeline's own: txt_ids from encode_prompt, img_ids per 2x2 patch."""
+    with torch.no_grad():
+        txt = tp.pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, device=tp.device,
+                                    **_short_prompts(tp))[index]
+    h, w = batch["latents"].shape[-2:]
+    img = tp.pipe._prepare_latent_image_ids(1, h // 2, w // 2, tp.device, torch.float32)
+    assert torch.equal(seen["txt_ids"].float().reshape(-1, 3), txt.float().reshape(-1, 3))
+    assert torch.equal(seen["img_ids"].float().reshape(-1, 3), img.reshape(-1, 3))
 
 
 def _schedule(scheduler):
