@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'llama', 'mistral3_chat', 'qwen2', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -156,4 +156,36 @@ def _mistral3_chat() -> Any:
                          "m['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
                          "{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
                          "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
+    return tok
+
+
+@register("tokenizer", "kandinsky5_qwen")
+def _kandinsky5_qwen() -> Any:
+    # Kandinsky 5 wraps each prompt in a ~130-token system template and cuts the Qwen2.5-VL states at token 128
+    # (diffusers v0.42.1 pipelines/kandinsky5/pipeline_kandinsky.py:189-201, :374); the handmade byte-level BPE reads
+    # that template one byte a token (~790), so the cut kept most of it and the commands' 512-token default truncated
+    # the prompt with a warning. Merges for the words of the template (read from the pipeline's __init__, where it is
+    # written) make it about as many tokens as Qwen's tokenizer: 134 up to the prompt.
+    import inspect
+    import re
+
+    from diffusers import Kandinsky5T2VPipeline
+
+    from .tokenizers import _bytes_to_unicode
+
+    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
+    merges: list[tuple[str, str]] = []
+    known: set[tuple[str, str]] = set()
+    words = sorted(set(re.findall(r"[A-Za-z]+", inspect.getsource(Kandinsky5T2VPipeline.__init__))))
+    for piece in ["\u0120" + w for w in words] + words:  # "\u0120": the byte-level mark of a leading space
+        for i in range(1, len(piece)):
+            if (piece[:i], piece[i]) not in known:
+                known.add((piece[:i], piece[i]))
+                merges.append((piece[:i], piece[i]))
+                vocab.setdefault(piece[:i + 1], len(vocab))
+    from transformers import Qwen2Tokenizer
+
+    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=1024)
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
+                                                         "<|vision_end|>", "<|image_pad|>"]})
     return tok
