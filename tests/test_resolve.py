@@ -157,6 +157,8 @@ COMPONENTS = {
     "sana_video.transformer": dict(tol=BF16_ONLY, out="latents", islands=(), guard=False, entry=("",)),
     "chronoedit.transformer": dict(tol=BF16_PREF, out="latents", islands=("condition_embedder.time_embedder", "rope"),
                                    guard=False, entry=("",)),
+    "kandinsky5.transformer": dict(tol=BF16_ONLY, out="latents", islands=(
+        "time_embeddings", "*modulation", "*query_norm", "*key_norm"), guard=False, entry=("",)),
     "flux2.text_encoder":     dict(tol=BF16_ONLY, out="compute", islands=(), guard=False, entry=("",)),
     "flux2.transformer":      dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
     "flux2.vae":              dict(tol=BF16_ONLY, out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
@@ -210,6 +212,9 @@ PIPELINES = {
                                    "vae": "video_vae.wan"}, latents_from=None, denoiser="transformer"),
     "chronoedit": dict(components={"text_encoder": "video_text.umt5", "image_encoder": "clip.vision",
                                    "transformer": "chronoedit.transformer", "vae": "video_vae.wan"},
+                       latents_from=None, denoiser="transformer"),
+    "kandinsky5": dict(components={"text_encoder": "textenc.qwen25vl", "text_encoder_2": "clip.text",
+                                   "transformer": "kandinsky5.transformer", "vae": "video_vae.hunyuan_video"},
                        latents_from=None, denoiser="transformer"),
     "flux2":      dict(components={"text_encoder": "flux2.text_encoder", "transformer": "flux2.transformer",
                                    "vae": "flux2.vae"}, latents_from="text_encoder"),

@@ -180,7 +180,12 @@ class _Setting:
             raise RecipeError(f"calibrate: target {target!r} cannot be computed on {caps.profile.label()} (it computes "
                               f"{', '.join(caps.compute)}); pass target='float16' or 'bfloat16' that the layout "
                               "computes, or another layout (device='t4', 'a100')")
-        recipe_islands = {p.name: list(p.keep_fp32) for p in plan.policies if p.name in comps and p.compute in dt.HALF}
+        # The recipe's islands are kept in every half run, also where the recipe computes the component in float32
+        # on this layout: they are what a half compute of it keeps, and the model's code may need them (Kandinsky 5
+        # feeds fp32 sinusoids to its `time_embeddings`, transformer_kandinsky.py:169-171: without that island a
+        # float16 run raised a dtype mismatch)
+        recipe_islands = {p.name: list(p.keep_fp32) for p in plan.policies
+                          if p.name in comps and (p.compute in dt.HALF or p.keep_fp32)}
         return cls(
             names=[p.name for p in plan.policies if p.name in comps],
             denoiser=plan.denoiser if plan.denoiser in comps else None, target=target, limit=HALF_MAX[target],
