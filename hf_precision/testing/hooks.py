@@ -189,3 +189,17 @@ def _kandinsky5_qwen() -> Any:
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
                                                          "<|vision_end|>", "<|image_pad|>"]})
     return tok
+
+
+@register("after", "kandinsky5_modulation")
+def _kandinsky5_modulation(model: Any) -> None:
+    # Kandinsky5Modulation zero-initialises its layer (diffusers v0.42.1 transformer_kandinsky.py:268-269): every
+    # gate is 0, so a random tiny model's blocks add nothing and a LoRA on their attention gets no gradient. Trained
+    # weights are not zero; a seeded draw like the other layers' stands in for them.
+    import torch
+
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith("modulation"):
+                torch.nn.init.normal_(module.out_layer.weight, std=0.1)
+                torch.nn.init.normal_(module.out_layer.bias, std=0.1)

@@ -349,8 +349,9 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     def randn(*shape: int) -> torch.Tensor:  # meta: shapes only, nothing drawn
         return torch.empty(shape, device=device) if device.type == "meta" else torch.randn(*shape, generator=gen).to(device)
 
-    in_c = int(config["in_channels"])
-    out_c = int(config.get("out_channels") or in_c)
+    # Kandinsky 5 names its latent channels in_visual_dim / out_visual_dim (transformer_kandinsky.py)
+    in_c = int(config.get("in_channels") or config["in_visual_dim"])
+    out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
     channels = in_c // 4 if row.pack == "flux" else min(in_c, out_c)
     if latent is None:
         latent = _fitted_latent(row, config, side, frames)
@@ -402,4 +403,4 @@ def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frame
     if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
         # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
         height, width = int(config["sample_height"]), int(config["sample_width"])
-    return (frames, height, width) if row.layout in ("video", "frames_first") else (height, width)
+    return (frames, height, width) if row.layout in ("video", "frames_first", "channels_last") else (height, width)
