@@ -21,7 +21,7 @@ def _file(**row):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"layout": "vidoe"}, "denoisers.MyDiT.layout: bad value 'vidoe'; allowed: image, video, frames_first; did you mean 'video'?"),
+    ({"layout": "vidoe"}, "denoisers.MyDiT.layout: bad value 'vidoe'; allowed: image, video, frames_first, channels_last; did you mean 'video'?"),
     ({"extras": ["guidanse"]}, "denoisers.MyDiT.extras[0]: no registered builder 'guidanse'; allowed: "),
     ({"optional": {"clip_img": ["image_embeds", "tokens@dim"]}}, "denoisers.MyDiT.optional: bad value"),
     ({"timestep_scale": "1000"}, "denoisers.MyDiT.timestep_scale: bad value '1000'; allowed: a positive number, e.g. 1000.0"),

@@ -167,28 +167,10 @@ def _kandinsky5_qwen() -> Any:
     # the prompt with a warning. Merges for the words of the template (read from the pipeline's __init__, where it is
     # written) make it about as many tokens as Qwen's tokenizer: 134 up to the prompt.
     import inspect
-    import re
 
     from diffusers import Kandinsky5T2VPipeline
 
-    from .tokenizers import _bytes_to_unicode
-
-    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
-    merges: list[tuple[str, str]] = []
-    known: set[tuple[str, str]] = set()
-    words = sorted(set(re.findall(r"[A-Za-z]+", inspect.getsource(Kandinsky5T2VPipeline.__init__))))
-    for piece in ["\u0120" + w for w in words] + words:  # "\u0120": the byte-level mark of a leading space
-        for i in range(1, len(piece)):
-            if (piece[:i], piece[i]) not in known:
-                known.add((piece[:i], piece[i]))
-                merges.append((piece[:i], piece[i]))
-                vocab.setdefault(piece[:i + 1], len(vocab))
-    from transformers import Qwen2Tokenizer
-
-    tok = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=1024)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                                                         "<|vision_end|>", "<|image_pad|>"]})
-    return tok
+    return tokenizers.make_qwen2_words_tokenizer(inspect.getsource(Kandinsky5T2VPipeline.__init__))
 
 
 @register("after", "kandinsky5_modulation")
