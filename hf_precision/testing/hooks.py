@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen2_vl_chat', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -185,3 +185,16 @@ def _kandinsky5_modulation(model: Any) -> None:
             if name.endswith("modulation"):
                 torch.nn.init.normal_(module.out_layer.weight, std=0.1)
                 torch.nn.init.normal_(module.out_layer.bias, std=0.1)
+
+
+@register("tokenizer", "qwen2_vl_chat")
+def _qwen2_vl_chat() -> Any:
+    # EasyAnimate V5.1 wraps each prompt in Qwen2-VL's chat template as a message whose content is a list of
+    # {"type": "text", "text": ...} parts (diffusers v0.42.1 pipelines/easyanimate/pipeline_easyanimate.py:298-313):
+    # the handmade byte-level BPE with Qwen's ChatML template reading such parts
+    tok = tokenizers.make_qwen2_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+                         "{{ m['content'] }}{% else %}{% for part in m['content'] %}{% if part['type'] == 'text' %}"
+                         "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    return tok
