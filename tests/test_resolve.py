@@ -159,6 +159,9 @@ COMPONENTS = {
                                    guard=False, entry=("",)),
     "kandinsky5.transformer": dict(tol=BF16_ONLY, out="latents", islands=(
         "time_embeddings", "*modulation", "*query_norm", "*key_norm"), guard=False, entry=("",)),
+    "easyanimate.transformer": dict(tol=BF16_PREF, out="latents", islands=("time_embedding",), guard=False, entry=("",)),
+    "easyanimate.text_encoder": dict(tol=BF16_PREF, out="compute", islands=(), guard=False, entry=("",)),
+    "easyanimate.vae":        dict(tol=BF16_PREF, out="float32", islands=(), guard=True, entry=VAE_ENTRY),
     "flux2.text_encoder":     dict(tol=BF16_ONLY, out="compute", islands=(), guard=False, entry=("",)),
     "flux2.transformer":      dict(tol=BF16_PREF, out="latents", islands=(), guard=False, entry=("",)),
     "flux2.vae":              dict(tol=BF16_ONLY, out="float32", islands=(), guard=True,  entry=VAE_ENTRY),
@@ -216,6 +219,8 @@ PIPELINES = {
     "kandinsky5": dict(components={"text_encoder": "textenc.qwen25vl", "text_encoder_2": "clip.text",
                                    "transformer": "kandinsky5.transformer", "vae": "video_vae.hunyuan_video"},
                        latents_from=None, denoiser="transformer"),
+    "easyanimate": dict(components={"text_encoder": "easyanimate.text_encoder", "transformer": "easyanimate.transformer",
+                                    "vae": "easyanimate.vae"}, latents_from="text_encoder", denoiser="transformer"),
     "flux2":      dict(components={"text_encoder": "flux2.text_encoder", "transformer": "flux2.transformer",
                                    "vae": "flux2.vae"}, latents_from="text_encoder"),
     "zimage":     dict(components={"text_encoder": "textenc.qwen3", "transformer": "mmdit.zimage",

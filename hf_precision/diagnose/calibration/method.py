@@ -17,7 +17,7 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
-from ..call import fitted_to_area, frames_argument
+from ..call import default_negative_prompt, fitted_to_area, frames_argument
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
 from .report import HALF_MAX, CalibrationResult, RunError, compare, recipe_notes
@@ -247,6 +247,9 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         frame_arg = frames_argument(params)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
+        negative = default_negative_prompt(pipe)
+        if negative is not None and "negative_prompt" in params:  # EasyAnimate fails without one
+            kwargs["negative_prompt"] = negative
         kwargs.update({k: v for k, v in (options or {}).items() if k in params})
     if steps is not None:
         kwargs["num_inference_steps"] = steps
