@@ -236,3 +236,20 @@ def test_a_model_whose_denoiser_has_no_row_is_refused_before_loading_naming_the_
     assert len(err.splitlines()) == 1 and err.startswith("hf-precision train: error: --model: HunyuanImagePipeline "), err
     assert "transformer: HunyuanImageTransformer2DModel" in err
     assert "recipes/denoisers.yaml" in err and "hf_precision.training.add_rows(path)" in err, err
+
+
+@pytest.mark.parametrize("blocks", [[128, 256, 512, 512], [8, 8, 8]])
+def test_magvit_vae_factors_are_the_ones_its_pipeline_reads(blocks):
+    """EasyAnimate's MagVIT VAE compresses time by 2 ** (len(block_out_channels) - 2) (autoencoder_kl_magvit.py:733),
+    which its pipeline reads; without a latents row the `other` rule said 1 (no temporal_compression_ratio key)."""
+    import torch
+    from diffusers import AutoencoderKLMagvit
+
+    from hf_precision.memory import geometry
+
+    n = len(blocks)
+    with torch.device("meta"):
+        vae = AutoencoderKLMagvit(block_out_channels=blocks, down_block_types=["SpatialDownBlock3D"] * n,
+                                  up_block_types=["SpatialUpBlock3D"] * n, norm_num_groups=8)
+    assert geometry.vae_factors("AutoencoderKLMagvit", dict(vae.config)) == (vae.spatial_compression_ratio,
+                                                                             vae.temporal_compression_ratio)
