@@ -253,3 +253,23 @@ def test_magvit_vae_factors_are_the_ones_its_pipeline_reads(blocks):
                                   up_block_types=["SpatialUpBlock3D"] * n, norm_num_groups=8)
     assert geometry.vae_factors("AutoencoderKLMagvit", dict(vae.config)) == (vae.spatial_compression_ratio,
                                                                              vae.temporal_compression_ratio)
+
+
+def test_a_kandinsky5_i2v_transformer_gets_its_condition_channels_in_training():
+    """Kandinsky 5 I2V (visual_cond) takes the noise, the image's latents and a mask on the last axis (2 * 16 + 1 =
+    33 channels, transformer_kandinsky.py:567); training fed the 16 noise channels only and failed inside the model
+    with a shape error. Without an image in the batch the condition is zeros, as for Wan I2V."""
+    import torch
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from hf_precision.training import call_inputs, example_batch, row_of
+
+    torch.manual_seed(0)
+    model = Kandinsky5Transformer3DModel(in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=8, out_visual_dim=4,
+                                         model_dim=8, ff_dim=8, num_text_blocks=1, num_visual_blocks=1,
+                                         axes_dims=(2, 2, 4), visual_cond=True)
+    row = row_of(model)
+    kwargs = call_inputs(row, model, example_batch(model))
+    assert kwargs["hidden_states"].shape[-1] == 9
+    out = model(**kwargs).sample
+    assert out.shape == kwargs["hidden_states"][..., :4].shape and torch.isfinite(out).all()

@@ -305,6 +305,10 @@ def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: to
     # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
     config = getattr(getattr(module, "_orig_mod", module), "config", {})
     want = int(config.get("in_channels") or 0) // (4 if row.pack == "flux" else 1)
+    if not want and config.get("visual_cond"):
+        # Kandinsky 5 I2V: the noise, the image's latents and a 1-channel mask (2 * in_visual_dim + 1,
+        # transformer_kandinsky.py:567; pipeline_kandinsky_i2v.py prepare_latents)
+        want = 2 * int(config["in_visual_dim"]) + 1
     dim = inputs.channel_dim(row)
     have = noisy.shape[dim]
     if want <= have:
