@@ -225,3 +225,15 @@ def test_calibrate_refuses_steps_that_leave_an_img2img_call_no_step():
     with pytest.raises(RecipeError, match=r"--steps 2: Refiner denoises 0 of 2 steps at strength 0.3 .*use --steps 4 or more"):
         _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 2, (None, None))
     assert _call_kwargs(Refiner(), None, None, Image.new("RGB", (32, 32)), 4, (None, None))["num_inference_steps"] == 4
+
+
+def test_half_runs_keep_the_recipes_islands_where_the_recipe_computes_float32():
+    """Kandinsky 5's recipe computes its transformer in fp32 without bf16 and keeps `time_embeddings` fp32 in a half
+    layout, which the model needs (it feeds fp32 sinusoids to it): calibrate's float16 runs on a T4 keep that island
+    (a float16 `time_embeddings` raised a dtype mismatch)."""
+    kwargs = PIPELINES["kandinsky5"].call_kwargs(num_inference_steps=1, num_frames=1, height=16, width=16)
+    assert hp.get_recipe("kandinsky5", device="t4")["transformer"].compute == "float32"
+    result = hp.calibrate(make_pipeline("kandinsky5"), "t4", kwargs, progress=False)
+    assert result.finite
+    assert "time_embeddings" in result.keep_fp32("transformer")
+    assert "raised RuntimeError" in result.errors["naive"].first_nonfinite  # all-fp16, no island: the mismatch

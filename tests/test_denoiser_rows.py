@@ -21,7 +21,7 @@ def _file(**row):
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"layout": "vidoe"}, "denoisers.MyDiT.layout: bad value 'vidoe'; allowed: image, video, frames_first; did you mean 'video'?"),
+    ({"layout": "vidoe"}, "denoisers.MyDiT.layout: bad value 'vidoe'; allowed: image, video, frames_first, channels_last; did you mean 'video'?"),
     ({"extras": ["guidanse"]}, "denoisers.MyDiT.extras[0]: no registered builder 'guidanse'; allowed: "),
     ({"optional": {"clip_img": ["image_embeds", "tokens@dim"]}}, "denoisers.MyDiT.optional: bad value"),
     ({"timestep_scale": "1000"}, "denoisers.MyDiT.timestep_scale: bad value '1000'; allowed: a positive number, e.g. 1000.0"),
@@ -236,3 +236,40 @@ def test_a_model_whose_denoiser_has_no_row_is_refused_before_loading_naming_the_
     assert len(err.splitlines()) == 1 and err.startswith("hf-precision train: error: --model: HunyuanImagePipeline "), err
     assert "transformer: HunyuanImageTransformer2DModel" in err
     assert "recipes/denoisers.yaml" in err and "hf_precision.training.add_rows(path)" in err, err
+
+
+@pytest.mark.parametrize("blocks", [[128, 256, 512, 512], [8, 8, 8]])
+def test_magvit_vae_factors_are_the_ones_its_pipeline_reads(blocks):
+    """EasyAnimate's MagVIT VAE compresses time by 2 ** (len(block_out_channels) - 2) (autoencoder_kl_magvit.py:733),
+    which its pipeline reads; without a latents row the `other` rule said 1 (no temporal_compression_ratio key)."""
+    import torch
+    from diffusers import AutoencoderKLMagvit
+
+    from hf_precision.memory import geometry
+
+    n = len(blocks)
+    with torch.device("meta"):
+        vae = AutoencoderKLMagvit(block_out_channels=blocks, down_block_types=["SpatialDownBlock3D"] * n,
+                                  up_block_types=["SpatialUpBlock3D"] * n, norm_num_groups=8)
+    assert geometry.vae_factors("AutoencoderKLMagvit", dict(vae.config)) == (vae.spatial_compression_ratio,
+                                                                             vae.temporal_compression_ratio)
+
+
+def test_a_kandinsky5_i2v_transformer_gets_its_condition_channels_in_training():
+    """Kandinsky 5 I2V (visual_cond) takes the noise, the image's latents and a mask on the last axis (2 * 16 + 1 =
+    33 channels, transformer_kandinsky.py:567); training fed the 16 noise channels only and failed inside the model
+    with a shape error. Without an image in the batch the condition is zeros, as for Wan I2V."""
+    import torch
+    from diffusers import Kandinsky5Transformer3DModel
+
+    from hf_precision.training import call_inputs, example_batch, row_of
+
+    torch.manual_seed(0)
+    model = Kandinsky5Transformer3DModel(in_visual_dim=4, in_text_dim=8, in_text_dim2=8, time_dim=8, out_visual_dim=4,
+                                         model_dim=8, ff_dim=8, num_text_blocks=1, num_visual_blocks=1,
+                                         axes_dims=(2, 2, 4), visual_cond=True)
+    row = row_of(model)
+    kwargs = call_inputs(row, model, example_batch(model))
+    assert kwargs["hidden_states"].shape[-1] == 9
+    out = model(**kwargs).sample
+    assert out.shape == kwargs["hidden_states"][..., :4].shape and torch.isfinite(out).all()

@@ -68,6 +68,8 @@ ENCODE_FEEDS = {
     "skyreels_v2": {0: ("encoder_hidden_states",)},
     "sana_video": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
     "chronoedit": {0: ("encoder_hidden_states",)},
+    "kandinsky5": {0: ("encoder_hidden_states",), 1: ("pooled_projections",)},
+    "easyanimate": {0: ("encoder_hidden_states",)},
     "flux2_dev": {0: ("encoder_hidden_states",)},
     # pipeline_hidream_image.py:933-938: T5, Llama's hidden states stacked layers first, pooled CLIP-L + CLIP-G
     "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},

@@ -368,3 +368,20 @@ def test_a_call_that_fixes_its_frame_count_refuses_another_before_loading(tmp_pa
     wan = video_spec("WanImageToVideoPipeline", {**idx, "transformer": ["diffusers", "WanTransformer3DModel"]},
                      {"transformer": {"patch_size": [1, 2, 2]}})
     assert wan.check(height=32, width=32, frames=9) == []  # a count the call keeps is no problem
+
+
+def test_a_pipeline_that_fails_without_a_negative_prompt_gets_the_recipes(tiny_pipe):
+    """EasyAnimate's call iterates a None negative prompt under guidance (pipeline_easyanimate.py:347-362): video,
+    check and calibrate, which pass none unless asked, failed with TypeError. Its recipe's video block gives '', which
+    each command's call passes when none is given."""
+    from hf_precision.apps.video.spec import spec_of
+    from hf_precision.diagnose.calibration.method import _call_kwargs
+    from hf_precision.diagnose.call import default_call
+
+    pipe = tiny_pipe("easyanimate")
+    with pytest.raises(TypeError, match="not iterable"):  # plain diffusers, no negative prompt
+        pipe(prompt="a cat", height=16, width=16, num_frames=1, num_inference_steps=1, output_type="np")
+    assert spec_of(pipe).row.negative_prompt == ""  # video's, when --negative-prompt is not given
+    assert _call_kwargs(pipe, None, None, None, 1, (16, 16), 1, None)["negative_prompt"] == ""  # calibrate's
+    frames = default_call(pipe)(pipe).frames  # check's
+    assert np.isfinite(np.asarray(frames)).all()

@@ -425,8 +425,8 @@ def _tiny_of(recipe: str):
 
 
 def test_the_video_recipes_are_the_video_families():
-    assert VIDEO_RECIPES == ["allegro", "chronoedit", "cogvideox", "hunyuan_video", "hunyuan_video15", "latte", "ltx", "mochi",
-                             "sana_video", "skyreels_v2", "svd", "wan"]
+    assert VIDEO_RECIPES == ["allegro", "chronoedit", "cogvideox", "easyanimate", "hunyuan_video", "hunyuan_video15",
+                             "kandinsky5", "latte", "ltx", "mochi", "sana_video", "skyreels_v2", "svd", "wan"]
 
 
 @pytest.mark.parametrize("name", VIDEO_RECIPES)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument", "fitted_to_area", "sized_inputs"]
+           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -292,6 +292,23 @@ def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any
     return extra
 
 
+def default_negative_prompt(pipe: Any) -> str | None:
+    """The negative prompt a command's call passes when none is given: the shipped recipe's ``video.negative_prompt``
+    for the pipeline's class, else None (none passed: the pipeline's own default). EasyAnimate's call iterates a None
+    negative prompt under guidance (diffusers v0.42.1 pipeline_easyanimate.py:347-362: TypeError), so its recipe
+    gives ''.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> default_negative_prompt(type("EasyAnimatePipeline", (), {})()), default_negative_prompt(SimpleNamespace())
+        ('', None)
+    """
+    from ..recipe.catalog import pipeline_spec, recipe_classes
+
+    name = recipe_classes().get(type(pipe).__name__)
+    return (pipeline_spec(name).get("video") or {}).get("negative_prompt") if name else None
+
+
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
@@ -365,6 +382,8 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
         while isinstance(strength, float) and kwargs["num_inference_steps"] < 10_000 and \
                 steps_problem(type(pipe), kwargs["num_inference_steps"], strength):
             kwargs["num_inference_steps"] += 1
+    if "negative_prompt" in params and default_negative_prompt(pipe) is not None:
+        kwargs["negative_prompt"] = default_negative_prompt(pipe)
     kwargs.update(fitted_to_area(params, (side, side), kwargs.get("image")))  # Flux Kontext: the tiny call's size
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}

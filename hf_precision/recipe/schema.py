@@ -194,6 +194,8 @@ VIDEO_KEYS: dict[str, Any] = {
     "size_note": (lambda v: isinstance(v, str), "text saying why sizes are multiples of size_multiple"),
     "call_frames": (_WHOLE, "the one frame count the pipeline's call makes whatever it is asked, 0 for any, e.g. 5"),
     "call_frames_note": (lambda v: isinstance(v, str), "text saying where the call fixes its frame count"),
+    "negative_prompt": (lambda v: v is None or isinstance(v, str), "the negative prompt the call gets when none is "
+                        "given, or null for the pipeline's own default, e.g. ''"),
 }
 
 

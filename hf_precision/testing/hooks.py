@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'llama', 'mistral3_chat', 'qwen2', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen2_vl_chat', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -156,4 +156,45 @@ def _mistral3_chat() -> Any:
                          "m['content'] | selectattr('type', 'equalto', 'text') | map(attribute='text') | join('') %}"
                          "{% if m['role'] == 'system' %}[SYSTEM_PROMPT]{{ text }}[/SYSTEM_PROMPT]"
                          "{% else %}[INST]{{ text }}[/INST]{% endif %}{% endfor %}")
+    return tok
+
+
+@register("tokenizer", "kandinsky5_qwen")
+def _kandinsky5_qwen() -> Any:
+    # Kandinsky 5 wraps each prompt in a ~130-token system template and cuts the Qwen2.5-VL states at token 128
+    # (diffusers v0.42.1 pipelines/kandinsky5/pipeline_kandinsky.py:189-201, :374); the handmade byte-level BPE reads
+    # that template one byte a token (~790), so the cut kept most of it and the commands' 512-token default truncated
+    # the prompt with a warning. Merges for the words of the template (read from the pipeline's __init__, where it is
+    # written) make it about as many tokens as Qwen's tokenizer: 134 up to the prompt.
+    import inspect
+
+    from diffusers import Kandinsky5T2VPipeline
+
+    return tokenizers.make_qwen2_words_tokenizer(inspect.getsource(Kandinsky5T2VPipeline.__init__))
+
+
+@register("after", "kandinsky5_modulation")
+def _kandinsky5_modulation(model: Any) -> None:
+    # Kandinsky5Modulation zero-initialises its layer (diffusers v0.42.1 transformer_kandinsky.py:268-269): every
+    # gate is 0, so a random tiny model's blocks add nothing and a LoRA on their attention gets no gradient. Trained
+    # weights are not zero; a seeded draw like the other layers' stands in for them.
+    import torch
+
+    with torch.no_grad():
+        for name, module in model.named_modules():
+            if name.endswith("modulation"):
+                torch.nn.init.normal_(module.out_layer.weight, std=0.1)
+                torch.nn.init.normal_(module.out_layer.bias, std=0.1)
+
+
+@register("tokenizer", "qwen2_vl_chat")
+def _qwen2_vl_chat() -> Any:
+    # EasyAnimate V5.1 wraps each prompt in Qwen2-VL's chat template as a message whose content is a list of
+    # {"type": "text", "text": ...} parts (diffusers v0.42.1 pipelines/easyanimate/pipeline_easyanimate.py:298-313):
+    # the handmade byte-level BPE with Qwen's ChatML template reading such parts
+    tok = tokenizers.make_qwen2_tokenizer()
+    tok.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}"
+                         "{{ m['content'] }}{% else %}{% for part in m['content'] %}{% if part['type'] == 'text' %}"
+                         "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     return tok

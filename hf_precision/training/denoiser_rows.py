@@ -305,6 +305,10 @@ def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: to
     # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
     config = getattr(getattr(module, "_orig_mod", module), "config", {})
     want = int(config.get("in_channels") or 0) // (4 if row.pack == "flux" else 1)
+    if not want and config.get("visual_cond"):
+        # Kandinsky 5 I2V: the noise, the image's latents and a 1-channel mask (2 * in_visual_dim + 1,
+        # transformer_kandinsky.py:567; pipeline_kandinsky_i2v.py prepare_latents)
+        want = 2 * int(config["in_visual_dim"]) + 1
     dim = inputs.channel_dim(row)
     have = noisy.shape[dim]
     if want <= have:
@@ -349,8 +353,9 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     def randn(*shape: int) -> torch.Tensor:  # meta: shapes only, nothing drawn
         return torch.empty(shape, device=device) if device.type == "meta" else torch.randn(*shape, generator=gen).to(device)
 
-    in_c = int(config["in_channels"])
-    out_c = int(config.get("out_channels") or in_c)
+    # Kandinsky 5 names its latent channels in_visual_dim / out_visual_dim (transformer_kandinsky.py)
+    in_c = int(config.get("in_channels") or config["in_visual_dim"])
+    out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
     channels = in_c // 4 if row.pack == "flux" else min(in_c, out_c)
     if latent is None:
         latent = _fitted_latent(row, config, side, frames)
@@ -402,4 +407,4 @@ def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frame
     if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
         # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
         height, width = int(config["sample_height"]), int(config["sample_width"])
-    return (frames, height, width) if row.layout in ("video", "frames_first") else (height, width)
+    return (frames, height, width) if row.layout in ("video", "frames_first", "channels_last") else (height, width)

@@ -261,8 +261,9 @@ def default_device() -> str:
 def _one(pipe: Any, spec: Any, job: Job, options: BatchOptions, bar: Any) -> ClipResult:
     image = read_image(job.image) if job.image is not None else None
     extra = {name: getattr(options, name) for name in spec.row.call_options}
-    if options.negative_prompt is not None:
-        extra["negative_prompt"] = options.negative_prompt
+    negative = options.negative_prompt if options.negative_prompt is not None else spec.row.negative_prompt
+    if negative is not None:  # the recipe's where the pipeline fails without one (EasyAnimate)
+        extra["negative_prompt"] = negative
     return generate_clip(pipe, spec, prompt=job.prompt, image=image, height=options.height, width=options.width,
                          frames=options.frames, steps=options.steps, seed=options.seed,
                          guidance_scale=options.guidance_scale, decode_chunk_size=options.decode_chunk_size,

@@ -65,6 +65,7 @@ class VideoRow:
     size_note: str
     call_frames: int
     call_frames_note: str
+    negative_prompt: str | None
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the

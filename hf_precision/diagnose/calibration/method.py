@@ -17,7 +17,7 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
-from ..call import fitted_to_area, frames_argument, sized_inputs, steps_problem
+from ..call import default_negative_prompt, fitted_to_area, frames_argument, sized_inputs, steps_problem
 from ..inputs import open_image
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
@@ -182,7 +182,12 @@ class _Setting:
             raise RecipeError(f"calibrate: target {target!r} cannot be computed on {caps.profile.label()} (it computes "
                               f"{', '.join(caps.compute)}); pass target='float16' or 'bfloat16' that the layout "
                               "computes, or another layout (device='t4', 'a100')")
-        recipe_islands = {p.name: list(p.keep_fp32) for p in plan.policies if p.name in comps and p.compute in dt.HALF}
+        # The recipe's islands are kept in every half run, also where the recipe computes the component in float32
+        # on this layout: they are what a half compute of it keeps, and the model's code may need them (Kandinsky 5
+        # feeds fp32 sinusoids to its `time_embeddings`, transformer_kandinsky.py:169-171: without that island a
+        # float16 run raised a dtype mismatch)
+        recipe_islands = {p.name: list(p.keep_fp32) for p in plan.policies
+                          if p.name in comps and (p.compute in dt.HALF or p.keep_fp32)}
         return cls(
             names=[p.name for p in plan.policies if p.name in comps],
             denoiser=plan.denoiser if plan.denoiser in comps else None, target=target, limit=HALF_MAX[target],
@@ -246,6 +251,9 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
         frame_arg = frames_argument(params)
         if frames and frame_arg:
             kwargs[frame_arg] = frames
+        negative = default_negative_prompt(pipe)
+        if negative is not None and "negative_prompt" in params:  # EasyAnimate fails without one
+            kwargs["negative_prompt"] = negative
         kwargs.update({k: v for k, v in (options or {}).items() if k in params})
     if steps is not None:
         kwargs["num_inference_steps"] = steps

@@ -53,14 +53,15 @@ def builder(name: str) -> Callable[[Builder], Builder]:
 
 
 def channel_dim(row: Any) -> int:
-    """The channel axis of latents in the row's layout: 2 for ``frames_first`` (B,F,C,H,W), else 1.
+    """The channel axis of latents in the row's layout: 2 for ``frames_first`` (B,F,C,H,W), -1 for ``channels_last``
+    (B,F,H,W,C), else 1.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> channel_dim(SimpleNamespace(layout="frames_first")), channel_dim(SimpleNamespace(layout="video"))
-        (2, 1)
+        >>> [channel_dim(SimpleNamespace(layout=k)) for k in ("frames_first", "video", "channels_last")]
+        [2, 1, -1]
     """
-    return 2 if row.layout == "frames_first" else 1
+    return {"frames_first": 2, "channels_last": -1}.get(row.layout, 1)
 
 
 def reference_latents(row: Any, batch: Mapping[str, Any]) -> list[torch.Tensor]:
@@ -88,11 +89,15 @@ def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
         >>> from types import SimpleNamespace
         >>> model_layout(SimpleNamespace(layout="frames_first"), torch.zeros(1, 4, 3, 8, 8)).shape
         torch.Size([1, 3, 4, 8, 8])
+        >>> model_layout(SimpleNamespace(layout="channels_last"), torch.zeros(1, 4, 3, 8, 6)).shape
+        torch.Size([1, 3, 8, 6, 4])
     """
     if row.layout == "image" and x.dim() == 5 and x.shape[2] == 1:
         return x[:, :, 0]  # a 3D causal VAE (QwenImage) encodes an image as one latent frame; the pipeline packs it 2D
     if row.layout == "frames_first":
         return x.transpose(1, 2)  # the VAE gives (B,C,F,H,W); CogVideoX and SVD take (B,F,C,H,W)
+    if row.layout == "channels_last":
+        return x.permute(0, 2, 3, 4, 1)  # Kandinsky 5 takes (B,F,H,W,C) (pipeline_kandinsky.py prepare_latents)
     return x
 
 
