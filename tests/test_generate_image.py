@@ -48,6 +48,10 @@ RUNS = [
     ("sd_inpaint", ["--image", "{cat}", "--mask", "{mask}", "--height", "32", "--width", "48"], (48, 32)),
     # Kontext fits an area, not height x width (fitted_to_area): the size asked is the size made
     ("flux_kontext", ["--image", "{cat}", "--height", "32", "--width", "48"], (48, 32)),
+    # Flux Fill: the mask and the masked image's latents join the transformer's channels; under the T4's layout the
+    # masked image, cast to T5's dtype (pipeline_flux_fill.py:925), reaches a VAE of another dtype
+    ("flux_fill", ["--image", "{cat}", "--mask", "{mask}", "--height", "48", "--width", "32", "--layout", "t4"],
+     (32, 48)),
 ]
 
 
@@ -175,7 +179,7 @@ def test_the_command_sweep_gives_image_and_mask_where_the_family_needs_them(save
     spec.loader.exec_module(sweep)
     picture, mask = tmp_path / "input.png", tmp_path / "mask.png"
     for kind, image, masked in [("sd_inpaint", True, True), ("sd_img2img", True, False), ("flux_kontext", True, False),
-                                ("sd15", False, False)]:
+                                ("flux_fill", True, True), ("sd15", False, False)]:
         folder = saved_pipeline(kind)
         cls = json.loads((folder / "model_index.json").read_text())["_class_name"]
         lines = sweep.command_lines(kind, folder, cls, tmp_path, "cpu", tmp_path, picture, mask)
