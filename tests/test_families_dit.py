@@ -87,7 +87,8 @@ def _user_dtypes(family: str, folder) -> tuple[dict, torch.dtype]:
 # (diffusers/pipelines/sana/pipeline_sana.py:891, :904, :959): plain diffusers runs this layout there. So does
 # ZImagePipeline (pipeline_z_image.py:458, :526, :592), and BriaPipeline, which encodes the prompt into the
 # transformer's dtype, takes the latents from it and decodes in vae.dtype (pipeline_bria.py:373, :613, :736-737).
-PLAIN_RUNS = {"sana", "zimage", "bria"}
+# HunyuanImagePipeline does the same (pipeline_hunyuanimage.py:673-674, :713, :858).
+PLAIN_RUNS = {"sana", "zimage", "bria", "hunyuan_image"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
