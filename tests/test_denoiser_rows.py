@@ -228,13 +228,13 @@ def test_a_model_whose_denoiser_has_no_row_is_refused_before_loading_naming_the_
     from hf_precision.cli import main
 
     (tmp_path / "model_index.json").write_text(json.dumps({
-        "_class_name": "HunyuanImagePipeline", "transformer": ["diffusers", "HunyuanImageTransformer2DModel"],
-        "vae": ["diffusers", "AutoencoderKLHunyuanImage"], "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}))
-    assert "HunyuanImageTransformer2DModel" not in denoiser_rows.ROWS
+        "_class_name": "OmniGenPipeline", "transformer": ["diffusers", "OmniGenTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKL"], "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"]}))
+    assert "OmniGenTransformer2DModel" not in denoiser_rows.ROWS  # HunyuanImage's, the example before, has a row now
     assert main(["train", "--plan", "--model", str(tmp_path), "--device", "cpu"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith("hf-precision train: error: --model: HunyuanImagePipeline "), err
-    assert "transformer: HunyuanImageTransformer2DModel" in err
+    assert len(err.splitlines()) == 1 and err.startswith("hf-precision train: error: --model: OmniGenPipeline "), err
+    assert "transformer: OmniGenTransformer2DModel" in err
     assert "recipes/denoisers.yaml" in err and "hf_precision.training.add_rows(path)" in err, err
 
 

@@ -48,6 +48,10 @@ RUNS = [
     ("sd_inpaint", ["--image", "{cat}", "--mask", "{mask}", "--height", "32", "--width", "48"], (48, 32)),
     # Kontext fits an area, not height x width (fitted_to_area): the size asked is the size made
     ("flux_kontext", ["--image", "{cat}", "--height", "32", "--width", "48"], (48, 32)),
+    # Flux Fill: the mask and the masked image's latents join the transformer's channels; under the T4's layout the
+    # masked image, cast to T5's dtype (pipeline_flux_fill.py:925), reaches a VAE of another dtype
+    ("flux_fill", ["--image", "{cat}", "--mask", "{mask}", "--height", "48", "--width", "32", "--layout", "t4"],
+     (32, 48)),
 ]
 
 
@@ -76,6 +80,28 @@ def test_generate_without_size_keeps_the_input_size_for_img2img(saved_pipeline, 
     assert code == 0, err[-2000:]
     with Image.open(tmp_path / "o.png") as made:
         assert made.size == (40, 24)
+
+
+def test_generate_reaches_sd3_img2img_through_a_folder_saved_under_its_class(saved_pipeline, pictures, tmp_path,
+                                                                           capsys):
+    """StableDiffusion3Img2ImgPipeline has SD3's components (a folder it saved differs only in model_index's class):
+    generate runs it from the command line under the T4's layout, where the input picture is cast to T5's dtype
+    before the VAE encodes it (pipeline_stable_diffusion_3_img2img.py:680, :700, :1082); the text-to-image folder given
+    --image names that class."""
+    sd3 = saved_pipeline("sd3")
+    img2img = shutil.copytree(sd3, tmp_path / "sd3-img2img")
+    index = json.loads((img2img / "model_index.json").read_text())
+    (img2img / "model_index.json").write_text(json.dumps({**index, "_class_name": "StableDiffusion3Img2ImgPipeline"}))
+    out = tmp_path / "out.png"
+    code, printed, err = _run(["generate", img2img, "--prompt", "a cat", "--steps", "2", "--device", "cpu",
+                               "--layout", "t4", "--image", pictures / "cat.png", "--strength", "0.5", "--height",
+                               "48", "--width", "32", "--out", out], capsys)
+    assert code == 0 and f"wrote {out}" in printed, err[-2000:]
+    with Image.open(out) as picture:
+        assert picture.size == (32, 48)
+    code, _, err = _run(["generate", sd3, "--prompt", "a cat", "--steps", "2", "--device", "cpu", "--image",
+                         pictures / "cat.png", "--out", tmp_path / "no.png"], capsys)
+    assert code == 2 and "the image-to-image pipeline of this folder is StableDiffusion3Img2ImgPipeline" in err, err
 
 
 def test_check_runs_the_users_picture_and_mask(saved_pipeline, pictures, capsys):
@@ -175,7 +201,7 @@ def test_the_command_sweep_gives_image_and_mask_where_the_family_needs_them(save
     spec.loader.exec_module(sweep)
     picture, mask = tmp_path / "input.png", tmp_path / "mask.png"
     for kind, image, masked in [("sd_inpaint", True, True), ("sd_img2img", True, False), ("flux_kontext", True, False),
-                                ("sd15", False, False)]:
+                                ("flux_fill", True, True), ("sd15", False, False)]:
         folder = saved_pipeline(kind)
         cls = json.loads((folder / "model_index.json").read_text())["_class_name"]
         lines = sweep.command_lines(kind, folder, cls, tmp_path, "cpu", tmp_path, picture, mask)

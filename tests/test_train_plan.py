@@ -108,6 +108,20 @@ def test_the_plan_of_an_edit_model_counts_its_reference_tokens(saved_pipeline, m
     assert edit.activations > plain.activations
 
 
+def test_the_plan_of_an_inpainting_flux_feeds_its_latents_and_conditions_as_the_step_does(saved_pipeline, tiny_pipe):
+    """Flux Fill's transformer takes 48 packed channels (16 latents + 16 masked-image latents + 16 mask) and predicts
+    16: the plan's batch had in_channels / 4 = 12 latent channels, so its target was 48 wide against a 16-wide
+    prediction and --plan crashed with a traceback; the training step itself feeds the VAE's 4 and adds the rest."""
+    from hf_precision.apps.train.plan import Options, predict_training
+    from hf_precision.training import example_batch
+
+    folder = str(saved_pipeline("flux_fill"))
+    transformer = tiny_pipe("flux_fill").transformer
+    assert example_batch(transformer, side=4)["latents"].shape[1] == transformer.config.out_channels // 4
+    pred = predict_training(folder, "t4", rank=2, resolution=32, options=Options(1, False, True))
+    assert pred.activations > 0
+
+
 def test_a_denoiser_that_reads_its_own_values_is_refused_by_the_plan_in_one_line(saved_pipeline):
     """HiDream's transformer routes tokens among its experts and unpatchifies by sizes it reads with .item(): on the
     meta device nothing has a value, so --plan says it cannot count the step, naming the class, not a traceback."""

@@ -75,6 +75,9 @@ ENCODE_FEEDS = {
     "hidream": {0: ("encoder_hidden_states_t5",), 2: ("encoder_hidden_states_llama3",), 4: ("pooled_embeds",)},
     "bria": {0: ("encoder_hidden_states",)},  # pipeline_bria.py:682-690: T5 zero-padded, no pooled projection
     "ovis_image": {0: ("encoder_hidden_states",)},  # pipeline_ovis_image.py:648-656
+    # pipeline_hunyuanimage.py:764-809: Qwen2.5-VL and ByT5 states with their masks, through the guider's batches
+    "hunyuan_image": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",), 2: ("encoder_hidden_states_2",),
+                      3: ("encoder_attention_mask_2",)},
 }
 # Pipelines whose __call__ encodes the prompt more than once: the options of each call (as __call__ passes them) and
 # what it feeds. pipeline_hunyuandit.py: CLIP-side BERT with 77 tokens (text_encoder_index=0), then T5 with 256 (1).

@@ -356,7 +356,9 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     # Kandinsky 5 names its latent channels in_visual_dim / out_visual_dim (transformer_kandinsky.py)
     in_c = int(config.get("in_channels") or config["in_visual_dim"])
     out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
-    channels = in_c // 4 if row.pack == "flux" else min(in_c, out_c)
+    # the VAE's channels: what the denoiser predicts; conditioning channels beyond them (inpainting's mask and
+    # masked image, Flux Fill's 48 of 64 packed ones) are added by noisy_inputs as the training step adds them
+    channels = min(in_c, out_c) // (4 if row.pack == "flux" else 1)
     if latent is None:
         latent = _fitted_latent(row, config, side, frames)
     batch = {"latents": randn(batch_size, channels, *latent)}
