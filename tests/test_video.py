@@ -209,8 +209,6 @@ def test_cpu_phase_figures_count_quantized_weights_by_what_they_hold():
     """The CPU phase figures add the loaded weight bytes: an int8 component holds its int8 data and per-row scales
     (as plan and module_bytes count it), not its logical float size."""
     import torch
-    from types import SimpleNamespace
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     from hf_precision.apps.video.memory import weight_bytes
     from hf_precision.runtime.quantize import module_bytes
@@ -368,6 +366,53 @@ def test_a_call_that_fixes_its_frame_count_refuses_another_before_loading(tmp_pa
     wan = video_spec("WanImageToVideoPipeline", {**idx, "transformer": ["diffusers", "WanTransformer3DModel"]},
                      {"transformer": {"patch_size": [1, 2, 2]}})
     assert wan.check(height=32, width=32, frames=9) == []  # a count the call keeps is no problem
+
+
+def _kandinsky5_configs(folder: Path, pipeline: str) -> Path:
+    """A Kandinsky 5 video folder of configs alone (no weights: what `video` reads before loading)."""
+    import json
+
+    index = {"_class_name": pipeline, "_diffusers_version": "0.42.1",
+             "transformer": ["diffusers", "Kandinsky5Transformer3DModel"],
+             "vae": ["diffusers", "AutoencoderKLHunyuanVideo"],
+             "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"],
+             "text_encoder": ["transformers", "Qwen2_5_VLForConditionalGeneration"],
+             "text_encoder_2": ["transformers", "CLIPTextModel"]}
+    configs = {"transformer": {"_class_name": "Kandinsky5Transformer3DModel", "patch_size": [1, 2, 2],
+                               "visual_cond": pipeline.endswith("I2VPipeline")},
+               "vae": {"_class_name": "AutoencoderKLHunyuanVideo", "temporal_compression_ratio": 4,
+                       "spatial_compression_ratio": 8}}
+    folder.mkdir()
+    (folder / "model_index.json").write_text(json.dumps(index))
+    for name, config in configs.items():
+        (folder / name).mkdir()
+        (folder / name / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_frame_count_the_i2v_call_makes_nan_of_is_refused_before_loading(tmp_path, images, capsys):
+    """Kandinsky 5 I2V's call renormalises its first 4 latent frames by the std of an empty slice for 2 to 4 latent
+    frames (diffusers 0.42.1 pipeline_kandinsky_i2v.py:433-452): `video --frames 9` ran the whole clip and blamed
+    an fp16 overflow for the NaN frames. Its recipe's `classes:` entry refuses those counts for the I2V class alone,
+    in `video` before any weight is read (this folder has none), in the sweep's size and check's default call."""
+    from hf_precision.apps.video.spec import model_spec
+    from hf_precision.cli.video import main
+    from hf_precision.diagnose.call import _frames
+
+    folder = _kandinsky5_configs(tmp_path / "i2v", "Kandinsky5I2VPipeline")
+    code = main(["--model", str(folder), "--prompt", "a cat", "--image", str(images / "img0.png"), "--height", "32",
+                 "--width", "32", "--frames", "9", "--out", str(tmp_path / "out")], prog="hf-precision video")
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and not (tmp_path / "out").exists(), err
+    assert "--frames 9: 3 latent frames, a count Kandinsky5I2VPipeline's call cannot make" in err, err
+    assert "use --frames 17" in err and "normalize_first_frame" in err, err
+    _, spec = model_spec(str(folder))
+    assert spec.check(height=32, width=32, frames=17) == [] and spec.within(height=32, width=32, frames=9)[2] == 17
+    assert spec.check(height=32, width=32, frames=1)  # 1 latent frame: the call fails on a tuple (:437-438, :1020)
+    _, t2v = model_spec(str(_kandinsky5_configs(tmp_path / "t2v", "Kandinsky5T2VPipeline")))
+    assert t2v.check(height=32, width=32, frames=9) == []  # the T2V call has no such step
+    pipe = lambda cls: type(cls, (), {"vae_scale_factor_temporal": 4})()  # noqa: E731
+    assert (_frames(pipe("Kandinsky5I2VPipeline"), {}), _frames(pipe("Kandinsky5T2VPipeline"), {})) == (17, 5)
 
 
 def test_a_pipeline_that_fails_without_a_negative_prompt_gets_the_recipes(tiny_pipe):

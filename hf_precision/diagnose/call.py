@@ -244,7 +244,8 @@ def call_inputs(cls: Any) -> list[str]:
 
 
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
-    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1), a
+    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1, the
+    next k whose latent count k+1 its recipe does not refuse: Kandinsky 5 I2V's NaN frames below 5 latent frames), a
     Latte transformer's fixed ``video_length`` (``config``: the denoiser's), else 2 (a frame-wise VAE: SVD,
     AnimateDiff)."""
     if config.get("video_length"):
@@ -252,8 +253,19 @@ def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
     for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
         t = getattr(pipe, attr, None)
         if isinstance(t, int) and t > 1:
-            return t + 1
+            refused = set(_video_keys(pipe).get("refused_latent_frames") or ())
+            k = next(k for k in range(1, len(refused) + 2) if k + 1 not in refused)
+            return t * k + 1
     return 2
+
+
+def _video_keys(pipe: Any) -> dict[str, Any]:
+    """The shipped recipe's ``video:`` block for the pipeline's class (its ``classes:`` entry over the rest)."""
+    from ..recipe.catalog import pipeline_spec, recipe_classes
+    from ..recipe.schema import video_block
+
+    name = recipe_classes().get(type(pipe).__name__)
+    return video_block(pipeline_spec(name).get("video"), type(pipe).__name__) if name else {}
 
 
 def _text_length(pipe: Any) -> int:
@@ -303,10 +315,7 @@ def default_negative_prompt(pipe: Any) -> str | None:
         >>> default_negative_prompt(type("EasyAnimatePipeline", (), {})()), default_negative_prompt(SimpleNamespace())
         ('', None)
     """
-    from ..recipe.catalog import pipeline_spec, recipe_classes
-
-    name = recipe_classes().get(type(pipe).__name__)
-    return (pipeline_spec(name).get("video") or {}).get("negative_prompt") if name else None
+    return _video_keys(pipe).get("negative_prompt")
 
 
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:

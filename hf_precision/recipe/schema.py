@@ -19,7 +19,7 @@ from ..errors import Problems, RecipeError, excerpt
 __all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
            "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
            "check_file", "check_device_sections", "check_pipeline", "check_devices_file", "check_row", "check_video", "BOOL",
-           "VIDEO_KEYS"]
+           "VIDEO_KEYS", "video_block"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -196,11 +196,33 @@ VIDEO_KEYS: dict[str, Any] = {
     "call_frames_note": (lambda v: isinstance(v, str), "text saying where the call fixes its frame count"),
     "negative_prompt": (lambda v: v is None or isinstance(v, str), "the negative prompt the call gets when none is "
                         "given, or null for the pipeline's own default, e.g. ''"),
+    "refused_latent_frames": (lambda v: isinstance(v, list) and all(_WHOLE(x) and x > 0 for x in v),
+                              "a list of latent frame counts the call cannot make (it writes garbage for them), "
+                              "e.g. [2, 3, 4]"),
+    "refused_frames_note": (lambda v: isinstance(v, str), "text saying where the call fails for those counts"),
 }
+# `classes:` in a recipe's video block: keys that hold for one of its pipeline classes only (Kandinsky 5 I2V's
+# refused frame counts, not its T2V's), over the block's own
+VIDEO_CLASS_KEY = "classes"
 
 
-def check_video(block: Any, problems: Problems, complete: bool = False) -> None:
-    """The problems of a ``video:`` block (``complete``: devices.yaml's, which gives every key and every default).
+def video_block(block: Mapping[str, Any] | None, pipeline: str | None = None) -> dict[str, Any]:
+    """A recipe's ``video:`` block as ``pipeline`` sees it: its ``classes:`` entry for that class over the rest.
+
+    Example:
+        >>> video_block({"cfg_batch": 1, "classes": {"B": {"cfg_batch": 2}}}, "B")
+        {'cfg_batch': 2}
+        >>> video_block({"cfg_batch": 1, "classes": {"B": {"cfg_batch": 2}}}, "A")
+        {'cfg_batch': 1}
+    """
+    block = dict(block or {})
+    per_class = block.pop(VIDEO_CLASS_KEY, None) or {}
+    return {**block, **(per_class.get(pipeline) or {})}
+
+
+def check_video(block: Any, problems: Problems, complete: bool = False, pipelines: Sequence[str] = ()) -> None:
+    """The problems of a ``video:`` block (``complete``: devices.yaml's, which gives every key and every default;
+    ``pipelines``: the recipe's classes, which its ``classes:`` entries must name).
 
     Example:
         >>> p = Problems("my.yaml")
@@ -209,8 +231,19 @@ def check_video(block: Any, problems: Problems, complete: bool = False) -> None:
         my.yaml: video.cfg_batch: bad value 3; allowed: 1 (the pipeline calls the denoiser once per half, or embeds guidance) or 2 (it concatenates the unconditional half)
         my.yaml: video.decode: bad value 'frame'; allowed: video, frames; did you mean 'frames'?
     """
-    if not check_row(block, VIDEO_KEYS, (), "video", problems):
+    if not check_row(block, {**VIDEO_KEYS, VIDEO_CLASS_KEY: (lambda v: True, "")}, (), "video", problems):
         return
+    classes = block.get(VIDEO_CLASS_KEY, {})
+    if not isinstance(classes, dict):
+        problems.add(f"video.{VIDEO_CLASS_KEY}", f"expected pipeline class -> video keys, got {excerpt(classes)}; "
+                     "e.g. {Kandinsky5I2VPipeline: {refused_latent_frames: [2, 3, 4]}}")
+        classes = {}
+    for name, keys in classes.items():
+        where = f"video.{VIDEO_CLASS_KEY}.{name}"
+        if name not in pipelines:
+            problems.add(where, f"unknown class {excerpt(name)}; this recipe names {', '.join(pipelines) or 'none'}"
+                         f"{did_you_mean(name, pipelines)}")
+        check_row(keys, {k: v for k, v in VIDEO_KEYS.items() if k != "defaults"}, (), where, problems)
     sizes = block.get("defaults") if isinstance(block.get("defaults"), dict) else {}
     check_row(sizes, dict.fromkeys(VIDEO_SIZES, (_WHOLE, "a whole number, 0 or more, e.g. 480")), (), "video.defaults",
               problems)
@@ -285,7 +318,8 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
             problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
     _check_recognise(data.get("recognise"), set(comps), problems)
     if "video" in data:
-        check_video(data["video"], problems)
+        listed = data.get("pipelines")
+        check_video(data["video"], problems, pipelines=[str(c) for c in listed] if isinstance(listed, list) else [])
     problems.raise_if_any()
     return source, data
 

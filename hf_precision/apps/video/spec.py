@@ -66,6 +66,8 @@ class VideoRow:
     call_frames: int
     call_frames_note: str
     negative_prompt: str | None
+    refused_latent_frames: tuple[int, ...] = ()
+    refused_frames_note: str = ""
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
@@ -73,19 +75,27 @@ class VideoRow:
         return 1, frames, int(cfg["in_channels"]) // 2, height, width
 
 
-def video_row(recipe: str | Mapping[str, Any]) -> VideoRow:
+def video_row(recipe: str | Mapping[str, Any], pipeline: str | None = None) -> VideoRow:
     """The :class:`VideoRow` of a recipe: a shipped name, a user's YAML path or a composed recipe's data.
 
-    Its ``video:`` block (checked with the recipe) over devices.yaml's; ``other`` when it has none.
+    Its ``video:`` block (checked with the recipe) over devices.yaml's; ``other`` when it has none. ``pipeline``: the
+    class it is for, whose entry under the block's ``classes:`` holds over the rest.
+
+    Example:
+        >>> i2v = video_row("kandinsky5", "Kandinsky5I2VPipeline")
+        >>> i2v.refused_latent_frames, video_row("kandinsky5").refused_latent_frames
+        ((1, 2, 3, 4), ())
     """
     from ...recipe.catalog import pipeline_spec
     from ...recipe.devices import video_defaults
+    from ...recipe.schema import video_block
 
     data = pipeline_spec(recipe) if isinstance(recipe, str) else recipe
-    block = data.get("video")
+    block = video_block(data.get("video"), pipeline) if data.get("video") is not None else None
     base = video_defaults()
     row = {**base, **(block or {}), "defaults": {**base["defaults"], **(block or {}).get("defaults", {})}}
-    row["call_options"] = tuple(row["call_options"])
+    for key in ("call_options", "refused_latent_frames"):
+        row[key] = tuple(row[key])
     name = str(recipe) if isinstance(recipe, str) and block is not None else "other"
     return VideoRow(name=name, **row)
 
@@ -162,6 +172,12 @@ class VideoSpec:
             problems.append(f"--frames {frames}: {self.pipeline}'s VAE compresses time by {self.frame_step} and keeps "
                             f"the first frame, so frames must be {self.frame_step}*k+1; e.g. --frames "
                             f"{self.frame_step * k + 1} or {self.frame_step * (k + 1) + 1}")
+        elif self._refused(frames):  # the call runs, and writes garbage (Kandinsky 5 I2V: NaN frames)
+            latent = self.latent_shape(1, 1, frames)[0]
+            fixes = " or ".join(f"--frames {f}" for f in self._allowed_near(frames))
+            refused = ", ".join(map(str, self.row.refused_latent_frames))
+            problems.append(f"--frames {frames}: {latent} latent frames, a count {self.pipeline}'s call cannot make "
+                            f"(it fails for {refused}: {self.row.refused_frames_note}); use {fixes}")
         # past the position tables' bounds (read once from the configs: .limits); torch fails mid-run otherwise
         return problems or self.limits.problems(self.pipeline, height=height, width=width, frames=frames)
 
@@ -184,7 +200,24 @@ class VideoSpec:
         height, width, frames = self.limits.cap(height=height, width=width, frames=frames)
         if step > 1 and (frames - 1) % step and not self.limits.fixed_frames:
             frames = (frames - 1) // step * step + 1  # capped below a table's bound: the VAE's count under it
+        if self._refused(frames):  # a count the call writes garbage for: the nearest it makes, below first
+            frames = self._allowed_near(frames)[0]
         return height, width, frames
+
+    def _refused(self, frames: int) -> bool:
+        """Whether the call writes garbage for ``frames`` (its recipe's ``refused_latent_frames``)."""
+        return frames >= 1 and self.latent_shape(1, 1, frames)[0] in self.row.refused_latent_frames
+
+    def _allowed_near(self, frames: int) -> list[int]:
+        """The frame counts nearest ``frames`` the call makes (its VAE's ``step*k + 1``, no refused latent count):
+        the one below, if any, then the one above. Below cannot pass a position table's bound; above is a fix the
+        check of the count it gives judges again."""
+        step = self.frame_step
+        latent = self.latent_shape(1, 1, frames)[0]
+        below = next((n for n in range(latent - 1, 0, -1) if n not in self.row.refused_latent_frames), None)
+        above = next(n for n in range(latent + 1, latent + 2 + len(self.row.refused_latent_frames))
+                     if n not in self.row.refused_latent_frames)
+        return [(n - 1) * step + 1 for n in (below, above) if n is not None]
 
     def required(self, settings: Any) -> Any:
         """``settings`` (a ``MemorySettings``) with what this pipeline cannot run without: VAE tiling for a VAE that
@@ -251,7 +284,7 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
                           f"takes none of {', '.join(FRAME_ARGS)}); pass a video model folder: Wan, LTX-Video, CogVideoX, HunyuanVideo "
                           f"or Stable Video Diffusion")
     chosen = recipe or pipeline_recipe(pipeline, index)
-    row = video_row(chosen)
+    row = video_row(chosen, pipeline)
     denoiser = _denoiser(pipeline, index, chosen)
     vae_cls = str((index.get("vae") or [None, ""])[1])
     spatial, temporal = vae_factors(vae_cls, configs.get("vae", {}))
