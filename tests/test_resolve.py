@@ -157,6 +157,8 @@ COMPONENTS = {
     "sana_video.transformer": dict(tol=BF16_ONLY, out="latents", islands=(), guard=False, entry=("",)),
     "chronoedit.transformer": dict(tol=BF16_PREF, out="latents", islands=("condition_embedder.time_embedder", "rope"),
                                    guard=False, entry=("",)),
+    "cosmos.transformer":     dict(tol=BF16_ONLY, out="latents", islands=("learnable_pos_embed",), guard=False,
+                                   entry=("",)),
     "kandinsky5.transformer": dict(tol=BF16_ONLY, out="latents", islands=(
         "time_embeddings", "*modulation", "*query_norm", "*key_norm"), guard=False, entry=("",)),
     "easyanimate.transformer": dict(tol=BF16_PREF, out="latents", islands=("time_embedding",), guard=False, entry=("",)),
@@ -223,6 +225,8 @@ PIPELINES = {
     "chronoedit": dict(components={"text_encoder": "video_text.umt5", "image_encoder": "clip.vision",
                                    "transformer": "chronoedit.transformer", "vae": "video_vae.wan"},
                        latents_from=None, denoiser="transformer"),
+    "cosmos":     dict(components={"text_encoder": "t5.encoder", "transformer": "cosmos.transformer",
+                                   "vae": "video_vae.wan"}, latents_from=None, denoiser="transformer"),
     "kandinsky5": dict(components={"text_encoder": "textenc.qwen25vl", "text_encoder_2": "clip.text",
                                    "transformer": "kandinsky5.transformer", "vae": "video_vae.hunyuan_video"},
                        latents_from=None, denoiser="transformer"),

@@ -58,6 +58,9 @@ def check_trainable(index: dict[str, Any]) -> None:
         >>> check_trainable({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
         ...                  "vae": ["diffusers", "AutoencoderKL"]})
     """
+    from ...recipe.resolution import check_packages
+
+    check_packages(None, str(index.get("_class_name")))  # what the pipeline cannot be built without comes first
     _check_family(index)
     _check_conditioning(index)
     _check_latents(index)
