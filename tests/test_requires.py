@@ -46,9 +46,10 @@ def test_every_command_on_a_cosmos_folder_names_the_packages_it_lacks_before_loa
     """Plain diffusers raised ImportError inside the pipeline's __init__ (pipeline_cosmos2_video2world.py:201)
     after reading every weight; with the packages present, the check passes and the command goes on."""
     from hf_precision.cli import main
-    from hf_precision.recipe.resolution import check_packages
 
     if not MISSING:
+        from hf_precision.recipe.resolution import check_packages
+
         assert check_packages("cosmos", "Cosmos2VideoToWorldPipeline") is None
         return
     monkeypatch.chdir(tmp_path)
