@@ -408,7 +408,8 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
             name = fitted
             first = get_recipe(name, device=best, overrides=overrides, configs=configs)
     check_recipe_class(first.name, first.pipelines, pipeline_class, force)
-    check_packages(name, pipeline_class)
+    if first.pipelines:  # a pipeline recipe (a component recipe resolved alone has no requires:)
+        check_packages(name, pipeline_class)
     names = [p.name for p in first.policies]
     place = placement(devices, names, components)
 
