@@ -27,7 +27,8 @@ from .catalog import (check_recipe_class, component_entry, component_spec, list_
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
 from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPolicy, Decision, Recipe
 from .overrides import Layer, as_list, override_layer
-from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean, missing_packages
+from .requires import check_packages
+from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean
 
 __all__ = ["get_recipe", "resolve", "placement", "check_packages"]
 
@@ -316,30 +317,6 @@ def _fit_classes(name: str, resolved: Recipe, models: Mapping[str, tuple[str, st
         warnings.warn(f"recipe {name}: no component recipe for {', '.join(unknown)}; kept in a dtype its device picks "
                       f"unasked, with boundary casts and the NaN guard", stacklevel=3)
     return {**data, "components": components, "recipe_name": name, "origin": source}
-
-
-def check_packages(recipe: str | Mapping[str, Any] | None, pipeline_class: str | None) -> None:
-    """Refuse, before anything loads, a pipeline whose recipe ``requires:`` a package that cannot be imported here:
-    one error naming each one, why the pipeline needs it and how to install it. ``recipe`` None: the shipped one
-    that lists the class, if any.
-
-    Example:
-        >>> check_packages("sdxl", "StableDiffusionXLPipeline")  # nothing beyond diffusers' own
-        >>> check_packages(None, "MyOwnPipeline")  # no shipped recipe: nothing known to require
-    """
-    if not pipeline_class:
-        return
-    if recipe is None:
-        from .catalog import recipe_classes
-
-        recipe = recipe_classes().get(str(pipeline_class))
-        if recipe is None:
-            return
-    data = pipeline_file(recipe)[1] if isinstance(recipe, str) else recipe
-    missing = missing_packages(data, str(pipeline_class))
-    if missing:
-        raise RecipeError(f"{pipeline_class} cannot be built or run without {'; and '.join(missing)}; install "
-                          f"{'it' if len(missing) == 1 else 'them'} and run again")
 
 
 def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = None, devices: Any = None,

@@ -19,7 +19,7 @@ from ..errors import Problems, RecipeError, excerpt
 __all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
            "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
            "check_file", "check_device_sections", "check_pipeline", "check_devices_file", "check_row", "check_video", "BOOL",
-           "VIDEO_KEYS", "video_block", "missing_packages", "REQUIRES_KEYS"]
+           "VIDEO_KEYS", "video_block"]
 
 SCHEMAS = (1,)
 OUTPUTS = ("input", "compute")
@@ -38,7 +38,7 @@ PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denois
                  "training", "recognise", "video", "requires"}
 # `requires:` the packages the pipeline cannot be built or run without, which diffusers does not depend on (Cosmos'
 # safety checker): each {module: the name to import, install: the command, why: where the pipeline needs it,
-# pipelines: the classes it holds for, default all}. Refused before any weight loads: missing_packages.
+# pipelines: the classes it holds for, default all}. Refused before any weight loads: hf_precision.recipe.requires.
 REQUIRES_KEYS: dict[str, Any] = {
     "module": (lambda v: isinstance(v, str) and all(p.isidentifier() for p in v.split(".")),
                "the module to import, e.g. cosmos_guardrail"),
@@ -48,6 +48,8 @@ REQUIRES_KEYS: dict[str, Any] = {
     "pipelines": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                   "a list of the recipe's pipeline classes it holds for"),
 }
+
+
 COMPONENT_FILE_KEYS = {"schema", "kind", "components"}
 OVERRIDE_TOP_KEYS = {"schema", "components", "devices"}
 # Device types tensors can sit on (and devices.yaml's `type:` values).
@@ -351,30 +353,6 @@ def _check_requires(requires: Any, pipelines: Any, problems: Problems) -> None:
                 if name not in listed:
                     problems.add(f"requires[{i}].pipelines", f"unknown class {excerpt(name)}; this recipe names "
                                  f"{', '.join(listed) or 'none'}{did_you_mean(name, listed)}")
-
-
-def missing_packages(data: Mapping[str, Any], pipeline: str | None) -> list[str]:
-    """What a recipe's ``requires:`` holds for ``pipeline`` (every entry when None) that cannot be imported here,
-    each as "MODULE (WHY): INSTALL". Only looked up (``importlib.util.find_spec``), never imported.
-
-    Example:
-        >>> missing_packages({"requires": [{"module": "no_such_module_x", "install": "pip install x", "why": "w"},
-        ...                                {"module": "yaml", "install": "pip install pyyaml", "why": "w"}]}, None)
-        ['no_such_module_x (w): pip install x']
-    """
-    import importlib.util
-
-    missing = []
-    for entry in data.get("requires") or ():
-        if pipeline is not None and entry.get("pipelines") and pipeline not in entry["pipelines"]:
-            continue
-        try:
-            found = importlib.util.find_spec(entry["module"]) is not None
-        except (ImportError, ValueError):  # a parent package that is missing
-            found = False
-        if not found:
-            missing.append(f"{entry['module']} ({entry['why']}): {entry['install']}")
-    return missing
 
 
 def _check_recognise(recognise: Any, components: set[str], problems: Problems) -> None:
