@@ -136,6 +136,16 @@ def _hunyuan_video15_lengths(pipe: Any) -> None:
     pipe.vision_num_semantic_tokens = 8
 
 
+@register("prepare", "hunyuan_image_lengths")
+def _hunyuan_image_lengths(pipe: Any) -> None:
+    # HunyuanImagePipeline pads every prompt to 1000 Qwen tokens (after its 34-token template) and 128 ByT5 tokens,
+    # fixed in __init__ rather than config (pipeline_hunyuanimage.py:217-218): at tiny widths those ~1130 text tokens,
+    # and the ByT5 mapper's fixed 2048-wide layers on 128 of them (transformer_hunyuanimage.py:707), were the run's
+    # cost. 16 keeps the quoted word's bytes and the padding masks; the folder does not keep them, so the commands
+    # run the real lengths.
+    pipe.tokenizer_max_length = pipe.tokenizer_2_max_length = 16
+
+
 @register("prepare", "hidream_sample_size")
 def _hidream_sample_size(pipe: Any) -> None:
     # HiDreamImagePipeline rescales every call to (default_sample_size * vae_scale_factor)**2 pixels, whatever height
