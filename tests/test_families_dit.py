@@ -175,3 +175,16 @@ def test_plan_of_the_shipped_model_works_offline(folder, device):
     assert plan.total_bytes > 0 and all(c.params > 0 for c in plan.components.values())
     expected = hp.get_recipe(alias, device=device, configs=configs_of(alias)[2])
     assert {n: c.compute for n, c in plan.components.items()} == {n: expected[n].compute for n in plan.components}
+
+
+def test_hunyuan_images_shortened_tiny_prompt_keeps_valid_and_padded_tokens_in_both_streams():
+    """The tiny HunyuanImage row pads to fewer text tokens than the pipeline's 1000 + 128 (hook hunyuan_image_lengths:
+    those tokens were its tiny run's cost); both streams still carry the prompt's tokens and padding, so the
+    transformer's valid/masked sorting of each stream (transformer_hunyuanimage.py:821-830) runs in every test."""
+    spec = PIPELINES["hunyuan_image"]
+    pipe = make_pipeline("hunyuan_image")
+    assert (pipe.tokenizer_max_length, pipe.tokenizer_2_max_length) != (1000, 128)
+    for prompt in (spec.call_kwargs()["prompt"], spec.call_kwargs()["negative_prompt"] + ' "x"'):
+        _, mask, _, mask_2 = pipe.encode_prompt(prompt, device="cpu")
+        for stream in (mask, mask_2):
+            assert 0 < int(stream.sum()) < stream.numel(), (prompt, stream)

@@ -136,6 +136,17 @@ def _hunyuan_video15_lengths(pipe: Any) -> None:
     pipe.vision_num_semantic_tokens = 8
 
 
+@register("prepare", "hunyuan_image_lengths")
+def _hunyuan_image_lengths(pipe: Any) -> None:
+    # HunyuanImagePipeline pads every prompt to 1000 Qwen tokens (after its 34-token template) and 128 ByT5 tokens,
+    # fixed in __init__ rather than config (pipeline_hunyuanimage.py:217-218): at tiny widths those ~1130 text tokens,
+    # and the ByT5 mapper's fixed 2048-wide layers on 128 of them (transformer_hunyuanimage.py:707), were the run's
+    # cost. The tiny tokenizer spells the template and prompt in ~140 tokens, the quoted word in 12 bytes: 160 and 16
+    # keep both and some padding, so the transformer still sorts valid from masked tokens of each stream. The folder
+    # does not keep them; the commands run the real lengths.
+    pipe.tokenizer_max_length, pipe.tokenizer_2_max_length = 160, 16
+
+
 @register("prepare", "hidream_sample_size")
 def _hidream_sample_size(pipe: Any) -> None:
     # HiDreamImagePipeline rescales every call to (default_sample_size * vae_scale_factor)**2 pixels, whatever height
