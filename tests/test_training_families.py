@@ -242,7 +242,10 @@ def test_every_recipe_denoiser_class_has_a_row():
     from hf_precision.recipe.catalog import _denoiser_index
 
     named = {cls for _, cls in _denoiser_index()}
-    assert named - set(ROWS) == set(), "denoiser classes of shipped recipes without a training row"
+    # Cosmos: no tiny pipeline can be built without cosmos_guardrail, so no row is written untested; `train` on it
+    # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py
+    untrained = {"CosmosTransformer3DModel"}
+    assert named - set(ROWS) == untrained, "denoiser classes of shipped recipes without a training row"
 
 
 class MyDenoiser(torch.nn.Module):

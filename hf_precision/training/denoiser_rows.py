@@ -358,7 +358,12 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
     # the VAE's channels: what the denoiser predicts; conditioning channels beyond them (inpainting's mask and
     # masked image, Flux Fill's 48 of 64 packed ones) are added by noisy_inputs as the training step adds them
-    channels = min(in_c, out_c) // (4 if row.pack == "flux" else 1)
+    # Packed 2x2 (row.pack flux): Flux and Flux Fill give out_channels packed (64, patch_size 1), Qwen-Image
+    # unpacked (16, patch_size 2): the packed prediction is out_channels x patch_size^2 either way
+    if row.pack == "flux":
+        channels = out_c * int(config.get("patch_size") or 1) ** 2 // 4
+    else:
+        channels = min(in_c, out_c)
     if latent is None:
         latent = _fitted_latent(row, config, side, frames)
     batch = {"latents": randn(batch_size, channels, *latent)}
