@@ -209,6 +209,8 @@ def test_cpu_phase_figures_count_quantized_weights_by_what_they_hold():
     """The CPU phase figures add the loaded weight bytes: an int8 component holds its int8 data and per-row scales
     (as plan and module_bytes count it), not its logical float size."""
     import torch
+    from types import SimpleNamespace
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
     from hf_precision.apps.video.memory import weight_bytes
     from hf_precision.runtime.quantize import module_bytes
