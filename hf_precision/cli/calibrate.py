@@ -73,6 +73,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         from ..runtime.placement import torch_device
 
         torch_device(run_on, "--run-on" if args.run_on else "--device")
+    from ..diagnose.call import call_params
     from ..diagnose.inputs import image_inputs
     from ..errors import RecipeError
 
@@ -87,7 +88,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         calls = ", ".join(f"{m!r}: ..." for m in given.others)
         raise RecipeError(f"{args.model}: {given.pipeline} needs {' and '.join(given.others)} for its runs; "
                           f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {calls}}})")
-    if args.prompt is not None and given.pipeline and "prompt" not in _call_params(given.pipeline):
+    if args.prompt is not None and given.pipeline and "prompt" not in call_params(given.pipeline):
         raise RecipeError(f"--prompt: {given.pipeline} takes no prompt (its runs start from --image); drop --prompt")
     height, width, frames, options = _video_size(args, configs)
     if args.strength is not None:
@@ -134,12 +135,3 @@ def _video_size(args: argparse.Namespace, configs: str | None = None) -> tuple[i
         raise RecipeError("; ".join(problems))
     return height, width, frames, dict(spec.extra)
 
-
-def _call_params(pipeline: str) -> Any:
-    """The ``__call__`` parameters of the diffusers class named ``pipeline`` (empty when diffusers has none)."""
-    import inspect
-
-    import diffusers
-
-    cls = getattr(diffusers, pipeline, None)
-    return inspect.signature(cls.__call__).parameters if cls is not None else {}

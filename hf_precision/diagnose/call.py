@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
-from .steps import schedulable, steps_problem
+from .steps import call_params, fewest_steps, schedulable, steps_problem
 
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["default_call", "pipeline_modules", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
+__all__ = ["default_call", "pipeline_modules", "call_params", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
            "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
@@ -388,11 +388,12 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
     if inputs:  # the user's pictures at the tiny call's size (img2img without height/width makes its input's)
         kwargs.update(sized_inputs(params, dict(inputs), (side, side)))
         strength = kwargs.get("strength")  # a user's strength below 1: the fewest steps it denoises one of
-        while isinstance(strength, float) and kwargs["num_inference_steps"] < 10_000 and \
-                steps_problem(type(pipe), kwargs["num_inference_steps"], strength):
-            kwargs["num_inference_steps"] += 1
-    if "negative_prompt" in params and default_negative_prompt(pipe) is not None:
-        kwargs["negative_prompt"] = default_negative_prompt(pipe)
+        if isinstance(strength, float):
+            steps = kwargs["num_inference_steps"]
+            kwargs["num_inference_steps"] = fewest_steps(type(pipe), steps, strength) or steps
+    negative = default_negative_prompt(pipe) if "negative_prompt" in params else None
+    if negative is not None:
+        kwargs["negative_prompt"] = negative
     kwargs.update(fitted_to_area(params, (side, side), kwargs.get("image")))  # Flux Kontext: the tiny call's size
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}

@@ -8,7 +8,6 @@ named before loading as well.
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,13 +84,6 @@ class ImageInputs:
     others: list[str] = field(default_factory=list)
 
 
-def _params(cls: Any) -> Any:
-    try:
-        return inspect.signature(cls.__call__).parameters if cls is not None else {}
-    except (TypeError, ValueError):
-        return {}
-
-
 def _misplaced(model: Any, pipeline: str, what: str, value: Any) -> str:
     """The refusal of an input ``pipeline`` does not take, naming the class of the same folder that takes it."""
     task = "inpaint" if what == "mask" else "image2image"
@@ -126,11 +118,11 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
     """
     import diffusers
 
-    from .call import needed_inputs, steps_problem
+    from .call import call_params, needed_inputs, steps_problem
 
     pipeline, needed = needed_inputs(model)
     cls = getattr(diffusers, pipeline, None) if pipeline else None
-    params = _params(cls)
+    params = call_params(cls)
     found = ImageInputs(pipeline, others=[n for n in needed if n not in GIVEN])
     given = {"image": image, "mask_image": mask}
     if cls is not None:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import arg
 
-__all__ = ["schedulable", "steps_problem"]
+__all__ = ["call_params", "fewest_steps", "schedulable", "steps_problem"]
 
 
 def schedulable(scheduler: Any, steps: int = 1) -> bool:
@@ -91,19 +91,50 @@ def steps_problem(pipe_or_class: Any, steps: int, strength: float | None = None)
                 + (f"use --steps {more} or more" if more else "give the model another scheduler"))
     cls = pipe_or_class if isinstance(pipe_or_class, type) else type(pipe_or_class)
     if strength is None:
-        param = _call_params(cls).get("strength")
+        param = call_params(cls).get("strength")
         strength = param.default if param is not None else None
-    count = _denoised(cls, steps, strength) if isinstance(strength, (int, float)) and 0 < strength <= 1 else None
-    if count is None or count >= 1:
+    enough = fewest_steps(cls, steps, strength)
+    if enough == steps:
         return None
-    enough = next((n for n in range(steps + 1, steps + 2 + math.ceil(1 / strength))
-                   if (_denoised(cls, n, strength) or 0) >= 1), None)
+    count = _denoised(cls, steps, strength)
     return (f"--steps {steps}: {cls.__name__} denoises {count} of {steps} steps at strength "
             f"{strength:g} (it starts from the input image that far along, and skips the rest)"
             + (f"; use --steps {enough} or more" if enough else "") + f" or a larger {arg('strength')}")
 
 
-def _call_params(cls: Any) -> Mapping[str, Any]:
+def fewest_steps(cls: Any, steps: int, strength: Any) -> int | None:
+    """The fewest steps from ``steps`` up at which the image-to-image class ``cls`` denoises at least one step at
+    ``strength`` (:func:`_denoised`): ``steps`` itself when they do, or when no count is known (no strength in
+    (0, 1], no ``get_timesteps``); None when no count within ``1 / strength`` more steps does.
+
+    Example:
+        >>> from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionXLPipeline
+        >>> fewest_steps(StableDiffusionImg2ImgPipeline, 1, 0.3), fewest_steps(StableDiffusionXLPipeline, 1, 0.3)
+        (4, 1)
+    """
+    if not (isinstance(strength, (int, float)) and 0 < strength <= 1):
+        return steps
+    count = _denoised(cls, steps, strength)
+    if count is None or count >= 1:
+        return steps
+    return next((n for n in range(steps + 1, steps + 2 + math.ceil(1 / strength))
+                 if (_denoised(cls, n, strength) or 0) >= 1), None)
+
+
+def call_params(cls: Any) -> Mapping[str, Any]:
+    """The ``__call__`` parameters of a pipeline class, or of the diffusers class named ``cls``; empty when there is
+    no such class or its signature cannot be read.
+
+    Example:
+        >>> "strength" in call_params("StableDiffusionImg2ImgPipeline"), call_params("NoSuchPipeline")
+        (True, {})
+    """
+    if isinstance(cls, str):
+        import diffusers
+
+        cls = getattr(diffusers, cls, None)
+    if cls is None:
+        return {}
     try:
         return inspect.signature(cls.__call__).parameters
     except (TypeError, ValueError):
