@@ -6,7 +6,9 @@ an optional kernel package is missing (on an AVX512-BF16 CPU), torchao that its 
 CPU torch and, through torch, that its Enum registrations are deprecated; transformers that an image processor
 falls back to PIL. None of it changes what a command does. :func:`install` holds back everything written while one
 of these packages is first imported (Python warnings, log records, and the process's own stderr, where compiled
-code writes) and lets it through only when that import fails, so a broken install still says why.
+code writes) and lets it through only when that import fails, so a broken install still says why. bitsandbytes
+(:data:`DEFERRED`) is not even run then: its code runs, held back the same way, when a 4-bit or 8-bit component first
+reads it, which saves a command on any other model the seconds its import takes.
 
 While a command runs, :func:`library_logs` routes what diffusers and transformers log through us: what changes
 what the user gets is said once in our words, the rest is held back like an import's notices.
@@ -25,6 +27,7 @@ import os
 import re
 import sys
 import tempfile
+import types
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +36,11 @@ __all__ = ["install", "held_back", "library_logs", "in_our_words"]
 
 # The packages whose first import is held back; their own imports of each other happen inside it.
 NOISY = ("diffusers", "transformers", "torchao", "bitsandbytes", "optimum", "gguf", "peft", "accelerate")
+
+# Imported on first use, not when diffusers' quantizers/auto.py imports every installed backend: bitsandbytes
+# (bound at import by diffusers quantizers/bitsandbytes/utils.py, read only inside its functions) takes seconds to
+# import, and a command on a model without 4-bit or 8-bit components never reads it.
+DEFERRED = ("bitsandbytes",)
 
 _depth = 0
 
@@ -112,6 +120,32 @@ class _HeldLoader(importlib.abc.Loader):
         return getattr(self.loader, name)
 
 
+class _Deferred(types.ModuleType):
+    """A module whose code runs when something first reads a name it would define. Its ``__file__`` and
+    ``__spec__`` are there before: ``inspect.getmodule`` reads every module's ``__file__`` (torch's op registration
+    calls it on import), which would load a :class:`importlib.util.LazyLoader` module at once. ``__path__`` is left
+    out, so importing a submodule runs the package's own ``__init__`` first, as a plain import does."""
+
+    def __getattr__(self, name: str) -> Any:
+        spec = object.__getattribute__(self, "__spec__")
+        self.__class__ = types.ModuleType
+        if spec.submodule_search_locations is not None:
+            self.__path__ = spec.submodule_search_locations
+        try:
+            spec.loader.exec_module(self)
+        except BaseException:
+            sys.modules.pop(spec.name, None)  # as a failed plain import leaves it: the next import tries again
+            raise
+        return getattr(self, name)
+
+
+class _DeferredLoader(_HeldLoader):
+    def exec_module(self, module: Any) -> None:
+        module.__dict__.pop("__path__", None)
+        module.__spec__.loader = _HeldLoader(self.loader)
+        module.__class__ = _Deferred
+
+
 class _HeldFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in NOISY or name in sys.modules:
@@ -122,7 +156,7 @@ class _HeldFinder(importlib.abc.MetaPathFinder):
         finally:
             sys.meta_path.insert(0, self)
         if spec is not None and spec.loader is not None and hasattr(spec.loader, "exec_module"):
-            spec.loader = _HeldLoader(spec.loader)
+            spec.loader = (_DeferredLoader if name in DEFERRED else _HeldLoader)(spec.loader)
         return spec
 
 
