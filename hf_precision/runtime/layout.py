@@ -24,7 +24,7 @@ from .patches import layerwise_hook
 from .quantize import is_quantized_tensor, quantized_layers
 
 __all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
-           "drift", "Drifted", "planned_bytes", "planned_buffers"]
+           "drift", "Drifted", "planned_bytes", "planned_buffers", "planned_sizes"]
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
@@ -265,6 +265,27 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPolicy, islands: li
     return [Drifted(name, island, have, want, n) for (island, have, want), n in found.items()]
 
 
+def planned_sizes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, tuple[str, int]]:
+    """Parameter or buffer name -> (what it is held in, its bytes) under ``plan``: the one byte count of a component
+    that ``plan()`` and the memory plans share. A planned parameter takes its planned dtype or quantized layout (the
+    backend's exact bytes), buffers as :func:`planned_buffers` holds them, the rest their own dtype. Works on the
+    meta device.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
+        >>> planned_sizes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan, [])
+        {'blocks.weight': ('int8', 4736), 'blocks.bias': ('float16', 256)}
+    """
+    planned = planned_dtypes(module, plan, islands)
+    out: dict[str, tuple[str, int]] = {}
+    for name, param in module.named_parameters():
+        want = planned.get(name)
+        out[name] = ((want, stored_bytes(want, tuple(param.shape), plan.compute)) if want else
+                     (dt.from_torch(param.dtype), param.numel() * param.element_size()))
+    return {**out, **planned_buffers(module, plan, islands)}
+
+
 def planned_bytes(module: torch.nn.Module, plan: ComponentPolicy) -> int:
     """The bytes a component's parameters and buffers take under ``plan`` (what ``plan()`` counts), from a
     meta-device model.
@@ -276,9 +297,4 @@ def planned_bytes(module: torch.nn.Module, plan: ComponentPolicy) -> int:
         4992
     """
     islands = component_islands(plan, module, strict=False)
-    planned = planned_dtypes(module, plan, islands)
-    total = sum(size for _, size in planned_buffers(module, plan, islands).values())
-    for name, param in module.named_parameters():
-        want = planned.get(name)
-        total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())
-    return total
+    return sum(size for _, size in planned_sizes(module, plan, islands).values())
