@@ -46,9 +46,6 @@ class Island:
     params: int
     why: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class ModuleRow:
@@ -59,9 +56,6 @@ class ModuleRow:
     params: int
     dtype: str
     island: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -94,13 +88,10 @@ class PlannedComponent:
         return sum(i.params for i in self.islands)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "modules"}
-        d["keep_fp32"] = list(self.keep_fp32)
-        d["islands"] = [i.to_dict() for i in self.islands]
-        d["island_params"] = self.island_params
-        if self.modules is not None:
-            d["modules"] = [m.to_dict() for m in self.modules]
-        return d
+        d = dataclasses.asdict(self)  # the islands and module rows become dicts too
+        modules = d.pop("modules")
+        d.update(keep_fp32=list(self.keep_fp32), island_params=self.island_params)
+        return d if modules is None else {**d, "modules": modules}
 
 
 @dataclasses.dataclass
