@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes as dt
 from ..errors import override_line
 from .call import default_call, pipeline_modules
-from .fixes import recorded_fix
+from .fixes import compute_dtype, recorded_fix
 from .recorder import Recorder
 
 if TYPE_CHECKING:
@@ -205,15 +205,6 @@ def _error_dict(err: BaseException | None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------- checking
 
 
-def _main_dtype(module: nn.Module) -> str | None:
-    """The dtype most of a component's floating parameters are in (by element count)."""
-    sizes: dict[str, int] = {}
-    for p in module.parameters():
-        if p.is_floating_point():
-            sizes[dt.from_torch(p.dtype)] = sizes.get(dt.from_torch(p.dtype), 0) + p.numel()
-    return max(sizes, key=sizes.__getitem__) if sizes else None
-
-
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
     from collections import Counter
 
@@ -326,7 +317,7 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
         component, _, rel = path.partition(".")
         mismatches.append(Mismatch(module=path, component=component, kind=kind, got=got, expected=want, calls=n,
                                    fix=recorded_fix(component, rel, kind, got, want, applied is not None,
-                                                    _main_dtype(comps[component]) if component in comps else None)))
+                                                    compute_dtype(comps[component]) if component in comps else None)))
     casts = [Cast(module=p, kind=k, where=w, from_dtype=a, to_dtype=b, calls=n)
              for (p, k, w, a, b), n in recorder.casts.items()]
     notes: list[str] = []
