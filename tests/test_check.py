@@ -292,3 +292,32 @@ def test_the_default_call_of_flux_kontext_runs_at_its_tiny_size():
     finally:
         handle.remove()
     assert seen == [(side, side)] and images.shape[1:3] == (side, side)
+
+
+def test_a_layer_in_the_compute_dtype_of_an_fp8_stored_component_is_no_island():
+    """Layerwise-cast (fp8-stored) layers count as the dtype they compute in: a float32 norm of a component that
+    stores its linears in fp8 and computes in float32 is in the component's own dtype, not an undeclared island to
+    cast to fp8 (the fix said `pipe.unet.norm.to(torch.float8_e4m3fn)`)."""
+    from hf_precision.runtime.patches import store_layerwise
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.norm = torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+
+        def forward(self, x):  # bfloat16 into the float32 norm: CPU norms take it silently
+            return self.norm(self.proj(x).to(torch.bfloat16))
+
+    class Pipe:
+        def __init__(self):
+            self.unet = Denoiser()
+            store_layerwise(self.unet, torch.float8_e4m3fn, torch.float32, ["^norm$"])
+
+        @property
+        def components(self):
+            return {"unet": self.unet}
+
+    report = hp.check(Pipe(), call=lambda pipe: pipe.unet(torch.randn(2, 64)))
+    (found,) = report.mismatches
+    assert (found.module, found.got, found.expected) == ("unet.norm", "bfloat16", "float32")
+    assert "float8" not in found.fix and "island" not in found.fix, found.fix

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from .. import dtypes as dt
 from ..errors import override_line
 from .call import default_call, pipeline_modules
-from .fixes import recorded_fix
+from .fixes import compute_dtype, recorded_fix
 from .recorder import Recorder
 
 if TYPE_CHECKING:
@@ -205,56 +205,42 @@ def _error_dict(err: BaseException | None) -> dict[str, Any] | None:
 # --------------------------------------------------------------------------------------------- checking
 
 
-def _main_dtype(module: nn.Module) -> str | None:
-    """The dtype most of a component's floating parameters are in (by element count)."""
-    sizes: dict[str, int] = {}
-    for p in module.parameters():
-        if p.is_floating_point():
-            sizes[dt.from_torch(p.dtype)] = sizes.get(dt.from_torch(p.dtype), 0) + p.numel()
-    return max(sizes, key=sizes.__getitem__) if sizes else None
-
-
 def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[list[ErasedIsland], list[Drift], list[str]]:
+    from collections import Counter
+
     from ..runtime.placement import same_device
     from ..runtime.layout import drift
 
-    erased: dict[tuple[str, str, str], int] = {}
-    drifted: dict[tuple[str, str, str, str], int] = {}
+    erased: list[ErasedIsland] = []
+    drifted: list[Drift] = []
     notes: list[str] = []
-    for name, module in applied.modules.items():
-        current = comps.get(name)
-        if current is not module:
-            notes.append(f"{name} was replaced after the recipe was applied, so it has no boundary hooks: re-apply "
+    for c, module in applied.modules.items():
+        if comps.get(c) is not module:
+            notes.append(f"{c} was replaced after the recipe was applied, so it has no boundary hooks: re-apply "
                          f"with hf_precision.apply_recipe(pipe)")
             continue
-        for d in drift(name, module, applied.recipe[name], applied.islands.get(name, [])):
+        islands = applied.islands.get(c, [])
+        for d in drift(c, module, applied.recipe[c], islands):  # grouped already: one finding per group
             if d.island is not None:
-                erased[(name, d.island, d.have)] = erased.get((name, d.island, d.have), 0) + d.count
+                erased.append(ErasedIsland(
+                    module=f"{c}.{d.island}", component=c, dtype=d.have, tensors=d.count,
+                    fix=(f"a cast after loading (pipe.to(torch.{d.have})?) erased it: move pipelines with "
+                         f"pipe.to(device), not pipe.to(dtype). Reload with hf_precision.load_pipeline(...) or "
+                         f"re-apply: hf_precision.apply_recipe(pipe, hf_precision.applied(pipe).recipe); to run it in "
+                         f"{d.have} on purpose, leave it out: "
+                         f"{override_line(c, 'keep_fp32', [i for i in islands if i != d.island])}")))
             else:
-                drifted[(name, "dtype", d.have, d.want)] = drifted.get((name, "dtype", d.have, d.want), 0) + d.count
-        want_device = applied.devices.get(name)
-        for param in module.parameters():
-            if want_device and param.device.type != "meta" and not same_device(want_device, param.device):
-                key = (name, "device", str(param.device), str(want_device))
-                drifted[key] = drifted.get(key, 0) + 1
-    out_erased = []
-    for (c, island, have), n in erased.items():
-        out_erased.append(ErasedIsland(
-            module=f"{c}.{island}", component=c, dtype=have, tensors=n,
-            fix=(f"a cast after loading (pipe.to(torch.{have})?) erased it: move pipelines with pipe.to(device), "
-                 f"not pipe.to(dtype). Reload with hf_precision.load_pipeline(...) or re-apply: "
-                 f"hf_precision.apply_recipe(pipe, hf_precision.applied(pipe).recipe); to run it in {have} on "
-                 f"purpose, leave it out: {override_line(c, 'keep_fp32', [i for i in applied.islands.get(c, []) if i != island])}")))
-    out_drift = []
-    for (c, what, have, want), n in drifted.items():
-        if what == "dtype":
-            fix = (f"reload with hf_precision.load_pipeline(...) or re-apply: hf_precision.apply_recipe(pipe, "
-                   f"hf_precision.applied(pipe).recipe); to plan {c} in {have} instead: {override_line(c, 'dtype', have)}")
-        else:
-            fix = (f"{c} was moved after the recipe was applied (the hooks follow it, so this runs); to plan for "
-                   f"{have}, re-apply: hf_precision.apply_recipe(pipe, device='{have}')")
-        out_drift.append(Drift(component=c, what=what, have=have, want=want, tensors=n, fix=fix))
-    return out_erased, out_drift, notes
+                drifted.append(Drift(component=c, what="dtype", have=d.have, want=d.want, tensors=d.count, fix=(
+                    f"reload with hf_precision.load_pipeline(...) or re-apply: hf_precision.apply_recipe(pipe, "
+                    f"hf_precision.applied(pipe).recipe); to plan {c} in {d.have} instead: "
+                    f"{override_line(c, 'dtype', d.have)}")))
+        want = applied.devices.get(c)
+        moved = Counter(str(p.device) for p in module.parameters()
+                        if want and p.device.type != "meta" and not same_device(want, p.device))
+        drifted += [Drift(component=c, what="device", have=have, want=str(want), tensors=n, fix=(
+            f"{c} was moved after the recipe was applied (the hooks follow it, so this runs); to plan for {have}, "
+            f"re-apply: hf_precision.apply_recipe(pipe, device='{have}')")) for have, n in moved.items()]
+    return erased, drifted, notes
 
 
 def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport:
@@ -331,7 +317,7 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
         component, _, rel = path.partition(".")
         mismatches.append(Mismatch(module=path, component=component, kind=kind, got=got, expected=want, calls=n,
                                    fix=recorded_fix(component, rel, kind, got, want, applied is not None,
-                                                    _main_dtype(comps[component]) if component in comps else None)))
+                                                    compute_dtype(comps[component]) if component in comps else None)))
     casts = [Cast(module=p, kind=k, where=w, from_dtype=a, to_dtype=b, calls=n)
              for (p, k, w, a, b), n in recorder.casts.items()]
     notes: list[str] = []

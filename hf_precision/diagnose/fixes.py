@@ -25,7 +25,7 @@ from .wordings import HALF, PARAM_ROLES
 if TYPE_CHECKING:
     from torch import nn
 
-__all__ = ["Where", "Fix", "Override", "mismatch_fix", "recorded_fix"]
+__all__ = ["Where", "Fix", "Override", "mismatch_fix", "recorded_fix", "compute_dtype"]
 
 # ---------------------------------------------------------------------------------------------------------------
 # What the modules hold
@@ -63,11 +63,19 @@ def _same_device(a: str, b: str) -> bool:
     return a == b or a.split(":")[0] == b or b.split(":")[0] == a
 
 
-def _compute_dtype(root: nn.Module) -> str | None:
-    """The dtype most of a component's parameter elements compute in.
+def compute_dtype(root: nn.Module) -> str | None:
+    """The dtype most of a component's parameter elements compute in (``None`` without floating parameters).
 
     A layer under diffusers' layerwise casting (diffusers/hooks/layerwise_casting.py) stores one dtype and computes
     in its hook's ``compute_dtype``; every other parameter computes in the dtype it is stored in.
+
+    Example:
+        >>> import torch
+        >>> from hf_precision.runtime.patches import store_layerwise
+        >>> model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8))
+        >>> store_layerwise(model, torch.float8_e4m3fn, torch.float32, ["^1$"])
+        >>> compute_dtype(model), model[0].weight.dtype  # stored in fp8, computed in float32
+        ('float32', torch.float8_e4m3fn)
     """
     from ..runtime.patches import layerwise_hook
 
@@ -178,7 +186,7 @@ def _lines(pairs: list[Override]) -> str:
 
 def _agree(w: Where, dtype: str, *, keep: str | None = None) -> list[Override]:
     """Overrides that make every model of the pipeline compute in ``dtype``: only those that do not yet."""
-    dts = {n: _compute_dtype(m) for n, m in (w.components or {}).items()}
+    dts = {n: compute_dtype(m) for n, m in (w.components or {}).items()}
     return [(n, "dtype", dtype) for n, d in dts.items() if n != keep and d is not None and d != dtype]
 
 
@@ -208,7 +216,7 @@ def _dtype_text(parsed: dict[str, Any], w: Where, got: str | None, expected: str
     name = w.component or "this component"
     note = "" if w.component else " (<component> is the pipeline attribute that holds this model, e.g. unet)"
     path = w.path or "the failing module"
-    comp = _compute_dtype(w.root) if w.root is not None else None
+    comp = compute_dtype(w.root) if w.root is not None else None
 
     if roles[0] == "query" and roles[1] in ("key", "value", "key and value"):
         fix = (f"attention in {path} got a {got_t} query but {exp_t} {roles[1]}: part of the attention block was cast "
@@ -270,7 +278,7 @@ def _foreign_text(w: Where, got: str, expected: str, name: str, note: str, why: 
                f"cast the input to {expected} before the call (x.to(torch.{expected})); or run {name} in {got}: "
                f"{_lines(alt)}{note}")
         return fix, [alt] if w.component else []
-    dts = {n: _compute_dtype(m) for n, m in w.components.items()}
+    dts = {n: compute_dtype(m) for n, m in w.components.items()}
     names = list(dts)  # data-flow order: the components before this one produced its input
     upstream = names[: names.index(w.component)] if w.component in names else names
     producers = [n for n in upstream if dts[n] == got] or [n for n, d in dts.items() if n != w.component and d == got]
@@ -370,7 +378,8 @@ def recorded_fix(component: str, rel: str, kind: str, got: str, expected: str, a
     """The fix for a mismatch ``check`` recorded: ``component.rel`` received ``got`` but holds ``expected``.
 
     ``applied``: an hf_precision recipe is applied (its hooks are what re-applying restores); ``main``: the dtype
-    most of the component's parameters are in (an inner module in another one is an undeclared island).
+    most of the component's parameters compute in (:func:`compute_dtype`: fp8-stored layers count as their compute
+    dtype); an inner module in another one is an undeclared island.
 
     Example:
         >>> recorded_fix("unet", "conv_in", "dtype", "float32", "float16", applied=False)[:60]

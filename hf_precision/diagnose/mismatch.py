@@ -125,17 +125,11 @@ def explain_error(exc: BaseException, module_path: str | None = None, *, target:
     if isinstance(exc, MismatchError):
         return exc
     parsed = _parse_exception(exc)
-    if parsed is None:
-        if parse_quantized(str(exc)) is None:
-            return None
-        if module_path is None:
-            chain, pipeline, input_dtype = _traceback_modules(exc)
-            names = Names(pipeline if pipeline is not None else target, None)
-            return _quantized_error(exc, Where(*names.locate(chain), names.components, input_dtype))
-        return _quantized_error(exc, Where(module_path, module_path.partition(".")[0], module_path.partition(".")[2]))
-    if module_path is None and target is None:
+    if parsed is None and parse_quantized(str(exc)) is None:
+        return None
+    if module_path is None and (target is None or parsed is None):
         chain, pipeline, input_dtype = _traceback_modules(exc)
-        names = Names(pipeline, None)
+        names = Names(pipeline if pipeline is not None else target, None)
         return _build(exc, parsed, Where(*names.locate(chain), names.components, input_dtype))
     component, rel, module, root, components = None, None, None, None, None
     if module_path:
@@ -179,28 +173,24 @@ def _traceback_modules(exc: BaseException) -> tuple[list[nn.Module], Any, str | 
     return modules, pipeline, input_dtype
 
 
-def _build(exc: BaseException, parsed: dict[str, Any], w: Where) -> MismatchError:
-    """Turn a parsed mismatch plus what is known about the failing module into a MismatchError."""
-    fix = mismatch_fix(parsed, w)
-    err = MismatchError(f"{fix.header}\nfix: {fix.text}\ntorch: {str(exc)!r}", kind=parsed["kind"], module=w.path,
-                        component=w.component, got=fix.got, expected=fix.expected, fix=fix.text, original=exc,
-                        family=parsed["family"], sides_known=fix.sides_known, dtypes=parsed.get("dtypes"),
-                        overrides=fix.overrides)
-    err.__cause__ = exc
-    return err
-
-
-def _quantized_error(exc: BaseException | None, w: Where) -> MismatchError | None:
-    """An fp8/quantized-weight error (quant_errors.py) as a MismatchError with its fix, or None."""
-    if not isinstance(exc, (RuntimeError, NotImplementedError, ValueError)) or isinstance(exc, MismatchError):
-        return None
-    found = parse_quantized(str(exc))
-    if found is None:
-        return None
-    header, fix = quantized_fix(found["family"], w.component, w.input_dtype)
-    err = MismatchError(f"{header}{' (' + w.path + ')' if w.path else ''}\nfix: {fix}\ntorch: {str(exc)!r}",
-                        kind="quantized", module=w.path, component=w.component, fix=fix, original=exc,
-                        family=found["family"])
+def _build(exc: BaseException, parsed: dict[str, Any] | None, w: Where) -> MismatchError | None:
+    """Turn a parsed mismatch, else an fp8/quantized-weight error (quant_errors.py), plus what is known about the
+    failing module into a MismatchError with its fix; None when ``exc`` is neither."""
+    if parsed is not None:
+        fix = mismatch_fix(parsed, w)
+        err = MismatchError(f"{fix.header}\nfix: {fix.text}\ntorch: {str(exc)!r}", kind=parsed["kind"], module=w.path,
+                            component=w.component, got=fix.got, expected=fix.expected, fix=fix.text, original=exc,
+                            family=parsed["family"], sides_known=fix.sides_known, dtypes=parsed.get("dtypes"),
+                            overrides=fix.overrides)
+    else:
+        found = parse_quantized(str(exc))
+        if found is None or not isinstance(exc, (RuntimeError, NotImplementedError, ValueError)) \
+                or isinstance(exc, MismatchError):
+            return None
+        header, text = quantized_fix(found["family"], w.component, w.input_dtype)
+        err = MismatchError(f"{header}{' (' + w.path + ')' if w.path else ''}\nfix: {text}\ntorch: {str(exc)!r}",
+                            kind="quantized", module=w.path, component=w.component, fix=text, original=exc,
+                            family=found["family"])
     err.__cause__ = exc
     return err
 
@@ -244,7 +234,7 @@ class _Explain:
                 if self._target is None and pipeline is not None:  # name modules inside the pipeline being called
                     names = Names(pipeline, None)
                 where = Where(*names.locate(chain), names.components, input_dtype)
-                err = _build(exc, parsed, where) if parsed is not None else _quantized_error(exc, where)
+                err = _build(exc, parsed, where)
                 if err is None:
                     return False
             except Exception:  # a bug here must never hide the user's error: let the original propagate

@@ -2,7 +2,7 @@
 
 Every component is built from its ``config.json`` on torch's ``meta`` device (shapes without storage), the recipe
 is resolved for the device you name, and the same island rule and per-parameter dtypes as
-:func:`hf_precision.apply_recipe` (``recipe.patterns.resolve_islands``, ``runtime.layout.planned_dtypes``) give exact byte counts:
+:func:`hf_precision.apply_recipe` (``recipe.patterns.resolve_islands``, ``runtime.layout.planned_sizes``) give exact byte counts:
 ``hf-precision plan sdxl --device t4`` tells you, before downloading 7 GB, that the SDXL VAE stays float32 on a
 T4 and how much memory the whole pipeline takes compared with plain float32.
 
@@ -27,7 +27,6 @@ from ..units import format_bytes
 from ..runtime.source import composable_models, configs_of, listed_components
 from ..recipe.catalog import list_recipes, recipe_classes
 from ..recipe.model import ComponentPolicy, Recipe
-from ..recipe.quantize import CHOICES, stored_bytes
 from ..recipe.resolution import resolve
 
 if TYPE_CHECKING:
@@ -47,9 +46,6 @@ class Island:
     params: int
     why: str
 
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclasses.dataclass(frozen=True)
 class ModuleRow:
@@ -60,9 +56,6 @@ class ModuleRow:
     params: int
     dtype: str
     island: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass
@@ -95,13 +88,10 @@ class PlannedComponent:
         return sum(i.params for i in self.islands)
 
     def to_dict(self) -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k != "modules"}
-        d["keep_fp32"] = list(self.keep_fp32)
-        d["islands"] = [i.to_dict() for i in self.islands]
-        d["island_params"] = self.island_params
-        if self.modules is not None:
-            d["modules"] = [m.to_dict() for m in self.modules]
-        return d
+        d = dataclasses.asdict(self)  # the islands and module rows become dicts too
+        modules = d.pop("modules")
+        d.update(keep_fp32=list(self.keep_fp32), island_params=self.island_params)
+        return d if modules is None else {**d, "modules": modules}
 
 
 @dataclasses.dataclass
@@ -281,7 +271,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         'bfloat16'
     """
     from ..recipe.devices import device_caps
-    from ..runtime.layout import check_user_names, component_islands, planned_dtypes
+    from ..runtime.layout import check_user_names, component_islands
     from ..runtime.quantize import refuse_library
 
     text = str(name_or_path)
@@ -324,7 +314,6 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
         module = build_on_meta(library, class_name, configs[cp.name], pipeline=pipeline)
         check_user_names(cp, module)
         islands = component_islands(cp, module)
-        planned = planned_dtypes(module, cp, islands)
         packed: dict[str, tuple[str, int]] = {}
         if single_file is not None and cp.name == resolved.denoiser:
             from ..runtime.gguf import gguf_packed
@@ -335,7 +324,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
                 packed = gguf_packed(single_file, module, islands)
             else:  # its tensors load in the planned dtypes: the header is checked, the plan is the base's
                 denoiser_layout(single_file, module, cp.name, str(base))
-        components[cp.name] = _plan_component(cp, module, library, islands, planned, modules, device_why, packed)
+        components[cp.name] = _plan_component(cp, module, library, islands, modules, device_why, packed)
         del module
     return Plan(name=text, source=source, pipeline=pipeline, recipe=resolved, components=components, skipped=skipped)
 
@@ -357,33 +346,24 @@ def _decision(cp: ComponentPolicy, field: str) -> Any:
     return next((d for d in cp.decisions if d.field == field), None)
 
 
-def _plan_component(cp: ComponentPolicy, module: nn.Module, library: str, islands: list[str], planned: dict[str, str],
-                    with_modules: bool, device_why: str,
-                    packed: Mapping[str, tuple[str, int]] | None = None) -> PlannedComponent:
+def _plan_component(cp: ComponentPolicy, module: nn.Module, library: str, islands: list[str], with_modules: bool,
+                    device_why: str, packed: Mapping[str, tuple[str, int]] | None = None) -> PlannedComponent:
     from ..recipe.patterns import inside
+    from ..runtime.layout import planned_sizes
 
+    sizes = {**planned_sizes(module, cp, islands), **(packed or {})}  # a GGUF file's blocks, as stored
     params = 0
     fp32_bytes = 0
     by_dtype: dict[str, int] = {}
     own: dict[str, list[tuple[int, str]]] = {}
-    for pname, param in module.named_parameters():
-        n = param.numel()
-        params += n
-        name = planned.get(pname) or dt.from_torch(param.dtype)
-        known = name in CHOICES or name in dt.DTYPES  # a quantized layout: its backend's exact bytes
-        size = stored_bytes(name, tuple(param.shape), cp.compute) if known else n * param.element_size()
-        if packed and pname in packed:  # a GGUF file's blocks, as stored
-            name, size = packed[pname]
-        by_dtype[name] = by_dtype.get(name, 0) + size
-        fp32_bytes += n * 4 if param.is_floating_point() else size
-        own.setdefault(pname.rpartition(".")[0], []).append((n, name))
-    from ..runtime.layout import planned_buffers
-
     # buffers, persistent or not (PixArt's pos_embed table, CLIP's position_ids), are held like the weights
-    for bname, (name, size) in planned_buffers(module, cp, islands).items():
+    for tname, tensor in [*module.named_parameters(), *module.named_buffers()]:
+        name, size = sizes[tname]
         by_dtype[name] = by_dtype.get(name, 0) + size
-        buf = module.get_buffer(bname)
-        fp32_bytes += buf.numel() * 4 if buf.is_floating_point() else size
+        fp32_bytes += tensor.numel() * 4 if tensor.is_floating_point() else size
+    for pname, param in module.named_parameters():
+        params += param.numel()
+        own.setdefault(pname.rpartition(".")[0], []).append((param.numel(), sizes[pname][0]))
     order = {name: i for i, name in enumerate(dt.DTYPES)}
     by_dtype = dict(sorted(by_dtype.items(), key=lambda kv: (order.get(kv[0], 99), kv[0])))
 

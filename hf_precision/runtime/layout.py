@@ -24,7 +24,7 @@ from .patches import layerwise_hook
 from .quantize import is_quantized_tensor, quantized_layers
 
 __all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "check_user_names", "planned_dtypes", "has_layerwise_casting",
-           "drift", "Drifted", "planned_bytes", "planned_buffers"]
+           "drift", "Drifted", "planned_bytes", "planned_sizes"]
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
@@ -187,35 +187,6 @@ def planned_dtypes(module: torch.nn.Module, plan: ComponentPolicy, islands: list
     return out
 
 
-def planned_buffers(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, tuple[str, int]]:
-    """Buffer name -> (dtype, bytes) it is held in under ``plan``, persistent or not (PixArt's ``pos_embed`` table,
-    CLIP's ``position_ids``): memory the loaded module holds like its weights.
-
-    Floating buffers follow the module casts that place the parameters (``.to(dtype)`` casts every floating buffer):
-    float32 inside an island, else the compute dtype, or the storage dtype in a layer diffusers' layerwise casting
-    stores (its hook casts the whole layer). Integer and complex buffers keep their own dtype. Works on the meta
-    device; a buffer held twice is listed once.
-
-    Example:
-        >>> from hf_precision import get_recipe
-        >>> m = torch.nn.Module()
-        >>> m.register_buffer("table", torch.zeros(4), persistent=False)
-        >>> m.register_buffer("ids", torch.zeros(4, dtype=torch.int64))
-        >>> planned_buffers(m, get_recipe("unet.sdxl", device="t4")["unet"], [])
-        {'table': ('float16', 8), 'ids': ('int64', 32)}
-    """
-    layerwise = _layerwise_layers(module, plan, islands)
-    held = frozenset(islands)
-    out: dict[str, tuple[str, int]] = {}
-    for bname, buf in module.named_buffers():
-        if buf.is_floating_point():
-            name = _held_in(bname.rpartition(".")[0], plan, held, layerwise)
-            out[bname] = (name, buf.numel() * dt.to_torch(name).itemsize)
-        else:
-            out[bname] = (dt.from_torch(buf.dtype), buf.numel() * buf.element_size())
-    return out
-
-
 def has_layerwise_casting(module: torch.nn.Module) -> bool:
     # diffusers refuses to add the hook twice and cannot remove it (its deinitalize_hook raises).
     return any(layerwise_hook(m) is not None for m in module.modules())
@@ -265,6 +236,44 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPolicy, islands: li
     return [Drifted(name, island, have, want, n) for (island, have, want), n in found.items()]
 
 
+def planned_sizes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, tuple[str, int]]:
+    """Parameter or buffer name -> (what it is held in, its bytes) under ``plan``: the one byte count of a component
+    that ``plan()`` and the memory plans share. Works on the meta device; a tensor held twice is listed once.
+
+    A planned parameter takes its planned dtype or quantized layout (the backend's exact bytes). Buffers, persistent
+    or not (PixArt's ``pos_embed`` table, CLIP's ``position_ids``), are memory the loaded module holds like its
+    weights: floating ones follow the module casts that place the parameters (``.to(dtype)`` casts every floating
+    buffer): float32 inside an island, else the compute dtype, or the storage dtype in a layer diffusers' layerwise
+    casting stores (its hook casts the whole layer). Integer and complex tensors keep their own dtype.
+
+    Example:
+        >>> from hf_precision import get_recipe
+        >>> m = torch.nn.Module()
+        >>> m.register_buffer("table", torch.zeros(4), persistent=False)
+        >>> m.register_buffer("ids", torch.zeros(4, dtype=torch.int64))
+        >>> planned_sizes(m, get_recipe("unet.sdxl", device="t4")["unet"], [])
+        {'table': ('float16', 8), 'ids': ('int64', 32)}
+        >>> plan = get_recipe("unet.sdxl", device="t4", overrides={"unet": {"storage": "int8"}})["unet"]
+        >>> planned_sizes(torch.nn.ModuleDict({"blocks": torch.nn.Linear(32, 128)}), plan, [])
+        {'blocks.weight': ('int8', 4736), 'blocks.bias': ('float16', 256)}
+    """
+    planned = planned_dtypes(module, plan, islands)
+    layerwise = _layerwise_layers(module, plan, islands)
+    held = frozenset(islands)
+    out: dict[str, tuple[str, int]] = {}
+    for name, param in module.named_parameters():
+        want = planned.get(name)
+        out[name] = ((want, stored_bytes(want, tuple(param.shape), plan.compute)) if want else
+                     (dt.from_torch(param.dtype), param.numel() * param.element_size()))
+    for name, buf in module.named_buffers():
+        if buf.is_floating_point():
+            want = _held_in(name.rpartition(".")[0], plan, held, layerwise)
+            out[name] = (want, buf.numel() * dt.to_torch(want).itemsize)
+        else:
+            out[name] = (dt.from_torch(buf.dtype), buf.numel() * buf.element_size())
+    return out
+
+
 def planned_bytes(module: torch.nn.Module, plan: ComponentPolicy) -> int:
     """The bytes a component's parameters and buffers take under ``plan`` (what ``plan()`` counts), from a
     meta-device model.
@@ -276,9 +285,4 @@ def planned_bytes(module: torch.nn.Module, plan: ComponentPolicy) -> int:
         4992
     """
     islands = component_islands(plan, module, strict=False)
-    planned = planned_dtypes(module, plan, islands)
-    total = sum(size for _, size in planned_buffers(module, plan, islands).values())
-    for name, param in module.named_parameters():
-        want = planned.get(name)
-        total += (stored_bytes(want, tuple(param.shape), plan.compute) if want else param.numel() * param.element_size())
-    return total
+    return sum(size for _, size in planned_sizes(module, plan, islands).values())
