@@ -233,10 +233,7 @@ def call_inputs(cls: Any) -> list[str]:
         >>> call_inputs(Flux2KleinPipeline), call_inputs(FluxKontextPipeline)  # an example without image; one with
         ([], ['image'])
     """
-    try:
-        params = inspect.signature(cls.__call__).parameters if cls is not None else {}
-    except (TypeError, ValueError):
-        params = {}
+    params = call_params(cls)
     needed = [k for k in INPUTS if k in params and not _optional(cls, params, k)]
     # anything else the call cannot go without: Wan Animate's pose_video and face_video, Kandinsky's image_embeds
     return needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
@@ -344,10 +341,7 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
     for module in pipeline_modules(pipe).values():
         tile_where_required(module)
         text_model_alias(module)  # I2VGenXL's clip_skip reads text_encoder.text_model (transformers 5 has none)
-    try:
-        params = inspect.signature(pipe.__call__).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = call_params(pipe)
     side = _side(pipe)
     name = type(pipe).__name__
 

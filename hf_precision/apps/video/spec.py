@@ -270,9 +270,10 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     """
     import diffusers
 
+    from ...diagnose.call import FRAME_ARGS, call_inputs, call_params, frames_argument
+
     cls = getattr(diffusers, pipeline, None)
-    params = inspect.signature(cls.__call__).parameters if cls is not None else {}
-    from ...diagnose.call import FRAME_ARGS, call_inputs, frames_argument
+    params = call_params(cls)
 
     frames_arg = frames_argument(params)  # Latte: video_length; Sana-Video: frames
     # video-to-video: the frames come from the input clips
