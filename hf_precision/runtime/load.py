@@ -160,7 +160,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
 
     Raises:
         RecipeError: unknown recipe or pipeline class, bad overrides, a dtype the device cannot compute, an
-            offline Hub id, remote code. Its subclass ``DamagedFileError``: a damaged or unreadable
+            offline Hub id, remote code, a package the recipe ``requires:`` that this Python cannot import (each
+            named with its install command, before any weight is read). Its subclass ``DamagedFileError``: a damaged or unreadable
             ``model_index.json``, ``config.json`` or safetensors file (named, with how to get a good copy).
 
     Example:
