@@ -1,7 +1,8 @@
-"""A recipe's ``requires:`` (issue 34, "every command on every family"): a pipeline that plain diffusers cannot build
-or run without a package it does not depend on is refused by every command before any weight loads, in one error
-naming each missing package, why and how to install it. Cosmos' safety checker (cosmos_guardrail) and its
-transformer's padding-mask resize (torchvision) are the shipped case."""
+"""A recipe's ``requires:``: a pipeline that plain diffusers cannot build or run without a package it does not depend
+on (Cosmos' safety checker, cosmos_guardrail, and its transformer's padding-mask resize, torchvision) is refused where
+the package is needed, before any weight is read: by the loader (load_pipeline, and every command that loads through
+it) and by the training program, in one error naming each missing package, why and how to install it. Planning (plan,
+show) needs none of them: it works, and says in one line what loading will need (issue 32)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,35 @@ import yaml
 
 import hf_precision as hp
 from hf_precision.recipe.files import recipes_dir
+from hf_precision.recipe.requires import check_packages
 
 COSMOS = {"cosmos_guardrail": "pip install cosmos_guardrail", "torchvision": "pip install torchvision"}
-MISSING = [m for m in COSMOS if importlib.util.find_spec(m) is None]  # what this machine lacks, read, not assumed
+
+
+@pytest.fixture
+def lacking(monkeypatch):
+    """This Python without Cosmos' two packages, whether or not they are installed: only their lookup says so."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.split(".")[0] in COSMOS else real(name, *a, **k))
+
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Reading any weight fails the test: a refusal must come before."""
+    import diffusers
+    import transformers
+
+    def read(*_a, **_k):
+        pytest.fail("weights read before the package check")
+
+    for cls in (diffusers.DiffusionPipeline, diffusers.ModelMixin, transformers.PreTrainedModel):
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(read))
 
 
 @pytest.fixture(scope="module")
 def cosmos_folder(tmp_path_factory) -> Path:
-    """A Cosmos 2 Video2World folder of configs alone: nothing here can load, so a command that tries fails later."""
+    """A Cosmos 2 Video2World folder of configs alone (a one-block transformer: planned in a blink)."""
     folder = tmp_path_factory.mktemp("cosmos")
     index = {"_class_name": "Cosmos2VideoToWorldPipeline", "_diffusers_version": "0.42.1",
              "text_encoder": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "T5TokenizerFast"],
@@ -30,7 +52,8 @@ def cosmos_folder(tmp_path_factory) -> Path:
              "safety_checker": ["cosmos_guardrail", "CosmosSafetyChecker"]}
     (folder / "model_index.json").write_text(json.dumps(index))
     configs = {"transformer": {"_class_name": "CosmosTransformer3DModel", "patch_size": [1, 2, 2],
-                               "concat_padding_mask": True},
+                               "concat_padding_mask": True, "num_layers": 1, "num_attention_heads": 2,
+                               "attention_head_dim": 12, "text_embed_dim": 16},
                "vae": {"_class_name": "AutoencoderKLWan", "temperal_downsample": [False, True, True]},
                "text_encoder": {"architectures": ["T5EncoderModel"], "model_type": "t5", "d_model": 16}}
     for name, config in configs.items():
@@ -39,45 +62,73 @@ def cosmos_folder(tmp_path_factory) -> Path:
     return folder
 
 
-@pytest.mark.parametrize("command", [["plan"], ["check"], ["video", "--prompt", "a cat", "--frames", "5", "--out", "o.mp4"],
-                                     ["train", "--plan"]])
-def test_every_command_on_a_cosmos_folder_names_the_packages_it_lacks_before_loading(command, cosmos_folder,
-                                                                                     tmp_path, capsys, monkeypatch):
-    """Plain diffusers raised ImportError inside the pipeline's __init__ (pipeline_cosmos2_video2world.py:201)
-    after reading every weight; with the packages present, the check passes and the command goes on."""
+NOTE = ("note: loading Cosmos2VideoToWorldPipeline needs cosmos_guardrail and torchvision, which this Python cannot "
+        "import (pip install cosmos_guardrail; pip install torchvision); planning does not")
+
+
+def test_planning_a_cosmos_folder_needs_neither_package_and_says_so_in_one_line(cosmos_folder, lacking, no_weights,
+                                                                                 capsys):
+    """Planning builds on the meta device and never makes the safety checker or runs the transformer: resolve used
+    to refuse it too, so plan and show were refused for a package only loading needs."""
     from hf_precision.cli import main
 
-    if not MISSING:
-        from hf_precision.recipe.resolution import check_packages
+    assert main(["plan", str(cosmos_folder), "--device", "t4"]) == 0
+    out, err = capsys.readouterr()
+    assert [line for line in out.splitlines() if "cannot import" in line] == [NOTE] and not err, (out, err)
+    assert main(["show", "--class", "Cosmos2VideoToWorldPipeline", "--brief"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [f"hf-precision show: {NOTE}"] and "cannot" not in out, (out, err)
+    plan = hp.plan(str(cosmos_folder), device="t4")
+    assert [r.module for r in plan.recipe.requires] == list(COSMOS) and plan["transformer"].params > 0
 
-        assert check_packages("cosmos", "Cosmos2VideoToWorldPipeline") is None
-        return
+
+def test_nothing_missing_no_note(cosmos_folder, monkeypatch):
+    """With both packages importable, the plan says nothing of them (the note reads find_spec, not the recipe)."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda *_a, **_k: object())
+    assert "cannot import" not in hp.plan(str(cosmos_folder), device="t4").table()
+    assert check_packages("cosmos", "Cosmos2VideoToWorldPipeline") is None
+
+
+@pytest.mark.parametrize("command", [["check", "{m}"],
+                                     ["video", "--model", "{m}", "--prompt", "a cat", "--frames", "5", "--out", "o.mp4"],
+                                     ["train", "--model", "{m}", "--data", "{m}", "--out", "out"]])
+def test_every_loading_command_names_the_packages_it_lacks_before_loading(command, cosmos_folder, lacking, no_weights,
+                                                                         tmp_path, capsys, monkeypatch):
+    """Plain diffusers raised ImportError inside the pipeline's __init__ (pipeline_cosmos2_video2world.py:201)
+    after reading every weight."""
+    from hf_precision.cli import main
+
     monkeypatch.chdir(tmp_path)
-    model = [str(cosmos_folder)] if command[0] in ("plan", "check") else ["--model", str(cosmos_folder)]
-    code = main([command[0], *model, *command[1:]])
+    code = main([part.format(m=cosmos_folder) for part in command])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
     lines = [line for line in err.splitlines() if line.startswith("hf-precision")]
     assert len(lines) == 1 and "Cosmos2VideoToWorldPipeline cannot be built or run without" in lines[0], err
-    for module in MISSING:
-        assert COSMOS[module] in lines[0], err
-    for module in set(COSMOS) - set(MISSING):
-        assert COSMOS[module] not in lines[0], err
+    for install in COSMOS.values():
+        assert install in lines[0], err
 
 
-def test_load_pipeline_refuses_before_reading_a_weight(cosmos_folder, monkeypatch):
-    """load_pipeline resolves the recipe before from_pretrained: a missing package is refused there."""
-    import diffusers
+def test_load_pipeline_refuses_before_reading_a_weight(cosmos_folder, lacking, no_weights):
+    with pytest.raises(hp.RecipeError, match="cannot be built or run without cosmos_guardrail .*: pip install "
+                                             "cosmos_guardrail; and torchvision .*: pip install torchvision"):
+        hp.load_pipeline(str(cosmos_folder), "cpu")
 
-    monkeypatch.setattr(diffusers.DiffusionPipeline, "from_pretrained",
-                        classmethod(lambda *a, **k: pytest.fail("weights read before the package check")))
-    if MISSING:
-        with pytest.raises(hp.RecipeError, match="cannot be built or run without"):
-            hp.load_pipeline(str(cosmos_folder))
-    else:
-        from hf_precision.recipe.resolution import check_packages
 
-        assert check_packages("cosmos", "Cosmos2VideoToWorldPipeline") is None
+def test_a_user_recipe_file_s_requires_reaches_the_loader_through_the_resolved_recipe(cosmos_folder, tmp_path,
+                                                                                         no_weights):
+    """A recipe file of the user's (not found by class) is checked from what resolve returns: Recipe.requires."""
+    data = yaml.safe_load((recipes_dir() / "cosmos.yaml").read_text())
+    data["requires"] = [{"module": "no_such_module_hfp", "install": "pip install no-such", "why": "w"}]
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    from hf_precision.recipe import resolve
+
+    resolved = resolve(str(path), pipeline_class="Cosmos2VideoToWorldPipeline", layout="t4")  # planning: no refusal
+    assert [r.module for r in resolved.requires] == ["no_such_module_hfp"]
+    with pytest.raises(hp.RecipeError) as err:
+        hp.load_pipeline(str(cosmos_folder), "cpu", recipe=str(path))
+    assert str(err.value) == ("Cosmos2VideoToWorldPipeline cannot be built or run without no_such_module_hfp (w): pip "
+                              "install no-such; install it and run again")
 
 
 def _user_recipe(tmp_path, requires):
@@ -90,8 +141,6 @@ def _user_recipe(tmp_path, requires):
 
 def test_requires_is_checked_by_class_and_by_what_is_importable(tmp_path):
     """Derived from importlib.util.find_spec, per entry and per class: the same answer on any machine."""
-    from hf_precision.recipe.resolution import check_packages
-
     path = _user_recipe(tmp_path, [
         {"module": "no_such_module_hfp", "install": "pip install no-such", "why": "its call imports it (x.py:1)"},
         {"module": "yaml", "install": "pip install pyyaml", "why": "always here"},
@@ -119,3 +168,20 @@ def test_a_bad_requires_entry_is_one_error_naming_file_key_and_allowed(tmp_path,
     with pytest.raises(hp.RecipeError) as err:
         pipeline_spec(path)
     assert len(err.value.problems) == 1 and err.value.problems[0].startswith(f"{path}: {message}"), err.value
+
+
+def test_generate_refuses_a_missing_package_of_the_recipe_it_loads_with(tmp_path, no_weights, capsys, monkeypatch):
+    """generate loads through load_pipeline: a user recipe's requires: is refused there, in one line, nothing read."""
+    from hf_precision.apps.shapes_model import FOLDER
+    from hf_precision.cli import main
+
+    data = yaml.safe_load((recipes_dir() / "sdxl.yaml").read_text())
+    data["requires"] = [{"module": "no_such_module_hfp", "install": "pip install no-such", "why": "w"}]
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    code = main(["generate", str(FOLDER), "--prompt", "a cat", "--recipe", str(path), "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.splitlines() == [
+        "hf-precision generate: error: StableDiffusionXLPipeline cannot be built or run without no_such_module_hfp (w): "
+        "pip install no-such; install it and run again"], err

@@ -116,11 +116,9 @@ def _call_kwargs(model: str, pipe: Any, inputs: dict[str, Any], *, prompt: str, 
                  negative_prompt: str | None) -> dict[str, Any]:
     """The kwargs of generate's call: the prompt and the flags the pipeline's ``__call__`` takes, the input pictures
     at the asked size; a pipeline that takes no prompt is refused with the command or call that runs it."""
-    import inspect
+    from ..diagnose.call import call_params, fitted_to_area, frames_argument, sized_inputs
 
-    from ..diagnose.call import fitted_to_area, frames_argument, sized_inputs
-
-    params = inspect.signature(pipe.__call__).parameters
+    params = call_params(pipe)
     if "prompt" not in params:  # the fix: the video command for a video pipeline (SVD), else the call's own inputs
         takes = [k for k, p in params.items() if p.default is p.empty and k != "self"] or ["..."]
         fix = ("use `hf-precision video`" if frames_argument(params) else

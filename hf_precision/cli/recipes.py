@@ -69,6 +69,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for note in dict.fromkeys(str(n.message) for n in notes if issubclass(n.category, UserWarning)):
         print(f"hf-precision show: note: {note}", file=sys.stderr)
     print(recipe.to_json() if args.json else recipe.table(why=not args.brief))
+    from ..recipe.requires import loading_note
+
+    needs = loading_note(recipe, args.pipeline_class)
+    if needs:
+        print(f"hf-precision show: {needs}", file=sys.stderr)
     unchecked = _unchecked_patterns(recipe)
     if unchecked:
         target = args.name if args.name in list_recipes("pipeline") else "FOLDER_WITH_THE_MODEL_CONFIGS"

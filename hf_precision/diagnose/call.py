@@ -233,10 +233,7 @@ def call_inputs(cls: Any) -> list[str]:
         >>> call_inputs(Flux2KleinPipeline), call_inputs(FluxKontextPipeline)  # an example without image; one with
         ([], ['image'])
     """
-    try:
-        params = inspect.signature(cls.__call__).parameters if cls is not None else {}
-    except (TypeError, ValueError):
-        params = {}
+    params = call_params(cls)
     needed = [k for k in INPUTS if k in params and not _optional(cls, params, k)]
     # anything else the call cannot go without: Wan Animate's pose_video and face_video, Kandinsky's image_embeds
     return needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
@@ -244,8 +241,9 @@ def call_inputs(cls: Any) -> list[str]:
 
 
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
-    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*k+1, k=1, the
-    next k whose latent count k+1 its recipe does not refuse: Kandinsky 5 I2V's NaN frames below 5 latent frames), a
+    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*(n-1)+1 for the
+    fewest latent count n above 1 its recipe does not refuse, stepped as the video program steps it:
+    :func:`~hf_precision.recipe.frames.nearest_latent_frames`; Kandinsky 5 I2V's NaN frames below 5 latent frames), a
     Latte transformer's fixed ``video_length`` (``config``: the denoiser's), else 2 (a frame-wise VAE: SVD,
     AnimateDiff)."""
     if config.get("video_length"):
@@ -253,9 +251,10 @@ def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
     for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
         t = getattr(pipe, attr, None)
         if isinstance(t, int) and t > 1:
-            refused = set(_video_keys(pipe).get("refused_latent_frames") or ())
-            k = next(k for k in range(1, len(refused) + 2) if k + 1 not in refused)
-            return t * k + 1
+            from ..recipe.frames import nearest_latent_frames
+
+            latent = nearest_latent_frames(1, _video_keys(pipe).get("refused_latent_frames") or ())[1]
+            return t * (latent - 1) + 1
     return 2
 
 
@@ -342,10 +341,7 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
     for module in pipeline_modules(pipe).values():
         tile_where_required(module)
         text_model_alias(module)  # I2VGenXL's clip_skip reads text_encoder.text_model (transformers 5 has none)
-    try:
-        params = inspect.signature(pipe.__call__).parameters
-    except (TypeError, ValueError):
-        params = {}
+    params = call_params(pipe)
     side = _side(pipe)
     name = type(pipe).__name__
 

@@ -27,6 +27,7 @@ from ..units import format_bytes
 from ..runtime.source import composable_models, configs_of, listed_components
 from ..recipe.catalog import list_recipes, recipe_classes
 from ..recipe.model import ComponentPolicy, Recipe
+from ..recipe.requires import loading_note
 from ..recipe.resolution import resolve
 
 if TYPE_CHECKING:
@@ -165,7 +166,7 @@ class Plan:
                                    for i, (c, w) in enumerate(zip(r, widths))).rstrip()
         out = [f"plan: recipe {self.recipe.name} for {self.recipe.device.label()}",
                f"pipeline: {self.pipeline} from {self.source} (built from configs on the meta device, no weights)",
-               "", line(head), line(tuple("-" * w for w in widths)), *map(line, rows), line(total), ""]
+               *filter(None, [loading_note(self.recipe, self.pipeline)]), "", line(head), line(tuple("-" * w for w in widths)), *map(line, rows), line(total), ""]
         saved = self.fp32_bytes - self.total_bytes
         pct = f" ({100 * saved / self.fp32_bytes:.0f}%)" if self.fp32_bytes else ""
         out.append(f"weights: {self.total_bytes:,} bytes ({format_bytes(self.total_bytes)}) with this recipe, "

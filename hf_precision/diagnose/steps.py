@@ -121,22 +121,26 @@ def fewest_steps(cls: Any, steps: int, strength: Any) -> int | None:
                  if (_denoised(cls, n, strength) or 0) >= 1), None)
 
 
-def call_params(cls: Any) -> Mapping[str, Any]:
-    """The ``__call__`` parameters of a pipeline class, or of the diffusers class named ``cls``; empty when there is
-    no such class or its signature cannot be read.
+def call_params(cls: Any, method: str = "__call__") -> Mapping[str, Any]:
+    """The parameters of a pipeline's ``__call__`` (or of another of its methods: ``"encode_prompt"``), for a
+    pipeline class, an instance, or the name of a diffusers class; empty when there is no such class or method or its
+    signature cannot be read. The one reader of what a pipeline is called with.
 
     Example:
         >>> "strength" in call_params("StableDiffusionImg2ImgPipeline"), call_params("NoSuchPipeline")
+        (True, {})
+        >>> "image" in call_params("QwenImageEditPipeline", "encode_prompt"), call_params("FluxPipeline", "nothing")
         (True, {})
     """
     if isinstance(cls, str):
         import diffusers
 
         cls = getattr(diffusers, cls, None)
-    if cls is None:
+    function = getattr(cls, method, None) if cls is not None else None
+    if function is None:
         return {}
     try:
-        return inspect.signature(cls.__call__).parameters
+        return inspect.signature(function).parameters
     except (TypeError, ValueError):
         return {}
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 from .devices import DeviceProfile
 
-__all__ = ["Recipe", "ComponentPolicy", "Decision", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
+__all__ = ["Recipe", "ComponentPolicy", "Decision", "Requirement", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
 
 # Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
 # projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
@@ -87,6 +87,22 @@ class ComponentPolicy:
         return text + "".join(f" +{f}" for f in flags)
 
 
+class Requirement(NamedTuple):
+    """One ``requires:`` row of a pipeline recipe: the module to find, how to install it, why the pipeline needs it,
+    and the pipeline classes it holds for (empty: every class of the recipe). Checked by
+    :func:`hf_precision.recipe.requires.check_packages`.
+
+    Example:
+        >>> Requirement("torchvision", "pip install torchvision", "the transformer resizes a mask with it").module
+        'torchvision'
+    """
+
+    module: str
+    install: str
+    why: str
+    pipelines: tuple[str, ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class Recipe:
     """A recipe fully resolved for one device. Frozen; prints as a table; ``to_json()`` for machines.
@@ -108,6 +124,8 @@ class Recipe:
     policies: tuple[ComponentPolicy, ...]
     sources: tuple[str, ...]
     denoiser: str | None = None
+    # the packages loading or running it needs beyond diffusers' own (recipe `requires:`), checked by the loader
+    requires: tuple[Requirement, ...] = ()
 
     @property
     def components(self) -> dict[str, ComponentPolicy]:

@@ -1,46 +1,86 @@
 """What a pipeline cannot be built or run without beyond diffusers' own dependencies: a pipeline recipe's ``requires:``
-list, checked as data by :mod:`.schema` and against what this Python can import
-(:func:`check_packages`, called before anything loads). Torch-free; nothing is imported, only looked up.
+list, checked as data by :mod:`.schema`, carried by the resolved :class:`~hf_precision.recipe.model.Recipe`
+(``Recipe.requires``) and checked against what this Python can import where the package is really needed: by the
+loader and the training program before any weight is read (:func:`check_packages`). Planning needs none of these
+packages: a plan says so in one line (:func:`loading_note`). Torch-free; nothing is imported, only looked up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import RecipeError
+from .model import Requirement
 
-__all__ = ["check_packages", "missing_packages"]
+__all__ = ["Requirement", "requirements", "missing_packages", "check_packages", "loading_note"]
 
 
-def missing_packages(data: Mapping[str, Any], pipeline: str | None) -> list[str]:
-    """What a recipe's ``requires:`` holds for ``pipeline`` (every entry when None) that cannot be imported here,
-    each as "MODULE (WHY): INSTALL". Only looked up (``importlib.util.find_spec``), never imported.
+def requirements(data: Mapping[str, Any]) -> tuple[Requirement, ...]:
+    """The ``requires:`` rows of a recipe's data (already checked by the schema), as :class:`Requirement` values.
 
     Example:
-        >>> missing_packages({"requires": [{"module": "no_such_module_x", "install": "pip install x", "why": "w"},
-        ...                                {"module": "yaml", "install": "pip install pyyaml", "why": "w"}]}, None)
-        ['no_such_module_x (w): pip install x']
+        >>> requirements({"requires": [{"module": "x", "install": "pip install x", "why": "w", "pipelines": ["P"]}]})
+        (Requirement(module='x', install='pip install x', why='w', pipelines=('P',)),)
+    """
+    return tuple(Requirement(str(row["module"]), str(row["install"]), " ".join(str(row["why"]).split()),
+                             tuple(row.get("pipelines") or ())) for row in data.get("requires") or ())
+
+
+def _rows(recipe: Any) -> Iterable[Requirement]:
+    """The requirements of a resolved Recipe, a recipe's data, a recipe name or file, or None (nothing)."""
+    if recipe is None:
+        return ()
+    if isinstance(recipe, Mapping):
+        return requirements(recipe)
+    if isinstance(recipe, str):
+        from .catalog import pipeline_file
+
+        return requirements(pipeline_file(recipe)[1])
+    return getattr(recipe, "requires", ())
+
+
+def missing_packages(recipe: Any, pipeline: str | None) -> list[Requirement]:
+    """What a recipe ``requires:`` for ``pipeline`` (every row when None) that cannot be imported here. ``recipe``: a
+    resolved :class:`~hf_precision.recipe.model.Recipe`, a recipe's data, or a recipe name or file. Only looked up
+    (``importlib.util.find_spec``), never imported.
+
+    Example:
+        >>> [r.module for r in missing_packages(
+        ...     {"requires": [{"module": "no_such_module_x", "install": "pip install x", "why": "w"},
+        ...                   {"module": "yaml", "install": "pip install pyyaml", "why": "w"}]}, None)]
+        ['no_such_module_x']
     """
     import importlib.util
 
     missing = []
-    for entry in data.get("requires") or ():
-        if pipeline is not None and entry.get("pipelines") and pipeline not in entry["pipelines"]:
+    for row in _rows(recipe):
+        if pipeline is not None and row.pipelines and pipeline not in row.pipelines:
             continue
         try:
-            found = importlib.util.find_spec(entry["module"]) is not None
+            found = importlib.util.find_spec(row.module) is not None
         except (ImportError, ValueError):  # a parent package that is missing
             found = False
         if not found:
-            missing.append(f"{entry['module']} ({entry['why']}): {entry['install']}")
+            missing.append(row)
     return missing
 
 
-def check_packages(recipe: str | Mapping[str, Any] | None, pipeline_class: str | None) -> None:
-    """Refuse, before anything loads, a pipeline whose recipe ``requires:`` a package that cannot be imported here:
-    one error naming each one, why the pipeline needs it and how to install it. ``recipe`` None: the shipped one
-    that lists the class, if any.
+def _shipped(recipe: Any, pipeline_class: str) -> Any:
+    """``recipe``, or when None the shipped recipe that lists the class (None when no shipped recipe does)."""
+    if recipe is not None:
+        return recipe
+    from .catalog import recipe_classes
+
+    return recipe_classes().get(pipeline_class)
+
+
+def check_packages(recipe: Any, pipeline_class: str | None) -> None:
+    """Refuse, before any weight is read, a pipeline whose recipe ``requires:`` a package that cannot be imported
+    here: one error naming each one, why the pipeline needs it and how to install it. ``recipe``: the resolved
+    :class:`~hf_precision.recipe.model.Recipe` about to be loaded, a recipe's data, name or file, or None: the
+    shipped recipe that lists the class, if any. The loader (``load_pipeline``) and the training program call it;
+    planning does not (:func:`loading_note`).
 
     Example:
         >>> check_packages("sdxl", "StableDiffusionXLPipeline")  # nothing beyond diffusers' own
@@ -48,16 +88,28 @@ def check_packages(recipe: str | Mapping[str, Any] | None, pipeline_class: str |
     """
     if not pipeline_class:
         return
-    if recipe is None:
-        from .catalog import recipe_classes
-
-        recipe = recipe_classes().get(str(pipeline_class))
-        if recipe is None:
-            return
-    from .catalog import pipeline_file
-
-    data = pipeline_file(recipe)[1] if isinstance(recipe, str) else recipe
-    missing = missing_packages(data, str(pipeline_class))
+    missing = missing_packages(_shipped(recipe, str(pipeline_class)), str(pipeline_class))
     if missing:
-        raise RecipeError(f"{pipeline_class} cannot be built or run without {'; and '.join(missing)}; install "
+        needs = "; and ".join(f"{r.module} ({r.why}): {r.install}" for r in missing)
+        raise RecipeError(f"{pipeline_class} cannot be built or run without {needs}; install "
                           f"{'it' if len(missing) == 1 else 'them'} and run again")
+
+
+def loading_note(recipe: Any, pipeline_class: str | None) -> str | None:
+    """One line for a plan of a pipeline whose recipe ``requires:`` packages this Python cannot import: the plan
+    holds, loading it will be refused until they are installed, and how. None when nothing is missing.
+
+    Example:
+        >>> loading_note({"requires": [{"module": "no_such_module_x", "install": "pip install x", "why": "w"}]}, "P")
+        'note: loading P needs no_such_module_x, which this Python cannot import (pip install x); planning does not'
+        >>> loading_note("sdxl", "StableDiffusionXLPipeline") is None
+        True
+    """
+    if not pipeline_class:
+        return None
+    missing = missing_packages(_shipped(recipe, str(pipeline_class)), str(pipeline_class))
+    if not missing:
+        return None
+    names = " and ".join(r.module for r in missing)
+    return (f"note: loading {pipeline_class} needs {names}, which this Python cannot import "
+            f"({'; '.join(r.install for r in missing)}); planning does not")

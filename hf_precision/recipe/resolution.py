@@ -27,10 +27,10 @@ from .catalog import (check_recipe_class, component_entry, component_spec, list_
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
 from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPolicy, Decision, Recipe
 from .overrides import Layer, as_list, override_layer
-from .requires import check_packages
+from .requires import requirements
 from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean
 
-__all__ = ["get_recipe", "resolve", "placement", "check_packages"]
+__all__ = ["get_recipe", "resolve", "placement"]
 
 def _base_policy(ref: str, source: str, path: str, config: Mapping[str, Any] | None,
                  seen: tuple[str, ...] = ()) -> dict[str, tuple[Any, str]]:
@@ -166,7 +166,7 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     return Recipe(name=name, schema=int(data.get("schema", 1)), model=data.get("model"),
                   pipelines=tuple(data.get("pipelines") or ()), latents_from=latents_from, device=caps.profile,
                   device_tags=caps.tags, policies=tuple(dataclasses.replace(p, resolved_for=label) for p in final),
-                  sources=tuple(sources), denoiser=data.get("denoiser"))
+                  sources=tuple(sources), denoiser=data.get("denoiser"), requires=requirements(data))
 
 
 def _why_device(caps: DeviceCaps, dtype: str) -> str:
@@ -385,8 +385,6 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
             name = fitted
             first = get_recipe(name, device=best, overrides=overrides, configs=configs)
     check_recipe_class(first.name, first.pipelines, pipeline_class, force)
-    if first.pipelines:  # a pipeline recipe (a component recipe resolved alone has no requires:)
-        check_packages(name, pipeline_class)
     names = [p.name for p in first.policies]
     place = placement(devices, names, components)
 

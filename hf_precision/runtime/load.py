@@ -13,6 +13,7 @@ from ..errors import DamagedFileError, RecipeError
 from ..recipe.files import read_json
 from ..recipe.catalog import recipe_components, recipe_for
 from ..recipe.model import Recipe
+from ..recipe.requires import check_packages
 from ..recipe.resolution import resolve
 from .arguments import as_class, check_keywords, concrete_class, from_pretrained_keywords, index_class, override_layers
 from .source import (cached_snapshot, check_folder_fits, component_configs, listed_components, locate, models_of_index,
@@ -159,7 +160,8 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
 
     Raises:
         RecipeError: unknown recipe or pipeline class, bad overrides, a dtype the device cannot compute, an
-            offline Hub id, remote code. Its subclass ``DamagedFileError``: a damaged or unreadable
+            offline Hub id, remote code, a package the recipe ``requires:`` that this Python cannot import (each
+            named with its install command, before any weight is read). Its subclass ``DamagedFileError``: a damaged or unreadable
             ``model_index.json``, ``config.json`` or safetensors file (named, with how to get a good copy).
 
     Example:
@@ -282,6 +284,7 @@ def _resolve_target(name_or_path: Any, device: Any, recipe: Any, overrides: Any,
     resolved = resolve(None if chosen and isinstance(recipe, str) else recipe, pipeline_class=pipeline, devices=device,
                        layout=layout, overrides=layers or None, configs=component_configs(where, index, folder),
                        components=list(listed_components(index)), force=force, models=models_of_index(index))
+    check_packages(resolved, pipeline)  # what building or running it needs (recipe `requires:`): before any weight
     return _Target(where, index, folder, pipeline_class, single_file, resolved, built, layers or None)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..diagnose.steps import call_params
 from . import denoiser_rows
 from .rules import TrainingError
 
@@ -129,7 +130,7 @@ def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
         >>> encode_prompt_needs(diffusers.HunyuanVideoImageToVideoPipeline)
         ['image']
     """
-    params = inspect.signature(pipeline_cls.encode_prompt).parameters
+    params = call_params(pipeline_cls, "encode_prompt")
     # as encode_prompt fills them: its own keys, prompt_2/prompt_3 (None: reuse prompt), Stable Cascade's batch_size
     given = {"prompt", "device", "do_classifier_free_guidance", "num_images_per_prompt", "num_videos_per_prompt",
              "batch_size", "self", *(k for k in params if k.startswith("prompt_"))}
@@ -142,7 +143,7 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
         raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__} has no encode_prompt; give the conditioning in the "
                             f"batch yourself (keys: {sorted(denoiser_rows.row_of(tp._denoiser()).cond)})")
     row = denoiser_rows.row_of(tp._denoiser())
-    params = inspect.signature(pipe.encode_prompt).parameters
+    params = call_params(pipe, "encode_prompt")
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     wanted = {"prompt": prompts, "device": tp.device, "do_classifier_free_guidance": False,
               "num_images_per_prompt": 1, "num_videos_per_prompt": 1}

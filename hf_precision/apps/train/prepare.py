@@ -58,9 +58,6 @@ def check_trainable(index: dict[str, Any]) -> None:
         >>> check_trainable({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
         ...                  "vae": ["diffusers", "AutoencoderKL"]})
     """
-    from ...recipe.resolution import check_packages
-
-    check_packages(None, str(index.get("_class_name")))  # what the pipeline cannot be built without comes first
     _check_family(index)
     _check_conditioning(index)
     _check_latents(index)
@@ -217,6 +214,10 @@ def prepare_run(s: TrainSettings) -> Run:
     check_settings(s)
     out = check_out_folder(s.out, s.resume)
     where, index, folder = locate(configs_source(s.model, s.base))
+    from ...recipe.requires import check_packages
+
+    # what the pipeline cannot be built or run without (recipe `requires:`) comes first; `train --plan` needs none
+    check_packages(None, str(index.get("_class_name")))
     configs = component_configs(where, index, folder)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
     s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)

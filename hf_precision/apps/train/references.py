@@ -145,13 +145,12 @@ def check_reference_family(index: Mapping[str, Any], has_references: bool) -> No
     """
     if not has_references or edits_images(index):
         return
+    from ...diagnose.steps import call_params
     from ...training.denoiser_rows import ROWS
-
-    import diffusers
 
     name = str(index.get("_class_name"))
     edits = sorted(c for c, r in ROWS.items() if getattr(r, "reference", False))
-    params = _call_params(getattr(diffusers, name, None))
+    params = call_params(name)
     why = (f"its input image is where denoising starts, noised by strength (image-to-image or inpainting), not a "
            f"reference its denoiser reads beside the target, so a pair trains nothing of it; train on the targets "
            f"alone (its LoRA loads into {name} as into its text-to-image pipeline)" if "image" in params else
@@ -190,21 +189,14 @@ def edits_images(index: Mapping[str, Any]) -> bool:
     return any(getattr(r, "reference", False) for r in rows) and _reads_reference(getattr(diffusers, name, None))
 
 
-def _call_params(pipeline: Any) -> Any:
-    import inspect
-
-    try:
-        return inspect.signature(pipeline.__call__).parameters if pipeline is not None else {}
-    except (TypeError, ValueError):
-        return {}
-
-
 def _reads_reference(pipeline: Any) -> bool:
     """Whether a pipeline's call puts a reference image beside the latents it denoises: an ``image_reference``
     (FluxKontextInpaintPipeline, Flux2KleinInpaintPipeline), or an ``image`` without ``strength``. With
     ``strength`` the ``image`` is where denoising starts, noised to that level (img2img, inpainting:
     FluxImg2ImgPipeline, FluxInpaintPipeline, QwenImageImg2ImgPipeline, SDXL's), not a reference."""
-    params = _call_params(pipeline)
+    from ...diagnose.steps import call_params
+
+    params = call_params(pipeline)
     return "image_reference" in params or ("image" in params and "strength" not in params)
 
 
@@ -219,13 +211,7 @@ def prompt_reads_image(pipeline: Any) -> bool:
         >>> prompt_reads_image(diffusers.QwenImageEditPipeline), prompt_reads_image(diffusers.FluxKontextPipeline)
         (True, False)
     """
-    return "image" in _call_params_of(getattr(pipeline, "encode_prompt", None))
+    from ...diagnose.steps import call_params
 
+    return "image" in call_params(pipeline, "encode_prompt")
 
-def _call_params_of(function: Any) -> Any:
-    import inspect
-
-    try:
-        return inspect.signature(function).parameters if function is not None else {}
-    except (TypeError, ValueError):
-        return {}

@@ -16,7 +16,6 @@ recorded beside them. Only the main process writes; every file is written atomic
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...diagnose.call import frames_argument
+from ...diagnose.call import call_params, frames_argument
 from ...training.methods import method_of
 from ..outputs import written_atomically
 
@@ -74,7 +73,7 @@ def validate(run: Any, step: int) -> Path | None:
     kwargs: dict[str, Any] = {"num_inference_steps": s.validation_inference_steps, "height": s.resolution,
                               "width": s.resolution, "output_type": "np"}
     with torch.random.fork_rng(devices=[]), run.tp.sampling() as pipe:
-        frames_arg = frames_argument(inspect.signature(pipe.__call__).parameters)
+        frames_arg = frames_argument(call_params(pipe))
         if run.data.frames and frames_arg:  # Sana-Video's call names it `frames`
             kwargs[frames_arg] = run.data.frames
         generator = torch.Generator("cpu").manual_seed(s.seed)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from ...diagnose.steps import call_params
 from ...errors import RecipeError, override_line
 from ...runtime.progress import quiet_call, quiet_loading, quiet_progress
 from ...units import format_bytes
@@ -100,7 +101,7 @@ def _each_step(pipe: Any, on_step_end: Callable[..., Any]) -> Iterator[dict[str,
     # diffusers' callback_on_step_end where __call__ takes it; the guider pipelines (HunyuanVideo 1.5,
     # pipeline_hunyuan_video1_5.py:544) do not, and passing it raised TypeError. Every pipeline calls
     # scheduler.step once per denoising step, so there the step is counted by wrapping that instead.
-    if "callback_on_step_end" in inspect.signature(pipe.__call__).parameters:
+    if "callback_on_step_end" in call_params(pipe):
         yield {"callback_on_step_end": on_step_end}
         return
     scheduler, step = pipe.scheduler, pipe.scheduler.step
@@ -153,7 +154,7 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
             raise RecipeError(f"{spec.pipeline} is image-to-video: give --image")
         kwargs["image"] = image
     if guidance_scale is not None and getattr(pipe, "guider", None) is not None \
-            and "guidance_scale" not in inspect.signature(pipe.__call__).parameters:
+            and "guidance_scale" not in call_params(pipe):
         # guider pipelines (HunyuanVideo 1.5) take the scale from their guider (pipeline_hunyuan_video1_5.py:766):
         # passed to the call, it raised TypeError
         pipe.guider = pipe.guider.new(guidance_scale=guidance_scale)

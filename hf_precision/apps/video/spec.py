@@ -210,14 +210,13 @@ class VideoSpec:
 
     def _allowed_near(self, frames: int) -> list[int]:
         """The frame counts nearest ``frames`` the call makes (its VAE's ``step*k + 1``, no refused latent count):
-        the one below, if any, then the one above. Below cannot pass a position table's bound; above is a fix the
-        check of the count it gives judges again."""
-        step = self.frame_step
-        latent = self.latent_shape(1, 1, frames)[0]
-        below = next((n for n in range(latent - 1, 0, -1) if n not in self.row.refused_latent_frames), None)
-        above = next(n for n in range(latent + 1, latent + 2 + len(self.row.refused_latent_frames))
-                     if n not in self.row.refused_latent_frames)
-        return [(n - 1) * step + 1 for n in (below, above) if n is not None]
+        the one below, if any, then the one above (:func:`~hf_precision.recipe.frames.nearest_latent_frames`, which
+        check's default call steps with too). Below cannot pass a position table's bound; above is a fix the check of
+        the count it gives judges again."""
+        from ...recipe.frames import nearest_latent_frames
+
+        near = nearest_latent_frames(self.latent_shape(1, 1, frames)[0], self.row.refused_latent_frames)
+        return [(n - 1) * self.frame_step + 1 for n in near if n is not None]
 
     def required(self, settings: Any) -> Any:
         """``settings`` (a ``MemorySettings``) with what this pipeline cannot run without: VAE tiling for a VAE that
@@ -271,9 +270,10 @@ def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Ma
     """
     import diffusers
 
+    from ...diagnose.call import FRAME_ARGS, call_inputs, call_params, frames_argument
+
     cls = getattr(diffusers, pipeline, None)
-    params = inspect.signature(cls.__call__).parameters if cls is not None else {}
-    from ...diagnose.call import FRAME_ARGS, call_inputs, frames_argument
+    params = call_params(cls)
 
     frames_arg = frames_argument(params)  # Latte: video_length; Sana-Video: frames
     # video-to-video: the frames come from the input clips

@@ -17,7 +17,7 @@ from typing import Any
 from ... import dtypes as dt
 from ...errors import RecipeError
 from ...recipe.patterns import inside, resolve_islands
-from ..call import default_negative_prompt, fitted_to_area, frames_argument, sized_inputs, steps_problem
+from ..call import call_params, default_negative_prompt, fitted_to_area, frames_argument, sized_inputs, steps_problem
 from ..inputs import open_image
 from .memory import open_pipeline
 from .record import Recorder, Steps, output_array
@@ -225,7 +225,7 @@ def _call_kwargs(pipe: Any, call: Mapping[str, Any] | Callable[[Any], Any] | Non
     """The kwargs of every run (None: ``call`` is a function); numpy output, so runs compare without a PIL round trip."""
     if callable(call):
         return None
-    params = inspect.signature(pipe.__call__).parameters
+    params = call_params(pipe)
     if call is not None:
         kwargs = dict(call)
     else:
@@ -277,7 +277,7 @@ class _Runs:
         self.session, self.setting, self.seed = session, setting, seed
         self.call = kwargs if kwargs is not None else call
         self.steps = Steps(setting.denoiser)
-        params = inspect.signature(session.pipe.__call__).parameters
+        params = call_params(session.pipe)
         if kwargs is not None and "callback_on_step_end" in params and "callback_on_step_end" not in kwargs:
             kwargs["callback_on_step_end"] = self.steps.on_step_end
             self.steps.callback = True
