@@ -19,11 +19,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .registry import (BUILDERS, Builder, builder, channel_dim, frozen_dtype, model_layout, optional_inputs,
-                       reference_latents)
+from .registry import (BUILDERS, CONDITIONS, Builder, Condition, builder, channel_dim, condition, frozen_dtype,
+                       model_layout, optional_inputs, reference_latents)
 
-__all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
-           "reference_latents"]
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype",
+           "model_layout", "optional_inputs", "reference_latents"]
 
 # Registration is complete once this package is imported: whoever reads BUILDERS (the rows' check, the loss) sees
 # every shipped builder, and a new builder module is picked up without an edit here.

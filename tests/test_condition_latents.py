@@ -1,0 +1,148 @@
+"""Denoisers that take channels beyond the noisy latents (inpainting's mask and masked image, an image-to-video
+model's first frame) are trained with what their pipeline builds at inference from the sample, not zeros.
+
+The families are found from the tiny registry's configs (a denoiser whose input channels exceed its latents'), not
+listed by hand: each either has a condition builder whose output the denoiser receives exactly as the pipeline's own
+prepare_latents / prepare_mask_latents builds it for the same image and generator, or its training is refused with
+one clear error naming the pipeline; a new family is one or the other.
+"""
+
+from __future__ import annotations
+
+import inspect
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hf_precision.testing.build import component_configs, find_class
+from hf_precision.testing.registry import PIPELINES
+from hf_precision.training import denoiser_rows
+from hf_precision.training.denoiser_rows import ROWS, TrainingError, condition_channels
+from hf_precision.training.inputs.inpaint_mask import random_mask
+
+
+def _configs(name: str, size: object = "tiny") -> dict[str, tuple[str, dict]]:
+    """(class name, config) per model component of a registry row, a derived row's base included (nothing built)."""
+    row = PIPELINES[name].row
+    base = row.data.get("base")
+    out = _configs(base, row.data.get("size") or "tiny") if base else {}
+    own, _ = component_configs(row, "tiny" if base else size)
+    specs = row.data.get("components", {})
+    out.update({k: (specs[k]["class"], cfg) for k, cfg in own.items()
+                if isinstance(specs.get(k), dict) and "class" in specs[k]})
+    return out
+
+
+def _conditioned() -> list[tuple[str, str]]:
+    """(registry row, denoiser component) of every denoiser with a training row that takes extra channels."""
+    import diffusers
+
+    found = []
+    for name in PIPELINES:
+        for comp, (cls_name, cfg) in _configs(name).items():
+            if not hasattr(diffusers, cls_name) and "." not in cls_name:
+                continue  # a transformers class (text or image encoder): no denoiser
+            cls = find_class(cls_name, name)
+            row = next((ROWS[c.__name__] for c in cls.__mro__ if c.__name__ in ROWS), None)
+            if row is None:
+                continue
+            init = inspect.signature(inspect.unwrap(cls.__init__)).parameters
+            config = {**{k: p.default for k, p in init.items() if p.default is not p.empty}, **cfg}
+            if condition_channels(row, SimpleNamespace(config=config)):
+                found.append((name, comp))
+    return found
+
+
+CONDITIONED = _conditioned()
+SEED = 3
+
+
+def _pixels(pipe, name: str) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(1)
+    size = 32
+    if "video" in PIPELINES[name].tags:
+        frames = int(PIPELINES[name].call_kwargs().get("num_frames") or 5)
+        return torch.rand(1, 3, frames, size, size, generator=gen) * 2 - 1
+    return torch.rand(1, 3, size, size, generator=gen) * 2 - 1
+
+
+# The pipeline's own construction of the extra channels for one image and generator, as the denoiser receives them
+# (the pipeline's layout: (B, F, C, h, w) for SVD, packed tokens for Flux Fill), in the order it concatenates them.
+def _ref_inpaint(pipe, pixels, latents, gen):
+    mask = random_mask(1, *pixels.shape[-2:], gen)  # the same draw as the builder's, from the same generator
+    small, masked = pipe.prepare_mask_latents(mask, pixels * (mask < 0.5), 1, *pixels.shape[-2:], torch.float32,
+                                              torch.device("cpu"), gen, False)
+    return torch.cat([small, masked], dim=1)
+
+
+def _ref_fill(pipe, pixels, latents, gen):
+    mask = random_mask(1, *pixels.shape[-2:], gen)
+    mask_p, masked_p = pipe.prepare_mask_latents(mask, pixels * (1 - mask), 1, latents.shape[1], 1,
+                                                 *pixels.shape[-2:], torch.float32, torch.device("cpu"), gen)
+    return torch.cat([masked_p, mask_p], dim=-1)
+
+
+def _ref_wan(pipe, pixels, latents, gen):
+    _, condition = pipe.prepare_latents(pixels[:, :, 0], 1, latents.shape[1], *pixels.shape[-2:], pixels.shape[2],
+                                        torch.float32, torch.device("cpu"), gen)
+    return condition
+
+
+def _ref_svd(pipe, pixels, latents, gen):
+    from diffusers.utils.torch_utils import randn_tensor
+
+    image = pixels[:, :, 0]
+    image = image + 0.02 * randn_tensor(image.shape, generator=gen, dtype=image.dtype)  # __call__'s noise_aug
+    image_latents = pipe._encode_vae_image(image, torch.device("cpu"), 1, False)
+    return image_latents.unsqueeze(1).repeat(1, pixels.shape[2], 1, 1, 1)
+
+
+REFERENCES = {"StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
+              "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan,
+              "StableVideoDiffusionPipeline": _ref_svd}
+
+
+def _received(tp, batch: dict, extra: int) -> torch.Tensor:
+    """The extra channels the training step's call gives the denoiser (its own layout), the latents' cut off."""
+    module = tp._denoiser()
+    row = denoiser_rows.row_of(module)
+    kwargs = denoiser_rows.call_inputs(row, module, batch)
+    given = kwargs[row.latent_arg]
+    if row.pack == "flux":
+        return given[..., -4 * extra:]
+    dim = denoiser_rows.inputs.channel_dim(row)
+    return given.narrow(dim, given.shape[dim] - extra, extra)
+
+
+def test_the_families_are_found_from_the_configs():
+    found = {name for name, _ in CONDITIONED}
+    assert {"sd_inpaint", "sdxl_inpaint", "flux_fill", "wan_i2v", "svd"} <= found
+    assert not {"sd15", "sdxl", "flux", "wan"} & found  # text-to-X denoisers take no extra channels
+
+
+@pytest.mark.parametrize("name,component", CONDITIONED, ids=[n for n, _ in CONDITIONED])
+def test_training_feeds_what_the_pipeline_builds(name, component, tiny_pipe):
+    import hf_precision as hp
+
+    pipeline_class = PIPELINES[name].pipeline_class
+    cls_name, config = _configs(name)[component]
+    cls = find_class(cls_name, name)
+    row = next(ROWS[c.__name__] for c in cls.__mro__ if c.__name__ in ROWS)
+    if not any(c.__name__ in row.condition for c in find_class(pipeline_class, name).__mro__):
+        # no builder for this pipeline: refused loudly, never trained on zeros
+        with pytest.raises(TrainingError, match=f"{pipeline_class}: its denoiser .* no condition builder"):
+            denoiser_rows.condition_of(row, None, find_class(pipeline_class, name))
+        return
+    assert pipeline_class in REFERENCES, f"{name}: add the pipeline's own construction to REFERENCES"
+    pipe = tiny_pipe(name)
+    tp = hp.prepare_training(pipe, device="cpu", train={component: "lora"}, rank=2)
+    pixels = _pixels(pipe, name)
+    latents = tp.encode_images(pixels, torch.Generator().manual_seed(0))
+    condition = tp.encode_condition(pixels, latents, torch.Generator().manual_seed(SEED))
+    extra = condition_channels(row, tp._denoiser())
+    got = _received(tp, {"latents": latents, **condition}, extra)
+    with torch.no_grad():
+        want = REFERENCES[pipeline_class](pipe, pixels, latents, torch.Generator().manual_seed(SEED))
+    assert got.abs().sum() > 0  # main trained these channels on zeros
+    torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-4, atol=1e-4)
