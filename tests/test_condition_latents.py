@@ -157,3 +157,50 @@ def test_training_feeds_what_the_pipeline_builds(name, component, tiny_pipe):
     if pipeline_class != "HunyuanVideo15Pipeline":  # zeros only where the pipeline gives zeros
         assert got.abs().sum() > 0  # main trained these channels on zeros
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_without_the_condition_is_refused(tiny_pipe):
+    """tp.loss on latents alone would train the extra channels on zeros: one error naming what to add."""
+    import hf_precision as hp
+
+    tp = hp.prepare_training(tiny_pipe("sd_inpaint"), device="cpu", train={"unet": "lora"}, rank=2)
+    batch = denoiser_rows.example_batch(tp.components["unet"])
+    assert tuple(batch["condition_latents"].shape[1:2]) == (5,)  # the plans' stand-in has the condition's shape
+    del batch["condition_latents"]
+    with pytest.raises(TrainingError, match=r"takes 5 conditioning channels .*tp\.encode_condition\(pixels"):
+        tp.loss(batch)
+
+
+# CogVideoX's tiny transformer learned its positions for 16x16 pixels only (its config's sample size)
+@pytest.mark.parametrize("kind,frames,side", [("sd_inpaint", None, 32), ("cogvideox_i2v", 5, 16)])
+def test_the_train_program_trains_on_the_condition_it_caches(kind, frames, side, saved_pipeline, tmp_path):
+    """`hf-precision train` (2 steps) on an inpainting and an image-to-video model: the cached sample holds the
+    condition its pipeline builds (a 0/1 mask and the masked image; the first frame's latents), not zeros."""
+    import numpy as np
+    from PIL import Image
+    from safetensors.torch import load_file
+
+    from hf_precision.cli import main
+
+    data = tmp_path / "d"
+    data.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        shots = [Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8)) for _ in range(frames or 1)]
+        if frames:
+            shots[0].save(data / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        else:
+            shots[0].save(data / f"c{i}.png")
+        (data / f"c{i}.txt").write_text("a cat")
+    out = tmp_path / "o"
+    args = ["train", "--model", str(saved_pipeline(kind)), "--data", str(data), "--out", str(out), "--resolution",
+            str(side), "--device", "cpu", "--steps", "2", "--quiet", *(["--frames", str(frames)] if frames else [])]
+    assert main(args) == 0
+    entries = [load_file(str(p)) for p in sorted((out / "cache" / "latents").glob("*.safetensors"))]
+    assert len(entries) == 2 and all(e["condition_latents"].abs().sum() > 0 for e in entries)
+    if kind == "sd_inpaint":
+        mask = entries[0]["condition_latents"][:, 0]
+        assert set(mask.unique().tolist()) <= {0.0, 1.0}
+    else:  # the first latent frame holds the image, the rest are zeros (pipeline_cogvideox_image2video.py)
+        cond = entries[0]["condition_latents"]
+        assert cond[:, :, 0].abs().sum() > 0 and cond[:, :, 1:].abs().sum() == 0

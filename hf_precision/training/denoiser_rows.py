@@ -216,8 +216,8 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         raise TrainingError(f"tp.loss(batch): {type(getattr(module, '_orig_mod', module)).__name__} takes {missing} "
                             f"conditioning channels beyond the latents (a mask and masked image, an image-to-video "
                             f"model's first frame) and the batch has no 'condition_latents'; add what the pipeline "
-                            f"builds from the sample: batch.update(tp.encode_condition(pixels)) (zeros only where the "
-                            f"pipeline itself gives zeros: condition dropout, its unconditional input)")
+                            f"builds from the sample: batch.update(tp.encode_condition(pixels, batch['latents'])) (zeros "
+                            f"only where the pipeline itself gives zeros: condition dropout, its unconditional input)")
     _train_config(row, module)
     drawn = {}
     if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
@@ -394,7 +394,7 @@ def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: to
         raise TrainingError(f"batch['condition_latents'] has shape {tuple(extra.shape)} in the denoiser's layout; "
                             f"the denoiser takes {extra_channels} conditioning channels on axis {dim} for "
                             f"{noisy.shape[0]} sample(s) of latents {tuple(noisy.shape)}; make them with "
-                            f"tp.encode_condition(pixels) from the same pixels as the latents")
+                            f"tp.encode_condition(pixels, latents) from the pixels of the latents")
     return torch.cat([noisy, extra.to(noisy)], dim=dim)
 
 
