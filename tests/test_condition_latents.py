@@ -108,7 +108,16 @@ def _ref_cogvideox(pipe, pixels, latents, gen):
     return image_latents
 
 
-REFERENCES = {"CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
+def _ref_hunyuan(pipe, pixels, latents, gen):
+    _, image_latents = pipe.prepare_latents(pixels[:, :, 0], 1, latents.shape[1], *pixels.shape[-2:],
+                                            pixels.shape[2], torch.float32, torch.device("cpu"), gen)
+    image_latents[:, :, 1:] = 0  # __call__, image_condition_type "latent_concat"
+    mask = image_latents.new_ones(image_latents.shape[0], 1, *image_latents.shape[2:])
+    mask[:, :, 1:] = 0
+    return torch.cat([image_latents, mask], dim=1)
+
+
+REFERENCES = {"HunyuanVideoImageToVideoPipeline": _ref_hunyuan, "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
               "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan,
               "StableVideoDiffusionPipeline": _ref_svd}
 
