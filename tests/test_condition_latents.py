@@ -213,3 +213,24 @@ def test_the_train_program_trains_on_the_condition_it_caches(kind, frames, side,
     else:  # the first latent frame holds the image, the rest are zeros (pipeline_cogvideox_image2video.py)
         cond = entries[0]["condition_latents"]
         assert cond[:, :, 0].abs().sum() > 0 and cond[:, :, 1:].abs().sum() == 0
+
+
+def test_the_cache_key_of_a_sample_names_its_condition(tiny_pipe, tmp_path):
+    """A sample's cached latents hold its condition: an entry written without one (or under another seed, whose
+    mask differs) is another key, encoded again, never read as this one."""
+    import hf_precision as hp
+    from hf_precision.apps.train.cache import sample_parts
+    from hf_precision.apps.train.data import Sample
+    from hf_precision.apps.train.loop import _latent_key
+
+    (tmp_path / "a.png").write_bytes(b"x")
+    sample = Sample(tmp_path / "a.png", "a cat", (32, 32), (32, 32))
+    keys = {}
+    for kind, component in (("sd_inpaint", "unet"), ("sd15", "unet")):
+        tp = hp.prepare_training(tiny_pipe(kind), device="cpu", train={component: "lora"}, rank=2)
+        for seed in (0, 1):
+            run = SimpleNamespace(tp=tp, data=SimpleNamespace(samples=[sample]), settings=SimpleNamespace(seed=seed))
+            keys[kind, seed] = _latent_key(run, 0)
+    assert keys["sd15", 0] == keys["sd15", 1] == sample_parts(sample)  # no condition: the file alone, as before
+    assert keys["sd_inpaint", 0] != keys["sd_inpaint", 1] and sample_parts(sample) != keys["sd_inpaint", 0]
+    assert "inpaint_mask" in keys["sd_inpaint", 0]

@@ -56,6 +56,15 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
     row's condition builder for this pipeline class builds them (recipes/denoisers.yaml ``condition``); ``latents``
     are those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that
     takes none. Raises naming the pipeline where its denoiser takes channels no builder makes.
+
+    Example:
+        >>> import hf_precision as hp
+        >>> from hf_precision.testing import make_pipeline
+        >>> tp = hp.prepare_training(make_pipeline("sd_inpaint"), device="cpu", train={"unet": "lora"}, rank=2)
+        >>> pixels = torch.rand(1, 3, 32, 32) * 2 - 1
+        >>> cond = tp.encode_condition(pixels, tp.encode_images(pixels))["condition_latents"]
+        >>> tuple(cond.shape), sorted(set(cond[:, 0].flatten().tolist())) <= [0.0, 1.0]  # the mask, masked latents
+        ((1, 5, 16, 16), True)
     """
     from .inputs import CONDITIONS
 
