@@ -2,7 +2,9 @@
 
 A row says which forward argument takes the noisy latents, how the pipeline-level conditioning names map onto the
 denoiser's keyword arguments, the latent layout and packing, how timesteps are scaled, which registered extra input
-builders the forward needs (:mod:`.inputs`) and what ``encode_prompt`` returns in order. Each row follows the
+builders the forward needs (:mod:`.inputs`), which condition builder makes, per pipeline class, the channels it
+takes beyond the latents (``condition``: an inpainting mask, an image-to-video first frame) and what
+``encode_prompt`` returns in order. Each row follows the
 family's diffusers pipeline (cited per row), so a training step and the video memory plan (:func:`call_inputs`,
 on the meta device) feed the denoiser what sampling feeds it. The noise objective comes from the scheduler config
 (:func:`objective_of`), not from the row.
@@ -19,8 +21,9 @@ import torch
 from . import inputs
 from .rules import TrainingError
 
-__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of", "sigma_range", "draw", "noisy_inputs",
-           "call_inputs", "example_batch", "model_output", "config_value", "OBJECTIVES"]
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of",
+           "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
+           "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
@@ -366,8 +369,10 @@ def condition_of(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str:
         if base.__name__ in row.condition:
             return row.condition[base.__name__]
     name = type(getattr(module, "_orig_mod", module)).__name__
+    # prepared from a dict of components there is no pipeline class to read the condition for
+    what = "components given as a dict (no pipeline class)" if issubclass(cls, Mapping) else cls.__name__
     raise TrainingError(
-        f"{cls.__name__}: its denoiser ({name}) takes {condition_channels(row, module) if module is not None else 'more'}"
+        f"{what}: its denoiser ({name}) takes {condition_channels(row, module) if module is not None else 'more'}"
         f" conditioning channels beyond the latents, and no condition builder makes them for this pipeline (known: "
         f"{', '.join(sorted(row.condition)) or 'none'}); training with zeros there would teach it to ignore the "
         f"conditioning its pipeline gives at inference. Add the pipeline to the row's condition in a denoisers YAML "
