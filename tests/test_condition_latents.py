@@ -117,7 +117,16 @@ def _ref_hunyuan(pipe, pixels, latents, gen):
     return torch.cat([image_latents, mask], dim=1)
 
 
-REFERENCES = {"HunyuanVideoImageToVideoPipeline": _ref_hunyuan, "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
+def _ref_upscale(pipe, pixels, latents, gen):  # __call__ with the sample downscaled as the low-res input
+    from diffusers.utils.torch_utils import randn_tensor
+
+    low = torch.nn.functional.interpolate(pixels, size=tuple(latents.shape[-2:]), mode="bicubic", antialias=True,
+                                          align_corners=False).clamp(-1, 1)
+    noise = randn_tensor(low.shape, generator=gen, dtype=low.dtype)
+    return pipe.low_res_scheduler.add_noise(low, noise, torch.tensor([20], dtype=torch.long))
+
+
+REFERENCES = {"StableDiffusionUpscalePipeline": _ref_upscale, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan, "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
               "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan,
               "StableVideoDiffusionPipeline": _ref_svd}
 
