@@ -126,7 +126,13 @@ def _ref_upscale(pipe, pixels, latents, gen):  # __call__ with the sample downsc
     return pipe.low_res_scheduler.add_noise(low, noise, torch.tensor([20], dtype=torch.long))
 
 
-REFERENCES = {"StableDiffusionUpscalePipeline": _ref_upscale, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan, "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
+def _ref_kandinsky5(pipe, pixels, latents, gen):  # its condition channels: the last C + 1 of prepare_latents'
+    out = pipe.prepare_latents(pixels[:, :, 0], 1, latents.shape[1], *pixels.shape[-2:], pixels.shape[2],
+                               torch.float32, torch.device("cpu"), gen)
+    return out[..., latents.shape[1]:]
+
+
+REFERENCES = {"Kandinsky5I2VPipeline": _ref_kandinsky5, "StableDiffusionUpscalePipeline": _ref_upscale, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan, "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
               "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan,
               "StableVideoDiffusionPipeline": _ref_svd}
 
@@ -135,7 +141,7 @@ def _received(tp, batch: dict, extra: int) -> torch.Tensor:
     """The extra channels the training step's call gives the denoiser (its own layout), the latents' cut off."""
     module = tp._denoiser()
     row = denoiser_rows.row_of(module)
-    kwargs = denoiser_rows.call_inputs(row, module, batch)
+    kwargs = denoiser_rows.call_inputs(row, module, {**denoiser_rows.example_batch(module), **batch})  # + prompt
     given = kwargs[row.latent_arg]
     if row.pack == "flux":
         return given[..., -4 * extra:]
@@ -243,3 +249,26 @@ def test_the_cache_key_of_a_sample_names_its_condition(tiny_pipe, tmp_path):
     assert keys["sd15", 0] == keys["sd15", 1] == sample_parts(sample)  # no condition: the file alone, as before
     assert keys["sd_inpaint", 0] != keys["sd_inpaint", 1] and sample_parts(sample) != keys["sd_inpaint", 0]
     assert "inpaint_mask" in keys["sd_inpaint", 0]
+
+
+def test_kandinsky5_i2v_trains_with_its_first_frame_clean_and_unpredicted(tiny_pipe):
+    """Kandinsky 5 I2V keeps the image's latents as the first frame at every step and steps frames 1: only
+    (pipeline_kandinsky_i2v.py:710, :986): the step feeds that frame clean and compares the others."""
+    import hf_precision as hp
+
+    tp = hp.prepare_training(tiny_pipe("kandinsky5_i2v"), device="cpu", train={"transformer": "lora"}, rank=2)
+    module = tp._denoiser()
+    row = denoiser_rows.row_of(module)
+    pixels = torch.rand(1, 3, 5, 32, 32, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    batch = denoiser_rows.example_batch(module)
+    batch["latents"] = tp.encode_images(pixels)
+    batch.update(tp.encode_condition(pixels, batch["latents"]))
+    kwargs, target = denoiser_rows.noisy_inputs(row, module, batch, tp.objective, tp.alphas_cumprod)
+    x0 = denoiser_rows.inputs.model_layout(row, batch["latents"])  # (B, F, H, W, C)
+    c, frames = x0.shape[-1], x0.shape[1]
+    given = kwargs["hidden_states"]
+    torch.testing.assert_close(given[:, :1, ..., :c], x0[:, :1])  # clean
+    assert not torch.allclose(given[:, 1:, ..., :c], x0[:, 1:])  # noised
+    assert torch.equal(given[:, 0, ..., -1], torch.ones_like(given[:, 0, ..., -1]))  # the mask, as the pipeline's
+    assert target.shape[1] == frames - 1
+    assert torch.isfinite(tp.loss(batch))

@@ -60,6 +60,7 @@ class DenoiserRow:
     text_layers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     train_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     condition: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    clean_first_frame: bool = False
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
@@ -259,7 +260,23 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
+    if row.clean_first_frame and condition_channels(row, module):
+        noisy, target = _clean_first_frame(row, noisy, target, x0)
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
+
+
+def _frame_dim(row: DenoiserRow) -> int:
+    return 2 if row.layout == "video" else 1  # frames_first (B,F,C,H,W) and channels_last (B,F,H,W,C): axis 1
+
+
+def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tensor,
+                       x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Kandinsky 5 I2V: the first latent frame is the image's clean latents at every step and is never stepped
+    # (pipeline_kandinsky_i2v.py:710 latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean
+    # (the clip's own first latent frame) and only the other frames are compared (model_output cuts the prediction).
+    dim = _frame_dim(row)
+    noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
+    return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
 
 
 def _train_config(row: DenoiserRow, module: torch.nn.Module) -> None:
@@ -316,6 +333,9 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
         pred = torch.stack(list(pred)).squeeze(2)
     if row.pack in TOKENS and pred.shape[1] > target.shape[1]:  # the reference tokens' output is not predicted
         pred = pred[:, :target.shape[1]]
+    if row.clean_first_frame and row.pack is None and pred.dim() == target.dim() and \
+            pred.shape[_frame_dim(row)] == target.shape[_frame_dim(row)] + 1:  # the clean first frame is not predicted
+        pred = pred.narrow(_frame_dim(row), 1, target.shape[_frame_dim(row)])
     dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]
