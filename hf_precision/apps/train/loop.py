@@ -72,12 +72,10 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     if not all(f is not None for f in found):
         found = [_sample_latents(run, i) for i in indices]
     latents = torch.cat([f["latents"] for f in found])
-    # a denoiser's channels beyond the latents (inpainting's mask and masked image, I2V's first frame)
-    condition = {"condition_latents": torch.cat([f["condition_latents"] for f in found]).to(tp_device(tp))} \
-        if all("condition_latents" in f for f in found) else {}
-    # an edit dataset's reference images: the layer appends their latents to the token sequence
-    refs = {"reference_latents": torch.cat([f["reference_latents"] for f in found]).to(tp_device(tp))} \
-        if all("reference_latents" in f for f in found) else {}
+    # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
+    # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
+    refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents")
+            if all(k in f for f in found)}
     cond = None
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
@@ -87,7 +85,7 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
         with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
             cond = _encode_text(run, indices)
     device = tp_device(tp)
-    return {"latents": latents.to(device), **refs, **condition,
+    return {"latents": latents.to(device), **refs,
             **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
 
 
