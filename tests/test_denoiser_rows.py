@@ -78,8 +78,22 @@ def test_each_shipped_builder_is_the_module_named_by_its_registered_name():
     import pkgutil
 
     modules = {m.name for m in pkgutil.iter_modules(inputs.__path__)} - {"registry"}
-    assert modules == set(BUILDERS)
-    assert {name: BUILDERS[name].__module__ for name in modules} == {name: f"{inputs.__name__}.{name}" for name in modules}
+    both = {**BUILDERS, **inputs.CONDITIONS}  # input builders and condition builders: one module each
+    assert modules == set(both) and not set(BUILDERS) & set(inputs.CONDITIONS)
+    assert {name: both[name].__module__ for name in modules} == {name: f"{inputs.__name__}.{name}" for name in modules}
+
+
+def test_every_shipped_condition_builder_is_used_and_an_unknown_one_is_refused(tmp_path):
+    from hf_precision.training import add_rows
+
+    used = {name for row in denoiser_rows.ROWS.values() for name in row.condition.values()}
+    assert used == set(inputs.CONDITIONS)
+    path = tmp_path / "mine.yaml"
+    path.write_text("schema: 1\nkind: denoisers\ndenoisers:\n  MyDiT: {latent_arg: hidden_states, source: x.py, "
+                    "condition: {MyPipeline: inpaint_mask_}}\n")
+    with pytest.raises(hp.RecipeError, match=r"mine.yaml: denoisers.MyDiT.condition.MyPipeline: no registered "
+                                             r"condition builder 'inpaint_mask_'; allowed: .*did you mean 'inpaint_mask'"):
+        add_rows(str(path))
 
 
 @pytest.mark.parametrize("name", ["my-ids", "2x", "", None])

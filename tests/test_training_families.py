@@ -154,7 +154,8 @@ def test_lora_step(name, tmp_path):
         assert torch.equal(tp.alphas_cumprod, _schedule(tp.pipe.scheduler))
     batch = example_batch(denoiser, 1)
     if name in ENCODE_FEEDS:
-        batch = {"latents": batch["latents"], **tp.encode_prompt(PROMPTS, **_short_prompts(tp))}
+        kept = {k: batch[k] for k in ("latents", "condition_latents") if k in batch}  # an I2V model's first frame
+        batch = {**kept, **tp.encode_prompt(PROMPTS, **_short_prompts(tp))}
     seen, handle = _capture_kwargs(denoiser)  # registered after the entry hook: sees what the denoiser gets
     try:
         losses = run_steps(tp, batch, steps=3)
@@ -333,8 +334,9 @@ def _assert_svd_edm_inputs_match_the_scheduler(tp):
         sample = frames_first(x0 + sigma * noise)  # the pipeline's latents at this sigma
         scheduler._step_index = None
         want = scheduler.scale_model_input(sample, t)
-        kwargs, target = noisy_inputs(row_of(unet), unet, {"latents": x0, "noise": noise, "sigmas": sigma[None]},
-                                      tp.objective, tp.alphas_cumprod, sigmas=tp.sigma_range)
+        batch = {"latents": x0, "noise": noise, "sigmas": sigma[None], "condition_latents": torch.randn(x0.shape)}
+        kwargs, target = noisy_inputs(row_of(unet), unet, batch, tp.objective, tp.alphas_cumprod,
+                                      sigmas=tp.sigma_range)
         torch.testing.assert_close(kwargs["sample"][:, :, :4], want)  # image latents are concatenated after it
         torch.testing.assert_close(kwargs["timestep"], t[None])  # c_noise = 0.25 ln(sigma)
         # The target is the output the scheduler's step turns back into x0.

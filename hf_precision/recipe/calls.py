@@ -49,7 +49,9 @@ ROW_KEYS: dict[str, Any] = {
     "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
     "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,
-    "timestep_in_weights_dtype": BOOL, "reference": BOOL, "negate": BOOL,
+    "timestep_in_weights_dtype": BOOL, "reference": BOOL, "negate": BOOL, "clean_first_frame": BOOL,
+    "condition": (_map, "a mapping pipeline class -> registered condition builder, e.g. "
+                        "{StableDiffusionInpaintPipeline: inpaint_mask}"),
     "train_config": (lambda v: _map(v, lambda x: type(x) in (bool, int, float, str)),
                      "a mapping config key -> value, e.g. {force_inference_output: true}"),
     "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])

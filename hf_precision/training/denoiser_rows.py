@@ -2,7 +2,9 @@
 
 A row says which forward argument takes the noisy latents, how the pipeline-level conditioning names map onto the
 denoiser's keyword arguments, the latent layout and packing, how timesteps are scaled, which registered extra input
-builders the forward needs (:mod:`.inputs`) and what ``encode_prompt`` returns in order. Each row follows the
+builders the forward needs (:mod:`.inputs`), which condition builder makes, per pipeline class, the channels it
+takes beyond the latents (``condition``: an inpainting mask, an image-to-video first frame) and what
+``encode_prompt`` returns in order. Each row follows the
 family's diffusers pipeline (cited per row), so a training step and the video memory plan (:func:`call_inputs`,
 on the meta device) feed the denoiser what sampling feeds it. The noise objective comes from the scheduler config
 (:func:`objective_of`), not from the row.
@@ -19,8 +21,9 @@ import torch
 from . import inputs
 from .rules import TrainingError
 
-__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "objective_of", "sigma_range", "draw", "noisy_inputs",
-           "call_inputs", "example_batch", "model_output", "config_value", "OBJECTIVES"]
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of",
+           "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
+           "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
@@ -56,12 +59,26 @@ class DenoiserRow:
     batch_axis: Mapping[str, int] = dataclasses.field(default_factory=dict)
     text_layers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     train_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    condition: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    clean_first_frame: bool = False
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
+    from ..errors import Problems
     from ..recipe.calls import read_denoisers
+    from ..recipe.schema import did_you_mean
 
-    return {cls: DenoiserRow(**row) for cls, row in read_denoisers(inputs.BUILDERS, path).items()}
+    rows = read_denoisers(inputs.BUILDERS, path)
+    # a row's condition names a registered condition builder (the names are code, so checked here, not in recipe/)
+    problems, known = Problems(str(path or "recipes/denoisers.yaml")), sorted(inputs.CONDITIONS)
+    for cls, row in rows.items():
+        for pipeline, name in (row.get("condition") or {}).items():
+            if name not in inputs.CONDITIONS:
+                problems.add(f"denoisers.{cls}.condition.{pipeline}", f"no registered condition builder {name!r}; "
+                             f"allowed: {', '.join(known)}{did_you_mean(name, known)} (a new one: "
+                             f"@hf_precision.training.inputs.condition({name!r}))")
+    problems.raise_if_any()
+    return {cls: DenoiserRow(**row) for cls, row in rows.items()}
 
 
 ROWS: dict[str, DenoiserRow] = _rows()
@@ -198,6 +215,13 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                             f"already scaled (tp.encode_images(pixels) makes them)")
     x0 = inputs.model_layout(row, batch["latents"]).float()
     b = x0.shape[0]
+    if "condition_latents" not in batch and condition_channels(row, module):
+        missing = condition_channels(row, module)
+        raise TrainingError(f"tp.loss(batch): {type(getattr(module, '_orig_mod', module)).__name__} takes {missing} "
+                            f"conditioning channels beyond the latents (a mask and masked image, an image-to-video "
+                            f"model's first frame) and the batch has no 'condition_latents'; add what the pipeline "
+                            f"builds from the sample: batch.update(tp.encode_condition(pixels, batch['latents'])) (zeros "
+                            f"only where the pipeline itself gives zeros: condition dropout, its unconditional input)")
     _train_config(row, module)
     drawn = {}
     if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
@@ -236,7 +260,23 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         noisy = a.sqrt() * x0 + (1 - a).sqrt() * noise
         target = noise if objective == "epsilon" else a.sqrt() * noise - (1 - a).sqrt() * x0
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
+    if row.clean_first_frame and condition_channels(row, module):
+        noisy, target = _clean_first_frame(row, noisy, target, x0)
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
+
+
+def _frame_dim(row: DenoiserRow) -> int:
+    return 2 if row.layout == "video" else 1  # frames_first (B,F,C,H,W) and channels_last (B,F,H,W,C): axis 1
+
+
+def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tensor,
+                       x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    # Kandinsky 5 I2V: the first latent frame is the image's clean latents at every step and is never stepped
+    # (pipeline_kandinsky_i2v.py:710 latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean
+    # (the clip's own first latent frame) and only the other frames are compared (model_output cuts the prediction).
+    dim = _frame_dim(row)
+    noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
+    return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
 
 
 def _train_config(row: DenoiserRow, module: torch.nn.Module) -> None:
@@ -293,31 +333,93 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
         pred = torch.stack(list(pred)).squeeze(2)
     if row.pack in TOKENS and pred.shape[1] > target.shape[1]:  # the reference tokens' output is not predicted
         pred = pred[:, :target.shape[1]]
+    if row.clean_first_frame and row.pack is None and pred.dim() == target.dim() and \
+            pred.shape[_frame_dim(row)] == target.shape[_frame_dim(row)] + 1:  # the clean first frame is not predicted
+        pred = pred.narrow(_frame_dim(row), 1, target.shape[_frame_dim(row)])
     dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]
     return pred
 
 
-def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,
-                             batch: Mapping[str, Any]) -> torch.Tensor:
-    # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
-    # conditioning latents on the channel axis; missing ones are zeros (unconditional, as in condition dropout).
+def _latent_channels(row: DenoiserRow, config: Mapping[str, Any]) -> int:
+    # the VAE's channels: what the denoiser predicts. Packed 2x2 (row.pack flux): Flux and Flux Fill give
+    # out_channels packed (64, patch_size 1), Qwen-Image unpacked (16, patch_size 2): the packed prediction is
+    # out_channels x patch_size^2 either way. Kandinsky 5 names them in_visual_dim / out_visual_dim.
+    in_c = int(config.get("in_channels") or config.get("in_visual_dim") or 0)
+    out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
+    if row.pack == "flux":
+        return out_c * int(config.get("patch_size") or 1) ** 2 // 4
+    return min(in_c, out_c)
+
+
+def condition_channels(row: DenoiserRow, module: torch.nn.Module) -> int:
+    """How many channels the denoiser takes beyond the noisy latents (unpacked): inpainting's mask and masked image
+    (SD 1 + 4), an image-to-video model's mask and first frame (Wan I2V 4 + 16, SVD 4), 0 for most.
+
+    Example:
+        >>> from diffusers import UNet2DConditionModel
+        >>> unet = UNet2DConditionModel(block_out_channels=(8, 8), layers_per_block=1, norm_num_groups=8,
+        ...     cross_attention_dim=8, attention_head_dim=2, in_channels=9, out_channels=4,
+        ...     down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"))
+        >>> condition_channels(row_of(unet), unet)
+        5
+    """
     config = getattr(getattr(module, "_orig_mod", module), "config", {})
     want = int(config.get("in_channels") or 0) // (4 if row.pack == "flux" else 1)
     if not want and config.get("visual_cond"):
         # Kandinsky 5 I2V: the noise, the image's latents and a 1-channel mask (2 * in_visual_dim + 1,
         # transformer_kandinsky.py:567; pipeline_kandinsky_i2v.py prepare_latents)
         want = 2 * int(config["in_visual_dim"]) + 1
-    dim = inputs.channel_dim(row)
-    have = noisy.shape[dim]
-    if want <= have:
+    return max(0, want - _latent_channels(row, config))
+
+
+def condition_of(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str:
+    """The condition builder (:data:`.inputs.CONDITIONS`) that makes the denoiser's extra channels for ``pipe``: the
+    row's ``condition`` entry for the pipeline's class (or a base class). A pipeline without one is refused: zeros
+    in those channels would teach the denoiser to ignore what its pipeline gives it at inference.
+
+    Example:
+        >>> from diffusers import StableDiffusionInpaintPipeline
+        >>> condition_of(ROWS["UNet2DConditionModel"], None, StableDiffusionInpaintPipeline)
+        'inpaint_mask'
+    """
+    cls = pipe if isinstance(pipe, type) else type(pipe)
+    for base in cls.__mro__:
+        if base.__name__ in row.condition:
+            return row.condition[base.__name__]
+    name = type(getattr(module, "_orig_mod", module)).__name__
+    # prepared from a dict of components there is no pipeline class to read the condition for
+    what = "components given as a dict (no pipeline class)" if issubclass(cls, Mapping) else cls.__name__
+    raise TrainingError(
+        f"{what}: its denoiser ({name}) takes {condition_channels(row, module) if module is not None else 'more'}"
+        f" conditioning channels beyond the latents, and no condition builder makes them for this pipeline (known: "
+        f"{', '.join(sorted(row.condition)) or 'none'}); training with zeros there would teach it to ignore the "
+        f"conditioning its pipeline gives at inference. Add the pipeline to the row's condition in a denoisers YAML "
+        f"file (hf_precision.training.add_rows) with a builder registered by "
+        f"@hf_precision.training.inputs.condition(name), or give batch['condition_latents'] yourself")
+
+
+def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,
+                             batch: Mapping[str, Any]) -> torch.Tensor:
+    # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
+    # conditioning latents, given in the VAE's layout, on the channel axis after the noisy latents. Zeros only where
+    # the batch has none: the video memory plan's meta call (the training step refuses such a batch, noisy_inputs).
+    extra_channels = condition_channels(row, module)
+    if not extra_channels:
         return noisy
+    dim = inputs.channel_dim(row)
     extra = batch.get("condition_latents")
     if extra is None:
         shape = list(noisy.shape)
-        shape[dim] = want - have
-        extra = noisy.new_zeros(shape)
+        shape[dim] = extra_channels
+        return torch.cat([noisy, noisy.new_zeros(shape)], dim=dim)
+    extra = inputs.model_layout(row, extra)
+    if extra.shape[dim] != extra_channels or extra.shape[0] != noisy.shape[0]:
+        raise TrainingError(f"batch['condition_latents'] has shape {tuple(extra.shape)} in the denoiser's layout; "
+                            f"the denoiser takes {extra_channels} conditioning channels on axis {dim} for "
+                            f"{noisy.shape[0]} sample(s) of latents {tuple(noisy.shape)}; make them with "
+                            f"tp.encode_condition(pixels, latents) from the pixels of the latents")
     return torch.cat([noisy, extra.to(noisy)], dim=dim)
 
 
@@ -353,20 +455,12 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     def randn(*shape: int) -> torch.Tensor:  # meta: shapes only, nothing drawn
         return torch.empty(shape, device=device) if device.type == "meta" else torch.randn(*shape, generator=gen).to(device)
 
-    # Kandinsky 5 names its latent channels in_visual_dim / out_visual_dim (transformer_kandinsky.py)
-    in_c = int(config.get("in_channels") or config["in_visual_dim"])
-    out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
-    # the VAE's channels: what the denoiser predicts; conditioning channels beyond them (inpainting's mask and
-    # masked image, Flux Fill's 48 of 64 packed ones) are added by noisy_inputs as the training step adds them
-    # Packed 2x2 (row.pack flux): Flux and Flux Fill give out_channels packed (64, patch_size 1), Qwen-Image
-    # unpacked (16, patch_size 2): the packed prediction is out_channels x patch_size^2 either way
-    if row.pack == "flux":
-        channels = out_c * int(config.get("patch_size") or 1) ** 2 // 4
-    else:
-        channels = min(in_c, out_c)
+    channels = _latent_channels(row, config)
     if latent is None:
         latent = _fitted_latent(row, config, side, frames)
     batch = {"latents": randn(batch_size, channels, *latent)}
+    if condition_channels(row, module):  # a mask and masked image, a first frame: random stand-ins of their shape
+        batch["condition_latents"] = randn(batch_size, condition_channels(row, module), *latent)
     for key, dim_key in row.text_dims.items():
         dim = config_value(config, dim_key)
         if dim is None:  # a part this configuration lacks (no pooled projection; Cascade's decoder has no clip_text)

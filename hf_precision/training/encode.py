@@ -14,7 +14,7 @@ from ..diagnose.steps import call_params
 from . import denoiser_rows
 from .rules import TrainingError
 
-__all__ = ["encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
+__all__ = ["encode_condition", "encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
@@ -37,16 +37,45 @@ def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
     return (x - float(config.get("shift_factor") or 0.0)) * float(config.get("scaling_factor") or 1.0)
 
 
-def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | None = None,
+                  mode: bool = False) -> torch.Tensor:
     vae = tp.components.get("vae")
     if vae is None:
         raise TrainingError(f"tp.encode_images: no 'vae' component (components: {sorted(tp.components)})")
     with torch.no_grad():  # the entry hooks cast the pixels to the VAE's planned dtype and device
-        raw = vae_latents(vae, pixels, generator)
+        raw = vae_latents(vae, pixels, generator, mode)
     bn = getattr(vae, "bn", None)
     if isinstance(bn, torch.nn.BatchNorm2d) and bn.running_mean is not None:
         return patch_normalised(raw.float(), bn, float(vae.config.get("batch_norm_eps", bn.eps)))
     return normalise_latents(raw, vae.config)
+
+
+def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
+                     generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """``{"condition_latents": ...}``: the channels the denoiser takes beyond the noisy latents (an inpainting mask
+    and masked image, an image-to-video model's first frame), built from the training sample's own ``pixels`` as the
+    row's condition builder for this pipeline class builds them (recipes/denoisers.yaml ``condition``); ``latents``
+    are those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that
+    takes none. Raises naming the pipeline where its denoiser takes channels no builder makes.
+
+    Example:
+        >>> import hf_precision as hp
+        >>> from hf_precision.testing import make_pipeline
+        >>> tp = hp.prepare_training(make_pipeline("sd_inpaint"), device="cpu", train={"unet": "lora"}, rank=2)
+        >>> pixels = torch.rand(1, 3, 32, 32) * 2 - 1
+        >>> cond = tp.encode_condition(pixels, tp.encode_images(pixels))["condition_latents"]
+        >>> tuple(cond.shape), sorted(set(cond[:, 0].flatten().tolist())) <= [0.0, 1.0]  # the mask, masked latents
+        ((1, 5, 16, 16), True)
+    """
+    from .inputs import CONDITIONS
+
+    module = tp._denoiser()
+    row = denoiser_rows.row_of(module, str(tp.denoiser_name))
+    if not denoiser_rows.condition_channels(row, module):
+        return {}
+    name = denoiser_rows.condition_of(row, module, tp.pipe)
+    with torch.no_grad():
+        return {"condition_latents": CONDITIONS[name](tp, pixels, latents, generator).float()}
 
 
 def patch_normalised(latents: torch.Tensor, bn: torch.nn.BatchNorm2d, eps: float) -> torch.Tensor:
@@ -82,8 +111,10 @@ def frame_wise(vae: torch.nn.Module) -> bool:
     return not any(isinstance(m, torch.nn.Conv3d) for m in encoder.modules())
 
 
-def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The raw latents of ``vae.encode(pixels)``, unscaled: a sample of ``latent_dist`` (AutoencoderKL and kin), else
+def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Generator | None = None,
+                mode: bool = False) -> torch.Tensor:
+    """The raw latents of ``vae.encode(pixels)``, unscaled: a sample of ``latent_dist`` (its mode with ``mode``, as
+    image-to-video pipelines encode their condition image: ``sample_mode="argmax"``) (AutoencoderKL and kin), else
     ``latent`` (AutoencoderDC). A clip (B, C, F, H, W) into a frame-wise VAE (:func:`frame_wise`) is encoded with
     its frames in the batch, as diffusers' SVD pipeline encodes frames, and handed back as (B, C', F, H', W'). An
     image (B, C, H, W) into a video VAE (one that takes (B, C, F, H, W): QwenImage's, Wan's) goes in as a clip of one
@@ -106,7 +137,7 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
     out = vae.encode(x)
     dist = getattr(out, "latent_dist", None)
     if dist is not None:
-        raw = dist.sample(generator)
+        raw = dist.mode() if mode else dist.sample(generator)
     else:
         raw = getattr(out, "latent", out[0] if isinstance(out, (tuple, list)) else out)
     return raw.unflatten(0, (b, f)).transpose(1, 2) if folded else raw.squeeze(2) if one_frame else raw

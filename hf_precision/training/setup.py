@@ -222,11 +222,23 @@ class TrainingSetup:
                 module.train(modes[name])
 
     # ---------------------------------------------------------------- data in
-    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-        """VAE latents of ``pixels`` (in [-1, 1]) in the VAE's planned dtype, scaled as the pipeline does; fp32 out."""
+    def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None,
+                      mode: bool = False) -> torch.Tensor:
+        """VAE latents of ``pixels`` (in [-1, 1]) in the VAE's planned dtype, scaled as the pipeline does; fp32 out.
+        ``mode``: the latent distribution's mode instead of a sample (how image-to-video pipelines encode images)."""
         from .encode import encode_images
 
-        return encode_images(self, pixels, generator)
+        return encode_images(self, pixels, generator, mode)
+
+    def encode_condition(self, pixels: torch.Tensor, latents: torch.Tensor,
+                         generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+        """What the denoiser takes beyond the noisy latents, built from the sample's ``pixels`` (and their
+        ``latents``) as the pipeline builds it at inference: ``{"condition_latents": ...}`` (an inpainting mask and
+        masked image, an image-to-video model's first frame), ``{}`` for most denoisers. Add it to the batch:
+        ``batch.update(tp.encode_condition(pixels, batch["latents"]))``."""
+        from .encode import encode_condition
+
+        return encode_condition(self, pixels, latents, generator)
 
     def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
         """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict.

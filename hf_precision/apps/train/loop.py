@@ -67,15 +67,15 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     wrote them, else encoded now (``--no-cache``, or a text encoder that trains)."""
     import torch
 
-    tp, data = run.tp, run.data
-    samples = [data.samples[i] for i in indices]
-    found = [run.cache.get("latents", sample_parts(s)) for s in samples] if run.cache is not None else [None]
+    tp = run.tp
+    found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
     if not all(f is not None for f in found):
         found = [_sample_latents(run, i) for i in indices]
     latents = torch.cat([f["latents"] for f in found])
-    # an edit dataset's reference images: the layer appends their latents to the token sequence
-    refs = {"reference_latents": torch.cat([f["reference_latents"] for f in found]).to(tp_device(tp))} \
-        if all("reference_latents" in f for f in found) else {}
+    # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
+    # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
+    refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents")
+            if all(k in f for f in found)}
     cond = None
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
@@ -87,6 +87,20 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     device = tp_device(tp)
     return {"latents": latents.to(device), **refs,
             **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
+
+
+def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
+    """What a sample's cached latents depend on: its file (:func:`~.cache.sample_parts`) and, where the denoiser takes
+    conditioning channels, the builder that made them and the seed its mask or noise was drawn with: another
+    builder or seed is another conditioning, encoded again."""
+    from ...training.denoiser_rows import condition_channels, condition_of, row_of
+
+    parts = sample_parts(run.data.samples[i])
+    module = run.tp._denoiser()
+    row = row_of(module)
+    if not condition_channels(row, module):
+        return parts
+    return (*parts, "condition", condition_of(row, module, run.tp.pipe), run.settings.seed)
 
 
 def _prompt_image(run: Run, i: int) -> Any:
@@ -155,14 +169,17 @@ def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dic
 
 
 def _sample_latents(run: Run, i: int) -> dict[str, Any]:
-    """Sample ``i``'s latents (and its reference image's, in an edit dataset, by the same VAE path), drawn from the
+    """Sample ``i``'s latents (and its reference image's, in an edit dataset, by the same VAE path; and the
+    conditioning channels its denoiser takes, built from the sample as the pipeline builds them), drawn from the
     VAE's distribution under the sample's own seed in a forked RNG: what the cache holds and what ``--no-cache``
     encodes are the same, whatever batch or process the sample is in."""
     import torch
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
-        out = {"latents": run.tp.encode_images(run.data.pixels([i]))}
+        pixels = run.data.pixels([i])
+        out = {"latents": run.tp.encode_images(pixels)}
+        out.update(run.tp.encode_condition(pixels, out["latents"]))
         reference = run.data.reference_pixels([i])
         if reference is not None:
             out["reference_latents"] = run.tp.encode_images(reference)
@@ -195,8 +212,8 @@ def fill_cache(run: Run) -> None:
     acc, tp, data = run.accelerator, run.tp, run.data
     text = not _text_trained(tp)
     if acc.is_main_process:
-        for i, sample in enumerate(data.samples):
-            parts = sample_parts(sample)
+        for i in range(len(data.samples)):
+            parts = _latent_key(run, i)
             if run.cache.get("latents", parts) is None:
                 run.cache.put("latents", parts, _sample_latents(run, i))
             if text and run.cache.get("text", _text_key(run, i)) is None:

@@ -3,6 +3,10 @@
 and following its diffusers pipeline (cited in the module): ``sdxl_time_ids``, ``flux_ids``, ``cogvideox``, ...
 The registry and the latent layout helpers they share are in :mod:`.registry`, re-exported here.
 
+Condition builders (:data:`CONDITIONS`, registered with :func:`condition`; a row's ``condition`` names one per
+pipeline class) make, in the encode phase, the channels a denoiser takes beyond the noisy latents from the training
+sample itself: ``inpaint_mask``, ``fill_mask``, ``wan_first_frame``, ``svd_image``, ...
+
 A new family needs at most one more: a module here (found on import), or, in a user's own code, a function
 registered with :func:`builder` before the denoisers file naming it is read.
 
@@ -19,11 +23,11 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .registry import (BUILDERS, Builder, builder, channel_dim, frozen_dtype, model_layout, optional_inputs,
-                       reference_latents)
+from .registry import (BUILDERS, CONDITIONS, Builder, Condition, builder, channel_dim, condition, frozen_dtype,
+                       model_layout, optional_inputs, reference_latents)
 
-__all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
-           "reference_latents"]
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype",
+           "model_layout", "optional_inputs", "reference_latents"]
 
 # Registration is complete once this package is imported: whoever reads BUILDERS (the rows' check, the loss) sees
 # every shipped builder, and a new builder module is picked up without an edit here.

@@ -11,6 +11,8 @@ import torch
 
 from .registry import builder
 
+NOISE_LEVEL = 20  # the pipeline's default noise_level: the class label and the low-res image's noise (upscale_low_res)
+
 
 @builder('noise_level')
 def _noise_level(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tensor) -> dict[str, Any]:
@@ -18,5 +20,5 @@ def _noise_level(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.Tens
         return {"class_labels": batch["class_labels"]}
     if not module.config.get("num_class_embeds"):
         return {}
-    level = batch.get("noise_level", 20)
+    level = batch.get("noise_level", NOISE_LEVEL)
     return {"class_labels": torch.as_tensor(level, device=x0.device).long().reshape(-1).expand(x0.shape[0])}

@@ -13,11 +13,15 @@ import torch
 
 from ...errors import RecipeError
 
-__all__ = ["BUILDERS", "Builder", "builder", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
            "pixel_size", "reference_latents"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
+# (tp, pixels in [-1, 1]: (B, 3, H, W) or a clip (B, 3, F, H, W), their latents, generator) -> the conditioning
+# latents in the VAE's layout
+Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+CONDITIONS: dict[str, Condition] = {}
 
 
 def builder(name: str) -> Callable[[Builder], Builder]:
@@ -48,6 +52,30 @@ def builder(name: str) -> Callable[[Builder], Builder]:
 
     def register(fn: Builder) -> Builder:
         BUILDERS[name] = fn
+        return fn
+    return register
+
+
+def condition(name: str) -> Callable[[Condition], Condition]:
+    """Register a condition builder under ``name``, the name a row's ``condition`` gives for a pipeline class.
+
+    A condition builder makes, in the encode phase (next to the sample's latents, cached with them), the channels
+    the denoiser takes beyond the noisy latents, as that pipeline builds them at inference from its input image
+    (and mask): it takes (the training plan ``tp``, the sample's pixels in [-1, 1], a generator or None) and returns
+    them in the VAE's layout, the latents' size; the training step concatenates them after the noisy latents.
+
+    Example:
+        >>> @condition("my_cond")
+        ... def _my_cond(tp, pixels, generator):
+        ...     return pixels[:, :1]
+        >>> tuple(CONDITIONS["my_cond"](None, torch.zeros(1, 3, 4, 4), None).shape)
+        (1, 1, 4, 4)
+        >>> del CONDITIONS["my_cond"]
+    """
+    builder(name)  # checks the name by the builders' rule (registers nothing until called)
+
+    def register(fn: Condition) -> Condition:
+        CONDITIONS[name] = fn
         return fn
     return register
 
