@@ -132,9 +132,11 @@ def _ref_kandinsky5(pipe, pixels, latents, gen):  # its condition channels: the 
     return out[..., latents.shape[1]:]
 
 
-REFERENCES = {"Kandinsky5I2VPipeline": _ref_kandinsky5, "StableDiffusionUpscalePipeline": _ref_upscale, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan, "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
-              "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan,
-              "StableVideoDiffusionPipeline": _ref_svd}
+REFERENCES = {"StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
+              "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan, "StableVideoDiffusionPipeline": _ref_svd,
+              "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan,
+              "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionUpscalePipeline": _ref_upscale,
+              "Kandinsky5I2VPipeline": _ref_kandinsky5}
 
 
 def _received(tp, batch: dict, extra: int) -> torch.Tensor:
@@ -181,6 +183,32 @@ def test_training_feeds_what_the_pipeline_builds(name, component, tiny_pipe):
     if pipeline_class != "HunyuanVideo15Pipeline":  # zeros only where the pipeline gives zeros
         assert got.abs().sum() > 0  # main trained these channels on zeros
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name,component", CONDITIONED, ids=[n for n, _ in CONDITIONED])
+def test_the_program_refuses_a_family_without_a_builder_before_loading(name, component):
+    """`train` and `train --plan` read the denoiser's config: a pipeline no condition builder serves is refused there,
+    one line naming it, not after its weights have loaded (nothing is built here); one with a builder passes."""
+    from hf_precision.apps.train.prepare import check_trainable
+    from hf_precision.errors import RecipeError
+
+    pipeline_class = PIPELINES[name].pipeline_class
+    cls_name, config = _configs(name)[component]
+    cls = find_class(cls_name, name)
+    init = inspect.signature(inspect.unwrap(cls.__init__)).parameters
+    config = {**{k: p.default for k, p in init.items() if p.default is not p.empty}, **config}  # as a saved config
+    index = {"_class_name": pipeline_class, component: ["diffusers", cls.__name__], "vae": ["diffusers", "AutoencoderKL"]}
+    row = next(ROWS[c.__name__] for c in cls.__mro__ if c.__name__ in ROWS)
+    try:
+        denoiser_rows.condition_of(row, None, find_class(pipeline_class, name))
+    except TrainingError:
+        with pytest.raises(RecipeError, match=f"^--model: {pipeline_class}: its denoiser .* no condition builder"):
+            check_trainable(index, {component: config})
+        return
+    try:
+        check_trainable(index, {component: config})
+    except RecipeError as err:  # refused for another reason the program gives (no encode_prompt): not the condition
+        assert "condition builder" not in str(err)
 
 
 def test_a_batch_without_the_condition_is_refused(tiny_pipe):

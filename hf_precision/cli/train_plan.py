@@ -89,8 +89,8 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     device = args.layout or args.device or "cuda"
     handler = _planned_method(args, "--plan")
-    index = configs_of(args.model)[1]
-    check_trainable(index)  # from model_index alone, before the plan's meta build
+    _, index, configs = configs_of(args.model)
+    check_trainable(index, configs)  # from the configs alone, before the plan's meta build
     from ..apps.train.experts import expert_line, expert_train
 
     expert = getattr(args, "expert", None)
@@ -150,7 +150,7 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         raise RecipeError(f"--processes {processes}: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)")
     method = _planned_method(args, "--plan --processes").name
     device = args.layout or args.device or "cuda"
-    check_trainable(configs_of(args.model)[1])  # a plan for a run `train` refuses would mislead
+    check_trainable(*configs_of(args.model)[1:])  # a plan for a run `train` refuses would mislead
     m = training_model(args.model, device, overrides)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None

@@ -4,6 +4,7 @@ model configs, data, family), then the model, the training plan, the optimizer a
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +51,21 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
     return expert_train(train, index, s.expert), extra
 
 
-def check_trainable(index: dict[str, Any]) -> None:
-    """Refuse, from the folder's model_index alone, a model the program cannot train: no denoiser row, a
-    conditioning it cannot make, or latents that do not come from a ``vae``. ``train`` and ``train --plan`` both ask.
+def check_trainable(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+    """Refuse, from the folder's model_index (and its components' ``configs`` where given), a model the program
+    cannot train: no denoiser row, a conditioning it cannot make, latents that do not come from a ``vae``, or input
+    channels beyond the latents that no condition builder makes for this pipeline. ``train`` and ``train --plan``
+    both ask, before any weight loads.
 
     Example:
         >>> check_trainable({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
-        ...                  "vae": ["diffusers", "AutoencoderKL"]})
+        ...                  "vae": ["diffusers", "AutoencoderKL"]}, {"unet": {"in_channels": 4}})
     """
     _check_family(index)
     _check_conditioning(index)
     _check_latents(index)
+    if configs is not None:
+        _check_condition_builder(index, configs)
 
 
 def _models(index: dict[str, Any]) -> list[tuple[str, str, bool]]:
@@ -94,6 +99,28 @@ def _check_family(index: dict[str, Any]) -> None:
                       f"recipes/denoisers.yaml (plus at most one registered input builder), read it with "
                       f"hf_precision.training.add_rows(path) and train with hf_precision.prepare_training(...) "
                       f"(docs/training.md, \"A new family\"); rows exist for {', '.join(sorted(ROWS))}")
+
+
+def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse, from the denoiser's config, a pipeline whose denoiser takes channels beyond the latents (inpainting's
+    mask, an image-to-video model's first frame) that no condition builder of its row makes: the training step
+    would refuse it only after the weights had loaded."""
+    import diffusers
+
+    from ...training.denoiser_rows import ROWS, condition_channels, condition_of
+
+    pipeline = getattr(diffusers, str(index.get("_class_name")), None)
+    for name, cls_name, has_row in _models(index):
+        if not has_row or not isinstance(pipeline, type):
+            continue
+        row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
+        # the denoiser as the training layer reads it, its config alone: named as its class in the message
+        stand_in = type(cls_name, (), {"config": dict(configs.get(name) or {})})()
+        if condition_channels(row, stand_in):
+            try:
+                condition_of(row, stand_in, pipeline)
+            except RecipeError as err:  # the training layer's TrainingError, said as the program's
+                raise RecipeError(f"--model: {err}") from None
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:
@@ -228,7 +255,7 @@ def prepare_run(s: TrainSettings) -> Run:
                      caption_column=s.caption_column, caption=s.caption, reference_column=s.reference_column,
                      reference_dir=s.reference_dir)
     train, extra = _train_parts(s, index)
-    check_trainable(index)
+    check_trainable(index, configs)
     from .references import check_reference_family
 
     check_reference_family(index, any(x.reference is not None for x in data.samples))
