@@ -262,12 +262,12 @@ def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> M
         return MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
                               vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
                               decode_chunk_size=args.decode_chunk_size if spec.row.decode_chunks else None)
-    from ..apps.video.plan import choose, free_memory, is_accelerator
+    from ..apps.video.plan import choose, free_memory
 
     layout = args.layout or device
     budget = parse_size(args.max_memory) if args.max_memory else free_memory(device)
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
-                    frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
+                    frames=args.frames, decode_chunk=args.decode_chunk_size)
     print(choice.describe(), flush=True)
     return choice.settings
 
@@ -287,7 +287,7 @@ def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job], 
 
 def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     """``--plan``: weights per component, the predicted peak per phase, and the settings for the budget."""
-    from ..apps.video.plan import choose, free_memory, is_accelerator
+    from ..apps.video.plan import choose, free_memory
     from ..recipe.devices import device_profile
 
     layout = args.layout or args.device or str(device_profile(None).torch_device())
@@ -301,7 +301,7 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     else:
         budget = free_memory(args.device or "cpu")
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
-                    frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
+                    frames=args.frames, decode_chunk=args.decode_chunk_size)
     p, gb = choice.prediction, format_bytes
     print(f"plan: {spec.pipeline} ({spec.mode}) for {device_profile(layout).label()}, {args.width}x{args.height}, "
           f"{args.frames} frames (configs on the meta device, no weights)")

@@ -20,14 +20,14 @@ from typing import Any
 
 from ...errors import RecipeError
 from ...memory import peaks
-from ...memory.planner import Choice, resident_bytes
+from ...memory.planner import Choice, is_accelerator, resident_bytes
 from ...memory.planner import choose as choose_fitting
 from ...runtime.memory import available_bytes
 from ...units import format_bytes
 from .spec import pipeline_recipe
 from .load import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
+__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "quantize_options"]
 
 
 def free_memory(device: Any) -> int:
@@ -313,10 +313,11 @@ def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
 
 
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
-           accelerator: bool = True, decode_chunk: int | None = None, overrides: Any = None,
+           accelerator: bool | None = None, decode_chunk: int | None = None, overrides: Any = None,
            quantize: bool = True) -> Choice[Prediction]:
     """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory).
 
+    Offload is considered where ``accelerator`` (default: whether ``layout`` is one) has weights to move to.
     Quantized storage (``quantize=False`` leaves it out) is considered beside offload and tiling, among the layouts
     the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
 
@@ -328,18 +329,8 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
         (True, True)
     """
     model = _load_model(where, spec, layout, overrides)
+    if accelerator is None:
+        accelerator = is_accelerator(layout)
     return choose_fitting(_candidates(spec, accelerator, decode_chunk, quantize_options(model) if quantize else []),
                           lambda settings: _predict(model, settings, height=height, width=width, frames=frames),
                           budget, device=model.plan.recipe.device)
-
-
-def is_accelerator(layout: Any) -> bool:
-    """Whether a device or layout name is an accelerator, where offload can move weights to it.
-
-    Example:
-        >>> is_accelerator("t4"), is_accelerator("cpu")
-        (True, False)
-    """
-    from ...recipe.devices import device_profile
-
-    return device_profile(layout).type != "cpu"
