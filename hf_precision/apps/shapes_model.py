@@ -239,7 +239,9 @@ def build(out: str | Path = FOLDER, say: Any = print, quiet: bool = False) -> di
         >>> build(tempfile.mkdtemp())["fingerprint"] == fingerprint()  # doctest: +SKIP
         True
     """
+    import diffusers
     import torch
+    import transformers
 
     from ..testing.pipelines import make_sdxl, save_pipeline
     from .train.demo import write_shapes
@@ -278,7 +280,8 @@ def build(out: str | Path = FOLDER, say: Any = print, quiet: bool = False) -> di
                       "decoder_peak": {"before": peak, "after": decoder_peak(pipe.vae, probe),
                                        "float16_max": float(torch.finfo(torch.float16).max)},
                       "prompts": list(PROMPTS), "seconds": round(time.perf_counter() - start, 1),
-                      "versions": {"torch": torch.__version__, **_versions()},
+                      "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
+                                   "transformers": transformers.__version__},
                       "command": "python scripts/build_shapes_model.py"}
             staged = save_pipeline(pipe, work / "staged")
             (staged / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -288,10 +291,3 @@ def build(out: str | Path = FOLDER, say: Any = print, quiet: bool = False) -> di
     finally:
         torch.set_num_threads(threads)
     return record
-
-
-def _versions() -> dict[str, str]:
-    import diffusers
-    import transformers
-
-    return {"diffusers": diffusers.__version__, "transformers": transformers.__version__}

@@ -197,14 +197,12 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
 
 def _weights(model: _Model, quantize: tuple[tuple[str, str], ...] = ()) -> dict[str, int]:
     """Weight bytes per component, with the storage a quantized candidate gives some of them (exact, as plan counts)."""
-    import dataclasses as dc
-
     from ...runtime.layout import planned_bytes
 
     weights = {n: c.total_bytes for n, c in model.plan.components.items()}
     for name, storage in quantize:
         weights[name] = model.cached(("weights", name, storage), lambda: planned_bytes(
-            model.modules[name], dc.replace(model.plan.recipe[name], storage=storage)))
+            model.modules[name], dataclasses.replace(model.plan.recipe[name], storage=storage)))
     return weights
 
 
