@@ -128,10 +128,12 @@ def preflight(path: str, *, recipe: str | None = None, device: Any = None, overr
     if name is None:
         return  # no shipped recipe: load_pipeline composes one, or reports an unknown class with the options
     get_recipe(name, device=device, overrides=overrides)
-def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int], argv: Any = None,
-                interrupted: str | None = None) -> int:
-    """The entry point of a ``scripts/*.py`` wrapper: optional dependencies' notices silenced as on ``hf-precision``,
-    bad input one message and exit 2; with ``interrupted``, Ctrl-C prints it and exits 130.
+def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int | None], argv: Any = None,
+                interrupted: str | None = None, prog: Callable[[argparse.Namespace], str] | None = None) -> int:
+    """The entry point of every command line, ``hf-precision`` and the ``scripts/*.py`` wrappers alike: optional
+    dependencies' notices silenced, messages spelling arguments as flags, bad input one message and exit 2, a reader
+    that went away (``| head``) no traceback; with ``interrupted``, Ctrl-C prints it and exits 130. ``prog(args)``
+    names the command in its messages (default: the parser's prog).
 
     Example:
         >>> def fails(args):
@@ -142,23 +144,25 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
     """
     import sys
 
-    from ..errors import RecipeError
+    from ..errors import RecipeError, command_line_spelling
 
     quiet_optional_dependencies()
-    try:
+    try:  # the reader may leave while any command (or --help) still prints
         args = parser.parse_args(argv)
-        with our_warnings(str(parser.prog)):
-            return run(args)
-    except RecipeError as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
+        name = prog(args) if prog is not None else str(parser.prog)
+        try:
+            with our_warnings(name), command_line_spelling():
+                return int(run(args) or 0)
+        except RecipeError as err:
+            print(f"{name}: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            if interrupted is None:
+                raise
+            print(f"{name}: {interrupted}", file=sys.stderr)
+            return 130
     except BrokenPipeError:
         return closed_output()
-    except KeyboardInterrupt:
-        if interrupted is None:
-            raise
-        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
-        return 130
 
 
 @contextlib.contextmanager
