@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         installed = "(not installed)"
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+    for name, (help, add_args, _, epilog) in COMMANDS.items():
+        p = sub.add_parser(name, help=help, description=help, epilog=epilog, formatter_class=HelpFormatter)
         add_args(p)
     return parser
 

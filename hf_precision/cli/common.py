@@ -8,17 +8,35 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["COMMANDS", "HelpFormatter", "closed_output", "our_warnings", "command", "add_recipe_args", "add_base_arg", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
-           "script_main"]
+           "script_main", "script_parser"]
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
+AddArgs = Callable[[argparse.ArgumentParser], None]
+# name -> (help, the function adding its arguments, handler 'module:function', examples shown under --help)
+COMMANDS: dict[str, tuple[str, AddArgs, str, str | None]] = {}
 
 
-def command(name: str, help: str, handler: str) -> Callable[[Callable[[argparse.ArgumentParser], None]], Callable[[argparse.ArgumentParser], None]]:
-    """Register a subcommand: the decorated function adds its arguments; ``handler`` is 'module:function'."""
-    def wrap(fn: Callable[[argparse.ArgumentParser], None]) -> Callable[[argparse.ArgumentParser], None]:
-        COMMANDS[name] = (help, fn, handler)
+def command(name: str, help: str, handler: str, epilog: str | None = None) -> Callable[[AddArgs], AddArgs]:
+    """Register a subcommand: the decorated function adds its arguments; ``handler`` is 'module:function';
+    ``epilog`` (examples, rules) ends its ``--help``."""
+    def wrap(fn: AddArgs) -> AddArgs:
+        COMMANDS[name] = (help, fn, handler, epilog)
         return fn
     return wrap
+
+
+def script_parser(name: str, prog: str | None, description: str) -> argparse.ArgumentParser:
+    """The parser of a ``scripts/*.py`` wrapper: the arguments and the ``--help`` examples of the subcommand
+    ``name`` (one definition for both), under the script's own ``prog`` and ``description``.
+
+    Example:
+        >>> import hf_precision.cli.train
+        >>> script_parser("train", "train.py", "Train.").parse_args(["--demo"]).demo
+        True
+    """
+    _, add_arguments, _, epilog = COMMANDS[name]
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter)
+    add_arguments(parser)
+    return parser
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -19,7 +19,7 @@ from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs
 from ..apps.video.load import OFFLOAD, MemorySettings
 from ..errors import RecipeError
 from ..units import format_bytes, parse_size
-from .common import HelpFormatter, add_base_arg, add_recipe_args, command, overrides_from
+from .common import add_base_arg, add_recipe_args, command, overrides_from, script_parser
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -52,11 +52,10 @@ outputs:
 """
 
 
+@command("video", "text/image-to-video for Wan, LTX, CogVideoX, HunyuanVideo, SVD: mp4, gif, PNG (try --demo)",
+         "hf_precision.cli.video:run", USAGE)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``scripts/generate_video.py`` and ``hf-precision video`` (one definition for both)."""
-    if p.epilog is None:  # the subcommand parser of `hf-precision video` gets the same examples and output rules
-        p.epilog = USAGE
-        p.formatter_class = HelpFormatter
     p.add_argument("--model", default=None,
                    help="local diffusers video model folder or Hub id: Wan, LTX-Video, CogVideoX, HunyuanVideo, SVD "
                         "(default: svd = stabilityai/stable-video-diffusion-img2vid-xt); or a single file with --base")
@@ -124,12 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Text-to-video and image-to-video for Wan, LTX-Video, CogVideoX, HunyuanVideo and "
-                               "Stable Video Diffusion, in the dtypes the recipe picks for your device, with a memory "
-                               "plan that fits the GPU.")
-    add_arguments(parser)
-    return parser
+    """The parser of ``scripts/generate_video.py``: ``hf-precision video``'s arguments and examples."""
+    return script_parser("video", prog, "Text-to-video and image-to-video for Wan, LTX-Video, CogVideoX, HunyuanVideo "
+                                        "and Stable Video Diffusion, in the dtypes the recipe picks for your device, "
+                                        "with a memory plan that fits the GPU.")
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -313,9 +310,3 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
               + f" {gb(t.peak):>10}")
     print(choice.describe())
     return 0
-
-
-@command("video", "text/image-to-video for Wan, LTX, CogVideoX, HunyuanVideo, SVD: mp4, gif, PNG (try --demo)",
-         "hf_precision.cli.video:run")
-def _args_video(p: argparse.ArgumentParser) -> None:
-    add_arguments(p)
