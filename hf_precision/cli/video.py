@@ -272,13 +272,10 @@ def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> M
 def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job], single: Path | None = None) -> int:
     from ..apps.video.run import BatchOptions, generate_batch
 
-    options = BatchOptions(
-        height=args.height, width=args.width, frames=args.frames, steps=args.steps, seed=args.seed, fps=args.fps,
-        guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
-        motion_bucket_id=args.motion_bucket_id, noise_aug_strength=args.noise_aug_strength,
-        decode_chunk_size=args.decode_chunk_size, device=args.device, layout=args.layout,
-        overrides=overrides_from(args) or None, context_parallel=args.context_parallel, device_map=args.device_map,
-        fail_fast=args.fail_fast, quiet=args.quiet, single_file=str(single) if single else None)
+    # the flags are named as the options' fields (--fps = fps); two are worked out here
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(BatchOptions) if hasattr(args, f.name)}
+    options = BatchOptions(**{**given, "overrides": overrides_from(args) or None,
+                              "single_file": str(single) if single else None})
     return generate_batch(model, spec, jobs, options, settings=lambda device: _settings(args, model, spec, device))
 
 
