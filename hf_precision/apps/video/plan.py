@@ -162,7 +162,7 @@ def _load_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _M
 def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _Model:
     from ... import dtypes as dt
     from ...diagnose.planner import plan
-    from ...runtime.source import configs_of
+    from ...runtime.source import configs_of, listed_components
     from .load import components_by_role
 
     _, index, configs = configs_of(where)
@@ -173,7 +173,9 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     level = dlog.get_verbosity()
     dlog.set_verbosity_error()  # casting a meta model logs a keep-in-fp32 notice that concerns real weights only
     try:
-        modules = peaks.meta_modules(index, configs, dtypes)
+        listed = listed_components(index)
+        modules = {name: peaks.meta_module(index, configs, name, dtype).eval() for name, dtype in dtypes.items()
+                   if name in listed and name in configs}
     finally:
         dlog.set_verbosity(level)
     leaf, loose = {}, {}
