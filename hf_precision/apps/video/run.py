@@ -260,7 +260,7 @@ def _one(pipe: Any, spec: Any, job: Job, options: BatchOptions, bar: Any) -> Cli
     return generate_clip(pipe, spec, prompt=job.prompt, image=image, height=options.height, width=options.width,
                          frames=options.frames, steps=options.steps, seed=options.seed,
                          guidance_scale=options.guidance_scale, decode_chunk_size=options.decode_chunk_size,
-                         bar=bar, memory=PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe)), **extra)
+                         bar=bar, **extra)
 
 
 def _placement(model: str, spec: Any, options: BatchOptions, say: Callable[[str], None]) -> dict[str, str]:
