@@ -359,11 +359,10 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     chosen = spec.required(asked)
     if chosen is not asked:
         say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
-    extra = {"layout": options.layout} if options.layout else {}
-    if options.single_file:
-        extra["single_file"] = options.single_file
+    extra = {"layout": options.layout} if options.layout else {}  # unset: the offload branch resolves for the device
     with quiet_loading(options.quiet):
-        pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
+        pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen,
+                                   single_file=options.single_file, **extra)
     if parallel:
         from . import parallel as cp
 
