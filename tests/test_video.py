@@ -232,6 +232,25 @@ def test_the_rss_a_phase_starts_from_is_the_current_one_where_proc_has_none(monk
     assert memory.rss() < memory.peak_rss() - 32 * 2**20
 
 
+def test_the_plan_budget_reads_the_free_ram_where_proc_has_none(monkeypatch):
+    """Without /proc/meminfo --plan's default budget came from os.sysconf("SC_AVPHYS_PAGES"), a name macOS does not
+    know (ValueError) and Windows has no os.sysconf for."""
+    import os
+
+    from hf_precision.apps.video import plan
+
+    sysconf = os.sysconf
+
+    def macos(name):
+        if name == "SC_AVPHYS_PAGES":
+            raise ValueError("unrecognized configuration name")
+        return sysconf(name)
+
+    monkeypatch.setattr(plan, "available_bytes", lambda device: None)
+    monkeypatch.setattr(os, "sysconf", macos)
+    assert plan.free_memory("cpu") > 0
+
+
 # --------------------------------------------------------------------------------------------- two processes
 
 

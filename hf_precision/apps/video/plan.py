@@ -31,13 +31,14 @@ __all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_m
 
 
 def free_memory(device: Any) -> int:
-    """Free memory of ``device``: CUDA ``mem_get_info``; CPU the available RAM (``MemAvailable``)."""
+    """Free memory of ``device``: CUDA ``mem_get_info``; CPU the available RAM (``MemAvailable``; without /proc,
+    psutil's reading)."""
     available = available_bytes(device)
     if available is not None:
         return available
-    import os
+    import psutil
 
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return int(psutil.virtual_memory().available)
 
 
 def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, frames: int,
