@@ -352,6 +352,21 @@ def test_our_warnings_print_as_one_line_of_ours(capsys):
     assert "UserWarning" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_the_scripts_spell_arguments_as_flags_as_hf_precision_does(capsys):
+    """scripts/train.py and scripts/generate_video.py said `base=` (the Python keyword) where `hf-precision` says
+    `--base`: only the main command set the command-line spelling of messages."""
+    import argparse
+
+    from hf_precision.cli.common import script_main
+    from hf_precision.errors import RecipeError, arg
+
+    def run(args):
+        raise RecipeError(f"pass {arg('base', './sdxl')} for the rest of the pipeline")
+
+    assert script_main(argparse.ArgumentParser(prog="train.py"), run, []) == 2
+    assert capsys.readouterr().err == "train.py: error: pass --base ./sdxl for the rest of the pipeline\n"
+
+
 def test_a_variant_the_folder_lacks_is_our_error_before_loading(saved_pipeline):
     """diffusers raised its own ValueError from inside from_pretrained; the README promises a RecipeError."""
     import hf_precision as hp

@@ -221,6 +221,36 @@ def test_cpu_phase_figures_count_quantized_weights_by_what_they_hold():
     assert weight_bytes(pipe) == module_bytes(layer) < 64 * 64 * 2  # below even a float16 copy of the weight
 
 
+def test_the_rss_a_phase_starts_from_is_the_current_one_where_proc_has_none(monkeypatch):
+    """Without /proc (macOS, Windows) rss() returned the peak RSS, so a CPU phase's figure (peak minus the RSS at its
+    start) left out what the phase added above an earlier, higher peak."""
+    from hf_precision.apps.video import memory
+
+    monkeypatch.setattr(memory, "proc_bytes", lambda path, key: None)
+    block = np.ones(64 * 2**20, dtype=np.uint8)  # touched pages: 64 MiB resident, then given back
+    del block
+    assert memory.rss() < memory.peak_rss() - 32 * 2**20
+
+
+def test_the_plan_budget_reads_the_free_ram_where_proc_has_none(monkeypatch):
+    """Without /proc/meminfo --plan's default budget came from os.sysconf("SC_AVPHYS_PAGES"), a name macOS does not
+    know (ValueError) and Windows has no os.sysconf for."""
+    import os
+
+    from hf_precision.apps.video import plan
+
+    sysconf = os.sysconf
+
+    def macos(name):
+        if name == "SC_AVPHYS_PAGES":
+            raise ValueError("unrecognized configuration name")
+        return sysconf(name)
+
+    monkeypatch.setattr(plan, "available_bytes", lambda device: None)
+    monkeypatch.setattr(os, "sysconf", macos)
+    assert plan.free_memory("cpu") > 0
+
+
 # --------------------------------------------------------------------------------------------- two processes
 
 

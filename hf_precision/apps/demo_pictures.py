@@ -168,12 +168,14 @@ def save_png(array: Any, path: Path) -> str:
 
 
 def save_gif(frames: Any, path: Path, fps: int = 4) -> str:
-    """Save frames enlarged (:func:`enlarged`) as a looping GIF; the size note."""
+    """Save frames enlarged (:func:`enlarged`) as a looping GIF, as the video program writes one; the size note."""
+    import numpy as np
+
+    from .video.io import save_video
+
     pairs = [enlarged(f) for f in frames]
-    images = [p[0] for p in pairs]
-    with written_atomically(path) as tmp:
-        images[0].save(tmp, format="GIF", save_all=True, append_images=images[1:], duration=int(1000 / fps), loop=0)
-    return f"{len(images)} frames of {pairs[0][1]}"
+    save_video(np.stack([np.asarray(image) for image, _ in pairs]), path, fps=fps, format="gif")
+    return f"{len(pairs)} frames of {pairs[0][1]}"
 
 
 def grid_image(rows: list[tuple[str, list[Any]]], columns: list[str], cell: int = CELL) -> Any:

@@ -63,12 +63,9 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
         if choice.quantize:
             overrides = [*as_list(overrides), choice.overrides()]
         offload = choice.offload == "model"
-    kwargs: dict[str, Any] = {}
-    if layout is not None or offload:
-        kwargs["layout"] = layout or str(device)
-    if base is not None:
-        kwargs["base"] = base
-    pipe = load_pipeline(model, "cpu" if offload else device, recipe=recipe, overrides=overrides, force=force, **kwargs)
+    # offloaded: resolved for the device, loaded on the CPU; the hooks move each component onto it when it runs
+    pipe = load_pipeline(model, "cpu" if offload else device, recipe=recipe, overrides=overrides, force=force,
+                         layout=layout or (str(device) if offload else None), base=base)
     if offload:
         pipe.enable_model_cpu_offload(device=device)
     # the loaded scheduler (LTX-style shift_terminal cannot take 1 step); a single file's class is known only now

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from ..memory.planner import Choice, choose, resident_bytes
+from ..memory.planner import Choice, choose, is_accelerator, resident_bytes
 from ..units import format_bytes
 
 __all__ = ["ImageLayout", "choose_image_layout"]
@@ -55,15 +55,13 @@ def choose_image_layout(name_or_path: str, device: Any, budget: int, *, reserve:
         (True, 'offload none, unet float8_e4m3fn')
     """
     from ..diagnose.planner import plan
-    from ..recipe.devices import device_caps, device_profile
+    from ..recipe.devices import device_caps
     from ..recipe.overrides import as_list
     from ..recipe.quantize import storage_options
 
     base = plan(name_or_path, device=device, overrides=overrides)
     recipe = base.recipe
-    if accelerator is None:
-        accelerator = device_profile(device).type != "cpu"
-    offloads = ["none", "model"] if accelerator else ["none"]
+    offloads = ["none", "model"] if (is_accelerator(device) if accelerator is None else accelerator) else ["none"]
     texts = [n for n in base.components if n.startswith("text_encoder")]
     caps = device_caps(recipe.device)
     options = storage_options(recipe, [recipe.denoiser] if recipe.denoiser else [], texts, caps.storage,

@@ -116,20 +116,6 @@ def shipped_folder() -> Path:
     return FOLDER
 
 
-def _residual_ends(decoder: Any) -> list[Any]:
-    """The decoder modules whose output is added to the trunk: each resnet's conv2, each attention's output."""
-    from diffusers.models.attention_processor import Attention
-    from diffusers.models.resnet import ResnetBlock2D
-
-    ends = []
-    for module in decoder.modules():
-        if isinstance(module, ResnetBlock2D):
-            ends.append(module.conv2)
-        elif isinstance(module, Attention):
-            ends.append(module.to_out[0])
-    return ends
-
-
 def amplify_decoder(vae: Any, factor: float = AMPLIFY) -> Any:
     """Scale the activations of ``vae``'s decoder trunk by ``factor`` without changing its float32 output.
 
@@ -150,19 +136,27 @@ def amplify_decoder(vae: Any, factor: float = AMPLIFY) -> Any:
         (True, True)
     """
     import torch
+    from diffusers.models.attention_processor import Attention
     from diffusers.models.resnet import ResnetBlock2D
     from diffusers.models.upsampling import Upsample2D
 
-    decoder = vae.decoder
+    ends = [vae.decoder.conv_in]  # what is added to the trunk: conv_in, each resnet's conv2, each attention's output
+    added_bias = []  # linear in the (scaled) trunk: only the bias they add is scaled
+    for module in vae.decoder.modules():
+        if isinstance(module, ResnetBlock2D):
+            ends.append(module.conv2)
+            added_bias.append(module.conv_shortcut)
+        elif isinstance(module, Attention):
+            ends.append(module.to_out[0])
+        elif isinstance(module, Upsample2D):
+            added_bias.append(module.conv)
     with torch.no_grad():
-        for layer in [decoder.conv_in, *_residual_ends(decoder)]:
+        for layer in ends:
             layer.weight.mul_(factor)
             if layer.bias is not None:
                 layer.bias.mul_(factor)
-        for module in decoder.modules():
-            conv = (module.conv_shortcut if isinstance(module, ResnetBlock2D) else
-                    module.conv if isinstance(module, Upsample2D) else None)
-            if conv is not None and conv.bias is not None:  # linear in the (scaled) trunk: only the bias is added
+        for conv in added_bias:
+            if conv is not None and conv.bias is not None:
                 conv.bias.mul_(factor)
     return vae
 
@@ -239,7 +233,9 @@ def build(out: str | Path = FOLDER, say: Any = print, quiet: bool = False) -> di
         >>> build(tempfile.mkdtemp())["fingerprint"] == fingerprint()  # doctest: +SKIP
         True
     """
+    import diffusers
     import torch
+    import transformers
 
     from ..testing.pipelines import make_sdxl, save_pipeline
     from .train.demo import write_shapes
@@ -278,7 +274,8 @@ def build(out: str | Path = FOLDER, say: Any = print, quiet: bool = False) -> di
                       "decoder_peak": {"before": peak, "after": decoder_peak(pipe.vae, probe),
                                        "float16_max": float(torch.finfo(torch.float16).max)},
                       "prompts": list(PROMPTS), "seconds": round(time.perf_counter() - start, 1),
-                      "versions": {"torch": torch.__version__, **_versions()},
+                      "versions": {"torch": torch.__version__, "diffusers": diffusers.__version__,
+                                   "transformers": transformers.__version__},
                       "command": "python scripts/build_shapes_model.py"}
             staged = save_pipeline(pipe, work / "staged")
             (staged / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
@@ -288,10 +285,3 @@ def build(out: str | Path = FOLDER, say: Any = print, quiet: bool = False) -> di
     finally:
         torch.set_num_threads(threads)
     return record
-
-
-def _versions() -> dict[str, str]:
-    import diffusers
-    import transformers
-
-    return {"diffusers": diffusers.__version__, "transformers": transformers.__version__}

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
-from ..errors import RecipeError, command_line_spelling
-from .common import COMMANDS, HelpFormatter, closed_output, our_warnings, quiet_optional_dependencies
+from .common import COMMANDS, HelpFormatter, quiet_optional_dependencies, script_main
 
 __all__ = ["main", "build_parser"]
 
@@ -45,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         installed = "(not installed)"
     parser.add_argument("--version", action="version", version=f"%(prog)s {installed}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (help, add_args, _) in COMMANDS.items():
-        p = sub.add_parser(name, help=help, description=help, formatter_class=HelpFormatter)
+    for name, (help, add_args, _, epilog) in COMMANDS.items():
+        p = sub.add_parser(name, help=help, description=help, epilog=epilog, formatter_class=HelpFormatter)
         add_args(p)
     return parser
 
@@ -61,22 +59,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     import importlib
 
-    quiet_optional_dependencies()
+    quiet_optional_dependencies()  # before the command modules import their parsers' choices
     parser = build_parser()
-    try:  # `hf-precision ... | head`: the reader may leave while any command (or --help) still prints
-        args = parser.parse_args(argv)
+
+    def run(args: argparse.Namespace) -> int | None:
         if not args.command:
             parser.print_help()
             return 2
         module, _, func = COMMANDS[args.command][2].partition(":")
-        handler = getattr(importlib.import_module(module), func)
-        try:
-            with our_warnings(f"hf-precision {args.command}"), command_line_spelling():  # messages name the flags
-                return int(handler(args) or 0)
-        except RecipeError as err:
-            print(f"hf-precision {args.command}: error: {err}", file=sys.stderr)
-            return 2
-    except BrokenPipeError:
-        return closed_output()
+        return getattr(importlib.import_module(module), func)(args)
+
+    return script_main(parser, run, argv, prog=lambda args: f"hf-precision {args.command}")
 
 

@@ -8,17 +8,35 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["COMMANDS", "HelpFormatter", "closed_output", "our_warnings", "command", "add_recipe_args", "add_base_arg", "overrides_from", "preflight", "resolve_for", "quiet_optional_dependencies",
-           "script_main"]
+           "script_main", "script_parser"]
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], str]] = {}
+AddArgs = Callable[[argparse.ArgumentParser], None]
+# name -> (help, the function adding its arguments, handler 'module:function', examples shown under --help)
+COMMANDS: dict[str, tuple[str, AddArgs, str, str | None]] = {}
 
 
-def command(name: str, help: str, handler: str) -> Callable[[Callable[[argparse.ArgumentParser], None]], Callable[[argparse.ArgumentParser], None]]:
-    """Register a subcommand: the decorated function adds its arguments; ``handler`` is 'module:function'."""
-    def wrap(fn: Callable[[argparse.ArgumentParser], None]) -> Callable[[argparse.ArgumentParser], None]:
-        COMMANDS[name] = (help, fn, handler)
+def command(name: str, help: str, handler: str, epilog: str | None = None) -> Callable[[AddArgs], AddArgs]:
+    """Register a subcommand: the decorated function adds its arguments; ``handler`` is 'module:function';
+    ``epilog`` (examples, rules) ends its ``--help``."""
+    def wrap(fn: AddArgs) -> AddArgs:
+        COMMANDS[name] = (help, fn, handler, epilog)
         return fn
     return wrap
+
+
+def script_parser(name: str, prog: str | None, description: str) -> argparse.ArgumentParser:
+    """The parser of a ``scripts/*.py`` wrapper: the arguments and the ``--help`` examples of the subcommand
+    ``name`` (one definition for both), under the script's own ``prog`` and ``description``.
+
+    Example:
+        >>> import hf_precision.cli.train
+        >>> script_parser("train", "train.py", "Train.").parse_args(["--demo"]).demo
+        True
+    """
+    _, add_arguments, _, epilog = COMMANDS[name]
+    parser = argparse.ArgumentParser(prog=prog, description=description, epilog=epilog, formatter_class=HelpFormatter)
+    add_arguments(parser)
+    return parser
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -128,10 +146,12 @@ def preflight(path: str, *, recipe: str | None = None, device: Any = None, overr
     if name is None:
         return  # no shipped recipe: load_pipeline composes one, or reports an unknown class with the options
     get_recipe(name, device=device, overrides=overrides)
-def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int], argv: Any = None,
-                interrupted: str | None = None) -> int:
-    """The entry point of a ``scripts/*.py`` wrapper: optional dependencies' notices silenced as on ``hf-precision``,
-    bad input one message and exit 2; with ``interrupted``, Ctrl-C prints it and exits 130.
+def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int | None], argv: Any = None,
+                interrupted: str | None = None, prog: Callable[[argparse.Namespace], str] | None = None) -> int:
+    """The entry point of every command line, ``hf-precision`` and the ``scripts/*.py`` wrappers alike: optional
+    dependencies' notices silenced, messages spelling arguments as flags, bad input one message and exit 2, a reader
+    that went away (``| head``) no traceback; with ``interrupted``, Ctrl-C prints it and exits 130. ``prog(args)``
+    names the command in its messages (default: the parser's prog).
 
     Example:
         >>> def fails(args):
@@ -142,23 +162,25 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
     """
     import sys
 
-    from ..errors import RecipeError
+    from ..errors import RecipeError, command_line_spelling
 
     quiet_optional_dependencies()
-    try:
+    try:  # the reader may leave while any command (or --help) still prints
         args = parser.parse_args(argv)
-        with our_warnings(str(parser.prog)):
-            return run(args)
-    except RecipeError as err:
-        print(f"{parser.prog}: error: {err}", file=sys.stderr)
-        return 2
+        name = prog(args) if prog is not None else str(parser.prog)
+        try:
+            with our_warnings(name), command_line_spelling():
+                return int(run(args) or 0)
+        except RecipeError as err:
+            print(f"{name}: error: {err}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            if interrupted is None:
+                raise
+            print(f"{name}: {interrupted}", file=sys.stderr)
+            return 130
     except BrokenPipeError:
         return closed_output()
-    except KeyboardInterrupt:
-        if interrupted is None:
-            raise
-        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
-        return 130
 
 
 @contextlib.contextmanager

@@ -157,7 +157,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
         from ..runtime.load import load_pipeline
 
         pipe = load_pipeline(args.path, args.device, recipe=recipe, overrides=overrides, layout=args.layout,
-                             force=args.force, **({"base": args.base} if args.base is not None else {}))
+                             force=args.force, base=args.base)
     from ..diagnose.call import default_call
     from ..diagnose.checker import check
 

@@ -63,10 +63,8 @@ Qwen-Image Edit: the picture is a reference) and inpainting (--mask: white where
 
 
 @command("generate", "one picture with your own weights through the loader: text-to-image, or image-to-image, edit and "
-                     "inpainting with --image/--mask", "hf_precision.cli.run:_cmd_generate")
+                     "inpainting with --image/--mask", "hf_precision.cli.run:_cmd_generate", GENERATE_EXAMPLES)
 def _args_generate(p: argparse.ArgumentParser) -> None:
-    if p.epilog is None:
-        p.epilog = GENERATE_EXAMPLES
     p.add_argument("model", help="local diffusers folder, Hub id, or recipe alias (sdxl, sd15, pixart)")
     p.add_argument("--prompt", required=True, help="text prompt")
     add_image_args(p, "the picture")

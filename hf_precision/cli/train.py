@@ -9,7 +9,7 @@ import tempfile
 from collections.abc import Sequence
 
 from ..errors import RecipeError
-from .common import HelpFormatter, add_base_arg, add_recipe_args, command, overrides_from, script_main
+from .common import add_base_arg, add_recipe_args, command, overrides_from, script_main, script_parser
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -30,11 +30,10 @@ model loads. Ctrl-C saves a checkpoint and exits with 130; --resume latest conti
 """
 
 
+@command("train", "train a LoRA, textual-inversion embedding or full fine-tune with the recipe's precision rules",
+         "hf_precision.cli.train:run", USAGE)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``hf-precision train`` and ``scripts/train.py`` (one definition for both)."""
-    if p.epilog is None:
-        p.epilog = USAGE
-        p.formatter_class = HelpFormatter
     p.add_argument("--model", default=None, help="diffusers model folder or Hub id, or a single-file checkpoint with --base")
     add_base_arg(p, "--model")
     p.add_argument("--data", default=None, help="folder of images/clips with caption .txt files, or a metadata.jsonl")
@@ -107,21 +106,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description="Train a LoRA, an embedding or a full fine-tune in the "
-                                                            "dtypes the recipe picks for the device.")
-    add_arguments(parser)
-    return parser
+    """The parser of ``scripts/train.py``: ``hf-precision train``'s arguments and examples."""
+    return script_parser("train", prog, "Train a LoRA, an embedding or a full fine-tune in the dtypes the recipe "
+                                        "picks for the device.")
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``scripts/train.py``: bad input prints one message and returns 2."""
     return script_main(build_parser(prog), run, argv)
-
-
-@command("train", "train a LoRA, textual-inversion embedding or full fine-tune with the recipe's precision rules",
-         "hf_precision.cli.train:run")
-def _args(p: argparse.ArgumentParser) -> None:
-    add_arguments(p)
 
 
 def _settings(args: argparse.Namespace, model: str, data: str):

@@ -61,16 +61,24 @@ def print_prediction(pred: Any, budget: int | None) -> None:
     print(f"predicted peak: {pred.verdict(budget)}")
 
 
-def _planned_method(args: argparse.Namespace, flag: str) -> Any:
-    """The handler of the method ``train --plan`` predicts, refused where it has no prediction."""
+def _planned(args: argparse.Namespace, flag: str) -> tuple[Any, str, dict[str, Any]]:
+    """What both plans check before their meta build: a model, a method that has a prediction, a model that can
+    train (from model_index.json and the configs alone: a plan for a run `train` refuses would mislead). Returns the method's
+    handler, the device planned for and the model index."""
+    from ..apps.train.prepare import check_trainable
     from ..apps.train.settings import chosen_method
+    from ..runtime.source import configs_of
     from ..training.methods import method_of
 
+    if not args.model:
+        raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     handler = method_of(chosen_method(getattr(args, "method", None), args))
     problem = handler.plan_problem()
     if problem:
         raise RecipeError(f"{flag}: {problem}")
-    return handler
+    _, index, configs = configs_of(args.model)
+    check_trainable(index, configs)
+    return handler, args.layout or args.device or "cuda", index
 
 
 def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
@@ -81,17 +89,10 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         Traceback (most recent call last):
         hf_precision.errors.RecipeError: --plan: textual inversion trains a few embedding rows; its memory is the model's weights (hf-precision plan MODEL --device DEVICE); plan lora or full instead
     """
-    from ..apps.train.plan import Options, choose, planned_model, predict_training
-    from ..apps.train.prepare import check_trainable
-    from ..runtime.source import configs_of
-
-    if not args.model:
-        raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
-    device = args.layout or args.device or "cuda"
-    handler = _planned_method(args, "--plan")
-    _, index, configs = configs_of(args.model)
-    check_trainable(index, configs)  # from the configs alone, before the plan's meta build
     from ..apps.train.experts import expert_line, expert_train
+    from ..apps.train.plan import Options, choose, planned_model, predict_training
+
+    handler, device, index = _planned(args, "--plan")
 
     expert = getattr(args, "expert", None)
     if expert not in (None, "both"):
@@ -138,19 +139,14 @@ def rank_plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
         hf_precision.errors.RecipeError: --processes -2: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)
     """
     from ..apps.train.plan import Options
-    from ..apps.train.prepare import check_trainable
     from ..apps.train.shard_plan import predict_rank, rank_ladder, training_model
     from ..memory.planner import choose
-    from ..runtime.source import configs_of
 
-    if not args.model:
-        raise RecipeError("--plan: give --model (a folder, a Hub id whose configs ship, or an alias such as sdxl, flux)")
     processes = int(args.processes or 1)
     if processes < 1:
         raise RecipeError(f"--processes {processes}: must be at least 1 (the processes per run, e.g. 8 for 8 GPUs)")
-    method = _planned_method(args, "--plan --processes").name
-    device = args.layout or args.device or "cuda"
-    check_trainable(*configs_of(args.model)[1:])  # a plan for a run `train` refuses would mislead
+    handler, device, _ = _planned(args, "--plan --processes")
+    method = handler.name
     m = training_model(args.model, device, overrides)
     resolution, frames = _size(args, m)
     budget = parse_size(args.max_memory) if args.max_memory else None

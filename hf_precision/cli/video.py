@@ -19,7 +19,7 @@ from ..apps.video.io import DEMO_DEFAULTS, FORMATS, Job, check_out, plan_outputs
 from ..apps.video.load import OFFLOAD, MemorySettings
 from ..errors import RecipeError
 from ..units import format_bytes, parse_size
-from .common import HelpFormatter, add_base_arg, add_recipe_args, command, overrides_from
+from .common import add_base_arg, add_recipe_args, command, overrides_from, script_parser
 
 __all__ = ["add_arguments", "build_parser", "main", "run"]
 
@@ -52,11 +52,10 @@ outputs:
 """
 
 
+@command("video", "text/image-to-video for Wan, LTX, CogVideoX, HunyuanVideo, SVD: mp4, gif, PNG (try --demo)",
+         "hf_precision.cli.video:run", USAGE)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``scripts/generate_video.py`` and ``hf-precision video`` (one definition for both)."""
-    if p.epilog is None:  # the subcommand parser of `hf-precision video` gets the same examples and output rules
-        p.epilog = USAGE
-        p.formatter_class = HelpFormatter
     p.add_argument("--model", default=None,
                    help="local diffusers video model folder or Hub id: Wan, LTX-Video, CogVideoX, HunyuanVideo, SVD "
                         "(default: svd = stabilityai/stable-video-diffusion-img2vid-xt); or a single file with --base")
@@ -124,12 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=prog, description="Text-to-video and image-to-video for Wan, LTX-Video, CogVideoX, HunyuanVideo and "
-                               "Stable Video Diffusion, in the dtypes the recipe picks for your device, with a memory "
-                               "plan that fits the GPU.")
-    add_arguments(parser)
-    return parser
+    """The parser of ``scripts/generate_video.py``: ``hf-precision video``'s arguments and examples."""
+    return script_parser("video", prog, "Text-to-video and image-to-video for Wan, LTX-Video, CogVideoX, HunyuanVideo "
+                                        "and Stable Video Diffusion, in the dtypes the recipe picks for your device, "
+                                        "with a memory plan that fits the GPU.")
 
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
@@ -262,12 +259,12 @@ def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> M
         return MemorySettings(offload=args.offload or "none", vae_tiling=args.vae_tiling,
                               vae_slicing=args.vae_slicing, forward_chunking=args.forward_chunking,
                               decode_chunk_size=args.decode_chunk_size if spec.row.decode_chunks else None)
-    from ..apps.video.plan import choose, free_memory, is_accelerator
+    from ..apps.video.plan import choose, free_memory
 
     layout = args.layout or device
     budget = parse_size(args.max_memory) if args.max_memory else free_memory(device)
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
-                    frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
+                    frames=args.frames, decode_chunk=args.decode_chunk_size)
     print(choice.describe(), flush=True)
     return choice.settings
 
@@ -275,19 +272,16 @@ def _settings(args: argparse.Namespace, where: str, spec: Any, device: Any) -> M
 def _generate(args: argparse.Namespace, model: str, spec: Any, jobs: list[Job], single: Path | None = None) -> int:
     from ..apps.video.run import BatchOptions, generate_batch
 
-    options = BatchOptions(
-        height=args.height, width=args.width, frames=args.frames, steps=args.steps, seed=args.seed, fps=args.fps,
-        guidance_scale=args.guidance_scale, negative_prompt=args.negative_prompt,
-        motion_bucket_id=args.motion_bucket_id, noise_aug_strength=args.noise_aug_strength,
-        decode_chunk_size=args.decode_chunk_size, device=args.device, layout=args.layout,
-        overrides=overrides_from(args) or None, context_parallel=args.context_parallel, device_map=args.device_map,
-        fail_fast=args.fail_fast, quiet=args.quiet, single_file=str(single) if single else None)
+    # the flags are named as the options' fields (--fps = fps); two are worked out here
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(BatchOptions) if hasattr(args, f.name)}
+    options = BatchOptions(**{**given, "overrides": overrides_from(args) or None,
+                              "single_file": str(single) if single else None})
     return generate_batch(model, spec, jobs, options, settings=lambda device: _settings(args, model, spec, device))
 
 
 def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     """``--plan``: weights per component, the predicted peak per phase, and the settings for the budget."""
-    from ..apps.video.plan import choose, free_memory, is_accelerator
+    from ..apps.video.plan import choose, free_memory
     from ..recipe.devices import device_profile
 
     layout = args.layout or args.device or str(device_profile(None).torch_device())
@@ -301,7 +295,7 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     else:
         budget = free_memory(args.device or "cpu")
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
-                    frames=args.frames, accelerator=is_accelerator(layout), decode_chunk=args.decode_chunk_size)
+                    frames=args.frames, decode_chunk=args.decode_chunk_size)
     p, gb = choice.prediction, format_bytes
     print(f"plan: {spec.pipeline} ({spec.mode}) for {device_profile(layout).label()}, {args.width}x{args.height}, "
           f"{args.frames} frames (configs on the meta device, no weights)")
@@ -313,9 +307,3 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
               + f" {gb(t.peak):>10}")
     print(choice.describe())
     return 0
-
-
-@command("video", "text/image-to-video for Wan, LTX, CogVideoX, HunyuanVideo, SVD: mp4, gif, PNG (try --demo)",
-         "hf_precision.cli.video:run")
-def _args_video(p: argparse.ArgumentParser) -> None:
-    add_arguments(p)

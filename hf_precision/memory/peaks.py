@@ -16,7 +16,7 @@ from typing import Any
 
 from .counting import count_live_bytes
 
-__all__ = ["meta_module", "meta_modules", "text_encode_peak", "image_encode_peak", "vae_encode_peak",
+__all__ = ["meta_module", "text_encode_peak", "image_encode_peak", "vae_encode_peak",
            "vae_decode_peak", "denoise_peak"]
 
 
@@ -35,23 +35,6 @@ def meta_module(index: Mapping[str, Any], configs: Mapping[str, Any], name: str,
     from ..runtime.source import listed_components
 
     return build_on_meta(*listed_components(index)[name], configs[name], dtype, pipeline=index.get("_class_name"))
-
-
-def meta_modules(index: Mapping[str, Any], configs: Mapping[str, Any], dtypes: Mapping[str, Any]) -> dict[str, Any]:
-    """Every component of ``dtypes`` that the index lists and has a config, built on meta in its dtype, in eval mode.
-
-    Example:
-        >>> import torch
-        >>> index = {"vae": ["diffusers", "AutoencoderKL"], "scheduler": ["diffusers", "DDIMScheduler"]}
-        >>> config = {"block_out_channels": [8], "norm_num_groups": 8, "latent_channels": 4}
-        >>> sorted(meta_modules(index, {"vae": config}, {"vae": torch.float32, "scheduler": None}))
-        ['vae']
-    """
-    from ..runtime.source import listed_components
-
-    listed = listed_components(index)
-    return {name: meta_module(index, configs, name, dtype).eval() for name, dtype in dtypes.items()
-            if name in listed and name in configs}
 
 
 def _peak(forward: Callable[[], Any], cpu: bool = False) -> int:

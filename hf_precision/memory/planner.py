@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from ..units import format_bytes
 
-__all__ = ["Prediction", "Choice", "choose", "resident_bytes"]
+__all__ = ["Prediction", "Choice", "choose", "is_accelerator", "resident_bytes"]
 
 
 class Prediction(Protocol):
@@ -125,3 +125,16 @@ def resident_bytes(weights: Mapping[str, int], offload: str, running: Iterable[s
     per_leaf = 2 if offload == "group" else 1  # group offload with a stream prefetches the next layer
     scale = {n: weights[n] / max(1, unquantized[n]) for n in present}  # quantized leaves shrink
     return max((int((per_leaf * leaf[n] + loose[n]) * scale[n]) for n in present), default=0)
+
+
+def is_accelerator(layout: Any) -> bool:
+    """Whether a device or layout name is an accelerator, where offload can move weights to it: the plans consider
+    offload candidates only there.
+
+    Example:
+        >>> is_accelerator("t4"), is_accelerator("cpu")
+        (True, False)
+    """
+    from ..recipe.devices import device_profile
+
+    return device_profile(layout).type != "cpu"

@@ -128,11 +128,7 @@ def plan_outputs(image: str | None, out: str, fmt: str | None = None, *, prompts
         jobs = [dataclasses.replace(j, prompt=prompts[i] if len(prompts) > 1 else (prompts[0] if prompts else None))
                 for i, j in enumerate(jobs)]
     for job in jobs:
-        check_output(job.out, folder=job.format == "png")
-        if job.format == "png":
-            _check_frame_folder(job.out)
-        elif job.out.is_dir():
-            raise RecipeError(f"--out: {job.out} is a folder; cannot write a {job.format} file there")
+        _check_target(job.out, job.format)
         if job.image is not None:
             read_image(job.image)
     there = [j for j in jobs if j.out.exists()]
@@ -195,16 +191,16 @@ def check_out(out: str, fmt: str | None = None) -> Path:
     if fmt is not None and fmt != from_suffix:
         raise RecipeError(f"--out {out} is a{'n' if from_suffix == 'mp4' else ''} {from_suffix} output but "
                           f"--format is {fmt}; drop --format or change the suffix")
-    check_output(target, folder=from_suffix == "png")
-    if from_suffix == "png":
-        _check_frame_folder(target)
+    _check_target(target, from_suffix)
     return target
 
 
-def _check_frame_folder(folder: Path) -> None:
-    if folder.exists() and (not folder.is_dir() or any(not (p.name.startswith("frame_") and p.suffix == ".png")
-                                                       for p in folder.iterdir())):
-        raise RecipeError(f"--out {folder}: exists and is not a folder of frame_*.png files; choose a new folder "
+def _check_target(out: Path, fmt: str) -> None:
+    """``out`` can be written as ``fmt``; a PNG frame folder replaces only a folder of frames."""
+    check_output(out, folder=fmt == "png")
+    if fmt == "png" and out.exists() and (not out.is_dir() or any(
+            not (p.name.startswith("frame_") and p.suffix == ".png") for p in out.iterdir())):
+        raise RecipeError(f"--out {out}: exists and is not a folder of frame_*.png files; choose a new folder "
                           f"(it would be replaced)")
 
 

@@ -109,9 +109,8 @@ def apply_memory_settings(pipe: Any, settings: MemorySettings, device: Any) -> N
             denoiser.enable_forward_chunking()
 
 
-def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None, offload: str = "none",
-                        forward_chunking: bool = False, settings: MemorySettings | None = None,
-                        single_file: str | None = None, **kwargs: Any) -> Any:
+def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None,
+                        settings: MemorySettings | None = None, single_file: str | None = None, **kwargs: Any) -> Any:
     """Load a video pipeline (SVD, Wan, LTX-Video, CogVideoX, HunyuanVideo, ...) with its recipe for ``device``.
 
     The pipeline class comes from ``model_index.json`` and the recipe from the class (``load_pipeline``). With an
@@ -130,7 +129,7 @@ def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None
     from ...runtime.load import load_pipeline
     from .spec import model_spec
 
-    settings = settings or MemorySettings(offload=offload, forward_chunking=forward_chunking)
+    settings = settings or MemorySettings()
     if settings.offload not in OFFLOAD:
         raise RecipeError(f"offload={settings.offload!r}: use one of {', '.join(OFFLOAD)}")
     where = model_spec(model)[0]  # refuses a model that is not a video pipeline

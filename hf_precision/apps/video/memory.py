@@ -44,9 +44,10 @@ def peak_rss() -> int:
 
 
 def rss() -> int:
-    """The process's resident set size in bytes now (Linux ``VmRSS``; elsewhere psutil or ``ru_maxrss``)."""
-    now = proc_bytes("/proc/self/status", "VmRSS")
-    return now if now is not None else peak_rss()
+    """The process's resident set size in bytes now, on every platform (psutil)."""
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
 
 
 def weight_bytes(pipe: Any) -> int:

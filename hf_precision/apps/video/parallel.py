@@ -54,14 +54,16 @@ def enable_context_parallel(pipe: Any, degree: int) -> list[str]:
     Call it after the pipeline is loaded with its recipe and ``torch.distributed`` is initialised (``torchrun`` or
     ``accelerate launch``), on every rank, with the same prompt and seed on every rank.
     """
+    import torch.distributed as dist
     from diffusers import ContextParallelConfig
 
     from .load import components_by_role
 
+    world_size = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
     done = []
     for name, module in components_by_role(pipe, "denoiser"):
         check_context_parallel(degree, transformer_class=type(module), device_type=module.device.type,
-                               world_size=_world_size())
+                               world_size=world_size)
         module.enable_parallelism(config=ContextParallelConfig(ring_degree=degree))
         done.append(name)
     return done
@@ -81,9 +83,3 @@ def denoiser_class(model: str, spec: Any) -> Any:
 
     entry = configs_of(model)[1].get(spec.denoiser) or [None, "?"]
     return getattr(diffusers, str(entry[1]), entry[1])
-
-
-def _world_size() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1

@@ -20,24 +20,25 @@ from typing import Any
 
 from ...errors import RecipeError
 from ...memory import peaks
-from ...memory.planner import Choice, resident_bytes
+from ...memory.planner import Choice, is_accelerator, resident_bytes
 from ...memory.planner import choose as choose_fitting
 from ...runtime.memory import available_bytes
 from ...units import format_bytes
 from .spec import pipeline_recipe
 from .load import MemorySettings
 
-__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "is_accelerator", "quantize_options"]
+__all__ = ["Prediction", "Choice", "predict", "choose", "denoiser_call", "free_memory", "quantize_options"]
 
 
 def free_memory(device: Any) -> int:
-    """Free memory of ``device``: CUDA ``mem_get_info``; CPU the available RAM (``MemAvailable``)."""
+    """Free memory of ``device``: CUDA ``mem_get_info``; CPU the available RAM (``MemAvailable``; without /proc,
+    psutil's reading)."""
     available = available_bytes(device)
     if available is not None:
         return available
-    import os
+    import psutil
 
-    return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    return int(psutil.virtual_memory().available)
 
 
 def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, frames: int,
@@ -162,7 +163,7 @@ def _load_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _M
 def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _Model:
     from ... import dtypes as dt
     from ...diagnose.planner import plan
-    from ...runtime.source import configs_of
+    from ...runtime.source import configs_of, listed_components
     from .load import components_by_role
 
     _, index, configs = configs_of(where)
@@ -173,7 +174,9 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
     level = dlog.get_verbosity()
     dlog.set_verbosity_error()  # casting a meta model logs a keep-in-fp32 notice that concerns real weights only
     try:
-        modules = peaks.meta_modules(index, configs, dtypes)
+        listed = listed_components(index)
+        modules = {name: peaks.meta_module(index, configs, name, dtype).eval() for name, dtype in dtypes.items()
+                   if name in listed and name in configs}
     finally:
         dlog.set_verbosity(level)
     leaf, loose = {}, {}
@@ -197,14 +200,12 @@ def _build_model(where: str, spec: Any, layout: Any, overrides: Any = None) -> _
 
 def _weights(model: _Model, quantize: tuple[tuple[str, str], ...] = ()) -> dict[str, int]:
     """Weight bytes per component, with the storage a quantized candidate gives some of them (exact, as plan counts)."""
-    import dataclasses as dc
-
     from ...runtime.layout import planned_bytes
 
     weights = {n: c.total_bytes for n, c in model.plan.components.items()}
     for name, storage in quantize:
         weights[name] = model.cached(("weights", name, storage), lambda: planned_bytes(
-            model.modules[name], dc.replace(model.plan.recipe[name], storage=storage)))
+            model.modules[name], dataclasses.replace(model.plan.recipe[name], storage=storage)))
     return weights
 
 
@@ -313,10 +314,11 @@ def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
 
 
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
-           accelerator: bool = True, decode_chunk: int | None = None, overrides: Any = None,
+           accelerator: bool | None = None, decode_chunk: int | None = None, overrides: Any = None,
            quantize: bool = True) -> Choice[Prediction]:
     """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory).
 
+    Offload is considered where ``accelerator`` (default: whether ``layout`` is one) has weights to move to.
     Quantized storage (``quantize=False`` leaves it out) is considered beside offload and tiling, among the layouts
     the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
 
@@ -328,18 +330,8 @@ def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, widt
         (True, True)
     """
     model = _load_model(where, spec, layout, overrides)
+    if accelerator is None:
+        accelerator = is_accelerator(layout)
     return choose_fitting(_candidates(spec, accelerator, decode_chunk, quantize_options(model) if quantize else []),
                           lambda settings: _predict(model, settings, height=height, width=width, frames=frames),
                           budget, device=model.plan.recipe.device)
-
-
-def is_accelerator(layout: Any) -> bool:
-    """Whether a device or layout name is an accelerator, where offload can move weights to it.
-
-    Example:
-        >>> is_accelerator("t4"), is_accelerator("cpu")
-        (True, False)
-    """
-    from ...recipe.devices import device_profile
-
-    return device_profile(layout).type != "cpu"

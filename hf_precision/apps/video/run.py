@@ -252,13 +252,6 @@ def _want_cpu(device: str | None) -> bool:
     return not (torch.cuda.is_available() or (hasattr(torch, "xpu") and torch.xpu.is_available()))
 
 
-def default_device() -> str:
-    """The device a run without ``--device`` uses: the best present one."""
-    from ...recipe.devices import device_profile
-
-    return str(device_profile(None).torch_device())
-
-
 def _one(pipe: Any, spec: Any, job: Job, options: BatchOptions, bar: Any) -> ClipResult:
     image = read_image(job.image) if job.image is not None else None
     extra = {name: getattr(options, name) for name in spec.row.call_options}
@@ -268,7 +261,7 @@ def _one(pipe: Any, spec: Any, job: Job, options: BatchOptions, bar: Any) -> Cli
     return generate_clip(pipe, spec, prompt=job.prompt, image=image, height=options.height, width=options.width,
                          frames=options.frames, steps=options.steps, seed=options.seed,
                          guidance_scale=options.guidance_scale, decode_chunk_size=options.decode_chunk_size,
-                         bar=bar, memory=PhaseMemory(pipe._execution_device, weights=weight_bytes(pipe)), **extra)
+                         bar=bar, **extra)
 
 
 def _placement(model: str, spec: Any, options: BatchOptions, say: Callable[[str], None]) -> dict[str, str]:
@@ -354,20 +347,23 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
     """
     from tqdm import tqdm
 
+    import numpy as np
+
     from ...diagnose.call import steps_problem
+    from ...recipe.devices import device_profile
     from ...runtime import applied as applied_record
 
     parallel = options.context_parallel
     failed: list[str] = []
-    asked = settings(device or default_device()) if settings is not None else MemorySettings()
+    # the device a run without --device uses: the best present one
+    asked = settings(device or str(device_profile(None).torch_device())) if settings is not None else MemorySettings()
     chosen = spec.required(asked)
     if chosen is not asked:
         say(f"VAE tiling: on ({spec.pipeline}'s VAE only decodes tiled)")
-    extra = {"layout": options.layout} if options.layout else {}
-    if options.single_file:
-        extra["single_file"] = options.single_file
+    extra = {"layout": options.layout} if options.layout else {}  # unset: the offload branch resolves for the device
     with quiet_loading(options.quiet):
-        pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen, **extra)
+        pipe = load_video_pipeline(model, device, overrides=options.overrides, settings=chosen,
+                                   single_file=options.single_file, **extra)
     if parallel:
         from . import parallel as cp
 
@@ -388,7 +384,7 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
             bar.set_description(f"video {n}/{len(mine)}")
             try:
                 result = _one(pipe, spec, job, options, bar)
-                if not _finite(result.frames):
+                if not np.isfinite(result.frames).all():
                     raise RecipeError(f"the frames hold inf/NaN (an fp16 overflow the recipe did not catch); try "
                                       f"{override_line(spec.denoiser, 'dtype', 'float32')} and report the model")
                 if writes:
@@ -406,9 +402,3 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
                 tell(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
             tell(result.summary())
     return failed
-
-
-def _finite(frames: Any) -> bool:
-    import numpy as np
-
-    return bool(np.isfinite(frames).all())
