@@ -515,7 +515,7 @@ def test_flux2_latents_are_normalised_where_its_pipeline_normalises_them(monkeyp
         pipe.vae.bn.running_var.uniform_(0.5, 2.0)
         pixels = torch.rand(1, 3, 64, 64) * 2 - 1
         theirs = pipe._encode_vae_image(pixels, generator=None)
-    monkeypatch.setattr(encode, "vae_latents", lambda vae, x, generator: vae.encode(x).latent_dist.mode())
+    monkeypatch.setattr(encode, "vae_latents", lambda vae, x, generator, mode=False: vae.encode(x).latent_dist.mode())
     ours = encode.encode_images(types.SimpleNamespace(components={"vae": pipe.vae}), pixels)
     b, c, h, w = ours.shape
     packed = ours.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
