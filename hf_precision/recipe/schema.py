@@ -214,6 +214,9 @@ VIDEO_KEYS: dict[str, Any] = {
                               "a list of latent frame counts the call cannot make (it writes garbage for them), "
                               "e.g. [2, 3, 4]"),
     "refused_frames_note": (lambda v: isinstance(v, str), "text saying where the call fails for those counts"),
+    "call_max_frames": (_WHOLE, "the most frames the pipeline's call makes as the commands call it, 0 for any, "
+                        "e.g. 97"),
+    "call_max_frames_note": (lambda v: isinstance(v, str), "text saying where the call refuses more frames"),
 }
 # `classes:` in a recipe's video block: keys that hold for one of its pipeline classes only (Kandinsky 5 I2V's
 # refused frame counts, not its T2V's), over the block's own
