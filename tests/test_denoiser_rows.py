@@ -187,6 +187,8 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
                                                       "this recipe names LattePipeline; did you mean 'LattePipeline'?"),
     ({"classes": {"LattePipeline": {"cfg_batch": 3}}}, "video.classes.LattePipeline.cfg_batch: bad value 3"),
     ({"classes": [1]}, "video.classes: expected pipeline class -> video keys, got [1]"),
+    ({"default_call_args": {"overlap-history": 1}}, "video.default_call_args: bad value {'overlap-history': 1}; "
+                                                    "allowed: call keyword -> plain value"),
 ])
 def test_a_bad_video_block_value_is_one_recipe_error_naming_file_key_value_and_allowed(tmp_path, video, message):
     from hf_precision.recipe.catalog import pipeline_spec

@@ -70,6 +70,7 @@ class VideoRow:
     refused_frames_note: str = ""
     call_max_frames: int = 0
     call_max_frames_note: str = ""
+    default_call_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
