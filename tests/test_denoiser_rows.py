@@ -192,7 +192,8 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
     ({"defaults": {"height": 480, "fps": 8}}, "video.defaults.fps: unknown key 'fps'; allowed: frames, height, steps, "
                                                "width"),
     ({"defaults": {"height": -480}}, "video.defaults.height: bad value -480; allowed: a whole number, 0 or more"),
-    ({"text_lenght": 64}, "video.text_lenght: unknown key 'text_lenght'; allowed: call_frames, call_frames_note, call_options, "),
+    ({"text_lenght": 64}, "video.text_lenght: unknown key 'text_lenght'; allowed: call_frames, call_frames_note, "
+                                 "call_max_frames, call_max_frames_note, call_options, "),
     ({"defaults": {"frames": 0}}, "video.defaults.frames: 0 takes the count from the denoiser config's frames_key"),
     ({"refused_latent_frames": [0, 2]}, "video.refused_latent_frames: bad value [0, 2]; allowed: a list of latent "
                                         "frame counts"),
@@ -200,6 +201,8 @@ def test_a_new_video_family_with_yaml_alone_trains_and_gets_a_video_plan(monkeyp
                                                       "this recipe names LattePipeline; did you mean 'LattePipeline'?"),
     ({"classes": {"LattePipeline": {"cfg_batch": 3}}}, "video.classes.LattePipeline.cfg_batch: bad value 3"),
     ({"classes": [1]}, "video.classes: expected pipeline class -> video keys, got [1]"),
+    ({"default_call_args": {"overlap-history": 1}}, "video.default_call_args: bad value {'overlap-history': 1}; "
+                                                    "allowed: call keyword -> plain value"),
 ])
 def test_a_bad_video_block_value_is_one_recipe_error_naming_file_key_value_and_allowed(tmp_path, video, message):
     from hf_precision.recipe.catalog import pipeline_spec

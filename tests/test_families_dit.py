@@ -188,3 +188,20 @@ def test_hunyuan_images_shortened_tiny_prompt_keeps_valid_and_padded_tokens_in_b
         _, mask, _, mask_2 = pipe.encode_prompt(prompt, device="cpu")
         for stream in (mask, mask_2):
             assert 0 < int(stream.sum()) < stream.numel(), (prompt, stream)
+
+
+def test_hunyuan_images_distilled_embedders_run_in_the_fp32_island_of_a_half_layout():
+    """HunyuanImage 2.1 distilled embeds its guidance (in the transformer's dtype, pipeline_hunyuanimage.py:733) and
+    a MeanFlow second timestep (the latents' dtype, :755-762) beside the timestep; the shares_layout row is kept out
+    of the per-layout tests because both embedders sit in time_guidance_embed, the recipe's fp32 island. This runs
+    them there once under bf16: both reach the island in fp32 and the image is finite."""
+    spec = PIPELINES["hunyuan_image_distilled"]
+    pipe = spec.ready(make_pipeline("hunyuan_image_distilled"))
+    hp.apply_recipe(pipe, hp.get_recipe("hunyuan_image", device="a100"), device="cpu")
+    embed = pipe.transformer.time_guidance_embed
+    assert pipe.transformer.dtype == torch.bfloat16 and embed.guidance_embedder is not None
+    seen = {}
+    for name in ("timestep_embedder_r", "guidance_embedder"):
+        getattr(embed, name).register_forward_pre_hook(lambda m, args, name=name: seen.update({name: args[0].dtype}))
+    assert_finite(pipe(**spec.call_kwargs(), generator=torch.Generator().manual_seed(0)))
+    assert seen == {"timestep_embedder_r": torch.float32, "guidance_embedder": torch.float32}

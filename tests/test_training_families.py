@@ -37,8 +37,9 @@ def _recipe_cases() -> dict[str, str]:
 
 
 # Tiny pipelines whose denoiser is a class of its own under a recipe another row already covers, or a call of its own
-# (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder).
-EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev")
+# (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder; SkyReels-V2 DF-1.3B: the fps
+# embedding its inject_sample_info config adds).
+EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev", "skyreels_v2_df")
 CASES = _recipe_cases()
 
 
@@ -66,6 +67,7 @@ ENCODE_FEEDS = {
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
                         2: ("encoder_hidden_states_2",), 3: ("encoder_attention_mask_2",)},
     "skyreels_v2": {0: ("encoder_hidden_states",)},
+    "skyreels_v2_df": {0: ("encoder_hidden_states",)},
     "sana_video": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
     "chronoedit": {0: ("encoder_hidden_states",)},
     "kandinsky5": {0: ("encoder_hidden_states",), 1: ("pooled_projections",)},
@@ -173,6 +175,10 @@ def test_lora_step(name, tmp_path):
         _assert_ids_as_the_pipeline_makes_them(tp, batch, seen, IDS_FROM_ENCODE[name])
     if name in LORA_LOADS:
         _assert_lora_loads_with_plain_diffusers(name, tp, batch, tmp_path / "lora")
+    if getattr(denoiser.config, "inject_sample_info", False):
+        # the diffusion-forcing call's flag at its default fps=24: 1 (0 is 16 fps), one per sample
+        # (pipeline_skyreels_v2_diffusion_forcing.py:625, :767-768); without it the forward fails on fps=None
+        assert seen["fps"].tolist() == [1] * batch["latents"].shape[0], seen.get("fps")
 
 
 def test_hidream_trains_toward_what_its_pipeline_steps_with():

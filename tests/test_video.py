@@ -400,6 +400,26 @@ def test_a_call_that_fixes_its_frame_count_refuses_another_before_loading(tmp_pa
     assert wan.check(height=32, width=32, frames=9) == []  # a count the call keeps is no problem
 
 
+def test_frames_past_the_diffusion_forcing_window_are_refused_before_loading():
+    """SkyReels-V2's diffusion-forcing calls make at most base_num_frames (97) frames unless given overlap_history
+    (pipeline_skyreels_v2_diffusion_forcing.py:344-348), which no command passes: `video --frames 101` loaded the
+    model and failed in diffusers with a ValueError naming an option the program does not have. The recipe's class
+    entry (call_max_frames) refuses it from the configs alone, and the sweep's size stays inside; the T2V class,
+    whose call has no window, is not bounded."""
+    from hf_precision.apps.video.spec import video_spec
+
+    idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "SkyReelsV2Transformer3DModel"],
+           "text_encoder": ["transformers", "UMT5EncoderModel"]}
+    configs = {"transformer": {"patch_size": [1, 2, 2], "rope_max_seq_len": 1024}}
+    for cls in ("SkyReelsV2DiffusionForcingPipeline", "SkyReelsV2DiffusionForcingImageToVideoPipeline"):
+        spec = video_spec(cls, idx, configs)
+        problems = spec.check(height=32, width=32, frames=101)
+        assert len(problems) == 1 and problems[0].startswith("--frames 101: ") and "use --frames 97" in problems[0]
+        assert spec.check(height=32, width=32, frames=97) == []
+        assert spec.within(height=32, width=32, frames=121)[2] == 97
+    assert video_spec("SkyReelsV2Pipeline", idx, configs).check(height=32, width=32, frames=101) == []
+
+
 def _kandinsky5_configs(folder: Path, pipeline: str) -> Path:
     """A Kandinsky 5 video folder of configs alone (no weights: what `video` reads before loading)."""
     import json

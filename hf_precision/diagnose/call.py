@@ -376,6 +376,8 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
     if "height" in params and "width" in params:
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
+    # what the call cannot go without though its signature defaults it (the recipe's video.default_call_args)
+    kwargs.update(_video_keys(pipe).get("default_call_args") or {})
     # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
     for key, value in (("use_resolution_binning", False), ("clean_caption", False),
                        ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):

@@ -214,6 +214,12 @@ VIDEO_KEYS: dict[str, Any] = {
                               "a list of latent frame counts the call cannot make (it writes garbage for them), "
                               "e.g. [2, 3, 4]"),
     "refused_frames_note": (lambda v: isinstance(v, str), "text saying where the call fails for those counts"),
+    "call_max_frames": (_WHOLE, "the most frames the pipeline's call makes as the commands call it, 0 for any, "
+                        "e.g. 97"),
+    "call_max_frames_note": (lambda v: isinstance(v, str), "text saying where the call refuses more frames"),
+    "default_call_args": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k.isidentifier() for k in v)
+                          and not any(isinstance(x, (dict, list)) for x in v.values()),
+                          "call keyword -> plain value check's default call passes, e.g. {overlap_history: 1}"),
 }
 # `classes:` in a recipe's video block: keys that hold for one of its pipeline classes only (Kandinsky 5 I2V's
 # refused frame counts, not its T2V's), over the block's own

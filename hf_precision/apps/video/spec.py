@@ -68,6 +68,9 @@ class VideoRow:
     negative_prompt: str | None
     refused_latent_frames: tuple[int, ...] = ()
     refused_frames_note: str = ""
+    call_max_frames: int = 0
+    call_max_frames_note: str = ""
+    default_call_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
@@ -167,6 +170,10 @@ class VideoSpec:
             pass
         elif frames < 1:
             problems.append(f"--frames {frames}: must be at least 1")
+        elif self.row.call_max_frames and frames > self.row.call_max_frames:  # diffusers refuses it after loading
+            problems.append(f"--frames {frames}: {self.pipeline} makes at most {self.row.call_max_frames} frames as "
+                            f"this program calls it ({self.row.call_max_frames_note}); use --frames "
+                            f"{self.row.call_max_frames} or fewer")
         elif self.frame_step > 1 and (frames - 1) % self.frame_step:
             k = max(0, round((frames - 1) / self.frame_step))
             problems.append(f"--frames {frames}: {self.pipeline}'s VAE compresses time by {self.frame_step} and keeps "
@@ -197,6 +204,8 @@ class VideoSpec:
             frames = max((frames - 1) // step * step + 1, step + 1)
         if self.row.call_frames:  # the only count the call makes (ChronoEdit)
             frames = self.row.call_frames
+        elif self.row.call_max_frames:  # the most it makes in one window (SkyReels-V2 diffusion forcing)
+            frames = min(frames, self.row.call_max_frames)
         height, width, frames = self.limits.cap(height=height, width=width, frames=frames)
         if step > 1 and (frames - 1) % step and not self.limits.fixed_frames:
             frames = (frames - 1) // step * step + 1  # capped below a table's bound: the VAE's count under it
