@@ -136,7 +136,8 @@ REFERENCES = {"StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXL
               "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan, "StableVideoDiffusionPipeline": _ref_svd,
               "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan,
               "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionUpscalePipeline": _ref_upscale,
-              "Kandinsky5I2VPipeline": _ref_kandinsky5}
+              "Kandinsky5I2VPipeline": _ref_kandinsky5,
+              "SkyReelsV2ImageToVideoPipeline": _ref_wan}
 
 
 def _received(tp, batch: dict, extra: int) -> torch.Tensor:
