@@ -251,6 +251,37 @@ def test_the_plan_budget_reads_the_free_ram_where_proc_has_none(monkeypatch):
     assert plan.free_memory("cpu") > 0
 
 
+def test_the_plan_budget_is_the_free_memory_of_the_device_the_clip_runs_on(monkeypatch, capsys):
+    """Without --device, --plan plans for the best present device (a GPU on a GPU machine), and its default budget
+    was the CPU's free RAM: the plan chose settings for the wrong memory."""
+    import argparse
+
+    from hf_precision.apps.video import plan
+    from hf_precision.apps.video.spec import model_spec
+    from hf_precision.cli.video import print_plan
+    from hf_precision.recipe import devices
+
+    class OneGPU(devices.SystemProbe):
+        def count(self, kind: str) -> int:
+            return 1 if kind == "cuda" else 0 if kind in ("mps", "xpu") else super().count(kind)
+
+        def cuda(self, index: int):
+            return "NVIDIA A100-SXM4-80GB", (8, 0)
+
+    asked = []
+    monkeypatch.setattr(plan, "free_memory", lambda device: asked.append(str(device)) or 80 * 2**30)
+    previous = devices.set_probe(OneGPU())
+    try:
+        where, spec = model_spec("wan", configs_only=True)
+        args = argparse.Namespace(layout=None, device=None, max_memory=None, height=480, width=832, frames=81,
+                                  decode_chunk_size=None)
+        assert print_plan(where, spec, args) == 0
+    finally:
+        devices.set_probe(previous)
+    assert asked == ["cuda:0"], asked
+    assert "A100" in capsys.readouterr().out
+
+
 # --------------------------------------------------------------------------------------------- two processes
 
 

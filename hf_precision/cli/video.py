@@ -284,7 +284,8 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
     from ..apps.video.plan import choose, free_memory
     from ..recipe.devices import device_profile
 
-    layout = args.layout or args.device or str(device_profile(None).torch_device())
+    here = args.device or str(device_profile(None).torch_device())  # where the clip would run: the budget's device
+    layout = args.layout or here
     if args.max_memory:
         budget = parse_size(args.max_memory)
     elif args.device is not None and not device_profile(args.device).present:
@@ -293,7 +294,7 @@ def print_plan(where: str, spec: Any, args: argparse.Namespace) -> int:
                           f"so its free memory is unknown; give the budget: --max-memory SIZE (e.g. --max-memory 16GB "
                           f"for a 16 GB card)")
     else:
-        budget = free_memory(args.device or "cpu")
+        budget = free_memory(here)
     choice = choose(where, spec, layout=layout, budget=budget, height=args.height, width=args.width,
                     frames=args.frames, decode_chunk=args.decode_chunk_size)
     p, gb = choice.prediction, format_bytes
