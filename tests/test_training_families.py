@@ -526,3 +526,21 @@ def test_flux2_latents_are_normalised_where_its_pipeline_normalises_them(monkeyp
     b, c, h, w = ours.shape
     packed = ours.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
     torch.testing.assert_close(packed, theirs.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["hunyuan_image_distilled", "hunyuan_image"])
+def test_a_meanflow_model_trains_at_r_equal_t(name, tiny_pipe):
+    """HunyuanImage 2.1 distilled (``use_meanflow``) always gets a second timestep at inference
+    (pipeline_hunyuanimage.py:755-760); the training step passed none, conditioning it on an embedding it never sees.
+    Its flow-matching loss trains the instantaneous velocity, the average velocity at r = t. The base model has no r."""
+    tp = hp.prepare_training(tiny_pipe(name), device="cpu", train={"transformer": "lora"}, rank=2)
+    module = tp.components["transformer"]
+    seen, handle = _capture_kwargs(module)
+    try:
+        tp.loss(example_batch(module, side=8))
+    finally:
+        handle.remove()
+    if module.config.get("use_meanflow"):
+        torch.testing.assert_close(seen["timestep_r"], seen["timestep"])
+    else:
+        assert seen.get("timestep_r") is None

@@ -321,8 +321,10 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
     for arg in row.per_frame:
         if kwargs.get(arg) is not None:
             kwargs[arg] = kwargs[arg].repeat_interleave(x0.shape[2], dim=0)
-    for extra in row.extras:
-        kwargs.update(inputs.BUILDERS[extra](row, module, batch, x0))
+    if row.extras:  # a builder may read the step's timestep (a MeanFlow model's r = t: inputs/meanflow_r.py)
+        stepped = {**batch, "timestep": timestep}
+        for extra in row.extras:
+            kwargs.update(inputs.BUILDERS[extra](row, module, stepped, x0))
     return kwargs
 
 
