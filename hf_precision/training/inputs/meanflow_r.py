@@ -3,7 +3,8 @@
 passes one, the next step's timestep (pipeline_hunyuanimage.py:755-760). Left out, as before, the training step
 conditioned it on ``t``'s embedding alone, which the model never sees at inference. The flow-matching loss trains the
 instantaneous velocity, which a MeanFlow model gives at ``r = t`` (the average velocity over an empty interval;
-Geng et al. 2025, "Mean Flows for One-step Generative Modeling": u(z, t, t) = v(z, t)), so ``r`` is the sample's own timestep.
+Geng et al. 2025, "Mean Flows for One-step Generative Modeling": u(z, t, t) = v(z, t)), so ``r`` is the sample's
+own timestep.
 """
 
 from __future__ import annotations
