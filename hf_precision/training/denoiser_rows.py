@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from . import inputs
+from . import image_embeds, inputs
+from .inputs.registry import config_value
 from .rules import TrainingError
 
 __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of",
@@ -61,6 +62,7 @@ class DenoiserRow:
     train_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     condition: Mapping[str, str] = dataclasses.field(default_factory=dict)
     clean_first_frame: bool = False
+    image_encode: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
@@ -222,6 +224,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                             f"model's first frame) and the batch has no 'condition_latents'; add what the pipeline "
                             f"builds from the sample: batch.update(tp.encode_condition(pixels, batch['latents'])) (zeros "
                             f"only where the pipeline itself gives zeros: condition dropout, its unconditional input)")
+    image_embeds.check_batch(row, module, batch)
     _train_config(row, module)
     drawn = {}
     if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
@@ -476,26 +479,14 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         if key in row.text_layers:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
             shape = (batch_size, max(config[row.text_layers[key]]) + 1, *shape[1:])
         batch[key] = randn(*shape)
+    width = image_embeds.image_width(row, module) if row.image_encode else None
+    if width and image_embeds.IMAGE_KEY not in batch:  # FramePack's optional SigLIP states: a stand-in token
+        batch[image_embeds.IMAGE_KEY] = randn(batch_size, 1, width)
     for key in row.cond:
         embeds = batch.get(key.replace("attention_mask", "embeds"))
         if key.startswith("prompt_attention_mask") and embeds is not None:
             batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long, device=embeds.device)
     return batch
-
-
-def config_value(config: Mapping[str, Any], key: str) -> Any:
-    """A config value by a row's name for it: a key, or ``key[i]``, item ``i`` of a list (None where absent).
-
-    Example:
-        >>> config_value({"caption_channels": [4096, 2048]}, "caption_channels[1]"), config_value({}, "dim")
-        (2048, None)
-    """
-    name, _, index = key.partition("[")
-    value = config.get(name)
-    if index and isinstance(value, (list, tuple)):
-        i = int(index.rstrip("]"))
-        return value[i] if i < len(value) else None
-    return None if index else value
 
 
 def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:

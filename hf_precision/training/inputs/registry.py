@@ -14,7 +14,7 @@ import torch
 from ...errors import RecipeError
 
 __all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
-           "pixel_size", "reference_latents"]
+           "pixel_size", "reference_latents", "config_value"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
@@ -183,3 +183,18 @@ def pixel_size(batch: Mapping[str, Any], x0: torch.Tensor) -> tuple[int, int]:
     """
     factor = int(batch.get("vae_scale_factor") or 8)
     return x0.shape[-2] * factor, x0.shape[-1] * factor
+
+
+def config_value(config: Mapping[str, Any], key: str) -> Any:
+    """A config value by a row's name for it: a key, or ``key[i]``, item ``i`` of a list (None where absent).
+
+    Example:
+        >>> config_value({"caption_channels": [4096, 2048]}, "caption_channels[1]"), config_value({}, "dim")
+        (2048, None)
+    """
+    name, _, index = key.partition("[")
+    value = config.get(name)
+    if index and isinstance(value, (list, tuple)):
+        i = int(index.rstrip("]"))
+        return value[i] if i < len(value) else None
+    return None if index else value

@@ -1,0 +1,101 @@
+"""Image-to-video denoisers conditioned on an image encoder's embedding of the first frame (Wan 2.1 I2V's CLIP
+hidden states, SVD's CLIP image embeds, FramePack's SigLIP states) are trained on that embedding as the pipeline's
+own encode_image makes it from the sample's first frame: not without it (Wan trained with no image tokens), not a
+crash (SVD's UNet had no encoder_hidden_states), not zeros (FramePack)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from hf_precision.training import denoiser_rows
+from hf_precision.training.rules import TrainingError
+
+SIDE = 32
+
+
+def _frames(n: int = 5) -> tuple[list[Image.Image], torch.Tensor]:
+    """n 8-bit frames and the (1, 3, n, H, W) clip in [-1, 1] the data loader makes of them."""
+    rng = np.random.default_rng(0)
+    shots = [rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8) for _ in range(n)]
+    clip = torch.stack([torch.from_numpy(s).permute(2, 0, 1).float() / 127.5 - 1 for s in shots], dim=1)
+    return [Image.fromarray(s) for s in shots], clip[None]
+
+
+# the pipeline's own encoding of the first frame, as its __call__ runs it for that image
+REFERENCES = {
+    "wan_i2v": lambda pipe, image: pipe.encode_image(image, torch.device("cpu")),
+    "svd": lambda pipe, image: pipe._encode_image(image, torch.device("cpu"), 1, False),
+    "hunyuan_video_framepack": lambda pipe, image: pipe.encode_image(
+        pipe.video_processor.preprocess(image, SIDE, SIDE), device=torch.device("cpu")),
+}
+COMPONENT = {"svd": "unet"}
+
+
+def _received(tp, batch: dict) -> torch.Tensor:
+    """The image embedding the training step's call hands the denoiser (its cond or optional argument)."""
+    module = tp._denoiser()
+    row = denoiser_rows.row_of(module)
+    kwargs = denoiser_rows.call_inputs(row, module, batch)
+    arg = row.cond.get("image_embeds") or next(a for a, (key, _) in row.optional.items() if key == "image_embeds")
+    assert arg in kwargs, f"the denoiser gets no {arg}"
+    return kwargs[arg]
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCES))
+def test_the_denoiser_receives_the_pipelines_image_encoding(name, tiny_pipe):
+    import hf_precision as hp
+
+    pipe = tiny_pipe(name)
+    tp = hp.prepare_training(pipe, device="cpu", train={COMPONENT.get(name, "transformer"): "lora"}, rank=2)
+    images, clip = _frames()
+    batch = {"latents": tp.encode_images(clip)}
+    batch.update(tp.encode_condition(clip, batch["latents"], torch.Generator().manual_seed(0)))
+    module = tp._denoiser()
+    text = {k: v for k, v in denoiser_rows.example_batch(module).items() if k not in ("latents", "image_embeds")}
+    got = _received(tp, {**text, **batch})
+    with torch.no_grad():
+        want = REFERENCES[name](pipe, images[0])
+    assert got.abs().sum() > 0  # FramePack trained on zeros here
+    torch.testing.assert_close(got.float(), want.float(), rtol=1e-5, atol=1e-5)
+    # the first frame's, not another's
+    other = tp.encode_condition(clip.flip(2), batch["latents"])["image_embeds"]
+    assert not torch.allclose(other, got.float())
+    assert torch.isfinite(tp.loss({**text, **batch}))
+
+
+def test_a_batch_without_the_image_embedding_is_refused(tiny_pipe):
+    """Wan 2.1 I2V trained with no image tokens when the batch lacked them: one error naming what to add."""
+    import hf_precision as hp
+
+    tp = hp.prepare_training(tiny_pipe("wan_i2v"), device="cpu", train={"transformer": "lora"}, rank=2)
+    batch = denoiser_rows.example_batch(tp._denoiser())
+    del batch["image_embeds"]
+    with pytest.raises(TrainingError, match=r"takes an image embedding of width \d+ .*tp\.encode_condition\(pixels"):
+        tp.loss(batch)
+
+
+def test_a_pipeline_the_row_names_no_image_encoder_for_is_refused():
+    """A denoiser that takes an image embedding under a pipeline the row has no method for: refused, not trained
+    without it."""
+    from types import SimpleNamespace
+
+    import diffusers
+
+    from hf_precision.training.image_embeds import image_encode_of
+
+    row = denoiser_rows.ROWS["WanTransformer3DModel"]
+    i2v = SimpleNamespace(config={"image_dim": 8})
+    with pytest.raises(TrainingError, match=r"^WanPipeline: its denoiser .*known: WanImageToVideoPipeline"):
+        image_encode_of(row, i2v, diffusers.WanPipeline)
+    assert image_encode_of(row, SimpleNamespace(config={"image_dim": None}), diffusers.WanPipeline) is None  # 2.2
+
+
+def test_the_cache_key_names_the_image_encoder(tiny_pipe):
+    from hf_precision.training.encode import condition_key
+    import hf_precision as hp
+
+    tp = hp.prepare_training(tiny_pipe("wan_i2v"), device="cpu", train={"transformer": "lora"}, rank=2)
+    assert condition_key(tp) == ("condition", "wan_first_frame", "image_embeds", "encode_image", "pil")
