@@ -99,3 +99,28 @@ def test_the_cache_key_names_the_image_encoder(tiny_pipe):
 
     tp = hp.prepare_training(tiny_pipe("wan_i2v"), device="cpu", train={"transformer": "lora"}, rank=2)
     assert condition_key(tp) == ("condition", "wan_first_frame", "image_embeds", "encode_image", "pil")
+
+
+def test_svd_trains_on_its_first_frames_image_embedding(saved_pipeline, tmp_path):
+    """`hf-precision train` (2 steps) on SVD, refused before for having no encode_prompt: its UNet's conditioning is
+    the first frame's CLIP image embedding, cached with the latents as the pipeline's _encode_image makes it."""
+    from safetensors.torch import load_file
+
+    from hf_precision.cli import main
+
+    data = tmp_path / "d"
+    data.mkdir()
+    images = [im.resize((16, 16)) for im in _frames(2)[0]]  # the tiny UNet's step costs ~4 s at 32 px, 3 frames
+    for i in range(2):
+        shots = images[i:] + images[:i]
+        shots[0].save(data / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (data / f"c{i}.txt").write_text("a cat")  # read by no encoder: SVD has none
+    out = tmp_path / "o"
+    args = ["train", "--model", str(saved_pipeline("svd")), "--data", str(data), "--out", str(out), "--resolution",
+            "16", "--device", "cpu", "--steps", "2", "--quiet", "--frames", "2"]
+    assert main(args) == 0
+    entries = [load_file(str(p)) for p in sorted((out / "cache" / "latents").glob("*.safetensors"))]
+    assert len(entries) == 2
+    embeds = [e["image_embeds"] for e in entries]
+    assert all(e.shape[:2] == (1, 1) and e.abs().sum() > 0 for e in embeds)
+    assert not torch.allclose(embeds[0], embeds[1])  # each sample's own first frame

@@ -123,7 +123,10 @@ def _prompt_image_used(run: Run, i: int) -> bool:
 def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
     """The conditioning of samples ``indices``: their captions in one call, or, where the prompt is encoded with
     each sample's reference, one call per sample (QwenImageEditPlusPipeline reads a list of images as pictures of
-    every prompt, not one per prompt), joined as the cache joins them."""
+    every prompt, not one per prompt), joined as the cache joins them; none where the pipeline has no encode_prompt
+    (SVD: its denoiser's conditioning is the first frame's image embedding, made with the latents)."""
+    if not hasattr(run.tp.pipe, "encode_prompt"):
+        return {}
     if not any(_prompt_image_used(run, i) for i in indices):
         return dict(run.tp.encode_prompt(run.data.captions(indices)))
     return _from_cache([_cacheable(run.tp.encode_prompt([run.data.samples[i].caption], image=_prompt_image(run, i)))

@@ -133,10 +133,12 @@ def _check_conditioning(index: dict[str, Any]) -> None:
         Traceback (most recent call last):
         ...
         hf_precision.errors.RecipeError: --model: HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides...
-        >>> _check_conditioning({"_class_name": "StableVideoDiffusionPipeline"})  # doctest: +ELLIPSIS
+        >>> _check_conditioning({"_class_name": "DiTPipeline", "transformer": ["diffusers", "DiTTransformer2DModel"]})
         Traceback (most recent call last):
         ...
-        hf_precision.errors.RecipeError: --model: StableVideoDiffusionPipeline has no encode_prompt...
+        hf_precision.errors.RecipeError: --model: DiTPipeline has no encode_prompt...
+        >>> _check_conditioning({"_class_name": "StableVideoDiffusionPipeline",  # the first frame's image embedding
+        ...                      "unet": ["diffusers", "UNetSpatioTemporalConditionModel"]})
     """
     import diffusers
 
@@ -153,12 +155,27 @@ def _check_conditioning(index: dict[str, Any]) -> None:
                               f"hf_precision.prepare_training(...) and give the conditioning in the batch "
                               f"(tp.loss(batch))")
         return
-    if cls is None:
+    if cls is None or _image_conditioned(index, cls):
         return
     raise RecipeError(f"--model: {name} has no encode_prompt: the training program conditions the denoiser on each "
                       f"caption through it, and {name} is conditioned otherwise (an input image or class labels); "
                       f"write your own loop with hf_precision.prepare_training(...) and give its conditioning in the "
                       f"batch (tp.loss(batch))")
+
+
+def _image_conditioned(index: dict[str, Any], pipeline: type) -> bool:
+    """Whether the pipeline's denoiser is conditioned on its input image's embedding alone (SVD): its row reads
+    nothing from ``encode_prompt`` and names the pipeline's image-encoding method, which the encode phase runs on each
+    sample's first frame; the captions are then unused."""
+    import diffusers
+
+    from ...training.denoiser_rows import ROWS
+
+    for _, cls_name, has_row in _models(index):
+        if has_row:
+            row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
+            return not row.encode and any(c.__name__ in row.image_encode for c in pipeline.__mro__)
+    return False
 
 
 def _check_latents(index: dict[str, Any]) -> None:
