@@ -460,7 +460,7 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
 
     channels = _latent_channels(row, config)
     if latent is None:
-        latent = _fitted_latent(row, config, side, frames)
+        latent = inputs.registry.fitted_latent(row, config, side, frames)
     batch = {"latents": randn(batch_size, channels, *latent)}
     if condition_channels(row, module):  # a mask and masked image, a first frame: random stand-ins of their shape
         batch["condition_latents"] = randn(batch_size, condition_channels(row, module), *latent)
@@ -487,16 +487,3 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         if key.startswith("prompt_attention_mask") and embeds is not None:
             batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long, device=embeds.device)
     return batch
-
-
-def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:
-    if config.get("sample_frames") and config.get("temporal_compression_ratio"):
-        # CogVideoX 1.0 sizes its temporal position embedding from the config (cogvideox_transformer_3d.py)
-        frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1
-    if config.get("patch_size_t"):  # CogVideoX 1.5 patches frames in pairs: the pipeline pads latent frames to fit
-        frames = -(-frames // int(config["patch_size_t"])) * int(config["patch_size_t"])
-    height = width = side
-    if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
-        # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
-        height, width = int(config["sample_height"]), int(config["sample_width"])
-    return (frames, height, width) if row.layout in ("video", "frames_first", "channels_last") else (height, width)
