@@ -124,3 +124,15 @@ def test_svd_trains_on_its_first_frames_image_embedding(saved_pipeline, tmp_path
     embeds = [e["image_embeds"] for e in entries]
     assert all(e.shape[:2] == (1, 1) and e.abs().sum() > 0 for e in embeds)
     assert not torch.allclose(embeds[0], embeds[1])  # each sample's own first frame
+
+
+def test_the_image_encoder_leaves_the_accelerator_once_cached():
+    """Its output is cached with the latents: like the VAE it is moved off the training device for the steps."""
+    from types import SimpleNamespace
+
+    from hf_precision.apps.train.cache import offload_encoders
+
+    frozen = lambda: torch.nn.Linear(2, 2).requires_grad_(False)  # noqa: E731
+    comps = {"unet": torch.nn.Linear(2, 2, device="meta"), "vae": frozen(), "image_encoder": frozen()}
+    offload_encoders(SimpleNamespace(tp=SimpleNamespace(components=comps, denoiser_name="unet")), "meta", False)
+    assert {n: m.weight.device.type for n, m in comps.items()} == {"unet": "meta", "vae": "meta", "image_encoder": "meta"}
