@@ -136,3 +136,27 @@ def test_the_image_encoder_leaves_the_accelerator_once_cached():
     comps = {"unet": torch.nn.Linear(2, 2, device="meta"), "vae": frozen(), "image_encoder": frozen()}
     offload_encoders(SimpleNamespace(tp=SimpleNamespace(components=comps, denoiser_name="unet")), "meta", False)
     assert {n: m.weight.device.type for n, m in comps.items()} == {"unet": "meta", "vae": "meta", "image_encoder": "meta"}
+
+
+def test_every_image_encode_entry_names_a_pipeline_method_that_takes_the_image():
+    """Row data, checked against diffusers: the class exists, has the method, and the method takes the image."""
+    import diffusers
+
+    from hf_precision.diagnose.steps import call_params
+
+    entries = [(p, m) for row in denoiser_rows.ROWS.values() for p, (m, _) in row.image_encode.items()]
+    assert {p for p, _ in entries} >= {"WanImageToVideoPipeline", "StableVideoDiffusionPipeline"}
+    for pipeline, method in entries:
+        assert {"image", "images"} & set(call_params(getattr(diffusers, pipeline), method)), (pipeline, method)
+
+
+def test_a_bad_image_encode_entry_is_one_error_line():
+    from hf_precision.errors import RecipeError
+    from hf_precision.recipe.calls import check_denoisers
+
+    data = {"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {
+        "latent_arg": "hidden_states", "source": "pipeline_my.py", "image_encode": {"MyPipeline": ["encode_image", "png"]}}}}
+    with pytest.raises(RecipeError, match=r"^my\.yaml: denoisers\.MyDiT\.image_encode: .*\[its image-encoding method, "
+                                          r"pil \| pixels\]") as err:
+        check_denoisers(data, "my.yaml", [])
+    assert "\n" not in str(err.value)
