@@ -160,3 +160,19 @@ def test_a_bad_image_encode_entry_is_one_error_line():
                                           r"pil \| pixels\]") as err:
         check_denoisers(data, "my.yaml", [])
     assert "\n" not in str(err.value)
+
+
+def test_the_program_refuses_an_image_embedding_nothing_makes_before_loading():
+    """`train` and `train --plan` read the denoiser's config: one taking image tokens under a pipeline whose row names
+    no image encoder for it is refused there, one line; Wan 2.2's I2V config (image_dim null) and 2.1's pass."""
+    from hf_precision.apps.train.prepare import check_trainable
+    from hf_precision.errors import RecipeError
+
+    index = lambda p: {"_class_name": p, "transformer": ["diffusers", "WanTransformer3DModel"],  # noqa: E731
+                       "vae": ["diffusers", "AutoencoderKLWan"]}
+    config = {"in_channels": 16, "out_channels": 16, "image_dim": 8}
+    with pytest.raises(RecipeError, match=r"^--model: WanPipeline: its denoiser \(WanTransformer3DModel\) takes an "
+                                          r"image embedding"):
+        check_trainable(index("WanPipeline"), {"transformer": config})
+    check_trainable(index("WanPipeline"), {"transformer": {**config, "image_dim": None}})
+    check_trainable(index("WanImageToVideoPipeline"), {"transformer": {**config, "in_channels": 36}})

@@ -103,11 +103,12 @@ def _check_family(index: dict[str, Any]) -> None:
 
 def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse, from the denoiser's config, a pipeline whose denoiser takes channels beyond the latents (inpainting's
-    mask, an image-to-video model's first frame) that no condition builder of its row makes: the training step
-    would refuse it only after the weights had loaded."""
+    mask, an image-to-video model's first frame) that no condition builder of its row makes, or an image embedding
+    its row names no pipeline method for: the training step would refuse it only after the weights had loaded."""
     import diffusers
 
     from ...training.denoiser_rows import ROWS, condition_channels, condition_of
+    from ...training.image_embeds import image_encode_of
 
     pipeline = getattr(diffusers, str(index.get("_class_name")), None)
     for name, cls_name, has_row in _models(index):
@@ -116,11 +117,12 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
         row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
         # the denoiser as the training layer reads it, its config alone: named as its class in the message
         stand_in = type(cls_name, (), {"config": dict(configs.get(name) or {})})()
-        if condition_channels(row, stand_in):
-            try:
+        try:
+            if condition_channels(row, stand_in):
                 condition_of(row, stand_in, pipeline)
-            except RecipeError as err:  # the training layer's TrainingError, said as the program's
-                raise RecipeError(f"--model: {err}") from None
+            image_encode_of(row, stand_in, pipeline)  # an image embedding no listed method makes for this pipeline
+        except RecipeError as err:  # the training layer's TrainingError, said as the program's
+            raise RecipeError(f"--model: {err}") from None
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:
