@@ -462,16 +462,17 @@ def test_calibrate_calls_pixart_without_caption_cleaning(tiny_pipe, monkeypatch)
 
 
 def test_train_refuses_a_pipeline_without_captions_before_loading(saved_pipeline, tmp_path, capfd, monkeypatch):
-    """SVD trains on clips but is conditioned on an image, not a caption: one line before any weight is read."""
+    """DiT is conditioned on class labels, not a caption: one line before any weight is read. (SVD, conditioned on
+    its first frame's image embedding, which the encode phase makes, trains: tests/test_image_embeds.py.)"""
     import hf_precision.runtime.load as load
 
-    model, data = saved_pipeline("svd"), _clips(tmp_path / "d")
+    model, data = saved_pipeline("dit"), _images(tmp_path / "d")
     monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
     capfd.readouterr()
-    rc = main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o"), "--frames", "4",
+    rc = main(["train", "--model", str(model), "--data", str(data), "--out", str(tmp_path / "o"),
                "--resolution", "32", "--device", "cpu", "--steps", "2", "--quiet"])
     err = capfd.readouterr().err
-    assert rc == 2 and "StableVideoDiffusionPipeline has no encode_prompt" in err and not _noise(err), err
+    assert rc == 2 and "DiTPipeline has no encode_prompt" in err and not _noise(err), err
     assert not (tmp_path / "o").exists()
 
 

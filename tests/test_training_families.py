@@ -156,7 +156,7 @@ def test_lora_step(name, tmp_path):
         assert torch.equal(tp.alphas_cumprod, _schedule(tp.pipe.scheduler))
     batch = example_batch(denoiser, 1)
     if name in ENCODE_FEEDS:
-        kept = {k: batch[k] for k in ("latents", "condition_latents") if k in batch}  # an I2V model's first frame
+        kept = {k: batch[k] for k in ("latents", "condition_latents", "image_embeds") if k in batch}  # an I2V first frame
         batch = {**kept, **tp.encode_prompt(PROMPTS, **_short_prompts(tp))}
     seen, handle = _capture_kwargs(denoiser)  # registered after the entry hook: sees what the denoiser gets
     try:
@@ -340,7 +340,8 @@ def _assert_svd_edm_inputs_match_the_scheduler(tp):
         sample = frames_first(x0 + sigma * noise)  # the pipeline's latents at this sigma
         scheduler._step_index = None
         want = scheduler.scale_model_input(sample, t)
-        batch = {"latents": x0, "noise": noise, "sigmas": sigma[None], "condition_latents": torch.randn(x0.shape)}
+        batch = {"latents": x0, "noise": noise, "sigmas": sigma[None], "condition_latents": torch.randn(x0.shape),
+                 "image_embeds": torch.randn(1, 1, unet.config.cross_attention_dim)}  # its first frame's CLIP embeds
         kwargs, target = noisy_inputs(row_of(unet), unet, batch, tp.objective, tp.alphas_cumprod,
                                       sigmas=tp.sigma_range)
         torch.testing.assert_close(kwargs["sample"][:, :, :4], want)  # image latents are concatenated after it

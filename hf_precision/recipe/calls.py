@@ -52,6 +52,12 @@ ROW_KEYS: dict[str, Any] = {
     "timestep_in_weights_dtype": BOOL, "reference": BOOL, "negate": BOOL, "clean_first_frame": BOOL,
     "condition": (_map, "a mapping pipeline class -> registered condition builder, e.g. "
                         "{StableDiffusionInpaintPipeline: inpaint_mask}"),
+    # how the pipeline's method takes the image: the PIL image a user gives __call__ (Wan, SVD), or the tensor in
+    # [-1, 1] __call__ preprocesses it to (FramePack: video_processor.preprocess, then encode_image)
+    "image_encode": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])
+                                    and x[1] in ("pil", "pixels")),
+                     "a mapping pipeline class -> [its image-encoding method, pil | pixels], e.g. "
+                     "{WanImageToVideoPipeline: [encode_image, pil]}"),
     "train_config": (lambda v: _map(v, lambda x: type(x) in (bool, int, float, str)),
                      "a mapping config key -> value, e.g. {force_inference_output: true}"),
     "optional": (lambda v: _map(v, lambda x: isinstance(x, list) and len(x) == 2 and _name(x[0])

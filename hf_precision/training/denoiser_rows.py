@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from . import inputs
+from . import image_embeds, inputs
+from .inputs.registry import config_value
 from .rules import TrainingError
 
 __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of",
@@ -61,6 +62,7 @@ class DenoiserRow:
     train_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     condition: Mapping[str, str] = dataclasses.field(default_factory=dict)
     clean_first_frame: bool = False
+    image_encode: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
@@ -222,6 +224,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                             f"model's first frame) and the batch has no 'condition_latents'; add what the pipeline "
                             f"builds from the sample: batch.update(tp.encode_condition(pixels, batch['latents'])) (zeros "
                             f"only where the pipeline itself gives zeros: condition dropout, its unconditional input)")
+    image_embeds.check_batch(row, module, batch)
     _train_config(row, module)
     drawn = {}
     if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
@@ -459,7 +462,7 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
 
     channels = _latent_channels(row, config)
     if latent is None:
-        latent = _fitted_latent(row, config, side, frames)
+        latent = inputs.registry.fitted_latent(row, config, side, frames)
     batch = {"latents": randn(batch_size, channels, *latent)}
     if condition_channels(row, module):  # a mask and masked image, a first frame: random stand-ins of their shape
         batch["condition_latents"] = randn(batch_size, condition_channels(row, module), *latent)
@@ -478,36 +481,11 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         if key in row.text_layers:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
             shape = (batch_size, max(config[row.text_layers[key]]) + 1, *shape[1:])
         batch[key] = randn(*shape)
+    width = image_embeds.image_width(row, module) if row.image_encode else None
+    if width and image_embeds.IMAGE_KEY not in batch:  # FramePack's optional SigLIP states: a stand-in token
+        batch[image_embeds.IMAGE_KEY] = randn(batch_size, 1, width)
     for key in row.cond:
         embeds = batch.get(key.replace("attention_mask", "embeds"))
         if key.startswith("prompt_attention_mask") and embeds is not None:
             batch[key] = torch.ones(batch_size, embeds.shape[1], dtype=torch.long, device=embeds.device)
     return batch
-
-
-def config_value(config: Mapping[str, Any], key: str) -> Any:
-    """A config value by a row's name for it: a key, or ``key[i]``, item ``i`` of a list (None where absent).
-
-    Example:
-        >>> config_value({"caption_channels": [4096, 2048]}, "caption_channels[1]"), config_value({}, "dim")
-        (2048, None)
-    """
-    name, _, index = key.partition("[")
-    value = config.get(name)
-    if index and isinstance(value, (list, tuple)):
-        i = int(index.rstrip("]"))
-        return value[i] if i < len(value) else None
-    return None if index else value
-
-
-def _fitted_latent(row: DenoiserRow, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:
-    if config.get("sample_frames") and config.get("temporal_compression_ratio"):
-        # CogVideoX 1.0 sizes its temporal position embedding from the config (cogvideox_transformer_3d.py)
-        frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1
-    if config.get("patch_size_t"):  # CogVideoX 1.5 patches frames in pairs: the pipeline pads latent frames to fit
-        frames = -(-frames // int(config["patch_size_t"])) * int(config["patch_size_t"])
-    height = width = side
-    if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
-        # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
-        height, width = int(config["sample_height"]), int(config["sample_width"])
-    return (frames, height, width) if row.layout in ("video", "frames_first", "channels_last") else (height, width)

@@ -14,7 +14,7 @@ from ..diagnose.steps import call_params
 from . import denoiser_rows
 from .rules import TrainingError
 
-__all__ = ["encode_condition", "encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
+__all__ = ["condition_key", "encode_condition", "encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
@@ -52,11 +52,13 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
 
 def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
                      generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    """``{"condition_latents": ...}``: the channels the denoiser takes beyond the noisy latents (an inpainting mask
-    and masked image, an image-to-video model's first frame), built from the training sample's own ``pixels`` as the
-    row's condition builder for this pipeline class builds them (recipes/denoisers.yaml ``condition``); ``latents``
-    are those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that
-    takes none. Raises naming the pipeline where its denoiser takes channels no builder makes.
+    """``{"condition_latents": ..., "image_embeds": ...}``: the channels the denoiser takes beyond the noisy latents
+    (an inpainting mask and masked image, an image-to-video model's first frame), built from the training sample's
+    own ``pixels`` as the row's condition builder for this pipeline class builds them (recipes/denoisers.yaml
+    ``condition``), and the image encoder's embedding of the conditioning frame where the denoiser takes one (the
+    pipeline's own method, the row's ``image_encode``: Wan 2.1 I2V, SVD; :mod:`.image_embeds`); ``latents`` are
+    those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that takes
+    neither. Raises naming the pipeline where its denoiser takes channels or an embedding nothing here makes.
 
     Example:
         >>> import hf_precision as hp
@@ -67,15 +69,39 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
         >>> tuple(cond.shape), sorted(set(cond[:, 0].flatten().tolist())) <= [0.0, 1.0]  # the mask, masked latents
         ((1, 5, 16, 16), True)
     """
+    from .image_embeds import encode_image_embeds
     from .inputs import CONDITIONS
 
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
-    if not denoiser_rows.condition_channels(row, module):
-        return {}
-    name = denoiser_rows.condition_of(row, module, tp.pipe)
-    with torch.no_grad():
-        return {"condition_latents": CONDITIONS[name](tp, pixels, latents, generator).float()}
+    out = {}
+    if denoiser_rows.condition_channels(row, module):
+        name = denoiser_rows.condition_of(row, module, tp.pipe)
+        with torch.no_grad():
+            out["condition_latents"] = CONDITIONS[name](tp, pixels, latents, generator).float()
+    return {**out, **encode_image_embeds(tp, pixels)}
+
+
+def condition_key(tp: Any) -> tuple[str, ...]:
+    """What :func:`encode_condition` makes for ``tp``'s denoiser under its pipeline, named: the condition builder
+    and the pipeline method that encodes the image embedding (``()`` where it makes nothing): a cache of encoded
+    samples keys on it, so another builder or method is another entry.
+
+    Example:
+        >>> import hf_precision as hp
+        >>> from hf_precision.testing import make_pipeline
+        >>> condition_key(hp.prepare_training(make_pipeline("svd"), device="cpu", train={"unet": "lora"}, rank=2))
+        ('condition', 'svd_image', 'image_embeds', '_encode_image', 'pil')
+    """
+    from .image_embeds import IMAGE_KEY, image_encode_of
+
+    module = tp._denoiser()
+    row = denoiser_rows.row_of(module, str(tp.denoiser_name))
+    made: tuple[str, ...] = ()
+    if denoiser_rows.condition_channels(row, module):
+        made = ("condition", denoiser_rows.condition_of(row, module, tp.pipe))
+    encoder = image_encode_of(row, module, tp.pipe)
+    return (*made, IMAGE_KEY, *encoder) if encoder else made
 
 
 def patch_normalised(latents: torch.Tensor, bn: torch.nn.BatchNorm2d, eps: float) -> torch.Tensor:

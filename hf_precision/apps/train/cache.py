@@ -93,14 +93,15 @@ def tp_device(tp: Any) -> Any:
 
 
 def offload_encoders(run: Any, device: Any, text: bool = True) -> None:
-    """Move the frozen VAE (and text encoders) to ``device``: off the accelerator once their outputs are cached."""
+    """Move the frozen VAE and image encoder (and text encoders) to ``device``: off the accelerator once their outputs
+    are cached (the image encoder's embedding of each first frame is cached with the latents)."""
     import torch
 
     if tp_device(run.tp).type == "cpu":
         return
     for name, module in run.tp.components.items():
         frozen = isinstance(module, torch.nn.Module) and not any(p.requires_grad for p in module.parameters())
-        if frozen and (name == "vae" or (text and name.startswith("text_encoder"))):
+        if frozen and (name in ("vae", "image_encoder") or (text and name.startswith("text_encoder"))):
             module.to(device)
 
 

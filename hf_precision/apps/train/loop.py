@@ -74,8 +74,8 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     latents = torch.cat([f["latents"] for f in found])
     # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
     # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
-    refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents")
-            if all(k in f for f in found)}
+    refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
+            "image_embeds") if all(k in f for f in found)}  # and an I2V model's image encoding of the first frame
     cond = None
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
@@ -91,16 +91,12 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
 
 def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
     """What a sample's cached latents depend on: its file (:func:`~.cache.sample_parts`) and, where the denoiser takes
-    conditioning channels, the builder that made them and the seed its mask or noise was drawn with: another
-    builder or seed is another conditioning, encoded again."""
-    from ...training.denoiser_rows import condition_channels, condition_of, row_of
+    conditioning channels or an image embedding, the builder or pipeline method that made them and the seed its mask
+    or noise was drawn with: another builder, method or seed is another conditioning, encoded again."""
+    from ...training.encode import condition_key
 
-    parts = sample_parts(run.data.samples[i])
-    module = run.tp._denoiser()
-    row = row_of(module)
-    if not condition_channels(row, module):
-        return parts
-    return (*parts, "condition", condition_of(row, module, run.tp.pipe), run.settings.seed)
+    made = condition_key(run.tp)
+    return (*sample_parts(run.data.samples[i]), *made, run.settings.seed) if made else sample_parts(run.data.samples[i])
 
 
 def _prompt_image(run: Run, i: int) -> Any:
@@ -127,7 +123,10 @@ def _prompt_image_used(run: Run, i: int) -> bool:
 def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
     """The conditioning of samples ``indices``: their captions in one call, or, where the prompt is encoded with
     each sample's reference, one call per sample (QwenImageEditPlusPipeline reads a list of images as pictures of
-    every prompt, not one per prompt), joined as the cache joins them."""
+    every prompt, not one per prompt), joined as the cache joins them; none where the pipeline has no encode_prompt
+    (SVD: its denoiser's conditioning is the first frame's image embedding, made with the latents)."""
+    if not hasattr(run.tp.pipe, "encode_prompt"):
+        return {}
     if not any(_prompt_image_used(run, i) for i in indices):
         return dict(run.tp.encode_prompt(run.data.captions(indices)))
     return _from_cache([_cacheable(run.tp.encode_prompt([run.data.samples[i].caption], image=_prompt_image(run, i)))

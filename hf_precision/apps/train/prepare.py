@@ -103,11 +103,12 @@ def _check_family(index: dict[str, Any]) -> None:
 
 def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse, from the denoiser's config, a pipeline whose denoiser takes channels beyond the latents (inpainting's
-    mask, an image-to-video model's first frame) that no condition builder of its row makes: the training step
-    would refuse it only after the weights had loaded."""
+    mask, an image-to-video model's first frame) that no condition builder of its row makes, or an image embedding
+    its row names no pipeline method for: the training step would refuse it only after the weights had loaded."""
     import diffusers
 
     from ...training.denoiser_rows import ROWS, condition_channels, condition_of
+    from ...training.image_embeds import image_encode_of
 
     pipeline = getattr(diffusers, str(index.get("_class_name")), None)
     for name, cls_name, has_row in _models(index):
@@ -116,11 +117,12 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
         row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
         # the denoiser as the training layer reads it, its config alone: named as its class in the message
         stand_in = type(cls_name, (), {"config": dict(configs.get(name) or {})})()
-        if condition_channels(row, stand_in):
-            try:
+        try:
+            if condition_channels(row, stand_in):
                 condition_of(row, stand_in, pipeline)
-            except RecipeError as err:  # the training layer's TrainingError, said as the program's
-                raise RecipeError(f"--model: {err}") from None
+            image_encode_of(row, stand_in, pipeline)  # an image embedding no listed method makes for this pipeline
+        except RecipeError as err:  # the training layer's TrainingError, said as the program's
+            raise RecipeError(f"--model: {err}") from None
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:
@@ -133,10 +135,12 @@ def _check_conditioning(index: dict[str, Any]) -> None:
         Traceback (most recent call last):
         ...
         hf_precision.errors.RecipeError: --model: HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides...
-        >>> _check_conditioning({"_class_name": "StableVideoDiffusionPipeline"})  # doctest: +ELLIPSIS
+        >>> _check_conditioning({"_class_name": "DiTPipeline", "transformer": ["diffusers", "DiTTransformer2DModel"]})
         Traceback (most recent call last):
         ...
-        hf_precision.errors.RecipeError: --model: StableVideoDiffusionPipeline has no encode_prompt...
+        hf_precision.errors.RecipeError: --model: DiTPipeline has no encode_prompt...
+        >>> _check_conditioning({"_class_name": "StableVideoDiffusionPipeline",  # the first frame's image embedding
+        ...                      "unet": ["diffusers", "UNetSpatioTemporalConditionModel"]})
     """
     import diffusers
 
@@ -153,12 +157,27 @@ def _check_conditioning(index: dict[str, Any]) -> None:
                               f"hf_precision.prepare_training(...) and give the conditioning in the batch "
                               f"(tp.loss(batch))")
         return
-    if cls is None:
+    if cls is None or _image_conditioned(index, cls):
         return
     raise RecipeError(f"--model: {name} has no encode_prompt: the training program conditions the denoiser on each "
                       f"caption through it, and {name} is conditioned otherwise (an input image or class labels); "
                       f"write your own loop with hf_precision.prepare_training(...) and give its conditioning in the "
                       f"batch (tp.loss(batch))")
+
+
+def _image_conditioned(index: dict[str, Any], pipeline: type) -> bool:
+    """Whether the pipeline's denoiser is conditioned on its input image's embedding alone (SVD): its row reads
+    nothing from ``encode_prompt`` and names the pipeline's image-encoding method, which the encode phase runs on each
+    sample's first frame; the captions are then unused."""
+    import diffusers
+
+    from ...training.denoiser_rows import ROWS
+
+    for _, cls_name, has_row in _models(index):
+        if has_row:
+            row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
+            return not row.encode and any(c.__name__ in row.image_encode for c in pipeline.__mro__)
+    return False
 
 
 def _check_latents(index: dict[str, Any]) -> None:

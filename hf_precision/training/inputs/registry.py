@@ -14,7 +14,7 @@ import torch
 from ...errors import RecipeError
 
 __all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
-           "pixel_size", "reference_latents"]
+           "pixel_size", "reference_latents", "config_value", "fitted_latent"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
@@ -183,3 +183,39 @@ def pixel_size(batch: Mapping[str, Any], x0: torch.Tensor) -> tuple[int, int]:
     """
     factor = int(batch.get("vae_scale_factor") or 8)
     return x0.shape[-2] * factor, x0.shape[-1] * factor
+
+
+def config_value(config: Mapping[str, Any], key: str) -> Any:
+    """A config value by a row's name for it: a key, or ``key[i]``, item ``i`` of a list (None where absent).
+
+    Example:
+        >>> config_value({"caption_channels": [4096, 2048]}, "caption_channels[1]"), config_value({}, "dim")
+        (2048, None)
+    """
+    name, _, index = key.partition("[")
+    value = config.get(name)
+    if index and isinstance(value, (list, tuple)):
+        i = int(index.rstrip("]"))
+        return value[i] if i < len(value) else None
+    return None if index else value
+
+
+def fitted_latent(row: Any, config: Mapping[str, Any], side: int, frames: int) -> tuple[int, ...]:
+    """The latents' (frames, height, width) or (height, width) an example batch takes for a denoiser config: ``side``
+    and ``frames``, fitted where the config fixes them (CogVideoX's learned positions, its frame pairs).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> fitted_latent(SimpleNamespace(layout="video"), {"patch_size_t": 2}, 8, 3)
+        (4, 8, 8)
+    """
+    if config.get("sample_frames") and config.get("temporal_compression_ratio"):
+        # CogVideoX 1.0 sizes its temporal position embedding from the config (cogvideox_transformer_3d.py)
+        frames = (int(config["sample_frames"]) - 1) // int(config["temporal_compression_ratio"]) + 1
+    if config.get("patch_size_t"):  # CogVideoX 1.5 patches frames in pairs: the pipeline pads latent frames to fit
+        frames = -(-frames // int(config["patch_size_t"])) * int(config["patch_size_t"])
+    height = width = side
+    if config.get("use_learned_positional_embeddings") and config.get("sample_height"):
+        # CogVideoX 5B I2V learned its position table for one latent size only (embeddings.py CogVideoXPatchEmbed)
+        height, width = int(config["sample_height"]), int(config["sample_width"])
+    return (frames, height, width) if row.layout in ("video", "frames_first", "channels_last") else (height, width)

@@ -1,0 +1,137 @@
+"""The image encoder's embedding of a training sample's conditioning frame, as its pipeline makes it at inference:
+Wan 2.1 I2V's CLIP vision ``hidden_states[-2]`` (``encoder_hidden_states_image``), SVD's CLIP image embeds (the
+UNet's ``encoder_hidden_states``), FramePack's SigLIP states. Which pipeline method encodes the image, and in which
+form it takes it, is row data (recipes/denoisers.yaml ``image_encode``: pipeline class -> [method, pil | pixels]);
+the method itself is the pipeline's own, so its image processor, resizing and hidden-state layer are the ones
+sampling uses. The conditioning frame is the clip's first frame (an image sample: the image), as the condition
+latents take it (:mod:`.inputs.wan_first_frame`, :mod:`.inputs.svd_image`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .inputs.registry import config_value
+from .rules import TrainingError
+
+__all__ = ["IMAGE_KEY", "check_batch", "image_width", "image_encode_of", "encode_image_embeds"]
+
+IMAGE_KEY = "image_embeds"  # the batch key (a row's cond or optional reads it)
+_FILLED = {"num_videos_per_prompt": 1, "num_images_per_prompt": 1, "do_classifier_free_guidance": False,
+           "batch_size": 1}
+
+
+def image_width(row: Any, module: Any) -> int | None:
+    """The width of the image embedding ``module`` takes (its config, by the row's ``text_dims`` or ``optional``
+    entry for ``image_embeds``), None where this configuration takes none (Wan 2.2 I2V, Wan T2V: image_dim null).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from hf_precision.training.denoiser_rows import ROWS
+        >>> row = ROWS["WanTransformer3DModel"]
+        >>> image_width(row, SimpleNamespace(config={"image_dim": 16})), image_width(row, SimpleNamespace(config={}))
+        (16, None)
+    """
+    key = row.text_dims.get(IMAGE_KEY) if IMAGE_KEY in row.cond else None
+    for batch_key, shape in row.optional.values():
+        if key is None and batch_key == IMAGE_KEY and shape.startswith("token@"):
+            key = shape.partition("@")[2]
+    value = config_value(getattr(module, "config", {}) or {}, key) if key else None
+    return int(value) if value else None
+
+
+def image_encode_of(row: Any, module: Any, pipe: Any) -> tuple[str, str] | None:
+    """The row's ``image_encode`` entry ([method, input]) for ``pipe`` (an instance or class, or a base class),
+    where the denoiser takes an image embedding; None where it takes none or the row has no such field. A denoiser
+    that takes one under a pipeline the row names no method for is refused: training it without its image tokens
+    (or on zeros) teaches it to ignore the image its pipeline gives.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from diffusers import WanImageToVideoPipeline
+        >>> from hf_precision.training.denoiser_rows import ROWS
+        >>> image_encode_of(ROWS["WanTransformer3DModel"], SimpleNamespace(config={"image_dim": 16}),
+        ...                 WanImageToVideoPipeline)
+        ('encode_image', 'pil')
+    """
+    if not row.image_encode or not image_width(row, module):
+        return None
+    cls = pipe if isinstance(pipe, type) else type(pipe)
+    for base in cls.__mro__ if pipe is not None else ():
+        if base.__name__ in row.image_encode:
+            method, form = row.image_encode[base.__name__]
+            return str(method), str(form)
+    name = type(getattr(module, "_orig_mod", module)).__name__
+    what = cls.__name__ if pipe is not None else "a pipeline prepared from a dict of components"
+    raise TrainingError(f"{what}: its denoiser ({name}) takes an image embedding ({IMAGE_KEY}), and the row names no "
+                        f"pipeline method that encodes the conditioning image for this pipeline (known: "
+                        f"{', '.join(sorted(row.image_encode))}); add [method, pil | pixels] for it to the row's "
+                        f"image_encode in a denoisers YAML file, or give batch['{IMAGE_KEY}'] yourself")
+
+
+def check_batch(row: Any, module: Any, batch: Any) -> None:
+    """Refuse a training batch without the image embedding the denoiser takes (its config has the width, its row an
+    ``image_encode``): without it Wan 2.1 I2V would train with no image tokens and SVD's UNet has no conditioning.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from hf_precision.training.denoiser_rows import ROWS
+        >>> check_batch(ROWS["WanTransformer3DModel"], SimpleNamespace(config={"image_dim": 16}), {})
+        Traceback (most recent call last):
+        ...
+        hf_precision.training.rules.TrainingError: tp.loss(batch): SimpleNamespace takes an image embedding of width 16 (image_embeds) and the batch has none; add the pipeline's encoding of the conditioning frame: batch.update(tp.encode_condition(pixels, batch['latents']))
+    """
+    width = image_width(row, module) if row.image_encode else None
+    if width and batch.get(IMAGE_KEY) is None:
+        name = type(getattr(module, "_orig_mod", module)).__name__
+        raise TrainingError(f"tp.loss(batch): {name} takes an image embedding of width {width} ({IMAGE_KEY}) and the "
+                            f"batch has none; add the pipeline's encoding of the conditioning frame: "
+                            f"batch.update(tp.encode_condition(pixels, batch['latents']))")
+
+
+def _as_input(frame: torch.Tensor, form: str) -> Any:
+    if form == "pixels":
+        return frame
+    from diffusers.image_processor import VaeImageProcessor
+
+    # the 8-bit image a user hands __call__, as the pipelines' own postprocess makes one from [-1, 1] pixels
+    return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy((frame.float() / 2 + 0.5).clamp(0, 1)))
+
+
+def encode_image_embeds(tp: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"image_embeds": ...}`` (batch-first, float32): the pipeline's own image-encoding method (the row's
+    ``image_encode``) run on the conditioning frame of ``pixels`` (in [-1, 1]; a clip's first frame), one
+    embedding per sample, without classifier-free guidance; ``{}`` where the denoiser takes none.
+
+    Example:
+        >>> import hf_precision as hp
+        >>> from hf_precision.testing import make_pipeline
+        >>> tp = hp.prepare_training(make_pipeline("svd"), device="cpu", train={"unet": "lora"}, rank=2)
+        >>> tuple(encode_image_embeds(tp, torch.rand(2, 3, 3, 32, 32) * 2 - 1)["image_embeds"].shape)
+        (2, 1, 8)
+    """
+    from ..diagnose.steps import call_params
+    from . import denoiser_rows
+    from .encode import _no_guidance, _required
+
+    module = tp._denoiser()
+    row = denoiser_rows.row_of(module, str(tp.denoiser_name))
+    entry = image_encode_of(row, module, tp.pipe)
+    if entry is None:
+        return {}
+    method, form = entry
+    params = call_params(tp.pipe, method)
+    frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
+    image = next((k for k in ("image", "images") if k in params), next((k for k in params if k != "self"), "image"))
+    kwargs = {image: _as_input(frame, form), "device": tp.device, **_FILLED}
+    kwargs = {k: v for k, v in kwargs.items() if k in params}
+    missing = _required(params, {**kwargs, "self": None})
+    if missing:
+        raise TrainingError(f"{type(tp.pipe).__name__}.{method} needs {', '.join(missing)} besides the image; name "
+                            f"another method in the row's image_encode, or give batch['{IMAGE_KEY}'] yourself")
+    with torch.no_grad(), _no_guidance(tp.pipe):
+        out = getattr(tp.pipe, method)(**kwargs)
+    out = out[0] if isinstance(out, (tuple, list)) else out  # Stable Cascade-like: (embeds, negative embeds)
+    return {IMAGE_KEY: out.float()}
