@@ -3,15 +3,14 @@ the denoiser's conditioning (the pipeline's own ``encode_prompt``, mapped by the
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 from ..diagnose.steps import call_params
 from . import denoiser_rows
+from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
 
 __all__ = ["condition_key", "encode_condition", "encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
@@ -79,7 +78,7 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
         name = denoiser_rows.condition_of(row, module, tp.pipe)
         with torch.no_grad():
             out["condition_latents"] = CONDITIONS[name](tp, pixels, latents, generator).float()
-    return {**out, **encode_image_embeds(tp, pixels)}
+    return {**out, **encode_image_embeds(tp, row, pixels)}
 
 
 def condition_key(tp: Any) -> tuple[str, ...]:
@@ -169,12 +168,6 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
     return raw.unflatten(0, (b, f)).transpose(1, 2) if folded else raw.squeeze(2) if one_frame else raw
 
 
-def _required(params: Any, given: Any) -> list[str]:
-    """The parameters of a signature that have no default and are not in ``given``."""
-    return [k for k, p in params.items() if k not in given and p.default is inspect.Parameter.empty
-            and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-
-
 def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
     """What a pipeline class's ``encode_prompt`` requires beyond the captions :func:`encode_prompt` gives it (the
     prompts, device and counts): HunyuanVideo I2V encodes its input image with the prompt. Read from the class, so
@@ -191,7 +184,7 @@ def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
     # as encode_prompt fills them: its own keys, prompt_2/prompt_3 (None: reuse prompt), Stable Cascade's batch_size
     given = {"prompt", "device", "do_classifier_free_guidance", "num_images_per_prompt", "num_videos_per_prompt",
              "batch_size", "self", *(k for k in params if k.startswith("prompt_"))}
-    return _required(params, given)
+    return required_params(params, given)
 
 
 def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
@@ -222,11 +215,11 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
                        and p.default is inspect.Parameter.empty})
         if "batch_size" in params and "batch_size" not in kwargs:  # Stable Cascade's encode_prompt requires it
             kwargs["batch_size"] = len(prompts)
-        missing = _required(params, kwargs)
+        missing = required_params(params, kwargs)
         if missing:  # HunyuanVideo I2V encodes the image with the prompt
             raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt needs {', '.join(missing)}; pass "
                                 f"{', '.join(f'{k}=...' for k in missing)} as the pipeline's __call__ would")
-        with torch.set_grad_enabled(grad), _no_guidance(pipe):
+        with torch.set_grad_enabled(grad), without_guidance(pipe):
             try:
                 out = _encoder(pipe, grad)(**kwargs)
             except NameError as err:  # pipeline_wan_i2v.py calls ftfy.fix_text without checking it is installed
@@ -247,17 +240,3 @@ def _encoder(pipe: Any, grad: bool) -> Any:
     if not grad or not hasattr(method, "__func__"):
         return method
     return inspect.unwrap(method.__func__).__get__(pipe)
-
-
-@contextlib.contextmanager
-def _no_guidance(pipe: Any) -> Iterator[None]:
-    # I2VGenXL's encode_prompt reads self.do_classifier_free_guidance, which reads _guidance_scale that only
-    # __call__ sets; training encodes without classifier-free guidance (scale 1)
-    if not isinstance(getattr(type(pipe), "do_classifier_free_guidance", None), property) or hasattr(pipe, "_guidance_scale"):
-        yield
-        return
-    pipe._guidance_scale = 1.0
-    try:
-        yield
-    finally:
-        del pipe._guidance_scale

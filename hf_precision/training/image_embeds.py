@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from .inputs.registry import config_value
+from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
 
 __all__ = ["IMAGE_KEY", "check_batch", "image_width", "image_encode_of", "encode_image_embeds"]
@@ -100,24 +101,23 @@ def _as_input(frame: torch.Tensor, form: str) -> Any:
     return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy((frame.float() / 2 + 0.5).clamp(0, 1)))
 
 
-def encode_image_embeds(tp: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``{"image_embeds": ...}`` (batch-first, float32): the pipeline's own image-encoding method (the row's
-    ``image_encode``) run on the conditioning frame of ``pixels`` (in [-1, 1]; a clip's first frame), one
+def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"image_embeds": ...}`` (batch-first, float32): the pipeline's own image-encoding method (``row``'s
+    ``image_encode``, the denoiser's row) run on the conditioning frame of ``pixels`` (in [-1, 1]; a clip's first frame), one
     embedding per sample, without classifier-free guidance; ``{}`` where the denoiser takes none.
 
     Example:
         >>> import hf_precision as hp
         >>> from hf_precision.testing import make_pipeline
+        >>> from hf_precision.training.denoiser_rows import ROWS
         >>> tp = hp.prepare_training(make_pipeline("svd"), device="cpu", train={"unet": "lora"}, rank=2)
-        >>> tuple(encode_image_embeds(tp, torch.rand(2, 3, 3, 32, 32) * 2 - 1)["image_embeds"].shape)
+        >>> row = ROWS["UNetSpatioTemporalConditionModel"]
+        >>> tuple(encode_image_embeds(tp, row, torch.rand(2, 3, 3, 32, 32) * 2 - 1)["image_embeds"].shape)
         (2, 1, 8)
     """
     from ..diagnose.steps import call_params
-    from . import denoiser_rows
-    from .encode import _no_guidance, _required
 
     module = tp._denoiser()
-    row = denoiser_rows.row_of(module, str(tp.denoiser_name))
     entry = image_encode_of(row, module, tp.pipe)
     if entry is None:
         return {}
@@ -127,11 +127,11 @@ def encode_image_embeds(tp: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor
     image = next((k for k in ("image", "images") if k in params), next((k for k in params if k != "self"), "image"))
     kwargs = {image: _as_input(frame, form), "device": tp.device, **_FILLED}
     kwargs = {k: v for k, v in kwargs.items() if k in params}
-    missing = _required(params, {**kwargs, "self": None})
+    missing = required_params(params, {**kwargs, "self": None})
     if missing:
         raise TrainingError(f"{type(tp.pipe).__name__}.{method} needs {', '.join(missing)} besides the image; name "
                             f"another method in the row's image_encode, or give batch['{IMAGE_KEY}'] yourself")
-    with torch.no_grad(), _no_guidance(tp.pipe):
+    with torch.no_grad(), without_guidance(tp.pipe):
         out = getattr(tp.pipe, method)(**kwargs)
     out = out[0] if isinstance(out, (tuple, list)) else out  # Stable Cascade-like: (embeds, negative embeds)
     return {IMAGE_KEY: out.float()}
