@@ -12,9 +12,9 @@ the families and by the classes of problem issue 34 found (items 1, 3, 4, 7 and 
 - wan, check with an nf4 T5: layers narrower than bitsandbytes' CPU block (item 4).
 - sd15, calibrate on t4: calibrate given a preset layout (item 3's ``calibrate --device t4`` class); a UNet.
 - sana, train --plan: AutoencoderDC returns ``.latent``, not ``.latent_dist`` (item 9).
-- svd, train --plan and train: a pipeline without ``encode_prompt``, which ``train`` must refuse before loading, and
-  ``train --plan`` with it (it printed a plan for the run ``train`` refuses; before that it crashed feeding clips whole
-  to the frame-wise VAE, item 9).
+- svd, train --plan and train: a pipeline without ``encode_prompt``, conditioned on its first frame's CLIP image
+  embedding (training/image_embeds.py); they run (``train`` refused it for lack of captions, and before that both
+  crashed feeding clips whole to the frame-wise VAE, item 9).
 - pixart, generate and train: no LoRA loader in diffusers (item 9: the save after training), caption cleaning that
   logs Beautiful Soup notices (item 9 noise), resolution binning without a table for the asked size.
 - ltx, check: an int ``patch_size`` and a flow-match scheduler (the real config's 1-step schedule is
@@ -69,8 +69,8 @@ CASES = {
     ("wan", "check-nf4", "cpu"): "PASS",
     ("sd15", "calibrate", "t4"): "PASS",
     ("sana", "train-plan", "cpu"): "PASS",
-    ("svd", "train-plan", "cpu"): "REFUSED",
-    ("svd", "train", "cpu"): "REFUSED",
+    ("svd", "train-plan", "cpu"): "PASS",
+    ("svd", "train", "cpu"): "PASS",
     ("pixart", "run+train", "cpu"): "PASS",
     ("ltx", "check", "cpu"): "PASS",
     ("sd_inpaint", "run+calibrate", "cpu"): "PASS",  # --image and --mask
