@@ -37,12 +37,17 @@ def judge(command: str, code, err: str, out: str, crash: str | None) -> tuple[st
         ('REFUSED', 'hf-precision plan: error: no such folder')
         >>> judge("plan", 0, "UserWarning: x\\n", "", None)
         ('FAIL', 'stderr not ours: UserWarning: x')
+        >>> judge("train", 2, "hf-precision train: error: 2 problems:\\n  - a.gif: 9 frames\\n  - b.gif: 9 frames\\n", "",
+        ...       None)  # several problems of one input, one per line (errors.RecipeError)
+        ('REFUSED', 'hf-precision train: error: 2 problems:')
     """
     name = command.split()[0]
     if crash:
         return "FAIL", f"traceback: {crash}"
     lines = [line for part in err.splitlines() for line in part.split("\r")]
-    foreign = [line for line in lines if not ours(line)]
+    # an error of ours listing several problems puts each on its own "  - " line under it (errors.RecipeError)
+    listed = any(line.startswith("hf-precision") and line.rstrip().endswith(" problems:") for line in lines)
+    foreign = [line for line in lines if not ours(line) and not (listed and line.startswith("  - "))]
     if foreign:
         return "FAIL", f"stderr not ours: {foreign[0].strip()[:200]}"
     errors = [line for line in lines if line.startswith("hf-precision")]
