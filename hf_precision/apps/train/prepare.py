@@ -68,9 +68,9 @@ def check_trainable(index: dict[str, Any], configs: Mapping[str, Mapping[str, An
         _check_condition_builder(index, configs)
 
 
-def _models(index: dict[str, Any]) -> list[tuple[str, str, bool]]:
-    """The diffusers models a model_index lists, schedulers aside: (component, class name, whether the training layer
-    has a denoiser row for it or a base class of it). Both family checks read this one classification."""
+def _models(index: dict[str, Any]) -> list[tuple[str, str, Any]]:
+    """The diffusers models a model_index lists, schedulers aside: (component, class name, the training layer's
+    denoiser row for it or a base class of it, else None). Every check here reads this one classification."""
     import diffusers
 
     from ...runtime.source import listed_components
@@ -82,7 +82,7 @@ def _models(index: dict[str, Any]) -> list[tuple[str, str, bool]]:
         if library != "diffusers" or (isinstance(cls, type) and not issubclass(cls, diffusers.ModelMixin)):
             continue
         mro = [c.__name__ for c in cls.__mro__] if isinstance(cls, type) else [str(cls_name)]
-        models.append((name, str(cls_name), any(n in ROWS for n in mro)))
+        models.append((name, str(cls_name), next((ROWS[n] for n in mro if n in ROWS), None)))
     return models
 
 
@@ -91,7 +91,7 @@ def _check_family(index: dict[str, Any]) -> None:
     from ...training.denoiser_rows import ROWS
 
     models = _models(index)
-    if any(denoiser for *_, denoiser in models):
+    if any(row is not None for *_, row in models):
         return  # the denoiser (unet, transformer, Cascade's prior or decoder) has a row
     shown = ", ".join(f"{name}: {cls}" for name, cls, _ in models) or "no diffusers model listed"
     raise RecipeError(f"--model: {index.get('_class_name')} has no denoiser with a training row ({shown}), so no "
@@ -107,14 +107,13 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
     its row names no pipeline method for: the training step would refuse it only after the weights had loaded."""
     import diffusers
 
-    from ...training.denoiser_rows import ROWS, condition_channels, condition_of
+    from ...training.denoiser_rows import condition_channels, condition_of
     from ...training.image_embeds import image_encode_of
 
     pipeline = getattr(diffusers, str(index.get("_class_name")), None)
-    for name, cls_name, has_row in _models(index):
-        if not has_row or not isinstance(pipeline, type):
+    for name, cls_name, row in _models(index):
+        if row is None or not isinstance(pipeline, type):
             continue
-        row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
         # the denoiser as the training layer reads it, its config alone: named as its class in the message
         stand_in = type(cls_name, (), {"config": dict(configs.get(name) or {})})()
         try:
@@ -169,13 +168,8 @@ def _image_conditioned(index: dict[str, Any], pipeline: type) -> bool:
     """Whether the pipeline's denoiser is conditioned on its input image's embedding alone (SVD): its row reads
     nothing from ``encode_prompt`` and names the pipeline's image-encoding method, which the encode phase runs on each
     sample's first frame; the captions are then unused."""
-    import diffusers
-
-    from ...training.denoiser_rows import ROWS
-
-    for _, cls_name, has_row in _models(index):
-        if has_row:
-            row = next(ROWS[c.__name__] for c in getattr(diffusers, cls_name).__mro__ if c.__name__ in ROWS)
+    for *_, row in _models(index):
+        if row is not None:
             return not row.encode and any(c.__name__ in row.image_encode for c in pipeline.__mro__)
     return False
 
@@ -199,8 +193,8 @@ def _check_latents(index: dict[str, Any]) -> None:
     if "vae" in listed_components(index):
         return
     models = _models(index)
-    encoders = [f"{name} ({cls})" for name, cls, denoiser in models if not denoiser]
-    denoisers = [f"{name} ({cls})" for name, cls, denoiser in models if denoiser]
+    encoders = [f"{name} ({cls})" for name, cls, row in models if row is None]
+    denoisers = [f"{name} ({cls})" for name, cls, row in models if row is not None]
     name = index.get("_class_name")
     where = (f"its latents come from {', '.join(encoders)}" if encoders else
              f"no model it lists encodes images into its latents (its denoiser {', '.join(denoisers) or '?'} works in "
