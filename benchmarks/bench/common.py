@@ -231,7 +231,7 @@ def judge_slope(samples: dict[int, list[float]], limit: float) -> dict[str, Any]
     xs = sorted(n for n, v in samples.items() if v)
     meds = [statistics.median(samples[n]) for n in xs]
     if len(xs) < 2 or min(meds) <= 0:
-        return {"pass": None, "slope": None, "noise": None, "why": "fewer than two counts with island hook time"}
+        return {"pass": None, "slope": None, "noise": None, "why": "fewer than two counts with a time"}
     lx, ly = [math.log(x) for x in xs], [math.log(y) for y in meds]
     mx, my = statistics.mean(lx), statistics.mean(ly)
     slope = sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)

@@ -55,6 +55,15 @@ def header(res: dict[str, Any]) -> list[str]:
     return L + [""]
 
 
+
+def _slope_row(label: str, sj: dict[str, Any] | None) -> list[list[str]]:
+    """A target row for a log-log slope judged against the spread of repeated calls (``judge_slope``)."""
+    if not sj or sj.get("slope") is None:
+        return []
+    noise = (f"noise ±{sj['noise']:.2f} (from a ±{sj['relative_noise'] * 100:.0f}% spread of repeated calls): "
+             if sj.get("noise") is not None else "")
+    return [[label, f"{sj['slope']:.2f}; {noise}{sj['why']}", f"≤ {LINEAR_SLOPE}", judged_verdict(sj)]]
+
 def targets(sec: dict[str, Any]) -> list[list[str]]:
     rows = []
     ld, rt, ap, fid = (sec.get(k, {}) for k in ("load", "runtime", "apply", "fidelity"))
@@ -79,19 +88,17 @@ def targets(sec: dict[str, Any]) -> list[list[str]]:
         rows.append([f"Islands: hooks over the floor, {isl['islands']} islands (paired)",
                      f"{fmt_stats(isl['overhead'], '%')}; {judged(isl.get('judged'))}", "≤ 1%",
                      judged_verdict(isl.get("judged"))])
-        sj = rt.get("scaling", {}).get("judged") or {}
-        if sj.get("slope") is not None:
-            noise = (f"noise ±{sj['noise']:.2f} (from a ±{sj['relative_noise'] * 100:.0f}% spread of repeated calls): "
-                     if sj.get("noise") is not None else "")
-            rows.append(["Islands: island hooks' own time linear in islands (log-log slope, every 4th / 2nd / all norms)",
-                         f"{sj['slope']:.2f}; {noise}{sj['why']}", f"≤ {LINEAR_SLOPE}", judged_verdict(sj)])
+        rows += _slope_row("Islands: island hooks' own time linear in islands (log-log slope, every 4th / 2nd / all "
+                           "norms)", rt.get("scaling", {}).get("judged"))
     if "rows" in ap:
         worst = max(r["ratio"]["median"] for r in ap["rows"])
         rows.append(["Apply: re-apply / first apply (every norm an island; worst size)", fmt(worst, "x", 2),
                      f"≤ {TARGETS['reapply_over_first']:.1f}x", verdict(ap["pass"])])
-        for key, label in (("fit_first", "first apply"), ("fit_reapply", "re-apply")):
-            fit = ap.get(key) or {}
-            if fit.get("loglog") is not None:
+        for key, label in (("first", "first apply"), ("reapply", "re-apply")):
+            if ap.get(f"judged_{key}") is not None:
+                rows += _slope_row(f"Apply: {label} linear in modules (log-log slope)", ap[f"judged_{key}"])
+            elif (ap.get(f"fit_{key}") or {}).get("loglog") is not None:  # a JSON written before slopes were judged
+                fit = ap[f"fit_{key}"]
                 rows.append([f"Apply: {label} linear in modules (log-log slope)", f"{fit['loglog']:.2f}",
                              f"≤ {LINEAR_SLOPE}", verdict(fit["loglog"] <= LINEAR_SLOPE)])
     if "models" in fid:

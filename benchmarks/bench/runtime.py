@@ -408,6 +408,9 @@ def bench_apply(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
             over_one, n_islands = all_norms_override(unet)
             over = [over_one]
             first_samples, again = [], []
+            if not rows:  # a first call pays one-time costs (recipe files read and cached), not the module walk
+                hp.apply_recipe(holder, "sdxl", device="cpu", layout=ctx["load_layout"], overrides=over,
+                                force=True).remove()
             for _ in range(ctx["apply_repeats"]):
                 # A fresh application each time: remove() leaves the module as it was (nothing cast on meta).
                 t0 = time.perf_counter()
@@ -425,7 +428,11 @@ def bench_apply(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
                          "ratio": stats([a / f for a, f in zip(again, first_samples)])})
             del unet, holder
     del te
+    # Judged against the spread of the repeated calls (judge_slope), as the islands' scaling is: on a busy machine
+    # the medians of three sizes alone moved the slope from -0.2 to 2.4 between runs of the same code.
     out = {"rows": rows, "fit_first": linear_fit([r["modules"] for r in rows], [r["first"]["median"] for r in rows]),
-           "fit_reapply": linear_fit([r["modules"] for r in rows], [r["reapply"]["median"] for r in rows])}
+           "fit_reapply": linear_fit([r["modules"] for r in rows], [r["reapply"]["median"] for r in rows]),
+           "judged_first": judge_slope({r["modules"]: r["first"]["samples"] for r in rows}, LINEAR_SLOPE),
+           "judged_reapply": judge_slope({r["modules"]: r["reapply"]["samples"] for r in rows}, LINEAR_SLOPE)}
     out["pass"] = all(r["ratio"]["median"] <= TARGETS["reapply_over_first"] for r in rows)
     return out
