@@ -237,3 +237,17 @@ def test_calibrate_takes_a_prompt_with_its_image_where_the_call_reads_both(saved
                          "--out", tmp_path / "x.yaml"], capsys)
     assert code == 2 and err.startswith("hf-precision calibrate: error: --prompt: StableVideoDiffusionPipeline takes "
                                         "no prompt"), err
+
+
+def test_a_call_that_needs_more_than_an_image_is_refused_for_all_of_it_at_once(saved_pipeline, monkeypatch, tmp_path,
+                                                                               capsys):
+    """Wan Animate's call needs an image and two clips: calibrate said "give --image FILE", and with --image it was
+    refused again for the clips no flag gives (the command sweep's leftover). One refusal names all three."""
+    import hf_precision.diagnose.calibration.method as method
+
+    monkeypatch.setattr(method, "open_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
+    code, _, err = _run(["calibrate", saved_pipeline("wan_animate"), "--device", "cpu", "--out", tmp_path / "x.yaml"],
+                        capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "WanAnimatePipeline needs image and pose_video and face_video for its runs" in err, err
+    assert "call={'prompt': ..., 'image': ..., 'pose_video': ..., 'face_video': ...}" in err, err

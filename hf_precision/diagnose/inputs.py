@@ -103,8 +103,9 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
     the call needs an input not given, is given one it does not take (naming the class of the same folder that takes
     it), a file cannot be read, ``strength`` is outside (0, 1], or ``steps`` x ``strength`` denoises no step
     (:func:`~hf_precision.diagnose.call.steps_problem`). ``others``: what the call needs beyond these (ControlNet's
-    ``control_image``), left to the caller's own message. ``required=False``: a missing input is no error (check
-    makes one up).
+    ``control_image``), left to the caller's own message; with the missing image or mask first when there are such
+    (Wan Animate: image, pose_video and face_video), so that one refusal names all a run needs. ``required=False``:
+    a missing input is no error (check makes one up).
 
     Example:
         >>> import json, tempfile
@@ -127,7 +128,9 @@ def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: f
     given = {"image": image, "mask_image": mask}
     if cls is not None:
         missing = [n for n in GIVEN if n in needed and given[n] is None and required]
-        if missing:
+        if missing and found.others:  # "give --image" would only meet the caller's refusal of the rest: it names all
+            found.others = [*missing, *found.others]
+        elif missing:
             what = " and ".join("an input image" if n == "image" else "a mask (white where it repaints)"
                                 for n in missing)
             flags = " ".join(f"{arg(GIVEN[n], 'FILE')}" for n in missing)
