@@ -249,5 +249,5 @@ def test_a_call_that_needs_more_than_an_image_is_refused_for_all_of_it_at_once(s
     code, _, err = _run(["calibrate", saved_pipeline("wan_animate"), "--device", "cpu", "--out", tmp_path / "x.yaml"],
                         capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert "WanAnimatePipeline needs image and pose_video and face_video for its runs" in err, err
+    assert "WanAnimatePipeline needs image, pose_video and face_video for its runs" in err, err
     assert "call={'prompt': ..., 'image': ..., 'pose_video': ..., 'face_video': ...}" in err, err

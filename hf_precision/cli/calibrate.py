@@ -86,7 +86,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     given = image_inputs(configs, image=args.image, mask=args.mask, strength=args.strength, steps=args.steps)
     if given.others:
         calls = ", ".join(f"{m!r}: ..." for m in given.others)
-        raise RecipeError(f"{args.model}: {given.pipeline} needs {' and '.join(given.others)} for its runs; "
+        needs = " and ".join([", ".join(given.others[:-1]), given.others[-1]] if len(given.others) > 1 else given.others)
+        raise RecipeError(f"{args.model}: {given.pipeline} needs {needs} for its runs; "
                           f"calibrate in Python: hp.calibrate(folder, layout, call={{'prompt': ..., {calls}}})")
     if args.prompt is not None and given.pipeline and "prompt" not in call_params(given.pipeline):
         raise RecipeError(f"--prompt: {given.pipeline} takes no prompt (its runs start from --image); drop --prompt")
