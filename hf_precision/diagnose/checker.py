@@ -152,23 +152,19 @@ class CheckReport:
                 out.append(f"  {info['type']}: {info['message']}")
                 out += _indent("not a dtype or device mismatch: run the call yourself for the traceback, or pass "
                                "your own: hf_precision.check(pipe, call=lambda pipe: pipe(...))")
-        if self.erased_islands:
-            out += ["", "erased float32 islands:"]
-            for e in self.erased_islands:
-                out.append(f"  {e.module}: {e.tensors} parameter tensors are {e.dtype}, the recipe keeps them float32")
-                out += _indent(f"fix: {fixed(e.fix)}")
-        if self.drift:
-            out += ["", "drift from the plan:"]
-            for d in self.drift:
-                out.append(f"  {d.component}: {d.tensors} parameter tensors are {'on ' if d.what == 'device' else ''}"
-                           f"{d.have}, the plan says {d.want}")
-                out += _indent(f"fix: {fixed(d.fix)}")
-        if self.mismatches:
-            out += ["", "mismatches (module: input vs its parameters):"]
-            for m in self.mismatches:
-                out.append(f"  {m.module}: {m.kind} {m.got} input, {m.expected} parameters ({m.calls} call"
-                           f"{'s' if m.calls != 1 else ''})")
-                out += _indent(f"fix: {fixed(m.fix)}")
+        # each finding: its line, then the fix that goes with it
+        for title, found, line in (
+                ("erased float32 islands:", self.erased_islands,
+                 lambda e: f"{e.module}: {e.tensors} parameter tensors are {e.dtype}, the recipe keeps them float32"),
+                ("drift from the plan:", self.drift,
+                 lambda d: f"{d.component}: {d.tensors} parameter tensors are {'on ' if d.what == 'device' else ''}"
+                           f"{d.have}, the plan says {d.want}"),
+                ("mismatches (module: input vs its parameters):", self.mismatches,
+                 lambda m: f"{m.module}: {m.kind} {m.got} input, {m.expected} parameters ({m.calls} call"
+                           f"{'s' if m.calls != 1 else ''})")):
+            out += ["", title] if found else []
+            for item in found:
+                out += [f"  {line(item)}", *_indent(f"fix: {fixed(item.fix)}")]
         if self.casts:
             out += ["", "casts (hooks that changed a dtype):"]
             width = max(len(c.module) for c in self.casts)

@@ -32,14 +32,14 @@ def task_class(pipeline: str, task: str) -> str | None:
         >>> task_class("DiTPipeline", "image2image") is None
         True
     """
-    from diffusers.pipelines import auto_pipeline as auto
+    import diffusers
 
-    mapping = {"image2image": auto.AUTO_IMAGE2IMAGE_PIPELINES_MAPPING, "inpaint": auto.AUTO_INPAINT_PIPELINES_MAPPING}
-    try:  # the family is found from any of its task classes, as AutoPipelineFor*.from_pipe finds it
-        found = auto._get_task_class(mapping[task], pipeline, throw_error_if_not_exist=False)
-    except Exception:  # noqa: BLE001 -- a private helper of diffusers: without it, no class is named
+    from ..runtime.arguments import concrete_class
+
+    try:  # the family is found from any of its task classes, as the AutoPipeline's from_pretrained finds it
+        return concrete_class(getattr(diffusers, AUTO[task]), "", {"_class_name": pipeline}, {}).__name__
+    except RecipeError:  # the family has no pipeline for the task
         return None
-    return found.__name__ if found is not None else None
 
 
 def open_image(path: str | Path, name: str = "image", mode: str = "RGB") -> Any:

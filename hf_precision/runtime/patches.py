@@ -82,17 +82,10 @@ def upcast_attention(module: torch.nn.Module) -> int:
                 # SDPA processors keep their own call (joint attention in SD3, AuraFlow, CogVideoX; rotary embeddings
                 # in Lumina2; 4D masks in HunyuanVideo's token refiner, which the classic processor cannot take),
                 # with the SDPA computed in fp32
-                processor.__class__ = _fp32_sdpa_class(type(processor))
+                processor.__class__ = processor_calling(type(processor), "_fp32_sdpa", torch.nn.functional,
+                                                        ("scaled_dot_product_attention",), _sdpa_wrap)
             count += 1
     return count
-
-
-def _fp32_sdpa_class(cls: type) -> type:
-    return processor_calling(cls, "_fp32_sdpa", torch.nn.functional, ("scaled_dot_product_attention",), _sdpa_wrap)
-
-
-def _sdpa_wrap(sdpa: Any) -> Any:
-    return functools.partial(_sdpa_in_fp32, sdpa)
 
 
 # (id(owner), name) -> [the function the patch replaced, the dispatcher set in its place, how many calls are inside]
@@ -183,6 +176,9 @@ def _sdpa_in_fp32(sdpa: Any, query: torch.Tensor, key: torch.Tensor, value: torc
     if isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point():
         attn_mask = attn_mask.float()
     return sdpa(query.float(), key.float(), value.float(), *args, attn_mask=attn_mask, **kwargs).to(query.dtype)
+
+
+_sdpa_wrap = functools.partial(functools.partial, _sdpa_in_fp32)  # one object: processor_calling caches on it
 
 
 def store_layerwise(module: torch.nn.Module, storage: torch.dtype, compute: torch.dtype, skip: list[str]) -> None:

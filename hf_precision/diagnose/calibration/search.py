@@ -173,14 +173,7 @@ class Islands:
         if grown and island:
             # An island's own output overflowed when cast back to the half dtype: take the next level up.
             island = ch.island_for(_parent(grown[0]))
-        if island == "":
-            self.whole.append(comp)
-            self.islands.pop(comp, None)
-            self.evidence.setdefault(comp, {})[""] = [Evidence(comp, "", name, "half run", math.inf, step, 1.0)]
-        else:
-            self.islands[comp] = ch.collapse([*self.islands.get(comp, []), island], self.slack)
-            self.evidence.setdefault(comp, {}).setdefault(island, []).append(
-                Evidence(comp, island, name, "half run", math.inf, step, 1.0))
+        self._keep(comp, island, [Evidence(comp, island, name, "half run", math.inf, step, 1.0)])
         return True
 
     def add_error(self, half: Recorder, after: RunError, floor: float) -> bool:
@@ -204,17 +197,22 @@ class Islands:
     def grow(self, comp: str, island: str) -> tuple[str, str]:
         """Replace ``island`` by the next enclosing module that fits (the whole component when none does): its input
         already carried the loss, so the module that produced that input goes inside too."""
-        ch = self.choosers[comp]
-        parent = ch.island_for(_parent(island))
+        parent = self.choosers[comp].island_for(_parent(island))
         ev = self.evidence.get(comp, {}).pop(island, [])
-        if not parent:
+        self._keep(comp, parent, ev, [parent if i == island else i for i in self.islands.get(comp, [])])
+        return comp, parent
+
+    def _keep(self, comp: str, island: str, evidence: list[Evidence], islands: list[str] | None = None) -> None:
+        """Keep ``island`` ('' = the whole component) in float32 with its evidence; ``islands``: the component's
+        islands with it in its place (default: the ones so far, then it)."""
+        if not island:
             self.whole.append(comp)
             self.islands.pop(comp, None)
-            self.evidence.setdefault(comp, {})[""] = ev
-            return comp, ""
-        self.islands[comp] = ch.collapse([parent if i == island else i for i in self.islands.get(comp, [])], self.slack)
-        self.evidence.setdefault(comp, {}).setdefault(parent, []).extend(ev)
-        return comp, parent
+            self.evidence.setdefault(comp, {})[""] = evidence
+            return
+        kept = islands if islands is not None else [*self.islands.get(comp, []), island]
+        self.islands[comp] = self.choosers[comp].collapse(kept, self.slack)
+        self.evidence.setdefault(comp, {}).setdefault(island, []).extend(evidence)
 
     def _worst(self, half: Recorder, floor: float) -> tuple[str, str] | None:
         kept = self.kept()
@@ -232,9 +230,8 @@ class Islands:
         island = self.choosers[comp].island_for(name)
         if not island:
             return None
-        self.islands[comp] = self.choosers[comp].collapse([*self.islands.get(comp, []), island], self.slack)
-        self.evidence.setdefault(comp, {}).setdefault(island, []).append(
-            Evidence(comp, island, name, "error", amp, half.stats[(comp, name)].out_step, out_rel))
+        step = half.stats[(comp, name)].out_step
+        self._keep(comp, island, [Evidence(comp, island, name, "error", amp, step, out_rel)])
         return comp, island
 
     def fallback(self, after: RunError, bound: float) -> RunError:
