@@ -80,6 +80,11 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
         raise RecipeError(f"{model}: {type(pipe).__name__} returns {type(result).__name__}, not images; generate "
                           f"writes the picture of a text-to-image pipeline: run its decoder pipeline on the output")
     picture = pictures[0]
+    asked = (width or picture.size[0], height or picture.size[1])
+    if say is not None and picture.size != asked:
+        # a pipeline that picks its own size (Kandinsky 5 Image snaps to its fixed list, pipeline_kandinsky_t2i.py:628-631)
+        say(f"note: {type(pipe).__name__} made a {picture.size[0]}x{picture.size[1]} picture, not the asked "
+            f"{asked[0]}x{asked[1]}: the pipeline chooses its output size itself")
     with written_atomically(out) as tmp:
         picture.save(tmp)
     return out
