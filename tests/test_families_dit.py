@@ -90,7 +90,9 @@ def _user_dtypes(family: str, folder) -> tuple[dict, torch.dtype]:
 # HunyuanImagePipeline does the same (pipeline_hunyuanimage.py:673-674, :713, :858).
 # Kandinsky 5 Image casts its latents and text states to the transformer's dtype and its latents to the VAE's
 # (pipeline_kandinsky_t2i.py:690, :729-733, :785)
-PLAIN_RUNS = {"sana", "zimage", "bria", "hunyuan_image", "kandinsky5_t2i"}
+# The HunyuanImage refiner casts its prompt embeddings and input to the transformer's dtype and the image and latents
+# to the VAE's (pipeline_hunyuanimage_refiner.py:575, :596, :653, :748).
+PLAIN_RUNS = {"sana", "zimage", "bria", "hunyuan_image", "kandinsky5_t2i", "hunyuan_image_refiner"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
