@@ -47,3 +47,21 @@ def test_train_is_refused_before_loading_in_one_line(plan, folder, tmp_path, cap
                                                "denoiser (HunyuanImageTransformer2DModel) takes 4 conditioning "
                                                "channels beyond the latents"), err
     assert not (tmp_path / "lora").exists()
+
+
+def test_its_vae_gets_a_recipe_of_its_own_not_the_composed_fallback(folder):
+    """Before the recipe, a composed one kept AutoencoderKLHunyuanImageRefiner in the first dtype a T4 picks, fp16,
+    with a 'no component recipe for vae' warning; the release runs it in bf16 (pipeline_hunyuanimage_refiner.py:50-52)
+    and no fp16 run is published, so without bf16 it is fp32."""
+    import warnings
+
+    import torch
+
+    import hf_precision as hp
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no component recipe.*")
+        pipe = hp.load_pipeline(str(folder), "cpu", layout="t4")
+    recipe = hp.applied(pipe).recipe
+    assert recipe.name == "hunyuan_image_refiner" and recipe["vae"].recipe == "hunyuan_image.refiner_vae"
+    assert recipe["vae"].compute == "float32" and pipe.vae.dtype == torch.float32
