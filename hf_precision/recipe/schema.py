@@ -365,6 +365,10 @@ def _check_requires(requires: Any, pipelines: Any, problems: Problems) -> None:
                                  f"{', '.join(listed) or 'none'}{did_you_mean(name, listed)}")
 
 
+def _plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
 def _check_recognise(recognise: Any, components: set[str], problems: Problems) -> None:
     if recognise is None:
         return
@@ -377,9 +381,9 @@ def _check_recognise(recognise: Any, components: set[str], problems: Problems) -
             problems.add(f"recognise.{comp}", f"unknown component {excerpt(comp)}; this recipe has "
                          f"{', '.join(sorted(components))}{did_you_mean(str(comp), components)}")
         elif not isinstance(values, dict) or not values or not all(
-                isinstance(v, (str, int, float, bool)) or v is None for v in values.values()):
+                _plain(v) or isinstance(v, list) and all(_plain(x) for x in v) for v in values.values()):
             problems.add(f"recognise.{comp}", f"expected {{config key: value}} with plain values (text, numbers, "
-                         f"true/false, null), got {excerpt(values)}; {example}")
+                         f"true/false, null, or a list of them), got {excerpt(values)}; {example}")
 
 
 def _check_measured_speed(entries: Any, problems: Problems) -> None:
