@@ -42,6 +42,8 @@ def group_id(value: Any) -> str:
 def output_array(out: Any) -> np.ndarray:
     """The images or frames of a pipeline output as one float array."""
     data = getattr(out, "images", None)
+    if data is None:  # Kandinsky 5 Image's output names its pictures `image`
+        data = getattr(out, "image", None)
     if data is None:
         data = out.frames
     if isinstance(data, torch.Tensor):

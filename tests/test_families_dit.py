@@ -15,7 +15,7 @@ import hf_precision as hp
 from hf_precision.recipe import recipe_for_class
 from hf_precision.runtime.source import CONFIGS_DIR
 from hf_precision.testing import PIPELINES, make_pipeline, save_pipeline, select
-from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes, group_id, same_load
+from checks import assert_finite, assert_plan_bytes, assert_plan_dtypes, group_id, output_array, same_load
 
 LAYOUTS = ["cpu", "t4", "a100", "m2-macos14"]  # this CPU's own rules, fp16 CUDA, bf16 CUDA, MPS with bf16
 HALF = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -88,7 +88,11 @@ def _user_dtypes(family: str, folder) -> tuple[dict, torch.dtype]:
 # ZImagePipeline (pipeline_z_image.py:458, :526, :592), and BriaPipeline, which encodes the prompt into the
 # transformer's dtype, takes the latents from it and decodes in vae.dtype (pipeline_bria.py:373, :613, :736-737).
 # HunyuanImagePipeline does the same (pipeline_hunyuanimage.py:673-674, :713, :858).
-PLAIN_RUNS = {"sana", "zimage", "bria", "hunyuan_image"}
+# Kandinsky 5 Image casts its latents and text states to the transformer's dtype and its latents to the VAE's
+# (pipeline_kandinsky_t2i.py:690, :729-733, :785)
+# The HunyuanImage refiner casts its prompt embeddings and input to the transformer's dtype and the image and latents
+# to the VAE's (pipeline_hunyuanimage_refiner.py:575, :596, :653, :748).
+PLAIN_RUNS = {"sana", "zimage", "bria", "hunyuan_image", "kandinsky5_t2i", "hunyuan_image_refiner"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -100,7 +104,7 @@ def test_user_dtype_dict_plain_diffusers_fails_hf_precision_runs(family, folders
     plain = DiffusionPipeline.from_pretrained(folder, dtype=dtypes)
     plain.set_progress_bar_config(disable=True)
     if family in PLAIN_RUNS:
-        assert np.isfinite(np.asarray(_run(plain, family).images)).all()
+        assert np.isfinite(output_array(_run(plain, family))).all()
     else:
         with pytest.raises(RuntimeError, match=r"dtype|type"):
             _run(plain, family)

@@ -185,3 +185,109 @@ def test_generate_refuses_a_missing_package_of_the_recipe_it_loads_with(tmp_path
     assert code == 2 and err.splitlines() == [
         "hf-precision generate: error: StableDiffusionXLPipeline cannot be built or run without no_such_module_hfp (w): "
         "pip install no-such; install it and run again"], err
+
+
+@pytest.fixture(scope="module")
+def cosmos_no_mask_folder(cosmos_folder, tmp_path_factory) -> Path:
+    """The Cosmos folder with its transformer's concat_padding_mask off: nothing in it calls torchvision."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("cosmos_no_mask") / "model"
+    shutil.copytree(cosmos_folder, folder)
+    config = folder / "transformer" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "concat_padding_mask": False}))
+    return folder
+
+
+@pytest.mark.parametrize("command", [["check", "{m}"], ["train", "--model", "{m}", "--data", "{m}", "--out", "out"]])
+def test_torchvision_is_asked_of_cosmos_only_where_its_config_concatenates_the_padding_mask(
+        command, cosmos_no_mask_folder, lacking, no_weights, tmp_path, capsys, monkeypatch):
+    """transformer_cosmos.py:734-736 resizes the padding mask with torchvision only under concat_padding_mask; a
+    folder with it off was told to install torchvision too (the row held for every folder)."""
+    from hf_precision.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    code = main([part.format(m=cosmos_no_mask_folder) for part in command])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("hf-precision")]
+    assert code == 2 and len(lines) == 1 and "without cosmos_guardrail" in lines[0], err
+    assert "torchvision" not in err, err
+
+
+def test_cosmos_plan_notes_only_what_its_configs_need(cosmos_folder, cosmos_no_mask_folder, lacking):
+    """The plan resolves with the folder's configs: its note and Recipe.requires drop the row the configs rule out."""
+    assert [r.module for r in hp.plan(str(cosmos_folder), device="t4").recipe.requires] == list(COSMOS)
+    plan = hp.plan(str(cosmos_no_mask_folder), device="t4")
+    assert [r.module for r in plan.recipe.requires] == ["cosmos_guardrail"]
+    assert "needs cosmos_guardrail, which" in plan.table() and "torchvision" not in plan.table()
+
+
+def test_a_config_value_of_another_type_does_not_rule_a_row_out():
+    """`unless: {transformer: {concat_padding_mask: false}}` is the boolean: a config's 0 or a missing key keeps it."""
+    from hf_precision.recipe.requires import requirements
+
+    data = yaml.safe_load((recipes_dir() / "cosmos.yaml").read_text())
+    kept = lambda configs: [r.module for r in requirements(data, configs)]
+    assert kept({"transformer": {"concat_padding_mask": False}}) == ["cosmos_guardrail"]
+    for configs in (None, {}, {"transformer": {}}, {"transformer": {"concat_padding_mask": 0}},
+                    {"transformer": {"concat_padding_mask": True}}):
+        assert kept(configs) == ["cosmos_guardrail", "torchvision"], configs
+
+
+@pytest.fixture(scope="module")
+def qwen_edit_folder(tmp_path_factory) -> Path:
+    """A Qwen-Image-Edit folder: the tiny Qwen-Image pipeline saved, its index naming the edit class and the
+    Qwen2VLProcessor the edit pipelines take (pipeline_qwenimage_edit.py:192), whose files cannot be written here."""
+    from hf_precision.testing import PIPELINES
+
+    folder = tmp_path_factory.mktemp("qwen_edit") / "model"
+    PIPELINES["qwenimage"].make().save_pretrained(folder)
+    index = json.loads((folder / "model_index.json").read_text())
+    index.update(_class_name="QwenImageEditPipeline", processor=["transformers", "Qwen2VLProcessor"])
+    (folder / "model_index.json").write_text(json.dumps(index))
+    return folder
+
+
+def test_qwen2vl_processor_needs_torchvision_in_transformers_5(tmp_path):
+    """The fact the qwenimage row rests on: transformers 5 falls back to Qwen2VLImageProcessorPil without torchvision,
+    but Qwen2VLProcessor also loads Qwen2VLVideoProcessor, which has no fallback (video_processing_auto.py:435)."""
+    import transformers
+
+    from hf_precision.testing.tokenizers import make_qwen2_tokenizer
+
+    make_qwen2_tokenizer().save_pretrained(tmp_path)
+    transformers.Qwen2VLImageProcessorPil().save_pretrained(tmp_path)
+    if importlib.util.find_spec("torchvision") is not None:  # with it, the processor builds: nothing to refuse
+        assert transformers.Qwen2VLProcessor.from_pretrained(tmp_path).video_processor is not None
+        return
+    with pytest.raises(ImportError, match="Qwen2VLVideoProcessor requires the Torchvision library"):
+        transformers.Qwen2VLProcessor.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("pipeline_class, refused", [("QwenImageEditPipeline", True),
+                                                     ("QwenImageEditPlusPipeline", True),
+                                                     ("QwenImagePipeline", False)])
+def test_qwen_image_edit_without_torchvision_is_refused_before_a_weight_is_read(
+        pipeline_class, refused, qwen_edit_folder, tmp_path, monkeypatch):
+    """QwenImageEditPipeline.from_pretrained reads the VAE's and the text encoder's weights before it loads the
+    processor, which then fails (transformers' ImportError, above); the refusal comes first. The text-to-image class
+    takes no processor and is not asked for torchvision."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.split(".")[0] == "torchvision" else real(name, *a, **k))
+    from hf_precision.recipe.requires import check_packages
+
+    if not refused:
+        assert check_packages(None, pipeline_class) is None
+        return
+    with pytest.raises(hp.RecipeError, match=f"^{pipeline_class} cannot be built or run without torchvision "
+                                             r"\(the pipeline's processor \(Qwen2VLProcessor\).* pip install "
+                                             "torchvision; install it and run again$"):
+        check_packages(None, pipeline_class)
+    if pipeline_class == "QwenImageEditPipeline":
+        import diffusers
+
+        monkeypatch.setattr(diffusers.ModelMixin, "from_pretrained",
+                            classmethod(lambda *_a, **_k: pytest.fail("weights read before the package check")))
+        with pytest.raises(hp.RecipeError, match="QwenImageEditPipeline cannot be built or run without torchvision"):
+            hp.load_pipeline(str(qwen_edit_folder), "cpu")

@@ -79,7 +79,7 @@ def test_extra_row_files_come_from_the_environment_too(tmp_path, monkeypatch):
      "x.components.c.hook: unknown component hook 'nope'; use one of ['controlnet_from_unet']"),
     ("x: {pipeline: DiTPipeline, recipe: dit, call: {}, base: dit, prepare: tile}",
      "x.prepare: unknown prepare hook 'tile'; use one of ['allegro_tiling', 'hidream_sample_size', "
-     "'hunyuan_image_lengths', 'hunyuan_video15_lengths']"),
+     "'hunyuan_image_lengths', 'hunyuan_video15_lengths', 'kandinsky5_t2i_resolutions']"),
     ("x: {pipeline: DiTPipeline, recipe: dit, call: {}, base: dit, components: {vae: {class: A, preset: vea}}}",
      "x.components.vae.preset: unknown preset 'vea'; use one of ["),
     ("x: {pipeline: DiTPipeline, recipe: dit, call: {}, base: ditt}", "x.base: unknown row 'ditt'; use one of ["),

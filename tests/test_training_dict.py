@@ -60,11 +60,13 @@ def test_a_dict_that_does_not_tell_the_recipes_apart_is_refused(tiny_pipe):
 
 
 def test_every_recipe_sharing_a_denoiser_class_is_told_apart_by_its_config():
-    """Recipes that plan the same denoiser class each say (``recognise:``) config values no other one holds."""
+    """Recipes that plan the same denoiser class each say (``recognise:``) config values no other one holds: the same
+    key of the same component (the denoiser, or another: Kandinsky 5 Video and Image by their VAEs), another value."""
     for (comp, cls), names in _denoiser_index().items():
         for a, b in itertools.combinations(names, 2):
-            ra, rb = recognised_by(a).get(comp, {}), recognised_by(b).get(comp, {})
-            assert any(k in rb and rb[k] != v for k, v in ra.items()), f"{a} and {b} both plan {comp}: {cls}"
+            ra, rb = recognised_by(a), recognised_by(b)
+            assert any(k in rb.get(c, {}) and rb[c][k] != v for c in ra for k, v in ra[c].items()), \
+                f"{a} and {b} both plan {comp}: {cls}"
 
 
 def test_recipe_argument_is_checked(tiny_pipe):

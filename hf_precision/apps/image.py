@@ -75,13 +75,33 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
     call = _call_kwargs(model, pipe, inputs.kwargs, prompt=prompt, steps=steps, size=(height, width),
                         guidance=guidance, negative_prompt=negative_prompt)
     result = pipe(**quiet_call(pipe, call), generator=torch.Generator("cpu").manual_seed(seed))
-    if getattr(result, "images", None) is None:  # a prior (Stable Cascade's) returns embeddings for another pipeline
+    pictures = output_pictures(result)
+    if pictures is None:  # a prior (Stable Cascade's) returns embeddings for another pipeline
         raise RecipeError(f"{model}: {type(pipe).__name__} returns {type(result).__name__}, not images; generate "
                           f"writes the picture of a text-to-image pipeline: run its decoder pipeline on the output")
-    picture = result.images[0]
+    picture = pictures[0]
+    asked = (width or picture.size[0], height or picture.size[1])
+    if say is not None and picture.size != asked:
+        # a pipeline that picks its own size (Kandinsky 5 Image snaps to its fixed list, pipeline_kandinsky_t2i.py:628-631)
+        say(f"note: {type(pipe).__name__} made a {picture.size[0]}x{picture.size[1]} picture, not the asked "
+            f"{asked[0]}x{asked[1]}: the pipeline chooses its output size itself")
     with written_atomically(out) as tmp:
         picture.save(tmp)
     return out
+
+
+def output_pictures(result: Any) -> Any:
+    """The pictures of a text-to-image pipeline's output: ``images``, or ``image`` where the output class names it so
+    (Kandinsky 5 Image's KandinskyImagePipelineOutput, diffusers v0.42.1 pipelines/kandinsky5/pipeline_output.py);
+    None for an output without pictures (a prior's embeddings).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> output_pictures(SimpleNamespace(image=[1])), output_pictures(SimpleNamespace(image_embeds=[1]))
+        ([1], None)
+    """
+    pictures = getattr(result, "images", None)
+    return pictures if pictures is not None else getattr(result, "image", None)
 
 
 def _inputs_before_loading(model: str, base: str | None, steps: int, size: tuple[int | None, int | None],

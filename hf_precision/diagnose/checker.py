@@ -344,7 +344,7 @@ def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport
 def _finite(output: Any) -> bool:
     import numpy as np
 
-    for attr in ("images", "frames"):
+    for attr in ("images", "image", "frames"):  # `image`: Kandinsky 5 Image's KandinskyImagePipelineOutput
         value = getattr(output, attr, None)
         if isinstance(value, np.ndarray) and value.dtype.kind == "f" and not np.isfinite(value).all():
             return False

@@ -89,7 +89,8 @@ class ComponentPolicy:
 
 class Requirement(NamedTuple):
     """One ``requires:`` row of a pipeline recipe: the module to find, how to install it, why the pipeline needs it,
-    and the pipeline classes it holds for (empty: every class of the recipe). Checked by
+    the pipeline classes it holds for (empty: every class of the recipe), and the config values that make it
+    unneeded (``unless``; empty: always needed). Checked by
     :func:`hf_precision.recipe.requires.check_packages`.
 
     Example:
@@ -101,6 +102,8 @@ class Requirement(NamedTuple):
     install: str
     why: str
     pipelines: tuple[str, ...] = ()
+    # (component, config key, value) each: a folder whose configs hold all of them does not need the package
+    unless: tuple[tuple[str, str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,34 +16,66 @@ from .model import Requirement
 __all__ = ["Requirement", "requirements", "missing_packages", "check_packages", "loading_note"]
 
 
-def requirements(data: Mapping[str, Any]) -> tuple[Requirement, ...]:
-    """The ``requires:`` rows of a recipe's data (already checked by the schema), as :class:`Requirement` values.
+def requirements(data: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]] | None = None
+                 ) -> tuple[Requirement, ...]:
+    """The ``requires:`` rows of a recipe's data (already checked by the schema), as :class:`Requirement` values;
+    with a folder's ``configs`` (component -> its config.json dict), without the rows its configs make unneeded
+    (``unless``: every value it names is the folder's). Without configs every row stays: a missing key is not
+    taken for the value ``unless`` names, since the class's default may be the other one.
 
     Example:
         >>> requirements({"requires": [{"module": "x", "install": "pip install x", "why": "w", "pipelines": ["P"]}]})
-        (Requirement(module='x', install='pip install x', why='w', pipelines=('P',)),)
+        (Requirement(module='x', install='pip install x', why='w', pipelines=('P',), unless=()),)
+        >>> row = {"module": "x", "install": "i", "why": "w", "unless": {"transformer": {"mask": False}}}
+        >>> [len(requirements({"requires": [row]}, c)) for c in (None, {"transformer": {"mask": False}},
+        ...                                                        {"transformer": {"mask": True}}, {"transformer": {}})]
+        [1, 0, 1, 1]
     """
-    return tuple(Requirement(str(row["module"]), str(row["install"]), " ".join(str(row["why"]).split()),
-                             tuple(row.get("pipelines") or ())) for row in data.get("requires") or ())
+    rows = tuple(Requirement(str(row["module"]), str(row["install"]), " ".join(str(row["why"]).split()),
+                             tuple(row.get("pipelines") or ()),
+                             tuple((str(c), str(k), v) for c, values in (row.get("unless") or {}).items()
+                                   for k, v in values.items()))
+                 for row in data.get("requires") or ())
+    return tuple(r for r in rows if not unneeded(r, configs))
 
 
-def _rows(recipe: Any) -> Iterable[Requirement]:
-    """The requirements of a resolved Recipe, a recipe's data, a recipe name or file, or None (nothing)."""
+def unneeded(row: Requirement, configs: Mapping[str, Mapping[str, Any]] | None) -> bool:
+    """Whether a folder's ``configs`` make ``row`` unneeded: it has ``unless`` values and the configs hold them all.
+
+    Example:
+        >>> unneeded(Requirement("x", "i", "w", (), (("transformer", "mask", False),)), {"transformer": {"mask": False}})
+        True
+    """
+    if not row.unless or configs is None:
+        return False
+    missing = object()
+
+    def holds(component: str, key: str, value: Any) -> bool:
+        found = (configs.get(component) or {}).get(key, missing)
+        return type(found) is type(value) and found == value  # the type too: a config's 0 is not `false`
+
+    return all(holds(*item) for item in row.unless)
+
+
+def _rows(recipe: Any, configs: Mapping[str, Mapping[str, Any]] | None = None) -> Iterable[Requirement]:
+    """The requirements of a resolved Recipe, a recipe's data, a recipe name or file, or None (nothing), less those
+    the folder's ``configs`` make unneeded."""
     if recipe is None:
         return ()
     if isinstance(recipe, Mapping):
-        return requirements(recipe)
+        return requirements(recipe, configs)
     if isinstance(recipe, str):
         from .catalog import pipeline_file
 
-        return requirements(pipeline_file(recipe)[1])
-    return getattr(recipe, "requires", ())
+        return requirements(pipeline_file(recipe)[1], configs)
+    return [r for r in getattr(recipe, "requires", ()) if not unneeded(r, configs)]
 
 
-def missing_packages(recipe: Any, pipeline: str | None) -> list[Requirement]:
-    """What a recipe ``requires:`` for ``pipeline`` (every row when None) that cannot be imported here. ``recipe``: a
-    resolved :class:`~hf_precision.recipe.model.Recipe`, a recipe's data, or a recipe name or file. Only looked up
-    (``importlib.util.find_spec``), never imported.
+def missing_packages(recipe: Any, pipeline: str | None,
+                     configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Requirement]:
+    """What a recipe ``requires:`` for ``pipeline`` (every row when None) that cannot be imported here, less what the
+    folder's ``configs`` make unneeded. ``recipe``: a resolved :class:`~hf_precision.recipe.model.Recipe`, a recipe's
+    data, or a recipe name or file. Only looked up (``importlib.util.find_spec``), never imported.
 
     Example:
         >>> [r.module for r in missing_packages(
@@ -54,7 +86,7 @@ def missing_packages(recipe: Any, pipeline: str | None) -> list[Requirement]:
     import importlib.util
 
     missing = []
-    for row in _rows(recipe):
+    for row in _rows(recipe, configs):
         if pipeline is not None and row.pipelines and pipeline not in row.pipelines:
             continue
         try:
@@ -75,11 +107,13 @@ def _shipped(recipe: Any, pipeline_class: str) -> Any:
     return recipe_classes().get(pipeline_class)
 
 
-def check_packages(recipe: Any, pipeline_class: str | None) -> None:
+def check_packages(recipe: Any, pipeline_class: str | None,
+                   configs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Refuse, before any weight is read, a pipeline whose recipe ``requires:`` a package that cannot be imported
     here: one error naming each one, why the pipeline needs it and how to install it. ``recipe``: the resolved
     :class:`~hf_precision.recipe.model.Recipe` about to be loaded, a recipe's data, name or file, or None: the
-    shipped recipe that lists the class, if any. The loader (``load_pipeline``) and the training program call it;
+    shipped recipe that lists the class, if any; ``configs``: the folder's (component -> config.json dict), which
+    can make a row unneeded (``unless``). The loader (``load_pipeline``) and the training program call it;
     planning does not (:func:`loading_note`).
 
     Example:
@@ -88,7 +122,7 @@ def check_packages(recipe: Any, pipeline_class: str | None) -> None:
     """
     if not pipeline_class:
         return
-    missing = missing_packages(_shipped(recipe, str(pipeline_class)), str(pipeline_class))
+    missing = missing_packages(_shipped(recipe, str(pipeline_class)), str(pipeline_class), configs)
     if missing:
         needs = "; and ".join(f"{r.module} ({r.why}): {r.install}" for r in missing)
         raise RecipeError(f"{pipeline_class} cannot be built or run without {needs}; install "

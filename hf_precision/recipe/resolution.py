@@ -166,7 +166,7 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     return Recipe(name=name, schema=int(data.get("schema", 1)), model=data.get("model"),
                   pipelines=tuple(data.get("pipelines") or ()), latents_from=latents_from, device=caps.profile,
                   device_tags=caps.tags, policies=tuple(dataclasses.replace(p, resolved_for=label) for p in final),
-                  sources=tuple(sources), denoiser=data.get("denoiser"), requires=requirements(data))
+                  sources=tuple(sources), denoiser=data.get("denoiser"), requires=requirements(data, configs))
 
 
 def _why_device(caps: DeviceCaps, dtype: str) -> str:

@@ -38,7 +38,8 @@ PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denois
                  "training", "recognise", "video", "requires"}
 # `requires:` the packages the pipeline cannot be built or run without, which diffusers does not depend on (Cosmos'
 # safety checker): each {module: the name to import, install: the command, why: where the pipeline needs it,
-# pipelines: the classes it holds for, default all}. Refused before any weight loads: hf_precision.recipe.requires.
+# pipelines: the classes it holds for, default all; unless: {component: {config key: value}}, the folder configs
+# that make it unneeded, as `recognise:` writes them}. Refused before any weight loads: hf_precision.recipe.requires.
 REQUIRES_KEYS: dict[str, Any] = {
     "module": (lambda v: isinstance(v, str) and all(p.isidentifier() for p in v.split(".")),
                "the module to import, e.g. cosmos_guardrail"),
@@ -47,6 +48,9 @@ REQUIRES_KEYS: dict[str, Any] = {
     "why": (lambda v: isinstance(v, str) and bool(v.strip()), "where the pipeline needs it, with the file and line"),
     "pipelines": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                   "a list of the recipe's pipeline classes it holds for"),
+    "unless": (lambda v: isinstance(v, dict) and bool(v) and all(
+        isinstance(c, dict) and bool(c) and all(isinstance(x, (str, int, float, bool)) or x is None for x in c.values())
+        for c in v.values()), "component -> {config key: plain value}, e.g. {transformer: {concat_padding_mask: false}}"),
 }
 
 
@@ -361,6 +365,10 @@ def _check_requires(requires: Any, pipelines: Any, problems: Problems) -> None:
                                  f"{', '.join(listed) or 'none'}{did_you_mean(name, listed)}")
 
 
+def _plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool)) or value is None
+
+
 def _check_recognise(recognise: Any, components: set[str], problems: Problems) -> None:
     if recognise is None:
         return
@@ -373,9 +381,9 @@ def _check_recognise(recognise: Any, components: set[str], problems: Problems) -
             problems.add(f"recognise.{comp}", f"unknown component {excerpt(comp)}; this recipe has "
                          f"{', '.join(sorted(components))}{did_you_mean(str(comp), components)}")
         elif not isinstance(values, dict) or not values or not all(
-                isinstance(v, (str, int, float, bool)) or v is None for v in values.values()):
+                _plain(v) or isinstance(v, list) and all(_plain(x) for x in v) for v in values.values()):
             problems.add(f"recognise.{comp}", f"expected {{config key: value}} with plain values (text, numbers, "
-                         f"true/false, null), got {excerpt(values)}; {example}")
+                         f"true/false, null, or a list of them), got {excerpt(values)}; {example}")
 
 
 def _check_measured_speed(entries: Any, problems: Problems) -> None:

@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen2_vl_chat', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'kandinsky5_t2i_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen2_vl_chat', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -209,3 +209,24 @@ def _qwen2_vl_chat() -> Any:
                          "{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
                          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     return tok
+
+
+@register("tokenizer", "kandinsky5_t2i_qwen")
+def _kandinsky5_t2i_qwen() -> Any:
+    # Kandinsky 5 Image cuts the Qwen2.5-VL states of its own ~40-token system template at token 40 (diffusers v0.42.1
+    # pipelines/kandinsky5/pipeline_kandinsky_t2i.py:178-179, :240): as for the video model's template (above), merges
+    # for that template's words put its cut inside the template's last line, as Qwen's own tokenizer does.
+    import inspect
+
+    from diffusers import Kandinsky5T2IPipeline
+
+    return tokenizers.make_qwen2_words_tokenizer(inspect.getsource(Kandinsky5T2IPipeline.__init__))
+
+
+@register("prepare", "kandinsky5_t2i_resolutions")
+def _kandinsky5_t2i_resolutions(pipe: Any) -> None:
+    # Kandinsky5T2IPipeline makes only the sizes in `resolutions`, set in __init__ (pipeline_kandinsky_t2i.py:183), and
+    # snaps any other to the one of closest aspect ratio (:628-631): 1024x1024 for a square, 4096 image tokens. The
+    # tiny call's 32x32 is added to that list, as diffusers' own test does (pipe.resolutions = [(64, 64)]); the folder
+    # does not keep it, so the commands run the real list.
+    pipe.resolutions = [(32, 32), *pipe.resolutions]

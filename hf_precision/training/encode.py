@@ -36,6 +36,12 @@ def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
     return (x - float(config.get("shift_factor") or 0.0)) * float(config.get("scaling_factor") or 1.0)
 
 
+# Pipelines that scale their VAE latents without the config's shift_factor: every Kandinsky 5 pipeline divides by
+# scaling_factor alone before decoding (diffusers v0.42.1 pipelines/kandinsky5/pipeline_kandinsky_t2i.py:804,
+# pipeline_kandinsky_i2i.py:543 and :850), though a Flux-style AutoencoderKL config has a shift_factor.
+SCALE_ONLY = frozenset({"Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline"})
+
+
 def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | None = None,
                   mode: bool = False) -> torch.Tensor:
     vae = tp.components.get("vae")
@@ -46,7 +52,10 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
     bn = getattr(vae, "bn", None)
     if isinstance(bn, torch.nn.BatchNorm2d) and bn.running_mean is not None:
         return patch_normalised(raw.float(), bn, float(vae.config.get("batch_norm_eps", bn.eps)))
-    return normalise_latents(raw, vae.config)
+    config = dict(vae.config)
+    if type(getattr(tp, "pipe", None)).__name__ in SCALE_ONLY:
+        config.pop("shift_factor", None)
+    return normalise_latents(raw, config)
 
 
 def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,

@@ -256,9 +256,10 @@ def prepare_run(s: TrainSettings) -> Run:
     where, index, folder = locate(configs_source(s.model, s.base))
     from ...recipe.requires import check_packages
 
-    # what the pipeline cannot be built or run without (recipe `requires:`) comes first; `train --plan` needs none
-    check_packages(None, str(index.get("_class_name")))
     configs = component_configs(where, index, folder)
+    # what the pipeline cannot be built or run without (recipe `requires:`, less what its configs make unneeded) comes
+    # first; `train --plan` needs none
+    check_packages(None, str(index.get("_class_name")), configs)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
     s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)
     if geometry.video and s.frames is None:

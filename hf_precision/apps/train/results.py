@@ -92,7 +92,9 @@ def validate(run: Any, step: int) -> Path | None:
         import numpy as np
         from PIL import Image
 
-        image = Image.fromarray((np.clip(out.images[0], 0, 1) * 255).round().astype("uint8"))
+        from ..image import output_pictures
+
+        image = Image.fromarray((np.clip(output_pictures(out)[0], 0, 1) * 255).round().astype("uint8"))
         target = folder / f"step-{step:06d}.png"
         with written_atomically(target) as tmp:
             image.save(tmp, format="PNG")

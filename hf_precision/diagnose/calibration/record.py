@@ -207,7 +207,7 @@ def output_array(out: Any) -> Any:
     import numpy as np
 
     value = None
-    for attr in ("images", "frames", "videos", "audios"):
+    for attr in ("images", "image", "frames", "videos", "audios"):  # `image`: KandinskyImagePipelineOutput
         value = getattr(out, attr, None)
         if value is not None:
             break

@@ -23,7 +23,10 @@ def _kandinsky5_rope(row: Any, module: Any, batch: Mapping[str, Any], x0: torch.
     # the pipeline counts pixels: latents x its VAE's spatial factor (the batch's vae_scale_factor; 8 on the meta plan)
     factor = int(batch.get("vae_scale_factor") or 8)
     in_480p = all(480 <= n * factor <= 854 for n in (height, width))
+    # Kandinsky 5 Image (a 2D VAE: 4D latents before the layout's frame axis) passes no scale: [1.0, 1.0, 1.0]
+    # (pipeline_kandinsky_t2i.py:711-712); the video pipelines scale by the size above
+    scale = (1.0, 1.0, 1.0) if batch["latents"].dim() == 4 else (1, 2, 2) if in_480p else (1, 3.16, 3.16)
     return {"visual_rope_pos": [torch.arange(frames, device=dev), torch.arange(height // ph, device=dev),
                                 torch.arange(width // pw, device=dev)],
             "text_rope_pos": torch.arange(tokens, device=dev),
-            "scale_factor": (1, 2, 2) if in_480p else (1, 3.16, 3.16), "sparse_params": None}
+            "scale_factor": scale, "sparse_params": None}

@@ -125,6 +125,8 @@ def model_layout(row: Any, x: torch.Tensor) -> torch.Tensor:
     if row.layout == "frames_first":
         return x.transpose(1, 2)  # the VAE gives (B,C,F,H,W); CogVideoX and SVD take (B,F,C,H,W)
     if row.layout == "channels_last":
+        if x.dim() == 4:  # Kandinsky 5 Image's 2D VAE: one latent frame (pipeline_kandinsky_t2i.py:500-506)
+            x = x.unsqueeze(2)
         return x.permute(0, 2, 3, 4, 1)  # Kandinsky 5 takes (B,F,H,W,C) (pipeline_kandinsky.py prepare_latents)
     return x
 

@@ -1,0 +1,67 @@
+"""HunyuanImage 2.1 Refiner (HunyuanImageRefinerPipeline, recipe hunyuan_image_refiner): the HunyuanImage DiT on one
+latent frame of its own 3D VAE, taking the noised input image's latents beside the latents. Its generic tests
+(tests/test_families_dit.py) run it under every layout and beside plain diffusers; here what the commands do with
+it: check and generate run it from its folder, and train / train --plan refuse it before loading, in one line,
+because no condition builder makes the image channels its transformer takes (pipeline_hunyuanimage_refiner.py
+prepare_latents, :372-375), and zeros there would teach it to ignore the image."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_precision.testing.parts import example_image
+
+
+@pytest.fixture(scope="module")
+def folder(saved_pipeline):
+    return saved_pipeline("hunyuan_image_refiner")
+
+
+def test_check_and_generate_run_it_from_its_folder(folder, tmp_path, capsys, monkeypatch):
+    from hf_precision.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    example_image(32, seed=3).save(tmp_path / "in.png")
+    assert main(["check", str(folder), "--device", "cpu"]) == 0
+    assert main(["generate", str(folder), "--prompt", "a cat", "--image", "in.png", "--steps", "2", "--height", "32",
+                 "--width", "32", "--device", "cpu", "--out", "g.png"]) == 0
+    out, err = capsys.readouterr()
+    assert "check HunyuanImageRefinerPipeline, recipe hunyuan_image_refiner" in out and "wrote g.png" in out, out
+    assert "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("plan", [True, False])
+def test_train_is_refused_before_loading_in_one_line(plan, folder, tmp_path, capsys, monkeypatch):
+    from hf_precision.cli import main
+
+    data = tmp_path / "data"
+    data.mkdir()
+    example_image(32, seed=1).save(data / "a.png")
+    (data / "a.txt").write_text("a cat")
+    monkeypatch.chdir(tmp_path)
+    args = ["train", *(["--plan"] if plan else []), "--model", str(folder), "--data", str(data), "--device", "cpu",
+            "--resolution", "32", "--steps", "2", "--out", "lora"]
+    assert main(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("hf-precision train: error: --model: HunyuanImageRefinerPipeline: its "
+                                               "denoiser (HunyuanImageTransformer2DModel) takes 4 conditioning "
+                                               "channels beyond the latents"), err
+    assert not (tmp_path / "lora").exists()
+
+
+def test_its_vae_gets_a_recipe_of_its_own_not_the_composed_fallback(folder):
+    """Before the recipe, a composed one kept AutoencoderKLHunyuanImageRefiner in the first dtype a T4 picks, fp16,
+    with a 'no component recipe for vae' warning; the release runs it in bf16 (pipeline_hunyuanimage_refiner.py:50-52)
+    and no fp16 run is published, so without bf16 it is fp32."""
+    import warnings
+
+    import torch
+
+    import hf_precision as hp
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*no component recipe.*")
+        pipe = hp.load_pipeline(str(folder), "cpu", layout="t4")
+    recipe = hp.applied(pipe).recipe
+    assert recipe.name == "hunyuan_image_refiner" and recipe["vae"].recipe == "hunyuan_image.refiner_vae"
+    assert recipe["vae"].compute == "float32" and pipe.vae.dtype == torch.float32
