@@ -30,6 +30,22 @@ def test_check_and_generate_run_it_from_its_folder(folder, tmp_path, capsys, mon
     assert "Traceback" not in err, err
 
 
+@pytest.mark.parametrize("command", ["generate", "calibrate"])
+def test_a_run_without_its_image_is_refused_before_loading(command, folder, tmp_path, capsys, monkeypatch):
+    """Its docstring calls the image *optional*; the call fails without one inside diffusers' image processor
+    ("Input is in incorrect format", the command sweep's FAIL). The recipe's call_needs makes every command ask."""
+    import hf_precision.runtime.load as load
+    from hf_precision.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded the model"))
+    args = [command, str(folder), "--device", "cpu", "--steps", "2", "--height", "32", "--width", "32",
+            *(["--prompt", "a cat", "--out", "g.png"] if command == "generate" else ["--out", "i.yaml"])]
+    assert main(args) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "--image" in err[0] and "HunyuanImageRefinerPipeline" in err[0], err
+
+
 @pytest.mark.parametrize("plan", [True, False])
 def test_train_is_refused_before_loading_in_one_line(plan, folder, tmp_path, capsys, monkeypatch):
     from hf_precision.cli import main
@@ -65,3 +81,21 @@ def test_its_vae_gets_a_recipe_of_its_own_not_the_composed_fallback(folder):
     recipe = hp.applied(pipe).recipe
     assert recipe.name == "hunyuan_image_refiner" and recipe["vae"].recipe == "hunyuan_image.refiner_vae"
     assert recipe["vae"].compute == "float32" and pipe.vae.dtype == torch.float32
+
+
+@pytest.mark.parametrize("value", ["image", [], ["an image"], [3]])
+def test_a_bad_call_needs_is_one_error_naming_file_and_key(value, tmp_path):
+    import yaml
+
+    import hf_precision as hp
+    from hf_precision.recipe.catalog import pipeline_spec
+    from hf_precision.recipe.files import recipes_dir
+
+    data = yaml.safe_load((recipes_dir() / "hunyuan_image_refiner.yaml").read_text())
+    data["call_needs"] = value
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(hp.RecipeError) as err:
+        pipeline_spec(str(path))
+    assert len(err.value.problems) == 1, err.value
+    assert err.value.problems[0].startswith(f"{path}: call_needs: expected a list of __call__ argument names"), err.value

@@ -232,12 +232,24 @@ def call_inputs(cls: Any) -> list[str]:
         >>> from diffusers import Flux2KleinPipeline, FluxKontextPipeline
         >>> call_inputs(Flux2KleinPipeline), call_inputs(FluxKontextPipeline)  # an example without image; one with
         ([], ['image'])
+        >>> from diffusers import HunyuanImageRefinerPipeline  # documented optional; its recipe's call_needs
+        >>> call_inputs(HunyuanImageRefinerPipeline)
+        ['image']
     """
     params = call_params(cls)
-    needed = [k for k in INPUTS if k in params and not _optional(cls, params, k)]
+    needed = [k for k in INPUTS if k in params and (not _optional(cls, params, k) or k in _recipe_needs(cls))]
     # anything else the call cannot go without: Wan Animate's pose_video and face_video, Kandinsky's image_embeds
     return needed + [k for k, p in params.items() if k not in (*GIVEN, *needed) and p.default is p.empty
                      and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _recipe_needs(cls: Any) -> list[str]:
+    """The ``call_needs:`` of the shipped recipe that lists ``cls``: inputs documented *optional* that its call
+    cannot run without (the HunyuanImage refiner's image)."""
+    from ..recipe.catalog import pipeline_spec, recipe_classes
+
+    name = recipe_classes().get(getattr(cls, "__name__", ""))
+    return list(pipeline_spec(name).get("call_needs") or ()) if name else []
 
 
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:

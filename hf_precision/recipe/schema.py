@@ -35,7 +35,9 @@ OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast
 # `recognise:` (component -> {config key: value}) tells a dict of components from another recipe's with the same
 # denoiser class (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
-                 "training", "recognise", "video", "requires"}
+                 "training", "recognise", "video", "requires", "call_needs"}
+# `call_needs:` the __call__ inputs the pipeline's call cannot run without though its docstring calls them *optional*
+# (the HunyuanImage refiner's image), which the signature and the docstring cannot tell: a list of argument names.
 # `requires:` the packages the pipeline cannot be built or run without, which diffusers does not depend on (Cosmos'
 # safety checker): each {module: the name to import, install: the command, why: where the pipeline needs it,
 # pipelines: the classes it holds for, default all; unless: {component: {config key: value}}, the folder configs
@@ -342,6 +344,10 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
             problems.add(key, f"{excerpt(data[key])} is not one of its components {sorted(comps)}")
     _check_recognise(data.get("recognise"), set(comps), problems)
     _check_requires(data.get("requires"), data.get("pipelines"), problems)
+    needs = data.get("call_needs")
+    if needs is not None and not (isinstance(needs, list) and needs and all(isinstance(n, str) and n.isidentifier()
+                                                                             for n in needs)):
+        problems.add("call_needs", f"expected a list of __call__ argument names, got {excerpt(needs)}; e.g. [image]")
     if "video" in data:
         listed = data.get("pipelines")
         check_video(data["video"], problems, pipelines=[str(c) for c in listed] if isinstance(listed, list) else [])
