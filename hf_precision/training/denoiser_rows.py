@@ -22,7 +22,7 @@ from . import image_embeds, inputs
 from .inputs.registry import config_value
 from .rules import TrainingError
 
-__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of",
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "condition_made", "objective_of",
            "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
            "OBJECTIVES"]
 
@@ -403,6 +403,25 @@ def condition_of(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str:
         f"conditioning its pipeline gives at inference. Add the pipeline to the row's condition in a denoisers YAML "
         f"file (hf_precision.training.add_rows) with a builder registered by "
         f"@hf_precision.training.inputs.condition(name), or give batch['condition_latents'] yourself")
+
+
+def condition_made(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str | None:
+    """The condition builder the encode phase runs for ``pipe``'s denoiser: :func:`condition_of` where the denoiser
+    takes channels beyond the latents (refused without one), else the row's entry for the pipeline class where it
+    has one (I2VGen-XL: image latents and an image embedding, separate arguments of its UNet), else None.
+
+    Example:
+        >>> from diffusers import I2VGenXLPipeline
+        >>> from types import SimpleNamespace
+        >>> condition_made(ROWS["I2VGenXLUNet"], SimpleNamespace(config={"in_channels": 4}), I2VGenXLPipeline)
+        'i2vgen_image'
+        >>> condition_made(ROWS["I2VGenXLUNet"], SimpleNamespace(config={"in_channels": 4}), object) is None
+        True
+    """
+    if condition_channels(row, module):
+        return condition_of(row, module, pipe)
+    cls = pipe if isinstance(pipe, type) else type(pipe)
+    return next((row.condition[c.__name__] for c in cls.__mro__ if c.__name__ in row.condition), None)
 
 
 def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,

@@ -73,11 +73,13 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
 
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
-    out = {}
-    if denoiser_rows.condition_channels(row, module):
-        name = denoiser_rows.condition_of(row, module, tp.pipe)
+    out: dict[str, torch.Tensor] = {}
+    name = denoiser_rows.condition_made(row, module, tp.pipe)
+    if name is not None:
         with torch.no_grad():
-            out["condition_latents"] = CONDITIONS[name](tp, pixels, latents, generator).float()
+            made = CONDITIONS[name](tp, pixels, latents, generator)
+        # a builder returns the channels, or the batch entries of a denoiser that takes them as arguments of their own
+        out = {k: v.float() for k, v in made.items()} if isinstance(made, dict) else {"condition_latents": made.float()}
     return {**out, **encode_image_embeds(tp, row, pixels)}
 
 
@@ -96,9 +98,8 @@ def condition_key(tp: Any) -> tuple[str, ...]:
 
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
-    made: tuple[str, ...] = ()
-    if denoiser_rows.condition_channels(row, module):
-        made = ("condition", denoiser_rows.condition_of(row, module, tp.pipe))
+    name = denoiser_rows.condition_made(row, module, tp.pipe)
+    made: tuple[str, ...] = ("condition", name) if name is not None else ()
     encoder = image_encode_of(row, module, tp.pipe)
     return (*made, IMAGE_KEY, *encoder) if encoder else made
 

@@ -75,7 +75,8 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
     # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
     refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
-            "image_embeds") if all(k in f for f in found)}  # and an I2V model's image encoding of the first frame
+            "image_embeds", "image_latents") if all(k in f for f in found)}  # and an I2V model's encodings of the
+    # first frame: its image embedding, I2VGen-XL's image latents
     cond = None
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]

@@ -19,8 +19,8 @@ __all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "conditi
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
 # (tp, pixels in [-1, 1]: (B, 3, H, W) or a clip (B, 3, F, H, W), their latents, generator) -> the conditioning
-# latents in the VAE's layout
-Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+# latents in the VAE's layout, or batch entries by key (a denoiser that takes them as arguments of their own)
+Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 CONDITIONS: dict[str, Condition] = {}
 
 
@@ -62,7 +62,10 @@ def condition(name: str) -> Callable[[Condition], Condition]:
     A condition builder makes, in the encode phase (next to the sample's latents, cached with them), the channels
     the denoiser takes beyond the noisy latents, as that pipeline builds them at inference from its input image
     (and mask): it takes (the training plan ``tp``, the sample's pixels in [-1, 1], a generator or None) and returns
-    them in the VAE's layout, the latents' size; the training step concatenates them after the noisy latents.
+    them in the VAE's layout, the latents' size; the training step concatenates them after the noisy latents. A
+    denoiser that takes its conditioning as arguments of their own rather than as channels (I2VGen-XL's
+    ``image_latents`` and ``image_embeddings``) has a builder that returns a dict of batch entries, which its row's
+    ``optional`` or ``cond`` hands the denoiser; the encode phase runs it for a pipeline class the row names.
 
     Example:
         >>> @condition("my_cond")
