@@ -5,6 +5,7 @@ The reference is the pipeline's own __call__ on the same picture: what it hands 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from PIL import Image
 
@@ -63,3 +64,47 @@ def test_i2vgenxl_trains_on_the_first_frames_image_latents_and_embedding_as_call
     later = kwargs["image_latents"][0, :, 1:].transpose(0, 1).flatten(1)
     torch.testing.assert_close(later, torch.tensor([[0.5], [1.0]]).expand_as(later))
     torch.testing.assert_close(kwargs["fps"].float(), torch.full((1,), 16.0))  # __call__'s target_fps default
+
+
+def _clips(folder, n: int = 2, frames: int = 5, caption: str = "a clip"):
+    """``n`` GIF clips of one caption whose first frames differ (random pictures), frames after it random too."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        shots = [Image.fromarray(rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8)) for _ in range(frames)]
+        shots[0].save(folder / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (folder / f"c{i}.txt").write_text(caption)
+    return folder
+
+
+def test_hunyuan_video_i2v_trains_with_the_prompt_encoded_with_each_clips_first_frame(saved_pipeline, tmp_path):
+    """HunyuanVideo I2V's encode_prompt reads the input image beside the prompt (its __call__ passes the picture it
+    is given, pipeline_hunyuan_video_image2video.py:831-839): `train` encodes each caption with its clip's first
+    frame, cached per (caption, clip), and trains 2 steps (it was refused before loading)."""
+    from safetensors.torch import load_file
+
+    import hf_precision.apps.train.loop as loop
+    from hf_precision.cli import main
+
+    folder, data, out = saved_pipeline("hunyuan_video_i2v"), _clips(tmp_path / "clips"), tmp_path / "out"
+    checks, encode = [], loop._encode
+
+    def spy(run, indices):  # each step's batch against the pipeline's own encode_prompt of (caption, first frame)
+        batch = encode(run, indices)
+        for row, i in enumerate(indices):
+            sample = run.data.samples[i]
+            first = Image.open(sample.path).convert("RGB")  # the GIF's frame 0, as the data reads it at 32 px
+            want = run.tp.pipe.encode_prompt(prompt=[sample.caption], image=first, device="cpu")[0]
+            checks.append((batch["prompt_embeds"][row:row + 1].float(), want.float()))
+        return batch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "_encode", spy)
+        code = main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution", "32",
+                     "--frames", "5", "--steps", "2", "--device", "cpu", "--quiet", "--lora-rank", "2"])
+    assert code == 0
+    texts = [load_file(p)["prompt_embeds"] for p in (out / "cache" / "text").glob("*.safetensors")]
+    assert len(texts) == 2 and not torch.allclose(texts[0], texts[1])  # one caption, two first frames
+    assert checks
+    for got, want in checks:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

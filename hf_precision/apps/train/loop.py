@@ -101,24 +101,39 @@ def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
 
 
 def _prompt_image(run: Run, i: int) -> Any:
-    """Sample ``i``'s reference image where the pipeline encodes the prompt with it (Qwen-Image Edit: its __call__
-    passes the reference to encode_prompt), else None: the denoiser then sees the conditioning it gets at inference."""
-    return run.data.reference_image(i) if _prompt_image_used(run, i) else None
+    """The picture the pipeline encodes sample ``i``'s prompt with, else None: its reference image (Qwen-Image Edit:
+    its __call__ passes the reference to encode_prompt) or, where encode_prompt needs an image and the data gives no
+    reference, the clip's first frame, the picture an image-to-video __call__ is given and encodes the prompt with
+    (HunyuanVideo I2V, pipeline_hunyuan_video_image2video.py:831-839): the denoiser then sees the conditioning it
+    gets at inference."""
+    if not _prompt_image_used(run, i):
+        return None
+    if run.data.samples[i].reference is not None:
+        return run.data.reference_image(i)
+    from ...training.image_embeds import pil_frames
+
+    return pil_frames(run.data.pixels([i]))[0]
 
 
 def _text_key(run: Run, i: int) -> tuple[Any, ...]:
-    """What a sample's cached conditioning depends on: its caption, and its reference image (file and bucket) where
-    the prompt is encoded with it: one caption over two references is two conditionings."""
+    """What a sample's cached conditioning depends on: its caption, and the picture the prompt is encoded with where
+    it is (a reference's file and bucket; else the sample's own file and bucket, its first frame): one caption over
+    two such pictures is two conditionings."""
     sample = run.data.samples[i]
-    if _prompt_image_used(run, i):
-        return (sample.caption, *sample_parts(sample)[-4:], sample.bucket)
-    return (sample.caption,)
+    if not _prompt_image_used(run, i):
+        return (sample.caption,)
+    if sample.reference is None:
+        return (sample.caption, "first frame", *sample_parts(sample))
+    return (sample.caption, *sample_parts(sample)[-4:], sample.bucket)
 
 
 def _prompt_image_used(run: Run, i: int) -> bool:
+    from ...training.encode import encode_prompt_needs
     from .references import prompt_reads_image
 
-    return run.data.samples[i].reference is not None and prompt_reads_image(run.tp.pipe)
+    if run.data.samples[i].reference is not None:
+        return prompt_reads_image(run.tp.pipe)
+    return "image" in encode_prompt_needs(type(run.tp.pipe))
 
 
 def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
