@@ -108,3 +108,46 @@ def test_hunyuan_video_i2v_trains_with_the_prompt_encoded_with_each_clips_first_
     assert checks
     for got, want in checks:
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match(saved_pipeline, tmp_path):
+    """SD inpainting's mask is drawn per step, as diffusers' train_dreambooth_inpaint.py draws one each time a sample
+    is loaded (it was one mask per sample for the whole run, cached with the latents): the cache holds several draws
+    of (mask, masked-image latents) per sample, encoded together, and each step picks one by (seed, step, sample),
+    so one sample seen at four steps gets more than one mask, and a second run picks the same ones."""
+    from safetensors.torch import load_file
+
+    import hf_precision.apps.train.loop as loop
+    from hf_precision.apps.train.draws import DRAWS, KEY
+    from hf_precision.cli import main
+
+    folder, data = saved_pipeline("sd_inpaint"), tmp_path / "photos"
+    data.mkdir()
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8)).save(data / "a.png")
+    (data / "a.txt").write_text("a cat")
+    encode = loop._encode
+
+    def run(out):
+        seen = []
+
+        def spy(run, indices, *args):
+            batch = encode(run, indices, *args)
+            seen.append(batch["condition_latents"].clone())
+            return batch
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(loop, "_encode", spy)
+            assert main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution",
+                         str(SIDE), "--steps", "4", "--device", "cpu", "--quiet", "--lora-rank", "2",
+                         "--checkpoint-every", "1000"]) == 0
+        return seen
+
+    first, again = run(tmp_path / "one"), run(tmp_path / "two")
+    masks = [c[:, 0] for c in first]
+    assert len({m.numpy().tobytes() for m in masks}) > 1, "one mask for every step"
+    assert all(torch.equal(a, b) for a, b in zip(first, again))  # picked by (seed, step, sample): reproducible
+    (entry,) = [load_file(p) for p in (tmp_path / "one" / "cache" / "latents").glob("*.safetensors")]
+    pool = entry[KEY][0]
+    assert pool.shape[0] == DRAWS and len({m.numpy().tobytes() for m in pool[:, 0]}) == DRAWS
+    for got in first:  # each step's pair is one draw's mask with that draw's masked-image latents
+        assert any(torch.equal(got[0], draw) for draw in pool)

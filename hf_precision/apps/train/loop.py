@@ -62,10 +62,13 @@ def _text_trained(tp: Any) -> bool:
                and isinstance(m, torch.nn.Module) for p in m.parameters())
 
 
-def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
-    """The batch the layer's loss takes: latents and conditioning, read from the cache where :func:`fill_cache`
-    wrote them, else encoded now (``--no-cache``, or a text encoder that trains)."""
+def _encode(run: Run, indices: list[int], step: int | None = None) -> dict[str, Any]:
+    """The batch the layer's loss takes at ``step``: latents and conditioning, read from the cache where
+    :func:`fill_cache` wrote them, else encoded now (``--no-cache``, or a text encoder that trains); a condition
+    drawn per step (an inpainting mask) is the step's pick among the sample's draws (:mod:`.draws`)."""
     import torch
+
+    from . import draws
 
     tp = run.tp
     found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
@@ -77,6 +80,8 @@ def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
     refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
             "image_embeds", "image_latents") if all(k in f for f in found)}  # and an I2V model's encodings of the
     # first frame: its image embedding, I2VGen-XL's image latents
+    if all(draws.KEY in f for f in found):
+        refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
@@ -96,7 +101,9 @@ def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
     or noise was drawn with: another builder, method or seed is another conditioning, encoded again."""
     from ...training.encode import condition_key
 
-    made = condition_key(run.tp)
+    from .draws import DRAWS, drawn
+
+    made = (*condition_key(run.tp), *(("draws", DRAWS) if drawn(run.tp) else ()))
     return (*sample_parts(run.data.samples[i]), *made, run.settings.seed) if made else sample_parts(run.data.samples[i])
 
 
@@ -190,11 +197,16 @@ def _sample_latents(run: Run, i: int) -> dict[str, Any]:
     encodes are the same, whatever batch or process the sample is in."""
     import torch
 
+    from .draws import drawn, encode_draws
+
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
         pixels = run.data.pixels([i])
         out = {"latents": run.tp.encode_images(pixels)}
-        out.update(run.tp.encode_condition(pixels, out["latents"]))
+        if drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
+            out.update(encode_draws(run.tp, pixels, out["latents"]))
+        else:
+            out.update(run.tp.encode_condition(pixels, out["latents"]))
         reference = run.data.reference_pixels([i])
         if reference is not None:
             out["reference_latents"] = run.tp.encode_images(reference)
@@ -360,7 +372,7 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     """(loss, stepped) for one optimizer step; loss None when it was not finite and --on-nan skip."""
     import torch
 
-    batch = _encode(run, indices)
+    batch = _encode(run, indices, step)
     batch.update(_draws(run, batch))
     loss = run.tp.loss(batch)
     finite = bool(torch.isfinite(loss.detach()).all())

@@ -13,7 +13,7 @@ import torch
 
 from ...errors import RecipeError
 
-__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "DRAWN", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
            "pixel_size", "reference_latents", "config_value", "fitted_latent"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
@@ -22,6 +22,7 @@ BUILDERS: dict[str, Builder] = {}
 # latents in the VAE's layout, or batch entries by key (a denoiser that takes them as arguments of their own)
 Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 CONDITIONS: dict[str, Condition] = {}
+DRAWN: set[str] = set()  # condition builders whose output is a random draw per training step (condition(drawn=True))
 
 
 def builder(name: str) -> Callable[[Builder], Builder]:
@@ -56,7 +57,7 @@ def builder(name: str) -> Callable[[Builder], Builder]:
     return register
 
 
-def condition(name: str) -> Callable[[Condition], Condition]:
+def condition(name: str, *, drawn: bool = False) -> Callable[[Condition], Condition]:
     """Register a condition builder under ``name``, the name a row's ``condition`` gives for a pipeline class.
 
     A condition builder makes, in the encode phase (next to the sample's latents, cached with them), the channels
@@ -66,6 +67,9 @@ def condition(name: str) -> Callable[[Condition], Condition]:
     denoiser that takes its conditioning as arguments of their own rather than as channels (I2VGen-XL's
     ``image_latents`` and ``image_embeddings``) has a builder that returns a dict of batch entries, which its row's
     ``optional`` or ``cond`` hands the denoiser; the encode phase runs it for a pipeline class the row names.
+    ``drawn=True`` marks a builder whose output is a random draw a training script makes anew each step (an
+    inpainting mask): the training program then caches several draws per sample and picks one each step
+    (:data:`DRAWN`).
 
     Example:
         >>> @condition("my_cond")
@@ -79,6 +83,7 @@ def condition(name: str) -> Callable[[Condition], Condition]:
 
     def register(fn: Condition) -> Condition:
         CONDITIONS[name] = fn
+        (DRAWN.add if drawn else DRAWN.discard)(name)
         return fn
     return register
 
