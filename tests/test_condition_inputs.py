@@ -16,11 +16,11 @@ from hf_precision.training import denoiser_rows
 SIDE, FRAMES = 32, 3
 
 
-def _clip() -> tuple[Image.Image, torch.Tensor]:
-    """A first frame as the 8-bit picture a user hands __call__, and the (1, 3, FRAMES, H, W) clip in [-1, 1] the
+def _clip(frames: int = FRAMES) -> tuple[Image.Image, torch.Tensor]:
+    """A first frame as the 8-bit picture a user hands __call__, and the (1, 3, frames, H, W) clip in [-1, 1] the
     data loader makes with it as frame 0 (the later frames differ: only the first conditions)."""
     rng = np.random.default_rng(0)
-    shots = [rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8) for _ in range(FRAMES)]
+    shots = [rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8) for _ in range(frames)]
     clip = torch.stack([torch.from_numpy(s).permute(2, 0, 1).float() / 127.5 - 1 for s in shots], dim=1)
     return Image.fromarray(shots[0]), clip[None]
 
@@ -89,8 +89,8 @@ def test_hunyuan_video_i2v_trains_with_the_prompt_encoded_with_each_clips_first_
     folder, data, out = saved_pipeline("hunyuan_video_i2v"), _clips(tmp_path / "clips"), tmp_path / "out"
     checks, encode = [], loop._encode
 
-    def spy(run, indices):  # each step's batch against the pipeline's own encode_prompt of (caption, first frame)
-        batch = encode(run, indices)
+    def spy(run, indices, *step):  # each step's batch against the pipeline's encode_prompt of (caption, first frame)
+        batch = encode(run, indices, *step)
         for row, i in enumerate(indices):
             sample = run.data.samples[i]
             first = Image.open(sample.path).convert("RGB")  # the GIF's frame 0, as the data reads it at 32 px
@@ -151,3 +151,33 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
     assert pool.shape[0] == DRAWS and len({m.numpy().tobytes() for m in pool[:, 0]}) == DRAWS
     for got in first:  # each step's pair is one draw's mask with that draw's masked-image latents
         assert any(torch.equal(got[0], draw) for draw in pool)
+
+
+def test_hunyuan_video_i2v_token_replace_trains_with_the_image_latents_as_its_clean_first_frame():
+    """HunyuanVideo I2V with image_condition_type token_replace (in_channels = the latents'): __call__ puts the
+    image's latents in the first latent frame, clean at every step, and steps only the later frames
+    (pipeline_hunyuan_video_image2video.py:890-893, :922-926). Training puts the latents prepare_latents makes for
+    the clip's first frame there and leaves that frame out of the loss (it trained as text-to-video)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    pipe = make_pipeline("hunyuan_video_i2v", seed=0)
+    config = {**pipe.transformer.config, "in_channels": pipe.transformer.config.out_channels,
+              "image_condition_type": "token_replace"}
+    torch.manual_seed(0)
+    pipe.transformer = HunyuanVideoTransformer3DModel.from_config(config)
+    image, clip = _clip(frames=5)
+    with torch.no_grad():
+        _, expected = pipe.prepare_latents(pipe.video_processor.preprocess(image, SIDE, SIDE), 1,
+                                           config["in_channels"], SIDE, SIDE, 5, torch.float32, torch.device("cpu"),
+                                           None, None, "token_replace")
+    tp = hp.prepare_training(pipe, device="cpu", train={"transformer": "lora"}, rank=2)
+    latents = tp.encode_images(clip)
+    batch = {"latents": latents, **tp.encode_condition(clip, latents)}
+    torch.testing.assert_close(batch["first_frame_latents"], expected, atol=1e-5, rtol=1e-5)
+    batch.update(tp.encode_prompt(["a cat"], image=image))
+    module = tp._denoiser()
+    kwargs, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                                tp.alphas_cumprod, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(kwargs["hidden_states"][:, :, :1], expected)
+    assert target.shape[2] == latents.shape[2] - 1  # the clean frame is not predicted
+    assert torch.isfinite(tp.loss(batch))

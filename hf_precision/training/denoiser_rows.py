@@ -265,6 +265,8 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
     if row.clean_first_frame and condition_channels(row, module):
         noisy, target = _clean_first_frame(row, noisy, target, x0)
+    elif batch.get("first_frame_latents") is not None:  # HunyuanVideo I2V token_replace: the image's own latents
+        noisy, target = _clean_first_frame(row, noisy, target, inputs.model_layout(row, batch["first_frame_latents"]))
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
 
 
@@ -276,7 +278,8 @@ def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tens
                        x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # Kandinsky 5 I2V: the first latent frame is the image's clean latents at every step and is never stepped
     # (pipeline_kandinsky_i2v.py:710 latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean
-    # (the clip's own first latent frame) and only the other frames are compared (model_output cuts the prediction).
+    # (``x0``'s first frame: the clip's own, or the image latents the pipeline makes, HunyuanVideo I2V token_replace)
+    # and only the other frames are compared (model_output cuts the prediction).
     dim = _frame_dim(row)
     noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
     return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
@@ -338,7 +341,7 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
         pred = torch.stack(list(pred)).squeeze(2)
     if row.pack in TOKENS and pred.shape[1] > target.shape[1]:  # the reference tokens' output is not predicted
         pred = pred[:, :target.shape[1]]
-    if row.clean_first_frame and row.pack is None and pred.dim() == target.dim() and \
+    if row.layout != "image" and row.pack is None and pred.dim() == target.dim() and \
             pred.shape[_frame_dim(row)] == target.shape[_frame_dim(row)] + 1:  # the clean first frame is not predicted
         pred = pred.narrow(_frame_dim(row), 1, target.shape[_frame_dim(row)])
     dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)

@@ -78,8 +78,8 @@ def _encode(run: Run, indices: list[int], step: int | None = None) -> dict[str, 
     # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
     # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
     refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
-            "image_embeds", "image_latents") if all(k in f for f in found)}  # and an I2V model's encodings of the
-    # first frame: its image embedding, I2VGen-XL's image latents
+            "image_embeds", "image_latents", "first_frame_latents") if all(k in f for f in found)}  # and an I2V
+    # model's encodings of the first frame: its image embedding, I2VGen-XL's image latents, HunyuanVideo I2V's
     if all(draws.KEY in f for f in found):
         refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
