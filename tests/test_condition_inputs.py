@@ -114,7 +114,8 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
     """SD inpainting's mask is drawn per step, as diffusers' train_dreambooth_inpaint.py draws one each time a sample
     is loaded (it was one mask per sample for the whole run, cached with the latents): the cache holds several draws
     of (mask, masked-image latents) per sample, encoded together, and each step picks one by (seed, step, sample),
-    so one sample seen at four steps gets more than one mask, and a second run picks the same ones."""
+    so one sample seen at four steps gets more than one mask, and a second run picks the same ones, as does
+    --no-cache, which encodes a sample's draws up to the step's pick."""
     from safetensors.torch import load_file
 
     import hf_precision.apps.train.loop as loop
@@ -127,7 +128,7 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
     (data / "a.txt").write_text("a cat")
     encode = loop._encode
 
-    def run(out):
+    def run(out, *extra):
         seen = []
 
         def spy(run, indices, *args):
@@ -139,13 +140,14 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
             mp.setattr(loop, "_encode", spy)
             assert main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution",
                          str(SIDE), "--steps", "4", "--device", "cpu", "--quiet", "--lora-rank", "2",
-                         "--checkpoint-every", "1000"]) == 0
+                         "--checkpoint-every", "1000", *extra]) == 0
         return seen
 
-    first, again = run(tmp_path / "one"), run(tmp_path / "two")
+    first, again, uncached = run(tmp_path / "one"), run(tmp_path / "two"), run(tmp_path / "three", "--no-cache")
     masks = [c[:, 0] for c in first]
     assert len({m.numpy().tobytes() for m in masks}) > 1, "one mask for every step"
-    assert all(torch.equal(a, b) for a, b in zip(first, again))  # picked by (seed, step, sample): reproducible
+    for other in (again, uncached):  # picked by (seed, step, sample), encoded as the cache holds it: reproducible
+        assert len(other) == len(first) and all(torch.equal(a, b) for a, b in zip(first, other))
     (entry,) = [load_file(p) for p in (tmp_path / "one" / "cache" / "latents").glob("*.safetensors")]
     pool = entry[KEY][0]
     assert pool.shape[0] == DRAWS and len({m.numpy().tobytes() for m in pool[:, 0]}) == DRAWS

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DRAWS", "KEY", "drawn", "encode_draws", "pick"]
+__all__ = ["DRAWS", "KEY", "choice", "drawn", "encode_draws", "pick"]
 
 DRAWS = 8  # masks per sample: a sample seen 8 times or fewer never repeats one
 KEY = "condition_draws"  # the cache entry: (1, DRAWS, C, h, w), the builder's outputs in draw order
@@ -31,12 +31,13 @@ def drawn(tp: Any) -> bool:
     return condition_made(row_of(module), module, tp.pipe) in DRAWN
 
 
-def encode_draws(tp: Any, pixels: Any, latents: Any) -> dict[str, Any]:
-    """:data:`DRAWS` conditionings of one sample, in the order the RNG draws them (the caller seeds it per sample):
-    ``{KEY: (1, DRAWS, ...)}`` beside what the first one gives besides the condition latents."""
+def encode_draws(tp: Any, pixels: Any, latents: Any, count: int = DRAWS) -> dict[str, Any]:
+    """The first ``count`` of a sample's :data:`DRAWS` conditionings, in the order the RNG draws them (the caller
+    seeds it per sample; ``--no-cache`` makes only those up to the step's pick): ``{KEY: (1, count, ...)}`` beside
+    what the first one gives besides the condition latents."""
     import torch
 
-    made = [tp.encode_condition(pixels, latents) for _ in range(DRAWS)]
+    made = [tp.encode_condition(pixels, latents) for _ in range(count)]
     rest = {k: v for k, v in made[0].items() if k != "condition_latents"}
     return {**rest, KEY: torch.stack([m["condition_latents"] for m in made], dim=1)}
 
@@ -53,8 +54,19 @@ def pick(found: list[dict[str, Any]], indices: list[int], seed: int, step: int |
         >>> torch.equal(pick(found, [0, 1], 0, 5), pick(found, [0, 1], 0, 5))
         True
     """
-    import numpy as np
     import torch
 
-    chosen = [0 if step is None else int(np.random.default_rng([seed, step, i]).integers(DRAWS)) for i in indices]
-    return torch.cat([f[KEY][:, k] for f, k in zip(found, chosen)])
+    return torch.cat([f[KEY][:, choice(seed, step, i)] for f, i in zip(found, indices)])
+
+
+def choice(seed: int, step: int | None, i: int) -> int:
+    """Which of sample ``i``'s draws step ``step`` trains on: a generator seeded by (seed, step, i), draw 0 for the
+    evaluation batch (``step`` None).
+
+    Example:
+        >>> choice(0, None, 3), choice(0, 7, 3) == choice(0, 7, 3), 0 <= choice(1, 2, 3) < DRAWS
+        (0, True, True)
+    """
+    import numpy as np
+
+    return 0 if step is None else int(np.random.default_rng([seed, step, i]).integers(DRAWS))

@@ -73,7 +73,8 @@ def _encode(run: Run, indices: list[int], step: int | None = None) -> dict[str, 
     tp = run.tp
     found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
     if not all(f is not None for f in found):
-        found = [_sample_latents(run, i) for i in indices]
+        # a draw per step (.draws): the sample's draws up to the step's pick, the ones the cache would hold first
+        found = [_sample_latents(run, i, draws.choice(run.settings.seed, step, i) + 1) for i in indices]
     latents = torch.cat([f["latents"] for f in found])
     # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
     # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
@@ -190,21 +191,22 @@ def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dic
     return {**join_padded(texts, plain, list(masks)), **items}
 
 
-def _sample_latents(run: Run, i: int) -> dict[str, Any]:
+def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any]:
     """Sample ``i``'s latents (and its reference image's, in an edit dataset, by the same VAE path; and the
     conditioning channels its denoiser takes, built from the sample as the pipeline builds them), drawn from the
     VAE's distribution under the sample's own seed in a forked RNG: what the cache holds and what ``--no-cache``
-    encodes are the same, whatever batch or process the sample is in."""
+    encodes are the same, whatever batch or process the sample is in. ``count``: how many of a per-step condition's
+    draws to make (:mod:`.draws`; all by default)."""
     import torch
 
-    from .draws import drawn, encode_draws
+    from .draws import DRAWS, drawn, encode_draws
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
         pixels = run.data.pixels([i])
         out = {"latents": run.tp.encode_images(pixels)}
         if drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
-            out.update(encode_draws(run.tp, pixels, out["latents"]))
+            out.update(encode_draws(run.tp, pixels, out["latents"], count or DRAWS))
         else:
             out.update(run.tp.encode_condition(pixels, out["latents"]))
         reference = run.data.reference_pixels([i])
