@@ -1,14 +1,16 @@
 """Conditioning that a training script draws anew each step (an inpainting mask), for the cached training program.
 
 diffusers' examples/research_projects/dreambooth_inpaint/train_dreambooth_inpaint.py draws a random mask for every
-example each time it is loaded (its dataset's ``__getitem__`` calls ``random_mask``), and kohya's inpainting
-training does the same; a mask cached with the sample's latents would be one mask for the whole run. The masked
-image's latents depend on the mask, so each draw is a VAE encode. Encoding at every step costs a VAE encoder
-forward per sample per step, and keeps the VAE on the accelerator: for SD 1.5 at 512 px that forward is 1.12 TFLOP
-against 2.41 TFLOP for the inpainting UNet's forward and backward (torch's FlopCounterMode on the shipped
-stable-diffusion-v1-5 configs), nearly half a full fine-tune step again and more than a LoRA step's share. So
-:data:`DRAWS` draws per sample are encoded once, with the latents, and each step picks one of them with a generator
-seeded by (``--seed``, step, sample): a resumed run picks what the uninterrupted one did, whatever the process count.
+example of every batch (its ``collate_fn`` calls ``random_mask``) and encodes the masked image in the training loop
+(``vae.encode(batch["masked_images"])``); a mask cached with the sample's latents would be one mask for the whole
+run. The masked image's latents depend on the mask, so each draw is a VAE encode. Encoding at every step costs a
+VAE encoder forward per sample per step and keeps the VAE on the accelerator: for SD 1.5 at 512 px that forward is
+1.12 TFLOP against 2.41 TFLOP for the inpainting UNet's forward and backward (torch's FlopCounterMode on the
+shipped stable-diffusion-v1-5 configs), nearly half a full fine-tune step again (a LoRA step, without the base
+weights' gradients, is cheaper, so its share is larger). So :data:`DRAWS` draws per sample are encoded once, with
+the latents (8 VAE encodes per sample before step 1, 8 times the condition's cache), and each step picks one of
+them with a generator seeded by (``--seed``, step, sample): a resumed run picks what the uninterrupted one did,
+whatever the process count. The price: a sample trains on 8 masks, not a new one each time it is seen.
 """
 
 from __future__ import annotations
