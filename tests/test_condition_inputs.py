@@ -177,6 +177,12 @@ def test_hunyuan_video_i2v_token_replace_trains_with_the_image_latents_as_its_cl
     batch = {"latents": latents, **tp.encode_condition(clip, latents)}
     torch.testing.assert_close(batch["first_frame_latents"], expected, atol=1e-5, rtol=1e-5)
     batch.update(tp.encode_prompt(["a cat"], image=image))
+    # __call__ keeps every 4th image token for token_replace (:779-785); encode_prompt's own default keeps every 2nd
+    with torch.no_grad():
+        want, every_2nd = (pipe.encode_prompt(image=image, prompt=["a cat"], device="cpu", image_embed_interleave=n)[0]
+                           for n in (4, 2))
+    assert want.shape != every_2nd.shape or not torch.equal(want, every_2nd)
+    torch.testing.assert_close(batch["prompt_embeds"].float(), want.float())
     module = tp._denoiser()
     kwargs, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
                                                 tp.alphas_cumprod, torch.Generator().manual_seed(0))

@@ -203,6 +203,11 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
         raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt takes no {', '.join(unknown)}; it "
                             f"takes {', '.join(p for p in params if p != 'prompt')}")
     config = getattr(tp._denoiser(), "config", {})
+    if "image_embed_interleave" in params and config.get("image_condition_type") and "image_embed_interleave" not in options:
+        # HunyuanVideo I2V's __call__ keeps every 2nd image token for latent_concat, every 4th for token_replace
+        # (pipeline_hunyuan_video_image2video.py:779-785); its encode_prompt's default is 2
+        options = {**options, "image_embed_interleave": {"latent_concat": 2, "token_replace": 4}.get(
+            config["image_condition_type"], 1)}
     grad = any(tp.kinds.get(c) != "frozen" for c in tp.components if c.startswith("text_encoder"))
     batch: dict[str, torch.Tensor] = {}
     for extra, names in (({}, row.encode), *row.encode_more):
