@@ -22,8 +22,8 @@ from . import image_embeds, inputs
 from .inputs.registry import config_value
 from .rules import TrainingError
 
-__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "condition_made", "objective_of",
-           "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of",
+           "condition_made", "objective_of", "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
            "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")

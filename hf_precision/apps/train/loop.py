@@ -101,7 +101,6 @@ def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
     conditioning channels or an image embedding, the builder or pipeline method that made them and the seed its mask
     or noise was drawn with: another builder, method or seed is another conditioning, encoded again."""
     from ...training.encode import condition_key
-
     from .draws import DRAWS, drawn
 
     made = (*condition_key(run.tp), *(("draws", DRAWS) if drawn(run.tp) else ()))
