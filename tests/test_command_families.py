@@ -477,16 +477,25 @@ def test_train_refuses_a_pipeline_without_captions_before_loading(saved_pipeline
 
 
 @pytest.mark.parametrize("plan", [False, True])
-def test_train_refuses_a_prompt_encoder_that_needs_the_input_image_before_loading(plan, tmp_path, capfd, monkeypatch):
-    """HunyuanVideo I2V's encode_prompt encodes its input image with the caption: `train` loaded the model and then
-    refused in the training layer's words (tp.encode_prompt ... pass image=...), and `train --plan` planned it."""
+def test_train_refuses_a_prompt_encoder_that_needs_an_input_the_data_lacks_before_loading(plan, tmp_path, capfd,
+                                                                                       monkeypatch):
+    """A pipeline whose encode_prompt needs an input besides the caption and the image (HunyuanVideo I2V's: each
+    clip's first frame, tests/test_condition_inputs.py) is refused before loading by `train` and `train --plan`: it
+    would load the model and refuse in the training layer's words (tp.encode_prompt ... pass ...=...)."""
+    import diffusers
+
     import hf_precision
     import hf_precision.runtime.load as load
 
-    # the real HunyuanVideo configs under the I2V class name: the refusal reads model_index.json, no weights are needed
+    class NeedsControlVideoPipeline(diffusers.HunyuanVideoImageToVideoPipeline):  # a stand-in: no shipped one needs more
+        def encode_prompt(self, prompt, image, control, device=None):
+            raise AssertionError("not called")
+
+    monkeypatch.setattr(diffusers, "NeedsControlVideoPipeline", NeedsControlVideoPipeline, raising=False)
+    # the real HunyuanVideo configs under that class name: the refusal reads model_index.json, no weights are needed
     model = shutil.copytree(Path(hf_precision.__file__).parent / "model_configs" / "HunyuanVideo", tmp_path / "m")
     index = json.loads((model / "model_index.json").read_text())
-    (model / "model_index.json").write_text(json.dumps({**index, "_class_name": "HunyuanVideoImageToVideoPipeline"}))
+    (model / "model_index.json").write_text(json.dumps({**index, "_class_name": "NeedsControlVideoPipeline"}))
     data = _clips(tmp_path / "d", frames=5)
     monkeypatch.setattr(load, "load_pipeline", lambda *a, **k: pytest.fail("loaded a model"))
     capfd.readouterr()
@@ -494,7 +503,7 @@ def test_train_refuses_a_prompt_encoder_that_needs_the_input_image_before_loadin
                str(tmp_path / "o"), "--frames", "5", "--resolution", "32", "--device", "cpu", "--steps", "2", "--quiet"])
     err = capfd.readouterr().err
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
-    assert "HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides the caption" in err, err
+    assert "NeedsControlVideoPipeline.encode_prompt needs control besides the caption" in err, err
 
 
 @pytest.mark.parametrize("index, source", [

@@ -92,8 +92,8 @@ def trained(kontext, tmp_path_factory) -> dict:
             embeds = embeds + float(np.asarray(image, dtype=np.float32).mean()) / 255.0
         return embeds, pooled, ids
 
-    def batch_spy(run, indices):
-        batch = encode(run, indices)
+    def batch_spy(run, indices, *step):
+        batch = encode(run, indices, *step)
         checking.append(True)  # the pipeline's own encode_prompt of (caption, reference file), and --no-cache's
         want = torch.cat([run.tp.pipe.encode_prompt([run.data.samples[i].caption], device="cpu",
                                                     image=Image.open(run.data.samples[i].reference),

@@ -22,8 +22,8 @@ from . import image_embeds, inputs
 from .inputs.registry import config_value
 from .rules import TrainingError
 
-__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of", "objective_of",
-           "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
+__all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of",
+           "condition_made", "objective_of", "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
            "OBJECTIVES"]
 
 OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
@@ -265,6 +265,8 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         timestep = t if row.discrete_scale is None else t.float() * row.discrete_scale
     if row.clean_first_frame and condition_channels(row, module):
         noisy, target = _clean_first_frame(row, noisy, target, x0)
+    elif batch.get("first_frame_latents") is not None:  # HunyuanVideo I2V token_replace: the image's own latents
+        noisy, target = _clean_first_frame(row, noisy, target, inputs.model_layout(row, batch["first_frame_latents"]))
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
 
 
@@ -276,7 +278,8 @@ def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tens
                        x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # Kandinsky 5 I2V: the first latent frame is the image's clean latents at every step and is never stepped
     # (pipeline_kandinsky_i2v.py:710 latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean
-    # (the clip's own first latent frame) and only the other frames are compared (model_output cuts the prediction).
+    # (``x0``'s first frame: the clip's own, or the image latents the pipeline makes, HunyuanVideo I2V token_replace)
+    # and only the other frames are compared (model_output cuts the prediction).
     dim = _frame_dim(row)
     noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
     return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
@@ -338,7 +341,7 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
         pred = torch.stack(list(pred)).squeeze(2)
     if row.pack in TOKENS and pred.shape[1] > target.shape[1]:  # the reference tokens' output is not predicted
         pred = pred[:, :target.shape[1]]
-    if row.clean_first_frame and row.pack is None and pred.dim() == target.dim() and \
+    if row.layout != "image" and row.pack is None and pred.dim() == target.dim() and \
             pred.shape[_frame_dim(row)] == target.shape[_frame_dim(row)] + 1:  # the clean first frame is not predicted
         pred = pred.narrow(_frame_dim(row), 1, target.shape[_frame_dim(row)])
     dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
@@ -403,6 +406,25 @@ def condition_of(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str:
         f"conditioning its pipeline gives at inference. Add the pipeline to the row's condition in a denoisers YAML "
         f"file (hf_precision.training.add_rows) with a builder registered by "
         f"@hf_precision.training.inputs.condition(name), or give batch['condition_latents'] yourself")
+
+
+def condition_made(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str | None:
+    """The condition builder the encode phase runs for ``pipe``'s denoiser: :func:`condition_of` where the denoiser
+    takes channels beyond the latents (refused without one), else the row's entry for the pipeline class where it
+    has one (I2VGen-XL: image latents and an image embedding, separate arguments of its UNet), else None.
+
+    Example:
+        >>> from diffusers import I2VGenXLPipeline
+        >>> from types import SimpleNamespace
+        >>> condition_made(ROWS["I2VGenXLUNet"], SimpleNamespace(config={"in_channels": 4}), I2VGenXLPipeline)
+        'i2vgen_image'
+        >>> condition_made(ROWS["I2VGenXLUNet"], SimpleNamespace(config={"in_channels": 4}), object) is None
+        True
+    """
+    if condition_channels(row, module):
+        return condition_of(row, module, pipe)
+    cls = pipe if isinstance(pipe, type) else type(pipe)
+    return next((row.condition[c.__name__] for c in cls.__mro__ if c.__name__ in row.condition), None)
 
 
 def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,

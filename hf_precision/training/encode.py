@@ -82,11 +82,13 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
 
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
-    out = {}
-    if denoiser_rows.condition_channels(row, module):
-        name = denoiser_rows.condition_of(row, module, tp.pipe)
+    out: dict[str, torch.Tensor] = {}
+    name = denoiser_rows.condition_made(row, module, tp.pipe)
+    if name is not None:
         with torch.no_grad():
-            out["condition_latents"] = CONDITIONS[name](tp, pixels, latents, generator).float()
+            made = CONDITIONS[name](tp, pixels, latents, generator)
+        # a builder returns the channels, or the batch entries of a denoiser that takes them as arguments of their own
+        out = {k: v.float() for k, v in made.items()} if isinstance(made, dict) else {"condition_latents": made.float()}
     return {**out, **encode_image_embeds(tp, row, pixels)}
 
 
@@ -105,9 +107,8 @@ def condition_key(tp: Any) -> tuple[str, ...]:
 
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
-    made: tuple[str, ...] = ()
-    if denoiser_rows.condition_channels(row, module):
-        made = ("condition", denoiser_rows.condition_of(row, module, tp.pipe))
+    name = denoiser_rows.condition_made(row, module, tp.pipe)
+    made: tuple[str, ...] = ("condition", name) if name is not None else ()
     encoder = image_encode_of(row, module, tp.pipe)
     return (*made, IMAGE_KEY, *encoder) if encoder else made
 
@@ -180,7 +181,8 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
 def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
     """What a pipeline class's ``encode_prompt`` requires beyond the captions :func:`encode_prompt` gives it (the
     prompts, device and counts): HunyuanVideo I2V encodes its input image with the prompt. Read from the class, so
-    ``train`` and ``train --plan`` refuse such a model before loading it.
+    ``train`` and ``train --plan`` know before loading: they give an ``image`` (each clip's first frame) and refuse
+    a model that needs anything else.
 
     Example:
         >>> import diffusers
@@ -211,6 +213,11 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
         raise TrainingError(f"tp.encode_prompt: {type(pipe).__name__}.encode_prompt takes no {', '.join(unknown)}; it "
                             f"takes {', '.join(p for p in params if p != 'prompt')}")
     config = getattr(tp._denoiser(), "config", {})
+    kind = config.get("image_condition_type")
+    if kind and "image_embed_interleave" in params and "image_embed_interleave" not in options:
+        # HunyuanVideo I2V's __call__ keeps every 2nd image token for latent_concat, every 4th for token_replace
+        # (pipeline_hunyuan_video_image2video.py:779-785); its encode_prompt's default is 2
+        options = {**options, "image_embed_interleave": {"latent_concat": 2, "token_replace": 4}.get(kind, 1)}
     grad = any(tp.kinds.get(c) != "frozen" for c in tp.components if c.startswith("text_encoder"))
     batch: dict[str, torch.Tensor] = {}
     for extra, names in (({}, row.encode), *row.encode_more):

@@ -17,7 +17,7 @@ from .inputs.registry import config_value
 from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
 
-__all__ = ["IMAGE_KEY", "check_batch", "image_width", "image_encode_of", "encode_image_embeds"]
+__all__ = ["IMAGE_KEY", "check_batch", "image_width", "image_encode_of", "encode_image_embeds", "pil_frames"]
 
 IMAGE_KEY = "image_embeds"  # the batch key (a row's cond or optional reads it)
 _FILLED = {"num_videos_per_prompt": 1, "num_images_per_prompt": 1, "do_classifier_free_guidance": False,
@@ -92,13 +92,23 @@ def check_batch(row: Any, module: Any, batch: Any) -> None:
                             f"batch.update(tp.encode_condition(pixels, batch['latents']))")
 
 
-def _as_input(frame: torch.Tensor, form: str) -> Any:
-    if form == "pixels":
-        return frame
+def pil_frames(pixels: torch.Tensor) -> list[Any]:
+    """The conditioning frame of each sample of ``pixels`` (in [-1, 1]: (B, 3, H, W), or a clip (B, 3, F, H, W) and
+    its first frame) as the 8-bit PIL picture a user hands ``__call__``, made as the pipelines' own postprocess makes
+    one (``VaeImageProcessor.pt_to_numpy``, ``numpy_to_pil``).
+
+    Example:
+        >>> [p.size for p in pil_frames(torch.zeros(2, 3, 5, 8, 6))]
+        [(6, 8), (6, 8)]
+    """
     from diffusers.image_processor import VaeImageProcessor
 
-    # the 8-bit image a user hands __call__, as the pipelines' own postprocess makes one from [-1, 1] pixels
+    frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
     return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy((frame.float() / 2 + 0.5).clamp(0, 1)))
+
+
+def _as_input(frame: torch.Tensor, form: str) -> Any:
+    return frame if form == "pixels" else pil_frames(frame)
 
 
 def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -62,20 +62,27 @@ def _text_trained(tp: Any) -> bool:
                and isinstance(m, torch.nn.Module) for p in m.parameters())
 
 
-def _encode(run: Run, indices: list[int]) -> dict[str, Any]:
-    """The batch the layer's loss takes: latents and conditioning, read from the cache where :func:`fill_cache`
-    wrote them, else encoded now (``--no-cache``, or a text encoder that trains)."""
+def _encode(run: Run, indices: list[int], step: int | None = None) -> dict[str, Any]:
+    """The batch the layer's loss takes at ``step``: latents and conditioning, read from the cache where
+    :func:`fill_cache` wrote them, else encoded now (``--no-cache``, or a text encoder that trains); a condition
+    drawn per step (an inpainting mask) is the step's pick among the sample's draws (:mod:`.draws`)."""
     import torch
+
+    from . import draws
 
     tp = run.tp
     found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
     if not all(f is not None for f in found):
-        found = [_sample_latents(run, i) for i in indices]
+        # a draw per step (.draws): the sample's draws up to the step's pick, the ones the cache would hold first
+        found = [_sample_latents(run, i, draws.choice(run.settings.seed, step, i) + 1) for i in indices]
     latents = torch.cat([f["latents"] for f in found])
     # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
     # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
     refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
-            "image_embeds") if all(k in f for f in found)}  # and an I2V model's image encoding of the first frame
+            "image_embeds", "image_latents", "first_frame_latents") if all(k in f for f in found)}  # and an I2V
+    # model's encodings of the first frame: its image embedding, I2VGen-XL's image latents, HunyuanVideo I2V's
+    if all(draws.KEY in f for f in found):
+        refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
     if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
@@ -94,30 +101,46 @@ def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
     conditioning channels or an image embedding, the builder or pipeline method that made them and the seed its mask
     or noise was drawn with: another builder, method or seed is another conditioning, encoded again."""
     from ...training.encode import condition_key
+    from .draws import DRAWS, drawn
 
-    made = condition_key(run.tp)
+    made = (*condition_key(run.tp), *(("draws", DRAWS) if drawn(run.tp) else ()))
     return (*sample_parts(run.data.samples[i]), *made, run.settings.seed) if made else sample_parts(run.data.samples[i])
 
 
 def _prompt_image(run: Run, i: int) -> Any:
-    """Sample ``i``'s reference image where the pipeline encodes the prompt with it (Qwen-Image Edit: its __call__
-    passes the reference to encode_prompt), else None: the denoiser then sees the conditioning it gets at inference."""
-    return run.data.reference_image(i) if _prompt_image_used(run, i) else None
+    """The picture the pipeline encodes sample ``i``'s prompt with, else None: its reference image (Qwen-Image Edit:
+    its __call__ passes the reference to encode_prompt) or, where encode_prompt needs an image and the data gives no
+    reference, the clip's first frame, the picture an image-to-video __call__ is given and encodes the prompt with
+    (HunyuanVideo I2V, pipeline_hunyuan_video_image2video.py:831-839): the denoiser then sees the conditioning it
+    gets at inference."""
+    if not _prompt_image_used(run, i):
+        return None
+    if run.data.samples[i].reference is not None:
+        return run.data.reference_image(i)
+    from ...training.image_embeds import pil_frames
+
+    return pil_frames(run.data.pixels([i]))[0]
 
 
 def _text_key(run: Run, i: int) -> tuple[Any, ...]:
-    """What a sample's cached conditioning depends on: its caption, and its reference image (file and bucket) where
-    the prompt is encoded with it: one caption over two references is two conditionings."""
+    """What a sample's cached conditioning depends on: its caption, and the picture the prompt is encoded with where
+    it is (a reference's file and bucket; else the sample's own file and bucket, its first frame): one caption over
+    two such pictures is two conditionings."""
     sample = run.data.samples[i]
-    if _prompt_image_used(run, i):
-        return (sample.caption, *sample_parts(sample)[-4:], sample.bucket)
-    return (sample.caption,)
+    if not _prompt_image_used(run, i):
+        return (sample.caption,)
+    if sample.reference is None:
+        return (sample.caption, "first frame", *sample_parts(sample))
+    return (sample.caption, *sample_parts(sample)[-4:], sample.bucket)
 
 
 def _prompt_image_used(run: Run, i: int) -> bool:
+    from ...training.encode import encode_prompt_needs
     from .references import prompt_reads_image
 
-    return run.data.samples[i].reference is not None and prompt_reads_image(run.tp.pipe)
+    if run.data.samples[i].reference is not None:
+        return prompt_reads_image(run.tp.pipe)
+    return "image" in encode_prompt_needs(type(run.tp.pipe))
 
 
 def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
@@ -167,18 +190,24 @@ def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dic
     return {**join_padded(texts, plain, list(masks)), **items}
 
 
-def _sample_latents(run: Run, i: int) -> dict[str, Any]:
+def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any]:
     """Sample ``i``'s latents (and its reference image's, in an edit dataset, by the same VAE path; and the
     conditioning channels its denoiser takes, built from the sample as the pipeline builds them), drawn from the
     VAE's distribution under the sample's own seed in a forked RNG: what the cache holds and what ``--no-cache``
-    encodes are the same, whatever batch or process the sample is in."""
+    encodes are the same, whatever batch or process the sample is in. ``count``: how many of a per-step condition's
+    draws to make (:mod:`.draws`; all by default)."""
     import torch
+
+    from .draws import DRAWS, drawn, encode_draws
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
         pixels = run.data.pixels([i])
         out = {"latents": run.tp.encode_images(pixels)}
-        out.update(run.tp.encode_condition(pixels, out["latents"]))
+        if drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
+            out.update(encode_draws(run.tp, pixels, out["latents"], count or DRAWS))
+        else:
+            out.update(run.tp.encode_condition(pixels, out["latents"]))
         reference = run.data.reference_pixels([i])
         if reference is not None:
             out["reference_latents"] = run.tp.encode_images(reference)
@@ -344,7 +373,7 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
     """(loss, stepped) for one optimizer step; loss None when it was not finite and --on-nan skip."""
     import torch
 
-    batch = _encode(run, indices)
+    batch = _encode(run, indices, step)
     batch.update(_draws(run, batch))
     loss = run.tp.loss(batch)
     finite = bool(torch.isfinite(loss.detach()).all())

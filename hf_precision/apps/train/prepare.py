@@ -126,14 +126,11 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
 
 def _check_conditioning(index: dict[str, Any]) -> None:
     """Refuse, before loading, a pipeline without ``encode_prompt`` (the program conditions on captions through it)
-    or whose ``encode_prompt`` needs an input besides the caption.
+    or whose ``encode_prompt`` needs an input besides the caption and the image (a sample's first frame).
 
     Example:
         >>> _check_conditioning({"_class_name": "StableDiffusionPipeline"})
-        >>> _check_conditioning({"_class_name": "HunyuanVideoImageToVideoPipeline"})  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        hf_precision.errors.RecipeError: --model: HunyuanVideoImageToVideoPipeline.encode_prompt needs image besides...
+        >>> _check_conditioning({"_class_name": "HunyuanVideoImageToVideoPipeline"})  # the first frame: its image
         >>> _check_conditioning({"_class_name": "DiTPipeline", "transformer": ["diffusers", "DiTTransformer2DModel"]})
         Traceback (most recent call last):
         ...
@@ -148,8 +145,10 @@ def _check_conditioning(index: dict[str, Any]) -> None:
     name = str(index.get("_class_name"))
     cls = getattr(diffusers, name, None)
     if cls is not None and hasattr(cls, "encode_prompt"):
-        needs = encode_prompt_needs(cls)
-        if needs:  # HunyuanVideo I2V encodes its input image into the prompt's tokens; the data has no such input
+        # HunyuanVideo I2V encodes its input image into the prompt's tokens: the clip's first frame, as its __call__
+        # is given (apps/train/loop.py _prompt_image); anything else the data cannot give
+        needs = [n for n in encode_prompt_needs(cls) if n != "image"]
+        if needs:
             raise RecipeError(f"--model: {name}.encode_prompt needs {', '.join(needs)} besides the caption (it "
                               f"conditions on the input with the prompt), and the training program encodes captions "
                               f"alone (the data gives no such input); write your own loop with "

@@ -16,7 +16,7 @@ from .inpaint_mask import random_mask
 from .registry import condition
 
 
-@condition("fill_mask")
+@condition("fill_mask", drawn=True)
 def _fill_mask(tp: Any, pixels: torch.Tensor, latents: torch.Tensor, generator: Any) -> torch.Tensor:
     b, _, height, width = pixels.shape
     mask = random_mask(b, height, width, generator, pixels.device)

@@ -45,7 +45,7 @@ def random_mask(b: int, height: int, width: int, generator: torch.Generator | No
     return torch.stack(masks).unsqueeze(1).to(device)
 
 
-@condition("inpaint_mask")
+@condition("inpaint_mask", drawn=True)
 def _inpaint_mask(tp: Any, pixels: torch.Tensor, latents: torch.Tensor, generator: Any) -> torch.Tensor:
     mask = random_mask(pixels.shape[0], pixels.shape[-2], pixels.shape[-1], generator, pixels.device)
     masked = tp.encode_images(pixels * (mask < 0.5), generator)

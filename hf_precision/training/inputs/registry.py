@@ -13,15 +13,16 @@ import torch
 
 from ...errors import RecipeError
 
-__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "DRAWN", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
            "pixel_size", "reference_latents", "config_value", "fitted_latent"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
 BUILDERS: dict[str, Builder] = {}
 # (tp, pixels in [-1, 1]: (B, 3, H, W) or a clip (B, 3, F, H, W), their latents, generator) -> the conditioning
-# latents in the VAE's layout
-Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+# latents in the VAE's layout, or batch entries by key (a denoiser that takes them as arguments of their own)
+Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 CONDITIONS: dict[str, Condition] = {}
+DRAWN: set[str] = set()  # condition builders whose output is a random draw per training step (condition(drawn=True))
 
 
 def builder(name: str) -> Callable[[Builder], Builder]:
@@ -56,13 +57,19 @@ def builder(name: str) -> Callable[[Builder], Builder]:
     return register
 
 
-def condition(name: str) -> Callable[[Condition], Condition]:
+def condition(name: str, *, drawn: bool = False) -> Callable[[Condition], Condition]:
     """Register a condition builder under ``name``, the name a row's ``condition`` gives for a pipeline class.
 
     A condition builder makes, in the encode phase (next to the sample's latents, cached with them), the channels
     the denoiser takes beyond the noisy latents, as that pipeline builds them at inference from its input image
     (and mask): it takes (the training plan ``tp``, the sample's pixels in [-1, 1], a generator or None) and returns
-    them in the VAE's layout, the latents' size; the training step concatenates them after the noisy latents.
+    them in the VAE's layout, the latents' size; the training step concatenates them after the noisy latents. A
+    denoiser that takes its conditioning as arguments of their own rather than as channels (I2VGen-XL's
+    ``image_latents`` and ``image_embeddings``) has a builder that returns a dict of batch entries, which its row's
+    ``optional`` or ``cond`` hands the denoiser; the encode phase runs it for a pipeline class the row names.
+    ``drawn=True`` marks a builder whose output is a random draw a training script makes anew each step (an
+    inpainting mask): the training program then caches several draws per sample and picks one each step
+    (:data:`DRAWN`).
 
     Example:
         >>> @condition("my_cond")
@@ -76,6 +83,7 @@ def condition(name: str) -> Callable[[Condition], Condition]:
 
     def register(fn: Condition) -> Condition:
         CONDITIONS[name] = fn
+        (DRAWN.add if drawn else DRAWN.discard)(name)
         return fn
     return register
 

@@ -1,0 +1,191 @@
+"""Conditioning a denoiser takes as arguments of their own, built in training as its pipeline's __call__ builds them
+from the sample: I2VGen-XL's image latents and CLIP image embedding of the clip's first frame (it trained on zeros).
+The reference is the pipeline's own __call__ on the same picture: what it hands the UNet is captured by a hook."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import hf_precision as hp
+from hf_precision.testing import make_pipeline
+from hf_precision.training import denoiser_rows
+
+SIDE, FRAMES = 32, 3
+
+
+def _clip(frames: int = FRAMES) -> tuple[Image.Image, torch.Tensor]:
+    """A first frame as the 8-bit picture a user hands __call__, and the (1, 3, frames, H, W) clip in [-1, 1] the
+    data loader makes with it as frame 0 (the later frames differ: only the first conditions)."""
+    rng = np.random.default_rng(0)
+    shots = [rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8) for _ in range(frames)]
+    clip = torch.stack([torch.from_numpy(s).permute(2, 0, 1).float() / 127.5 - 1 for s in shots], dim=1)
+    return Image.fromarray(shots[0]), clip[None]
+
+
+def _call_inputs_of_pipeline(image: Image.Image, seed: int) -> dict:
+    """The UNet's keyword arguments at the first step of I2VGenXLPipeline.__call__ for ``image`` (no guidance)."""
+    from hf_precision.runtime.patches import text_model_alias
+
+    pipe = make_pipeline("i2vgenxl", seed=0)
+    text_model_alias(pipe.text_encoder)  # diffusers reads text_encoder.text_model, which transformers 5's CLIP lacks
+    seen: dict = {}
+
+    def grab(module, args, kwargs):
+        seen.update(kwargs) if not seen else None
+        raise StopIteration  # one call is enough
+
+    pipe.unet.register_forward_pre_hook(grab, with_kwargs=True)
+    torch.manual_seed(seed)  # the VAE's latent sample in prepare_image_latents draws from the global generator
+    try:
+        pipe(prompt="a cat", image=image, height=SIDE, width=SIDE, num_frames=FRAMES, guidance_scale=1.0,
+             num_inference_steps=1, output_type="pt")
+    except StopIteration:
+        pass
+    return seen
+
+
+def test_i2vgenxl_trains_on_the_first_frames_image_latents_and_embedding_as_call_builds_them():
+    image, clip = _clip()
+    expected = _call_inputs_of_pipeline(image, seed=7)
+    tp = hp.prepare_training(make_pipeline("i2vgenxl", seed=0), device="cpu", train={"unet": "lora"}, rank=2)
+    batch = {"latents": tp.encode_images(clip), "prompt_embeds": torch.zeros(1, 4, 4)}
+    torch.manual_seed(7)
+    batch.update(tp.encode_condition(clip, batch["latents"]))
+    module = tp._denoiser()
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                           tp.alphas_cumprod, torch.Generator().manual_seed(0))
+    for arg in ("image_latents", "image_embeddings"):
+        assert kwargs[arg].abs().sum() > 0, f"{arg} is zeros"
+        torch.testing.assert_close(kwargs[arg].float(), expected[arg].float(), msg=arg)
+    # frame 0 is the image's latents, later frames their position (i + 1) / (F - 1), as prepare_image_latents
+    later = kwargs["image_latents"][0, :, 1:].transpose(0, 1).flatten(1)
+    torch.testing.assert_close(later, torch.tensor([[0.5], [1.0]]).expand_as(later))
+    torch.testing.assert_close(kwargs["fps"].float(), torch.full((1,), 16.0))  # __call__'s target_fps default
+
+
+def _clips(folder, n: int = 2, frames: int = 5, caption: str = "a clip"):
+    """``n`` GIF clips of one caption whose first frames differ (random pictures), frames after it random too."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(1)
+    for i in range(n):
+        shots = [Image.fromarray(rng.integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8)) for _ in range(frames)]
+        shots[0].save(folder / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (folder / f"c{i}.txt").write_text(caption)
+    return folder
+
+
+def test_hunyuan_video_i2v_trains_with_the_prompt_encoded_with_each_clips_first_frame(saved_pipeline, tmp_path):
+    """HunyuanVideo I2V's encode_prompt reads the input image beside the prompt (its __call__ passes the picture it
+    is given, pipeline_hunyuan_video_image2video.py:831-839): `train` encodes each caption with its clip's first
+    frame, cached per (caption, clip), and trains 2 steps (it was refused before loading)."""
+    from safetensors.torch import load_file
+
+    import hf_precision.apps.train.loop as loop
+    from hf_precision.cli import main
+
+    folder, data, out = saved_pipeline("hunyuan_video_i2v"), _clips(tmp_path / "clips"), tmp_path / "out"
+    checks, encode = [], loop._encode
+
+    def spy(run, indices, *step):  # each step's batch against the pipeline's encode_prompt of (caption, first frame)
+        batch = encode(run, indices, *step)
+        for row, i in enumerate(indices):
+            sample = run.data.samples[i]
+            first = Image.open(sample.path).convert("RGB")  # the GIF's frame 0, as the data reads it at 32 px
+            want = run.tp.pipe.encode_prompt(prompt=[sample.caption], image=first, device="cpu")[0]
+            checks.append((batch["prompt_embeds"][row:row + 1].float(), want.float()))
+        return batch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(loop, "_encode", spy)
+        code = main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution", "32",
+                     "--frames", "5", "--steps", "2", "--device", "cpu", "--quiet", "--lora-rank", "2"])
+    assert code == 0
+    texts = [load_file(p)["prompt_embeds"] for p in (out / "cache" / "text").glob("*.safetensors")]
+    assert len(texts) == 2 and not torch.allclose(texts[0], texts[1])  # one caption, two first frames
+    assert checks
+    for got, want in checks:
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match(saved_pipeline, tmp_path):
+    """SD inpainting's mask is drawn per step, as diffusers' train_dreambooth_inpaint.py draws one each time a sample
+    is loaded (it was one mask per sample for the whole run, cached with the latents): the cache holds several draws
+    of (mask, masked-image latents) per sample, encoded together, and each step picks one by (seed, step, sample),
+    so one sample seen at four steps gets more than one mask, and a second run picks the same ones, as does
+    --no-cache, which encodes a sample's draws up to the step's pick."""
+    from safetensors.torch import load_file
+
+    import hf_precision.apps.train.loop as loop
+    from hf_precision.apps.train.draws import DRAWS, KEY
+    from hf_precision.cli import main
+
+    folder, data = saved_pipeline("sd_inpaint"), tmp_path / "photos"
+    data.mkdir()
+    Image.fromarray(np.random.default_rng(2).integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8)).save(data / "a.png")
+    (data / "a.txt").write_text("a cat")
+    encode = loop._encode
+
+    def run(out, *extra):
+        seen = []
+
+        def spy(run, indices, *args):
+            batch = encode(run, indices, *args)
+            seen.append(batch["condition_latents"].clone())
+            return batch
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(loop, "_encode", spy)
+            assert main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution",
+                         str(SIDE), "--steps", "4", "--device", "cpu", "--quiet", "--lora-rank", "2",
+                         "--checkpoint-every", "1000", *extra]) == 0
+        return seen
+
+    first, again, uncached = run(tmp_path / "one"), run(tmp_path / "two"), run(tmp_path / "three", "--no-cache")
+    masks = [c[:, 0] for c in first]
+    assert len({m.numpy().tobytes() for m in masks}) > 1, "one mask for every step"
+    for other in (again, uncached):  # picked by (seed, step, sample), encoded as the cache holds it: reproducible
+        assert len(other) == len(first) and all(torch.equal(a, b) for a, b in zip(first, other))
+    (entry,) = [load_file(p) for p in (tmp_path / "one" / "cache" / "latents").glob("*.safetensors")]
+    pool = entry[KEY][0]
+    assert pool.shape[0] == DRAWS and len({m.numpy().tobytes() for m in pool[:, 0]}) == DRAWS
+    for got in first:  # each step's pair is one draw's mask with that draw's masked-image latents
+        assert any(torch.equal(got[0], draw) for draw in pool)
+
+
+def test_hunyuan_video_i2v_token_replace_trains_with_the_image_latents_as_its_clean_first_frame():
+    """HunyuanVideo I2V with image_condition_type token_replace (in_channels = the latents'): __call__ puts the
+    image's latents in the first latent frame, clean at every step, and steps only the later frames
+    (pipeline_hunyuan_video_image2video.py:890-893, :922-926). Training puts the latents prepare_latents makes for
+    the clip's first frame there and leaves that frame out of the loss (it trained as text-to-video)."""
+    from diffusers import HunyuanVideoTransformer3DModel
+
+    pipe = make_pipeline("hunyuan_video_i2v", seed=0)
+    config = {**pipe.transformer.config, "in_channels": pipe.transformer.config.out_channels,
+              "image_condition_type": "token_replace"}
+    torch.manual_seed(0)
+    pipe.transformer = HunyuanVideoTransformer3DModel.from_config(config)
+    image, clip = _clip(frames=5)
+    with torch.no_grad():
+        _, expected = pipe.prepare_latents(pipe.video_processor.preprocess(image, SIDE, SIDE), 1,
+                                           config["in_channels"], SIDE, SIDE, 5, torch.float32, torch.device("cpu"),
+                                           None, None, "token_replace")
+    tp = hp.prepare_training(pipe, device="cpu", train={"transformer": "lora"}, rank=2)
+    latents = tp.encode_images(clip)
+    batch = {"latents": latents, **tp.encode_condition(clip, latents)}
+    torch.testing.assert_close(batch["first_frame_latents"], expected, atol=1e-5, rtol=1e-5)
+    batch.update(tp.encode_prompt(["a cat"], image=image))
+    # __call__ keeps every 4th image token for token_replace (:779-785); encode_prompt's own default keeps every 2nd
+    with torch.no_grad():
+        want, every_2nd = (pipe.encode_prompt(image=image, prompt=["a cat"], device="cpu", image_embed_interleave=n)[0]
+                           for n in (4, 2))
+    assert want.shape != every_2nd.shape or not torch.equal(want, every_2nd)
+    torch.testing.assert_close(batch["prompt_embeds"].float(), want.float())
+    module = tp._denoiser()
+    kwargs, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                                tp.alphas_cumprod, torch.Generator().manual_seed(0))
+    torch.testing.assert_close(kwargs["hidden_states"][:, :, :1], expected)
+    assert target.shape[2] == latents.shape[2] - 1  # the clean frame is not predicted
+    assert torch.isfinite(tp.loss(batch))
