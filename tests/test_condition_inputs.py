@@ -83,11 +83,11 @@ def test_hunyuan_video_i2v_trains_with_the_prompt_encoded_with_each_clips_first_
     frame, cached per (caption, clip), and trains 2 steps (it was refused before loading)."""
     from safetensors.torch import load_file
 
-    import hf_precision.apps.train.loop as loop
+    import hf_precision.apps.train.batches as train_batches
     from hf_precision.cli import main
 
     folder, data, out = saved_pipeline("hunyuan_video_i2v"), _clips(tmp_path / "clips"), tmp_path / "out"
-    checks, encode = [], loop._encode
+    checks, encode = [], train_batches.encode_batch
 
     def spy(run, indices, *step):  # each step's batch against the pipeline's encode_prompt of (caption, first frame)
         batch = encode(run, indices, *step)
@@ -99,7 +99,7 @@ def test_hunyuan_video_i2v_trains_with_the_prompt_encoded_with_each_clips_first_
         return batch
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(loop, "_encode", spy)
+        mp.setattr(train_batches, "encode_batch", spy)
         code = main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution", "32",
                      "--frames", "5", "--steps", "2", "--device", "cpu", "--quiet", "--lora-rank", "2"])
     assert code == 0
@@ -118,7 +118,7 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
     --no-cache, which encodes a sample's draws up to the step's pick."""
     from safetensors.torch import load_file
 
-    import hf_precision.apps.train.loop as loop
+    import hf_precision.apps.train.batches as train_batches
     from hf_precision.apps.train.draws import DRAWS, KEY
     from hf_precision.cli import main
 
@@ -126,7 +126,7 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
     data.mkdir()
     Image.fromarray(np.random.default_rng(2).integers(0, 255, (SIDE, SIDE, 3), dtype=np.uint8)).save(data / "a.png")
     (data / "a.txt").write_text("a cat")
-    encode = loop._encode
+    encode = train_batches.encode_batch
 
     def run(out, *extra):
         seen = []
@@ -137,7 +137,7 @@ def test_inpainting_trains_on_a_mask_drawn_per_step_with_masked_latents_to_match
             return batch
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(loop, "_encode", spy)
+            mp.setattr(train_batches, "encode_batch", spy)
             assert main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--resolution",
                          str(SIDE), "--steps", "4", "--device", "cpu", "--quiet", "--lora-rank", "2",
                          "--checkpoint-every", "1000", *extra]) == 0

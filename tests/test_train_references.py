@@ -73,10 +73,11 @@ def trained(kontext, tmp_path_factory) -> dict:
     import torch
     from diffusers import FluxKontextPipeline, FluxTransformer2DModel
 
-    import hf_precision.apps.train.loop as loop
+    import hf_precision.apps.train.batches as train_batches
 
     seen, calls, batches, checking = [], [], [], []
-    forward, original, encode = FluxTransformer2DModel.forward, FluxKontextPipeline.encode_prompt, loop._encode
+    forward, original = FluxTransformer2DModel.forward, FluxKontextPipeline.encode_prompt
+    encode = train_batches.encode_batch
 
     def spy(self, hidden_states=None, *args, **kwargs):
         seen.append((hidden_states.shape[1], kwargs["img_ids"].shape[0]))
@@ -99,7 +100,7 @@ def trained(kontext, tmp_path_factory) -> dict:
                                                     image=Image.open(run.data.samples[i].reference),
                                                     max_sequence_length=batch["prompt_embeds"].shape[1])[0]
                           for i in indices])
-        batches.extend([(batch["prompt_embeds"], want), (loop._encode_text(run, indices)["prompt_embeds"], want)])
+        batches.extend([(batch["prompt_embeds"], want), (train_batches.encode_text(run, indices)["prompt_embeds"], want)])
         checking.clear()
         return batch
 
@@ -107,7 +108,7 @@ def trained(kontext, tmp_path_factory) -> dict:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(FluxTransformer2DModel, "forward", spy)
         mp.setattr(FluxKontextPipeline, "encode_prompt", encode_prompt)
-        mp.setattr(loop, "_encode", batch_spy)
+        mp.setattr(train_batches, "encode_batch", batch_spy)
         assert main(["train", "--model", str(kontext), "--data", str(_pairs(tmp, caption="make it red")), "--out",
                      str(out), "--steps", "2", "--device", "cpu", "--quiet", "--lora-rank", "2"]) == 0
     return {"out": out, "data": tmp / "data", "seen": seen, "calls": calls, "batches": batches}
