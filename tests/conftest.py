@@ -167,8 +167,11 @@ def pytest_configure(config):
     if workers > 1:  # `make test` runs pytest-xdist workers
         import torch
 
-        # torch's default of one thread per core in every worker would oversubscribe the cores the workers share
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        from launch import share_cores
+
+        # torch's default of one thread per core in every worker, and in every subprocess a test starts, would
+        # oversubscribe the cores the workers share
+        torch.set_num_threads(share_cores(workers, os.environ))
 
 
 def pytest_report_header(config):

@@ -32,6 +32,27 @@ def subprocess_env(*, cpu_only: bool = False, **extra: str) -> dict[str, str]:
     return env
 
 
+def share_cores(workers: int, environ: dict[str, str], cores: int | None = None) -> int:
+    """Torch threads for each of ``workers`` pytest-xdist workers sharing ``cores`` (this machine's): an equal share,
+    at least 1. Also sets ``OMP_NUM_THREADS`` in ``environ`` to it (unless it is set already), so that every
+    subprocess a test starts (a script, the CLI, the benchmark; torch reads its thread count from it) runs on its
+    worker's share too. Beside a busy core, with 2 threads instead of 1, the tiny SVD's generate_video.py took up to
+    43 s instead of 6-13 s (17 s of CPU instead of 4: the per-op waits of conftest's ``one_thread``), and
+    test_benchmark.py's quick run 55-72 s instead of 31 s (it took 2 threads where the load average at its start
+    was under 1; now its cores are the 1 torch reports).
+
+    >>> env = {}
+    >>> share_cores(2, env, cores=2), env
+    (1, {'OMP_NUM_THREADS': '1'})
+    >>> env = {"OMP_NUM_THREADS": "3"}  # the user's own count stays
+    >>> share_cores(4, env, cores=16), env
+    (4, {'OMP_NUM_THREADS': '3'})
+    """
+    threads = max(1, (cores or os.cpu_count() or 1) // workers)
+    environ.setdefault("OMP_NUM_THREADS", str(threads))
+    return threads
+
+
 def free_port() -> int:
     """A TCP port no one listens on now: two `accelerate launch` runs at once (pytest-xdist workers) need their own."""
     with socket.socket() as s:

@@ -75,6 +75,27 @@ def test_every_component_matches_param_counts(entry):
         assert sum(p.numel() for p in model.parameters()) == entry["params"]
 
 
+def test_building_on_meta_runs_no_init_fill_and_restores_them(monkeypatch):
+    """A meta tensor holds no values: build_on_meta skips torch.nn.init's fills (each a Python decomposition on meta,
+    a fifth of the build) and puts them back after, even when the build fails; the param counts above check that
+    the shapes stay the same."""
+    import torch
+
+    from hf_precision.runtime.meta import INIT_FILLS
+
+    calls = []
+    for name in INIT_FILLS:
+        monkeypatch.setattr(torch.nn.init, name, lambda t, *a, _n=name, **k: calls.append(_n) or t)
+    installed = {name: getattr(torch.nn.init, name) for name in INIT_FILLS}
+    vae = build_on_meta("diffusers", "AutoencoderKL", {"block_out_channels": [8], "norm_num_groups": 4})
+    assert calls == [] and next(vae.parameters()).device.type == "meta"
+    with pytest.raises(RecipeError):
+        build_on_meta("diffusers", "NoSuchModel", {})
+    assert {name: getattr(torch.nn.init, name) for name in INIT_FILLS} == installed
+    torch.nn.Linear(2, 2)  # outside a build: the fills run
+    assert calls == ["kaiming_uniform_", "uniform_"], calls
+
+
 def test_aliases_map_to_the_shipped_folders():
     shipped = shipped_configs()
     assert shipped["sdxl"].name == "stable-diffusion-xl-base-1.0"

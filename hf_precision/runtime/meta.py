@@ -67,10 +67,37 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtyp
     return model
 
 
+# torch.nn.init's in-place fills, which every Linear, Conv and Embedding constructor calls: on meta they fill
+# nothing, yet each still runs a Python decomposition of uniform_ / normal_ (torch/_decomp/decompositions.py:3538
+# uniform_), a third of a tiny family's `--plan` time. transformers skips its own _init_weights on meta already
+# (transformers/modeling_utils.py:3107 init_weights); its tie_weights, which build_on_meta counts on, runs.
+INIT_FILLS = ("uniform_", "normal_", "trunc_normal_", "constant_", "ones_", "zeros_", "eye_", "dirac_",
+              "xavier_uniform_", "xavier_normal_", "kaiming_uniform_", "kaiming_normal_", "orthogonal_", "sparse_")
+
+
+def _unfilled(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+    return tensor
+
+
+@contextlib.contextmanager
+def _no_fills() -> Iterator[None]:
+    """``torch.nn.init``'s fills left undone while a model is built on meta (restored after, on error too)."""
+    from torch.nn import init
+
+    saved = {name: getattr(init, name) for name in INIT_FILLS if hasattr(init, name)}
+    for name in saved:
+        setattr(init, name, _unfilled)
+    try:
+        yield
+    finally:
+        for name, fill in saved.items():
+            setattr(init, name, fill)
+
+
 def _build(library: str, class_name: str, config: Mapping[str, Any], pipeline: str | None) -> nn.Module:
     import torch
 
-    with quiet():
+    with quiet(), _no_fills():
         if library == "transformers":
             import transformers
 
