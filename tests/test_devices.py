@@ -338,7 +338,7 @@ def test_devices_yaml_is_validated_like_every_recipe_file():
     # Before, only `kind` was checked: a typo under `when:` was ignored, so the rule then held for every CUDA device.
     import yaml
 
-    from hf_precision.recipe.schema import check_devices_file
+    from hf_precision.recipe.devices_schema import check_devices_file
     from hf_precision.recipe.files import recipes_dir
 
     shipped = yaml.safe_load((recipes_dir() / "devices.yaml").read_text())

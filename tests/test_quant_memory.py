@@ -120,7 +120,7 @@ def test_video_plan_names_a_wan_14b_layout_that_fits_12gb():
 
 
 def test_a_bad_measured_speed_entry_is_named():
-    from hf_precision.recipe.schema import check_devices_file
+    from hf_precision.recipe.devices_schema import check_devices_file
 
     bad = {"schema": 1, "kind": "devices", "rules": [], "presets": {},
            "measured_speed": [{"device": "cuda", "source": "", "relative": {"int9": 1.1, "nf4": -1}}]}

@@ -29,7 +29,7 @@ from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
            "recipe_for_class", "recipes_for_denoiser", "entry_classes", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
-           "component_spec", "component_recipe_for", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
+           "component_spec", "component_recipe_for", "component_recipes_listing", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
 
 Models = Mapping[str, tuple[str, str]]
 
@@ -363,6 +363,17 @@ def _class_index() -> dict[str, str]:
             for cls in policy.get("class") or ():
                 index.setdefault(str(cls), f"{path.stem}.{entry}")
     return index
+
+
+def component_recipes_listing(class_name: str) -> list[str]:
+    """Every component recipe entry (``stem.entry``) whose ``class:`` list names this model class, in file order.
+
+    Example:
+        >>> component_recipes_listing("UNet2DConditionModel"), component_recipes_listing("NoSuchModel")
+        (['unet.sd15', 'unet.sdxl'], [])
+    """
+    return [f"{path.stem}.{entry}" for path in sorted((recipes_dir() / "components").glob("*.yaml"))
+            for entry, policy in component_entries(path.stem).items() if class_name in (policy.get("class") or ())]
 
 
 def component_recipe_for(class_name: str) -> str | None:

@@ -19,7 +19,8 @@ from .files import read_yaml, recipes_dir
 from .probe import (CPU_FLAG_SETS, CPU_FLAGS_ENV, CPU_NAME_ENV, SystemProbe, cpu_flags_from_env,  # noqa: F401 (API)
                     cpu_name_from_env)
 from .probe import version as _version
-from .schema import TYPES, check_devices_file
+from .devices_schema import check_devices_file
+from .schema import TYPES
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
            "measured_speed", "speed_note", "video_defaults", "list_presets", "present_devices", "rule_ids",

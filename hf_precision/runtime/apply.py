@@ -17,7 +17,7 @@ from . import follow, patches
 from .hooks import EntryHook, IslandHook, attach, nan_guard, warn_switch
 from .layout import (check_user_names, component_islands, drift, dtype_anchors, has_layerwise_casting,
                      layerwise_skip_regexes)
-from ..recipe.catalog import list_recipes
+from ..recipe.catalog import component_recipes_listing, list_recipes
 from ..recipe.model import ComponentPolicy, Recipe
 from ..recipe.resolution import resolve
 from ..recipe.patterns import inside
@@ -247,8 +247,11 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
     if "" in comps:
         if not isinstance(recipe, (str, Recipe)) or (isinstance(recipe, str) and recipe in list_recipes("pipeline")):
             got = f"{recipe!r} is a pipeline recipe; " if isinstance(recipe, str) else ""
-            raise RecipeError(f"apply_recipe: {got}name a component recipe for a bare {type(comps['']).__name__}, "
-                              f"e.g. recipe='video.wan'; component recipes: {', '.join(list_recipes('component'))}")
+            cls = type(comps[""]).__name__
+            fitting = component_recipes_listing(cls)  # all of them would be a page (80 entries)
+            offer = (f", e.g. recipe={fitting[0]!r}; the component recipes that list {cls}: {', '.join(fitting)}"
+                     if fitting else f"; no component recipe lists {cls}: `hf-precision recipes` lists them all (recipes/components/)")
+            raise RecipeError(f"apply_recipe: {got}name a component recipe for a bare {cls}{offer}")
         stem = recipe.policies[0].name if isinstance(recipe, Recipe) else str(recipe).split(".")[0]
         comps = {stem: comps[""]}
     resolved = resolve_for(pipe, comps, recipe, device, overrides, layout, force)

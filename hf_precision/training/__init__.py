@@ -11,7 +11,7 @@ _EXPORTS = {
     "prepare_training": "setup", "TrainingSetup": "setup", "Components": "resolve",
     "resolve_training": "resolve", "TrainingRecipe": "resolve",
     "TrainingError": "rules", "training_compute": "rules", "TRAINING_ORDER": "rules",
-    "ROWS": "denoiser_rows", "DenoiserRow": "denoiser_rows", "row_of": "denoiser_rows", "objective_of": "denoiser_rows",
+    "ROWS": "denoiser_rows", "DenoiserRow": "denoiser_rows", "row_of": "denoiser_rows", "objective_of": "objectives",
     "example_batch": "denoiser_rows", "add_rows": "denoiser_rows", "call_inputs": "denoiser_rows",
     "stochastic_round_": "scaler", "Stepper": "scaler",
     "TokenRows": "trainable", "default_targets": "trainable",

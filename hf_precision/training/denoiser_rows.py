@@ -7,7 +7,7 @@ takes beyond the latents (``condition``: an inpainting mask, an image-to-video f
 ``encode_prompt`` returns in order. Each row follows the
 family's diffusers pipeline (cited per row), so a training step and the video memory plan (:func:`call_inputs`,
 on the meta device) feed the denoiser what sampling feeds it. The noise objective comes from the scheduler config
-(:func:`objective_of`), not from the row.
+(:func:`hf_precision.training.objectives.objective_of`), not from the row.
 """
 
 from __future__ import annotations
@@ -19,18 +19,14 @@ from typing import Any
 import torch
 
 from . import image_embeds, inputs
+from .objectives import draw
 from .inputs.registry import config_value
 from .rules import TrainingError
 
 __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of",
-           "condition_made", "objective_of", "sigma_range", "draw", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
-           "OBJECTIVES"]
+           "condition_made", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value"]
 
-OBJECTIVES = ("epsilon", "v_prediction", "flow", "edm")
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
-# EDM training draws ln(sigma) ~ N(P_mean, P_std^2) (Karras et al. 2022, "Elucidating the Design Space of
-# Diffusion-Based Generative Models", Table 1: P_mean -1.2, P_std 1.2), clipped to the scheduler's sigma range.
-EDM_P_MEAN, EDM_P_STD = -1.2, 1.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,79 +133,12 @@ def no_row(module: torch.nn.Module, component: str = "the denoiser") -> Training
         f"hf_precision.training.denoiser_rows.add_rows(path) (known: {', '.join(sorted(ROWS))})")
 
 
-def objective_of(scheduler_config: Mapping[str, Any] | None, scheduler_class: str = "") -> str:
-    """The noise objective a scheduler config implies: ``flow``, ``edm``, ``v_prediction`` or ``epsilon``.
-
-    ``edm`` is EDM preconditioning as SVD samples it: continuous timesteps with v-prediction make
-    ``EulerDiscreteScheduler`` feed the model ``c_noise = 0.25 * ln(sigma)`` and the input scaled by
-    ``1 / sqrt(sigma^2 + 1)`` (diffusers ``schedulers/scheduling_euler_discrete.py``: ``timestep_type ==
-    "continuous" and prediction_type == "v_prediction"``, ``scale_model_input``).
-
-    Example:
-        >>> objective_of({"prediction_type": "v_prediction"}), objective_of({}, "FlowMatchEulerDiscreteScheduler")
-        ('v_prediction', 'flow')
-        >>> objective_of({"prediction_type": "v_prediction", "timestep_type": "continuous"}, "EulerDiscreteScheduler")
-        'edm'
-    """
-    config = dict(scheduler_config or {})
-    prediction = config.get("prediction_type")
-    if scheduler_class.startswith("FlowMatch") or prediction == "flow_prediction" or config.get("use_flow_sigmas"):
-        return "flow"
-    if prediction == "v_prediction" and config.get("timestep_type") == "continuous":
-        return "edm"
-    return "v_prediction" if prediction == "v_prediction" else "epsilon"
-
-
-def sigma_range(scheduler_config: Mapping[str, Any] | None, alphas_cumprod: torch.Tensor | None = None) -> tuple[float, float]:
-    """(sigma_min, sigma_max) of an EDM schedule: the config's, else the range its betas give (as the scheduler does).
-
-    Example:
-        >>> sigma_range({"sigma_min": 0.002, "sigma_max": 700.0})
-        (0.002, 700.0)
-    """
-    config = dict(scheduler_config or {})
-    lo, hi = config.get("sigma_min"), config.get("sigma_max")
-    if (lo is None or hi is None) and alphas_cumprod is not None:
-        # scheduling_euler_discrete.py: sigmas = sqrt((1 - alphas_cumprod) / alphas_cumprod)
-        sigmas = ((1 - alphas_cumprod) / alphas_cumprod).sqrt()
-        lo = float(sigmas.min()) if lo is None else lo
-        hi = float(sigmas.max()) if hi is None else hi
-    return float(0.002 if lo is None else lo), float(80.0 if hi is None else hi)
-
-
-def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor | None = None,
-         sigmas: tuple[float, float] | None = None, generator: torch.Generator | None = None,
-         device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """The random part of a training step for ``shape[0]`` samples: ``noise`` of ``shape``, then the noise levels
-    (``sigmas``: uniform for flow, EDM's log-normal clipped to ``sigmas`` for edm) or DDPM ``timesteps``, in that
-    order; ``sigmas`` is the (min, max) of an edm draw, or the window of a flow one. The training loss draws what its
-    batch lacks with it; the program draws a whole global batch with it and
-    gives each process its slice, so N processes train on what one process does.
-
-    Example:
-        >>> d = draw("flow", (2, 4, 8, 8), generator=torch.Generator().manual_seed(0))
-        >>> sorted(d), tuple(d["noise"].shape), tuple(d["sigmas"].shape)
-        (['noise', 'sigmas'], (2, 4, 8, 8), (2,))
-    """
-    b, rnd = shape[0], {"generator": generator, "device": device}
-    out = {"noise": torch.randn(shape, **rnd)}
-    if objective == "flow":  # uniform; within ``sigmas`` where given (a Wan 2.2 expert's window: training.experts)
-        lo, hi = sigmas or (0.0, 1.0)
-        out["sigmas"] = lo + (hi - lo) * torch.rand(b, **rnd)
-    elif objective == "edm":
-        lo, hi = sigmas or (0.002, 80.0)
-        out["sigmas"] = (EDM_P_MEAN + EDM_P_STD * torch.randn(b, **rnd)).exp().clamp(lo, hi)
-    elif alphas_cumprod is not None:
-        out["timesteps"] = torch.randint(0, len(alphas_cumprod), (b,), **rnd)
-    return out
-
-
 def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], objective: str,
                  alphas_cumprod: torch.Tensor | None, generator: torch.Generator | None = None,
                  sigmas: tuple[float, float] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
     """The denoiser's keyword arguments for one training step, and the target its output is compared with.
 
-    ``sigmas`` is the (min, max) noise level of an ``edm`` objective (:func:`sigma_range`); the batch may fix the
+    ``sigmas`` is the (min, max) noise level of an ``edm`` objective (:func:`~hf_precision.training.objectives.sigma_range`); the batch may fix the
     noise (``noise``), the noise levels (``sigmas``: flow and edm) or the timesteps (``timesteps``: DDPM).
     """
     if "latents" not in batch:

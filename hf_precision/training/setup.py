@@ -25,7 +25,7 @@ from .. import dtypes as dt
 from ..recipe.model import Recipe
 from ..runtime.apply import Applied, applied, apply_recipe
 from ..runtime.placement import check_placeable, torch_device
-from . import control, denoiser_rows, experts, quantized, trainable
+from . import control, denoiser_rows, experts, objectives, quantized, trainable
 from .methods import ComponentSetup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
 from .rules import MASTERS, ComputeChoice, TrainingError
@@ -463,7 +463,7 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
         row = denoiser_rows.row_of(denoiser) if denoiser is not None else None
         return ("epsilon" if row is not None and row.latent_arg == "sample" else "flow"), _alphas({}), None
     config = dict(scheduler.config)
-    objective = denoiser_rows.objective_of(config, type(scheduler).__name__)
+    objective = objectives.objective_of(config, type(scheduler).__name__)
     if objective == "flow":
         return objective, None, None
     # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
@@ -474,7 +474,7 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
         # t = i / 1000, the step the Cascade row's timestep_ratio (t * 1e-3) reads back
         own = scheduler._alpha_cumprod(torch.arange(1000) / 1000, "cpu")
     alphas = own.detach().float().cpu() if isinstance(own, torch.Tensor) and own.dim() == 1 else _alphas(config)
-    return objective, alphas, (denoiser_rows.sigma_range(config, alphas) if objective == "edm" else None)
+    return objective, alphas, (objectives.sigma_range(config, alphas) if objective == "edm" else None)
 
 
 def _alphas(config: Mapping[str, Any]) -> torch.Tensor:

@@ -59,7 +59,7 @@ def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
     """This process's share of the noise and timesteps (or noise levels) drawn for the whole global batch, in the
     order one process draws them: N processes of --batch-size B train on what one process of N x B does (the
     layer's loss would draw only B, the same B on every process)."""
-    from ...training.denoiser_rows import draw
+    from ...training.objectives import draw
 
     tp, acc, latents = run.tp, run.accelerator, batch["latents"]
     b = latents.shape[0]

@@ -121,7 +121,7 @@ def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
     """
     from ...diagnose.planner import plan as hp_plan
     from ...runtime.source import configs_of
-    from ...training.denoiser_rows import objective_of
+    from ...training.objectives import objective_of
     from .data import model_geometry
 
     _, index, configs = configs_of(model)
