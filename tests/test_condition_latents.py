@@ -132,12 +132,19 @@ def _ref_kandinsky5(pipe, pixels, latents, gen):  # its condition channels: the 
     return out[..., latents.shape[1]:]
 
 
+def _ref_refiner(pipe, pixels, latents, gen):  # the sample is its own input image, encoded as __call__ encodes it
+    image_latents = pipe._encode_vae_image(pixels.unsqueeze(2), torch.Generator().manual_seed(0))  # tp's seed
+    _, cond = pipe.prepare_latents(image_latents, 1, latents.shape[1], *pixels.shape[-2:], torch.float32,
+                                   torch.device("cpu"), gen, latents=torch.zeros_like(image_latents))
+    return cond  # (B, C, 1, h, w): the frame axis its transformer patches
+
+
 REFERENCES = {"StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
               "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan, "StableVideoDiffusionPipeline": _ref_svd,
               "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan,
               "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionUpscalePipeline": _ref_upscale,
               "Kandinsky5I2VPipeline": _ref_kandinsky5,
-              "SkyReelsV2ImageToVideoPipeline": _ref_wan}
+              "SkyReelsV2ImageToVideoPipeline": _ref_wan, "HunyuanImageRefinerPipeline": _ref_refiner}
 
 
 def _received(tp, batch: dict, extra: int) -> torch.Tensor:

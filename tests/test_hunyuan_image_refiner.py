@@ -1,9 +1,9 @@
 """HunyuanImage 2.1 Refiner (HunyuanImageRefinerPipeline, recipe hunyuan_image_refiner): the HunyuanImage DiT on one
 latent frame of its own 3D VAE, taking the noised input image's latents beside the latents. Its generic tests
 (tests/test_families_dit.py) run it under every layout and beside plain diffusers; here what the commands do with
-it: check and generate run it from its folder, and train / train --plan refuse it before loading, in one line,
-because no condition builder makes the image channels its transformer takes (pipeline_hunyuanimage_refiner.py
-prepare_latents, :372-375), and zeros there would teach it to ignore the image."""
+it: check and generate run it from its folder, and train / train --plan run it, its transformer taking the
+sample's own latents noised as the pipeline noises its input image (pipeline_hunyuanimage_refiner.py prepare_latents,
+:372-373; hf_precision/training/inputs/hunyuan_image_refiner.py)."""
 
 from __future__ import annotations
 
@@ -46,8 +46,32 @@ def test_a_run_without_its_image_is_refused_before_loading(command, folder, tmp_
     assert len(err) == 1 and "--image" in err[0] and "HunyuanImageRefinerPipeline" in err[0], err
 
 
+def test_the_training_condition_is_what_prepare_latents_builds(folder):
+    """The sample's latents are _encode_vae_image's (its frame folded into channels, scaled) and the condition
+    channels are prepare_latents' cond_latents for that image, noise and strength (pipeline_hunyuanimage_refiner.py
+    :334-375, :405-418): the same generator seed gives the same noise."""
+    import torch
+
+    import hf_precision as hp
+
+    pipe = hp.load_pipeline(str(folder), "cpu")
+    tp = hp.prepare_training(pipe, device="cpu", train={"transformer": "lora"}, rank=2)
+    pixels = torch.rand(2, 3, 32, 32) * 2 - 1
+    latents = tp.encode_images(pixels, torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = pipe._encode_vae_image(pixels.unsqueeze(2), torch.Generator().manual_seed(0))
+    assert latents.shape == (2, 4, 2, 2) and torch.allclose(latents, want.squeeze(2), atol=1e-6)
+    cond = tp.encode_condition(pixels, latents, torch.Generator().manual_seed(5))["condition_latents"]
+    _, expected = pipe.prepare_latents(want, 2, 4, 32, 32, torch.float32, "cpu", torch.Generator().manual_seed(5),
+                                       latents=torch.zeros(2, 4, 1, 2, 2))
+    assert torch.allclose(cond, expected.squeeze(2), atol=1e-6), (cond - expected.squeeze(2)).abs().max()
+    # a step runs on it: folded latents and condition, the frame axis the transformer patches
+    loss = tp.loss({"latents": latents, "condition_latents": cond, **tp.encode_prompt(["a cat", "a dog"])})
+    assert loss.isfinite() and loss.item() > 0
+
+
 @pytest.mark.parametrize("plan", [True, False])
-def test_train_is_refused_before_loading_in_one_line(plan, folder, tmp_path, capsys, monkeypatch):
+def test_train_runs_two_steps_from_its_folder(plan, folder, tmp_path, capsys, monkeypatch):
     from hf_precision.cli import main
 
     data = tmp_path / "data"
@@ -57,12 +81,10 @@ def test_train_is_refused_before_loading_in_one_line(plan, folder, tmp_path, cap
     monkeypatch.chdir(tmp_path)
     args = ["train", *(["--plan"] if plan else []), "--model", str(folder), "--data", str(data), "--device", "cpu",
             "--resolution", "32", "--steps", "2", "--out", "lora"]
-    assert main(args) == 2
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(err) == 1 and err[0].startswith("hf-precision train: error: --model: HunyuanImageRefinerPipeline: its "
-                                               "denoiser (HunyuanImageTransformer2DModel) takes 4 conditioning "
-                                               "channels beyond the latents"), err
-    assert not (tmp_path / "lora").exists()
+    assert main(args) == 0
+    out, err = capsys.readouterr()
+    assert "error" not in err and "Traceback" not in err, err
+    assert (tmp_path / "lora").exists() != plan, out
 
 
 def test_its_vae_gets_a_recipe_of_its_own_not_the_composed_fallback(folder):

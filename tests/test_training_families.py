@@ -40,9 +40,8 @@ def _recipe_cases() -> dict[str, str]:
 # (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder; SkyReels-V2 DF-1.3B: the fps
 # embedding its inject_sample_info config adds).
 EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev", "skyreels_v2_df")
-# Recipes whose denoiser no training row feeds yet, each refused before loading (tests/test_hunyuan_image_refiner.py):
-# the HunyuanImage refiner's transformer takes the noised input image's latents as channels no condition builder makes.
-NOT_TRAINED = ("hunyuan_image_refiner",)
+# Recipes whose denoiser no training row feeds yet, each refused before loading (none today).
+NOT_TRAINED: tuple[str, ...] = ()
 CASES = _recipe_cases()
 
 

@@ -199,6 +199,11 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
 
 
+def _patches_frames(module: torch.nn.Module) -> bool:
+    patch = getattr(getattr(module, "_orig_mod", module), "config", {}).get("patch_size")
+    return isinstance(patch, (list, tuple)) and len(patch) == 3
+
+
 def _frame_dim(row: DenoiserRow) -> int:
     return 2 if row.layout == "video" else 1  # frames_first (B,F,C,H,W) and channels_last (B,F,H,W,C): axis 1
 
@@ -242,6 +247,11 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
     if timestep is None:
         timestep = torch.zeros(noisy.shape[0], device=noisy.device)
     noisy = _with_condition_latents(row, module, noisy, batch)
+    if noisy.dim() == 4 and _patches_frames(module):
+        # a denoiser patching (frame, height, width) takes an image as one latent frame (the HunyuanImage Refiner:
+        # patch_size [1, 1, 1], pipeline_hunyuanimage_refiner.py:350; transformer_hunyuanimage.py:789-796);
+        # model_output drops the axis again
+        noisy = noisy.unsqueeze(2)
     if row.pack:
         noisy = _pack(row, noisy)
     if row.reference and row.pack in TOKENS:  # Flux Kontext, Qwen-Image Edit: reference tokens after the latents'
@@ -273,6 +283,8 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
     if row.layout != "image" and row.pack is None and pred.dim() == target.dim() and \
             pred.shape[_frame_dim(row)] == target.shape[_frame_dim(row)] + 1:  # the clean first frame is not predicted
         pred = pred.narrow(_frame_dim(row), 1, target.shape[_frame_dim(row)])
+    if pred.dim() == target.dim() + 1 and row.pack is None and pred.shape[2] == 1:  # the frame call_inputs added
+        pred = pred.squeeze(2)
     dim = -1 if row.pack in TOKENS else inputs.channel_dim(row)
     if pred.shape != target.shape and pred.shape[dim] == 2 * target.shape[dim]:
         pred = pred.chunk(2, dim=dim)[0]

@@ -52,10 +52,25 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
     bn = getattr(vae, "bn", None)
     if isinstance(bn, torch.nn.BatchNorm2d) and bn.running_mean is not None:
         return patch_normalised(raw.float(), bn, float(vae.config.get("batch_norm_eps", bn.eps)))
+    raw = _folded(tp, raw)
     config = dict(vae.config)
     if type(getattr(tp, "pipe", None)).__name__ in SCALE_ONLY:
         config.pop("shift_factor", None)
     return normalise_latents(raw, config)
+
+
+# A pipeline with this static method folds its image's one latent frame into channels before denoising (the
+# HunyuanImage 2.1 Refiner: _encode_vae_image, diffusers 0.42.1 pipeline_hunyuanimage_refiner.py:405-418, reorders
+# before scaling; the transformer takes and predicts the folded channels, and decoding unfolds them, :748-749).
+FOLD_METHOD = "_reorder_image_tokens"
+
+
+def _folded(tp: Any, raw: torch.Tensor) -> torch.Tensor:
+    fold = getattr(type(getattr(tp, "pipe", None)), FOLD_METHOD, None)
+    if fold is None:
+        return raw
+    # vae_latents hands an image's one latent frame back as (B, C, h, w); the fold takes (B, C, F, h, w)
+    return fold(raw.unsqueeze(2)).squeeze(2) if raw.dim() == 4 else fold(raw)
 
 
 def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
