@@ -108,7 +108,7 @@ def _inputs_before_loading(model: str, base: str | None, steps: int, size: tuple
                            image: Any, mask: Any, strength: float | None) -> Any:
     """The checks made before any weight is read: steps, size, and the inputs the pipeline's call needs, from the
     ``model_index.json`` of ``model`` (of ``base`` for a single file, whose folder gives the pipeline class)."""
-    from ..diagnose.call import call_params, frames_argument, needed_inputs
+    from ..diagnose.call import call_params, frames_argument, needed_inputs, size_refused
     from ..diagnose.inputs import image_inputs
 
     if steps < 1:
@@ -117,6 +117,9 @@ def _inputs_before_loading(model: str, base: str | None, steps: int, size: tuple
         if value is not None and (value <= 0 or value % 8):
             raise RecipeError(f"--{name} {value}: must be a positive multiple of 8 (e.g. {max(8, round((value or 8) / 8) * 8)})")
     pipeline = needed_inputs(model if base is None else base)[0]
+    refused = size_refused(pipeline, *size)
+    if refused:
+        raise RecipeError(refused)
     if pipeline and frames_argument(call_params(pipeline)):  # before its image is asked
         raise RecipeError(f"{model}: {pipeline} makes videos, not a picture; use `hf-precision video --model {model}`")
     inputs = image_inputs(model if base is None else base, image=image, mask=mask, strength=strength, steps=steps)

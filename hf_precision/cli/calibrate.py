@@ -73,7 +73,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         from ..runtime.placement import torch_device
 
         torch_device(run_on, "--run-on" if args.run_on else "--device")
-    from ..diagnose.call import call_params
+    from ..diagnose.call import call_params, size_refused
     from ..diagnose.inputs import image_inputs
     from ..errors import RecipeError
 
@@ -92,6 +92,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.prompt is not None and given.pipeline and "prompt" not in call_params(given.pipeline):
         raise RecipeError(f"--prompt: {given.pipeline} takes no prompt (its runs start from --image); drop --prompt")
     height, width, frames, options = _video_size(args, configs)
+    refused = size_refused(given.pipeline, height, width)
+    if refused:
+        raise RecipeError(refused)
     if args.strength is not None:
         options = {**options, "strength": args.strength}
     result = calibrate(args.model, layout, None, target=args.target, steps=args.steps, bound=args.bound,

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "call_params", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt"]
+           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt", "size_refused"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -250,6 +250,38 @@ def _recipe_needs(cls: Any) -> list[str]:
 
     name = recipe_classes().get(getattr(cls, "__name__", ""))
     return list(pipeline_spec(name).get("call_needs") or ()) if name else []
+
+
+def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
+    """Why ``height`` x ``width`` is refused for pipeline class ``cls`` (a class or its name), or None: the shipped
+    recipe listing it gives the only ``sizes:`` its call makes (Kandinsky 5 Image), and its call would swap another
+    for the listed one of closest aspect ratio. A side not given is the call's default. Read before loading.
+
+    Example:
+        >>> size_refused("Kandinsky5T2IPipeline", 1408, 640) is None, size_refused("FluxPipeline", 40, 40) is None
+        (True, True)
+        >>> print(size_refused("Kandinsky5T2IPipeline", 512, 512))  # doctest: +ELLIPSIS
+        --height 512 --width 512: Kandinsky5T2IPipeline makes only 1024x1024, 640x1408, ... (width x height; ...
+    """
+    from ..recipe.catalog import pipeline_spec, recipe_classes
+
+    name = cls if isinstance(cls, str) else getattr(cls, "__name__", "")
+    recipe = recipe_classes().get(name)
+    sizes = [(int(s["width"]), int(s["height"])) for s in (pipeline_spec(recipe).get("sizes") or ())] if recipe else []
+    if not sizes or (height is None and width is None):
+        return None
+    if height is None or width is None:  # the call's default for the side not given
+        params = call_params(cls)
+        default = {k: getattr(params.get(k), "default", None) for k in ("height", "width")}
+        height = height if height is not None else default["height"]
+        width = width if width is not None else default["width"]
+    if not (isinstance(height, int) and isinstance(width, int)) or (width, height) in sizes:
+        return None
+    # the one the call would make instead (closest aspect ratio, pipeline_kandinsky_t2i.py:628-631)
+    w, h = min(sizes, key=lambda s: abs(s[0] / s[1] - width / height))
+    return (f"--height {height} --width {width}: {name} makes only {', '.join(f'{a}x{b}' for a, b in sizes)} "
+            f"(width x height; its call swaps any other for the listed one of closest aspect ratio, recipe "
+            f"{recipe} sizes:); ask for one, e.g. --height {h} --width {w}")
 
 
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:

@@ -35,9 +35,13 @@ OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast
 # `recognise:` (component -> {config key: value}) tells a dict of components from another recipe's with the same
 # denoiser class (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
-                 "training", "recognise", "video", "requires", "call_needs"}
+                 "training", "recognise", "video", "requires", "call_needs", "sizes", "latent_shift"}
 # `call_needs:` the __call__ inputs the pipeline's call cannot run without though its docstring calls them *optional*
 # (the HunyuanImage refiner's image), which the signature and the docstring cannot tell: a list of argument names.
+# `sizes:` the only sizes the pipeline's call makes, each {width, height} (Kandinsky 5 Image's `resolutions`: any
+# other is swapped for one of them), so the commands refuse another before loading (hf_precision.diagnose.call).
+# `latent_shift: false`: the pipeline scales its VAE latents by scaling_factor alone, though the VAE config has a
+# shift_factor (Kandinsky 5 Image); training encodes them so (hf_precision.training.encode). Default true.
 # `requires:` the packages the pipeline cannot be built or run without, which diffusers does not depend on (Cosmos'
 # safety checker): each {module: the name to import, install: the command, why: where the pipeline needs it,
 # pipelines: the classes it holds for, default all; unless: {component: {config key: value}}, the folder configs
@@ -341,6 +345,10 @@ def check_pipeline(data: Any, source: str, tags: Sequence[str]) -> tuple[str, di
     if needs is not None and not (isinstance(needs, list) and needs and all(isinstance(n, str) and n.isidentifier()
                                                                              for n in needs)):
         problems.add("call_needs", f"expected a list of __call__ argument names, got {excerpt(needs)}; e.g. [image]")
+    _check_sizes(data.get("sizes"), problems)
+    if data.get("latent_shift") not in (None, True, False):
+        problems.add("latent_shift", f"bad value {excerpt(data['latent_shift'])}; allowed: true or false (false: the "
+                     "pipeline scales latents without the VAE's shift_factor)")
     if "video" in data:
         listed = data.get("pipelines")
         check_video(data["video"], problems, pipelines=[str(c) for c in listed] if isinstance(listed, list) else [])
@@ -366,6 +374,24 @@ def _check_requires(requires: Any, pipelines: Any, problems: Problems) -> None:
 
 def _plain(value: Any) -> bool:
     return isinstance(value, (str, int, float, bool)) or value is None
+
+
+def _check_sizes(sizes: Any, problems: Problems) -> None:
+    """Add the problem of a ``sizes:`` entry: not a non-empty list of ``{width, height}`` whole numbers above 0.
+
+    Example:
+        >>> p = Problems("my.yaml")
+        >>> _check_sizes([{"height": 0, "width": 1024}], p)
+        >>> print(p.items[0])
+        my.yaml: sizes: expected a list of {width, height} the call makes (whole numbers above 0), got [{'height': 0, 'width': 1024}]; e.g. [{width: 1024, height: 1024}, {width: 1408, height: 640}]
+    """
+    if sizes is None:
+        return
+    if not (isinstance(sizes, list) and sizes and all(
+            isinstance(s, dict) and set(s) == {"width", "height"} and all(_WHOLE(v) and v > 0 for v in s.values())
+            for s in sizes)):
+        problems.add("sizes", f"expected a list of {{width, height}} the call makes (whole numbers above 0), got "
+                     f"{excerpt(sizes)}; e.g. [{{width: 1024, height: 1024}}, {{width: 1408, height: 640}}]")
 
 
 def _check_recognise(recognise: Any, components: set[str], problems: Problems) -> None:

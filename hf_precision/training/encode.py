@@ -13,7 +13,7 @@ from . import denoiser_rows
 from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
 
-__all__ = ["condition_key", "encode_condition", "encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "normalise_latents", "patch_normalised", "vae_latents"]
+__all__ = ["condition_key", "encode_condition", "encode_images", "encode_prompt", "encode_prompt_needs", "frame_wise", "latent_shift", "normalise_latents", "patch_normalised", "vae_latents"]
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
@@ -36,10 +36,20 @@ def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
     return (x - float(config.get("shift_factor") or 0.0)) * float(config.get("scaling_factor") or 1.0)
 
 
-# Pipelines that scale their VAE latents without the config's shift_factor: every Kandinsky 5 pipeline divides by
-# scaling_factor alone before decoding (diffusers v0.42.1 pipelines/kandinsky5/pipeline_kandinsky_t2i.py:804,
-# pipeline_kandinsky_i2i.py:543 and :850), though a Flux-style AutoencoderKL config has a shift_factor.
-SCALE_ONLY = frozenset({"Kandinsky5T2IPipeline", "Kandinsky5I2IPipeline"})
+def latent_shift(pipe: Any) -> bool:
+    """Whether ``pipe``'s class shifts its VAE latents by the config's ``shift_factor``: false where the shipped
+    recipe listing the class says ``latent_shift: false`` (Kandinsky 5 Image scales by ``scaling_factor`` alone,
+    recipes/kandinsky5_image.yaml), true otherwise.
+
+    Example:
+        >>> import diffusers
+        >>> latent_shift(diffusers.Kandinsky5T2IPipeline), latent_shift(diffusers.FluxPipeline)
+        (False, True)
+    """
+    from ..recipe.catalog import pipeline_spec, recipe_classes
+
+    name = recipe_classes().get((pipe if isinstance(pipe, type) else type(pipe)).__name__)
+    return bool(pipeline_spec(name).get("latent_shift", True)) if name else True
 
 
 def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | None = None,
@@ -54,7 +64,7 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
         return patch_normalised(raw.float(), bn, float(vae.config.get("batch_norm_eps", bn.eps)))
     raw = _folded(tp, raw)
     config = dict(vae.config)
-    if type(getattr(tp, "pipe", None)).__name__ in SCALE_ONLY:
+    if not latent_shift(getattr(tp, "pipe", None)):
         config.pop("shift_factor", None)
     return normalise_latents(raw, config)
 
