@@ -150,8 +150,8 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
     except RecipeError:
         spec = None
     if spec is not None:
-        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, spec.fixed_frames, spec.limits,
-                             spec.spatial)
+        fixed = spec.row.call_frames or spec.fixed_frames  # the one count a call makes whatever asked (ChronoEdit)
+        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, fixed, spec.limits, spec.spatial)
     factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
     denoiser = "transformer" if "transformer" in index else "unet"
     own = configs.get(denoiser, {})

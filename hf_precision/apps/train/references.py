@@ -240,7 +240,7 @@ def check_pairs(geometry: Any, data: Path, samples: Sequence[Any], resolution: i
         hf_precision.errors.RecipeError: --frames 1: ChronoEditPipeline trains an edit pair as a clip ...
     """
     pipeline = geometry.pipeline
-    if not frames or frames < 2:
+    if not frames or frames < 2:  # a read without --frames (the pair is at least two frames)
         raise RecipeError(f"--frames {frames}: {pipeline} trains an edit pair as a clip of the reference then the "
                           f"target, the frames its call makes; use --frames 5")
     geometry.buckets(resolution, frames)  # the frame count, checked by the pipeline's rules for clips
