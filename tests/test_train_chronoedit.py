@@ -2,7 +2,8 @@
 takes 20 channels beyond the latents. Its prepare_latents is Wan I2V's (diffusers 0.42.1
 pipeline_chronoedit.py:378-444) with the input image as the clip's first frame, and its call makes 5 frames (:593),
 the last the edit. A (reference, target) pair therefore trains as the 5-frame clip reference, target x4; the
-condition channels and the CLIP image embedding are the pipeline's own for the reference."""
+condition channels and the CLIP image embedding are the pipeline's own for the reference. Wan-Animate stays refused,
+naming the pose and face videos it would need."""
 
 from __future__ import annotations
 
@@ -145,4 +146,25 @@ def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("error:") == 1 and "Traceback" not in err and says in err, err
+    assert not out.exists()
+
+
+def test_wan_animate_is_refused_naming_the_data_it_would_need(saved_pipeline, tmp_path, capsys, monkeypatch):
+    """Wan-Animate's denoiser takes a reference character image, a pose video and a face video beside each clip
+    (pipeline_wan_animate.py __call__), which no flag of the program reads: refused before loading, the message
+    naming that data rather than a missing condition builder."""
+    _no_loading(monkeypatch)
+    data = tmp_path / "clips"
+    data.mkdir()
+    for i in range(2):
+        frames = [Image.fromarray(np.random.default_rng(10 * i + k).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+                  for k in range(5)]
+        frames[0].save(data / f"{i}.gif", save_all=True, append_images=frames[1:])
+        (data / f"{i}.txt").write_text("a dance")
+    out = tmp_path / "out"
+    code = main(["train", "--model", str(saved_pipeline("wan_animate")), "--data", str(data), "--out", str(out),
+                 "--frames", "5", "--resolution", "32", "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
+    assert all(w in err for w in ("WanAnimatePipeline", "reference image", "pose video", "face video")), err
     assert not out.exists()
