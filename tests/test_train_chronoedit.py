@@ -57,7 +57,7 @@ def test_condition_and_image_embeds_equal_the_pipelines_own(tmp_path):
     shape of the latents the call denoises (2 latent frames). Without the row's ChronoEditPipeline condition,
     encode_condition raises (no builder makes the 20 channels)."""
     import hf_precision as hp
-    from hf_precision.apps.train.data import Sample
+    from hf_precision.apps.train.data import Sample, to_pixels
     from hf_precision.apps.train.references import edit_clip
     from hf_precision.testing import make_pipeline
 
@@ -65,7 +65,7 @@ def test_condition_and_image_embeds_equal_the_pipelines_own(tmp_path):
     pipe = make_pipeline("chronoedit")
     tp = hp.prepare_training(pipe, device="cpu", train={"transformer": "lora"}, rank=2)
     sample = Sample(data / "0.png", "x", (32, 32), (32, 32), reference=data / "src" / "0.png")
-    clip = edit_clip(sample, 5)[None]
+    clip = edit_clip(to_pixels(Sample(sample.reference, "x", (32, 32), (32, 32))), to_pixels(sample), 5)[None]
     assert torch.equal(clip[:, :, 2], clip[:, :, 4]) and not torch.equal(clip[:, :, 0], clip[:, :, 1])
     latents = tp.encode_images(clip)
     made = tp.encode_condition(clip, latents)

@@ -448,8 +448,9 @@ class TrainData:
         """One batch of pixels in [-1, 1] (all from one bucket)."""
         import torch
 
-        return torch.stack([edit_clip(self.samples[i], self.frames) if self.samples[i].reference and self.frames
-                            else to_pixels(self.samples[i], self.frames) for i in indices])
+        samples = [self.samples[i] for i in indices]  # an edit pair of a first-frame edit model: its clip (.references)
+        return torch.stack([edit_clip(to_pixels(dataclasses.replace(s, path=s.reference)), to_pixels(s), self.frames)
+                            if s.reference and self.frames else to_pixels(s, self.frames) for s in samples])
 
     def captions(self, indices: Sequence[int]) -> list[str]:
         return [self.samples[i].caption for i in indices]
@@ -490,8 +491,7 @@ def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, fra
     """
     pairs = geometry.video and geometry.pipeline in FIRST_FRAME_EDITS  # edit pairs of images, trained as clips
     look = dataclasses.replace(geometry, video=False) if pairs else geometry
-    items = list_items(data, video=look.video, caption_ext=caption_ext, caption_column=caption_column,
-                       caption=caption)
+    items = list_items(data, video=look.video, caption_ext=caption_ext, caption_column=caption_column, caption=caption)
     samples = inspect_items(items, look, resolution, frames)
     found = find_references(data, [p for p, _ in items], reference_column, reference_dir)
     samples = attach_references(samples, found) if found else samples

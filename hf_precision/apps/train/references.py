@@ -252,14 +252,18 @@ def check_pairs(geometry: Any, data: Path, samples: Sequence[Any], resolution: i
                           f"metadata.jsonl's reference column or with --reference-dir")
 
 
-def edit_clip(sample: Any, frames: int) -> Any:
-    """A first-frame edit model's training clip of an edit pair, (3, frames, H, W) in [-1, 1] at the target's
-    bucket: the reference, then the target in every later frame, the video its pipeline's call decodes from the
-    latents it makes (the input image, then the edit; :data:`FIRST_FRAME_EDITS`)."""
+def edit_clip(reference: Any, target: Any, frames: int) -> Any:
+    """A first-frame edit model's training clip of an edit pair, (3, frames, H, W), from the ``reference`` and
+    ``target`` pixels (3, H, W) at the target's bucket: the reference, then the target in every later frame, the
+    video its pipeline's call decodes from the latents it makes (the input image, then the edit;
+    :data:`FIRST_FRAME_EDITS`).
+
+    Example:
+        >>> import torch
+        >>> clip = edit_clip(torch.zeros(3, 4, 4), torch.ones(3, 4, 4), 5)
+        >>> tuple(clip.shape), clip[:, 0].sum().item(), clip[:, 1:].mean().item()
+        ((3, 5, 4, 4), 0.0, 1.0)
+    """
     import torch
 
-    from .data import to_pixels
-
-    target = to_pixels(sample)
-    reference = to_pixels(dataclasses.replace(sample, path=sample.reference))
     return torch.cat([reference[:, None], target[:, None].expand(-1, frames - 1, -1, -1)], dim=1)
