@@ -39,6 +39,17 @@ def _pairs(tmp_path: Path, refs: bool = True) -> Path:
     return d
 
 
+def _clips(data: Path) -> Path:
+    """Two captioned 5-frame GIF clips."""
+    data.mkdir()
+    for i in range(2):
+        frames = [Image.fromarray(np.random.default_rng(10 * i + k).integers(0, 256, (32, 32, 3), dtype=np.uint8))
+                  for k in range(5)]
+        frames[0].save(data / f"{i}.gif", save_all=True, append_images=frames[1:])
+        (data / f"{i}.txt").write_text("a dance")
+    return data
+
+
 def _pipeline_inputs(pipe, reference: Path) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(latents, condition, image_embeds) as ChronoEditPipeline.__call__ makes them for ``reference`` at 32x32 and
     its 5 frames (:636, :645-658)."""
@@ -134,14 +145,16 @@ def _no_loading(monkeypatch):
 @pytest.mark.parametrize("refs, frames, says", [
     (False, "5", "2 of 2 image(s) have no reference image"),
     (True, "9", "--frames 9"),
+    ("clips", "5", "no images (.png, .jpg, ...) in the folder; ChronoEditPipeline is an edit model"),
 ])
 def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading(
         refs, frames, says, saved_pipeline, tmp_path, capsys, monkeypatch):
     """Targets alone would teach the edit model to ignore its input image; another frame count is not the clip its
-    call makes (5): one error each, naming the fix, before any model loads."""
+    call makes (5); clips are not its pairs of images: one error each, naming the fix, before any model loads."""
     _no_loading(monkeypatch)
     out = tmp_path / "out"
-    code = main(["train", "--model", str(saved_pipeline("chronoedit")), "--data", str(_pairs(tmp_path, refs)),
+    data = _clips(tmp_path / "clips") if refs == "clips" else _pairs(tmp_path, refs)
+    code = main(["train", "--model", str(saved_pipeline("chronoedit")), "--data", str(data),
                  "--out", str(out), "--frames", frames, "--resolution", "32", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2, err
@@ -154,14 +167,7 @@ def test_wan_animate_is_refused_naming_the_data_it_would_need(saved_pipeline, tm
     (pipeline_wan_animate.py __call__), which no flag of the program reads: refused before loading, the message
     naming that data rather than a missing condition builder."""
     _no_loading(monkeypatch)
-    data = tmp_path / "clips"
-    data.mkdir()
-    for i in range(2):
-        frames = [Image.fromarray(np.random.default_rng(10 * i + k).integers(0, 256, (32, 32, 3), dtype=np.uint8))
-                  for k in range(5)]
-        frames[0].save(data / f"{i}.gif", save_all=True, append_images=frames[1:])
-        (data / f"{i}.txt").write_text("a dance")
-    out = tmp_path / "out"
+    data, out = _clips(tmp_path / "clips"), tmp_path / "out"
     code = main(["train", "--model", str(saved_pipeline("wan_animate")), "--data", str(data), "--out", str(out),
                  "--frames", "5", "--resolution", "32", "--quiet"])
     err = capsys.readouterr().err

@@ -24,7 +24,7 @@ from typing import Any
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
 from .images import IMAGE_SUFFIXES, file_problem, open_image
-from .references import FIRST_FRAME_EDITS, attach_references, check_pairs, edit_clip, find_references
+from .references import attach_references, check_pairs, edit_clip, find_references
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
            "make_buckets", "epoch_batches"]
@@ -489,12 +489,11 @@ def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, fra
         >>> read_data(d, ModelGeometry("StableDiffusionPipeline", 8), 32).samples[0].bucket
         (40, 24)
     """
-    pairs = geometry.video and geometry.pipeline in FIRST_FRAME_EDITS  # edit pairs of images, trained as clips
+    pairs = check_pairs(geometry, Path(data), None, resolution, frames)  # a first-frame edit model: image pairs
     look = dataclasses.replace(geometry, video=False) if pairs else geometry
     items = list_items(data, video=look.video, caption_ext=caption_ext, caption_column=caption_column, caption=caption)
     samples = inspect_items(items, look, resolution, frames)
     found = find_references(data, [p for p, _ in items], reference_column, reference_dir)
     samples = attach_references(samples, found) if found else samples
-    if pairs:
-        check_pairs(geometry, Path(data), samples, resolution, frames)
+    check_pairs(geometry, Path(data), samples, resolution, frames)
     return TrainData(Path(data).expanduser(), samples, geometry, resolution, frames if geometry.video else None)

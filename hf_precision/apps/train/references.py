@@ -225,31 +225,43 @@ def prompt_reads_image(pipeline: Any) -> bool:
 
 
 
-def check_pairs(geometry: Any, data: Path, samples: Sequence[Any], resolution: int, frames: int | None) -> None:
-    """Refuse, before loading, a dataset of a first-frame edit model (:data:`FIRST_FRAME_EDITS`) that is not all
-    (reference, target) pairs, or a frame count the pair's clip cannot be (``geometry``'s rules, as for clips): the
-    model learns the target from the reference, so a target alone would train it to ignore its input image.
+def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolution: int,
+                frames: int | None) -> bool:
+    """Whether ``geometry``'s model is a first-frame edit model (:data:`FIRST_FRAME_EDITS`), whose data are
+    (reference, target) image pairs, each trained as a clip; for one, refuse before loading a frame count the
+    pair's clip cannot be (``geometry``'s rules, as for clips) or a folder without images (``samples`` None: before
+    reading it), or targets without a reference (the read ``samples``): a target alone would teach it to ignore its
+    input image.
 
     Example:
         >>> from types import SimpleNamespace
-        >>> geometry = SimpleNamespace(pipeline="ChronoEditPipeline", buckets=lambda resolution, frames: [])
-        >>> check_pairs(geometry, Path("d"), [], 32, 5)
+        >>> geometry = SimpleNamespace(video=True, pipeline="ChronoEditPipeline", buckets=lambda *size: [])
+        >>> check_pairs(geometry, Path("d"), [], 32, 5), check_pairs(SimpleNamespace(video=False), Path("d"), [], 32, 5)
+        (True, False)
         >>> check_pairs(geometry, Path("d"), [], 32, 1)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
         hf_precision.errors.RecipeError: --frames 1: ChronoEditPipeline trains an edit pair as a clip ...
     """
-    pipeline = geometry.pipeline
+    from .images import IMAGE_SUFFIXES
+
+    if not (geometry.video and geometry.pipeline in FIRST_FRAME_EDITS):
+        return False
+    pipeline, how = geometry.pipeline, ("give each target its reference in metadata.jsonl's reference column or "
+                                        "with --reference-dir")
     if not frames or frames < 2:  # a read without --frames (the pair is at least two frames)
         raise RecipeError(f"--frames {frames}: {pipeline} trains an edit pair as a clip of the reference then the "
                           f"target, the frames its call makes; use --frames 5")
     geometry.buckets(resolution, frames)  # the frame count, checked by the pipeline's rules for clips
-    alone = [s.path.name for s in samples if s.reference is None]
+    pairs = f"{pipeline} is an edit model that trains on (reference, target) image pairs, each as a clip of the " \
+            f"reference then the target: {how}"
+    if samples is None and data.is_dir() and not any(p.suffix.lower() in IMAGE_SUFFIXES for p in data.rglob("*")):
+        raise RecipeError(f"--data {data}: no images (.png, .jpg, ...) in the folder; {pairs}")
+    alone = [s.path.name for s in samples or () if s.reference is None]
     if alone:
         raise RecipeError(f"--data {data}: {len(alone)} of {len(samples)} image(s) have no reference image "
-                          f"({', '.join(alone[:5])}{' ...' if len(alone) > 5 else ''}); {pipeline} is an edit model "
-                          f"that trains on (reference, target) image pairs: give each target its reference in "
-                          f"metadata.jsonl's reference column or with --reference-dir")
+                          f"({', '.join(alone[:5])}{' ...' if len(alone) > 5 else ''}); {pairs}")
+    return True
 
 
 def edit_clip(reference: Any, target: Any, frames: int) -> Any:
