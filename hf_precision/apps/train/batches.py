@@ -167,7 +167,8 @@ def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any
             out.update(encode_draws(run.tp, pixels, out["latents"], count or DRAWS))
         else:
             out.update(run.tp.encode_condition(pixels, out["latents"]))
-        reference = run.data.reference_pixels([i])
+        # a first-frame edit model's reference is already its clip's first frame (references.edit_clip)
+        reference = None if run.data.frames else run.data.reference_pixels([i])
         if reference is not None:
             out["reference_latents"] = run.tp.encode_images(reference)
         return out

@@ -24,7 +24,7 @@ from typing import Any
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
 from .images import IMAGE_SUFFIXES, file_problem, open_image
-from .references import attach_references, find_references
+from .references import attach_references, check_pairs, edit_clip, find_references
 
 __all__ = ["IMAGE_SUFFIXES", "CLIP_SUFFIXES", "ModelGeometry", "model_geometry", "Sample", "TrainData", "read_data",
            "make_buckets", "epoch_batches"]
@@ -150,8 +150,8 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
     except RecipeError:
         spec = None
     if spec is not None:
-        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, spec.fixed_frames, spec.limits,
-                             spec.spatial)
+        fixed = spec.row.call_frames or spec.fixed_frames  # the one count a call makes whatever asked (ChronoEdit)
+        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, fixed, spec.limits, spec.spatial)
     factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
     denoiser = "transformer" if "transformer" in index else "unet"
     own = configs.get(denoiser, {})
@@ -448,7 +448,9 @@ class TrainData:
         """One batch of pixels in [-1, 1] (all from one bucket)."""
         import torch
 
-        return torch.stack([to_pixels(self.samples[i], self.frames) for i in indices])
+        samples = [self.samples[i] for i in indices]  # an edit pair of a first-frame edit model: its clip (.references)
+        return torch.stack([edit_clip(to_pixels(dataclasses.replace(s, path=s.reference)), to_pixels(s), self.frames)
+                            if s.reference and self.frames else to_pixels(s, self.frames) for s in samples])
 
     def captions(self, indices: Sequence[int]) -> list[str]:
         return [self.samples[i].caption for i in indices]
@@ -487,9 +489,11 @@ def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, fra
         >>> read_data(d, ModelGeometry("StableDiffusionPipeline", 8), 32).samples[0].bucket
         (40, 24)
     """
-    items = list_items(data, video=geometry.video, caption_ext=caption_ext, caption_column=caption_column,
-                       caption=caption)
-    samples = inspect_items(items, geometry, resolution, frames)
+    pairs = check_pairs(geometry, Path(data), None, resolution, frames)  # a first-frame edit model: image pairs
+    look = dataclasses.replace(geometry, video=False) if pairs else geometry
+    items = list_items(data, video=look.video, caption_ext=caption_ext, caption_column=caption_column, caption=caption)
+    samples = inspect_items(items, look, resolution, frames)
     found = find_references(data, [p for p, _ in items], reference_column, reference_dir)
     samples = attach_references(samples, found) if found else samples
+    check_pairs(geometry, Path(data), samples, resolution, frames)
     return TrainData(Path(data).expanduser(), samples, geometry, resolution, frames if geometry.video else None)

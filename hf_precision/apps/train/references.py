@@ -27,7 +27,15 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 
-__all__ = ["find_references", "attach_references", "check_reference_family", "edits_images", "prompt_reads_image"]
+__all__ = ["find_references", "attach_references", "check_reference_family", "edits_images", "prompt_reads_image",
+           "FIRST_FRAME_EDITS", "check_pairs", "edit_clip"]
+
+# Edit models that are image-to-video models reading their input as the clip's first frame: ChronoEdit's
+# prepare_latents is Wan I2V's (diffusers 0.42.1 pipeline_chronoedit.py:378-444: mask + latents of [image, zeros]),
+# its call makes 5 frames (:593) and takes the last as the edit: decoding 2 latent frames gives the input, then 4
+# frames of the edit (:737-740, where the temporal-reasoning path keeps video_edit[:, :, 1:] as the edit). A pair
+# trains as the clip those latents decode to: the reference, then the target repeated (:func:`edit_clip`).
+FIRST_FRAME_EDITS = ("ChronoEditPipeline",)
 
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
@@ -143,7 +151,7 @@ def check_reference_family(index: Mapping[str, Any], has_references: bool) -> No
         ...
         hf_precision.errors.RecipeError: --data: the data gives reference images, but StableDiffusionXLPipeline ...
     """
-    if not has_references or edits_images(index):
+    if not has_references or edits_images(index) or str(index.get("_class_name")) in FIRST_FRAME_EDITS:
         return
     from ...diagnose.steps import call_params
     from ...training.denoiser_rows import ROWS
@@ -215,3 +223,59 @@ def prompt_reads_image(pipeline: Any) -> bool:
 
     return "image" in call_params(pipeline, "encode_prompt")
 
+
+
+def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolution: int,
+                frames: int | None) -> bool:
+    """Whether ``geometry``'s model is a first-frame edit model (:data:`FIRST_FRAME_EDITS`), whose data are
+    (reference, target) image pairs, each trained as a clip; for one, refuse before loading a frame count the
+    pair's clip cannot be (``geometry``'s rules, as for clips) or a folder without images (``samples`` None: before
+    reading it), or targets without a reference (the read ``samples``): a target alone would teach it to ignore its
+    input image.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> geometry = SimpleNamespace(video=True, pipeline="ChronoEditPipeline", buckets=lambda *size: [])
+        >>> check_pairs(geometry, Path("d"), [], 32, 5), check_pairs(SimpleNamespace(video=False), Path("d"), [], 32, 5)
+        (True, False)
+        >>> check_pairs(geometry, Path("d"), [], 32, 1)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.errors.RecipeError: --frames 1: ChronoEditPipeline trains an edit pair as a clip ...
+    """
+    from .images import IMAGE_SUFFIXES
+
+    if not (geometry.video and geometry.pipeline in FIRST_FRAME_EDITS):
+        return False
+    pipeline, how = geometry.pipeline, ("give each target its reference in metadata.jsonl's reference column or "
+                                        "with --reference-dir")
+    if not frames or frames < 2:  # a read without --frames (the pair is at least two frames)
+        raise RecipeError(f"--frames {frames}: {pipeline} trains an edit pair as a clip of the reference then the "
+                          f"target, the frames its call makes; use --frames 5")
+    geometry.buckets(resolution, frames)  # the frame count, checked by the pipeline's rules for clips
+    pairs = f"{pipeline} is an edit model that trains on (reference, target) image pairs, each as a clip of the " \
+            f"reference then the target: {how}"
+    if samples is None and data.is_dir() and not any(p.suffix.lower() in IMAGE_SUFFIXES for p in data.rglob("*")):
+        raise RecipeError(f"--data {data}: no images (.png, .jpg, ...) in the folder; {pairs}")
+    alone = [s.path.name for s in samples or () if s.reference is None]
+    if alone:
+        raise RecipeError(f"--data {data}: {len(alone)} of {len(samples)} image(s) have no reference image "
+                          f"({', '.join(alone[:5])}{' ...' if len(alone) > 5 else ''}); {pairs}")
+    return True
+
+
+def edit_clip(reference: Any, target: Any, frames: int) -> Any:
+    """A first-frame edit model's training clip of an edit pair, (3, frames, H, W), from the ``reference`` and
+    ``target`` pixels (3, H, W) at the target's bucket: the reference, then the target in every later frame, the
+    video its pipeline's call decodes from the latents it makes (the input image, then the edit;
+    :data:`FIRST_FRAME_EDITS`).
+
+    Example:
+        >>> import torch
+        >>> clip = edit_clip(torch.zeros(3, 4, 4), torch.ones(3, 4, 4), 5)
+        >>> tuple(clip.shape), clip[:, 0].sum().item(), clip[:, 1:].mean().item()
+        ((3, 5, 4, 4), 0.0, 1.0)
+    """
+    import torch
+
+    return torch.cat([reference[:, None], target[:, None].expand(-1, frames - 1, -1, -1)], dim=1)
