@@ -97,23 +97,25 @@ def run_cli(argv: list[str]) -> tuple[object, str, str, str | None]:
 
 
 def make_data(root: Path) -> dict[str, Path]:
-    """Two 32-pixel photos, each with a caption file; the input picture of the image-to-image/video pipelines (a colour
+    """Two 32-pixel photos, each with a caption file, and a reference picture of each for the edit models; the input picture of the image-to-image/video pipelines (a colour
     gradient, :data:`SIDE` pixels) and the mask of the inpainting ones (its middle: white where it repaints). The
     clips are :func:`make_clips`', as long as each family asks."""
     import numpy as np
     from PIL import Image
 
-    images = root / "photos"
+    images, references = root / "photos", root / "references"
     images.mkdir(parents=True, exist_ok=True)
+    references.mkdir(parents=True, exist_ok=True)
     for i in range(2):
         Image.fromarray(np.full((32, 32, 3), 60 + 40 * i, np.uint8)).save(images / f"i{i}.png")
+        Image.fromarray(np.full((32, 32, 3), 200 - 40 * i, np.uint8)).save(references / f"i{i}.png")
         (images / f"i{i}.txt").write_text("a cat")
     y, x = np.mgrid[0:SIDE, 0:SIDE] * (255 // SIDE)
     Image.fromarray(np.stack([x, y, 255 - x], axis=-1).astype(np.uint8)).save(root / "input.png")
     mask = np.zeros((SIDE, SIDE), np.uint8)
     mask[SIDE // 4:3 * SIDE // 4, SIDE // 4:3 * SIDE // 4] = 255
     Image.fromarray(mask).save(root / "mask.png")
-    return {"image": images, "input": root / "input.png", "mask": root / "mask.png"}
+    return {"image": images, "references": references, "input": root / "input.png", "mask": root / "mask.png"}
 
 
 def make_clips(root: Path, frames: int) -> Path:
@@ -166,6 +168,27 @@ def video_size(folder: Path) -> tuple[int, int, int]:
     return spec.within(height=SIDE, width=SIDE, frames=FRAMES)
 
 
+def image_size(cls: str) -> tuple[int, int]:
+    """(height, width) the sweep asks of an image model: :data:`SIDE` x :data:`SIDE`, or, where its recipe lists the
+    only sizes its call makes (``sizes:``, Kandinsky 5 Image), the smallest of them, as a user reads them from the
+    refusal."""
+    from hf_precision.diagnose.call import shipped_value
+
+    sizes = [(int(s["height"]), int(s["width"])) for s in shipped_value(cls, "sizes")[1] or ()]
+    return min(sizes, key=lambda s: s[0] * s[1]) if sizes else (SIDE, SIDE)
+
+
+def train_data(cls: str, data: dict[str, Path], clips: Path | None) -> str:
+    """The ``--data`` (and ``--reference-dir``) of ``train`` for a family: the clips of a video model, the photos of an
+    image model, and for an edit model trained on (reference, target) pairs as clips (ChronoEdit: the program's
+    ``FIRST_FRAME_EDITS``) the photos with the references beside them."""
+    from hf_precision.apps.train.references import FIRST_FRAME_EDITS
+
+    if cls in FIRST_FRAME_EDITS:
+        return f"{data['image']} --reference-dir {data['references']}"
+    return str(clips if clips is not None else data["image"])
+
+
 def image_input(folder: Path, video: bool) -> tuple[bool, bool]:
     """(whether ``calibrate``/``generate``/``video`` get ``--image``, whether ``video`` gets a prompt) for a saved
     pipeline, from what the commands read of its call: an image it cannot go without, with at most a mask beside it
@@ -188,7 +211,7 @@ def image_input(folder: Path, video: bool) -> tuple[bool, bool]:
     return image, spec.takes_prompt or not image
 
 
-def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, out: Path,
+def command_lines(kind: str, folder: Path, cls: str, data: Path | str, layout: str, out: Path,
                   picture: Path | None = None, mask: Path | None = None) -> dict[str, str]:
     """The command line of each sweep command for one family and layout (``cpu``: this CPU's own layout);
     ``picture`` and ``mask``: the input image and inpainting mask given to the commands that take them, where the
@@ -200,10 +223,11 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path, layout: str, ou
     needs_image, prompted = image_input(folder, video) if picture is not None else (False, True)
     lay = "" if layout == "cpu" else f" --layout {layout}"
     run = f"--device cpu{lay}"
-    height, width, count = video_size(folder) if video else (SIDE, SIDE, 1)
+    height, width, count = video_size(folder) if video else (*image_size(cls), 1)
     size = f"--height {height} --width {width}"
     frames = f" --frames {count}" if video else ""
-    resolution = f"--resolution {max(height, width)}"
+    # training crops the photos at any size: the sizes a call makes (image_size) do not bind it
+    resolution = f"--resolution {max(height, width) if video else SIDE}"
     tag = f"{kind}-{layout}"
     lines = {
         "plan": f"plan {folder} {run}",
@@ -247,8 +271,9 @@ def sweep(families: list[str], commands: list[str], layouts: list[str], root: Pa
         for old in (root / "out").glob(f"{kind}-*"):  # a --workdir used before: train refuses an --out that exists
             shutil.rmtree(old) if old.is_dir() else old.unlink()
         for layout in layouts:
-            train_data = make_clips(root / "data", video_size(folder)[2]) if video else data["image"]
-            lines = command_lines(kind, folder, cls, train_data, layout, root / "out", data["input"], data["mask"])
+            clips = make_clips(root / "data", video_size(folder)[2]) if video else None
+            lines = command_lines(kind, folder, cls, train_data(cls, data, clips), layout, root / "out", data["input"],
+                                  data["mask"])
             for name in commands:
                 if lines[name] is None:  # check-nf4 without a transformers text encoder
                     continue
