@@ -20,7 +20,7 @@ All runs share one process, so the imports are paid once; each run's stderr (the
 code writes too) and stdout are captured on their own, as tests/test_stderr_ours.py does. Torch runs on one thread:
 the tiny models are dominated by per-op overhead.
 
-Usage (the full sweep: 1,116 runs on 70 families in about 7 minutes on 2 shared CPU cores, 2026-11-29)::
+Usage (the full sweep: 1,148 runs on 72 families in about 5 minutes on 2 CPU cores, 2026-11-29)::
 
     python benchmarks/command_sweep.py
     python benchmarks/command_sweep.py --families wan,sana --commands check,train-plan --layouts t4 --json out.json

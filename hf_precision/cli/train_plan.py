@@ -20,7 +20,6 @@ __all__ = ["plan_command", "rank_plan_command", "print_prediction"]
 size_text = functools.partial(format_bytes, binary=True)
 
 
-
 def _size(args: Any, m: Any) -> tuple[int, int]:
     """``--resolution`` and ``--frames`` as ``train`` takes them: the model's default size where none is given, the
     one frame count a fixed table takes, and one clear refusal past its position tables (as ``train`` refuses)."""

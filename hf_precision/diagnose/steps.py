@@ -60,7 +60,6 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
     return True
 
 
-
 def steps_problem(pipe_or_class: Any, steps: int, strength: float | None = None) -> str | None:
     """Why a pipeline cannot run ``steps`` steps, with the fix (``--steps``), or None when it can.
 

@@ -202,7 +202,6 @@ def make_trainable(module: Any, method: str, rank: int) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
 
 
-
 def _tiny_unet() -> Any:
     """A two-block UNet on meta for the examples."""
     import torch

@@ -130,7 +130,6 @@ def list_recipes(kind: str = "all") -> list[str]:
     return {"pipeline": pipelines, "component": components}.get(kind, pipelines + components)
 
 
-
 def suggest_recipe(name: str) -> str | None:
     """The pipeline recipe a mistyped name most likely means: case-insensitive, by Hub id or its last part, by
     closeness, then by a name the model's Hub id starts with (``stable-diffusion-xl``); ``None`` if nothing is close.

@@ -28,7 +28,6 @@ from .quantize import is_quantized_tensor
 __all__ = ["cast_tree", "EntryHook", "IslandHook", "attach"]
 
 
-
 def cast_tree(tree: Any, dtype: torch.dtype | None, device: torch.device | None = None) -> Any:
     """Cast floating tensors in a nested structure to ``dtype`` and move every tensor to ``device``.
 

@@ -192,8 +192,6 @@ def has_layerwise_casting(module: torch.nn.Module) -> bool:
     return any(layerwise_hook(m) is not None for m in module.modules())
 
 
-
-
 @dataclasses.dataclass(frozen=True)
 class Drifted:
     """Parameters of one component whose dtype is not the planned one, grouped.

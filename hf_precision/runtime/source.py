@@ -263,8 +263,6 @@ def configs_of(name: str) -> tuple[str, dict[str, Any], dict[str, dict[str, Any]
     return where, dict(index), component_configs(where, index, local)
 
 
-
-
 # diffusers sorts its model classes by what they do (diffusers/models/<kind>/...); transformers models encode.
 _ROLE_BY_MODULE = (
     ("diffusers.models.transformers", "denoiser"), ("diffusers.models.unets", "denoiser"),

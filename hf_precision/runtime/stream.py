@@ -29,7 +29,6 @@ SAFETENSORS_DTYPES = {  # a safetensors header's dtype name -> torch's
 }
 
 
-
 _RELEASE_EVERY = 32 * 2**20
 
 

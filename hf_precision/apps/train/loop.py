@@ -69,8 +69,6 @@ def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
     return {k: v[mine] for k, v in drawn.items()}
 
 
-
-
 # --------------------------------------------------------------------------------------------- faults
 
 

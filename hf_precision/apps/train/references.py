@@ -224,7 +224,6 @@ def prompt_reads_image(pipeline: Any) -> bool:
     return "image" in call_params(pipeline, "encode_prompt")
 
 
-
 def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolution: int,
                 frames: int | None) -> bool:
     """Whether ``geometry``'s model is a first-frame edit model (:data:`FIRST_FRAME_EDITS`), whose data are

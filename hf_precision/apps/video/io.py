@@ -29,7 +29,6 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".tif", ".tiff")
 DEMO_DEFAULTS = {"height": 64, "width": 64, "frames": 8, "steps": 4, "decode_chunk_size": 4}
 
 
-
 @dataclasses.dataclass(frozen=True)
 class Job:
     """One video to make: its prompt and/or input image, and where it goes."""
@@ -202,8 +201,6 @@ def _check_target(out: Path, fmt: str) -> None:
             not (p.name.startswith("frame_") and p.suffix == ".png") for p in out.iterdir())):
         raise RecipeError(f"--out {out}: exists and is not a folder of frame_*.png files; choose a new folder "
                           f"(it would be replaced)")
-
-
 
 
 def _to_uint8(frames: np.ndarray) -> np.ndarray:

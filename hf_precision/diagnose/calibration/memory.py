@@ -64,7 +64,6 @@ def memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, ta
         "reference is then against bf16), or on a smaller input (fewer --steps do not lower memory)")
 
 
-
 def file_numel(path: Path) -> int:
     """The number of floating values a single ``.safetensors`` file holds (its header only); 0 for another format."""
     if path.suffix.lower() not in SAFETENSORS_SUFFIXES:

@@ -169,7 +169,6 @@ class Recorder:
         self.handles.clear()
 
 
-
 class Steps:
     """Which phase a component call belongs to: 'step k' inside the denoising loop, else before/after it."""
 

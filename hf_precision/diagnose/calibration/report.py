@@ -222,7 +222,6 @@ class CalibrationResult:
     __str__ = table
 
 
-
 # ------------------------------------------------------------------------------------------- runs against the reference
 
 

@@ -99,7 +99,6 @@ def _evidence(comp: str, island: str, stats: Mapping[tuple[str, str], Stat], lim
     return sorted(out, key=lambda e: -e.max_abs)
 
 
-
 @dataclasses.dataclass
 class Islands:
     """The islands found so far and why; each move adds one and says whether the search can go on.
