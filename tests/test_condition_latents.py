@@ -223,15 +223,21 @@ def test_the_program_refuses_a_family_without_a_builder_before_loading(name, com
 
 
 def test_a_batch_without_the_condition_is_refused(tiny_pipe):
-    """tp.loss on latents alone would train the extra channels on zeros: one error naming what to add."""
+    """tp.loss on latents alone would train the extra channels on zeros: one error naming what to add, and the
+    explicit opt-out (the key given as None: zeros, as condition dropout trains them)."""
     import hf_precision as hp
 
     tp = hp.prepare_training(tiny_pipe("sd_inpaint"), device="cpu", train={"unet": "lora"}, rank=2)
     batch = denoiser_rows.example_batch(tp.components["unet"])
     assert tuple(batch["condition_latents"].shape[1:2]) == (5,)  # the plans' stand-in has the condition's shape
     del batch["condition_latents"]
-    with pytest.raises(TrainingError, match=r"takes 5 conditioning channels .*tp\.encode_condition\(pixels"):
+    with pytest.raises(TrainingError, match=r"takes 5 conditioning channels .*tp\.encode_condition\(pixels.*"
+                                            r"batch\['condition_latents'\] = None"):
         tp.loss(batch)
+    module = tp.components["unet"]
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, {**batch, "condition_latents": None},
+                                           tp.objective, tp.alphas_cumprod, pipe=tp.pipe)
+    assert kwargs["sample"].shape[1] == 9 and kwargs["sample"][:, 4:].abs().sum() == 0  # the zeros asked for
 
 
 # CogVideoX's tiny transformer learned its positions for 16x16 pixels only (its config's sample size)
