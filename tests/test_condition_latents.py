@@ -319,3 +319,23 @@ def test_kandinsky5_i2v_trains_with_its_first_frame_clean_and_unpredicted(tiny_p
     assert torch.equal(given[:, 0, ..., -1], torch.ones_like(given[:, 0, ..., -1]))  # the mask, as the pipeline's
     assert target.shape[1] == frames - 1
     assert torch.isfinite(tp.loss(batch))
+
+
+def test_hunyuan_video15_text_to_video_trains_on_its_pipelines_zeros_without_asking(tiny_pipe):
+    """HunyuanVideo 1.5's text-to-video pipeline feeds its transformer zero condition latents and mask
+    (pipeline_hunyuan_video1_5.py prepare_cond_latents_and_mask): tp.loss fills them as the pipeline does (it refused
+    the batch), the same loss as the zeros tp.encode_condition makes; without a pipeline (the memory plan's call)
+    the stand-in rule is unchanged."""
+    import hf_precision as hp
+
+    tp = hp.prepare_training(tiny_pipe("hunyuan_video15"), device="cpu", train={"transformer": "lora"}, rank=2)
+    module = tp._denoiser()
+    batch = denoiser_rows.example_batch(module)
+    zeros = torch.zeros_like(batch.pop("condition_latents"))
+    made = tp.encode_condition(torch.zeros(1, 3, 5, 16, 16), batch["latents"])["condition_latents"]
+    assert made.abs().sum() == 0 and made.shape == zeros.shape
+    bare = tp.loss(batch, generator=torch.Generator().manual_seed(0))
+    given = tp.loss({**batch, "condition_latents": zeros}, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(bare, given)
+    with pytest.raises(TrainingError, match="conditioning channels"):
+        denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective, None)

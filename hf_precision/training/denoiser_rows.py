@@ -148,7 +148,8 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                             f"already scaled (tp.encode_images(pixels) makes them)")
     x0 = inputs.model_layout(row, batch["latents"]).float()
     b = x0.shape[0]
-    if "condition_latents" not in batch and condition_channels(row, module):
+    if "condition_latents" not in batch and condition_channels(row, module) and \
+            _named_condition(row, pipe) not in inputs.ZEROS:  # HunyuanVideo 1.5 T2V: its pipeline's zeros
         missing = condition_channels(row, module)
         raise TrainingError(f"tp.loss(batch): {type(getattr(module, '_orig_mod', module)).__name__} takes {missing} "
                             f"conditioning channels beyond the latents (a mask and masked image, an image-to-video "
@@ -369,8 +370,13 @@ def condition_made(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str 
     """
     if condition_channels(row, module):
         return condition_of(row, module, pipe)
-    cls = pipe if isinstance(pipe, type) else type(pipe)
-    return next((row.condition[c.__name__] for c in cls.__mro__ if c.__name__ in row.condition), None)
+    return _named_condition(row, pipe)
+
+
+def _named_condition(row: DenoiserRow, pipe: Any) -> str | None:
+    # the row's condition builder for the pipeline class or a base of it; None for none (or no pipeline)
+    cls = pipe if isinstance(pipe, type) or pipe is None else type(pipe)
+    return next((row.condition[c.__name__] for c in (cls.__mro__ if cls else ()) if c.__name__ in row.condition), None)
 
 
 def built_keys(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> list[str]:
@@ -423,7 +429,8 @@ def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: to
                              batch: Mapping[str, Any]) -> torch.Tensor:
     # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
     # conditioning latents, given in the VAE's layout, on the channel axis after the noisy latents. Zeros only where
-    # the batch has none: the video memory plan's meta call (the training step refuses such a batch, noisy_inputs).
+    # the batch has none: the video memory plan's meta call (the training step refuses such a batch,
+    # noisy_inputs, unless the pipeline itself feeds zeros: HunyuanVideo 1.5 text-to-video).
     extra_channels = condition_channels(row, module)
     if not extra_channels:
         return noisy
