@@ -189,3 +189,31 @@ def test_hunyuan_video_i2v_token_replace_trains_with_the_image_latents_as_its_cl
     torch.testing.assert_close(kwargs["hidden_states"][:, :, :1], expected)
     assert target.shape[2] == latents.shape[2] - 1  # the clean frame is not predicted
     assert torch.isfinite(tp.loss(batch))
+
+
+def test_i2vgenxl_batch_without_its_image_is_refused_and_zeros_are_asked_for_by_none(tiny_pipe):
+    """tp.loss on latents and prompt alone trained I2VGen-XL's image_latents and image_embeddings on zeros, though
+    its pipeline always builds them from the input image: one error naming the keys and both ways out; a key given
+    as None is the explicit opt-out (zeros); the memory plan's call (no pipeline) still plans such a batch."""
+    import hf_precision as hp
+    from hf_precision.training import TrainingError
+
+    tp = hp.prepare_training(tiny_pipe("i2vgenxl"), device="cpu", train={"unet": "lora"}, rank=2)
+    module = tp._denoiser()
+    full = denoiser_rows.example_batch(module)
+    assert {"image_latents", "image_embeds"} <= set(full)  # the stand-ins the plans and family tests train with
+    bare = {k: full[k] for k in ("latents", "prompt_embeds")}
+    with pytest.raises(TrainingError, match=r"I2VGenXLUNet under I2VGenXLPipeline takes image_latents, image_embeds.*"
+                                            r"tp\.encode_condition\(pixels.*batch\['image_latents'\] = None"):
+        tp.loss(bare)
+    with pytest.raises(TrainingError, match=r"takes image_embeds,? which"):  # one missing: named alone
+        tp.loss({**bare, "image_latents": full["image_latents"]})
+    assert torch.isfinite(tp.loss(full))
+    zeros = {**bare, "image_latents": None, "image_embeds": None}
+    assert torch.isfinite(tp.loss(zeros))
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, zeros, tp.objective,
+                                           tp.alphas_cumprod, pipe=tp.pipe)
+    assert kwargs["image_latents"].abs().sum() == 0 and kwargs["image_embeddings"].abs().sum() == 0
+    planned, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, bare, tp.objective,
+                                            tp.alphas_cumprod)  # no pipeline: the plan's call, not refused
+    assert planned["image_latents"].shape == bare["latents"].shape

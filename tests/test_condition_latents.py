@@ -223,15 +223,21 @@ def test_the_program_refuses_a_family_without_a_builder_before_loading(name, com
 
 
 def test_a_batch_without_the_condition_is_refused(tiny_pipe):
-    """tp.loss on latents alone would train the extra channels on zeros: one error naming what to add."""
+    """tp.loss on latents alone would train the extra channels on zeros: one error naming what to add, and the
+    explicit opt-out (the key given as None: zeros, as condition dropout trains them)."""
     import hf_precision as hp
 
     tp = hp.prepare_training(tiny_pipe("sd_inpaint"), device="cpu", train={"unet": "lora"}, rank=2)
     batch = denoiser_rows.example_batch(tp.components["unet"])
     assert tuple(batch["condition_latents"].shape[1:2]) == (5,)  # the plans' stand-in has the condition's shape
     del batch["condition_latents"]
-    with pytest.raises(TrainingError, match=r"takes 5 conditioning channels .*tp\.encode_condition\(pixels"):
+    with pytest.raises(TrainingError, match=r"takes 5 conditioning channels .*tp\.encode_condition\(pixels.*"
+                                            r"batch\['condition_latents'\] = None"):
         tp.loss(batch)
+    module = tp.components["unet"]
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, {**batch, "condition_latents": None},
+                                           tp.objective, tp.alphas_cumprod, pipe=tp.pipe)
+    assert kwargs["sample"].shape[1] == 9 and kwargs["sample"][:, 4:].abs().sum() == 0  # the zeros asked for
 
 
 # CogVideoX's tiny transformer learned its positions for 16x16 pixels only (its config's sample size)
@@ -313,3 +319,23 @@ def test_kandinsky5_i2v_trains_with_its_first_frame_clean_and_unpredicted(tiny_p
     assert torch.equal(given[:, 0, ..., -1], torch.ones_like(given[:, 0, ..., -1]))  # the mask, as the pipeline's
     assert target.shape[1] == frames - 1
     assert torch.isfinite(tp.loss(batch))
+
+
+def test_hunyuan_video15_text_to_video_trains_on_its_pipelines_zeros_without_asking(tiny_pipe):
+    """HunyuanVideo 1.5's text-to-video pipeline feeds its transformer zero condition latents and mask
+    (pipeline_hunyuan_video1_5.py prepare_cond_latents_and_mask): tp.loss fills them as the pipeline does (it refused
+    the batch), the same loss as the zeros tp.encode_condition makes; without a pipeline (the memory plan's call)
+    the stand-in rule is unchanged."""
+    import hf_precision as hp
+
+    tp = hp.prepare_training(tiny_pipe("hunyuan_video15"), device="cpu", train={"transformer": "lora"}, rank=2)
+    module = tp._denoiser()
+    batch = denoiser_rows.example_batch(module)
+    zeros = torch.zeros_like(batch.pop("condition_latents"))
+    made = tp.encode_condition(torch.zeros(1, 3, 5, 16, 16), batch["latents"])["condition_latents"]
+    assert made.abs().sum() == 0 and made.shape == zeros.shape
+    bare = tp.loss(batch, generator=torch.Generator().manual_seed(0))
+    given = tp.loss({**batch, "condition_latents": zeros}, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(bare, given)
+    with pytest.raises(TrainingError, match="conditioning channels"):
+        denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective, None)

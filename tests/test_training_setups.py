@@ -55,10 +55,12 @@ def test_controlnet_or_adapter_trains_beside_a_frozen_unet(name, part):
 ])
 def test_training_through_the_pipelines_encode_prompt(name, train):
     tp = hp.prepare_training(_make(name), layout="t4", train=train)
-    latents = example_batch(tp.components[tp.denoiser_name], 1)["latents"]
+    example = example_batch(tp.components[tp.denoiser_name], 1)
+    # the latents, and I2VGen-XL's image inputs (its pipeline always builds them: tp.loss refuses a batch without)
+    given = {k: example[k] for k in ("latents", "image_latents", "image_embeds") if k in example}
 
     def loss():
-        return tp.loss({"latents": latents, **tp.encode_prompt(["a cat"])}, generator=torch.Generator().manual_seed(0))
+        return tp.loss({**given, **tp.encode_prompt(["a cat"])}, generator=torch.Generator().manual_seed(0))
 
     run_steps(tp, {}, steps=3, loss_fn=loss)
     assert {n.split(".")[0] for n, _ in tp.named_parameters()} == set(train)

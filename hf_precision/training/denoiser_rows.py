@@ -24,7 +24,7 @@ from .inputs.registry import config_value
 from .rules import TrainingError
 
 __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of",
-           "condition_made", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value"]
+           "condition_made", "built_keys", "check_built", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value"]
 
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
 
@@ -135,25 +135,31 @@ def no_row(module: torch.nn.Module, component: str = "the denoiser") -> Training
 
 def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], objective: str,
                  alphas_cumprod: torch.Tensor | None, generator: torch.Generator | None = None,
-                 sigmas: tuple[float, float] | None = None) -> tuple[dict[str, Any], torch.Tensor]:
+                 sigmas: tuple[float, float] | None = None, pipe: Any = None) -> tuple[dict[str, Any], torch.Tensor]:
     """The denoiser's keyword arguments for one training step, and the target its output is compared with.
 
     ``sigmas`` is the (min, max) noise level of an ``edm`` objective (:func:`~hf_precision.training.objectives.sigma_range`); the batch may fix the
-    noise (``noise``), the noise levels (``sigmas``: flow and edm) or the timesteps (``timesteps``: DDPM).
+    noise (``noise``), the noise levels (``sigmas``: flow and edm) or the timesteps (``timesteps``: DDPM). ``pipe``
+    (the training's pipeline or its class; ``tp.loss`` passes it) refuses a batch without the entries its condition
+    builder makes (:func:`check_built`); the memory plan's meta call passes none.
     """
     if "latents" not in batch:
         raise TrainingError(f"tp.loss(batch): the batch has no 'latents' (keys: {sorted(batch)}); give VAE latents, "
                             f"already scaled (tp.encode_images(pixels) makes them)")
     x0 = inputs.model_layout(row, batch["latents"]).float()
     b = x0.shape[0]
-    if "condition_latents" not in batch and condition_channels(row, module):
+    if "condition_latents" not in batch and condition_channels(row, module) and \
+            _named_condition(row, pipe) not in inputs.ZEROS:  # HunyuanVideo 1.5 T2V: its pipeline's zeros
         missing = condition_channels(row, module)
         raise TrainingError(f"tp.loss(batch): {type(getattr(module, '_orig_mod', module)).__name__} takes {missing} "
                             f"conditioning channels beyond the latents (a mask and masked image, an image-to-video "
                             f"model's first frame) and the batch has no 'condition_latents'; add what the pipeline "
                             f"builds from the sample: batch.update(tp.encode_condition(pixels, batch['latents'])) (zeros "
-                            f"only where the pipeline itself gives zeros: condition dropout, its unconditional input)")
+                            f"only where the pipeline itself gives zeros: condition dropout, its unconditional input; "
+                            f"ask for them with batch['condition_latents'] = None)")
     image_embeds.check_batch(row, module, batch)
+    if pipe is not None:
+        check_built(row, module, pipe, batch)
     _train_config(row, module)
     drawn = {}
     if "noise" not in batch or not {"sigmas", "timesteps"} & set(batch):
@@ -364,15 +370,67 @@ def condition_made(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> str 
     """
     if condition_channels(row, module):
         return condition_of(row, module, pipe)
-    cls = pipe if isinstance(pipe, type) else type(pipe)
-    return next((row.condition[c.__name__] for c in cls.__mro__ if c.__name__ in row.condition), None)
+    return _named_condition(row, pipe)
+
+
+def _named_condition(row: DenoiserRow, pipe: Any) -> str | None:
+    # the row's condition builder for the pipeline class or a base of it; None for none (or no pipeline)
+    cls = pipe if isinstance(pipe, type) or pipe is None else type(pipe)
+    return next((row.condition[c.__name__] for c in (cls.__mro__ if cls else ()) if c.__name__ in row.condition), None)
+
+
+def built_keys(row: DenoiserRow, module: torch.nn.Module, pipe: Any) -> list[str]:
+    """The batch keys of the row's ``optional`` inputs that ``pipe``'s condition builder makes, where the denoiser
+    takes them as arguments of their own rather than channels (I2VGen-XL's ``image_latents`` and ``image_embeds``:
+    a row whose ``condition`` names a builder for a denoiser without extra channels returns the entries its
+    optional inputs read, recipes/denoisers.yaml); those this configuration takes (a nonzero config width).
+
+    Example:
+        >>> from diffusers import I2VGenXLPipeline
+        >>> from types import SimpleNamespace
+        >>> unet = SimpleNamespace(config={"in_channels": 4, "cross_attention_dim": 8})
+        >>> built_keys(ROWS["I2VGenXLUNet"], unet, I2VGenXLPipeline), built_keys(ROWS["I2VGenXLUNet"], unet, object)
+        (['image_latents', 'image_embeds'], [])
+    """
+    if condition_channels(row, module) or condition_made(row, module, pipe) is None:
+        return []
+    config = getattr(module, "config", {}) or {}
+    return [key for key, shape in row.optional.values()
+            if not shape.partition("@")[2] or config_value(config, shape.partition("@")[2])]
+
+
+def check_built(row: DenoiserRow, module: torch.nn.Module, pipe: Any, batch: Mapping[str, Any]) -> None:
+    """Refuse a training batch without the entries ``pipe``'s condition builder makes for the denoiser's own
+    arguments (:func:`built_keys`): the loss would fill them with zeros, and the model would learn to ignore the image
+    its pipeline always gives (pipeline_i2vgen_xl.py:640-656). A key given as None asks for the zeros on purpose.
+
+    Example:
+        >>> from diffusers import I2VGenXLPipeline
+        >>> from types import SimpleNamespace
+        >>> unet = SimpleNamespace(config={"in_channels": 4, "cross_attention_dim": 8})
+        >>> check_built(ROWS["I2VGenXLUNet"], unet, I2VGenXLPipeline, {"image_latents": None, "image_embeds": None})
+        >>> check_built(ROWS["I2VGenXLUNet"], unet, I2VGenXLPipeline, {"latents": 0})  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        hf_precision.training.rules.TrainingError: tp.loss(batch): SimpleNamespace under I2VGenXLPipeline takes image_latents, image_embeds, which its pipeline builds from the input image, and the batch lacks them ...
+    """
+    missing = [key for key in built_keys(row, module, pipe) if key not in batch]
+    if missing:
+        name = type(getattr(module, "_orig_mod", module)).__name__
+        what = pipe.__name__ if isinstance(pipe, type) else type(pipe).__name__
+        raise TrainingError(f"tp.loss(batch): {name} under {what} takes {', '.join(missing)}, which its pipeline "
+                            f"builds from the input image, and the batch lacks them (keys: {sorted(batch)}); "
+                            f"add what the pipeline builds from the sample: batch.update(tp.encode_condition(pixels, "
+                            f"batch['latents'])), or, for zeros on purpose (condition dropout), give each as None: "
+                            f"{', '.join(f'batch[{k!r}] = None' for k in missing)}")
 
 
 def _with_condition_latents(row: DenoiserRow, module: torch.nn.Module, noisy: torch.Tensor,
                              batch: Mapping[str, Any]) -> torch.Tensor:
     # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
     # conditioning latents, given in the VAE's layout, on the channel axis after the noisy latents. Zeros only where
-    # the batch has none: the video memory plan's meta call (the training step refuses such a batch, noisy_inputs).
+    # the batch has none: the video memory plan's meta call (the training step refuses such a batch,
+    # noisy_inputs, unless the pipeline itself feeds zeros: HunyuanVideo 1.5 text-to-video).
     extra_channels = condition_channels(row, module)
     if not extra_channels:
         return noisy
@@ -447,6 +505,11 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     width = image_embeds.image_width(row, module) if row.image_encode else None
     if width and image_embeds.IMAGE_KEY not in batch:  # FramePack's optional SigLIP states: a stand-in token
         batch[image_embeds.IMAGE_KEY] = randn(batch_size, 1, width)
+    built = row.optional.values() if row.condition and not condition_channels(row, module) else ()
+    for key, shape in built:  # what a condition builder makes (I2VGen-XL's image latents, embedding): tp.loss wants it
+        dim = config_value(config, shape.partition("@")[2]) if "@" in shape else channels
+        if key not in batch and dim:
+            batch[key] = randn(batch_size, 1, int(dim)) if shape.startswith("token") else randn(batch_size, channels, *latent)
     for key in row.cond:
         embeds = batch.get(key.replace("attention_mask", "embeds"))
         if key.startswith("prompt_attention_mask") and embeds is not None:

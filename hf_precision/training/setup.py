@@ -138,7 +138,7 @@ class TrainingSetup:
         if "vae_scale_factor" not in batch and (factor := self._vae_scale_factor()):
             batch = {**batch, "vae_scale_factor": factor}  # pixel sizes in the micro-conditioning
         kwargs, target = denoiser_rows.noisy_inputs(row, module, batch, self.objective, self._alphas(batch), generator,
-                                               self.sigma_range)
+                                               self.sigma_range, pipe=self.pipe)
         kwargs.update(control.side_inputs(self, module, kwargs, batch))  # a ControlNet's / T2I-Adapter's residuals
         out = module(**kwargs, return_dict=False)
         pred = denoiser_rows.model_output(out, target, row)

@@ -23,10 +23,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from .registry import (BUILDERS, CONDITIONS, DRAWN, Builder, Condition, builder, channel_dim, condition,
+from .registry import (BUILDERS, CONDITIONS, DRAWN, ZEROS, Builder, Condition, builder, channel_dim, condition,
                        frozen_dtype, model_layout, optional_inputs, reference_latents)
 
-__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "DRAWN", "builder", "condition", "channel_dim", "frozen_dtype",
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "DRAWN", "ZEROS", "builder", "condition", "channel_dim", "frozen_dtype",
            "model_layout", "optional_inputs", "reference_latents"]
 
 # Registration is complete once this package is imported: whoever reads BUILDERS (the rows' check, the loss) sees

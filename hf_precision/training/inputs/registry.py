@@ -13,7 +13,7 @@ import torch
 
 from ...errors import RecipeError
 
-__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "DRAWN", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
+__all__ = ["BUILDERS", "Builder", "CONDITIONS", "Condition", "DRAWN", "ZEROS", "builder", "condition", "channel_dim", "frozen_dtype", "model_layout", "optional_inputs",
            "pixel_size", "reference_latents", "config_value", "fitted_latent"]
 
 Builder = Callable[[Any, Any, Mapping[str, Any], torch.Tensor], dict[str, Any]]
@@ -23,6 +23,7 @@ BUILDERS: dict[str, Builder] = {}
 Condition = Callable[[Any, torch.Tensor, torch.Tensor, Any], "torch.Tensor | dict[str, torch.Tensor]"]
 CONDITIONS: dict[str, Condition] = {}
 DRAWN: set[str] = set()  # condition builders whose output is a random draw per training step (condition(drawn=True))
+ZEROS: set[str] = set()  # condition builders that give zeros, as their pipeline does (condition(zeros=True))
 
 
 def builder(name: str) -> Callable[[Builder], Builder]:
@@ -57,7 +58,7 @@ def builder(name: str) -> Callable[[Builder], Builder]:
     return register
 
 
-def condition(name: str, *, drawn: bool = False) -> Callable[[Condition], Condition]:
+def condition(name: str, *, drawn: bool = False, zeros: bool = False) -> Callable[[Condition], Condition]:
     """Register a condition builder under ``name``, the name a row's ``condition`` gives for a pipeline class.
 
     A condition builder makes, in the encode phase (next to the sample's latents, cached with them), the channels
@@ -69,7 +70,9 @@ def condition(name: str, *, drawn: bool = False) -> Callable[[Condition], Condit
     ``optional`` or ``cond`` hands the denoiser; the encode phase runs it for a pipeline class the row names.
     ``drawn=True`` marks a builder whose output is a random draw a training script makes anew each step (an
     inpainting mask): the training program then caches several draws per sample and picks one each step
-    (:data:`DRAWN`).
+    (:data:`DRAWN`). ``zeros=True`` marks a builder that gives zeros because its pipeline feeds zeros there
+    (HunyuanVideo 1.5 text-to-video, :mod:`.t2v_zeros`): ``tp.loss`` then fills a batch without them itself
+    (:data:`ZEROS`) instead of refusing it.
 
     Example:
         >>> @condition("my_cond")
@@ -84,6 +87,7 @@ def condition(name: str, *, drawn: bool = False) -> Callable[[Condition], Condit
     def register(fn: Condition) -> Condition:
         CONDITIONS[name] = fn
         (DRAWN.add if drawn else DRAWN.discard)(name)
+        (ZEROS.add if zeros else ZEROS.discard)(name)
         return fn
     return register
 
