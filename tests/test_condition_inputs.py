@@ -217,3 +217,49 @@ def test_i2vgenxl_batch_without_its_image_is_refused_and_zeros_are_asked_for_by_
     planned, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, bare, tp.objective,
                                             tp.alphas_cumprod)  # no pipeline: the plan's call, not refused
     assert planned["image_latents"].shape == bare["latents"].shape
+
+
+def _vace_call_control(frames: int, side: int) -> torch.Tensor:
+    """The control_hidden_states WanVACEPipeline.__call__ hands its transformer at the first step of a text-to-video
+    run (no video, no mask); prompt embeddings given, so the prompt is not cleaned (ftfy) or encoded."""
+    pipe = make_pipeline("wan_vace", seed=0)
+    seen: dict = {}
+
+    def grab(module, args, kwargs):
+        seen.update(kwargs)
+        raise StopIteration  # one call is enough
+
+    pipe.transformer.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        pipe(prompt_embeds=torch.zeros(1, 4, 32), height=side, width=side, num_frames=frames, guidance_scale=1.0,
+             num_inference_steps=1, output_type="pt")
+    except StopIteration:
+        pass
+    return seen["control_hidden_states"]
+
+
+def test_wan_vace_trains_on_the_control_latents_its_text_to_video_call_builds(tiny_pipe):
+    """tp.loss filled VACE's control_hidden_states with zeros, though WanVACEPipeline.__call__ without a video feeds
+    the latents of a black video under an all-ones mask (pipeline_wan_vace.py:910-926): training taught the control
+    branch an input sampling never gives. Now the encode phase builds what __call__ builds, for each clip of a batch;
+    a batch without it is refused, with None as the explicit opt-out."""
+    from hf_precision.training import TrainingError
+
+    frames, side = 5, 32
+    expected = _vace_call_control(frames, side)
+    tp = hp.prepare_training(tiny_pipe("wan_vace"), device="cpu", train={"transformer": "lora"}, rank=2)
+    clip = torch.rand(2, 3, frames, side, side) * 2 - 1
+    batch = {"latents": tp.encode_images(clip), "prompt_embeds": torch.zeros(2, 4, 32)}
+    batch.update(tp.encode_condition(clip, batch["latents"]))
+    module = tp._denoiser()
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                           tp.alphas_cumprod, torch.Generator().manual_seed(0), pipe=tp.pipe)
+    control = kwargs["control_hidden_states"]
+    z = module.config.in_channels
+    assert control[:, :2 * z].abs().sum() > 0, "the black video's latents are zeros"  # not what the pipeline feeds
+    torch.testing.assert_close(control.float(), expected.float().expand_as(control))
+    assert torch.isfinite(tp.loss(batch))
+    bare = {k: batch[k] for k in ("latents", "prompt_embeds")}
+    with pytest.raises(TrainingError, match=r"WanVACETransformer3DModel under WanVACEPipeline takes control_latents"):
+        tp.loss(bare)
+    assert torch.isfinite(tp.loss({**bare, "control_latents": None}))

@@ -360,7 +360,7 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     for key, shape in built:  # what a condition builder makes (I2VGen-XL's image latents, embedding): tp.loss wants it
         dim = config_value(config, shape.partition("@")[2]) if "@" in shape else channels
         if key not in batch and dim:
-            batch[key] = randn(batch_size, 1, int(dim)) if shape.startswith("token") else randn(batch_size, channels, *latent)
+            batch[key] = randn(batch_size, 1, int(dim)) if shape.startswith("token") else randn(batch_size, int(dim), *latent)
     for key in row.cond:
         embeds = batch.get(key.replace("attention_mask", "embeds"))
         if key.startswith("prompt_attention_mask") and embeds is not None:
