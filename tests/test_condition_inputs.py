@@ -263,3 +263,36 @@ def test_wan_vace_trains_on_the_control_latents_its_text_to_video_call_builds(ti
     with pytest.raises(TrainingError, match=r"WanVACETransformer3DModel under WanVACEPipeline takes control_latents"):
         tp.loss(bare)
     assert torch.isfinite(tp.loss({**bare, "control_latents": None}))
+
+
+def test_framepack_trains_on_the_first_frames_latents_as_its_clean_prefix(tiny_pipe):
+    """FramePack's latents_clean began with zeros in training, though HunyuanVideoFramepackPipeline.__call__ puts the
+    image's VAE latents there (pipeline_hunyuan_video_framepack.py:822, :889-895): the encode phase now builds them
+    from the clip's first frame; a one-section run (its history zeros) gets the same clean latents and indices."""
+    image, clip = _clip(frames=5)
+    pipe = make_pipeline("hunyuan_video_framepack", seed=0)
+    seen: dict = {}
+
+    def grab(module, args, kwargs):
+        seen.update(kwargs)
+        raise StopIteration  # one call is enough
+
+    pipe.transformer.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        pipe(image=image, prompt="a cat", prompt_template={"template": "{}", "crop_start": 0}, height=SIDE,
+             width=SIDE, num_frames=5, latent_window_size=2, num_inference_steps=1, max_sequence_length=16,
+             generator=torch.Generator().manual_seed(3), output_type="pt")
+    except StopIteration:
+        pass
+    tp = hp.prepare_training(tiny_pipe("hunyuan_video_framepack"), device="cpu", train={"transformer": "lora"},
+                             rank=2)
+    module = tp._denoiser()
+    batch = {k: v for k, v in denoiser_rows.example_batch(module).items() if k != "latents"}
+    batch["latents"] = tp.encode_images(clip)
+    batch.update(tp.encode_condition(clip, batch["latents"], generator=torch.Generator().manual_seed(3)))
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                           tp.alphas_cumprod, torch.Generator().manual_seed(0), pipe=tp.pipe)
+    assert kwargs["latents_clean"][:, :, :1].abs().sum() > 0, "the clean prefix is zeros"
+    for arg in ("latents_clean", "indices_latents_clean", "indices_latents", "latents_history_2x"):
+        torch.testing.assert_close(kwargs[arg].float(), seen[arg].float(), msg=arg)
+    assert torch.isfinite(tp.loss(batch))
