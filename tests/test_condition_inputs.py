@@ -296,3 +296,24 @@ def test_framepack_trains_on_the_first_frames_latents_as_its_clean_prefix(tiny_p
     for arg in ("latents_clean", "indices_latents_clean", "indices_latents", "latents_history_2x"):
         torch.testing.assert_close(kwargs[arg].float(), seen[arg].float(), msg=arg)
     assert torch.isfinite(tp.loss(batch))
+
+
+def test_cascade_decoder_batch_without_effnet_is_refused_not_trained_on_zeros(tiny_pipe):
+    """tp.loss gave the Stable Cascade decoder zeros for effnet, though StableCascadeDecoderPipeline.__call__ always
+    feeds it the prior's image_embeddings (pipeline_stable_cascade.py:445-449) and cannot make them from a picture:
+    the encode phase and the loss refuse, naming effnet; a given effnet trains, None asks for the zeros."""
+    from hf_precision.training import TrainingError
+
+    tp = hp.prepare_training(tiny_pipe("cascade_decoder"), device="cpu", train={"decoder": "lora"}, rank=2)
+    module = tp._denoiser()
+    full = denoiser_rows.example_batch(module)
+    assert full["effnet"].shape[1] == module.config.effnet_in_channels
+    pixels = torch.rand(1, 3, 32, 32) * 2 - 1
+    with pytest.raises(TrainingError, match=r"StableCascadeDecoderPipeline: its decoder takes effnet \(16 channels\)"
+                                            r".*batch\['effnet'\] = None"):
+        tp.encode_condition(pixels, full["latents"])
+    bare = {k: v for k, v in full.items() if k != "effnet"}
+    with pytest.raises(TrainingError, match=r"StableCascadeUNet under StableCascadeDecoderPipeline takes effnet"):
+        tp.loss(bare)
+    assert torch.isfinite(tp.loss(full))
+    assert torch.isfinite(tp.loss({**bare, "effnet": None}))
