@@ -219,10 +219,9 @@ def test_i2vgenxl_batch_without_its_image_is_refused_and_zeros_are_asked_for_by_
     assert planned["image_latents"].shape == bare["latents"].shape
 
 
-def _vace_call_control(frames: int, side: int) -> torch.Tensor:
-    """The control_hidden_states WanVACEPipeline.__call__ hands its transformer at the first step of a text-to-video
-    run (no video, no mask); prompt embeddings given, so the prompt is not cleaned (ftfy) or encoded."""
-    pipe = make_pipeline("wan_vace", seed=0)
+def _first_transformer_call(name: str, **call) -> dict:
+    """The keyword arguments the tiny pipeline ``name``'s __call__ hands its transformer at the first step."""
+    pipe = make_pipeline(name, seed=0)
     seen: dict = {}
 
     def grab(module, args, kwargs):
@@ -231,11 +230,17 @@ def _vace_call_control(frames: int, side: int) -> torch.Tensor:
 
     pipe.transformer.register_forward_pre_hook(grab, with_kwargs=True)
     try:
-        pipe(prompt_embeds=torch.zeros(1, 4, 32), height=side, width=side, num_frames=frames, guidance_scale=1.0,
-             num_inference_steps=1, output_type="pt")
+        pipe(num_inference_steps=1, output_type="pt", **call)
     except StopIteration:
         pass
-    return seen["control_hidden_states"]
+    return seen
+
+
+def _vace_call_control(frames: int, side: int) -> torch.Tensor:
+    """The control_hidden_states WanVACEPipeline.__call__ hands its transformer at the first step of a text-to-video
+    run (no video, no mask); prompt embeddings given, so the prompt is not cleaned (ftfy) or encoded."""
+    return _first_transformer_call("wan_vace", prompt_embeds=torch.zeros(1, 4, 32), height=side, width=side,
+                                   num_frames=frames, guidance_scale=1.0)["control_hidden_states"]
 
 
 def test_wan_vace_trains_on_the_control_latents_its_text_to_video_call_builds(tiny_pipe):
@@ -270,20 +275,10 @@ def test_framepack_trains_on_the_first_frames_latents_as_its_clean_prefix(tiny_p
     image's VAE latents there (pipeline_hunyuan_video_framepack.py:822, :889-895): the encode phase now builds them
     from the clip's first frame; a one-section run (its history zeros) gets the same clean latents and indices."""
     image, clip = _clip(frames=5)
-    pipe = make_pipeline("hunyuan_video_framepack", seed=0)
-    seen: dict = {}
-
-    def grab(module, args, kwargs):
-        seen.update(kwargs)
-        raise StopIteration  # one call is enough
-
-    pipe.transformer.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        pipe(image=image, prompt="a cat", prompt_template={"template": "{}", "crop_start": 0}, height=SIDE,
-             width=SIDE, num_frames=5, latent_window_size=2, num_inference_steps=1, max_sequence_length=16,
-             generator=torch.Generator().manual_seed(3), output_type="pt")
-    except StopIteration:
-        pass
+    seen = _first_transformer_call("hunyuan_video_framepack", image=image, prompt="a cat", height=SIDE, width=SIDE,
+                                   prompt_template={"template": "{}", "crop_start": 0}, num_frames=5,
+                                   latent_window_size=2, max_sequence_length=16,
+                                   generator=torch.Generator().manual_seed(3))
     tp = hp.prepare_training(tiny_pipe("hunyuan_video_framepack"), device="cpu", train={"transformer": "lora"},
                              rank=2)
     module = tp._denoiser()
