@@ -198,14 +198,21 @@ class IslandHook:
         return torch.float32 if param is None else param.dtype
 
     def pre(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        dtype = self.dtype()
+        param = self.ref.get()
+        dtype = torch.float32 if param is None else param.dtype
+        # A hook runs for every island on every call (166 islands in the benchmark's stress test), so the usual call,
+        # one tensor and no keywords (a norm, an MLP), builds nothing it does not need and returns None (arguments
+        # unchanged) when the input already is float32. `.to(dtype=...)` with a keyword skips torch's parse of the
+        # positional overloads (device, tensor): ~0.35 us less per cast on CPU, the same cast.
+        if not kwargs and len(args) == 1 and type(args[0]) is torch.Tensor:
+            a = args[0]
+            if a.dtype == dtype or not a.is_floating_point():
+                return None
+            return (a.to(dtype=dtype),), kwargs
         if not kwargs and all(type(a) is torch.Tensor for a in args):
-            # The usual island call (a norm, an MLP: tensors only) takes this path: a hook runs for every island on
-            # every call, so it builds nothing it does not need, and returns None (arguments unchanged) when the
-            # inputs already are float32.
             if all(a.dtype == dtype or not a.is_floating_point() for a in args):
                 return None
-            return tuple(a.to(dtype) if a.dtype != dtype and a.is_floating_point() else a for a in args), kwargs
+            return tuple(a.to(dtype=dtype) if a.dtype != dtype and a.is_floating_point() else a for a in args), kwargs
         return cast_tree(args, dtype), _rewrite_dtype_kwargs(cast_tree(kwargs, dtype), dtype)
 
     def post(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
@@ -213,7 +220,7 @@ class IslandHook:
             return None
         outer = self.outer_dtype()
         if type(out) is torch.Tensor:
-            return out.to(outer) if out.dtype != outer and out.is_floating_point() else None
+            return out.to(dtype=outer) if out.dtype != outer and out.is_floating_point() else None
         return cast_tree(out, outer)
 
 
