@@ -283,7 +283,7 @@ def test_the_cache_key_of_a_sample_names_its_condition(tiny_pipe, tmp_path):
     import hf_precision as hp
     from hf_precision.apps.train.cache import sample_parts
     from hf_precision.apps.train.data import Sample
-    from hf_precision.apps.train.batches import latent_key as _latent_key
+    from hf_precision.apps.train.batches import _latent_key
 
     (tmp_path / "a.png").write_bytes(b"x")
     sample = Sample(tmp_path / "a.png", "a cat", (32, 32), (32, 32))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_precision.apps.train.batches import cacheable as _cacheable, from_cache as _from_cache
+from hf_precision.apps.train.batches import _cacheable, _from_cache
 
 
 def test_captions_of_different_lengths_join_as_the_pipelines_batch(tiny_pipes):

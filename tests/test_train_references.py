@@ -100,7 +100,7 @@ def trained(kontext, tmp_path_factory) -> dict:
                                                     image=Image.open(run.data.samples[i].reference),
                                                     max_sequence_length=batch["prompt_embeds"].shape[1])[0]
                           for i in indices])
-        batches.extend([(batch["prompt_embeds"], want), (train_batches.encode_text(run, indices)["prompt_embeds"], want)])
+        batches.extend([(batch["prompt_embeds"], want), (train_batches._encode_text(run, indices)["prompt_embeds"], want)])
         checking.clear()
         return batch
 

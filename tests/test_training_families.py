@@ -499,7 +499,7 @@ def test_wan22_trains_the_expert_that_owns_the_noise_levels_it_draws(tmp_path):
 def test_the_programs_caption_cache_keeps_a_conditioning_list():
     """`hf-precision train` caches each caption's encoding as tensors (safetensors): Z-Image's prompt, a list of one
     unpadded tensor per caption, was dropped (its forward then lacked cap_feats); it is kept and rebuilt in order."""
-    from hf_precision.apps.train.batches import cacheable as _cacheable, from_cache as _from_cache
+    from hf_precision.apps.train.batches import _cacheable, _from_cache
 
     a, b = torch.ones(3, 4), torch.zeros(5, 4)  # two captions of different lengths
     entries = [_cacheable({"prompt_embeds": [a]}), _cacheable({"prompt_embeds": [b], "mask": torch.ones(1, 2)})]

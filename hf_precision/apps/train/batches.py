@@ -11,10 +11,11 @@ from typing import Any
 from .cache import join_padded, offload_encoders, sample_parts, tp_device
 from .prepare import Run
 
-__all__ = ["cacheable", "encode_batch", "encode_text", "fill_cache", "from_cache", "latent_key", "text_trained"]
+__all__ = ["encode_batch", "fill_cache"]
 
 
-def text_trained(tp: Any) -> bool:
+def _text_trained(tp: Any) -> bool:
+    # a text encoder that trains (textual inversion, a text LoRA) is encoded every step, never from the cache
     import torch
 
     return any(p.requires_grad for n, m in tp.components.items() if n.startswith("text_encoder")
@@ -30,7 +31,7 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
     from . import draws
 
     tp = run.tp
-    found = [run.cache.get("latents", latent_key(run, i)) for i in indices] if run.cache is not None else [None]
+    found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
     if not all(f is not None for f in found):
         # a draw per step (.draws): the sample's draws up to the step's pick, the ones the cache would hold first
         found = [_sample_latents(run, i, draws.choice(run.settings.seed, step, i) + 1) for i in indices]
@@ -43,19 +44,19 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
     if all(draws.KEY in f for f in found):
         refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
-    if run.cache is not None and not text_trained(tp):
+    if run.cache is not None and not _text_trained(tp):
         texts = [run.cache.get("text", _text_key(run, i)) for i in indices]
         if all(f is not None for f in texts):
-            cond = from_cache(texts, _masks(run))
+            cond = _from_cache(texts, _masks(run))
     if cond is None:
-        with (torch.no_grad() if not text_trained(tp) else contextlib.nullcontext()):
-            cond = encode_text(run, indices)
+        with (torch.no_grad() if not _text_trained(tp) else contextlib.nullcontext()):
+            cond = _encode_text(run, indices)
     device = tp_device(tp)
     return {"latents": latents.to(device), **refs,
             **{k: v.to(device) if torch.is_tensor(v) else v for k, v in cond.items()}}
 
 
-def latent_key(run: Run, i: int) -> tuple[Any, ...]:
+def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
     """What a sample's cached latents depend on: its file (:func:`~.cache.sample_parts`) and, where the denoiser takes
     conditioning channels or an image embedding, the builder or pipeline method that made them and the seed its mask
     or noise was drawn with: another builder, method or seed is another conditioning, encoded again."""
@@ -102,7 +103,7 @@ def _prompt_image_used(run: Run, i: int) -> bool:
     return "image" in encode_prompt_needs(type(run.tp.pipe))
 
 
-def encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
+def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
     """The conditioning of samples ``indices``: their captions in one call, or, where the prompt is encoded with
     each sample's reference, one call per sample (QwenImageEditPlusPipeline reads a list of images as pictures of
     every prompt, not one per prompt), joined as the cache joins them; none where the pipeline has no encode_prompt
@@ -111,7 +112,7 @@ def encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
         return {}
     if not any(_prompt_image_used(run, i) for i in indices):
         return dict(run.tp.encode_prompt(run.data.captions(indices)))
-    return from_cache([cacheable(run.tp.encode_prompt([run.data.samples[i].caption], image=_prompt_image(run, i)))
+    return _from_cache([_cacheable(run.tp.encode_prompt([run.data.samples[i].caption], image=_prompt_image(run, i)))
                         for i in indices], _masks(run))
 
 
@@ -123,7 +124,7 @@ def _masks(run: Run) -> tuple[str, ...]:
     return tuple(n for names in (row.encode, *(m for _, m in row.encode_more)) for n in names if n and "mask" in n)
 
 
-def cacheable(cond: Any) -> dict[str, Any]:
+def _cacheable(cond: Any) -> dict[str, Any]:
     """The tensors of one caption's conditioning, as the cache stores them: a list of tensors (Z-Image's unpadded
     prompt, one per caption) as its items ``KEY.0``, ``KEY.1``, ...; other values are not stored."""
     import torch
@@ -135,7 +136,7 @@ def cacheable(cond: Any) -> dict[str, Any]:
     return out
 
 
-def from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dict[str, Any]:
+def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dict[str, Any]:
     """A batch's conditioning from its captions' cache entries (:func:`_cacheable`): tensors joined on the batch axis,
     ``KEY.i`` items back into one list per key, in caption order; captions of other lengths padded under ``masks``
     (:func:`~.cache.join_padded`)."""
@@ -184,15 +185,15 @@ def fill_cache(run: Run) -> None:
     import torch
 
     acc, tp, data = run.accelerator, run.tp, run.data
-    text = not text_trained(tp)
+    text = not _text_trained(tp)
     if acc.is_main_process:
         for i in range(len(data.samples)):
-            parts = latent_key(run, i)
+            parts = _latent_key(run, i)
             if run.cache.get("latents", parts) is None:
                 run.cache.put("latents", parts, _sample_latents(run, i))
             if text and run.cache.get("text", _text_key(run, i)) is None:
                 with torch.no_grad():
-                    cond = encode_text(run, [i])
-                run.cache.put("text", _text_key(run, i), cacheable(cond))
+                    cond = _encode_text(run, [i])
+                run.cache.put("text", _text_key(run, i), _cacheable(cond))
     acc.wait_for_everyone()
     offload_encoders(run, "cpu", text)
