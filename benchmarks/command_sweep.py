@@ -172,7 +172,7 @@ def image_size(cls: str) -> tuple[int, int]:
     """(height, width) the sweep asks of an image model: :data:`SIDE` x :data:`SIDE`, or, where its recipe lists the
     only sizes its call makes (``sizes:``, Kandinsky 5 Image), the smallest of them, as a user reads them from the
     refusal."""
-    from hf_precision.diagnose.call import shipped_value
+    from hf_precision.recipe.catalog import shipped_value
 
     sizes = [(int(s["height"]), int(s["width"])) for s in shipped_value(cls, "sizes")[1] or ()]
     return min(sizes, key=lambda s: s[0] * s[1]) if sizes else (SIDE, SIDE)

@@ -14,8 +14,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "call_params", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt", "size_refused",
-           "shipped_value"]
+           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt", "size_refused"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -247,21 +246,9 @@ def call_inputs(cls: Any) -> list[str]:
 def _recipe_needs(cls: Any) -> list[str]:
     """The ``call_needs:`` of the shipped recipe that lists ``cls``: inputs documented *optional* that its call
     cannot run without (the HunyuanImage refiner's image)."""
+    from ..recipe.catalog import shipped_value
+
     return list(shipped_value(cls, "call_needs")[1] or ())
-
-
-def shipped_value(cls: Any, key: str) -> tuple[str | None, Any]:
-    """(the shipped recipe listing pipeline class ``cls`` (a class or its name), its value of ``key``), or (None,
-    None): the pipeline facts a recipe holds for the commands to read before loading (``call_needs:``, ``sizes:``).
-
-    Example:
-        >>> shipped_value("HunyuanImageRefinerPipeline", "call_needs"), shipped_value("NoSuchPipeline", "sizes")
-        (('hunyuan_image_refiner', ['image']), (None, None))
-    """
-    from ..recipe.catalog import pipeline_spec, recipe_classes
-
-    recipe = recipe_classes().get(cls if isinstance(cls, str) else getattr(cls, "__name__", ""))
-    return (recipe, pipeline_spec(recipe).get(key)) if recipe else (None, None)
 
 
 def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
@@ -275,6 +262,8 @@ def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
         >>> print(size_refused("Kandinsky5T2IPipeline", 512, 512))  # doctest: +ELLIPSIS
         --height 512 --width 512: Kandinsky5T2IPipeline makes only 1024x1024, 640x1408, ... (width x height; ...
     """
+    from ..recipe.catalog import shipped_value
+
     name = cls if isinstance(cls, str) else getattr(cls, "__name__", "")
     recipe, listed = shipped_value(name, "sizes")
     sizes = [(int(s["width"]), int(s["height"])) for s in listed or ()]
@@ -314,11 +303,11 @@ def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
 
 def _video_keys(pipe: Any) -> dict[str, Any]:
     """The shipped recipe's ``video:`` block for the pipeline's class (its ``classes:`` entry over the rest)."""
-    from ..recipe.catalog import pipeline_spec, recipe_classes
+    from ..recipe.catalog import shipped_value
     from ..recipe.schema import video_block
 
-    name = recipe_classes().get(type(pipe).__name__)
-    return video_block(pipeline_spec(name).get("video"), type(pipe).__name__) if name else {}
+    name, block = shipped_value(type(pipe), "video")
+    return video_block(block, type(pipe).__name__) if name else {}
 
 
 def _text_length(pipe: Any) -> int:

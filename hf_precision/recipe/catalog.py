@@ -27,7 +27,7 @@ from .files import read_yaml, recipes_dir
 from .model import Recipe
 from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean
 
-__all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes",
+__all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes", "shipped_value",
            "recipe_for_class", "recipes_for_denoiser", "entry_classes", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
            "component_spec", "component_recipe_for", "component_recipes_listing", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
 
@@ -200,6 +200,20 @@ def recipe_classes() -> dict[str, str]:
         for cls in pipeline_spec(name).get("pipelines") or ():
             covered.setdefault(str(cls), name)
     return covered
+
+
+def shipped_value(pipeline_class: Any, key: str) -> tuple[str | None, Any]:
+    """(the shipped pipeline recipe listing ``pipeline_class`` (a class or its name), its value of ``key``), or (None,
+    None): the pipeline facts a recipe holds for code to read by class before loading (``call_needs:``, ``sizes:``,
+    ``latent_shift:``, ``video:``).
+
+    Example:
+        >>> shipped_value("HunyuanImageRefinerPipeline", "call_needs"), shipped_value("NoSuchPipeline", "sizes")
+        (('hunyuan_image_refiner', ['image']), (None, None))
+    """
+    name = pipeline_class if isinstance(pipeline_class, str) else getattr(pipeline_class, "__name__", "")
+    recipe = recipe_classes().get(name)
+    return (recipe, pipeline_spec(recipe).get(key)) if recipe else (None, None)
 
 
 def recipe_for_class(class_name: str) -> str:

@@ -46,10 +46,10 @@ def latent_shift(pipe: Any) -> bool:
         >>> latent_shift(diffusers.Kandinsky5T2IPipeline), latent_shift(diffusers.FluxPipeline)
         (False, True)
     """
-    from ..recipe.catalog import pipeline_spec, recipe_classes
+    from ..recipe.catalog import shipped_value
 
-    name = recipe_classes().get((pipe if isinstance(pipe, type) else type(pipe)).__name__)
-    return bool(pipeline_spec(name).get("latent_shift", True)) if name else True
+    shift = shipped_value(pipe if isinstance(pipe, type) else type(pipe), "latent_shift")[1]
+    return True if shift is None else bool(shift)
 
 
 def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | None = None,
