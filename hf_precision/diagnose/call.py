@@ -147,11 +147,9 @@ def _fewest_steps(pipe: Any) -> int:
     meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
     source, so no pipeline class is named here. The scheduler is asked as well (:func:`schedulable`).
     """
-    try:
-        source = inspect.getsource(type(pipe).__call__)
-    except (OSError, TypeError):
-        source = ""
-    if "num_inference_steps == 1" in source:
+    from ..runtime.patches import upstream_source
+
+    if "num_inference_steps == 1" in (upstream_source(type(pipe).__call__) or ""):
         return 2
     return 1 if schedulable(getattr(pipe, "scheduler", None)) else 2
 

@@ -71,10 +71,11 @@ def from_pretrained_keywords(*classes: Any) -> set[str] | None:
 
     from diffusers import DiffusionPipeline
 
+    from .patches import upstream_source
+
     method = DiffusionPipeline.from_pretrained
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
+    source = upstream_source(method)
+    if source is None:
         return None
     names = set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", source))
     names |= set(re.findall(r"^\s+(\w+) \(`", method.__doc__ or "", re.M))
