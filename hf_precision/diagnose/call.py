@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from ..recipe.catalog import shipped_sizes, shipped_value, shipped_video
 from .steps import call_params, fewest_steps, schedulable, steps_problem
 
 if TYPE_CHECKING:
@@ -244,8 +245,6 @@ def call_inputs(cls: Any) -> list[str]:
 def _recipe_needs(cls: Any) -> list[str]:
     """The ``call_needs:`` of the shipped recipe that lists ``cls``: inputs documented *optional* that its call
     cannot run without (the HunyuanImage refiner's image)."""
-    from ..recipe.catalog import shipped_value
-
     return list(shipped_value(cls, "call_needs")[1] or ())
 
 
@@ -260,11 +259,8 @@ def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
         >>> print(size_refused("Kandinsky5T2IPipeline", 512, 512))  # doctest: +ELLIPSIS
         --height 512 --width 512: Kandinsky5T2IPipeline makes only 1024x1024, 640x1408, ... (width x height; ...
     """
-    from ..recipe.catalog import shipped_value
-
     name = cls if isinstance(cls, str) else getattr(cls, "__name__", "")
-    recipe, listed = shipped_value(name, "sizes")
-    sizes = [(int(s["width"]), int(s["height"])) for s in listed or ()]
+    recipe, sizes = shipped_sizes(name)  # (height, width)
     if not sizes or (height is None and width is None):
         return None
     if height is None or width is None:  # the call's default for the side not given
@@ -272,11 +268,11 @@ def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
         default = {k: getattr(params.get(k), "default", None) for k in ("height", "width")}
         height = height if height is not None else default["height"]
         width = width if width is not None else default["width"]
-    if not (isinstance(height, int) and isinstance(width, int)) or (width, height) in sizes:
+    if not (isinstance(height, int) and isinstance(width, int)) or (height, width) in sizes:
         return None
     # the one the call would make instead (closest aspect ratio, pipeline_kandinsky_t2i.py:628-631)
-    w, h = min(sizes, key=lambda s: abs(s[0] / s[1] - width / height))
-    return (f"--height {height} --width {width}: {name} makes only {', '.join(f'{a}x{b}' for a, b in sizes)} "
+    h, w = min(sizes, key=lambda s: abs(s[1] / s[0] - width / height))
+    return (f"--height {height} --width {width}: {name} makes only {', '.join(f'{b}x{a}' for a, b in sizes)} "
             f"(width x height; its call swaps any other for the listed one of closest aspect ratio, recipe "
             f"{recipe} sizes:); ask for one, e.g. --height {h} --width {w}")
 
@@ -294,18 +290,9 @@ def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
         if isinstance(t, int) and t > 1:
             from ..recipe.frames import nearest_latent_frames
 
-            latent = nearest_latent_frames(1, _video_keys(pipe).get("refused_latent_frames") or ())[1]
+            latent = nearest_latent_frames(1, shipped_video(type(pipe)).get("refused_latent_frames") or ())[1]
             return t * (latent - 1) + 1
     return 2
-
-
-def _video_keys(pipe: Any) -> dict[str, Any]:
-    """The shipped recipe's ``video:`` block for the pipeline's class (its ``classes:`` entry over the rest)."""
-    from ..recipe.catalog import shipped_value
-    from ..recipe.schema import video_block
-
-    name, block = shipped_value(type(pipe), "video")
-    return video_block(block, type(pipe).__name__) if name else {}
 
 
 def _text_length(pipe: Any) -> int:
@@ -355,7 +342,7 @@ def default_negative_prompt(pipe: Any) -> str | None:
         >>> default_negative_prompt(type("EasyAnimatePipeline", (), {})()), default_negative_prompt(SimpleNamespace())
         ('', None)
     """
-    return _video_keys(pipe).get("negative_prompt")
+    return shipped_video(type(pipe)).get("negative_prompt")
 
 
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
@@ -418,7 +405,7 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
     # what the call cannot go without though its signature defaults it (the recipe's video.default_call_args)
-    kwargs.update(_video_keys(pipe).get("default_call_args") or {})
+    kwargs.update(shipped_video(type(pipe)).get("default_call_args") or {})
     # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
     for key, value in (("use_resolution_binning", False), ("clean_caption", False),
                        ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):

@@ -38,7 +38,7 @@ class ModelGeometry:
     """What sizes a model takes: ``multiple`` (pixels per side, VAE factor x patch size), for video models the
     frame rule (``frame_step*k + 1`` frames, or exactly ``fixed_frames``), the bounds its position tables put
     on both (``limits``: the video program's, :mod:`hf_precision.apps.video.limits`); ``vae_factor``: pixels per
-    latent side."""
+    latent side; ``first_frame_edit``: it trains image pairs as clips (its recipe's ``video:``, ``check_pairs``)."""
 
     pipeline: str
     multiple: int
@@ -47,6 +47,7 @@ class ModelGeometry:
     fixed_frames: int = 0
     limits: SizeLimits = SizeLimits()
     vae_factor: int = 8
+    first_frame_edit: bool = False
 
     def frame_problem(self, frames: int) -> str | None:
         """Why ``frames`` does not fit this model (None when it does), with the nearest counts that do."""
@@ -151,7 +152,8 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         spec = None
     if spec is not None:
         fixed = spec.row.call_frames or spec.fixed_frames  # the one count a call makes whatever asked (ChronoEdit)
-        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, fixed, spec.limits, spec.spatial)
+        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, fixed, spec.limits, spec.spatial,
+                             spec.row.first_frame_edit)
     factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
     denoiser = "transformer" if "transformer" in index else "unet"
     own = configs.get(denoiser, {})

@@ -71,6 +71,8 @@ class VideoRow:
     call_max_frames: int = 0
     call_max_frames_note: str = ""
     default_call_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    first_frame_edit: bool = False
+    unfed_inputs: str = ""
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
