@@ -9,7 +9,7 @@ A module that reads values and has no stand-in is still refused by the plan, nam
 from __future__ import annotations
 
 import contextlib
-import re
+import functools
 import types
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -36,17 +36,17 @@ def stand_in(class_name: str) -> Callable[[StandIn], StandIn]:
         >>> stand_in("my router")
         Traceback (most recent call last):
         ...
-        hf_precision.errors.RecipeError: stand_in('my router'): bad class name; allowed: a Python identifier, the name of the module's class, e.g. 'my_router'
+        hf_precision.errors.RecipeError: stand_in('my router'): bad class name; allowed: a Python identifier, the module's class name as type(module).__name__ gives it, e.g. 'MOEFeedForwardSwiGLU'
     """
-    if not isinstance(class_name, str) or not class_name.isidentifier():
-        fixed = re.sub(r"\W|^(?=\d)", "_", str(class_name)) or "MyModule"
-        raise RecipeError(f"stand_in({class_name!r}): bad class name; allowed: a Python identifier, the name of the "
-                          f"module's class, e.g. {fixed!r}")
+    if not (isinstance(class_name, str) and class_name.isidentifier()):
+        raise RecipeError(f"stand_in({class_name!r}): bad class name; allowed: a Python identifier, the module's "
+                          f"class name as type(module).__name__ gives it, e.g. 'MOEFeedForwardSwiGLU'")
+    return functools.partial(_register, class_name)
 
-    def register(fn: StandIn) -> StandIn:
-        STAND_INS[class_name] = fn
-        return fn
-    return register
+
+def _register(class_name: str, fn: StandIn) -> StandIn:
+    STAND_INS[class_name] = fn
+    return fn
 
 
 @contextlib.contextmanager
