@@ -204,3 +204,28 @@ def test_only_a_value_read_on_meta_is_refused_as_one_and_other_meta_errors_show(
     with pytest.raises(RecipeError if refused else type(raised)) as info:
         predict_training(str(saved_pipeline("sd15")), "t4", rank=2, resolution=32, options=Options(1, False, True))
     assert ("reads values of its own tensors" in str(info.value)) == refused
+
+
+@pytest.mark.parametrize("inference_output", [False, True])
+def test_the_moe_stand_in_runs_both_routing_paths_on_meta(inference_output):
+    """HiDream's MoE built with force_inference_output (a folder whose config has it) dispatches through moe_infer,
+    whose bincount has no meta kernel (a traceback under --plan); the stand-in counts it too. In training mode its
+    experts take tokens * top_k rows in all, where meta's nonzero (every row kept) gave each expert all of them."""
+    from diffusers.models.transformers.transformer_hidream_image import MOEFeedForwardSwiGLU
+
+    from hf_precision.memory.counting import count_live_bytes
+    from hf_precision.memory.stand_ins import standing_in
+
+    with torch.device("meta"):
+        moe = MOEFeedForwardSwiGLU(16, 64, 4, 2, _force_inference_output=inference_output).train()
+    x = torch.empty(2, 32, 16, device="meta", requires_grad=True)
+    with count_live_bytes(grad=True) as balanced, standing_in(moe) as replaced:
+        assert tuple(moe(x).shape) == (2, 32, 16)
+    assert replaced == [""]
+    with count_live_bytes(grad=True) as own:
+        try:
+            moe(x)
+        except NotImplementedError as err:
+            assert inference_output and "bincount" in str(err), err
+        else:
+            assert not inference_output and own.peak > balanced.peak
