@@ -215,6 +215,15 @@ def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveByt
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
     autocast = torch.autocast
+    tensor = torch.tensor
+
+    def meta_tensor(data: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        # torch.tensor(data, device="meta") shows the dispatch modes no op, so its values would be lost: HiDream's
+        # patchify builds its per-sample sizes so, and unpatchify slices by them (transformer_hidream_image.py:714,
+        # :694-696). Made on the CPU and moved, a small integer one keeps them as with_values keeps a mask's.
+        if device is not None and torch.device(device).type == "meta":
+            return with_values(tensor(data, *args, **kwargs))
+        return tensor(data, *args, device=device, **kwargs)
 
     def meta_autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
         # Mochi computes its rotary tables under torch.autocast(freqs.device.type, torch.float32)
@@ -225,6 +234,7 @@ def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveByt
 
     F.scaled_dot_product_attention = fused
     torch.autocast = meta_autocast
+    torch.tensor = meta_tensor
     try:
         # Mochi's attention keeps the prompt tokens torch.nonzero(mask) finds (attention_processor.py
         # MochiAttnProcessor2_0); on meta that count is unknown, and all of them is the padded, largest case.
@@ -234,3 +244,4 @@ def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveByt
     finally:
         F.scaled_dot_product_attention = sdpa
         torch.autocast = autocast
+        torch.tensor = tensor

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from .counting import count_live_bytes, with_values
+from .stand_ins import standing_in
 
 __all__ = ["cast_floats", "held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
 
@@ -117,7 +118,9 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
     # the fp8 copies' dispatch layer sees every op (~6% of a step on meta): only where a float8 tensor can be copied
     float8 = _float8_dtypes()
     fp8 = any(t.dtype in float8 for t in itertools.chain(module.parameters(), module.buffers()))
-    with count_live_bytes(grad=True) as live, (held_fp8_copies() if fp8 else contextlib.nullcontext({})) as held:
+    # a submodule that sizes its tensors by values (HiDream's experts) runs its meta stand-in (memory.stand_ins)
+    with count_live_bytes(grad=True) as live, (held_fp8_copies() if fp8 else contextlib.nullcontext({})) as held, \
+            standing_in(module):
         kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
         kwargs = cast_floats(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
         out = module(**kwargs, return_dict=False)
