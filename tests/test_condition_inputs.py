@@ -270,27 +270,73 @@ def test_wan_vace_trains_on_the_control_latents_its_text_to_video_call_builds(ti
     assert torch.isfinite(tp.loss({**bare, "control_latents": None}))
 
 
-def test_framepack_trains_on_the_first_frames_latents_as_its_clean_prefix(tiny_pipe):
-    """FramePack's latents_clean began with zeros in training, though HunyuanVideoFramepackPipeline.__call__ puts the
-    image's VAE latents there (pipeline_hunyuan_video_framepack.py:822, :889-895): the encode phase now builds them
-    from the clip's first frame; a one-section run (its history zeros) gets the same clean latents and indices."""
-    image, clip = _clip(frames=5)
+def _framepack_call_and_batch(tiny_pipe, frames: int):
+    """The tiny FramePack pipeline's first transformer call on a clip's first frame (one section of a 2-frame latent
+    window, its history zeros), and a training plan with a batch of that ``frames``-frame clip built as the encode
+    phase builds it (the same generator for the image's latent sample)."""
+    image, clip = _clip(frames=frames)
     seen = _first_transformer_call("hunyuan_video_framepack", image=image, prompt="a cat", height=SIDE, width=SIDE,
                                    prompt_template={"template": "{}", "crop_start": 0}, num_frames=5,
                                    latent_window_size=2, max_sequence_length=16,
                                    generator=torch.Generator().manual_seed(3))
     tp = hp.prepare_training(tiny_pipe("hunyuan_video_framepack"), device="cpu", train={"transformer": "lora"},
                              rank=2)
-    module = tp._denoiser()
-    batch = {k: v for k, v in denoiser_rows.example_batch(module).items() if k != "latents"}
+    batch = {k: v for k, v in denoiser_rows.example_batch(tp._denoiser()).items()
+             if k not in ("latents", "image_latents")}
     batch["latents"] = tp.encode_images(clip)
     batch.update(tp.encode_condition(clip, batch["latents"], generator=torch.Generator().manual_seed(3)))
-    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
-                                           tp.alphas_cumprod, torch.Generator().manual_seed(0), pipe=tp.pipe)
+    return seen, tp, batch
+
+
+def test_framepack_trains_the_window_after_the_first_frame_with_its_latents_as_the_clean_prefix(tiny_pipe):
+    """FramePack's latents_clean began with zeros in training, though HunyuanVideoFramepackPipeline.__call__ puts the
+    image's VAE latents there (pipeline_hunyuan_video_framepack.py:822, :889-895): the encode phase builds them from
+    the clip's first frame. And the first latent frame was also noised and predicted, though the pipeline steps only
+    the window after the image (:917-927, :1016-1017 cat([image_latents, latents])): a 9-frame clip (3 latent frames)
+    trains the window of 2 the call steps, with the same clean latents, indices and noisy-latent shape."""
+    seen, tp, batch = _framepack_call_and_batch(tiny_pipe, frames=9)
+    module = tp._denoiser()
+    assert batch["latents"].shape[2] == 3
+    kwargs, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                                tp.alphas_cumprod, torch.Generator().manual_seed(0), pipe=tp.pipe)
     assert kwargs["latents_clean"][:, :, :1].abs().sum() > 0, "the clean prefix is zeros"
+    assert kwargs["hidden_states"].shape == seen["hidden_states"].shape == target.shape  # the prefix frame not in it
     for arg in ("latents_clean", "indices_latents_clean", "indices_latents", "latents_history_2x"):
         torch.testing.assert_close(kwargs[arg].float(), seen[arg].float(), msg=arg)
+    noise = torch.randn(batch["latents"].shape, generator=torch.Generator().manual_seed(1))
+    sigma = torch.tensor([1.0])  # all noise: the target is noise - x0 over the window alone
+    _, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module,
+                                           {**batch, "noise": noise, "sigmas": sigma}, tp.objective, None)
+    torch.testing.assert_close(target, (noise - batch["latents"])[:, :, 1:])
     assert torch.isfinite(tp.loss(batch))
+
+
+def test_framepack_batch_without_image_latents_is_refused_not_given_a_zero_prefix(tiny_pipe):
+    """A hand-made batch without image_latents trained with a zero clean prefix, which no sampling run has. The clip's
+    own first latent frame is no stand-in: the HunyuanVideo VAE's GroupNorms pool over all frames
+    (autoencoder_kl_hunyuan_video.py:156, :159, :489), so it is not the image's own encoding (the pipeline's,
+    :551-564). tp.loss refuses, naming image_latents and how to build them; None asks for zeros on purpose; a clip of
+    one latent frame leaves no window to train and is refused."""
+    from hf_precision.training import TrainingError
+
+    _, tp, batch = _framepack_call_and_batch(tiny_pipe, frames=9)
+    module = tp._denoiser()
+    with torch.no_grad():
+        own = tp.pipe.vae.encode(_clip(frames=9)[1][:, :, :1]).latent_dist.mean * tp.pipe.vae.config.scaling_factor
+        whole = tp.pipe.vae.encode(_clip(frames=9)[1]).latent_dist.mean * tp.pipe.vae.config.scaling_factor
+    assert not torch.allclose(whole[:, :, :1], own, atol=1e-3)  # why the clip's first latent frame is not taken
+    bare = {k: v for k, v in batch.items() if k != "image_latents"}
+    with pytest.raises(TrainingError, match=r"HunyuanVideoFramepackTransformer3DModel under "
+                                            r"HunyuanVideoFramepackPipeline takes image_latents.*"
+                                            r"tp\.encode_condition\(pixels.*batch\['image_latents'\] = None"):
+        tp.loss(bare)
+    zeros = {**bare, "image_latents": None}
+    assert torch.isfinite(tp.loss(zeros))
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, zeros, tp.objective,
+                                           tp.alphas_cumprod, pipe=tp.pipe)
+    assert kwargs["latents_clean"][:, :, :1].abs().sum() == 0
+    with pytest.raises(TrainingError, match=r"latents have 1 frame; train on clips of at least 2 latent frames"):
+        tp.loss({**batch, "latents": batch["latents"][:, :, :1]})
 
 
 def test_cascade_decoder_batch_without_effnet_is_refused_not_trained_on_zeros(tiny_pipe):
