@@ -358,3 +358,32 @@ def test_cascade_decoder_batch_without_effnet_is_refused_not_trained_on_zeros(ti
         tp.loss(bare)
     assert torch.isfinite(tp.loss(full))
     assert torch.isfinite(tp.loss({**bare, "effnet": None}))
+
+
+def test_framepack_train_command_steps_the_window_after_each_clips_first_frame(saved_pipeline, tmp_path, monkeypatch):
+    """A 2-step `hf-precision train` on the tiny FramePack folder with 9-frame clips exits 0, and each step feeds
+    the transformer what a sampling section feeds it: the window of 2 latent frames after the first, and the first
+    frame's own image latents (the encode phase's, cached with the clip) as the clean prefix."""
+    from hf_precision.cli import main
+
+    data = tmp_path / "clips"
+    data.mkdir()
+    for i in range(2):
+        shots = [Image.fromarray(np.full((SIDE, SIDE, 3), (40 * f + 90 * i) % 256, np.uint8)) for f in range(9)]
+        shots[0].save(data / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (data / f"c{i}.txt").write_text("a clip")
+    fed = []
+    real = denoiser_rows.noisy_inputs
+
+    def spy(row, module, batch, *args, **kwargs):
+        out = real(row, module, batch, *args, **kwargs)
+        fed.append((batch["latents"].shape[2], out[0]["hidden_states"].shape[2], out[1].shape[2],
+                    float(out[0]["latents_clean"][:, :, :1].abs().sum())))
+        return out
+
+    monkeypatch.setattr(denoiser_rows, "noisy_inputs", spy)
+    code = main(["train", "--model", str(saved_pipeline("hunyuan_video_framepack")), "--data", str(data), "--out",
+                 str(tmp_path / "lora"), "--resolution", str(SIDE), "--frames", "9", "--steps", "2",
+                 "--checkpoint-every", "1000", "--device", "cpu", "--quiet"])
+    assert code == 0 and len(fed) >= 2
+    assert all(clip == 3 and window == target == 2 and prefix > 0 for clip, window, target, prefix in fed), fed
