@@ -360,18 +360,23 @@ def test_cascade_decoder_batch_without_effnet_is_refused_not_trained_on_zeros(ti
     assert torch.isfinite(tp.loss({**bare, "effnet": None}))
 
 
+def _gif_clips(data, count: int):
+    """``count`` 9-frame GIF clips of SIDE pixels, each frame another grey, with a caption file: training data."""
+    data.mkdir()
+    for i in range(count):
+        shots = [Image.fromarray(np.full((SIDE, SIDE, 3), (40 * f + 90 * i) % 256, np.uint8)) for f in range(9)]
+        shots[0].save(data / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (data / f"c{i}.txt").write_text("a clip")
+    return data
+
+
 def test_framepack_train_command_steps_the_window_after_each_clips_first_frame(saved_pipeline, tmp_path, monkeypatch):
     """A 2-step `hf-precision train` on the tiny FramePack folder with 9-frame clips exits 0, and each step feeds
     the transformer what a sampling section feeds it: the window of 2 latent frames after the first, and the first
     frame's own image latents (the encode phase's, cached with the clip) as the clean prefix."""
     from hf_precision.cli import main
 
-    data = tmp_path / "clips"
-    data.mkdir()
-    for i in range(2):
-        shots = [Image.fromarray(np.full((SIDE, SIDE, 3), (40 * f + 90 * i) % 256, np.uint8)) for f in range(9)]
-        shots[0].save(data / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
-        (data / f"c{i}.txt").write_text("a clip")
+    data = _gif_clips(tmp_path / "clips", count=2)
     fed = []
     real = denoiser_rows.noisy_inputs
 
@@ -387,3 +392,27 @@ def test_framepack_train_command_steps_the_window_after_each_clips_first_frame(s
                  "--checkpoint-every", "1000", "--device", "cpu", "--quiet"])
     assert code == 0 and len(fed) >= 2
     assert all(clip == 3 and window == target == 2 and prefix > 0 for clip, window, target, prefix in fed), fed
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_framepack_train_refuses_clips_of_one_latent_frame_before_loading(plan, saved_pipeline, tmp_path, capsys,
+                                                                          monkeypatch):
+    """`--frames 1` leaves FramePack only the clean prefix frame and no window to train: `train` and `train --plan`
+    refuse it in one line before loading (they loaded the model, then failed at the first step), naming the frames
+    that work; the frames of the tiny HunyuanVideo VAE's rule above one latent frame are taken."""
+    from hf_precision.apps.train.data import model_geometry
+    from hf_precision.cli import main
+    from hf_precision.runtime.source import configs_of
+
+    folder = saved_pipeline("hunyuan_video_framepack")
+    monkeypatch.setattr("hf_precision.runtime.load.load_pipeline",
+                        lambda *a, **k: pytest.fail("loaded before refusing --frames 1"))
+    data = _gif_clips(tmp_path / "clips", count=1)
+    code = main(["train", *(["--plan"] if plan else []), "--model", str(folder), "--data", str(data), "--out",
+                 str(tmp_path / "o"), "--resolution", str(SIDE), "--frames", "1", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1, err
+    assert "--frames 1: HunyuanVideoFramepackPipeline trains the latent frames after a clip's first" in err
+    assert "image_latents" in err and "e.g. --frames 5" in err
+    _, index, configs = configs_of(str(folder))
+    assert model_geometry(str(index["_class_name"]), index, configs).frame_problem(5) is None
