@@ -145,7 +145,8 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     ``sigmas`` is the (min, max) noise level of an ``edm`` objective (:func:`~hf_precision.training.objectives.sigma_range`); the batch may fix the
     noise (``noise``), the noise levels (``sigmas``: flow and edm) or the timesteps (``timesteps``: DDPM). ``pipe``
     (the training's pipeline or its class; ``tp.loss`` passes it) refuses a batch without the entries its condition
-    builder makes (:func:`check_built`); the memory plan's meta call passes none.
+    builder makes (:func:`check_built`); the memory plan's meta call passes none. A row's ``prefix_frame``
+    (FramePack) takes the latents' first frame off what is noised and predicted, and a given noise's with it.
     """
     if "latents" not in batch:
         raise TrainingError(f"tp.loss(batch): the batch has no 'latents' (keys: {sorted(batch)}); give VAE latents, "
@@ -235,7 +236,7 @@ def _after_prefix(row: DenoiserRow, module: torch.nn.Module, x: torch.Tensor) ->
     # FramePack: the clip's first latent frame is the image its pipeline gives clean beside the frames it steps
     # (pipeline_hunyuan_video_framepack.py:889-895 latents_clean = [image_latents, 1x history]), and its section next
     # to the image decodes as [image_latents, the stepped window] (:1016-1017): the window is the frames after it.
-    # Kept in the loss, the first frame would be a target sampling never steps and a copy of the clean prefix.
+    # Kept in the loss, the first frame would be a target sampling never steps, beside the prefix that gives it.
     dim = _frame_dim(row)
     if x.shape[dim] < 2:
         name = type(getattr(module, "_orig_mod", module)).__name__
