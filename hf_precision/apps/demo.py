@@ -376,17 +376,11 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
              seed: int = 0, quiet_progress: bool = True) -> dict[str, Any]:
     """Run the demo; returns what it measured (also printed, and written to ``out/report.json``).
 
-    Args:
-        out: folder for ``shapes.png`` (part 5's labelled grid), ``sdxl.png``, ``svd.gif`` and ``report.json``.
-        device: where to run (default: the best present device). A described CPU (``cpu:amx``, ``cpu-amx``) runs
-            that CPU's layout on this one.
-        layout: run the layout another device would use (``"t4"``, ``"a100"``, ``"cpu-amx"`` ...) in parts 4 and 5;
-            default: this machine's own recipe (part 5 shows the T4's where it has no half-precision dtype).
-        seed: seed of the random weights and of the generators.
-
-    Returns:
-        ``{"plain_diffusers": ..., "plans": [...], "nan_guard": ..., "machine": {"sdxl": ..., "svd": ...},
-        "pictures": ..., "ok": bool}``: ``ok`` is False when an output was not finite or a check found problems.
+    ``out`` gets ``shapes.png`` (part 5's grid), ``sdxl.png``, ``svd.gif`` and ``report.json``. ``device``: where to
+    run (a described CPU such as ``cpu-amx`` runs that CPU's layout here); ``layout``: another device's layout for parts
+    4 and 5 (default this machine's; part 5 shows the T4's where it has no half dtype); ``seed``: weights and
+    generators. The result has ``plain_diffusers``, ``plans``, ``nan_guard``, ``machine`` (``sdxl``, ``svd``),
+    ``pictures`` and ``ok`` (False when an output was not finite or a check found problems).
 
     Example:
         >>> result = run_demo(tempfile.mkdtemp())  # doctest: +SKIP

@@ -126,43 +126,30 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     """Load a diffusers pipeline with every component in its planned dtype, on its device, agreeing at runtime.
 
     Args:
-        name_or_path: a local diffusers folder, a Hub id, or a recipe alias (``"sdxl"``, ``"svd"``) meaning the
-            Hub id written in that recipe. Offline, a Hub id that is not cached fails with how to use a folder.
-        device (*optional*): ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` ... or a mapping component -> device
-            (``{"text_encoder": "cpu", "text_encoder_2": "cpu", "default": "cuda"}``); each component gets the
-            dtype its own device supports. Default: the best present device.
-        recipe (*optional*): a recipe name, or a resolved :class:`Recipe` whose layout is applied as is. Default:
-            chosen from ``model_index.json``'s ``_class_name``.
+        name_or_path: a local diffusers folder, a Hub id, or a recipe alias (``"sdxl"``) meaning its recipe's Hub id.
+        device (*optional*): ``"cpu"``, ``"cuda:1"``, ``"mps"`` ... or a mapping component -> device
+            (``{"text_encoder": "cpu", "default": "cuda"}``), each component in the dtype its device supports.
+            Default: the best present device.
+        recipe (*optional*): a recipe name, or a resolved :class:`Recipe` applied as is. Default: chosen from
+            ``model_index.json``'s ``_class_name``; ``force=True`` uses it even where its ``pipelines`` lack the class.
         overrides (*optional*): YAML path, dict, or a list of them, merged over the recipe.
-        layout (*optional*): the device whose rules choose the dtypes, when that is not where the pipeline runs:
-            ``layout="t4", device="cpu"`` loads the T4 layout on this CPU (a preset, a description such as
-            ``"cuda:sm=7.5"``, or a mapping component -> device).
-        pipeline_class (*optional*): the class to build (``StableDiffusionXLImg2ImgPipeline``, an AutoPipeline);
-            defaults to the class in ``model_index.json``.
-        force (`bool`, defaults to `False`): use ``recipe`` even though its ``pipelines`` list does not name this
-            pipeline class (otherwise a ``RecipeError`` names the recipes that do).
-        quantize (*optional*): component -> quantized storage (``{"transformer": "int8", "text_encoder_2": "nf4"}``),
-            the same as ``--set transformer.storage=int8``: loaded through the backend diffusers or transformers
-            ships (docs/quantization.md), with islands, norms, embeddings and the final projection kept out. A
-            ``quantization_config=`` of your own is passed through as is and reported.
-        base (*optional*): with a single file as ``name_or_path`` (a fine-tuned denoiser as ``.safetensors``, in
-            the diffusers or the original layout, or a ``.gguf`` file), the diffusers folder (or Hub id) that holds
-            the rest of the pipeline; the file replaces its denoiser (a whole SD/SDXL checkpoint: every planned
-            component it holds), each in its planned dtype (runtime/single_file.py, runtime/gguf.py).
-        **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...); a keyword it does
-            not take is a ``RecipeError`` with the close names. ``dtype`` / ``torch_dtype`` are taken as an
-            override (lowest priority); ``use_safetensors=False`` opts in to pickle files (``*.bin``; safetensors
-            files are still read where a component has them); remote code is refused.
+        layout (*optional*): the device whose rules choose the dtypes, when not where it runs (``layout="t4",
+            device="cpu"``; a preset, ``"cuda:sm=7.5"``, or a mapping component -> device).
+        pipeline_class (*optional*): the class to build (an img2img class, an AutoPipeline); default
+            ``model_index.json``'s.
+        quantize (*optional*): component -> quantized storage (``{"transformer": "int8"}``), as ``--set
+            transformer.storage=int8`` (docs/quantization.md); a ``quantization_config=`` of your own passes as is.
+        base (*optional*): with a single file as ``name_or_path`` (``.safetensors`` in the diffusers or original
+            layout, or ``.gguf``), the folder or Hub id holding the rest; the file replaces the components it holds
+            (runtime/single_file.py, runtime/gguf.py).
+        **kwargs: passed to ``from_pretrained`` (``variant``, ``revision`` ...; an unknown one is a ``RecipeError``).
+            ``dtype`` / ``torch_dtype`` are a lowest-priority override; ``use_safetensors=False`` opts in to ``*.bin``
+            files; remote code is refused.
 
-    Returns:
-        The diffusers pipeline itself (not a wrapper), ready to call. ``hf_precision.applied(pipe)`` returns the
-        :class:`~hf_precision.runtime.apply.Applied` report.
-
-    Raises:
-        RecipeError: unknown recipe or pipeline class, bad overrides, a dtype the device cannot compute, an
-            offline Hub id, remote code, a package the recipe ``requires:`` that this Python cannot import (each
-            named with its install command, before any weight is read). Its subclass ``DamagedFileError``: a damaged or unreadable
-            ``model_index.json``, ``config.json`` or safetensors file (named, with how to get a good copy).
+    Returns the pipeline itself; ``hf_precision.applied(pipe)`` returns its
+    :class:`~hf_precision.runtime.apply.Applied` report. Raises ``RecipeError`` (before any weight is read where it
+    can: unknown names, bad overrides, a dtype the device cannot compute, an uncached Hub id offline, a package the
+    recipe ``requires:``), and its subclass ``DamagedFileError`` for an unreadable index, config or safetensors file.
 
     Example:
         >>> import tempfile
