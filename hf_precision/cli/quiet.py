@@ -1,19 +1,12 @@
 """What other libraries print while they import is kept from the command line's user.
 
-diffusers and transformers import every quantization backend that is installed (diffusers
-``quantizers/auto.py``, transformers ``quantizers/auto.py``), and those print while they import: bitsandbytes that
-an optional kernel package is missing (on an AVX512-BF16 CPU), torchao that its CUDA libraries do not load in a
-CPU torch and, through torch, that its Enum registrations are deprecated; transformers that an image processor
-falls back to PIL. None of it changes what a command does. :func:`install` holds back everything written while one
-of these packages is first imported (Python warnings, log records, and the process's own stderr, where compiled
-code writes) and lets it through only when that import fails, so a broken install still says why. bitsandbytes
-(:data:`DEFERRED`) is not even run then: its code runs, held back the same way, when a 4-bit or 8-bit component first
-reads it, which saves a command on any other model the seconds its import takes.
-
-While a command runs, :func:`library_logs` routes what diffusers and transformers log through us: what changes
-what the user gets is said once in our words, the rest is held back like an import's notices.
-
-The command line installs both (``hf_precision.cli.main``, ``script_main``); the library itself changes nothing.
+diffusers and transformers import every installed quantization backend (their ``quantizers/auto.py``), and those
+print on import: bitsandbytes a missing kernel package, torchao its CUDA libraries in a CPU torch and torch's Enum
+deprecations, transformers its PIL fallback. :func:`install` holds back everything written during such an import
+(warnings, log records, the process's stderr) and lets it through only when the import fails; bitsandbytes
+(:data:`DEFERRED`) is imported, held back alike, only when a 4-bit or 8-bit component first reads it, saving other
+models its import time. :func:`library_logs` says in our words, once, what diffusers and transformers log that
+changes what the user gets. The command line installs both; the library itself changes nothing.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Components that reach an applied pipeline after loading get its plan too.
 
-Users change a pipeline after :func:`~hf_precision.load_pipeline`: ``pipe.vae = AutoencoderKL.from_pretrained(...)``
-(the fp16-fix VAE swap), ``pipe.load_ip_adapter(...)`` (which sets ``image_encoder``),
-``StableDiffusionXLControlNetPipeline.from_pipe(pipe, controlnet=cn)``. Without this module the new component has no
-boundary hooks and no planned dtype, and the first call fails with torch's "Input type (c10::Half) and bias type
-(float) should be the same"; and diffusers' ``from_pipe`` casts every shared component to float32 unless given a
-dtype (diffusers 0.42.1 pipeline_utils.py:2127 and :2225), erasing the plan of the pipeline it came from too.
-
-:func:`install` wraps three methods of ``DiffusionPipeline`` once, for every pipeline class: ``__setattr__`` (a
-component set on a pipeline that carries a live record gets that record's plan for its name: dtype, device,
-float32 islands, hooks), ``from_pipe`` (from a pipeline with a live record and no ``dtype``/``torch_dtype``: the
-shared components keep their planned dtypes instead of being cast to float32, and the new pipeline gets the same
-plan, so a ControlNet passed in is planned as well) and ``to`` (a ``pipe.to(dtype)`` that casts the pipeline off
-its plan warns once, with the fix). Pipelines without a record behave exactly as in diffusers.
+``pipe.vae = AutoencoderKL.from_pretrained(...)``, ``pipe.load_ip_adapter(...)`` and ``from_pipe(pipe,
+controlnet=cn)`` otherwise bring a component with no hooks and no planned dtype ("Input type (c10::Half) and bias
+type (float) should be the same"), and ``from_pipe`` casts every shared component to float32 unless given a dtype
+(diffusers 0.42.1 pipeline_utils.py:2127 and :2225). :func:`install` wraps ``DiffusionPipeline.__setattr__`` (a
+component set on a pipeline with a live record gets that name's plan), ``from_pipe`` (shared components keep their
+dtypes and the new pipeline gets the plan) and ``to`` (a cast off the plan warns once, with the fix). Pipelines
+without a record behave as in diffusers.
 """
 
 from __future__ import annotations

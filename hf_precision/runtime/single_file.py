@@ -1,17 +1,12 @@
 """A single-file checkpoint as the denoiser of a diffusers pipeline: ``load_pipeline("x.safetensors", base=...)``.
 
-Fine-tunes shared for ComfyUI, A1111 and Civitai are one ``.safetensors`` file: a Flux / SD3 / Wan transformer or
-an SD / SDXL UNet, in the diffusers key layout or in the original one (LDM/SGM UNet, BFL Flux ...) that diffusers
-converts. The rest of the pipeline (text encoders, VAE, scheduler, every config) comes from ``base``. The file's
-header (no weights) is checked against the base's denoiser built on the meta device, through diffusers' own
-converter where the layout is the original one, so a file of another model or size is one error before loading.
-The weights are then read tensor by tensor into their planned dtypes (fp32 islands exactly as stored, the rest in
-the storage dtype) and handed to diffusers' ``<ModelClass>.from_single_file(state, config=base, subfolder=...)``.
-
-A whole checkpoint (SD 1.x/2.x, SDXL: UNet, VAE and text encoders in one file) is recognised from its key
-prefixes; each planned component diffusers finds in it is read the same way, in its own planned dtype (text
-encoders through diffusers' own single-file functions), and the rest comes from ``base``. Pickle files (``.ckpt``,
-``.pt``, ``.bin``) are refused (loading one can run code). GGUF files go to :mod:`hf_precision.runtime.gguf`.
+Fine-tunes shared for ComfyUI, A1111 and Civitai are one ``.safetensors`` file, in the diffusers key layout or the
+original one diffusers converts; the rest of the pipeline comes from ``base``. The header is checked against the
+base's denoiser built on meta (through diffusers' converter for the original layout), so a file of another model
+is one error before loading; the tensors are then read into their planned dtypes and handed to
+``<ModelClass>.from_single_file(state, config=base, subfolder=...)``. A whole SD/SDXL checkpoint is recognised by
+its key prefixes and each planned component in it read the same way. Pickle files are refused (loading one can run
+code); GGUF files go to :mod:`hf_precision.runtime.gguf`.
 """
 
 from __future__ import annotations

@@ -1,24 +1,18 @@
 """The rules of a video pipeline: what its recipe's ``video:`` block says, and what its configs say.
 
-A video pipeline recipe (recipes/wan.yaml, svd.yaml, ...) holds the sampling facts its pipelines share beyond their
-configs, cited there: the defaults of its model card, the text length and classifier-free-guidance batch its
-denoiser sees, how its VAE decodes (:class:`VideoRow`). A pipeline gets the block of the recipe it resolves to, as
-``load_pipeline`` chooses it; a recipe without one, or a composed recipe, gets devices.yaml's ``video:`` defaults.
-What one denoiser call gets is not here: the memory plan builds it from the denoiser class's row of
-recipes/denoisers.yaml, as the training loss does.
+A video recipe (recipes/wan.yaml, svd.yaml ...) holds the sampling facts its pipelines share beyond their configs,
+cited there (:class:`VideoRow`); a recipe without one, or a composed one, gets devices.yaml's ``video:`` defaults.
+What one denoiser call gets is recipes/denoisers.yaml's, built by the memory plan. The rest is read from the
+pipeline class and the component configs (no weights), so arguments are checked before loading, by the rules the
+pipelines apply themselves:
 
-Everything else is read from the pipeline class and the component configs of ``model_index.json`` (no weights), so
-the arguments are checked before anything is loaded. The rules are the ones the diffusers pipelines apply themselves:
+* frames: 3D VAEs compress time by ``t`` and keep the first frame apart, so ``num_frames`` is ``t*k + 1``
+  (``pipeline_wan.py``: "num_frames - 1 has to be divisible by vae_scale_factor_temporal"; ``pipeline_ltx.py``,
+  CogVideoX, HunyuanVideo and Mochi alike); SVD takes any count.
+* size: a multiple of the VAE's spatial factor times the patch size (``pipeline_wan.py`` ``check_inputs``: 16;
+  ``pipeline_ltx.py``: 32).
 
-* frames: the 3D VAEs compress time by a factor ``t`` and keep the first frame apart, so ``num_frames`` must be
-  ``t*k + 1`` (diffusers ``pipeline_wan.py`` warns "num_frames - 1 has to be divisible by vae_scale_factor_temporal";
-  ``pipeline_ltx.py`` computes ``(num_frames - 1) // vae_temporal_compression_ratio + 1`` latent frames; CogVideoX and
-  HunyuanVideo do the same with their ``temporal_compression_ratio``, Mochi with its 6); SVD takes any count.
-* size: height and width must be multiples of the VAE's spatial factor times the transformer's patch size
-  (``pipeline_wan.py`` ``check_inputs``: "height and width have to be divisible by 16"; ``pipeline_ltx.py``: 32).
-
-Components are found by role, never by name: the denoiser is the recipe's ``denoiser:`` (else the component whose
-class diffusers keeps with the transformers and UNets, :func:`hf_precision.runtime.source.role_of`).
+Components are found by role, never by name (:func:`hf_precision.runtime.source.role_of`).
 """
 
 from __future__ import annotations
