@@ -45,16 +45,14 @@ def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[st
 
 
 def dtype_anchors(module: torch.nn.Module) -> list[str]:
-    """Modules fp8 storage (layerwise casting) must leave in the compute dtype because the model's ``dtype`` is read
-    from them: in a model that is not a diffusers model, every ``nn.Embedding`` (under each name it has: tied T5
-    embeddings are ``shared`` and ``encoder.embed_tokens``), the owner of the first floating parameter, and the
-    layers of its ``_keep_in_fp32_modules`` (whose weight dtype T5 reads outside them).
+    """Modules fp8 storage must leave in the compute dtype because the model's ``dtype`` is read from them.
 
-    transformers' ``PreTrainedModel.dtype`` is the first floating parameter's dtype (modeling_utils.py), and pipelines
-    cast prompt embeddings and latents to ``text_encoder.dtype`` (pipeline_flux.py ``_get_clip_prompt_embeds``): an
-    fp8 embedding there gives fp8 latents ("normal_kernel_cpu" not implemented for 'Float8_e4m3fn'). diffusers'
-    own ``ModelMixin.dtype`` reports the hooks' compute dtype, but pipelines cast latents to the dtype of a VAE's
-    ``post_quant_conv`` parameters, so that layer stays too.
+    transformers' ``PreTrainedModel.dtype`` is the first floating parameter's (modeling_utils.py) and pipelines cast
+    prompt embeddings to ``text_encoder.dtype`` (pipeline_flux.py ``_get_clip_prompt_embeds``): fp8 there gives fp8
+    latents. So in a non-diffusers model: every ``nn.Embedding`` under each name (tied T5 ``shared`` and
+    ``encoder.embed_tokens``), the first floating parameter's owner, and ``_keep_in_fp32_modules`` (T5 reads their
+    weight dtype). diffusers' ``ModelMixin.dtype`` reports the compute dtype, but pipelines cast latents to a VAE's
+    ``post_quant_conv`` dtype, so that layer stays too.
 
     Example:
         >>> from transformers import CLIPTextConfig, CLIPTextModel

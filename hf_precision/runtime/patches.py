@@ -135,16 +135,12 @@ def _leave(owner: Any, name: str) -> None:
 @functools.lru_cache(maxsize=None)
 def processor_calling(cls: type, marker: str, owner: Any, names: tuple[str, ...], wrap: Any,
                       when: Any = None) -> type:
-    """``cls`` (an attention processor class) whose call runs with each ``owner.<name>`` replaced by
-    ``wrap(original)`` in the calling thread, and put back after; the subclass has ``marker`` set, so a processor is
-    patched once.
+    """``cls`` (an attention processor class) whose call runs with each ``owner.<name>`` replaced by ``wrap(original)``
+    in the calling thread only (``when()``, if given, says whether), and put back after; ``marker`` is set on it.
 
-    diffusers' processors call torch functions directly, so changing how one math op runs inside them (SDPA in fp32
-    on MPS, fp32 matmuls kept out of a training autocast) means replacing it for the length of the call; the
-    replacement holds for the calling thread only (another thread running its own model meanwhile sees torch's
-    function), and nested or concurrent patched calls stack. The subclass keeps the processor's own signature
-    (``Attention.forward`` passes only the kwargs it names). ``when`` (optional, no arguments): replace only while
-    it returns True.
+    diffusers' processors call torch functions directly, so changing one op inside them (SDPA in fp32 on MPS, fp32
+    matmuls out of a training autocast) means replacing it for the call; other threads see torch's function, nested
+    calls stack, and the processor's signature is kept (``Attention.forward`` passes only the kwargs it names).
 
     Example:
         >>> from diffusers.models.attention_processor import AttnProcessor2_0
@@ -397,16 +393,13 @@ _TEXT_TRANSFORMER = ("embeddings", "encoder", "final_layer_norm")
 
 
 def text_model_alias(module: Any) -> bool:
-    """Let ``module.text_model`` name ``module`` itself where a CLIP text encoder holds its text transformer's
-    layers directly; returns whether it did.
+    """Let ``module.text_model`` name ``module`` itself where a CLIP text encoder holds its layers directly; returns
+    whether it did.
 
-    transformers 5 flattened CLIPTextModel (its embeddings, encoder and final_layer_norm are its own children; the
-    ``text_model`` wrapper is gone; CLIPTextModelWithProjection keeps it), but diffusers still reads
-    ``text_encoder.text_model.final_layer_norm`` for ``clip_skip`` (diffusers 0.42.1 pipeline_i2vgen_xl.py:248,
-    where the call's default ``clip_skip=1`` takes that path on every prompt; the SD and AnimateDiff pipelines
-    take it when given ``clip_skip``). The alias is the module the wrapper held, so the layer norm is the same
-    weights; it is set outside ``_modules`` (no child, no state-dict key, no cycle). Nothing changes where the
-    module has ``text_model`` or lacks those layers.
+    transformers 5 flattened CLIPTextModel (no ``text_model`` wrapper), but diffusers still reads
+    ``text_encoder.text_model.final_layer_norm`` for ``clip_skip`` (diffusers 0.42.1 pipeline_i2vgen_xl.py:248, on
+    every prompt with its default ``clip_skip=1``). The alias is set outside ``_modules`` (no child, no state-dict key,
+    no cycle).
 
     Example:
         >>> from transformers import CLIPTextConfig, CLIPTextModel

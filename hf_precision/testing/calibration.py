@@ -175,18 +175,15 @@ def _run_hooked(run, handles) -> None:
 
 
 def plant_overflow(pipe, component: str, name: str, run, *, peak: float = 3e5) -> dict[str, Any]:
-    """Scale ``pipe.<component>.<name>`` so that its output reaches ``peak`` (beyond fp16's 65504), and undo the
-    scale where its output is read, so that the float32 run stays sane: a generic planted fp16 overflow.
+    """Scale ``pipe.<component>.<name>`` so its output reaches ``peak`` (beyond fp16's 65504), and undo the scale where
+    the output is read, so the float32 run stays sane: a generic planted fp16 overflow.
 
-    The module's weight and bias are multiplied by ``s = peak / max|output|``. The scale is taken back by whatever
-    reads the output: a norm (scale-invariant: nothing to do), a linear or convolution (its weight divided by
-    ``s``; exact when only an activation sits between), or, for attention projections whose output only meets
-    functional code, the partner projection (``to_q``/``to_k``: ``q.k`` is unchanged; ``to_v``/``to_out.0``:
-    attention is linear in ``v``). Where the output is read by functional code (a gated feed-forward's
-    ``hidden * gelu(gate)``), the first later layer whose output grew is divided by its growth, measured. ``run()``
-    calls the pipeline once (float32). Returns ``{"module", "scale", "compensated": [names], "how", "spread"}``;
-    ``spread`` lists the modules outside the planted one whose float32 output still leaves fp16's range (a
-    residual stream carries the scale on: then no island smaller than the component can hold it).
+    Weight and bias are multiplied by ``s = peak / max|output|``, taken back by the reader: a norm (scale-invariant), a
+    linear or convolution (weight divided by ``s``), the partner attention projection (``to_q``/``to_k``: ``q.k``
+    unchanged; ``to_v``/``to_out.0``: linear in ``v``), else the first later layer whose output grew, by its measured
+    growth (a gated feed-forward's ``hidden * gelu(gate)``). ``run()`` calls the pipeline once (float32). Returns
+    ``{"module", "scale", "compensated", "how", "spread"}``; ``spread``: modules outside the planted one still beyond
+    fp16 in float32 (a residual stream carries the scale on: no island smaller than the component holds it).
 
     Example:
         >>> import torch

@@ -1,15 +1,10 @@
 """Predicted peak memory of a video run, per phase, from the configs alone; and the cheapest settings that fit.
 
-Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the asked device).
-Activations come from running each phase's module on torch's ``meta`` device (shapes, no storage) and counting the
-bytes alive at once (:mod:`hf_precision.memory.peaks`), with the same code path diffusers runs (VAE tiling,
-SVD's decode chunks, feed-forward chunking change the count because they change what is alive at once). What one
-denoiser call gets comes from the denoiser class's row (recipes/denoisers.yaml), built by the training loss's code.
-
-A phase's peak = weights resident during it (all of them without offload; the running component with
-``enable_model_cpu_offload``; about two leaf layers with ``enable_group_offload(offload_type="leaf_level",
-use_stream=True)``; one with ``enable_sequential_cpu_offload``: :func:`hf_precision.memory.resident_bytes`) + the
-activation high-water mark of its forward. :func:`choose` gives :func:`hf_precision.memory.choose` the candidates,
+A phase's peak = the weights resident during it (:func:`hf_precision.plan`'s bytes; under offload only the running
+component, about two leaf layers, or one: :func:`hf_precision.memory.resident_bytes`) + the activation high-water
+mark of its forward, run on the ``meta`` device through diffusers' own code path (:mod:`hf_precision.memory.peaks`:
+VAE tiling, SVD's decode chunks and feed-forward chunking count as they run). A denoiser call's inputs come from its
+class's row of recipes/denoisers.yaml. :func:`choose` gives :func:`hf_precision.memory.choose` the candidates,
 fastest first.
 """
 

@@ -1,15 +1,11 @@
 """Making clips: one generator for every video family, and the batch loop over the jobs of a run.
 
-:func:`generate_clip` calls the pipeline with the noise from a CPU generator (the same clip on every device), one
-progress bar for the batch, and the peak memory of each phase (:mod:`hf_precision.apps.video.memory`). A pipeline
-whose recipe's video: block says ``decode_chunks`` (SVD) is stopped at the latents: the noise is drawn here in the
-denoiser's compute dtype (brycedrennan/imaginAIry#442 drew fp32 noise next to an fp16 model) and the frames are
-decoded here, ``decode_chunk_size`` at a time, so the decode peak is bounded (diffusers#6385: "abnormally high
-VRAM") and the bar follows the decode.
-
-:func:`generate_batch` loads the pipeline once and makes every job; under ``accelerate launch`` the jobs are split
-between processes with accelerate's ``PartialState.split_between_processes`` and every output is written by exactly
-one process; a failed clip is reported and the batch goes on.
+:func:`generate_clip` draws the noise from a CPU generator (the same clip on every device), with one progress bar
+and each phase's peak memory. Where the recipe's video: block says ``decode_chunks`` (SVD) the noise is drawn in
+the denoiser's compute dtype (brycedrennan/imaginAIry#442 drew fp32 beside an fp16 model) and the latents decoded
+here, ``decode_chunk_size`` at a time (diffusers#6385: "abnormally high VRAM"). :func:`generate_batch` loads once
+and makes every job, split between ``accelerate launch`` processes (``PartialState.split_between_processes``), each
+output written by one process; a failed clip is reported and the batch goes on.
 """
 
 from __future__ import annotations
