@@ -247,14 +247,11 @@ _ERRORS_ONLY = _ErrorsOnly()
 
 @contextlib.contextmanager
 def library_logs(prog: str) -> Iterator[_Route]:
-    """Inside the block, what :data:`LIBRARIES` log below ERROR goes through us instead of their handlers: what
-    changes what the user gets is said once as ``PROG: note: ...`` (:func:`in_our_words`); the rest is about the
-    libraries' own calls, not the command (a default a pipeline turns off itself, as QwenImage's ``true_cfg_scale``
-    without a negative prompt; ``timesteps`` diffusers passes a scheduler itself, in LTX condition; the class a
-    pipeline declares for a checkpoint's subclass, as Wan I2V's image encoder; check's 16-token prompt cutting
-    Lumina 2's system prompt) and is held back, written out as the library wrote it only if the block raises
-    something other than our own error, so a traceback keeps what led to it. The block gets the router, whose
-    ``hold_warning`` a warning printer calls for Python warnings (``our_warnings`` does).
+    """Inside the block, what :data:`LIBRARIES` log below ERROR goes through us: what changes what the user gets is said
+    once as ``PROG: note: ...`` (:func:`in_our_words`); the rest concerns the libraries' own calls (QwenImage's
+    ``true_cfg_scale`` without a negative prompt, the ``timesteps`` LTX condition passes itself) and is held back,
+    written as the library wrote it only if the block raises other than our own error. The block gets the router,
+    whose ``hold_warning`` a warning printer calls (``our_warnings`` does).
 
     Example:
         >>> import contextlib, logging, sys

@@ -98,15 +98,13 @@ def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
 
 
 def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, ...] | list[str] = ()) -> dict[str, tuple[str, int]]:
-    """Parameter name -> (GGUF type, bytes) for the parameters of ``module`` that stay packed once the file is loaded.
+    """Parameter name -> (GGUF type, bytes) for the parameters of ``module`` (meta is enough) that stay packed on load.
 
-    The rule is diffusers' own (quantizers/gguf/): a tensor of a quantized type (or BF16) stays packed only where
-    ``_replace_with_gguf_linear`` made its ``nn.Linear`` a ``GGUFLinear`` (its ``weight`` is packed in the file and
-    no name on its path is in the class's ``_keep_in_fp32_modules``; those are unpacked by ``create_quantized_param``),
-    and the loader here keeps it packed only outside the recipe's fp32 ``islands`` and the layer of the model's first
-    parameter (pipelines read their dtype from it). Every other parameter is plain
-    (packed convolutions and tables are unpacked by the loader) and the recipe's dtypes apply; file tensors that are
-    no parameter (buffers such as SD3's ``pos_embed``) are not weights. ``module`` may be on the meta device.
+    diffusers' rule (quantizers/gguf/): a quantized (or BF16) tensor stays packed only as the ``weight`` of an
+    ``nn.Linear`` that ``_replace_with_gguf_linear`` makes a ``GGUFLinear`` (none on its path in
+    ``_keep_in_fp32_modules``); the loader here also unpacks the recipe's fp32 ``islands`` and the first parameter's
+    layer (pipelines read their dtype from it). The rest is plain in the recipe's dtypes; file tensors that are no
+    parameter (SD3's ``pos_embed``) are not weights.
 
     Example:
         >>> import tempfile, torch

@@ -131,14 +131,9 @@ def guard_bnb_cpu_packing() -> bool:
 
 
 def keep_bnb_unpacked(module: torch.nn.Module) -> int:
-    """Keep every bitsandbytes 4-bit layer of ``module`` off the fused AVX512-BF16 CPU kernel: layers already
-    repacked by an inference call are unpacked again (bitsandbytes' own inverse: the same 4-bit codes, its nested
-    block scales quantized again), and none repacks later.
-    Returns how many layers were unpacked.
-
-    The fused kernel (``torch.ops.bitsandbytes.gemv_4bit``) has no backward, so a LoRA inside the layer's component,
-    or one before it, would get no gradient through it; bitsandbytes repacks only in eval mode without gradients,
-    which a check or a sample between training steps is.
+    """Keep every bitsandbytes 4-bit layer of ``module`` off the fused AVX512-BF16 CPU kernel; returns how many layers
+    already repacked were unpacked (bitsandbytes' own inverse). The kernel (``gemv_4bit``) has no backward, and it
+    repacks in eval mode without gradients, as a check or sample between training steps is.
 
     Example:
         >>> keep_bnb_unpacked(torch.nn.Linear(4, 4))

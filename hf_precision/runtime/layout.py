@@ -233,14 +233,12 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPolicy, islands: li
 
 
 def planned_sizes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, tuple[str, int]]:
-    """Parameter or buffer name -> (what it is held in, its bytes) under ``plan``: the one byte count of a component
-    that ``plan()`` and the memory plans share. Works on the meta device; a tensor held twice is listed once.
+    """Parameter or buffer name -> (what it is held in, its bytes) under ``plan``: the one byte count ``plan()`` and the
+    memory plans share (meta is enough; a tensor held twice is listed once).
 
-    A planned parameter takes its planned dtype or quantized layout (the backend's exact bytes). Buffers, persistent
-    or not (PixArt's ``pos_embed`` table, CLIP's ``position_ids``), are memory the loaded module holds like its
-    weights: floating ones follow the module casts that place the parameters (``.to(dtype)`` casts every floating
-    buffer): float32 inside an island, else the compute dtype, or the storage dtype in a layer diffusers' layerwise
-    casting stores (its hook casts the whole layer). Integer and complex tensors keep their own dtype.
+    A parameter takes its planned dtype or quantized layout (the backend's exact bytes). Floating buffers, persistent
+    or not (PixArt's ``pos_embed``), follow the casts that place the parameters: float32 in an island, else the compute
+    dtype, or the storage dtype in a layer layerwise casting stores. Integer and complex tensors keep their dtype.
 
     Example:
         >>> from hf_precision import get_recipe

@@ -217,13 +217,11 @@ def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: A
                      dtypes: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """Load the components a single ``.safetensors`` file holds: (component -> model, the report's line).
 
-    A denoiser file gives the recipe's denoiser; an original whole checkpoint (SD 1.x/2.x, SDXL) gives every planned
-    component diffusers finds in it (UNet, VAE, CLIP text encoders), the rest coming from ``base``. Each tensor of a
-    diffusers model is read in the dtype the recipe plans for it (``dtypes[component]``, float32 inside its islands,
-    exactly as the file stores it) and diffusers' ``from_single_file`` builds the model from the base's config; a
-    quantized storage is handed to it as the backend's config, as ``from_pretrained`` gets it. Text encoders are
-    read by diffusers' own single-file functions in their planned dtype. The whole file is never held in float32
-    unless it is stored so.
+    A denoiser file gives the recipe's denoiser; a whole SD/SDXL checkpoint every planned component diffusers finds in
+    it. Each diffusers tensor is read in its planned dtype (``dtypes[component]``, float32 islands as stored) and
+    ``from_single_file`` builds the model from the base's config, with a quantized storage's backend config as
+    ``from_pretrained`` gets it; text encoders go through diffusers' single-file functions. The file is never held in
+    float32 unless stored so.
 
     Example:
         >>> from hf_precision import get_recipe

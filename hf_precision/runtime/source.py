@@ -1,13 +1,10 @@
 """Where a pipeline lives (a folder, a Hub id, a recipe alias, the configs that ship) and what it is made of.
 
-One home for: finding a pipeline and its ``model_index.json`` (:func:`locate`), its components' ``config.json``
-(:func:`component_configs`, :func:`configs_of` for plans, which read the shipped real configs offline), and its
-model components with their classes and roles.
-
-The recipe layer composes a recipe for a pipeline class no shipped recipe lists (:func:`hf_precision.recipe.catalog.recipe_for`)
-from these; this module finds them from a built pipeline, from a folder's ``model_index.json``, or from the
-pipeline class's own ``__init__`` signature. A role comes from where diffusers keeps the class, never from a list
-of component names.
+:func:`locate` finds it and its ``model_index.json``; :func:`component_configs` and :func:`configs_of` (plans, from
+the shipped configs offline) its components' configs; the rest its model components, their classes and roles, from
+a built pipeline, an index or the class's ``__init__`` signature (what
+:func:`hf_precision.recipe.catalog.recipe_for` composes from). A role comes from where diffusers keeps the class,
+never from a list of component names.
 """
 
 from __future__ import annotations

@@ -18,15 +18,10 @@ __all__ = ["TinyPipeline"]
 
 @dataclass(frozen=True)
 class TinyPipeline:
-    """One tiny random-weight pipeline, from its row.
+    """One tiny random-weight pipeline, from its row (the fields are the row's: :mod:`~hf_precision.testing.rows`).
 
-    ``pipeline_class`` is the diffusers class, ``recipe`` the shipped recipe that names it, ``make(seed, size=)``
-    returns it in float32, ``call_kwargs()`` gives fresh call kwargs for a 2-step run without a generator, and
-    ``output`` is the attribute of the pipeline output holding the result. ``tags`` say what it is:
-    ``image``/``video``, ``unet``/``dit``, and ``core`` for the five pipelines with size presets (``sizes``).
-    ``loads`` is False where diffusers cannot load the saved folder back with ``from_pretrained``; ``ready`` applies
-    what a saved folder does not keep; ``mode`` (``t2v``, ``i2v``, ...) and ``time_mlp`` (the denoiser's
-    timestep-embedding MLP) describe video pipelines.
+    ``make(seed, size=)`` returns it in float32; ``call_kwargs()`` gives fresh 2-step call kwargs without a generator;
+    ``ready`` applies what a saved folder does not keep.
 
     >>> from hf_precision.testing.registry import PIPELINES
     >>> PIPELINES["ltx"].pipeline_class, PIPELINES["ltx"].mode, "video" in PIPELINES["ltx"].tags

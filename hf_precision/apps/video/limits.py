@@ -1,13 +1,10 @@
 """The sizes and frame counts a video model's configs bound, read in one place and used by every command.
 
-A position table built into a denoiser fixes how far a clip can reach: Wan's rotary table (``rope_max_seq_len``:
-patches per side and latent frames), AnimateDiff's motion modules (``motion_max_seq_length``: frames), CogVideoX
-5B I2V's learned positions (``sample_height`` x ``sample_width`` latents: the one size it takes, embeddings.py
-``CogVideoXPatchEmbed`` refuses any other) and Latte's temporal embedding (``video_length``: the one frame count).
-Past them torch fails mid-run ("The size of tensor a (9) must match the size of tensor b (8)"). ``hf-precision
-video`` and ``calibrate`` cap their default size with :meth:`SizeLimits.cap` and refuse a larger one asked for with
-:meth:`SizeLimits.problems`; ``train`` and ``train --plan`` refuse a ``--resolution``/``--frames`` past them the same
-way (hf_precision/apps/train/data.py).
+A denoiser's position table fixes how far a clip reaches: Wan's rotary ``rope_max_seq_len``, AnimateDiff's
+``motion_max_seq_length``, CogVideoX 5B I2V's learned ``sample_height`` x ``sample_width`` (embeddings.py
+``CogVideoXPatchEmbed`` refuses any other) and Latte's ``video_length``; past them torch fails mid-run ("The size of
+tensor a (9) must match the size of tensor b (8)"). ``video`` and ``calibrate`` cap their defaults
+(:meth:`SizeLimits.cap`) and refuse larger asks (:meth:`SizeLimits.problems`), as ``train`` does (apps/train/data.py).
 """
 
 from __future__ import annotations

@@ -72,12 +72,10 @@ def _reset_hwm() -> bool:
 class PhaseMemory:
     """Peak memory per phase on one device, and the peak of the whole run.
 
-    CPU: a phase's figure is the RSS high-water mark above the RSS when the phase started, plus ``weights`` (the bytes
-    of the loaded parameters and buffers): what the phase adds on top of the model, without the process's own
-    overhead (the interpreter, libraries, thread pools), as ``max_memory_allocated`` leaves out the CUDA context. The
-    run's figure (``run_peak``) is the device's own reading: the largest peak RSS of the process read in any phase
-    (each phase resets the high-water mark, so the last reading alone can be lower), or the allocator's peak.
-    ``before_decode`` is the run's peak when the VAE decode phase started.
+    On the CPU a phase's figure is its RSS high-water mark above the RSS at its start, plus ``weights``: what it adds
+    to the model without the process's own overhead, as ``max_memory_allocated`` leaves out the CUDA context.
+    ``run_peak`` is the device's own reading (the largest peak RSS of any phase, since each resets the mark, or the
+    allocator's peak); ``before_decode`` the run's peak when the decode started.
 
     Example:
         >>> m = PhaseMemory("cpu", weights=1000); m.enter("denoising"); m.finish()
