@@ -363,17 +363,12 @@ def default_negative_prompt(pipe: Any) -> str | None:
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
-    Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
-    ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
-    (and a mask) with ``strength=1``. Video pipelines get the fewest frames their VAE takes (Wan: 5) and, where they
-    take one, an input clip. Outputs are numpy (``output_type="np"``). The steps are 2 where 1 cannot run
-    (:func:`_fewest_steps`). ``inputs`` (``image``, ``mask_image``, ``strength``: a user's, as
-    :func:`~hf_precision.diagnose.inputs.image_inputs` returns them) replace the made-up ones, at the call's size;
-    a ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4).
-
-    Raises:
-        RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
-            ``call=lambda pipe: pipe(...)`` to :func:`check`.
+    A prompt (``"check"``), else SVD's small image and 2 frames, else DiT's ``class_labels=[1]``; img2img and inpainting
+    get an image (and mask) at ``strength=1``, video the fewest frames their VAE takes and an input clip where they take
+    one; numpy output; 2 steps where 1 cannot run (:func:`_fewest_steps`). ``inputs`` (a user's ``image``,
+    ``mask_image``, ``strength``: :func:`~hf_precision.diagnose.inputs.image_inputs`) replace the made-up ones, and a
+    ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4). RecipeError for a call that
+    takes no prompt, image or class labels: pass ``call=lambda pipe: pipe(...)`` to :func:`check`.
     """
     import torch
 

@@ -102,11 +102,10 @@ def resident_bytes(weights: Mapping[str, int], offload: str, running: Iterable[s
                    unquantized: Mapping[str, int] | None = None) -> int:
     """Weight bytes on the device while the ``running`` components (default: any one of them) compute.
 
-    ``none``: every weight. ``model`` (``enable_model_cpu_offload``): the largest running component. ``group``
-    (``enable_group_offload(offload_type="leaf_level", use_stream=True)``): two leaf layers (the one computing and
-    the prefetched one) plus the parameters that sit on non-leaf modules; ``sequential``
-    (``enable_sequential_cpu_offload``): one leaf layer plus those. ``leaf``/``loose`` are those bytes in the
-    component's unquantized layout, ``unquantized`` its weight bytes there: a quantized storage shrinks them alike.
+    ``none``: every weight; ``model`` (``enable_model_cpu_offload``): the largest running component; ``group``
+    (leaf-level streamed ``enable_group_offload``): two leaf layers plus parameters on non-leaf modules; ``sequential``:
+    one leaf layer plus those. ``leaf``/``loose``/``unquantized`` are in the unquantized layout, so a quantized storage
+    shrinks them alike.
 
     Example:
         >>> w = {"text_encoder": 10, "transformer": 30, "vae": 2}

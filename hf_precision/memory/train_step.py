@@ -45,11 +45,10 @@ def cast_floats(value: Any, dtype: Any, key: str = "") -> Any:
 def held_fp8_copies() -> Iterator[dict[int, int]]:
     """Count the compute-dtype copies of fp8 weights that autograd saves for backward: storage -> bytes.
 
-    An fp8-stored layer that gradients pass through computes from ``weight.to(compute)``
-    (:func:`hf_precision.runtime.patches.upcast_on_use`); autograd saves that copy for the input's gradient (a
-    Linear's or Conv's weight is saved when its input requires grad), so it lives until backward frees it. The
-    copies are the outputs of ``_to_copy`` from a float8 tensor (activations never are float8); a saved tensor on
-    one of their storages (the copy, or its transpose) is held. Works on the meta device and on real tensors.
+    A layer gradients pass through computes from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`), saved for the input's gradient until backward. Such copies
+    are ``_to_copy`` outputs from float8 (activations never are); a saved tensor on their storage (the copy or its
+    transpose) is held. Meta or real tensors.
 
     Example:
         >>> import torch

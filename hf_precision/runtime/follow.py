@@ -191,11 +191,10 @@ def _load_devices(record: Any) -> Any:
 def adopt(record: Any, name: str, value: Any) -> None:
     """Give ``value``, just set as component ``name`` of the pipeline ``record`` was applied to, the plan for ``name``.
 
-    The plan is resolved again with the arguments the pipeline was loaded with, so the new module's own config
-    chooses its rule (the fp16-fix SDXL VAE, ``force_upcast=False``, may run in fp16 where the shipped one may not);
-    a pipeline applied with a resolved ``Recipe`` gets that recipe's plan. The module it replaced loses the hooks;
-    ``None`` (``unload_ip_adapter``) only drops the old one; the same module set again, or a wrapper holding it
-    (``torch.compile``, ``DistributedDataParallel``), changes nothing. A module of a class the plan does not fit is left as it is, with one warning.
+    The plan is resolved again with the load's arguments, so the module's own config picks its rule (the fp16-fix
+    VAE's ``force_upcast=False`` may run fp16), or taken from a resolved ``Recipe``. The replaced module loses its
+    hooks; ``None`` only drops it; the same module or a wrapper of it (``torch.compile``, DDP) changes nothing; a class
+    the plan does not fit is left as it is, with one warning.
 
     Example:
         >>> import hf_precision as hp, tempfile

@@ -229,15 +229,13 @@ def retarget_layerwise(module: torch.nn.Module, compute: torch.dtype) -> int:
 
 
 def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
-    """Let gradients pass through the layers of ``module`` that diffusers' layerwise casting stores in another dtype
-    (fp8): each computes with a fresh copy of its weights in ``compute``; returns how many layers it changed.
+    """Let gradients pass through the layers of ``module`` that layerwise casting stores in another dtype (fp8): each
+    computes with a fresh ``compute`` copy of its weights; returns how many layers it changed.
 
-    diffusers' hook casts the layer's ``.data`` to the compute dtype before the forward and back to fp8 after it, in
-    place, so the weight autograd saved for the backward is fp8 by then ("expected scalar type Float but found
-    Float8_e4m3fn"). Here the layer keeps its fp8 parameters and its forward reads ``weight.to(compute)``, a new
-    tensor that autograd saves instead: the base stays fp8 in memory and never has a gradient, as kohya's
-    ``--fp8_base`` and OneTrainer's ``LinearFp8`` (modules/module/quantized/LinearFp8.py) compute. The hook keeps
-    diffusers' name and its ``storage_dtype``/``compute_dtype``, so whatever reads layerwise casting reads this.
+    diffusers' hook casts ``.data`` in place and back after the forward, so the weight autograd saved is fp8 by then
+    ("expected scalar type Float but found Float8_e4m3fn"). Here the forward reads ``weight.to(compute)``, which
+    autograd saves instead; the base stays fp8 with no gradient, as kohya's ``--fp8_base`` and OneTrainer's
+    ``LinearFp8`` (modules/module/quantized/LinearFp8.py). The hook keeps diffusers' name and dtype attributes.
 
     Example:
         >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4)).requires_grad_(False)  # a frozen base

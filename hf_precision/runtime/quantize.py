@@ -1,13 +1,11 @@
 """Quantized storage at runtime: which layers a backend converts, the backend config that does it, measured bytes.
 
-The loader hands diffusers a ``PipelineQuantizationConfig`` whose per-component configs (``TorchAoConfig``,
-``QuantoConfig``, ``BitsAndBytesConfig``, from diffusers for diffusers models and from transformers for
-transformers models) keep out of quantization every ``nn.Linear`` hf_precision keeps: the float32 islands, the
-layerwise skips (norms, pos/patch embeddings), the recipe's ``quantize.keep`` globs (embeddings, final projection)
-and the model's own ``_keep_in_fp32_modules`` and ``_skip_layerwise_casting_patterns``. Each backend matches the
-names it is given by its own rule (exact names through torchao's ``FqnToConfig``, child names in diffusers' quanto,
-substrings in diffusers' bitsandbytes, ``should_convert_module`` in transformers); :func:`quantized_layers` applies
-that same rule, so the plan counts exactly the layers the backend converts.
+The loader hands diffusers a ``PipelineQuantizationConfig`` whose per-component configs (torchao, quanto,
+bitsandbytes; diffusers' or transformers' by the model's library) keep out every ``nn.Linear`` hf_precision keeps:
+islands, layerwise skips, the recipe's ``quantize.keep`` and the model's ``_keep_in_fp32_modules``. Each backend
+matches names by its own rule (torchao ``FqnToConfig`` exact names, diffusers' quanto child names, diffusers'
+bitsandbytes substrings, transformers ``should_convert_module``); :func:`quantized_layers` applies the same rule, so
+the plan counts exactly the layers converted.
 """
 
 from __future__ import annotations
@@ -237,15 +235,11 @@ def refuse_library(plan: ComponentPolicy, library: str, device: Any, where: str,
 
 
 def refuse_int8_beside_cuda(plan: ComponentPolicy, where: str, cuda_present: bool | None = None) -> None:
-    """One ``RecipeError`` before loading for bitsandbytes LLM.int8 on a CPU-placed component while a CUDA GPU is
-    present.
+    """One ``RecipeError`` before loading for bitsandbytes LLM.int8 on a CPU-placed component beside a CUDA GPU.
 
-    With a GPU present, transformers loads a bitsandbytes model onto it when no ``device_map`` is given
-    (``update_device_map`` of its bitsandbytes quantizers); moved to the CPU afterwards, LLM.int8 layers keep their
-    row scales on the GPU, so the first CPU matmul mixes devices: ``RuntimeError: invalid argument to
-    getCurrentStream``, and the CUDA context is broken for the rest of the process (measured on an H200 machine:
-    bitsandbytes 0.50.2, transformers 5.17, torch 2.11; NF4 moved the same way ran). Without a GPU the same load
-    stays on the CPU and runs.
+    transformers then loads it onto the GPU (``update_device_map`` of its bitsandbytes quantizers), and moved to the CPU
+    LLM.int8 keeps its row scales there: ``invalid argument to getCurrentStream`` and a broken CUDA context (measured on
+    an H200 machine: bitsandbytes 0.50.2, transformers 5.17, torch 2.11; NF4 ran). Without a GPU it runs.
 
     Example:
         >>> import dataclasses

@@ -1,12 +1,9 @@
 """Write a model's weights to a GGUF file with the ``gguf`` package (for tests and the benchmark; no llama.cpp).
 
-Keys stay diffusers' own (diffusers' ``from_single_file`` takes a state dict already in its format as is). Weights
-whose last dimension is a multiple of the type's block (32 for Q8_0/Q4_0, 256 for the K-quants) are stored in that
-type; the rest (biases, norms, small embedders) are stored F32, as GGUF converters do for tensors that do not fill a
-block. Types the ``gguf`` package quantizes (Q8_0, Q4_0, ...) are quantized from the weights. It cannot quantize the
-K-quants (``NotImplementedError``), so those are written as seeded random blocks with the block's fp16 scales set:
-any bytes are a valid K-quant block, and the scales are chosen so that the dequantized weight has the source
-weight's root mean square and a mean near zero (the model stays finite; it no longer computes the source's function).
+Keys stay diffusers' own (``from_single_file`` takes its own format as is). Weights whose last dimension fills the
+type's blocks (32 for Q8_0/Q4_0, 256 for K-quants) take that type, the rest F32 as converters do. ``gguf`` cannot
+quantize K-quants, so those are seeded random blocks with fp16 scales set so the dequantized weight has the
+source's root mean square and a mean near zero (finite, but no longer the source's function).
 """
 
 from __future__ import annotations

@@ -119,13 +119,10 @@ def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
 
 
 def save_pipeline(pipe, folder: str | Path, *, fp16_variant: bool = False) -> Path:
-    """Save ``pipe`` with safetensors; with ``fp16_variant`` also write ``*.fp16.safetensors`` files.
+    """Save ``pipe`` with safetensors; with ``fp16_variant`` also ``*.fp16.safetensors`` files from a float16 deep copy.
 
-    The fp16 files come from a deep copy cast to float16, so ``pipe`` itself is unchanged and the folder
-    holds both the float32 default files and the ``variant="fp16"`` files. As on the Hub (SDXL base,
-    SVD), the variant save leaves ``"dtype": "float16"`` in the transformers ``config.json`` files, so
-    with transformers 5 (default ``dtype="auto"``) a load *without* ``dtype`` gives float16 text/image
-    encoders next to a float32 UNet and VAE, with or without ``variant="fp16"`` (row S24).
+    As on the Hub (SDXL base, SVD), the variant save leaves ``"dtype": "float16"`` in the transformers configs, so
+    transformers 5 (``dtype="auto"``) loads float16 encoders beside a float32 UNet and VAE without ``dtype`` (row S24).
 
     >>> import tempfile
     >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp(), fp16_variant=True)
