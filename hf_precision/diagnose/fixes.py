@@ -27,9 +27,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Where", "Fix", "Override", "mismatch_fix", "recorded_fix", "compute_dtype"]
 
-# ---------------------------------------------------------------------------------------------------------------
-# What the modules hold
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------- what the modules hold
 
 
 @dataclass
@@ -104,9 +102,7 @@ def _island(root: nn.Module, rel: str, dtype: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Building the message and the fix
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------ building the message and the fix
 
 Override = tuple[str | None, str, object]  # (component, key, value); a None component is printed <component>
 
@@ -368,9 +364,7 @@ def _device_text(parsed: dict[str, Any], w: Where, got: str, expected: str, orde
     return header, fix, []
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# A mismatch check recorded (no error: the hooks saw an input in one dtype reach weights in another)
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------ a mismatch check recorded (no error: the hooks saw an input in one dtype reach weights in another)
 
 
 def recorded_fix(component: str, rel: str, kind: str, got: str, expected: str, applied: bool,

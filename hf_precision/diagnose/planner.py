@@ -222,7 +222,7 @@ def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str |
     Nothing is downloaded or allocated: each component is built on the meta device from its ``config.json`` and each
     parameter counted in the dtype :func:`~hf_precision.apply_recipe` would give it for ``device`` (a preset such as
     ``"t4"``, a present device, or a description such as ``"cuda:sm75"``; default the best present one).
-    ``name_or_path``: a recipe alias (configs shipped in ``hf_precision/model_configs/``), a shipped folder's name or Hub
+    ``name_or_path``: a recipe alias (configs in ``hf_precision/model_configs/``), a shipped folder's name or Hub
     id, a local folder of ``model_index.json`` and configs (no weights needed), or another Hub id (JSON files only).
     ``recipe``, ``overrides`` and ``force`` are ``load_pipeline``'s; ``modules=True`` also lists every module
     (``hf-precision plan --modules``); ``base``: with a single ``.safetensors`` or GGUF file, what holds the rest, as

@@ -14,7 +14,7 @@ __all__ = ["call_params", "fewest_steps", "schedulable", "steps_problem"]
 
 
 def schedulable(scheduler: Any, steps: int = 1) -> bool:
-    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when it cannot be asked).
+    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when not askable).
 
     FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's config) divides by ``1 - sigmas[-1]``, 0 for
     one step: NaN timesteps and an IndexError later. A dynamic-shifting one is probed with the neutral shift, as its
@@ -59,7 +59,7 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
 
 
 def steps_problem(pipe_or_class: Any, steps: int, strength: float | None = None) -> str | None:
-    """Why a pipeline cannot run ``steps`` steps, with the fix (``--steps``), or None when it can (one rule for every command).
+    """Why a pipeline cannot run ``steps`` steps, with the fix (``--steps``), or None; one rule for every command.
 
     Either its scheduler (a pipeline's; a class has no config yet) makes no finite schedule of that many
     (:func:`schedulable`), or an image-to-image call starting ``strength`` (None: the call's default) along denoises no

@@ -16,9 +16,7 @@ from typing import Any
 
 __all__ = ["parse_mismatch", "FAMILIES", "HALF", "PARAM_ROLES", "VALUE_ERROR_FAMILIES"]
 
-# ---------------------------------------------------------------------------------------------------------------
-# Dtype and device spellings
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------ dtype and device spellings
 
 # Every spelling torch uses in these messages, lower-cased after dropping "struct "/"c10::"/"torch.": scalar names
 # ("float", "c10::Half", "BFloat16", "double", "torch.float16"), legacy tensor types ("torch.cuda.HalfTensor") and
@@ -73,9 +71,7 @@ def _device(text: str) -> str:
     return _BACKEND_DEVICES.get(t, t)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The wordings
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------- the wordings
 
 # Argument names in messages: which side the named tensor is on. "self" is ambiguous (the bias in addmm, the
 # embedding table in index_select), so it is in neither set and the module's parameters decide.
@@ -304,9 +300,7 @@ FAMILIES: tuple[_Family, ...] = (
 )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Parsing
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------- parsing
 
 
 def parse_mismatch(message: str) -> dict[str, Any] | None:
