@@ -1,10 +1,9 @@
 """A GGUF single file as the denoiser of a diffusers pipeline: ``load_pipeline("x.gguf", base="<diffusers folder>")``.
 
-GGUF files (ComfyUI-GGUF, city96's Flux/Wan quantizations) hold one model, usually the transformer. The rest of the
-pipeline (text encoders, VAE, scheduler, configs) comes from ``base``, a diffusers folder or Hub id. The file is read
-by diffusers itself: ``<ModelClass>.from_single_file(file, config=base, subfolder=<denoiser>,
-quantization_config=GGUFQuantizationConfig(compute_dtype=<the recipe's compute dtype>))``, which keeps the GGUF
-blocks quantized and dequantizes them per layer on use.
+GGUF files (ComfyUI-GGUF, city96's Flux/Wan quantizations) hold one model; the rest comes from ``base``. diffusers
+reads it: ``from_single_file(file, config=base, subfolder=<denoiser>,
+quantization_config=GGUFQuantizationConfig(compute_dtype=<the recipe's>))`` keeps the blocks packed and dequantizes
+per layer on use.
 """
 
 from __future__ import annotations
@@ -66,12 +65,9 @@ def _first_layer(model: Any) -> list[str]:
 def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
     """Unpack the GGUF tensors diffusers left packed where they cannot be used; returns how many layers.
 
-    diffusers keeps every tensor of a quantized GGUF type (and BF16) packed, but only its ``GGUFLinear`` unpacks
-    them on use (quantizers/gguf/utils.py): a convolution stored BF16 or Q8_0 (a UNet's, a video patch embedder's)
-    would reach torch as raw bytes ("expected scalar type BFloat16 but found Byte"); those are unpacked once, to
-    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers named in ``islands``
-    (the recipe's fp32 islands, the first parameter's layer) are unpacked too and become plain ``nn.Linear``
-    (``GGUFLinear`` computes in the compute dtype): the recipe then keeps the islands in fp32 like every island.
+    Only ``GGUFLinear`` unpacks on use (quantizers/gguf/utils.py), so a convolution stored BF16 or Q8_0 would reach
+    torch as raw bytes ("expected scalar type BFloat16 but found Byte"): unpacked once to the compute dtype, as
+    ComfyUI-GGUF does without a kernel. The ``islands`` layers become plain ``nn.Linear`` too, kept fp32 by the recipe.
     """
     import torch
     from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter, dequantize_gguf_tensor

@@ -125,9 +125,8 @@ def _execution_device(module: torch.nn.Module, root: torch.nn.Module, ref: _Para
 class EntryHook:
     """Casts what enters a component to its compute dtype and device; hands outputs over as planned.
 
-    ``output`` is ``"input"`` (back to the dtype and device the primary input arrived in), ``"compute"`` or a
-    ``torch.dtype``. ``compute`` is the planned compute dtype: it is used when the weights are stored in
-    another dtype (layerwise casting); otherwise the weights' current dtype wins.
+    ``output``: ``"input"`` (back to the primary input's dtype and device), ``"compute"`` or a ``torch.dtype``.
+    ``compute`` (planned) is used where layerwise casting stores the weights in another dtype, else the weights' dtype.
     """
 
     def __init__(self, name: str, module: torch.nn.Module, root: torch.nn.Module, *, compute: torch.dtype,

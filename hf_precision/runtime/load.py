@@ -23,11 +23,9 @@ __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "check_vari
 
 
 def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None, *, weights: bool = True) -> None:
-    """Check every JSON and safetensors file of a pipeline folder; the first damaged one is a ``DamagedFileError``.
-
-    Only headers are read (sizes and offsets against the file), so this is quick whatever the weights weigh. Called
-    when loading failed, to turn a deep library error into one naming the file, its component and the fix, and by
-    the command line before torch is imported. ``weights=False`` checks the JSON files only.
+    """Check every JSON and safetensors file of a pipeline folder (``weights=False``: JSON only); the first damaged one is a
+    ``DamagedFileError`` naming the file, its component and the fix. Headers only, so quick: run by the command line
+    before torch is imported, and when loading failed, in place of a deep library error.
 
     Example:
         >>> import tempfile
@@ -324,11 +322,9 @@ _SHARED = ("variant", "revision", "cache_dir", "local_files_only", "token", "use
 
 def _missed_by_diffusers(cls: Any, where: str, index: Mapping[str, Any], dtype_map: Mapping[str, Any],
                          given: Mapping[str, Any]) -> dict[str, Any]:
-    """The components ``from_pretrained`` cannot find by the class ``model_index.json`` names, loaded here from the
-    class the pipeline's module imports (:func:`~hf_precision.runtime.source.component_class`), to put in the built
-    pipeline: the Stable Cascade decoder's ``PaellaVQModel`` (diffusers 0.42 keeps it under
-    ``pipelines/deprecated/``, where neither the Hub's ``["wuerstchen", ...]`` nor its own saved
-    ``["diffusers", ...]`` finds it)."""
+    """The components ``from_pretrained`` cannot find by their index's class (the Stable Cascade decoder's
+    ``PaellaVQModel``: :func:`~hf_precision.runtime.source.component_class`), loaded here for the built pipeline.
+    """
     import diffusers
 
     from .source import component_class
@@ -347,11 +343,9 @@ def _missed_by_diffusers(cls: Any, where: str, index: Mapping[str, Any], dtype_m
 
 
 def from_pretrained_dtypes(recipe: Recipe) -> dict[str, Any]:
-    """The ``dtype=`` dict ``from_pretrained`` gets for a resolved recipe: each component's stored dtype.
-
-    ``"default"`` is always given (a component missing from the dict would otherwise load as float32:
-    ``pipeline_utils.py`` takes ``dtype.get(name, dtype.get("default", torch.float32))``). Weights stored in fp8
-    load in their compute dtype; layerwise casting stores them afterwards.
+    """The ``dtype=`` dict ``from_pretrained`` gets for a resolved recipe: each component's stored dtype (fp8-stored ones
+    in their compute dtype: layerwise casting stores them after). ``"default"`` is always given: ``pipeline_utils.py``
+    loads a component missing from the dict with ``dtype.get("default", torch.float32)``.
 
     Example:
         >>> from hf_precision import get_recipe
