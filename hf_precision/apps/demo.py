@@ -44,11 +44,8 @@ PLAN_MODELS, PLAN_DEVICES = ("sdxl", "svd"), ("t4", "a100")
 
 
 def why_float32(device: Any = None) -> str | None:
-    """Why a device's recipes compute in float32 everywhere, from the rules of ``devices.yaml``; ``None`` when
-    its rules let recipes pick a half-precision dtype.
-
-    The text quotes the rules that hold for the device and, for a CPU, the flags it lacks that the rule picking
-    half precision on a CPU needs (found by comparing with the presets whose rules do pick it).
+    """Why a device's recipes compute in float32 everywhere, quoting the ``devices.yaml`` rules that hold and, for a CPU,
+    the flags it lacks that a preset picking half precision has; ``None`` where a half dtype is picked.
 
     Example:
         >>> why_float32("t4") is None

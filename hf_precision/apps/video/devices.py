@@ -113,10 +113,8 @@ def device_rooms() -> list[tuple[str, int]]:
 
 def plan_placement(where: str, spec: Any, rooms: Sequence[tuple[str, int]], *, layout: Any = None,
                    overrides: Any = None) -> Placement:
-    """The balanced placement of a video model (folder or Hub id) from its configs: no weights are loaded.
-
-    Component sizes are planned for ``layout`` (default: the first device of ``rooms``); on a mix of GPU kinds the
-    recipe may give a component another dtype on another device, which the sizes of the first do not show.
+    """The balanced placement of a video model (folder or Hub id) from its configs, sized for ``layout`` (default the
+    first device of ``rooms``; on mixed GPU kinds a recipe may give another device another dtype, not shown).
 
     Example:
         >>> from hf_precision.apps.video.spec import model_spec

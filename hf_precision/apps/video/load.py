@@ -1,8 +1,6 @@
 """Loading a video pipeline with its recipe and the diffusers memory features a run uses (offload, VAE tiling and
-slicing, feed-forward chunking, quantized storage chosen by the memory plan).
-
-Components are found by role (:func:`hf_precision.runtime.source.role_of`): the VAE is the component whose class
-diffusers keeps under ``models/autoencoders``, the denoiser the one under ``models/transformers`` or ``models/unets``.
+slicing, feed-forward chunking, the quantized storage the memory plan chose); components found by role
+(:func:`hf_precision.runtime.source.role_of`).
 """
 
 from __future__ import annotations
@@ -80,11 +78,9 @@ class MemorySettings:
 
 
 def apply_memory_settings(pipe: Any, settings: MemorySettings, device: Any) -> None:
-    """Turn on the diffusers memory features of ``settings`` on a pipeline loaded on the CPU or on ``device``.
-
-    Offload hooks come from diffusers/accelerate (``enable_model_cpu_offload``, ``enable_group_offload`` with CUDA
-    streams where there are streams, ``enable_sequential_cpu_offload``); they move weights as they are, so the
-    recipe's dtypes and fp32 islands stay as applied.
+    """Turn on the diffusers memory features of ``settings`` on a pipeline loaded on the CPU or on ``device``; the offload
+    hooks (model, group with CUDA streams where there are any, sequential) move weights as they are, so the recipe's
+    dtypes and islands stay.
     """
     import torch
 

@@ -78,11 +78,11 @@ def _decode_peak(spec: Any, vae: Any, dtype: Any, height: int, width: int, frame
 
 
 def _vae_encode_shape(spec: Any, height: int, width: int, frames: int) -> tuple[int, ...]:
-    """What each image-to-video pipeline hands ``vae.encode`` (the row's ``image_encode``): ``image``, the image
-    alone (SVD, pipeline_stable_video_diffusion.py `_encode_vae_image`); ``clip``, the image followed by frames-1
-    zero frames (Wan I2V, pipeline_wan_i2v.py `prepare_latents`, ``video_condition``); ``frame``, the image as a
-    1-frame video (LTX and CogVideoX I2V, pipeline_ltx_image2video.py and pipeline_cogvideox_image2video.py
-    `prepare_latents`)."""
+    """What an image-to-video pipeline hands ``vae.encode`` (the row's ``image_encode``): ``image`` alone (SVD,
+    pipeline_stable_video_diffusion.py `_encode_vae_image`); ``clip``, it then frames-1 zero frames (Wan I2V,
+    pipeline_wan_i2v.py `prepare_latents`); ``frame``, a 1-frame video (pipeline_ltx_image2video.py,
+    pipeline_cogvideox_image2video.py `prepare_latents`).
+    """
     kind = spec.row.image_encode
     if kind == "image":
         return 1, 3, height, width
@@ -311,11 +311,9 @@ def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
            accelerator: bool | None = None, decode_chunk: int | None = None, overrides: Any = None,
            quantize: bool = True) -> Choice[Prediction]:
-    """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory).
-
-    Offload is considered where ``accelerator`` (default: whether ``layout`` is one) has weights to move to.
-    Quantized storage (``quantize=False`` leaves it out) is considered beside offload and tiling, among the layouts
-    the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
+    """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory): offload where
+    ``accelerator`` (default: whether ``layout`` is one), and beside it and tiling the quantized layouts the recipes
+    tolerate on the device (unless ``quantize=False``), the chosen one loaded as ``--set C.storage=...``.
 
     Example:
         >>> from hf_precision.apps.video.spec import model_spec

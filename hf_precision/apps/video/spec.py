@@ -99,11 +99,9 @@ def video_row(recipe: str | Mapping[str, Any], pipeline: str | None = None) -> V
 
 @dataclasses.dataclass(frozen=True)
 class VideoSpec:
-    """The rules of one video pipeline class, derived from its configs.
-
-    ``frame_step``: frames must be ``frame_step*k + 1`` (1: any count). ``size_multiple``: height and width must be
-    multiples of it. ``takes_prompt``/``takes_image``: the modes the pipeline has. ``extra``: call kwargs the configs
-    fix (CogVideoX's ``max_sequence_length`` is the transformer's ``max_text_seq_length``).
+    """The rules of one video pipeline class, derived from its configs: frames ``frame_step*k + 1`` (1: any count), sizes
+    multiples of ``size_multiple``, the modes (``takes_prompt``/``takes_image``) and ``extra``, the call kwargs the
+    configs fix (CogVideoX's ``max_sequence_length`` is its transformer's ``max_text_seq_length``).
     """
 
     pipeline: str
@@ -212,10 +210,10 @@ class VideoSpec:
         return frames >= 1 and self.latent_shape(1, 1, frames)[0] in self.row.refused_latent_frames
 
     def _allowed_near(self, frames: int) -> list[int]:
-        """The frame counts nearest ``frames`` the call makes (its VAE's ``step*k + 1``, no refused latent count):
-        the one below, if any, then the one above (:func:`~hf_precision.recipe.frames.nearest_latent_frames`, which
-        check's default call steps with too). Below cannot pass a position table's bound; above is a fix the check of
-        the count it gives judges again."""
+        """The frame counts nearest ``frames`` the call makes (``step*k + 1``, no refused latent count: the stepping of
+        :func:`~hf_precision.recipe.frames.nearest_latent_frames`): the one below, if any, then the one above, which the
+        check of the count it gives judges again.
+        """
         from ...recipe.frames import nearest_latent_frames
 
         near = nearest_latent_frames(self.latent_shape(1, 1, frames)[0], self.row.refused_latent_frames)
@@ -257,12 +255,9 @@ def _init_default(spec: Any, name: str) -> Any:
 
 def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]],
                recipe: str | None = None) -> VideoSpec:
-    """The rules of a video pipeline from ``model_index.json``, the component configs and its recipe's ``video:``
-    block: ``recipe`` (a shipped name or a user's YAML file), else the one ``load_pipeline`` chooses for the class.
-
-    Raises:
-        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no frame count: no
-            ``num_frames``, ``video_length`` as Latte's, nor ``frames`` as Sana-Video's).
+    """The rules of a video pipeline from ``model_index.json``, the component configs and its recipe's ``video:`` block
+    (``recipe``: a shipped name or a YAML file; default the one ``load_pipeline`` chooses). RecipeError for a class
+    whose ``__call__`` takes no frame count (``num_frames``, Latte's ``video_length``, Sana-Video's ``frames``).
 
     Example:
         >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
@@ -350,14 +345,9 @@ def _denoiser(pipeline: str, index: Mapping[str, Any], recipe: str | Mapping[str
 
 
 def model_spec(model: str, configs_only: bool = False) -> tuple[str, VideoSpec]:
-    """Where a video model is and its :class:`VideoSpec` (mode, frame and size rules), read from ``model_index.json``
-    and the component configs; nothing is loaded.
-
-    With ``configs_only`` (``--plan``) the configs shipped in ``hf_precision/model_configs`` also count (``svd``,
-    ``stabilityai/stable-video-diffusion-img2vid-xt``), as for :func:`hf_precision.plan`.
-
-    Raises:
-        RecipeError: no such model, or not a video pipeline.
+    """Where a video model is and its :class:`VideoSpec`, from ``model_index.json`` and the configs (nothing loaded); a
+    RecipeError for no such model or no video pipeline. ``configs_only`` (``--plan``): the configs shipped in
+    ``hf_precision/model_configs`` count too, as for :func:`hf_precision.plan`.
 
     Example:
         >>> where, spec = model_spec("svd", configs_only=True)
