@@ -114,10 +114,10 @@ class _HeldLoader(importlib.abc.Loader):
 
 
 class _Deferred(types.ModuleType):
-    """A module whose code runs when something first reads a name it would define. Its ``__file__`` and
-    ``__spec__`` are there before: ``inspect.getmodule`` reads every module's ``__file__`` (torch's op registration
-    calls it on import), which would load a :class:`importlib.util.LazyLoader` module at once. ``__path__`` is left
-    out, so importing a submodule runs the package's own ``__init__`` first, as a plain import does."""
+    """A module whose code runs when something first reads a name it would define. ``__file__`` and ``__spec__`` exist
+    before (``inspect.getmodule``, called by torch's op registration, would load a ``LazyLoader`` module at once);
+    ``__path__`` does not, so a submodule import runs the package's ``__init__`` first, as a plain import does.
+    """
 
     def __getattr__(self, name: str) -> Any:
         spec = object.__getattribute__(self, "__spec__")
@@ -173,11 +173,9 @@ _REPORT = re.compile(r"(\w+) LOAD REPORT from: (.+)")
 
 
 def in_our_words(message: str) -> str | None:
-    """What a library log message means for the user, in our words, or None where it changes nothing they get.
-
-    transformers' load report lists the weights a checkpoint lacks (MISSING) or has in another shape (MISMATCH):
-    both are initialized at random, so the outputs change. UNEXPECTED weights (ones the model does not use, such as
-    a full CLIP checkpoint loaded as its text tower) are ignored, and so is a report of only those.
+    """What a library log message means for the user, in our words, or None where it changes nothing they get:
+    transformers' load report's MISSING and MISMATCH weights are initialized at random (the outputs change);
+    UNEXPECTED ones (unused, as a full CLIP checkpoint's vision tower) are ignored.
 
     Example:
         >>> report = "BertModel LOAD REPORT from: /m/text_encoder\\nKey | Status |\\npooler.dense.bias | MISSING |"

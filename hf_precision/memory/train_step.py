@@ -1,11 +1,10 @@
 """The activations of one training step of a denoiser, counted on torch's ``meta`` device with autograd on.
 
-What the forward saves for backward stays alive until backward frees it, and backward's gradients are added
-(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call is built by the training layer's
-family row and the LoRA injected by the layer's own functions, so the count follows the code path of the real step
-(gradient checkpointing changes what is saved, and is counted as such); an fp8-stored denoiser is stored on meta as
-the loader stores it, and the compute-dtype copies autograd keeps of its weights are counted apart
-(:func:`held_fp8_copies`). The training plans (one process, per rank) call these.
+What the forward saves stays alive until backward frees it, and backward's gradients add
+(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call comes from the training layer's
+family row and the LoRA from its own functions, so the count follows the real step (checkpointing included); an
+fp8-stored denoiser is stored on meta as the loader stores it, its autograd copies counted apart
+(:func:`held_fp8_copies`).
 """
 
 from __future__ import annotations
