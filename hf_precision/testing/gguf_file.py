@@ -39,10 +39,9 @@ def write_gguf(module: Any, path: str | os.PathLike[str],
                seed: int = 0) -> dict[str, str]:
     """Save ``module``'s state dict as a GGUF file; returns tensor name -> the GGUF type it was stored in.
 
-    ``qtype`` is one type or several tried in order: a weight takes the first whose block fills its rows
-    (``("Q4_K", "Q5_0")``: Q4_K where rows are multiples of 256, else Q5_0 where of 32, as llama.cpp falls back:
-    :data:`FALLBACK`), or a function of the tensor name giving those (files mix types: a Q4_K_M file holds Q4_K and
-    Q6_K). K-quant (and IQ4_NL) blocks are random (see the module docstring), seeded by ``seed``.
+    ``qtype``: one type, several tried in order (the first whose block fills the rows, as llama.cpp falls back:
+    :data:`FALLBACK`), or a function of the tensor name (a Q4_K_M file mixes Q4_K and Q6_K). K-quant and IQ4_NL blocks
+    are random, seeded by ``seed``.
 
     Example:
         >>> import tempfile, torch
@@ -84,10 +83,9 @@ def write_gguf(module: Any, path: str | os.PathLike[str],
 
 
 def random_kquant(data: Any, qtype: str, rng: Any) -> Any:
-    """Random blocks of a :data:`K_QUANTS` type (uint8, rows x bytes) for a float array ``data`` whose rows fill them.
-
-    The quants and 6-bit scales are random bytes; each block's fp16 ``d`` (and ``dmin``) is a random factor in
-    [0.5, 1.5) times one per-tensor scale chosen so the dequantized tensor's root mean square is ``data``'s.
+    """Random blocks of a :data:`K_QUANTS` type (uint8, rows x bytes) for a float array ``data`` whose rows fill them:
+    random quants and scales, each block's fp16 ``d`` (and ``dmin``) a random factor in [0.5, 1.5) times one scale
+    that gives the dequantized tensor ``data``'s root mean square.
 
     Example:
         >>> import numpy as np, gguf

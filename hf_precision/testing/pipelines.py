@@ -88,11 +88,9 @@ make_dit = _maker("dit", """A random-weight ``DiTPipeline`` in float32 (class-co
 
 
 def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
-    """A tiny ``AutoencoderKL`` whose decoder really overflows float16, plus latents to decode with it.
-
-    ``decoder.conv_in`` (weight and bias) is multiplied by ``scale``, so its output exceeds fp16's maximum
-    (65504): the decode is finite in float32 (the GroupNorm that follows normalises the large values) and
-    inf/NaN in float16, which is what the NaN guard is for. Returns ``(vae, latents)``; latents are float32.
+    """A tiny ``AutoencoderKL`` whose decoder really overflows float16, and float32 latents to decode with it: its
+    ``decoder.conv_in`` times ``scale`` exceeds 65504, finite in float32 (the GroupNorm after it normalises) and
+    inf/NaN in float16, what the NaN guard is for.
 
     >>> import torch
     >>> vae, latents = make_overflowing_vae()
