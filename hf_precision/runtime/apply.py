@@ -33,10 +33,8 @@ _ATTR = "_hf_precision_applied"
 
 @dataclasses.dataclass
 class Applied:
-    """What :func:`apply_recipe` did, and the hooks it holds.
-
-    ``remove()`` takes the hooks off; it does NOT restore the old dtypes (casting back would not bring back the
-    lost precision: reload the pipeline instead). ``verify()`` lists where the pipeline drifted from the plan.
+    """What :func:`apply_recipe` did, and the hooks it holds. ``remove()`` takes the hooks off but does NOT restore old
+    dtypes (casting back cannot bring back lost precision: reload); ``verify()`` lists drift from the plan.
     """
 
     recipe: Recipe
@@ -147,11 +145,9 @@ def _module_device(module: torch.nn.Module) -> str:
 
 
 def _rescaled(tensor: torch.Tensor, dtype: torch.dtype) -> torch.nn.Parameter | None:
-    """An optimum-quanto weight in another compute dtype (same data, its scale cast), or ``None`` to leave it.
-
-    quanto's weight takes its dtype from its scale and refuses ``.to(dtype)``; left in the dtype it was loaded in, a
-    component re-applied in another compute dtype (calibrate's fp16 runs) gets float32 layer outputs beside fp16
-    norms ('mixed dtype (CPU): expect parameter to have scalar type of Float'). torchao's weights follow the input.
+    """An optimum-quanto weight in another compute dtype (same data, scale cast), or ``None`` to leave it: quanto's
+    weight takes its dtype from its scale and refuses ``.to(dtype)``, so a component re-applied in another dtype
+    (calibrate's fp16 runs) gave float32 outputs beside fp16 norms ('mixed dtype (CPU)'). torchao's follow the input.
     """
     scale = getattr(tensor, "_scale", None)
     if (tensor.dtype == dtype or not isinstance(scale, torch.Tensor) or not hasattr(tensor, "activation_qtype")

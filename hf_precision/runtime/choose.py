@@ -1,9 +1,5 @@
-"""Which shipped recipe a pipeline object, a folder or a dict of components is trained or loaded under: one function.
-
-``load_pipeline`` takes a folder's recipe from ``model_index.json``'s class (:func:`~hf_precision.recipe.catalog.recipe_for`),
-``prepare_training`` a pipeline's from its class; a dict of components has no class and is recognised by its model
-components' classes and configs (:mod:`hf_precision.recipe.recognise`). :func:`recipe_of` is the one door for all
-three.
+"""Which shipped recipe a pipeline object, a folder or a dict of components is trained or loaded under:
+:func:`recipe_of`, the one door for all three.
 """
 
 from __future__ import annotations

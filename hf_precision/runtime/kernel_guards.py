@@ -50,11 +50,8 @@ def int8pack_safe(activations: torch.Tensor, weights: torch.Tensor) -> bool:
 
 
 def guard_quanto_int8pack() -> bool:
-    """Route quanto's CPU int8 x bfloat16 matmul around the shapes that crash torch's kernel (see the module
-    docstring); returns whether the guard is in place (False: quanto is not installed or has no such path).
-
-    Idempotent and process-wide: quanto looks the function up by name on every call, so the guard holds for every
-    quanto model in the process, including ones quantized by the caller.
+    """Route quanto's CPU int8 x bfloat16 matmul around the shapes that crash torch's kernel; returns whether the guard
+    is in place. Idempotent and process-wide: quanto looks the function up by name on every call.
 
     Example:
         >>> import importlib.util

@@ -28,11 +28,9 @@ __all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "chec
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
-    """The skip patterns handed to diffusers' layerwise casting, which ``re.search``es dotted module names.
-
-    Each is anchored at both ends so it means exactly what the recipe's glob means under the one matching rule
-    (full match): island ``time_embedding`` skips that module and its children, never ``down_blocks.0.time_embedding``
-    or ``xtime_embedding``.
+    """The skip patterns for diffusers' layerwise casting (which ``re.search``es names), anchored at both ends to mean
+    what the recipe's glob means: island ``time_embedding`` skips it and its children, never
+    ``down_blocks.0.time_embedding`` or ``xtime_embedding``.
 
     Example:
         >>> import re
@@ -95,10 +93,8 @@ def component_islands(plan: ComponentPolicy, module: torch.nn.Module, *, strict:
 
 
 def check_user_names(plan: ComponentPolicy, module: torch.nn.Module) -> None:
-    """Refuse ``entry`` names and ``layerwise_skip`` globs the user set that name no module of the component.
-
-    A misspelled entry would leave the component's inputs uncast; a misspelled skip glob would store the layers it
-    meant to keep (norms, embeddings) in the storage dtype: a silent change of dtype.
+    """Refuse ``entry`` names and ``layerwise_skip`` globs the user set that name no module of the component: a
+    misspelled entry leaves inputs uncast, a misspelled skip stores norms or embeddings in the storage dtype, silently.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -166,11 +162,8 @@ def _held_in(owner: str, plan: ComponentPolicy, islands: frozenset[str], layerwi
 
 
 def planned_dtypes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, str]:
-    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
-
-    Islands are float32. With ``storage == compute`` every other parameter is in the storage dtype; otherwise the
-    layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
-    on the meta device (no weights needed); tied parameters are listed once.
+    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in between forward passes, by the module's rule
+    above (meta is enough; tied parameters are listed once).
     """
     layerwise = _layerwise_layers(module, plan, islands)
     converted = frozenset(quantized_layers(module, plan, islands)) if is_quantized(plan.storage) else frozenset()

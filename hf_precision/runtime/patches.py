@@ -1,11 +1,8 @@
 """What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
-file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
-weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place), and
-a stand-in for ftfy where a pipeline module calls it uninstalled (:func:`ftfy_stand_in`), tiling where a VAE
-runs only tiled (:func:`tile_where_required`), the inner ``text_model`` a flattened CLIP text encoder no longer has
-(:func:`text_model_alias`). Everything else ``apply_recipe`` does is casts and hooks.
-
-Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
+file per hook in ``diffusers/hooks/``): ``force_upcast``, fp32 attention scores, layerwise weight storage (for
+training :func:`upcast_on_use`), and stand-ins where a pipeline needs what is missing (ftfy, tiling, CLIP's
+``text_model``). Each changes the module in place and returns what it did, for
+:class:`~hf_precision.runtime.apply.Applied`.
 """
 
 from __future__ import annotations
@@ -49,10 +46,8 @@ def disable_force_upcast(module: torch.nn.Module) -> bool:
 
 def upcast_attention(module: torch.nn.Module) -> int:
     """Compute attention scores and softmax in fp32 in every diffusers ``Attention`` of ``module``; returns how many.
-
-    SDPA processors ignore ``upcast_attention``: each keeps its own call with its SDPA computed in fp32 (query,
-    key and value upcast, the result cast back); the classic processor honours the flag. Softmax in fp32 is what
-    fixes half-precision attention on MPS >= 14.5.
+    SDPA processors ignore ``upcast_attention``, so each gets its SDPA computed in fp32; the classic processor honours
+    the flag. Softmax in fp32 fixes half-precision attention on MPS >= 14.5.
 
     Example:
         >>> from diffusers.models.attention_processor import Attention
@@ -96,10 +91,8 @@ _swap_local = threading.local()  # .stacks: (id(owner), name) -> this thread's w
 
 def _enter(owner: Any, name: str, wrap: Any) -> None:
     """Make ``owner.<name>`` call ``wrap(...)`` in this thread until :func:`_leave`; other threads keep the original.
-
-    While any thread is inside, ``owner.<name>`` is a dispatcher that looks up the calling thread's stack; the last
-    thread out puts the original back, so outside patched calls torch is untouched (no cost, nothing for
-    ``torch.compile`` to trace through).
+    Meanwhile ``owner.<name>`` is a dispatcher on the calling thread's stack; the last thread out puts the original
+    back, so outside patched calls torch is untouched (nothing for ``torch.compile`` to trace through).
     """
     key = (id(owner), name)
     with _swap_lock:
@@ -313,13 +306,10 @@ class _PlainText:
 
 
 def ftfy_stand_in(pipe: Any) -> list[str]:
-    """Give the modules of ``pipe``'s class that call ``ftfy.fix_text`` without checking ftfy is installed a stand-in
-    that leaves the text as it is; returns the modules given one.
-
-    diffusers imports ftfy only where it is installed (``if is_ftfy_available(): import ftfy``), and WanPipeline
-    then skips the fix (pipeline_wan.py:79), but Wan I2V, VACE, video-to-video and Animate, SkyReels-V2, Allegro
-    and others call it anyway (diffusers 0.42.1 pipeline_wan_vace.py:111): every prompt raised NameError. With the
-    stand-in they do what WanPipeline does. Nothing changes where ftfy is installed or a module defines ``ftfy``.
+    """Give the modules of ``pipe``'s class that call ``ftfy.fix_text`` unchecked a stand-in that leaves the text as it is;
+    returns those modules. diffusers imports ftfy only where installed and WanPipeline then skips the fix
+    (pipeline_wan.py:79), but Wan I2V, VACE, Animate, SkyReels-V2, Allegro and others call it anyway (diffusers 0.42.1
+    pipeline_wan_vace.py:111): NameError on every prompt.
 
     Example:
         >>> class Pipe:  # a module of ours names no ftfy: nothing to stand in for
@@ -350,11 +340,9 @@ def ftfy_stand_in(pipe: Any) -> list[str]:
 
 
 def tile_where_required(module: Any) -> bool:
-    """Turn tiling on in a VAE that refuses to encode or decode without it; returns whether it did.
-
-    AutoencoderKLAllegro raises "Decoding without tiling has not been implemented yet" (diffusers 0.42.1
-    autoencoder_kl_allegro.py:804 and :841) unless ``enable_tiling()`` was called, as diffusers' Allegro example
-    does. Read from the class's own source, so no class is named here; any other module is left as it is.
+    """Turn tiling on in a VAE that refuses to encode or decode without it (AutoencoderKLAllegro: "Decoding without tiling
+    has not been implemented yet", diffusers 0.42.1 autoencoder_kl_allegro.py:804, :841), read from the class's source;
+    returns whether it did.
 
     Example:
         >>> from diffusers import AutoencoderKL, AutoencoderKLAllegro

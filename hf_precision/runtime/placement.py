@@ -61,10 +61,8 @@ def check_placeable(device: Any, recipe: Any = None) -> None:
 
 
 def same_device(planned: Any, actual: torch.device) -> bool:
-    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it.
-
-    ``torch.device("cuda") != torch.device("cuda:0")``, yet ``.to("cuda")`` lands on the current device (``cuda:0``
-    unless set): an index-less plan means that device, so a correct set-up is not reported as misplaced.
+    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it: an index-less
+    plan means the current device (``.to("cuda")`` lands there though ``cuda != cuda:0``), not a misplacement.
 
     Example:
         >>> same_device("cuda", torch.device("cuda", 0)), same_device("cuda", torch.device("cuda", 1))

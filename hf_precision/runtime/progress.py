@@ -43,10 +43,9 @@ def quiet_progress(pipe: Any) -> Iterator[None]:
 
 
 def quiet_call(pipe: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` for ``pipe(**kwargs)`` with ``clean_caption=False`` where the pipeline would clean captions but
-    cannot here: PixArt, Allegro, Latte (``clean_caption=True`` by default) need Beautiful Soup and ftfy for it, and
-    without them diffusers logs two warnings on every call and turns the cleaning off itself. So the result is the
-    same; only the noise goes. A caller's own ``clean_caption`` is kept, as is everything where the packages exist.
+    """``kwargs`` for ``pipe(**kwargs)`` with ``clean_caption=False`` where the pipeline would clean captions but cannot:
+    PixArt, Allegro and Latte need Beautiful Soup and ftfy for it, and without them diffusers logs two warnings a call
+    and turns it off itself. Same result, less noise; a caller's own ``clean_caption`` is kept.
 
     Example:
         >>> class Pipe:

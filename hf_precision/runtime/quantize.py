@@ -64,10 +64,9 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def module_bytes(module: torch.nn.Module) -> int:
-    """Measured bytes a module holds: every parameter and buffer, persistent or not (RoPE and position tables are
-    memory like the weights), each once; quantized tensors by their storage (data, scales, zero points), with the
-    buffers a backend adds to the layers it quantized (quanto's scales) and bitsandbytes' moved row scales.
-    :func:`hf_precision.plan` counts the same.
+    """Measured bytes a module holds, as :func:`hf_precision.plan` counts them: every parameter and buffer once,
+    persistent or not, quantized tensors by their storage, with the buffers a backend adds (quanto's scales) and
+    bitsandbytes' moved row scales.
 
     Example:
         >>> m = torch.nn.Linear(4, 2)
@@ -102,12 +101,9 @@ def _linears(module: torch.nn.Module) -> list[str]:
 
 
 def kept_layers(module: torch.nn.Module, plan: ComponentPolicy, islands: Iterable[str]) -> list[str]:
-    """The ``nn.Linear`` layers hf_precision keeps out of quantization, and so hands to the backend by name.
-
-    Islands and :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` plus the recipe's ``quantize.keep`` (embedders,
-    the final norm's modulation and projection) as globs under the project's one rule (a module is kept when it or
-    a parent matches), and the model's ``_keep_in_fp32_modules`` (substrings, as diffusers reads them). Norm layers
-    are never ``nn.Linear``; the blocks' adaLN modulation linears are quantized (see ``DEFAULT_KEEP``).
+    """The ``nn.Linear`` layers kept out of quantization (handed to the backend by name): islands,
+    :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` and the recipe's ``quantize.keep`` as globs under the one rule
+    (kept when it or a parent matches), and ``_keep_in_fp32_modules`` as substrings, as diffusers reads them.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -141,12 +137,10 @@ def _unpackable(module: torch.nn.Module, plan: ComponentPolicy) -> list[str]:
 
 
 def _passed(library: str, backend: str, module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> list[str]:
-    """The names handed to the backend for the kept layers, in the form its own matching rule reads.
-
-    diffusers' quanto and bitsandbytes compare child names only (``proj_out`` keeps every block's ``proj_out``): there a
-    layer kept by default (an embedder, the final projection) whose child name also names layers to quantize is
-    left to the backend rather than keeping them all (Flux: 38 single-block ``proj_out`` = 1.8B parameters); islands
-    and ``_keep_in_fp32_modules`` are kept whatever it costs.
+    """The names handed to the backend for the kept layers, in the form its matching rule reads. diffusers' quanto and
+    bitsandbytes compare child names only, so a default-kept layer whose child name also names layers to quantize is
+    left to the backend (Flux: 38 single-block ``proj_out`` = 1.8B parameters); islands and ``_keep_in_fp32_modules``
+    are kept whatever it costs.
     """
     kept = kept_layers(module, plan, islands)
     if not (library == "diffusers" and backend in ("quanto", "bitsandbytes")):

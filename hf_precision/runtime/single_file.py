@@ -79,11 +79,9 @@ def hub_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refuse_unreadable(path: Path, cls: type, name: str, where: str) -> None:
-    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file.
-
-    Some classes inherit ``from_single_file`` but are in no single-file mapping (HunyuanVideoFramepack's
-    transformer: "FromOriginalModelMixin is currently only compatible with ..."), which diffusers finds by
-    subclass (loaders/single_file_model.py); asked the same way here.
+    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file: it inherits
+    ``from_single_file`` but is in no mapping (HunyuanVideoFramepack's transformer), asked by subclass as diffusers
+    does (loaders/single_file_model.py).
 
     Example:
         >>> import torch
@@ -168,10 +166,8 @@ def _convert(cls: type, config: Mapping[str, Any], tensors: Mapping[str, Any], e
 
 
 def denoiser_layout(path: Path, model: Any, name: str, where: str, header: Mapping[str, Any] | None = None) -> str:
-    """``"diffusers"`` or ``"original"``: the key layout of a single-file denoiser, checked from its header against
-    ``model`` (the base's denoiser, on the meta device is enough; ``header``: the file's, when the caller read it). A
-    file of another class or size, or one missing tensors, is a ``RecipeError`` naming the file, what was expected
-    and the fix.
+    """``"diffusers"`` or ``"original"``: a single-file denoiser's key layout, checked from its ``header`` against
+    ``model`` (the base's denoiser; meta is enough); another class or size, or missing tensors, is a ``RecipeError``.
 
     Example:
         >>> import tempfile, torch, safetensors.torch
