@@ -223,13 +223,9 @@ def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[lis
 
 
 def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport:
-    """Run one tiny pipeline call with recording hooks and report every dtype and device problem, each with its fix.
-
-    Reported: leaf modules whose floating input differs in dtype or device from their parameters; float32 islands of
-    the applied recipe that are float32 no more (after ``pipe.to(torch.float16)``); components that drifted from the
-    plan; the casts the boundary hooks made; and a mismatch the call raised, explained. A plain diffusers pipeline gets
-    the runtime checks only. ``call(pipe)`` defaults to :func:`default_call` (a RecipeError where none is known). Hooks
-    are removed afterwards, also on error. Returns a :class:`CheckReport` (``ok``, ``exit_code``, the findings).
+    """Run one tiny pipeline call with recording hooks and report every dtype and device problem (the findings of this
+    module), each with its fix; a plain diffusers pipeline gets the runtime checks only. ``call(pipe)`` defaults to
+    :func:`default_call`. Hooks come off afterwards, also on error.
 
     Example:
         >>> import torch

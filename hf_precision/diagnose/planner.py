@@ -56,11 +56,9 @@ class ModuleRow:
 
 @dataclasses.dataclass
 class PlannedComponent:
-    """One component of a :class:`Plan`.
-
-    ``bytes_by_dtype`` maps a canonical dtype name to the bytes of the parameters and buffers (persistent or not)
-    planned in it; ``fp32_bytes`` is what the same tensors take in float32 (plain ``from_pretrained`` without a
-    dtype; integer buffers at their own size). ``params`` counts parameters only.
+    """One component of a :class:`Plan`: ``bytes_by_dtype`` (canonical dtype -> bytes of its parameters and buffers,
+    persistent or not), ``fp32_bytes`` (the same in float32, as plain ``from_pretrained``; integer buffers at their own
+    size) and ``params`` (parameters only).
     """
 
     name: str
@@ -217,18 +215,14 @@ def _wrap(text: str, indent: str) -> list[str]:
 
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
          overrides: Any = None, modules: bool = False, force: bool = False, base: str | Path | None = None) -> Plan:
-    """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
+    """Plan a pipeline from its configs (no download, no allocation): per component, parameters, bytes per dtype,
+    float32 modules and why, for ``device`` (a preset such as ``"t4"``, a present device, or ``"cuda:sm75"``).
 
-    Nothing is downloaded or allocated: each component is built on the meta device from its ``config.json`` and each
-    parameter counted in the dtype :func:`~hf_precision.apply_recipe` would give it for ``device`` (a preset such as
-    ``"t4"``, a present device, or a description such as ``"cuda:sm75"``; default the best present one).
-    ``name_or_path``: a recipe alias (configs in ``hf_precision/model_configs/``), a shipped folder's name or Hub
-    id, a local folder of ``model_index.json`` and configs (no weights needed), or another Hub id (JSON files only).
-    ``recipe``, ``overrides`` and ``force`` are ``load_pipeline``'s; ``modules=True`` also lists every module
-    (``hf-precision plan --modules``); ``base``: with a single ``.safetensors`` or GGUF file, what holds the rest, as
-    ``load_pipeline(file, base=...)`` (a GGUF denoiser is counted from its tensor types, exactly as it loads). A
-    ``keep_fp32`` pattern matching no module, or an unknown name, recipe or device, is a RecipeError. Print the
-    returned :class:`Plan` for a table; ``to_json()`` carries exact byte counts.
+    ``name_or_path``: a recipe alias (configs in ``hf_precision/model_configs/``), a shipped folder's name or Hub id, a
+    local folder of ``model_index.json`` and configs, or another Hub id (JSON files only). ``recipe``, ``overrides``,
+    ``force`` and ``base`` are ``load_pipeline``'s (a GGUF denoiser counted from its tensor types, as it loads);
+    ``modules=True`` lists every module. An unknown name, recipe or device, or a ``keep_fp32`` pattern matching no
+    module, is a RecipeError.
 
     Example:
         >>> p = plan("sdxl", device="t4")

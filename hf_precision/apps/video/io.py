@@ -1,10 +1,6 @@
-"""Jobs and outputs of the video program: which clips to make from ``--image``/``--prompt(s)``/``--out``, and
-writing them.
-
-Every input and output is checked here before any model is loaded. Outputs are written to a temporary file next to
-the target and renamed, so a failed or interrupted run never leaves half a video behind.
-
-Nothing heavy is imported at module import time: PIL, numpy and imageio are imported inside the functions.
+"""Jobs and outputs of the video program: which clips to make from ``--image``/``--prompt(s)``/``--out``, and writing
+them. Everything is checked before any model loads; outputs are written to a temporary file and renamed, so a
+failed run never leaves half a video. PIL, numpy and imageio are imported inside the functions.
 """
 
 from __future__ import annotations

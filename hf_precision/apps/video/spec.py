@@ -73,10 +73,8 @@ class VideoRow:
 
 
 def video_row(recipe: str | Mapping[str, Any], pipeline: str | None = None) -> VideoRow:
-    """The :class:`VideoRow` of a recipe: a shipped name, a user's YAML path or a composed recipe's data.
-
-    Its ``video:`` block (checked with the recipe) over devices.yaml's; ``other`` when it has none. ``pipeline``: the
-    class it is for, whose entry under the block's ``classes:`` holds over the rest.
+    """The :class:`VideoRow` of a recipe (a shipped name, a YAML path or a composed recipe's data): its ``video:`` block
+    over devices.yaml's (``other`` without one), the ``classes:`` entry for ``pipeline`` over the rest.
 
     Example:
         >>> i2v = video_row("kandinsky5", "Kandinsky5I2VPipeline")
