@@ -98,9 +98,8 @@ def steps_problem(pipe_or_class: Any, steps: int, strength: float | None = None)
 
 
 def fewest_steps(cls: Any, steps: int, strength: Any) -> int | None:
-    """The fewest steps from ``steps`` up at which the image-to-image class ``cls`` denoises at least one step at
-    ``strength`` (:func:`_denoised`): ``steps`` itself when they do, or when no count is known (no strength in
-    (0, 1], no ``get_timesteps``); None when no count within ``1 / strength`` more steps does.
+    """The fewest steps from ``steps`` up at which image-to-image class ``cls`` denoises one at ``strength``
+    (:func:`_denoised`): ``steps`` when they do or no count is known; None when none within ``1 / strength`` more does.
 
     Example:
         >>> from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionXLPipeline
@@ -117,9 +116,8 @@ def fewest_steps(cls: Any, steps: int, strength: Any) -> int | None:
 
 
 def call_params(cls: Any, method: str = "__call__") -> Mapping[str, Any]:
-    """The parameters of a pipeline's ``__call__`` (or of another of its methods: ``"encode_prompt"``), for a
-    pipeline class, an instance, or the name of a diffusers class; empty when there is no such class or method or its
-    signature cannot be read. The one reader of what a pipeline is called with.
+    """The parameters of a pipeline's ``__call__`` (or another method: ``"encode_prompt"``), for a class, an instance or a
+    diffusers class name; empty where it cannot be read. The one reader of what a pipeline is called with.
 
     Example:
         >>> "strength" in call_params("StableDiffusionImg2ImgPipeline"), call_params("NoSuchPipeline")

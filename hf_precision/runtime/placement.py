@@ -39,9 +39,8 @@ def torch_device(spec: Any, what: str) -> torch.device:
 
 
 def check_placeable(device: Any, recipe: Any = None) -> None:
-    """Each device of ``device`` (one, or a mapping component -> device) is one tensors can be placed on here
-    (:func:`torch_device`). With a resolved :class:`Recipe`, whose dtypes are fixed, the fix named for a device this
-    machine lacks is a present device, not ``layout=`` (which a resolved Recipe refuses).
+    """Each device of ``device`` (one, or component -> device) is one tensors can be placed on here (:func:`torch_device`);
+    for a resolved :class:`Recipe` (fixed dtypes) the fix named for a missing device is a present one, not ``layout=``.
 
     Example:
         >>> check_placeable({"unet": "cpu", "default": None})

@@ -70,9 +70,8 @@ def tiny_pipelines(*extra: str | os.PathLike[str]) -> TinyPipelines:
 
 
 def make_pipeline(name: str, size: str | Mapping[str, Any] = "tiny", seed: int = 0) -> Any:
-    """Build the tiny float32 pipeline registered as ``name``, in eval mode, progress bar off, ready to call.
-
-    ``size`` is ``"tiny"``, for the ``core`` rows a preset (``"mid"``), or a dict of config overrides.
+    """Build the tiny float32 pipeline registered as ``name`` (eval mode, progress bar off) at ``size``, as
+    :meth:`TinyPipeline.make` takes it.
 
     >>> make_pipeline("sdxl", size={"unet": {"in_channels": 9}}).unet.config.in_channels
     9

@@ -71,10 +71,8 @@ class SizeLimits:
 
 def size_limits(index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]], denoiser: str, *,
                 spatial: int, temporal: int, patch: int, init_default: Any) -> SizeLimits:
-    """The :class:`SizeLimits` of a model from ``model_index.json`` and its component configs (nothing loaded).
-
-    ``spatial``/``temporal``: the VAE's compression; ``patch``: the denoiser's spatial patch; ``init_default(spec,
-    key)``: the class default of a key a config leaves out.
+    """The :class:`SizeLimits` of a model from ``model_index.json`` and its configs (nothing loaded). ``spatial`` and
+    ``temporal``: the VAE's factors; ``patch``: the denoiser's; ``init_default(spec, key)``: a key's class default.
 
     Example:
         >>> idx = {"unet": ["diffusers", "UNetMotionModel"]}
