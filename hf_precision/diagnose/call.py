@@ -38,11 +38,9 @@ def frames_argument(params: Any) -> str | None:
 
 
 def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
-    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2),
-    not to height x width, and resizes its input image to a ~1 MP training size unless ``_auto_resize=False``
-    (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so ``--height 32 --width 32`` ran at 1024 pixels; the
-    input image is given at the asked size instead. Empty without a full size asked; `check`'s default call and
-    `calibrate` both ask it.
+    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2) and
+    resizes its input to ~1 MP unless ``_auto_resize=False`` (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so
+    ``--height 32 --width 32`` ran at 1024; the image is given at the asked size instead. Empty without a full size.
 
     Example:
         >>> from PIL import Image
@@ -65,10 +63,8 @@ def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None
 
 
 def sized_inputs(params: Any, inputs: dict[str, Any], size: tuple[int | None, int | None]) -> dict[str, Any]:
-    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and
-    width: SD and SDXL image-to-image make a picture of the input's size (rounded down to the VAE's multiple), so the
-    size asked is the size made; a call that takes them resizes its inputs itself (inpainting) or fits an area
-    (Kontext: :func:`~hf_precision.diagnose.call.fitted_to_area`). Unchanged without a full size.
+    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and width
+    (SD/SDXL img2img make the input's size), so the size asked is the size made. Unchanged without a full size.
 
     Example:
         >>> from PIL import Image
@@ -142,11 +138,9 @@ def _side(pipe: Any) -> int:
 
 
 def _fewest_steps(pipe: Any) -> int:
-    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart or whose scheduler cannot take 1 step.
-
-    pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
-    meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
-    source, so no pipeline class is named here. The scheduler is asked as well (:func:`schedulable`).
+    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart or whose scheduler cannot take 1 step
+    (:func:`schedulable`): pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` at one step,
+    an IndexError with its own DPM-Solver. Read from the source, naming no class.
     """
     from ..runtime.patches import upstream_source
 
@@ -278,11 +272,10 @@ def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
 
 
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
-    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*(n-1)+1 for the
-    fewest latent count n above 1 its recipe does not refuse, stepped as the video program steps it:
-    :func:`~hf_precision.recipe.frames.nearest_latent_frames`; Kandinsky 5 I2V's NaN frames below 5 latent frames), a
-    Latte transformer's fixed ``video_length`` (``config``: the denoiser's), else 2 (a frame-wise VAE: SVD,
-    AnimateDiff)."""
+    """The fewest frames a video pipeline takes: ``t*(n-1)+1`` for its VAE's temporal factor t and the fewest latent
+    count n above 1 its recipe does not refuse (:func:`~hf_precision.recipe.frames.nearest_latent_frames`), a Latte
+    denoiser's fixed ``video_length`` (``config``), else 2 (a frame-wise VAE: SVD, AnimateDiff).
+    """
     if config.get("video_length"):
         return int(config["video_length"])
     for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
@@ -332,10 +325,9 @@ def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any
 
 
 def default_negative_prompt(pipe: Any) -> str | None:
-    """The negative prompt a command's call passes when none is given: the shipped recipe's ``video.negative_prompt``
-    for the pipeline's class, else None (none passed: the pipeline's own default). EasyAnimate's call iterates a None
-    negative prompt under guidance (diffusers v0.42.1 pipeline_easyanimate.py:347-362: TypeError), so its recipe
-    gives ''.
+    """The negative prompt a command passes when none is given: the shipped recipe's ``video.negative_prompt`` for the
+    class, else None. EasyAnimate's call iterates a None one under guidance (diffusers v0.42.1
+    pipeline_easyanimate.py:347-362: TypeError), so its recipe gives ''.
 
     Example:
         >>> from types import SimpleNamespace
@@ -348,17 +340,12 @@ def default_negative_prompt(pipe: Any) -> str | None:
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
-    Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
-    ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
-    (and a mask) with ``strength=1``. Video pipelines get the fewest frames their VAE takes (Wan: 5) and, where they
-    take one, an input clip. Outputs are numpy (``output_type="np"``). The steps are 2 where 1 cannot run
-    (:func:`_fewest_steps`). ``inputs`` (``image``, ``mask_image``, ``strength``: a user's, as
-    :func:`~hf_precision.diagnose.inputs.image_inputs` returns them) replace the made-up ones, at the call's size;
-    a ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4).
-
-    Raises:
-        RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
-            ``call=lambda pipe: pipe(...)`` to :func:`check`.
+    A prompt (``"check"``), else SVD's small image and 2 frames, else DiT's ``class_labels=[1]``; img2img and inpainting
+    get an image (and mask) at ``strength=1``, video the fewest frames their VAE takes and an input clip where they take
+    one; numpy output; 2 steps where 1 cannot run (:func:`_fewest_steps`). ``inputs`` (a user's ``image``,
+    ``mask_image``, ``strength``: :func:`~hf_precision.diagnose.inputs.image_inputs`) replace the made-up ones, and a
+    ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4). RecipeError for a call that
+    takes no prompt, image or class labels: pass ``call=lambda pipe: pipe(...)`` to :func:`check`.
     """
     import torch
 

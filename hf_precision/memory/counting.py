@@ -1,10 +1,8 @@
 """Counting the bytes of the tensors a forward makes on torch's ``meta`` device (shapes, no storage).
 
-A ``TorchDispatchMode`` adds up the bytes of every tensor the ops create and subtracts them when Python frees the
-tensor: its high-water mark is the activation peak of that forward, with the same code path diffusers runs. Attention
-is counted as a fused kernel (flash / memory-efficient SDPA: the output, not the score matrix), which is what
-``F.scaled_dot_product_attention`` runs on CUDA and on CPU. Every per-phase peak of :mod:`hf_precision.memory.peaks`
-and :mod:`hf_precision.memory.train_step` counts with it.
+A ``TorchDispatchMode`` adds every tensor the ops create and subtracts it when Python frees it: the high-water mark
+is the forward's activation peak, on diffusers' own code path. Attention counts as a fused kernel (the output, not
+the score matrix), as ``F.scaled_dot_product_attention`` runs on CUDA and CPU.
 """
 
 from __future__ import annotations
@@ -137,9 +135,9 @@ class _LiveBytes:
 
 def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
     """Transient bytes PyTorch's CPU conv3d takes beyond its output (aten/src/ATen/native/Convolution.cpp,
-    ``ConvParams::use_mkldnn``): float32 with ``N*C*D*H <= 20480`` and a kernel of at most 3x3 runs ``slow_conv3d``,
-    which unfolds the input into a (C_in*kD*kH*kW) x (output voxels) column buffer; otherwise oneDNN, which reorders
-    a copy of the input."""
+    ``ConvParams::use_mkldnn``): float32 with ``N*C*D*H <= 20480`` and a kernel up to 3x3 runs ``slow_conv3d``, whose
+    column buffer is (C_in*kD*kH*kW) x (output voxels); otherwise oneDNN reorders a copy of the input.
+    """
     x, w = args[0], args[1]
     if x.dim() != 5 or x.dtype.itemsize != 4:
         return 0
@@ -155,9 +153,8 @@ def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
 @contextlib.contextmanager
 def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
-
-    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
-    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
+    ``grad=True`` keeps autograd on, so what a forward saves for backward and the gradients count too (the training
+    plan's step peak).
 
     Example:
         >>> import torch

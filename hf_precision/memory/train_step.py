@@ -1,11 +1,10 @@
 """The activations of one training step of a denoiser, counted on torch's ``meta`` device with autograd on.
 
-What the forward saves for backward stays alive until backward frees it, and backward's gradients are added
-(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call is built by the training layer's
-family row and the LoRA injected by the layer's own functions, so the count follows the code path of the real step
-(gradient checkpointing changes what is saved, and is counted as such); an fp8-stored denoiser is stored on meta as
-the loader stores it, and the compute-dtype copies autograd keeps of its weights are counted apart
-(:func:`held_fp8_copies`). The training plans (one process, per rank) call these.
+What the forward saves stays alive until backward frees it, and backward's gradients add
+(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call comes from the training layer's
+family row and the LoRA from its own functions, so the count follows the real step (checkpointing included); an
+fp8-stored denoiser is stored on meta as the loader stores it, its autograd copies counted apart
+(:func:`held_fp8_copies`).
 """
 
 from __future__ import annotations
@@ -46,11 +45,10 @@ def cast_floats(value: Any, dtype: Any, key: str = "") -> Any:
 def held_fp8_copies() -> Iterator[dict[int, int]]:
     """Count the compute-dtype copies of fp8 weights that autograd saves for backward: storage -> bytes.
 
-    An fp8-stored layer that gradients pass through computes from ``weight.to(compute)``
-    (:func:`hf_precision.runtime.patches.upcast_on_use`); autograd saves that copy for the input's gradient (a
-    Linear's or Conv's weight is saved when its input requires grad), so it lives until backward frees it. The
-    copies are the outputs of ``_to_copy`` from a float8 tensor (activations never are float8); a saved tensor on
-    one of their storages (the copy, or its transpose) is held. Works on the meta device and on real tensors.
+    A layer gradients pass through computes from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`), saved for the input's gradient until backward. Such copies
+    are ``_to_copy`` outputs from float8 (activations never are); a saved tensor on their storage (the copy or its
+    transpose) is held. Meta or real tensors.
 
     Example:
         >>> import torch
