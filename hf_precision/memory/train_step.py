@@ -133,7 +133,10 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
 
 # torch's own words when an op needs values a meta tensor does not have (.item(), .tolist(), nonzero, boolean
 # indexing). Anything else raised on meta (a device mix-up, a shape error) is a defect to show, not a model to refuse.
-_NO_VALUES = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-independent implementation")
+# torch's words for a value read on meta; an op whose output size is its input's values (bincount, nonzero-like ops)
+# has no meta kernel at all: "no fake impl or Meta kernel registered"
+_NO_VALUES = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-independent implementation",
+              "no fake impl or Meta kernel registered")
 
 
 def reads_values(err: BaseException) -> bool:
@@ -144,6 +147,11 @@ def reads_values(err: BaseException) -> bool:
         >>> try:
         ...     torch.empty(2, device="meta").sum().item()
         ... except RuntimeError as err:
+        ...     reads_values(err)
+        True
+        >>> try:
+        ...     torch.bincount(torch.zeros(3, dtype=torch.long, device="meta"))
+        ... except NotImplementedError as err:
         ...     reads_values(err)
         True
         >>> reads_values(RuntimeError("Expected all tensors to be on the same device, but found meta and cpu"))
