@@ -74,7 +74,7 @@ def _planned(args: argparse.Namespace, flag: str) -> tuple[Any, str, dict[str, A
     if problem:
         raise RecipeError(f"{flag}: {problem}")
     _, index, configs = configs_of(args.model)
-    check_trainable(index, configs)
+    check_trainable(index, configs, fed=True)  # the plan reads no data: `train` checks what the data gives
     return handler, args.layout or args.device or "cuda", index
 
 

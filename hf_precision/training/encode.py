@@ -84,7 +84,7 @@ def _folded(tp: Any, raw: torch.Tensor) -> torch.Tensor:
 
 
 def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
-                     generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                     generator: torch.Generator | None = None, **given: Any) -> dict[str, torch.Tensor]:
     """``{"condition_latents": ..., "image_embeds": ...}``: the channels the denoiser takes beyond the noisy latents
     (an inpainting mask and masked image, an image-to-video model's first frame), built from the training sample's
     own ``pixels`` as the row's condition builder for this pipeline class builds them (recipes/denoisers.yaml
@@ -92,6 +92,9 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
     pipeline's own method, the row's ``image_encode``: Wan 2.1 I2V, SVD; :mod:`.image_embeds`); ``latents`` are
     those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that takes
     neither. Raises naming the pipeline where its denoiser takes channels or an embedding nothing here makes.
+    ``given``: inputs of the pipeline's ``__call__`` beside the sample, by its names, for a builder that makes the
+    conditioning from them (Wan Animate's ``image``, ``pose_video``, ``face_video``:
+    :mod:`.inputs.wan_animate_reference`, which also hands back ``latents`` with the reference's frame first).
 
     Example:
         >>> import hf_precision as hp
@@ -111,7 +114,7 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
     name = denoiser_rows.condition_made(row, module, tp.pipe)
     if name is not None:
         with torch.no_grad():
-            made = CONDITIONS[name](tp, pixels, latents, generator)
+            made = CONDITIONS[name](tp, pixels, latents, generator, **given)
         # a builder returns the channels, or the batch entries of a denoiser that takes them as arguments of their own
         out = {k: v.float() for k, v in made.items()} if isinstance(made, dict) else {"condition_latents": made.float()}
     return {**out, **encode_image_embeds(tp, row, pixels)}

@@ -231,14 +231,15 @@ class TrainingSetup:
         return encode_images(self, pixels, generator, mode)
 
     def encode_condition(self, pixels: torch.Tensor, latents: torch.Tensor,
-                         generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+                         generator: torch.Generator | None = None, **given: Any) -> dict[str, torch.Tensor]:
         """What the denoiser takes beyond the noisy latents, built from the sample's ``pixels`` (and their
         ``latents``) as the pipeline builds it at inference: ``{"condition_latents": ...}`` (an inpainting mask and
         masked image, an image-to-video model's first frame), ``{}`` for most denoisers. Add it to the batch:
-        ``batch.update(tp.encode_condition(pixels, batch["latents"]))``."""
+        ``batch.update(tp.encode_condition(pixels, batch["latents"]))``. ``given``: the pipeline's own inputs its
+        builder makes them from (Wan Animate: ``image=``, ``pose_video=``, ``face_video=``, as its ``__call__``)."""
         from .encode import encode_condition
 
-        return encode_condition(self, pixels, latents, generator)
+        return encode_condition(self, pixels, latents, generator, **given)
 
     def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
         """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict.

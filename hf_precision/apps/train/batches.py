@@ -39,8 +39,9 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
     # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
     # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
     refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
-            "image_embeds", "image_latents", "first_frame_latents") if all(k in f for f in found)}  # and an I2V
-    # model's encodings of the first frame: its image embedding, I2VGen-XL's image latents, HunyuanVideo I2V's
+            "image_embeds", "image_latents", "first_frame_latents", "pose_latents", "face_pixel_values")
+            if all(k in f for f in found)}  # and an I2V model's encodings of the first frame: its image embedding,
+    # I2VGen-XL's image latents, HunyuanVideo I2V's; Wan Animate's pose latents and face video
     if all(draws.KEY in f for f in found):
         refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
@@ -166,8 +167,9 @@ def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any
         out = {"latents": run.tp.encode_images(pixels)}
         if drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
             out.update(encode_draws(run.tp, pixels, out["latents"], count or DRAWS))
-        else:
-            out.update(run.tp.encode_condition(pixels, out["latents"]))
+        else:  # Wan Animate's conditioning comes from the clip's reference, pose and face videos (and hands back
+            # the latents with the reference's frame first: training.inputs.wan_animate_reference)
+            out.update(run.tp.encode_condition(pixels, out["latents"], **run.data.animate_inputs(i)))
         # a first-frame edit model's reference is already its clip's first frame (references.edit_clip)
         reference = None if run.data.frames else run.data.reference_pixels([i])
         if reference is not None:

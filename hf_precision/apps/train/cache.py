@@ -74,14 +74,16 @@ class EncodingCache:
 
 def sample_parts(sample: Any) -> tuple[Any, ...]:
     """What identifies a sample's pixels: path, size and mtime of the file, its bucket and frames; and of its
-    reference image when it has one (an edit dataset: an edited reference is encoded again)."""
+    reference image when it has one (an edit dataset: an edited reference is encoded again), and of Wan Animate's
+    pose and face videos."""
     st = Path(sample.path).stat()
-    parts = str(Path(sample.path).resolve()), st.st_size, st.st_mtime_ns, sample.bucket, sample.frames
-    ref = getattr(sample, "reference", None)
-    if ref is None:
-        return parts
-    rs = Path(ref).stat()
-    return (*parts, "reference", str(Path(ref).resolve()), rs.st_size, rs.st_mtime_ns)
+    parts: tuple[Any, ...] = str(Path(sample.path).resolve()), st.st_size, st.st_mtime_ns, sample.bucket, sample.frames
+    for key in ("reference", "pose", "face"):
+        path = getattr(sample, key, None)
+        if path is not None:
+            rs = Path(path).stat()
+            parts = (*parts, key, str(Path(path).resolve()), rs.st_size, rs.st_mtime_ns)
+    return parts
 
 
 def tp_device(tp: Any) -> Any:

@@ -165,14 +165,19 @@ class Resumed(NamedTuple):
 
 def data_list(data: Any) -> list[str]:
     """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket (and
-    its reference's file and size)."""
+    the file and size of each file it trains beside: its reference, its pose and face videos)."""
     def name(path: Path) -> str:
         return str(path.relative_to(data.folder) if path.is_relative_to(data.folder) else path)
 
-    # an edit dataset's reference is part of the sample: another reference is other data
+    # an edit dataset's reference (Wan Animate's reference, pose and face videos) is part of the sample: another is
+    # other data
     return [f"{name(s.path)}|{s.path.stat().st_size}|{s.bucket[0]}x{s.bucket[1]}"
-            + (f"|{name(s.reference)}|{s.reference.stat().st_size}" if getattr(s, "reference", None) else "")
-            for s in data.samples]
+            + "".join(f"|{name(p)}|{p.stat().st_size}" for p in _beside(s)) for s in data.samples]
+
+
+def _beside(sample: Any) -> list[Path]:
+    """The files a sample trains with beside its own: an edit dataset's reference, Wan Animate's three inputs."""
+    return [p for p in (getattr(sample, k, None) for k in ("reference", "pose", "face")) if p is not None]
 
 
 def check_resume(settings: Any, data: Any, checkpoints: Checkpoints, keys: tuple[str, ...]) -> Resumed | None:

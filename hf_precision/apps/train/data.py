@@ -23,6 +23,7 @@ from typing import Any
 
 from ...errors import RecipeError, excerpt
 from ..video.limits import SizeLimits
+from .animate import animates, attach_animate
 from .images import IMAGE_SUFFIXES, file_problem, open_image
 from .references import attach_references, check_pairs, edit_clip, find_references
 
@@ -205,7 +206,8 @@ def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -
 @dataclasses.dataclass(frozen=True)
 class Sample:
     """One training example: its file, caption, size as stored (w, h), frames (clips), bucket (w, h) and, in an edit
-    dataset, the reference image it was edited from (:mod:`.references`)."""
+    dataset, the reference image it was edited from (:mod:`.references`); for Wan Animate, the clip's character
+    image (``reference``), pose video and face video (:mod:`.animate`)."""
 
     path: Path
     caption: str
@@ -213,6 +215,8 @@ class Sample:
     bucket: tuple[int, int]
     frames: int = 0
     reference: Path | None = None
+    pose: Path | None = None
+    face: Path | None = None
 
 
 # --------------------------------------------------------------------------------------------- reading the folder
@@ -460,7 +464,8 @@ class TrainData:
 
         samples = [self.samples[i] for i in indices]  # an edit pair of a first-frame edit model: its clip (.references)
         return torch.stack([edit_clip(to_pixels(dataclasses.replace(s, path=s.reference)), to_pixels(s), self.frames)
-                            if s.reference and self.frames else to_pixels(s, self.frames) for s in samples])
+                            if s.reference and self.geometry.first_frame_edit else to_pixels(s, self.frames)
+                            for s in samples])
 
     def captions(self, indices: Sequence[int]) -> list[str]:
         return [self.samples[i].caption for i in indices]
@@ -472,6 +477,20 @@ class TrainData:
         refs = [self.samples[i] for i in indices]
         return None if any(s.reference is None for s in refs) else \
             torch.stack([to_pixels(dataclasses.replace(s, path=s.reference)) for s in refs])
+
+    def animate_inputs(self, i: int) -> dict[str, Any]:
+        """Sample ``i``'s Wan Animate inputs as its pipeline's ``__call__`` takes them (``image``, ``pose_video``,
+        ``face_video``: PIL), the pose video scaled and cropped to the clip's bucket as the clip is (the skeleton
+        stays on the body), the face video and the image as stored (the pipeline sizes them); ``{}`` without."""
+        from PIL import Image
+
+        s = self.samples[i]
+        if s.pose is None or s.face is None or s.reference is None:
+            return {}
+        pose = ((to_pixels(dataclasses.replace(s, path=s.pose), self.frames) + 1.0) * 127.5).round().clamp(0, 255)
+        return {"image": open_image(s.reference),
+                "pose_video": [Image.fromarray(f.byte().permute(1, 2, 0).numpy()) for f in pose.unbind(1)],
+                "face_video": [Image.fromarray(f) for f in _read_clip(s.face, self.frames)]}
 
     def reference_image(self, i: int) -> Any:
         """Sample ``i``'s reference as a PIL image at its target's bucket (the pixels its reference latents come
@@ -503,6 +522,8 @@ def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, fra
     look = dataclasses.replace(geometry, video=False) if pairs else geometry
     items = list_items(data, video=look.video, caption_ext=caption_ext, caption_column=caption_column, caption=caption)
     samples = inspect_items(items, look, resolution, frames)
+    if animates(geometry.pipeline):  # Wan Animate: each clip's reference, pose and face videos (.animate)
+        samples = attach_animate(Path(data).expanduser(), samples, reference_column, reference_dir, _read_clip)
     found = find_references(data, [p for p, _ in items], reference_column, reference_dir)
     samples = attach_references(samples, found) if found else samples
     check_pairs(geometry, Path(data), samples, resolution, frames)

@@ -51,11 +51,13 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
     return expert_train(train, index, s.expert), extra
 
 
-def check_trainable(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
+def check_trainable(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]] | None = None,
+                    fed: bool = False) -> None:
     """Refuse, from the folder's model_index (and its components' ``configs`` where given), a model the program
     cannot train: no denoiser row, a conditioning it cannot make, latents that do not come from a ``vae``, or input
     channels beyond the latents that no condition builder makes for this pipeline. ``train`` and ``train --plan``
-    both ask, before any weight loads.
+    both ask, before any weight loads. ``fed``: the data gives the inputs its recipe's ``unfed_inputs`` names (Wan
+    Animate's reference, pose and face videos: :mod:`.animate`); without them that text is the refusal.
 
     Example:
         >>> check_trainable({"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "UNet2DConditionModel"],
@@ -65,7 +67,7 @@ def check_trainable(index: dict[str, Any], configs: Mapping[str, Mapping[str, An
     _check_conditioning(index)
     _check_latents(index)
     if configs is not None:
-        _check_condition_builder(index, configs)
+        _check_condition_builder(index, configs, fed)
 
 
 def _models(index: dict[str, Any]) -> list[tuple[str, str, Any]]:
@@ -101,10 +103,11 @@ def _check_family(index: dict[str, Any]) -> None:
                       f"(docs/training.md, \"A new family\"); rows exist for {', '.join(sorted(ROWS))}")
 
 
-def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> None:
+def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]], fed: bool) -> None:
     """Refuse, from the denoiser's config, a pipeline whose denoiser takes channels beyond the latents (inpainting's
     mask, an image-to-video model's first frame) that no condition builder of its row makes, or an image embedding
-    its row names no pipeline method for: the training step would refuse it only after the weights had loaded."""
+    its row names no pipeline method for: the training step would refuse it only after the weights had loaded.
+    A pipeline whose recipe names ``unfed_inputs`` is refused with that text unless the data is ``fed``."""
     import diffusers
 
     from ...recipe.catalog import shipped_video
@@ -112,6 +115,9 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
     from ...training.image_embeds import image_encode_of
 
     pipeline = getattr(diffusers, str(index.get("_class_name")), None)
+    unfed = shipped_video(pipeline).get("unfed_inputs") if isinstance(pipeline, type) else None
+    if unfed and not fed:  # data the program reads only where the data folder gives it (Wan Animate: .animate)
+        raise RecipeError(f"--model: {pipeline.__name__}: {unfed}")
     for name, cls_name, row in _models(index):
         if row is None or not isinstance(pipeline, type):
             continue
@@ -121,9 +127,8 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
             if condition_channels(row, stand_in):
                 condition_of(row, stand_in, pipeline)
             image_encode_of(row, stand_in, pipeline)  # an image embedding no listed method makes for this pipeline
-        except RecipeError as err:  # the training layer's TrainingError, said as the program's, or the recipe's
-            unfed = shipped_video(pipeline).get("unfed_inputs")  # data no flag of this program reads (Wan Animate)
-            raise RecipeError(f"--model: {f'{pipeline.__name__}: {unfed}' if unfed else err}") from None
+        except RecipeError as err:  # the training layer's TrainingError, said as the program's
+            raise RecipeError(f"--model: {err}") from None
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:
@@ -270,11 +275,14 @@ def prepare_run(s: TrainSettings) -> Run:
                      caption_column=s.caption_column, caption=s.caption, reference_column=s.reference_column,
                      reference_dir=s.reference_dir)
     train, extra = _train_parts(s, index)
-    check_trainable(index, configs)
+    check_trainable(index, configs, fed=any(x.pose is not None for x in data.samples))
+    from .animate import animates
     from .references import check_reference_family
 
-    # a first-frame edit model's references are its pairs (check_pairs), not inputs its call lacks
-    check_reference_family(index, not geometry.first_frame_edit and any(x.reference is not None for x in data.samples))
+    # a first-frame edit model's references are its pairs (check_pairs), Wan Animate's its character images (.animate),
+    # not inputs its call lacks
+    check_reference_family(index, not geometry.first_frame_edit and not animates(geometry.pipeline)
+                           and any(x.reference is not None for x in data.samples))
     from ...training.methods import method_of
 
     problem = method_of(s.method).data_problem(s, data.samples)
