@@ -139,13 +139,34 @@ def _ref_refiner(pipe, pixels, latents, gen):  # the sample is its own input ima
     return cond  # (B, C, 1, h, w): the frame axis its transformer patches
 
 
+def _animate_inputs(pixels):
+    """Wan Animate's __call__ inputs for a sample (beside it, not made from it by the pipeline): its first frame as
+    the character image, its frames as the pose video, and 16x16 (motion_encoder_size) of them as the face video."""
+    from hf_precision.training.image_embeds import pil_frames
+
+    frames = [pil_frames(pixels[:, :, k])[0] for k in range(pixels.shape[2])]
+    return {"image": frames[0], "pose_video": frames, "face_video": [f.resize((16, 16)) for f in frames]}
+
+
+def _ref_animate(pipe, pixels, latents, gen):  # __call__ :974, :1028, :1082-1098, its first segment
+    height, width, cpu = *pixels.shape[-2:], torch.device("cpu")
+    image = pipe.vae_image_processor.preprocess(_animate_inputs(pixels)["image"], height=height, width=width,
+                                                resize_mode="fill")
+    reference = pipe.prepare_reference_image_latents(image, 1, generator=gen, device=cpu)
+    previous = pipe.prepare_prev_segment_cond_latents(None, batch_size=1, segment_frame_length=pixels.shape[2],
+                                                      start_frame=0, height=height, width=width, generator=gen,
+                                                      device=cpu)
+    return torch.cat([reference, previous], dim=2)
+
+
+GIVEN = {"WanAnimatePipeline": _animate_inputs}  # inputs of __call__ a builder makes the channels from
 REFERENCES = {"StableDiffusionInpaintPipeline": _ref_inpaint, "StableDiffusionXLInpaintPipeline": _ref_inpaint,
               "FluxFillPipeline": _ref_fill, "WanImageToVideoPipeline": _ref_wan, "StableVideoDiffusionPipeline": _ref_svd,
               "CogVideoXImageToVideoPipeline": _ref_cogvideox, "HunyuanVideoImageToVideoPipeline": _ref_hunyuan,
               "HunyuanVideo15Pipeline": _ref_zeros, "StableDiffusionUpscalePipeline": _ref_upscale,
               "Kandinsky5I2VPipeline": _ref_kandinsky5,
               "SkyReelsV2ImageToVideoPipeline": _ref_wan, "HunyuanImageRefinerPipeline": _ref_refiner,
-              "ChronoEditPipeline": _ref_wan}
+              "ChronoEditPipeline": _ref_wan, "WanAnimatePipeline": _ref_animate}
 
 
 def _received(tp, batch: dict, extra: int) -> torch.Tensor:
@@ -184,7 +205,8 @@ def test_training_feeds_what_the_pipeline_builds(name, component, tiny_pipe):
     tp = hp.prepare_training(pipe, device="cpu", train={component: "lora"}, rank=2)
     pixels = _pixels(pipe, name)
     latents = tp.encode_images(pixels, torch.Generator().manual_seed(0))
-    condition = tp.encode_condition(pixels, latents, torch.Generator().manual_seed(SEED))
+    given = GIVEN[pipeline_class](pixels) if pipeline_class in GIVEN else {}
+    condition = tp.encode_condition(pixels, latents, torch.Generator().manual_seed(SEED), **given)
     extra = condition_channels(row, tp._denoiser())
     got = _received(tp, {"latents": latents, **condition}, extra)
     with torch.no_grad():

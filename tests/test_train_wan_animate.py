@@ -36,8 +36,9 @@ def _dataset(d: Path, drop: str | None = None, pose: tuple[int, int, int] = (5, 
         row = {"file_name": _video(d / f"{i}.mp4", 5, 32, 32, i), "text": f"a dance {i}"}
         Image.fromarray(np.random.default_rng(50 + i).integers(0, 256, (32, 48, 3), dtype=np.uint8)).save(
             d / f"{i}-ref.png")
-        row.update(reference=f"{i}-ref.png", pose=_video(d / f"{i}-pose.mp4", *(pose if i == 0 else (5, 32, 32)), 10 + i),
-                   face=_video(d / f"{i}-face.mp4", *(face if i == 0 else (5, 16, 16)), 20 + i))
+        own_pose, own_face = (pose, face) if i == 0 else ((5, 32, 32), (5, 16, 16))
+        row.update(reference=f"{i}-ref.png", pose=_video(d / f"{i}-pose.mp4", *own_pose, 10 + i),
+                   face=_video(d / f"{i}-face.mp4", *own_face, 20 + i))
         if i == 1 and drop:
             row.pop(drop)
         lines.append(json.dumps(row if columns else {k: row[k] for k in ("file_name", "text")}))
@@ -103,12 +104,22 @@ def test_two_steps_train_on_the_pose_and_face_videos_and_the_lora_loads(saved_pi
     assert any("lora" in n for n, _ in pipe.transformer.named_parameters())
 
 
-def test_plan_counts_a_wan_animate_step(saved_pipeline, capsys):
-    """`train --plan` reads no data: it plans the step the run makes (it was refused, like the run)."""
+def test_plan_counts_a_wan_animate_step(saved_pipeline, capsys, monkeypatch):
+    """`train --plan` reads no data: it plans the step the run makes (it was refused, like the run), on latents of
+    the clip's 2 latent frames after the reference's."""
+    import hf_precision.memory.train_step as train_step
+
+    frames, count = [], train_step.step_activations
+
+    def counting(module, batch, *args, **kwargs):
+        frames.append(batch["latents"].shape[2])
+        return count(module, batch, *args, **kwargs)
+    monkeypatch.setattr(train_step, "step_activations", counting)
     code = main(["train", "--plan", "--model", str(saved_pipeline("wan_animate")), "--device", "cpu",
                  "--frames", "5", "--resolution", "32"])
     stdout, err = capsys.readouterr()
     assert code == 0 and "predicted peak" in stdout and "Traceback" not in err, err
+    assert frames and set(frames) == {3}, frames
 
 
 COLUMNS_FIX = '"reference": "a-ref.png", "pose": "a-pose.mp4", "face": "a-face.mp4"}'

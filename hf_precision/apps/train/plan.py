@@ -181,6 +181,10 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
         upcast_on_use(module, compute)
     side = resolution // m.geometry.vae_factor
     latent_frames = (frames - 1) // m.geometry.frame_step + 1 if frames > 1 else 1
+    from .animate import animates
+
+    # Wan Animate's latents carry the reference's frame before the clip's (training.inputs.wan_animate_reference)
+    latent_frames += 1 if animates(m.geometry.pipeline) else 0
     batch = example_batch(module, options.batch_size, side=side, frames=latent_frames, tokens=text_tokens(m.index))
     if edits_images(m.index):  # an edit model trains on a reference image a target's size: its tokens join the sequence
         batch["reference_latents"] = torch.empty_like(batch["latents"])
