@@ -2,8 +2,8 @@
 takes 20 channels beyond the latents. Its prepare_latents is Wan I2V's (diffusers 0.42.1
 pipeline_chronoedit.py:378-444) with the input image as the clip's first frame, and its call makes 5 frames (:593),
 the last the edit. A (reference, target) pair therefore trains as the 5-frame clip reference, target x4; the
-condition channels and the CLIP image embedding are the pipeline's own for the reference. Wan-Animate stays refused,
-naming the pose and face videos it would need."""
+condition channels and the CLIP image embedding are the pipeline's own for the reference. Wan-Animate given clips
+alone is refused, naming the pose and face videos it needs (tests/test_train_wan_animate.py: with them it trains)."""
 
 from __future__ import annotations
 
@@ -164,13 +164,14 @@ def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading
 
 def test_wan_animate_is_refused_naming_the_data_it_would_need(saved_pipeline, tmp_path, capsys, monkeypatch):
     """Wan-Animate's denoiser takes a reference character image, a pose video and a face video beside each clip
-    (pipeline_wan_animate.py __call__), which no flag of the program reads: refused before loading, the message
-    naming that data rather than a missing condition builder."""
+    (pipeline_wan_animate.py __call__), which clips with captions beside them do not give: refused before loading,
+    the message naming that data and the metadata.jsonl columns that give it."""
     _no_loading(monkeypatch)
     data, out = _clips(tmp_path / "clips"), tmp_path / "out"
     code = main(["train", "--model", str(saved_pipeline("wan_animate")), "--data", str(data), "--out", str(out),
                  "--frames", "5", "--resolution", "32", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2 and err.count("error:") == 1 and "Traceback" not in err, err
-    assert all(w in err for w in ("WanAnimatePipeline", "reference image", "pose video", "face video")), err
+    assert all(w in err for w in ("WanAnimatePipeline", "reference image", "pose video", "face video",
+                                  "metadata.jsonl columns 'reference'")), err
     assert not out.exists()

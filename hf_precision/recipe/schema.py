@@ -221,8 +221,8 @@ VIDEO_KEYS: dict[str, Any] = {
                         "e.g. 97"),
     "call_max_frames_note": (lambda v: isinstance(v, str), "text saying where the call refuses more frames"),
     "first_frame_edit": BOOL,
-    "unfed_inputs": (lambda v: isinstance(v, str), "text naming the denoiser's inputs the train program has no data "
-                     "for and what to do instead, or '' for none"),
+    "unfed_inputs": (lambda v: isinstance(v, str), "text naming the denoiser's inputs beyond the clips that the "
+                     "train program needs data for and where to give them, or '' for none"),
     "default_call_args": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k.isidentifier() for k in v)
                           and not any(isinstance(x, (dict, list)) for x in v.values()),
                           "call keyword -> plain value check's default call passes, e.g. {overlap_history: 1}"),
