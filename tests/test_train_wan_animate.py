@@ -79,18 +79,22 @@ def _faces(pipe, data: Path) -> list[torch.Tensor]:
 
 def test_two_steps_train_on_the_pose_and_face_videos_and_the_lora_loads(saved_pipeline, tmp_path, capsys,
                                                                          monkeypatch):
-    """A 2-step LoRA run exits 0; each denoiser call got non-zero pose latents (one latent frame fewer than the
-    latents, whose first is the reference's), a clip's face video as the pipeline makes it, and the 20 reference
-    channels; the LoRA loads into WanAnimatePipeline. Without the columns this run was refused before loading."""
+    """A 2-step LoRA run with validation clips exits 0; each denoiser call got non-zero pose latents (one latent
+    frame fewer than the latents, whose first is the reference's), a clip's face video as the pipeline makes it, the
+    20 reference channels and the reference's CLIP embedding; the LoRA loads into WanAnimatePipeline. Without the
+    columns this run was refused before loading."""
     from diffusers import WanAnimatePipeline
 
     folder, data, out = saved_pipeline("wan_animate"), _dataset(tmp_path / "data"), tmp_path / "out"
     seen = _seen_by_the_denoiser(monkeypatch)
     code = main(["train", "--model", str(folder), "--data", str(data), "--out", str(out), "--frames", "5",
-                 "--resolution", "32", "--steps", "2", "--device", "cpu", "--quiet"])
+                 "--resolution", "32", "--steps", "2", "--device", "cpu", "--quiet", "--validation-prompt", "a dance",
+                 "--validation-inference-steps", "1"])
     stdout, err = capsys.readouterr()
     assert code == 0 and "trained 2 steps" in stdout and "Traceback" not in err, err
-    assert len(seen) >= 2  # the steps (and any call the loop makes besides)
+    # the validation clips animate the first clip's character, pose and face (the call took none: a TypeError)
+    assert (out / "validation" / "step-000002.gif").is_file()
+    assert len(seen) >= 2  # the steps, the validation runs' calls and any call the loop makes besides
     pipe = WanAnimatePipeline.from_pretrained(folder)
     faces = _faces(pipe, data)
     for call in seen:

@@ -76,8 +76,14 @@ def validate(run: Any, step: int) -> Path | None:
         frames_arg = frames_argument(call_params(pipe))
         if run.data.frames and frames_arg:  # Sana-Video's call names it `frames`
             kwargs[frames_arg] = run.data.frames
+        animate = run.data.animate_inputs(0)
+        if animate:  # Wan Animate: the first clip's character, pose and face, at its bucket, one segment of it
+            width, height = run.data.samples[0].bucket
+            kwargs.update(animate, height=height, width=width, segment_frame_length=run.data.frames)
         generator = torch.Generator("cpu").manual_seed(s.seed)
-        out = pipe(s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
+        # by name where the call has a `prompt` (Wan Animate's first parameter is its image)
+        prompt = {"prompt": s.validation_prompt} if "prompt" in call_params(pipe) else {}
+        out = pipe(*() if prompt else (s.validation_prompt,), generator=generator, **prompt, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
     if not run.accelerator.is_main_process:
         run.accelerator.wait_for_everyone()
