@@ -104,6 +104,11 @@ def test_two_steps_train_on_the_pose_and_face_videos_and_the_lora_loads(saved_pi
         assert all(any(torch.allclose(face.float(), f[0], atol=1e-5) for f in faces)
                    for face in call["face_pixel_values"])
         assert all(e.abs().sum() > 0 for e in call["encoder_hidden_states_image"])
+    from safetensors.torch import load_file
+
+    cached = [load_file(str(f)) for f in sorted((out / "cache" / "latents").glob("*.safetensors"))]
+    assert len(cached) == 2 and all(tuple(c["latents"].shape[2:3]) == (3,) for c in cached)  # encoded once, kept
+    assert all({"condition_latents", "pose_latents", "face_pixel_values", "image_embeds"} <= set(c) for c in cached)
     pipe.load_lora_weights(out)
     assert any("lora" in n for n, _ in pipe.transformer.named_parameters())
 
