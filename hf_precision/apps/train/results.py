@@ -57,6 +57,53 @@ def trim_log(run: Any, step: int) -> None:
         tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
+def validation_inputs(pipe: Any, data: Any) -> dict[str, Any]:
+    """The inputs beyond the prompt that ``pipe``'s call cannot run without (:func:`call_inputs`), made from the first
+    training sample as a user would give them: its first frame as the ``image`` (an image-to-video or image-to-image
+    model starts from it) or control image, its clip as the ``video``, and the middle of the picture as the inpainting
+    mask (white where the model repaints); at the sample's bucket. Inputs no sample holds are left to the call.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from diffusers import StableDiffusionPipeline, StableDiffusionInpaintPipeline
+        >>> data = SimpleNamespace(frames=None, samples=[SimpleNamespace(bucket=(32, 16))],
+        ...                        pixels=lambda i: __import__("torch").zeros(1, 3, 16, 32))
+        >>> validation_inputs(StableDiffusionPipeline, data)
+        {}
+        >>> {k: v.size for k, v in validation_inputs(StableDiffusionInpaintPipeline, data).items()}
+        {'image': (32, 16), 'mask_image': (32, 16)}
+    """
+    import numpy as np
+    from PIL import Image
+
+    from ...diagnose.call import call_inputs
+
+    needed = call_inputs(pipe if isinstance(pipe, type) else type(pipe))
+    if not needed or not data.samples:
+        return {}
+    width, height = data.samples[0].bucket
+    pixels = data.pixels([0])[0]  # (3, H, W) or (3, F, H, W), in [-1, 1]
+    frames = [Image.fromarray(((f.permute(1, 2, 0).float().numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8))
+              for f in (pixels.unbind(1) if pixels.dim() == 4 else [pixels])]
+    mask = np.zeros((height, width), np.uint8)
+    mask[height // 4:3 * height // 4, width // 4:3 * width // 4] = 255
+    made = {"image": frames[0], "control_image": frames[0], "mask_image": Image.fromarray(mask).convert("RGB"),
+            "video": frames, "conditioning_frames": frames}
+    return {k: made[k] for k in needed if k in made}
+
+
+def _prompt_length(tp: Any, pipe: Any) -> dict[str, int]:
+    """``max_sequence_length`` where the denoiser was built for prompts of exactly as many tokens as training pads
+    them to (its row's ``text_len``: CogVideoX's ``max_text_seq_length``; the call's default, 226, fails inside
+    diffusers' joint position table on a model built for another length)."""
+    from ...training.denoiser_rows import row_of
+
+    denoiser = tp._denoiser()
+    key = row_of(denoiser).text_len.get("prompt_embeds")
+    length = key if isinstance(key, int) else getattr(denoiser, "config", {}).get(key or "")
+    return {"max_sequence_length": int(length)} if length and "max_sequence_length" in call_params(pipe) else {}
+
+
 def validate(run: Any, step: int) -> Path | None:
     """One validation image (or clip) from the live weights through the layer's sampling context."""
     import torch
@@ -80,10 +127,13 @@ def validate(run: Any, step: int) -> Path | None:
         if animate:  # Wan Animate: the first clip's character, pose and face, at its bucket, one segment of it
             width, height = run.data.samples[0].bucket
             kwargs.update(animate, height=height, width=width, segment_frame_length=run.data.frames)
+        else:
+            kwargs.update(validation_inputs(pipe, run.data))
+        kwargs.update(_prompt_length(run.tp, pipe))
         generator = torch.Generator("cpu").manual_seed(s.seed)
-        # by name where the call has a `prompt` (Wan Animate's first parameter is its image)
+        # by name, and only where the call takes one (SVD's and Wan Animate's first parameter is their image)
         prompt = {"prompt": s.validation_prompt} if "prompt" in call_params(pipe) else {}
-        out = pipe(*() if prompt else (s.validation_prompt,), generator=generator, **prompt, **quiet_call(pipe, kwargs))
+        out = pipe(generator=generator, **prompt, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
     if not run.accelerator.is_main_process:
         run.accelerator.wait_for_everyone()
