@@ -240,7 +240,7 @@ def command_lines(kind: str, folder: Path, cls: str, data: Path | str, layout: s
                 f"generate {folder} --prompt 'a cat' {size} --steps 2 {run} --out {out / tag}.png"),
         "train-plan": f"train --plan --model {folder} --data {data} --out {out / tag}-plan {resolution}{frames} {run}",
         "train": (f"train --model {folder} --data {data} --out {out / tag}-lora {resolution}{frames} --steps 2 "
-                  f"--checkpoint-every 1000 {run} --quiet"),
+                  f"--checkpoint-every 1000 {run} --quiet --validation-prompt 'a cat' --validation-inference-steps 4"),
     }
     for name, kinds in TAKES_IMAGE.items() if needs_image else ():
         if ("video" if video else "image") in kinds and (kind, name) not in WITHOUT_IMAGE:
