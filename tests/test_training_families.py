@@ -40,8 +40,10 @@ def _recipe_cases() -> dict[str, str]:
 # (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder; SkyReels-V2 DF-1.3B: the fps
 # embedding its inject_sample_info config adds).
 EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev", "skyreels_v2_df")
-# Recipes whose denoiser no training row feeds yet, each refused before loading (none today).
-NOT_TRAINED: tuple[str, ...] = ()
+# Recipes whose denoiser no training row feeds yet, each refused before loading (test_untrained_recipes_are_refused).
+# LTX-2: its transformer denoises video and audio latents together, on the text connectors' outputs rather than
+# encode_prompt's (pipeline_ltx2.py:1251, :1415-1436), which no row's inputs describe yet.
+NOT_TRAINED: tuple[str, ...] = ("ltx2",)
 CASES = _recipe_cases()
 
 
@@ -183,6 +185,19 @@ def test_lora_step(name, tmp_path):
         assert seen["fps"].tolist() == [1] * batch["latents"].shape[0], seen.get("fps")
 
 
+@pytest.mark.parametrize("recipe", NOT_TRAINED)
+def test_untrained_recipes_are_refused(recipe):
+    """A recipe whose denoiser no training row feeds: the plan applies, and the loss is refused in one RecipeError
+    naming the class and the user's way out, not computed on inputs its pipeline never gives it (the CLI's
+    `train` refuses it before loading: benchmarks/command_sweep.py)."""
+    from hf_precision.testing import PIPELINES
+
+    name = next(n for n, row in PIPELINES.items() if row.recipe == recipe)
+    tp = hp.prepare_training(_build(name), layout="cpu")
+    with pytest.raises(hp.RecipeError, match=r"\(transformer\): no training row.*tp\.autocast\(\)"):
+        tp.loss({"latents": torch.zeros(1, 4, 2, 4, 4)})
+
+
 def test_hidream_trains_toward_what_its_pipeline_steps_with():
     """HiDream's pipeline steps the scheduler with minus the transformer's output (pipeline_hidream_image.py:942): a
     transformer that predicts the training target exactly takes the pipeline's own last step (sigma -> 0) from the
@@ -252,8 +267,9 @@ def test_every_recipe_denoiser_class_has_a_row():
 
     named = {cls for _, cls in _denoiser_index()}
     # Cosmos: no tiny pipeline can be built without cosmos_guardrail, so no row is written untested; `train` on it
-    # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py
-    untrained = {"CosmosTransformer3DModel"}
+    # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py; LTX-2:
+    # NOT_TRAINED above
+    untrained = {"CosmosTransformer3DModel", "LTX2VideoTransformer3DModel"}
     assert named - set(ROWS) == untrained, "denoiser classes of shipped recipes without a training row"
 
 
