@@ -42,8 +42,11 @@ def _recipe_cases() -> dict[str, str]:
 EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev", "skyreels_v2_df")
 # Recipes whose denoiser no training row feeds yet, each refused before loading (test_untrained_recipes_are_refused).
 # LTX-2: its transformer denoises video and audio latents together, on the text connectors' outputs rather than
-# encode_prompt's (pipeline_ltx2.py:1251, :1415-1436), which no row's inputs describe yet.
-NOT_TRAINED: tuple[str, ...] = ("ltx2",)
+# encode_prompt's (pipeline_ltx2.py:1251, :1415-1436), which no row's inputs describe yet. ERNIE-Image: its
+# encode_prompt returns one unpadded tensor per prompt that the call pads into text_bth and text_lens
+# (pipeline_ernie_image.py:132-171, :333), and its transformer takes the latents 2x2-patchified into channels, not
+# tokens (:174-179): no `pack` of recipes/denoisers.yaml makes either.
+NOT_TRAINED: tuple[str, ...] = ("ltx2", "ernie_image")
 CASES = _recipe_cases()
 
 
@@ -269,7 +272,7 @@ def test_every_recipe_denoiser_class_has_a_row():
     # Cosmos: no tiny pipeline can be built without cosmos_guardrail, so no row is written untested; `train` on it
     # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py; LTX-2:
     # NOT_TRAINED above
-    untrained = {"CosmosTransformer3DModel", "LTX2VideoTransformer3DModel"}
+    untrained = {"CosmosTransformer3DModel", "LTX2VideoTransformer3DModel", "ErnieImageTransformer2DModel"}
     assert named - set(ROWS) == untrained, "denoiser classes of shipped recipes without a training row"
 
 

@@ -230,3 +230,17 @@ def _kandinsky5_t2i_resolutions(pipe: Any) -> None:
     # tiny call's 32x32 is added to that list, as diffusers' own test does (pipe.resolutions = [(64, 64)]); the folder
     # does not keep it, so the commands run the real list.
     pipe.resolutions = [(32, 32), *pipe.resolutions]
+
+
+@register("after", "ernie_image_zero_init")
+def _ernie_image_zero_init(model: Any) -> None:
+    # ErnieImageTransformer2DModel zero-initialises its shared adaLN modulation and its final projection (diffusers
+    # v0.42.1 transformer_ernie_image.py:332-333, :344-345): a random tiny model would predict 0 at every step, so the
+    # layouts could not differ and a LoRA on its attention would get no gradient. Trained weights are not zero; a
+    # seeded draw stands in for them, as for Kandinsky 5's modulation.
+    import torch
+
+    with torch.no_grad():
+        for layer in (model.adaLN_modulation[-1], model.final_linear):
+            torch.nn.init.normal_(layer.weight, std=0.1)
+            torch.nn.init.normal_(layer.bias, std=0.1)
