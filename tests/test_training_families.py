@@ -42,11 +42,8 @@ def _recipe_cases() -> dict[str, str]:
 EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev", "skyreels_v2_df")
 # Recipes whose denoiser no training row feeds yet, each refused before loading (test_untrained_recipes_are_refused).
 # LTX-2: its transformer denoises video and audio latents together, on the text connectors' outputs rather than
-# encode_prompt's (pipeline_ltx2.py:1251, :1415-1436), which no row's inputs describe yet. ERNIE-Image: its
-# encode_prompt returns one unpadded tensor per prompt that the call pads into text_bth and text_lens
-# (pipeline_ernie_image.py:132-171, :333), and its transformer takes the latents 2x2-patchified into channels, not
-# tokens (:174-179): no `pack` of recipes/denoisers.yaml makes either.
-NOT_TRAINED: tuple[str, ...] = ("ltx2", "ernie_image")
+# encode_prompt's (pipeline_ltx2.py:1251, :1415-1436), which no row's inputs describe yet.
+NOT_TRAINED: tuple[str, ...] = ("ltx2",)
 CASES = _recipe_cases()
 
 
@@ -69,6 +66,7 @@ ENCODE_FEEDS = {
     # pipeline_chroma.py: the prompt mask reaches the transformer extended over the image tokens (checked below)
     "chroma": {0: ("encoder_hidden_states",)},
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
+    "ernie_image": {0: ("text_bth",)},  # a list as Z-Image's, padded into text_bth by the call (inputs/ernie_text.py)
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
@@ -126,6 +124,8 @@ def _assert_fed_as_the_pipeline_does(name, tp, seen):
         kwargs = {k: v for k, v in {**wanted, **options}.items() if k in params}
         with torch.no_grad():
             outputs = pipe.encode_prompt(PROMPTS, **kwargs)
+        # one value is one output (ERNIE-Image returns its list of prompts), as tp.encode_prompt reads it
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         for index, path in feeds.items():
             want = outputs[index]
             if want is None:  # QwenImage drops an all-ones mask; the denoiser then gets none either
@@ -145,7 +145,7 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2", "ernie_image")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -199,6 +199,25 @@ def test_untrained_recipes_are_refused(recipe):
     tp = hp.prepare_training(_build(name), layout="cpu")
     with pytest.raises(hp.RecipeError, match=r"\(transformer\): no training row.*tp\.autocast\(\)"):
         tp.loss({"latents": torch.zeros(1, 4, 2, 4, 4)})
+
+
+def test_ernie_image_inputs_are_its_pipelines():
+    """ERNIE-Image's row packs the latents (and the target) with its pipeline's own _patchify_latents, and the
+    `ernie_text` builder pads the per-prompt list as its _pad_text does (pipeline_ernie_image.py:174-179, :190-204)."""
+    from diffusers import ErnieImagePipeline
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp = hp.prepare_training(_build("ernie_image"), layout="cpu")
+    denoiser = tp.components[tp.denoiser_name]
+    gen = torch.Generator().manual_seed(0)
+    texts = [torch.randn(3, 8, generator=gen), torch.randn(5, 8, generator=gen)]  # two prompts, unpadded
+    x0 = torch.randn(2, 4, 8, 8, generator=gen)
+    batch = {"latents": x0, "prompt_embeds": texts, "sigmas": torch.tensor([0.0, 0.0])}
+    kwargs, target = noisy_inputs(row_of(denoiser), denoiser, batch, "flow", None)
+    assert torch.equal(kwargs["hidden_states"], ErnieImagePipeline._patchify_latents(x0))  # sigma 0: x0 itself
+    assert target.shape == (2, 16, 4, 4)
+    text_bth, lens = ErnieImagePipeline._pad_text(texts, "cpu", torch.float32, 8)
+    assert torch.equal(kwargs["text_bth"], text_bth) and torch.equal(kwargs["text_lens"], lens)
 
 
 def test_hidream_trains_toward_what_its_pipeline_steps_with():
@@ -272,7 +291,7 @@ def test_every_recipe_denoiser_class_has_a_row():
     # Cosmos: no tiny pipeline can be built without cosmos_guardrail, so no row is written untested; `train` on it
     # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py; LTX-2:
     # NOT_TRAINED above
-    untrained = {"CosmosTransformer3DModel", "LTX2VideoTransformer3DModel", "ErnieImageTransformer2DModel"}
+    untrained = {"CosmosTransformer3DModel", "LTX2VideoTransformer3DModel"}
     assert named - set(ROWS) == untrained, "denoiser classes of shipped recipes without a training row"
 
 

@@ -163,13 +163,14 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
 
 def _packs_2x2(denoiser_class: str) -> bool:
     # The pipeline packs 2x2 latent patches into tokens, not the model (diffusers pipeline_flux.py and
-    # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1): the training
-    # family row says so (pack="flux"), so a new family is one row there. Imported here: it needs torch, which the
+    # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1), or into channels
+    # (pipeline_ernie_image.py): the training family row says so (pack="flux", "patch"), so a new family is one row
+    # there. Imported here: it needs torch, which the
     # callers have already loaded.
     from ...training.denoiser_rows import ROWS
 
     row = ROWS.get(denoiser_class)
-    return row is not None and row.pack == "flux"
+    return row is not None and row.pack in ("flux", "patch")
 
 
 def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -> list[tuple[int, int]]:
