@@ -67,6 +67,7 @@ ENCODE_FEEDS = {
     "chroma": {0: ("encoder_hidden_states",)},
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
     "ernie_image": {0: ("text_bth",)},  # a list as Z-Image's, padded into text_bth by the call (inputs/ernie_text.py)
+    "krea2": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
@@ -145,7 +146,8 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2", "ernie_image")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2", "ernie_image",
+              "krea2")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -218,6 +220,20 @@ def test_ernie_image_inputs_are_its_pipelines():
     assert target.shape == (2, 16, 4, 4)
     text_bth, lens = ErnieImagePipeline._pad_text(texts, "cpu", torch.float32, 8)
     assert torch.equal(kwargs["text_bth"], text_bth) and torch.equal(kwargs["text_lens"], lens)
+
+
+def test_krea2_position_ids_are_its_pipelines():
+    """Krea 2's row feeds the RoPE coordinates its pipeline's prepare_position_ids makes for the prompt length and
+    the packed grid (pipeline_krea2.py:382-390, :608-610), and its example batch stacks the layers per token."""
+    from diffusers import Krea2Pipeline
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp = hp.prepare_training(_build("krea2"), layout="cpu")
+    denoiser = tp.components[tp.denoiser_name]
+    batch = example_batch(denoiser, 2, side=8, tokens=5)
+    assert batch["prompt_embeds"].shape == (2, 5, denoiser.config.num_text_layers, denoiser.config.text_hidden_dim)
+    kwargs, _ = noisy_inputs(row_of(denoiser), denoiser, batch, "flow", None)
+    assert torch.equal(kwargs["position_ids"], Krea2Pipeline.prepare_position_ids(5, 4, 4, "cpu"))
 
 
 def test_hidream_trains_toward_what_its_pipeline_steps_with():

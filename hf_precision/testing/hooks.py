@@ -244,3 +244,16 @@ def _ernie_image_zero_init(model: Any) -> None:
         for layer in (model.adaLN_modulation[-1], model.final_linear):
             torch.nn.init.normal_(layer.weight, std=0.1)
             torch.nn.init.normal_(layer.bias, std=0.1)
+
+
+@register("tokenizer", "krea2_qwen")
+def _krea2_qwen() -> Any:
+    # Krea 2 drops the first 34 tokens of its chat template from the encoder's states and pads the prompt to a fixed
+    # length before the template's suffix (diffusers v0.42.1 pipelines/krea2/pipeline_krea2.py:206-211, :228-259):
+    # with merges for the template's words (as kandinsky5_qwen) the prefix is 42 tokens (Qwen's: 34), so the cut keeps
+    # 8 template tokens before the prompt, not ~130 as single bytes would
+    import inspect
+
+    from diffusers import Krea2Pipeline
+
+    return tokenizers.make_qwen2_words_tokenizer(inspect.getsource(Krea2Pipeline.__init__))

@@ -354,8 +354,11 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         if not isinstance(length, int):  # a config key; else the prompt, one token for an image embedding (SVD)
             length = int(config.get(length) or (1 if key == "image_embeds" else tokens))
         shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, length, int(dim))
-        if key in row.text_layers:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
-            shape = (batch_size, max(config[row.text_layers[key]]) + 1, *shape[1:])
+        layers = config.get(row.text_layers[key]) if key in row.text_layers else None
+        if isinstance(layers, int):  # that many hidden states stacked per token (Krea 2's num_text_layers)
+            shape = (*shape[:2], layers, shape[2])
+        elif layers is not None:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
+            shape = (batch_size, max(layers) + 1, *shape[1:])
         batch[key] = randn(*shape)
     width = image_embeds.image_width(row, module) if row.image_encode else None
     if width and image_embeds.IMAGE_KEY not in batch:  # FramePack's optional SigLIP states: a stand-in token
