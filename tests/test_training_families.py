@@ -68,6 +68,7 @@ ENCODE_FEEDS = {
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
     "ernie_image": {0: ("text_bth",)},  # a list as Z-Image's, padded into text_bth by the call (inputs/ernie_text.py)
     "krea2": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
+    "cogview3plus": {0: ("encoder_hidden_states",)},
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
