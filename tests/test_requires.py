@@ -291,3 +291,20 @@ def test_qwen_image_edit_without_torchvision_is_refused_before_a_weight_is_read(
                             classmethod(lambda *_a, **_k: pytest.fail("weights read before the package check")))
         with pytest.raises(hp.RecipeError, match="QwenImageEditPipeline cannot be built or run without torchvision"):
             hp.load_pipeline(str(qwen_edit_folder), "cpu")
+
+
+@pytest.mark.parametrize("pipeline_class, refused", [("LTX2ImageToVideoPipeline", True), ("LTX2Pipeline", False)])
+def test_ltx2_image_to_video_without_av_is_refused_before_loading(pipeline_class, refused, monkeypatch):
+    """LTX-2's image-to-video call re-compresses the image as H.264 unless image_crf=0, which no command passes, and
+    raises diffusers' ImportError without PyAV after every weight is read (ltx2/utils.py:350-354): the recipe refuses it
+    first. The text-to-video class needs no av."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.split(".")[0] == "av" else real(name, *a, **k))
+    if not refused:
+        assert check_packages(None, pipeline_class) is None
+        return
+    with pytest.raises(hp.RecipeError, match=rf"^{pipeline_class} cannot be built or run without av \(the "
+                                             r"image-to-video call re-compresses.* pip install av; install it and run "
+                                             "again$"):
+        check_packages(None, pipeline_class)
