@@ -172,19 +172,19 @@ def image_size(cls: str) -> tuple[int, int]:
     """(height, width) the sweep asks of an image model: :data:`SIDE` x :data:`SIDE`, or, where its recipe lists the
     only sizes its call makes (``sizes:``, Kandinsky 5 Image), the smallest of them, as a user reads them from the
     refusal."""
-    from hf_precision.recipe.catalog import shipped_value
+    from hf_precision.recipe.catalog import shipped_sizes
 
-    sizes = [(int(s["height"]), int(s["width"])) for s in shipped_value(cls, "sizes")[1] or ()]
+    sizes = shipped_sizes(cls)[1]
     return min(sizes, key=lambda s: s[0] * s[1]) if sizes else (SIDE, SIDE)
 
 
 def train_data(cls: str, data: dict[str, Path], clips: Path | None) -> str:
     """The ``--data`` (and ``--reference-dir``) of ``train`` for a family: the clips of a video model, the photos of an
-    image model, and for an edit model trained on (reference, target) pairs as clips (ChronoEdit: the program's
-    ``FIRST_FRAME_EDITS``) the photos with the references beside them."""
-    from hf_precision.apps.train.references import FIRST_FRAME_EDITS
+    image model, and for an edit model trained on (reference, target) pairs as clips (ChronoEdit: its recipe's
+    ``video: first_frame_edit``) the photos with the references beside them."""
+    from hf_precision.recipe.catalog import shipped_video
 
-    if cls in FIRST_FRAME_EDITS:
+    if shipped_video(cls).get("first_frame_edit"):
         return f"{data['image']} --reference-dir {data['references']}"
     return str(clips if clips is not None else data["image"])
 

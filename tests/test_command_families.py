@@ -378,6 +378,21 @@ def test_a_mask_read_on_meta_keeps_its_values():
     assert lengths == [5] and tuple(kept.shape) == (1, 3, 8) and kept.device.type == "meta" and marked == 5
 
 
+def test_sizes_made_on_meta_with_torch_tensor_keep_their_values():
+    """HiDream's patchify makes its per-sample sizes with ``torch.tensor(..., device=device)`` and unpatchify slices
+    the output by them (transformer_hidream_image.py:714, :694-696): torch.tensor shows the dispatch modes no op, so
+    on meta the sizes had no values and train --plan stopped at "Tensor.item() cannot be called on meta tensors"."""
+    from hf_precision.memory.counting import count_live_bytes
+
+    own = torch.tensor
+    with count_live_bytes():
+        sizes = torch.tensor([4, 2], dtype=torch.int64, device="meta").reshape(-1).unsqueeze(0).repeat(2, 1)
+        height, width = sizes[1]
+        kept = torch.empty(2, 10, 8, device="meta")[1, : height * width].reshape(1, height, width, -1)
+    assert sizes.device.type == "meta" and tuple(kept.shape) == (1, 4, 2, 8)
+    assert torch.tensor is own  # torch's own again outside the count
+
+
 def test_zero_embeddings_read_on_meta_keep_their_values():
     """HunyuanVideo 1.5 branches on ``torch.all(image_embeds == 0)`` (text-to-video); the training plan's meta step
     makes those embeddings with new_zeros and casts them to the compute dtype, and train --plan failed with

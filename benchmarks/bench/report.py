@@ -73,8 +73,9 @@ def targets(sec: dict[str, Any]) -> list[list[str]]:
                      verdict(ld["pass_rss"])])
         rows.append(["Load: peak anonymous memory / weight bytes, load_pipeline vs plain diffusers",
                      f"{fmt(ld['recipe']['anon_over_weights']['median'], 'x', 2)} vs "
-                     f"{fmt(ld['plain']['anon_over_weights']['median'], 'x', 2)}; paired ratio "
-                     f"{fmt((ld.get('anon_judged') or {}).get('median'), 'x', 2)}, {judged(ld.get('anon_judged'), 'x')}", "≤ plain's", judged_verdict(ld.get("anon_judged"))])
+                     f"{fmt(ld['plain']['anon_over_weights']['median'], 'x', 2)}; paired ratio less the "
+                     f"{fmt(ld.get('kept_fp32_bytes', 0), 'MiB')} of fp32 islands the recipe keeps "
+                     f"{fmt((ld.get('anon_judged') or {}).get('median'), 'x', 3)}, {judged(ld.get('anon_judged'), 'x')}", "≤ plain's", judged_verdict(ld.get("anon_judged"))])
     if "layouts" in rt:
         lay = rt["layouts"]
         rec, isl = lay["recipe"], lay["islands"]

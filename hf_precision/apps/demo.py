@@ -44,11 +44,8 @@ PLAN_MODELS, PLAN_DEVICES = ("sdxl", "svd"), ("t4", "a100")
 
 
 def why_float32(device: Any = None) -> str | None:
-    """Why a device's recipes compute in float32 everywhere, from the rules of ``devices.yaml``; ``None`` when
-    its rules let recipes pick a half-precision dtype.
-
-    The text quotes the rules that hold for the device and, for a CPU, the flags it lacks that the rule picking
-    half precision on a CPU needs (found by comparing with the presets whose rules do pick it).
+    """Why a device's recipes compute in float32 everywhere, quoting the ``devices.yaml`` rules that hold and, for a CPU,
+    the flags it lacks that a preset picking half precision has; ``None`` where a half dtype is picked.
 
     Example:
         >>> why_float32("t4") is None
@@ -376,17 +373,11 @@ def run_demo(out: str | Path = "demo_output", device: str | None = None, layout:
              seed: int = 0, quiet_progress: bool = True) -> dict[str, Any]:
     """Run the demo; returns what it measured (also printed, and written to ``out/report.json``).
 
-    Args:
-        out: folder for ``shapes.png`` (part 5's labelled grid), ``sdxl.png``, ``svd.gif`` and ``report.json``.
-        device: where to run (default: the best present device). A described CPU (``cpu:amx``, ``cpu-amx``) runs
-            that CPU's layout on this one.
-        layout: run the layout another device would use (``"t4"``, ``"a100"``, ``"cpu-amx"`` ...) in parts 4 and 5;
-            default: this machine's own recipe (part 5 shows the T4's where it has no half-precision dtype).
-        seed: seed of the random weights and of the generators.
-
-    Returns:
-        ``{"plain_diffusers": ..., "plans": [...], "nan_guard": ..., "machine": {"sdxl": ..., "svd": ...},
-        "pictures": ..., "ok": bool}``: ``ok`` is False when an output was not finite or a check found problems.
+    ``out`` gets ``shapes.png`` (part 5's grid), ``sdxl.png``, ``svd.gif`` and ``report.json``. ``device``: where to
+    run (a described CPU such as ``cpu-amx`` runs that CPU's layout here); ``layout``: another device's layout for parts
+    4 and 5 (default this machine's; part 5 shows the T4's where it has no half dtype); ``seed``: weights and
+    generators. The result has ``plain_diffusers``, ``plans``, ``nan_guard``, ``machine`` (``sdxl``, ``svd``),
+    ``pictures`` and ``ok`` (False when an output was not finite or a check found problems).
 
     Example:
         >>> result = run_demo(tempfile.mkdtemp())  # doctest: +SKIP

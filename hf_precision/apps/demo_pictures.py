@@ -1,11 +1,9 @@
-"""The demo's pictures: the shipped shapes model (``shapes_model``) drawn in float32 and in a recipe's layout, and its
-float32 latents decoded by the VAE cast to float16, side by side in one labelled PNG a person can judge; and the
-small image and difference helpers of the demo.
+"""The demo's pictures: the shipped shapes model drawn in float32, in a recipe's layout, and its float32 latents
+decoded by the VAE cast to float16, side by side in one labelled PNG; and the demo's image and difference helpers.
 
-The shapes model's VAE decoder has activations far past float16's 65504, as the real SDXL VAE's do (diffusers marks
-that VAE ``force_upcast`` and upcasts it for every decode; the sdxl-vae-fp16-fix model card explains the overflow),
-so a float16 decode overflows to inf/NaN: a black picture. A recipe keeps the VAE in float32 on a T4 (or in bfloat16
-with the NaN guard on an A100), so its picture is fp32's.
+The shapes VAE's decoder, like the real SDXL VAE's (diffusers marks it ``force_upcast``; the sdxl-vae-fp16-fix
+model card explains it), has activations far past 65504, so a float16 decode is black; a recipe keeps it float32
+on a T4 (bfloat16 with the NaN guard on an A100).
 """
 
 from __future__ import annotations
@@ -98,13 +96,10 @@ def _clone(value: Any) -> Any:
 
 
 def one_call_difference(pipe: Any, reference: Any, kwargs: dict[str, Any], seed: int) -> dict[str, float]:
-    """One denoiser call of ``pipe`` and of the fp32 ``reference`` on the same inputs (the first step's, ``seed``),
-    and the reference's on the next seed's inputs: relative L2 differences from the reference's output.
-
-    Unlike the picture after several steps, one call does not carry rounding from step to step, which random tiny
-    weights amplify by an amount that depends on the kernels: on the H200 machine, its Sapphire Rapids CPU (AMX bf16,
-    AVX512-FP16) and its GPU, the 4-step pictures of the bf16 and fp16 layouts lay as far from fp32's as the next
-    seed's picture does, while on an AVX2 CPU they stayed within 1% of it.
+    """One denoiser call of ``pipe`` and of the fp32 ``reference`` on the first step's inputs (``seed``), and the
+    reference's on the next seed's: relative L2 differences from the reference. Several steps carry rounding that
+    random tiny weights amplify by a kernel-dependent amount (on the H200 machine's AMX CPU and GPU, 4-step bf16/fp16
+    pictures lay as far from fp32's as the next seed's; on an AVX2 CPU within 1%); one call does not.
 
     Example:
         >>> from hf_precision.testing import make_pipeline

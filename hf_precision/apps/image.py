@@ -19,21 +19,15 @@ def generate(model: str, prompt: str, out: str | Path, *, device: Any = None, st
              recipe: str | None = None, overrides: Any = None, force: bool = False, layout: Any = None,
              max_memory: str | int | None = None, say: Any = None, base: str | None = None, image: Any = None,
              mask: Any = None, strength: float | None = None) -> Path:
-    """Generate one image with a pipeline loaded through :func:`hf_precision.load_pipeline`: text-to-image, or with
-    ``image`` (a file or a PIL picture) image-to-image and edit pipelines (SD/SDXL/Flux img2img, Flux Kontext,
-    Qwen-Image Edit), with ``mask`` too inpainting (white where it repaints; SD/SDXL/Flux inpaint, Flux Fill).
+    """Generate one image with a pipeline loaded through :func:`hf_precision.load_pipeline`: text-to-image, with
+    ``image`` (a file or PIL picture) image-to-image and edit, with ``mask`` too inpainting (white where it repaints).
 
-    The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind;
-    ``out`` is checked (a known suffix; missing folders are created, as the video program does) before the model is
-    loaded, and so are the inputs the pipeline's call needs or takes (:func:`~hf_precision.diagnose.inputs.image_inputs`:
-    a missing or misplaced image, mask or ``strength``, an unreadable file, steps that ``strength`` leaves none of).
-    Sizes: ``height``/``width`` where the call takes them; an img2img call that takes none (SD, SDXL) gets its input
-    resized to them, and without them makes the input's size; ``strength`` None is the pipeline's default.
-    ``force`` uses ``recipe`` even for a pipeline class it does not list. ``device`` is where it runs,
-    ``layout`` the device whose rules choose the dtypes (``layout="t4", device="cpu"`` runs T4's dtypes here).
-    ``max_memory`` (bytes or ``"12GB"``) lets :func:`~hf_precision.apps.image_plan.choose_image_layout` pick offload
-    and quantized storage that fit; ``say`` gets the line that says what it chose. ``base``: with a single file
-    (a ``.safetensors`` denoiser, a ``.gguf`` file) as ``model``, the diffusers folder for the rest of the pipeline.
+    The image is written to a temporary file next to ``out`` and renamed, so a failed run leaves nothing behind.
+    ``out`` and the inputs the call needs or takes (:func:`~hf_precision.diagnose.inputs.image_inputs`) are checked
+    before the model loads. An img2img call that takes no ``height``/``width`` (SD, SDXL) gets its input resized to
+    them. ``recipe``, ``force``, ``device``, ``layout`` and ``base`` are ``load_pipeline``'s; ``max_memory`` (bytes or
+    ``"12GB"``) lets :func:`~hf_precision.apps.image_plan.choose_image_layout` pick offload and quantized storage that
+    fit, and ``say`` gets the line saying what it chose.
 
     Example:
         >>> import tempfile

@@ -1,12 +1,10 @@
 """The memory plan of the image program: which offload and which quantized storage fit ``--max-memory``.
 
-Weights are counted exactly, as :func:`hf_precision.plan` counts them (quantized layouts by their backend's bytes);
-activations are not simulated here (the video plan does that per phase): a share of the budget is held back for
-them (``reserve``, default 20%: a 1024x1024 Flux step at batch 1 uses about 1-2 GB beside its weights). Candidates,
-least cost first: everything resident; whole-component offload (each component moves to the device once per call:
-``enable_model_cpu_offload``); then the quantized layouts the component recipes tolerate on the device (fp8/int8
-storage, then 4-bit; the denoiser first, then the text encoders too), each resident and with offload.
-:func:`hf_precision.memory.choose` takes the first that fits.
+Weights are counted exactly, as :func:`hf_precision.plan` counts them; activations are not simulated (the video
+plan does that) but a ``reserve`` share of the budget is held back (20%: a 1024x1024 Flux step uses about 1-2 GB
+beside its weights). Candidates, cheapest first: all resident; ``enable_model_cpu_offload``; then the quantized
+layouts the recipes tolerate on the device (fp8/int8, then 4-bit; the denoiser, then the text encoders too), each
+resident and offloaded. :func:`hf_precision.memory.choose` takes the first that fits.
 """
 
 from __future__ import annotations

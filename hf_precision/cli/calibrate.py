@@ -118,12 +118,11 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _video_size(args: argparse.Namespace, configs: str | None = None) -> tuple[int | None, int | None, int | None, dict[str, Any]]:
-    """(height, width, frames, call options) of the runs: as given, and for a video model what is missing as
-    `hf-precision video` chooses it (the family's defaults, capped to the position tables' limits), so the
-    pipeline's own default size (Wan's 480x832) cannot overrun a shorter table mid-run; the options are the call
-    kwargs the configs fix, as `video` passes them (CogVideoX's text length). A size the model cannot take is
-    refused here, before loading, with the fix. ``configs``: the folder or Hub id whose configs say the family
-    (``--base`` for a single file; default: the model)."""
+    """(height, width, frames, call options) of the runs: as given, and for a video model what is missing as ``video``
+    chooses it (family defaults capped to the position tables, so Wan's default 480x832 cannot overrun a shorter table
+    mid-run), with the call kwargs the configs fix (CogVideoX's text length). A size the model cannot take is refused
+    before loading. ``configs``: whose configs say the family (``--base`` for a single file; default the model).
+    """
     from ..apps.video.spec import model_spec
     from ..errors import RecipeError
 

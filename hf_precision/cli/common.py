@@ -70,10 +70,8 @@ PLAN_DEVICE_HELP = ("device to resolve for (nothing runs, so any device): cpu, c
 
 def add_recipe_args(p: argparse.ArgumentParser, device_help: str | None = None, *, layout: bool = True) -> None:
     """Add ``--device``, ``--layout``, ``--overrides`` and ``--set``: the options of every command that resolves a recipe.
-
-    One rule on every command: ``--device`` is where it runs, ``--layout`` whose device rules choose the dtypes
-    (default: the device's own). Commands that run nothing (``show``, ``plan``) take either for the device to
-    resolve for. ``layout=False`` leaves ``--layout`` to a command that adds its own (``check`` keeps ``--for``).
+    ``--device`` is where it runs, ``--layout`` whose device rules choose the dtypes (default the device's own);
+    commands that run nothing take either. ``layout=False`` leaves ``--layout`` to the command (``check``'s ``--for``).
     """
     p.add_argument("--device", default=None, help=device_help or RUN_DEVICE_HELP)
     if layout:
@@ -114,12 +112,10 @@ def overrides_from(args: argparse.Namespace) -> list[Any]:
 
 def preflight(path: str, *, recipe: str | None = None, device: Any = None, overrides: Any = None,
               weights: bool = True) -> None:
-    """Check what can be checked before torch and diffusers are imported (they take seconds): a local folder's
-    ``model_index.json`` and component configs (valid JSON), its safetensors headers against the files' sizes
-    (``weights=True``; only headers are read), and the recipe with the overrides. The first problem is raised as
-    the same one-line error loading would raise later.
-
-    A Hub id or a folder without ``model_index.json`` is left to the loader, which names what is missing.
+    """Check what can be checked before torch and diffusers are imported (seconds): a local folder's index and component
+    configs, its safetensors headers against the file sizes (``weights=True``), and the recipe with the overrides; the
+    first problem is the one-line error loading would raise later. A Hub id or a folder without ``model_index.json``
+    is left to the loader.
 
     Example:
         >>> import tempfile
@@ -148,10 +144,9 @@ def preflight(path: str, *, recipe: str | None = None, device: Any = None, overr
     get_recipe(name, device=device, overrides=overrides)
 def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int | None], argv: Any = None,
                 interrupted: str | None = None, prog: Callable[[argparse.Namespace], str] | None = None) -> int:
-    """The entry point of every command line, ``hf-precision`` and the ``scripts/*.py`` wrappers alike: optional
-    dependencies' notices silenced, messages spelling arguments as flags, bad input one message and exit 2, a reader
-    that went away (``| head``) no traceback; with ``interrupted``, Ctrl-C prints it and exits 130. ``prog(args)``
-    names the command in its messages (default: the parser's prog).
+    """The entry point of every command line (``hf-precision``, ``scripts/*.py``): optional dependencies' notices
+    silenced, arguments spelled as flags, bad input one message and exit 2, no traceback for a reader gone away
+    (``| head``), Ctrl-C with ``interrupted`` printed and exit 130; ``prog(args)`` names the command (default: prog).
 
     Example:
         >>> def fails(args):
@@ -185,11 +180,10 @@ def script_main(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespa
 
 @contextlib.contextmanager
 def our_warnings(prog: str) -> Iterator[None]:
-    """Inside the block, a warning hf_precision itself gives prints as one line of ours (``hf-precision show:
-    warning: ...``), not Python's ``file:line: UserWarning`` with the source line quoted under it; other packages'
-    warnings are printed as Python prints them, except those raised in diffusers' and transformers' own files, held
-    back with what they log (:func:`hf_precision.cli.quiet.library_logs`: said in our words where it changes what
-    the user gets, else held back). The previous printer comes back after the block.
+    """Inside the block, a warning of hf_precision's own prints as one line of ours (``hf-precision show: warning:
+    ...``), not Python's ``file:line: UserWarning`` and source line; other packages' print as Python prints them,
+    except diffusers' and transformers' own, held back with what they log (:func:`hf_precision.cli.quiet.library_logs`).
+    The previous printer comes back after the block.
 
     Example:
         >>> import sys, warnings

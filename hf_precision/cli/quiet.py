@@ -1,19 +1,12 @@
 """What other libraries print while they import is kept from the command line's user.
 
-diffusers and transformers import every quantization backend that is installed (diffusers
-``quantizers/auto.py``, transformers ``quantizers/auto.py``), and those print while they import: bitsandbytes that
-an optional kernel package is missing (on an AVX512-BF16 CPU), torchao that its CUDA libraries do not load in a
-CPU torch and, through torch, that its Enum registrations are deprecated; transformers that an image processor
-falls back to PIL. None of it changes what a command does. :func:`install` holds back everything written while one
-of these packages is first imported (Python warnings, log records, and the process's own stderr, where compiled
-code writes) and lets it through only when that import fails, so a broken install still says why. bitsandbytes
-(:data:`DEFERRED`) is not even run then: its code runs, held back the same way, when a 4-bit or 8-bit component first
-reads it, which saves a command on any other model the seconds its import takes.
-
-While a command runs, :func:`library_logs` routes what diffusers and transformers log through us: what changes
-what the user gets is said once in our words, the rest is held back like an import's notices.
-
-The command line installs both (``hf_precision.cli.main``, ``script_main``); the library itself changes nothing.
+diffusers and transformers import every installed quantization backend (their ``quantizers/auto.py``), and those
+print on import: bitsandbytes a missing kernel package, torchao its CUDA libraries in a CPU torch and torch's Enum
+deprecations, transformers its PIL fallback. :func:`install` holds back everything written during such an import
+(warnings, log records, the process's stderr) and lets it through only when the import fails; bitsandbytes
+(:data:`DEFERRED`) is imported, held back alike, only when a 4-bit or 8-bit component first reads it, saving other
+models its import time. :func:`library_logs` says in our words, once, what diffusers and transformers log that
+changes what the user gets. The command line installs both; the library itself changes nothing.
 """
 
 from __future__ import annotations
@@ -121,10 +114,10 @@ class _HeldLoader(importlib.abc.Loader):
 
 
 class _Deferred(types.ModuleType):
-    """A module whose code runs when something first reads a name it would define. Its ``__file__`` and
-    ``__spec__`` are there before: ``inspect.getmodule`` reads every module's ``__file__`` (torch's op registration
-    calls it on import), which would load a :class:`importlib.util.LazyLoader` module at once. ``__path__`` is left
-    out, so importing a submodule runs the package's own ``__init__`` first, as a plain import does."""
+    """A module whose code runs when something first reads a name it would define. ``__file__`` and ``__spec__`` exist
+    before (``inspect.getmodule``, called by torch's op registration, would load a ``LazyLoader`` module at once);
+    ``__path__`` does not, so a submodule import runs the package's ``__init__`` first, as a plain import does.
+    """
 
     def __getattr__(self, name: str) -> Any:
         spec = object.__getattribute__(self, "__spec__")
@@ -180,11 +173,9 @@ _REPORT = re.compile(r"(\w+) LOAD REPORT from: (.+)")
 
 
 def in_our_words(message: str) -> str | None:
-    """What a library log message means for the user, in our words, or None where it changes nothing they get.
-
-    transformers' load report lists the weights a checkpoint lacks (MISSING) or has in another shape (MISMATCH):
-    both are initialized at random, so the outputs change. UNEXPECTED weights (ones the model does not use, such as
-    a full CLIP checkpoint loaded as its text tower) are ignored, and so is a report of only those.
+    """What a library log message means for the user, in our words, or None where it changes nothing they get:
+    transformers' load report's MISSING and MISMATCH weights are initialized at random (the outputs change);
+    UNEXPECTED ones (unused, as a full CLIP checkpoint's vision tower) are ignored.
 
     Example:
         >>> report = "BertModel LOAD REPORT from: /m/text_encoder\\nKey | Status |\\npooler.dense.bias | MISSING |"
@@ -254,14 +245,11 @@ _ERRORS_ONLY = _ErrorsOnly()
 
 @contextlib.contextmanager
 def library_logs(prog: str) -> Iterator[_Route]:
-    """Inside the block, what :data:`LIBRARIES` log below ERROR goes through us instead of their handlers: what
-    changes what the user gets is said once as ``PROG: note: ...`` (:func:`in_our_words`); the rest is about the
-    libraries' own calls, not the command (a default a pipeline turns off itself, as QwenImage's ``true_cfg_scale``
-    without a negative prompt; ``timesteps`` diffusers passes a scheduler itself, in LTX condition; the class a
-    pipeline declares for a checkpoint's subclass, as Wan I2V's image encoder; check's 16-token prompt cutting
-    Lumina 2's system prompt) and is held back, written out as the library wrote it only if the block raises
-    something other than our own error, so a traceback keeps what led to it. The block gets the router, whose
-    ``hold_warning`` a warning printer calls for Python warnings (``our_warnings`` does).
+    """Inside the block, what :data:`LIBRARIES` log below ERROR goes through us: what changes what the user gets is said
+    once as ``PROG: note: ...`` (:func:`in_our_words`); the rest concerns the libraries' own calls (QwenImage's
+    ``true_cfg_scale`` without a negative prompt, the ``timesteps`` LTX condition passes itself) and is held back,
+    written as the library wrote it only if the block raises other than our own error. The block gets the router,
+    whose ``hold_warning`` a warning printer calls (``our_warnings`` does).
 
     Example:
         >>> import contextlib, logging, sys

@@ -1,8 +1,6 @@
-"""``hf-precision train --plan``: the training plans of :mod:`hf_precision.apps.train.plan` (one process) and
-:mod:`hf_precision.apps.train.shard_plan` (per rank), from the command's arguments, printed.
-
-The predictions and the choice of settings for ``--max-memory`` are the apps'; this module reads the arguments,
-refuses what cannot be planned, and prints. Sizes print in binary units (GiB/MiB), as torch's allocator reports.
+"""``hf-precision train --plan``: the plans of :mod:`hf_precision.apps.train.plan` (one process) and
+:mod:`hf_precision.apps.train.shard_plan` (per rank), from the command's arguments, printed in binary units
+(GiB/MiB, as torch's allocator reports); the predictions and choices are the apps'.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``hf-precision video`` and ``scripts/generate_video.py``: arguments, their validation, and what is printed.
-
-The video work itself lives in :mod:`hf_precision.apps.video` (the batch loop is
-:func:`hf_precision.apps.video.run.generate_batch`); this module only parses, prints and dispatches.
+"""``hf-precision video`` and ``scripts/generate_video.py``: arguments, their validation, and what is printed; the work
+is :mod:`hf_precision.apps.video`'s (:func:`hf_precision.apps.video.run.generate_batch`).
 """
 
 from __future__ import annotations

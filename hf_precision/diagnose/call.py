@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RecipeError
+from ..recipe.catalog import shipped_sizes, shipped_value, shipped_video
 from .steps import call_params, fewest_steps, schedulable, steps_problem
 
 if TYPE_CHECKING:
@@ -37,11 +38,9 @@ def frames_argument(params: Any) -> str | None:
 
 
 def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None], image: Any) -> dict[str, Any]:
-    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2),
-    not to height x width, and resizes its input image to a ~1 MP training size unless ``_auto_resize=False``
-    (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so ``--height 32 --width 32`` ran at 1024 pixels; the
-    input image is given at the asked size instead. Empty without a full size asked; `check`'s default call and
-    `calibrate` both ask it.
+    """Flux Kontext's kwargs that make the asked size the size run: it fits its output to ``max_area`` (1024**2) and
+    resizes its input to ~1 MP unless ``_auto_resize=False`` (diffusers 0.42.1 pipeline_flux_kontext.py:846, :938), so
+    ``--height 32 --width 32`` ran at 1024; the image is given at the asked size instead. Empty without a full size.
 
     Example:
         >>> from PIL import Image
@@ -64,10 +63,8 @@ def fitted_to_area(params: Mapping[str, Any], size: tuple[int | None, int | None
 
 
 def sized_inputs(params: Any, inputs: dict[str, Any], size: tuple[int | None, int | None]) -> dict[str, Any]:
-    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and
-    width: SD and SDXL image-to-image make a picture of the input's size (rounded down to the VAE's multiple), so the
-    size asked is the size made; a call that takes them resizes its inputs itself (inpainting) or fits an area
-    (Kontext: :func:`~hf_precision.diagnose.call.fitted_to_area`). Unchanged without a full size.
+    """``inputs`` (``image``, ``mask_image``) resized to ``size`` (height, width) where the call takes no height and width
+    (SD/SDXL img2img make the input's size), so the size asked is the size made. Unchanged without a full size.
 
     Example:
         >>> from PIL import Image
@@ -141,17 +138,13 @@ def _side(pipe: Any) -> int:
 
 
 def _fewest_steps(pipe: Any) -> int:
-    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart or whose scheduler cannot take 1 step.
-
-    pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` when ``num_inference_steps == 1``,
-    meant for one-step schedulers; its own DPM-Solver returns one item there (IndexError). Read from the pipeline's
-    source, so no pipeline class is named here. The scheduler is asked as well (:func:`schedulable`).
+    """1, or 2 for a pipeline whose ``__call__`` treats a 1-step run apart or whose scheduler cannot take 1 step
+    (:func:`schedulable`): pipeline_pixart_alpha.py:953 (diffusers 0.42) takes ``scheduler.step(...)[1]`` at one step,
+    an IndexError with its own DPM-Solver. Read from the source, naming no class.
     """
-    try:
-        source = inspect.getsource(type(pipe).__call__)
-    except (OSError, TypeError):
-        source = ""
-    if "num_inference_steps == 1" in source:
+    from ..runtime.patches import upstream_source
+
+    if "num_inference_steps == 1" in (upstream_source(type(pipe).__call__) or ""):
         return 2
     return 1 if schedulable(getattr(pipe, "scheduler", None)) else 2
 
@@ -246,8 +239,6 @@ def call_inputs(cls: Any) -> list[str]:
 def _recipe_needs(cls: Any) -> list[str]:
     """The ``call_needs:`` of the shipped recipe that lists ``cls``: inputs documented *optional* that its call
     cannot run without (the HunyuanImage refiner's image)."""
-    from ..recipe.catalog import shipped_value
-
     return list(shipped_value(cls, "call_needs")[1] or ())
 
 
@@ -262,11 +253,8 @@ def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
         >>> print(size_refused("Kandinsky5T2IPipeline", 512, 512))  # doctest: +ELLIPSIS
         --height 512 --width 512: Kandinsky5T2IPipeline makes only 1024x1024, 640x1408, ... (width x height; ...
     """
-    from ..recipe.catalog import shipped_value
-
     name = cls if isinstance(cls, str) else getattr(cls, "__name__", "")
-    recipe, listed = shipped_value(name, "sizes")
-    sizes = [(int(s["width"]), int(s["height"])) for s in listed or ()]
+    recipe, sizes = shipped_sizes(name)  # (height, width)
     if not sizes or (height is None and width is None):
         return None
     if height is None or width is None:  # the call's default for the side not given
@@ -274,21 +262,20 @@ def size_refused(cls: Any, height: int | None, width: int | None) -> str | None:
         default = {k: getattr(params.get(k), "default", None) for k in ("height", "width")}
         height = height if height is not None else default["height"]
         width = width if width is not None else default["width"]
-    if not (isinstance(height, int) and isinstance(width, int)) or (width, height) in sizes:
+    if not (isinstance(height, int) and isinstance(width, int)) or (height, width) in sizes:
         return None
     # the one the call would make instead (closest aspect ratio, pipeline_kandinsky_t2i.py:628-631)
-    w, h = min(sizes, key=lambda s: abs(s[0] / s[1] - width / height))
-    return (f"--height {height} --width {width}: {name} makes only {', '.join(f'{a}x{b}' for a, b in sizes)} "
+    h, w = min(sizes, key=lambda s: abs(s[1] / s[0] - width / height))
+    return (f"--height {height} --width {width}: {name} makes only {', '.join(f'{b}x{a}' for a, b in sizes)} "
             f"(width x height; its call swaps any other for the listed one of closest aspect ratio, recipe "
             f"{recipe} sizes:); ask for one, e.g. --height {h} --width {w}")
 
 
 def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
-    """The fewest frames a video pipeline takes: its VAE's temporal factor t plus the first frame (t*(n-1)+1 for the
-    fewest latent count n above 1 its recipe does not refuse, stepped as the video program steps it:
-    :func:`~hf_precision.recipe.frames.nearest_latent_frames`; Kandinsky 5 I2V's NaN frames below 5 latent frames), a
-    Latte transformer's fixed ``video_length`` (``config``: the denoiser's), else 2 (a frame-wise VAE: SVD,
-    AnimateDiff)."""
+    """The fewest frames a video pipeline takes: ``t*(n-1)+1`` for its VAE's temporal factor t and the fewest latent
+    count n above 1 its recipe does not refuse (:func:`~hf_precision.recipe.frames.nearest_latent_frames`), a Latte
+    denoiser's fixed ``video_length`` (``config``), else 2 (a frame-wise VAE: SVD, AnimateDiff).
+    """
     if config.get("video_length"):
         return int(config["video_length"])
     for attr in ("vae_scale_factor_temporal", "vae_temporal_compression_ratio", "vae_temporal_scale_factor"):
@@ -296,18 +283,9 @@ def _frames(pipe: Any, config: Mapping[str, Any]) -> int:
         if isinstance(t, int) and t > 1:
             from ..recipe.frames import nearest_latent_frames
 
-            latent = nearest_latent_frames(1, _video_keys(pipe).get("refused_latent_frames") or ())[1]
+            latent = nearest_latent_frames(1, shipped_video(type(pipe)).get("refused_latent_frames") or ())[1]
             return t * (latent - 1) + 1
     return 2
-
-
-def _video_keys(pipe: Any) -> dict[str, Any]:
-    """The shipped recipe's ``video:`` block for the pipeline's class (its ``classes:`` entry over the rest)."""
-    from ..recipe.catalog import shipped_value
-    from ..recipe.schema import video_block
-
-    name, block = shipped_value(type(pipe), "video")
-    return video_block(block, type(pipe).__name__) if name else {}
 
 
 def _text_length(pipe: Any) -> int:
@@ -347,33 +325,27 @@ def _video_kwargs(pipe: Any, params: Mapping[str, Any], kwargs: Mapping[str, Any
 
 
 def default_negative_prompt(pipe: Any) -> str | None:
-    """The negative prompt a command's call passes when none is given: the shipped recipe's ``video.negative_prompt``
-    for the pipeline's class, else None (none passed: the pipeline's own default). EasyAnimate's call iterates a None
-    negative prompt under guidance (diffusers v0.42.1 pipeline_easyanimate.py:347-362: TypeError), so its recipe
-    gives ''.
+    """The negative prompt a command passes when none is given: the shipped recipe's ``video.negative_prompt`` for the
+    class, else None. EasyAnimate's call iterates a None one under guidance (diffusers v0.42.1
+    pipeline_easyanimate.py:347-362: TypeError), so its recipe gives ''.
 
     Example:
         >>> from types import SimpleNamespace
         >>> default_negative_prompt(type("EasyAnimatePipeline", (), {})()), default_negative_prompt(SimpleNamespace())
         ('', None)
     """
-    return _video_keys(pipe).get("negative_prompt")
+    return shipped_video(type(pipe)).get("negative_prompt")
 
 
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
-    Text-to-image pipelines (SDXL, SD 1.x/2.x, PixArt) get ``prompt="check"``; SVD a small image, 2 frames and
-    ``decode_chunk_size=1``; DiT ``class_labels=[1]``. Image-to-image and inpainting variants also get an image
-    (and a mask) with ``strength=1``. Video pipelines get the fewest frames their VAE takes (Wan: 5) and, where they
-    take one, an input clip. Outputs are numpy (``output_type="np"``). The steps are 2 where 1 cannot run
-    (:func:`_fewest_steps`). ``inputs`` (``image``, ``mask_image``, ``strength``: a user's, as
-    :func:`~hf_precision.diagnose.inputs.image_inputs` returns them) replace the made-up ones, at the call's size;
-    a ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4).
-
-    Raises:
-        RecipeError: The pipeline's ``__call__`` takes neither a prompt, an image nor class labels: pass
-            ``call=lambda pipe: pipe(...)`` to :func:`check`.
+    A prompt (``"check"``), else SVD's small image and 2 frames, else DiT's ``class_labels=[1]``; img2img and inpainting
+    get an image (and mask) at ``strength=1``, video the fewest frames their VAE takes and an input clip where they take
+    one; numpy output; 2 steps where 1 cannot run (:func:`_fewest_steps`). ``inputs`` (a user's ``image``,
+    ``mask_image``, ``strength``: :func:`~hf_precision.diagnose.inputs.image_inputs`) replace the made-up ones, and a
+    ``strength`` below 1 gets the fewest steps it denoises one of (SD img2img at 0.3: 4). RecipeError for a call that
+    takes no prompt, image or class labels: pass ``call=lambda pipe: pipe(...)`` to :func:`check`.
     """
     import torch
 
@@ -420,7 +392,7 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
     # what the call cannot go without though its signature defaults it (the recipe's video.default_call_args)
-    kwargs.update(_video_keys(pipe).get("default_call_args") or {})
+    kwargs.update(shipped_video(type(pipe)).get("default_call_args") or {})
     # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
     for key, value in (("use_resolution_binning", False), ("clean_caption", False),
                        ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):

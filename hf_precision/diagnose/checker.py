@@ -1,18 +1,9 @@
 """check: run a pipeline once, tiny, with recording hooks, and report every dtype and device problem.
 
-:func:`check` runs one small pipeline call (1 step, a few pixels) and reports
-
-- **mismatches**: every leaf module whose floating input differs in dtype or device from its own parameters (torch
-  raises for most of these; some promote silently);
-- **erased float32 islands**: islands of the applied recipe whose parameters are no longer float32, e.g. after a
-  later ``pipe.to(torch.float16)``;
-- **drift**: components whose parameters are no longer in the dtype the applied recipe planned;
-- **casts**: every place a hook changed a dtype (component entries, island boundaries), with how often;
-- **the crash**, if the call raised a mismatch: :func:`hf_precision.diagnose.mismatch` turns it into a finding naming the
-  module and the override line that fixes it, instead of a traceback.
-
-``CheckReport.exit_code`` is 0 when all is well and 1 when something is wrong (``hf-precision check`` exits with
-it).
+Findings: mismatches (a leaf module's floating input in another dtype or device than its parameters: torch raises
+for most, some promote silently), erased float32 islands, drift from the planned dtypes, the casts hooks made, and a
+mismatch the call raised, explained with its fix instead of a traceback. ``hf-precision check`` exits with
+``CheckReport.exit_code``.
 """
 
 from __future__ import annotations
@@ -88,18 +79,10 @@ class Cast:
 class CheckReport:
     """What :func:`check` found. ``ok`` is true when nothing is wrong; ``exit_code`` is 0 (ok) or 1.
 
-    Attributes:
-        pipeline (`str`): The pipeline class.
-        recipe (`str` or `None`): The applied recipe, ``None`` for a pipeline without one.
-        device (`str` or `None`): The device the applied recipe was resolved for.
-        mismatches (`list[Mismatch]`): Modules whose input dtype or device differs from their parameters.
-        erased_islands (`list[ErasedIsland]`): Float32 islands that are float32 no more.
-        drift (`list[Drift]`): Components that drifted from the plan.
-        casts (`list[Cast]`): Dtype changes made by hooks (recipe boundaries), with call counts.
-        error (`Exception` or `None`): What the call raised: a :class:`~hf_precision.MismatchError` (module and
-            fix) or any other exception.
-        notes (`list[str]`): Things worth knowing that are not problems.
-        modules_run (`int`): Parameter-holding module calls observed.
+    ``pipeline`` (class name), ``recipe`` and ``device`` (the applied recipe's, None without one), ``mismatches``,
+    ``erased_islands``, ``drift``, ``casts`` (hook dtype changes with call counts), ``error`` (what the call raised: a
+    :class:`~hf_precision.MismatchError`, or any other exception), ``notes`` (worth knowing, not problems) and
+    ``modules_run`` (parameter-holding module calls observed).
     """
 
     pipeline: str
@@ -240,27 +223,9 @@ def _drift(pipe: Any, comps: Mapping[str, nn.Module], applied: Any) -> tuple[lis
 
 
 def check(pipe: Any, *, call: Callable[[Any], Any] | None = None) -> CheckReport:
-    """Run one tiny pipeline call with recording hooks and report every dtype and device problem.
-
-    Reported: every leaf module whose floating input differs in dtype or device from its own parameters; every
-    float32 island of the applied recipe that is float32 no more (e.g. after ``pipe.to(torch.float16)``); every
-    component that drifted from the plan; every cast the boundary hooks made; and, if the call raised a dtype or
-    device mismatch, that error explained (module path and fix) instead of a traceback. Each problem comes with the
-    override line that fixes it. Hooks are removed afterwards, also on error.
-
-    Without an applied recipe (a plain diffusers pipeline) only runtime mismatches are checked.
-
-    Args:
-        pipe: A diffusers pipeline, loaded with :func:`~hf_precision.load_pipeline` or
-            :func:`~hf_precision.apply_recipe`, or a plain one.
-        call (*optional*): ``call(pipe)`` runs the pipeline; defaults to :func:`default_call`: 1 step, a small
-            image, a fixed seed, numpy output.
-
-    Returns:
-        `CheckReport`: ``ok``, ``exit_code`` (0 or 1), the findings; print it for a report.
-
-    Raises:
-        RecipeError: No default call is known for this pipeline class and ``call`` is not given.
+    """Run one tiny pipeline call with recording hooks and report every dtype and device problem (the findings of this
+    module), each with its fix; a plain diffusers pipeline gets the runtime checks only. ``call(pipe)`` defaults to
+    :func:`default_call`. Hooks come off afterwards, also on error.
 
     Example:
         >>> import torch

@@ -1,10 +1,9 @@
 """What to do about a mismatch: the one place that turns a dtype or device mismatch into a fix line.
 
-Two callers: :mod:`hf_precision.diagnose.mismatch` (an error torch raised, :func:`mismatch_fix`) and
-:mod:`hf_precision.diagnose.checker` (a mismatch ``check`` recorded at a component boundary, :func:`recorded_fix`).
-A fix reads what the failing module and the rest of the pipeline hold: every override it prints changes the dtype
-of at least one component, and when a component received another component's activations the fix names that
-side, never the dtype the component already has. Override lines are spelled by ``errors.override_lines``.
+For an error torch raised (:func:`mismatch_fix`, from :mod:`~hf_precision.diagnose.mismatch`) and a mismatch
+``check`` recorded at a boundary (:func:`recorded_fix`). Every override printed changes the dtype of at least one
+component, and where a component received another's activations the fix names that side, never the dtype the
+component already has. Override lines are spelled by ``errors.override_lines``.
 
 Nothing is imported at import time except the standard library; torch is imported inside functions.
 """
@@ -27,9 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Where", "Fix", "Override", "mismatch_fix", "recorded_fix", "compute_dtype"]
 
-# ---------------------------------------------------------------------------------------------------------------
-# What the modules hold
-# ---------------------------------------------------------------------------------------------------------------
+# ----------------------------------------------------------------------------------------------- what the modules hold
 
 
 @dataclass
@@ -64,10 +61,8 @@ def _same_device(a: str, b: str) -> bool:
 
 
 def compute_dtype(root: nn.Module) -> str | None:
-    """The dtype most of a component's parameter elements compute in (``None`` without floating parameters).
-
-    A layer under diffusers' layerwise casting (diffusers/hooks/layerwise_casting.py) stores one dtype and computes
-    in its hook's ``compute_dtype``; every other parameter computes in the dtype it is stored in.
+    """The dtype most of a component's parameter elements compute in (``None`` without floating parameters): the stored
+    dtype, or a layerwise-cast layer's hook ``compute_dtype`` (diffusers/hooks/layerwise_casting.py).
 
     Example:
         >>> import torch
@@ -104,19 +99,15 @@ def _island(root: nn.Module, rel: str, dtype: str) -> str | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Building the message and the fix
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------ building the message and the fix
 
 Override = tuple[str | None, str, object]  # (component, key, value); a None component is printed <component>
 
 
 @dataclass(frozen=True)
 class Fix:
-    """What a mismatch message says: its first line, the fix, and the two sides as far as they are known.
-
-    ``overrides`` are the alternatives the fix prints, each a tuple of ``--set`` values; every one changes the dtype
-    of the components it names. ``sides_known``: ``got`` is the input side and ``expected`` the parameter side.
+    """What a mismatch message says: its first line, the fix, and the two sides as far as they are known
+    (``sides_known``: ``got`` is the input side); ``overrides`` as :class:`~hf_precision.MismatchError` has them.
     """
 
     header: str
@@ -132,10 +123,9 @@ _LOADER = ("load the pipeline with hf_precision.load_pipeline(...) or run hf_pre
 
 
 def mismatch_fix(parsed: dict[str, Any], w: Where) -> Fix:
-    """What a parsed mismatch (:func:`~hf_precision.diagnose.wordings.parse_mismatch`) means where it happened.
-
-    The failing module's own parameters settle which side is the input when torch's wording does not; the fix
-    then depends on what the component and the rest of the pipeline compute in.
+    """What a parsed mismatch (:func:`~hf_precision.diagnose.wordings.parse_mismatch`) means where it happened: the
+    failing module's parameters settle the sides where torch's wording does not, and the fix depends on what the
+    component and the rest of the pipeline compute in.
 
     Example:
         >>> from hf_precision.diagnose.wordings import parse_mismatch
@@ -368,18 +358,14 @@ def _device_text(parsed: dict[str, Any], w: Where, got: str, expected: str, orde
     return header, fix, []
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# A mismatch check recorded (no error: the hooks saw an input in one dtype reach weights in another)
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------ a mismatch check recorded (no error: the hooks saw an input in one dtype reach weights in another)
 
 
 def recorded_fix(component: str, rel: str, kind: str, got: str, expected: str, applied: bool,
                  main: str | None = None) -> str:
-    """The fix for a mismatch ``check`` recorded: ``component.rel`` received ``got`` but holds ``expected``.
-
-    ``applied``: an hf_precision recipe is applied (its hooks are what re-applying restores); ``main``: the dtype
-    most of the component's parameters compute in (:func:`compute_dtype`: fp8-stored layers count as their compute
-    dtype); an inner module in another one is an undeclared island.
+    """The fix for a mismatch ``check`` recorded: ``component.rel`` received ``got`` but holds ``expected``. ``applied``:
+    a recipe is applied (re-applying restores its hooks); ``main``: the component's :func:`compute_dtype`, so an inner
+    module in another one is an undeclared island.
 
     Example:
         >>> recorded_fix("unet", "conv_in", "dtype", "float32", "float16", applied=False)[:60]

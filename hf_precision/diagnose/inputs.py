@@ -1,9 +1,6 @@
-"""The input pictures of a pipeline's call as the command line gives them: ``--image``, ``--mask``, ``--strength``.
-
-Which a pipeline needs or takes is read from its class's ``__call__`` (:func:`~hf_precision.diagnose.call.call_inputs`)
-through ``model_index.json`` alone, so ``generate``, ``calibrate`` and ``check`` refuse a missing or a misplaced input
-before any weight loads, each with the same one-line message; the files are decoded here too, so an unreadable one is
-named before loading as well.
+"""The input pictures of a pipeline's call as the command line gives them: ``--image``, ``--mask``, ``--strength``,
+checked against the class's ``__call__`` through ``model_index.json`` alone and decoded before any weight loads,
+with one message for ``generate``, ``calibrate`` and ``check`` alike.
 """
 
 from __future__ import annotations
@@ -98,14 +95,11 @@ def _misplaced(model: Any, pipeline: str, what: str, value: Any) -> str:
 
 def image_inputs(model: Any, *, image: Any = None, mask: Any = None, strength: float | None = None,
                  steps: int | None = None, required: bool = True) -> ImageInputs:
-    """Check ``image``/``mask``/``strength`` (files or PIL pictures) against the call of the pipeline ``model``'s
-    ``model_index.json`` names, before any weight loads, and decode the files. Raises one :class:`RecipeError` when
-    the call needs an input not given, is given one it does not take (naming the class of the same folder that takes
-    it), a file cannot be read, ``strength`` is outside (0, 1], or ``steps`` x ``strength`` denoises no step
+    """Check ``image``/``mask``/``strength`` against the call of ``model``'s pipeline and decode the files: one
+    :class:`RecipeError` for a needed input missing (unless ``required=False``: check makes one up), one the call does
+    not take (naming that folder's class that does), an unreadable file, ``strength`` outside (0, 1], or no step left
     (:func:`~hf_precision.diagnose.call.steps_problem`). ``others``: what the call needs beyond these (ControlNet's
-    ``control_image``), left to the caller's own message; with the missing image or mask first when there are such
-    (Wan Animate: image, pose_video and face_video), so that one refusal names all a run needs. ``required=False``:
-    a missing input is no error (check makes one up).
+    ``control_image``), after a missing image or mask so one refusal names all a run needs.
 
     Example:
         >>> import json, tempfile

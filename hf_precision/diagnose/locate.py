@@ -201,11 +201,9 @@ class Session(Names):
         del stack[i:]
 
     def chain_for(self, exc: BaseException) -> tuple[list[nn.Module], str | None] | None:
-        """Modules executing (outermost first) where ``exc`` began, and the innermost one's input dtype; ``None``
-        when the hooks saw nothing of it.
-
-        When ``exc`` wraps an earlier mismatch (``raise RuntimeError(...) from err`` in library code), the
-        deepest exception of its cause chain that is itself a mismatch wins: that is where torch raised.
+        """Modules executing (outermost first) where ``exc`` began, and the innermost one's input dtype; ``None`` when the
+        hooks saw nothing of it. Of a cause chain (``raise RuntimeError(...) from err``), the deepest mismatch wins: there
+        torch raised.
         """
         found: tuple[list[nn.Module], str | None] | None = None
         seen: set[int] = set()

@@ -39,36 +39,16 @@ def _parse_exception(exc: BaseException | None) -> dict[str, Any] | None:
     return parsed
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The error
-# ---------------------------------------------------------------------------------------------------------------
-
-
 class MismatchError(RuntimeError):
     """A dtype or device mismatch, explained: where it happened, the two sides, and the fix.
 
-    Raised by :func:`explain` (``from`` the original error) and returned by :func:`explain_error`. ``str(err)`` is the full message: a first line such as ``dtype mismatch in
-    unet.time_embedding.linear_1: input is float32, weights are float16``, a ``fix:`` line, and torch's original
-    message quoted at the end.
-
-    Attributes:
-        kind (`str`): ``"dtype"`` or ``"device"`` (a device mismatch whose dtypes differ too has ``dtypes``).
-        module (`str` or `None`): Dotted path of the innermost module executing when torch raised, e.g.
-            ``"unet.time_embedding.linear_1"``; ``None`` when no module was executing (or it is unknown).
-        component (`str` or `None`): The pipeline component (first path segment), e.g. ``"unet"``; ``None``
-            for a bare module explained without a ``component`` name.
-        got (`str` or `None`): Input-side dtype or device (``"float32"``, ``"cpu"``).
-        expected (`str` or `None`): Parameter-side dtype or device (``"float16"``, ``"cuda:0"``).
-        dtypes (`tuple` or `None`): For a device mismatch whose dtypes differ as well (CUDA's ``Input type
-            (torch.FloatTensor) and weight type (torch.cuda.HalfTensor)``): (input dtype, weight dtype).
-        sides_known (`bool`): Whether ``got``/``expected`` are known to be the input and parameter sides. When
-            neither the message nor the module's parameters tell, they are in the message's order.
-        family (`str` or `None`): Which torch wording was recognised (see :func:`parse_mismatch`).
-        fix (`str` or `None`): What to do, with the override lines (``--set text_encoder_2.dtype=float16``).
-        overrides (`tuple`): The override alternatives the fix prints, each a tuple of ``--set`` values
-            (``("text_encoder.dtype=float16", "text_encoder_2.dtype=float16")``); every one changes the dtype of
-            the components it names. Empty when the fix has no override line.
-        original (`RuntimeError` or `None`): torch's error (also ``__cause__``).
+    ``str(err)`` is a first line such as ``dtype mismatch in unet.time_embedding.linear_1: input is float32, weights
+    are float16``, a ``fix:`` line, and torch's message quoted. Attributes: ``kind`` (``"dtype"``, ``"device"``),
+    ``module`` (dotted path of the innermost executing module, or None), ``component`` (its first segment), ``got`` /
+    ``expected`` (input-side / parameter-side dtype or device), ``dtypes`` (a device mismatch's differing dtypes),
+    ``sides_known`` (False when neither message nor parameters tell the sides: message order), ``family`` (the torch
+    wording, :func:`parse_mismatch`), ``fix``, ``overrides`` (the ``--set`` alternatives the fix prints, each changing
+    the dtype of the components it names) and ``original`` (torch's error, also ``__cause__``).
     """
 
     def __init__(self, message: str, *, kind: str | None = None, module: str | None = None,
@@ -92,25 +72,11 @@ class MismatchError(RuntimeError):
 
 def explain_error(exc: BaseException, module_path: str | None = None, *, target: Any = None
                   ) -> MismatchError | None:
-    """Build the :class:`MismatchError` for an exception, if it is a dtype or device mismatch.
+    """The :class:`MismatchError` for a caught exception (``__cause__`` set), or None when it is not a mismatch.
 
-    For code that caught the error itself (``hf_precision.explain_error(err)``). Nothing is raised: the
-    caller decides (``raise err from exc``). ``err.__cause__`` is already set to ``exc``. Without
-    ``module_path`` and ``target``, the failing module and the pipeline are read from the exception's traceback
-    (the ``self`` of the ``forward`` frames), so a caught error is explained as well as one raised under
-    ``with explain(pipe):``.
-
-    Args:
-        exc (`BaseException`): The exception. A ``RuntimeError`` (or one of torch's mismatch ``ValueError``\\ s)
-            whose message :func:`parse_mismatch` recognises is explained; a :class:`MismatchError` is returned as is.
-        module_path (`str`, *optional*): Dotted path of the failing module, e.g. ``"unet.time_embedding.linear_1"``.
-            Its first segment is taken as the component.
-        target (pipeline or `nn.Module`, *optional*): When given with ``module_path``, the failing module is looked
-            up in it, so that its parameters can tell which side is the input, float32 islands can be named and the
-            fix can name the other components.
-
-    Returns:
-        `MismatchError` or `None`: ``None`` when ``exc`` is not a mismatch.
+    Without ``module_path`` (e.g. ``"unet.time_embedding.linear_1"``) and ``target`` (pipeline or module to look it up
+    in, so the fix can name sides, islands and other components), both are read from the traceback's ``forward``
+    frames, so a caught error is explained as well as one raised under ``with explain(pipe):``.
 
     Example:
         >>> err = explain_error(RuntimeError("mat1 and mat2 must have the same dtype, but got Float and Half"),
@@ -195,11 +161,6 @@ def _build(exc: BaseException, parsed: dict[str, Any] | None, w: Where) -> Misma
     return err
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The context manager / decorator
-# ---------------------------------------------------------------------------------------------------------------
-
-
 class _Explain:
     """Context manager and decorator returned by :func:`explain`."""
 
@@ -256,42 +217,17 @@ class _Explain:
 
 
 def explain(target: Any = None, *, component: str | None = None) -> Any:
-    """Explain dtype and device mismatches raised in a block or a function.
+    """Explain dtype and device mismatches raised in a block or a function (context manager and decorator).
 
-    As a context manager or decorator, torch's global module hooks (``register_module_forward_pre_hook`` /
-    ``register_module_forward_hook``) track which module is executing while it is active; they are removed on
-    exit, also on error. An error whose message :func:`parse_mismatch` recognises is re-raised as a
-    :class:`MismatchError` naming the innermost module that was executing when torch raised, the input-side and
-    parameter-side dtypes (or devices) and the fix, ``from`` the original error. Every other exception propagates
-    unchanged, as the same object. The hooks put every module call on torch's slow path (tens of microseconds per
-    call), so use this for debugging, not in production loops.
+    While active, torch's global module hooks track the executing module; a recognised mismatch is re-raised as a
+    :class:`MismatchError` ``from`` the original, anything else propagates as the same object. The hooks put every
+    module call on torch's slow path (tens of microseconds), so this is for debugging. A fix never names the dtype the
+    failing component already has: where it received another component's activations, it names the loader (which casts
+    at component boundaries) or the components to change so the pipeline agrees on one dtype.
 
-    For an error you caught yourself, :func:`explain_error` returns its :class:`MismatchError` (``None`` when it is
-    not a mismatch), reading the failing module and the pipeline from the exception's traceback.
-
-    Every override line of a fix changes the dtype of the components it names. When a component received another
-    component's activations (its weights already have the dtype it computes in), the fix names the loader, which
-    casts at component boundaries, or the components to change so that the pipeline agrees on one dtype, never
-    the dtype the failing component already has.
-
-    Args:
-        target (pipeline, `nn.Module` or function, *optional*): Where module names come from. A
-            diffusers pipeline (anything with a ``components`` dict) names modules ``f"{component}.{name}"``
-            (``unet.time_embedding.linear_1``) and lets the fix name other components; an ``nn.Module`` by its
-            ``named_modules()`` names; ``None`` names them inside the pipeline being called, else inside the
-            outermost module that was executing. Modules outside the target are named by class. A plain
-            function passed directly (``@explain``) is decorated.
-        component (`str`, *optional*): For an ``nn.Module`` target, the pipeline attribute it will live under
-            (``"unet"``), used as the path prefix and in the override line.
-
-    Returns:
-        A context manager (``with explain(pipe): ...``) that is also a decorator (``@explain()``,
-        ``@explain(pipe)``).
-
-    Raises:
-        MismatchError: From the original error, when the block raised a dtype or device mismatch.
-        TypeError: ``target`` is neither ``None``, a pipeline (an object with a ``components`` mapping), an
-            ``nn.Module`` nor a function; for a caught exception the message names :func:`explain_error`.
+    ``target``: a pipeline (modules named ``f"{component}.{name}"``), an ``nn.Module`` (named as in
+    ``named_modules()``, prefixed by ``component``), a function (``@explain``), or None (named inside the pipeline being
+    called, else the outermost executing module). Anything else is a TypeError.
 
     Example:
         >>> import torch

@@ -1,14 +1,9 @@
 """plan: what a recipe does to a pipeline, worked out from its configs alone (meta device, no weights, no GPU).
 
-Every component is built from its ``config.json`` on torch's ``meta`` device (shapes without storage), the recipe
-is resolved for the device you name, and the same island rule and per-parameter dtypes as
-:func:`hf_precision.apply_recipe` (``recipe.patterns.resolve_islands``, ``runtime.layout.planned_sizes``) give exact byte counts:
-``hf-precision plan sdxl --device t4`` tells you, before downloading 7 GB, that the SDXL VAE stays float32 on a
-T4 and how much memory the whole pipeline takes compared with plain float32.
-
-Recipe aliases (``sdxl``, ``svd``, ``pixart``, ``dit``, ``sd15``) use the real configs shipped in
-``hf_precision/model_configs/``; any local folder with ``model_index.json`` and component ``config.json`` files
-works too, with or without weights.
+Components are built from ``config.json`` on torch's ``meta`` device and counted with the island rule and
+per-parameter dtypes :func:`hf_precision.apply_recipe` uses (``recipe.patterns.resolve_islands``,
+``runtime.layout.planned_sizes``): ``hf-precision plan sdxl --device t4`` says, before a 7 GB download, that the
+SDXL VAE stays float32 on a T4 and what the pipeline takes against plain float32.
 """
 
 from __future__ import annotations
@@ -61,11 +56,9 @@ class ModuleRow:
 
 @dataclasses.dataclass
 class PlannedComponent:
-    """One component of a :class:`Plan`.
-
-    ``bytes_by_dtype`` maps a canonical dtype name to the bytes of the parameters and buffers (persistent or not)
-    planned in it; ``fp32_bytes`` is what the same tensors take in float32 (plain ``from_pretrained`` without a
-    dtype; integer buffers at their own size). ``params`` counts parameters only.
+    """One component of a :class:`Plan`: ``bytes_by_dtype`` (canonical dtype -> bytes of its parameters and buffers,
+    persistent or not), ``fp32_bytes`` (the same in float32, as plain ``from_pretrained``; integer buffers at their own
+    size) and ``params`` (parameters only).
     """
 
     name: str
@@ -99,15 +92,9 @@ class PlannedComponent:
 class Plan:
     """What a recipe does to a pipeline: per component its parameters, bytes per dtype, float32 modules and why.
 
-    Printing a plan gives a table with sizes in GB/MB; ``to_dict()``/``to_json()`` carry the exact byte counts.
-
-    Attributes:
-        name (`str`): What was asked for (``"sdxl"``, a folder).
-        source (`str`): Where the configs came from.
-        pipeline (`str`): The pipeline class of ``model_index.json``.
-        recipe (`Recipe`): The resolved recipe.
-        components (`dict[str, PlannedComponent]`): In recipe order.
-        skipped (`list[str]`): Components of ``model_index.json`` that are not planned, and why.
+    Printed, a table in GB/MB; ``to_dict()``/``to_json()`` carry exact bytes. ``name`` (what was asked), ``source``
+    (where the configs came from), ``pipeline`` (``model_index.json``'s class), ``recipe`` (resolved), ``components``
+    (:class:`PlannedComponent` in recipe order) and ``skipped`` (components not planned, and why).
     """
 
     name: str
@@ -228,39 +215,14 @@ def _wrap(text: str, indent: str) -> list[str]:
 
 def plan(name_or_path: str | Path, device: Any = None, *, recipe: Recipe | str | None = None,
          overrides: Any = None, modules: bool = False, force: bool = False, base: str | Path | None = None) -> Plan:
-    """Plan a pipeline from its configs: per component, parameters, bytes per dtype, float32 modules and why.
+    """Plan a pipeline from its configs (no download, no allocation): per component, parameters, bytes per dtype,
+    float32 modules and why, for ``device`` (a preset such as ``"t4"``, a present device, or ``"cuda:sm75"``).
 
-    Nothing is downloaded or allocated: each component is built on the meta device from its ``config.json``, the
-    recipe is resolved for ``device`` (which need not be present: ``"t4"``, ``"a100"``, ``"m1-macos13"``), and
-    each parameter is counted in the dtype :func:`~hf_precision.apply_recipe` would give it (islands float32, the
-    rest the storage dtype). A ``keep_fp32`` pattern that matches no module is an error, as in ``apply_recipe``.
-
-    Args:
-        name_or_path (`str` or `Path`): A recipe alias (``"sdxl"``, ``"svd"``, ``"pixart"``, ``"dit"``,
-            ``"sd15"``: the real configs shipped in ``hf_precision/model_configs/``), the name of a shipped folder
-            or its Hub id (``"stabilityai/stable-diffusion-xl-base-1.0"``), a local folder with
-            ``model_index.json`` and component ``config.json`` files (weights not needed), or another Hub id
-            (only its JSON files are fetched).
-        device (*optional*): A device preset (``"t4"``), a present device (``"cuda"``) or a description
-            (``"cuda:sm75"``). Defaults to the best present device.
-        recipe (`Recipe` or `str`, *optional*): A recipe name, or a resolved :class:`Recipe` used as is. Defaults
-            to the alias itself, else the recipe that covers the ``_class_name`` of ``model_index.json``.
-        overrides (*optional*): Override file(s) or dict(s) merged over the recipe (see ``get_recipe``).
-        modules (`bool`, *optional*, defaults to `False`): Also list every module with its parameters and
-            planned dtype (``Plan.table(modules=True)``, ``hf-precision plan --modules``).
-        force (`bool`, *optional*, defaults to `False`): Plan with ``recipe`` even when its ``pipelines`` list does
-            not name the pipeline class.
-        base (*optional*): With a single file as ``name_or_path`` (a ``.safetensors`` denoiser or a GGUF file),
-            what holds the rest of the pipeline (a folder, alias or Hub id, as ``load_pipeline(file, base=...)``
-            takes it). The file's header is checked against the base's denoiser; a GGUF denoiser is counted from the
-            file's tensor types (``runtime.gguf.gguf_packed``), exactly as it loads.
-
-    Returns:
-        `Plan`: print it for a table; ``to_json()`` carries exact byte counts.
-
-    Raises:
-        RecipeError: Unknown name, recipe, device or override; a ``keep_fp32`` pattern that matches nothing; a
-            dtype the device cannot compute.
+    ``name_or_path``: a recipe alias (configs in ``hf_precision/model_configs/``), a shipped folder's name or Hub id, a
+    local folder of ``model_index.json`` and configs, or another Hub id (JSON files only). ``recipe``, ``overrides``,
+    ``force`` and ``base`` are ``load_pipeline``'s (a GGUF denoiser counted from its tensor types, as it loads);
+    ``modules=True`` lists every module. An unknown name, recipe or device, or a ``keep_fp32`` pattern matching no
+    module, is a RecipeError.
 
     Example:
         >>> p = plan("sdxl", device="t4")

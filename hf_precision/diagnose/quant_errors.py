@@ -1,14 +1,11 @@
 """The errors of fp8 and quantized weights, explained with a fix that works (used by ``explain``).
 
-Weights cast to fp8 with ``model.to(torch.float8_e4m3fn)`` (what "fp8 base" means in many scripts) reach torch ops
-that have no fp8 arithmetic: ``Promotion for Float8 Types is not supported`` (Nerogar/OneTrainer#442), ``"cat_cuda"
-not implemented for 'Float8_e4m3fn'`` (bmaltais/kohya_ss#2733), or a ``mat1 and mat2`` mismatch whose "agree on
-float8" fix would be wrong. The fix that works keeps fp8 as *storage* and computes in a half dtype: diffusers'
-layerwise casting (``--set C.storage=float8_e4m3fn``). fp8 *matmuls* need CUDA compute capability 8.9 (``Expected
-is_sm80 || is_sm90`` on a 2080 Ti, bmaltais/kohya_ss#2717), and MPS has no fp8 dtypes at all (Nerogar/OneTrainer#1689).
-diffusers' bitsandbytes quantizer refuses a machine without a GPU (``No GPU found. A GPU is needed for
-quantization.``, diffusers v0.42.1 quantizers/bitsandbytes/bnb_quantizer.py:64), where bitsandbytes itself runs on the
-CPU for transformers models.
+Weights cast with ``model.to(torch.float8_e4m3fn)`` ("fp8 base") reach ops with no fp8 arithmetic: ``Promotion
+for Float8 Types is not supported`` (Nerogar/OneTrainer#442), ``"cat_cuda" not implemented for 'Float8_e4m3fn'``
+(bmaltais/kohya_ss#2733), or a ``mat1 and mat2`` mismatch whose "agree on float8" fix would be wrong. What works is
+fp8 *storage* computing in a half dtype (``--set C.storage=float8_e4m3fn``). fp8 matmuls need sm 8.9 (``Expected
+is_sm80 || is_sm90``, bmaltais/kohya_ss#2717); MPS has no fp8 (Nerogar/OneTrainer#1689). diffusers' bitsandbytes
+quantizer refuses a machine without a GPU (v0.42.1 quantizers/bitsandbytes/bnb_quantizer.py:64).
 """
 
 from __future__ import annotations

@@ -31,9 +31,8 @@ _UPCASTING = frozenset({"FP32LayerNorm"})
 class Recorder:
     """Per-module hooks over a pipeline's components: input/parameter mismatches and dtype changes made by hooks.
 
-    Leaf modules with parameters get a pre-hook appended after every existing one, so it sees what the module
-    really receives. Modules that already carry forward hooks (hf_precision's entry and island hooks, or any other)
-    get a pre-hook prepended and one appended, and the same for forward hooks: the difference is the cast.
+    A leaf with parameters gets a pre-hook after every existing one (it sees what the module really receives); a
+    module already carrying hooks gets one before and one after them, and the difference is the cast.
     """
 
     def __init__(self, components: Mapping[str, nn.Module], kinds: Mapping[str, str]):

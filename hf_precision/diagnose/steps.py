@@ -14,13 +14,11 @@ __all__ = ["call_params", "fewest_steps", "schedulable", "steps_problem"]
 
 
 def schedulable(scheduler: Any, steps: int = 1) -> bool:
-    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when it cannot be
-    asked: no scheduler, or one without ``set_timesteps``).
+    """Whether a copy of ``scheduler`` makes a finite, non-empty schedule of ``steps`` steps (True when not askable).
 
-    FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's real config) stretches the sigmas by
-    ``1 - sigmas[-1]``, which is 0 for one step: NaN timesteps, a numpy RuntimeWarning and an IndexError later.
-    A dynamic-shifting scheduler is probed with the shift that leaves the sigmas as they are, as its pipeline
-    computes a shift of its own (CogView4's scheduler shifts linearly: ``mu`` 1, not 0).
+    FlowMatchEulerDiscreteScheduler with ``shift_terminal`` (LTX-Video's config) divides by ``1 - sigmas[-1]``, 0 for
+    one step: NaN timesteps and an IndexError later. A dynamic-shifting one is probed with the neutral shift, as its
+    pipeline computes its own (CogView4's shifts linearly: ``mu`` 1, not 0).
 
     Example:
         >>> from diffusers import FlowMatchEulerDiscreteScheduler
@@ -61,15 +59,13 @@ def schedulable(scheduler: Any, steps: int = 1) -> bool:
 
 
 def steps_problem(pipe_or_class: Any, steps: int, strength: float | None = None) -> str | None:
-    """Why a pipeline cannot run ``steps`` steps, with the fix (``--steps``), or None when it can.
+    """Why a pipeline cannot run ``steps`` steps, with the fix (``--steps``), or None; one rule for every command.
 
-    Two reasons, one rule for every command (generate, video, calibrate): the scheduler of a pipeline (not of a
-    class: its config is not loaded yet) makes no finite schedule of that many steps (:func:`schedulable`); or an
-    image-to-image call starts ``strength`` of the way along and denoises no step at all. That count is the class's
-    own ``get_timesteps``, run on a stand-in schedule: SD's rounds ``steps x strength`` down (pipeline_stable_diffusion
-    _img2img.py), Flux's rounds the skipped steps down instead (pipeline_flux_img2img.py:481), so SDXL img2img's
-    default strength 0.3 at 2 steps runs none (and fails inside the VAE on an empty batch) while Flux's runs 1.
-    ``strength`` None: the call's default.
+    Either its scheduler (a pipeline's; a class has no config yet) makes no finite schedule of that many
+    (:func:`schedulable`), or an image-to-image call starting ``strength`` (None: the call's default) along denoises no
+    step, by the class's own ``get_timesteps`` on a stand-in schedule: SD rounds ``steps x strength`` down
+    (pipeline_stable_diffusion_img2img.py), Flux the skipped steps (pipeline_flux_img2img.py:481), so SDXL img2img at
+    0.3 and 2 steps runs none (failing inside the VAE) while Flux runs 1.
 
     Example:
         >>> from types import SimpleNamespace
@@ -102,9 +98,8 @@ def steps_problem(pipe_or_class: Any, steps: int, strength: float | None = None)
 
 
 def fewest_steps(cls: Any, steps: int, strength: Any) -> int | None:
-    """The fewest steps from ``steps`` up at which the image-to-image class ``cls`` denoises at least one step at
-    ``strength`` (:func:`_denoised`): ``steps`` itself when they do, or when no count is known (no strength in
-    (0, 1], no ``get_timesteps``); None when no count within ``1 / strength`` more steps does.
+    """The fewest steps from ``steps`` up at which image-to-image class ``cls`` denoises one at ``strength``
+    (:func:`_denoised`): ``steps`` when they do or no count is known; None when none within ``1 / strength`` more does.
 
     Example:
         >>> from diffusers import StableDiffusionImg2ImgPipeline, StableDiffusionXLPipeline
@@ -121,9 +116,8 @@ def fewest_steps(cls: Any, steps: int, strength: Any) -> int | None:
 
 
 def call_params(cls: Any, method: str = "__call__") -> Mapping[str, Any]:
-    """The parameters of a pipeline's ``__call__`` (or of another of its methods: ``"encode_prompt"``), for a
-    pipeline class, an instance, or the name of a diffusers class; empty when there is no such class or method or its
-    signature cannot be read. The one reader of what a pipeline is called with.
+    """The parameters of a pipeline's ``__call__`` (or another method: ``"encode_prompt"``), for a class, an instance or a
+    diffusers class name; empty where it cannot be read. The one reader of what a pipeline is called with.
 
     Example:
         >>> "strength" in call_params("StableDiffusionImg2ImgPipeline"), call_params("NoSuchPipeline")

@@ -16,9 +16,7 @@ from typing import Any
 
 __all__ = ["parse_mismatch", "FAMILIES", "HALF", "PARAM_ROLES", "VALUE_ERROR_FAMILIES"]
 
-# ---------------------------------------------------------------------------------------------------------------
-# Dtype and device spellings
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------ dtype and device spellings
 
 # Every spelling torch uses in these messages, lower-cased after dropping "struct "/"c10::"/"torch.": scalar names
 # ("float", "c10::Half", "BFloat16", "double", "torch.float16"), legacy tensor types ("torch.cuda.HalfTensor") and
@@ -73,9 +71,7 @@ def _device(text: str) -> str:
     return _BACKEND_DEVICES.get(t, t)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# The wordings
-# ---------------------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------------- the wordings
 
 # Argument names in messages: which side the named tensor is on. "self" is ambiguous (the bias in addmm, the
 # embedding table in index_select), so it is in neither set and the module's parameters decide.
@@ -304,59 +300,21 @@ FAMILIES: tuple[_Family, ...] = (
 )
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Parsing
-# ---------------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------------------- parsing
 
 
 def parse_mismatch(message: str) -> dict[str, Any] | None:
-    """Recognise a torch dtype or device mismatch message.
+    """Recognise a torch dtype or device mismatch message; None when ``message`` (``str(err)``) is not one.
 
-    Every wording torch 2.4-2.13 raises for these mismatches on CPU (with and without oneDNN/AMX), CUDA/ROCm,
-    MPS, XPU and the meta device is recognised, also embedded in a longer text (a wrapper's message, a
-    ``torch.compile`` error). Dtype forms: ``Input type (X) and weight|bias type (Y) should be the same`` (scalar
-    names, ``torch.cuda.HalfTensor`` / ``torch.HalfTensor`` and ``CPUBFloat16Type`` / ``CUDABFloat16Type`` spellings,
-    with or without ``... or input should be a MKLDNN tensor``), ``mat1 and mat2 must have the same dtype``, ``self
-    and mat2 must have the same dtype``, ``expected m1 and m2`` / ``expected mat1 and mat2 to have the same dtype``,
-    ``expected scalar type X but found Y`` (both orders, also ``torch.float32`` spellings), ``Found dtype X but
-    expected Y``, ``mixed dtype (CPU)``, SDPA's ``Expected query, key, and value to have the same dtype`` and its
-    ``attn_mask`` check, ``Input dtypes must be the same`` (baddbmm), ``addmv input tensors``, ``dot``, ``prelu``,
-    ``Index put requires the source and destination dtypes match``, ``index_copy_``/``put_``/``masked_scatter``/
-    ``scatter``, ``expected dtype X for `end``` (lerp), ``Expected out tensor to have dtype``, the RNN checks,
-    ``Expected tensor for argument #1 'input' to have the same type as tensor for argument #2 'weight'`` and
-    ``... to have scalar type``, ``Expected object of scalar type``. Device forms: ``Expected all tensors to be on
-    the same device`` (``found at least two devices, X and Y!``, ``got <arg> is on X, different from other tensors
-    on Y`` and ``addmm: expected 'mat1' to be a CPU tensor``), ``Tensor on device X is not on the expected device
-    Y!``, ``Expected tensor for argument #1 'input' to have the same device as tensor for argument #2 'weight'``,
-    ``Tensor for argument #1 'input' is on CPU, but expected it to be on GPU``, ``Expected tensor to have CUDA
-    Backend``/``DeviceType``, SDPA's ``same device type``, the RNN check, MPS's ``Placeholder storage has not been
-    allocated`` and ``Tensor for argument input is on cpu but expected on mps``, index_put's value device, and the
-    convolution ``Input type`` message whose two types differ in device (``torch.FloatTensor`` against
-    ``torch.cuda.HalfTensor``): a device mismatch and, when the scalar types differ too, a dtype mismatch at once.
-
-    Dtypes are returned as canonical names (``float32``, ``float16``, ``bfloat16``, ``float64``, ``float8_*``); a
-    mix involving a non-floating dtype is not a precision mismatch and gives ``None``.
-
-    Args:
-        message (`str`): The text of the exception (``str(err)``).
-
-    Returns:
-        `dict` or `None`: ``None`` when the message is not a mismatch. Otherwise a dict with
-
-        - ``kind``: ``"dtype"`` or ``"device"``;
-        - ``a``, ``b``: the two dtypes or devices. When ``ordered`` is true, ``a`` is the input side and ``b`` the
-          parameter side, or the sides named by ``roles``. ``b`` is ``None`` for ``mixed dtype (CPU)``, which names
-          only the input dtype; both are ``None`` for messages that name no dtype (``scatter()``);
-        - ``ordered``: whether the message says which side is which. ``expected scalar type`` does not (torch
-          prints the input first for CPU convolutions but the weight first for CUDA linear layers); :func:`explain`
-          then decides from the failing module's own parameters;
-        - ``roles``: names of the two sides, e.g. ``("input", "weight")``, ``("query", "key and value")``,
-          ``("source", "destination")``;
-        - ``family``: which wording matched (``input_type``, ``mat1_mat2``, ``m1_m2``, ``scalar_type``,
-          ``devices_found``, ...);
-        - optionally ``argument`` and ``op`` (messages that name them), ``norm`` (``mixed dtype (CPU)``: a
-          normalisation layer's parameters), and ``dtypes`` (a device mismatch whose dtypes differ too:
-          (input dtype, weight dtype)).
+    Every wording of :data:`FAMILIES` (torch 2.4-2.13 on CPU with and without oneDNN/AMX, CUDA/ROCm, MPS, XPU and meta)
+    is found, also inside a longer text (a wrapper's message, a ``torch.compile`` error). A convolution ``Input type``
+    message whose two types differ in device is a device mismatch and, where the scalar types differ too, carries
+    ``dtypes``. A mix with a non-floating dtype is not a precision mismatch (None). The dict: ``kind`` (``"dtype"`` or
+    ``"device"``); ``a``, ``b`` (the two sides as canonical dtype names or devices: input then parameter side, or the
+    sides named by ``roles`` such as ``("query", "key and value")``, when ``ordered``; ``b`` None for ``mixed dtype
+    (CPU)``, both None for messages naming none); ``ordered`` (False for ``expected scalar type``, which torch prints in
+    either order: :func:`explain` decides from the module's parameters); ``family`` (the wording matched); optionally
+    ``argument``, ``op``, ``norm`` and ``dtypes``.
 
     Example:
         >>> p = parse_mismatch("Input type (float) and bias type (c10::Half) should be the same")

@@ -1,14 +1,10 @@
 """Layer 5: what fits in memory, predicted from configs on the meta device, for every program.
 
-``counting`` (the bytes a forward keeps alive on the meta device), ``peaks`` (the peak of each inference phase: text
-encode, image encode, VAE encode and decode, one denoiser call; models built on meta to count them), ``train_step``
-(the activations of one training forward and backward, fp8 copies held for backward, a meta model made trainable),
-``planner`` (:func:`choose`: the first candidate whose prediction fits a budget, and the :class:`Choice` that
-describes it; the weights resident under each offload mode), ``geometry`` (how far a VAE compresses space and time).
-The image, video and training plans of :mod:`hf_precision.apps` give their candidates and their predict function;
-the counting and the choosing are here, once.
-
-Names are bound lazily: a submodule is imported on first use.
+``counting`` (bytes a forward keeps alive on meta), ``peaks`` (each inference phase's peak), ``train_step`` (one
+training step's activations and fp8 copies), ``stand_ins`` (forwards, by module class, that replace one sizing its
+tensors by values while a step is counted), ``planner`` (:func:`choose`: the first candidate that fits a budget;
+the weights resident under each offload mode), ``geometry`` (a VAE's space and time factors). The apps give their
+candidates and predict functions; the counting and the choosing are here, once. Submodules load lazily.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Counting the bytes of the tensors a forward makes on torch's ``meta`` device (shapes, no storage).
 
-A ``TorchDispatchMode`` adds up the bytes of every tensor the ops create and subtracts them when Python frees the
-tensor: its high-water mark is the activation peak of that forward, with the same code path diffusers runs. Attention
-is counted as a fused kernel (flash / memory-efficient SDPA: the output, not the score matrix), which is what
-``F.scaled_dot_product_attention`` runs on CUDA and on CPU. Every per-phase peak of :mod:`hf_precision.memory.peaks`
-and :mod:`hf_precision.memory.train_step` counts with it.
+A ``TorchDispatchMode`` adds every tensor the ops create and subtracts it when Python frees it: the high-water mark
+is the forward's activation peak, on diffusers' own code path. Attention counts as a fused kernel (the output, not
+the score matrix), as ``F.scaled_dot_product_attention`` runs on CUDA and CPU.
 """
 
 from __future__ import annotations
@@ -137,9 +135,9 @@ class _LiveBytes:
 
 def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
     """Transient bytes PyTorch's CPU conv3d takes beyond its output (aten/src/ATen/native/Convolution.cpp,
-    ``ConvParams::use_mkldnn``): float32 with ``N*C*D*H <= 20480`` and a kernel of at most 3x3 runs ``slow_conv3d``,
-    which unfolds the input into a (C_in*kD*kH*kW) x (output voxels) column buffer; otherwise oneDNN, which reorders
-    a copy of the input."""
+    ``ConvParams::use_mkldnn``): float32 with ``N*C*D*H <= 20480`` and a kernel up to 3x3 runs ``slow_conv3d``, whose
+    column buffer is (C_in*kD*kH*kW) x (output voxels); otherwise oneDNN reorders a copy of the input.
+    """
     x, w = args[0], args[1]
     if x.dim() != 5 or x.dtype.itemsize != 4:
         return 0
@@ -155,9 +153,8 @@ def _cpu_conv3d_workspace(args: Any, out: Any) -> int:
 @contextlib.contextmanager
 def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveBytes]:
     """Count the bytes of meta tensors the ops inside create, while they are alive: ``.peak`` is the high-water mark.
-
-    ``grad=True`` keeps autograd on, so what a forward saves for backward (alive until backward frees it) and the
-    gradients backward makes are counted too: the activation peak of a training step (the training plan uses it).
+    ``grad=True`` keeps autograd on, so what a forward saves for backward and the gradients count too (the training
+    plan's step peak).
 
     Example:
         >>> import torch
@@ -215,6 +212,15 @@ def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveByt
         return query.new_empty((*query.shape[:-1], value.shape[-1]))
 
     autocast = torch.autocast
+    tensor = torch.tensor
+
+    def meta_tensor(data: Any, *args: Any, device: Any = None, **kwargs: Any) -> Any:
+        # torch.tensor(data, device="meta") shows the dispatch modes no op, so its values would be lost: HiDream's
+        # patchify builds its per-sample sizes so, and unpatchify slices by them (transformer_hidream_image.py:714,
+        # :694-696). Made on the CPU and moved, a small integer one keeps them as with_values keeps a mask's.
+        if device is not None and torch.device(device).type == "meta":
+            return with_values(tensor(data, *args, **kwargs))
+        return tensor(data, *args, device=device, **kwargs)
 
     def meta_autocast(device_type: str, *args: Any, **kwargs: Any) -> Any:
         # Mochi computes its rotary tables under torch.autocast(freqs.device.type, torch.float32)
@@ -225,6 +231,7 @@ def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveByt
 
     F.scaled_dot_product_attention = fused
     torch.autocast = meta_autocast
+    torch.tensor = meta_tensor
     try:
         # Mochi's attention keeps the prompt tokens torch.nonzero(mask) finds (attention_processor.py
         # MochiAttnProcessor2_0); on meta that count is unknown, and all of them is the padded, largest case.
@@ -234,3 +241,4 @@ def count_live_bytes(cpu: bool = False, grad: bool = False) -> Iterator[_LiveByt
     finally:
         F.scaled_dot_product_attention = sdpa
         torch.autocast = autocast
+        torch.tensor = tensor

@@ -1,11 +1,8 @@
 """The activation peak of each inference phase, counted on torch's ``meta`` device (shapes, no storage).
 
-Each helper runs the phase's forward the way the diffusers pipelines run it and returns the high-water mark of the
-bytes it keeps alive (:func:`hf_precision.memory.counting.count_live_bytes`): a text encoder on the padded prompt,
-an image encoder on one image, the VAE's encode of what a pipeline hands it, the VAE's decode of a clip (whole, or a
-few latent frames a call), one denoiser call. Inputs are made before counting starts (the pipeline made them in an
-earlier phase), so a phase's figure is what its forward adds. The video plan calls them per phase; the training plan
-calls :func:`vae_encode_peak` for its cache pass.
+Each helper runs the phase's forward as the pipelines run it and returns the bytes it keeps alive at most
+(:func:`hf_precision.memory.counting.count_live_bytes`): text encoder, image encoder, VAE encode and decode, one
+denoiser call. Inputs are made before counting (an earlier phase made them), so a figure is what the forward adds.
 """
 
 from __future__ import annotations
@@ -116,9 +113,8 @@ def vae_encode_peak(vae: Any, shape: tuple[int, ...], dtype: Any, *, cpu: bool =
 def vae_decode_peak(vae: Any, dtype: Any, latent: tuple[int, int, int], *, frames_per_call: int | None = None,
                     cpu: bool = False) -> int:
     """The VAE's decode of ``latent`` = (frames, height, width) latent positions, and the float32 frames the pipeline
-    post-processes. ``frames_per_call=None``: a video VAE decodes the clip at once (B, C, F, H, W); a number: a 2D or
-    temporal VAE decodes that many latent frames a call and each chunk goes to float32 (the pipelines'
-    ``decode_latents`` loop, SVD's ``decode_chunk_size``).
+    post-processes: the clip at once (``frames_per_call=None``), or that many latent frames a call, each chunk to
+    float32 (the pipelines' ``decode_latents`` loop, SVD's ``decode_chunk_size``).
 
     Example:
         >>> import torch

@@ -1,10 +1,9 @@
 """Choosing what fits: the first candidate, cheapest first, whose predicted peak fits a budget.
 
-Each plan supplies its candidates in order of cost (the image plan: offload modes and quantized storage; the video
-plan: offload, storage, tiling and chunking; the training plans: cached latents, gradient checkpointing, smaller
-batches, sharding) and a function that predicts one of them. A prediction has ``peak`` (bytes), ``label()`` (the
-settings in words) and ``details()`` (the figures behind the peak); where it has ``quantize`` (component, storage)
-pairs, :meth:`Choice.describe` adds what those storages cost in speed on the device.
+Each plan gives its candidates in order of cost (image: offload and quantized storage; video: also tiling and
+chunking; training: cached latents, checkpointing, smaller batches, sharding) and a predict function. A prediction
+has ``peak`` (bytes), ``label()`` and ``details()``; where it has ``quantize`` pairs, :meth:`Choice.describe` adds
+what those storages cost in speed on the device.
 """
 
 from __future__ import annotations
@@ -34,10 +33,9 @@ P = TypeVar("P", bound=Prediction)
 
 @dataclasses.dataclass
 class Choice(Generic[P]):
-    """The prediction chosen for ``budget``, whether it fits, and every prediction tried (the chosen one last when
-    it fits). ``reserve``: bytes of the budget held back for what the predictions leave out (the image plan's
-    activations). ``device`` (a DeviceProfile): where the speed of a quantized storage was measured. The chosen
-    prediction's own attributes read through the choice (``choice.settings`` is ``choice.prediction.settings``).
+    """The prediction chosen for ``budget``, whether it fits, and every prediction tried (the chosen one last when it
+    fits); ``reserve``: budget held back for what predictions leave out; ``device``: where quantized storage speeds
+    were measured. The prediction's attributes read through (``choice.settings``).
     """
 
     prediction: P
@@ -102,11 +100,10 @@ def resident_bytes(weights: Mapping[str, int], offload: str, running: Iterable[s
                    unquantized: Mapping[str, int] | None = None) -> int:
     """Weight bytes on the device while the ``running`` components (default: any one of them) compute.
 
-    ``none``: every weight. ``model`` (``enable_model_cpu_offload``): the largest running component. ``group``
-    (``enable_group_offload(offload_type="leaf_level", use_stream=True)``): two leaf layers (the one computing and
-    the prefetched one) plus the parameters that sit on non-leaf modules; ``sequential``
-    (``enable_sequential_cpu_offload``): one leaf layer plus those. ``leaf``/``loose`` are those bytes in the
-    component's unquantized layout, ``unquantized`` its weight bytes there: a quantized storage shrinks them alike.
+    ``none``: every weight; ``model`` (``enable_model_cpu_offload``): the largest running component; ``group``
+    (leaf-level streamed ``enable_group_offload``): two leaf layers plus parameters on non-leaf modules; ``sequential``:
+    one leaf layer plus those. ``leaf``/``loose``/``unquantized`` are in the unquantized layout, so a quantized storage
+    shrinks them alike.
 
     Example:
         >>> w = {"text_encoder": 10, "transformer": 30, "vae": 2}

@@ -1,11 +1,10 @@
 """The activations of one training step of a denoiser, counted on torch's ``meta`` device with autograd on.
 
-What the forward saves for backward stays alive until backward frees it, and backward's gradients are added
-(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call is built by the training layer's
-family row and the LoRA injected by the layer's own functions, so the count follows the code path of the real step
-(gradient checkpointing changes what is saved, and is counted as such); an fp8-stored denoiser is stored on meta as
-the loader stores it, and the compute-dtype copies autograd keeps of its weights are counted apart
-(:func:`held_fp8_copies`). The training plans (one process, per rank) call these.
+What the forward saves stays alive until backward frees it, and backward's gradients add
+(:func:`hf_precision.memory.counting.count_live_bytes` with ``grad=True``). The call comes from the training layer's
+family row and the LoRA from its own functions, so the count follows the real step (checkpointing included); an
+fp8-stored denoiser is stored on meta as the loader stores it, its autograd copies counted apart
+(:func:`held_fp8_copies`).
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import Any
 
 from ..errors import RecipeError
 from .counting import count_live_bytes, with_values
+from .stand_ins import standing_in
 
 __all__ = ["cast_floats", "held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
 
@@ -45,11 +45,10 @@ def cast_floats(value: Any, dtype: Any, key: str = "") -> Any:
 def held_fp8_copies() -> Iterator[dict[int, int]]:
     """Count the compute-dtype copies of fp8 weights that autograd saves for backward: storage -> bytes.
 
-    An fp8-stored layer that gradients pass through computes from ``weight.to(compute)``
-    (:func:`hf_precision.runtime.patches.upcast_on_use`); autograd saves that copy for the input's gradient (a
-    Linear's or Conv's weight is saved when its input requires grad), so it lives until backward frees it. The
-    copies are the outputs of ``_to_copy`` from a float8 tensor (activations never are float8); a saved tensor on
-    one of their storages (the copy, or its transpose) is held. Works on the meta device and on real tensors.
+    A layer gradients pass through computes from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`), saved for the input's gradient until backward. Such copies
+    are ``_to_copy`` outputs from float8 (activations never are); a saved tensor on their storage (the copy or its
+    transpose) is held. Meta or real tensors.
 
     Example:
         >>> import torch
@@ -117,7 +116,9 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
     # the fp8 copies' dispatch layer sees every op (~6% of a step on meta): only where a float8 tensor can be copied
     float8 = _float8_dtypes()
     fp8 = any(t.dtype in float8 for t in itertools.chain(module.parameters(), module.buffers()))
-    with count_live_bytes(grad=True) as live, (held_fp8_copies() if fp8 else contextlib.nullcontext({})) as held:
+    # a submodule that sizes its tensors by values (HiDream's experts) runs its meta stand-in (memory.stand_ins)
+    with count_live_bytes(grad=True) as live, (held_fp8_copies() if fp8 else contextlib.nullcontext({})) as held, \
+            standing_in(module):
         kwargs, target = noisy_inputs(row, module, meta, objective, torch.ones(1000, device="meta"))
         kwargs = cast_floats(kwargs, dtype)  # what the layer's boundary hooks do at the denoiser's entry
         out = module(**kwargs, return_dict=False)
@@ -132,7 +133,10 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
 
 # torch's own words when an op needs values a meta tensor does not have (.item(), .tolist(), nonzero, boolean
 # indexing). Anything else raised on meta (a device mix-up, a shape error) is a defect to show, not a model to refuse.
-_NO_VALUES = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-independent implementation")
+# torch's words for a value read on meta; an op whose output size is its input's values (bincount, nonzero-like ops)
+# has no meta kernel at all: "no fake impl or Meta kernel registered"
+_NO_VALUES = ("cannot be called on meta tensors", "Cannot copy out of meta tensor", "data-independent implementation",
+              "no fake impl or Meta kernel registered")
 
 
 def reads_values(err: BaseException) -> bool:
@@ -143,6 +147,11 @@ def reads_values(err: BaseException) -> bool:
         >>> try:
         ...     torch.empty(2, device="meta").sum().item()
         ... except RuntimeError as err:
+        ...     reads_values(err)
+        True
+        >>> try:
+        ...     torch.bincount(torch.zeros(3, dtype=torch.long, device="meta"))
+        ... except NotImplementedError as err:
         ...     reads_values(err)
         True
         >>> reads_values(RuntimeError("Expected all tensors to be on the same device, but found meta and cpu"))

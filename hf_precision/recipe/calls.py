@@ -50,6 +50,7 @@ ROW_KEYS: dict[str, Any] = {
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
     "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,
     "timestep_in_weights_dtype": BOOL, "reference": BOOL, "negate": BOOL, "clean_first_frame": BOOL,
+    "prefix_frame": (_name, "the batch key of the clean prefix latents, e.g. image_latents"),
     "condition": (_map, "a mapping pipeline class -> registered condition builder, e.g. "
                         "{StableDiffusionInpaintPipeline: inpaint_mask}"),
     # how the pipeline's method takes the image: the PIL image a user gives __call__ (Wan, SVD), or the tensor in

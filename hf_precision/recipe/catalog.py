@@ -25,9 +25,10 @@ FORCE_SDXL = "recipe='sdxl', force=True"  # the example of forcing a recipe onto
 from .devices import rule_ids
 from .files import read_yaml, recipes_dir
 from .model import Recipe
-from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean
+from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean, video_block
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes", "shipped_value",
+           "shipped_video", "shipped_sizes",
            "recipe_for_class", "recipes_for_denoiser", "entry_classes", "check_recipe_class", "recipe_components", "recipe_for", "compose_spec",
            "component_spec", "component_recipe_for", "component_recipes_listing", "suggest_recipe", "unknown_recipe", "training_overrides", "ROLES"]
 
@@ -214,6 +215,30 @@ def shipped_value(pipeline_class: Any, key: str) -> tuple[str | None, Any]:
     name = pipeline_class if isinstance(pipeline_class, str) else getattr(pipeline_class, "__name__", "")
     recipe = recipe_classes().get(name)
     return (recipe, pipeline_spec(recipe).get(key)) if recipe else (None, None)
+
+
+def shipped_video(pipeline_class: Any) -> dict[str, Any]:
+    """The ``video:`` block of the shipped recipe listing ``pipeline_class`` (a class or its name) as that class sees
+    it (its ``classes:`` entry over the rest); ``{}`` when none lists it or the recipe has no block.
+
+    Example:
+        >>> shipped_video("ChronoEditPipeline")["first_frame_edit"], shipped_video("WanPipeline").get("first_frame_edit")
+        (True, None)
+    """
+    block = shipped_value(pipeline_class, "video")[1]
+    return video_block(block, getattr(pipeline_class, "__name__", pipeline_class)) if block else {}
+
+
+def shipped_sizes(pipeline_class: Any) -> tuple[str | None, list[tuple[int, int]]]:
+    """(the shipped recipe listing ``pipeline_class``, the (height, width) of its ``sizes:``, the only sizes its
+    call makes; ``[]``: any size).
+
+    Example:
+        >>> shipped_sizes("Kandinsky5T2IPipeline")[1][:2], shipped_sizes("FluxPipeline")
+        ([(1024, 1024), (1408, 640)], ('flux', []))
+    """
+    recipe, listed = shipped_value(pipeline_class, "sizes")
+    return recipe, [(int(s["height"]), int(s["width"])) for s in listed or ()]
 
 
 def recipe_for_class(class_name: str) -> str:

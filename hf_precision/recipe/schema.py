@@ -220,6 +220,9 @@ VIDEO_KEYS: dict[str, Any] = {
     "call_max_frames": (_WHOLE, "the most frames the pipeline's call makes as the commands call it, 0 for any, "
                         "e.g. 97"),
     "call_max_frames_note": (lambda v: isinstance(v, str), "text saying where the call refuses more frames"),
+    "first_frame_edit": BOOL,
+    "unfed_inputs": (lambda v: isinstance(v, str), "text naming the denoiser's inputs the train program has no data "
+                     "for and what to do instead, or '' for none"),
     "default_call_args": (lambda v: isinstance(v, dict) and all(isinstance(k, str) and k.isidentifier() for k in v)
                           and not any(isinstance(x, (dict, list)) for x in v.values()),
                           "call keyword -> plain value check's default call passes, e.g. {overlap_history: 1}"),

@@ -33,10 +33,8 @@ _ATTR = "_hf_precision_applied"
 
 @dataclasses.dataclass
 class Applied:
-    """What :func:`apply_recipe` did, and the hooks it holds.
-
-    ``remove()`` takes the hooks off; it does NOT restore the old dtypes (casting back would not bring back the
-    lost precision: reload the pipeline instead). ``verify()`` lists where the pipeline drifted from the plan.
+    """What :func:`apply_recipe` did, and the hooks it holds. ``remove()`` takes the hooks off but does NOT restore old
+    dtypes (casting back cannot bring back lost precision: reload); ``verify()`` lists drift from the plan.
     """
 
     recipe: Recipe
@@ -147,11 +145,9 @@ def _module_device(module: torch.nn.Module) -> str:
 
 
 def _rescaled(tensor: torch.Tensor, dtype: torch.dtype) -> torch.nn.Parameter | None:
-    """An optimum-quanto weight in another compute dtype (same data, its scale cast), or ``None`` to leave it.
-
-    quanto's weight takes its dtype from its scale and refuses ``.to(dtype)``; left in the dtype it was loaded in, a
-    component re-applied in another compute dtype (calibrate's fp16 runs) gets float32 layer outputs beside fp16
-    norms ('mixed dtype (CPU): expect parameter to have scalar type of Float'). torchao's weights follow the input.
+    """An optimum-quanto weight in another compute dtype (same data, scale cast), or ``None`` to leave it: quanto's
+    weight takes its dtype from its scale and refuses ``.to(dtype)``, so a component re-applied in another dtype
+    (calibrate's fp16 runs) gave float32 outputs beside fp16 norms ('mixed dtype (CPU)'). torchao's follow the input.
     """
     scale = getattr(tensor, "_scale", None)
     if (tensor.dtype == dtype or not isinstance(scale, torch.Tensor) or not hasattr(tensor, "activation_qtype")
@@ -214,23 +210,12 @@ def apply_recipe(pipe: Any, recipe: Recipe | str | None = None, device: Any = No
                  *, layout: Any = None, strict: bool = True, force: bool = False) -> Applied:
     """Apply a recipe to a pipeline you built: dtypes, placement, float32 islands and boundary hooks, in place.
 
-    Args:
-        pipe: a diffusers pipeline, or a bare model (then name a component recipe, e.g. ``recipe="video.wan"``).
-        recipe (`Recipe` or `str`, *optional*): a resolved recipe (its layout is applied as is, whatever device it
-            was resolved for), a recipe name, or ``None`` to choose by pipeline class.
-        device (*optional*): ``"cpu"``, ``"cuda:1"`` ..., or a mapping component -> device (``"default"`` for the
-            rest). ``None`` leaves components where they are. Each component is resolved for its own device.
-        overrides (*optional*): YAML path, dict or a list of them (see ``get_recipe``).
-        layout (*optional*): the device whose rules choose the dtypes when it is not where the pipeline runs
-            (``layout="t4", device="cpu"`` runs the T4 layout on this CPU); see :func:`hf_precision.recipe.resolution.resolve`.
-        strict (`bool`, defaults to `True`): a ``keep_fp32`` pattern that matches no module is an error.
-        force (`bool`, defaults to `False`): apply a pipeline recipe whose ``pipelines`` list does not name this
-            pipeline's class (otherwise a ``RecipeError`` names the recipes that do).
-
-    Returns:
-        `Applied`: a report of what was done; ``.remove()`` takes the hooks off, ``.verify()`` checks for drift.
-        Applying again replaces the previous hooks (never stacks them); with no recipe, device, overrides or layout it
-        re-applies the plan the pipeline has, as loaded (its layout and overrides): the fix after ``pipe.to(dtype)``.
+    ``pipe``: a diffusers pipeline, or a bare model with a component recipe (``recipe="video.wan"``). ``recipe``,
+    ``overrides``, ``layout`` and ``force`` are :func:`~hf_precision.load_pipeline`'s (a resolved recipe's layout is
+    applied as is); ``device`` None leaves components where they are; ``strict`` makes a ``keep_fp32`` pattern that
+    matches no module an error. Returns :class:`Applied` (``.remove()`` the hooks, ``.verify()`` drift). Applying again
+    replaces the hooks, never stacks them; with no recipe, device, overrides or layout it re-applies the plan the
+    pipeline was loaded with: the fix after ``pipe.to(dtype)``.
 
     Example:
         >>> from hf_precision.testing.pipelines import make_sdxl

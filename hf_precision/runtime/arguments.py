@@ -56,11 +56,9 @@ OWN_KEYWORDS = ("device", "recipe", "overrides", "layout", "pipeline_class", "fo
 
 
 def from_pretrained_keywords(*classes: Any) -> set[str] | None:
-    """The keywords ``from_pretrained`` of these pipeline classes takes, read from diffusers itself.
-
-    ``DiffusionPipeline.from_pretrained`` takes ``**kwargs``: its documented arguments and those it pops, plus each
-    pipeline's ``__init__`` arguments (components such as ``vae=`` and options such as ``add_watermarker=``).
-    Anything else is only logged by diffusers and ignored. ``None`` when diffusers' source cannot be read.
+    """The keywords ``from_pretrained`` of these pipeline classes takes, read from diffusers itself (``None`` when its
+    source cannot be read): ``DiffusionPipeline.from_pretrained``'s documented and popped arguments plus each
+    pipeline's ``__init__`` arguments. diffusers only logs anything else and ignores it.
 
     Example:
         >>> from diffusers import StableDiffusionXLPipeline
@@ -71,10 +69,11 @@ def from_pretrained_keywords(*classes: Any) -> set[str] | None:
 
     from diffusers import DiffusionPipeline
 
+    from .patches import upstream_source
+
     method = DiffusionPipeline.from_pretrained
-    try:
-        source = inspect.getsource(method)
-    except (OSError, TypeError):
+    source = upstream_source(method)
+    if source is None:
         return None
     names = set(re.findall(r"kwargs\.pop\(\s*[\"'](\w+)[\"']", source))
     names |= set(re.findall(r"^\s+(\w+) \(`", method.__doc__ or "", re.M))

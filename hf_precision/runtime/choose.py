@@ -1,9 +1,5 @@
-"""Which shipped recipe a pipeline object, a folder or a dict of components is trained or loaded under: one function.
-
-``load_pipeline`` takes a folder's recipe from ``model_index.json``'s class (:func:`~hf_precision.recipe.catalog.recipe_for`),
-``prepare_training`` a pipeline's from its class; a dict of components has no class and is recognised by its model
-components' classes and configs (:mod:`hf_precision.recipe.recognise`). :func:`recipe_of` is the one door for all
-three.
+"""Which shipped recipe a pipeline object, a folder or a dict of components is trained or loaded under:
+:func:`recipe_of`, the one door for all three.
 """
 
 from __future__ import annotations
@@ -25,15 +21,10 @@ __all__ = ["recipe_of"]
 def recipe_of(target: Any, caller: str = "recipe_of") -> str | None:
     """The shipped recipe of a pipeline object, a folder (Hub id, alias) or a dict of components, chosen one way.
 
-    A pipeline object or a folder is taken by its class (the object's, or ``model_index.json``'s ``_class_name``),
-    as ``load_pipeline`` takes it; a dict of components, which has no class, by its model components' classes and
-    configs (:func:`hf_precision.recipe.recognise.recipe_for_parts`: SDXL's UNet has ``addition_embed_type:
-    text_time``). ``None``: no shipped recipe lists the class, and one is composed from the components
-    (:func:`hf_precision.recipe.catalog.recipe_for`).
-
-    Raises:
-        RecipeError: a dict whose components no recipe plans, or that does not tell two recipes apart (it asks for
-            ``recipe=``); a folder whose ``_class_name`` diffusers does not ship.
+    An object or folder by its class, as ``load_pipeline`` takes it; a dict by its components' classes and configs
+    (:func:`hf_precision.recipe.recognise.recipe_for_parts`: SDXL's UNet has ``addition_embed_type: text_time``).
+    ``None``: no shipped recipe lists the class (one is composed: :func:`hf_precision.recipe.catalog.recipe_for`).
+    RecipeError: a dict no recipe plans or that two fit (it asks for ``recipe=``); a ``_class_name`` diffusers lacks.
 
     Example:
         >>> from hf_precision.runtime.source import CONFIGS_DIR

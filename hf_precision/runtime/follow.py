@@ -1,18 +1,12 @@
 """Components that reach an applied pipeline after loading get its plan too.
 
-Users change a pipeline after :func:`~hf_precision.load_pipeline`: ``pipe.vae = AutoencoderKL.from_pretrained(...)``
-(the fp16-fix VAE swap), ``pipe.load_ip_adapter(...)`` (which sets ``image_encoder``),
-``StableDiffusionXLControlNetPipeline.from_pipe(pipe, controlnet=cn)``. Without this module the new component has no
-boundary hooks and no planned dtype, and the first call fails with torch's "Input type (c10::Half) and bias type
-(float) should be the same"; and diffusers' ``from_pipe`` casts every shared component to float32 unless given a
-dtype (diffusers 0.42.1 pipeline_utils.py:2127 and :2225), erasing the plan of the pipeline it came from too.
-
-:func:`install` wraps three methods of ``DiffusionPipeline`` once, for every pipeline class: ``__setattr__`` (a
-component set on a pipeline that carries a live record gets that record's plan for its name: dtype, device,
-float32 islands, hooks), ``from_pipe`` (from a pipeline with a live record and no ``dtype``/``torch_dtype``: the
-shared components keep their planned dtypes instead of being cast to float32, and the new pipeline gets the same
-plan, so a ControlNet passed in is planned as well) and ``to`` (a ``pipe.to(dtype)`` that casts the pipeline off
-its plan warns once, with the fix). Pipelines without a record behave exactly as in diffusers.
+``pipe.vae = AutoencoderKL.from_pretrained(...)``, ``pipe.load_ip_adapter(...)`` and ``from_pipe(pipe,
+controlnet=cn)`` otherwise bring a component with no hooks and no planned dtype ("Input type (c10::Half) and bias
+type (float) should be the same"), and ``from_pipe`` casts every shared component to float32 unless given a dtype
+(diffusers 0.42.1 pipeline_utils.py:2127 and :2225). :func:`install` wraps ``DiffusionPipeline.__setattr__`` (a
+component set on a pipeline with a live record gets that name's plan), ``from_pipe`` (shared components keep their
+dtypes and the new pipeline gets the plan) and ``to`` (a cast off the plan warns once, with the fix). Pipelines
+without a record behave as in diffusers.
 """
 
 from __future__ import annotations
@@ -197,11 +191,10 @@ def _load_devices(record: Any) -> Any:
 def adopt(record: Any, name: str, value: Any) -> None:
     """Give ``value``, just set as component ``name`` of the pipeline ``record`` was applied to, the plan for ``name``.
 
-    The plan is resolved again with the arguments the pipeline was loaded with, so the new module's own config
-    chooses its rule (the fp16-fix SDXL VAE, ``force_upcast=False``, may run in fp16 where the shipped one may not);
-    a pipeline applied with a resolved ``Recipe`` gets that recipe's plan. The module it replaced loses the hooks;
-    ``None`` (``unload_ip_adapter``) only drops the old one; the same module set again, or a wrapper holding it
-    (``torch.compile``, ``DistributedDataParallel``), changes nothing. A module of a class the plan does not fit is left as it is, with one warning.
+    The plan is resolved again with the load's arguments, so the module's own config picks its rule (the fp16-fix
+    VAE's ``force_upcast=False`` may run fp16), or taken from a resolved ``Recipe``. The replaced module loses its
+    hooks; ``None`` only drops it; the same module or a wrapper of it (``torch.compile``, DDP) changes nothing; a class
+    the plan does not fit is left as it is, with one warning.
 
     Example:
         >>> import hf_precision as hp, tempfile

@@ -1,10 +1,9 @@
 """A GGUF single file as the denoiser of a diffusers pipeline: ``load_pipeline("x.gguf", base="<diffusers folder>")``.
 
-GGUF files (ComfyUI-GGUF, city96's Flux/Wan quantizations) hold one model, usually the transformer. The rest of the
-pipeline (text encoders, VAE, scheduler, configs) comes from ``base``, a diffusers folder or Hub id. The file is read
-by diffusers itself: ``<ModelClass>.from_single_file(file, config=base, subfolder=<denoiser>,
-quantization_config=GGUFQuantizationConfig(compute_dtype=<the recipe's compute dtype>))``, which keeps the GGUF
-blocks quantized and dequantizes them per layer on use.
+GGUF files (ComfyUI-GGUF, city96's Flux/Wan quantizations) hold one model; the rest comes from ``base``. diffusers
+reads it: ``from_single_file(file, config=base, subfolder=<denoiser>,
+quantization_config=GGUFQuantizationConfig(compute_dtype=<the recipe's>))`` keeps the blocks packed and dequantizes
+per layer on use.
 """
 
 from __future__ import annotations
@@ -66,12 +65,9 @@ def _first_layer(model: Any) -> list[str]:
 def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
     """Unpack the GGUF tensors diffusers left packed where they cannot be used; returns how many layers.
 
-    diffusers keeps every tensor of a quantized GGUF type (and BF16) packed, but only its ``GGUFLinear`` unpacks
-    them on use (quantizers/gguf/utils.py): a convolution stored BF16 or Q8_0 (a UNet's, a video patch embedder's)
-    would reach torch as raw bytes ("expected scalar type BFloat16 but found Byte"); those are unpacked once, to
-    the compute dtype, as ComfyUI-GGUF does for the layers it has no kernel for. The layers named in ``islands``
-    (the recipe's fp32 islands, the first parameter's layer) are unpacked too and become plain ``nn.Linear``
-    (``GGUFLinear`` computes in the compute dtype): the recipe then keeps the islands in fp32 like every island.
+    Only ``GGUFLinear`` unpacks on use (quantizers/gguf/utils.py), so a convolution stored BF16 or Q8_0 would reach
+    torch as raw bytes ("expected scalar type BFloat16 but found Byte"): unpacked once to the compute dtype, as
+    ComfyUI-GGUF does without a kernel. The ``islands`` layers become plain ``nn.Linear`` too, kept fp32 by the recipe.
     """
     import torch
     from diffusers.quantizers.gguf.utils import GGUFLinear, GGUFParameter, dequantize_gguf_tensor
@@ -98,15 +94,13 @@ def _dequantize_unreadable(model: Any, compute: Any, islands: list[str]) -> int:
 
 
 def gguf_packed(path: str | os.PathLike[str], module: Any, islands: tuple[str, ...] | list[str] = ()) -> dict[str, tuple[str, int]]:
-    """Parameter name -> (GGUF type, bytes) for the parameters of ``module`` that stay packed once the file is loaded.
+    """Parameter name -> (GGUF type, bytes) for the parameters of ``module`` (meta is enough) that stay packed on load.
 
-    The rule is diffusers' own (quantizers/gguf/): a tensor of a quantized type (or BF16) stays packed only where
-    ``_replace_with_gguf_linear`` made its ``nn.Linear`` a ``GGUFLinear`` (its ``weight`` is packed in the file and
-    no name on its path is in the class's ``_keep_in_fp32_modules``; those are unpacked by ``create_quantized_param``),
-    and the loader here keeps it packed only outside the recipe's fp32 ``islands`` and the layer of the model's first
-    parameter (pipelines read their dtype from it). Every other parameter is plain
-    (packed convolutions and tables are unpacked by the loader) and the recipe's dtypes apply; file tensors that are
-    no parameter (buffers such as SD3's ``pos_embed``) are not weights. ``module`` may be on the meta device.
+    diffusers' rule (quantizers/gguf/): a quantized (or BF16) tensor stays packed only as the ``weight`` of an
+    ``nn.Linear`` that ``_replace_with_gguf_linear`` makes a ``GGUFLinear`` (none on its path in
+    ``_keep_in_fp32_modules``); the loader here also unpacks the recipe's fp32 ``islands`` and the first parameter's
+    layer (pipelines read their dtype from it). The rest is plain in the recipe's dtypes; file tensors that are no
+    parameter (SD3's ``pos_embed``) are not weights.
 
     Example:
         >>> import tempfile, torch

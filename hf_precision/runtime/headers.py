@@ -24,11 +24,9 @@ _MAX_HEADER = 100_000_000
 
 
 def read_header(path: Path, *, repo: str | None = None) -> tuple[int, dict[str, Any]]:
-    """The data offset and the tensor table of a safetensors file (its documented 8-byte length + JSON header).
-
-    The header is checked against the file before any tensor is read: a truncated file, a corrupt header or offsets
-    that do not add up raise :class:`~hf_precision.errors.DamagedFileError` naming the file, its component and how
-    to get a good copy, instead of ``requested buffer length ... after offset`` from deep inside torch.
+    """The data offset and the tensor table of a safetensors file, checked against the file before any tensor is read: a
+    truncated file, corrupt header or offsets that do not add up are a :class:`~hf_precision.errors.DamagedFileError`
+    naming the file, its component and how to get a good copy (not ``requested buffer length ... after offset``).
 
     Example:
         >>> import tempfile, torch, safetensors.torch

@@ -29,10 +29,8 @@ __all__ = ["cast_tree", "EntryHook", "IslandHook", "attach"]
 
 
 def cast_tree(tree: Any, dtype: torch.dtype | None, device: torch.device | None = None) -> Any:
-    """Cast floating tensors in a nested structure to ``dtype`` and move every tensor to ``device``.
-
-    Integer and bool tensors (token ids, integer timesteps, masks) are moved but never cast; non-tensors are
-    returned as they are.
+    """Cast floating tensors in a nested structure to ``dtype`` and move every tensor to ``device``; integer and bool
+    tensors (token ids, timesteps, masks) are moved, never cast, and non-tensors returned as they are.
 
     Example:
         >>> out = cast_tree({"x": torch.ones(1), "ids": torch.ones(1, dtype=torch.long)}, torch.float16)
@@ -125,9 +123,8 @@ def _execution_device(module: torch.nn.Module, root: torch.nn.Module, ref: _Para
 class EntryHook:
     """Casts what enters a component to its compute dtype and device; hands outputs over as planned.
 
-    ``output`` is ``"input"`` (back to the dtype and device the primary input arrived in), ``"compute"`` or a
-    ``torch.dtype``. ``compute`` is the planned compute dtype: it is used when the weights are stored in
-    another dtype (layerwise casting); otherwise the weights' current dtype wins.
+    ``output``: ``"input"`` (back to the primary input's dtype and device), ``"compute"`` or a ``torch.dtype``.
+    ``compute`` (planned) is used where layerwise casting stores the weights in another dtype, else the weights' dtype.
     """
 
     def __init__(self, name: str, module: torch.nn.Module, root: torch.nn.Module, *, compute: torch.dtype,
@@ -225,10 +222,8 @@ class IslandHook:
 
 
 def attach(module: torch.nn.Module, hook: EntryHook | IslandHook) -> list[RemovableHandle]:
-    """Register a hook's pre and post functions as native forward hooks; returns the removable handles.
-
-    The post hook is always called, also when the forward raises, so that the hook's per-call stacks stay
-    balanced and no reference to a failed call's inputs outlives it.
+    """Register a hook's pre and post functions as native forward hooks; returns the removable handles. The post hook
+    runs also when the forward raises, so per-call stacks stay balanced and no failed call's inputs outlive it.
     """
     return [module.register_forward_pre_hook(hook.pre, with_kwargs=True),
             module.register_forward_hook(hook.post, with_kwargs=True, always_call=True)]

@@ -1,22 +1,17 @@
 """Backend kernels that crash or fail on some inputs, routed around where the failure is known.
 
-optimum-quanto (v0.2.7 optimum/quanto/library/qbytes_mm.py ``qbytes_mm_impl_cpu``) sends a bfloat16 activation times
-an int8 weight on the CPU to ``torch._weight_int8pack_mm`` whenever ``in_features % 4 == 0``. torch's x86 kernel for
-it (aten/src/ATen/native/cpu/int8mm_kernel.cpp ``tinygemm_kernel``) walks K in steps of 8 (AVX2) or 16 (AVX512) with
-*aligned* vector loads of each activation and weight row, so a K that is not a multiple of the step, or a row that
-does not start on a 32-byte boundary, is a segmentation fault, not an error: measured here with K = 4 and 12 on an
-AVX2 CPU (torch 2.13) and in a LoRA training step on a Sapphire Rapids CPU (torch 2.11). Real models have K a
-multiple of 64; tiny and odd-sized layers do not. :func:`guard_quanto_int8pack` keeps quanto's fast path where it
-is safe and sends the rest to quanto's own dequantizing matmul, which is exact to the same weights.
+optimum-quanto (v0.2.7 optimum/quanto/library/qbytes_mm.py ``qbytes_mm_impl_cpu``) sends a bfloat16 x int8 CPU
+matmul to ``torch._weight_int8pack_mm`` whenever ``in_features % 4 == 0``; torch's x86 kernel
+(aten/src/ATen/native/cpu/int8mm_kernel.cpp ``tinygemm_kernel``) makes aligned loads in steps of 8 (AVX2) or 16
+(AVX512), so another K or a misaligned row is a segmentation fault (measured: K = 4 and 12, AVX2, torch 2.13; a
+LoRA step on Sapphire Rapids, torch 2.11). :func:`guard_quanto_int8pack` sends those to quanto's exact dequantizing
+matmul.
 
-bitsandbytes (v0.50.2 nn/modules.py ``Linear4bit.forward``) repacks a 4-bit weight for its fused AVX512-BF16 CPU
-kernel on the first inference call wherever the native library reports ``has_avx512bf16()`` (AMD Zen 4, Intel
-Cooper Lake and later), and the repacking (functional.py ``_convert_weight_packed_for_cpu``) takes only weights
-whose output rows are a multiple of 32 and whose input width is a multiple of the quantization block (64): other
-layers raise ``N must be divisible by block_n`` or ``shape '[32, 0]' is invalid``. An AVX2 CPU never repacks, so
-the same model runs there. :func:`guard_bnb_cpu_packing` leaves those layers on bitsandbytes' generic dequantizing
-path (the one every other CPU takes), and :func:`keep_bnb_unpacked` keeps a part that gradients must pass through
-off the fused kernel, which has no backward.
+bitsandbytes (v0.50.2 nn/modules.py ``Linear4bit.forward``) repacks a 4-bit weight for its AVX512-BF16 CPU kernel
+on the first call where ``has_avx512bf16()``, and the repacking (functional.py ``_convert_weight_packed_for_cpu``)
+takes only output rows a multiple of 32 and inputs a multiple of the block (64); other layers raise ``N must be
+divisible by block_n``. :func:`guard_bnb_cpu_packing` leaves them on the generic path every other CPU takes;
+:func:`keep_bnb_unpacked` keeps a part gradients pass through off the fused kernel, which has no backward.
 """
 
 from __future__ import annotations
@@ -55,11 +50,8 @@ def int8pack_safe(activations: torch.Tensor, weights: torch.Tensor) -> bool:
 
 
 def guard_quanto_int8pack() -> bool:
-    """Route quanto's CPU int8 x bfloat16 matmul around the shapes that crash torch's kernel (see the module
-    docstring); returns whether the guard is in place (False: quanto is not installed or has no such path).
-
-    Idempotent and process-wide: quanto looks the function up by name on every call, so the guard holds for every
-    quanto model in the process, including ones quantized by the caller.
+    """Route quanto's CPU int8 x bfloat16 matmul around the shapes that crash torch's kernel; returns whether the guard
+    is in place. Idempotent and process-wide: quanto looks the function up by name on every call.
 
     Example:
         >>> import importlib.util
@@ -136,14 +128,9 @@ def guard_bnb_cpu_packing() -> bool:
 
 
 def keep_bnb_unpacked(module: torch.nn.Module) -> int:
-    """Keep every bitsandbytes 4-bit layer of ``module`` off the fused AVX512-BF16 CPU kernel: layers already
-    repacked by an inference call are unpacked again (bitsandbytes' own inverse: the same 4-bit codes, its nested
-    block scales quantized again), and none repacks later.
-    Returns how many layers were unpacked.
-
-    The fused kernel (``torch.ops.bitsandbytes.gemv_4bit``) has no backward, so a LoRA inside the layer's component,
-    or one before it, would get no gradient through it; bitsandbytes repacks only in eval mode without gradients,
-    which a check or a sample between training steps is.
+    """Keep every bitsandbytes 4-bit layer of ``module`` off the fused AVX512-BF16 CPU kernel; returns how many layers
+    already repacked were unpacked (bitsandbytes' own inverse). The kernel (``gemv_4bit``) has no backward, and it
+    repacks in eval mode without gradients, as a check or sample between training steps is.
 
     Example:
         >>> keep_bnb_unpacked(torch.nn.Linear(4, 4))

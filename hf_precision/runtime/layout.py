@@ -28,11 +28,9 @@ __all__ = ["layerwise_skip_regexes", "dtype_anchors", "component_islands", "chec
 
 
 def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[str]:
-    """The skip patterns handed to diffusers' layerwise casting, which ``re.search``es dotted module names.
-
-    Each is anchored at both ends so it means exactly what the recipe's glob means under the one matching rule
-    (full match): island ``time_embedding`` skips that module and its children, never ``down_blocks.0.time_embedding``
-    or ``xtime_embedding``.
+    """The skip patterns for diffusers' layerwise casting (which ``re.search``es names), anchored at both ends to mean
+    what the recipe's glob means: island ``time_embedding`` skips it and its children, never
+    ``down_blocks.0.time_embedding`` or ``xtime_embedding``.
 
     Example:
         >>> import re
@@ -45,16 +43,14 @@ def layerwise_skip_regexes(islands: list[str], skip: tuple[str, ...]) -> list[st
 
 
 def dtype_anchors(module: torch.nn.Module) -> list[str]:
-    """Modules fp8 storage (layerwise casting) must leave in the compute dtype because the model's ``dtype`` is read
-    from them: in a model that is not a diffusers model, every ``nn.Embedding`` (under each name it has: tied T5
-    embeddings are ``shared`` and ``encoder.embed_tokens``), the owner of the first floating parameter, and the
-    layers of its ``_keep_in_fp32_modules`` (whose weight dtype T5 reads outside them).
+    """Modules fp8 storage must leave in the compute dtype because the model's ``dtype`` is read from them.
 
-    transformers' ``PreTrainedModel.dtype`` is the first floating parameter's dtype (modeling_utils.py), and pipelines
-    cast prompt embeddings and latents to ``text_encoder.dtype`` (pipeline_flux.py ``_get_clip_prompt_embeds``): an
-    fp8 embedding there gives fp8 latents ("normal_kernel_cpu" not implemented for 'Float8_e4m3fn'). diffusers'
-    own ``ModelMixin.dtype`` reports the hooks' compute dtype, but pipelines cast latents to the dtype of a VAE's
-    ``post_quant_conv`` parameters, so that layer stays too.
+    transformers' ``PreTrainedModel.dtype`` is the first floating parameter's (modeling_utils.py) and pipelines cast
+    prompt embeddings to ``text_encoder.dtype`` (pipeline_flux.py ``_get_clip_prompt_embeds``): fp8 there gives fp8
+    latents. So in a non-diffusers model: every ``nn.Embedding`` under each name (tied T5 ``shared`` and
+    ``encoder.embed_tokens``), the first floating parameter's owner, and ``_keep_in_fp32_modules`` (T5 reads their
+    weight dtype). diffusers' ``ModelMixin.dtype`` reports the compute dtype, but pipelines cast latents to a VAE's
+    ``post_quant_conv`` dtype, so that layer stays too.
 
     Example:
         >>> from transformers import CLIPTextConfig, CLIPTextModel
@@ -97,10 +93,8 @@ def component_islands(plan: ComponentPolicy, module: torch.nn.Module, *, strict:
 
 
 def check_user_names(plan: ComponentPolicy, module: torch.nn.Module) -> None:
-    """Refuse ``entry`` names and ``layerwise_skip`` globs the user set that name no module of the component.
-
-    A misspelled entry would leave the component's inputs uncast; a misspelled skip glob would store the layers it
-    meant to keep (norms, embeddings) in the storage dtype: a silent change of dtype.
+    """Refuse ``entry`` names and ``layerwise_skip`` globs the user set that name no module of the component: a
+    misspelled entry leaves inputs uncast, a misspelled skip stores norms or embeddings in the storage dtype, silently.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -168,11 +162,8 @@ def _held_in(owner: str, plan: ComponentPolicy, islands: frozenset[str], layerwi
 
 
 def planned_dtypes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, str]:
-    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in, between forward passes.
-
-    Islands are float32. With ``storage == compute`` every other parameter is in the storage dtype; otherwise the
-    layers diffusers' layerwise casting handles are in the storage dtype and the rest in the compute dtype. Works
-    on the meta device (no weights needed); tied parameters are listed once.
+    """Floating parameter name -> the dtype :func:`apply_recipe` keeps it in between forward passes, by the module's rule
+    above (meta is enough; tied parameters are listed once).
     """
     layerwise = _layerwise_layers(module, plan, islands)
     converted = frozenset(quantized_layers(module, plan, islands)) if is_quantized(plan.storage) else frozenset()
@@ -235,14 +226,12 @@ def drift(name: str, module: torch.nn.Module, plan: ComponentPolicy, islands: li
 
 
 def planned_sizes(module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> dict[str, tuple[str, int]]:
-    """Parameter or buffer name -> (what it is held in, its bytes) under ``plan``: the one byte count of a component
-    that ``plan()`` and the memory plans share. Works on the meta device; a tensor held twice is listed once.
+    """Parameter or buffer name -> (what it is held in, its bytes) under ``plan``: the one byte count ``plan()`` and the
+    memory plans share (meta is enough; a tensor held twice is listed once).
 
-    A planned parameter takes its planned dtype or quantized layout (the backend's exact bytes). Buffers, persistent
-    or not (PixArt's ``pos_embed`` table, CLIP's ``position_ids``), are memory the loaded module holds like its
-    weights: floating ones follow the module casts that place the parameters (``.to(dtype)`` casts every floating
-    buffer): float32 inside an island, else the compute dtype, or the storage dtype in a layer diffusers' layerwise
-    casting stores (its hook casts the whole layer). Integer and complex tensors keep their own dtype.
+    A parameter takes its planned dtype or quantized layout (the backend's exact bytes). Floating buffers, persistent
+    or not (PixArt's ``pos_embed``), follow the casts that place the parameters: float32 in an island, else the compute
+    dtype, or the storage dtype in a layer layerwise casting stores. Integer and complex tensors keep their dtype.
 
     Example:
         >>> from hf_precision import get_recipe

@@ -23,11 +23,9 @@ __all__ = ["load_pipeline", "from_pretrained_dtypes", "check_files", "check_vari
 
 
 def check_files(folder: str | os.PathLike[str], index: Mapping[str, Any] | None = None, *, weights: bool = True) -> None:
-    """Check every JSON and safetensors file of a pipeline folder; the first damaged one is a ``DamagedFileError``.
-
-    Only headers are read (sizes and offsets against the file), so this is quick whatever the weights weigh. Called
-    when loading failed, to turn a deep library error into one naming the file, its component and the fix, and by
-    the command line before torch is imported. ``weights=False`` checks the JSON files only.
+    """Check every JSON and safetensors file of a pipeline folder (``weights=False``: JSON only); the first damaged one is a
+    ``DamagedFileError`` naming the file, its component and the fix. Headers only, so quick: run by the command line
+    before torch is imported, and when loading failed, in place of a deep library error.
 
     Example:
         >>> import tempfile
@@ -126,43 +124,30 @@ def load_pipeline(name_or_path: str | os.PathLike[str], device: Any = None, *, r
     """Load a diffusers pipeline with every component in its planned dtype, on its device, agreeing at runtime.
 
     Args:
-        name_or_path: a local diffusers folder, a Hub id, or a recipe alias (``"sdxl"``, ``"svd"``) meaning the
-            Hub id written in that recipe. Offline, a Hub id that is not cached fails with how to use a folder.
-        device (*optional*): ``"cpu"``, ``"cuda"``, ``"cuda:1"``, ``"mps"`` ... or a mapping component -> device
-            (``{"text_encoder": "cpu", "text_encoder_2": "cpu", "default": "cuda"}``); each component gets the
-            dtype its own device supports. Default: the best present device.
-        recipe (*optional*): a recipe name, or a resolved :class:`Recipe` whose layout is applied as is. Default:
-            chosen from ``model_index.json``'s ``_class_name``.
+        name_or_path: a local diffusers folder, a Hub id, or a recipe alias (``"sdxl"``) meaning its recipe's Hub id.
+        device (*optional*): ``"cpu"``, ``"cuda:1"``, ``"mps"`` ... or a mapping component -> device
+            (``{"text_encoder": "cpu", "default": "cuda"}``), each component in the dtype its device supports.
+            Default: the best present device.
+        recipe (*optional*): a recipe name, or a resolved :class:`Recipe` applied as is. Default: chosen from
+            ``model_index.json``'s ``_class_name``; ``force=True`` uses it even where its ``pipelines`` lack the class.
         overrides (*optional*): YAML path, dict, or a list of them, merged over the recipe.
-        layout (*optional*): the device whose rules choose the dtypes, when that is not where the pipeline runs:
-            ``layout="t4", device="cpu"`` loads the T4 layout on this CPU (a preset, a description such as
-            ``"cuda:sm=7.5"``, or a mapping component -> device).
-        pipeline_class (*optional*): the class to build (``StableDiffusionXLImg2ImgPipeline``, an AutoPipeline);
-            defaults to the class in ``model_index.json``.
-        force (`bool`, defaults to `False`): use ``recipe`` even though its ``pipelines`` list does not name this
-            pipeline class (otherwise a ``RecipeError`` names the recipes that do).
-        quantize (*optional*): component -> quantized storage (``{"transformer": "int8", "text_encoder_2": "nf4"}``),
-            the same as ``--set transformer.storage=int8``: loaded through the backend diffusers or transformers
-            ships (docs/quantization.md), with islands, norms, embeddings and the final projection kept out. A
-            ``quantization_config=`` of your own is passed through as is and reported.
-        base (*optional*): with a single file as ``name_or_path`` (a fine-tuned denoiser as ``.safetensors``, in
-            the diffusers or the original layout, or a ``.gguf`` file), the diffusers folder (or Hub id) that holds
-            the rest of the pipeline; the file replaces its denoiser (a whole SD/SDXL checkpoint: every planned
-            component it holds), each in its planned dtype (runtime/single_file.py, runtime/gguf.py).
-        **kwargs: passed to ``from_pretrained`` (``variant``, ``revision``, ``cache_dir`` ...); a keyword it does
-            not take is a ``RecipeError`` with the close names. ``dtype`` / ``torch_dtype`` are taken as an
-            override (lowest priority); ``use_safetensors=False`` opts in to pickle files (``*.bin``; safetensors
-            files are still read where a component has them); remote code is refused.
+        layout (*optional*): the device whose rules choose the dtypes, when not where it runs (``layout="t4",
+            device="cpu"``; a preset, ``"cuda:sm=7.5"``, or a mapping component -> device).
+        pipeline_class (*optional*): the class to build (an img2img class, an AutoPipeline); default
+            ``model_index.json``'s.
+        quantize (*optional*): component -> quantized storage (``{"transformer": "int8"}``), as ``--set
+            transformer.storage=int8`` (docs/quantization.md); a ``quantization_config=`` of your own passes as is.
+        base (*optional*): with a single file as ``name_or_path`` (``.safetensors`` in the diffusers or original
+            layout, or ``.gguf``), the folder or Hub id holding the rest; the file replaces the components it holds
+            (runtime/single_file.py, runtime/gguf.py).
+        **kwargs: passed to ``from_pretrained`` (``variant``, ``revision`` ...; an unknown one is a ``RecipeError``).
+            ``dtype`` / ``torch_dtype`` are a lowest-priority override; ``use_safetensors=False`` opts in to ``*.bin``
+            files; remote code is refused.
 
-    Returns:
-        The diffusers pipeline itself (not a wrapper), ready to call. ``hf_precision.applied(pipe)`` returns the
-        :class:`~hf_precision.runtime.apply.Applied` report.
-
-    Raises:
-        RecipeError: unknown recipe or pipeline class, bad overrides, a dtype the device cannot compute, an
-            offline Hub id, remote code, a package the recipe ``requires:`` that this Python cannot import (each
-            named with its install command, before any weight is read). Its subclass ``DamagedFileError``: a damaged or unreadable
-            ``model_index.json``, ``config.json`` or safetensors file (named, with how to get a good copy).
+    Returns the pipeline itself; ``hf_precision.applied(pipe)`` returns its
+    :class:`~hf_precision.runtime.apply.Applied` report. Raises ``RecipeError`` (before any weight is read where it
+    can: unknown names, bad overrides, a dtype the device cannot compute, an uncached Hub id offline, a package the
+    recipe ``requires:``), and its subclass ``DamagedFileError`` for an unreadable index, config or safetensors file.
 
     Example:
         >>> import tempfile
@@ -337,11 +322,9 @@ _SHARED = ("variant", "revision", "cache_dir", "local_files_only", "token", "use
 
 def _missed_by_diffusers(cls: Any, where: str, index: Mapping[str, Any], dtype_map: Mapping[str, Any],
                          given: Mapping[str, Any]) -> dict[str, Any]:
-    """The components ``from_pretrained`` cannot find by the class ``model_index.json`` names, loaded here from the
-    class the pipeline's module imports (:func:`~hf_precision.runtime.source.component_class`), to put in the built
-    pipeline: the Stable Cascade decoder's ``PaellaVQModel`` (diffusers 0.42 keeps it under
-    ``pipelines/deprecated/``, where neither the Hub's ``["wuerstchen", ...]`` nor its own saved
-    ``["diffusers", ...]`` finds it)."""
+    """The components ``from_pretrained`` cannot find by their index's class (the Stable Cascade decoder's
+    ``PaellaVQModel``: :func:`~hf_precision.runtime.source.component_class`), loaded here for the built pipeline.
+    """
     import diffusers
 
     from .source import component_class
@@ -360,11 +343,9 @@ def _missed_by_diffusers(cls: Any, where: str, index: Mapping[str, Any], dtype_m
 
 
 def from_pretrained_dtypes(recipe: Recipe) -> dict[str, Any]:
-    """The ``dtype=`` dict ``from_pretrained`` gets for a resolved recipe: each component's stored dtype.
-
-    ``"default"`` is always given (a component missing from the dict would otherwise load as float32:
-    ``pipeline_utils.py`` takes ``dtype.get(name, dtype.get("default", torch.float32))``). Weights stored in fp8
-    load in their compute dtype; layerwise casting stores them afterwards.
+    """The ``dtype=`` dict ``from_pretrained`` gets for a resolved recipe: each component's stored dtype (fp8-stored ones
+    in their compute dtype: layerwise casting stores them after). ``"default"`` is always given: ``pipeline_utils.py``
+    loads a component missing from the dict with ``dtype.get("default", torch.float32)``.
 
     Example:
         >>> from hf_precision import get_recipe

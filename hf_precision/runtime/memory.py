@@ -1,7 +1,5 @@
-"""How much memory there is: free bytes on a device, and the kB figures Linux keeps in /proc.
-
-One reader for the calibrator (does the fp32 reference fit?), the video plan (the budget when none is given) and
-the video program's RSS and peak-RSS measurements.
+"""How much memory there is: free bytes on a device, and the kB figures Linux keeps in /proc; one reader for the
+calibrator, the video plan's default budget and the video program's RSS measurements.
 """
 
 from __future__ import annotations
@@ -12,9 +10,8 @@ __all__ = ["proc_bytes", "available_bytes"]
 
 
 def proc_bytes(path: str, key: str) -> int | None:
-    """The ``key:`` line of a Linux /proc file given in kB (``VmRSS``, ``VmHWM``, ``MemAvailable``), in bytes.
-
-    ``None`` where the file or the line does not exist (not Linux).
+    """The ``key:`` kB line of a Linux /proc file (``VmRSS``, ``VmHWM``, ``MemAvailable``) in bytes; ``None`` where there
+    is none (not Linux).
 
     Example:
         >>> value = proc_bytes("/proc/meminfo", "MemAvailable")

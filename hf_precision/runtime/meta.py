@@ -41,16 +41,13 @@ def build_on_meta(library: str, class_name: str, config: Mapping[str, Any], dtyp
                   pipeline: str | None = None) -> nn.Module:
     """Build a model from its config on the meta device: real shapes and module names, no memory for weights.
 
-    Diffusers classes use ``from_config`` (``Transformer2DModel`` configs dispatch to ``PixArtTransformer2DModel``
-    or ``DiTTransformer2DModel``). Transformers classes are built from their config class; the model class is the
-    one ``model_index.json`` names, else ``config.architectures[0]`` (``AutoModel`` would build T5's decoder too).
-    Everything is built under ``torch.device("meta")``, where T5's tied input embedding counts once (under
-    ``accelerate.init_empty_weights()`` it would count 131,596,288 parameters too many). ``dtype`` (a torch dtype)
-    casts every floating tensor to it, and moves to meta the buffers a legacy constructor (``torch.Tensor([..])``)
-    left on the CPU, without the warning diffusers' ``ModelMixin.to(dtype)`` logs about its
-    ``_keep_in_fp32_modules`` (meaningless on meta: a plan that wants them in float32 casts them itself).
-    ``pipeline`` (``model_index.json``'s ``_class_name``) finds a class only its module imports
-    (:func:`~hf_precision.runtime.source.component_class`).
+    Diffusers classes use ``from_config`` (``Transformer2DModel`` dispatches to PixArt's or DiT's); transformers ones
+    their config class, with the class ``model_index.json`` names (``pipeline``'s module may be the only one importing
+    it: :func:`~hf_precision.runtime.source.component_class`), else ``config.architectures[0]`` (``AutoModel`` would
+    build T5's decoder too). Under ``torch.device("meta")`` T5's tied embedding counts once
+    (``accelerate.init_empty_weights()`` counts 131,596,288 parameters too many). ``dtype`` casts every floating tensor
+    and moves to meta the buffers a legacy ``torch.Tensor([..])`` left on the CPU, without diffusers'
+    ``_keep_in_fp32_modules`` warning (a plan that keeps them float32 casts them itself).
 
     Example:
         >>> import torch

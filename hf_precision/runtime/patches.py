@@ -1,11 +1,8 @@
 """What ``apply_recipe`` changes inside diffusers' own modules, one function per technique (as diffusers keeps one
-file per hook in ``diffusers/hooks/``): the VAE's ``force_upcast`` flag, fp32 attention scores, and per-layer
-weight storage through diffusers' layerwise casting (and, for training, :func:`upcast_on_use` in its place), and
-a stand-in for ftfy where a pipeline module calls it uninstalled (:func:`ftfy_stand_in`), tiling where a VAE
-runs only tiled (:func:`tile_where_required`), the inner ``text_model`` a flattened CLIP text encoder no longer has
-(:func:`text_model_alias`). Everything else ``apply_recipe`` does is casts and hooks.
-
-Each function changes the module in place and returns what it did, for :class:`~hf_precision.runtime.apply.Applied`.
+file per hook in ``diffusers/hooks/``): ``force_upcast``, fp32 attention scores, layerwise weight storage (for
+training :func:`upcast_on_use`), and stand-ins where a pipeline needs what is missing (ftfy, tiling, CLIP's
+``text_model``). Each changes the module in place and returns what it did, for
+:class:`~hf_precision.runtime.apply.Applied`.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
+__all__ = ["upstream_source", "disable_force_upcast", "upcast_attention", "store_layerwise", "layerwise_hook", "retarget_layerwise",
            "upcast_on_use", "upcasts_on_use", "processor_calling", "ftfy_stand_in",
            "tile_where_required", "text_model_alias"]
 
@@ -49,10 +46,8 @@ def disable_force_upcast(module: torch.nn.Module) -> bool:
 
 def upcast_attention(module: torch.nn.Module) -> int:
     """Compute attention scores and softmax in fp32 in every diffusers ``Attention`` of ``module``; returns how many.
-
-    SDPA processors ignore ``upcast_attention``: each keeps its own call with its SDPA computed in fp32 (query,
-    key and value upcast, the result cast back); the classic processor honours the flag. Softmax in fp32 is what
-    fixes half-precision attention on MPS >= 14.5.
+    SDPA processors ignore ``upcast_attention``, so each gets its SDPA computed in fp32; the classic processor honours
+    the flag. Softmax in fp32 fixes half-precision attention on MPS >= 14.5.
 
     Example:
         >>> from diffusers.models.attention_processor import Attention
@@ -96,10 +91,8 @@ _swap_local = threading.local()  # .stacks: (id(owner), name) -> this thread's w
 
 def _enter(owner: Any, name: str, wrap: Any) -> None:
     """Make ``owner.<name>`` call ``wrap(...)`` in this thread until :func:`_leave`; other threads keep the original.
-
-    While any thread is inside, ``owner.<name>`` is a dispatcher that looks up the calling thread's stack; the last
-    thread out puts the original back, so outside patched calls torch is untouched (no cost, nothing for
-    ``torch.compile`` to trace through).
+    Meanwhile ``owner.<name>`` is a dispatcher on the calling thread's stack; the last thread out puts the original
+    back, so outside patched calls torch is untouched (nothing for ``torch.compile`` to trace through).
     """
     key = (id(owner), name)
     with _swap_lock:
@@ -135,16 +128,12 @@ def _leave(owner: Any, name: str) -> None:
 @functools.lru_cache(maxsize=None)
 def processor_calling(cls: type, marker: str, owner: Any, names: tuple[str, ...], wrap: Any,
                       when: Any = None) -> type:
-    """``cls`` (an attention processor class) whose call runs with each ``owner.<name>`` replaced by
-    ``wrap(original)`` in the calling thread, and put back after; the subclass has ``marker`` set, so a processor is
-    patched once.
+    """``cls`` (an attention processor class) whose call runs with each ``owner.<name>`` replaced by ``wrap(original)``
+    in the calling thread only (``when()``, if given, says whether), and put back after; ``marker`` is set on it.
 
-    diffusers' processors call torch functions directly, so changing how one math op runs inside them (SDPA in fp32
-    on MPS, fp32 matmuls kept out of a training autocast) means replacing it for the length of the call; the
-    replacement holds for the calling thread only (another thread running its own model meanwhile sees torch's
-    function), and nested or concurrent patched calls stack. The subclass keeps the processor's own signature
-    (``Attention.forward`` passes only the kwargs it names). ``when`` (optional, no arguments): replace only while
-    it returns True.
+    diffusers' processors call torch functions directly, so changing one op inside them (SDPA in fp32 on MPS, fp32
+    matmuls out of a training autocast) means replacing it for the call; other threads see torch's function, nested
+    calls stack, and the processor's signature is kept (``Attention.forward`` passes only the kwargs it names).
 
     Example:
         >>> from diffusers.models.attention_processor import AttnProcessor2_0
@@ -233,15 +222,13 @@ def retarget_layerwise(module: torch.nn.Module, compute: torch.dtype) -> int:
 
 
 def upcast_on_use(module: torch.nn.Module, compute: torch.dtype) -> int:
-    """Let gradients pass through the layers of ``module`` that diffusers' layerwise casting stores in another dtype
-    (fp8): each computes with a fresh copy of its weights in ``compute``; returns how many layers it changed.
+    """Let gradients pass through the layers of ``module`` that layerwise casting stores in another dtype (fp8): each
+    computes with a fresh ``compute`` copy of its weights; returns how many layers it changed.
 
-    diffusers' hook casts the layer's ``.data`` to the compute dtype before the forward and back to fp8 after it, in
-    place, so the weight autograd saved for the backward is fp8 by then ("expected scalar type Float but found
-    Float8_e4m3fn"). Here the layer keeps its fp8 parameters and its forward reads ``weight.to(compute)``, a new
-    tensor that autograd saves instead: the base stays fp8 in memory and never has a gradient, as kohya's
-    ``--fp8_base`` and OneTrainer's ``LinearFp8`` (modules/module/quantized/LinearFp8.py) compute. The hook keeps
-    diffusers' name and its ``storage_dtype``/``compute_dtype``, so whatever reads layerwise casting reads this.
+    diffusers' hook casts ``.data`` in place and back after the forward, so the weight autograd saved is fp8 by then
+    ("expected scalar type Float but found Float8_e4m3fn"). Here the forward reads ``weight.to(compute)``, which
+    autograd saves instead; the base stays fp8 with no gradient, as kohya's ``--fp8_base`` and OneTrainer's
+    ``LinearFp8`` (modules/module/quantized/LinearFp8.py). The hook keeps diffusers' name and dtype attributes.
 
     Example:
         >>> layer = torch.nn.Sequential(torch.nn.Linear(4, 4)).requires_grad_(False)  # a frozen base
@@ -318,14 +305,35 @@ class _PlainText:
         return text
 
 
-def ftfy_stand_in(pipe: Any) -> list[str]:
-    """Give the modules of ``pipe``'s class that call ``ftfy.fix_text`` without checking ftfy is installed a stand-in
-    that leaves the text as it is; returns the modules given one.
+def upstream_source(obj: Any) -> str | None:
+    """``inspect.getsource(obj)``, without leaving the file's lines in ``linecache``; ``None`` where it cannot be read.
 
-    diffusers imports ftfy only where it is installed (``if is_ftfy_available(): import ftfy``), and WanPipeline
-    then skips the fix (pipeline_wan.py:79), but Wan I2V, VACE, video-to-video and Animate, SkyReels-V2, Allegro
-    and others call it anyway (diffusers 0.42.1 pipeline_wan_vace.py:111): every prompt raised NameError. With the
-    stand-in they do what WanPipeline does. Nothing changes where ftfy is installed or a module defines ``ftfy``.
+    ``linecache`` keeps every file ``getsource`` reads for the life of the process: reading one pipeline module to
+    look for a name cost about 1.6 MB of memory that loading never gave back (measured with tracemalloc on the
+    benchmark's SDXL load), more than the whole difference between load_pipeline's and plain diffusers' memory.
+
+    Example:
+        >>> "def upstream_source" in upstream_source(upstream_source)
+        True
+    """
+    import inspect
+    import linecache
+
+    cached = set(linecache.cache)
+    try:
+        return inspect.getsource(obj)
+    except (OSError, TypeError):
+        return None
+    finally:
+        for name in set(linecache.cache) - cached:
+            linecache.cache.pop(name, None)
+
+
+def ftfy_stand_in(pipe: Any) -> list[str]:
+    """Give the modules of ``pipe``'s class that call ``ftfy.fix_text`` unchecked a stand-in that leaves the text as it is;
+    returns those modules. diffusers imports ftfy only where installed and WanPipeline then skips the fix
+    (pipeline_wan.py:79), but Wan I2V, VACE, Animate, SkyReels-V2, Allegro and others call it anyway (diffusers 0.42.1
+    pipeline_wan_vace.py:111): NameError on every prompt.
 
     Example:
         >>> class Pipe:  # a module of ours names no ftfy: nothing to stand in for
@@ -333,7 +341,6 @@ def ftfy_stand_in(pipe: Any) -> list[str]:
         >>> ftfy_stand_in(Pipe())
         []
     """
-    import inspect
     import sys
 
     from diffusers.utils import is_ftfy_available
@@ -345,22 +352,16 @@ def ftfy_stand_in(pipe: Any) -> list[str]:
         module = sys.modules.get(cls.__module__)
         if module is None or "ftfy" in vars(module) or not cls.__module__.startswith("diffusers."):
             continue
-        try:
-            source = inspect.getsource(module)
-        except (OSError, TypeError):
-            continue
-        if "ftfy.fix_text" in source:
+        if "ftfy.fix_text" in (upstream_source(module) or ""):
             module.ftfy = _PlainText  # type: ignore[attr-defined]
             given.append(cls.__module__)
     return given
 
 
 def tile_where_required(module: Any) -> bool:
-    """Turn tiling on in a VAE that refuses to encode or decode without it; returns whether it did.
-
-    AutoencoderKLAllegro raises "Decoding without tiling has not been implemented yet" (diffusers 0.42.1
-    autoencoder_kl_allegro.py:804 and :841) unless ``enable_tiling()`` was called, as diffusers' Allegro example
-    does. Read from the class's own source, so no class is named here; any other module is left as it is.
+    """Turn tiling on in a VAE that refuses to encode or decode without it (AutoencoderKLAllegro: "Decoding without tiling
+    has not been implemented yet", diffusers 0.42.1 autoencoder_kl_allegro.py:804, :841), read from the class's source;
+    returns whether it did.
 
     Example:
         >>> from diffusers import AutoencoderKL, AutoencoderKLAllegro
@@ -380,13 +381,8 @@ def tile_where_required(module: Any) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def _runs_only_tiled(cls: type) -> bool:
-    import inspect
-
     for name in ("_encode", "encode", "_decode", "decode"):
-        try:
-            source = inspect.getsource(getattr(cls, name))
-        except (AttributeError, OSError, TypeError):
-            continue
+        source = upstream_source(getattr(cls, name, None)) or ""
         if "NotImplementedError" in source and "without tiling" in source:
             return True
     return False
@@ -397,16 +393,13 @@ _TEXT_TRANSFORMER = ("embeddings", "encoder", "final_layer_norm")
 
 
 def text_model_alias(module: Any) -> bool:
-    """Let ``module.text_model`` name ``module`` itself where a CLIP text encoder holds its text transformer's
-    layers directly; returns whether it did.
+    """Let ``module.text_model`` name ``module`` itself where a CLIP text encoder holds its layers directly; returns
+    whether it did.
 
-    transformers 5 flattened CLIPTextModel (its embeddings, encoder and final_layer_norm are its own children; the
-    ``text_model`` wrapper is gone; CLIPTextModelWithProjection keeps it), but diffusers still reads
-    ``text_encoder.text_model.final_layer_norm`` for ``clip_skip`` (diffusers 0.42.1 pipeline_i2vgen_xl.py:248,
-    where the call's default ``clip_skip=1`` takes that path on every prompt; the SD and AnimateDiff pipelines
-    take it when given ``clip_skip``). The alias is the module the wrapper held, so the layer norm is the same
-    weights; it is set outside ``_modules`` (no child, no state-dict key, no cycle). Nothing changes where the
-    module has ``text_model`` or lacks those layers.
+    transformers 5 flattened CLIPTextModel (no ``text_model`` wrapper), but diffusers still reads
+    ``text_encoder.text_model.final_layer_norm`` for ``clip_skip`` (diffusers 0.42.1 pipeline_i2vgen_xl.py:248, on
+    every prompt with its default ``clip_skip=1``). The alias is set outside ``_modules`` (no child, no state-dict key,
+    no cycle).
 
     Example:
         >>> from transformers import CLIPTextConfig, CLIPTextModel

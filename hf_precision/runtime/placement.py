@@ -39,9 +39,8 @@ def torch_device(spec: Any, what: str) -> torch.device:
 
 
 def check_placeable(device: Any, recipe: Any = None) -> None:
-    """Each device of ``device`` (one, or a mapping component -> device) is one tensors can be placed on here
-    (:func:`torch_device`). With a resolved :class:`Recipe`, whose dtypes are fixed, the fix named for a device this
-    machine lacks is a present device, not ``layout=`` (which a resolved Recipe refuses).
+    """Each device of ``device`` (one, or component -> device) is one tensors can be placed on here (:func:`torch_device`);
+    for a resolved :class:`Recipe` (fixed dtypes) the fix named for a missing device is a present one, not ``layout=``.
 
     Example:
         >>> check_placeable({"unet": "cpu", "default": None})
@@ -61,10 +60,8 @@ def check_placeable(device: Any, recipe: Any = None) -> None:
 
 
 def same_device(planned: Any, actual: torch.device) -> bool:
-    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it.
-
-    ``torch.device("cuda") != torch.device("cuda:0")``, yet ``.to("cuda")`` lands on the current device (``cuda:0``
-    unless set): an index-less plan means that device, so a correct set-up is not reported as misplaced.
+    """Whether a tensor on ``actual`` is where ``planned`` (``"cuda"``, ``"cuda:1"``, ``"cpu"``) puts it: an index-less
+    plan means the current device (``.to("cuda")`` lands there though ``cuda != cuda:0``), not a misplacement.
 
     Example:
         >>> same_device("cuda", torch.device("cuda", 0)), same_device("cuda", torch.device("cuda", 1))

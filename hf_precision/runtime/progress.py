@@ -1,7 +1,7 @@
-"""Progress bars silenced for a block: the loading bars of diffusers, transformers and the Hub (``--quiet``), and a
-pipeline's own (calibrate's runs, check's run and each video clip, which draws its own bar), each handing the
-caller's settings back as they were; and the keywords that keep a pipeline call from logging what is not the user's
-business (:func:`quiet_call`)."""
+"""Progress bars silenced for a block, handing the caller's settings back: the loading bars (``--quiet``) and a
+pipeline's own (where the caller draws its own bar); and :func:`quiet_call`'s keywords that keep a call from
+logging what is not the user's business.
+"""
 
 from __future__ import annotations
 
@@ -43,10 +43,9 @@ def quiet_progress(pipe: Any) -> Iterator[None]:
 
 
 def quiet_call(pipe: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` for ``pipe(**kwargs)`` with ``clean_caption=False`` where the pipeline would clean captions but
-    cannot here: PixArt, Allegro, Latte (``clean_caption=True`` by default) need Beautiful Soup and ftfy for it, and
-    without them diffusers logs two warnings on every call and turns the cleaning off itself. So the result is the
-    same; only the noise goes. A caller's own ``clean_caption`` is kept, as is everything where the packages exist.
+    """``kwargs`` for ``pipe(**kwargs)`` with ``clean_caption=False`` where the pipeline would clean captions but cannot:
+    PixArt, Allegro and Latte need Beautiful Soup and ftfy for it, and without them diffusers logs two warnings a call
+    and turns it off itself. Same result, less noise; a caller's own ``clean_caption`` is kept.
 
     Example:
         >>> class Pipe:
@@ -72,9 +71,8 @@ def quiet_call(pipe: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def quiet_loading(quiet: bool = True) -> Iterator[None]:
-    """Inside the block, no loading bars: diffusers' ``Loading pipeline components``, transformers' ``Loading
-    weights`` and the Hub's download bars (each library's own switch); each comes back as it was after it.
-    ``quiet=False`` changes nothing (the commands pass their ``--quiet``).
+    """Inside the block (``quiet=True``), no loading bars of diffusers, transformers or the Hub (each library's own switch);
+    each comes back as it was after it.
 
     Example:
         >>> from diffusers.utils import logging as dl

@@ -1,13 +1,11 @@
 """Quantized storage at runtime: which layers a backend converts, the backend config that does it, measured bytes.
 
-The loader hands diffusers a ``PipelineQuantizationConfig`` whose per-component configs (``TorchAoConfig``,
-``QuantoConfig``, ``BitsAndBytesConfig``, from diffusers for diffusers models and from transformers for
-transformers models) keep out of quantization every ``nn.Linear`` hf_precision keeps: the float32 islands, the
-layerwise skips (norms, pos/patch embeddings), the recipe's ``quantize.keep`` globs (embeddings, final projection)
-and the model's own ``_keep_in_fp32_modules`` and ``_skip_layerwise_casting_patterns``. Each backend matches the
-names it is given by its own rule (exact names through torchao's ``FqnToConfig``, child names in diffusers' quanto,
-substrings in diffusers' bitsandbytes, ``should_convert_module`` in transformers); :func:`quantized_layers` applies
-that same rule, so the plan counts exactly the layers the backend converts.
+The loader hands diffusers a ``PipelineQuantizationConfig`` whose per-component configs (torchao, quanto,
+bitsandbytes; diffusers' or transformers' by the model's library) keep out every ``nn.Linear`` hf_precision keeps:
+islands, layerwise skips, the recipe's ``quantize.keep`` and the model's ``_keep_in_fp32_modules``. Each backend
+matches names by its own rule (torchao ``FqnToConfig`` exact names, diffusers' quanto child names, diffusers'
+bitsandbytes substrings, transformers ``should_convert_module``); :func:`quantized_layers` applies the same rule, so
+the plan counts exactly the layers converted.
 """
 
 from __future__ import annotations
@@ -66,10 +64,9 @@ def tensor_bytes(t: torch.Tensor) -> int:
 
 
 def module_bytes(module: torch.nn.Module) -> int:
-    """Measured bytes a module holds: every parameter and buffer, persistent or not (RoPE and position tables are
-    memory like the weights), each once; quantized tensors by their storage (data, scales, zero points), with the
-    buffers a backend adds to the layers it quantized (quanto's scales) and bitsandbytes' moved row scales.
-    :func:`hf_precision.plan` counts the same.
+    """Measured bytes a module holds, as :func:`hf_precision.plan` counts them: every parameter and buffer once,
+    persistent or not, quantized tensors by their storage, with the buffers a backend adds (quanto's scales) and
+    bitsandbytes' moved row scales.
 
     Example:
         >>> m = torch.nn.Linear(4, 2)
@@ -104,12 +101,9 @@ def _linears(module: torch.nn.Module) -> list[str]:
 
 
 def kept_layers(module: torch.nn.Module, plan: ComponentPolicy, islands: Iterable[str]) -> list[str]:
-    """The ``nn.Linear`` layers hf_precision keeps out of quantization, and so hands to the backend by name.
-
-    Islands and :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` plus the recipe's ``quantize.keep`` (embedders,
-    the final norm's modulation and projection) as globs under the project's one rule (a module is kept when it or
-    a parent matches), and the model's ``_keep_in_fp32_modules`` (substrings, as diffusers reads them). Norm layers
-    are never ``nn.Linear``; the blocks' adaLN modulation linears are quantized (see ``DEFAULT_KEEP``).
+    """The ``nn.Linear`` layers kept out of quantization (handed to the backend by name): islands,
+    :data:`~hf_precision.recipe.quantize.DEFAULT_KEEP` and the recipe's ``quantize.keep`` as globs under the one rule
+    (kept when it or a parent matches), and ``_keep_in_fp32_modules`` as substrings, as diffusers reads them.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -143,12 +137,10 @@ def _unpackable(module: torch.nn.Module, plan: ComponentPolicy) -> list[str]:
 
 
 def _passed(library: str, backend: str, module: torch.nn.Module, plan: ComponentPolicy, islands: list[str]) -> list[str]:
-    """The names handed to the backend for the kept layers, in the form its own matching rule reads.
-
-    diffusers' quanto and bitsandbytes compare child names only (``proj_out`` keeps every block's ``proj_out``): there a
-    layer kept by default (an embedder, the final projection) whose child name also names layers to quantize is
-    left to the backend rather than keeping them all (Flux: 38 single-block ``proj_out`` = 1.8B parameters); islands
-    and ``_keep_in_fp32_modules`` are kept whatever it costs.
+    """The names handed to the backend for the kept layers, in the form its matching rule reads. diffusers' quanto and
+    bitsandbytes compare child names only, so a default-kept layer whose child name also names layers to quantize is
+    left to the backend (Flux: 38 single-block ``proj_out`` = 1.8B parameters); islands and ``_keep_in_fp32_modules``
+    are kept whatever it costs.
     """
     kept = kept_layers(module, plan, islands)
     if not (library == "diffusers" and backend in ("quanto", "bitsandbytes")):
@@ -243,15 +235,11 @@ def refuse_library(plan: ComponentPolicy, library: str, device: Any, where: str,
 
 
 def refuse_int8_beside_cuda(plan: ComponentPolicy, where: str, cuda_present: bool | None = None) -> None:
-    """One ``RecipeError`` before loading for bitsandbytes LLM.int8 on a CPU-placed component while a CUDA GPU is
-    present.
+    """One ``RecipeError`` before loading for bitsandbytes LLM.int8 on a CPU-placed component beside a CUDA GPU.
 
-    With a GPU present, transformers loads a bitsandbytes model onto it when no ``device_map`` is given
-    (``update_device_map`` of its bitsandbytes quantizers); moved to the CPU afterwards, LLM.int8 layers keep their
-    row scales on the GPU, so the first CPU matmul mixes devices: ``RuntimeError: invalid argument to
-    getCurrentStream``, and the CUDA context is broken for the rest of the process (measured on an H200 machine:
-    bitsandbytes 0.50.2, transformers 5.17, torch 2.11; NF4 moved the same way ran). Without a GPU the same load
-    stays on the CPU and runs.
+    transformers then loads it onto the GPU (``update_device_map`` of its bitsandbytes quantizers), and moved to the CPU
+    LLM.int8 keeps its row scales there: ``invalid argument to getCurrentStream`` and a broken CUDA context (measured on
+    an H200 machine: bitsandbytes 0.50.2, transformers 5.17, torch 2.11; NF4 ran). Without a GPU it runs.
 
     Example:
         >>> import dataclasses

@@ -41,9 +41,9 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
                         kwargs: dict[str, Any]) -> dict[str, Any]:
     """Put the ``quantization_config`` for the recipe's quantized components into ``kwargs``; notes for the report.
 
-    The layers each backend converts are read from the components built on the meta device, with the same rule
-    the planner counts by; a ``quantization_config`` the caller passed is kept as is (and reported), but not
-    together with a quantized storage in the recipe: that would be two answers to one question.
+    The layers each backend converts are read from meta-built components by the planner's rule. A caller's own
+    ``quantization_config`` is kept (and reported), but not beside a quantized storage in the recipe: two answers to one
+    question.
     """
     from .layout import component_islands
     from .meta import build_on_meta
@@ -84,10 +84,9 @@ def quantization_kwargs(recipe: Recipe, where: str, index: Mapping[str, Any], fo
 def quantize_planned_rest(module: torch.nn.Module, plan: Any, predicted: set[str]) -> list[str]:
     """Quantize the planned layers the backend left plain, with the same backend and scheme; their names.
 
-    transformers and diffusers quantize weights as they are read from the checkpoint, so a layer whose weights the
-    checkpoint lacks (BertModel's ``pooler`` in HunyuanDiT's text encoder is newly initialized) stays plain
-    (torchao), holds unfrozen float weights (quanto) or a float ``Parameter`` in a ``Linear4bit`` (bitsandbytes, whose
-    forward then warns "FP4 quantization state not initialized" and fails), while the plan counts it.
+    Backends quantize weights as they are read, so a layer the checkpoint lacks (HunyuanDiT's BertModel ``pooler``)
+    stays plain (torchao), unfrozen (quanto) or a float ``Parameter`` in a ``Linear4bit`` that fails ("FP4 quantization
+    state not initialized"), while the plan counts it quantized.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -132,9 +131,9 @@ def _bnb_4bit(module: torch.nn.Module, layer: torch.nn.Module, quant_type: str) 
 def _zero_rows(module: torch.nn.Module) -> list[str]:
     """Set to 0 the fp8 values optimum-quanto wrote as NaN for all-zero weight rows; the layers it repaired.
 
-    quanto scales each row by its absmax, and ``0 / 0`` is NaN in float8 (int8 rounds it to 0): a zero-initialized
-    layer (Kandinsky 3's ``context_mlp``, a ControlNet's zero convolutions, adaLN-Zero) made every output NaN.
-    A zero row is exactly 0 under any scale, so this changes no other value and no byte.
+    quanto scales each row by its absmax, and ``0 / 0`` is NaN in float8 (int8 rounds it to 0), so a zero-initialized
+    layer (Kandinsky 3's ``context_mlp``, ControlNet's zero convolutions, adaLN-Zero) made every output NaN. A zero row
+    is 0 under any scale: no other value or byte changes.
     """
     fixed = []
     for name, layer in module.named_modules():

@@ -1,17 +1,12 @@
 """A single-file checkpoint as the denoiser of a diffusers pipeline: ``load_pipeline("x.safetensors", base=...)``.
 
-Fine-tunes shared for ComfyUI, A1111 and Civitai are one ``.safetensors`` file: a Flux / SD3 / Wan transformer or
-an SD / SDXL UNet, in the diffusers key layout or in the original one (LDM/SGM UNet, BFL Flux ...) that diffusers
-converts. The rest of the pipeline (text encoders, VAE, scheduler, every config) comes from ``base``. The file's
-header (no weights) is checked against the base's denoiser built on the meta device, through diffusers' own
-converter where the layout is the original one, so a file of another model or size is one error before loading.
-The weights are then read tensor by tensor into their planned dtypes (fp32 islands exactly as stored, the rest in
-the storage dtype) and handed to diffusers' ``<ModelClass>.from_single_file(state, config=base, subfolder=...)``.
-
-A whole checkpoint (SD 1.x/2.x, SDXL: UNet, VAE and text encoders in one file) is recognised from its key
-prefixes; each planned component diffusers finds in it is read the same way, in its own planned dtype (text
-encoders through diffusers' own single-file functions), and the rest comes from ``base``. Pickle files (``.ckpt``,
-``.pt``, ``.bin``) are refused (loading one can run code). GGUF files go to :mod:`hf_precision.runtime.gguf`.
+Fine-tunes shared for ComfyUI, A1111 and Civitai are one ``.safetensors`` file, in the diffusers key layout or the
+original one diffusers converts; the rest of the pipeline comes from ``base``. The header is checked against the
+base's denoiser built on meta (through diffusers' converter for the original layout), so a file of another model
+is one error before loading; the tensors are then read into their planned dtypes and handed to
+``<ModelClass>.from_single_file(state, config=base, subfolder=...)``. A whole SD/SDXL checkpoint is recognised by
+its key prefixes and each planned component in it read the same way. Pickle files are refused (loading one can run
+code); GGUF files go to :mod:`hf_precision.runtime.gguf`.
 """
 
 from __future__ import annotations
@@ -84,11 +79,9 @@ def hub_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def refuse_unreadable(path: Path, cls: type, name: str, where: str) -> None:
-    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file.
-
-    Some classes inherit ``from_single_file`` but are in no single-file mapping (HunyuanVideoFramepack's
-    transformer: "FromOriginalModelMixin is currently only compatible with ..."), which diffusers finds by
-    subclass (loaders/single_file_model.py); asked the same way here.
+    """A ``RecipeError`` before loading where diffusers cannot read ``cls`` from a single file: it inherits
+    ``from_single_file`` but is in no mapping (HunyuanVideoFramepack's transformer), asked by subclass as diffusers
+    does (loaders/single_file_model.py).
 
     Example:
         >>> import torch
@@ -173,10 +166,8 @@ def _convert(cls: type, config: Mapping[str, Any], tensors: Mapping[str, Any], e
 
 
 def denoiser_layout(path: Path, model: Any, name: str, where: str, header: Mapping[str, Any] | None = None) -> str:
-    """``"diffusers"`` or ``"original"``: the key layout of a single-file denoiser, checked from its header against
-    ``model`` (the base's denoiser, on the meta device is enough; ``header``: the file's, when the caller read it). A
-    file of another class or size, or one missing tensors, is a ``RecipeError`` naming the file, what was expected
-    and the fix.
+    """``"diffusers"`` or ``"original"``: a single-file denoiser's key layout, checked from its ``header`` against
+    ``model`` (the base's denoiser; meta is enough); another class or size, or missing tensors, is a ``RecipeError``.
 
     Example:
         >>> import tempfile, torch, safetensors.torch
@@ -222,13 +213,11 @@ def load_single_file(path: Path, where: str, index: Mapping[str, Any], recipe: A
                      dtypes: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
     """Load the components a single ``.safetensors`` file holds: (component -> model, the report's line).
 
-    A denoiser file gives the recipe's denoiser; an original whole checkpoint (SD 1.x/2.x, SDXL) gives every planned
-    component diffusers finds in it (UNet, VAE, CLIP text encoders), the rest coming from ``base``. Each tensor of a
-    diffusers model is read in the dtype the recipe plans for it (``dtypes[component]``, float32 inside its islands,
-    exactly as the file stores it) and diffusers' ``from_single_file`` builds the model from the base's config; a
-    quantized storage is handed to it as the backend's config, as ``from_pretrained`` gets it. Text encoders are
-    read by diffusers' own single-file functions in their planned dtype. The whole file is never held in float32
-    unless it is stored so.
+    A denoiser file gives the recipe's denoiser; a whole SD/SDXL checkpoint every planned component diffusers finds in
+    it. Each diffusers tensor is read in its planned dtype (``dtypes[component]``, float32 islands as stored) and
+    ``from_single_file`` builds the model from the base's config, with a quantized storage's backend config as
+    ``from_pretrained`` gets it; text encoders go through diffusers' single-file functions. The file is never held in
+    float32 unless stored so.
 
     Example:
         >>> from hf_precision import get_recipe

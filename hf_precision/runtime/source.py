@@ -1,13 +1,10 @@
 """Where a pipeline lives (a folder, a Hub id, a recipe alias, the configs that ship) and what it is made of.
 
-One home for: finding a pipeline and its ``model_index.json`` (:func:`locate`), its components' ``config.json``
-(:func:`component_configs`, :func:`configs_of` for plans, which read the shipped real configs offline), and its
-model components with their classes and roles.
-
-The recipe layer composes a recipe for a pipeline class no shipped recipe lists (:func:`hf_precision.recipe.catalog.recipe_for`)
-from these; this module finds them from a built pipeline, from a folder's ``model_index.json``, or from the
-pipeline class's own ``__init__`` signature. A role comes from where diffusers keeps the class, never from a list
-of component names.
+:func:`locate` finds it and its ``model_index.json``; :func:`component_configs` and :func:`configs_of` (plans, from
+the shipped configs offline) its components' configs; the rest its model components, their classes and roles, from
+a built pipeline, an index or the class's ``__init__`` signature (what
+:func:`hf_precision.recipe.catalog.recipe_for` composes from). A role comes from where diffusers keeps the class,
+never from a list of component names.
 """
 
 from __future__ import annotations
@@ -111,9 +108,8 @@ def cached_snapshot(repo: str) -> Path | None:
 def locate(name_or_path: str | os.PathLike[str]) -> tuple[str, dict[str, Any], Path | None]:
     """Where a pipeline lives: (id or path, its model_index.json, local folder or None).
 
-    Recipe aliases (``"sdxl"``) map to the Hub id written in the recipe. When the Hub cannot be asked (offline, or
-    its host does not answer within seconds) a cached copy is used as a local folder, else the one-line error comes
-    at once instead of after huggingface_hub's retries.
+    Recipe aliases (``"sdxl"``) map to their recipe's Hub id. Where the Hub cannot be asked (offline, or no answer
+    within seconds) a cached copy serves as a local folder, else the one-line error comes at once, not after retries.
     """
     text = str(name_or_path)
     folder = Path(text).expanduser()
@@ -310,11 +306,10 @@ def models_of_pipeline(pipe: Any) -> dict[str, tuple[str, str]]:
 
 def component_class(library: str, name: str, pipeline: str | None = None) -> type | None:
     """The class a ``model_index.json`` entry ``[library, name]`` names, or None: from the library, a diffusers pipeline
-    folder of that name (deprecated ones too), else the class of that name the pipeline's own module imports.
-
-    The last two are where diffusers' own lookup misses: diffusers 0.42 moved Wuerstchen to
-    ``pipelines/deprecated/``, so the Stable Cascade decoder's ``PaellaVQModel`` is found neither as the Hub's
-    ``["wuerstchen", "PaellaVQModel"]`` nor as the ``["diffusers", "PaellaVQModel"]`` diffusers itself saves.
+    folder of that name (deprecated ones too), else the class of that name the pipeline's own module imports. The last
+    two are where diffusers' lookup misses: 0.42 moved Wuerstchen to ``pipelines/deprecated/``, so the Stable Cascade
+    decoder's ``PaellaVQModel`` is found neither as the Hub's ``["wuerstchen", ...]`` nor as its saved
+    ``["diffusers", ...]``.
 
     Example:
         >>> component_class("diffusers", "PaellaVQModel", "StableCascadeDecoderPipeline").__name__

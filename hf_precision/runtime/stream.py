@@ -1,11 +1,9 @@
 """Load a component tensor by tensor, straight into its planned dtype, with plain file reads.
 
-``from_pretrained`` memory-maps the safetensors files: every page it touches counts in the process's RSS until
-the file is closed, so loading fp32 files into fp16 peaks near 2.4x the final weights (measured in
-``benchmarks/benchmark.py``). Here each tensor is cast from the mapping to its target dtype (float32 for islands) and its
-pages are released right after: the peak is the final weights plus one tensor. Anything unexpected (sharded
-index gaps, missing or extra keys, shape differences, another library) returns ``None`` and the caller falls back to
-``from_pretrained``, so this is an optimisation, never a second source of truth.
+``from_pretrained`` memory-maps the files and every page touched stays in RSS, so fp32 files loaded into fp16 peak
+near 2.4x the weights (``benchmarks/benchmark.py``); here the peak is the weights plus one tensor. Anything
+unexpected (index gaps, missing or extra keys, shape differences, another library) returns ``None`` and the caller
+falls back to ``from_pretrained``: an optimisation, never a second source of truth.
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ def _mapped_tensors(path: Path, base: int, header: dict[str, Any],
                     target: Callable[[str, torch.dtype], torch.dtype]) -> Iterator[tuple[str, torch.Tensor]]:
     """Each tensor of a file, cast (as a fresh copy) to its target dtype.
 
-    The file is memory-mapped, so the cast reads the page cache directly (no intermediate copy), and each tensor's
-    pages are dropped from this process with MADV_DONTNEED every 32 MiB: they stay in the page cache, but the
-    process's RSS only ever holds the converted weights plus one tensor (or 32 MiB) of the file.
+    The cast reads the memory-mapped page cache directly, and every 32 MiB the pages are dropped from this process
+    (MADV_DONTNEED): the RSS holds the converted weights plus at most one tensor (or 32 MiB) of the file.
     """
     page = mmap.PAGESIZE
     released = 0

@@ -1,8 +1,9 @@
 """Fixtures that ship: tiny and mid-size random-weight pipelines built from configs, offline.
 
-Used by the demo, the video demo, doctests and the test suite (like torchao's ``testing/`` and accelerate's
-``test_utils/``): fixtures, not the core API. Every tiny pipeline is a row of ``PIPELINES`` (``registry``), read from
-``tiny/*.yaml`` on first use; names are bound lazily."""
+For the demo, doctests and the suite (like torchao's ``testing/``, accelerate's ``test_utils/``), not the core API.
+Every tiny pipeline is a row of ``PIPELINES`` (``registry``), read from ``tiny/*.yaml`` on first use; names are
+bound lazily.
+"""
 
 from __future__ import annotations
 

@@ -37,10 +37,8 @@ def _scale(module, weight: float, bias: float | None = None, fill_bias: float | 
 
 
 def plant_vae_up_block(vae, block: int = 0, resnets: tuple[int, ...] = (0, 1), scale: float = 1e5) -> list[str]:
-    """Make ``decoder.up_blocks.<block>.resnets.<i>.conv1`` overflow fp16; each resnet's output stays in range.
-
-    ``conv1`` (weight and bias) is multiplied by ``scale``; the GroupNorm after it (``norm2``) normalises the large
-    values again, so each resnet, and the up block, hand on ordinary values. Returns the planted module names.
+    """Make ``decoder.up_blocks.<block>.resnets.<i>.conv1`` overflow fp16 (weight and bias times ``scale``); the
+    GroupNorm after it (``norm2``) normalises again, so every resnet hands on ordinary values. Returns the planted names.
     """
     names = []
     for i in resnets:
@@ -50,11 +48,9 @@ def plant_vae_up_block(vae, block: int = 0, resnets: tuple[int, ...] = (0, 1), s
 
 
 def plant_t5_feed_forward(t5, block: int = 1, scale: float = 1e3) -> list[str]:
-    """Make the gated feed-forward of T5 block ``block`` overflow fp16 at the input of its ``wo``.
-
-    ``wi_0`` and ``wi_1`` are multiplied by ``scale`` (their outputs stay below 65504) and ``wo`` by
-    ``1 / scale**2``: the product ``gelu(wi_0(x)) * wi_1(x)`` that ``wo`` reads is about ``scale**2`` times larger
-    (beyond fp16's range), and ``wo`` brings it back, so the block's output is what it was. Returns ``[wo]``.
+    """Make the gated feed-forward of T5 block ``block`` overflow fp16 at the input of its ``wo``: ``wi_0`` and ``wi_1``
+    times ``scale`` (each output below 65504) make ``gelu(wi_0(x)) * wi_1(x)`` about ``scale**2`` larger, and ``wo``
+    times ``1 / scale**2`` takes it back, so the block's output is unchanged. Returns ``[wo]``.
     """
     ff = t5.encoder.block[block].layer[-1].DenseReluDense
     _scale(ff.wi_0, scale)
@@ -64,11 +60,9 @@ def plant_t5_feed_forward(t5, block: int = 1, scale: float = 1e3) -> list[str]:
 
 
 def plant_time_embedding(transformer, path: str = "condition_embedder.time_embedder") -> list[str]:
-    """Make a time-embedding MLP (``linear_1 -> SiLU -> linear_2``) overflow fp16 between its two layers.
-
-    ``linear_1.weight`` x1e5 with its bias set to 6.5e4 puts its outputs around fp16's maximum, and
-    ``linear_2.weight`` x1.5e-5 brings them back: the MLP's output is sane in fp32, inf/NaN in fp16.
-    Returns ``[path.linear_1]``.
+    """Make a time-embedding MLP (``linear_1 -> SiLU -> linear_2``) overflow fp16 between its layers: ``linear_1.weight``
+    x1e5 with bias 6.5e4 reaches fp16's maximum, ``linear_2.weight`` x1.5e-5 brings it back (sane in fp32, inf/NaN in
+    fp16). Returns ``[path.linear_1]``.
     """
     mlp = transformer.get_submodule(path)
     _scale(mlp.linear_1, 1e5, fill_bias=6.5e4)
@@ -97,10 +91,8 @@ _PARTNERS = (("to_q", "to_k", "k"), ("add_q_proj", "add_k_proj", "k"), ("q_proj"
 
 
 def _consumers(root, name: str, run) -> tuple[float, list[str]]:
-    """Max |output| of ``root.<name>`` in one float32 run, and the weighted modules that read that output.
-
-    A module reads it when the very tensor (or the output of a parameterless module that read it, an activation)
-    is among its inputs; containers are skipped, their leaf children see the same tensor.
+    """Max |output| of ``root.<name>`` in one float32 run, and the weighted leaf modules that read that very tensor (or a
+    parameterless module's output of it, an activation).
     """
     import torch
 
@@ -175,18 +167,15 @@ def _run_hooked(run, handles) -> None:
 
 
 def plant_overflow(pipe, component: str, name: str, run, *, peak: float = 3e5) -> dict[str, Any]:
-    """Scale ``pipe.<component>.<name>`` so that its output reaches ``peak`` (beyond fp16's 65504), and undo the
-    scale where its output is read, so that the float32 run stays sane: a generic planted fp16 overflow.
+    """Scale ``pipe.<component>.<name>`` so its output reaches ``peak`` (beyond fp16's 65504), and undo the scale where
+    the output is read, so the float32 run stays sane: a generic planted fp16 overflow.
 
-    The module's weight and bias are multiplied by ``s = peak / max|output|``. The scale is taken back by whatever
-    reads the output: a norm (scale-invariant: nothing to do), a linear or convolution (its weight divided by
-    ``s``; exact when only an activation sits between), or, for attention projections whose output only meets
-    functional code, the partner projection (``to_q``/``to_k``: ``q.k`` is unchanged; ``to_v``/``to_out.0``:
-    attention is linear in ``v``). Where the output is read by functional code (a gated feed-forward's
-    ``hidden * gelu(gate)``), the first later layer whose output grew is divided by its growth, measured. ``run()``
-    calls the pipeline once (float32). Returns ``{"module", "scale", "compensated": [names], "how", "spread"}``;
-    ``spread`` lists the modules outside the planted one whose float32 output still leaves fp16's range (a
-    residual stream carries the scale on: then no island smaller than the component can hold it).
+    Weight and bias are multiplied by ``s = peak / max|output|``, taken back by the reader: a norm (scale-invariant), a
+    linear or convolution (weight divided by ``s``), the partner attention projection (``to_q``/``to_k``: ``q.k``
+    unchanged; ``to_v``/``to_out.0``: linear in ``v``), else the first later layer whose output grew, by its measured
+    growth (a gated feed-forward's ``hidden * gelu(gate)``). ``run()`` calls the pipeline once (float32). Returns
+    ``{"module", "scale", "compensated", "how", "spread"}``; ``spread``: modules outside the planted one still beyond
+    fp16 in float32 (a residual stream carries the scale on: no island smaller than the component holds it).
 
     Example:
         >>> import torch

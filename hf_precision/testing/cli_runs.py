@@ -1,8 +1,8 @@
 """Whether one run of the ``hf-precision`` command behaved: the rule the command sweep and the suite judge by.
 
-A run passes when it exits 0 and its stderr holds only our lines (``hf-precision ...``) and progress bars. A run that
-exits 2 with exactly one line ``hf-precision CMD: error: ...`` is a clean refusal. Anything else is a failure: a
-traceback, another exit code, several error lines, or lines that diffusers, transformers or a backend printed.
+Exit 0 with only our lines (``hf-precision ...``) and progress bars on stderr passes; exit 2 with exactly one
+``hf-precision CMD: error: ...`` line is a clean refusal; anything else (a traceback, another exit code, several
+error lines, a library's lines) fails.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Write a model's weights to a GGUF file with the ``gguf`` package (for tests and the benchmark; no llama.cpp).
 
-Keys stay diffusers' own (diffusers' ``from_single_file`` takes a state dict already in its format as is). Weights
-whose last dimension is a multiple of the type's block (32 for Q8_0/Q4_0, 256 for the K-quants) are stored in that
-type; the rest (biases, norms, small embedders) are stored F32, as GGUF converters do for tensors that do not fill a
-block. Types the ``gguf`` package quantizes (Q8_0, Q4_0, ...) are quantized from the weights. It cannot quantize the
-K-quants (``NotImplementedError``), so those are written as seeded random blocks with the block's fp16 scales set:
-any bytes are a valid K-quant block, and the scales are chosen so that the dequantized weight has the source
-weight's root mean square and a mean near zero (the model stays finite; it no longer computes the source's function).
+Keys stay diffusers' own (``from_single_file`` takes its own format as is). Weights whose last dimension fills the
+type's blocks (32 for Q8_0/Q4_0, 256 for K-quants) take that type, the rest F32 as converters do. ``gguf`` cannot
+quantize K-quants, so those are seeded random blocks with fp16 scales set so the dequantized weight has the
+source's root mean square and a mean near zero (finite, but no longer the source's function).
 """
 
 from __future__ import annotations
@@ -42,10 +39,9 @@ def write_gguf(module: Any, path: str | os.PathLike[str],
                seed: int = 0) -> dict[str, str]:
     """Save ``module``'s state dict as a GGUF file; returns tensor name -> the GGUF type it was stored in.
 
-    ``qtype`` is one type or several tried in order: a weight takes the first whose block fills its rows
-    (``("Q4_K", "Q5_0")``: Q4_K where rows are multiples of 256, else Q5_0 where of 32, as llama.cpp falls back:
-    :data:`FALLBACK`), or a function of the tensor name giving those (files mix types: a Q4_K_M file holds Q4_K and
-    Q6_K). K-quant (and IQ4_NL) blocks are random (see the module docstring), seeded by ``seed``.
+    ``qtype``: one type, several tried in order (the first whose block fills the rows, as llama.cpp falls back:
+    :data:`FALLBACK`), or a function of the tensor name (a Q4_K_M file mixes Q4_K and Q6_K). K-quant and IQ4_NL blocks
+    are random, seeded by ``seed``.
 
     Example:
         >>> import tempfile, torch
@@ -87,10 +83,9 @@ def write_gguf(module: Any, path: str | os.PathLike[str],
 
 
 def random_kquant(data: Any, qtype: str, rng: Any) -> Any:
-    """Random blocks of a :data:`K_QUANTS` type (uint8, rows x bytes) for a float array ``data`` whose rows fill them.
-
-    The quants and 6-bit scales are random bytes; each block's fp16 ``d`` (and ``dmin``) is a random factor in
-    [0.5, 1.5) times one per-tensor scale chosen so the dequantized tensor's root mean square is ``data``'s.
+    """Random blocks of a :data:`K_QUANTS` type (uint8, rows x bytes) for a float array ``data`` whose rows fill them:
+    random quants and scales, each block's fp16 ``d`` (and ``dmin``) a random factor in [0.5, 1.5) times one scale
+    that gives the dequantized tensor ``data``'s root mean square.
 
     Example:
         >>> import numpy as np, gguf

@@ -1,11 +1,9 @@
-"""Write a diffusers pipeline's weights in the original (LDM/SGM) single-file layout: what Civitai, A1111 and ComfyUI
-ship as one ``.safetensors`` (``model.diffusion_model.`` UNet, ``first_stage_model.`` VAE, CLIP text encoders under
-``cond_stage_model.`` or SDXL's ``conditioner.embedders.``).
+"""Write a diffusers pipeline's weights in the original (LDM/SGM) single-file layout that Civitai, A1111 and ComfyUI
+ship (``model.diffusion_model.``, ``first_stage_model.``, ``cond_stage_model.`` or ``conditioner.embedders.``).
 
-diffusers only converts the other way (loaders/single_file_utils.py: ``convert_ldm_unet_checkpoint``,
-``convert_ldm_vae_checkpoint``, ``convert_ldm_clip_checkpoint``, ``convert_open_clip_checkpoint``); each function here
-is the reverse of one of them, checked against it: converting the result back with diffusers' function must give the
-very same state dict, or it raises. Written for the tiny test pipelines (any size of the same block structure).
+diffusers only converts the other way (loaders/single_file_utils.py ``convert_ldm_unet_checkpoint``,
+``convert_ldm_vae_checkpoint``, ``convert_ldm_clip_checkpoint``, ``convert_open_clip_checkpoint``); each function
+here reverses one and raises unless diffusers' conversion gives the very same state dict back.
 """
 
 from __future__ import annotations
@@ -31,12 +29,9 @@ def _same(back: Mapping[str, Any], state: Mapping[str, Any], what: str) -> None:
 
 
 def to_ldm_unet(state: Mapping[str, Any], config: Mapping[str, Any], prefix: str = "model.diffusion_model.") -> dict:
-    """A diffusers UNet2DConditionModel state dict in the original LDM/SGM key layout (SD 1.x/2.x/SDXL checkpoints).
-
-    The fixed layers come from diffusers' own table (``DIFFUSERS_TO_LDM_MAPPING``); the blocks are numbered as the
-    LDM UNet numbers them (input_blocks: conv_in, then per down block its resnet+attention pairs and a downsampler;
-    middle_block: resnet, attention, resnet; output_blocks: per up block layers_per_block + 1 pairs, the upsampler
-    after the last). ``prefix=""`` gives ComfyUI's ``models/unet`` files.
+    """A diffusers UNet2DConditionModel state dict in the original LDM/SGM key layout (SD 1.x/2.x/SDXL checkpoints): the
+    fixed layers from diffusers' ``DIFFUSERS_TO_LDM_MAPPING``, the blocks numbered as the LDM UNet numbers them
+    (input, middle and output blocks). ``prefix=""`` gives ComfyUI's ``models/unet`` files.
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -131,11 +126,9 @@ def to_ldm_clip(state: Mapping[str, Any], prefix: str = "cond_stage_model.transf
 
 
 def to_open_clip(state: Mapping[str, Any], prefix: str = "conditioner.embedders.1.model.") -> dict:
-    """A transformers CLIPTextModelWithProjection state dict in OpenCLIP's layout, as SDXL checkpoints store their
-    OpenCLIP ViT-bigG encoder: ``positional_embedding``, ``token_embedding``, ``ln_final``, ``text_projection``
-    (transposed: OpenCLIP multiplies ``x @ text_projection``) and ``transformer.resblocks.{i}`` with q, k and v
-    concatenated as ``attn.in_proj_weight``/``in_proj_bias``, ``ln_1``/``ln_2`` and ``mlp.c_fc``/``mlp.c_proj``.
-    Checked against diffusers' ``convert_open_clip_checkpoint``.
+    """A transformers CLIPTextModelWithProjection state dict in OpenCLIP's layout, as SDXL checkpoints store ViT-bigG
+    (``text_projection`` transposed, q/k/v concatenated as ``attn.in_proj_*``), checked against diffusers'
+    ``convert_open_clip_checkpoint``.
 
     Example:
         >>> from hf_precision.testing import make_pipeline

@@ -88,11 +88,9 @@ make_dit = _maker("dit", """A random-weight ``DiTPipeline`` in float32 (class-co
 
 
 def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
-    """A tiny ``AutoencoderKL`` whose decoder really overflows float16, plus latents to decode with it.
-
-    ``decoder.conv_in`` (weight and bias) is multiplied by ``scale``, so its output exceeds fp16's maximum
-    (65504): the decode is finite in float32 (the GroupNorm that follows normalises the large values) and
-    inf/NaN in float16, which is what the NaN guard is for. Returns ``(vae, latents)``; latents are float32.
+    """A tiny ``AutoencoderKL`` whose decoder really overflows float16, and float32 latents to decode with it: its
+    ``decoder.conv_in`` times ``scale`` exceeds 65504, finite in float32 (the GroupNorm after it normalises) and
+    inf/NaN in float16, what the NaN guard is for.
 
     >>> import torch
     >>> vae, latents = make_overflowing_vae()
@@ -119,13 +117,10 @@ def make_overflowing_vae(seed: int = 0, scale: float = 1e5):
 
 
 def save_pipeline(pipe, folder: str | Path, *, fp16_variant: bool = False) -> Path:
-    """Save ``pipe`` with safetensors; with ``fp16_variant`` also write ``*.fp16.safetensors`` files.
+    """Save ``pipe`` with safetensors; with ``fp16_variant`` also ``*.fp16.safetensors`` files from a float16 deep copy.
 
-    The fp16 files come from a deep copy cast to float16, so ``pipe`` itself is unchanged and the folder
-    holds both the float32 default files and the ``variant="fp16"`` files. As on the Hub (SDXL base,
-    SVD), the variant save leaves ``"dtype": "float16"`` in the transformers ``config.json`` files, so
-    with transformers 5 (default ``dtype="auto"``) a load *without* ``dtype`` gives float16 text/image
-    encoders next to a float32 UNet and VAE, with or without ``variant="fp16"`` (row S24).
+    As on the Hub (SDXL base, SVD), the variant save leaves ``"dtype": "float16"`` in the transformers configs, so
+    transformers 5 (``dtype="auto"``) loads float16 encoders beside a float32 UNet and VAE without ``dtype`` (row S24).
 
     >>> import tempfile
     >>> folder = save_pipeline(make_sdxl(), tempfile.mkdtemp(), fp16_variant=True)

@@ -1,7 +1,5 @@
-"""One record type for every tiny pipeline: how to build it, how to call it for two steps, what it returns.
-
-A record is a row of ``hf_precision/testing/tiny/*.yaml`` (:mod:`~hf_precision.testing.rows`) built by the one generic
-builder (:mod:`~hf_precision.testing.build`); the records are gathered in
+"""One record type for every tiny pipeline: how to build it, how to call it for two steps, what it returns; built from
+a row (:mod:`~hf_precision.testing.rows`) by :mod:`~hf_precision.testing.build`, gathered in
 :data:`hf_precision.testing.registry.PIPELINES`.
 """
 
@@ -18,15 +16,10 @@ __all__ = ["TinyPipeline"]
 
 @dataclass(frozen=True)
 class TinyPipeline:
-    """One tiny random-weight pipeline, from its row.
+    """One tiny random-weight pipeline, from its row (the fields are the row's: :mod:`~hf_precision.testing.rows`).
 
-    ``pipeline_class`` is the diffusers class, ``recipe`` the shipped recipe that names it, ``make(seed, size=)``
-    returns it in float32, ``call_kwargs()`` gives fresh call kwargs for a 2-step run without a generator, and
-    ``output`` is the attribute of the pipeline output holding the result. ``tags`` say what it is:
-    ``image``/``video``, ``unet``/``dit``, and ``core`` for the five pipelines with size presets (``sizes``).
-    ``loads`` is False where diffusers cannot load the saved folder back with ``from_pretrained``; ``ready`` applies
-    what a saved folder does not keep; ``mode`` (``t2v``, ``i2v``, ...) and ``time_mlp`` (the denoiser's
-    timestep-embedding MLP) describe video pipelines.
+    ``make(seed, size=)`` returns it in float32; ``call_kwargs()`` gives fresh 2-step call kwargs without a generator;
+    ``ready`` applies what a saved folder does not keep.
 
     >>> from hf_precision.testing.registry import PIPELINES
     >>> PIPELINES["ltx"].pipeline_class, PIPELINES["ltx"].mode, "video" in PIPELINES["ltx"].tags
@@ -58,10 +51,9 @@ class TinyPipeline:
         return build_pipeline(self.row, seed, size, self.lookup)
 
     def make(self, seed: int = 0, size: str | Mapping[str, Any] = "tiny") -> Any:
-        """A fresh float32 pipeline, deterministic given ``seed``, in eval mode and ready to call.
-
-        ``size`` is ``"tiny"``, a preset of a ``core`` row (``"mid"``), or a dict of per-component config overrides
-        merged over ``tiny`` (or over the preset named by its ``"base"`` key)."""
+        """A fresh float32 pipeline, deterministic given ``seed``, in eval mode and ready to call; ``size`` is ``"tiny"``, a
+        ``core`` row's preset (``"mid"``), or a dict of config overrides over ``tiny`` (or over its ``"base"`` preset).
+        """
         return self.ready(finish_pipeline(self.build(seed, size)))
 
     def ready(self, pipe: Any) -> Any:
@@ -73,9 +65,7 @@ class TinyPipeline:
         return pipe
 
     def call_kwargs(self, size: str = "tiny", **overrides: Any) -> dict[str, Any]:
-        """Fresh kwargs for a 2-step call with ``output_type="np"`` (add a ``generator``), ``overrides`` on top.
-
-        ``size`` (a preset of a ``core`` row) picks that preset's call (64x64 images for ``"mid"``)."""
+        """Fresh kwargs for a 2-step ``output_type="np"`` call (add a ``generator``), at ``size``'s preset, ``overrides`` on top."""
         from .build import call_value
 
         kwargs = {k: call_value(v) for k, v in resolve_call(self.row, size if self.sizes else "tiny").items()}

@@ -1,13 +1,10 @@
 """Every tiny random-weight pipeline in one mapping, :data:`PIPELINES`, and one way to build any of them.
 
-The pipelines are data: one row each in ``hf_precision/testing/tiny/*.yaml`` (core.yaml for the five sized ``core``
-ones, unet.yaml, dit.yaml, video.yaml; schema in :mod:`~hf_precision.testing.rows`), built by one generic builder
-(:mod:`~hf_precision.testing.build`), with what cannot be data registered by name in
-:mod:`~hf_precision.testing.hooks`. Adding a family is a row. Rows load on first use, not at import.
-
-More rows: name YAML files in ``$HF_PRECISION_TINY_PIPELINES`` (separated by ``os.pathsep``) before the first use,
-or build a mapping with :func:`tiny_pipelines` (``tiny_pipelines("my_rows.yaml")["my_row"].make()``).
-Tests pick rows by tag (``image``/``video``, ``unet``/``dit``, ``core``)::
+Each is a row of ``hf_precision/testing/tiny/*.yaml`` (schema: :mod:`~hf_precision.testing.rows`) built by
+:mod:`~hf_precision.testing.build`, with what cannot be data in :mod:`~hf_precision.testing.hooks`; adding a
+family is a row. Rows load on first use. More rows: YAML files in ``$HF_PRECISION_TINY_PIPELINES``
+(``os.pathsep``-separated), or :func:`tiny_pipelines` (``tiny_pipelines("my_rows.yaml")["my_row"].make()``). Tests
+pick rows by tag (``image``/``video``, ``unet``/``dit``, ``core``)::
 
     >>> select("video", "unet")
     ['animatediff', 'animatediff_controlnet', 'i2vgenxl', 'svd']
@@ -73,9 +70,8 @@ def tiny_pipelines(*extra: str | os.PathLike[str]) -> TinyPipelines:
 
 
 def make_pipeline(name: str, size: str | Mapping[str, Any] = "tiny", seed: int = 0) -> Any:
-    """Build the tiny float32 pipeline registered as ``name``, in eval mode, progress bar off, ready to call.
-
-    ``size`` is ``"tiny"``, for the ``core`` rows a preset (``"mid"``), or a dict of config overrides.
+    """Build the tiny float32 pipeline registered as ``name`` (eval mode, progress bar off) at ``size``, as
+    :meth:`TinyPipeline.make` takes it.
 
     >>> make_pipeline("sdxl", size={"unet": {"in_channels": 9}}).unet.config.in_channels
     9

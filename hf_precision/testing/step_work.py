@@ -1,9 +1,8 @@
 """One training step's work, counted in what no machine's load changes, and the loops it is compared across.
 
-``step_work`` counts what one step of a loop does (host syncs, casts and copies, aten ops, forward-hook calls,
-Python calls). ``LayerLoop`` steps a plan of ``hp.prepare_training``; ``ExampleLoop`` is diffusers' example
-training loop (train_text_to_image_lora.py) written out by hand, the reference a step through the layer is held
-to. ``benchmarks/bench_training.py`` prints these counts beside its times; the suite asserts on them.
+``LayerLoop`` steps a plan of ``hp.prepare_training``; ``ExampleLoop`` is diffusers' example training loop
+(train_text_to_image_lora.py) written out, the reference the layer is held to (tests/test_training_loop.py;
+``benchmarks/bench_training.py`` prints the counts beside its times).
 """
 
 from __future__ import annotations
@@ -20,10 +19,8 @@ __all__ = ["ExampleLoop", "LayerLoop", "step_work"]
 
 
 class LayerLoop:
-    """The loop through the layer, on a plan (``hp.prepare_training``) and its optimizer (AdamW when not given).
-
-    ``step(batch)`` is one step (loss, backward, optimizer step, zero_grad) and returns the loss; ``step_work``
-    counts it (tests/test_training_loop.py holds it to ``ExampleLoop``).
+    """The loop through the layer on a plan (``hp.prepare_training``) and its optimizer (default AdamW); ``step(batch)``
+    is loss, backward, optimizer step and zero_grad, and returns the loss.
     """
 
     def __init__(self, tp: Any, opt: torch.optim.Optimizer | None = None):
@@ -43,10 +40,8 @@ class LayerLoop:
 
 
 class ExampleLoop:
-    """diffusers' example LoRA loop on an SD 1.5 pipeline (all fp32 when ``weight_dtype`` is fp32).
-
-    Frozen parts ``.to(weight_dtype)``, ``unet.add_adapter``, ``cast_training_params(unet, torch.float32)``, the
-    UNet call under ``torch.autocast(weight_dtype)``, a GradScaler under fp16.
+    """diffusers' example LoRA loop on an SD 1.5 pipeline: frozen parts ``.to(weight_dtype)``, ``unet.add_adapter``,
+    ``cast_training_params(unet, torch.float32)``, autocast to ``weight_dtype``, a GradScaler under fp16.
     """
 
     def __init__(self, pipe: Any, device: str, weight_dtype: torch.dtype):
@@ -114,9 +109,8 @@ class _Aten(TorchDispatchMode):
 def step_work(loop: Any, batch: dict) -> dict[str, int]:
     """What one step of ``loop`` (``.step(batch)``, ``.opt``) does: host syncs, casts, aten ops, hook and Python calls.
 
-    Host syncs are aten ``_local_scalar_dense`` calls (``.item()``, ``bool(t)``, ``float(t)``) except on the
-    optimizer's state tensors: AdamW keeps its step counters on the CPU, also on CUDA, and every loop reads them
-    alike. The loop steps twice: once under the op counter, once under the profiler.
+    Host syncs are ``_local_scalar_dense`` calls except on the optimizer's state (AdamW keeps step counters on the
+    CPU, every loop alike). The loop steps twice: under the op counter, then under the profiler.
 
     Example:
         >>> import torch

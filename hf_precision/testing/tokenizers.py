@@ -77,12 +77,10 @@ def make_t5_tokenizer():
     pieces += [(c, -5.0) for c in _LETTERS + "0123456789" + _PUNCTUATION]
     pieces += [("\u2581" + c, -4.0) for c in _LETTERS]
     pieces += [(w, -1.0) for w in ("\u2581a", "\u2581cat", "\u2581dog", "\u2581the", "\u2581photo", "\u2581of")]
-    seen: set = set()
-    vocab = []
-    for piece, score in pieces:
-        if piece not in seen:
-            seen.add(piece)
-            vocab.append((piece, score))
+    first: dict[str, float] = {}
+    for piece, score in pieces:  # a piece listed twice keeps its first score
+        first.setdefault(piece, score)
+    vocab = list(first.items())
     extra_ids = 10
     vocab += [(f"<extra_id_{i}>", 0.0) for i in range(extra_ids - 1, -1, -1)]
     return T5Tokenizer(vocab=vocab, extra_ids=extra_ids, model_max_length=512)
@@ -106,17 +104,18 @@ def make_gemma_tokenizer():
     return GemmaTokenizer(vocab=vocab, merges=[], model_max_length=300)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    # GPT-2's reversible byte -> printable character table, which byte-level BPE vocabularies are written in.
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + list(range(ord("\xae"), ord("\xff") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
+_QWEN_SPECIALS = ["<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>"]
+
+
+def _add_word_merges(pieces: list[str], vocab: dict[str, int], merges: list[tuple[str, str]]) -> None:
+    """Append the merge chain that makes each of ``pieces`` one token (and its prefixes' tokens), once each."""
+    known = set(merges)
+    for piece in pieces:
+        for i in range(1, len(piece)):
+            if (piece[:i], piece[i]) not in known:
+                known.add((piece[:i], piece[i]))
+                merges.append((piece[:i], piece[i]))
+                vocab.setdefault(piece[:i + 1], len(vocab))
 
 
 def make_qwen2_tokenizer():
@@ -126,13 +125,7 @@ def make_qwen2_tokenizer():
     >>> tok.decode(tok("a cat").input_ids)
     'a cat'
     """
-    from transformers import Qwen2Tokenizer
-
-    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
-    tok = Qwen2Tokenizer(vocab=vocab, merges=[], model_max_length=1024)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                                                         "<|vision_end|>", "<|image_pad|>"]})
-    return tok
+    return make_qwen2_words_tokenizer("")
 
 
 def make_bert_tokenizer():
@@ -198,13 +191,7 @@ def make_llama_chat_tokenizer(template: str):
     words = sorted(set(re.findall(r"[A-Za-z]+", template)))
     # word-start chains first, so they win over the bare chains (a word right after a newline) inside a word
     pieces = ["\u2581" + w for w in words + ["\n\n"]] + words
-    known = set(merges)
-    for piece in pieces:
-        for i in range(1, len(piece)):
-            if (piece[:i], piece[i]) not in known:
-                known.add((piece[:i], piece[i]))
-                merges.append((piece[:i], piece[i]))
-                vocab.setdefault(piece[:i + 1], len(vocab))
+    _add_word_merges(pieces, vocab, merges)
     tokenizer = LlamaTokenizer(vocab=vocab, merges=merges, pad_token="<pad>", legacy=True, add_bos_token=True)
     tokenizer.add_special_tokens({"additional_special_tokens": specials})
     tokenizer.model_max_length = 1024
@@ -223,18 +210,12 @@ def make_qwen2_words_tokenizer(text: str):
     import re
 
     from transformers import Qwen2Tokenizer
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte -> printable character table
 
-    vocab = {c: i for i, c in enumerate(_bytes_to_unicode().values())}
+    vocab = {c: i for i, c in enumerate(bytes_to_unicode().values())}
     merges: list[tuple[str, str]] = []
-    known: set[tuple[str, str]] = set()
     words = sorted(set(re.findall(r"[A-Za-z]+", text)))
-    for piece in ["\u0120" + w for w in words] + words:  # "\u0120": the byte-level mark of a leading space
-        for i in range(1, len(piece)):
-            if (piece[:i], piece[i]) not in known:
-                known.add((piece[:i], piece[i]))
-                merges.append((piece[:i], piece[i]))
-                vocab.setdefault(piece[:i + 1], len(vocab))
+    _add_word_merges(["\u0120" + w for w in words] + words, vocab, merges)  # "\u0120": byte-level leading space
     tok = Qwen2Tokenizer(vocab=vocab, merges=merges, model_max_length=1024)
-    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>", "<|vision_start|>",
-                                                         "<|vision_end|>", "<|image_pad|>"]})
+    tok.add_special_tokens({"additional_special_tokens": _QWEN_SPECIALS})
     return tok

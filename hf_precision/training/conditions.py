@@ -120,11 +120,13 @@ def built_keys(row: Row, module: torch.nn.Module, pipe: Any) -> list[str]:
         >>> built_keys(ROWS["I2VGenXLUNet"], unet, I2VGenXLPipeline), built_keys(ROWS["I2VGenXLUNet"], unet, object)
         (['image_latents', 'image_embeds'], [])
     """
+    # FramePack's image latents: every sampling run gives them (row.prefix_frame), whatever made the pipeline
+    prefix = [row.prefix_frame] if row.prefix_frame else []
     if condition_channels(row, module) or condition_made(row, module, pipe) is None:
-        return []
+        return prefix
     config = getattr(module, "config", {}) or {}
     return [key for key, shape in row.optional.values()
-            if not shape.partition("@")[2] or config_value(config, shape.partition("@")[2])]
+            if not shape.partition("@")[2] or config_value(config, shape.partition("@")[2])] + prefix
 
 
 def check_built(row: Row, module: torch.nn.Module, pipe: Any, batch: Mapping[str, Any]) -> None:

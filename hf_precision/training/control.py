@@ -13,6 +13,7 @@ every frame as an image (B*F of them), with one control frame each (``control_im
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,9 +25,10 @@ from .rules import TrainingError
 __all__ = ["SIDE_NETWORKS", "side_inputs"]
 
 SIDE_NETWORKS = ("controlnet", "adapter")
-# The denoiser classes whose forward takes the residuals the way the UNet pipelines pass them; AnimateDiff's
-# ControlNet runs on every frame (animatediff/pipeline_animatediff_controlnet.py: latents folded to (B*F,C,H,W))
-_TAKES_RESIDUALS = ("UNet2DConditionModel", "UNetMotionModel")
+# The forward argument each network's residuals go to (unets/unet_2d_condition.py:989-991; UNetMotionModel takes the
+# ControlNet's only, unet_motion_model.py:1892): a denoiser whose forward lacks it is not fed by this layer. A video
+# UNet's ControlNet runs on every frame (animatediff/pipeline_animatediff_controlnet.py: latents folded to (B*F,C,H,W))
+_RESIDUALS = {"controlnet": "down_block_additional_residuals", "adapter": "down_intrablock_additional_residuals"}
 
 
 def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -51,12 +53,11 @@ def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], b
                                     f"H x W (f: pipe.vae_scale_factor), as the pipeline's prepare_image gives it")
             continue
         base = type(getattr(denoiser, "_orig_mod", denoiser))  # the compiled module's own class
-        cls = base.__name__
-        video = cls == "UNetMotionModel"
-        if not any(c.__name__ in _TAKES_RESIDUALS for c in base.__mro__) or (video and name != "controlnet"):
-            raise TrainingError(f"tp.loss: the {name} ({type(net).__name__}) beside a {cls} is not fed by tp.loss "
-                                f"(it builds the residual call for {', '.join(_TAKES_RESIDUALS)} only); call "
-                                f"tp.components[{name!r}] and the denoiser yourself under `with tp.autocast():`")
+        if _RESIDUALS[name] not in inspect.signature(base.forward).parameters:
+            raise TrainingError(f"tp.loss: the {name} ({type(net).__name__}) beside a {base.__name__} is not fed by "
+                                f"tp.loss (its forward takes no {_RESIDUALS[name]}); call tp.components[{name!r}] and "
+                                f"the denoiser yourself under `with tp.autocast():`")
+        video = kwargs["sample"].dim() == 5  # (B, C, F, H, W): the ControlNet runs on every frame (see _RESIDUALS)
         if name == "controlnet":
             out.update(_controlnet(net, _per_frame(kwargs) if video else kwargs,
                                    image.flatten(0, 1) if video and image.dim() == 5 else image, batch))

@@ -62,6 +62,7 @@ class DenoiserRow:
     train_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     condition: Mapping[str, str] = dataclasses.field(default_factory=dict)
     clean_first_frame: bool = False
+    prefix_frame: str | None = None
     image_encode: Mapping[str, tuple[str, str]] = dataclasses.field(default_factory=dict)
 
 
@@ -145,12 +146,14 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     ``sigmas`` is the (min, max) noise level of an ``edm`` objective (:func:`~hf_precision.training.objectives.sigma_range`); the batch may fix the
     noise (``noise``), the noise levels (``sigmas``: flow and edm) or the timesteps (``timesteps``: DDPM). ``pipe``
     (the training's pipeline or its class; ``tp.loss`` passes it) refuses a batch without the entries its condition
-    builder makes (:func:`check_built`); the memory plan's meta call passes none.
+    builder makes (:func:`check_built`); the memory plan's meta call passes none. A row's ``prefix_frame``
+    (FramePack) takes the latents' first frame off what is noised and predicted, and a given noise's with it.
     """
     if "latents" not in batch:
         raise TrainingError(f"tp.loss(batch): the batch has no 'latents' (keys: {sorted(batch)}); give VAE latents, "
                             f"already scaled (tp.encode_images(pixels) makes them)")
     x0 = inputs.model_layout(row, batch["latents"]).float()
+    x0 = _after_prefix(row, module, x0) if row.prefix_frame else x0
     b = x0.shape[0]
     if "condition_latents" not in batch and condition_channels(row, module) and \
             named_condition(row, pipe) not in inputs.ZEROS:  # HunyuanVideo 1.5 T2V: its pipeline's zeros
@@ -171,6 +174,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                      device=x0.device)
     # a given noise is in the latents' (VAE) layout; a drawn one in the denoiser's
     noise = inputs.model_layout(row, batch["noise"]).to(x0) if "noise" in batch else drawn["noise"]
+    noise = _after_prefix(row, module, noise) if noise.shape != x0.shape and row.prefix_frame else noise
     given = {**drawn, **batch}
     if objective == "flow":
         sigma = given["sigmas"]
@@ -227,6 +231,21 @@ def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tens
     dim = _frame_dim(row)
     noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
     return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
+
+
+def _after_prefix(row: DenoiserRow, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # FramePack: the clip's first latent frame is the image its pipeline gives clean beside the frames it steps
+    # (pipeline_hunyuan_video_framepack.py:889-895 latents_clean = [image_latents, 1x history]), and its section next
+    # to the image decodes as [image_latents, the stepped window] (:1016-1017): the window is the frames after it.
+    # Kept in the loss, the first frame would be a target sampling never steps, beside the prefix that gives it.
+    dim = _frame_dim(row)
+    if x.shape[dim] < 2:
+        name = type(getattr(module, "_orig_mod", module)).__name__
+        raise TrainingError(f"tp.loss(batch): {name} denoises the latent frames after a clip's first, which its "
+                            f"pipeline gives it clean as {row.prefix_frame}, and the batch's latents have "
+                            f"{x.shape[dim]} frame; train on clips of at least 2 latent frames (k * the VAE's time "
+                            f"factor + 1 frames, k >= 1: 5 or more for HunyuanVideo's VAE)")
+    return x.narrow(dim, 1, x.shape[dim] - 1)
 
 
 def _train_config(row: DenoiserRow, module: torch.nn.Module) -> None:
@@ -363,6 +382,8 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
     width = image_embeds.image_width(row, module) if row.image_encode else None
     if width and image_embeds.IMAGE_KEY not in batch:  # FramePack's optional SigLIP states: a stand-in token
         batch[image_embeds.IMAGE_KEY] = randn(batch_size, 1, width)
+    if row.prefix_frame and row.prefix_frame not in batch:  # FramePack's image latents: one clean latent frame
+        batch[row.prefix_frame] = randn(batch_size, channels, 1, *latent[-2:])
     built = row.optional.values() if row.condition and not condition_channels(row, module) else ()
     for key, shape in built:  # what a condition builder makes (I2VGen-XL's image latents, embedding): tp.loss wants it
         dim = config_value(config, shape.partition("@")[2]) if "@" in shape else channels

@@ -38,7 +38,9 @@ class ModelGeometry:
     """What sizes a model takes: ``multiple`` (pixels per side, VAE factor x patch size), for video models the
     frame rule (``frame_step*k + 1`` frames, or exactly ``fixed_frames``), the bounds its position tables put
     on both (``limits``: the video program's, :mod:`hf_precision.apps.video.limits`); ``vae_factor``: pixels per
-    latent side."""
+    latent side; ``first_frame_edit``: it trains image pairs as clips (its recipe's ``video:``, ``check_pairs``);
+    ``prefix_frame``: the batch key of the clean first latent frame its denoiser trains beside, not on (FramePack's
+    ``image_latents``: a clip then needs 2 latent frames or more)."""
 
     pipeline: str
     multiple: int
@@ -47,6 +49,8 @@ class ModelGeometry:
     fixed_frames: int = 0
     limits: SizeLimits = SizeLimits()
     vae_factor: int = 8
+    first_frame_edit: bool = False
+    prefix_frame: str | None = None
 
     def frame_problem(self, frames: int) -> str | None:
         """Why ``frames`` does not fit this model (None when it does), with the nearest counts that do."""
@@ -56,6 +60,10 @@ class ModelGeometry:
                 f"{self.pipeline} was built for exactly {self.fixed_frames} frames; use --frames {self.fixed_frames}")
         if frames < 1:
             return "must be at least 1"
+        if self.prefix_frame and frames <= self.frame_step:  # one latent frame: the prefix alone, no window
+            return (f"{self.pipeline} trains the latent frames after a clip's first, which its pipeline gives clean "
+                    f"as {self.prefix_frame}, so a clip needs 2 latent frames or more; e.g. --frames "
+                    f"{self.frame_step + 1}")
         if self.frame_step > 1 and (frames - 1) % self.frame_step:
             k = (frames - 1) // self.frame_step
             return (f"{self.pipeline}'s VAE compresses time by {self.frame_step} and keeps the first frame, so frames "
@@ -149,28 +157,30 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
         spec = video_spec(pipeline, index, configs)
     except RecipeError:
         spec = None
+    denoiser = "transformer" if "transformer" in index else "unet"
+    row = _denoiser_row(str((index.get(denoiser) or [None, ""])[1]))
     if spec is not None:
         fixed = spec.row.call_frames or spec.fixed_frames  # the one count a call makes whatever asked (ChronoEdit)
-        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, fixed, spec.limits, spec.spatial)
+        return ModelGeometry(pipeline, spec.size_multiple, True, spec.frame_step, fixed, spec.limits, spec.spatial,
+                             spec.row.first_frame_edit, row.prefix_frame if row is not None else None)
     factor = vae_factors(str((index.get("vae") or [None, ""])[1]), configs.get("vae", {}))[0]
-    denoiser = "transformer" if "transformer" in index else "unet"
     own = configs.get(denoiser, {})
     # Z-Image names the patch sizes it takes (all_patch_size) and its pipeline calls it with the default, 2
     patch = axis_value(own.get("patch_size", own.get("all_patch_size", 1))) if denoiser == "transformer" else 1
-    packs = 2 if _packs_2x2(str((index.get(denoiser) or [None, ""])[1])) else 1
-    return ModelGeometry(pipeline, factor * patch * packs, vae_factor=factor)
-
-
-def _packs_2x2(denoiser_class: str) -> bool:
     # The pipeline packs 2x2 latent patches into tokens, not the model (diffusers pipeline_flux.py and
     # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1), or into channels
     # (pipeline_ernie_image.py): the training family row says so (pack="flux", "patch"), so a new family is one row
-    # there. Imported here: it needs torch, which the
-    # callers have already loaded.
+    # there.
+    packs = 2 if row is not None and row.pack in ("flux", "patch") else 1
+    return ModelGeometry(pipeline, factor * patch * packs, vae_factor=factor)
+
+
+def _denoiser_row(denoiser_class: str) -> Any:
+    # the training family row of the denoiser class (None: none). Imported here: it needs torch, which the callers
+    # have already loaded.
     from ...training.denoiser_rows import ROWS
 
-    row = ROWS.get(denoiser_class)
-    return row is not None and row.pack in ("flux", "patch")
+    return ROWS.get(denoiser_class)
 
 
 def make_buckets(resolution: int, multiple: int, max_ratio: float = MAX_RATIO) -> list[tuple[int, int]]:

@@ -101,26 +101,13 @@ def _check_family(index: dict[str, Any]) -> None:
                       f"(docs/training.md, \"A new family\"); rows exist for {', '.join(sorted(ROWS))}")
 
 
-# Pipelines whose denoiser's conditioning comes from data no flag of this program reads: the refusal names that data
-_UNFED = {"WanAnimatePipeline": (
-    "WanAnimatePipeline: its denoiser (WanAnimateTransformer3DModel) takes, beside each clip, data this program has "
-    "no flag for: the character's reference image (20 channels: its latents and mask, then the previous segment's "
-    "frames, pipeline_wan_animate.py prepare_reference_image_latents :491-539, prepare_prev_segment_cond_latents "
-    ":541-654), a pose video (the skeleton of every frame, VAE-encoded as pose_hidden_states, :656-686) and a face "
-    "video (each frame's face crop at the transformer's motion_encoder_size, face_pixel_values, :1000-1007), and in "
-    "replace mode a background and a mask video; they come from the clip through pose and face detection (Wan 2.2 "
-    "Animate's preprocessing), which this program does not run. Training on zeros there would teach it to ignore "
-    "them: train it with hf_precision.prepare_training, giving batch['condition_latents'], batch['pose_latents'] "
-    "and batch['face_pixel_values'] made from such data (docs/training.md), or train a Wan 2.2 I2V model on the "
-    "clips")}
-
-
 def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]]) -> None:
     """Refuse, from the denoiser's config, a pipeline whose denoiser takes channels beyond the latents (inpainting's
     mask, an image-to-video model's first frame) that no condition builder of its row makes, or an image embedding
     its row names no pipeline method for: the training step would refuse it only after the weights had loaded."""
     import diffusers
 
+    from ...recipe.catalog import shipped_video
     from ...training.denoiser_rows import condition_channels, condition_of
     from ...training.image_embeds import image_encode_of
 
@@ -134,8 +121,9 @@ def _check_condition_builder(index: dict[str, Any], configs: Mapping[str, Mappin
             if condition_channels(row, stand_in):
                 condition_of(row, stand_in, pipeline)
             image_encode_of(row, stand_in, pipeline)  # an image embedding no listed method makes for this pipeline
-        except RecipeError as err:  # the training layer's TrainingError, said as the program's
-            raise RecipeError(f"--model: {_UNFED.get(pipeline.__name__) or err}") from None
+        except RecipeError as err:  # the training layer's TrainingError, said as the program's, or the recipe's
+            unfed = shipped_video(pipeline).get("unfed_inputs")  # data no flag of this program reads (Wan Animate)
+            raise RecipeError(f"--model: {f'{pipeline.__name__}: {unfed}' if unfed else err}") from None
 
 
 def _check_conditioning(index: dict[str, Any]) -> None:
@@ -285,7 +273,8 @@ def prepare_run(s: TrainSettings) -> Run:
     check_trainable(index, configs)
     from .references import check_reference_family
 
-    check_reference_family(index, any(x.reference is not None for x in data.samples))
+    # a first-frame edit model's references are its pairs (check_pairs), not inputs its call lacks
+    check_reference_family(index, not geometry.first_frame_edit and any(x.reference is not None for x in data.samples))
     from ...training.methods import method_of
 
     problem = method_of(s.method).data_problem(s, data.samples)

@@ -28,15 +28,7 @@ from typing import Any
 from ...errors import RecipeError, excerpt
 
 __all__ = ["find_references", "attach_references", "check_reference_family", "edits_images", "prompt_reads_image",
-           "FIRST_FRAME_EDITS", "check_pairs", "edit_clip"]
-
-# Edit models that are image-to-video models reading their input as the clip's first frame: ChronoEdit's
-# prepare_latents is Wan I2V's (diffusers 0.42.1 pipeline_chronoedit.py:378-444: mask + latents of [image, zeros]),
-# its call makes 5 frames (:593) and takes the last as the edit: decoding 2 latent frames gives the input, then 4
-# frames of the edit (:737-740, where the temporal-reasoning path keeps video_edit[:, :, 1:] as the edit). A pair
-# trains as the clip those latents decode to: the reference, then the target repeated (:func:`edit_clip`).
-FIRST_FRAME_EDITS = ("ChronoEditPipeline",)
-
+           "check_pairs", "edit_clip"]
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
     """target -> reference from metadata.jsonl's ``column`` (lines _from_metadata refused are skipped here)."""
@@ -151,7 +143,7 @@ def check_reference_family(index: Mapping[str, Any], has_references: bool) -> No
         ...
         hf_precision.errors.RecipeError: --data: the data gives reference images, but StableDiffusionXLPipeline ...
     """
-    if not has_references or edits_images(index) or str(index.get("_class_name")) in FIRST_FRAME_EDITS:
+    if not has_references or edits_images(index):
         return
     from ...diagnose.steps import call_params
     from ...training.denoiser_rows import ROWS
@@ -226,7 +218,7 @@ def prompt_reads_image(pipeline: Any) -> bool:
 
 def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolution: int,
                 frames: int | None) -> bool:
-    """Whether ``geometry``'s model is a first-frame edit model (:data:`FIRST_FRAME_EDITS`), whose data are
+    """Whether ``geometry``'s model is a first-frame edit model (its recipe's ``video: first_frame_edit``), whose data are
     (reference, target) image pairs, each trained as a clip; for one, refuse before loading a frame count the
     pair's clip cannot be (``geometry``'s rules, as for clips) or a folder without images (``samples`` None: before
     reading it), or targets without a reference (the read ``samples``): a target alone would teach it to ignore its
@@ -234,8 +226,8 @@ def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolu
 
     Example:
         >>> from types import SimpleNamespace
-        >>> geometry = SimpleNamespace(video=True, pipeline="ChronoEditPipeline", buckets=lambda *size: [])
-        >>> check_pairs(geometry, Path("d"), [], 32, 5), check_pairs(SimpleNamespace(video=False), Path("d"), [], 32, 5)
+        >>> geometry = SimpleNamespace(first_frame_edit=True, pipeline="ChronoEditPipeline", buckets=lambda *size: [])
+        >>> check_pairs(geometry, Path("d"), [], 32, 5), check_pairs(SimpleNamespace(first_frame_edit=False), Path("d"), [], 32, 5)
         (True, False)
         >>> check_pairs(geometry, Path("d"), [], 32, 1)  # doctest: +ELLIPSIS
         Traceback (most recent call last):
@@ -244,7 +236,7 @@ def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolu
     """
     from .images import IMAGE_SUFFIXES
 
-    if not (geometry.video and geometry.pipeline in FIRST_FRAME_EDITS):
+    if not geometry.first_frame_edit:
         return False
     pipeline, how = geometry.pipeline, ("give each target its reference in metadata.jsonl's reference column or "
                                         "with --reference-dir")
@@ -266,8 +258,7 @@ def check_pairs(geometry: Any, data: Path, samples: Sequence[Any] | None, resolu
 def edit_clip(reference: Any, target: Any, frames: int) -> Any:
     """A first-frame edit model's training clip of an edit pair, (3, frames, H, W), from the ``reference`` and
     ``target`` pixels (3, H, W) at the target's bucket: the reference, then the target in every later frame, the
-    video its pipeline's call decodes from the latents it makes (the input image, then the edit;
-    :data:`FIRST_FRAME_EDITS`).
+    video its pipeline's call decodes from the latents it makes (the input image, then the edit; recipes/chronoedit.yaml).
 
     Example:
         >>> import torch

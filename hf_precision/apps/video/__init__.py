@@ -1,12 +1,9 @@
 """The video program as library functions: text/image-to-video for every diffusers video family.
 
-``io`` (jobs and outputs), ``spec`` (a pipeline's rules: its recipe's ``video:`` block and its configs), ``load``
-(the pipeline with its recipe and memory features), ``memory`` (peak memory per phase), ``run`` (one generator for
-every family, and the batch loop), ``plan`` (the memory plan on the meta device, counted and chosen by
-:mod:`hf_precision.memory`), ``devices`` (``--device-map balanced``), ``parallel`` (context parallelism).
-``hf-precision video`` and ``scripts/generate_video.py`` parse the command line and call :func:`generate_batch`.
-
-Names are bound lazily: a submodule is imported on first use.
+``io`` (jobs, outputs), ``spec`` (a pipeline's rules), ``load`` (with recipe and memory features), ``memory`` (peak
+per phase), ``run`` (the generator and batch loop), ``plan`` (the memory plan), ``devices`` (``--device-map
+balanced``), ``parallel`` (context parallelism). ``hf-precision video`` and ``scripts/generate_video.py`` call
+:func:`generate_batch`. Submodules load lazily.
 """
 
 from __future__ import annotations

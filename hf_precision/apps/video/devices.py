@@ -1,18 +1,11 @@
 """``--device-map balanced``: whole components placed over the visible accelerators, in the recipe's dtypes.
 
-A model whose components do not fit one GPU together still runs when each component fits some GPU: the denoiser
-goes alone on the device with the most room (its activations need the rest of that device), the other components,
-largest first, on the other device with the most room left (the denoiser's device only when no other one has room).
-Sizes are :func:`hf_precision.plan`'s bytes per component (each parameter in the dtype the recipe gives it, fp32
-islands included) and the result is a ``{component: device}`` mapping for :func:`hf_precision.load_pipeline`, which
-resolves each component's dtype for its own device and moves tensors across devices at component boundaries.
-
-Why not accelerate's helpers: ``accelerate.utils.infer_auto_device_map`` / ``get_balanced_memory`` size and split one
-``nn.Module`` by its submodules, in one dtype, for accelerate's per-submodule dispatch hooks; here the units are whole
-pipeline components, each in its own recipe dtypes with fp32 islands, so they are sized by the plan and never split.
-diffusers' own ``device_map="balanced"`` (pipelines/pipeline_loading_utils.py ``_assign_components_to_devices``)
-places whole components too, but sizes them in one ``torch_dtype`` (islands not counted) and round-robins them, and
-a component that does not fit goes to the CPU silently; here one that fits nowhere is refused, with the fix.
+The denoiser goes alone on the device with the most room (its activations need the rest), the other components,
+largest first, on the other device with the most room left; sizes are :func:`hf_precision.plan`'s bytes (islands
+included), and the ``{component: device}`` result goes to :func:`hf_precision.load_pipeline`. Not accelerate's
+``infer_auto_device_map`` (it splits one module by submodules in one dtype), nor diffusers' ``device_map="balanced"``
+(pipelines/pipeline_loading_utils.py ``_assign_components_to_devices``: one ``torch_dtype``, round-robin, and a
+component that does not fit goes to the CPU silently; here it is refused, with the fix).
 """
 
 from __future__ import annotations
@@ -120,10 +113,8 @@ def device_rooms() -> list[tuple[str, int]]:
 
 def plan_placement(where: str, spec: Any, rooms: Sequence[tuple[str, int]], *, layout: Any = None,
                    overrides: Any = None) -> Placement:
-    """The balanced placement of a video model (folder or Hub id) from its configs: no weights are loaded.
-
-    Component sizes are planned for ``layout`` (default: the first device of ``rooms``); on a mix of GPU kinds the
-    recipe may give a component another dtype on another device, which the sizes of the first do not show.
+    """The balanced placement of a video model (folder or Hub id) from its configs, sized for ``layout`` (default the
+    first device of ``rooms``; on mixed GPU kinds a recipe may give another device another dtype, not shown).
 
     Example:
         >>> from hf_precision.apps.video.spec import model_spec

@@ -1,10 +1,6 @@
-"""Jobs and outputs of the video program: which clips to make from ``--image``/``--prompt(s)``/``--out``, and
-writing them.
-
-Every input and output is checked here before any model is loaded. Outputs are written to a temporary file next to
-the target and renamed, so a failed or interrupted run never leaves half a video behind.
-
-Nothing heavy is imported at module import time: PIL, numpy and imageio are imported inside the functions.
+"""Jobs and outputs of the video program: which clips to make from ``--image``/``--prompt(s)``/``--out``, and writing
+them. Everything is checked before any model loads; outputs are written to a temporary file and renamed, so a
+failed run never leaves half a video. PIL, numpy and imageio are imported inside the functions.
 """
 
 from __future__ import annotations
@@ -95,13 +91,11 @@ def _slug(text: str, limit: int = 40) -> str:
 
 def plan_outputs(image: str | None, out: str, fmt: str | None = None, *, prompts: Sequence[str] | None = None,
                  existing: str = "error") -> list[Job]:
-    """The jobs for ``--image``/``--prompt(s)``/``--out``/``--format``, checked before any model is loaded.
+    """The jobs for ``--image``/``--prompt(s)``/``--out``/``--format``, checked (each image opened once) before loading.
 
-    Inputs: an image file or folder (image-to-video; with one prompt it goes with every image, with a prompt list
-    the i-th prompt goes with the i-th image in name order), or prompts alone (text-to-video: one video per prompt,
-    ``OUT/000-<words of the prompt>.mp4``). Every image is opened once here, so an unreadable image fails before
-    anything is loaded or written. ``existing``: what to do with outputs that are already there: ``"error"`` (one
-    RecipeError naming them, the default), ``"skip"`` (drop those jobs) or ``"overwrite"``.
+    An image file or folder is image-to-video (one prompt for every image, or the i-th prompt with the i-th image by
+    name); prompts alone are text-to-video (``OUT/000-<words of the prompt>.mp4``). ``existing`` outputs:
+    ``"error"`` (one RecipeError naming them), ``"skip"`` or ``"overwrite"``.
 
     Example:
         >>> import tempfile; from PIL import Image
@@ -215,11 +209,9 @@ def _to_uint8(frames: np.ndarray) -> np.ndarray:
 
 
 def save_video(frames: np.ndarray, out: str | os.PathLike[str], fps: int = 7, format: str | None = None) -> Path:
-    """Write frames (float in [0, 1] or uint8, ``(frames, height, width, 3)``) as mp4, gif or a PNG folder.
-
-    The format comes from ``format`` or the suffix (``.mp4``, ``.gif``, none = folder of ``frame_000.png``...). The
-    file is written under a temporary name in the same folder and renamed, so ``out`` is either complete or absent.
-    MP4 is H.264 in yuv420p through imageio-ffmpeg, which needs even sizes: odd sizes are refused.
+    """Write frames (float in [0, 1] or uint8, ``(frames, height, width, 3)``) as mp4, gif or a PNG folder (``format``, or
+    the suffix; none: ``frame_000.png``...), under a temporary name renamed at the end. MP4 is H.264 yuv420p through
+    imageio-ffmpeg, which needs even sizes: odd sizes are refused.
     """
     target = Path(out)
     fmt = format or _format_of(target)

@@ -1,13 +1,10 @@
 """The sizes and frame counts a video model's configs bound, read in one place and used by every command.
 
-A position table built into a denoiser fixes how far a clip can reach: Wan's rotary table (``rope_max_seq_len``:
-patches per side and latent frames), AnimateDiff's motion modules (``motion_max_seq_length``: frames), CogVideoX
-5B I2V's learned positions (``sample_height`` x ``sample_width`` latents: the one size it takes, embeddings.py
-``CogVideoXPatchEmbed`` refuses any other) and Latte's temporal embedding (``video_length``: the one frame count).
-Past them torch fails mid-run ("The size of tensor a (9) must match the size of tensor b (8)"). ``hf-precision
-video`` and ``calibrate`` cap their default size with :meth:`SizeLimits.cap` and refuse a larger one asked for with
-:meth:`SizeLimits.problems`; ``train`` and ``train --plan`` refuse a ``--resolution``/``--frames`` past them the same
-way (hf_precision/apps/train/data.py).
+A denoiser's position table fixes how far a clip reaches: Wan's rotary ``rope_max_seq_len``, AnimateDiff's
+``motion_max_seq_length``, CogVideoX 5B I2V's learned ``sample_height`` x ``sample_width`` (embeddings.py
+``CogVideoXPatchEmbed`` refuses any other) and Latte's ``video_length``; past them torch fails mid-run ("The size of
+tensor a (9) must match the size of tensor b (8)"). ``video`` and ``calibrate`` cap their defaults
+(:meth:`SizeLimits.cap`) and refuse larger asks (:meth:`SizeLimits.problems`), as ``train`` does (apps/train/data.py).
 """
 
 from __future__ import annotations
@@ -74,10 +71,8 @@ class SizeLimits:
 
 def size_limits(index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]], denoiser: str, *,
                 spatial: int, temporal: int, patch: int, init_default: Any) -> SizeLimits:
-    """The :class:`SizeLimits` of a model from ``model_index.json`` and its component configs (nothing loaded).
-
-    ``spatial``/``temporal``: the VAE's compression; ``patch``: the denoiser's spatial patch; ``init_default(spec,
-    key)``: the class default of a key a config leaves out.
+    """The :class:`SizeLimits` of a model from ``model_index.json`` and its configs (nothing loaded). ``spatial`` and
+    ``temporal``: the VAE's factors; ``patch``: the denoiser's; ``init_default(spec, key)``: a key's class default.
 
     Example:
         >>> idx = {"unet": ["diffusers", "UNetMotionModel"]}

@@ -1,8 +1,6 @@
 """Loading a video pipeline with its recipe and the diffusers memory features a run uses (offload, VAE tiling and
-slicing, feed-forward chunking, quantized storage chosen by the memory plan).
-
-Components are found by role (:func:`hf_precision.runtime.source.role_of`): the VAE is the component whose class
-diffusers keeps under ``models/autoencoders``, the denoiser the one under ``models/transformers`` or ``models/unets``.
+slicing, feed-forward chunking, the quantized storage the memory plan chose); components found by role
+(:func:`hf_precision.runtime.source.role_of`).
 """
 
 from __future__ import annotations
@@ -80,11 +78,9 @@ class MemorySettings:
 
 
 def apply_memory_settings(pipe: Any, settings: MemorySettings, device: Any) -> None:
-    """Turn on the diffusers memory features of ``settings`` on a pipeline loaded on the CPU or on ``device``.
-
-    Offload hooks come from diffusers/accelerate (``enable_model_cpu_offload``, ``enable_group_offload`` with CUDA
-    streams where there are streams, ``enable_sequential_cpu_offload``); they move weights as they are, so the
-    recipe's dtypes and fp32 islands stay as applied.
+    """Turn on the diffusers memory features of ``settings`` on a pipeline loaded on the CPU or on ``device``; the offload
+    hooks (model, group with CUDA streams where there are any, sequential) move weights as they are, so the recipe's
+    dtypes and islands stay.
     """
     import torch
 
@@ -111,17 +107,13 @@ def apply_memory_settings(pipe: Any, settings: MemorySettings, device: Any) -> N
 
 def load_video_pipeline(model: str, device: Any = None, *, overrides: Any = None,
                         settings: MemorySettings | None = None, single_file: str | None = None, **kwargs: Any) -> Any:
-    """Load a video pipeline (SVD, Wan, LTX-Video, CogVideoX, HunyuanVideo, ...) with its recipe for ``device``.
+    """Load a video pipeline with its recipe for ``device`` (class and recipe as ``load_pipeline`` chooses them).
 
-    The pipeline class comes from ``model_index.json`` and the recipe from the class (``load_pipeline``). With an
-    offload mode the recipe is resolved for ``device`` (fp16 on a T4) but the weights are loaded on the CPU and moved
-    by diffusers' offload hooks, so a GPU too small for the whole pipeline never holds it at once. ``device`` may also
-    be a mapping component -> device (``--device-map balanced``, :mod:`hf_precision.apps.video.devices`): each
-    component then gets the dtypes of its own device, without offload. ``single_file``: a ``.safetensors`` or
-    ``.gguf`` denoiser read in place of ``model``'s (``load_pipeline(single_file, base=model)``).
-
-    Raises:
-        RecipeError: not a video pipeline, unknown device, bad overrides, sequential offload on CPU.
+    With an offload mode the recipe is resolved for ``device`` but the weights load on the CPU and diffusers' hooks
+    move them, so a GPU too small for the whole never holds it. ``device`` may be a mapping component -> device
+    (``--device-map balanced``: each component in its device's dtypes, no offload). ``single_file``: a ``.safetensors``
+    or ``.gguf`` denoiser in place of ``model``'s. RecipeError for a non-video pipeline, an unknown device, bad
+    overrides, or sequential offload on the CPU.
     """
     from ...recipe.devices import device_profile
     from ...recipe.overrides import Override, as_list

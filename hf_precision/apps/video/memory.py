@@ -1,10 +1,9 @@
 """Peak memory of each phase of a video run (text encoding, image encoding, denoising, VAE decode), and of the run.
 
-Phases are told apart by forward pre-hooks on the components, found by role (the encoders, the VAE's encoder for an
-input image, the denoisers, the VAE's decoder): when a component of a new phase starts, the peak of the previous
-phase is read and the peak counter is reset. CUDA/XPU: ``reset_peak_memory_stats`` and ``max_memory_allocated``. CPU
-on Linux: the process's ``VmHWM`` reset through ``/proc/self/clear_refs`` (``5``, see proc(5)) above the RSS at the
-phase's start, plus the loaded weight bytes; elsewhere the RSS sampled at every hook.
+Forward pre-hooks on the components (found by role) tell the phases apart: when a new phase starts, the last one's
+peak is read and the counter reset. CUDA/XPU: ``reset_peak_memory_stats``/``max_memory_allocated``. CPU on Linux:
+``VmHWM`` reset through ``/proc/self/clear_refs`` (``5``, proc(5)) above the phase's starting RSS, plus the weight
+bytes; elsewhere the RSS sampled at every hook.
 """
 
 from __future__ import annotations
@@ -19,11 +18,8 @@ __all__ = ["PhaseMemory", "peak_rss", "phase_hooks", "rss", "weight_bytes"]
 
 
 def peak_rss() -> int:
-    """The process's peak resident set size in bytes.
-
-    Linux: ``VmHWM`` of ``/proc/self/status`` (the high-water mark of this process image; ``ru_maxrss`` would also count
-    the parent's pages a forked child had before ``exec``). macOS: ``ru_maxrss`` (bytes there). Windows: psutil's peak
-    working set.
+    """The process's peak resident set size in bytes: Linux ``VmHWM`` of ``/proc/self/status`` (``ru_maxrss`` would count
+    a forked child's pages from before ``exec``), macOS ``ru_maxrss``, Windows psutil's peak working set.
 
     Example:
         >>> peak_rss() >= rss() > 0
@@ -72,12 +68,10 @@ def _reset_hwm() -> bool:
 class PhaseMemory:
     """Peak memory per phase on one device, and the peak of the whole run.
 
-    CPU: a phase's figure is the RSS high-water mark above the RSS when the phase started, plus ``weights`` (the bytes
-    of the loaded parameters and buffers): what the phase adds on top of the model, without the process's own
-    overhead (the interpreter, libraries, thread pools), as ``max_memory_allocated`` leaves out the CUDA context. The
-    run's figure (``run_peak``) is the device's own reading: the largest peak RSS of the process read in any phase
-    (each phase resets the high-water mark, so the last reading alone can be lower), or the allocator's peak.
-    ``before_decode`` is the run's peak when the VAE decode phase started.
+    On the CPU a phase's figure is its RSS high-water mark above the RSS at its start, plus ``weights``: what it adds
+    to the model without the process's own overhead, as ``max_memory_allocated`` leaves out the CUDA context.
+    ``run_peak`` is the device's own reading (the largest peak RSS of any phase, since each resets the mark, or the
+    allocator's peak); ``before_decode`` the run's peak when the decode started.
 
     Example:
         >>> m = PhaseMemory("cpu", weights=1000); m.enter("denoising"); m.finish()
@@ -169,10 +163,8 @@ def _phase_modules(pipe: Any) -> list[tuple[Any, str]]:
 
 @contextlib.contextmanager
 def phase_hooks(pipe: Any, memory: PhaseMemory, bar: Any = None) -> Iterator[PhaseMemory]:
-    """Record ``memory``'s phase from forward pre-hooks on ``pipe``'s components while the block runs.
-
-    ``bar`` (a tqdm bar) gets one more step per VAE decoder call; pass None where the caller counts them itself (SVD's
-    chunked decode). The last phase is closed on exit.
+    """Record ``memory``'s phase from forward pre-hooks on ``pipe``'s components while the block runs; the last phase is
+    closed on exit. ``bar`` (tqdm) steps per VAE decoder call; None where the caller counts (SVD's chunked decode).
 
     Example:
         >>> from hf_precision.testing.pipelines import make_svd

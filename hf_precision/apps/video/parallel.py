@@ -1,13 +1,10 @@
 """Context parallelism for the video script: one clip's tokens split across GPUs with diffusers' own hooks.
 
-diffusers 0.42.1 splits a transformer's sequence across ranks for classes that declare a ``_cp_plan``
-(``ModelMixin.enable_parallelism(config=ContextParallelConfig(ring_degree=N))``, models/modeling_utils.py:1742).
-The recipe's dtypes and fp32 islands are applied before, on every rank, and the hooks only split and gather
-activations, so every rank computes in the recipe's layout.
-
-It cannot run on a CPU: diffusers places rank ``r`` on ``torch.device(accelerator, r % torch.accelerator.device_count())``
-(models/modeling_utils.py:1718-1719), and a CPU-only torch has no accelerator (device count 0), so the set-up divides by
-zero before any gloo collective runs. :func:`check_context_parallel` says so up front.
+diffusers 0.42.1 splits the sequence of a transformer that declares a ``_cp_plan``
+(``enable_parallelism(config=ContextParallelConfig(ring_degree=N))``, models/modeling_utils.py:1742); the recipe is
+applied first on every rank and the hooks only split and gather activations. Not on a CPU: rank ``r`` goes to
+``torch.device(accelerator, r % torch.accelerator.device_count())`` (:1718-1719), a division by zero without an
+accelerator; :func:`check_context_parallel` says so up front.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Predicted peak memory of a video run, per phase, from the configs alone; and the cheapest settings that fit.
 
-Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the asked device).
-Activations come from running each phase's module on torch's ``meta`` device (shapes, no storage) and counting the
-bytes alive at once (:mod:`hf_precision.memory.peaks`), with the same code path diffusers runs (VAE tiling,
-SVD's decode chunks, feed-forward chunking change the count because they change what is alive at once). What one
-denoiser call gets comes from the denoiser class's row (recipes/denoisers.yaml), built by the training loss's code.
-
-A phase's peak = weights resident during it (all of them without offload; the running component with
-``enable_model_cpu_offload``; about two leaf layers with ``enable_group_offload(offload_type="leaf_level",
-use_stream=True)``; one with ``enable_sequential_cpu_offload``: :func:`hf_precision.memory.resident_bytes`) + the
-activation high-water mark of its forward. :func:`choose` gives :func:`hf_precision.memory.choose` the candidates,
+A phase's peak = the weights resident during it (:func:`hf_precision.plan`'s bytes; under offload only the running
+component, about two leaf layers, or one: :func:`hf_precision.memory.resident_bytes`) + the activation high-water
+mark of its forward, run on the ``meta`` device through diffusers' own code path (:mod:`hf_precision.memory.peaks`:
+VAE tiling, SVD's decode chunks and feed-forward chunking count as they run). A denoiser call's inputs come from its
+class's row of recipes/denoisers.yaml. :func:`choose` gives :func:`hf_precision.memory.choose` the candidates,
 fastest first.
 """
 
@@ -83,11 +78,11 @@ def _decode_peak(spec: Any, vae: Any, dtype: Any, height: int, width: int, frame
 
 
 def _vae_encode_shape(spec: Any, height: int, width: int, frames: int) -> tuple[int, ...]:
-    """What each image-to-video pipeline hands ``vae.encode`` (the row's ``image_encode``): ``image``, the image
-    alone (SVD, pipeline_stable_video_diffusion.py `_encode_vae_image`); ``clip``, the image followed by frames-1
-    zero frames (Wan I2V, pipeline_wan_i2v.py `prepare_latents`, ``video_condition``); ``frame``, the image as a
-    1-frame video (LTX and CogVideoX I2V, pipeline_ltx_image2video.py and pipeline_cogvideox_image2video.py
-    `prepare_latents`)."""
+    """What an image-to-video pipeline hands ``vae.encode`` (the row's ``image_encode``): ``image`` alone (SVD,
+    pipeline_stable_video_diffusion.py `_encode_vae_image`); ``clip``, it then frames-1 zero frames (Wan I2V,
+    pipeline_wan_i2v.py `prepare_latents`); ``frame``, a 1-frame video (pipeline_ltx_image2video.py,
+    pipeline_cogvideox_image2video.py `prepare_latents`).
+    """
     kind = spec.row.image_encode
     if kind == "image":
         return 1, 3, height, width
@@ -316,11 +311,9 @@ def _candidates(spec: Any, accelerator: bool, decode_chunk: int | None,
 def choose(where: str, spec: Any, *, layout: Any, budget: int, height: int, width: int, frames: int,
            accelerator: bool | None = None, decode_chunk: int | None = None, overrides: Any = None,
            quantize: bool = True) -> Choice[Prediction]:
-    """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory).
-
-    Offload is considered where ``accelerator`` (default: whether ``layout`` is one) has weights to move to.
-    Quantized storage (``quantize=False`` leaves it out) is considered beside offload and tiling, among the layouts
-    the component recipes tolerate on the device; the chosen one is loaded as ``--set C.storage=...``.
+    """The fastest settings whose predicted peak fits ``budget`` bytes (else the one with the least memory): offload where
+    ``accelerator`` (default: whether ``layout`` is one), and beside it and tiling the quantized layouts the recipes
+    tolerate on the device (unless ``quantize=False``), the chosen one loaded as ``--set C.storage=...``.
 
     Example:
         >>> from hf_precision.apps.video.spec import model_spec

@@ -1,15 +1,11 @@
 """Making clips: one generator for every video family, and the batch loop over the jobs of a run.
 
-:func:`generate_clip` calls the pipeline with the noise from a CPU generator (the same clip on every device), one
-progress bar for the batch, and the peak memory of each phase (:mod:`hf_precision.apps.video.memory`). A pipeline
-whose recipe's video: block says ``decode_chunks`` (SVD) is stopped at the latents: the noise is drawn here in the
-denoiser's compute dtype (brycedrennan/imaginAIry#442 drew fp32 noise next to an fp16 model) and the frames are
-decoded here, ``decode_chunk_size`` at a time, so the decode peak is bounded (diffusers#6385: "abnormally high
-VRAM") and the bar follows the decode.
-
-:func:`generate_batch` loads the pipeline once and makes every job; under ``accelerate launch`` the jobs are split
-between processes with accelerate's ``PartialState.split_between_processes`` and every output is written by exactly
-one process; a failed clip is reported and the batch goes on.
+:func:`generate_clip` draws the noise from a CPU generator (the same clip on every device), with one progress bar
+and each phase's peak memory. Where the recipe's video: block says ``decode_chunks`` (SVD) the noise is drawn in
+the denoiser's compute dtype (brycedrennan/imaginAIry#442 drew fp32 beside an fp16 model) and the latents decoded
+here, ``decode_chunk_size`` at a time (diffusers#6385: "abnormally high VRAM"). :func:`generate_batch` loads once
+and makes every job, split between ``accelerate launch`` processes (``PartialState.split_between_processes``), each
+output written by one process; a failed clip is reported and the batch goes on.
 """
 
 from __future__ import annotations
@@ -122,11 +118,10 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
                   frames: int | None = None, steps: int, seed: int = 0, guidance_scale: float | None = None,
                   decode_chunk_size: int = 8, bar: Any = None, memory: PhaseMemory | None = None,
                   **extra: Any) -> ClipResult:
-    """One clip from any video pipeline (Wan, LTX-Video, CogVideoX, HunyuanVideo, Mochi, Allegro, Latte, SVD).
+    """One clip from any video pipeline, its noise from a CPU generator seeded with ``seed`` (the same clip everywhere).
 
-    The noise comes from a CPU generator seeded with ``seed`` (the same clip on every device); ``bar`` (a tqdm bar)
-    advances per denoising step and per VAE decoder call (per decode chunk for SVD); ``memory`` records the peak of
-    each phase. ``extra`` goes to the pipeline call (SVD's ``fps``, ``motion_bucket_id``, ...).
+    ``bar`` (tqdm) advances per denoising step and VAE decoder call (per chunk for SVD); ``memory`` records each
+    phase's peak; ``extra`` goes to the call (SVD's ``fps``, ``motion_bucket_id`` ...).
 
     Example:
         >>> from hf_precision.testing.pipelines import make_svd, example_image
@@ -206,10 +201,8 @@ def generate_clip(pipe: Any, spec: Any, *, prompt: str | None = None, image: Any
 @dataclasses.dataclass(frozen=True)
 class BatchOptions:
     """What every clip of a batch shares: sizes, steps and seed, the family's call options, and where it runs.
-
-    ``device``: None (the best present device), a device, or under ``device_map="balanced"`` set by the placement.
-    ``context_parallel``: split each clip's tokens over that many GPUs (every rank makes every clip, the main process
-    writes it).
+    ``device``: None (the best present one), a device, or set by the ``device_map="balanced"`` placement.
+    ``context_parallel``: GPUs to split each clip's tokens over (every rank makes every clip, the main one writes it).
     """
 
     height: int
@@ -277,10 +270,9 @@ def _placement(model: str, spec: Any, options: BatchOptions, say: Callable[[str]
 def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOptions, *,
                    settings: Callable[[str], MemorySettings] | None = None, say: Callable[[str], None] = _print,
                    warn: Callable[[str], None] = _warn) -> int:
-    """Make every job with one pipeline; returns 0, or 1 when a clip failed or an output is missing.
-
-    ``settings(device)`` gives the memory settings once the device is known (default: none of them); ``say`` and
-    ``warn`` receive the progress lines and the errors (under several processes with ``[process i/n]`` in front).
+    """Make every job with one pipeline; returns 0, or 1 when a clip failed or an output is missing. ``settings(device)``
+    gives the memory settings once the device is known; ``say`` and ``warn`` get progress lines and errors
+    (``[process i/n]`` in front under several processes).
 
     Example:
         >>> import tempfile; from pathlib import Path
@@ -340,10 +332,8 @@ def generate_batch(model: str, spec: Any, jobs: Sequence[Job], options: BatchOpt
 def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: BatchOptions,
               settings: Callable[[str], MemorySettings] | None, state: Any, say: Callable[[str], None],
               tell: Callable[[str], None], complain: Callable[[str], None]) -> list[str]:
-    """Load the pipeline once and make this process's jobs with it; returns the outputs that failed.
-
-    A clip's failure goes to ``complain`` (stderr) with its cause, so a script reading stderr sees why, not only
-    how many failed.
+    """Load the pipeline once and make this process's jobs; returns the outputs that failed, each cause sent to
+    ``complain`` (stderr), so a script reading it sees why.
     """
     from tqdm import tqdm
 

@@ -1,24 +1,18 @@
 """The rules of a video pipeline: what its recipe's ``video:`` block says, and what its configs say.
 
-A video pipeline recipe (recipes/wan.yaml, svd.yaml, ...) holds the sampling facts its pipelines share beyond their
-configs, cited there: the defaults of its model card, the text length and classifier-free-guidance batch its
-denoiser sees, how its VAE decodes (:class:`VideoRow`). A pipeline gets the block of the recipe it resolves to, as
-``load_pipeline`` chooses it; a recipe without one, or a composed recipe, gets devices.yaml's ``video:`` defaults.
-What one denoiser call gets is not here: the memory plan builds it from the denoiser class's row of
-recipes/denoisers.yaml, as the training loss does.
+A video recipe (recipes/wan.yaml, svd.yaml ...) holds the sampling facts its pipelines share beyond their configs,
+cited there (:class:`VideoRow`); a recipe without one, or a composed one, gets devices.yaml's ``video:`` defaults.
+What one denoiser call gets is recipes/denoisers.yaml's, built by the memory plan. The rest is read from the
+pipeline class and the component configs (no weights), so arguments are checked before loading, by the rules the
+pipelines apply themselves:
 
-Everything else is read from the pipeline class and the component configs of ``model_index.json`` (no weights), so
-the arguments are checked before anything is loaded. The rules are the ones the diffusers pipelines apply themselves:
+* frames: 3D VAEs compress time by ``t`` and keep the first frame apart, so ``num_frames`` is ``t*k + 1``
+  (``pipeline_wan.py``: "num_frames - 1 has to be divisible by vae_scale_factor_temporal"; ``pipeline_ltx.py``,
+  CogVideoX, HunyuanVideo and Mochi alike); SVD takes any count.
+* size: a multiple of the VAE's spatial factor times the patch size (``pipeline_wan.py`` ``check_inputs``: 16;
+  ``pipeline_ltx.py``: 32).
 
-* frames: the 3D VAEs compress time by a factor ``t`` and keep the first frame apart, so ``num_frames`` must be
-  ``t*k + 1`` (diffusers ``pipeline_wan.py`` warns "num_frames - 1 has to be divisible by vae_scale_factor_temporal";
-  ``pipeline_ltx.py`` computes ``(num_frames - 1) // vae_temporal_compression_ratio + 1`` latent frames; CogVideoX and
-  HunyuanVideo do the same with their ``temporal_compression_ratio``, Mochi with its 6); SVD takes any count.
-* size: height and width must be multiples of the VAE's spatial factor times the transformer's patch size
-  (``pipeline_wan.py`` ``check_inputs``: "height and width have to be divisible by 16"; ``pipeline_ltx.py``: 32).
-
-Components are found by role, never by name: the denoiser is the recipe's ``denoiser:`` (else the component whose
-class diffusers keeps with the transformers and UNets, :func:`hf_precision.runtime.source.role_of`).
+Components are found by role, never by name (:func:`hf_precision.runtime.source.role_of`).
 """
 
 from __future__ import annotations
@@ -71,6 +65,8 @@ class VideoRow:
     call_max_frames: int = 0
     call_max_frames_note: str = ""
     default_call_args: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    first_frame_edit: bool = False
+    unfed_inputs: str = ""
 
     def noise_shape(self, cfg: Mapping[str, Any], frames: int, height: int, width: int) -> tuple[int, ...]:
         """The latents the program draws for a ``decode_chunks`` pipeline (SVD: half the UNet's input channels; the
@@ -79,10 +75,8 @@ class VideoRow:
 
 
 def video_row(recipe: str | Mapping[str, Any], pipeline: str | None = None) -> VideoRow:
-    """The :class:`VideoRow` of a recipe: a shipped name, a user's YAML path or a composed recipe's data.
-
-    Its ``video:`` block (checked with the recipe) over devices.yaml's; ``other`` when it has none. ``pipeline``: the
-    class it is for, whose entry under the block's ``classes:`` holds over the rest.
+    """The :class:`VideoRow` of a recipe (a shipped name, a YAML path or a composed recipe's data): its ``video:`` block
+    over devices.yaml's (``other`` without one), the ``classes:`` entry for ``pipeline`` over the rest.
 
     Example:
         >>> i2v = video_row("kandinsky5", "Kandinsky5I2VPipeline")
@@ -105,11 +99,9 @@ def video_row(recipe: str | Mapping[str, Any], pipeline: str | None = None) -> V
 
 @dataclasses.dataclass(frozen=True)
 class VideoSpec:
-    """The rules of one video pipeline class, derived from its configs.
-
-    ``frame_step``: frames must be ``frame_step*k + 1`` (1: any count). ``size_multiple``: height and width must be
-    multiples of it. ``takes_prompt``/``takes_image``: the modes the pipeline has. ``extra``: call kwargs the configs
-    fix (CogVideoX's ``max_sequence_length`` is the transformer's ``max_text_seq_length``).
+    """The rules of one video pipeline class, derived from its configs: frames ``frame_step*k + 1`` (1: any count), sizes
+    multiples of ``size_multiple``, the modes (``takes_prompt``/``takes_image``) and ``extra``, the call kwargs the
+    configs fix (CogVideoX's ``max_sequence_length`` is its transformer's ``max_text_seq_length``).
     """
 
     pipeline: str
@@ -218,10 +210,10 @@ class VideoSpec:
         return frames >= 1 and self.latent_shape(1, 1, frames)[0] in self.row.refused_latent_frames
 
     def _allowed_near(self, frames: int) -> list[int]:
-        """The frame counts nearest ``frames`` the call makes (its VAE's ``step*k + 1``, no refused latent count):
-        the one below, if any, then the one above (:func:`~hf_precision.recipe.frames.nearest_latent_frames`, which
-        check's default call steps with too). Below cannot pass a position table's bound; above is a fix the check of
-        the count it gives judges again."""
+        """The frame counts nearest ``frames`` the call makes (``step*k + 1``, no refused latent count: the stepping of
+        :func:`~hf_precision.recipe.frames.nearest_latent_frames`): the one below, if any, then the one above, which the
+        check of the count it gives judges again.
+        """
         from ...recipe.frames import nearest_latent_frames
 
         near = nearest_latent_frames(self.latent_shape(1, 1, frames)[0], self.row.refused_latent_frames)
@@ -263,12 +255,9 @@ def _init_default(spec: Any, name: str) -> Any:
 
 def video_spec(pipeline: str, index: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]],
                recipe: str | None = None) -> VideoSpec:
-    """The rules of a video pipeline from ``model_index.json``, the component configs and its recipe's ``video:``
-    block: ``recipe`` (a shipped name or a user's YAML file), else the one ``load_pipeline`` chooses for the class.
-
-    Raises:
-        RecipeError: the class is not a diffusers video pipeline (its ``__call__`` takes no frame count: no
-            ``num_frames``, ``video_length`` as Latte's, nor ``frames`` as Sana-Video's).
+    """The rules of a video pipeline from ``model_index.json``, the component configs and its recipe's ``video:`` block
+    (``recipe``: a shipped name or a YAML file; default the one ``load_pipeline`` chooses). RecipeError for a class
+    whose ``__call__`` takes no frame count (``num_frames``, Latte's ``video_length``, Sana-Video's ``frames``).
 
     Example:
         >>> idx = {"vae": ["diffusers", "AutoencoderKLWan"], "transformer": ["diffusers", "WanTransformer3DModel"]}
@@ -356,14 +345,9 @@ def _denoiser(pipeline: str, index: Mapping[str, Any], recipe: str | Mapping[str
 
 
 def model_spec(model: str, configs_only: bool = False) -> tuple[str, VideoSpec]:
-    """Where a video model is and its :class:`VideoSpec` (mode, frame and size rules), read from ``model_index.json``
-    and the component configs; nothing is loaded.
-
-    With ``configs_only`` (``--plan``) the configs shipped in ``hf_precision/model_configs`` also count (``svd``,
-    ``stabilityai/stable-video-diffusion-img2vid-xt``), as for :func:`hf_precision.plan`.
-
-    Raises:
-        RecipeError: no such model, or not a video pipeline.
+    """Where a video model is and its :class:`VideoSpec`, from ``model_index.json`` and the configs (nothing loaded); a
+    RecipeError for no such model or no video pipeline. ``configs_only`` (``--plan``): the configs shipped in
+    ``hf_precision/model_configs`` count too, as for :func:`hf_precision.plan`.
 
     Example:
         >>> where, spec = model_spec("svd", configs_only=True)

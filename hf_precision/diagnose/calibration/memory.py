@@ -33,10 +33,9 @@ def memory_plan(numel: Mapping[str, int], run_on: str, reference: str | None, ta
                  resident: int = 0, max_memory: int | None = None) -> tuple[str, bool]:
     """(reference dtype, offload) that fit this machine, or a RecipeError that says what to do.
 
-    ``resident``: bytes of the pipeline already in memory on ``run_on`` (they are not counted again).
-    ``max_memory``: a budget for ``run_on`` (bytes); it counts everything the runs hold there, and with it model
-    offload is chosen on any device, the CPU included (there accelerate's hooks keep one component "on" the CPU
-    at a time: the same code path, without a memory gain).
+    ``resident``: bytes of the pipeline already on ``run_on`` (not counted again). ``max_memory``: a budget in bytes
+    for everything the runs hold there; with it model offload is chosen on any device, the CPU too (the same code path,
+    without a memory gain).
     """
     available = available_bytes(run_on)
     if max_memory is not None:
@@ -75,10 +74,10 @@ def file_numel(path: Path) -> int:
 
 def open_pipeline(pipe_or_folder: Any, run_on: str, reference: str | None, target: str | None, recipe: str | None,
                   max_memory: int | None, base: Any = None) -> tuple[Any, bool, str, bool]:
-    """(pipeline, loaded here, reference dtype, offload): a folder is loaded in the reference dtype that fits
-    (on the CPU when the runs offload); a pipeline object is used as it is, its resident weights counted. A
-    single-file checkpoint with ``base`` is loaded as ``load_pipeline(file, base=base)`` loads it; the file's values
-    count as one component beside the base's, a conservative count (the base's own denoiser stays counted)."""
+    """(pipeline, loaded here, reference dtype, offload): a folder is loaded in the reference dtype that fits (on the CPU
+    when the runs offload), a single file as ``load_pipeline(file, base=base)`` (its values counted beside all the
+    base's: conservative); a pipeline object is used as it is, its resident weights counted.
+    """
     import torch
 
     if isinstance(pipe_or_folder, (str, os.PathLike)):

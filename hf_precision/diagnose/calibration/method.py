@@ -39,38 +39,26 @@ def calibrate(pipe_or_folder: Any, device: Any = None, call: Mapping[str, Any] |
     """Find the float32 islands a pipeline needs in half precision by measuring it, and verify them.
 
     Args:
-        pipe_or_folder: a diffusers pipeline (left as it was found afterwards) or a pipeline folder.
-        device: the layout to calibrate: a preset (``"t4"``), a description or a present device; its recipe gives
-            the target half dtype and the islands already kept. The runs happen on ``run_on``.
-        call (*optional*): call kwargs (a fresh seeded ``generator`` is added per run) or ``fn(pipe) -> output``.
-            Default: ``prompt``/``image`` with ``steps`` steps.
-        target (*optional*): ``"float16"`` or ``"bfloat16"``; default: the layout's denoiser half dtype, else float16.
-        steps (*optional*): ``num_inference_steps`` of the runs.
-        bound (*optional*): the mean absolute error of the final output (images in [0, 1]) that the islands
-            should stay within; reported as met or not.
-        progress (*optional*): show a tqdm bar over runs and steps.
-        reference (*optional*): ``"float32"`` or ``"bfloat16"`` (ranges only); default: float32 if it fits memory.
-        run_on (*optional*): where the runs happen; default the best present device.
-        recipe, seed, rounds, slack (*optional*): the recipe to start from; the seed of every run; how many
-            verification runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
-        prompt, image, mask, size (*optional*): the default call's prompt, input image, inpainting mask (white where
-            it repaints) and (height, width), to which SD/SDXL img2img's image is resized (their call takes none).
-        frames (*optional*): a video pipeline's frame count in the default call (``num_frames`` or ``video_length``).
-        options (*optional*): more kwargs of the default call, those its ``__call__`` takes: what a model's configs
-            fix (``{"max_sequence_length": 16}``: the text length CogVideoX's position table was built for).
-        max_memory (*optional*): a memory budget on ``run_on`` in bytes. When the reference run does not fit it
-            (or the device's free memory) whole, it runs with ``enable_model_cpu_offload`` (one component on the
-            device at a time); when even the largest component does not fit, calibrate refuses and says what to do.
-        base (*optional*): with a single-file checkpoint as ``pipe_or_folder`` (a fine-tuned denoiser or a whole
-            SD/SDXL checkpoint): the diffusers folder, alias or Hub id for the rest, as ``load_pipeline(file, base=)``.
+        pipe_or_folder: a diffusers pipeline (handed back as it was found) or a pipeline folder.
+        device: the layout to calibrate (a preset such as ``"t4"``, a description or a present device): its recipe
+            gives the half dtype (``target`` overrides it) and the islands already kept. The runs happen on ``run_on``
+            (default the best present device).
+        call (*optional*): call kwargs (a seeded ``generator`` added per run) or ``fn(pipe) -> output``; default
+            the call of ``prompt``, ``image``, ``mask``, ``size`` (SD/SDXL img2img's image is resized to it),
+            ``frames``, ``steps`` and ``options`` (more kwargs its ``__call__`` takes, e.g. CogVideoX's
+            ``{"max_sequence_length": 16}``).
+        bound (*optional*): the mean absolute error of the output (images in [0, 1]) to stay within; reported.
+        progress (*optional*): a tqdm bar over runs and steps.
+        reference (*optional*): ``"float32"`` or ``"bfloat16"`` (ranges only); default float32 if it fits memory.
+        recipe, seed, rounds, slack (*optional*): the recipe to start from; every run's seed; how many verification
+            runs may add islands; how many more bytes (fraction) a parent may cost to replace siblings.
+        max_memory (*optional*): a budget on ``run_on`` in bytes; a reference run that does not fit it whole runs with
+            ``enable_model_cpu_offload``, and one whose largest component does not fit is refused with what to do.
+        base (*optional*): for a single-file checkpoint, the rest of the pipeline, as ``load_pipeline(file, base=)``.
 
-    Returns:
-        `CalibrationResult`: ``islands`` {component: [module names]}, ``evidence``, ``extra_bytes``, ``errors``
-        (``"naive"`` all-half and ``"islands"``), ``to_yaml()``, ``write(path)`` and ``table()``.
-
-    Raises:
-        RecipeError: a target the layout cannot compute, a model that does not fit this machine (with what to do),
-            a reference run that is itself not finite.
+    Returns a :class:`CalibrationResult` (``islands``, ``evidence``, ``extra_bytes``, ``errors`` of the ``"naive"`` and
+    ``"islands"`` runs, ``to_yaml()``, ``write(path)``, ``table()``); RecipeError for a target the layout cannot
+    compute, a model that does not fit, or a reference run that is itself not finite.
 
     Example:
         >>> from hf_precision.testing import PIPELINES, make_pipeline

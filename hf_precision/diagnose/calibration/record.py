@@ -60,9 +60,8 @@ def _relative(got: Any, ref: Any) -> float | None:
 class Recorder:
     """Forward hooks on every module with parameters: max |input| and |output| per module, per step, per component.
 
-    One ``aminmax`` pass per new tensor (an input that is the output just measured is not read again); the share
-    beyond ``limit`` is counted only when the maximum exceeds it. ``first_bad`` is the first call (in post-hook
-    order: inner modules finish first) whose output is not finite.
+    One ``aminmax`` per new tensor (an input just measured as an output is not read again); the share beyond ``limit``
+    is counted only past it. ``first_bad``: the first call (inner modules finish first) with a non-finite output.
     """
 
     def __init__(self, components: Mapping[str, Any], limit: float, phase: Callable[[str], str],

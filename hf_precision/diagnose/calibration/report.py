@@ -110,10 +110,9 @@ class CalibrationResult:
         return outermost([*self.recipe_islands.get(component, []), *self.islands.get(component, [])])
 
     def departs(self, component: str) -> str:
-        """Why the override runs ``component`` in a dtype its recipe does not tolerate ('' when it does not).
-
-        The SDXL VAE's recipe tolerates bf16 and fp32 only: islands measured on one run keep fp16 finite there, other
-        inputs may overflow elsewhere, so the override keeps the NaN guard on for it and says so.
+        """Why the override runs ``component`` in a dtype its recipe does not tolerate ('' when it does not): islands
+        measured on one run keep fp16 finite there (the SDXL VAE's recipe tolerates bf16 and fp32 only), other inputs may
+        overflow elsewhere, so the NaN guard stays on for it.
         """
         allowed = self.tolerated.get(component)
         if component in self.whole or not allowed or self.target in allowed:

@@ -176,13 +176,12 @@ class Islands:
         return True
 
     def add_error(self, half: Recorder, after: RunError, floor: float) -> bool:
-        """A finite half run further from the reference than the bound (step 5): island where its error grows most,
-        or grow the island added last when it did not lower the error; False: no module stands out.
+        """A finite half run further from the reference than the bound (step 5): island where its error grows most, or grow
+        the island added last when it did not lower the error; False: no module stands out.
 
-        Per module, the relative error of its output (half run against the reference, on strided samples of every
-        call) over the relative error of its input, at least ``floor`` (the half dtype's unit roundoff): a module that
-        rounds like any other has about 1, one that loses what its input held (an underflow, a large offset that
-        swallows a small signal) far more.
+        Per module: the relative error of its output (half against reference, strided samples of every call) over that of
+        its input, at least ``floor`` (the unit roundoff). A module that rounds like any other has about 1; one that loses
+        what its input held (an underflow, an offset swallowing a small signal) far more.
         """
         if self.last is not None and after.mean_abs > 0.7 * self.last[2]:
             added: tuple[str, str] | None = self.grow(*self.last[:2])

@@ -1,9 +1,8 @@
-"""A pipeline borrowed for a few runs and handed back as it came: the part of calibrate that check (one recorded run)
-and training (run, restore) need too.
+"""A pipeline borrowed for a few runs and handed back as it came (calibrate's, and check's and training's too).
 
-``Session`` snapshots every parameter and buffer (references, not copies: a run that casts replaces ``.data``) and the
-VAEs' ``force_upcast``, silences the pipeline's own progress bar, sets up model offload, runs the pipeline seeded, and
-on the way out restores all of it, takes its offload hooks off and re-applies the recipe the pipeline came with.
+``Session`` snapshots every parameter and buffer (references: a casting run replaces ``.data``) and the VAEs'
+``force_upcast``, silences the progress bar, sets up model offload, runs seeded, and on exit restores all of it and
+re-applies the recipe the pipeline came with.
 """
 
 from __future__ import annotations
@@ -20,13 +19,9 @@ __all__ = ["Session"]
 class Session:
     """Runs of one pipeline, handed back as it came.
 
-    Args:
-        pipe: a diffusers pipeline (or any object with ``components``).
-        restore (*optional*): snapshot parameters, buffers and ``force_upcast`` on entry and put them back after each
-            run and on exit (a run may apply a recipe that casts them).
-        offload_on (*optional*): run with ``enable_model_cpu_offload(device=offload_on)``; on exit those hooks come off
-            and each component goes back where it was (with ``handback``).
-        handback (*optional*): on exit undo the offload set up here and re-apply the recipe the pipeline had.
+    ``restore``: snapshot parameters, buffers and ``force_upcast`` on entry and put them back after each run and on
+    exit (a run may apply a recipe that casts them). ``offload_on``: run with ``enable_model_cpu_offload(device=...)``.
+    ``handback``: on exit take those hooks off, put each component back and re-apply the recipe the pipeline had.
 
     Example:
         >>> import torch
