@@ -114,9 +114,9 @@ def test_a_user_dtype_dict_is_honoured_where_plain_diffusers_fails(name, folder)
 
 
 # Families with no fp16 layout: without bf16 their transformer computes fp32 (tests/test_resolve.py checks the plan).
-# Sana-Video's attention normalizer overflows fp16; Kandinsky 5 has no documented fp16 run
-# (recipes/components/sana_video.yaml, kandinsky5.yaml).
-NO_FP16 = ("sana_video", "kandinsky5")
+# Sana-Video's attention normalizer overflows fp16; Kandinsky 5 and LTX-2 have no documented fp16 run
+# (recipes/components/sana_video.yaml, kandinsky5.yaml, ltx2.yaml).
+NO_FP16 = ("sana_video", "kandinsky5", "ltx2")
 
 
 @pytest.mark.parametrize("name", [n for n in MAIN if n not in NO_FP16])

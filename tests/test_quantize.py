@@ -474,6 +474,24 @@ def test_calibrated_islands_are_kept_out_of_quantization():
         assert ("proj_out" in quantized_layers(meta, plain, [])) == (storage != "int8")
 
 
+def test_bnb_plan_counts_only_what_transformers_converts():
+    """transformers' bitsandbytes converts `type(m) is nn.Linear` only (integrations/bitsandbytes.py:189), so the
+    plan must not count nn.MultiheadAttention's out_proj (a Linear subclass: SigLIP's pooling head, in LTX-2's
+    Gemma 3); it did, and check warned 'quantized 22 layers where the plan counted 23' on every LTX-2 nf4 load."""
+    from transformers import SiglipVisionConfig, SiglipVisionModel
+
+    from hf_precision.runtime.quantize import quantized_layers
+
+    config = SiglipVisionConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=16, patch_size=4, vision_use_head=True)
+    with torch.device("meta"):
+        model = SiglipVisionModel(config)
+    plan = hp.get_recipe("ltx2", device="cpu", overrides={"text_encoder": {"storage": "nf4"}})["text_encoder"]
+    counted = quantized_layers(model, plan, [])
+    heads = [n.rpartition("head.")[2] for n in counted if "head." in n]
+    assert heads == ["mlp.fc1", "mlp.fc2"]  # the pooling head's own Linear layers, not its attention's out_proj
+
+
 def test_check_passes_wan_in_bf16():
     """Wan's blocks feed `hidden_states.float()` to their bf16 FP32LayerNorm `norm2` on purpose (it computes in fp32
     itself, transformer_wan.py): check reports no mismatch there."""

@@ -272,18 +272,8 @@ def test_qwen_image_edit_without_torchvision_is_refused_before_a_weight_is_read(
     """QwenImageEditPipeline.from_pretrained reads the VAE's and the text encoder's weights before it loads the
     processor, which then fails (transformers' ImportError, above); the refusal comes first. The text-to-image class
     takes no processor and is not asked for torchvision."""
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a, **k: None if name.split(".")[0] == "torchvision" else real(name, *a, **k))
-    from hf_precision.recipe.requires import check_packages
-
-    if not refused:
-        assert check_packages(None, pipeline_class) is None
-        return
-    with pytest.raises(hp.RecipeError, match=f"^{pipeline_class} cannot be built or run without torchvision "
-                                             r"\(the pipeline's processor \(Qwen2VLProcessor\).* pip install "
-                                             "torchvision; install it and run again$"):
-        check_packages(None, pipeline_class)
+    _refused_without(monkeypatch, "torchvision", pipeline_class, refused,
+                     r"\(the pipeline's processor \(Qwen2VLProcessor\).* pip install torchvision")
     if pipeline_class == "QwenImageEditPipeline":
         import diffusers
 
@@ -291,3 +281,26 @@ def test_qwen_image_edit_without_torchvision_is_refused_before_a_weight_is_read(
                             classmethod(lambda *_a, **_k: pytest.fail("weights read before the package check")))
         with pytest.raises(hp.RecipeError, match="QwenImageEditPipeline cannot be built or run without torchvision"):
             hp.load_pipeline(str(qwen_edit_folder), "cpu")
+
+
+@pytest.mark.parametrize("pipeline_class, refused", [("LTX2ImageToVideoPipeline", True), ("LTX2Pipeline", False)])
+def test_ltx2_image_to_video_without_av_is_refused_before_loading(pipeline_class, refused, monkeypatch):
+    """LTX-2's image-to-video call re-compresses the image as H.264 unless image_crf=0, which no command passes, and
+    raises diffusers' ImportError without PyAV after every weight is read (ltx2/utils.py:350-354): the recipe refuses it
+    first. The text-to-video class needs no av."""
+    _refused_without(monkeypatch, "av", pipeline_class, refused,
+                     r"\(the image-to-video call re-compresses.* pip install av")
+
+
+def _refused_without(monkeypatch, module, pipeline_class, refused, why):
+    """Without ``module`` (its lookup finds nothing), ``pipeline_class`` is refused in one error naming it and
+    ``why``, or, where not ``refused``, passes."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a, **k: None if name.split(".")[0] == module else real(name, *a, **k))
+    if not refused:
+        assert check_packages(None, pipeline_class) is None
+        return
+    with pytest.raises(hp.RecipeError, match=f"^{pipeline_class} cannot be built or run without {module} {why}; "
+                                             "install it and run again$"):
+        check_packages(None, pipeline_class)

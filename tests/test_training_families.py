@@ -40,8 +40,10 @@ def _recipe_cases() -> dict[str, str]:
 # (FLUX.2 dev: the guidance embedding klein lacks, and a Mistral 3 text encoder; SkyReels-V2 DF-1.3B: the fps
 # embedding its inject_sample_info config adds).
 EXTRA_CLASS_ROWS = ("wan_vace", "wan_animate", "hunyuan_video_framepack", "flux2_dev", "skyreels_v2_df")
-# Recipes whose denoiser no training row feeds yet, each refused before loading (none today).
-NOT_TRAINED: tuple[str, ...] = ()
+# Recipes whose denoiser no training row feeds yet, each refused before loading (test_untrained_recipes_are_refused).
+# LTX-2: its transformer denoises video and audio latents together, on the text connectors' outputs rather than
+# encode_prompt's (pipeline_ltx2.py:1251, :1415-1436), which no row's inputs describe yet.
+NOT_TRAINED: tuple[str, ...] = ("ltx2",)
 CASES = _recipe_cases()
 
 
@@ -64,6 +66,9 @@ ENCODE_FEEDS = {
     # pipeline_chroma.py: the prompt mask reaches the transformer extended over the image tokens (checked below)
     "chroma": {0: ("encoder_hidden_states",)},
     "zimage": {0: ("cap_feats",)},  # a list: each prompt's hidden states without its padding
+    "ernie_image": {0: ("text_bth",)},  # a list as Z-Image's, padded into text_bth by the call (inputs/ernie_text.py)
+    "krea2": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",)},
+    "cogview3plus": {0: ("encoder_hidden_states",)},
     "cogview4": {0: ("encoder_hidden_states",)},
     "flux2_klein": {0: ("encoder_hidden_states",)},
     "hunyuan_video15": {0: ("encoder_hidden_states",), 1: ("encoder_attention_mask",),
@@ -121,6 +126,8 @@ def _assert_fed_as_the_pipeline_does(name, tp, seen):
         kwargs = {k: v for k, v in {**wanted, **options}.items() if k in params}
         with torch.no_grad():
             outputs = pipe.encode_prompt(PROMPTS, **kwargs)
+        # one value is one output (ERNIE-Image returns its list of prompts), as tp.encode_prompt reads it
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         for index, path in feeds.items():
             want = outputs[index]
             if want is None:  # QwenImage drops an all-ones mask; the denoiser then gets none either
@@ -140,7 +147,8 @@ PROMPTS = ["a cat"]
 
 # Families whose saved LoRA test_lora_step loads with plain diffusers (the others: tests/test_train_run.py,
 # tests/test_training_loop.py).
-LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2")
+LORA_LOADS = ("chroma", "zimage", "cogview4", "flux2_klein", "flux2_dev", "hidream", "skyreels_v2", "ernie_image",
+              "krea2")
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -182,6 +190,52 @@ def test_lora_step(name, tmp_path):
         # the diffusion-forcing call's flag at its default fps=24: 1 (0 is 16 fps), one per sample
         # (pipeline_skyreels_v2_diffusion_forcing.py:625, :767-768); without it the forward fails on fps=None
         assert seen["fps"].tolist() == [1] * batch["latents"].shape[0], seen.get("fps")
+
+
+@pytest.mark.parametrize("recipe", NOT_TRAINED)
+def test_untrained_recipes_are_refused(recipe):
+    """A recipe whose denoiser no training row feeds: the plan applies, and the loss is refused in one RecipeError
+    naming the class and the user's way out, not computed on inputs its pipeline never gives it (the CLI's
+    `train` refuses it before loading: benchmarks/command_sweep.py)."""
+    from hf_precision.testing import PIPELINES
+
+    name = next(n for n, row in PIPELINES.items() if row.recipe == recipe)
+    tp = hp.prepare_training(_build(name), layout="cpu")
+    with pytest.raises(hp.RecipeError, match=r"\(transformer\): no training row.*tp\.autocast\(\)"):
+        tp.loss({"latents": torch.zeros(1, 4, 2, 4, 4)})
+
+
+def test_ernie_image_inputs_are_its_pipelines():
+    """ERNIE-Image's row packs the latents (and the target) with its pipeline's own _patchify_latents, and the
+    `ernie_text` builder pads the per-prompt list as its _pad_text does (pipeline_ernie_image.py:174-179, :190-204)."""
+    from diffusers import ErnieImagePipeline
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp = hp.prepare_training(_build("ernie_image"), layout="cpu")
+    denoiser = tp.components[tp.denoiser_name]
+    gen = torch.Generator().manual_seed(0)
+    texts = [torch.randn(3, 8, generator=gen), torch.randn(5, 8, generator=gen)]  # two prompts, unpadded
+    x0 = torch.randn(2, 4, 8, 8, generator=gen)
+    batch = {"latents": x0, "prompt_embeds": texts, "sigmas": torch.tensor([0.0, 0.0])}
+    kwargs, target = noisy_inputs(row_of(denoiser), denoiser, batch, "flow", None)
+    assert torch.equal(kwargs["hidden_states"], ErnieImagePipeline._patchify_latents(x0))  # sigma 0: x0 itself
+    assert target.shape == (2, 16, 4, 4)
+    text_bth, lens = ErnieImagePipeline._pad_text(texts, "cpu", torch.float32, 8)
+    assert torch.equal(kwargs["text_bth"], text_bth) and torch.equal(kwargs["text_lens"], lens)
+
+
+def test_krea2_position_ids_are_its_pipelines():
+    """Krea 2's row feeds the RoPE coordinates its pipeline's prepare_position_ids makes for the prompt length and
+    the packed grid (pipeline_krea2.py:382-390, :608-610), and its example batch stacks the layers per token."""
+    from diffusers import Krea2Pipeline
+    from hf_precision.training.denoiser_rows import noisy_inputs
+
+    tp = hp.prepare_training(_build("krea2"), layout="cpu")
+    denoiser = tp.components[tp.denoiser_name]
+    batch = example_batch(denoiser, 2, side=8, tokens=5)
+    assert batch["prompt_embeds"].shape == (2, 5, denoiser.config.num_text_layers, denoiser.config.text_hidden_dim)
+    kwargs, _ = noisy_inputs(row_of(denoiser), denoiser, batch, "flow", None)
+    assert torch.equal(kwargs["position_ids"], Krea2Pipeline.prepare_position_ids(5, 4, 4, "cpu"))
 
 
 def test_hidream_trains_toward_what_its_pipeline_steps_with():
@@ -253,8 +307,9 @@ def test_every_recipe_denoiser_class_has_a_row():
 
     named = {cls for _, cls in _denoiser_index()}
     # Cosmos: no tiny pipeline can be built without cosmos_guardrail, so no row is written untested; `train` on it
-    # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py
-    untrained = {"CosmosTransformer3DModel"}
+    # ends in one line of ours (the missing package here, else "no training row"), tests/test_requires.py; LTX-2:
+    # NOT_TRAINED above
+    untrained = {"CosmosTransformer3DModel", "LTX2VideoTransformer3DModel"}
     assert named - set(ROWS) == untrained, "denoiser classes of shipped recipes without a training row"
 
 

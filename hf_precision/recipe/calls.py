@@ -45,7 +45,7 @@ ROW_KEYS: dict[str, Any] = {
     "batch_axis": (lambda v: _map(v, lambda x: type(x) is int and x > 0), "a mapping name -> axis, e.g. {prompt_embeds: 1}"),
     "text_len": (lambda v: _map(v, lambda x: _name(x) or (type(x) is int and x > 0)),
                  "a mapping name -> config key or token count, e.g. {prompt_embeds: max_text_seq_length}"),
-    "layout": ("image", "video", "frames_first", "channels_last"), "pack": ("flux", "ltx", "list", None),
+    "layout": ("image", "video", "frames_first", "channels_last"), "pack": ("flux", "ltx", "list", "patch", None),
     "timestep_arg": (_name, "a Python identifier, e.g. timestep_ratio"),
     "timestep_scale": _NUMBER, "guidance_scale": _NUMBER,
     "discrete_scale": (lambda v: v is None or _number(v), "a positive number or null"), "flip": BOOL,

@@ -187,7 +187,13 @@ def quantized_layers(module: torch.nn.Module, plan: ComponentPolicy, islands: It
     library, backend = library_of(module), CHOICES[plan.storage].backend
     passed = _passed(library, backend, module, plan, islands)
     fp32 = list(getattr(module, "_keep_in_fp32_modules", None) or ())
-    return [n for n in _linears(module) if not _excluded(library, backend, n, passed, fp32)]
+    names = _linears(module)
+    if (library, backend) == ("transformers", "bitsandbytes"):
+        # transformers converts `type(module) is nn.Linear` only (integrations/bitsandbytes.py:189): a subclass such
+        # as nn.MultiheadAttention's out_proj (SigLIP's pooling head in Gemma 3's vision tower) stays as it is
+        kinds = dict(module.named_modules())
+        names = [n for n in names if type(kinds[n]) is torch.nn.Linear]
+    return [n for n in names if not _excluded(library, backend, n, passed, fp32)]
 
 
 def require_backend(storage: str, component: str) -> None:

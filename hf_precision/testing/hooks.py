@@ -12,7 +12,7 @@ Four kinds, each a table of :data:`HOOKS`:
 A row may name only what is registered here; :mod:`~hf_precision.testing.rows` says so, naming the file and row::
 
     >>> sorted(HOOKS["tokenizer"])
-    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'kandinsky5_t2i_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen2_vl_chat', 'qwen3_chat', 't5']
+    ['bert', 'clip', 'gemma', 'glm4', 'hunyuan_i2v_chat', 'kandinsky5_qwen', 'kandinsky5_t2i_qwen', 'krea2_qwen', 'llama', 'mistral3_chat', 'qwen2', 'qwen2_vl_chat', 'qwen3_chat', 't5']
     >>> @register("after", "halve")
     ... def _halve(model):
     ...     model.weight.data /= 2
@@ -230,3 +230,30 @@ def _kandinsky5_t2i_resolutions(pipe: Any) -> None:
     # tiny call's 32x32 is added to that list, as diffusers' own test does (pipe.resolutions = [(64, 64)]); the folder
     # does not keep it, so the commands run the real list.
     pipe.resolutions = [(32, 32), *pipe.resolutions]
+
+
+@register("after", "ernie_image_zero_init")
+def _ernie_image_zero_init(model: Any) -> None:
+    # ErnieImageTransformer2DModel zero-initialises its shared adaLN modulation and its final projection (diffusers
+    # v0.42.1 transformer_ernie_image.py:332-333, :344-345): a random tiny model would predict 0 at every step, so the
+    # layouts could not differ and a LoRA on its attention would get no gradient. Trained weights are not zero; a
+    # seeded draw stands in for them, as for Kandinsky 5's modulation.
+    import torch
+
+    with torch.no_grad():
+        for layer in (model.adaLN_modulation[-1], model.final_linear):
+            torch.nn.init.normal_(layer.weight, std=0.1)
+            torch.nn.init.normal_(layer.bias, std=0.1)
+
+
+@register("tokenizer", "krea2_qwen")
+def _krea2_qwen() -> Any:
+    # Krea 2 drops the first 34 tokens of its chat template from the encoder's states and pads the prompt to a fixed
+    # length before the template's suffix (diffusers v0.42.1 pipelines/krea2/pipeline_krea2.py:206-211, :228-259):
+    # with merges for the template's words (as kandinsky5_qwen) the prefix is 42 tokens (Qwen's: 34), so the cut keeps
+    # 8 template tokens before the prompt, not ~130 as single bytes would
+    import inspect
+
+    from diffusers import Krea2Pipeline
+
+    return tokenizers.make_qwen2_words_tokenizer(inspect.getsource(Krea2Pipeline.__init__))

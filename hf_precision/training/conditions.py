@@ -27,7 +27,7 @@ def latent_channels(row: Row, config: Mapping[str, Any]) -> int:
     # out_channels x patch_size^2 either way. Kandinsky 5 names them in_visual_dim / out_visual_dim.
     in_c = int(config.get("in_channels") or config.get("in_visual_dim") or 0)
     out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
-    if row.pack == "flux":
+    if row.pack in ("flux", "patch"):  # patch: ERNIE-Image's 2x2 patches into channels (out_channels = 4 x VAE's)
         return out_c * int(config.get("patch_size") or 1) ** 2 // 4
     return min(in_c, out_c)
 
@@ -46,7 +46,7 @@ def condition_channels(row: Row, module: torch.nn.Module) -> int:
         5
     """
     config = getattr(getattr(module, "_orig_mod", module), "config", {})
-    want = int(config.get("in_channels") or 0) // (4 if row.pack == "flux" else 1)
+    want = int(config.get("in_channels") or 0) // (4 if row.pack in ("flux", "patch") else 1)
     if not want and config.get("visual_cond"):
         # Kandinsky 5 I2V: the noise, the image's latents and a 1-channel mask (2 * in_visual_dim + 1,
         # transformer_kandinsky.py:567; pipeline_kandinsky_i2v.py prepare_latents)

@@ -30,6 +30,7 @@ __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_cha
            "condition_made", "built_keys", "check_built", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value"]
 
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
+PACKED = (*TOKENS, "patch")  # packings whose target is packed as the latents are (patch: 2x2 patches into channels)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,7 +210,7 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
         noisy, target = _clean_first_frame(row, noisy, target, x0)
     elif batch.get("first_frame_latents") is not None:  # HunyuanVideo I2V token_replace: the image's own latents
         noisy, target = _clean_first_frame(row, noisy, target, inputs.model_layout(row, batch["first_frame_latents"]))
-    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
+    return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in PACKED else target
 
 
 def _patches_frames(module: torch.nn.Module) -> bool:
@@ -322,6 +323,9 @@ def model_output(out: Any, target: torch.Tensor, row: DenoiserRow) -> torch.Tens
 def _pack(row: DenoiserRow, x: torch.Tensor) -> Any:
     if row.pack == "list":  # pipeline_z_image.py: latents.unsqueeze(2).unbind(0), a list of (C, 1, H, W)
         return list(x.unsqueeze(2).unbind(0))
+    if row.pack == "patch":  # pipeline_ernie_image.py _patchify_latents: 2x2 patches become channels
+        b, c, h, w = x.shape
+        return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 1, 3, 5, 2, 4).reshape(b, c * 4, h // 2, w // 2)
     if row.pack == "flux":  # pipeline_flux.py _pack_latents: 2x2 patches become tokens
         b, c, h, w = x.shape
         return x.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), c * 4)
@@ -369,8 +373,11 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
         if not isinstance(length, int):  # a config key; else the prompt, one token for an image embedding (SVD)
             length = int(config.get(length) or (1 if key == "image_embeds" else tokens))
         shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, length, int(dim))
-        if key in row.text_layers:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
-            shape = (batch_size, max(config[row.text_layers[key]]) + 1, *shape[1:])
+        layers = config.get(row.text_layers[key]) if key in row.text_layers else None
+        if isinstance(layers, int):  # that many hidden states stacked per token (Krea 2's num_text_layers)
+            shape = (*shape[:2], layers, shape[2])
+        elif layers is not None:  # one hidden state per layer the denoiser indexes (HiDream's llama_layers)
+            shape = (batch_size, max(layers) + 1, *shape[1:])
         batch[key] = randn(*shape)
     width = image_embeds.image_width(row, module) if row.image_encode else None
     if width and image_embeds.IMAGE_KEY not in batch:  # FramePack's optional SigLIP states: a stand-in token

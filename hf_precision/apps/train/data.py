@@ -169,9 +169,10 @@ def model_geometry(pipeline: str, index: Mapping[str, Any], configs: Mapping[str
     # Z-Image names the patch sizes it takes (all_patch_size) and its pipeline calls it with the default, 2
     patch = axis_value(own.get("patch_size", own.get("all_patch_size", 1))) if denoiser == "transformer" else 1
     # The pipeline packs 2x2 latent patches into tokens, not the model (diffusers pipeline_flux.py and
-    # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1): the training
-    # family row says so (pack="flux"), so a new family is one row there.
-    packs = 2 if row is not None and row.pack == "flux" else 1
+    # pipeline_qwenimage.py: `vae_scale_factor * 2` in check_inputs; the config says patch_size 1), or into channels
+    # (pipeline_ernie_image.py): the training family row says so (pack="flux", "patch"), so a new family is one row
+    # there.
+    packs = 2 if row is not None and row.pack in ("flux", "patch") else 1
     return ModelGeometry(pipeline, factor * patch * packs, vae_factor=factor)
 
 
