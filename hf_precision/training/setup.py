@@ -1,12 +1,9 @@
 """prepare_training: the inference recipe for frozen parts, fp32 masters for what trains, device-chosen compute.
 
-Frozen components keep their inference recipe (dtype per device, fp32 islands, boundary hooks) and lose their
-gradients; trainable ones get their compute dtype from the training rule (:mod:`.rules`: bf16 where the device has
-it, fp16 + GradScaler where it has only fp16, fp32 elsewhere) and their trainable parameters as fp32 masters
-(:mod:`.trainable`). Each component runs under its own autocast state, set by hooks on the module (on in the compute dtype
-for a full fine-tune, whose masters are fp32; off everywhere else: frozen parts, LoRA bases that already hold the
-compute dtype, fp32 islands), so every path into it (the training loss, the user's own loss, validation, a script's
-accelerate autocast) computes as planned.
+Frozen components keep their inference recipe and lose their gradients; trainable ones get the training rule's
+compute dtype (:mod:`.rules`: bf16, else fp16 + GradScaler, else fp32) and fp32 masters (:mod:`.trainable`). Hooks
+give each component its own autocast state (on only for a full fine-tune, whose masters are fp32), so every path
+into it (the loss, the user's own, validation, a script's accelerate autocast) computes as planned.
 """
 
 from __future__ import annotations
@@ -68,9 +65,8 @@ class TrainingSetup:
         return dict(self._components())
 
     def _components(self) -> dict[str, torch.nn.Module]:
-        # Read on every step (tp.loss, tp.step's check). diffusers' `pipe.components` inspects the pipeline's
-        # __init__ signature on every read (~0.2 ms, three times a step), so the dict is kept; it is read again when
-        # an entry is no longer the pipeline's attribute (a component replaced or set to None).
+        # diffusers' `pipe.components` inspects __init__'s signature on every read (three times a step): kept, and
+        # read again when an entry is no longer the pipeline's attribute (a component replaced or set to None).
         cached = self._modules
         if cached is None or any(getattr(self.pipe, n, None) is not m for n, m in cached.items()):
             cached = self._modules = {n: m for n, m in self.pipe.components.items() if isinstance(m, torch.nn.Module)}
@@ -145,12 +141,9 @@ class TrainingSetup:
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
 
     def backward(self, loss: torch.Tensor, accelerator: Any = None) -> None:
-        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given).
-
-        Autocast is off during backward, as torch recommends: a script's ``with accelerator.autocast():`` around the
-        loop would otherwise re-cast the gradients of fp16 layers to bf16 ("Unexpected floating ScalarType in
-        at::autocast::prioritize"); the forward already ran in the planned dtypes.
-        """
+        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given), with autocast
+        off as torch recommends: a script's ``accelerator.autocast()`` would re-cast fp16 layers' gradients to bf16
+        ("Unexpected floating ScalarType in at::autocast::prioritize")."""
         if not loss.requires_grad:
             trains = ", ".join(f"{c}: {k}" for c, k in self.kinds.items() if k != "frozen")
             raise TrainingError(f"tp.backward: the loss does not depend on anything that trains ({trains}): "
@@ -192,11 +185,9 @@ class TrainingSetup:
     def sampling(self) -> Iterator[Any]:
         """Validation: eval mode, no grad, the inference recipe's hooks; every dtype, device and mode restored after.
 
-        diffusers' examples build a validation pipeline with ``torch_dtype=weight_dtype`` around the live UNet, which
-        casts its fp32 LoRA weights to fp16; the next step then fails with "Attempting to unscale FP16 gradients"
-        (huggingface/diffusers#13124, fixed per script in PR #13895). Here the pipeline is used as planned (the
-        recipe's hooks already make every boundary agree) and whatever the validation code casts or moves is restored
-        on exit: trainable weights bit for bit from a copy, frozen tensors in dtype and device.
+        diffusers' examples build the validation pipeline with ``torch_dtype=weight_dtype``, casting the fp32 LoRA to
+        fp16, so the next step fails "Attempting to unscale FP16 gradients" (huggingface/diffusers#13124). Here what
+        validation casts or moves is restored: trainable weights bit for bit, frozen tensors in dtype and device.
         """
         comps = self.components
         modes = {n: m.training for n, m in comps.items()}
@@ -232,19 +223,14 @@ class TrainingSetup:
 
     def encode_condition(self, pixels: torch.Tensor, latents: torch.Tensor,
                          generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-        """What the denoiser takes beyond the noisy latents, built from the sample's ``pixels`` (and their
-        ``latents``) as the pipeline builds it at inference: ``{"condition_latents": ...}`` (an inpainting mask and
-        masked image, an image-to-video model's first frame), ``{}`` for most denoisers. Add it to the batch:
-        ``batch.update(tp.encode_condition(pixels, batch["latents"]))``."""
+        """What the denoiser takes beyond the noisy latents, built from ``pixels`` as the pipeline does (an inpainting
+        mask, an image-to-video first frame; ``{}`` for most): ``batch.update(tp.encode_condition(pixels, latents))``."""
         from .encode import encode_condition
 
         return encode_condition(self, pixels, latents, generator)
 
     def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
-        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict.
-
-        ``options`` go to the pipeline's ``encode_prompt`` as they are (``max_sequence_length=256``, ``prompt_2=``).
-        """
+        """The pipeline's ``encode_prompt`` (no classifier-free guidance, ``options`` passed on) as a batch dict."""
         from .encode import encode_prompt
 
         return encode_prompt(self, prompts, **options)
@@ -358,24 +344,20 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
         pipe: a diffusers pipeline, or a dict of components (``{"unet": m, "vae": m, "scheduler": s}``).
         device: where it runs (default: a TrainingRecipe's own, else ``"cpu"``). layout: whose device rules choose
             the dtypes (``"t4"``, ``"a100"``); default device.
-        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` or ``"frozen"`` (default for the rest);
-            default ``{denoiser: "lora"}``.
+        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` or ``"frozen"``; default ``{denoiser: "lora"}``.
         rank: LoRA rank when ``lora`` (a ``peft.LoraConfig``) is not given; targets the attention projections.
         tokens / init_tokens: textual inversion: new tokens per text encoder, and words to start them from.
         master: ``"fp32"`` master weights, or ``"bf16-sr"`` (bf16 weights, stochastic rounding; bf16 compute only).
         overrides: the same override forms as ``load_pipeline``; they win over the training rules.
-        recipe: the pipeline recipe to train under (``"sdxl"``, or a recipe YAML file), or the
-            :class:`~hf_precision.training.resolve.TrainingRecipe` the pipeline was loaded in (then nothing is resolved
-            or cast again: only masters, adapters, the scaler and hooks are attached; a ``device``, ``layout``,
-            ``train`` or ``overrides`` given beside it must be the one it was resolved with); default: the pipeline's class
-            chooses it, and a dict of components is recognised by its components' classes and configs (a dict that
-            does not tell two recipes apart is refused, asking for this). A component the recipe does not plan is
-            left as it is and gets a row saying so.
+        recipe: the recipe to train under (``"sdxl"``, a YAML file), or the
+            :class:`~hf_precision.training.resolve.TrainingRecipe` the pipeline was loaded in (then only masters,
+            adapters, the scaler and hooks are attached, and a ``device``, ``layout``, ``train`` or ``overrides``
+            beside it must be the one it was resolved with); default: chosen by the pipeline's class, or for a dict
+            by its components' classes and configs. A component the recipe does not plan gets a row saying so.
         force: apply a recipe whose ``pipelines:`` list does not name the pipeline's class (as ``apply_recipe``).
-        shard: shard what trains with FSDP2 over the launcher's processes, unit by unit in the plan's dtypes
-            (:mod:`hf_precision.training.shard`); each frozen component is sharded in its storage dtype or replicated,
-            whichever a rank holds less of (``tp.shard`` says which and why); ``"cached"``: as True for a run that
-            caches the encoders' outputs, so the frozen components stay replicated (they run in the cache pass only).
+        shard: shard what trains with FSDP2 over the launcher's processes (:mod:`hf_precision.training.shard`); each
+            frozen component sharded or replicated, whichever a rank holds less of (``tp.shard`` says why);
+            ``"cached"``: the same for a run that caches the encoders' outputs (frozen parts stay replicated).
 
     Example:
         >>> from hf_precision.testing import make_pipeline
