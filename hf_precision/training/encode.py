@@ -17,10 +17,8 @@ __all__ = ["condition_key", "encode_condition", "encode_images", "encode_prompt"
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
-    """Shift and scale raw VAE latents as the pipelines do before denoising.
-
-    ``latents_mean``/``latents_std`` (Wan, LTX: ``(x - mean) / std``, times ``scaling_factor`` where there is one),
-    else ``(x - shift_factor) * scaling_factor`` (SD3, Flux; SD/SDXL have no shift).
+    """Shift and scale raw VAE latents as the pipelines do: ``(x - mean) / std`` (Wan, LTX; times ``scaling_factor``
+    where there is one), else ``(x - shift_factor) * scaling_factor`` (SD3, Flux; SD/SDXL have no shift).
 
     Example:
         >>> normalise_latents(torch.ones(1, 1, 2, 2), {"scaling_factor": 0.5, "shift_factor": 0.5}).flatten().tolist()
@@ -37,9 +35,8 @@ def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
 
 
 def latent_shift(pipe: Any) -> bool:
-    """Whether ``pipe``'s class shifts its VAE latents by the config's ``shift_factor``: false where the shipped
-    recipe listing the class says ``latent_shift: false`` (Kandinsky 5 Image scales by ``scaling_factor`` alone,
-    recipes/kandinsky5_image.yaml), true otherwise.
+    """Whether ``pipe``'s class shifts its VAE latents by ``shift_factor``: not where its recipe says ``latent_shift:
+    false`` (Kandinsky 5 Image scales alone, recipes/kandinsky5_image.yaml).
 
     Example:
         >>> import diffusers
@@ -85,13 +82,10 @@ def _folded(tp: Any, raw: torch.Tensor) -> torch.Tensor:
 
 def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
                      generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    """``{"condition_latents": ..., "image_embeds": ...}``: the channels the denoiser takes beyond the noisy latents
-    (an inpainting mask and masked image, an image-to-video model's first frame), built from the training sample's
-    own ``pixels`` as the row's condition builder for this pipeline class builds them (recipes/denoisers.yaml
-    ``condition``), and the image encoder's embedding of the conditioning frame where the denoiser takes one (the
-    pipeline's own method, the row's ``image_encode``: Wan 2.1 I2V, SVD; :mod:`.image_embeds`); ``latents`` are
-    those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that takes
-    neither. Raises naming the pipeline where its denoiser takes channels or an embedding nothing here makes.
+    """``{"condition_latents": ..., "image_embeds": ...}``: the channels the denoiser takes beyond the noisy latents,
+    built from the sample's ``pixels`` (and their ``latents``, which fix the size) by the row's ``condition`` builder
+    (recipes/denoisers.yaml), and the image embedding where it takes one (:mod:`.image_embeds`); ``{}`` for neither.
+    Raises naming the pipeline where nothing here makes what its denoiser takes.
 
     Example:
         >>> import hf_precision as hp
@@ -118,9 +112,8 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
 
 
 def condition_key(tp: Any) -> tuple[str, ...]:
-    """What :func:`encode_condition` makes for ``tp``'s denoiser under its pipeline, named: the condition builder
-    and the pipeline method that encodes the image embedding (``()`` where it makes nothing): a cache of encoded
-    samples keys on it, so another builder or method is another entry.
+    """The names of what :func:`encode_condition` makes for ``tp`` (its condition builder, its image-embedding
+    method; ``()``: nothing), which a cache of encoded samples keys on.
 
     Example:
         >>> import hf_precision as hp
@@ -174,11 +167,9 @@ def frame_wise(vae: torch.nn.Module) -> bool:
 def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Generator | None = None,
                 mode: bool = False) -> torch.Tensor:
     """The raw latents of ``vae.encode(pixels)``, unscaled: a sample of ``latent_dist`` (its mode with ``mode``, as
-    image-to-video pipelines encode their condition image: ``sample_mode="argmax"``) (AutoencoderKL and kin), else
-    ``latent`` (AutoencoderDC). A clip (B, C, F, H, W) into a frame-wise VAE (:func:`frame_wise`) is encoded with
-    its frames in the batch, as diffusers' SVD pipeline encodes frames, and handed back as (B, C', F, H', W'). An
-    image (B, C, H, W) into a video VAE (one that takes (B, C, F, H, W): QwenImage's, Wan's) goes in as a clip of one
-    frame, as pipeline_qwenimage.py encodes images, and comes back as (B, C', H', W').
+    image-to-video pipelines' ``sample_mode="argmax"``), else ``latent`` (AutoencoderDC). A clip into a frame-wise
+    VAE (:func:`frame_wise`) goes with its frames in the batch, as diffusers' SVD pipeline does; an image into a
+    video VAE as a clip of one frame, as pipeline_qwenimage.py does; each comes back in the shape it came in.
 
     Example:
         >>> from diffusers import AutoencoderKL
@@ -204,10 +195,8 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
 
 
 def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
-    """What a pipeline class's ``encode_prompt`` requires beyond the captions :func:`encode_prompt` gives it (the
-    prompts, device and counts): HunyuanVideo I2V encodes its input image with the prompt. Read from the class, so
-    ``train`` and ``train --plan`` know before loading: they give an ``image`` (each clip's first frame) and refuse
-    a model that needs anything else.
+    """What a pipeline class's ``encode_prompt`` requires beyond what :func:`encode_prompt` gives (HunyuanVideo I2V:
+    its input image), read from the class so ``train --plan`` knows before loading.
 
     Example:
         >>> import diffusers
