@@ -1,11 +1,9 @@
 """The training recipe, resolved once, from configs and the device rules, before any weight loads.
 
-A pipeline object, a folder (Hub id, alias) and a dict of components reach it through :func:`resolve_training`:
-the pipeline recipe (``recipe=``, else the one :func:`~hf_precision.runtime.choose.recipe_of` recognises), its
-``training:`` section, the quantized storage a pipeline was loaded with, the user's overrides, and the training rule
-(:func:`~hf_precision.training.rules.training_compute`) for each part that trains. The training program loads
-straight into that recipe (``load_pipeline(folder, recipe=tr.recipe)``) and ``prepare_training(pipe, recipe=tr)``
-then only attaches masters, adapters, the scaler and hooks: nothing is resolved or cast twice.
+A pipeline, a folder (Hub id, alias) and a dict of components reach it through :func:`resolve_training`: the
+recipe (``recipe=``, else :func:`~hf_precision.runtime.choose.recipe_of`'s), its ``training:`` section, the loaded
+quantized storage, the user's overrides and the training rule (:func:`~hf_precision.training.rules.training_compute`).
+The training program loads straight into it and ``prepare_training(pipe, recipe=tr)`` only attaches.
 """
 
 from __future__ import annotations
@@ -28,8 +26,7 @@ __all__ = ["Components", "TrainingRecipe", "resolve_training"]
 
 
 def recipe_name(pipe: Any, recipe: Any) -> str | None:
-    """The recipe named with ``recipe=`` (checked), else the one :func:`~hf_precision.runtime.choose.recipe_of`
-    picks for a pipeline, a folder or a dict of components.
+    """The recipe named with ``recipe=`` (checked), else :func:`~hf_precision.runtime.choose.recipe_of`'s choice.
 
     Example:
         >>> recipe_name(None, "sdxl")
@@ -55,12 +52,8 @@ def recipe_name(pipe: Any, recipe: Any) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingRecipe:
-    """What trains, and the recipe every component is loaded and trained in (frozen; see :func:`resolve_training`).
-
-    It also keeps what it was resolved with (``device``, ``layout``, ``overrides``), so that
-    ``prepare_training(pipe, recipe=tr)`` needs none of them again and refuses different ones
-    (:meth:`refuse_other`).
-    """
+    """What trains, and the recipe every component is loaded and trained in (:func:`resolve_training`), with what it
+    was resolved from, which ``prepare_training(pipe, recipe=tr)`` then needs not again (:meth:`refuse_other`)."""
 
     recipe: Recipe
     train: Mapping[str, str]
@@ -76,12 +69,8 @@ class TrainingRecipe:
 
     def refuse_other(self, device: Any = None, layout: Any = None, train: Mapping[str, str] | None = None,
                      overrides: Any = None) -> None:
-        """Refuse a setting given beside this recipe that differs from the one it was resolved with.
-
-        ``None`` means "not given": the recipe's own is used. The same value again is accepted.
-
-        Raises:
-            TrainingError: names the setting, both values and the fix.
+        """A TrainingError naming the setting, both values and the fix, for one given beside this recipe that differs
+        from the one it was resolved with (``None``: not given).
 
         Example:
             >>> from hf_precision.runtime.source import CONFIGS_DIR
@@ -157,17 +146,14 @@ def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train
     Args:
         source: a diffusers pipeline, a dict of components, or a folder / Hub id / recipe alias (nothing is loaded).
         device, layout: where it runs, and whose device rules choose the dtypes (``layout="t4"``).
-        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` (the rest stay frozen); default the denoiser's
-            LoRA.
+        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` (the rest frozen); default the denoiser's LoRA.
         overrides: the override forms of ``load_pipeline``; they win over the training rule.
         recipe: the pipeline recipe (name or YAML file); default recognised from the source.
         force: take a recipe whose ``pipelines:`` list does not name the source's class.
-        shard: refuse what FSDP2 cannot shard (quantized or fp8 trainable storage, textual inversion) here, before
-            any weight loads.
+        shard: refuse what FSDP2 cannot shard here, before any weight loads.
 
-    Raises:
-        TrainingError: a trainable part the recipe stores in a form training cannot update, a dict that does not
-            tell two recipes apart (asks for ``recipe=``), no denoiser and nothing said to train.
+    Raises TrainingError for a trainable part stored in a form training cannot update, a dict that does not tell
+    two recipes apart (asking for ``recipe=``), or no denoiser and nothing said to train.
 
     Example:
         >>> from hf_precision.runtime.source import CONFIGS_DIR
