@@ -1,10 +1,8 @@
 """What a valid recipe file is: the key tables and every file checker (devices.yaml's: :mod:`.devices_schema`).
 Torch-free.
 
-The checkers are pure functions of the parsed data: they read no file and resolve nothing, so the catalog, the
-override layers and the command line's early checks (before torch is imported) all call the same ones. Each adds
-every problem it finds to a :class:`~hf_precision.errors.Problems` (one error naming them all), and unknown keys get
-one message everywhere: :func:`unknown_keys`, with :func:`did_you_mean`.
+Pure functions of the parsed data, so the catalog, the override layers and the CLI's early checks (before torch)
+share them; each adds every problem to a :class:`~hf_precision.errors.Problems`, one error naming them all.
 """
 
 from __future__ import annotations
