@@ -1,17 +1,12 @@
 """The training loop of ``hf-precision train``: data -> cached encodings -> the training layer's loss and step.
 
-Precision is not decided here: :func:`hf_precision.training.prepare_training` gives the dtypes, the loss (noise
-objective from the scheduler), the GradScaler and the sampling context. This module orders the work: checks before
-loading, caches, one progress bar, checkpoints, validation, faults (NaN, Ctrl-C) and the outputs.
+Precision is decided by :func:`hf_precision.training.prepare_training`; this module orders the work: caches,
+progress, checkpoints, validation, faults (NaN, Ctrl-C) and the outputs.
 
-Several processes (``accelerate launch``): every process computes the same global batch order and takes its share
-of each batch and of the noise drawn for it (:func:`_draws`: the run trains as one process of the global batch does);
-gradients of the trainable parameters are averaged over processes before each step (what DDP does,
-without wrapping the denoiser, so the training layer's hooks and loss stay as they are); only the main process
-writes. ``--shard`` (or accelerate's FSDP2 config) shards what trains with FSDP2 under the recipe (see
-:mod:`hf_precision.training.shard`): FSDP reduces the gradients itself, checkpoints are sharded
-(:mod:`.sharded`), and every rank takes part in validation and in gathering the outputs. FSDP1 and DeepSpeed are
-refused: they flatten or cast the parameters the layer keeps in per-module dtypes and fp32 masters.
+Under ``accelerate launch`` each process takes its share of each global batch and of its noise (:func:`_draws`), and
+gradients are averaged before each step (DDP's all-reduce, without wrapping the denoiser, so the layer's hooks
+stay); only the main process writes. ``--shard`` uses FSDP2 under the recipe (:mod:`hf_precision.training.shard`,
+checkpoints in :mod:`.sharded`). FSDP1 and DeepSpeed are refused: they flatten or cast the per-module dtypes.
 """
 
 from __future__ import annotations
@@ -36,9 +31,8 @@ __all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "
 
 @dataclasses.dataclass
 class TrainResult:
-    """What a run did: steps done (all processes), the loss of each step of this run, skipped steps, where it wrote,
-    the exit code the command returns (0 done, 130 interrupted and checkpointed), and whether this process is the
-    main one (the one that reports, under ``accelerate launch``)."""
+    """What a run did: steps, losses, skipped steps, where it wrote, the exit code (0 done, 130 interrupted and
+    checkpointed), and whether this process is the main one (the one that reports)."""
 
     out: Path
     step: int
@@ -56,9 +50,8 @@ class TrainResult:
 
 
 def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
-    """This process's share of the noise and timesteps (or noise levels) drawn for the whole global batch, in the
-    order one process draws them: N processes of --batch-size B train on what one process of N x B does (the
-    layer's loss would draw only B, the same B on every process)."""
+    """This process's share of the noise and timesteps drawn for the whole global batch, so N processes of B train
+    on what one process of N x B does (the layer's loss would draw the same B on every process)."""
     from ...training.objectives import draw
 
     tp, acc, latents = run.tp, run.accelerator, batch["latents"]
@@ -218,8 +211,7 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
 
 
 def _agreed(run: Run, stop: bool) -> bool:
-    """True on every rank when it is true on any (Ctrl-C reaches the ranks at different moments; a non-finite loss
-    may come on one rank's share of the batch only)."""
+    """True on every rank when it is true on any (Ctrl-C or a non-finite loss may reach one rank only)."""
     import torch
 
     flag = torch.tensor([1.0 if stop else 0.0], device=run.accelerator.device)
@@ -231,8 +223,7 @@ class NonFiniteLoss(RecipeError):
 
 
 def evaluate(run: Run) -> float:
-    """Loss on a fixed batch (the largest bucket's first samples) with fixed noise and timesteps: a number that
-    falls when the model learns, unlike the per-step loss, whose noise draw changes every step."""
+    """Loss on a fixed batch with fixed noise and timesteps: it falls when the model learns, unlike the step loss."""
     import torch
 
     groups: dict[Any, list[int]] = {}
