@@ -1,9 +1,7 @@
 """Checkpoints of a training run: everything a resumed run needs to continue the same loss curve.
 
-A checkpoint is a folder ``OUT/checkpoints/step-000100`` holding the trainable weights (fp32 masters, safetensors),
-the optimizer and LR-scheduler state, the training layer's state (GradScaler scale, skipped steps), the RNG states
-and the position in the data order. It is written into a temporary folder beside it and renamed into place, so a
-kill during a save leaves the previous checkpoint whole and no half folder that ``--resume latest`` could pick.
+A folder ``OUT/checkpoints/step-000100``: trainable weights, optimizer, LR-scheduler and scaler state, RNG states
+and the data position, written beside it and renamed into place, so a kill leaves no half folder for ``--resume``.
 """
 
 from __future__ import annotations

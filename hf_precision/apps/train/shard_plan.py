@@ -1,21 +1,11 @@
 """Each rank's peak memory for ``hf-precision train --plan --processes N [--shard]``, data parallel or sharded (FSDP2).
 
-Built on the one-process prediction (:mod:`.plan`: activations of one per-process batch, counted on the meta device;
-weights in the recipe's dtypes). Per rank, for N processes:
-
-- **data parallel** (DDP): every rank holds what one process holds.
-- **sharded** (``--shard``, :mod:`hf_precision.training.shard`): the trained denoiser's weights, fp32 masters,
-  gradients and AdamW state are split over the ranks, each parameter's rows chunked as FSDP2 chunks them (rank 0's
-  share, the largest, counted); each frozen component sharded or replicated as
-  :func:`hf_precision.training.shard.frozen_choice` decides (replicated and off the device once the cache is
-  filled, with cached latents). While a unit computes it is gathered whole: the component's
-  own unit (held through the step), and two block units at a time (the one computing and the one prefetched), with
-  their gradients before the reduce-scatter.
-
-The first setting that fits ``--max-memory`` is chosen by :func:`hf_precision.memory.choose` from
-:func:`rank_ladder`, cheapest first: data parallel as asked, sharded as asked, then the one-process ladder (cached
-latents, gradient checkpointing, halved batches) with sharding. The command prints it
-(:mod:`hf_precision.cli.train_plan`).
+Built on the one-process prediction (:mod:`.plan`). Data parallel: every rank holds what one process holds.
+Sharded (:mod:`hf_precision.training.shard`): the denoiser's weights, masters, gradients and AdamW state split as
+FSDP2 chunks rows (rank 0's share, the largest); frozen components as
+:func:`hf_precision.training.shard.frozen_choice` decides; gathered whole while computing: the root unit and two
+block units (computing and prefetched) with their gradients. :func:`hf_precision.memory.choose` takes the first of
+:func:`rank_ladder` that fits ``--max-memory``.
 """
 
 from __future__ import annotations
@@ -35,8 +25,7 @@ __all__ = ["RankPrediction", "predict_rank", "rank_ladder", "shard_bytes", "trai
 
 @dataclasses.dataclass
 class RankPrediction:
-    """One rank's bytes for one setting: at rest (weights, masters, gradients, AdamW state), gathered units, and
-    activations; ``peak`` is the train step's (or the encode pass's, when larger)."""
+    """One rank's bytes for one setting: at rest, gathered units and activations; ``peak``: the larger phase."""
 
     processes: int
     sharded: bool
@@ -73,8 +62,7 @@ class RankPrediction:
 
 
 def shard_bytes(params: Iterable[Any], processes: int, dtype_bytes: int | None = None) -> int:
-    """Bytes one rank holds of ``params`` sharded over ``processes`` as FSDP2 shards them (dim 0 padded to a
-    multiple of N); ``dtype_bytes`` overrides the element size (the fp32 masters, gradients).
+    """Rank 0's bytes of ``params`` sharded over ``processes`` (:func:`hf_precision.training.shard.rank_share`).
 
     Example:
         >>> import torch
@@ -87,8 +75,7 @@ def shard_bytes(params: Iterable[Any], processes: int, dtype_bytes: int | None =
 
 
 def _unit_bytes(module: Any, units: list[Any], denoiser: str) -> tuple[int, int, int]:
-    """(root unit bytes, largest block unit bytes, largest block unit's trainable bytes), each gathered in its
-    param dtype (a unit's own parameters: those not inside a nested unit)."""
+    """(root unit, largest block unit, its trainable part) bytes of each unit's own parameters in its param dtype."""
     from ...dtypes import to_torch
 
     paths = [u.path.partition(".")[2] for u in units]
@@ -155,8 +142,7 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
 
 
 def _frozen_choices(m: Any, base: TrainingPrediction, processes: int, cached: bool) -> list[Any]:
-    """Each frozen component's choice (:func:`hf_precision.training.shard.frozen_choice`, as the layer makes it),
-    from its meta module and its weights in the recipe's storage dtype."""
+    """Each frozen component's :func:`hf_precision.training.shard.frozen_choice`, from its meta module and bytes."""
     import torch
 
     from ...training.shard import frozen_choice
@@ -171,8 +157,7 @@ def _frozen_choices(m: Any, base: TrainingPrediction, processes: int, cached: bo
 
 
 def training_model(model: str, device: Any, overrides: Any = None) -> Any:
-    """The plan's model under the training recipe: the recipe's training overrides first (what prepare_training
-    layers on, e.g. an fp32 VAE for SD 1.x), then the user's.
+    """The plan's model under the training recipe: its ``training:`` overrides (SD 1.x: fp32 VAE), then the user's.
 
     Example:
         >>> training_model("sd15", "t4").plan.components["vae"].compute
@@ -195,8 +180,7 @@ def _has(module: Any, path: str) -> bool:
 
 
 def rank_ladder(batch_size: int, checkpointing: bool, cached: bool) -> list[tuple[bool, Options]]:
-    """(sharded, options) to try, cheapest first: data parallel as asked, then sharded along
-    :func:`hf_precision.apps.train.plan.options_ladder`.
+    """(sharded, options) to try, cheapest first: data parallel as asked, then sharded along ``options_ladder``.
 
     Example:
         >>> [(shard, o.batch_size, o.gradient_checkpointing) for shard, o in rank_ladder(1, False, True)]
