@@ -41,8 +41,7 @@ def log_line(run: Any, step: int, loss: float | None) -> None:
 
 
 def trim_log(run: Any, step: int) -> None:
-    """Drop the log rows after ``step`` (main process): a resumed run writes them again, and the log keeps one line per
-    step. A row that does not parse (a kill mid-write) is dropped with them."""
+    """Drop the log rows after ``step``, and any that does not parse (a kill mid-write): a resumed run writes them."""
     log = run.out / "train_log.jsonl"
     if not run.accelerator.is_main_process or not log.is_file():
         return

@@ -1,13 +1,8 @@
 """Checkpoints and outputs of a sharded (``--shard``, FSDP2) run: every rank takes part, one rank writes files.
 
-A sharded checkpoint is ``OUT/checkpoints/step-000100/`` holding ``sharded/`` (``torch.distributed.checkpoint``:
-each rank's shards of the trainable weights and of the optimizer state, plus the metadata that lets another world
-size, or one process without sharding, load them) and ``state.pt`` (step, RNG, scheduler, scaler, losses, settings,
-data list: as the one-process checkpoint). Every rank writes into one temporary folder beside the target; rank 0
-renames it into place after all ranks finished, so a kill during a save leaves the previous checkpoint whole.
-
-Outputs are gathered to whole tensors (a collective) and written by rank 0 in the formats people load: the LoRA where
-``pipe.load_lora_weights`` reads it, a full fine-tune as a diffusers model folder (``from_pretrained``).
+A sharded checkpoint holds ``sharded/`` (``torch.distributed.checkpoint``: the trainable weights' and optimizer's
+shards, loadable at another world size) and the one-process ``state.pt``; rank 0 renames the shared temporary
+folder into place after every rank wrote. Outputs are gathered whole and written by rank 0 in the usual formats.
 """
 
 from __future__ import annotations
@@ -85,8 +80,7 @@ def save_sharded(folder: Path, step: int, tp: Any, optimizer: Any, state: Mappin
 
 
 def load_sharded(path: Path, tp: Any, optimizer: Any) -> None:
-    """Load the trainable weights and optimizer state of a sharded checkpoint into this run, whatever its world size
-    (sharded or not: torch.distributed.checkpoint re-slices the saved shards)."""
+    """Load a sharded checkpoint's trainable weights and optimizer state, at any world size (dcp re-slices them)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -103,8 +97,7 @@ def load_sharded(path: Path, tp: Any, optimizer: Any) -> None:
 
 
 def save_full_model(module: Any, target: Path) -> None:
-    """A sharded full fine-tune as a diffusers model folder (config + safetensors weights); every rank calls it,
-    rank 0 writes. The weights are gathered to rank 0 on the CPU (the others hold no copy)."""
+    """A sharded full fine-tune as a diffusers model folder, gathered to rank 0's CPU (every rank calls it)."""
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -118,8 +111,7 @@ def save_full_model(module: Any, target: Path) -> None:
 
 
 def holding(tp: Any) -> str:
-    """What this rank holds of the sharded weights, the dtypes of the island shards, and each frozen component as the
-    plan placed it (sharded: this rank's bytes of it; or replicated), one line per rank."""
+    """One line per rank: its bytes of the sharded weights, the island shards' dtypes, each frozen component's."""
     from ...training.shard import sharded_bytes
 
     parts, islands = [], []
@@ -143,11 +135,9 @@ def holding(tp: Any) -> str:
 
 
 def accelerate_shard() -> bool:
-    """Whether accelerate's config asks for sharding (FSDP2: ``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are
-    refused naming what to use. False for one process or data parallel. Read from what ``accelerate launch`` puts in
-    the environment (as accelerate's own plugins read it), so the answer comes before the Accelerator is made:
-    accelerate itself would first stop a DeepSpeed config with "DeepSpeed is not installed", which sends the user the
-    wrong way, and on the CPU (``Accelerator(cpu=True)``) it makes a MULTI_CPU state whatever its config says.
+    """Whether accelerate's config asks for FSDP2 (``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are refused
+    naming what to use. Read from ``accelerate launch``'s environment before the Accelerator is made, which would
+    first stop DeepSpeed with "DeepSpeed is not installed" and on the CPU make MULTI_CPU whatever the config says.
 
     Example:
         >>> import os
