@@ -1,7 +1,5 @@
-"""The settings of one training run, and every check on them that needs no model weights.
-
-Everything here runs before a model loads: a run with a bad setting fails in a second and writes nothing.
-"""
+"""The settings of one training run, and every check on them that needs no model weights (before a model loads:
+a bad setting fails in a second and writes nothing)."""
 
 from __future__ import annotations
 
