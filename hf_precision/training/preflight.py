@@ -1,9 +1,7 @@
 """tp.check(): find what would fail before the first step, and name the module, its dtypes and its devices.
 
-Static checks first (a part left on the meta device or another device, a half module inside an fp32 island, a
-trainable parameter that is not a master), then one tiny forward and backward through the denoiser with the
-module stack traced, so a failure deep inside torch comes back as "unet.down_blocks.0.attentions.0.proj_in:
-weight float16 on cpu; input float32 ...".
+Static checks first (placement, islands, masters), then one tiny forward and backward with the module stack
+traced, so a failure deep inside torch names "unet.down_blocks.0.attentions.0.proj_in: weight float16 on cpu".
 """
 
 from __future__ import annotations
