@@ -101,8 +101,7 @@ def _devices_file() -> dict[str, Any]:
 
 
 def video_defaults() -> dict[str, Any]:
-    """devices.yaml's ``video:`` block: what a video pipeline whose recipe has no ``video:`` block gets, and each key
-    a recipe's block leaves out (checked complete, :func:`~.schema.check_video`).
+    """devices.yaml's ``video:`` block: the default of every video key a recipe's block leaves out.
 
     Example:
         >>> video_defaults()["cfg_batch"], sorted(video_defaults()["defaults"])
@@ -126,8 +125,8 @@ def rule_ids() -> list[str]:
 
 
 def measured_speed(storage: str, device: str | DeviceProfile | None = None) -> tuple[float, str] | None:
-    """The measured time per denoiser call of ``storage`` relative to the device's half layout, and the run that
-    measured it (``devices.yaml`` ``measured_speed``), for the device's type; ``None`` where nothing was measured.
+    """(time per denoiser call of ``storage`` relative to the half layout, the run that measured it) for the device's
+    type (``devices.yaml`` ``measured_speed``); ``None`` where nothing was measured.
 
     Example:
         >>> ratio, source = measured_speed("int8", "a100")
@@ -144,8 +143,7 @@ def measured_speed(storage: str, device: str | DeviceProfile | None = None) -> t
 
 
 def speed_note(quantize: Any, device: Any) -> str:
-    """What the quantized storage of a memory plan costs in time per denoiser call, where it was measured
-    (``devices.yaml`` ``measured_speed``); empty when nothing is quantized.
+    """What a memory plan's quantized storage costs per denoiser call, where measured; empty when nothing is.
 
     Example:
         >>> speed_note([("transformer", "int8")], "rtx3060")  # doctest: +ELLIPSIS
