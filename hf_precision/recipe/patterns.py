@@ -78,24 +78,10 @@ def inside(name: str, roots: Iterable[str]) -> bool:
 
 def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str], *, owner: str,
                     active: bool = True, strict: bool = True) -> list[str]:
-    """The float32 islands of a component: the outermost modules its ``keep_fp32`` patterns match.
-
-    Shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.plan`, so both decide the same way.
-
-    Args:
-        component (`str`): The component name, for messages (``"unet"``).
-        patterns (`Sequence[str]`): The ``keep_fp32`` globs.
-        names (`Sequence[str]`): Every dotted module name of the component (``named_modules()``, without ``""``).
-        owner (`str`): The component's class name, for messages.
-        active (`bool`, *optional*, defaults to `True`): False when the component computes in float32: patterns
-            are still checked, but there are no islands.
-        strict (`bool`, *optional*, defaults to `True`): Raise when a pattern matches no module.
-
-    Returns:
-        `list[str]`: Outermost matched module names, in pattern order.
-
-    Raises:
-        RecipeError: A pattern matches no module (``strict``); the message suggests close names.
+    """The float32 islands of a component: the outermost of ``names`` its ``keep_fp32`` ``patterns`` match, in
+    pattern order (shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.plan`). ``active=False`` (fp32
+    compute): checked, no islands. ``strict``: a pattern matching nothing is a RecipeError suggesting close names;
+    ``component`` and ``owner`` (its class) name it.
 
     Example:
         >>> resolve_islands("unet", ["time_embedding"], ["time_embedding", "time_embedding.linear_1"], owner="UNet")

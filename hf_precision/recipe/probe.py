@@ -1,21 +1,15 @@
 """The present machine as the device rules see it: :class:`SystemProbe`, and the environment variables that make
 this CPU read as another. Torch is imported only by the probe's own methods (device counts, CUDA names).
 
-Running as another CPU. Two environment variables replace what the probe reads about the present CPU, so that
-the ``cpu`` rules of ``devices.yaml`` (and everything built on them: recipes for ``device="cpu"``, plans, the
-``devices`` command, the test suite) behave as on that CPU. Torch itself is not affected: kernels still run on
-the real CPU, which computes every dtype the ``cpu`` rules allow, only at another speed.
+Two environment variables make the ``cpu`` rules of ``devices.yaml`` (and the recipes, plans and tests built on
+them) behave as on another CPU; kernels still run on the real one, which computes every dtype, at another speed.
 
-* ``HF_PRECISION_CPU_FLAGS``: the CPU's feature flags as ``/proc/cpuinfo`` spells them, separated by commas,
-  spaces or ``+`` (``avx2,avx512f,avx512_bf16,amx_tile,amx_bf16``). ``amx``, ``avx512`` and ``avx2`` stand for
-  the flag sets of the ``cpu:amx``, ``cpu:avx512`` and ``cpu:avx2`` device descriptions; ``none`` means a CPU
-  without flags (what macOS and Windows report; to the x86 rules an arm64 CPU is the same). Unset or empty:
-  the real flags.
+* ``HF_PRECISION_CPU_FLAGS``: flags as ``/proc/cpuinfo`` spells them, separated by commas, spaces or ``+``;
+  ``amx``, ``avx512``, ``avx2`` stand for the sets of the ``cpu:amx`` ... descriptions; ``none``: no flags (macOS,
+  Windows, arm64). Unset or empty: the real flags. A value that is no list of flag names is a RecipeError.
 * ``HF_PRECISION_CPU_NAME``: the CPU's name. Unset: the real name, marked as simulated when the flags are.
 
-``HF_PRECISION_CPU_FLAGS=amx pytest`` runs the suite as a Sapphire Rapids Xeon would; ``=avx2`` as a CPU
-without AVX512 or AMX. A value that is not a list of flag names raises :class:`RecipeError` naming the variable.
-The values are read when a profile is first built (profiles are cached; ``set_probe(None)`` re-reads them).
+Read when a profile is first built (profiles are cached; ``set_probe(None)`` re-reads them).
 """
 
 from __future__ import annotations
