@@ -26,7 +26,6 @@ class Embedding(Method):
         return (f"shard: {component} trains new token rows (textual inversion), a few kilobytes: nothing to shard; run "
                 f"it without sharding (one process or data parallel)")
 
-
     def program_train(self, s: Any, denoiser: str, encoders: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
         from ...errors import RecipeError
 
