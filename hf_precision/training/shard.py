@@ -82,11 +82,6 @@ class ShardPlan:
     units: list[ShardUnit]
     frozen: dict[str, FrozenChoice]
 
-    @property
-    def replicated(self) -> dict[str, str]:
-        """The frozen components left whole on every rank, with the reason."""
-        return {c: f.why for c, f in self.frozen.items() if not f.sharded}
-
     def __str__(self) -> str:
         lines = [f"sharded over {self.world} process(es) (FSDP2):"]
         for comp in dict.fromkeys(u.path.split(".")[0] for u in self.units):
