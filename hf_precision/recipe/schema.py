@@ -34,16 +34,11 @@ OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast
 # denoiser class (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
                  "training", "recognise", "video", "requires", "call_needs", "sizes", "latent_shift"}
-# `call_needs:` the __call__ inputs the pipeline's call cannot run without though its docstring calls them *optional*
-# (the HunyuanImage refiner's image), which the signature and the docstring cannot tell: a list of argument names.
-# `sizes:` the only sizes the pipeline's call makes, each {width, height} (Kandinsky 5 Image's `resolutions`: any
-# other is swapped for one of them), so the commands refuse another before loading (hf_precision.diagnose.call).
-# `latent_shift: false`: the pipeline scales its VAE latents by scaling_factor alone, though the VAE config has a
-# shift_factor (Kandinsky 5 Image); training encodes them so (hf_precision.training.encode). Default true.
-# `requires:` the packages the pipeline cannot be built or run without, which diffusers does not depend on (Cosmos'
-# safety checker): each {module: the name to import, install: the command, why: where the pipeline needs it,
-# pipelines: the classes it holds for, default all; unless: {component: {config key: value}}, the folder configs
-# that make it unneeded, as `recognise:` writes them}. Refused before any weight loads: hf_precision.recipe.requires.
+# `call_needs:` __call__ inputs the call cannot run without though its docstring calls them *optional* (the
+# HunyuanImage refiner's image). `sizes:` the only {width, height} the call makes (Kandinsky 5 Image swaps any other),
+# refused before loading (hf_precision.diagnose.call). `latent_shift: false`: latents scaled without the VAE's
+# shift_factor (Kandinsky 5 Image; hf_precision.training.encode). `requires:` packages diffusers does not depend on
+# (Cosmos' safety checker), {module, install, why, pipelines, unless}: hf_precision.recipe.requires.
 REQUIRES_KEYS: dict[str, Any] = {
     "module": (lambda v: isinstance(v, str) and all(p.isidentifier() for p in v.split(".")),
                "the module to import, e.g. cosmos_guardrail"),
@@ -182,9 +177,8 @@ def check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) 
     return {k: check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
 
 
-# A video pipeline recipe's `video:` block: what its pipelines share beyond their configs (the video program, the
-# video memory plan). devices.yaml's `video:` block gives every key: the defaults of a recipe without one, and of the
-# keys a block leaves out. Each key: (check, what is allowed) or the values allowed.
+# A recipe's `video:` block: what its pipelines share beyond their configs; devices.yaml's gives every key's default.
+# Each key: (check, what is allowed) or the values allowed.
 _WHOLE = lambda v: type(v) is int and v >= 0  # noqa: E731
 _IDENT = lambda v: v is None or (isinstance(v, str) and v.isidentifier())  # noqa: E731
 BOOL = (lambda v: isinstance(v, bool), "true or false")

@@ -216,10 +216,9 @@ def _frame_dim(row: DenoiserRow) -> int:
 
 def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tensor,
                        x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # Kandinsky 5 I2V: the first latent frame is the image's clean latents at every step and is never stepped
-    # (pipeline_kandinsky_i2v.py:710 latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean
-    # (``x0``'s first frame: the clip's own, or the image latents the pipeline makes, HunyuanVideo I2V token_replace)
-    # and only the other frames are compared (model_output cuts the prediction).
+    # Kandinsky 5 I2V: the first latent frame is the image's clean latents, never stepped (pipeline_kandinsky_i2v.py:710
+    # latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean (``x0``'s, or HunyuanVideo I2V's
+    # image latents) and only the other frames are compared.
     dim = _frame_dim(row)
     noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
     return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
@@ -267,9 +266,8 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
         timestep = torch.zeros(noisy.shape[0], device=noisy.device)
     noisy = with_condition_latents(row, module, noisy, batch)
     if noisy.dim() == 4 and _patches_frames(module):
-        # a denoiser patching (frame, height, width) takes an image as one latent frame (the HunyuanImage Refiner:
-        # patch_size [1, 1, 1], pipeline_hunyuanimage_refiner.py:350; transformer_hunyuanimage.py:789-796);
-        # model_output drops the axis again
+        # a denoiser patching (frame, height, width) takes an image as one latent frame (HunyuanImage Refiner,
+        # pipeline_hunyuanimage_refiner.py:350; transformer_hunyuanimage.py:789-796); model_output drops it again
         noisy = noisy.unsqueeze(2)
     if row.pack:
         noisy = _pack(row, noisy)

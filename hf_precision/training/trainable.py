@@ -22,10 +22,8 @@ from .rules import TrainingError
 __all__ = ["inject_lora", "existing_rank", "default_targets", "accept_input_keyword", "trainable_parameters", "masters_problems",
            "TokenRows", "add_tokens", "AutocastGuard", "guard", "keep_explicit_fp32"]
 
-# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5, BERT
-# (HunyuanDiT's CLIP-side encoder: attention.self.query/key/value), Kandinsky 5's Kandinsky5Attention
-# (transformer_kandinsky.py:355-361; its output projection `out_layer` shares its name with the feed-forward's and
-# the model's final layer, so it is left out).
+# Attention projections by naming scheme: diffusers' Attention, CLIP/Llama/Gemma, T5, BERT (HunyuanDiT), Kandinsky 5
+# (transformer_kandinsky.py:355-361; its `out_layer` shares its name with the feed-forward's, so it is left out).
 _TARGET_SETS = (("to_q", "to_k", "to_v", "to_out.0"), ("q_proj", "k_proj", "v_proj", "out_proj"),
                 ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"), ("query", "key", "value"),
                 ("to_query", "to_key", "to_value"))
