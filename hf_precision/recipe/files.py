@@ -117,15 +117,10 @@ def _quote_end(text: str, start: int, quote: str) -> int:
             return len(text)
         if quote == "'" and text.startswith("''", i):
             i += 2
-        elif quote == '"' and _escaped(text, i):
+        elif quote == '"' and (len(text[:i]) - len(text[:i].rstrip("\\"))) % 2:  # an odd run of backslashes
             i += 1
         else:
             return i
-
-
-def _escaped(text: str, i: int) -> bool:
-    backslashes = len(text[:i]) - len(text[:i].rstrip("\\"))
-    return backslashes % 2 == 1
 
 
 def _prescan(text: str, loader: type) -> None:

@@ -53,13 +53,10 @@ def _holds(name: str, parts: Parts) -> bool:
             return False  # what tells it apart is not here: not a match, so the choice is left to the user
         config = parts[comp][1]
         # a list value is the config's list or tuple (a patch size), as JSON and the model's own config give it
-        if any(_plain(config.get(key, _MISSING)) != value for key, value in values.items()):
+        if any((list(v) if isinstance(v := config.get(key, _MISSING), tuple) else v) != value
+               for key, value in values.items()):
             return False
     return True
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
 
 
 def _shown(parts: Parts, name: str) -> str:

@@ -102,10 +102,6 @@ def pil_frames(pixels: torch.Tensor) -> list[Any]:
     return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy((frame.float() / 2 + 0.5).clamp(0, 1)))
 
 
-def _as_input(frame: torch.Tensor, form: str) -> Any:
-    return frame if form == "pixels" else pil_frames(frame)
-
-
 def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
     """``{"image_embeds": ...}`` (batch-first, float32): the row's ``image_encode`` method run on the conditioning
     frames of ``pixels``, without classifier-free guidance; ``{}`` where the denoiser takes none.
@@ -129,7 +125,7 @@ def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, to
     params = call_params(tp.pipe, method)
     frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
     image = next((k for k in ("image", "images") if k in params), next((k for k in params if k != "self"), "image"))
-    kwargs = {image: _as_input(frame, form), "device": tp.device, **_FILLED}
+    kwargs = {image: frame if form == "pixels" else pil_frames(frame), "device": tp.device, **_FILLED}
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     missing = required_params(params, {**kwargs, "self": None})
     if missing:

@@ -314,16 +314,12 @@ def _shard_frozen(module: torch.nn.Module, mesh: Any) -> None:
             register_fsdp_forward_method(module, method)
 
 
-def _fresh(t: torch.Tensor) -> torch.Tensor:
-    return t.clone() if t._base is not None and t.requires_grad else t
-
-
 def _view_free(module: torch.nn.Module, args: Any, output: Any) -> Any:
     if not torch.is_grad_enabled():
         return None  # FSDP2 registers no backward hook without grad: nothing to protect
     from torch.distributed.utils import _apply_to_tensors
 
-    return _apply_to_tensors(_fresh, output)
+    return _apply_to_tensors(lambda t: t.clone() if t._base is not None and t.requires_grad else t, output)
 
 
 def _own_outputs(module: torch.nn.Module) -> None:

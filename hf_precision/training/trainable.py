@@ -254,7 +254,7 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
         if processor is not None and not getattr(type(processor), "_explicit_fp32", False):
             stays = functools.partial(functools.partial, _fp32_stays_fp32)  # wraps each matmul torch has
             processor.__class__ = processor_calling(type(processor), "_explicit_fp32", torch, _MATMULS, stays,
-                                                    _any_autocast)
+                                                    lambda: any(map(torch.is_autocast_enabled, ("cpu", "cuda", "mps"))))
             count += 1
     return count
 
@@ -282,10 +282,6 @@ def norms_in_weight_dtype(module: torch.nn.Module) -> list[Any]:
 
 
 _MATMULS = ("matmul", "bmm", "baddbmm")
-
-
-def _any_autocast() -> bool:
-    return any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda", "mps"))
 
 
 def _fp32_stays_fp32(fn: Any, *args: Any, **kwargs: Any) -> Any:

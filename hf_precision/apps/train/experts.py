@@ -53,7 +53,8 @@ def expert_train(train: Mapping[str, str], index: Mapping[str, Any], expert: str
     if expert not in EXPERT_CHOICES:
         raise RecipeError(f"--expert {expert}: allowed: {', '.join(EXPERT_CHOICES)}")
     if boundary_ratio(index) is None:
-        _one(expert, index)
+        raise RecipeError(f"--expert {expert}: {index.get('_class_name')} has one denoiser (no transformer_2 with a "
+                          f"boundary_ratio, as Wan 2.2 A14B has); drop --expert")
     if expert == "both":
         raise RecipeError("--expert both: two runs, one per expert (a plan trains one); run them with hf-precision "
                           "train, or train() each of hf_precision.apps.train.experts.expert_runs(settings)")
@@ -61,11 +62,6 @@ def expert_train(train: Mapping[str, str], index: Mapping[str, Any], expert: str
     if "transformer" in out:
         out[_COMPONENT[expert]] = out.pop("transformer")
     return out
-
-
-def _one(expert: str, index: Mapping[str, Any]) -> None:
-    raise RecipeError(f"--expert {expert}: {index.get('_class_name')} has one denoiser (no transformer_2 with a "
-                      f"boundary_ratio, as Wan 2.2 A14B has); drop --expert")
 
 
 def expert_runs(s: Any, say: Any = None) -> list[Any]:

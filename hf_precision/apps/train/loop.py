@@ -158,13 +158,6 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
 # --------------------------------------------------------------------------------------------- the loop
 
 
-def _reduce_gradients(run: Run) -> None:
-    """Average the trainable gradients over processes (DDP's all-reduce; identical scale on every rank)."""
-    for p in run.tp.parameters():
-        if p.grad is not None:
-            p.grad = run.accelerator.reduce(p.grad, "mean")
-
-
 def _batches_from(run: Run, step: int) -> Iterator[tuple[int, list[int]]]:
     """(global step, this process's indices) from ``step`` on, epoch after epoch, in the (seed, epoch) order."""
     s, acc = run.settings, run.accelerator
@@ -199,8 +192,9 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
         print(f"hf-precision train: step {step + 1}: loss not finite ({where}); batch skipped (--on-nan skip)")
         return None, False
     run.tp.backward(loss)
-    if run.accelerator.num_processes > 1 and run.tp.shard is None:  # FSDP reduce-scatters the gradients itself
-        _reduce_gradients(run)
+    if run.accelerator.num_processes > 1 and run.tp.shard is None:  # DDP's all-reduce; FSDP reduce-scatters itself
+        for p in (p for p in run.tp.parameters() if p.grad is not None):
+            p.grad = run.accelerator.reduce(p.grad, "mean")
     stepped = run.tp.step(run.optimizer)
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()

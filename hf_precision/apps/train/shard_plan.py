@@ -132,7 +132,8 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     frozen_share = shard_bytes(frozen, processes) / max(sum(p.numel() * p.element_size() for p in frozen), 1)
     frozen_den = int((base.weights[m.denoiser] - (den.total_bytes if method_of(method).every_weight else 0)) * frozen_share)
     masters = shard_bytes(trainable, processes, 4)
-    islands = {m.denoiser: [i for i in m.plan.recipe[m.denoiser].keep_fp32 if _has(module, i)]}
+    names = dict(module.named_modules())
+    islands = {m.denoiser: [i for i in m.plan.recipe[m.denoiser].keep_fp32 if i in names]}
     units = plan_units(m.plan.recipe, {m.denoiser: method}, islands, {m.denoiser: module})
     root, block, block_grads = _unit_bytes(module, units, m.denoiser)
     gathered = root + 2 * block + block_grads
@@ -169,14 +170,6 @@ def training_model(model: str, device: Any, overrides: Any = None) -> Any:
     first = planned_model(model, device, overrides)
     layer = training_overrides(first.plan.recipe.name)
     return planned_model(model, device, [layer, *extra]) if layer else first
-
-
-def _has(module: Any, path: str) -> bool:
-    try:
-        module.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
 
 
 def rank_ladder(batch_size: int, checkpointing: bool, cached: bool) -> list[tuple[bool, Options]]:
