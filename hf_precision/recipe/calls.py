@@ -123,12 +123,9 @@ def latent_factor(formula: int | str, config: Mapping[str, Any], defaults: Mappi
                           f"a value in the row's defaults, or fix the formula") from None
 
 
-def _is_formula(v: Any) -> bool:
-    return (type(v) is int and v > 0) or (isinstance(v, str) and _formula(v) is not None)
-
-
-_FORMULA = (_is_formula, "a whole number above 0 or a formula of the VAE config's keys with + - * **, len(key), "
-                         "sum(key) (its true entries) and or, e.g. 2 ** (len(block_out_channels) - 1)")
+_FORMULA = (lambda v: (type(v) is int and v > 0) or (isinstance(v, str) and _formula(v) is not None),
+            "a whole number above 0 or a formula of the VAE config's keys with + - * **, len(key), "
+            "sum(key) (its true entries) and or, e.g. 2 ** (len(block_out_channels) - 1)")
 # A `latents:` row: a VAE class's compression as the diffusers pipelines compute it from its config
 LATENT_KEYS: dict[str, Any] = {
     "spatial": _FORMULA, "temporal": _FORMULA,

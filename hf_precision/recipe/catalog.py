@@ -214,8 +214,7 @@ def shipped_value(pipeline_class: Any, key: str) -> tuple[str | None, Any]:
 
 
 def shipped_video(pipeline_class: Any) -> dict[str, Any]:
-    """The ``video:`` block of the shipped recipe listing ``pipeline_class`` (a class or its name) as that class sees
-    it (its ``classes:`` entry over the rest); ``{}`` when none lists it or the recipe has no block.
+    """The ``video:`` block of the shipped recipe listing ``pipeline_class``, as that class sees it; ``{}``: none.
 
     Example:
         >>> shipped_video("ChronoEditPipeline")["first_frame_edit"], shipped_video("WanPipeline").get("first_frame_edit")
@@ -226,8 +225,7 @@ def shipped_video(pipeline_class: Any) -> dict[str, Any]:
 
 
 def shipped_sizes(pipeline_class: Any) -> tuple[str | None, list[tuple[int, int]]]:
-    """(the shipped recipe listing ``pipeline_class``, the (height, width) of its ``sizes:``, the only sizes its
-    call makes; ``[]``: any size).
+    """(the shipped recipe listing ``pipeline_class``, its ``sizes:`` as (height, width); ``[]``: any size).
 
     Example:
         >>> shipped_sizes("Kandinsky5T2IPipeline")[1][:2], shipped_sizes("FluxPipeline")

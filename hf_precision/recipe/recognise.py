@@ -31,8 +31,7 @@ def recognised_by(name: str) -> dict[str, dict[str, Any]]:
 
 
 def recipes_planning(component: str, class_name: str) -> list[str]:
-    """The shipped pipeline recipes that plan a component of this name and model class (name order): the fix
-    offered for a component the chosen recipe leaves as it is.
+    """The shipped pipeline recipes that plan a component of this name and model class, in name order.
 
     Example:
         >>> found = recipes_planning("text_encoder_2", "CLIPTextModelWithProjection")

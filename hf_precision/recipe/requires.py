@@ -120,8 +120,7 @@ def check_packages(recipe: Any, pipeline_class: str | None,
 
 
 def loading_note(recipe: Any, pipeline_class: str | None) -> str | None:
-    """One line for a plan whose recipe ``requires:`` packages this Python cannot import (loading will be refused
-    until they are installed, and how); None when nothing is missing.
+    """One line for a plan whose recipe ``requires:`` packages this Python cannot import; else None.
 
     Example:
         >>> loading_note({"requires": [{"module": "no_such_module_x", "install": "pip install x", "why": "w"}]}, "P")

@@ -80,8 +80,7 @@ def condition_of(row: Row, module: torch.nn.Module, pipe: Any) -> str:
 
 
 def condition_made(row: Row, module: torch.nn.Module, pipe: Any) -> str | None:
-    """The condition builder the encode phase runs: :func:`condition_of` where the denoiser takes extra channels,
-    else the row's entry for the pipeline where it has one (I2VGen-XL's UNet arguments), else None.
+    """The condition builder the encode phase runs: :func:`condition_of`'s, else :func:`named_condition`'s.
 
     Example:
         >>> from hf_precision.training.denoiser_rows import ROWS

@@ -205,11 +205,6 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in TOKENS else target
 
 
-def _patches_frames(module: torch.nn.Module) -> bool:
-    patch = getattr(getattr(module, "_orig_mod", module), "config", {}).get("patch_size")
-    return isinstance(patch, (list, tuple)) and len(patch) == 3
-
-
 def _frame_dim(row: DenoiserRow) -> int:
     return 2 if row.layout == "video" else 1  # frames_first (B,F,C,H,W) and channels_last (B,F,H,W,C): axis 1
 
@@ -265,7 +260,8 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
     if timestep is None:
         timestep = torch.zeros(noisy.shape[0], device=noisy.device)
     noisy = with_condition_latents(row, module, noisy, batch)
-    if noisy.dim() == 4 and _patches_frames(module):
+    patch = getattr(getattr(module, "_orig_mod", module), "config", {}).get("patch_size")
+    if noisy.dim() == 4 and isinstance(patch, (list, tuple)) and len(patch) == 3:
         # a denoiser patching (frame, height, width) takes an image as one latent frame (HunyuanImage Refiner,
         # pipeline_hunyuanimage_refiner.py:350; transformer_hunyuanimage.py:789-796); model_output drops it again
         noisy = noisy.unsqueeze(2)

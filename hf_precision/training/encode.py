@@ -112,8 +112,7 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
 
 
 def condition_key(tp: Any) -> tuple[str, ...]:
-    """The names of what :func:`encode_condition` makes for ``tp`` (its condition builder, its image-embedding
-    method; ``()``: nothing), which a cache of encoded samples keys on.
+    """The names of what :func:`encode_condition` makes for ``tp``, which a cache of encoded samples keys on.
 
     Example:
         >>> import hf_precision as hp
@@ -195,8 +194,7 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
 
 
 def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
-    """What a pipeline class's ``encode_prompt`` requires beyond what :func:`encode_prompt` gives (HunyuanVideo I2V:
-    its input image), read from the class so ``train --plan`` knows before loading.
+    """What a pipeline class's ``encode_prompt`` requires beyond the prompts (HunyuanVideo I2V: its image).
 
     Example:
         >>> import diffusers

@@ -22,8 +22,7 @@ _FILLED = {"num_videos_per_prompt": 1, "num_images_per_prompt": 1, "do_classifie
 
 
 def image_width(row: Any, module: Any) -> int | None:
-    """The width of the image embedding ``module`` takes (its config key from the row), None where this configuration
-    takes none (Wan 2.2 I2V, Wan T2V: image_dim null).
+    """The width of the image embedding ``module`` takes, None where it takes none (Wan T2V: image_dim null).
 
     Example:
         >>> from types import SimpleNamespace
@@ -103,8 +102,7 @@ def pil_frames(pixels: torch.Tensor) -> list[Any]:
 
 
 def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``{"image_embeds": ...}`` (batch-first, float32): the row's ``image_encode`` method run on the conditioning
-    frames of ``pixels``, without classifier-free guidance; ``{}`` where the denoiser takes none.
+    """``{"image_embeds": ...}`` (float32): the row's ``image_encode`` method on ``pixels``' conditioning frames.
 
     Example:
         >>> import hf_precision as hp

@@ -141,8 +141,8 @@ def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | No
 
 def upcast_fp8(recipe: Any, comps: Mapping[str, torch.nn.Module], train: Mapping[str, str],
                denoiser: str | None) -> dict[str, int]:
-    """Components stored fp8 that gradients pass through compute with ``weight.to(compute)``
-    (:func:`hf_precision.runtime.patches.upcast_on_use`), the weights staying fp8; component -> layers changed.
+    """fp8-stored components that gradients pass through compute from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`); component -> layers changed.
 
     Example:
         >>> from hf_precision import apply_recipe

@@ -69,8 +69,7 @@ class TrainingRecipe:
 
     def refuse_other(self, device: Any = None, layout: Any = None, train: Mapping[str, str] | None = None,
                      overrides: Any = None) -> None:
-        """A TrainingError naming the setting, both values and the fix, for one given beside this recipe that differs
-        from the one it was resolved with (``None``: not given).
+        """Refuse a setting given beside this recipe that differs from the one it was resolved with.
 
         Example:
             >>> from hf_precision.runtime.source import CONFIGS_DIR

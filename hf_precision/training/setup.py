@@ -215,8 +215,7 @@ class TrainingSetup:
     # ---------------------------------------------------------------- data in
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None,
                       mode: bool = False) -> torch.Tensor:
-        """VAE latents of ``pixels`` (in [-1, 1]) in the VAE's planned dtype, scaled as the pipeline does; fp32 out.
-        ``mode``: the latent distribution's mode instead of a sample (how image-to-video pipelines encode images)."""
+        """VAE latents (fp32) of ``pixels`` in [-1, 1], scaled as the pipeline does; ``mode``: the mode, not a sample."""
         from .encode import encode_images
 
         return encode_images(self, pixels, generator, mode)

@@ -215,8 +215,8 @@ def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list
 
 
 def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
-    """One TrainingError for what FSDP2 cannot shard: a trainable component in quantized or fp8 storage, or
-    textual inversion (a few new rows: nothing to shard). Runs on the recipe, before any weight loads.
+    """One TrainingError, before any weight loads, for what FSDP2 cannot shard: quantized or fp8 trainable storage,
+    textual inversion.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -243,8 +243,7 @@ def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
 
 
 def init_group(device_type: str = "cpu") -> Any:
-    """The default process group: the launcher's (torchrun / accelerate launch), or a 1-process group when the run
-    was started without a launcher (resuming a sharded run on one process); nccl for CUDA tensors, else gloo."""
+    """The launcher's default process group, or a 1-process one without a launcher; nccl for CUDA, else gloo."""
     import os
 
     import torch.distributed as dist
@@ -266,9 +265,8 @@ def init_group(device_type: str = "cpu") -> Any:
 
 
 def shard_training(tp: Any, cached: bool = False) -> ShardPlan:
-    """Put ``fully_shard`` on the trainable components of a prepared plan, unit by unit, and on the frozen ones
-    :func:`frozen_choice` shards (none when ``cached``: they leave the device after the cache pass); see the module
-    docstring."""
+    """Put ``fully_shard`` on a prepared plan's trainable components, unit by unit, and on the frozen ones
+    :func:`frozen_choice` shards (none when ``cached``: they leave the device after the cache pass)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -399,8 +397,7 @@ def sharded_bytes(module: torch.nn.Module) -> tuple[int, int]:
 
 
 def full_state(module: torch.nn.Module, only: str | None = None) -> dict[str, torch.Tensor]:
-    """The whole state of a sharded ``module`` on every rank (a collective: every rank calls it), CPU tensors;
-    ``only`` keeps the entries whose name contains it (``"lora_"``)."""
+    """The whole state of a sharded ``module`` on the CPU of every rank (a collective), names containing ``only``."""
     from torch.distributed.tensor import DTensor
 
     out = {}
