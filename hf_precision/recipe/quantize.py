@@ -5,18 +5,11 @@ dtype per layer on use) or a layout below, loaded through the backends diffusers
 (``PipelineQuantizationConfig``), never a kernel written here. Which device runs which is ``devices.yaml``'s
 ``storage:``; what a component tolerates is its recipe's ``quantize:``. Torch-free.
 
-Bytes per quantized ``nn.Linear`` weight of shape ``[out, in]`` (``n = out * in``), measured on the backends'
-tensors (``tests/test_quantize.py`` checks them against the bytes of loaded models):
-
-- ``int8`` (torchao ``Int8WeightOnlyConfig``): int8 data ``n`` + per row an fp32 scale and an int8 zero point.
-- ``quanto-int8`` / ``quanto-float8`` (optimum-quanto ``qint8`` / ``qfloat8``): ``n`` + per row a scale in the
-  compute dtype, + two scalar buffers per layer (``input_scale``, ``output_scale``) in the compute dtype.
-- ``fp8-compute`` (torchao ``Float8DynamicActivationFloat8WeightConfig``, per-row scales): ``n`` + per row an fp32
-  scale; fp8 matmuls need CUDA compute capability 8.9.
-- ``nf4`` / ``fp4`` (bitsandbytes 4-bit, no double quantization): ``ceil(n / 2)`` + an fp32 absmax per block of 64
-  + the layer's own 16-entry fp32 code table (``quant_state.code``, 64 bytes: bitsandbytes 0.50.2 functional.py
-  quantize_4bit makes one per call, so per layer).
-- ``bnb-int8`` (bitsandbytes LLM.int8): ``n`` + per row an fp32 scale (``SCB``).
+Bytes per quantized ``nn.Linear`` weight (:func:`weight_bytes`, from each :class:`QuantChoice`'s fields) were
+measured on the backends' tensors (``tests/test_quantize.py`` checks loaded models): int8 data plus per-row scales
+(torchao's with an int8 zero point; quanto's in the compute dtype, with ``input_scale``/``output_scale`` per
+layer), or bitsandbytes 4-bit's ``ceil(n / 2)``, an fp32 absmax per 64 and a 64-byte ``quant_state.code`` per layer
+(bitsandbytes 0.50.2 functional.py quantize_4bit makes one per call).
 """
 
 from __future__ import annotations
