@@ -11,7 +11,6 @@ block units (computing and prefetched) with their gradients. :func:`hf_precision
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
 from ...memory.peaks import meta_module
@@ -20,7 +19,7 @@ from ...training.methods import method_of
 from ...units import format_bytes
 from .plan import ADAM_STATES, Options, TrainingPrediction, options_ladder, planned_model, predict_training
 
-__all__ = ["RankPrediction", "predict_rank", "rank_ladder", "shard_bytes", "training_model"]
+__all__ = ["RankPrediction", "predict_rank", "rank_ladder", "training_model"]
 
 
 @dataclasses.dataclass
@@ -61,19 +60,6 @@ class RankPrediction:
         return f"per rank peak {format_bytes(self.peak, binary=True)}"
 
 
-def shard_bytes(params: Iterable[Any], processes: int, dtype_bytes: int | None = None) -> int:
-    """Rank 0's bytes of ``params`` sharded over ``processes`` (:func:`hf_precision.training.shard.rank_share`).
-
-    Example:
-        >>> import torch
-        >>> shard_bytes([torch.empty(5, 2)], 2)  # rows 5 -> padded 6, 3 rows of 2 fp32 each
-        24
-    """
-    from ...training.shard import rank_share
-
-    return rank_share(params, processes, dtype_bytes)
-
-
 def _unit_bytes(module: Any, units: list[Any], denoiser: str) -> tuple[int, int, int]:
     """(root unit, largest block unit, its trainable part) bytes of each unit's own parameters in its param dtype."""
     from ...dtypes import to_torch
@@ -110,7 +96,7 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     """
     import torch
 
-    from ...training.shard import plan_units
+    from ...training.shard import plan_units, rank_share
 
     m = _cached_model or training_model(model, device, overrides)
     base = predict_training(model, device, method=method, rank=rank, resolution=resolution, frames=frames,
@@ -129,9 +115,9 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     trainable = [p for p in module.parameters() if p.requires_grad]
     frozen = [p for p in module.parameters() if not p.requires_grad]
     # the recipe's storage bytes of the frozen denoiser weights, split as the meta module's (compute dtype) split
-    frozen_share = shard_bytes(frozen, processes) / max(sum(p.numel() * p.element_size() for p in frozen), 1)
+    frozen_share = rank_share(frozen, processes) / max(sum(p.numel() * p.element_size() for p in frozen), 1)
     frozen_den = int((base.weights[m.denoiser] - (den.total_bytes if method_of(method).every_weight else 0)) * frozen_share)
-    masters = shard_bytes(trainable, processes, 4)
+    masters = rank_share(trainable, processes, 4)
     names = dict(module.named_modules())
     islands = {m.denoiser: [i for i in m.plan.recipe[m.denoiser].keep_fp32 if i in names]}
     units = plan_units(m.plan.recipe, {m.denoiser: method}, islands, {m.denoiser: module})
