@@ -323,11 +323,10 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         layout (*optional*): the device(s) whose rules choose the dtypes (a preset, a description, a
             :class:`DeviceProfile`, or a mapping like ``devices``); default each component's own device. This is
             how a T4 layout runs on a CPU.
-        overrides (*optional*): a YAML path, a dict, or a list of them, merged over the recipe.
-        configs (*optional*): component -> its ``config.json`` dict, for recipes that choose by config.
+        overrides, configs (*optional*): as :func:`get_recipe` takes them.
         components (*optional*): every component the pipeline has; a ``devices`` mapping may name these too.
-        models (*optional*): component -> (model class, role) of the pipeline's ``nn.Module`` components; when no
-            shipped recipe lists ``pipeline_class``, the recipe is composed from them (:func:`hf_precision.recipe.catalog.recipe_for`).
+        models (*optional*): component -> (model class, role), composed into a recipe where none lists the class
+            (:func:`hf_precision.recipe.catalog.recipe_for`).
         force (`bool`, defaults to `False`): accept a pipeline recipe whose ``pipelines`` list does not name
             ``pipeline_class`` (otherwise a ``RecipeError`` names the recipes that do).
 

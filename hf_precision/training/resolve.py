@@ -142,17 +142,10 @@ def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train
                      shard: bool = False) -> TrainingRecipe:
     """The recipe a training set-up loads and trains in, from configs and the device rules alone.
 
-    Args:
-        source: a diffusers pipeline, a dict of components, or a folder / Hub id / recipe alias (nothing is loaded).
-        device, layout: where it runs, and whose device rules choose the dtypes (``layout="t4"``).
-        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` (the rest frozen); default the denoiser's LoRA.
-        overrides: the override forms of ``load_pipeline``; they win over the training rule.
-        recipe: the pipeline recipe (name or YAML file); default recognised from the source.
-        force: take a recipe whose ``pipelines:`` list does not name the source's class.
-        shard: refuse what FSDP2 cannot shard here, before any weight loads.
-
-    Raises TrainingError for a trainable part stored in a form training cannot update, a dict that does not tell
-    two recipes apart (asking for ``recipe=``), or no denoiser and nothing said to train.
+    The arguments are :func:`~hf_precision.training.setup.prepare_training`'s; ``source`` may also be a folder, Hub
+    id or alias (nothing is loaded), and ``shard`` refuses here what FSDP2 cannot shard. Raises TrainingError for a
+    trainable part stored in a form training cannot update, a dict that does not tell two recipes apart (asking for
+    ``recipe=``), or no denoiser and nothing said to train.
 
     Example:
         >>> from hf_precision.runtime.source import CONFIGS_DIR

@@ -10,9 +10,8 @@ the CPU) puts ``torch.distributed.fsdp.fully_shard`` on every component that tra
   (each parameter gathered in its planned dtype, so it computes as in the one-process plan);
 - ``reduce_dtype=float32`` (gradients averaged in fp32); ``output_dtype`` the recipe's hand-over dtype.
 
-Each rank holds 1/N of the fp32 masters, their gradients and optimizer state. A frozen component has none: sharding
-it saves 1-1/N of its weights but gathers its own parameters and two blocks while it runs; :func:`frozen_choice`
-decides by those bytes, and the per-rank plan (``train --plan --processes N --shard``) prints the same decision.
+Each rank holds 1/N of the fp32 masters, their gradients and optimizer state; a frozen component is sharded or
+replicated as :func:`frozen_choice` decides (``train --plan --processes N --shard`` prints the same decision).
 
 fp16 keeps the GradScaler: torch's DTensor dispatch reduces the found-inf flag with max over the mesh
 (torch/distributed/tensor/_dispatch.py, ``found_inf_reduce_handler``), so a step is skipped on every rank or on none

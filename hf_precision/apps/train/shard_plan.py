@@ -53,8 +53,7 @@ class RankPrediction:
         how = f"sharded over {self.processes} (FSDP2)" if self.sharded else f"data parallel x{self.processes}"
         return f"{how}; {self.options.describe()}"
 
-    def label(self) -> str:
-        return self.describe()
+    label = describe
 
     def details(self) -> str:
         return f"per rank peak {format_bytes(self.peak, binary=True)}"
