@@ -72,8 +72,7 @@ _NODES = (ast.BinOp, ast.BoolOp, ast.Or, ast.Name, ast.Load, ast.Call, ast.Const
 
 
 def _formula(text: Any) -> ast.expr | None:
-    """The parsed formula, or None when it is not one: whole numbers, config keys, ``len(key)``, ``sum(key)``,
-    ``+ - * **`` and ``or``."""
+    """The parsed formula of ints, config keys, ``len``, ``sum``, ``+ - * **`` and ``or``; None when it is not one."""
     try:
         tree = ast.parse(str(text), mode="eval").body if type(text) in (int, str) and len(str(text)) < 200 else None
     except SyntaxError:
@@ -169,8 +168,7 @@ def _plain(key: str, value: Any) -> Any:
 
 
 def check_denoisers(data: Any, source: str, builders: Iterable[str], latents: bool = True) -> dict[str, dict[str, Any]]:
-    """Model class -> its row (tuples for lists), every problem in one :class:`RecipeError`; ``latents``: the file
-    may hold ``latents:`` rows (the shipped one).
+    """Model class -> its row, every problem in one RecipeError; ``latents``: ``latents:`` rows allowed (shipped).
 
     Example:
         >>> check_denoisers({"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {"latent_arg": "hidden_states",

@@ -102,8 +102,7 @@ def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
 
 
 def training_overrides(name: str) -> Any:
-    """The ``training:`` section of a pipeline recipe as an override layer (``None``: none), which training merges
-    over the inference recipe, before the user's overrides.
+    """A pipeline recipe's ``training:`` section as an override layer under the user's (``None``: none).
 
     Example:
         >>> training_overrides("sd15").data["components"]["vae"]["dtypes"]
@@ -255,8 +254,7 @@ def recipe_for_class(class_name: str) -> str:
 
 
 def entry_classes(spec: Mapping[str, Any], seen: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """The model classes a recipe's component entry lists, following its ``use:`` chain (its own list wins, as in
-    resolution); ``()``: any class.
+    """The model classes a recipe's component entry lists, following its ``use:`` chain; ``()``: any class.
 
     Example:
         >>> entry_classes({"use": "unet.sdxl"}), entry_classes({"dtype": "float32"})

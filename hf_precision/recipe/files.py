@@ -393,8 +393,7 @@ def read_json(path: str | Path, *, repo: str | None = None) -> dict[str, Any]:
 
 
 def shared_mode(path: str | Path) -> None:
-    """Give a ``tempfile.mkstemp`` file (0600) the mode ``open`` gives (0666 less the umask) before it is renamed onto
-    a result the user shares.
+    """Give a ``tempfile.mkstemp`` file (0600) the mode ``open`` gives (0666 less the umask) before it is shared.
 
     Example:
         >>> import os, tempfile

@@ -182,9 +182,9 @@ def _size(n: int) -> str:
 
 def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list[str]],
                modules: Mapping[str, torch.nn.Module]) -> list[ShardUnit]:
-    """The shard units of every component that trains (``lora`` or ``full``), innermost first.
+    """The shard units of every component that trains, innermost first (meta modules too: the memory plan's).
 
-    Works on meta-device modules too (the memory plan reads it). Example:
+    Example:
         >>> from hf_precision.testing import make_pipeline
         >>> from hf_precision.recipe import get_recipe
         >>> pipe = make_pipeline("sdxl")
@@ -214,8 +214,7 @@ def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list
 
 
 def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
-    """One TrainingError, before any weight loads, for what FSDP2 cannot shard: quantized or fp8 trainable storage,
-    textual inversion.
+    """One TrainingError, before loading, for what FSDP2 cannot shard: quantized or fp8 storage, textual inversion.
 
     Example:
         >>> from hf_precision import get_recipe

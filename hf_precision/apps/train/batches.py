@@ -126,8 +126,7 @@ def _cacheable(cond: Any) -> dict[str, Any]:
 
 
 def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A batch's conditioning from its captions' cache entries (:func:`_cacheable`), joined by
-    :func:`~.cache.join_padded`, ``KEY.i`` items back into one list per key."""
+    """A batch's conditioning from its captions' cache entries, joined by :func:`~.cache.join_padded`."""
     import re
 
     items: dict[str, list[Any]] = {}

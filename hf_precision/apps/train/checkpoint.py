@@ -162,8 +162,7 @@ class Resumed(NamedTuple):
 
 
 def data_list(data: Any) -> list[str]:
-    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket (and
-    its reference's file and size)."""
+    """What fixes the batch order: each sample's (and reference's) file, size in bytes and bucket."""
     def name(path: Path) -> str:
         return str(path.relative_to(data.folder) if path.is_relative_to(data.folder) else path)
 

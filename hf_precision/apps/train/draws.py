@@ -28,8 +28,7 @@ def drawn(tp: Any) -> bool:
 
 
 def encode_draws(tp: Any, pixels: Any, latents: Any, count: int = DRAWS) -> dict[str, Any]:
-    """The first ``count`` of a sample's draws in RNG order (seeded per sample by the caller), as ``{KEY: (1, count,
-    ...)}`` beside the first draw's other entries."""
+    """The first ``count`` of a sample's draws in RNG order, as ``{KEY: (1, count, ...)}`` and the first's rest."""
     import torch
 
     made = [tp.encode_condition(pixels, latents) for _ in range(count)]
@@ -54,8 +53,7 @@ def pick(found: list[dict[str, Any]], indices: list[int], seed: int, step: int |
 
 
 def choice(seed: int, step: int | None, i: int) -> int:
-    """Which of sample ``i``'s draws step ``step`` trains on: a generator seeded by (seed, step, i), draw 0 for the
-    evaluation batch (``step`` None).
+    """Which of sample ``i``'s draws step ``step`` trains on (seeded by (seed, step, i)); 0 when ``step`` is None.
 
     Example:
         >>> choice(0, None, 3), choice(0, 7, 3) == choice(0, 7, 3), 0 <= choice(1, 2, 3) < DRAWS

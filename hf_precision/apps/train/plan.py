@@ -126,8 +126,7 @@ def planned_model(model: str, device: Any, overrides: Any) -> PlannedModel:
 def predict_training(model: str, device: Any, *, method: str = "lora", rank: int = 16, resolution: int = 512,
                      frames: int = 0, options: Options, overrides: Any = None, _cached_model: PlannedModel | None = None
                      ) -> TrainingPrediction:
-    """Predict the peak bytes of a training run of ``model`` on ``device`` (a preset such as ``t4`` needs no GPU);
-    a ``_cached_model`` keeps each result by arguments.
+    """Predict the peak bytes of a training run of ``model`` on ``device`` (a preset such as ``t4`` needs no GPU).
 
     Example:
         >>> p = predict_training("sd15", "t4", rank=4, resolution=256, options=Options(1, False, True))
