@@ -15,12 +15,12 @@ layer), or bitsandbytes 4-bit's ``ceil(n / 2)``, an fp32 absmax per 64 and a 64-
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
 from collections.abc import Mapping
 from typing import Any
 
 from .. import dtypes as dt
-from .schema import did_you_mean
 
 __all__ = ["QuantChoice", "CHOICES", "quanto_group", "canonical_storage", "is_quantized", "storage_names",
            "weight_bytes", "stored_bytes", "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
@@ -172,6 +172,12 @@ def stored_bytes(storage: str, shape: tuple[int, ...], compute: str) -> int:
     return math.prod(shape) * dt.itemsize(storage)
 
 
+def _close(word: str, options: list[str]) -> str:
+    # schema.did_you_mean's words; not imported from there: schema imports this module (tests/test_layers.py)
+    near = difflib.get_close_matches(str(word)[:100], options, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else ""
+
+
 def check_storage_value(value: Any, path: str, problems: Any) -> str | None:
     """Validate a ``storage`` value (dtype or quantized layout), adding one problem with close names if it is bad.
 
@@ -185,7 +191,7 @@ float8_e5m2, int8, quanto-int8, quanto-float8, quanto-int4, quanto-int2, fp8-com
     canon = canonical_storage(value) if isinstance(value, str) else None
     if canon is None:
         options = [*_LOOKUP, *(a for n, al in dt.DTYPES.items() for a in (n, *al))]
-        problems.add(path, f"unknown storage {value!r}; allowed: {', '.join(storage_names())}{did_you_mean(value, options)}")
+        problems.add(path, f"unknown storage {value!r}; allowed: {', '.join(storage_names())}{_close(str(value), options)}")
     return canon
 
 
@@ -205,7 +211,7 @@ def check_quantize_value(value: Any, path: str, problems: Any) -> dict[str, Any]
     allowed = ("storage", "keep", "why")
     for key in value:
         if key not in allowed:
-            problems.add(f"{path}.{key}", f"unknown key {key!r:.80}; allowed: {', '.join(allowed)}{did_you_mean(key, allowed)}")
+            problems.add(f"{path}.{key}", f"unknown key {key!r:.80}; allowed: {', '.join(allowed)}{_close(str(key), list(allowed))}")
     storage = value.get("storage", [])
     if not isinstance(storage, list):
         problems.add(f"{path}.storage", f"expected a list of storage names, got {storage!r:.80}")
