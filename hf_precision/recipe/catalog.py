@@ -364,8 +364,7 @@ def recipe_for(pipeline_class: str, models: Models | Callable[[], Models] | None
 
 # What a model component does in a pipeline, from the diffusers/transformers module that defines its class.
 ROLES = ("denoiser", "vae", "controlnet", "encoder", "other")
-# Unknown model classes: the first of these the device picks unasked (half where it is fast, else fp32), with the
-# NaN guard on, since nothing is known about where they overflow.
+# Unknown model classes: the first the device picks unasked, with the NaN guard (where they overflow is unknown).
 UNKNOWN_DTYPES = ["bfloat16", "float16", "float32"]
 
 

@@ -337,8 +337,7 @@ def device_caps(spec: str | DeviceProfile | None = None) -> DeviceCaps:
         >>> "bfloat16" in caps.compute, caps.tags
         (False, ('cuda',))
     """
-    # A profile object is used as is, never passed through device_profile's cache: lru_cache would hand back an
-    # earlier *equal* profile instead of this one (recipe.device is profile would then fail).
+    # not through device_profile's lru_cache, which would hand back an earlier *equal* profile, not this one
     profile = spec if isinstance(spec, DeviceProfile) else device_profile(spec)
     lists: dict[str, list[str]] = {"compute": [], "auto": [], "storage": [], "transformers_only": []}
     tags: list[str] = []

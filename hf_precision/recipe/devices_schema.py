@@ -13,8 +13,7 @@ from .schema import TYPES, check_video, unknown_keys
 
 __all__ = ["DEVICES_TOP_KEYS", "PRESET_KEYS", "RULE_KEYS", "WHEN_KEYS", "check_devices_file"]
 
-# The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
-# `capabilty`) is an error, never a condition that silently holds for every device.
+# The keys of devices.yaml: an unknown one (`when: {capabilty: ...}`) is an error, never a condition that holds.
 DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets", "measured_speed", "video")
 RULE_KEYS = ("id", "when", "compute", "auto", "storage", "transformers_only", "upcast_attention", "why")
 WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")

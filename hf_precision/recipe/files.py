@@ -18,13 +18,11 @@ from ..errors import DamagedFileError, RecipeError, excerpt
 __all__ = ["shared_mode", "recipes_dir", "read_yaml", "parse_yaml", "read_json", "damaged_file", "download_command",
            "MAX_YAML_BYTES", "MAX_ITEMS", "MAX_DEPTH", "MAX_NODES", "MAX_KEY_CHARS"]
 
-# The largest shipped recipe is ~5 KB and an override is a few lines: 1 MiB is 200x headroom, and the worst legal
-# 1 MiB file still parses in under a second with libyaml (the pure-Python fallback takes a few seconds).
+# 200x the largest shipped recipe; the worst legal 1 MiB file parses in under a second with libyaml.
 MAX_YAML_BYTES = 1 << 20
 # Per list or mapping. The longest real list is a keep_fp32 list of module names; SDXL's UNet has 1,930 modules.
 MAX_ITEMS = 10_000
-# Shipped recipes nest at most 6 levels (devices.TAG.COMPONENT.select[i].config.KEY); a deeper file is a mistake
-# or an attack (libyaml's C composer recurses per level and crashes the process near 100,000 levels).
+# Shipped recipes nest at most 6 levels; libyaml's C composer recurses per level and crashes near 100,000.
 MAX_DEPTH = 32
 # All values of one file together: bounds the memory of the parsed nodes (~0.5 KB each) whatever the file holds.
 MAX_NODES = 100_000
@@ -63,9 +61,8 @@ class _Refused(Exception):
 
 
 _WRITE_OUT = "recipes are plain data: write the values out in full"
-# Below this many structure characters ([{-:?,) a file cannot nest deeper or hold more nodes than that, so it is
-# composed directly (libyaml's composer recurses in C, ~300 bytes of stack per level; PyYAML's in Python). Every
-# shipped recipe is below it. Above it, or with an anchor ('&'), an event pre-scan checks the limits first.
+# Below this many structure characters ([{-:?,) a file cannot break the limits, so it is composed directly (every
+# shipped recipe is); above it, or with an anchor ('&'), an event pre-scan checks the limits first.
 _DIRECT = 400
 
 

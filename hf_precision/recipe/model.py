@@ -15,9 +15,8 @@ from .devices import DeviceProfile
 
 __all__ = ["Recipe", "ComponentPolicy", "Decision", "Requirement", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
 
-# Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
-# projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
-# would change them. Recipes extend the list per architecture (Flux: guidance, img_ids, txt_ids).
+# Float forward arguments moved but never cast: timesteps feed sinusoidal projections diffusers computes in fp32
+# (unet_2d_condition.py get_time_embed), which fp16 rounding changes. Recipes extend it (Flux: guidance, img_ids).
 DEFAULT_NO_CAST = ("timestep", "timesteps", "t")
 # Modules kept in the compute dtype under layerwise casting: diffusers' own defaults (hooks/layerwise_casting.py
 # DEFAULT_SKIP_MODULES_PATTERN), as globs.

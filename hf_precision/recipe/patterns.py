@@ -62,8 +62,7 @@ def inside(name: str, roots: Iterable[str]) -> bool:
         >>> inside("time_embedding.linear_1", ["time_embedding"]), inside("time_embedding_2", ["time_embedding"])
         (True, False)
     """
-    # O(depth of the name), not O(roots): apply and plan ask this for every module against every island, and a
-    # recipe that islands every norm of a UNet has ~170 of them. Hot callers pass a (frozen)set.
+    # O(depth), not O(roots): asked for every module against every island (~170 when every UNet norm is one).
     if not isinstance(roots, (set, frozenset)):
         roots = set(roots)
     if name in roots:
@@ -94,8 +93,7 @@ def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str
     if missing and strict:
         close = {p: suggest(p, names) for p in missing}
         hints = "; ".join(f"{p!r}: did you mean {close[p] or 'nothing close'}?" for p in missing)
-        # The fix keeps the patterns that match and puts the closest name in place of each that does not (or
-        # drops it), so following it gets past this error.
+        # the fix keeps the matching patterns and puts the closest name in place of the others (or drops them)
         fixed = list(dict.fromkeys(close[p][0] if close.get(p) else p for p in patterns if p not in close or close[p]))
         raise RecipeError(f"{component}.keep_fp32: pattern(s) {missing} match no module of {owner} "
                           f"({hints}). Patterns are full-match globs over module names; fix: "

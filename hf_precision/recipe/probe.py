@@ -35,8 +35,7 @@ CPU_FLAG_SETS: dict[str, tuple[str, ...]] = {
     "avx2": ("avx2",),
 }
 _FLAG = re.compile(r"[a-z0-9][a-z0-9_]*")
-# Flag names the device rules and presets read, with the common /proc/cpuinfo flags spelled like them: a token close
-# to one of these but not one of them (amxx, avx512bf16) is a typo that would silently describe another CPU.
+# Known flag names: a token close to one but not one (amxx, avx512bf16) is a typo describing another CPU.
 _KNOWN_FLAGS = frozenset({
     "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8", "avx",
     "avx_vnni", "avx512vl", "avx512bw", "avx512dq", "avx512cd", "avx512_vnni", "avx512_vbmi", "avx512_vbmi2",

@@ -224,8 +224,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
         decisions.append(Decision("upcast_attention", "true", "set" if explicit_upcast is not None else
                                   _why_device(caps, "attention"), src("upcast_attention") if explicit_upcast is not None else "devices.yaml"))
     for key in ("entry", "layerwise_skip"):
-        # Shipped recipes' names are checked against the real configs by the tests; the user's are checked where the
-        # modules are known (apply_recipe, load_pipeline, plan), which find them through this decision.
+        # a user's names are checked where the modules are known (apply_recipe, plan), through this decision
         if get(key) and not src(key).startswith(("recipes/", "composed for")):
             names = ", ".join(v or "(forward)" for v in get(key))
             decisions.append(Decision(key, names, "set by the user: must name modules of the component", src(key)))

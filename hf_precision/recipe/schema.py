@@ -29,9 +29,8 @@ POLICY_KEYS: dict[str, str] = {
 }
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
                  "no_cast", "layerwise_skip", "quantize"}
-# `training:` holds what differs when the pipeline is trained (same shape as an override file; hf_precision.training).
-# `recognise:` (component -> {config key: value}) tells a dict of components from another recipe's with the same
-# denoiser class (hf_precision.recipe.recognise).
+# `training:` an override layer for training (hf_precision.training). `recognise:` component -> {config key: value}
+# that tells a dict of components apart (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
                  "training", "recognise", "video", "requires", "call_needs", "sizes", "latent_shift"}
 # `call_needs:` __call__ inputs the call cannot run without though its docstring calls them *optional* (the
@@ -219,8 +218,7 @@ VIDEO_KEYS: dict[str, Any] = {
                           and not any(isinstance(x, (dict, list)) for x in v.values()),
                           "call keyword -> plain value check's default call passes, e.g. {overlap_history: 1}"),
 }
-# `classes:` in a recipe's video block: keys that hold for one of its pipeline classes only (Kandinsky 5 I2V's
-# refused frame counts, not its T2V's), over the block's own
+# `classes:` in a video block: keys for one pipeline class only (Kandinsky 5 I2V's refused frame counts)
 VIDEO_CLASS_KEY = "classes"
 
 

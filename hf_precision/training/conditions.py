@@ -21,9 +21,8 @@ __all__ = ["built_keys", "check_built", "condition_channels", "condition_made", 
 
 
 def latent_channels(row: Row, config: Mapping[str, Any]) -> int:
-    # the VAE's channels: what the denoiser predicts. Packed 2x2 (row.pack flux): Flux and Flux Fill give
-    # out_channels packed (64, patch_size 1), Qwen-Image unpacked (16, patch_size 2): the packed prediction is
-    # out_channels x patch_size^2 either way. Kandinsky 5 names them in_visual_dim / out_visual_dim.
+    # the VAE's channels, what the denoiser predicts. Packed 2x2: Flux gives out_channels packed (64, patch 1),
+    # Qwen-Image unpacked (16, patch 2), out_channels x patch_size^2 either way. Kandinsky 5: *_visual_dim.
     in_c = int(config.get("in_channels") or config.get("in_visual_dim") or 0)
     out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
     if row.pack == "flux":
@@ -152,8 +151,7 @@ def check_built(row: Row, module: torch.nn.Module, pipe: Any, batch: Mapping[str
 def with_condition_latents(row: Row, module: torch.nn.Module, noisy: torch.Tensor,
                              batch: Mapping[str, Any]) -> torch.Tensor:
     # Inpainting (SD: 4 + 1 mask + 4) and image-to-video (Wan I2V 16 + 20, SVD 4 + 4) concatenate conditioning
-    # latents after the noisy ones on the channel axis. Zeros only for the memory plan's meta call (noisy_inputs
-    # refuses such a batch unless the pipeline itself feeds zeros: HunyuanVideo 1.5 text-to-video).
+    # latents on the channel axis. Zeros only for the memory plan's meta call (noisy_inputs refuses such a batch).
     extra_channels = condition_channels(row, module)
     if not extra_channels:
         return noisy

@@ -22,8 +22,8 @@ __all__ = ["SIDE_NETWORKS", "side_inputs"]
 
 SIDE_NETWORKS = ("controlnet", "adapter")
 # The forward argument each network's residuals go to (unets/unet_2d_condition.py:989-991; UNetMotionModel takes the
-# ControlNet's only, unet_motion_model.py:1892): a denoiser whose forward lacks it is not fed by this layer. A video
-# UNet's ControlNet runs on every frame (animatediff/pipeline_animatediff_controlnet.py: latents folded to (B*F,C,H,W))
+# ControlNet's only, unet_motion_model.py:1892); a video UNet's ControlNet runs on every frame (B*F images,
+# animatediff/pipeline_animatediff_controlnet.py)
 _RESIDUALS = {"controlnet": "down_block_additional_residuals", "adapter": "down_intrablock_additional_residuals"}
 
 

@@ -66,9 +66,8 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
     return normalise_latents(raw, config)
 
 
-# A pipeline with this static method folds its image's one latent frame into channels before denoising (the
-# HunyuanImage 2.1 Refiner: _encode_vae_image, diffusers 0.42.1 pipeline_hunyuanimage_refiner.py:405-418, reorders
-# before scaling; the transformer takes and predicts the folded channels, and decoding unfolds them, :748-749).
+# A pipeline with this static method folds its image's latent frame into channels before scaling (HunyuanImage 2.1
+# Refiner, diffusers 0.42.1 pipeline_hunyuanimage_refiner.py:405-418; decoding unfolds them, :748-749).
 FOLD_METHOD = "_reorder_image_tokens"
 
 

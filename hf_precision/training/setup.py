@@ -93,8 +93,7 @@ class TrainingSetup:
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(component.parameter, parameter) of every trainable parameter."""
-        # Walked once per step by tp.step's check: cached, and refreshed when a component or parameter set changed
-        # (the requires_grad test runs in C: map/attrgetter, no Python frame per parameter).
+        # Walked every step by tp.step's check: cached until a component or parameter set changes (checked in C).
         comps = self._components()
         key = tuple((n, id(m)) for n, m in comps.items())
         if self._trainable is None or self._trainable[0] != key or not all(map(_REQUIRES_GRAD, self._trainable[2])):
@@ -274,8 +273,7 @@ class TrainingSetup:
         self.applied.remove()
 
     def _alphas(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
-        # The schedule is kept on the CPU; moved to the latents' device once, not every step (a host-to-device copy
-        # from pageable memory waits for the stream on CUDA, which the hand-written loop does not do).
+        # Kept on the CPU, moved to the latents' device once: a copy from pageable memory waits for the CUDA stream.
         alphas, latents = self.alphas_cumprod, batch.get("latents")
         if alphas is None or not isinstance(latents, torch.Tensor) or latents.device == alphas.device:
             return alphas
@@ -284,8 +282,7 @@ class TrainingSetup:
         return self._alphas_on[1]
 
     def _vae_scale_factor(self) -> int | None:
-        # the pipeline's own (each pipeline computes it from its VAE's config); for a dict of components, what the
-        # SDXL / PixArt / HunyuanDiT pipelines compute: 2 ** (len(vae.config.block_out_channels) - 1)
+        # the pipeline's own; for a dict, what SDXL / PixArt / HunyuanDiT compute: 2 ** (len(block_out_channels) - 1)
         factor = getattr(self.pipe, "vae_scale_factor", None)
         if isinstance(factor, int):
             return factor
@@ -419,9 +416,8 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
             token_rows[comp] = s.token_rows
         module.train(method.trains_weights)  # frozen parts in eval mode (no dropout), as diffusers' examples do
         compute = recipe[comp].compute if comp in recipe else "float32"
-        # Only a full fine-tune needs autocast (its masters are fp32); a LoRA's base already holds the compute dtype
-        # and peft runs the adapter in its own fp32 (input cast in, result cast back). Autocast there would also undo
-        # the explicit fp32 upcasts inside attention processors: Sana's linear attention gives NaN in fp16 under it.
+        # Only a full fine-tune needs autocast (fp32 masters); a LoRA's base holds the compute dtype and peft casts
+        # around its fp32 adapter. Autocast there would also undo processors' fp32 upcasts (Sana: NaN in fp16).
         autocast = dt.to_torch(compute) if method.every_weight and compute in dt.HALF else None
         if autocast is not None:
             trainable.keep_explicit_fp32(module)
@@ -447,8 +443,7 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
     objective = objectives.objective_of(config, type(scheduler).__name__)
     if objective == "flow":
         return objective, None, None
-    # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
-    # schedule rebuilt from the config would not), else one rebuilt from the config.
+    # The scheduler's own schedule (CogVideoXDDIMScheduler's SNR shift is not in a DDPM one rebuilt from the config)
     own = getattr(scheduler, "alphas_cumprod", None)
     if own is None and hasattr(scheduler, "_alpha_cumprod"):
         # DDPMWuerstchenScheduler (Stable Cascade) has a cosine schedule in continuous t in [0, 1]: tabulated at

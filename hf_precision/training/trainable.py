@@ -190,8 +190,7 @@ class AutocastGuard:
             torch.set_autocast_enabled(self.device_type, enabled)
             torch.set_autocast_dtype(self.device_type, dtype)
             if not enabled and self.dtype is not None:
-                # Leaving autocast as `with torch.autocast` would: its cache of half copies of the fp32 masters must
-                # go, or the next call computes with the weights from before the optimizer step.
+                # as leaving `with torch.autocast` does: its half copies of the masters predate the optimizer step
                 torch.clear_autocast_cache()
 
 

@@ -177,8 +177,7 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
     except (RuntimeError, NotImplementedError) as err:
         if not reads_values(err):
             raise
-        # a forward that reads its own tensors' values cannot run on the meta device, where nothing has a value,
-        # unless the module that reads them has a stand-in (memory.stand_ins: HiDream's mixture of experts)
+        # a forward reading its tensors' values cannot run on the meta device without a stand-in (memory.stand_ins)
         from ...errors import RecipeError
 
         raise RecipeError(f"--plan: {type(module).__name__} reads values of its own tensors in forward ({err}), so "

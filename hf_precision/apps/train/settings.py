@@ -16,8 +16,7 @@ __all__ = ["TrainSettings", "ON_NAN", "SAVE_DTYPES", "check_settings", "check_ou
 DEFAULT_METHOD = "lora"
 ON_NAN = ("stop", "skip")
 SAVE_DTYPES = ("float16", "bfloat16", "float32")
-# Settings that must be the same when a run is resumed: they fix the data order, the trained weights' shapes and the
-# precision plan. Steps, validation and checkpoint cadence may change.
+# Settings a resumed run must keep: they fix the data order, the trained weights' shapes and the precision plan.
 RESUME_KEYS = ("model", "data", "method", "lora_rank", "train_text_encoder", "embedding", "batch_size", "seed",
                "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler", "expert", "base")
 
