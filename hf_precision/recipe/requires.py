@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import RecipeError
+from .catalog import pipeline_file, recipe_classes
 from .model import Requirement
 
 __all__ = ["Requirement", "requirements", "missing_packages", "check_packages", "loading_note"]
@@ -60,8 +61,6 @@ def _rows(recipe: Any, configs: Mapping[str, Mapping[str, Any]] | None = None) -
     if isinstance(recipe, Mapping):
         return requirements(recipe, configs)
     if isinstance(recipe, str):
-        from .catalog import pipeline_file
-
         return requirements(pipeline_file(recipe)[1], configs)
     return [r for r in getattr(recipe, "requires", ()) if not unneeded(r, configs)]
 
@@ -94,11 +93,7 @@ def missing_packages(recipe: Any, pipeline: str | None,
 
 def _shipped(recipe: Any, pipeline_class: str) -> Any:
     """``recipe``, or when None the shipped recipe that lists the class (None when no shipped recipe does)."""
-    if recipe is not None:
-        return recipe
-    from .catalog import recipe_classes
-
-    return recipe_classes().get(pipeline_class)
+    return recipe if recipe is not None else recipe_classes().get(pipeline_class)
 
 
 def check_packages(recipe: Any, pipeline_class: str | None,
