@@ -23,6 +23,7 @@ FORCE_SDXL = "recipe='sdxl', force=True"  # the example of forcing a recipe onto
 from .devices import rule_ids
 from .files import read_yaml, recipes_dir
 from .model import Recipe
+from .overrides import Override, override_layer
 from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean, video_block
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes", "shipped_value",
@@ -92,8 +93,6 @@ def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
     source, data = check_pipeline(read_yaml(path), source, rule_ids())
     training = data.get("training")
     if training is not None:
-        from .overrides import Override, override_layer
-
         if not isinstance(training, Mapping):
             raise RecipeError(f"{source}: training: expected an override mapping like 'components: {{vae: {{dtypes: "
                               f"[bfloat16, float32]}}}}', got {excerpt(training)}")
@@ -108,8 +107,6 @@ def training_overrides(name: str) -> Any:
         >>> training_overrides("sd15").data["components"]["vae"]["dtypes"]
         ['bfloat16', 'float32']
     """
-    from .overrides import Override
-
     training = pipeline_spec(name).get("training")
     return None if training is None else Override(f"recipes/{name}.yaml training", training)
 

@@ -20,6 +20,7 @@ from .probe import (CPU_FLAG_SETS, CPU_FLAGS_ENV, CPU_NAME_ENV, SystemProbe, cpu
                     cpu_name_from_env)
 from .probe import version as _version
 from .devices_schema import check_devices_file
+from .quantize import canonical_storage
 from .schema import TYPES
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
@@ -314,8 +315,6 @@ def _holds(when: Mapping[str, Any], p: DeviceProfile) -> bool:
 
 
 def _edit(current: list[str], change: list[str]) -> list[str]:
-    from .quantize import canonical_storage
-
     if all(not str(c).startswith(("+", "-")) for c in change):
         return [canonical_storage(c) or str(c) for c in change]
 

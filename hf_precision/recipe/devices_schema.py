@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import Problems
+from .quantize import canonical_storage, is_quantized, storage_names
 from .schema import TYPES, check_video, unknown_keys
 
 __all__ = ["DEVICES_TOP_KEYS", "PRESET_KEYS", "RULE_KEYS", "WHEN_KEYS", "check_devices_file"]
@@ -21,8 +22,6 @@ PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
 
 
 def _check_measured_speed(entries: Any, problems: Problems) -> None:
-    from .quantize import canonical_storage, is_quantized, storage_names
-
     if not isinstance(entries, list):
         problems.add("measured_speed", f"expected a list of {{device, source, relative}} entries, got {entries!r}")
         return
@@ -70,8 +69,6 @@ def check_devices_file(data: Any, source: str) -> None:
         if not isinstance(value, list):
             problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
             return
-        from .quantize import canonical_storage, storage_names
-
         for item in value:
             name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
             # storage lists may also name quantized layouts (int8, nf4 ...: recipe/quantize.py)

@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import dtypes as dt
+from ..errors import arg, override_fix, override_line
 
 __all__ = ["QuantChoice", "CHOICES", "quanto_group", "canonical_storage", "is_quantized", "storage_names",
            "weight_bytes", "stored_bytes", "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
@@ -254,8 +255,6 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
         >>> print(problems[0])  # doctest: +ELLIPSIS
         --set: components.unet.storage: nf4 cannot be used on mps (...): bitsandbytes runs on CUDA, and on the CPU ...
     """
-    from ..errors import override_fix
-
     if storage not in caps.storage:
         device = caps.profile.label()
         allowed = list(caps.storage)
@@ -303,8 +302,6 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
         where = f"{caps.profile.label()} planned on a machine without a CUDA, XPU or MPS GPU"
     else:
         return None
-    from ..errors import arg, override_line
-
     usable = [s for s in caps.storage if s.startswith("float8") or (  # fp8 storage: diffusers' layerwise casting
         is_quantized(s) and s not in caps.transformers_only and CHOICES[s].backend != "bitsandbytes")]
     fallback = next((s for s in usable if is_quantized(s)), usable[0] if usable else "float8_e4m3fn")

@@ -27,6 +27,7 @@ from .catalog import (check_recipe_class, component_entry, component_spec, list_
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
 from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPolicy, Decision, Recipe
 from .overrides import Layer, as_list, override_layer
+from .quantize import canonical_storage, storage_rule
 from .requires import requirements
 from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean
 
@@ -61,11 +62,9 @@ def _normalise(key: str, value: Any) -> Any:
     if key == "dtype":
         return dt.canonical(value)
     if key in ("storage", "quantize"):
-        from . import quantize
-
         if key == "storage":
-            return quantize.canonical_storage(value)
-        return {**value, "storage": [quantize.canonical_storage(v) for v in value.get("storage", [])]}
+            return canonical_storage(value)
+        return {**value, "storage": [canonical_storage(v) for v in value.get("storage", [])]}
     if key == "output" and value not in OUTPUTS:
         return dt.canonical(value)
     if key == "why":
@@ -201,8 +200,6 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
     storage = get("storage") or compute
     quant = get("quantize") or {}
     if get("storage"):
-        from .quantize import storage_rule
-
         rule = storage_rule(name, storage, compute, quant, caps, problems, src("storage"))
         decisions.append(Decision("storage", storage, rule, src("storage")))
     else:

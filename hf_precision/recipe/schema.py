@@ -13,6 +13,7 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import Problems, RecipeError, excerpt
+from . import quantize
 
 __all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
            "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
@@ -131,8 +132,6 @@ def check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
             problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
         return canon
     if kind in ("storage", "quantize"):  # a dtype or a quantized layout: hf_precision/recipe/quantize.py
-        from . import quantize
-
         check = quantize.check_storage_value if kind == "storage" else quantize.check_quantize_value
         return check(value, path, problems)
     if kind == "dtype-list":
