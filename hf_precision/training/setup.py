@@ -22,7 +22,7 @@ from .. import dtypes as dt
 from ..recipe.model import Recipe
 from ..runtime.apply import Applied, applied, apply_recipe
 from ..runtime.placement import check_placeable, torch_device
-from . import control, denoiser_rows, experts, objectives, quantized, trainable
+from . import control, denoiser_rows, encode, experts, io, objectives, preflight, quantized, report, trainable
 from .methods import ComponentSetup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
 from .rules import MASTERS, ComputeChoice, TrainingError
@@ -106,9 +106,7 @@ class TrainingSetup:
         return [p for _, p in self.named_parameters()]
 
     def report(self) -> str:
-        from .report import plan_table
-
-        return plan_table(self)
+        return report.plan_table(self)
 
     __str__ = report
 
@@ -176,9 +174,7 @@ class TrainingSetup:
 
     def check(self, batch: Mapping[str, Any] | None = None) -> None:
         """Preflight: placement, island and master checks, then one tiny forward+backward; raises naming the module."""
-        from .preflight import preflight
-
-        preflight(self, batch)
+        preflight.preflight(self, batch)
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[Any]:
@@ -215,36 +211,26 @@ class TrainingSetup:
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None,
                       mode: bool = False) -> torch.Tensor:
         """VAE latents (fp32) of ``pixels`` in [-1, 1], scaled as the pipeline does; ``mode``: the mode, not a sample."""
-        from .encode import encode_images
-
-        return encode_images(self, pixels, generator, mode)
+        return encode.encode_images(self, pixels, generator, mode)
 
     def encode_condition(self, pixels: torch.Tensor, latents: torch.Tensor,
                          generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """What the denoiser takes beyond the noisy latents, built from ``pixels`` as the pipeline does (an inpainting
         mask, an image-to-video first frame; ``{}`` for most): ``batch.update(tp.encode_condition(pixels, latents))``."""
-        from .encode import encode_condition
-
-        return encode_condition(self, pixels, latents, generator)
+        return encode.encode_condition(self, pixels, latents, generator)
 
     def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
         """The pipeline's ``encode_prompt`` (no classifier-free guidance, ``options`` passed on) as a batch dict."""
-        from .encode import encode_prompt
-
-        return encode_prompt(self, prompts, **options)
+        return encode.encode_prompt(self, prompts, **options)
 
     # ---------------------------------------------------------------- out
     def save_lora(self, path: Any, dtype: torch.dtype = torch.float16) -> Any:
         """Write the LoRA weights where ``pipe.load_lora_weights(path)`` reads them; returns the file."""
-        from .io import save_lora
-
-        return save_lora(self, path, dtype)
+        return io.save_lora(self, path, dtype)
 
     def save_embeddings(self, path: Any) -> list[Any]:
         """Write the trained token rows in the format ``pipe.load_textual_inversion`` reads; returns the files."""
-        from .io import save_embeddings
-
-        return save_embeddings(self, path)
+        return io.save_embeddings(self, path)
 
     def state_dict(self) -> dict[str, Any]:
         """Scaler state, step and skipped-step counts and the trainable weights (fp32), for resume."""
