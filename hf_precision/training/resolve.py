@@ -13,14 +13,21 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from ..recipe.catalog import list_recipes, pipeline_file, training_overrides, unknown_recipe
 from ..recipe.devices import device_caps, device_profile
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override, as_list
 from ..recipe.resolution import resolve
+from ..runtime.apply import config_dict
+from ..runtime.choose import recipe_of
+from ..runtime.placement import torch_device
+from ..runtime.source import component_configs, listed_components, locate, models_of_index, models_of_pipeline
 from . import quantized
 from .methods import method_of
 from .rules import ComputeChoice, TrainingError, training_compute
+from .shard import refuse_unshardable
 
 __all__ = ["Components", "TrainingRecipe", "resolve_training"]
 
@@ -32,8 +39,6 @@ def recipe_name(pipe: Any, recipe: Any) -> str | None:
         >>> recipe_name(None, "sdxl")
         'sdxl'
     """
-    from ..runtime.choose import recipe_of
-
     if recipe is None:
         return recipe_of(pipe, "prepare_training")  # None: composed from the classes of a pipeline no recipe lists
     if not isinstance(recipe, str):
@@ -80,8 +85,6 @@ class TrainingRecipe:
             ...
             hf_precision.training.rules.TrainingError: prepare_training: layout='a100', but recipe= is a TrainingRecipe resolved with layout='t4'; pass no layout= (the TrainingRecipe holds it), or resolve again with the new value: resolve_training(source, layout='a100', ...)
         """
-        from ..runtime.placement import torch_device
-
         same = {"device": lambda v: torch_device(v, "device") == torch_device(self.device, "device"),
                 "layout": lambda v: v == self.layout,
                 "train": lambda v: dict(v) == dict(self.train),
@@ -108,11 +111,6 @@ class _Parts:
 
 
 def _parts(source: Any) -> _Parts:
-    import torch
-
-    from ..runtime.apply import config_dict
-    from ..runtime.source import component_configs, listed_components, locate, models_of_index, models_of_pipeline
-
     if isinstance(source, (str, os.PathLike)):
         where, index, folder = locate(source)
         return _Parts(str(index.get("_class_name")), component_configs(where, index, folder),
@@ -172,8 +170,6 @@ def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train
                             f"say what trains: train={{'<component>': 'lora'}}")
     quantized.refuse_untrainable(base, train, denoiser)
     if shard:
-        from .shard import refuse_unshardable
-
         refuse_unshardable(base, train)
     profile = device_profile(layout if layout is not None else str(device))
     caps = device_caps(profile)
