@@ -15,6 +15,7 @@ from ..recipe.patterns import inside
 from ..runtime.placement import same_device
 from . import denoiser_rows
 from .rules import TrainingError
+from .shard import shard_problems
 
 __all__ = ["preflight", "static_problems"]
 
@@ -39,8 +40,6 @@ def static_problems(tp: Any) -> list[str]:
                     and inside(name.rpartition(".")[0], islands):
                 problems.append(f"{owner}: {str(t.dtype).removeprefix('torch.')} inside the fp32 island of {comp}; "
                                 f"something cast it after the recipe was applied (re-run prepare_training)")
-    from .shard import shard_problems
-
     problems += shard_problems(tp)
     for name, p in tp.named_parameters():
         if p.dtype != tp.stepper.master_dtype:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..recipe.recognise import recipes_planning
 from .methods import method_of
 from .quantized import base_lines
 
@@ -12,8 +13,6 @@ __all__ = ["plan_table"]
 
 def _unplanned_row(tp: Any, name: str, module: Any) -> tuple[str, ...]:
     """A component the recipe does not plan: left in the dtype it was given, said so with the recipes that plan it."""
-    from ..recipe.recognise import recipes_planning
-
     cls = type(module).__name__
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()}) or ["-"]
     params = [p for n, p in tp.named_parameters() if n.startswith(name + ".")]

@@ -29,6 +29,7 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.quantize import is_quantized
+from ..units import format_bytes
 from .methods import method_of
 from .rules import TrainingError
 
@@ -175,8 +176,6 @@ def frozen_choice(name: str, module: torch.nn.Module, world: int, *, weight_byte
 
 
 def _size(n: int) -> str:
-    from ..units import format_bytes
-
     return format_bytes(n, binary=True)
 
 
