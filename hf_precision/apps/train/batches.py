@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from . import draws
 from .cache import join_padded, offload_encoders, sample_parts, tp_device
 from .prepare import Run
 
@@ -25,8 +26,6 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
     """The batch the layer's loss takes at ``step``, from the cache where :func:`fill_cache` wrote it, else encoded
     now; a condition drawn per step (an inpainting mask) is the step's pick (:mod:`.draws`)."""
     import torch
-
-    from . import draws
 
     tp = run.tp
     found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
@@ -56,9 +55,8 @@ def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
     """What a sample's cached latents depend on: its file and, where a condition is made, the builder or method that
     made it and the seed of its draws (another one is encoded again)."""
     from ...training.encode import condition_key
-    from .draws import DRAWS, drawn
 
-    made = (*condition_key(run.tp), *(("draws", DRAWS) if drawn(run.tp) else ()))
+    made = (*condition_key(run.tp), *(("draws", draws.DRAWS) if draws.drawn(run.tp) else ()))
     return (*sample_parts(run.data.samples[i]), *made, run.settings.seed) if made else sample_parts(run.data.samples[i])
 
 
@@ -142,14 +140,12 @@ def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any
     the cache and ``--no-cache`` agree whatever batch or process it is in; ``count``: draws to make (:mod:`.draws`)."""
     import torch
 
-    from .draws import DRAWS, drawn, encode_draws
-
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
         pixels = run.data.pixels([i])
         out = {"latents": run.tp.encode_images(pixels)}
-        if drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
-            out.update(encode_draws(run.tp, pixels, out["latents"], count or DRAWS))
+        if draws.drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
+            out.update(draws.encode_draws(run.tp, pixels, out["latents"], count or draws.DRAWS))
         else:
             out.update(run.tp.encode_condition(pixels, out["latents"]))
         # a first-frame edit model's reference is already its clip's first frame (references.edit_clip)

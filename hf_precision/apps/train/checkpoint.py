@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from ...errors import RecipeError
 from ..outputs import written_atomically
+from .sharded import is_sharded
 
 __all__ = ["Checkpoints", "Resumed", "check_resume", "data_list", "trainable_state", "load_trainable", "rng_state",
            "set_rng_state"]
@@ -184,8 +185,6 @@ def check_resume(settings: Any, data: Any, checkpoints: Checkpoints, keys: tuple
     if settings.resume is None:
         return None
     path = checkpoints.find(settings.resume)
-    from .sharded import is_sharded
-
     if is_sharded(path):  # the weights stay in their shards until the model is there to take them
         import torch
 

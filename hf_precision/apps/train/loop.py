@@ -25,7 +25,9 @@ from . import batches as encoded
 from .checkpoint import check_resume, data_list, load_trainable, rng_state, set_rng_state, trainable_state
 from .data import epoch_batches
 from .prepare import Run, prepare_run
+from .results import log_line, save_outputs, trim_log, validate
 from .settings import RESUME_KEYS, TrainSettings
+from .sharded import holding, is_sharded, load_sharded, save_sharded
 
 __all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "expected_time"]
 
@@ -116,8 +118,6 @@ def _state(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -
 def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> Path | None:
     path = None
     if run.tp.shard is not None:
-        from .sharded import save_sharded
-
         path = save_sharded(run.checkpoints.folder, step, run.tp, run.optimizer, _state(run, step, rng, losses),
                             run.checkpoints.keep)
         if run.accelerator.is_main_process:
@@ -137,9 +137,6 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
         return 0, {}, None
     path, weights, state = resumed
     run.resumed = None  # its tensors are loaded into the model below: not held twice
-    from .results import trim_log
-    from .sharded import is_sharded, load_sharded
-
     sharded = is_sharded(path)
     if run.tp.shard is not None and not sharded:
         raise RecipeError(f"--resume {run.settings.resume}: {path} was written by a run without --shard; resume it "
@@ -249,8 +246,6 @@ def train_steps(run: Run) -> TrainResult:
     """Run the steps of a prepared run (after ``--resume``), with checkpoints, validation and the Ctrl-C save."""
     from tqdm.auto import tqdm
 
-    from .results import log_line, save_outputs, validate
-
     s, acc, tp = run.settings, run.accelerator, run.tp
     start, losses, rng = _resume(run)
     if rng is not None:
@@ -269,8 +264,6 @@ def train_steps(run: Run) -> TrainResult:
         print(f"[process {acc.process_index}/{acc.num_processes}] takes {s.batch_size} of each global batch of "
               f"{s.batch_size * acc.num_processes} ({how})", flush=True)
     if tp.shard is not None:
-        from .sharded import holding
-
         print(f"[process {acc.process_index}/{acc.num_processes}] {holding(tp)}", flush=True)
     before_eval = evaluate(run) if start == 0 else None
     bar = tqdm(total=s.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,
