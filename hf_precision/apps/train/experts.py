@@ -10,10 +10,15 @@ from ``model_index.json`` alone, so a wrong choice is refused before loading.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
+from ...runtime.source import listed_components, locate
+from .settings import check_out_folder, configs_source
 
 __all__ = ["EXPERT_CHOICES", "boundary_ratio", "expert_train", "expert_line", "expert_runs"]
 
@@ -29,8 +34,6 @@ def boundary_ratio(index: Mapping[str, Any]) -> float | None:
         0.875
         >>> boundary_ratio({"transformer": ["diffusers", "W"], "transformer_2": [None, None], "boundary_ratio": None})
     """
-    from ...runtime.source import listed_components
-
     ratio = index.get("boundary_ratio")
     return float(ratio) if ratio is not None and "transformer_2" in listed_components(index) else None
 
@@ -78,12 +81,6 @@ def expert_runs(s: Any, say: Any = None) -> list[Any]:
         >>> expert_runs(S("sd15", "o"))
         [S(model='sd15', out='o', expert=None, resume=None, base=None)]
     """
-    import dataclasses
-    from pathlib import Path
-
-    from ...runtime.source import locate
-    from .settings import check_out_folder, configs_source
-
     if s.expert not in (None, "both"):
         return [s]
     try:
@@ -111,8 +108,6 @@ def expert_runs(s: Any, say: Any = None) -> list[Any]:
 
 def _checkpoint_owner(resume: str | None, outs: Mapping[str, Any]) -> str | None:
     """The expert whose folder holds the ``--resume`` checkpoint path (None: ``latest`` or none); else refused."""
-    from pathlib import Path
-
     if resume in (None, "latest"):
         return None
     path = Path(resume).expanduser().resolve()
@@ -125,9 +120,6 @@ def _checkpoint_owner(resume: str | None, outs: Mapping[str, Any]) -> str | None
 
 def _finished(out: Any, steps: int) -> bool:
     """Whether ``out`` holds a finished run of ``steps`` steps (``training.json``, written last)."""
-    import json
-    from pathlib import Path
-
     try:
         return int(json.loads((Path(out) / "training.json").read_text(encoding="utf-8"))["steps"]) >= steps
     except (OSError, ValueError, KeyError, TypeError):
