@@ -13,6 +13,9 @@ from typing import Any
 
 import torch
 
+from ..errors import Problems
+from ..recipe.calls import read_denoisers
+from ..recipe.schema import did_you_mean
 from . import image_embeds, inputs
 # the conditioning channels' functions live in .conditions; they stay readable here, where the rows are
 from .conditions import (built_keys, check_built, condition_channels, condition_made, condition_of, latent_channels,
@@ -61,10 +64,6 @@ class DenoiserRow:
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
-    from ..errors import Problems
-    from ..recipe.calls import read_denoisers
-    from ..recipe.schema import did_you_mean
-
     rows = read_denoisers(inputs.BUILDERS, path)
     # a row's condition names a registered condition builder (the names are code, so checked here, not in recipe/)
     problems, known = Problems(str(path or "recipes/denoisers.yaml")), sorted(inputs.CONDITIONS)

@@ -9,7 +9,11 @@ from typing import Any
 import torch
 
 from ..diagnose.steps import call_params
+from ..recipe.catalog import shipped_value
+from ..runtime.patches import tile_where_required
 from . import denoiser_rows
+from .image_embeds import IMAGE_KEY, encode_image_embeds, image_encode_of
+from .inputs import CONDITIONS
 from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
 
@@ -43,8 +47,6 @@ def latent_shift(pipe: Any) -> bool:
         >>> latent_shift(diffusers.Kandinsky5T2IPipeline), latent_shift(diffusers.FluxPipeline)
         (False, True)
     """
-    from ..recipe.catalog import shipped_value
-
     shift = shipped_value(pipe if isinstance(pipe, type) else type(pipe), "latent_shift")[1]
     return True if shift is None else bool(shift)
 
@@ -95,9 +97,6 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
         >>> tuple(cond.shape), sorted(set(cond[:, 0].flatten().tolist())) <= [0.0, 1.0]  # the mask, masked latents
         ((1, 5, 16, 16), True)
     """
-    from .image_embeds import encode_image_embeds
-    from .inputs import CONDITIONS
-
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
     out: dict[str, torch.Tensor] = {}
@@ -119,8 +118,6 @@ def condition_key(tp: Any) -> tuple[str, ...]:
         >>> condition_key(hp.prepare_training(make_pipeline("svd"), device="cpu", train={"unet": "lora"}, rank=2))
         ('condition', 'svd_image', 'image_embeds', '_encode_image', 'pil')
     """
-    from .image_embeds import IMAGE_KEY, image_encode_of
-
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
     name = denoiser_rows.condition_made(row, module, tp.pipe)
@@ -175,8 +172,6 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
         >>> tuple(vae_latents(vae, torch.zeros(2, 3, 5, 8, 8)).shape)
         (2, 4, 5, 8, 8)
     """
-    from ..runtime.patches import tile_where_required
-
     tile_where_required(vae)  # Allegro's VAE encodes only tiled
     wise = frame_wise(vae)
     folded = pixels.dim() == 5 and wise

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..diagnose.steps import call_params
 from .inputs.registry import config_value
 from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
@@ -113,8 +114,6 @@ def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, to
         >>> tuple(encode_image_embeds(tp, row, torch.rand(2, 3, 3, 32, 32) * 2 - 1)["image_embeds"].shape)
         (2, 1, 8)
     """
-    from ..diagnose.steps import call_params
-
     module = tp._denoiser()
     entry = image_encode_of(row, module, tp.pipe)
     if entry is None:
