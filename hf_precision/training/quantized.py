@@ -22,6 +22,7 @@ from ..recipe.overrides import Override
 from ..recipe.quantize import CHOICES, is_quantized
 from ..runtime import patches
 from ..runtime.apply import applied
+from ..runtime.kernel_guards import keep_bnb_unpacked
 from ..runtime.quantize import is_quantized_tensor, module_bytes
 from .methods import method_of
 from .rules import ComputeChoice, TrainingError
@@ -170,8 +171,6 @@ def keep_4bit_differentiable(comps: Mapping[str, torch.nn.Module], train: Mappin
         >>> keep_4bit_differentiable({"unet": torch.nn.Linear(2, 2)}, {"unet": "lora"}, "unet")
         {}
     """
-    from ..runtime.kernel_guards import keep_bnb_unpacked
-
     done = {comp: keep_bnb_unpacked(comps[comp]) for comp in sorted(_through(train, denoiser)) if comp in comps}
     return {comp: n for comp, n in done.items() if n}
 

@@ -27,6 +27,7 @@ from typing import Any
 from ...diagnose.call import call_params, frames_argument
 from ...training.methods import method_of
 from ..outputs import written_atomically
+from .sharded import save_full_model
 
 __all__ = ["log_line", "trim_log", "validate", "save_outputs"]
 
@@ -116,8 +117,6 @@ def _versions() -> dict[str, str]:
 def _module_saver(sharded: bool) -> Any:
     """How a trained component is written whole: its shards gathered (a collective), or ``save_pretrained``."""
     if sharded:
-        from .sharded import save_full_model
-
         return save_full_model
     return lambda module, folder: module.save_pretrained(folder, safe_serialization=True)
 

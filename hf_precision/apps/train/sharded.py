@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
+from ...training.methods import method_of
 
 __all__ = ["SHARDED", "is_sharded", "save_sharded", "load_sharded", "save_full_model", "accelerate_shard", "holding"]
 
@@ -39,8 +40,6 @@ def _barrier() -> None:
 
 def _trainables(tp: Any) -> Any:
     import torch
-
-    from ...training.methods import method_of
 
     # one module over the trained components, so the saved names are "unet.<fqn>" as in the one-process checkpoint
     return torch.nn.ModuleDict({n: m for n, m in tp.components.items()
@@ -151,23 +150,18 @@ def accelerate_shard() -> bool:
     def asked(name: str) -> bool:
         return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
-    kind = DistributedType.NO
-    if asked("ACCELERATE_USE_FSDP"):
-        kind = DistributedType.FSDP
-    elif asked("ACCELERATE_USE_DEEPSPEED"):
-        kind = DistributedType.DEEPSPEED
-    elif asked("ACCELERATE_USE_MEGATRON_LM"):
-        kind = DistributedType.MEGATRON_LM
     use = ("use `hf-precision train --shard` under `torchrun --nproc_per_node N` or `accelerate launch` with an FSDP2 "
            "config (fsdp_version: 2): it shards each block in the dtypes of the recipe")
-    if kind == DistributedType.FSDP:
+    if asked("ACCELERATE_USE_FSDP"):
         version = int(os.environ.get("FSDP_VERSION") or 1)  # accelerate's FSDP plugin reads the same variable
         if version == 2:
             return True
         raise RecipeError(f"accelerate config selects FSDP version {version}: FSDP1 flattens each wrapped module into "
                           f"one flat parameter of one dtype, so the recipe's fp32 islands and fp32 masters cannot keep "
                           f"their own dtype; {use}")
-    if kind in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
+    kind = next((k for k in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+                 if asked(f"ACCELERATE_USE_{k.value}")), None)
+    if kind is not None:
         raise RecipeError(f"accelerate config selects {kind.value}: it casts and partitions the model as a whole (one "
                           f"dtype for all weights), which the recipe's per-module dtypes and fp32 masters cannot keep; "
                           f"{use}")
