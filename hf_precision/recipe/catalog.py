@@ -383,8 +383,7 @@ def component_recipe_for(class_name: str) -> str | None:
         >>> component_recipe_for("CLIPTextModelWithProjection"), component_recipe_for("NoSuchModel")
         ('clip.text', None)
     """
-    listing = component_recipes_listing(class_name)
-    return listing[0] if listing else None
+    return next(iter(component_recipes_listing(class_name)), None)
 
 
 def component_spec(name: str, cls: str, role: str) -> dict[str, Any]:

@@ -35,10 +35,8 @@ def plan_table(tp: Any) -> str:
             continue
         method = method_of(tp.kinds.get(plan.name, "frozen"))
         params = [p for n, p in tp.named_parameters() if n.startswith(plan.name + ".")]
-        trained = "-"
-        if params:
-            dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
-            trained = f"{sum(p.numel() for p in params):,} {'/'.join(dtypes)}"
+        dtypes = "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))
+        trained = f"{sum(p.numel() for p in params):,} {dtypes}" if params else "-"
         label = method.label(tp, plan.name)
         choice = tp.choices.get(plan.name)
         rule = choice.rule if choice else next((f"{d.rule} [{d.source}]" for d in plan.decisions if d.field == "compute"), "")

@@ -22,6 +22,7 @@ refused before loading (:func:`refuse_unshardable`).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -241,8 +242,6 @@ def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
 
 def init_group(device_type: str = "cpu") -> Any:
     """The launcher's default process group, or a 1-process one without a launcher; nccl for CUDA, else gloo."""
-    import os
-
     import torch.distributed as dist
 
     if not dist.is_available():
