@@ -210,13 +210,13 @@ class TrainingSetup:
     # ---------------------------------------------------------------- data in
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None,
                       mode: bool = False) -> torch.Tensor:
-        """VAE latents (fp32) of ``pixels`` in [-1, 1], scaled as the pipeline does; ``mode``: the mode, not a sample."""
+        """VAE latents (fp32) of ``pixels`` in [-1, 1], scaled as the pipeline does; ``mode``: its mode, no sample."""
         return encode.encode_images(self, pixels, generator, mode)
 
     def encode_condition(self, pixels: torch.Tensor, latents: torch.Tensor,
                          generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
         """What the denoiser takes beyond the noisy latents, built from ``pixels`` as the pipeline does (an inpainting
-        mask, an image-to-video first frame; ``{}`` for most): ``batch.update(tp.encode_condition(pixels, latents))``."""
+        mask, an image-to-video first frame; ``{}`` mostly): ``batch.update(tp.encode_condition(pixels, latents))``."""
         return encode.encode_condition(self, pixels, latents, generator)
 
     def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
