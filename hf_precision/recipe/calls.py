@@ -1,11 +1,8 @@
 """What a denoiser class is called with, as recipe data: ``recipes/denoisers.yaml`` read and checked. Torch-free.
 
-One row per model class (the fields are described at the top of the file). A row names its extra input builders
-(SDXL's time ids, Flux's position ids, ...), code registered by name in the training layer; the names allowed are
-passed in, so a row naming no registered builder is refused here, with the file, the key and the names allowed.
-
-The file's ``latents:`` rows say how far each VAE class compresses space and time, as formulas of its config
-(:func:`latent_factor`; read by :func:`hf_precision.memory.geometry.vae_factors`).
+One row per model class (fields: the file's header); its extra input builders are code registered by name in the
+training layer, passed in, so an unknown name is refused here. The ``latents:`` rows give each VAE class's
+compression as formulas of its config (:func:`latent_factor`).
 """
 
 from __future__ import annotations
@@ -75,8 +72,7 @@ _NODES = (ast.BinOp, ast.BoolOp, ast.Or, ast.Name, ast.Load, ast.Call, ast.Const
 
 
 def _formula(text: Any) -> ast.expr | None:
-    """The parsed formula, or None when it is not one: whole numbers, config keys, ``len(key)``, ``sum(key)``,
-    ``+ - * **`` and ``or``."""
+    """The parsed formula of ints, config keys, ``len``, ``sum``, ``+ - * **`` and ``or``; None when it is not one."""
     try:
         tree = ast.parse(str(text), mode="eval").body if type(text) in (int, str) and len(str(text)) < 200 else None
     except SyntaxError:
@@ -90,11 +86,8 @@ def _formula(text: Any) -> ast.expr | None:
 
 
 def latent_factor(formula: int | str, config: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> int:
-    """A ``latents:`` formula's value for a VAE config: a key missing from the config (or null there) takes its
-    ``defaults`` value, else null (``or`` then picks the next term); ``sum(key)`` counts the list's true entries.
-
-    Raises:
-        RecipeError: the config's values do not fit the formula (a missing key in arithmetic, a number for len).
+    """A ``latents:`` formula's value for a VAE config: a key missing there takes its ``defaults`` value, else null
+    (``or`` then picks the next term); ``sum(key)`` counts true entries. A RecipeError where the values do not fit.
 
     Example:
         >>> latent_factor("patch_size * 2 ** sum(scaling)", {"scaling": [True, True, True, False]}, {"patch_size": 4})
@@ -129,12 +122,9 @@ def latent_factor(formula: int | str, config: Mapping[str, Any], defaults: Mappi
                           f"a value in the row's defaults, or fix the formula") from None
 
 
-def _is_formula(v: Any) -> bool:
-    return (type(v) is int and v > 0) or (isinstance(v, str) and _formula(v) is not None)
-
-
-_FORMULA = (_is_formula, "a whole number above 0 or a formula of the VAE config's keys with + - * **, len(key), "
-                         "sum(key) (its true entries) and or, e.g. 2 ** (len(block_out_channels) - 1)")
+_FORMULA = (lambda v: (type(v) is int and v > 0) or (isinstance(v, str) and _formula(v) is not None),
+            "a whole number above 0 or a formula of the VAE config's keys with + - * **, len(key), "
+            "sum(key) (its true entries) and or, e.g. 2 ** (len(block_out_channels) - 1)")
 # A `latents:` row: a VAE class's compression as the diffusers pipelines compute it from its config
 LATENT_KEYS: dict[str, Any] = {
     "spatial": _FORMULA, "temporal": _FORMULA,
@@ -178,8 +168,7 @@ def _plain(key: str, value: Any) -> Any:
 
 
 def check_denoisers(data: Any, source: str, builders: Iterable[str], latents: bool = True) -> dict[str, dict[str, Any]]:
-    """Model class -> its row (tuples for lists), every problem of the file in one :class:`RecipeError`.
-    ``latents``: the file may hold ``latents:`` rows (the shipped one; a user's rows join the training rows only).
+    """Model class -> its row, every problem in one RecipeError; ``latents``: ``latents:`` rows allowed (shipped).
 
     Example:
         >>> check_denoisers({"schema": 1, "kind": "denoisers", "denoisers": {"MyDiT": {"latent_arg": "hidden_states",

@@ -1,13 +1,11 @@
 """The catalog: which recipes ship, what each file says (validated), and the recipe for a pipeline class, shipped
-or composed. Torch-free.
+or composed (:func:`recipe_for`). Torch-free.
 
-A shipped pipeline recipe lists the diffusers pipeline classes it covers (``pipelines:``). When none lists a class
-(a new diffusers pipeline, a ControlNet variant), its recipe is composed from what the pipeline is made of: each
-model component whose class a component recipe lists gets that recipe (``use:``); the denoiser is the component
-whose role is ``denoiser`` (the runtime tells the roles from where diffusers keeps each class:
-``diffusers.models.transformers``/``unets`` denoise, ``autoencoders`` encode and decode, ``controlnets`` condition);
-any other model class is kept in a dtype its device computes, gets boundary hooks like every component, and is
-named in one warning with the override line that pins it. :func:`recipe_for` is that rule in one call.
+When no shipped recipe's ``pipelines:`` lists a class (a new pipeline, a ControlNet variant), its recipe is composed:
+each model component whose class a component recipe lists gets it (``use:``); the denoiser is the component of role
+``denoiser`` (the runtime tells roles from the diffusers module of each class: ``transformers``/``unets`` denoise,
+``autoencoders`` encode and decode, ``controlnets`` condition); any other model class keeps a dtype its device
+computes, with boundary hooks, and is named in one warning with the override line that pins it.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ FORCE_SDXL = "recipe='sdxl', force=True"  # the example of forcing a recipe onto
 from .devices import rule_ids
 from .files import read_yaml, recipes_dir
 from .model import Recipe
+from .overrides import Override, override_layer
 from .schema import COMPONENT_FILE_KEYS, POLICY_KEYS, check_file, check_pipeline, did_you_mean, video_block
 
 __all__ = ["component_entries", "component_entry", "pipeline_file", "pipeline_spec", "list_recipes", "recipe_classes", "shipped_value",
@@ -94,8 +93,6 @@ def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
     source, data = check_pipeline(read_yaml(path), source, rule_ids())
     training = data.get("training")
     if training is not None:
-        from .overrides import Override, override_layer
-
         if not isinstance(training, Mapping):
             raise RecipeError(f"{source}: training: expected an override mapping like 'components: {{vae: {{dtypes: "
                               f"[bfloat16, float32]}}}}', got {excerpt(training)}")
@@ -104,16 +101,12 @@ def _read_pipeline(path: Path, source: str) -> tuple[str, dict[str, Any]]:
 
 
 def training_overrides(name: str) -> Any:
-    """The ``training:`` section of a pipeline recipe as an override layer (``None`` when it has none).
-
-    Training merges it over the inference recipe, before the user's overrides.
+    """A pipeline recipe's ``training:`` section as an override layer under the user's (``None``: none).
 
     Example:
         >>> training_overrides("sd15").data["components"]["vae"]["dtypes"]
         ['bfloat16', 'float32']
     """
-    from .overrides import Override
-
     training = pipeline_spec(name).get("training")
     return None if training is None else Override(f"recipes/{name}.yaml training", training)
 
@@ -204,9 +197,8 @@ def recipe_classes() -> dict[str, str]:
 
 
 def shipped_value(pipeline_class: Any, key: str) -> tuple[str | None, Any]:
-    """(the shipped pipeline recipe listing ``pipeline_class`` (a class or its name), its value of ``key``), or (None,
-    None): the pipeline facts a recipe holds for code to read by class before loading (``call_needs:``, ``sizes:``,
-    ``latent_shift:``, ``video:``).
+    """(the shipped recipe listing ``pipeline_class`` (a class or its name), its ``key`` such as ``call_needs:`` or
+    ``sizes:``), or (None, None): pipeline facts read by class before loading.
 
     Example:
         >>> shipped_value("HunyuanImageRefinerPipeline", "call_needs"), shipped_value("NoSuchPipeline", "sizes")
@@ -218,8 +210,7 @@ def shipped_value(pipeline_class: Any, key: str) -> tuple[str | None, Any]:
 
 
 def shipped_video(pipeline_class: Any) -> dict[str, Any]:
-    """The ``video:`` block of the shipped recipe listing ``pipeline_class`` (a class or its name) as that class sees
-    it (its ``classes:`` entry over the rest); ``{}`` when none lists it or the recipe has no block.
+    """The ``video:`` block of the shipped recipe listing ``pipeline_class``, as that class sees it; ``{}``: none.
 
     Example:
         >>> shipped_video("ChronoEditPipeline")["first_frame_edit"], shipped_video("WanPipeline").get("first_frame_edit")
@@ -230,8 +221,7 @@ def shipped_video(pipeline_class: Any) -> dict[str, Any]:
 
 
 def shipped_sizes(pipeline_class: Any) -> tuple[str | None, list[tuple[int, int]]]:
-    """(the shipped recipe listing ``pipeline_class``, the (height, width) of its ``sizes:``, the only sizes its
-    call makes; ``[]``: any size).
+    """(the shipped recipe listing ``pipeline_class``, its ``sizes:`` as (height, width); ``[]``: any size).
 
     Example:
         >>> shipped_sizes("Kandinsky5T2IPipeline")[1][:2], shipped_sizes("FluxPipeline")
@@ -263,8 +253,6 @@ def recipe_for_class(class_name: str) -> str:
 def entry_classes(spec: Mapping[str, Any], seen: tuple[str, ...] = ()) -> tuple[str, ...]:
     """The model classes a recipe's component entry lists, following its ``use:`` chain; ``()``: any class.
 
-    As resolution merges a ``use:`` chain, an entry's own class list wins over the one of the entry it uses.
-
     Example:
         >>> entry_classes({"use": "unet.sdxl"}), entry_classes({"dtype": "float32"})
         (('UNet2DConditionModel',), ())
@@ -291,11 +279,8 @@ def _denoiser_index() -> dict[tuple[str, str], tuple[str, ...]]:
 
 
 def recipes_for_denoiser(component: str, class_name: str) -> list[str]:
-    """The shipped pipeline recipes whose denoiser is ``component`` of model class ``class_name`` (name order).
-
-    Several recipes may share a denoiser class (``UNet2DConditionModel``: sd15, sd_upscale, sdxl); their
-    ``recognise:`` sections tell them apart (:mod:`hf_precision.recipe.recognise`). Read from the recipes' class
-    lists, without resolving any recipe.
+    """The shipped pipeline recipes whose denoiser is ``component`` of model class ``class_name`` (name order), read
+    from the class lists without resolving; ``recognise:`` tells apart those sharing a class (:mod:`.recognise`).
 
     Example:
         >>> recipes_for_denoiser("transformer", "FluxTransformer2DModel"), recipes_for_denoiser("unet", "NoSuchModel")
@@ -307,9 +292,8 @@ def recipes_for_denoiser(component: str, class_name: str) -> list[str]:
 
 
 def check_recipe_class(recipe: str, listed: Iterable[str], pipeline_class: str | None, force: bool = False) -> None:
-    """Refuse a pipeline recipe for a pipeline class it does not list (its islands and entry points may not fit).
-
-    Component recipes (``listed`` empty) fit any pipeline; ``force=True`` opts in.
+    """Refuse a pipeline recipe for a pipeline class it does not list (its islands and entry points may not fit);
+    component recipes (``listed`` empty) fit any pipeline; ``force=True`` opts in.
 
     Example:
         >>> check_recipe_class("sdxl", ["StableDiffusionXLPipeline"], "StableVideoDiffusionPipeline")
@@ -354,19 +338,9 @@ def recipe_components(recipe: str | Recipe) -> list[str]:
 
 
 def recipe_for(pipeline_class: str, models: Models | Callable[[], Models] | None = None) -> str | dict[str, Any]:
-    """The recipe for a pipeline class: the shipped one that lists it, else one composed from its model components.
-
-    Args:
-        pipeline_class: the diffusers pipeline class name (``model_index.json``'s ``_class_name``).
-        models (*optional*): component -> (model class, role), or a function returning them, called only when no
-            shipped recipe lists the class. ``None``: no composing; a class no recipe lists raises.
-
-    Returns:
-        A shipped recipe's name, or a composed recipe's data (:func:`compose_spec`).
-
-    Raises:
-        RecipeError: no shipped recipe lists the class and ``models`` is ``None``; the error names the close
-            classes and the recipes.
+    """The recipe for a pipeline class: the name of the shipped one that lists it, else the data composed
+    (:func:`compose_spec`) from ``models`` (component -> (model class, role), or a function returning them, called
+    only then). With ``models=None`` a class no recipe lists raises a RecipeError naming close classes and recipes.
 
     Example:
         >>> recipe_for("StableDiffusionXLPipeline")
@@ -387,20 +361,8 @@ def recipe_for(pipeline_class: str, models: Models | Callable[[], Models] | None
 
 # What a model component does in a pipeline, from the diffusers/transformers module that defines its class.
 ROLES = ("denoiser", "vae", "controlnet", "encoder", "other")
-# Unknown model classes: the first of these the device picks unasked (half where it is fast, else fp32), with the
-# NaN guard on, since nothing is known about where they overflow.
+# Unknown model classes: the first the device picks unasked, with the NaN guard (where they overflow is unknown).
 UNKNOWN_DTYPES = ["bfloat16", "float16", "float32"]
-
-
-@functools.lru_cache(maxsize=None)
-def _class_index() -> dict[str, str]:
-    """Model class name -> the first component recipe entry (``stem.entry``) that lists it, in file order."""
-    index: dict[str, str] = {}
-    for path in sorted((recipes_dir() / "components").glob("*.yaml")):
-        for entry, policy in component_entries(path.stem).items():
-            for cls in policy.get("class") or ():
-                index.setdefault(str(cls), f"{path.stem}.{entry}")
-    return index
 
 
 def component_recipes_listing(class_name: str) -> list[str]:
@@ -421,7 +383,7 @@ def component_recipe_for(class_name: str) -> str | None:
         >>> component_recipe_for("CLIPTextModelWithProjection"), component_recipe_for("NoSuchModel")
         ('clip.text', None)
     """
-    return _class_index().get(class_name)
+    return next(iter(component_recipes_listing(class_name)), None)
 
 
 def component_spec(name: str, cls: str, role: str) -> dict[str, Any]:
@@ -449,15 +411,8 @@ def component_spec(name: str, cls: str, role: str) -> dict[str, Any]:
 
 
 def compose_spec(pipeline_class: str, models: Mapping[str, tuple[str, str]]) -> dict[str, Any]:
-    """The data of a pipeline recipe for ``pipeline_class``, from its model components.
-
-    Args:
-        pipeline_class: the diffusers pipeline class name.
-        models: component name -> (model class name, role), role one of :data:`ROLES`. Only ``nn.Module``
-            components: tokenizers, schedulers and processors have no dtype.
-
-    Returns:
-        A pipeline recipe as a dict (same schema as ``recipes/*.yaml``).
+    """A pipeline recipe's data (the schema of ``recipes/*.yaml``) for ``pipeline_class``, from ``models``:
+    component -> (model class, role in :data:`ROLES`), ``nn.Module`` components only (tokenizers have no dtype).
 
     Example:
         >>> spec = compose_spec("FluxControlNetPipeline", {"transformer": ("FluxTransformer2DModel", "denoiser"),

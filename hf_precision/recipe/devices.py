@@ -20,6 +20,7 @@ from .probe import (CPU_FLAG_SETS, CPU_FLAGS_ENV, CPU_NAME_ENV, SystemProbe, cpu
                     cpu_name_from_env)
 from .probe import version as _version
 from .devices_schema import check_devices_file
+from .quantize import canonical_storage
 from .schema import TYPES
 
 __all__ = ["DeviceProfile", "DeviceCaps", "SystemProbe", "device_profile", "device_caps", "set_probe",
@@ -101,8 +102,7 @@ def _devices_file() -> dict[str, Any]:
 
 
 def video_defaults() -> dict[str, Any]:
-    """devices.yaml's ``video:`` block: what a video pipeline whose recipe has no ``video:`` block gets, and each key
-    a recipe's block leaves out (checked complete, :func:`~.schema.check_video`).
+    """devices.yaml's ``video:`` block: the default of every video key a recipe's block leaves out.
 
     Example:
         >>> video_defaults()["cfg_batch"], sorted(video_defaults()["defaults"])
@@ -126,8 +126,8 @@ def rule_ids() -> list[str]:
 
 
 def measured_speed(storage: str, device: str | DeviceProfile | None = None) -> tuple[float, str] | None:
-    """The measured time per denoiser call of ``storage`` relative to the device's half layout, and the run that
-    measured it (``devices.yaml`` ``measured_speed``), for the device's type; ``None`` where nothing was measured.
+    """(time per denoiser call of ``storage`` relative to the half layout, the run that measured it) for the device's
+    type (``devices.yaml`` ``measured_speed``); ``None`` where nothing was measured.
 
     Example:
         >>> ratio, source = measured_speed("int8", "a100")
@@ -144,8 +144,7 @@ def measured_speed(storage: str, device: str | DeviceProfile | None = None) -> t
 
 
 def speed_note(quantize: Any, device: Any) -> str:
-    """What the quantized storage of a memory plan costs in time per denoiser call, where it was measured
-    (``devices.yaml`` ``measured_speed``); empty when nothing is quantized.
+    """What a memory plan's quantized storage costs per denoiser call, where measured; empty when nothing is.
 
     Example:
         >>> speed_note([("transformer", "int8")], "rtx3060")  # doctest: +ELLIPSIS
@@ -316,8 +315,6 @@ def _holds(when: Mapping[str, Any], p: DeviceProfile) -> bool:
 
 
 def _edit(current: list[str], change: list[str]) -> list[str]:
-    from .quantize import canonical_storage
-
     if all(not str(c).startswith(("+", "-")) for c in change):
         return [canonical_storage(c) or str(c) for c in change]
 
@@ -339,8 +336,7 @@ def device_caps(spec: str | DeviceProfile | None = None) -> DeviceCaps:
         >>> "bfloat16" in caps.compute, caps.tags
         (False, ('cuda',))
     """
-    # A profile object is used as is, never passed through device_profile's cache: lru_cache would hand back an
-    # earlier *equal* profile instead of this one (recipe.device is profile would then fail).
+    # not through device_profile's lru_cache, which would hand back an earlier *equal* profile, not this one
     profile = spec if isinstance(spec, DeviceProfile) else device_profile(spec)
     lists: dict[str, list[str]] = {"compute": [], "auto": [], "storage": [], "transformers_only": []}
     tags: list[str] = []

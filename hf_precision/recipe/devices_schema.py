@@ -9,12 +9,12 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import Problems
+from .quantize import canonical_storage, is_quantized, storage_names
 from .schema import TYPES, check_video, unknown_keys
 
 __all__ = ["DEVICES_TOP_KEYS", "PRESET_KEYS", "RULE_KEYS", "WHEN_KEYS", "check_devices_file"]
 
-# The keys of devices.yaml, checked like every recipe file: an unknown key (a typo under `when:` such as
-# `capabilty`) is an error, never a condition that silently holds for every device.
+# The keys of devices.yaml: an unknown one (`when: {capabilty: ...}`) is an error, never a condition that holds.
 DEVICES_TOP_KEYS = ("schema", "kind", "rules", "presets", "measured_speed", "video")
 RULE_KEYS = ("id", "when", "compute", "auto", "storage", "transformers_only", "upcast_attention", "why")
 WHEN_KEYS = ("type", "capability", "macos", "cpu_flags", "name_contains")
@@ -22,8 +22,6 @@ PRESET_KEYS = ("type", "name", "capability", "macos", "cpu_flags", "index")
 
 
 def _check_measured_speed(entries: Any, problems: Problems) -> None:
-    from .quantize import canonical_storage, is_quantized, storage_names
-
     if not isinstance(entries, list):
         problems.add("measured_speed", f"expected a list of {{device, source, relative}} entries, got {entries!r}")
         return
@@ -71,8 +69,6 @@ def check_devices_file(data: Any, source: str) -> None:
         if not isinstance(value, list):
             problems.add(where, f"expected a list of dtypes (a plain list replaces, +name adds, -name removes), got {value!r}")
             return
-        from .quantize import canonical_storage, storage_names
-
         for item in value:
             name = str(item)[1:] if str(item).startswith(("+", "-")) else str(item)
             # storage lists may also name quantized layouts (int8, nf4 ...: recipe/quantize.py)

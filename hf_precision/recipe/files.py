@@ -18,13 +18,11 @@ from ..errors import DamagedFileError, RecipeError, excerpt
 __all__ = ["shared_mode", "recipes_dir", "read_yaml", "parse_yaml", "read_json", "damaged_file", "download_command",
            "MAX_YAML_BYTES", "MAX_ITEMS", "MAX_DEPTH", "MAX_NODES", "MAX_KEY_CHARS"]
 
-# The largest shipped recipe is ~5 KB and an override is a few lines: 1 MiB is 200x headroom, and the worst legal
-# 1 MiB file still parses in under a second with libyaml (the pure-Python fallback takes a few seconds).
+# 200x the largest shipped recipe; the worst legal 1 MiB file parses in under a second with libyaml.
 MAX_YAML_BYTES = 1 << 20
 # Per list or mapping. The longest real list is a keep_fp32 list of module names; SDXL's UNet has 1,930 modules.
 MAX_ITEMS = 10_000
-# Shipped recipes nest at most 6 levels (devices.TAG.COMPONENT.select[i].config.KEY); a deeper file is a mistake
-# or an attack (libyaml's C composer recurses per level and crashes the process near 100,000 levels).
+# Shipped recipes nest at most 6 levels; libyaml's C composer recurses per level and crashes near 100,000.
 MAX_DEPTH = 32
 # All values of one file together: bounds the memory of the parsed nodes (~0.5 KB each) whatever the file holds.
 MAX_NODES = 100_000
@@ -36,9 +34,7 @@ MAX_JSON_BYTES = 32 << 20
 
 @lru_cache(maxsize=1)
 def recipes_dir() -> Path:
-    """The folder holding the shipped recipes.
-
-    In an installed wheel it is ``hf_precision/recipes``; in a source checkout the top-level ``recipes/``.
+    """The shipped recipes: ``hf_precision/recipes`` in a wheel, the top-level ``recipes/`` in a source checkout.
 
     Example:
         >>> (recipes_dir() / "sdxl.yaml").is_file()
@@ -65,9 +61,8 @@ class _Refused(Exception):
 
 
 _WRITE_OUT = "recipes are plain data: write the values out in full"
-# Below this many structure characters ([{-:?,) a file cannot nest deeper or hold more nodes than that, so it is
-# composed directly (libyaml's composer recurses in C, ~300 bytes of stack per level; PyYAML's in Python). Every
-# shipped recipe is below it. Above it, or with an anchor ('&'), an event pre-scan checks the limits first.
+# Below this many structure characters ([{-:?,) a file cannot break the limits, so it is composed directly (every
+# shipped recipe is); above it, or with an anchor ('&'), an event pre-scan checks the limits first.
 _DIRECT = 400
 
 
@@ -82,10 +77,9 @@ _FLOW_TOKENS = re.compile(r"""[\[\]{}"'#\n]""")
 def _flow_depth_scan(text: str) -> None:
     """Refuse flow brackets nested deeper than ``MAX_DEPTH`` from the text alone, before any YAML parser runs.
 
-    libyaml's scanner reads ahead through a run of '[' before it emits the first event (each could start a key), and
-    PyYAML 6.0.4's libyaml stops at its own limit of 1,000 with its own words, so the event pre-scan never sees
-    the 33rd level there. Quoted strings and comments are skipped; a bracket inside a plain scalar (``a: x[1]``)
-    is counted, which can only over-count a file that already has 32 unclosed brackets on its lines.
+    libyaml's scanner reads a run of '[' before its first event, and PyYAML 6.0.4's libyaml stops at its own limit of
+    1,000 in its own words, so the event pre-scan never sees the 33rd level. Quotes and comments are skipped; a
+    bracket in a plain scalar (``a: x[1]``) is counted, over-counting only a file with 32 unclosed brackets already.
     """
     depth, line, pos = 0, 1, 0
     for match in _FLOW_TOKENS.finditer(text):
@@ -120,15 +114,10 @@ def _quote_end(text: str, start: int, quote: str) -> int:
             return len(text)
         if quote == "'" and text.startswith("''", i):
             i += 2
-        elif quote == '"' and _escaped(text, i):
+        elif quote == '"' and (len(text[:i]) - len(text[:i].rstrip("\\"))) % 2:  # an odd run of backslashes
             i += 1
         else:
             return i
-
-
-def _escaped(text: str, i: int) -> bool:
-    backslashes = len(text[:i]) - len(text[:i].rstrip("\\"))
-    return backslashes % 2 == 1
 
 
 def _prescan(text: str, loader: type) -> None:
@@ -217,9 +206,8 @@ def _check_tree(root: Any, loader: Any) -> None:
 def parse_yaml(text: str, source: str, *, pure: bool = False) -> Any:
     """Parse YAML as plain data with limits; anything refused or malformed is one ``RecipeError`` naming source and line.
 
-    Refused: Python-object tags, anchors and aliases, merge keys, duplicate keys, more than ``MAX_YAML_BYTES``
-    of text, lists or mappings longer than ``MAX_ITEMS``, nesting deeper than ``MAX_DEPTH``. ``pure=True`` uses
-    PyYAML's pure-Python loader instead of libyaml's (same rules).
+    Refused: object tags, anchors, aliases, merge and duplicate keys, and what passes ``MAX_YAML_BYTES``,
+    ``MAX_ITEMS`` or ``MAX_DEPTH``. ``pure=True``: PyYAML's pure-Python loader instead of libyaml's (same rules).
 
     Example:
         >>> parse_yaml("components: {vae: {dtype: float32}}", "example")
@@ -345,10 +333,8 @@ def _cached_repo(path: Path) -> tuple[str, Path] | None:
 
 
 def damaged_file(path: str | Path, problem: str, *, repo: str | None = None) -> DamagedFileError:
-    """The error for a model file that exists but cannot be used: names the file, its component, what is wrong, the fix.
-
-    The fix is the exact download command when the repo is known (``repo``, or a file in the Hugging Face cache),
-    else re-saving or downloading the folder again.
+    """The error for a model file that exists but cannot be used: the file, its component, what is wrong, and the
+    fix (the download command when the repo is known from ``repo`` or the Hub cache, else saving it again).
 
     Example:
         >>> print(damaged_file("/m/unet/x.safetensors", "truncated"))  # doctest: +ELLIPSIS
@@ -404,8 +390,7 @@ def read_json(path: str | Path, *, repo: str | None = None) -> dict[str, Any]:
 
 
 def shared_mode(path: str | Path) -> None:
-    """Give a file made by ``tempfile.mkstemp`` (private: 0600) the mode a plain ``open`` would have given it
-    (0666 less the umask: 0644 under the usual 022), before it is renamed onto a result the user shares or serves.
+    """Give a ``tempfile.mkstemp`` file (0600) the mode ``open`` gives (0666 less the umask) before it is shared.
 
     Example:
         >>> import os, tempfile

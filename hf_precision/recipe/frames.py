@@ -1,8 +1,5 @@
-"""The latent frame counts a video pipeline's call makes, as its recipe says: the ``video:`` block's
-``refused_latent_frames`` (Kandinsky 5 I2V's call writes NaN frames for 2 to 4 latent frames) stepped past. Torch-free.
-
-The one place both the video program (the fix its frame check offers, the size a sweep asks) and check's default call
-(the fewest frames it runs) step past refused counts, so the two cannot disagree on which count a call makes.
+"""The latent frame counts a video pipeline's call makes: its recipe's ``refused_latent_frames`` (Kandinsky 5 I2V
+writes NaN frames for 2 to 4) stepped past, in one place for the video program and check. Torch-free.
 """
 
 from __future__ import annotations
@@ -14,10 +11,8 @@ __all__ = ["nearest_latent_frames"]
 
 
 def nearest_latent_frames(latent: int, refused: Iterable[int]) -> tuple[int | None, int]:
-    """The latent frame counts nearest ``latent`` that a call makes, skipping the ``refused`` ones (a recipe's
-    ``video.refused_latent_frames``): the largest below it (None when no count of at least 1 is left there) and the
-    smallest above it. A VAE that compresses time by ``t`` and keeps the first frame turns latent count ``n`` into
-    ``t*(n-1) + 1`` frames.
+    """The latent frame counts nearest ``latent`` that a call makes, ``refused`` skipped: the largest below (None if
+    none is left) and the smallest above (a VAE compressing time by ``t`` makes ``t*(n-1) + 1`` frames of ``n``).
 
     Example:
         >>> nearest_latent_frames(3, [1, 2, 3, 4])  # Kandinsky 5 I2V asked for 9 frames (3 latent): only 17 above

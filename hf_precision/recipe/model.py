@@ -15,13 +15,11 @@ from .devices import DeviceProfile
 
 __all__ = ["Recipe", "ComponentPolicy", "Decision", "Requirement", "DEFAULT_NO_CAST", "DEFAULT_LAYERWISE_SKIP"]
 
-# Float arguments of a component's forward that are moved to its device but never cast: timesteps feed sinusoidal
-# projections that diffusers computes in fp32 (unet_2d_condition.py get_time_embed); rounding 999.4 to fp16 first
-# would change them. Recipes extend the list per architecture (Flux: guidance, img_ids, txt_ids).
+# Float forward arguments moved but never cast: timesteps feed sinusoidal projections diffusers computes in fp32
+# (unet_2d_condition.py get_time_embed), which fp16 rounding changes. Recipes extend it (Flux: guidance, img_ids).
 DEFAULT_NO_CAST = ("timestep", "timesteps", "t")
-# Modules kept in the compute dtype when weights are stored in another dtype (diffusers layerwise casting): the
-# same precision-sensitive families diffusers skips by default (hooks/layerwise_casting.py
-# DEFAULT_SKIP_MODULES_PATTERN), written as globs on module names under the one matching rule.
+# Modules kept in the compute dtype under layerwise casting: diffusers' own defaults (hooks/layerwise_casting.py
+# DEFAULT_SKIP_MODULES_PATTERN), as globs.
 DEFAULT_LAYERWISE_SKIP = ("*pos_embed*", "*patch_embed*", "*norm*")
 # The short dtype spellings of a plan's one-line form (jmp writes f32/bf16/f16).
 _SHORT = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "f8e4m3", "float8_e5m2": "f8e5m2"}
@@ -55,14 +53,12 @@ class ComponentPolicy:
     recipe: str
     why: str
     decisions: tuple[Decision, ...]
-    # Where the component sits (a torch device string such as "cuda:0"), or None for a plan placed nowhere yet
-    # (a meta-device plan); and the device whose rules chose its dtypes (differs under a layout).
+    # Where it sits ("cuda:0"; None: placed nowhere, a meta plan), and the device whose rules chose its dtypes
     device: str | None = None
     resolved_for: str = ""
     no_cast: tuple[str, ...] = DEFAULT_NO_CAST
     layerwise_skip: tuple[str, ...] = DEFAULT_LAYERWISE_SKIP
-    # Quantized storage layouts the component tolerates (its recipe's quantize.storage) and the module globs kept
-    # out of quantization beside the islands and layerwise skips (quantize.keep); see recipe/quantize.py.
+    # its recipe's quantize.storage and quantize.keep (recipe/quantize.py)
     quantize: tuple[str, ...] = ()
     quantize_keep: tuple[str, ...] = ()
 
@@ -88,10 +84,8 @@ class ComponentPolicy:
 
 
 class Requirement(NamedTuple):
-    """One ``requires:`` row of a pipeline recipe: the module to find, how to install it, why the pipeline needs it,
-    the pipeline classes it holds for (empty: every class of the recipe), and the config values that make it
-    unneeded (``unless``; empty: always needed). Checked by
-    :func:`hf_precision.recipe.requires.check_packages`.
+    """One ``requires:`` row of a pipeline recipe: the module, how to install it, why, the pipeline classes it holds
+    for (empty: all), and the config values that make it unneeded (``unless``); see :mod:`.requires`.
 
     Example:
         >>> Requirement("torchvision", "pip install torchvision", "the transformer resizes a mask with it").module
@@ -144,11 +138,8 @@ class Recipe:
         return any(p.name == name for p in self.policies)
 
     def absent_note(self, name: str, where: str) -> str | None:
-        """What to say of planned component ``name`` that ``where`` (a pipeline, a folder's index) lacks, or None.
-
-        A recipe covers every pipeline of its family (wan.yaml plans transformer_2 and image_encoder, which only some
-        Wan pipelines have), so an absent component is no finding, unless an override (a source after the recipe's
-        own) decided something for it: then the override changes nothing, and the user should hear it.
+        """What to say of planned component ``name`` that ``where`` lacks, or None: a recipe covers its whole family
+        (wan.yaml plans transformer_2), so absence is news only where an override decided something for it.
 
         Example:
             >>> from hf_precision.recipe import get_recipe

@@ -62,8 +62,7 @@ def inside(name: str, roots: Iterable[str]) -> bool:
         >>> inside("time_embedding.linear_1", ["time_embedding"]), inside("time_embedding_2", ["time_embedding"])
         (True, False)
     """
-    # O(depth of the name), not O(roots): apply and plan ask this for every module against every island, and a
-    # recipe that islands every norm of a UNet has ~170 of them. Hot callers pass a (frozen)set.
+    # O(depth), not O(roots): asked for every module against every island (~170 when every UNet norm is one).
     if not isinstance(roots, (set, frozenset)):
         roots = set(roots)
     if name in roots:
@@ -78,24 +77,10 @@ def inside(name: str, roots: Iterable[str]) -> bool:
 
 def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str], *, owner: str,
                     active: bool = True, strict: bool = True) -> list[str]:
-    """The float32 islands of a component: the outermost modules its ``keep_fp32`` patterns match.
-
-    Shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.plan`, so both decide the same way.
-
-    Args:
-        component (`str`): The component name, for messages (``"unet"``).
-        patterns (`Sequence[str]`): The ``keep_fp32`` globs.
-        names (`Sequence[str]`): Every dotted module name of the component (``named_modules()``, without ``""``).
-        owner (`str`): The component's class name, for messages.
-        active (`bool`, *optional*, defaults to `True`): False when the component computes in float32: patterns
-            are still checked, but there are no islands.
-        strict (`bool`, *optional*, defaults to `True`): Raise when a pattern matches no module.
-
-    Returns:
-        `list[str]`: Outermost matched module names, in pattern order.
-
-    Raises:
-        RecipeError: A pattern matches no module (``strict``); the message suggests close names.
+    """The float32 islands of a component: the outermost of ``names`` its ``keep_fp32`` ``patterns`` match, in
+    pattern order (shared by :func:`hf_precision.apply_recipe` and :func:`hf_precision.plan`). ``active=False`` (fp32
+    compute): checked, no islands. ``strict``: a pattern matching nothing is a RecipeError suggesting close names;
+    ``component`` and ``owner`` (its class) name it.
 
     Example:
         >>> resolve_islands("unet", ["time_embedding"], ["time_embedding", "time_embedding.linear_1"], owner="UNet")
@@ -108,8 +93,7 @@ def resolve_islands(component: str, patterns: Sequence[str], names: Sequence[str
     if missing and strict:
         close = {p: suggest(p, names) for p in missing}
         hints = "; ".join(f"{p!r}: did you mean {close[p] or 'nothing close'}?" for p in missing)
-        # The fix keeps the patterns that match and puts the closest name in place of each that does not (or
-        # drops it), so following it gets past this error.
+        # the fix keeps the matching patterns and puts the closest name in place of the others (or drops them)
         fixed = list(dict.fromkeys(close[p][0] if close.get(p) else p for p in patterns if p not in close or close[p]))
         raise RecipeError(f"{component}.keep_fp32: pattern(s) {missing} match no module of {owner} "
                           f"({hints}). Patterns are full-match globs over module names; fix: "

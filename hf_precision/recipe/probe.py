@@ -1,21 +1,15 @@
 """The present machine as the device rules see it: :class:`SystemProbe`, and the environment variables that make
 this CPU read as another. Torch is imported only by the probe's own methods (device counts, CUDA names).
 
-Running as another CPU. Two environment variables replace what the probe reads about the present CPU, so that
-the ``cpu`` rules of ``devices.yaml`` (and everything built on them: recipes for ``device="cpu"``, plans, the
-``devices`` command, the test suite) behave as on that CPU. Torch itself is not affected: kernels still run on
-the real CPU, which computes every dtype the ``cpu`` rules allow, only at another speed.
+Two environment variables make the ``cpu`` rules of ``devices.yaml`` (and the recipes, plans and tests built on
+them) behave as on another CPU; kernels still run on the real one, which computes every dtype, at another speed.
 
-* ``HF_PRECISION_CPU_FLAGS``: the CPU's feature flags as ``/proc/cpuinfo`` spells them, separated by commas,
-  spaces or ``+`` (``avx2,avx512f,avx512_bf16,amx_tile,amx_bf16``). ``amx``, ``avx512`` and ``avx2`` stand for
-  the flag sets of the ``cpu:amx``, ``cpu:avx512`` and ``cpu:avx2`` device descriptions; ``none`` means a CPU
-  without flags (what macOS and Windows report; to the x86 rules an arm64 CPU is the same). Unset or empty:
-  the real flags.
+* ``HF_PRECISION_CPU_FLAGS``: flags as ``/proc/cpuinfo`` spells them, separated by commas, spaces or ``+``;
+  ``amx``, ``avx512``, ``avx2`` stand for the sets of the ``cpu:amx`` ... descriptions; ``none``: no flags (macOS,
+  Windows, arm64). Unset or empty: the real flags. A value that is no list of flag names is a RecipeError.
 * ``HF_PRECISION_CPU_NAME``: the CPU's name. Unset: the real name, marked as simulated when the flags are.
 
-``HF_PRECISION_CPU_FLAGS=amx pytest`` runs the suite as a Sapphire Rapids Xeon would; ``=avx2`` as a CPU
-without AVX512 or AMX. A value that is not a list of flag names raises :class:`RecipeError` naming the variable.
-The values are read when a profile is first built (profiles are cached; ``set_probe(None)`` re-reads them).
+Read when a profile is first built (profiles are cached; ``set_probe(None)`` re-reads them).
 """
 
 from __future__ import annotations
@@ -41,8 +35,7 @@ CPU_FLAG_SETS: dict[str, tuple[str, ...]] = {
     "avx2": ("avx2",),
 }
 _FLAG = re.compile(r"[a-z0-9][a-z0-9_]*")
-# Flag names the device rules and presets read, with the common /proc/cpuinfo flags spelled like them: a token close
-# to one of these but not one of them (amxx, avx512bf16) is a typo that would silently describe another CPU.
+# Known flag names: a token close to one but not one (amxx, avx512bf16) is a typo describing another CPU.
 _KNOWN_FLAGS = frozenset({
     "avx2", "avx512f", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_fp16", "amx_int8", "avx",
     "avx_vnni", "avx512vl", "avx512bw", "avx512dq", "avx512cd", "avx512_vnni", "avx512_vbmi", "avx512_vbmi2",

@@ -1,23 +1,15 @@
 """Quantized storage as a recipe choice: the names, their backends, their exact bytes, and the ``quantize:`` key.
 
-A component's ``storage`` is either a float dtype (``float8_e4m3fn`` = diffusers layerwise casting: stored in fp8,
-cast to the compute dtype per layer on use) or one of the backend-quantized layouts below, each loaded through the
-quantization backend diffusers and transformers already ship (``PipelineQuantizationConfig``), never by a kernel
-written here. Which device runs which is data (``recipes/devices.yaml``, ``storage:`` of each rule); what a
-component tolerates is data too (its recipe's ``quantize:``). Torch-free.
+A component's ``storage`` is a float dtype (``float8_e4m3fn``: diffusers layerwise casting, cast to the compute
+dtype per layer on use) or a layout below, loaded through the backends diffusers and transformers ship
+(``PipelineQuantizationConfig``), never a kernel written here. Which device runs which is ``devices.yaml``'s
+``storage:``; what a component tolerates is its recipe's ``quantize:``. Torch-free.
 
-Bytes per quantized ``nn.Linear`` weight of shape ``[out, in]`` (``n = out * in``), measured on the backends'
-tensors (``tests/test_quantize.py`` checks them against the bytes of loaded models):
-
-- ``int8`` (torchao ``Int8WeightOnlyConfig``): int8 data ``n`` + per row an fp32 scale and an int8 zero point.
-- ``quanto-int8`` / ``quanto-float8`` (optimum-quanto ``qint8`` / ``qfloat8``): ``n`` + per row a scale in the
-  compute dtype, + two scalar buffers per layer (``input_scale``, ``output_scale``) in the compute dtype.
-- ``fp8-compute`` (torchao ``Float8DynamicActivationFloat8WeightConfig``, per-row scales): ``n`` + per row an fp32
-  scale; fp8 matmuls need CUDA compute capability 8.9.
-- ``nf4`` / ``fp4`` (bitsandbytes 4-bit, no double quantization): ``ceil(n / 2)`` + an fp32 absmax per block of 64
-  + the layer's own 16-entry fp32 code table (``quant_state.code``, 64 bytes: bitsandbytes 0.50.2 functional.py
-  quantize_4bit makes one per call, so per layer).
-- ``bnb-int8`` (bitsandbytes LLM.int8): ``n`` + per row an fp32 scale (``SCB``).
+Bytes per quantized ``nn.Linear`` weight (:func:`weight_bytes`, from each :class:`QuantChoice`'s fields) were
+measured on the backends' tensors (``tests/test_quantize.py`` checks loaded models): int8 data plus per-row scales
+(torchao's with an int8 zero point; quanto's in the compute dtype, with ``input_scale``/``output_scale`` per
+layer), or bitsandbytes 4-bit's ``ceil(n / 2)``, an fp32 absmax per 64 and a 64-byte ``quant_state.code`` per layer
+(bitsandbytes 0.50.2 functional.py quantize_4bit makes one per call).
 """
 
 from __future__ import annotations
@@ -29,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import dtypes as dt
+from ..errors import arg, override_fix, override_line
 
 __all__ = ["QuantChoice", "CHOICES", "quanto_group", "canonical_storage", "is_quantized", "storage_names",
            "weight_bytes", "stored_bytes", "check_storage_value", "check_quantize_value", "DEFAULT_KEEP", "BACKEND_PACKAGES", "storage_options",
@@ -79,12 +72,10 @@ CHOICES: dict[str, QuantChoice] = {c.name: c for c in (
 )}
 # The pip package each backend needs (named in the error when it is missing).
 BACKEND_PACKAGES = {"torchao": "torchao", "quanto": "optimum-quanto", "bitsandbytes": "bitsandbytes", "gguf": "gguf"}
-# Linear layers a backend never quantizes unless a recipe says otherwise: embedders, the final norm's modulation
-# and the final projection, beside the islands and the model's own _keep_in_fp32_modules. Norm layers themselves
-# (LayerNorm, RMSNorm, GroupNorm) are never nn.Linear, so no backend touches them. The blocks' adaLN modulation
-# linears (Flux `norm1.linear`, 3.2B of 12B parameters) ARE quantized, as diffusers' bitsandbytes/torchao examples and
-# city96/ComfyUI-GGUF do; only fp8 *storage* (layerwise casting) keeps them in the compute dtype, by diffusers'
-# `_skip_layerwise_casting_patterns`.
+# Linear layers never quantized unless a recipe says so: embedders, the final norm's modulation and projection,
+# beside the islands and _keep_in_fp32_modules (norm layers are no nn.Linear). The blocks' adaLN linears (Flux
+# `norm1.linear`, 3.2B of 12B parameters) ARE quantized, as diffusers' bitsandbytes/torchao examples and
+# city96/ComfyUI-GGUF do; only fp8 storage keeps them, by diffusers' `_skip_layerwise_casting_patterns`.
 DEFAULT_KEEP = ("*embed*", "*embedder*", "*pos_embed*", "*patch_embed*", "proj_out", "norm_out*", "final_layer*",
                 "lm_head", "conv_out")
 _LOOKUP = {alias: c.name for c in CHOICES.values() for alias in (c.name, *c.aliases)}
@@ -124,8 +115,7 @@ def storage_names() -> list[str]:
 
 
 def weight_bytes(storage: str, out_features: int, in_features: int, compute: str) -> int:
-    """Exact bytes of one ``nn.Linear`` weight ``[out, in]`` stored as ``storage`` (a quantized layout), with the
-    buffers the backend adds to the layer.
+    """Exact bytes of one ``nn.Linear`` weight ``[out, in]`` in quantized ``storage``, with the backend's buffers.
 
     Example:
         >>> weight_bytes("int8", 128, 32, "bfloat16")     # 4096 int8 + 128 * (fp32 scale + int8 zero point)
@@ -184,6 +174,7 @@ def stored_bytes(storage: str, shape: tuple[int, ...], compute: str) -> int:
 
 
 def _close(word: str, options: list[str]) -> str:
+    # schema.did_you_mean's words; not imported from there: schema imports this module (tests/test_layers.py)
     near = difflib.get_close_matches(str(word)[:100], options, n=1, cutoff=0.6)
     return f"; did you mean {near[0]!r}?" if near else ""
 
@@ -206,10 +197,8 @@ float8_e5m2, int8, quanto-int8, quanto-float8, quanto-int4, quanto-int2, fp8-com
 
 
 def check_quantize_value(value: Any, path: str, problems: Any) -> dict[str, Any] | None:
-    """Validate a component's ``quantize:`` policy: ``{storage: [names], keep: [globs], why: text}``.
-
-    ``storage`` lists the layouts the component tolerates (the memory plans choose among them); ``keep`` lists
-    module globs never quantized, on top of the islands, norms and embeddings.
+    """Validate a component's ``quantize:`` policy: ``{storage: [the layouts memory plans may choose], keep: [module
+    globs never quantized, beside islands, norms and embeddings], why: text}``.
 
     Example:
         >>> from hf_precision.errors import Problems
@@ -255,10 +244,8 @@ def _hint(storage: str, caps: Any) -> str:
 
 def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any], caps: Any, problems: list[str],
                  source: str) -> str:
-    """Check a component's storage choice against its device and its recipe; the rule text of its decision.
-
-    A device that cannot hold or run it adds one problem naming the device, what it allows and the fix; a quantized
-    layout the component's recipe does not list is taken (the user asked) with a note.
+    """The rule text of a component's storage choice: a device that cannot hold or run it adds one problem naming
+    it, what it allows and the fix; a layout the recipe does not list is taken (the user asked) with a note.
 
     Example:
         >>> from hf_precision.recipe.devices import device_caps
@@ -268,8 +255,6 @@ def storage_rule(name: str, storage: str, compute: str, quant: Mapping[str, Any]
         >>> print(problems[0])  # doctest: +ELLIPSIS
         --set: components.unet.storage: nf4 cannot be used on mps (...): bitsandbytes runs on CUDA, and on the CPU ...
     """
-    from ..errors import override_fix
-
     if storage not in caps.storage:
         device = caps.profile.label()
         allowed = list(caps.storage)
@@ -296,10 +281,9 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
                     gpu_present: bool = True) -> str | None:
     """Why a component's backend refuses its model's library on this device, with the fix; ``None`` when it does not.
 
-    ``caps.transformers_only`` (``devices.yaml``) lists the storage only transformers models may use on the device:
-    bitsandbytes runs on the CPU for transformers models (the text encoders), while diffusers' bitsandbytes quantizer
-    refuses without a GPU (diffusers v0.42.1 quantizers/bitsandbytes/bnb_quantizer.py:64, ``No GPU found``), which it
-    also does when a GPU layout is planned on a machine without one (``gpu_present=False``).
+    ``caps.transformers_only``: bitsandbytes runs on the CPU for transformers models, while diffusers' quantizer
+    refuses without a GPU (diffusers v0.42.1 quantizers/bitsandbytes/bnb_quantizer.py:64, ``No GPU found``), also
+    for a GPU layout planned on a machine without one (``gpu_present=False``).
 
     Example:
         >>> from hf_precision.recipe.devices import device_caps
@@ -318,8 +302,6 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
         where = f"{caps.profile.label()} planned on a machine without a CUDA, XPU or MPS GPU"
     else:
         return None
-    from ..errors import arg, override_line
-
     usable = [s for s in caps.storage if s.startswith("float8") or (  # fp8 storage: diffusers' layerwise casting
         is_quantized(s) and s not in caps.transformers_only and CHOICES[s].backend != "bitsandbytes")]
     fallback = next((s for s in usable if is_quantized(s)), usable[0] if usable else "float8_e4m3fn")
@@ -334,13 +316,10 @@ def library_refusal(name: str, storage: str, library: str, caps: Any, quant: Map
 def storage_options(recipe: Any, denoisers: list[str], texts: list[str], allowed: Any,
                     transformers_only: Any = ()) -> list[tuple[tuple[str, str], ...]]:
     """Quantized storage a memory plan may choose, least change first: the denoiser(s) in each size class their
-    recipe tolerates on the recipe's device (8-bit: fp8 storage or int8; then 4-bit), then the same with the text
-    encoders quantized too (each with the first layout its own recipe tolerates there).
+    recipe tolerates (8-bit: fp8 storage or int8; then 4-bit), then the same with the text encoders quantized too.
 
-    Only what the component recipes list (``quantize.storage``) and ``allowed`` holds: the storage ``devices.yaml``
-    allows on the recipe's device (``device_caps(recipe.device).storage``; passed in, so this module needs no
-    device rules and the recipe layer keeps no import cycle); the denoisers (diffusers models) never take the
-    device's ``transformers_only`` storage (bitsandbytes on the CPU).
+    Only what ``quantize.storage`` lists and ``allowed`` (``device_caps(recipe.device).storage``, passed in to keep
+    the layer free of cycles) holds; the diffusers denoisers never take ``transformers_only`` storage.
 
     Example:
         >>> from hf_precision import device_caps, get_recipe

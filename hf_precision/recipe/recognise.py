@@ -1,12 +1,9 @@
 """The shipped recipe of components given without their pipeline (``prepare_training({"unet": unet, ...})``). Torch-free.
 
-A pipeline object or a folder names its class (``model_index.json``'s ``_class_name``), and the class names the
-recipe (:func:`~hf_precision.recipe.catalog.recipe_for`). A dict of components has no class. Its recipe is the one
-whose denoiser it holds: the same component name, of a model class the recipe's ``class:`` lists. Where several
-recipes share that denoiser class (``UNet2DConditionModel``: sd15, sd_upscale, sdxl), each says under
-``recognise:`` the config values that are its own (SDXL's UNet has ``addition_embed_type: text_time``), and the one
-recipe whose values all hold is taken. When none or several hold, or the dict holds no denoiser a recipe plans, a
-:class:`~hf_precision.errors.RecipeError` asks for ``recipe=``: another family's recipe is never guessed.
+A dict has no pipeline class: its recipe is the one whose denoiser it holds (same name, a class the recipe lists);
+recipes sharing that class (``UNet2DConditionModel``: sd15, sd_upscale, sdxl) tell themselves apart by config values
+under ``recognise:`` (SDXL: ``addition_embed_type: text_time``). None or several fitting: a RecipeError asks for
+``recipe=``; another family's recipe is never guessed.
 """
 
 from __future__ import annotations
@@ -34,8 +31,7 @@ def recognised_by(name: str) -> dict[str, dict[str, Any]]:
 
 
 def recipes_planning(component: str, class_name: str) -> list[str]:
-    """The shipped pipeline recipes that plan a component of this name and model class (name order): the fix
-    offered for a component the chosen recipe leaves as it is.
+    """The shipped pipeline recipes that plan a component of this name and model class, in name order.
 
     Example:
         >>> found = recipes_planning("text_encoder_2", "CLIPTextModelWithProjection")
@@ -56,13 +52,10 @@ def _holds(name: str, parts: Parts) -> bool:
             return False  # what tells it apart is not here: not a match, so the choice is left to the user
         config = parts[comp][1]
         # a list value is the config's list or tuple (a patch size), as JSON and the model's own config give it
-        if any(_plain(config.get(key, _MISSING)) != value for key, value in values.items()):
+        if any((list(v) if isinstance(v := config.get(key, _MISSING), tuple) else v) != value
+               for key, value in values.items()):
             return False
     return True
-
-
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
 
 
 def _shown(parts: Parts, name: str) -> str:
@@ -73,15 +66,8 @@ def _shown(parts: Parts, name: str) -> str:
 
 
 def recipe_for_parts(parts: Parts, caller: str = "prepare_training") -> str:
-    """The shipped pipeline recipe of a set of model components, from their classes and configs.
-
-    Args:
-        parts: component name -> (model class name, its config as a dict), for each ``nn.Module`` component.
-        caller: the function named in the error.
-
-    Raises:
-        RecipeError: no recipe plans a denoiser among ``parts``, or the configs do not tell the recipes that share
-            its class apart; the message names them and asks for ``recipe=``.
+    """The shipped pipeline recipe of ``parts`` (component -> (model class, config dict)); a RecipeError from
+    ``caller`` asks for ``recipe=`` where none plans their denoiser or the configs do not tell which.
 
     Example:
         >>> recipe_for_parts({"unet": ("UNet2DConditionModel", {"addition_embed_type": "text_time"})})

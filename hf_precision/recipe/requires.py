@@ -1,8 +1,6 @@
-"""What a pipeline cannot be built or run without beyond diffusers' own dependencies: a pipeline recipe's ``requires:``
-list, checked as data by :mod:`.schema`, carried by the resolved :class:`~hf_precision.recipe.model.Recipe`
-(``Recipe.requires``) and checked against what this Python can import where the package is really needed: by the
-loader and the training program before any weight is read (:func:`check_packages`). Planning needs none of these
-packages: a plan says so in one line (:func:`loading_note`). Torch-free; nothing is imported, only looked up.
+"""What a pipeline cannot be built or run without beyond diffusers' own dependencies: a recipe's ``requires:``,
+checked by the loader and the training program before any weight is read (:func:`check_packages`); a plan needs none
+and says so in one line (:func:`loading_note`). Torch-free; nothing is imported, only looked up.
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..errors import RecipeError
+from .catalog import pipeline_file, recipe_classes
 from .model import Requirement
 
 __all__ = ["Requirement", "requirements", "missing_packages", "check_packages", "loading_note"]
@@ -18,10 +17,8 @@ __all__ = ["Requirement", "requirements", "missing_packages", "check_packages", 
 
 def requirements(data: Mapping[str, Any], configs: Mapping[str, Mapping[str, Any]] | None = None
                  ) -> tuple[Requirement, ...]:
-    """The ``requires:`` rows of a recipe's data (already checked by the schema), as :class:`Requirement` values;
-    with a folder's ``configs`` (component -> its config.json dict), without the rows its configs make unneeded
-    (``unless``: every value it names is the folder's). Without configs every row stays: a missing key is not
-    taken for the value ``unless`` names, since the class's default may be the other one.
+    """The ``requires:`` rows of a recipe's data as :class:`Requirement` values, less those a folder's ``configs``
+    make unneeded (:func:`unneeded`; a missing key is not taken for the value, the class's default may differ).
 
     Example:
         >>> requirements({"requires": [{"module": "x", "install": "pip install x", "why": "w", "pipelines": ["P"]}]})
@@ -58,24 +55,20 @@ def unneeded(row: Requirement, configs: Mapping[str, Mapping[str, Any]] | None) 
 
 
 def _rows(recipe: Any, configs: Mapping[str, Mapping[str, Any]] | None = None) -> Iterable[Requirement]:
-    """The requirements of a resolved Recipe, a recipe's data, a recipe name or file, or None (nothing), less those
-    the folder's ``configs`` make unneeded."""
+    """The requirements of a Recipe, a recipe's data, name or file, or None, less the unneeded."""
     if recipe is None:
         return ()
     if isinstance(recipe, Mapping):
         return requirements(recipe, configs)
     if isinstance(recipe, str):
-        from .catalog import pipeline_file
-
         return requirements(pipeline_file(recipe)[1], configs)
     return [r for r in getattr(recipe, "requires", ()) if not unneeded(r, configs)]
 
 
 def missing_packages(recipe: Any, pipeline: str | None,
                      configs: Mapping[str, Mapping[str, Any]] | None = None) -> list[Requirement]:
-    """What a recipe ``requires:`` for ``pipeline`` (every row when None) that cannot be imported here, less what the
-    folder's ``configs`` make unneeded. ``recipe``: a resolved :class:`~hf_precision.recipe.model.Recipe`, a recipe's
-    data, or a recipe name or file. Only looked up (``importlib.util.find_spec``), never imported.
+    """What a recipe (as :func:`_rows` takes it) ``requires:`` for ``pipeline`` (None: every row) that cannot be
+    imported here, looked up with ``importlib.util.find_spec``, never imported.
 
     Example:
         >>> [r.module for r in missing_packages(
@@ -100,21 +93,13 @@ def missing_packages(recipe: Any, pipeline: str | None,
 
 def _shipped(recipe: Any, pipeline_class: str) -> Any:
     """``recipe``, or when None the shipped recipe that lists the class (None when no shipped recipe does)."""
-    if recipe is not None:
-        return recipe
-    from .catalog import recipe_classes
-
-    return recipe_classes().get(pipeline_class)
+    return recipe if recipe is not None else recipe_classes().get(pipeline_class)
 
 
 def check_packages(recipe: Any, pipeline_class: str | None,
                    configs: Mapping[str, Mapping[str, Any]] | None = None) -> None:
     """Refuse, before any weight is read, a pipeline whose recipe ``requires:`` a package that cannot be imported
-    here: one error naming each one, why the pipeline needs it and how to install it. ``recipe``: the resolved
-    :class:`~hf_precision.recipe.model.Recipe` about to be loaded, a recipe's data, name or file, or None: the
-    shipped recipe that lists the class, if any; ``configs``: the folder's (component -> config.json dict), which
-    can make a row unneeded (``unless``). The loader (``load_pipeline``) and the training program call it;
-    planning does not (:func:`loading_note`).
+    here: one error naming each, why and how to install it. ``recipe`` None: the shipped one listing the class.
 
     Example:
         >>> check_packages("sdxl", "StableDiffusionXLPipeline")  # nothing beyond diffusers' own
@@ -130,8 +115,7 @@ def check_packages(recipe: Any, pipeline_class: str | None,
 
 
 def loading_note(recipe: Any, pipeline_class: str | None) -> str | None:
-    """One line for a plan of a pipeline whose recipe ``requires:`` packages this Python cannot import: the plan
-    holds, loading it will be refused until they are installed, and how. None when nothing is missing.
+    """One line for a plan whose recipe ``requires:`` packages this Python cannot import; else None.
 
     Example:
         >>> loading_note({"requires": [{"module": "no_such_module_x", "install": "pip install x", "why": "w"}]}, "P")

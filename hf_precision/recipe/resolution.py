@@ -27,6 +27,7 @@ from .catalog import (check_recipe_class, component_entry, component_spec, list_
 from .devices import DeviceCaps, TYPES, device_caps, device_profile, rule_ids
 from .model import DEFAULT_LAYERWISE_SKIP, DEFAULT_NO_CAST, ComponentPolicy, Decision, Recipe
 from .overrides import Layer, as_list, override_layer
+from .quantize import canonical_storage, storage_rule
 from .requires import requirements
 from .schema import OUTPUTS, check_device_sections, check_pipeline, did_you_mean
 
@@ -61,11 +62,9 @@ def _normalise(key: str, value: Any) -> Any:
     if key == "dtype":
         return dt.canonical(value)
     if key in ("storage", "quantize"):
-        from . import quantize
-
         if key == "storage":
-            return quantize.canonical_storage(value)
-        return {**value, "storage": [quantize.canonical_storage(v) for v in value.get("storage", [])]}
+            return canonical_storage(value)
+        return {**value, "storage": [canonical_storage(v) for v in value.get("storage", [])]}
     if key == "output" and value not in OUTPUTS:
         return dt.canonical(value)
     if key == "why":
@@ -90,21 +89,16 @@ def get_recipe(name: str | Mapping[str, Any] = "sdxl", device: str | DeviceProfi
     """Resolve a shipped recipe for a device, with optional overrides. Pure data: no torch, no weights.
 
     Args:
-        name (`str` or `dict`): a pipeline recipe (``"sdxl"``, ``"svd"`` ...; see :func:`list_recipes`), a component
-            recipe (``"vae.sdxl"``), which resolves to a one-component recipe, the path of your own pipeline recipe
-            file (``"my_arch.yaml"``, same schema as the shipped ones), or a composed recipe's data.
-        device (`str` or `DeviceProfile`, *optional*): a present device (``"cuda:1"``), a preset (``"t4"``,
-            ``"m1-macos13"``) or a description (``"cuda:sm=8.0"``). Defaults to the best present device.
+        name (`str` or `dict`): a pipeline recipe (``"sdxl"``; :func:`list_recipes`), a component recipe
+            (``"vae.sdxl"``: a one-component recipe), your own recipe file (``"my_arch.yaml"``), or composed data.
+        device (`str` or `DeviceProfile`, *optional*): a present device (``"cuda:1"``), a preset (``"t4"``) or a
+            description (``"cuda:sm=8.0"``). Defaults to the best present device.
         overrides: a YAML path, a dict, or a list of them, merged in order over the recipe.
         configs (*optional*): component -> its ``config.json`` dict, for recipes that choose by config (the
             fp16-fix VAE is recognised by ``force_upcast: false``).
 
-    Returns:
-        `Recipe`: frozen; per component its storage, compute and output dtypes, float32 islands and the rule
-        behind each decision.
-
-    Raises:
-        RecipeError: unknown recipe, device, component, key or dtype; a dtype the device cannot compute.
+    Returns a frozen `Recipe`: per component its dtypes, float32 islands and the rule behind each decision. Raises
+    RecipeError for an unknown recipe, device, component, key or dtype, or a dtype the device cannot compute.
 
     Example:
         >>> r = get_recipe("sdxl", device="a100", overrides={"vae": {"dtype": "float32"}})
@@ -206,8 +200,6 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
     storage = get("storage") or compute
     quant = get("quantize") or {}
     if get("storage"):
-        from .quantize import storage_rule
-
         rule = storage_rule(name, storage, compute, quant, caps, problems, src("storage"))
         decisions.append(Decision("storage", storage, rule, src("storage")))
     else:
@@ -229,8 +221,7 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
         decisions.append(Decision("upcast_attention", "true", "set" if explicit_upcast is not None else
                                   _why_device(caps, "attention"), src("upcast_attention") if explicit_upcast is not None else "devices.yaml"))
     for key in ("entry", "layerwise_skip"):
-        # Shipped recipes' names are checked against the real configs by the tests; the user's are checked where the
-        # modules are known (apply_recipe, load_pipeline, plan), which find them through this decision.
+        # a user's names are checked where the modules are known (apply_recipe, plan), through this decision
         if get(key) and not src(key).startswith(("recipes/", "composed for")):
             names = ", ".join(v or "(forward)" for v in get(key))
             decisions.append(Decision(key, names, "set by the user: must name modules of the component", src(key)))
@@ -249,10 +240,8 @@ def _resolve_component(name: str, policy: dict[str, tuple[Any, str]], caps: Devi
 def placement(devices: Any, names: Iterable[str], also: Iterable[str] = ()) -> dict[str, str | None]:
     """Component -> the torch device string it is placed on (``None``: not placed), checked without torch.
 
-    ``devices`` is one device for all (``"cuda:1"``) or a mapping component -> device with an optional
-    ``"default"``; its keys may also name ``also`` (other components of the pipeline, which no recipe plans and
-    which stay where they are). Presets and descriptions (``"t4"``, ``"cuda:sm=7.5"``) are devices you plan for, not ones
-    tensors can sit on: they belong in ``layout=``.
+    ``devices``: one device for all (``"cuda:1"``), or component -> device with an optional ``"default"`` (keys may
+    name ``also``: unplanned components). Presets (``"t4"``) are devices you plan for: they belong in ``layout=``.
 
     Example:
         >>> placement({"text_encoder": "cpu", "default": "CUDA:1"}, ["text_encoder", "unet"])
@@ -290,14 +279,10 @@ def _check_keys(what: str, mapping: Mapping[Any, Any], known: list[str]) -> None
 
 
 def _fit_classes(name: str, resolved: Recipe, models: Mapping[str, tuple[str, str]]) -> str | dict[str, Any]:
-    """The recipe, with each component whose component recipe is for another model class given its own class's.
-
-    A pipeline may hold a model class other than the one its recipe names (diffusers' own tests build Wan with a
-    T5EncoderModel where the release has a UMT5EncoderModel): that component gets the component recipe listing its
-    class, or the unknown-class treatment, instead of islands and entry points that would not fit. ``resolved`` is
-    ``name`` resolved with the user's overrides, which still apply on top of the refitted data, so a `use:` they set
-    is still checked against the class (and one that fits leaves nothing to refit). Returns ``name`` itself when
-    every class fits.
+    """The recipe's data with each component whose model class its recipe does not list (diffusers' tests build Wan
+    with a T5EncoderModel, the release has UMT5) given its own class's recipe or the unknown-class treatment;
+    ``name`` itself when every class fits. ``resolved``: ``name`` with the user's overrides, so a `use:` they set
+    is checked too.
     """
     misfits = {p.name: models[p.name] for p in resolved.policies
                if p.name in models and p.classes and models[p.name][0] not in p.classes}
@@ -323,9 +308,7 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
             layout: Any = None, overrides: Any = None, configs: Mapping[str, Mapping[str, Any]] | None = None,
             components: Iterable[str] = (), models: Mapping[str, tuple[str, str]] | None = None,
             force: bool = False) -> Recipe:
-    """The one door from "which recipe, which devices, which overrides" to one frozen plan.
-
-    ``load_pipeline``, ``apply_recipe``, ``plan``, ``check``, the demo and the video program each call this once.
+    """The one door from "which recipe, which devices, which overrides" to one frozen plan (every program's).
 
     Args:
         recipe (`str` or `Recipe`, *optional*): a recipe name or a user's recipe file; ``None`` picks it from
@@ -333,25 +316,18 @@ def resolve(recipe: str | Recipe | None = None, *, pipeline_class: str | None = 
         pipeline_class (`str`, *optional*): the diffusers pipeline class (``model_index.json``'s ``_class_name``).
         devices (*optional*): where the components sit: ``"cuda"``, ``"cpu"``, or ``{component: device,
             "default": device}``. ``None``: placed nowhere (a plan on the meta device).
-        layout (*optional*): the device(s) whose rules choose the dtypes, when they are not where the components
-            sit: a preset (``"t4"``), a description (``"cuda:sm=7.5"``), a :class:`DeviceProfile`, or a mapping
-            like ``devices``. Default: each component's own device (the best present device when unplaced). This
-            is "resolve for that device, place on this one": how a T4 layout runs on a CPU.
-        overrides (*optional*): a YAML path, a dict, or a list of them, merged over the recipe.
-        configs (*optional*): component -> its ``config.json`` dict, for recipes that choose by config.
+        layout (*optional*): the device(s) whose rules choose the dtypes (a preset, a description, a
+            :class:`DeviceProfile`, or a mapping like ``devices``); default each component's own device. This is
+            how a T4 layout runs on a CPU.
+        overrides, configs (*optional*): as :func:`get_recipe` takes them.
         components (*optional*): every component the pipeline has; a ``devices`` mapping may name these too.
-        models (*optional*): component -> (model class, role) of the pipeline's ``nn.Module`` components; when no
-            shipped recipe lists ``pipeline_class``, the recipe is composed from them (:func:`hf_precision.recipe.catalog.recipe_for`).
+        models (*optional*): component -> (model class, role), composed into a recipe where none lists the class
+            (:func:`hf_precision.recipe.catalog.recipe_for`).
         force (`bool`, defaults to `False`): accept a pipeline recipe whose ``pipelines`` list does not name
             ``pipeline_class`` (otherwise a ``RecipeError`` names the recipes that do).
 
-    Returns:
-        `Recipe`: frozen; each component's plan records its device (``plan.device``) and the device its dtypes were
-        chosen for (``plan.resolved_for``).
-
-    Raises:
-        RecipeError: no recipe for the class, a device that cannot hold tensors passed as ``devices``, a resolved
-            Recipe with overrides or a layout, or anything :func:`get_recipe` refuses.
+    Returns a frozen `Recipe` whose plans record ``device`` and ``resolved_for``. Raises RecipeError for no recipe,
+    a preset as ``devices``, a resolved Recipe with overrides or a layout, or what :func:`get_recipe` refuses.
 
     Example:
         >>> r = resolve(pipeline_class="StableDiffusionXLPipeline", devices="cpu", layout="t4")

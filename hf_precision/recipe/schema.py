@@ -1,10 +1,8 @@
 """What a valid recipe file is: the key tables and every file checker (devices.yaml's: :mod:`.devices_schema`).
 Torch-free.
 
-The checkers are pure functions of the parsed data: they read no file and resolve nothing, so the catalog, the
-override layers and the command line's early checks (before torch is imported) all call the same ones. Each adds
-every problem it finds to a :class:`~hf_precision.errors.Problems` (one error naming them all), and unknown keys get
-one message everywhere: :func:`unknown_keys`, with :func:`did_you_mean`.
+Pure functions of the parsed data, so the catalog, the override layers and the CLI's early checks (before torch)
+share them; each adds every problem to a :class:`~hf_precision.errors.Problems`, one error naming them all.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from typing import Any
 
 from .. import dtypes as dt
 from ..errors import Problems, RecipeError, excerpt
+from . import quantize
 
 __all__ = ["SCHEMAS", "OUTPUTS", "POLICY_KEYS", "OVERRIDE_KEYS", "PIPELINE_KEYS", "COMPONENT_FILE_KEYS",
            "OVERRIDE_TOP_KEYS", "TYPES", "did_you_mean", "unknown_keys", "check_schema", "check_value", "check_policy",
@@ -31,21 +30,15 @@ POLICY_KEYS: dict[str, str] = {
 }
 OVERRIDE_KEYS = {"dtype", "storage", "output", "keep_fp32", "nan_guard", "upcast_attention", "why", "use", "dtypes", "entry",
                  "no_cast", "layerwise_skip", "quantize"}
-# `training:` holds what differs when the pipeline is trained (same shape as an override file; hf_precision.training).
-# `recognise:` (component -> {config key: value}) tells a dict of components from another recipe's with the same
-# denoiser class (hf_precision.recipe.recognise).
+# `training:` an override layer for training (hf_precision.training). `recognise:` component -> {config key: value}
+# that tells a dict of components apart (hf_precision.recipe.recognise).
 PIPELINE_KEYS = {"schema", "kind", "model", "pipelines", "latents_from", "denoiser", "components", "devices", "why",
                  "training", "recognise", "video", "requires", "call_needs", "sizes", "latent_shift"}
-# `call_needs:` the __call__ inputs the pipeline's call cannot run without though its docstring calls them *optional*
-# (the HunyuanImage refiner's image), which the signature and the docstring cannot tell: a list of argument names.
-# `sizes:` the only sizes the pipeline's call makes, each {width, height} (Kandinsky 5 Image's `resolutions`: any
-# other is swapped for one of them), so the commands refuse another before loading (hf_precision.diagnose.call).
-# `latent_shift: false`: the pipeline scales its VAE latents by scaling_factor alone, though the VAE config has a
-# shift_factor (Kandinsky 5 Image); training encodes them so (hf_precision.training.encode). Default true.
-# `requires:` the packages the pipeline cannot be built or run without, which diffusers does not depend on (Cosmos'
-# safety checker): each {module: the name to import, install: the command, why: where the pipeline needs it,
-# pipelines: the classes it holds for, default all; unless: {component: {config key: value}}, the folder configs
-# that make it unneeded, as `recognise:` writes them}. Refused before any weight loads: hf_precision.recipe.requires.
+# `call_needs:` __call__ inputs the call cannot run without though its docstring calls them *optional* (the
+# HunyuanImage refiner's image). `sizes:` the only {width, height} the call makes (Kandinsky 5 Image swaps any other),
+# refused before loading (hf_precision.diagnose.call). `latent_shift: false`: latents scaled without the VAE's
+# shift_factor (Kandinsky 5 Image; hf_precision.training.encode). `requires:` packages diffusers does not depend on
+# (Cosmos' safety checker), {module, install, why, pipelines, unless}: hf_precision.recipe.requires.
 REQUIRES_KEYS: dict[str, Any] = {
     "module": (lambda v: isinstance(v, str) and all(p.isidentifier() for p in v.split(".")),
                "the module to import, e.g. cosmos_guardrail"),
@@ -139,8 +132,6 @@ def check_value(kind: str, value: Any, path: str, problems: Problems) -> Any:
             problems.add(path, f"unknown dtype {excerpt(value)}; allowed: {dt.allowed_names()}{suggestion}")
         return canon
     if kind in ("storage", "quantize"):  # a dtype or a quantized layout: hf_precision/recipe/quantize.py
-        from . import quantize
-
         check = quantize.check_storage_value if kind == "storage" else quantize.check_quantize_value
         return check(value, path, problems)
     if kind == "dtype-list":
@@ -184,9 +175,8 @@ def check_policy(policy: Any, path: str, problems: Problems, allowed: set[str]) 
     return {k: check_value(POLICY_KEYS[k], v, f"{path}.{k}", problems) for k, v in policy.items() if k in allowed}
 
 
-# A video pipeline recipe's `video:` block: what its pipelines share beyond their configs (the video program, the
-# video memory plan). devices.yaml's `video:` block gives every key: the defaults of a recipe without one, and of the
-# keys a block leaves out. Each key: (check, what is allowed) or the values allowed.
+# A recipe's `video:` block: what its pipelines share beyond their configs; devices.yaml's gives every key's default.
+# Each key: (check, what is allowed) or the values allowed.
 _WHOLE = lambda v: type(v) is int and v >= 0  # noqa: E731
 _IDENT = lambda v: v is None or (isinstance(v, str) and v.isidentifier())  # noqa: E731
 BOOL = (lambda v: isinstance(v, bool), "true or false")
@@ -227,8 +217,7 @@ VIDEO_KEYS: dict[str, Any] = {
                           and not any(isinstance(x, (dict, list)) for x in v.values()),
                           "call keyword -> plain value check's default call passes, e.g. {overlap_history: 1}"),
 }
-# `classes:` in a recipe's video block: keys that hold for one of its pipeline classes only (Kandinsky 5 I2V's
-# refused frame counts, not its T2V's), over the block's own
+# `classes:` in a video block: keys for one pipeline class only (Kandinsky 5 I2V's refused frame counts)
 VIDEO_CLASS_KEY = "classes"
 
 

@@ -1,7 +1,6 @@
-"""The conditioning channels a denoiser takes beyond its latents (an inpainting mask and masked image, an
-image-to-video first frame) and the batch entries a pipeline's builder makes (I2VGen-XL's image latents): how many
-channels, which registered condition builder makes them under a pipeline class, and the refusal of a batch that
-lacks what the pipeline would build. Rows: :mod:`.denoiser_rows`.
+"""The conditioning channels a denoiser takes beyond its latents (an inpainting mask, an image-to-video first frame)
+and the batch entries a pipeline's builder makes (I2VGen-XL's image latents): how many, which registered builder
+makes them, and the refusal of a batch that lacks them. Rows: :mod:`.denoiser_rows`.
 """
 
 from __future__ import annotations
@@ -22,9 +21,8 @@ __all__ = ["built_keys", "check_built", "condition_channels", "condition_made", 
 
 
 def latent_channels(row: Row, config: Mapping[str, Any]) -> int:
-    # the VAE's channels: what the denoiser predicts. Packed 2x2 (row.pack flux): Flux and Flux Fill give
-    # out_channels packed (64, patch_size 1), Qwen-Image unpacked (16, patch_size 2): the packed prediction is
-    # out_channels x patch_size^2 either way. Kandinsky 5 names them in_visual_dim / out_visual_dim.
+    # the VAE's channels, what the denoiser predicts. Packed 2x2: Flux gives out_channels packed (64, patch 1),
+    # Qwen-Image unpacked (16, patch 2), out_channels x patch_size^2 either way. Kandinsky 5: *_visual_dim.
     in_c = int(config.get("in_channels") or config.get("in_visual_dim") or 0)
     out_c = int(config.get("out_channels") or config.get("out_visual_dim") or in_c)
     if row.pack in ("flux", "patch"):  # patch: ERNIE-Image's 2x2 patches into channels (out_channels = 4 x VAE's)
@@ -55,9 +53,8 @@ def condition_channels(row: Row, module: torch.nn.Module) -> int:
 
 
 def condition_of(row: Row, module: torch.nn.Module, pipe: Any) -> str:
-    """The condition builder (:data:`.inputs.CONDITIONS`) that makes the denoiser's extra channels for ``pipe``: the
-    row's ``condition`` entry for the pipeline's class (or a base class). A pipeline without one is refused: zeros
-    in those channels would teach the denoiser to ignore what its pipeline gives it at inference.
+    """The condition builder (:data:`.inputs.CONDITIONS`) the row names for ``pipe``'s class, which makes the
+    denoiser's extra channels; refused without one (zeros there would teach it to ignore its pipeline's input).
 
     Example:
         >>> from hf_precision.training.denoiser_rows import ROWS
@@ -65,10 +62,10 @@ def condition_of(row: Row, module: torch.nn.Module, pipe: Any) -> str:
         >>> condition_of(ROWS["UNet2DConditionModel"], None, StableDiffusionInpaintPipeline)
         'inpaint_mask'
     """
+    named = named_condition(row, pipe)
+    if named is not None:
+        return named
     cls = pipe if isinstance(pipe, type) else type(pipe)
-    for base in cls.__mro__:
-        if base.__name__ in row.condition:
-            return row.condition[base.__name__]
     name = type(getattr(module, "_orig_mod", module)).__name__
     # prepared from a dict of components there is no pipeline class to read the condition for
     what = "components given as a dict (no pipeline class)" if issubclass(cls, Mapping) else cls.__name__
@@ -82,9 +79,7 @@ def condition_of(row: Row, module: torch.nn.Module, pipe: Any) -> str:
 
 
 def condition_made(row: Row, module: torch.nn.Module, pipe: Any) -> str | None:
-    """The condition builder the encode phase runs for ``pipe``'s denoiser: :func:`condition_of` where the denoiser
-    takes channels beyond the latents (refused without one), else the row's entry for the pipeline class where it
-    has one (I2VGen-XL: image latents and an image embedding, separate arguments of its UNet), else None.
+    """The condition builder the encode phase runs: :func:`condition_of`'s, else :func:`named_condition`'s.
 
     Example:
         >>> from hf_precision.training.denoiser_rows import ROWS
@@ -107,10 +102,8 @@ def named_condition(row: Row, pipe: Any) -> str | None:
 
 
 def built_keys(row: Row, module: torch.nn.Module, pipe: Any) -> list[str]:
-    """The batch keys of the row's ``optional`` inputs that ``pipe``'s condition builder makes, where the denoiser
-    takes them as arguments of their own rather than channels (I2VGen-XL's ``image_latents`` and ``image_embeds``:
-    a row whose ``condition`` names a builder for a denoiser without extra channels returns the entries its
-    optional inputs read, recipes/denoisers.yaml); those this configuration takes (a nonzero config width).
+    """The batch keys of the row's ``optional`` inputs that ``pipe``'s condition builder makes where the denoiser
+    takes them as arguments, not channels (I2VGen-XL's ``image_latents``, ``image_embeds``), with a nonzero width.
 
     Example:
         >>> from hf_precision.training.denoiser_rows import ROWS
@@ -130,9 +123,8 @@ def built_keys(row: Row, module: torch.nn.Module, pipe: Any) -> list[str]:
 
 
 def check_built(row: Row, module: torch.nn.Module, pipe: Any, batch: Mapping[str, Any]) -> None:
-    """Refuse a training batch without the entries ``pipe``'s condition builder makes for the denoiser's own
-    arguments (:func:`built_keys`): the loss would fill them with zeros, and the model would learn to ignore the image
-    its pipeline always gives (pipeline_i2vgen_xl.py:640-656). A key given as None asks for the zeros on purpose.
+    """Refuse a training batch without :func:`built_keys`: zeros there teach the model to ignore the image its
+    pipeline always gives (pipeline_i2vgen_xl.py:640-656). A key given as None asks for the zeros on purpose.
 
     Example:
         >>> from hf_precision.training.denoiser_rows import ROWS
@@ -158,10 +150,8 @@ def check_built(row: Row, module: torch.nn.Module, pipe: Any, batch: Mapping[str
 
 def with_condition_latents(row: Row, module: torch.nn.Module, noisy: torch.Tensor,
                              batch: Mapping[str, Any]) -> torch.Tensor:
-    # Inpainting (SD: 4 + 1 mask + 4), image-to-video (Wan I2V 16 + 20, SVD 4 + 4, CogVideoX I2V) concatenate
-    # conditioning latents, given in the VAE's layout, on the channel axis after the noisy latents. Zeros only where
-    # the batch has none: the video memory plan's meta call (the training step refuses such a batch,
-    # noisy_inputs, unless the pipeline itself feeds zeros: HunyuanVideo 1.5 text-to-video).
+    # Inpainting (SD: 4 + 1 mask + 4) and image-to-video (Wan I2V 16 + 20, SVD 4 + 4) concatenate conditioning
+    # latents on the channel axis. Zeros only for the memory plan's meta call (noisy_inputs refuses such a batch).
     extra_channels = condition_channels(row, module)
     if not extra_channels:
         return noisy

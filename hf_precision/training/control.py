@@ -1,14 +1,10 @@
 """ControlNet and T2I-Adapter residuals inside a training step, fed to the UNet as their pipelines feed them.
 
-A ControlNet is called on the same noisy latents, timestep, text and SDXL micro-conditions as the UNet, with the
-control image, and its down/mid residuals are added inside the UNet (controlnet/pipeline_controlnet.py,
-controlnet/pipeline_controlnet_sd_xl.py; diffusers' examples/controlnet/train_controlnet.py trains it so, the UNet
-frozen). A T2I-Adapter encodes the control image once and the UNet takes its features as
-``down_intrablock_additional_residuals`` (t2i_adapter/pipeline_stable_diffusion_adapter.py; examples/t2i_adapter).
-The control image is ``batch["control_image"]``: pixels in [0, 1] at the latents' size times the VAE's scale
-factor, as the pipelines' ``prepare_image`` hands it over (no [-1, 1] normalisation). AnimateDiff's ControlNet sees
-every frame as an image (B*F of them), with one control frame each (``control_image`` (B, F, 3, H, W) or
-(B*F, 3, H, W)).
+A ControlNet takes the UNet's inputs and the control image, and its residuals are added inside the UNet
+(controlnet/pipeline_controlnet.py; examples/controlnet/train_controlnet.py); a T2I-Adapter's features go in as
+``down_intrablock_additional_residuals`` (t2i_adapter/pipeline_stable_diffusion_adapter.py). ``batch["control_image"]``:
+pixels in [0, 1] at the latents' size times the VAE's factor, as ``prepare_image`` gives them; AnimateDiff's
+ControlNet takes one per frame ((B, F, 3, H, W) or (B*F, 3, H, W)).
 """
 
 from __future__ import annotations
@@ -26,16 +22,14 @@ __all__ = ["SIDE_NETWORKS", "side_inputs"]
 
 SIDE_NETWORKS = ("controlnet", "adapter")
 # The forward argument each network's residuals go to (unets/unet_2d_condition.py:989-991; UNetMotionModel takes the
-# ControlNet's only, unet_motion_model.py:1892): a denoiser whose forward lacks it is not fed by this layer. A video
-# UNet's ControlNet runs on every frame (animatediff/pipeline_animatediff_controlnet.py: latents folded to (B*F,C,H,W))
+# ControlNet's only, unet_motion_model.py:1892); a video UNet's ControlNet runs on every frame (B*F images,
+# animatediff/pipeline_animatediff_controlnet.py)
 _RESIDUALS = {"controlnet": "down_block_additional_residuals", "adapter": "down_intrablock_additional_residuals"}
 
 
 def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The extra UNet arguments from the ControlNet / T2I-Adapter of ``tp`` for this step (none when neither takes part).
-
-    A network takes part when it trains or when the batch has a ``control_image``; a trained one without a control
-    image, or one beside a denoiser whose call this layer does not build, is refused with what to do instead.
+    """The extra UNet arguments from ``tp``'s ControlNet / T2I-Adapter, which takes part when it trains or the batch
+    has a ``control_image`` (a trained one without, or beside a denoiser this layer cannot feed, is refused).
 
     Example:
         >>> from types import SimpleNamespace

@@ -1,13 +1,8 @@
 """How each denoiser family is called: one row per model class, read from recipes/denoisers.yaml.
 
-A row says which forward argument takes the noisy latents, how the pipeline-level conditioning names map onto the
-denoiser's keyword arguments, the latent layout and packing, how timesteps are scaled, which registered extra input
-builders the forward needs (:mod:`.inputs`), which condition builder makes, per pipeline class, the channels it
-takes beyond the latents (``condition``: an inpainting mask, an image-to-video first frame) and what
-``encode_prompt`` returns in order. Each row follows the
-family's diffusers pipeline (cited per row), so a training step and the video memory plan (:func:`call_inputs`,
-on the meta device) feed the denoiser what sampling feeds it. The noise objective comes from the scheduler config
-(:func:`hf_precision.training.objectives.objective_of`), not from the row.
+A row (its fields: the YAML's header) follows the family's diffusers pipeline, cited per row, so a training step
+and the video memory plan (:func:`call_inputs`, on the meta device) feed the denoiser what sampling feeds it. The
+noise objective comes from the scheduler config (:func:`hf_precision.training.objectives.objective_of`), not the row.
 """
 
 from __future__ import annotations
@@ -18,6 +13,9 @@ from typing import Any
 
 import torch
 
+from ..errors import Problems
+from ..recipe.calls import read_denoisers
+from ..recipe.schema import did_you_mean
 from . import image_embeds, inputs
 # the conditioning channels' functions live in .conditions; they stay readable here, where the rows are
 from .conditions import (built_keys, check_built, condition_channels, condition_made, condition_of, latent_channels,
@@ -67,10 +65,6 @@ class DenoiserRow:
 
 
 def _rows(path: str | None = None) -> dict[str, DenoiserRow]:
-    from ..errors import Problems
-    from ..recipe.calls import read_denoisers
-    from ..recipe.schema import did_you_mean
-
     rows = read_denoisers(inputs.BUILDERS, path)
     # a row's condition names a registered condition builder (the names are code, so checked here, not in recipe/)
     problems, known = Problems(str(path or "recipes/denoisers.yaml")), sorted(inputs.CONDITIONS)
@@ -143,11 +137,9 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
                  sigmas: tuple[float, float] | None = None, pipe: Any = None) -> tuple[dict[str, Any], torch.Tensor]:
     """The denoiser's keyword arguments for one training step, and the target its output is compared with.
 
-    ``sigmas`` is the (min, max) noise level of an ``edm`` objective (:func:`~hf_precision.training.objectives.sigma_range`); the batch may fix the
-    noise (``noise``), the noise levels (``sigmas``: flow and edm) or the timesteps (``timesteps``: DDPM). ``pipe``
-    (the training's pipeline or its class; ``tp.loss`` passes it) refuses a batch without the entries its condition
-    builder makes (:func:`check_built`); the memory plan's meta call passes none. A row's ``prefix_frame``
-    (FramePack) takes the latents' first frame off what is noised and predicted, and a given noise's with it.
+    ``sigmas``: an ``edm`` objective's (min, max) noise level; the batch may fix ``noise``, ``sigmas`` or
+    ``timesteps``. ``pipe`` (``tp.loss`` passes it) refuses a batch without what its condition builder makes
+    (:func:`check_built`). A ``prefix_frame`` row (FramePack) noises and predicts the frames after the first.
     """
     if "latents" not in batch:
         raise TrainingError(f"tp.loss(batch): the batch has no 'latents' (keys: {sorted(batch)}); give VAE latents, "
@@ -213,31 +205,24 @@ def noisy_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, 
     return call_inputs(row, module, batch, noisy, timestep, x0), _pack(row, target) if row.pack in PACKED else target
 
 
-def _patches_frames(module: torch.nn.Module) -> bool:
-    patch = getattr(getattr(module, "_orig_mod", module), "config", {}).get("patch_size")
-    return isinstance(patch, (list, tuple)) and len(patch) == 3
-
-
 def _frame_dim(row: DenoiserRow) -> int:
     return 2 if row.layout == "video" else 1  # frames_first (B,F,C,H,W) and channels_last (B,F,H,W,C): axis 1
 
 
 def _clean_first_frame(row: DenoiserRow, noisy: torch.Tensor, target: torch.Tensor,
                        x0: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # Kandinsky 5 I2V: the first latent frame is the image's clean latents at every step and is never stepped
-    # (pipeline_kandinsky_i2v.py:710 latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean
-    # (``x0``'s first frame: the clip's own, or the image latents the pipeline makes, HunyuanVideo I2V token_replace)
-    # and only the other frames are compared (model_output cuts the prediction).
+    # Kandinsky 5 I2V: the first latent frame is the image's clean latents, never stepped (pipeline_kandinsky_i2v.py:710
+    # latents[:, 0:1] = image_latents; :986 steps latents[:, 1:]): it goes in clean (``x0``'s, or HunyuanVideo I2V's
+    # image latents) and only the other frames are compared.
     dim = _frame_dim(row)
     noisy = torch.cat([x0.narrow(dim, 0, 1).to(noisy), noisy.narrow(dim, 1, noisy.shape[dim] - 1)], dim=dim)
     return noisy, target.narrow(dim, 1, target.shape[dim] - 1)
 
 
 def _after_prefix(row: DenoiserRow, module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    # FramePack: the clip's first latent frame is the image its pipeline gives clean beside the frames it steps
-    # (pipeline_hunyuan_video_framepack.py:889-895 latents_clean = [image_latents, 1x history]), and its section next
-    # to the image decodes as [image_latents, the stepped window] (:1016-1017): the window is the frames after it.
-    # Kept in the loss, the first frame would be a target sampling never steps, beside the prefix that gives it.
+    # FramePack: the first latent frame is the image its pipeline gives clean beside the stepped frames
+    # (pipeline_hunyuan_video_framepack.py:889-895 latents_clean = [image_latents, 1x history]; decoded as
+    # [image_latents, the stepped window], :1016-1017): in the loss it would be a target sampling never steps.
     dim = _frame_dim(row)
     if x.shape[dim] < 2:
         name = type(getattr(module, "_orig_mod", module)).__name__
@@ -259,9 +244,8 @@ def _train_config(row: DenoiserRow, module: torch.nn.Module) -> None:
 
 def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, Any], noisy: torch.Tensor | None = None,
                 timestep: torch.Tensor | None = None, x0: torch.Tensor | None = None) -> dict[str, Any]:
-    """The denoiser's keyword arguments for ``noisy`` latents (the denoiser's layout, before packing) at ``timestep``:
-    the training step's call and the video memory plan's (meta tensors). Without ``noisy``: the batch's latents;
-    without ``timestep``: zeros, one per sample.
+    """The denoiser's keyword arguments for ``noisy`` latents (its layout, before packing; default the batch's) at
+    ``timestep`` (default zeros): the training step's call and the video memory plan's.
 
     Example:
         >>> from diffusers import SD3Transformer2DModel
@@ -276,10 +260,10 @@ def call_inputs(row: DenoiserRow, module: torch.nn.Module, batch: Mapping[str, A
     if timestep is None:
         timestep = torch.zeros(noisy.shape[0], device=noisy.device)
     noisy = with_condition_latents(row, module, noisy, batch)
-    if noisy.dim() == 4 and _patches_frames(module):
-        # a denoiser patching (frame, height, width) takes an image as one latent frame (the HunyuanImage Refiner:
-        # patch_size [1, 1, 1], pipeline_hunyuanimage_refiner.py:350; transformer_hunyuanimage.py:789-796);
-        # model_output drops the axis again
+    patch = getattr(getattr(module, "_orig_mod", module), "config", {}).get("patch_size")
+    if noisy.dim() == 4 and isinstance(patch, (list, tuple)) and len(patch) == 3:
+        # a denoiser patching (frame, height, width) takes an image as one latent frame (HunyuanImage Refiner,
+        # pipeline_hunyuanimage_refiner.py:350; transformer_hunyuanimage.py:789-796); model_output drops it again
         noisy = noisy.unsqueeze(2)
     if row.pack:
         noisy = _pack(row, noisy)
@@ -335,10 +319,8 @@ def _pack(row: DenoiserRow, x: torch.Tensor) -> Any:
 
 def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8, frames: int = 2, tokens: int = 4,
                   seed: int = 0, latent: tuple[int, ...] | None = None, device: Any = None) -> dict[str, torch.Tensor]:
-    """A small random batch shaped for ``module`` from its config: latents (VAE layout) and conditioning.
-
-    ``latent`` gives the latents' (frames, height, width) or (height, width) as they are, instead of ``side`` and
-    ``frames`` fitted to the config; on ``device="meta"`` the tensors have shapes only (the video memory plan's).
+    """A small random batch shaped for ``module`` from its config: latents (VAE layout) and conditioning; ``latent``:
+    the latents' ([frames,] height, width) as they are, not fitted; ``device="meta"``: shapes only.
 
     Example:
         >>> from diffusers import SD3Transformer2DModel

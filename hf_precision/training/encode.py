@@ -9,7 +9,11 @@ from typing import Any
 import torch
 
 from ..diagnose.steps import call_params
+from ..recipe.catalog import shipped_value
+from ..runtime.patches import tile_where_required
 from . import denoiser_rows
+from .image_embeds import IMAGE_KEY, encode_image_embeds, image_encode_of
+from .inputs import CONDITIONS
 from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
 
@@ -17,10 +21,8 @@ __all__ = ["condition_key", "encode_condition", "encode_images", "encode_prompt"
 
 
 def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
-    """Shift and scale raw VAE latents as the pipelines do before denoising.
-
-    ``latents_mean``/``latents_std`` (Wan, LTX: ``(x - mean) / std``, times ``scaling_factor`` where there is one),
-    else ``(x - shift_factor) * scaling_factor`` (SD3, Flux; SD/SDXL have no shift).
+    """Shift and scale raw VAE latents as the pipelines do: ``(x - mean) / std`` (Wan, LTX; times ``scaling_factor``
+    where there is one), else ``(x - shift_factor) * scaling_factor`` (SD3, Flux; SD/SDXL have no shift).
 
     Example:
         >>> normalise_latents(torch.ones(1, 1, 2, 2), {"scaling_factor": 0.5, "shift_factor": 0.5}).flatten().tolist()
@@ -37,17 +39,14 @@ def normalise_latents(latents: torch.Tensor, config: Any) -> torch.Tensor:
 
 
 def latent_shift(pipe: Any) -> bool:
-    """Whether ``pipe``'s class shifts its VAE latents by the config's ``shift_factor``: false where the shipped
-    recipe listing the class says ``latent_shift: false`` (Kandinsky 5 Image scales by ``scaling_factor`` alone,
-    recipes/kandinsky5_image.yaml), true otherwise.
+    """Whether ``pipe``'s class shifts its VAE latents by ``shift_factor``: not where its recipe says ``latent_shift:
+    false`` (Kandinsky 5 Image scales alone, recipes/kandinsky5_image.yaml).
 
     Example:
         >>> import diffusers
         >>> latent_shift(diffusers.Kandinsky5T2IPipeline), latent_shift(diffusers.FluxPipeline)
         (False, True)
     """
-    from ..recipe.catalog import shipped_value
-
     shift = shipped_value(pipe if isinstance(pipe, type) else type(pipe), "latent_shift")[1]
     return True if shift is None else bool(shift)
 
@@ -69,9 +68,8 @@ def encode_images(tp: Any, pixels: torch.Tensor, generator: torch.Generator | No
     return normalise_latents(raw, config)
 
 
-# A pipeline with this static method folds its image's one latent frame into channels before denoising (the
-# HunyuanImage 2.1 Refiner: _encode_vae_image, diffusers 0.42.1 pipeline_hunyuanimage_refiner.py:405-418, reorders
-# before scaling; the transformer takes and predicts the folded channels, and decoding unfolds them, :748-749).
+# A pipeline with this static method folds its image's latent frame into channels before scaling (HunyuanImage 2.1
+# Refiner, diffusers 0.42.1 pipeline_hunyuanimage_refiner.py:405-418; decoding unfolds them, :748-749).
 FOLD_METHOD = "_reorder_image_tokens"
 
 
@@ -85,15 +83,11 @@ def _folded(tp: Any, raw: torch.Tensor) -> torch.Tensor:
 
 def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
                      generator: torch.Generator | None = None, **given: Any) -> dict[str, torch.Tensor]:
-    """``{"condition_latents": ..., "image_embeds": ...}``: the channels the denoiser takes beyond the noisy latents
-    (an inpainting mask and masked image, an image-to-video model's first frame), built from the training sample's
-    own ``pixels`` as the row's condition builder for this pipeline class builds them (recipes/denoisers.yaml
-    ``condition``), and the image encoder's embedding of the conditioning frame where the denoiser takes one (the
-    pipeline's own method, the row's ``image_encode``: Wan 2.1 I2V, SVD; :mod:`.image_embeds`); ``latents`` are
-    those pixels' latents (``tp.encode_images``), which fix the condition's size. ``{}`` for a denoiser that takes
-    neither. Raises naming the pipeline where its denoiser takes channels or an embedding nothing here makes.
-    ``given``: inputs of the pipeline's ``__call__`` beside the sample, by its names, for a builder that makes the
-    conditioning from them (Wan Animate's ``image``, ``pose_video``, ``face_video``:
+    """``{"condition_latents": ..., "image_embeds": ...}``: the channels the denoiser takes beyond the noisy latents,
+    built from the sample's ``pixels`` (and their ``latents``, which fix the size) by the row's ``condition`` builder
+    (recipes/denoisers.yaml), and the image embedding where it takes one (:mod:`.image_embeds`); ``{}`` for neither.
+    Raises naming the pipeline where nothing here makes what its denoiser takes. ``given``: the pipeline's own
+    ``__call__`` inputs a builder makes the conditioning from (Wan Animate's ``image``, ``pose_video``, ``face_video``:
     :mod:`.inputs.wan_animate_reference`, which also hands back ``latents`` with the reference's frame first).
 
     Example:
@@ -105,9 +99,6 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
         >>> tuple(cond.shape), sorted(set(cond[:, 0].flatten().tolist())) <= [0.0, 1.0]  # the mask, masked latents
         ((1, 5, 16, 16), True)
     """
-    from .image_embeds import encode_image_embeds
-    from .inputs import CONDITIONS
-
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
     out: dict[str, torch.Tensor] = {}
@@ -121,9 +112,7 @@ def encode_condition(tp: Any, pixels: torch.Tensor, latents: torch.Tensor,
 
 
 def condition_key(tp: Any) -> tuple[str, ...]:
-    """What :func:`encode_condition` makes for ``tp``'s denoiser under its pipeline, named: the condition builder
-    and the pipeline method that encodes the image embedding (``()`` where it makes nothing): a cache of encoded
-    samples keys on it, so another builder or method is another entry.
+    """The names of what :func:`encode_condition` makes for ``tp``, which a cache of encoded samples keys on.
 
     Example:
         >>> import hf_precision as hp
@@ -131,8 +120,6 @@ def condition_key(tp: Any) -> tuple[str, ...]:
         >>> condition_key(hp.prepare_training(make_pipeline("svd"), device="cpu", train={"unet": "lora"}, rank=2))
         ('condition', 'svd_image', 'image_embeds', '_encode_image', 'pil')
     """
-    from .image_embeds import IMAGE_KEY, image_encode_of
-
     module = tp._denoiser()
     row = denoiser_rows.row_of(module, str(tp.denoiser_name))
     name = denoiser_rows.condition_made(row, module, tp.pipe)
@@ -177,11 +164,9 @@ def frame_wise(vae: torch.nn.Module) -> bool:
 def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Generator | None = None,
                 mode: bool = False) -> torch.Tensor:
     """The raw latents of ``vae.encode(pixels)``, unscaled: a sample of ``latent_dist`` (its mode with ``mode``, as
-    image-to-video pipelines encode their condition image: ``sample_mode="argmax"``) (AutoencoderKL and kin), else
-    ``latent`` (AutoencoderDC). A clip (B, C, F, H, W) into a frame-wise VAE (:func:`frame_wise`) is encoded with
-    its frames in the batch, as diffusers' SVD pipeline encodes frames, and handed back as (B, C', F, H', W'). An
-    image (B, C, H, W) into a video VAE (one that takes (B, C, F, H, W): QwenImage's, Wan's) goes in as a clip of one
-    frame, as pipeline_qwenimage.py encodes images, and comes back as (B, C', H', W').
+    image-to-video pipelines' ``sample_mode="argmax"``), else ``latent`` (AutoencoderDC). A clip into a frame-wise
+    VAE (:func:`frame_wise`) goes with its frames in the batch, as diffusers' SVD pipeline does; an image into a
+    video VAE as a clip of one frame, as pipeline_qwenimage.py does; each comes back in the shape it came in.
 
     Example:
         >>> from diffusers import AutoencoderKL
@@ -189,8 +174,6 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
         >>> tuple(vae_latents(vae, torch.zeros(2, 3, 5, 8, 8)).shape)
         (2, 4, 5, 8, 8)
     """
-    from ..runtime.patches import tile_where_required
-
     tile_where_required(vae)  # Allegro's VAE encodes only tiled
     wise = frame_wise(vae)
     folded = pixels.dim() == 5 and wise
@@ -207,10 +190,7 @@ def vae_latents(vae: torch.nn.Module, pixels: torch.Tensor, generator: torch.Gen
 
 
 def encode_prompt_needs(pipeline_cls: Any) -> list[str]:
-    """What a pipeline class's ``encode_prompt`` requires beyond the captions :func:`encode_prompt` gives it (the
-    prompts, device and counts): HunyuanVideo I2V encodes its input image with the prompt. Read from the class, so
-    ``train`` and ``train --plan`` know before loading: they give an ``image`` (each clip's first frame) and refuse
-    a model that needs anything else.
+    """What a pipeline class's ``encode_prompt`` requires beyond the prompts (HunyuanVideo I2V: its image).
 
     Example:
         >>> import diffusers

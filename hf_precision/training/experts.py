@@ -1,11 +1,8 @@
 """Two denoising experts (Wan 2.2 A14B): which one a training step trains, and on which noise levels.
 
-diffusers' Wan 2.2 pipelines hold a high-noise ``transformer`` and a low-noise ``transformer_2`` and switch at
-``boundary_timestep = boundary_ratio * scheduler.config.num_train_timesteps``: ``transformer`` denoises every
-``t >= boundary_timestep``, ``transformer_2`` the rest (pipeline_wan.py ``__call__``, pipeline_wan_i2v.py likewise).
-A step trains the expert that owns the noise level it draws, so each expert is trained on its own levels only: one
-expert per run, its sigmas drawn from its window (``tp.sigma_range``, which the flow draw and the training program's
-global draw both read).
+diffusers' Wan 2.2 pipelines switch at ``boundary_ratio * num_train_timesteps``: ``transformer`` denoises every
+``t`` above, ``transformer_2`` the rest (pipeline_wan.py ``__call__``). So one expert trains per run, its sigmas
+drawn from its window (``tp.sigma_range``).
 """
 
 from __future__ import annotations

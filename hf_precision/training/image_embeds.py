@@ -1,10 +1,7 @@
-"""The image encoder's embedding of a training sample's conditioning frame, as its pipeline makes it at inference:
-Wan 2.1 I2V's CLIP vision ``hidden_states[-2]`` (``encoder_hidden_states_image``), SVD's CLIP image embeds (the
-UNet's ``encoder_hidden_states``), FramePack's SigLIP states. Which pipeline method encodes the image, and in which
-form it takes it, is row data (recipes/denoisers.yaml ``image_encode``: pipeline class -> [method, pil | pixels]);
-the method itself is the pipeline's own, so its image processor, resizing and hidden-state layer are the ones
-sampling uses. The conditioning frame is the clip's first frame (an image sample: the image), as the condition
-latents take it (:mod:`.inputs.wan_first_frame`, :mod:`.inputs.svd_image`).
+"""The image encoder's embedding of a training sample's conditioning frame (a clip's first), as its pipeline makes
+it at inference: Wan 2.1 I2V's CLIP vision ``hidden_states[-2]``, SVD's CLIP image embeds, FramePack's SigLIP states.
+The row's ``image_encode`` (recipes/denoisers.yaml: pipeline class -> [method, pil | pixels]) names the pipeline's
+own method, so its image processor, resizing and hidden-state layer are the ones sampling uses.
 """
 
 from __future__ import annotations
@@ -13,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..diagnose.steps import call_params
 from .inputs.registry import config_value
 from .pipeline_methods import required_params, without_guidance
 from .rules import TrainingError
@@ -25,8 +23,7 @@ _FILLED = {"num_videos_per_prompt": 1, "num_images_per_prompt": 1, "do_classifie
 
 
 def image_width(row: Any, module: Any) -> int | None:
-    """The width of the image embedding ``module`` takes (its config, by the row's ``text_dims`` or ``optional``
-    entry for ``image_embeds``), None where this configuration takes none (Wan 2.2 I2V, Wan T2V: image_dim null).
+    """The width of the image embedding ``module`` takes, None where it takes none (Wan T2V: image_dim null).
 
     Example:
         >>> from types import SimpleNamespace
@@ -44,10 +41,9 @@ def image_width(row: Any, module: Any) -> int | None:
 
 
 def image_encode_of(row: Any, module: Any, pipe: Any) -> tuple[str, str] | None:
-    """The row's ``image_encode`` entry ([method, input]) for ``pipe`` (an instance or class, or a base class),
-    where the denoiser takes an image embedding; None where it takes none or the row has no such field. A denoiser
-    that takes one under a pipeline the row names no method for is refused: training it without its image tokens
-    (or on zeros) teaches it to ignore the image its pipeline gives.
+    """The row's ``image_encode`` entry ([method, input]) for ``pipe`` (instance or class) where the denoiser takes an
+    image embedding, else None. A pipeline the row names no method for is refused: training without the image tokens
+    teaches the denoiser to ignore the image its pipeline gives.
 
     Example:
         >>> from types import SimpleNamespace
@@ -93,9 +89,8 @@ def check_batch(row: Any, module: Any, batch: Any) -> None:
 
 
 def pil_frames(pixels: torch.Tensor) -> list[Any]:
-    """The conditioning frame of each sample of ``pixels`` (in [-1, 1]: (B, 3, H, W), or a clip (B, 3, F, H, W) and
-    its first frame) as the 8-bit PIL picture a user hands ``__call__``, made as the pipelines' own postprocess makes
-    one (``VaeImageProcessor.pt_to_numpy``, ``numpy_to_pil``).
+    """The conditioning frame of each sample of ``pixels`` (in [-1, 1]; a clip's first) as the PIL picture a user
+    hands ``__call__``, made by the pipelines' own ``VaeImageProcessor.pt_to_numpy`` and ``numpy_to_pil``.
 
     Example:
         >>> [p.size for p in pil_frames(torch.zeros(2, 3, 5, 8, 6))]
@@ -107,14 +102,8 @@ def pil_frames(pixels: torch.Tensor) -> list[Any]:
     return VaeImageProcessor.numpy_to_pil(VaeImageProcessor.pt_to_numpy((frame.float() / 2 + 0.5).clamp(0, 1)))
 
 
-def _as_input(frame: torch.Tensor, form: str) -> Any:
-    return frame if form == "pixels" else pil_frames(frame)
-
-
 def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``{"image_embeds": ...}`` (batch-first, float32): the pipeline's own image-encoding method (``row``'s
-    ``image_encode``, the denoiser's row) run on the conditioning frame of ``pixels`` (in [-1, 1]; a clip's first frame), one
-    embedding per sample, without classifier-free guidance; ``{}`` where the denoiser takes none.
+    """``{"image_embeds": ...}`` (float32): the row's ``image_encode`` method on ``pixels``' conditioning frames.
 
     Example:
         >>> import hf_precision as hp
@@ -125,8 +114,6 @@ def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, to
         >>> tuple(encode_image_embeds(tp, row, torch.rand(2, 3, 3, 32, 32) * 2 - 1)["image_embeds"].shape)
         (2, 1, 8)
     """
-    from ..diagnose.steps import call_params
-
     module = tp._denoiser()
     entry = image_encode_of(row, module, tp.pipe)
     if entry is None:
@@ -135,7 +122,7 @@ def encode_image_embeds(tp: Any, row: Any, pixels: torch.Tensor) -> dict[str, to
     params = call_params(tp.pipe, method)
     frame = pixels[:, :, 0] if pixels.dim() == 5 else pixels
     image = next((k for k in ("image", "images") if k in params), next((k for k in params if k != "self"), "image"))
-    kwargs = {image: _as_input(frame, form), "device": tp.device, **_FILLED}
+    kwargs = {image: frame if form == "pixels" else pil_frames(frame), "device": tp.device, **_FILLED}
     kwargs = {k: v for k, v in kwargs.items() if k in params}
     missing = required_params(params, {**kwargs, "self": None})
     if missing:

@@ -24,9 +24,8 @@ PEFT_FILE = "adapter_model.safetensors"  # peft's PeftModel.save_pretrained name
 
 
 def lora_loader(pipeline: str, recipe_pipelines: Any = ()) -> type | None:
-    """The diffusers pipeline class whose LoRA loader mixin writes and reads LoRA weights for ``pipeline``: the class
-    itself, else one its recipe names (StableDiffusionAdapterPipeline -> StableDiffusionPipeline); None where diffusers
-    has none (PixArt, SVD, DiT in diffusers 0.42): :func:`save_lora` then writes peft's adapter folders.
+    """The pipeline class whose LoRA loader mixin serves ``pipeline``: itself, else one its recipe names; None where
+    diffusers 0.42 has none (PixArt, SVD, DiT): :func:`save_lora` then writes peft's adapter folders.
 
     Example:
         >>> lora_loader("StableDiffusionXLPipeline").__name__, lora_loader("PixArtSigmaPipeline")
@@ -58,13 +57,9 @@ def lora_reader(folder: Any, pipe: str = "pipe") -> str:
 
 
 def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
-    """Write the LoRA weights of ``tp``; returns what was written (:func:`lora_reader` says how to load it).
-
-    Where diffusers has a LoRA loader for the pipeline, one ``pytorch_lora_weights.safetensors`` that
-    ``pipe.load_lora_weights(path)`` reads. Else (PixArt, whose transformer has no ``load_lora_adapter`` either),
-    each LoRA component in peft's own format, ``path/<component>/adapter_config.json`` and
-    ``adapter_model.safetensors``, which ``PeftModel.from_pretrained(pipe.<component>, path/<component>)`` reads (then ``.merge_and_unload()``);
-    the folder is returned.
+    """Write the LoRA weights of ``tp``: one ``pytorch_lora_weights.safetensors`` for ``pipe.load_lora_weights``, or,
+    without a loader (PixArt), peft's folder per component for ``PeftModel.from_pretrained``; returns what was
+    written (:func:`lora_reader` says how to load it).
     """
     from diffusers.utils import convert_state_dict_to_diffusers
     from peft.utils import get_peft_model_state_dict
@@ -100,9 +95,9 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
 
 
 def _saved_as(loader: type, name: str) -> str:
-    """The component name the loader saves ``name``'s LoRA under: Wan 2.2's low-noise expert is saved as a transformer
-    LoRA (WanLoraLoaderMixin.save_lora_weights takes transformer_lora_layers only) and read back with
-    ``pipe.load_lora_weights(folder, load_into_transformer_2=True)`` (diffusers loaders/lora_pipeline.py)."""
+    """The component name the loader saves ``name``'s LoRA under: Wan 2.2's ``transformer_2`` as ``transformer``
+    (WanLoraLoaderMixin.save_lora_weights takes transformer_lora_layers only; read back with
+    ``load_into_transformer_2=True``, diffusers loaders/lora_pipeline.py)."""
     import inspect
 
     takes = inspect.signature(loader.save_lora_weights).parameters

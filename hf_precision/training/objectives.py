@@ -18,12 +18,9 @@ EDM_P_MEAN, EDM_P_STD = -1.2, 1.2
 
 
 def objective_of(scheduler_config: Mapping[str, Any] | None, scheduler_class: str = "") -> str:
-    """The noise objective a scheduler config implies: ``flow``, ``edm``, ``v_prediction`` or ``epsilon``.
-
-    ``edm`` is EDM preconditioning as SVD samples it: continuous timesteps with v-prediction make
-    ``EulerDiscreteScheduler`` feed the model ``c_noise = 0.25 * ln(sigma)`` and the input scaled by
-    ``1 / sqrt(sigma^2 + 1)`` (diffusers ``schedulers/scheduling_euler_discrete.py``: ``timestep_type ==
-    "continuous" and prediction_type == "v_prediction"``, ``scale_model_input``).
+    """The noise objective a scheduler config implies: ``flow``, ``edm``, ``v_prediction`` or ``epsilon``; ``edm``:
+    SVD's continuous v-prediction, which feeds ``c_noise = 0.25 * ln(sigma)`` and inputs scaled by ``1 / sqrt(sigma^2
+    + 1)`` (diffusers ``schedulers/scheduling_euler_discrete.py``, ``scale_model_input``).
 
     Example:
         >>> objective_of({"prediction_type": "v_prediction"}), objective_of({}, "FlowMatchEulerDiscreteScheduler")
@@ -60,11 +57,8 @@ def sigma_range(scheduler_config: Mapping[str, Any] | None, alphas_cumprod: torc
 def draw(objective: str, shape: tuple[int, ...], *, alphas_cumprod: torch.Tensor | None = None,
          sigmas: tuple[float, float] | None = None, generator: torch.Generator | None = None,
          device: torch.device | str | None = None) -> dict[str, torch.Tensor]:
-    """The random part of a training step for ``shape[0]`` samples: ``noise`` of ``shape``, then the noise levels
-    (``sigmas``: uniform for flow, EDM's log-normal clipped to ``sigmas`` for edm) or DDPM ``timesteps``, in that
-    order; ``sigmas`` is the (min, max) of an edm draw, or the window of a flow one. The training loss draws what its
-    batch lacks with it; the program draws a whole global batch with it and
-    gives each process its slice, so N processes train on what one process does.
+    """The random part of a training step for ``shape[0]`` samples: ``noise``, then noise levels (``sigmas``: uniform
+    for flow, log-normal for edm, within ``sigmas`` (min, max) where given) or DDPM ``timesteps``, in that order.
 
     Example:
         >>> d = draw("flow", (2, 4, 8, 8), generator=torch.Generator().manual_seed(0))

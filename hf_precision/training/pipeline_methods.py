@@ -1,6 +1,5 @@
-"""Calling a pipeline's own methods outside its ``__call__`` (``encode_prompt``, ``encode_image``), as the training
-encode phase does: which of a method's parameters are still missing, and the guidance state some methods read.
-Imports nothing else of the training layer, so both encoders (:mod:`.encode`, :mod:`.image_embeds`) can use it.
+"""Calling a pipeline's own methods outside its ``__call__`` (``encode_prompt``, ``encode_image``): the parameters
+still missing, and the guidance state some read. Imports nothing else of the layer, so both encoders can use it.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ def required_params(params: Any, given: Any) -> list[str]:
 
 @contextlib.contextmanager
 def without_guidance(pipe: Any) -> Iterator[None]:
-    """Inside the block, a pipeline whose ``do_classifier_free_guidance`` property reads ``_guidance_scale`` (which
-    only ``__call__`` sets: I2VGenXL's ``encode_prompt`` reads it) sees scale 1, no guidance, as training encodes.
+    """Inside the block, ``do_classifier_free_guidance`` reading ``_guidance_scale`` (set only by ``__call__``;
+    I2VGenXL's ``encode_prompt`` reads it) sees scale 1, as training encodes.
 
     Example:
         >>> class P:

@@ -1,9 +1,7 @@
 """tp.check(): find what would fail before the first step, and name the module, its dtypes and its devices.
 
-Static checks first (a part left on the meta device or another device, a half module inside an fp32 island, a
-trainable parameter that is not a master), then one tiny forward and backward through the denoiser with the
-module stack traced, so a failure deep inside torch comes back as "unet.down_blocks.0.attentions.0.proj_in:
-weight float16 on cpu; input float32 ...".
+Static checks first (placement, islands, masters), then one tiny forward and backward with the module stack
+traced, so a failure deep inside torch names "unet.down_blocks.0.attentions.0.proj_in: weight float16 on cpu".
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from ..recipe.patterns import inside
 from ..runtime.placement import same_device
 from . import denoiser_rows
 from .rules import TrainingError
+from .shard import shard_problems
 
 __all__ = ["preflight", "static_problems"]
 
@@ -41,8 +40,6 @@ def static_problems(tp: Any) -> list[str]:
                     and inside(name.rpartition(".")[0], islands):
                 problems.append(f"{owner}: {str(t.dtype).removeprefix('torch.')} inside the fp32 island of {comp}; "
                                 f"something cast it after the recipe was applied (re-run prepare_training)")
-    from .shard import shard_problems
-
     problems += shard_problems(tp)
     for name, p in tp.named_parameters():
         if p.dtype != tp.stepper.master_dtype:

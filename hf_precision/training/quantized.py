@@ -1,16 +1,13 @@
 """Training on a quantized base (QLoRA-style): the loaded storage is kept, the base stays frozen, LoRA trains in fp32.
 
-A pipeline loaded with ``quantize={"unet": "int8"}`` (or ``--set unet.storage=int8``) holds the backend's quantized
-weights; ``prepare_training`` resolves its recipe again, so the storage the pipeline was loaded with is carried
-into that recipe here (else the plan would report, fingerprint and cache it as unquantized). peft wraps a quantized
-``nn.Linear`` as it wraps any other: torchao's weights through its ``TorchaoLoraLinear`` (peft
-src/peft/tuners/lora/torchao.py, int8 only), optimum-quanto's ``QLinear`` as a plain ``nn.Linear`` subclass, and
-bitsandbytes' layers through its QLoRA path; the base weight never has a gradient, so it stays quantized and
-unchanged. fp8 *storage* (``float8_e4m3fn``/``float8_e5m2``, diffusers' layerwise casting) swaps each layer's
-``.data`` to the compute dtype and back in place, so autograd would meet the fp8 tensor it saved (``expected
-scalar type Float but found Float8_e4m3fn`` in backward): on a part that trains, or that gradients pass through,
-:func:`upcast_fp8` makes its layers compute with a fresh upcast copy instead (kohya's ``--fp8_base``); frozen parts
-keep diffusers' hook. A full fine-tune of quantized or fp8 weights is refused before anything changes.
+The storage a pipeline was loaded with (``quantize={"unet": "int8"}``) is carried into the training recipe here
+(else the plan would report, fingerprint and cache it as unquantized). peft wraps a quantized ``nn.Linear`` like any
+other: torchao's through ``TorchaoLoraLinear`` (peft src/peft/tuners/lora/torchao.py, int8 only), quanto's
+``QLinear`` as an ``nn.Linear`` subclass, bitsandbytes' through its QLoRA path; the base has no gradient and stays
+unchanged. fp8 *storage* (diffusers' layerwise casting) swaps each layer's ``.data`` in place, so autograd would
+meet the fp8 tensor it saved (``expected scalar type Float but found Float8_e4m3fn`` in backward): where gradients
+pass, :func:`upcast_fp8` computes from a fresh upcast copy instead (kohya's ``--fp8_base``). A full fine-tune of
+quantized or fp8 weights is refused before anything changes.
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from ..recipe.overrides import Override
 from ..recipe.quantize import CHOICES, is_quantized
 from ..runtime import patches
 from ..runtime.apply import applied
+from ..runtime.kernel_guards import keep_bnb_unpacked
 from ..runtime.quantize import is_quantized_tensor, module_bytes
 from .methods import method_of
 from .rules import ComputeChoice, TrainingError
@@ -89,11 +87,9 @@ def loaded_layer(storage: Mapping[str, str]) -> Override | None:
 
 
 def keep_loaded_compute(holder: Any, storage: Mapping[str, str], choices: dict[str, Any]) -> None:
-    """A trainable component loaded quantized keeps the compute dtype it was loaded for.
-
-    The backend made its scales in that dtype at load (quanto's per-row scales are in the compute dtype; its CPU
-    int8 kernel then refuses other activations: "expected scalar type BFloat16 but found Half"), and a quantized
-    weight cannot be re-cast the way the training rule re-casts a float one. The choice says how to get the rule's.
+    """A trainable component loaded quantized keeps the compute dtype it was loaded for, since its scales were made
+    in it (quanto's CPU int8 kernel refuses other activations: "expected scalar type BFloat16 but found Half") and
+    a quantized weight cannot be re-cast; the choice says how to get the rule's.
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -122,11 +118,9 @@ def _through(train: Mapping[str, str], denoiser: str | None) -> set[str]:
 
 
 def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | None) -> None:
-    """One TrainingError for trainable parts whose storage cannot be trained the way asked.
-
-    LoRA needs gradients through the frozen weights of the component it sits in (and, for a text-encoder LoRA,
-    through the denoiser behind it): every backend here has them, fp8 storage through :func:`upcast_fp8`. A full
-    fine-tune needs the weights themselves as float masters, which quantized and fp8-stored weights are not.
+    """One TrainingError for trainable parts whose storage cannot be trained the way asked: LoRA needs gradients
+    through the frozen weights (every backend has them, fp8 through :func:`upcast_fp8`), a full fine-tune float
+    masters, which quantized and fp8 weights are not.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -148,12 +142,8 @@ def refuse_untrainable(recipe: Any, train: Mapping[str, str], denoiser: str | No
 
 def upcast_fp8(recipe: Any, comps: Mapping[str, torch.nn.Module], train: Mapping[str, str],
                denoiser: str | None) -> dict[str, int]:
-    """Components stored fp8 that gradients pass through compute with fresh upcast weights; returns the layer
-    counts (component -> layers changed).
-
-    diffusers' layerwise casting would hand autograd an fp8 weight in the backward; each of these layers computes
-    with ``weight.to(compute)`` instead (:func:`hf_precision.runtime.patches.upcast_on_use`), in the component's
-    compute dtype. The weights stay fp8 in memory; frozen parts behind no gradient keep diffusers' hook.
+    """fp8-stored components that gradients pass through compute from ``weight.to(compute)``
+    (:func:`hf_precision.runtime.patches.upcast_on_use`); component -> layers changed.
 
     Example:
         >>> from hf_precision import apply_recipe
@@ -174,23 +164,19 @@ def upcast_fp8(recipe: Any, comps: Mapping[str, torch.nn.Module], train: Mapping
 
 def keep_4bit_differentiable(comps: Mapping[str, torch.nn.Module], train: Mapping[str, str],
                              denoiser: str | None) -> dict[str, int]:
-    """bitsandbytes 4-bit layers that gradients pass through stay off its fused AVX512-BF16 CPU kernel, which has no
-    backward (:func:`hf_precision.runtime.kernel_guards.keep_bnb_unpacked`); returns the layers unpacked again
-    per component (layers an earlier inference call had repacked).
+    """bitsandbytes 4-bit layers that gradients pass through stay off its fused CPU kernel, which has no backward
+    (:func:`hf_precision.runtime.kernel_guards.keep_bnb_unpacked`); component -> layers unpacked again.
 
     Example:
         >>> keep_4bit_differentiable({"unet": torch.nn.Linear(2, 2)}, {"unet": "lora"}, "unet")
         {}
     """
-    from ..runtime.kernel_guards import keep_bnb_unpacked
-
     done = {comp: keep_bnb_unpacked(comps[comp]) for comp in sorted(_through(train, denoiser)) if comp in comps}
     return {comp: n for comp, n in done.items() if n}
 
 
 def base_lines(tp: Any) -> list[str]:
-    """Report lines: each quantized or fp8-stored component, frozen, its converted layers and its measured bytes
-    (LoRA excluded).
+    """Report lines: each quantized or fp8-stored component, its layers, frozen or not, and its bytes without LoRA.
 
     Example:
         >>> from hf_precision.testing import make_pipeline

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..recipe.recognise import recipes_planning
 from .methods import method_of
 from .quantized import base_lines
 
@@ -12,8 +13,6 @@ __all__ = ["plan_table"]
 
 def _unplanned_row(tp: Any, name: str, module: Any) -> tuple[str, ...]:
     """A component the recipe does not plan: left in the dtype it was given, said so with the recipes that plan it."""
-    from ..recipe.recognise import recipes_planning
-
     cls = type(module).__name__
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters()}) or ["-"]
     params = [p for n, p in tp.named_parameters() if n.startswith(name + ".")]
@@ -36,10 +35,8 @@ def plan_table(tp: Any) -> str:
             continue
         method = method_of(tp.kinds.get(plan.name, "frozen"))
         params = [p for n, p in tp.named_parameters() if n.startswith(plan.name + ".")]
-        trained = "-"
-        if params:
-            dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in params})
-            trained = f"{sum(p.numel() for p in params):,} {'/'.join(dtypes)}"
+        dtypes = "/".join(sorted({str(p.dtype).removeprefix("torch.") for p in params}))
+        trained = f"{sum(p.numel() for p in params):,} {dtypes}" if params else "-"
         label = method.label(tp, plan.name)
         choice = tp.choices.get(plan.name)
         rule = choice.rule if choice else next((f"{d.rule} [{d.source}]" for d in plan.decisions if d.field == "compute"), "")

@@ -1,11 +1,9 @@
 """The training recipe, resolved once, from configs and the device rules, before any weight loads.
 
-A pipeline object, a folder (Hub id, alias) and a dict of components reach it through :func:`resolve_training`:
-the pipeline recipe (``recipe=``, else the one :func:`~hf_precision.runtime.choose.recipe_of` recognises), its
-``training:`` section, the quantized storage a pipeline was loaded with, the user's overrides, and the training rule
-(:func:`~hf_precision.training.rules.training_compute`) for each part that trains. The training program loads
-straight into that recipe (``load_pipeline(folder, recipe=tr.recipe)``) and ``prepare_training(pipe, recipe=tr)``
-then only attaches masters, adapters, the scaler and hooks: nothing is resolved or cast twice.
+A pipeline, a folder (Hub id, alias) and a dict of components reach it through :func:`resolve_training`: the
+recipe (``recipe=``, else :func:`~hf_precision.runtime.choose.recipe_of`'s), its ``training:`` section, the loaded
+quantized storage, the user's overrides and the training rule (:func:`~hf_precision.training.rules.training_compute`).
+The training program loads straight into it and ``prepare_training(pipe, recipe=tr)`` only attaches.
 """
 
 from __future__ import annotations
@@ -15,28 +13,32 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+
 from ..recipe.catalog import list_recipes, pipeline_file, training_overrides, unknown_recipe
 from ..recipe.devices import device_caps, device_profile
 from ..recipe.model import Recipe
 from ..recipe.overrides import Override, as_list
 from ..recipe.resolution import resolve
+from ..runtime.apply import config_dict
+from ..runtime.choose import recipe_of
+from ..runtime.placement import torch_device
+from ..runtime.source import component_configs, listed_components, locate, models_of_index, models_of_pipeline
 from . import quantized
 from .methods import method_of
 from .rules import ComputeChoice, TrainingError, training_compute
+from .shard import refuse_unshardable
 
 __all__ = ["Components", "TrainingRecipe", "resolve_training"]
 
 
 def recipe_name(pipe: Any, recipe: Any) -> str | None:
-    """The recipe named with ``recipe=`` (checked), else the one :func:`~hf_precision.runtime.choose.recipe_of`
-    picks for a pipeline, a folder or a dict of components.
+    """The recipe named with ``recipe=`` (checked), else :func:`~hf_precision.runtime.choose.recipe_of`'s choice.
 
     Example:
         >>> recipe_name(None, "sdxl")
         'sdxl'
     """
-    from ..runtime.choose import recipe_of
-
     if recipe is None:
         return recipe_of(pipe, "prepare_training")  # None: composed from the classes of a pipeline no recipe lists
     if not isinstance(recipe, str):
@@ -55,12 +57,8 @@ def recipe_name(pipe: Any, recipe: Any) -> str | None:
 
 @dataclasses.dataclass(frozen=True)
 class TrainingRecipe:
-    """What trains, and the recipe every component is loaded and trained in (frozen; see :func:`resolve_training`).
-
-    It also keeps what it was resolved with (``device``, ``layout``, ``overrides``), so that
-    ``prepare_training(pipe, recipe=tr)`` needs none of them again and refuses different ones
-    (:meth:`refuse_other`).
-    """
+    """What trains, and the recipe every component is loaded and trained in (:func:`resolve_training`), with what it
+    was resolved from, which ``prepare_training(pipe, recipe=tr)`` then needs not again (:meth:`refuse_other`)."""
 
     recipe: Recipe
     train: Mapping[str, str]
@@ -78,11 +76,6 @@ class TrainingRecipe:
                      overrides: Any = None) -> None:
         """Refuse a setting given beside this recipe that differs from the one it was resolved with.
 
-        ``None`` means "not given": the recipe's own is used. The same value again is accepted.
-
-        Raises:
-            TrainingError: names the setting, both values and the fix.
-
         Example:
             >>> from hf_precision.runtime.source import CONFIGS_DIR
             >>> tr = resolve_training(CONFIGS_DIR / "stable-diffusion-v1-5", layout="t4")
@@ -92,8 +85,6 @@ class TrainingRecipe:
             ...
             hf_precision.training.rules.TrainingError: prepare_training: layout='a100', but recipe= is a TrainingRecipe resolved with layout='t4'; pass no layout= (the TrainingRecipe holds it), or resolve again with the new value: resolve_training(source, layout='a100', ...)
         """
-        from ..runtime.placement import torch_device
-
         same = {"device": lambda v: torch_device(v, "device") == torch_device(self.device, "device"),
                 "layout": lambda v: v == self.layout,
                 "train": lambda v: dict(v) == dict(self.train),
@@ -120,11 +111,6 @@ class _Parts:
 
 
 def _parts(source: Any) -> _Parts:
-    import torch
-
-    from ..runtime.apply import config_dict
-    from ..runtime.source import component_configs, listed_components, locate, models_of_index, models_of_pipeline
-
     if isinstance(source, (str, os.PathLike)):
         where, index, folder = locate(source)
         return _Parts(str(index.get("_class_name")), component_configs(where, index, folder),
@@ -154,20 +140,10 @@ def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train
                      shard: bool = False) -> TrainingRecipe:
     """The recipe a training set-up loads and trains in, from configs and the device rules alone.
 
-    Args:
-        source: a diffusers pipeline, a dict of components, or a folder / Hub id / recipe alias (nothing is loaded).
-        device, layout: where it runs, and whose device rules choose the dtypes (``layout="t4"``).
-        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` (the rest stay frozen); default the denoiser's
-            LoRA.
-        overrides: the override forms of ``load_pipeline``; they win over the training rule.
-        recipe: the pipeline recipe (name or YAML file); default recognised from the source.
-        force: take a recipe whose ``pipelines:`` list does not name the source's class.
-        shard: refuse what FSDP2 cannot shard (quantized or fp8 trainable storage, textual inversion) here, before
-            any weight loads.
-
-    Raises:
-        TrainingError: a trainable part the recipe stores in a form training cannot update, a dict that does not
-            tell two recipes apart (asks for ``recipe=``), no denoiser and nothing said to train.
+    The arguments are :func:`~hf_precision.training.setup.prepare_training`'s; ``source`` may also be a folder, Hub
+    id or alias (nothing is loaded), and ``shard`` refuses here what FSDP2 cannot shard. Raises TrainingError for a
+    trainable part stored in a form training cannot update, a dict that does not tell two recipes apart (asking for
+    ``recipe=``), or no denoiser and nothing said to train.
 
     Example:
         >>> from hf_precision.runtime.source import CONFIGS_DIR
@@ -194,8 +170,6 @@ def resolve_training(source: Any, device: Any = "cpu", layout: Any = None, train
                             f"say what trains: train={{'<component>': 'lora'}}")
     quantized.refuse_untrainable(base, train, denoiser)
     if shard:
-        from .shard import refuse_unshardable
-
         refuse_unshardable(base, train)
     profile = device_profile(layout if layout is not None else str(device))
     caps = device_caps(profile)

@@ -1,11 +1,8 @@
 """The device rule for training compute, and the error the training layer raises. Torch-free.
 
-Training prefers bf16 over fp16 where a device computes both: bf16 has fp32's range, so it needs no loss scaling
-(diffusers' examples, OneTrainer and SimpleTuner all default to bf16 where they can; bghira/SimpleTuner#845 drops
-fp16 for the GradScaler it needs). Where bf16 is not picked unasked (T4, V100, RTX 20xx, MPS before macOS 14), fp16
-with a GradScaler and fp32 master weights; where neither half dtype is picked (CPUs without AMX, GTX 16xx, Pascal),
-fp32. What the device "picks unasked" is the ``auto`` list of ``recipes/devices.yaml``: the same facts the
-inference recipes use.
+bf16 first: it has fp32's range and needs no loss scaling (diffusers' examples, OneTrainer and SimpleTuner default
+to it; bghira/SimpleTuner#845 drops fp16 for its GradScaler); else fp16 with a GradScaler and fp32 masters (T4,
+V100, MPS before macOS 14); else fp32. What a device "picks unasked" is ``recipes/devices.yaml``'s ``auto`` list.
 """
 
 from __future__ import annotations

@@ -25,10 +25,8 @@ _NOT_NONE = functools.partial(operator.is_not, None)
 
 
 def stochastic_round_(target: torch.Tensor, value: torch.Tensor, generator: torch.Generator | None = None) -> None:
-    """Write fp32 ``value`` into bf16 ``target``, rounding up or down with probability by distance.
-
-    Plain rounding loses every update smaller than half a bf16 step (1 + 1e-4 stays 1.0); stochastic rounding
-    keeps them in expectation (as OneTrainer's bf16_stochastic_rounding.py and SimpleTuner's adamw_bfloat16 do).
+    """Write fp32 ``value`` into bf16 ``target``, rounding up or down with probability by distance, so updates below
+    half a bf16 step survive in expectation (as OneTrainer's bf16_stochastic_rounding.py and SimpleTuner do).
 
     Example:
         >>> t = torch.ones(10000, dtype=torch.bfloat16)
@@ -65,8 +63,7 @@ class Stepper:
 
     def check(self, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
         """Raise naming every optimizer parameter that is not in the master dtype (before torch would)."""
-        # Runs before every step: one pass in C (map/attrgetter into a set, no Python frame per parameter); the
-        # names are looked up only when something is wrong.
+        # Runs before every step: one pass in C (map/attrgetter); names are looked up only when something is wrong.
         params = list(chain.from_iterable(map(_PARAMS, optimizer.param_groups)))
         dtypes = set(map(_DTYPE, params))
         dtypes.update(map(_DTYPE, filter(_NOT_NONE, map(_GRAD, params))))
@@ -103,10 +100,9 @@ class Stepper:
         return not skipped
 
     def _scaled_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        # GradScaler calls optimizer.step only when the gradients are finite, deciding that with its own host sync
-        # (grad_scaler.py, _maybe_opt_step). Seeing whether the call came costs nothing; comparing get_scale() before
-        # and after, as accelerate's loop does not, cost two more syncs. Optimizers that take the scaler into their own
-        # step (`_step_supports_amp_scaling`, fused Adam) are always called, so for them the scale says it.
+        # GradScaler calls optimizer.step only for finite gradients (grad_scaler.py, _maybe_opt_step): seeing the
+        # call costs no host sync, comparing get_scale() two. Optimizers that take the scaler into their own step
+        # (`_step_supports_amp_scaling`, fused Adam) are always called, so for them the scale says it.
         scaler = self.scaler
         assert scaler is not None
         own = getattr(optimizer, "__dict__", {}).get("step")  # a step someone set on the instance before: restored

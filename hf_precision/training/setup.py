@@ -1,12 +1,9 @@
 """prepare_training: the inference recipe for frozen parts, fp32 masters for what trains, device-chosen compute.
 
-Frozen components keep their inference recipe (dtype per device, fp32 islands, boundary hooks) and lose their
-gradients; trainable ones get their compute dtype from the training rule (:mod:`.rules`: bf16 where the device has
-it, fp16 + GradScaler where it has only fp16, fp32 elsewhere) and their trainable parameters as fp32 masters
-(:mod:`.trainable`). Each component runs under its own autocast state, set by hooks on the module (on in the compute dtype
-for a full fine-tune, whose masters are fp32; off everywhere else: frozen parts, LoRA bases that already hold the
-compute dtype, fp32 islands), so every path into it (the training loss, the user's own loss, validation, a script's
-accelerate autocast) computes as planned.
+Frozen components keep their inference recipe and lose their gradients; trainable ones get the training rule's
+compute dtype (:mod:`.rules`: bf16, else fp16 + GradScaler, else fp32) and fp32 masters (:mod:`.trainable`). Hooks
+give each component its own autocast state (on only for a full fine-tune, whose masters are fp32), so every path
+into it (the loss, the user's own, validation, a script's accelerate autocast) computes as planned.
 """
 
 from __future__ import annotations
@@ -25,7 +22,7 @@ from .. import dtypes as dt
 from ..recipe.model import Recipe
 from ..runtime.apply import Applied, applied, apply_recipe
 from ..runtime.placement import check_placeable, torch_device
-from . import control, denoiser_rows, experts, objectives, quantized, trainable
+from . import control, denoiser_rows, encode, experts, io, objectives, preflight, quantized, report, trainable
 from .methods import ComponentSetup, method_of, method_names
 from .resolve import Components, TrainingRecipe, resolve_training
 from .rules import MASTERS, ComputeChoice, TrainingError
@@ -68,9 +65,8 @@ class TrainingSetup:
         return dict(self._components())
 
     def _components(self) -> dict[str, torch.nn.Module]:
-        # Read on every step (tp.loss, tp.step's check). diffusers' `pipe.components` inspects the pipeline's
-        # __init__ signature on every read (~0.2 ms, three times a step), so the dict is kept; it is read again when
-        # an entry is no longer the pipeline's attribute (a component replaced or set to None).
+        # diffusers' `pipe.components` inspects __init__'s signature on every read (three times a step): kept, and
+        # read again when an entry is no longer the pipeline's attribute (a component replaced or set to None).
         cached = self._modules
         if cached is None or any(getattr(self.pipe, n, None) is not m for n, m in cached.items()):
             cached = self._modules = {n: m for n, m in self.pipe.components.items() if isinstance(m, torch.nn.Module)}
@@ -97,8 +93,7 @@ class TrainingSetup:
 
     def named_parameters(self) -> list[tuple[str, torch.nn.Parameter]]:
         """(component.parameter, parameter) of every trainable parameter."""
-        # Walked once per step by tp.step's check: cached, and refreshed when a component or parameter set changed
-        # (the requires_grad test runs in C: map/attrgetter, no Python frame per parameter).
+        # Walked every step by tp.step's check: cached until a component or parameter set changes (checked in C).
         comps = self._components()
         key = tuple((n, id(m)) for n, m in comps.items())
         if self._trainable is None or self._trainable[0] != key or not all(map(_REQUIRES_GRAD, self._trainable[2])):
@@ -111,9 +106,7 @@ class TrainingSetup:
         return [p for _, p in self.named_parameters()]
 
     def report(self) -> str:
-        from .report import plan_table
-
-        return plan_table(self)
+        return report.plan_table(self)
 
     __str__ = report
 
@@ -145,12 +138,9 @@ class TrainingSetup:
         return torch.nn.functional.mse_loss(pred.float(), target.to(pred.device).float())
 
     def backward(self, loss: torch.Tensor, accelerator: Any = None) -> None:
-        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given).
-
-        Autocast is off during backward, as torch recommends: a script's ``with accelerator.autocast():`` around the
-        loop would otherwise re-cast the gradients of fp16 layers to bf16 ("Unexpected floating ScalarType in
-        at::autocast::prioritize"); the forward already ran in the planned dtypes.
-        """
+        """``loss.backward()``, scaled when compute is fp16 (through ``accelerator.backward`` when given), with autocast
+        off as torch recommends: a script's ``accelerator.autocast()`` would re-cast fp16 layers' gradients to bf16
+        ("Unexpected floating ScalarType in at::autocast::prioritize")."""
         if not loss.requires_grad:
             trains = ", ".join(f"{c}: {k}" for c, k in self.kinds.items() if k != "frozen")
             raise TrainingError(f"tp.backward: the loss does not depend on anything that trains ({trains}): "
@@ -184,19 +174,15 @@ class TrainingSetup:
 
     def check(self, batch: Mapping[str, Any] | None = None) -> None:
         """Preflight: placement, island and master checks, then one tiny forward+backward; raises naming the module."""
-        from .preflight import preflight
-
-        preflight(self, batch)
+        preflight.preflight(self, batch)
 
     @contextlib.contextmanager
     def sampling(self) -> Iterator[Any]:
         """Validation: eval mode, no grad, the inference recipe's hooks; every dtype, device and mode restored after.
 
-        diffusers' examples build a validation pipeline with ``torch_dtype=weight_dtype`` around the live UNet, which
-        casts its fp32 LoRA weights to fp16; the next step then fails with "Attempting to unscale FP16 gradients"
-        (huggingface/diffusers#13124, fixed per script in PR #13895). Here the pipeline is used as planned (the
-        recipe's hooks already make every boundary agree) and whatever the validation code casts or moves is restored
-        on exit: trainable weights bit for bit from a copy, frozen tensors in dtype and device.
+        diffusers' examples build the validation pipeline with ``torch_dtype=weight_dtype``, casting the fp32 LoRA to
+        fp16, so the next step fails "Attempting to unscale FP16 gradients" (huggingface/diffusers#13124). Here what
+        validation casts or moves is restored: trainable weights bit for bit, frozen tensors in dtype and device.
         """
         comps = self.components
         modes = {n: m.training for n, m in comps.items()}
@@ -224,44 +210,29 @@ class TrainingSetup:
     # ---------------------------------------------------------------- data in
     def encode_images(self, pixels: torch.Tensor, generator: torch.Generator | None = None,
                       mode: bool = False) -> torch.Tensor:
-        """VAE latents of ``pixels`` (in [-1, 1]) in the VAE's planned dtype, scaled as the pipeline does; fp32 out.
-        ``mode``: the latent distribution's mode instead of a sample (how image-to-video pipelines encode images)."""
-        from .encode import encode_images
-
-        return encode_images(self, pixels, generator, mode)
+        """VAE latents (fp32) of ``pixels`` in [-1, 1], scaled as the pipeline does; ``mode``: its mode, no sample."""
+        return encode.encode_images(self, pixels, generator, mode)
 
     def encode_condition(self, pixels: torch.Tensor, latents: torch.Tensor,
                          generator: torch.Generator | None = None, **given: Any) -> dict[str, torch.Tensor]:
-        """What the denoiser takes beyond the noisy latents, built from the sample's ``pixels`` (and their
-        ``latents``) as the pipeline builds it at inference: ``{"condition_latents": ...}`` (an inpainting mask and
-        masked image, an image-to-video model's first frame), ``{}`` for most denoisers. Add it to the batch:
-        ``batch.update(tp.encode_condition(pixels, batch["latents"]))``. ``given``: the pipeline's own inputs its
-        builder makes them from (Wan Animate: ``image=``, ``pose_video=``, ``face_video=``, as its ``__call__``)."""
-        from .encode import encode_condition
-
-        return encode_condition(self, pixels, latents, generator, **given)
+        """What the denoiser takes beyond the noisy latents, built from ``pixels`` as the pipeline does (an inpainting
+        mask, an image-to-video first frame; ``{}`` mostly): ``batch.update(tp.encode_condition(pixels, latents))``.
+        ``given``: the pipeline's own inputs its builder makes them from (Wan Animate: ``image=``, ``pose_video=``,
+        ``face_video=``, as its ``__call__``)."""
+        return encode.encode_condition(self, pixels, latents, generator, **given)
 
     def encode_prompt(self, prompts: str | list[str], **options: Any) -> dict[str, torch.Tensor]:
-        """The pipeline's ``encode_prompt`` for training (no classifier-free guidance), as a batch dict.
-
-        ``options`` go to the pipeline's ``encode_prompt`` as they are (``max_sequence_length=256``, ``prompt_2=``).
-        """
-        from .encode import encode_prompt
-
-        return encode_prompt(self, prompts, **options)
+        """The pipeline's ``encode_prompt`` (no classifier-free guidance, ``options`` passed on) as a batch dict."""
+        return encode.encode_prompt(self, prompts, **options)
 
     # ---------------------------------------------------------------- out
     def save_lora(self, path: Any, dtype: torch.dtype = torch.float16) -> Any:
         """Write the LoRA weights where ``pipe.load_lora_weights(path)`` reads them; returns the file."""
-        from .io import save_lora
-
-        return save_lora(self, path, dtype)
+        return io.save_lora(self, path, dtype)
 
     def save_embeddings(self, path: Any) -> list[Any]:
         """Write the trained token rows in the format ``pipe.load_textual_inversion`` reads; returns the files."""
-        from .io import save_embeddings
-
-        return save_embeddings(self, path)
+        return io.save_embeddings(self, path)
 
     def state_dict(self) -> dict[str, Any]:
         """Scaler state, step and skipped-step counts and the trainable weights (fp32), for resume."""
@@ -290,8 +261,7 @@ class TrainingSetup:
         self.applied.remove()
 
     def _alphas(self, batch: Mapping[str, Any]) -> torch.Tensor | None:
-        # The schedule is kept on the CPU; moved to the latents' device once, not every step (a host-to-device copy
-        # from pageable memory waits for the stream on CUDA, which the hand-written loop does not do).
+        # Kept on the CPU, moved to the latents' device once: a copy from pageable memory waits for the CUDA stream.
         alphas, latents = self.alphas_cumprod, batch.get("latents")
         if alphas is None or not isinstance(latents, torch.Tensor) or latents.device == alphas.device:
             return alphas
@@ -300,8 +270,7 @@ class TrainingSetup:
         return self._alphas_on[1]
 
     def _vae_scale_factor(self) -> int | None:
-        # the pipeline's own (each pipeline computes it from its VAE's config); for a dict of components, what the
-        # SDXL / PixArt / HunyuanDiT pipelines compute: 2 ** (len(vae.config.block_out_channels) - 1)
+        # the pipeline's own; for a dict, what SDXL / PixArt / HunyuanDiT compute: 2 ** (len(block_out_channels) - 1)
         factor = getattr(self.pipe, "vae_scale_factor", None)
         if isinstance(factor, int):
             return factor
@@ -359,24 +328,20 @@ def prepare_training(pipe: Any, device: Any = None, layout: Any = None, train: M
         pipe: a diffusers pipeline, or a dict of components (``{"unet": m, "vae": m, "scheduler": s}``).
         device: where it runs (default: a TrainingRecipe's own, else ``"cpu"``). layout: whose device rules choose
             the dtypes (``"t4"``, ``"a100"``); default device.
-        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` or ``"frozen"`` (default for the rest);
-            default ``{denoiser: "lora"}``.
+        train: component -> ``"lora"``, ``"full"``, ``"embedding"`` or ``"frozen"``; default ``{denoiser: "lora"}``.
         rank: LoRA rank when ``lora`` (a ``peft.LoraConfig``) is not given; targets the attention projections.
         tokens / init_tokens: textual inversion: new tokens per text encoder, and words to start them from.
         master: ``"fp32"`` master weights, or ``"bf16-sr"`` (bf16 weights, stochastic rounding; bf16 compute only).
         overrides: the same override forms as ``load_pipeline``; they win over the training rules.
-        recipe: the pipeline recipe to train under (``"sdxl"``, or a recipe YAML file), or the
-            :class:`~hf_precision.training.resolve.TrainingRecipe` the pipeline was loaded in (then nothing is resolved
-            or cast again: only masters, adapters, the scaler and hooks are attached; a ``device``, ``layout``,
-            ``train`` or ``overrides`` given beside it must be the one it was resolved with); default: the pipeline's class
-            chooses it, and a dict of components is recognised by its components' classes and configs (a dict that
-            does not tell two recipes apart is refused, asking for this). A component the recipe does not plan is
-            left as it is and gets a row saying so.
+        recipe: the recipe to train under (``"sdxl"``, a YAML file), or the
+            :class:`~hf_precision.training.resolve.TrainingRecipe` the pipeline was loaded in (then only masters,
+            adapters, the scaler and hooks are attached, and a ``device``, ``layout``, ``train`` or ``overrides``
+            beside it must be the one it was resolved with); default: chosen by the pipeline's class, or for a dict
+            by its components' classes and configs. A component the recipe does not plan gets a row saying so.
         force: apply a recipe whose ``pipelines:`` list does not name the pipeline's class (as ``apply_recipe``).
-        shard: shard what trains with FSDP2 over the launcher's processes, unit by unit in the plan's dtypes
-            (:mod:`hf_precision.training.shard`); each frozen component is sharded in its storage dtype or replicated,
-            whichever a rank holds less of (``tp.shard`` says which and why); ``"cached"``: as True for a run that
-            caches the encoders' outputs, so the frozen components stay replicated (they run in the cache pass only).
+        shard: shard what trains with FSDP2 over the launcher's processes (:mod:`hf_precision.training.shard`); each
+            frozen component sharded or replicated, whichever a rank holds less of (``tp.shard`` says why);
+            ``"cached"``: the same for a run that caches the encoders' outputs (frozen parts stay replicated).
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -439,9 +404,8 @@ def _finish(holder: Any, applied: Applied, comps: dict[str, torch.nn.Module], tr
             token_rows[comp] = s.token_rows
         module.train(method.trains_weights)  # frozen parts in eval mode (no dropout), as diffusers' examples do
         compute = recipe[comp].compute if comp in recipe else "float32"
-        # Only a full fine-tune needs autocast (its masters are fp32); a LoRA's base already holds the compute dtype
-        # and peft runs the adapter in its own fp32 (input cast in, result cast back). Autocast there would also undo
-        # the explicit fp32 upcasts inside attention processors: Sana's linear attention gives NaN in fp16 under it.
+        # Only a full fine-tune needs autocast (fp32 masters); a LoRA's base holds the compute dtype and peft casts
+        # around its fp32 adapter. Autocast there would also undo processors' fp32 upcasts (Sana: NaN in fp16).
         autocast = dt.to_torch(compute) if method.every_weight and compute in dt.HALF else None
         if autocast is not None:
             trainable.keep_explicit_fp32(module)
@@ -467,8 +431,7 @@ def _objective(holder: Any, denoiser: torch.nn.Module | None) -> tuple[str, torc
     objective = objectives.objective_of(config, type(scheduler).__name__)
     if objective == "flow":
         return objective, None, None
-    # The schedule the scheduler samples with (CogVideoXDDIMScheduler shifts its SNR by snr_shift_scale; a DDPM
-    # schedule rebuilt from the config would not), else one rebuilt from the config.
+    # The scheduler's own schedule (CogVideoXDDIMScheduler's SNR shift is not in a DDPM one rebuilt from the config)
     own = getattr(scheduler, "alphas_cumprod", None)
     if own is None and hasattr(scheduler, "_alpha_cumprod"):
         # DDPMWuerstchenScheduler (Stable Cascade) has a cosine schedule in continuous t in [0, 1]: tabulated at

@@ -1,37 +1,28 @@
 """Sharded training (FSDP2) under the recipe: each shard unit gets the dtypes the plan gives its modules.
 
-``prepare_training(..., shard=True)`` in processes started by ``torchrun`` or ``accelerate launch`` (one process per
-device; gloo on the CPU) puts ``torch.distributed.fsdp.fully_shard`` on every component that trains:
+``prepare_training(..., shard=True)`` under ``torchrun`` or ``accelerate launch`` (one process per device; gloo on
+the CPU) puts ``torch.distributed.fsdp.fully_shard`` on every component that trains:
 
-- one unit per block (the outermost ``ModuleList`` items: UNet down/up blocks, DiT transformer blocks, text-encoder
-  layers; and a ``mid_block``), and the component itself for what is left (conv_in, embeddings, norms);
-- every fp32 island is a unit of its own with ``param_dtype=float32`` (output in the component's compute dtype, as the
-  recipe's island hook hands it over), so no block policy ever casts it to half;
-- a full fine-tune: ``param_dtype`` = the training rule's compute dtype (the fp32 masters are all-gathered in it);
-  a LoRA: ``param_dtype=None``, each parameter all-gathered in its planned dtype (the frozen base already holds the
-  compute dtype, the adapters stay fp32 as in the one-process plan, so both compute alike);
-- ``reduce_dtype=float32`` everywhere (gradients are averaged in fp32) and the component's ``output_dtype`` is the
-  recipe's hand-over dtype.
+- one unit per block (items of the outermost ``ModuleList``s, and a ``mid_block``), and the component for the rest;
+- each fp32 island a unit of its own with ``param_dtype=float32`` (output in the compute dtype, as the recipe's island
+  hook hands it over), so no block policy casts it to half;
+- ``param_dtype``: a full fine-tune's compute dtype (the fp32 masters are all-gathered in it); a LoRA's ``None``
+  (each parameter gathered in its planned dtype, so it computes as in the one-process plan);
+- ``reduce_dtype=float32`` (gradients averaged in fp32); ``output_dtype`` the recipe's hand-over dtype.
 
-The sharded parameters are the fp32 masters (each rank holds 1/N of them, and of their gradients and optimizer
-state). A frozen component (text encoders, VAE) carries no gradients and no optimizer state: sharding it saves 1-1/N
-of its weights, at the price of holding its own parameters and two of its blocks whole while it runs (the one
-computing and the one prefetched) and an all-gather per call. :func:`frozen_choice` decides per component, by those
-bytes: sharded in its storage dtype (``param_dtype=None``: each weight all-gathered as stored) where that holds less
-than the whole, replicated where it does not (few large blocks: a VAE) or where the component leaves the device once
-its outputs are cached; the per-rank memory plan (``train --plan --processes N --shard``) prints the same decision.
+Each rank holds 1/N of the fp32 masters, their gradients and optimizer state; a frozen component is sharded or
+replicated as :func:`frozen_choice` decides (``train --plan --processes N --shard`` prints the same decision).
 
-fp16 layouts keep the GradScaler: the sharded gradients are DTensors, and torch's DTensor dispatch of the scaler's
-non-finite check reduces the found-inf flag with max over the mesh (torch/distributed/tensor/_dispatch.py,
-``found_inf_reduce_handler``), so a step is skipped on every rank or on none (tests/test_train_shard.py checks it).
-
-FSDP2 shards plain tensors only: quantized storages (bitsandbytes, torchao, quanto, GGUF tensor subclasses) and fp8
-storage in a trainable component are refused before loading (:func:`refuse_unshardable`).
+fp16 keeps the GradScaler: torch's DTensor dispatch reduces the found-inf flag with max over the mesh
+(torch/distributed/tensor/_dispatch.py, ``found_inf_reduce_handler``), so a step is skipped on every rank or on none
+(tests/test_train_shard.py). FSDP2 shards plain tensors only: quantized and fp8 storage in a trainable component is
+refused before loading (:func:`refuse_unshardable`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -39,6 +30,7 @@ import torch
 
 from .. import dtypes as dt
 from ..recipe.quantize import is_quantized
+from ..units import format_bytes
 from .methods import method_of
 from .rules import TrainingError
 
@@ -65,8 +57,7 @@ class ShardUnit:
 
 @dataclasses.dataclass(frozen=True)
 class FrozenChoice:
-    """How one frozen component is held over the ranks (:func:`frozen_choice`): sharded in its storage dtype or
-    replicated, the bytes one rank holds of it either way, and why."""
+    """How one frozen component is held over the ranks (:func:`frozen_choice`), the bytes of either way, and why."""
 
     component: str
     sharded: bool
@@ -91,11 +82,6 @@ class ShardPlan:
     world: int
     units: list[ShardUnit]
     frozen: dict[str, FrozenChoice]
-
-    @property
-    def replicated(self) -> dict[str, str]:
-        """The frozen components left whole on every rank, with the reason."""
-        return {c: f.why for c, f in self.frozen.items() if not f.sharded}
 
     def __str__(self) -> str:
         lines = [f"sharded over {self.world} process(es) (FSDP2):"]
@@ -139,9 +125,8 @@ def block_paths(module: torch.nn.Module) -> list[str]:
 
 
 def rank_share(params: Iterable[torch.Tensor], world: int, dtype_bytes: int | None = None, rank: int = 0) -> int:
-    """Bytes rank ``rank`` holds of ``params`` sharded over ``world`` as FSDP2 shards them: ``torch.chunk`` along dim
-    0, chunks of ceil(rows / world) rows, the last ranks' smaller or empty when the rows do not divide (rank 0's
-    share is the largest: the plan's per-rank figure); ``dtype_bytes`` overrides the element size (fp32 masters).
+    """Bytes rank ``rank`` holds of ``params`` sharded over ``world`` as FSDP2's ``torch.chunk`` along dim 0 does (rank
+    0's share is the largest: the plan's figure); ``dtype_bytes`` overrides the element size (fp32 masters).
 
     Example:
         >>> [rank_share([torch.empty(5, 2)], 3, rank=r) for r in range(3)]  # rows 5 over 3: 2, 2 and 1 rows of 2 fp32
@@ -160,10 +145,9 @@ def frozen_choice(name: str, module: torch.nn.Module, world: int, *, weight_byte
                   cached: bool = False) -> FrozenChoice:
     """Shard frozen component ``name`` over ``world`` ranks, or replicate it: whichever one rank holds less of.
 
-    Sharded, a rank holds its 1/N share, plus while the component runs its own (non-block) parameters and two blocks
-    whole (FSDP2 gathers the block that computes and prefetches the next). ``weight_bytes`` gives the weights in their
-    storage dtype when ``module`` is built in another (a meta module of the memory plan); ``cached``: its outputs are
-    cached, so it leaves the device after the cache pass and is replicated for that pass alone.
+    Sharded, a rank holds its 1/N plus, while it runs, its own parameters and two blocks whole (FSDP2 gathers one and
+    prefetches the next). ``weight_bytes``: the weights' storage bytes when ``module`` is built in another dtype (a
+    meta module); ``cached``: it leaves the device after the cache pass, so it stays whole for that pass.
 
     Example:
         >>> from hf_precision.testing import make_pipeline
@@ -193,16 +177,14 @@ def frozen_choice(name: str, module: torch.nn.Module, world: int, *, weight_byte
 
 
 def _size(n: int) -> str:
-    from ..units import format_bytes
-
     return format_bytes(n, binary=True)
 
 
 def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list[str]],
                modules: Mapping[str, torch.nn.Module]) -> list[ShardUnit]:
-    """The shard units of every component that trains (``lora`` or ``full``), innermost first.
+    """The shard units of every component that trains, innermost first (meta modules too: the memory plan's).
 
-    Works on meta-device modules too (the memory plan reads it). Example:
+    Example:
         >>> from hf_precision.testing import make_pipeline
         >>> from hf_precision.recipe import get_recipe
         >>> pipe = make_pipeline("sdxl")
@@ -232,8 +214,7 @@ def plan_units(recipe: Any, kinds: Mapping[str, str], islands: Mapping[str, list
 
 
 def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
-    """One TrainingError for what FSDP2 cannot shard: a trainable component in quantized or fp8 storage, or
-    textual inversion (a few new rows: nothing to shard). Runs on the recipe, before any weight loads.
+    """One TrainingError, before loading, for what FSDP2 cannot shard: quantized or fp8 storage, textual inversion.
 
     Example:
         >>> from hf_precision import get_recipe
@@ -260,10 +241,7 @@ def refuse_unshardable(recipe: Any, train: Mapping[str, str]) -> None:
 
 
 def init_group(device_type: str = "cpu") -> Any:
-    """The default process group: the launcher's (torchrun / accelerate launch), or a 1-process group when the run
-    was started without a launcher (resuming a sharded run on one process); nccl for CUDA tensors, else gloo."""
-    import os
-
+    """The launcher's default process group, or a 1-process one without a launcher; nccl for CUDA, else gloo."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -283,9 +261,8 @@ def init_group(device_type: str = "cpu") -> Any:
 
 
 def shard_training(tp: Any, cached: bool = False) -> ShardPlan:
-    """Put ``fully_shard`` on the trainable components of a prepared plan, unit by unit, and on the frozen ones
-    :func:`frozen_choice` shards (none when ``cached``: they leave the device after the cache pass); see the module
-    docstring."""
+    """Put ``fully_shard`` on a prepared plan's trainable components, unit by unit, and on the frozen ones
+    :func:`frozen_choice` shards (none when ``cached``: they leave the device after the cache pass)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
@@ -317,8 +294,7 @@ def shard_training(tp: Any, cached: bool = False) -> ShardPlan:
 
 
 def _shard_frozen(module: torch.nn.Module, mesh: Any) -> None:
-    """A frozen component sharded per block in its storage dtype (param_dtype None: gathered as stored, computed
-    as the recipe casts its inputs); its encode/decode methods gather it as its forward does."""
+    """Shard a frozen component per block, gathered as stored; its encode/decode gather it as its forward does."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard, register_fsdp_forward_method
 
     policy = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=None, output_dtype=None)
@@ -332,27 +308,21 @@ def _shard_frozen(module: torch.nn.Module, mesh: Any) -> None:
             register_fsdp_forward_method(module, method)
 
 
-def _fresh(t: torch.Tensor) -> torch.Tensor:
-    return t.clone() if t._base is not None and t.requires_grad else t
-
-
 def _view_free(module: torch.nn.Module, args: Any, output: Any) -> Any:
     if not torch.is_grad_enabled():
         return None  # FSDP2 registers no backward hook without grad: nothing to protect
     from torch.distributed.utils import _apply_to_tensors
 
-    return _apply_to_tensors(_fresh, output)
+    return _apply_to_tensors(lambda t: t.clone() if t._base is not None and t.requires_grad else t, output)
 
 
 def _own_outputs(module: torch.nn.Module) -> None:
     """Make ``module``'s grad-carrying outputs tensors of their own, not views, before FSDP2 hooks them.
 
-    FSDP2's post-forward registers its pre-backward hook (the all-gather of the unit for its backward) on each output
-    and warns when one is a view: an in-place op on a view (``x += y`` downstream) replaces its autograd node and drops
-    the hook silently. Flux's single blocks return two slices of one tensor (text and image tokens) and Wan's
-    transformer a reshaped view, so every step warned. Registered before ``fully_shard``, this hook runs after the
-    recipe's own output hooks and just before FSDP2's, and copies only the views (an activation-sized copy each; the
-    base it was sliced from is then free).
+    FSDP2 registers its pre-backward hook on each output and warns when one is a view: an in-place op on it
+    (``x += y`` downstream) drops the hook silently. Flux's single blocks return two slices of one tensor and Wan's
+    transformer a reshaped view, so every step warned. Registered before ``fully_shard``, this hook runs just before
+    FSDP2's and copies only the views (the base they were sliced from is then free).
 
     Example:
         >>> m = torch.nn.Linear(2, 4)
@@ -423,8 +393,7 @@ def sharded_bytes(module: torch.nn.Module) -> tuple[int, int]:
 
 
 def full_state(module: torch.nn.Module, only: str | None = None) -> dict[str, torch.Tensor]:
-    """The whole state of a sharded ``module`` on every rank (a collective: every rank calls it), CPU tensors;
-    ``only`` keeps the entries whose name contains it (``"lora_"``)."""
+    """The whole state of a sharded ``module`` on the CPU of every rank (a collective), names containing ``only``."""
     from torch.distributed.tensor import DTensor
 
     out = {}

@@ -22,10 +22,8 @@ from .rules import TrainingError
 __all__ = ["inject_lora", "existing_rank", "default_targets", "accept_input_keyword", "trainable_parameters", "masters_problems",
            "TokenRows", "add_tokens", "AutocastGuard", "guard", "keep_explicit_fp32"]
 
-# Attention projections by naming scheme: diffusers' Attention (UNets and DiTs), CLIP/Llama/Gemma, T5, BERT
-# (HunyuanDiT's CLIP-side encoder: attention.self.query/key/value), Kandinsky 5's Kandinsky5Attention
-# (transformer_kandinsky.py:355-361; its output projection `out_layer` shares its name with the feed-forward's and
-# the model's final layer, so it is left out).
+# Attention projections by naming scheme: diffusers' Attention, CLIP/Llama/Gemma, T5, BERT (HunyuanDiT), Kandinsky 5
+# (transformer_kandinsky.py:355-361; its `out_layer` shares its name with the feed-forward's, so it is left out).
 _TARGET_SETS = (("to_q", "to_k", "to_v", "to_out.0"), ("q_proj", "k_proj", "v_proj", "out_proj"),
                 ("q_proj", "k_proj", "v_proj", "o_proj"), ("q", "k", "v", "o"), ("query", "key", "value"),
                 ("to_query", "to_key", "to_value"))
@@ -48,11 +46,8 @@ def default_targets(module: torch.nn.Module) -> list[str]:
 
 
 def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
-    """Add a LoRA adapter named ``default`` the way diffusers' training examples do (make_masters then makes it fp32).
-
-    diffusers models get ``add_adapter`` (the state-dict layout ``pipe.load_lora_weights`` reads); any other module,
-    text encoders included, gets peft's ``inject_adapter_in_model``.
-    """
+    """Add a LoRA adapter ``default`` as diffusers' training examples do: ``add_adapter`` on diffusers models (the
+    layout ``pipe.load_lora_weights`` reads), peft's ``inject_adapter_in_model`` on the rest (text encoders)."""
     from diffusers import ModelMixin
     from peft import inject_adapter_in_model
 
@@ -69,9 +64,7 @@ def inject_lora(name: str, module: torch.nn.Module, config: Any) -> None:
 
 
 def accept_input_keyword(module: torch.nn.Module) -> None:
-    """Let the LoRA-wrapped projections of AnimateDiff's motion transformers take ``input=`` (idempotent).
-
-    Example:
+    """Let the LoRA-wrapped projections of AnimateDiff's motion transformers take ``input=`` (idempotent). Example:
         >>> accept_input_keyword(torch.nn.Linear(2, 2))  # no motion transformer: nothing to do
     """
     # AnimateDiff's motion transformer calls its projections as self.proj_in(input=x) (unet_motion_model.py), and
@@ -116,11 +109,8 @@ def masters_problems(named: Sequence[tuple[str, torch.Tensor]], allowed: torch.d
 
 
 class TokenRows(torch.nn.Embedding):
-    """An input-embedding table whose new rows train in their own fp32 parameter; the old rows stay frozen.
-
-    The output is handed over in the table's (the text encoder's) dtype, so half layer norms behind it never see
-    fp32 (Nerogar/OneTrainer#752); only ``rows`` has a gradient, so only the new tokens can change.
-    """
+    """An input-embedding table whose new rows train in their own fp32 parameter, the old rows frozen; the output is
+    in the table's dtype, so half layer norms behind it never see fp32 (Nerogar/OneTrainer#752)."""
 
     def __init__(self, base: torch.nn.Embedding, ids: Sequence[int], init: torch.Tensor, master_dtype: torch.dtype):
         super().__init__(base.num_embeddings, base.embedding_dim, padding_idx=base.padding_idx, device="meta")
@@ -180,12 +170,8 @@ def add_tokens(tokenizer: Any, encoder: torch.nn.Module, tokens: Sequence[str], 
 
 
 class AutocastGuard:
-    """Forward hooks that set autocast inside one module and restore the caller's state after it.
-
-    A fully fine-tuned component computes under autocast in its compute dtype (fp32 masters, half matmuls); every
-    other component and every fp32 island runs with autocast off, so one outer ``torch.autocast`` (a script's, or
-    accelerate's) never forces fp16 kernels onto an fp32 VAE or island (kohya-ss/sd-scripts PR #2322).
-    """
+    """Forward hooks that set autocast inside one module and restore the caller's state after it, so an outer
+    ``torch.autocast`` never forces fp16 kernels onto an fp32 VAE or island (kohya-ss/sd-scripts PR #2322)."""
 
     def __init__(self, device_type: str, dtype: torch.dtype | None):
         self.device_type, self.dtype = device_type, dtype
@@ -204,19 +190,16 @@ class AutocastGuard:
             torch.set_autocast_enabled(self.device_type, enabled)
             torch.set_autocast_dtype(self.device_type, dtype)
             if not enabled and self.dtype is not None:
-                # Leaving autocast as `with torch.autocast` would: its cache of half copies of the fp32 masters must
-                # go, or the next call computes with the weights from before the optimizer step.
+                # as leaving `with torch.autocast` does: its half copies of the masters predate the optimizer step
                 torch.clear_autocast_cache()
 
 
 def guard(module: torch.nn.Module, device_type: str, dtype: torch.dtype | None, inside: bool = False) -> list[Any]:
     """Attach an :class:`AutocastGuard` to ``module``; returns the removable handles.
 
-    ``inside=True`` (a whole component) sets the state inside ``forward`` itself instead of in forward hooks:
-    accelerate's ``prepare`` wraps a model's forward in its own ``torch.autocast`` (``Accelerator(mixed_precision=
-    "bf16")``), which runs after the forward hooks, so only a guard within the forward it wraps keeps the plan (fp16
-    weights under a bf16 autocast fail in the first norm: "mixed dtype (CPU): expect parameter to have scalar type of
-    Float"). The hooks would only repeat what the inner guard sets, on every call.
+    ``inside=True`` (a whole component) sets the state inside ``forward`` itself: accelerate's ``prepare`` wraps the
+    forward in its own ``torch.autocast``, which runs after forward hooks (fp16 weights under its bf16 fail: "mixed
+    dtype (CPU): expect parameter to have scalar type of Float").
     """
     g = AutocastGuard(device_type, dtype)
     if inside:
@@ -252,12 +235,10 @@ class _GuardedForward:
 
 
 def keep_explicit_fp32(module: torch.nn.Module) -> int:
-    """Let the attention processors of a fully fine-tuned ``module`` keep the fp32 math they ask for under autocast.
-
-    A full fine-tune computes under autocast, which recasts the matmuls a processor deliberately runs on ``.float()``
-    tensors: Sana's linear attention (attention_processor.py ``SanaLinearAttnProcessor2_0``: fp32 scores, then a
-    division by their sum + 1e-15) overflows to NaN in fp16 from the first step. Inside each processor, a matmul whose
-    tensors are all fp32 runs with autocast off; the projections still autocast. Returns how many processors.
+    """Let the attention processors of a fully fine-tuned ``module`` keep the fp32 math they ask for under autocast;
+    returns how many. Autocast recasts the matmuls a processor runs on ``.float()`` tensors: Sana's linear attention
+    (attention_processor.py ``SanaLinearAttnProcessor2_0``, a division by sum + 1e-15) gives NaN in fp16. Inside each
+    processor an all-fp32 matmul runs with autocast off; the projections still autocast.
 
     Example:
         >>> from diffusers.models.attention_processor import Attention
@@ -272,20 +253,17 @@ def keep_explicit_fp32(module: torch.nn.Module) -> int:
         if processor is not None and not getattr(type(processor), "_explicit_fp32", False):
             stays = functools.partial(functools.partial, _fp32_stays_fp32)  # wraps each matmul torch has
             processor.__class__ = processor_calling(type(processor), "_explicit_fp32", torch, _MATMULS, stays,
-                                                    _any_autocast)
+                                                    lambda: any(map(torch.is_autocast_enabled, ("cpu", "cuda", "mps"))))
             count += 1
     return count
 
 
 def norms_in_weight_dtype(module: torch.nn.Module) -> list[Any]:
-    """Hand each ``torch.nn.RMSNorm`` of a fully fine-tuned ``module`` its input in its weight's dtype; returns the
-    removable handles.
+    """Hand each ``torch.nn.RMSNorm`` of a fully fine-tuned ``module`` its input in its weight's dtype; the handles.
 
-    A full fine-tune keeps fp32 masters and computes under autocast, which (on the CPU) leaves ``rms_norm`` out of its
-    cast lists: an fp16 activation meets the fp32 weight, and torch falls back from its fused kernel with a
-    "Mismatch dtype between input and weight" warning (Wan's ``norm_q``/``norm_k``). The fallback upcasts to fp32 and
-    returns fp32 anyway; casting the input first is the same math through the fused kernel, as autocast's fp32 list
-    does for ``layer_norm``.
+    CPU autocast leaves ``rms_norm`` out of its cast lists: an fp16 activation meets the fp32 master and torch leaves
+    its fused kernel warning "Mismatch dtype between input and weight" (Wan's ``norm_q``/``norm_k``); the fallback
+    returns fp32 anyway, so casting first is the same math, as autocast's fp32 list does for ``layer_norm``.
 
     Example:
         >>> norm = torch.nn.RMSNorm(4)
@@ -303,10 +281,6 @@ def norms_in_weight_dtype(module: torch.nn.Module) -> list[Any]:
 
 
 _MATMULS = ("matmul", "bmm", "baddbmm")
-
-
-def _any_autocast() -> bool:
-    return any(torch.is_autocast_enabled(device) for device in ("cpu", "cuda", "mps"))
 
 
 def _fp32_stays_fp32(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,5 +1,4 @@
-"""The batches ``hf-precision train``'s loss takes: each sample's latents and conditioning (its caption's encoding,
-the conditioning channels or image encodings its denoiser takes, an inpainting mask's draws), encoded once into the
+"""The batches ``hf-precision train``'s loss takes: each sample's latents and conditioning, encoded once into the
 cache before step 1 (:func:`fill_cache`) or, without a cache, when the step needs them (:func:`encode_batch`).
 """
 
@@ -8,6 +7,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from . import draws
 from .cache import join_padded, offload_encoders, sample_parts, tp_device
 from .prepare import Run
 
@@ -23,12 +23,9 @@ def _text_trained(tp: Any) -> bool:
 
 
 def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[str, Any]:
-    """The batch the layer's loss takes at ``step``: latents and conditioning, read from the cache where
-    :func:`fill_cache` wrote them, else encoded now (``--no-cache``, or a text encoder that trains); a condition
-    drawn per step (an inpainting mask) is the step's pick among the sample's draws (:mod:`.draws`)."""
+    """The batch the layer's loss takes at ``step``, from the cache where :func:`fill_cache` wrote it, else encoded
+    now; a condition drawn per step (an inpainting mask) is the step's pick (:mod:`.draws`)."""
     import torch
-
-    from . import draws
 
     tp = run.tp
     found = [run.cache.get("latents", _latent_key(run, i)) for i in indices] if run.cache is not None else [None]
@@ -36,12 +33,11 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
         # a draw per step (.draws): the sample's draws up to the step's pick, the ones the cache would hold first
         found = [_sample_latents(run, i, draws.choice(run.settings.seed, step, i) + 1) for i in indices]
     latents = torch.cat([f["latents"] for f in found])
-    # an edit dataset's reference images (the layer appends their latents to the token sequence); the channels a
-    # denoiser takes beyond the latents (inpainting's mask and masked image, an I2V model's first frame)
+    # an edit's reference latents, the channels beyond the latents, an I2V model's encodings of the first frame,
+    # Wan Animate's pose latents and face video
     refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
             "image_embeds", "image_latents", "first_frame_latents", "pose_latents", "face_pixel_values")
-            if all(k in f for f in found)}  # and an I2V model's encodings of the first frame: its image embedding,
-    # I2VGen-XL's image latents, HunyuanVideo I2V's; Wan Animate's pose latents and face video
+            if all(k in f for f in found)}
     if all(draws.KEY in f for f in found):
         refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
@@ -58,22 +54,18 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
 
 
 def _latent_key(run: Run, i: int) -> tuple[Any, ...]:
-    """What a sample's cached latents depend on: its file (:func:`~.cache.sample_parts`) and, where the denoiser takes
-    conditioning channels or an image embedding, the builder or pipeline method that made them and the seed its mask
-    or noise was drawn with: another builder, method or seed is another conditioning, encoded again."""
+    """What a sample's cached latents depend on: its file and, where a condition is made, the builder or method that
+    made it and the seed of its draws (another one is encoded again)."""
     from ...training.encode import condition_key
-    from .draws import DRAWS, drawn
 
-    made = (*condition_key(run.tp), *(("draws", DRAWS) if drawn(run.tp) else ()))
+    made = (*condition_key(run.tp), *(("draws", draws.DRAWS) if draws.drawn(run.tp) else ()))
     return (*sample_parts(run.data.samples[i]), *made, run.settings.seed) if made else sample_parts(run.data.samples[i])
 
 
 def _prompt_image(run: Run, i: int) -> Any:
-    """The picture the pipeline encodes sample ``i``'s prompt with, else None: its reference image (Qwen-Image Edit:
-    its __call__ passes the reference to encode_prompt) or, where encode_prompt needs an image and the data gives no
-    reference, the clip's first frame, the picture an image-to-video __call__ is given and encodes the prompt with
-    (HunyuanVideo I2V, pipeline_hunyuan_video_image2video.py:831-839): the denoiser then sees the conditioning it
-    gets at inference."""
+    """The picture the pipeline encodes sample ``i``'s prompt with, else None: its reference image (Qwen-Image Edit)
+    or, where encode_prompt needs an image, the clip's first frame (HunyuanVideo I2V,
+    pipeline_hunyuan_video_image2video.py:831-839), as at inference."""
     if not _prompt_image_used(run, i):
         return None
     if run.data.samples[i].reference is not None:
@@ -84,9 +76,7 @@ def _prompt_image(run: Run, i: int) -> Any:
 
 
 def _text_key(run: Run, i: int) -> tuple[Any, ...]:
-    """What a sample's cached conditioning depends on: its caption, and the picture the prompt is encoded with where
-    it is (a reference's file and bucket; else the sample's own file and bucket, its first frame): one caption over
-    two such pictures is two conditionings."""
+    """What a sample's cached conditioning depends on: its caption, and the picture the prompt is encoded with."""
     sample = run.data.samples[i]
     if not _prompt_image_used(run, i):
         return (sample.caption,)
@@ -105,10 +95,9 @@ def _prompt_image_used(run: Run, i: int) -> bool:
 
 
 def _encode_text(run: Run, indices: list[int]) -> dict[str, Any]:
-    """The conditioning of samples ``indices``: their captions in one call, or, where the prompt is encoded with
-    each sample's reference, one call per sample (QwenImageEditPlusPipeline reads a list of images as pictures of
-    every prompt, not one per prompt), joined as the cache joins them; none where the pipeline has no encode_prompt
-    (SVD: its denoiser's conditioning is the first frame's image embedding, made with the latents)."""
+    """The conditioning of samples ``indices``: one call, or one per sample where the prompt is encoded with a
+    picture (QwenImageEditPlusPipeline reads a list of images as pictures of every prompt); none without
+    encode_prompt (SVD: its conditioning is the image embedding, made with the latents)."""
     if not hasattr(run.tp.pipe, "encode_prompt"):
         return {}
     if not any(_prompt_image_used(run, i) for i in indices):
@@ -126,8 +115,7 @@ def _masks(run: Run) -> tuple[str, ...]:
 
 
 def _cacheable(cond: Any) -> dict[str, Any]:
-    """The tensors of one caption's conditioning, as the cache stores them: a list of tensors (Z-Image's unpadded
-    prompt, one per caption) as its items ``KEY.0``, ``KEY.1``, ...; other values are not stored."""
+    """One caption's conditioning as the cache stores it: tensors, and lists of them (Z-Image) as ``KEY.0``, ..."""
     import torch
 
     out = {k: v for k, v in cond.items() if torch.is_tensor(v)}
@@ -138,9 +126,7 @@ def _cacheable(cond: Any) -> dict[str, Any]:
 
 
 def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dict[str, Any]:
-    """A batch's conditioning from its captions' cache entries (:func:`_cacheable`): tensors joined on the batch axis,
-    ``KEY.i`` items back into one list per key, in caption order; captions of other lengths padded under ``masks``
-    (:func:`~.cache.join_padded`)."""
+    """A batch's conditioning from its captions' cache entries, joined by :func:`~.cache.join_padded`."""
     import re
 
     items: dict[str, list[Any]] = {}
@@ -152,21 +138,16 @@ def _from_cache(texts: list[dict[str, Any]], masks: tuple[str, ...] = ()) -> dic
 
 
 def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any]:
-    """Sample ``i``'s latents (and its reference image's, in an edit dataset, by the same VAE path; and the
-    conditioning channels its denoiser takes, built from the sample as the pipeline builds them), drawn from the
-    VAE's distribution under the sample's own seed in a forked RNG: what the cache holds and what ``--no-cache``
-    encodes are the same, whatever batch or process the sample is in. ``count``: how many of a per-step condition's
-    draws to make (:mod:`.draws`; all by default)."""
+    """Sample ``i``'s latents, reference latents and condition, drawn under the sample's own seed in a forked RNG, so
+    the cache and ``--no-cache`` agree whatever batch or process it is in; ``count``: draws to make (:mod:`.draws`)."""
     import torch
-
-    from .draws import DRAWS, drawn, encode_draws
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(run.settings.seed * 1_000_003 + i)
         pixels = run.data.pixels([i])
         out = {"latents": run.tp.encode_images(pixels)}
-        if drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
-            out.update(encode_draws(run.tp, pixels, out["latents"], count or DRAWS))
+        if draws.drawn(run.tp):  # an inpainting mask: several draws, one picked per step (.draws)
+            out.update(draws.encode_draws(run.tp, pixels, out["latents"], count or draws.DRAWS))
         else:  # Wan Animate's conditioning comes from the clip's reference, pose and face videos (and hands back
             # the latents with the reference's frame first: training.inputs.wan_animate_reference)
             out.update(run.tp.encode_condition(pixels, out["latents"], **run.data.animate_inputs(i)))
@@ -178,12 +159,8 @@ def _sample_latents(run: Run, i: int, count: int | None = None) -> dict[str, Any
 
 
 def fill_cache(run: Run) -> None:
-    """Encode every sample once before the first step (main process writes; the others wait and read).
-
-    Each sample is encoded under its own seed in a forked RNG, so the latents do not depend on batch order or on
-    whether the cache existed, and the training RNG is untouched: a resumed run reads what the first run wrote and
-    draws the same noise. Frozen encoders then leave the accelerator until validation needs them.
-    """
+    """Encode every sample once before the first step (the main process writes), the training RNG untouched; frozen
+    encoders then leave the accelerator until validation needs them."""
     import torch
 
     acc, tp, data = run.accelerator, run.tp, run.data

@@ -1,9 +1,8 @@
 """On-disk cache of VAE latents and text embeddings, keyed by the precision plan's fingerprint.
 
-A cache entry's key hashes the plan fingerprint (dtypes per component, model), the file's path, size and mtime,
-its bucket and frame count, and the caption, so a cache made in fp16 is never read by a bf16 run (the NaN of
-kohya-ss/sd-scripts PR #1413) and an edited image or caption is encoded again. Entries are safetensors files
-written atomically; a damaged entry is encoded again, never trusted.
+A key hashes the plan fingerprint and the sample (file, size, mtime, bucket, caption), so an fp16 cache is never
+read by a bf16 run (the NaN of kohya-ss/sd-scripts PR #1413) and an edited sample is encoded again. Entries are
+written atomically; a damaged one is encoded again.
 """
 
 from __future__ import annotations
@@ -73,9 +72,8 @@ class EncodingCache:
 
 
 def sample_parts(sample: Any) -> tuple[Any, ...]:
-    """What identifies a sample's pixels: path, size and mtime of the file, its bucket and frames; and of its
-    reference image when it has one (an edit dataset: an edited reference is encoded again), and of Wan Animate's
-    pose and face videos."""
+    """What identifies a sample's pixels: its file's path, size and mtime, bucket and frames, and those of each file
+    it trains beside (its reference, Wan Animate's pose and face videos)."""
     st = Path(sample.path).stat()
     parts: tuple[Any, ...] = str(Path(sample.path).resolve()), st.st_size, st.st_mtime_ns, sample.bucket, sample.frames
     for key in ("reference", "pose", "face"):
@@ -95,8 +93,7 @@ def tp_device(tp: Any) -> Any:
 
 
 def offload_encoders(run: Any, device: Any, text: bool = True) -> None:
-    """Move the frozen VAE and image encoder (and text encoders) to ``device``: off the accelerator once their outputs
-    are cached (the image encoder's embedding of each first frame is cached with the latents)."""
+    """Move the frozen VAE and image encoder (and text encoders) to ``device`` once their outputs are cached."""
     import torch
 
     if tp_device(run.tp).type == "cpu":
@@ -108,11 +105,9 @@ def offload_encoders(run: Any, device: Any, text: bool = True) -> None:
 
 
 def join_padded(texts: list[Mapping[str, Any]], keys: list[str], masks: list[str]) -> dict[str, Any]:
-    """The tensors ``keys`` of captions encoded one at a time, as one batch. A caption alone is as long as its own
-    tokens where the pipeline keeps no padding (Qwen-Image's encode_prompt, whose all-ones mask of one prompt is
-    None): tensors of a key that differ on axis 1 are zero-padded to the longest and each of ``masks`` (the family's
-    attention-mask keys) is ones over each caption's tokens, zeros after, as the pipeline pads a batch of prompts.
-    A family with no mask to say where the padding is cannot be joined so: one error naming the fix.
+    """The tensors ``keys`` of captions encoded one at a time, as one batch: where lengths differ (Qwen-Image keeps
+    no padding for one prompt) they are zero-padded to the longest and each of ``masks`` rebuilt as the pipeline
+    pads a batch of prompts; without a mask, one error naming the fix.
 
     Example:
         >>> import torch

@@ -1,9 +1,7 @@
 """Checkpoints of a training run: everything a resumed run needs to continue the same loss curve.
 
-A checkpoint is a folder ``OUT/checkpoints/step-000100`` holding the trainable weights (fp32 masters, safetensors),
-the optimizer and LR-scheduler state, the training layer's state (GradScaler scale, skipped steps), the RNG states
-and the position in the data order. It is written into a temporary folder beside it and renamed into place, so a
-kill during a save leaves the previous checkpoint whole and no half folder that ``--resume latest`` could pick.
+A folder ``OUT/checkpoints/step-000100``: trainable weights, optimizer, LR-scheduler and scaler state, RNG states
+and the data position, written beside it and renamed into place, so a kill leaves no half folder for ``--resume``.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from typing import Any, NamedTuple
 
 from ...errors import RecipeError
 from ..outputs import written_atomically
+from .sharded import is_sharded
 
 __all__ = ["Checkpoints", "Resumed", "check_resume", "data_list", "trainable_state", "load_trainable", "rng_state",
            "set_rng_state"]
@@ -164,8 +163,7 @@ class Resumed(NamedTuple):
 
 
 def data_list(data: Any) -> list[str]:
-    """What fixes the batch order: each sample's file (relative to the data folder), size in bytes and bucket (and
-    the file and size of each file it trains beside: its reference, its pose and face videos)."""
+    """What fixes the batch order: each sample's file, size in bytes and bucket (and its reference's, pose's, face's)."""
     def name(path: Path) -> str:
         return str(path.relative_to(data.folder) if path.is_relative_to(data.folder) else path)
 
@@ -192,8 +190,6 @@ def check_resume(settings: Any, data: Any, checkpoints: Checkpoints, keys: tuple
     if settings.resume is None:
         return None
     path = checkpoints.find(settings.resume)
-    from .sharded import is_sharded
-
     if is_sharded(path):  # the weights stay in their shards until the model is there to take them
         import torch
 

@@ -1,16 +1,11 @@
 """Conditioning that a training script draws anew each step (an inpainting mask), for the cached training program.
 
 diffusers' examples/research_projects/dreambooth_inpaint/train_dreambooth_inpaint.py draws a random mask for every
-example of every batch (its ``collate_fn`` calls ``random_mask``) and encodes the masked image in the training loop
-(``vae.encode(batch["masked_images"])``); a mask cached with the sample's latents would be one mask for the whole
-run. The masked image's latents depend on the mask, so each draw is a VAE encode. Encoding at every step costs a
-VAE encoder forward per sample per step and keeps the VAE on the accelerator: for SD 1.5 at 512 px that forward is
-1.12 TFLOP against 2.41 TFLOP for the inpainting UNet's forward and backward (torch's FlopCounterMode on the
-shipped stable-diffusion-v1-5 configs), nearly half a full fine-tune step again (a LoRA step, without the base
-weights' gradients, is cheaper, so its share is larger). So :data:`DRAWS` draws per sample are encoded once, with
-the latents (8 VAE encodes per sample before step 1, 8 times the condition's cache), and each step picks one of
-them with a generator seeded by (``--seed``, step, sample): a resumed run picks what the uninterrupted one did,
-whatever the process count. The price: a sample trains on 8 masks, not a new one each time it is seen.
+example (``collate_fn`` calls ``random_mask``) and encodes the masked image in the loop; one cached mask would be one
+mask for the whole run. Encoding every step costs a VAE forward per sample (SD 1.5 at 512 px: 1.12 TFLOP against
+2.41 for the inpainting UNet's forward and backward, torch's FlopCounterMode on the shipped configs). So
+:data:`DRAWS` draws per sample are encoded once with the latents, and each step picks one with a generator seeded by
+(``--seed``, step, sample), which a resumed run repeats at any process count. The price: 8 masks per sample.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ KEY = "condition_draws"  # the cache entry: (1, DRAWS, C, h, w), the builder's o
 
 
 def drawn(tp: Any) -> bool:
-    """Whether ``tp``'s denoiser, under its pipeline, takes a condition drawn per step (``condition(drawn=True)``:
-    ``inpaint_mask``, ``fill_mask``)."""
+    """Whether ``tp``'s denoiser takes a condition drawn per step (``condition(drawn=True)``: ``inpaint_mask``)."""
     from ...training.denoiser_rows import condition_made, row_of
     from ...training.inputs import DRAWN
 
@@ -34,9 +28,7 @@ def drawn(tp: Any) -> bool:
 
 
 def encode_draws(tp: Any, pixels: Any, latents: Any, count: int = DRAWS) -> dict[str, Any]:
-    """The first ``count`` of a sample's :data:`DRAWS` conditionings, in the order the RNG draws them (the caller
-    seeds it per sample; ``--no-cache`` makes only those up to the step's pick): ``{KEY: (1, count, ...)}`` beside
-    what the first one gives besides the condition latents."""
+    """The first ``count`` of a sample's draws in RNG order, as ``{KEY: (1, count, ...)}`` and the first's rest."""
     import torch
 
     made = [tp.encode_condition(pixels, latents) for _ in range(count)]
@@ -45,8 +37,7 @@ def encode_draws(tp: Any, pixels: Any, latents: Any, count: int = DRAWS) -> dict
 
 
 def pick(found: list[dict[str, Any]], indices: list[int], seed: int, step: int | None) -> Any:
-    """The batch's ``condition_latents``: for each sample, the draw a generator seeded by (seed, step, sample index)
-    picks; draw 0 where ``step`` is None (the fixed evaluation batch).
+    """The batch's ``condition_latents``: each sample's draw by :func:`choice`.
 
     Example:
         >>> import torch
@@ -62,8 +53,7 @@ def pick(found: list[dict[str, Any]], indices: list[int], seed: int, step: int |
 
 
 def choice(seed: int, step: int | None, i: int) -> int:
-    """Which of sample ``i``'s draws step ``step`` trains on: a generator seeded by (seed, step, i), draw 0 for the
-    evaluation batch (``step`` None).
+    """Which of sample ``i``'s draws step ``step`` trains on (seeded by (seed, step, i)); 0 when ``step`` is None.
 
     Example:
         >>> choice(0, None, 3), choice(0, 7, 3) == choice(0, 7, 3), 0 <= choice(1, 2, 3) < DRAWS

@@ -1,22 +1,24 @@
 """``--expert``: which denoising expert of a two-expert model (Wan 2.2 A14B: ``transformer`` for high noise,
 ``transformer_2`` for low noise, switched at ``boundary_ratio``) a run of the training program trains.
 
-People choose: ai-toolkit's Wan 2.2 trainer takes ``model_kwargs: train_high_noise / train_low_noise``, both true
-by default (extensions_built_in/diffusion_models/wan22: ``model_kwargs.get("train_high_noise", True)``), switching
-expert every ``switch_boundary_every`` steps; musubi-tuner trains one ``--dit`` per run. The training layer
-(:mod:`hf_precision.training.experts`) trains one expert per plan, on the noise levels it owns, so ``high`` and
-``low`` are one run each and ``both`` (the default, as ai-toolkit's) is the two runs one after the other, into
-``OUT/high_noise`` and ``OUT/low_noise``, each with its own checkpoints. Each LoRA is saved as diffusers' Wan loader
-reads it: ``pipe.load_lora_weights(OUT/high_noise)`` and ``pipe.load_lora_weights(OUT/low_noise,
-load_into_transformer_2=True)``. Read from ``model_index.json`` alone, so a wrong choice is refused before loading.
+ai-toolkit's Wan 2.2 trainer trains both by default (extensions_built_in/diffusion_models/wan22:
+``model_kwargs.get("train_high_noise", True)``); musubi-tuner one ``--dit`` per run. A plan trains one expert
+(:mod:`hf_precision.training.experts`), so ``both`` (the default) is two runs, into ``OUT/high_noise`` and
+``OUT/low_noise``, each read back by diffusers' Wan loader (``load_into_transformer_2=True`` for the low one). Read
+from ``model_index.json`` alone, so a wrong choice is refused before loading.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
+from ...runtime.source import listed_components, locate
+from .settings import check_out_folder, configs_source
 
 __all__ = ["EXPERT_CHOICES", "boundary_ratio", "expert_train", "expert_line", "expert_runs"]
 
@@ -32,8 +34,6 @@ def boundary_ratio(index: Mapping[str, Any]) -> float | None:
         0.875
         >>> boundary_ratio({"transformer": ["diffusers", "W"], "transformer_2": [None, None], "boundary_ratio": None})
     """
-    from ...runtime.source import listed_components
-
     ratio = index.get("boundary_ratio")
     return float(ratio) if ratio is not None and "transformer_2" in listed_components(index) else None
 
@@ -56,7 +56,8 @@ def expert_train(train: Mapping[str, str], index: Mapping[str, Any], expert: str
     if expert not in EXPERT_CHOICES:
         raise RecipeError(f"--expert {expert}: allowed: {', '.join(EXPERT_CHOICES)}")
     if boundary_ratio(index) is None:
-        _one(expert, index)
+        raise RecipeError(f"--expert {expert}: {index.get('_class_name')} has one denoiser (no transformer_2 with a "
+                          f"boundary_ratio, as Wan 2.2 A14B has); drop --expert")
     if expert == "both":
         raise RecipeError("--expert both: two runs, one per expert (a plan trains one); run them with hf-precision "
                           "train, or train() each of hf_precision.apps.train.experts.expert_runs(settings)")
@@ -66,19 +67,12 @@ def expert_train(train: Mapping[str, str], index: Mapping[str, Any], expert: str
     return out
 
 
-def _one(expert: str, index: Mapping[str, Any]) -> None:
-    raise RecipeError(f"--expert {expert}: {index.get('_class_name')} has one denoiser (no transformer_2 with a "
-                      f"boundary_ratio, as Wan 2.2 A14B has); drop --expert")
-
-
 def expert_runs(s: Any, say: Any = None) -> list[Any]:
-    """The runs of one ``train`` command: the settings as given, or for ``both`` (the default on a two-expert model)
-    the high-noise run into ``OUT/high_noise`` then the low-noise one into ``OUT/low_noise``.
+    """The runs of one ``train`` command: the settings as given, or for ``both`` the high-noise run then the low one.
 
-    Under ``--resume`` each expert continues its own checkpoints: ``latest`` is each folder's latest, a checkpoint
-    path is given to the expert whose folder holds it (the other continues its latest); an expert not started yet
-    starts fresh, and one whose run finished (its ``training.json`` records ``--steps`` steps) is not loaded again
-    (``say`` gets a line for it).
+    Under ``--resume`` each expert continues its own checkpoints (a checkpoint path goes to the expert whose folder
+    holds it, the other takes its latest); one not started starts fresh, one finished (``training.json``) is skipped
+    with a line to ``say``.
 
     Example:
         >>> import dataclasses
@@ -87,12 +81,6 @@ def expert_runs(s: Any, say: Any = None) -> list[Any]:
         >>> expert_runs(S("sd15", "o"))
         [S(model='sd15', out='o', expert=None, resume=None, base=None)]
     """
-    import dataclasses
-    from pathlib import Path
-
-    from ...runtime.source import locate
-    from .settings import check_out_folder, configs_source
-
     if s.expert not in (None, "both"):
         return [s]
     try:
@@ -119,10 +107,7 @@ def expert_runs(s: Any, say: Any = None) -> list[Any]:
 
 
 def _checkpoint_owner(resume: str | None, outs: Mapping[str, Any]) -> str | None:
-    """The expert whose folder holds the checkpoint path ``--resume`` names (None for ``latest`` or no resume); a
-    path in neither folder is refused before loading."""
-    from pathlib import Path
-
+    """The expert whose folder holds the ``--resume`` checkpoint path (None: ``latest`` or none); else refused."""
     if resume in (None, "latest"):
         return None
     path = Path(resume).expanduser().resolve()
@@ -134,10 +119,7 @@ def _checkpoint_owner(resume: str | None, outs: Mapping[str, Any]) -> str | None
 
 
 def _finished(out: Any, steps: int) -> bool:
-    """Whether a run's output folder holds its finished result of ``steps`` steps (the record ``train`` writes last)."""
-    import json
-    from pathlib import Path
-
+    """Whether ``out`` holds a finished run of ``steps`` steps (``training.json``, written last)."""
     try:
         return int(json.loads((Path(out) / "training.json").read_text(encoding="utf-8"))["steps"]) >= steps
     except (OSError, ValueError, KeyError, TypeError):
@@ -145,8 +127,7 @@ def _finished(out: Any, steps: int) -> bool:
 
 
 def expert_line(index: Mapping[str, Any], expert: str | None) -> str | None:
-    """What a plan or a run prints for a two-expert model: which expert(s) train, on which timesteps; None otherwise.
-    ``expert``: the choice, None for the default (both).
+    """What a plan or run prints for a two-expert model: which expert(s) train, on which timesteps; else None.
 
     Example:
         >>> idx = {"_class_name": "WanPipeline", "transformer": ["diffusers", "W"], "transformer_2": ["diffusers", "W"],

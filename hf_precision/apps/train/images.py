@@ -1,6 +1,5 @@
-"""The image files of a training folder: which suffixes are images, and one decoding that names a broken file.
-
-Shared by the data reader (targets) and the references of edit models (:mod:`.references`)."""
+"""The image files of a training folder (targets and :mod:`.references`): suffixes, and a decoding that names a
+broken file."""
 
 from __future__ import annotations
 

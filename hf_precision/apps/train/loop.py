@@ -1,17 +1,12 @@
 """The training loop of ``hf-precision train``: data -> cached encodings -> the training layer's loss and step.
 
-Precision is not decided here: :func:`hf_precision.training.prepare_training` gives the dtypes, the loss (noise
-objective from the scheduler), the GradScaler and the sampling context. This module orders the work: checks before
-loading, caches, one progress bar, checkpoints, validation, faults (NaN, Ctrl-C) and the outputs.
+Precision is decided by :func:`hf_precision.training.prepare_training`; this module orders the work: caches,
+progress, checkpoints, validation, faults (NaN, Ctrl-C) and the outputs.
 
-Several processes (``accelerate launch``): every process computes the same global batch order and takes its share
-of each batch and of the noise drawn for it (:func:`_draws`: the run trains as one process of the global batch does);
-gradients of the trainable parameters are averaged over processes before each step (what DDP does,
-without wrapping the denoiser, so the training layer's hooks and loss stay as they are); only the main process
-writes. ``--shard`` (or accelerate's FSDP2 config) shards what trains with FSDP2 under the recipe (see
-:mod:`hf_precision.training.shard`): FSDP reduces the gradients itself, checkpoints are sharded
-(:mod:`.sharded`), and every rank takes part in validation and in gathering the outputs. FSDP1 and DeepSpeed are
-refused: they flatten or cast the parameters the layer keeps in per-module dtypes and fp32 masters.
+Under ``accelerate launch`` each process takes its share of each global batch and of its noise (:func:`_draws`), and
+gradients are averaged before each step (DDP's all-reduce, without wrapping the denoiser, so the layer's hooks
+stay); only the main process writes. ``--shard`` uses FSDP2 under the recipe (:mod:`hf_precision.training.shard`,
+checkpoints in :mod:`.sharded`). FSDP1 and DeepSpeed are refused: they flatten or cast the per-module dtypes.
 """
 
 from __future__ import annotations
@@ -30,15 +25,16 @@ from . import batches as encoded
 from .checkpoint import check_resume, data_list, load_trainable, rng_state, set_rng_state, trainable_state
 from .data import epoch_batches
 from .prepare import Run, prepare_run
+from .results import log_line, save_outputs, trim_log, validate
 from .settings import RESUME_KEYS, TrainSettings
+from .sharded import holding, is_sharded, load_sharded, save_sharded
 
 __all__ = ["TrainResult", "train", "train_steps", "NonFiniteLoss", "evaluate", "expected_time"]
 
 @dataclasses.dataclass
 class TrainResult:
-    """What a run did: steps done (all processes), the loss of each step of this run, skipped steps, where it wrote,
-    the exit code the command returns (0 done, 130 interrupted and checkpointed), and whether this process is the
-    main one (the one that reports, under ``accelerate launch``)."""
+    """What a run did: steps, losses, skipped steps, where it wrote, the exit code (0 done, 130 interrupted and
+    checkpointed), and whether this process is the main one (the one that reports)."""
 
     out: Path
     step: int
@@ -56,9 +52,8 @@ class TrainResult:
 
 
 def _draws(run: Run, batch: dict[str, Any]) -> dict[str, Any]:
-    """This process's share of the noise and timesteps (or noise levels) drawn for the whole global batch, in the
-    order one process draws them: N processes of --batch-size B train on what one process of N x B does (the
-    layer's loss would draw only B, the same B on every process)."""
+    """This process's share of the noise and timesteps drawn for the whole global batch, so N processes of B train
+    on what one process of N x B does (the layer's loss would draw the same B on every process)."""
     from ...training.objectives import draw
 
     tp, acc, latents = run.tp, run.accelerator, batch["latents"]
@@ -123,8 +118,6 @@ def _state(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -
 def _save_checkpoint(run: Run, step: int, rng: dict[str, Any], losses: dict[int, float]) -> Path | None:
     path = None
     if run.tp.shard is not None:
-        from .sharded import save_sharded
-
         path = save_sharded(run.checkpoints.folder, step, run.tp, run.optimizer, _state(run, step, rng, losses),
                             run.checkpoints.keep)
         if run.accelerator.is_main_process:
@@ -144,9 +137,6 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
         return 0, {}, None
     path, weights, state = resumed
     run.resumed = None  # its tensors are loaded into the model below: not held twice
-    from .results import trim_log
-    from .sharded import is_sharded, load_sharded
-
     sharded = is_sharded(path)
     if run.tp.shard is not None and not sharded:
         raise RecipeError(f"--resume {run.settings.resume}: {path} was written by a run without --shard; resume it "
@@ -163,13 +153,6 @@ def _resume(run: Run) -> tuple[int, dict[int, float], dict[str, Any] | None]:
 
 
 # --------------------------------------------------------------------------------------------- the loop
-
-
-def _reduce_gradients(run: Run) -> None:
-    """Average the trainable gradients over processes (DDP's all-reduce; identical scale on every rank)."""
-    for p in run.tp.parameters():
-        if p.grad is not None:
-            p.grad = run.accelerator.reduce(p.grad, "mean")
 
 
 def _batches_from(run: Run, step: int) -> Iterator[tuple[int, list[int]]]:
@@ -206,8 +189,9 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
         print(f"hf-precision train: step {step + 1}: loss not finite ({where}); batch skipped (--on-nan skip)")
         return None, False
     run.tp.backward(loss)
-    if run.accelerator.num_processes > 1 and run.tp.shard is None:  # FSDP reduce-scatters the gradients itself
-        _reduce_gradients(run)
+    if run.accelerator.num_processes > 1 and run.tp.shard is None:  # DDP's all-reduce; FSDP reduce-scatters itself
+        for p in (p for p in run.tp.parameters() if p.grad is not None):
+            p.grad = run.accelerator.reduce(p.grad, "mean")
     stepped = run.tp.step(run.optimizer)
     run.optimizer.zero_grad(set_to_none=True)
     run.scheduler.step()
@@ -218,8 +202,7 @@ def _one_step(run: Run, indices: list[int], step: int) -> tuple[float | None, bo
 
 
 def _agreed(run: Run, stop: bool) -> bool:
-    """True on every rank when it is true on any (Ctrl-C reaches the ranks at different moments; a non-finite loss
-    may come on one rank's share of the batch only)."""
+    """True on every rank when it is true on any (Ctrl-C or a non-finite loss may reach one rank only)."""
     import torch
 
     flag = torch.tensor([1.0 if stop else 0.0], device=run.accelerator.device)
@@ -231,8 +214,7 @@ class NonFiniteLoss(RecipeError):
 
 
 def evaluate(run: Run) -> float:
-    """Loss on a fixed batch (the largest bucket's first samples) with fixed noise and timesteps: a number that
-    falls when the model learns, unlike the per-step loss, whose noise draw changes every step."""
+    """Loss on a fixed batch with fixed noise and timesteps: it falls when the model learns, unlike the step loss."""
     import torch
 
     groups: dict[Any, list[int]] = {}
@@ -264,8 +246,6 @@ def train_steps(run: Run) -> TrainResult:
     """Run the steps of a prepared run (after ``--resume``), with checkpoints, validation and the Ctrl-C save."""
     from tqdm.auto import tqdm
 
-    from .results import log_line, save_outputs, validate
-
     s, acc, tp = run.settings, run.accelerator, run.tp
     start, losses, rng = _resume(run)
     if rng is not None:
@@ -284,8 +264,6 @@ def train_steps(run: Run) -> TrainResult:
         print(f"[process {acc.process_index}/{acc.num_processes}] takes {s.batch_size} of each global batch of "
               f"{s.batch_size * acc.num_processes} ({how})", flush=True)
     if tp.shard is not None:
-        from .sharded import holding
-
         print(f"[process {acc.process_index}/{acc.num_processes}] {holding(tp)}", flush=True)
     before_eval = evaluate(run) if start == 0 else None
     bar = tqdm(total=s.steps, initial=start, desc="train", unit="step", dynamic_ncols=True,

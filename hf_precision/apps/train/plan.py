@@ -1,21 +1,11 @@
 """``hf-precision train --plan``: the peak memory of a training run, predicted from the configs without weights.
 
-Per phase:
-- **encode** (cache filling, or every batch without a cache): the frozen VAE and text encoders' weights plus the
-  activation peak of one batch through the VAE encoder.
-- **train step**: resident weights (every component, or only the denoiser once latents and text embeddings are
-  cached and the encoders leave the device) + trainable fp32 masters + their gradients + AdamW's two fp32 moments +
-  the activation peak of one forward and backward of the denoiser.
-
-Weights come from :func:`hf_precision.plan` (each parameter in the dtype the recipe gives it on the device; a
-quantized storage such as ``--set unet.storage=int8`` counted exactly as its backend stores it).
-Activations are counted by running the training step of the denoiser on torch's ``meta`` device with autograd on
-(:func:`hf_precision.memory.train_step.step_activations`), the VAE encode of one batch with
-:func:`hf_precision.memory.peaks.vae_encode_peak`.
-
-:func:`choose` gives :func:`hf_precision.memory.choose` these settings, cheapest in speed first, to find the first
-whose peak fits ``--max-memory``: as asked; cached latents (encoders leave the device); + gradient checkpointing; then
-halved batch sizes (:func:`options_ladder`). ``hf-precision train --plan`` prints them (:mod:`hf_precision.cli.train_plan`).
+Phases: **encode** (every weight, plus one batch through the VAE encoder) and **train step** (resident weights:
+every component, or the denoiser alone once the encoders' outputs are cached; fp32 masters, their gradients and
+AdamW's two moments; one forward and backward of the denoiser). Weights come from :func:`hf_precision.plan`
+(quantized storage counted as its backend stores it); activations from the step run on the ``meta`` device
+(:func:`hf_precision.memory.train_step.step_activations`, :func:`hf_precision.memory.peaks.vae_encode_peak`).
+:func:`choose` finds the first of :func:`options_ladder` that fits ``--max-memory``.
 """
 
 from __future__ import annotations
@@ -105,8 +95,7 @@ class PlannedModel:
     denoiser: str
     objective: str
     geometry: Any  # the latent factors, size rules and limits `train` checks (apps/train/data.py ModelGeometry)
-    # predict_training's results on this model by its arguments: the per-rank ladder asks the same one-process step
-    # for data parallel and for sharded (a meta forward + backward of the full denoiser, ~10 s for Flux), once is enough
+    # predict_training's results by arguments: the per-rank ladder asks the same meta step (~10 s for Flux) twice
     predictions: dict[tuple[Any, ...], TrainingPrediction] = dataclasses.field(default_factory=dict, repr=False,
                                                                               compare=False)
 
@@ -138,7 +127,6 @@ def predict_training(model: str, device: Any, *, method: str = "lora", rank: int
                      frames: int = 0, options: Options, overrides: Any = None, _cached_model: PlannedModel | None = None
                      ) -> TrainingPrediction:
     """Predict the peak bytes of a training run of ``model`` on ``device`` (a preset such as ``t4`` needs no GPU).
-    A ``_cached_model`` keeps each result: asked again with the same arguments, it answers without a meta step.
 
     Example:
         >>> p = predict_training("sd15", "t4", rank=4, resolution=256, options=Options(1, False, True))
@@ -193,8 +181,7 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
     except (RuntimeError, NotImplementedError) as err:
         if not reads_values(err):
             raise
-        # a forward that reads its own tensors' values cannot run on the meta device, where nothing has a value,
-        # unless the module that reads them has a stand-in (memory.stand_ins: HiDream's mixture of experts)
+        # a forward reading its tensors' values cannot run on the meta device without a stand-in (memory.stand_ins)
         from ...errors import RecipeError
 
         raise RecipeError(f"--plan: {type(module).__name__} reads values of its own tensors in forward ({err}), so "
@@ -232,8 +219,7 @@ def _encode_activations(m: PlannedModel, dtype: Any, batch: int, resolution: int
 
 
 def options_ladder(batch_size: int, gradient_checkpointing: bool, cached: bool) -> list[Options]:
-    """The settings to try, cheapest in speed first: as asked; cached latents (encoders leave the device); +
-    gradient checkpointing; then halved batch sizes, each without and with checkpointing.
+    """The settings to try, cheapest in speed first: as asked; cached; + gradient checkpointing; then halved batches.
 
     Example:
         >>> [(o.batch_size, o.gradient_checkpointing, o.cached) for o in options_ladder(2, False, False)]

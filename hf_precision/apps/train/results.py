@@ -27,6 +27,7 @@ from typing import Any
 from ...diagnose.call import call_params, frames_argument
 from ...training.methods import method_of
 from ..outputs import written_atomically
+from .sharded import save_full_model
 
 __all__ = ["log_line", "trim_log", "validate", "save_outputs"]
 
@@ -41,8 +42,7 @@ def log_line(run: Any, step: int, loss: float | None) -> None:
 
 
 def trim_log(run: Any, step: int) -> None:
-    """Drop the log rows after ``step`` (main process): a resumed run writes them again, and the log keeps one line per
-    step. A row that does not parse (a kill mid-write) is dropped with them."""
+    """Drop the log rows after ``step``, and any that does not parse (a kill mid-write): a resumed run writes them."""
     log = run.out / "train_log.jsonl"
     if not run.accelerator.is_main_process or not log.is_file():
         return
@@ -173,8 +173,6 @@ def _versions() -> dict[str, str]:
 def _module_saver(sharded: bool) -> Any:
     """How a trained component is written whole: its shards gathered (a collective), or ``save_pretrained``."""
     if sharded:
-        from .sharded import save_full_model
-
         return save_full_model
     return lambda module, folder: module.save_pretrained(folder, safe_serialization=True)
 

@@ -1,7 +1,5 @@
-"""The settings of one training run, and every check on them that needs no model weights.
-
-Everything here runs before a model loads: a run with a bad setting fails in a second and writes nothing.
-"""
+"""The settings of one training run, and every check on them that needs no model weights (before a model loads:
+a bad setting fails in a second and writes nothing)."""
 
 from __future__ import annotations
 
@@ -18,8 +16,7 @@ __all__ = ["TrainSettings", "ON_NAN", "SAVE_DTYPES", "check_settings", "check_ou
 DEFAULT_METHOD = "lora"
 ON_NAN = ("stop", "skip")
 SAVE_DTYPES = ("float16", "bfloat16", "float32")
-# Settings that must be the same when a run is resumed: they fix the data order, the trained weights' shapes and the
-# precision plan. Steps, validation and checkpoint cadence may change.
+# Settings a resumed run must keep: they fix the data order, the trained weights' shapes and the precision plan.
 RESUME_KEYS = ("model", "data", "method", "lora_rank", "train_text_encoder", "embedding", "batch_size", "seed",
                "resolution", "frames", "layout", "master", "learning_rate", "lr_scheduler", "expert", "base")
 

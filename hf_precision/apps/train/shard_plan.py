@@ -1,27 +1,16 @@
 """Each rank's peak memory for ``hf-precision train --plan --processes N [--shard]``, data parallel or sharded (FSDP2).
 
-Built on the one-process prediction (:mod:`.plan`: activations of one per-process batch, counted on the meta device;
-weights in the recipe's dtypes). Per rank, for N processes:
-
-- **data parallel** (DDP): every rank holds what one process holds.
-- **sharded** (``--shard``, :mod:`hf_precision.training.shard`): the trained denoiser's weights, fp32 masters,
-  gradients and AdamW state are split over the ranks, each parameter's rows chunked as FSDP2 chunks them (rank 0's
-  share, the largest, counted); each frozen component sharded or replicated as
-  :func:`hf_precision.training.shard.frozen_choice` decides (replicated and off the device once the cache is
-  filled, with cached latents). While a unit computes it is gathered whole: the component's
-  own unit (held through the step), and two block units at a time (the one computing and the one prefetched), with
-  their gradients before the reduce-scatter.
-
-The first setting that fits ``--max-memory`` is chosen by :func:`hf_precision.memory.choose` from
-:func:`rank_ladder`, cheapest first: data parallel as asked, sharded as asked, then the one-process ladder (cached
-latents, gradient checkpointing, halved batches) with sharding. The command prints it
-(:mod:`hf_precision.cli.train_plan`).
+Built on the one-process prediction (:mod:`.plan`). Data parallel: every rank holds what one process holds.
+Sharded (:mod:`hf_precision.training.shard`): the denoiser's weights, masters, gradients and AdamW state split as
+FSDP2 chunks rows (rank 0's share, the largest); frozen components as
+:func:`hf_precision.training.shard.frozen_choice` decides; gathered whole while computing: the root unit and two
+block units (computing and prefetched) with their gradients. :func:`hf_precision.memory.choose` takes the first of
+:func:`rank_ladder` that fits ``--max-memory``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
 from typing import Any
 
 from ...memory.peaks import meta_module
@@ -30,13 +19,12 @@ from ...training.methods import method_of
 from ...units import format_bytes
 from .plan import ADAM_STATES, Options, TrainingPrediction, options_ladder, planned_model, predict_training
 
-__all__ = ["RankPrediction", "predict_rank", "rank_ladder", "shard_bytes", "training_model"]
+__all__ = ["RankPrediction", "predict_rank", "rank_ladder", "training_model"]
 
 
 @dataclasses.dataclass
 class RankPrediction:
-    """One rank's bytes for one setting: at rest (weights, masters, gradients, AdamW state), gathered units, and
-    activations; ``peak`` is the train step's (or the encode pass's, when larger)."""
+    """One rank's bytes for one setting: at rest, gathered units and activations; ``peak``: the larger phase."""
 
     processes: int
     sharded: bool
@@ -65,30 +53,14 @@ class RankPrediction:
         how = f"sharded over {self.processes} (FSDP2)" if self.sharded else f"data parallel x{self.processes}"
         return f"{how}; {self.options.describe()}"
 
-    def label(self) -> str:
-        return self.describe()
+    label = describe
 
     def details(self) -> str:
         return f"per rank peak {format_bytes(self.peak, binary=True)}"
 
 
-def shard_bytes(params: Iterable[Any], processes: int, dtype_bytes: int | None = None) -> int:
-    """Bytes one rank holds of ``params`` sharded over ``processes`` as FSDP2 shards them (dim 0 padded to a
-    multiple of N); ``dtype_bytes`` overrides the element size (the fp32 masters, gradients).
-
-    Example:
-        >>> import torch
-        >>> shard_bytes([torch.empty(5, 2)], 2)  # rows 5 -> padded 6, 3 rows of 2 fp32 each
-        24
-    """
-    from ...training.shard import rank_share
-
-    return rank_share(params, processes, dtype_bytes)
-
-
 def _unit_bytes(module: Any, units: list[Any], denoiser: str) -> tuple[int, int, int]:
-    """(root unit bytes, largest block unit bytes, largest block unit's trainable bytes), each gathered in its
-    param dtype (a unit's own parameters: those not inside a nested unit)."""
+    """(root unit, largest block unit, its trainable part) bytes of each unit's own parameters in its param dtype."""
     from ...dtypes import to_torch
 
     paths = [u.path.partition(".")[2] for u in units]
@@ -123,7 +95,7 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     """
     import torch
 
-    from ...training.shard import plan_units
+    from ...training.shard import plan_units, rank_share
 
     m = _cached_model or training_model(model, device, overrides)
     base = predict_training(model, device, method=method, rank=rank, resolution=resolution, frames=frames,
@@ -142,10 +114,11 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
     trainable = [p for p in module.parameters() if p.requires_grad]
     frozen = [p for p in module.parameters() if not p.requires_grad]
     # the recipe's storage bytes of the frozen denoiser weights, split as the meta module's (compute dtype) split
-    frozen_share = shard_bytes(frozen, processes) / max(sum(p.numel() * p.element_size() for p in frozen), 1)
+    frozen_share = rank_share(frozen, processes) / max(sum(p.numel() * p.element_size() for p in frozen), 1)
     frozen_den = int((base.weights[m.denoiser] - (den.total_bytes if method_of(method).every_weight else 0)) * frozen_share)
-    masters = shard_bytes(trainable, processes, 4)
-    islands = {m.denoiser: [i for i in m.plan.recipe[m.denoiser].keep_fp32 if _has(module, i)]}
+    masters = rank_share(trainable, processes, 4)
+    names = dict(module.named_modules())
+    islands = {m.denoiser: [i for i in m.plan.recipe[m.denoiser].keep_fp32 if i in names]}
     units = plan_units(m.plan.recipe, {m.denoiser: method}, islands, {m.denoiser: module})
     root, block, block_grads = _unit_bytes(module, units, m.denoiser)
     gathered = root + 2 * block + block_grads
@@ -155,8 +128,7 @@ def predict_rank(model: str, device: Any, *, processes: int, shard: bool, method
 
 
 def _frozen_choices(m: Any, base: TrainingPrediction, processes: int, cached: bool) -> list[Any]:
-    """Each frozen component's choice (:func:`hf_precision.training.shard.frozen_choice`, as the layer makes it),
-    from its meta module and its weights in the recipe's storage dtype."""
+    """Each frozen component's :func:`hf_precision.training.shard.frozen_choice`, from its meta module and bytes."""
     import torch
 
     from ...training.shard import frozen_choice
@@ -171,8 +143,7 @@ def _frozen_choices(m: Any, base: TrainingPrediction, processes: int, cached: bo
 
 
 def training_model(model: str, device: Any, overrides: Any = None) -> Any:
-    """The plan's model under the training recipe: the recipe's training overrides first (what prepare_training
-    layers on, e.g. an fp32 VAE for SD 1.x), then the user's.
+    """The plan's model under the training recipe: its ``training:`` overrides (SD 1.x: fp32 VAE), then the user's.
 
     Example:
         >>> training_model("sd15", "t4").plan.components["vae"].compute
@@ -186,17 +157,8 @@ def training_model(model: str, device: Any, overrides: Any = None) -> Any:
     return planned_model(model, device, [layer, *extra]) if layer else first
 
 
-def _has(module: Any, path: str) -> bool:
-    try:
-        module.get_submodule(path)
-    except AttributeError:
-        return False
-    return True
-
-
 def rank_ladder(batch_size: int, checkpointing: bool, cached: bool) -> list[tuple[bool, Options]]:
-    """(sharded, options) to try, cheapest first: data parallel as asked, then sharded along
-    :func:`hf_precision.apps.train.plan.options_ladder`.
+    """(sharded, options) to try, cheapest first: data parallel as asked, then sharded along ``options_ladder``.
 
     Example:
         >>> [(shard, o.batch_size, o.gradient_checkpointing) for shard, o in rank_ladder(1, False, True)]

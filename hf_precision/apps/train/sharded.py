@@ -1,13 +1,8 @@
 """Checkpoints and outputs of a sharded (``--shard``, FSDP2) run: every rank takes part, one rank writes files.
 
-A sharded checkpoint is ``OUT/checkpoints/step-000100/`` holding ``sharded/`` (``torch.distributed.checkpoint``:
-each rank's shards of the trainable weights and of the optimizer state, plus the metadata that lets another world
-size, or one process without sharding, load them) and ``state.pt`` (step, RNG, scheduler, scaler, losses, settings,
-data list: as the one-process checkpoint). Every rank writes into one temporary folder beside the target; rank 0
-renames it into place after all ranks finished, so a kill during a save leaves the previous checkpoint whole.
-
-Outputs are gathered to whole tensors (a collective) and written by rank 0 in the formats people load: the LoRA where
-``pipe.load_lora_weights`` reads it, a full fine-tune as a diffusers model folder (``from_pretrained``).
+A sharded checkpoint holds ``sharded/`` (``torch.distributed.checkpoint``: the trainable weights' and optimizer's
+shards, loadable at another world size) and the one-process ``state.pt``; rank 0 renames the shared temporary
+folder into place after every rank wrote. Outputs are gathered whole and written by rank 0 in the usual formats.
 """
 
 from __future__ import annotations
@@ -18,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError
+from ...training.methods import method_of
 
 __all__ = ["SHARDED", "is_sharded", "save_sharded", "load_sharded", "save_full_model", "accelerate_shard", "holding"]
 
@@ -44,8 +40,6 @@ def _barrier() -> None:
 
 def _trainables(tp: Any) -> Any:
     import torch
-
-    from ...training.methods import method_of
 
     # one module over the trained components, so the saved names are "unet.<fqn>" as in the one-process checkpoint
     return torch.nn.ModuleDict({n: m for n, m in tp.components.items()
@@ -85,8 +79,7 @@ def save_sharded(folder: Path, step: int, tp: Any, optimizer: Any, state: Mappin
 
 
 def load_sharded(path: Path, tp: Any, optimizer: Any) -> None:
-    """Load the trainable weights and optimizer state of a sharded checkpoint into this run, whatever its world size
-    (sharded or not: torch.distributed.checkpoint re-slices the saved shards)."""
+    """Load a sharded checkpoint's trainable weights and optimizer state, at any world size (dcp re-slices them)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -103,8 +96,7 @@ def load_sharded(path: Path, tp: Any, optimizer: Any) -> None:
 
 
 def save_full_model(module: Any, target: Path) -> None:
-    """A sharded full fine-tune as a diffusers model folder (config + safetensors weights); every rank calls it,
-    rank 0 writes. The weights are gathered to rank 0 on the CPU (the others hold no copy)."""
+    """A sharded full fine-tune as a diffusers model folder, gathered to rank 0's CPU (every rank calls it)."""
     from safetensors.torch import save_file
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -118,8 +110,7 @@ def save_full_model(module: Any, target: Path) -> None:
 
 
 def holding(tp: Any) -> str:
-    """What this rank holds of the sharded weights, the dtypes of the island shards, and each frozen component as the
-    plan placed it (sharded: this rank's bytes of it; or replicated), one line per rank."""
+    """One line per rank: its bytes of the sharded weights, the island shards' dtypes, each frozen component's."""
     from ...training.shard import sharded_bytes
 
     parts, islands = [], []
@@ -143,11 +134,9 @@ def holding(tp: Any) -> str:
 
 
 def accelerate_shard() -> bool:
-    """Whether accelerate's config asks for sharding (FSDP2: ``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are
-    refused naming what to use. False for one process or data parallel. Read from what ``accelerate launch`` puts in
-    the environment (as accelerate's own plugins read it), so the answer comes before the Accelerator is made:
-    accelerate itself would first stop a DeepSpeed config with "DeepSpeed is not installed", which sends the user the
-    wrong way, and on the CPU (``Accelerator(cpu=True)``) it makes a MULTI_CPU state whatever its config says.
+    """Whether accelerate's config asks for FSDP2 (``fsdp_version: 2``); FSDP1 and DeepSpeed/Megatron are refused
+    naming what to use. Read from ``accelerate launch``'s environment before the Accelerator is made, which would
+    first stop DeepSpeed with "DeepSpeed is not installed" and on the CPU make MULTI_CPU whatever the config says.
 
     Example:
         >>> import os
@@ -161,23 +150,18 @@ def accelerate_shard() -> bool:
     def asked(name: str) -> bool:
         return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
-    kind = DistributedType.NO
-    if asked("ACCELERATE_USE_FSDP"):
-        kind = DistributedType.FSDP
-    elif asked("ACCELERATE_USE_DEEPSPEED"):
-        kind = DistributedType.DEEPSPEED
-    elif asked("ACCELERATE_USE_MEGATRON_LM"):
-        kind = DistributedType.MEGATRON_LM
     use = ("use `hf-precision train --shard` under `torchrun --nproc_per_node N` or `accelerate launch` with an FSDP2 "
            "config (fsdp_version: 2): it shards each block in the dtypes of the recipe")
-    if kind == DistributedType.FSDP:
+    if asked("ACCELERATE_USE_FSDP"):
         version = int(os.environ.get("FSDP_VERSION") or 1)  # accelerate's FSDP plugin reads the same variable
         if version == 2:
             return True
         raise RecipeError(f"accelerate config selects FSDP version {version}: FSDP1 flattens each wrapped module into "
                           f"one flat parameter of one dtype, so the recipe's fp32 islands and fp32 masters cannot keep "
                           f"their own dtype; {use}")
-    if kind in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM):
+    kind = next((k for k in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+                 if asked(f"ACCELERATE_USE_{k.value}")), None)
+    if kind is not None:
         raise RecipeError(f"accelerate config selects {kind.value}: it casts and partitions the model as a whole (one "
                           f"dtype for all weights), which the recipe's per-module dtypes and fp32 masters cannot keep; "
                           f"{use}")

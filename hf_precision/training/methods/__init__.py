@@ -1,12 +1,8 @@
 """How each way of training a component is set up: one registered handler per method, one file each.
 
-``train={"unet": "lora"}`` names a method; :func:`method_of` returns its handler, and the training layer asks the
-handler instead of comparing names: whether gradients reach the component's weights, which parameters become fp32
-masters, what it adds to the module (an adapter, token rows), how the plan table labels it, what storage it refuses.
-The training program (``hf-precision train --method NAME``) asks the same handler what its run needs: what trains and
-with which keywords, which settings and data it refuses, what ``train --plan`` prints, how the result is saved and
-read back. A new method is one file that subclasses :class:`Method` and calls :func:`register_method` (the shape of
-peft's ``register_peft_method``, ``peft/tuners/lora/__init__.py``); the program then offers it with no other edit.
+``train={"unet": "lora"}`` names a method; the training layer and the program (``train --method NAME``) ask its
+handler (:func:`method_of`) instead of comparing names. A new method is one file that subclasses :class:`Method` and
+calls :func:`register_method` (the shape of peft's ``register_peft_method``, ``peft/tuners/lora/__init__.py``).
 """
 
 from __future__ import annotations
@@ -43,8 +39,7 @@ class Method:
 
     name = ""
     trains_weights = False  # gradients reach the component's weights: masters, a compute choice, a shard unit
-    # its masters are the component's own weights (every one in a full fine-tune), not added parameters (an adapter,
-    # token rows): the frozen rest and the masters meet under autocast in the compute dtype
+    # its masters are the component's own weights (a full fine-tune), not added ones: they meet under autocast
     every_weight = False
     saves_adapter = False  # its result is a LoRA adapter (tp.save_lora)
     takes_tokens = False  # it trains new tokens, given with tokens= (textual inversion)
@@ -56,8 +51,7 @@ class Method:
         return False
 
     def setup(self, s: ComponentSetup) -> None:
-        """Make the component trainable this way: what it owns becomes fp32 (or ``master_dtype``) masters, the rest
-        is frozen. Handlers that add to the module (an adapter, token rows) do it around this."""
+        """Make the component trainable this way: what it owns becomes ``master_dtype`` masters, the rest frozen."""
         make_masters(s.module, self.name, s.master_dtype)
 
     def label(self, tp: Any, component: str) -> str:
@@ -99,8 +93,7 @@ class Method:
         return self.name
 
     def save(self, tp: Any, folder: Any, dtype: Any, save_module: Any) -> None:
-        """Write what trained into ``folder``: here each component trained this way, whole, by ``save_module(module,
-        subfolder)`` (the program passes ``save_pretrained``, or a gather of the shards)."""
+        """Write each component trained this way into ``folder`` by ``save_module(module, subfolder)``."""
         for comp, kind in tp.kinds.items():
             if kind == self.name:
                 save_module(tp.components[comp], folder / comp)
@@ -172,8 +165,7 @@ def method_of(kind: str) -> Method:
 
 
 def make_masters(module: Any, kind: str, master_dtype: Any) -> int:
-    """Freeze what does not train and store what trains (the parameters the method ``kind`` owns) in
-    ``master_dtype``; returns the trainable count.
+    """Freeze what method ``kind`` does not own and store what it owns in ``master_dtype``; the trainable count.
 
     Example:
         >>> import torch

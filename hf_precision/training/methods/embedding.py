@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...errors import RecipeError
 from . import Method, ComponentSetup, register_method
 
 
@@ -26,10 +27,7 @@ class Embedding(Method):
         return (f"shard: {component} trains new token rows (textual inversion), a few kilobytes: nothing to shard; run "
                 f"it without sharding (one process or data parallel)")
 
-
     def program_train(self, s: Any, denoiser: str, encoders: dict[str, str]) -> tuple[dict[str, str], dict[str, Any]]:
-        from ...errors import RecipeError
-
         clip = [n for n, cls in encoders.items() if "CLIP" in cls]
         if not clip:
             raise RecipeError(f"--embedding {s.embedding}: the model has no CLIP text encoder (only "

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ... import dtypes as dt
+from ...recipe.quantize import CHOICES, is_quantized
+from ..rules import TrainingError
 from . import Method, ComponentSetup, register_method
 
 
@@ -17,8 +19,6 @@ class Full(Method):
         return True
 
     def setup(self, s: ComponentSetup) -> None:
-        from ..rules import TrainingError
-
         plan = s.recipe[s.name] if s.name in s.recipe else None
         if plan is not None and plan.storage != plan.compute:
             raise TrainingError(f"train: {s.name}: 'full' cannot train weights stored in {plan.storage} and cast on "
@@ -29,8 +29,6 @@ class Full(Method):
         return "float32 (masters)"
 
     def storage_problem(self, component: str, storage: str, compute: str) -> str | None:
-        from ...recipe.quantize import CHOICES, is_quantized
-
         if is_quantized(storage):
             return (f"train: {component}: 'full' cannot train {storage} weights ({CHOICES[storage].why}): a full "
                     f"fine-tune updates every weight as an fp32 master; train a LoRA on the quantized base "
