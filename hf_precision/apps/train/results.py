@@ -130,6 +130,8 @@ def validate(run: Any, step: int) -> Path | None:
         else:
             kwargs.update(validation_inputs(pipe, run.data))
         kwargs.update(_prompt_length(run.tp, pipe))
+        if "use_resolution_binning" in call_params(pipe):  # the size trained is the size made, as generate's: PixArt's
+            kwargs["use_resolution_binning"] = False  # binning swaps it for its table's, and fails on another sample_size
         generator = torch.Generator("cpu").manual_seed(s.seed)
         # by name, and only where the call takes one (SVD's and Wan Animate's first parameter is their image)
         prompt = {"prompt": s.validation_prompt} if "prompt" in call_params(pipe) else {}
