@@ -80,3 +80,29 @@ def test_validation_steps_an_image_to_image_call_cannot_denoise_are_refused_befo
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--validation-inference-steps 2: StableDiffusionXLImg2ImgPipeline denoises 0" in err[0]
     assert "--validation-inference-steps 4 or more" in err[0] and "--strength" not in err[0]
+
+
+def test_an_edit_models_validation_starts_from_the_reference_at_the_trained_size(tmp_path, monkeypatch):
+    # Flux Kontext resizes its input to about a megapixel unless told not to (pipeline_flux_kontext.py:938): a
+    # validation call of a tiny model ran for minutes at 1024x1024
+    from hf_precision.testing import make_pipeline, save_pipeline
+
+    pipe = make_pipeline("flux_kontext")
+    folder = save_pipeline(pipe, tmp_path / "kontext")
+    calls = []
+    original = type(pipe).__call__
+
+    @functools.wraps(original)
+    def recording(self, *args, **kwargs):
+        calls.append(kwargs)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(pipe), "__call__", recording)
+    photos, references = _photos(tmp_path / "photos"), tmp_path / "references"
+    references.mkdir()
+    for i in range(2):
+        Image.fromarray(np.full((32, 32, 3), 250 - 40 * i, np.uint8)).save(references / f"i{i}.png")
+    assert _train(folder, photos, tmp_path / "out", "--resolution", "32", "--reference-dir", str(references),
+                  "--validation-inference-steps", "2") == 0
+    assert len(calls) == 2 and all(c["image"].size == (32, 32) and c["_auto_resize"] is False for c in calls)
+    assert np.asarray(calls[0]["image"])[0, 0, 0] == 250  # the reference, not the target (60)

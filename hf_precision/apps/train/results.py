@@ -57,11 +57,14 @@ def trim_log(run: Any, step: int) -> None:
         tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
 
 
-def validation_inputs(pipe: Any, data: Any) -> dict[str, Any]:
+def validation_inputs(pipe: Any, data: Any, size: tuple[int, int] | None = None) -> dict[str, Any]:
     """The inputs beyond the prompt that ``pipe``'s call cannot run without (:func:`call_inputs`), made from the first
-    training sample as a user would give them: its first frame as the ``image`` (an image-to-video or image-to-image
-    model starts from it) or control image, its clip as the ``video``, and the middle of the picture as the inpainting
-    mask (white where the model repaints); at the sample's bucket. Inputs no sample holds are left to the call.
+    training sample as a user would give them: its reference image (an edit model), else its first frame, as the
+    ``image`` (an image-to-video or image-to-image model starts from it) or control image, its clip as the ``video``,
+    and the middle of the picture as the inpainting mask (white where the model repaints); at the sample's bucket,
+    then fitted to ``size`` (height, width) as ``generate`` fits a user's (:func:`sized_inputs`: SD img2img makes
+    its input's size; :func:`fitted_to_area`: Flux Kontext resizes to a megapixel unless told not to). Inputs no
+    sample holds are left to the call.
 
     Example:
         >>> from types import SimpleNamespace
@@ -76,20 +79,31 @@ def validation_inputs(pipe: Any, data: Any) -> dict[str, Any]:
     import numpy as np
     from PIL import Image
 
-    from ...diagnose.call import call_inputs
+    from ...diagnose.call import call_inputs, fitted_to_area, sized_inputs
 
-    needed = call_inputs(pipe if isinstance(pipe, type) else type(pipe))
+    cls = pipe if isinstance(pipe, type) else type(pipe)
+    needed = call_inputs(cls)
     if not needed or not data.samples:
         return {}
     width, height = data.samples[0].bucket
-    pixels = data.pixels([0])[0]  # (3, H, W) or (3, F, H, W), in [-1, 1]
-    frames = [Image.fromarray(((f.permute(1, 2, 0).float().numpy() + 1) * 127.5).round().clip(0, 255).astype(np.uint8))
-              for f in (pixels.unbind(1) if pixels.dim() == 4 else [pixels])]
+
+    def pictures(pixels: Any) -> list[Any]:  # (3, H, W) or (3, F, H, W) in [-1, 1] -> PIL, a frame each
+        return [Image.fromarray(((f.permute(1, 2, 0).float().numpy() + 1) * 127.5).round().clip(0, 255)
+                                .astype(np.uint8)) for f in (pixels.unbind(1) if pixels.dim() == 4 else [pixels])]
+
+    frames = pictures(data.pixels([0])[0])
+    reference = data.reference_pixels([0]) if not data.frames and hasattr(data, "reference_pixels") else None
+    picture = pictures(reference[0])[0] if reference is not None else frames[0]
     mask = np.zeros((height, width), np.uint8)
     mask[height // 4:3 * height // 4, width // 4:3 * width // 4] = 255
-    made = {"image": frames[0], "control_image": frames[0], "mask_image": Image.fromarray(mask).convert("RGB"),
+    made = {"image": picture, "control_image": picture, "mask_image": Image.fromarray(mask).convert("RGB"),
             "video": frames, "conditioning_frames": frames}
-    return {k: made[k] for k in needed if k in made}
+    inputs = {k: made[k] for k in needed if k in made}
+    if size is None:
+        return inputs
+    params = call_params(cls)
+    inputs = sized_inputs(params, inputs, size)
+    return {**inputs, **fitted_to_area(params, size, inputs.get("image"))}
 
 
 def _prompt_length(tp: Any, pipe: Any) -> dict[str, int]:
@@ -128,7 +142,7 @@ def validate(run: Any, step: int) -> Path | None:
             width, height = run.data.samples[0].bucket
             kwargs.update(animate, height=height, width=width, segment_frame_length=run.data.frames)
         else:
-            kwargs.update(validation_inputs(pipe, run.data))
+            kwargs.update(validation_inputs(pipe, run.data, (s.resolution, s.resolution)))
         kwargs.update(_prompt_length(run.tp, pipe))
         if "use_resolution_binning" in call_params(pipe):  # the size trained is the size made, as generate's: PixArt's
             kwargs["use_resolution_binning"] = False  # binning swaps it for its table's, and fails on another sample_size
