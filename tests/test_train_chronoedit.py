@@ -145,6 +145,7 @@ def _no_loading(monkeypatch):
 @pytest.mark.parametrize("refs, frames, says", [
     (False, "5", "2 of 2 image(s) have no reference image"),
     (True, "9", "--frames 9"),
+    (False, None, "2 of 2 image(s) have no reference image"),  # no --frames: its one count, 5, as train --plan takes
     ("clips", "5", "no images (.png, .jpg, ...) in the folder; ChronoEditPipeline is an edit model"),
 ])
 def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading(
@@ -155,7 +156,7 @@ def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading
     out = tmp_path / "out"
     data = _clips(tmp_path / "clips") if refs == "clips" else _pairs(tmp_path, refs)
     code = main(["train", "--model", str(saved_pipeline("chronoedit")), "--data", str(data),
-                 "--out", str(out), "--frames", frames, "--resolution", "32", "--quiet"])
+                 "--out", str(out), *(["--frames", frames] if frames else []), "--resolution", "32", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("error:") == 1 and "Traceback" not in err and says in err, err

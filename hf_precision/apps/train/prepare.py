@@ -263,6 +263,8 @@ def prepare_run(s: TrainSettings) -> Run:
     check_packages(None, str(index.get("_class_name")), configs)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
     s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)
+    if geometry.video and s.frames is None and geometry.fixed_frames:
+        s.frames = geometry.fixed_frames  # the one count the model takes (ChronoEdit's 5), as `train --plan` takes it
     if geometry.video and s.frames is None:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")
