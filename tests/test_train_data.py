@@ -158,7 +158,7 @@ def test_corrupt_mp4_clip(capsys, wan, tmp_path):
 
 def test_image_folder_for_a_video_model(capsys, wan, tmp_path):
     err = _fails(capsys, wan, _folder(tmp_path), tmp_path / "o", "--frames", "5", "--resolution", "16")
-    assert "no clips" in err and "video model" in err
+    assert "no clips" in err and "a video model: it trains on clips; add clips with a caption" in err, err
 
 
 def test_metadata_jsonl(tmp_path):
