@@ -452,6 +452,23 @@ def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
     assert live.peak > 0
 
 
+def test_plan_counts_framepacks_call_which_reads_its_prompt_mask():
+    """`video --plan` on HunyuanVideo FramePack: its transformer slices the prompt by mask.sum(dim=1)[0], an .item()
+    (transformer_hunyuan_video_framepack.py:328-332); the planner's masks keep their values, as train --plan's do,
+    where every --plan on a FramePack folder ended in 'Tensor.item() cannot be called on meta tensors'."""
+    import torch
+
+    from hf_precision.apps.video.plan import denoiser_call
+    from hf_precision.apps.video.spec import spec_of
+    from hf_precision.memory.peaks import denoise_peak
+
+    pipe = make_pipeline("hunyuan_video_framepack")
+    spec = spec_of(pipe)
+    den = pipe.components[spec.denoiser].to("meta")
+    call = lambda: denoiser_call(spec, den, torch.float32, 16, 16, 5)  # noqa: E731
+    assert denoise_peak(den, call) > 0
+
+
 def test_plan_gives_mochi_allegro_and_latte_an_estimate(folders):
     """They had no denoiser inputs before (the plan raised); now each phase has a count above the weights."""
     from hf_precision.apps.video import model_spec, predict
