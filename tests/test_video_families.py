@@ -101,6 +101,21 @@ def test_family_end_to_end_under_layout(kind, layout, folders, image, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.gif"]  # no temporary file left
 
 
+def test_a_frame_count_the_pipeline_overrides_is_said(folders, image, tmp_path, capsys):
+    """HunyuanVideo FramePack makes whole sections of its latent window whatever --frames asks
+    (pipeline_hunyuan_video_framepack.py: num_latent_sections): the run says so, as generate does for a size."""
+    from hf_precision.cli.video import main
+
+    rc = main(["--model", str(folders("hunyuan_video_framepack")), "--image", str(image), "--prompt", "slow pan",
+               "--out", str(tmp_path / "clip.gif"), "--height", "32", "--width", "32", "--frames", "5", "--steps", "1",
+               "--device", "cpu", "--max-sequence-length", "16", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    made = re.search(r"wrote .*clip\.gif \((\d+) frames", out)
+    assert made and int(made[1]) != 5, out
+    assert f"note: HunyuanVideoFramepackPipeline made {made[1]} frames, not the asked 5" in out, out
+
+
 # --------------------------------------------------------------------------------------------- checked up front
 
 
