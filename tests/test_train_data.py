@@ -203,3 +203,17 @@ def test_batch_order_is_fixed_by_seed_and_epoch_and_split_between_processes():
     assert a != epoch_batches(samples, 2, seed=1, epoch=1, world=2)
     for batch in a:
         assert len(batch) == 4 and len({samples[i].bucket for i in batch}) == 1
+
+
+def test_text_encoder_lora_the_pipelines_loader_cannot_save_is_refused_before_loading(capsys, saved_pipeline, tmp_path):
+    """HiDream's (and Wan's, HunyuanVideo's) diffusers LoRA loader writes the transformer's LoRA only: with
+    --train-text-encoder the run trained every step, then died in save_lora_weights on 'unexpected keyword argument
+    text_encoder_lora_layers'. Refused before any model loads, naming the loader and what it takes."""
+    err = _fails(capsys, saved_pipeline("hidream"), _folder(tmp_path), tmp_path / "o", "--train-text-encoder",
+                 "--resolution", "32")
+    says = "--train-text-encoder: HiDreamImagePipeline's LoRA file is written by diffusers' " \
+           "HiDreamImagePipeline.save_lora_weights, which takes the LoRA of transformer only"
+    assert says in err, err
+    code, err = _train(capsys, "--plan", "--model", str(saved_pipeline("hidream")), "--out", str(tmp_path / "p"),
+                       "--device", "t4", "--resolution", "32", "--train-text-encoder")  # the plan of that run too
+    assert code == 2 and err.count("error:") == 1 and says in err, err

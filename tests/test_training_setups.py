@@ -152,3 +152,13 @@ def test_check_names_the_unfed_side_network_not_a_module():
                                             r"FluxTransformer2DModel is not fed") as caught:
         tp.check()
     assert "fails in" not in str(caught.value)
+
+
+def test_save_lora_of_a_part_the_loader_cannot_write_is_one_clear_error(tmp_path):
+    """tp.save_lora on HiDream with a text-encoder LoRA: diffusers' HiDreamImageLoraLoaderMixin.save_lora_weights takes
+    transformer_lora_layers only; its TypeError became our error naming the parts and what to do, nothing written."""
+    tp = hp.prepare_training(_make("hidream"), train={"transformer": "lora", "text_encoder": "lora"}, rank=2)
+    with pytest.raises(TrainingError, match=r"tp\.save_lora: HiDreamImagePipeline's LoRA file .* takes the LoRA of "
+                                            r"transformer only, not of text_encoder; save those adapters yourself"):
+        tp.save_lora(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
