@@ -297,6 +297,10 @@ def prepare_run(s: TrainSettings) -> Run:
                      reference_dir=s.reference_dir)
     train, extra = _train_parts(s, index)
     check_trainable(index, configs)
+    if s.validation_prompt:  # an input validation cannot make: refused here, not after loading and caching
+        from .results import check_validation
+
+        check_validation(str(index.get("_class_name")))
     from .references import check_reference_family
 
     # a first-frame edit model's references are its pairs (check_pairs), not inputs its call lacks

@@ -24,7 +24,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...diagnose.call import call_params, frames_argument
+from ...diagnose.call import call_inputs, call_params, frames_argument
+from ...errors import RecipeError
 from ...training.methods import method_of
 from ..outputs import written_atomically
 
@@ -76,8 +77,10 @@ def validate(run: Any, step: int) -> Path | None:
         frames_arg = frames_argument(call_params(pipe))
         if run.data.frames and frames_arg:  # Sana-Video's call names it `frames`
             kwargs[frames_arg] = run.data.frames
+        kwargs.update(_validation_inputs(run, pipe))
         generator = torch.Generator("cpu").manual_seed(s.seed)
-        out = pipe(s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
+        # by keyword: an image-to-video or edit call's first parameter is its image (ChronoEdit, FramePack, Wan I2V)
+        out = pipe(prompt=s.validation_prompt, generator=generator, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
     if not run.accelerator.is_main_process:
         run.accelerator.wait_for_everyone()
@@ -100,6 +103,44 @@ def validate(run: Any, step: int) -> Path | None:
             image.save(tmp, format="PNG")
     run.accelerator.wait_for_everyone()
     return target
+
+
+def check_validation(pipeline: Any) -> None:
+    """Refuse ``--validation-prompt`` for a pipeline class (or its name) whose call needs an input besides the prompt
+    and an image, which validation does not make (an inpainting mask); ``train`` asks before loading.
+
+    Example:
+        >>> check_validation("StableDiffusionPipeline"), check_validation("NoSuchPipeline")
+        (None, None)
+    """
+    import diffusers
+
+    cls = getattr(diffusers, pipeline, None) if isinstance(pipeline, str) else pipeline
+    others = [k for k in call_inputs(cls) if k != "image"] if cls is not None else []
+    if others:
+        raise RecipeError(f"--validation-prompt: {cls.__name__}'s call needs {', '.join(others)} beside the prompt, "
+                          f"which validation does not make; drop --validation-prompt")
+
+
+def _validation_inputs(run: Any, pipe: Any) -> dict[str, Any]:
+    """The input image a validation call needs besides its prompt: the first sample's, as the data gives it to
+    training (an edit pair's reference, a clip's first frame); any other input the call cannot go without is refused,
+    before the first step."""
+    from PIL import Image
+
+    from .data import to_pixels
+    from .images import open_image
+
+    check_validation(type(pipe))
+    if "image" not in call_inputs(type(pipe)):
+        return {}
+    sample = run.data.samples[0]
+    if sample.reference is not None:
+        return {"image": open_image(sample.reference)}
+    if sample.frames:  # the clip's first frame at its bucket, as training sees it
+        first = ((to_pixels(sample, 1)[:, 0].permute(1, 2, 0) + 1) * 127.5).round().clamp(0, 255).byte()
+        return {"image": Image.fromarray(first.numpy())}
+    return {"image": open_image(sample.path)}
 
 
 def _versions() -> dict[str, str]:
