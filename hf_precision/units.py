@@ -58,9 +58,12 @@ def parse_size(text: str, option: str = "--max-memory") -> int:
         >>> parse_size("16GB"), parse_size("1GiB"), parse_size("0.5")
         (16000000000, 1073741824, 500000000)
     """
-    m = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?)B?\s*", str(text), flags=re.IGNORECASE)
-    if not m or m[1].count(".") > 1:
+    m = re.fullmatch(r"\s*(\d*\.?\d*)\s*([KMGT]?)(i?)B?\s*", str(text), flags=re.IGNORECASE)
+    if not m or not any(c.isdigit() for c in m[1]):  # "." or "GB" alone: no number
         raise RecipeError(f"{option} {text}: use a size such as 16GB, 12GiB or 800MB")
     unit = m[2].upper() or "G"
     base = 1024 if m[3] else 1000
-    return int(float(m[1]) * base ** ("KMGT".index(unit) + 1))
+    size = int(float(m[1]) * base ** ("KMGT".index(unit) + 1))
+    if size <= 0:  # a budget nothing fits: every plan would say "does not fit" instead of naming the mistake
+        raise RecipeError(f"{option} {text}: a memory budget must be above 0 bytes; use a size such as 16GB")
+    return size

@@ -679,3 +679,19 @@ def test_fp8_storage_keeps_the_vae_layer_pipelines_read_the_latents_dtype_from()
     plan = hp.get_recipe("sd_upscale", device="cpu", overrides={"vae": {"storage": "float8_e5m2"}})["vae"]
     planned = planned_dtypes(vae, plan, [])
     assert planned["post_quant_conv.weight"] == plan.compute and "float8_e5m2" in planned.values()
+
+
+def test_torchao_config_of_a_diffusers_model_says_nothing_of_torchaos_own():
+    """`--set unet.storage=int8` printed torchao 0.18's 'Config Deprecation: _default is deprecated' UserWarning
+    (a path into site-packages) on every generate and train; `_default` is what its FqnToConfig documents for 'every
+    Linear but these', so the config is built with that one warning silenced and nothing else."""
+    from hf_precision import get_recipe
+    from hf_precision.runtime.quantize import backend_config
+
+    plan = get_recipe("unet.sdxl", device="cpu", overrides={"unet": {"storage": "int8"}})["unet"]
+    module = torch.nn.ModuleDict({"proj_out": torch.nn.Linear(2, 2), "blocks": torch.nn.Linear(2, 2)})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = backend_config(plan, module, [])
+    assert [str(w.message) for w in caught] == []
+    assert type(config).__name__ == "TorchAoConfig" and config.quant_type.fqn_to_config["proj_out"] is None

@@ -145,6 +145,7 @@ def _no_loading(monkeypatch):
 @pytest.mark.parametrize("refs, frames, says", [
     (False, "5", "2 of 2 image(s) have no reference image"),
     (True, "9", "--frames 9"),
+    (False, None, "2 of 2 image(s) have no reference image"),  # no --frames: its one count, 5, as train --plan takes
     ("clips", "5", "no images (.png, .jpg, ...) in the folder; ChronoEditPipeline is an edit model"),
 ])
 def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading(
@@ -155,7 +156,7 @@ def test_chronoedit_without_pairs_or_with_other_frames_is_refused_before_loading
     out = tmp_path / "out"
     data = _clips(tmp_path / "clips") if refs == "clips" else _pairs(tmp_path, refs)
     code = main(["train", "--model", str(saved_pipeline("chronoedit")), "--data", str(data),
-                 "--out", str(out), "--frames", frames, "--resolution", "32", "--quiet"])
+                 "--out", str(out), *(["--frames", frames] if frames else []), "--resolution", "32", "--quiet"])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("error:") == 1 and "Traceback" not in err and says in err, err
@@ -175,3 +176,31 @@ def test_wan_animate_is_refused_naming_the_data_it_would_need(saved_pipeline, tm
     assert all(w in err for w in ("WanAnimatePipeline", "reference image", "pose video", "face video",
                                   "metadata.jsonl columns 'reference'")), err
     assert not out.exists()
+
+
+def test_validation_of_an_edit_model_gets_the_first_pairs_reference(saved_pipeline, tmp_path, capsys, monkeypatch):
+    """`--validation-prompt` on ChronoEdit: the prompt went positionally into the call's first parameter, its image
+    ('`image` has to be of type torch.Tensor or PIL.Image.Image but is str', a traceback before step 1); the call now
+    gets the prompt by keyword and the first pair's reference as its image, and a clip is written per validation."""
+    import functools
+
+    from diffusers import ChronoEditPipeline
+
+    seen = []
+    call = ChronoEditPipeline.__call__
+
+    @functools.wraps(call)  # the program reads the call's parameters
+    def spy(self, *args, **kwargs):
+        seen.append((args, kwargs.get("prompt"), kwargs.get("image")))
+        return call(self, *args, **kwargs)
+
+    monkeypatch.setattr(ChronoEditPipeline, "__call__", spy)
+    data, out = _pairs(tmp_path), tmp_path / "out"
+    code = main(["train", "--model", str(saved_pipeline("chronoedit")), "--data", str(data), "--out", str(out),
+                 "--steps", "1", "--device", "cpu", "--frames", "5", "--resolution", "32", "--quiet", "--lora-rank", "2",
+                 "--validation-prompt", "make it red", "--validation-inference-steps", "1"])
+    assert code == 0, capsys.readouterr().err
+    assert sorted(p.name for p in (out / "validation").iterdir()) == ["step-000000.gif", "step-000001.gif"]
+    reference = np.asarray(Image.open(data / "src" / "0.png").convert("RGB"))
+    for args, prompt, image in seen:
+        assert args == () and prompt == "make it red" and np.array_equal(np.asarray(image), reference)

@@ -158,7 +158,7 @@ def test_corrupt_mp4_clip(capsys, wan, tmp_path):
 
 def test_image_folder_for_a_video_model(capsys, wan, tmp_path):
     err = _fails(capsys, wan, _folder(tmp_path), tmp_path / "o", "--frames", "5", "--resolution", "16")
-    assert "no clips" in err and "video model" in err
+    assert "no clips" in err and "a video model: it trains on clips; add clips with a caption" in err, err
 
 
 def test_metadata_jsonl(tmp_path):
@@ -203,3 +203,25 @@ def test_batch_order_is_fixed_by_seed_and_epoch_and_split_between_processes():
     assert a != epoch_batches(samples, 2, seed=1, epoch=1, world=2)
     for batch in a:
         assert len(batch) == 4 and len({samples[i].bucket for i in batch}) == 1
+
+
+def test_text_encoder_lora_the_pipelines_loader_cannot_save_is_refused_before_loading(capsys, saved_pipeline, tmp_path):
+    """HiDream's (and Wan's, HunyuanVideo's) diffusers LoRA loader writes the transformer's LoRA only: with
+    --train-text-encoder the run trained every step, then died in save_lora_weights on 'unexpected keyword argument
+    text_encoder_lora_layers'. Refused before any model loads, naming the loader and what it takes."""
+    err = _fails(capsys, saved_pipeline("hidream"), _folder(tmp_path), tmp_path / "o", "--train-text-encoder",
+                 "--resolution", "32")
+    says = "--train-text-encoder: HiDreamImagePipeline's LoRA file is written by diffusers' " \
+           "HiDreamImagePipeline.save_lora_weights, which takes the LoRA of transformer only"
+    assert says in err, err
+    code, err = _train(capsys, "--plan", "--model", str(saved_pipeline("hidream")), "--out", str(tmp_path / "p"),
+                       "--device", "t4", "--resolution", "32", "--train-text-encoder")  # the plan of that run too
+    assert code == 2 and err.count("error:") == 1 and says in err, err
+
+
+def test_validation_of_a_call_that_needs_a_mask_is_refused_before_loading(capsys, saved_pipeline, tmp_path):
+    """--validation-prompt on an inpainting model: its call needs mask_image, which validation does not make; it
+    crashed inside diffusers at step 0 (after loading and caching), now one line before any model loads."""
+    err = _fails(capsys, saved_pipeline("sd_inpaint"), _folder(tmp_path), tmp_path / "o", "--validation-prompt",
+                 "a cat", "--resolution", "32")
+    assert "--validation-prompt: StableDiffusionInpaintPipeline's call needs mask_image beside the prompt" in err, err

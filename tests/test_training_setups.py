@@ -132,3 +132,33 @@ def test_refusals_name_the_part_and_the_fix():
 def test_cogvideox_i2v_preflight_uses_its_learned_position_size():
     tp = hp.prepare_training(_make("cogvideox_i2v"), layout="t4")
     tp.check()
+
+
+@pytest.mark.parametrize("name, part", [("sd_controlnet", "controlnet"), ("sdxl_adapter", "adapter"),
+                                        ("animatediff_controlnet", "controlnet")])
+def test_check_runs_a_trained_side_network_on_a_stand_in_control_image(name, part):
+    """tp.check() as docs/training.md's loop calls it (no batch) on a ControlNet / T2I-Adapter run: its example step
+    carries a control image, where it refused its own batch ('needs the control image', said to fail in the UNet)."""
+    tp = hp.prepare_training(_make(name), layout="t4", train={part: "full"})
+    tp.check()
+    assert all(p.grad is None for p in tp.parameters())
+
+
+def test_check_names_the_unfed_side_network_not_a_module():
+    """A ControlNet beside a denoiser whose forward takes no residuals: tp.check() says tp.loss's refusal as it is,
+    not 'a training step fails in transformer (FluxTransformer2DModel: ...weights...)'."""
+    tp = hp.prepare_training(_make("flux_controlnet"), layout="t4", train={"controlnet": "full"})
+    with pytest.raises(TrainingError, match=r"^tp\.check: tp\.loss: the controlnet \(FluxControlNetModel\) beside a "
+                                            r"FluxTransformer2DModel is not fed") as caught:
+        tp.check()
+    assert "fails in" not in str(caught.value)
+
+
+def test_save_lora_of_a_part_the_loader_cannot_write_is_one_clear_error(tmp_path):
+    """tp.save_lora on HiDream with a text-encoder LoRA: diffusers' HiDreamImageLoraLoaderMixin.save_lora_weights takes
+    transformer_lora_layers only; its TypeError became our error naming the parts and what to do, nothing written."""
+    tp = hp.prepare_training(_make("hidream"), train={"transformer": "lora", "text_encoder": "lora"}, rank=2)
+    with pytest.raises(TrainingError, match=r"tp\.save_lora: HiDreamImagePipeline's LoRA file .* takes the LoRA of "
+                                            r"transformer only, not of text_encoder; save those adapters yourself"):
+        tp.save_lora(tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -406,3 +406,32 @@ def test_calibrate_runs_a_wan_at_the_size_its_rotary_table_holds(saved_pipeline,
     # a size beyond the table: refused before loading, with the largest it holds
     assert main(["calibrate", folder, "--height", str(spec.max_positions * spec.size_multiple * 2), "--device", "cpu"]) == 2
     assert "rope_max_seq_len" in capsys.readouterr().err
+
+
+def test_offline_message_on_the_command_line_names_the_folder_not_a_python_call(capsys, monkeypatch):
+    """`train --plan --model hidream` offline ended 'pass the folder: hf_precision.load_pipeline(...)', a Python call
+    for someone at a shell: on the command line the fix is the folder in the model's place."""
+    from hf_precision.cli import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    code = main(["train", "--plan", "--model", "HiDream-ai/HiDream-I1-Full", "--out", "unused", "--device", "t4"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "pass the folder: ./HiDream-I1-Full in place of HiDream-ai/HiDream-I1-Full" in err, err
+    assert "load_pipeline" not in err, err
+
+
+@pytest.mark.parametrize("value, words", [(".", "use a size such as 16GB"), ("GB", "use a size such as 16GB"),
+                                          ("0", "a memory budget must be above 0 bytes"),
+                                          ("0MB", "a memory budget must be above 0 bytes")])
+def test_max_memory_without_a_size_is_one_line(value, words, saved_pipeline, capsys):
+    """`--max-memory .` ended in a ValueError traceback (float('.')); `--max-memory 0` planned against a budget
+    nothing fits ('does NOT fit in 0.0 MiB', exit 1) instead of naming the mistake."""
+    from hf_precision.cli import main
+
+    model = str(saved_pipeline("sd15"))
+    capsys.readouterr()  # the fixture's own saving output
+    code = main(["train", "--plan", "--model", model, "--out", "unused", "--device", "t4", "--max-memory", value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"--max-memory {value}: {words}" in err, err

@@ -101,6 +101,21 @@ def test_family_end_to_end_under_layout(kind, layout, folders, image, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clip.gif"]  # no temporary file left
 
 
+def test_a_frame_count_the_pipeline_overrides_is_said(folders, image, tmp_path, capsys):
+    """HunyuanVideo FramePack makes whole sections of its latent window whatever --frames asks
+    (pipeline_hunyuan_video_framepack.py: num_latent_sections): the run says so, as generate does for a size."""
+    from hf_precision.cli.video import main
+
+    rc = main(["--model", str(folders("hunyuan_video_framepack")), "--image", str(image), "--prompt", "slow pan",
+               "--out", str(tmp_path / "clip.gif"), "--height", "32", "--width", "32", "--frames", "5", "--steps", "1",
+               "--device", "cpu", "--max-sequence-length", "16", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    made = re.search(r"wrote .*clip\.gif \((\d+) frames", out)
+    assert made and int(made[1]) != 5, out
+    assert f"note: HunyuanVideoFramepackPipeline made {made[1]} frames, not the asked 5" in out, out
+
+
 # --------------------------------------------------------------------------------------------- checked up front
 
 
@@ -470,6 +485,23 @@ def test_each_rows_planner_inputs_are_what_its_tiny_transformer_takes(name):
     latent = spec.latent_shape(h, w, f)
     assert out.shape[0] == row.cfg_batch and out[0].numel() % (latent[0] * latent[1] * latent[2]) == 0, out.shape
     assert live.peak > 0
+
+
+def test_plan_counts_framepacks_call_which_reads_its_prompt_mask():
+    """`video --plan` on HunyuanVideo FramePack: its transformer slices the prompt by mask.sum(dim=1)[0], an .item()
+    (transformer_hunyuan_video_framepack.py:328-332); the planner's masks keep their values, as train --plan's do,
+    where every --plan on a FramePack folder ended in 'Tensor.item() cannot be called on meta tensors'."""
+    import torch
+
+    from hf_precision.apps.video.plan import denoiser_call
+    from hf_precision.apps.video.spec import spec_of
+    from hf_precision.memory.peaks import denoise_peak
+
+    pipe = make_pipeline("hunyuan_video_framepack")
+    spec = spec_of(pipe)
+    den = pipe.components[spec.denoiser].to("meta")
+    call = lambda: denoiser_call(spec, den, torch.float32, 16, 16, 5)  # noqa: E731
+    assert denoise_peak(den, call) > 0
 
 
 def test_plan_gives_mochi_allegro_and_latte_an_estimate(folders):

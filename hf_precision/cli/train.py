@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resolution", type=int, default=None,
                    help="training area is resolution^2 (aspect-ratio buckets around it); a multiple of the VAE factor "
                         "x patch size. Default: the VAE's sample_size")
-    p.add_argument("--frames", type=int, default=None, help="video models: frames per clip (Wan/CogVideoX 4k+1, LTX 8k+1); required for them, no default")
+    p.add_argument("--frames", type=int, default=None, help="video models: frames per clip (Wan/CogVideoX 4k+1, LTX 8k+1); required for them, except the one count a model is built for (ChronoEdit: 5)")
     p.add_argument("--caption-ext", default=".txt", help="suffix of the caption files (default .txt)")
     p.add_argument("--caption-column", default="text", help="caption key in metadata.jsonl (default text)")
     p.add_argument("--caption", default=None, help="one caption for every file (no caption files needed)")

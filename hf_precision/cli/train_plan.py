@@ -62,7 +62,7 @@ def _planned(args: argparse.Namespace, flag: str) -> tuple[Any, str, dict[str, A
     """What both plans check before their meta build: a model, a method that has a prediction, a model that can
     train (from model_index.json and the configs alone: a plan for a run `train` refuses would mislead). Returns the method's
     handler, the device planned for and the model index."""
-    from ..apps.train.prepare import check_trainable
+    from ..apps.train.prepare import check_lora_saves, check_trainable
     from ..apps.train.settings import chosen_method
     from ..runtime.source import configs_of
     from ..training.methods import method_of
@@ -75,6 +75,7 @@ def _planned(args: argparse.Namespace, flag: str) -> tuple[Any, str, dict[str, A
         raise RecipeError(f"{flag}: {problem}")
     _, index, configs = configs_of(args.model)
     check_trainable(index, configs, fed=True)  # the plan reads no data: `train` checks what the data gives
+    check_lora_saves(getattr(args, "train_text_encoder", False), handler.name, index)
     return handler, args.layout or args.device or "cuda", index
 
 

@@ -11,6 +11,7 @@ the plan counts exactly the layers converted.
 from __future__ import annotations
 
 import fnmatch
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -300,7 +301,10 @@ def backend_config(plan: ComponentPolicy, module: torch.nn.Module, islands: Iter
     config = torchao_scheme(choice.scheme)
     if library == "transformers":
         return lib.TorchAoConfig(config, modules_to_not_convert=passed)
-    return lib.TorchAoConfig(ao.FqnToConfig({"_default": config, **{n: None for n in passed}}))
+    with warnings.catch_warnings():  # torchao 0.18 warns `_default` is deprecated, yet documents it as the way to
+        # quantize every Linear but the named ones (quant_api.py FqnToConfig docstring); nothing replaces it yet
+        warnings.filterwarnings("ignore", message="Config Deprecation: _default", category=UserWarning)
+        return lib.TorchAoConfig(ao.FqnToConfig({"_default": config, **{n: None for n in passed}}))
 
 
 def torchao_scheme(scheme: str) -> Any:

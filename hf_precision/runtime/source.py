@@ -54,7 +54,8 @@ def offline_error(name: str, err: BaseException) -> RecipeError:
     local = f"./{name.split('/')[-1]}"
     return RecipeError(
         f"{name!r}: not a local folder, and {why} ({type(err).__name__}). Download it where there is network "
-        f"(`{download_command(name, local)}`) and pass the folder: hf_precision.load_pipeline('{local}')")
+        f"(`{download_command(name, local)}`) and pass the folder: "
+        f"{spelled(f'hf_precision.load_pipeline({local!r})', f'{local} in place of {name}')}")
 
 
 # How long the Hub's host may take to accept a connection before it counts as unreachable: huggingface_hub itself

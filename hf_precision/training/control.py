@@ -18,7 +18,7 @@ import torch
 from .methods import method_of
 from .rules import TrainingError
 
-__all__ = ["SIDE_NETWORKS", "side_inputs"]
+__all__ = ["SIDE_NETWORKS", "control_stand_in", "side_inputs"]
 
 SIDE_NETWORKS = ("controlnet", "adapter")
 # The forward argument each network's residuals go to (unets/unet_2d_condition.py:989-991; UNetMotionModel takes the
@@ -59,6 +59,26 @@ def side_inputs(tp: Any, denoiser: torch.nn.Module, kwargs: Mapping[str, Any], b
             scale = float(batch.get("adapter_conditioning_scale", 1.0))
             out["down_intrablock_additional_residuals"] = [f * scale for f in net(image)]
     return out
+
+
+def control_stand_in(tp: Any, latents: torch.Tensor) -> dict[str, torch.Tensor]:
+    """A zero ``control_image`` for ``latents`` when a ControlNet / T2I-Adapter of ``tp`` trains, else ``{}``.
+
+    ``tp.check()``'s example step needs one: a trained side network refuses a batch without (``side_inputs``), and
+    the user's batch is not there yet. Its shape is the pipelines' (one control frame per frame for a video UNet).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> control_stand_in(SimpleNamespace(components={}, kinds={}), torch.zeros(1, 4, 8, 8))
+        {}
+    """
+    trained = [n for n in SIDE_NETWORKS if n in tp.components and method_of(tp.kinds.get(n, "frozen")).trains_weights]
+    factor = tp._vae_scale_factor() if trained else None
+    if not factor:
+        return {}
+    frames = (latents.shape[2],) if latents.dim() == 5 else ()
+    shape = (latents.shape[0], *frames, 3, latents.shape[-2] * factor, latents.shape[-1] * factor)
+    return {"control_image": torch.zeros(shape, device=latents.device)}
 
 
 def _controlnet(net: torch.nn.Module, kwargs: Mapping[str, Any], image: torch.Tensor,

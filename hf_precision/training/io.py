@@ -17,7 +17,7 @@ from ..recipe.files import shared_mode
 from .methods import method_of
 from .rules import TrainingError
 
-__all__ = ["save_lora", "save_embeddings", "lora_loader", "lora_reader", "LORA_FILE", "PEFT_FILE"]
+__all__ = ["save_lora", "save_embeddings", "lora_loader", "lora_reader", "lora_save_problem", "LORA_FILE", "PEFT_FILE"]
 
 LORA_FILE = "pytorch_lora_weights.safetensors"
 PEFT_FILE = "adapter_model.safetensors"  # peft's PeftModel.save_pretrained names; adapter_config.json beside it
@@ -38,6 +38,30 @@ def lora_loader(pipeline: str, recipe_pipelines: Any = ()) -> type | None:
         if candidate is not None and hasattr(candidate, "save_lora_weights"):
             return candidate
     return None
+
+
+def lora_save_problem(pipeline: str, names: Any, recipe_pipelines: Any = ()) -> str | None:
+    """Why the LoRA of components ``names`` of ``pipeline`` cannot be written where ``pipe.load_lora_weights`` reads
+    it, or None: diffusers' loader of the pipeline takes some components' LoRA only (HiDream, Wan, HunyuanVideo: the
+    transformer's; ``save_lora_weights`` has a ``<component>_lora_layers`` argument per component it writes).
+
+    Example:
+        >>> lora_save_problem("StableDiffusionXLPipeline", ["unet", "text_encoder", "text_encoder_2"])
+        >>> lora_save_problem("WanPipeline", ["transformer", "text_encoder"])
+        "WanPipeline's LoRA file is written by diffusers' WanPipeline.save_lora_weights, which takes the LoRA of transformer only, not of text_encoder"
+    """
+    import inspect
+
+    loader = lora_loader(pipeline, recipe_pipelines)
+    if loader is None:  # peft's own adapter folders: any component
+        return None
+    takes = [p.removesuffix("_lora_layers") for p in inspect.signature(loader.save_lora_weights).parameters
+             if p.endswith("_lora_layers")]
+    missing = [n for n in names if _saved_as(loader, n) not in takes]
+    if not missing:
+        return None
+    return (f"{pipeline}'s LoRA file is written by diffusers' {loader.__name__}.save_lora_weights, which takes the "
+            f"LoRA of {', '.join(takes)} only, not of {', '.join(missing)}")
 
 
 def lora_reader(folder: Any, pipe: str = "pipe") -> str:
@@ -75,6 +99,10 @@ def save_lora(tp: Any, path: Any, dtype: torch.dtype = torch.float16) -> Path:
     states = {name: get_peft_model_state_dict(tp.components[name], state_dict=full_state(tp.components[name], "lora_")
                                               if sharded else None) for name in names}
     loader = lora_loader(type(tp.pipe).__name__, tp.recipe.pipelines)
+    problem = lora_save_problem(type(tp.pipe).__name__, names, tp.recipe.pipelines)
+    if problem:  # the loader's TypeError on an unexpected keyword, once the training is done
+        raise TrainingError(f"tp.save_lora: {problem}; save those adapters yourself (peft's "
+                            f"get_peft_model_state_dict(tp.components[name])), or train them frozen")
     folder = Path(path)
     if sharded and dist.is_initialized() and dist.get_rank() != 0:
         return folder / LORA_FILE

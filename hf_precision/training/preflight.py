@@ -14,6 +14,7 @@ import torch
 from ..recipe.patterns import inside
 from ..runtime.placement import same_device
 from . import denoiser_rows
+from .control import control_stand_in
 from .rules import TrainingError
 from .shard import shard_problems
 
@@ -70,6 +71,8 @@ def _traced_run(tp: Any, module: torch.nn.Module, run: Any) -> None:
     try:
         run()
     except Exception as err:  # noqa: BLE001 - re-raised as one error naming the module
+        if isinstance(err, TrainingError) and not stack:  # tp.loss's own refusal, outside every module: as it is
+            raise TrainingError(f"tp.check: {err}") from err
         where = stack[-1] if stack else ""
         sub = module.get_submodule(where) if where else module
         path = f"{tp.denoiser_name}.{where}" if where else str(tp.denoiser_name)
@@ -88,7 +91,10 @@ def preflight(tp: Any, batch: Mapping[str, Any] | None) -> None:
         return
     module = tp.components[tp.denoiser_name]
     denoiser_rows.row_of(module)
-    batch = dict(batch) if batch is not None else denoiser_rows.example_batch(module)
+    if batch is None:
+        batch = denoiser_rows.example_batch(module)
+        batch.update(control_stand_in(tp, batch["latents"]))  # a trained ControlNet refuses a step without one
+    batch = dict(batch)
     batch = {k: (v[:1] if isinstance(v, torch.Tensor) and v.dim() > 0 and k != "sigmas" else v) for k, v in batch.items()}
 
     def run() -> None:

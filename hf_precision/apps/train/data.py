@@ -323,8 +323,8 @@ def list_items(data: str | Path, *, video: bool = False, caption_ext: str = ".tx
             wrong = (" this model is a video model: it trains on clips" if video and any(s in IMAGE_SUFFIXES for s in other)
                      else " this model is an image model: it trains on images" if any(s in CLIP_SUFFIXES for s in other)
                      and not video else "")
-            raise RecipeError(f"--data {folder}: no {kind} ({', '.join(suffixes)}) in the folder{hint};{wrong} "
-                              f"add {kind} with a caption .txt beside each, or a metadata.jsonl")
+            raise RecipeError(f"--data {folder}: no {kind} ({', '.join(suffixes)}) in the folder{hint};"
+                              f"{wrong and wrong + ';'} add {kind} with a caption .txt beside each, or a metadata.jsonl")
     if problems:
         raise RecipeError(problems)
     if not items:

@@ -48,7 +48,31 @@ def _train_parts(s: TrainSettings, index: dict[str, Any]) -> tuple[dict[str, str
     from .experts import expert_train
 
     train, extra = method_of(s.method).program_train(s, denoiser, encoders)
+    check_lora_saves(s.train_text_encoder, s.method, index)
     return expert_train(train, index, s.expert), extra
+
+
+def check_lora_saves(train_text_encoder: bool, method: str, index: Mapping[str, Any]) -> None:
+    """Refuse ``--train-text-encoder`` (``train`` and ``train --plan``, before loading) where diffusers' LoRA loader of
+    the pipeline cannot write the text encoders' LoRA: the run would train every step, then fail in the save.
+
+    Example:
+        >>> check_lora_saves(True, "lora", {"_class_name": "StableDiffusionPipeline", "unet": ["diffusers", "U"],
+        ...                                 "text_encoder": ["transformers", "CLIPTextModel"]})
+    """
+    from ...recipe.catalog import shipped_value
+    from ...runtime.source import listed_components
+    from ...training.io import lora_save_problem
+    from ...training.methods import method_of
+
+    if not train_text_encoder or not method_of(method).saves_adapter:
+        return
+    pipeline = str(index.get("_class_name"))
+    parts = ["transformer" if "transformer" in index else "unet",
+             *sorted(n for n in listed_components(index) if n.startswith("text_encoder"))]
+    problem = lora_save_problem(pipeline, parts, shipped_value(pipeline, "pipelines")[1] or ())
+    if problem:
+        raise RecipeError(f"--train-text-encoder: {problem}; drop --train-text-encoder")
 
 
 def check_trainable(index: dict[str, Any], configs: Mapping[str, Mapping[str, Any]] | None = None,
@@ -281,6 +305,8 @@ def prepare_run(s: TrainSettings) -> Run:
     check_packages(None, str(index.get("_class_name")), configs)
     geometry = model_geometry(str(index.get("_class_name")), index, configs)
     s.resolution = resolution = s.resolution or geometry.configured_resolution(configs)
+    if geometry.video and s.frames is None and geometry.fixed_frames:
+        s.frames = geometry.fixed_frames  # the one count the model takes (ChronoEdit's 5), as `train --plan` takes it
     if geometry.video and s.frames is None:
         raise RecipeError(f"--frames: {geometry.pipeline} trains on clips; give --frames N "
                           f"({geometry.frame_step}*k+1, e.g. {geometry.frame_step * 4 + 1})")

@@ -53,6 +53,9 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
         >>> tuple(call["hidden_states"].shape), tuple(call["encoder_hidden_states"].shape)
         ((1, 16, 21, 60, 104), (1, 512, 4096))
     """
+    import torch
+
+    from ...memory.counting import with_values
     from ...memory.train_step import cast_floats
     from ...training.denoiser_rows import ROWS, call_inputs, example_batch, row_of
     from ...training.rules import TrainingError
@@ -65,6 +68,10 @@ def denoiser_call(spec: Any, module: Any, dtype: Any, height: int, width: int, f
                           f"known: {', '.join(sorted(ROWS))})") from None
     batch = example_batch(module, spec.row.cfg_batch if guidance else 1, tokens=spec.text_length(), device="meta",
                           latent=spec.latent_shape(height, width, frames))
+    # its masks (all ones) keep their values, as train --plan's do: FramePack slices the prompt by mask.sum(dim=1)[0],
+    # an .item() (transformer_hunyuan_video_framepack.py:328-332) that has no value on meta alone
+    batch = {k: with_values(torch.ones(v.shape, dtype=v.dtype)) if torch.is_tensor(v) and not v.is_floating_point()
+             else v for k, v in batch.items()}
     return cast_floats(call_inputs(row, module, batch), dtype)
 
 

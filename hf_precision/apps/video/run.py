@@ -390,5 +390,8 @@ def _run_jobs(model: str, spec: Any, mine: list[Job], device: Any, options: Batc
             f, h, w, _ = result.frames.shape
             if writes:
                 tell(f"wrote {job.out} ({f} frames, {w}x{h}, {job.format})")
+            if options.frames and f != options.frames:  # FramePack makes whole sections of its window, whatever asked
+                tell(f"note: {spec.pipeline} made {f} frames, not the asked {options.frames}: the pipeline chooses "
+                     f"its frame count itself")
             tell(result.summary())
     return failed
