@@ -217,11 +217,3 @@ def test_text_encoder_lora_the_pipelines_loader_cannot_save_is_refused_before_lo
     code, err = _train(capsys, "--plan", "--model", str(saved_pipeline("hidream")), "--out", str(tmp_path / "p"),
                        "--device", "t4", "--resolution", "32", "--train-text-encoder")  # the plan of that run too
     assert code == 2 and err.count("error:") == 1 and says in err, err
-
-
-def test_validation_of_a_call_that_needs_a_mask_is_refused_before_loading(capsys, saved_pipeline, tmp_path):
-    """--validation-prompt on an inpainting model: its call needs mask_image, which validation does not make; it
-    crashed inside diffusers at step 0 (after loading and caching), now one line before any model loads."""
-    err = _fails(capsys, saved_pipeline("sd_inpaint"), _folder(tmp_path), tmp_path / "o", "--validation-prompt",
-                 "a cat", "--resolution", "32")
-    assert "--validation-prompt: StableDiffusionInpaintPipeline's call needs mask_image beside the prompt" in err, err
