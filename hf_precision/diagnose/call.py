@@ -337,6 +337,30 @@ def default_negative_prompt(pipe: Any) -> str | None:
     return shipped_video(type(pipe)).get("negative_prompt")
 
 
+def call_defaults(pipe: Any) -> dict[str, Any]:
+    """What a call of ``pipe`` needs beside its inputs, though its signature defaults it: the recipe's
+    ``video.default_call_args`` and ``negative_prompt`` (EasyAnimate's chat template fails on None), binning off (the
+    size asked is the size made; PixArt's table fails on another sample_size), ``clean_caption`` off and
+    ``clip_skip=None`` (I2VGen-XL's default 1 reads ``text_encoder.text_model``, gone from transformers 5's CLIP).
+    Used by ``check``'s default call and by training's validation.
+
+    Example:
+        >>> from diffusers import PixArtAlphaPipeline
+        >>> call_defaults(PixArtAlphaPipeline)
+        {'use_resolution_binning': False, 'clean_caption': False}
+    """
+    params = call_params(pipe)
+    video = shipped_video(pipe if isinstance(pipe, type) else type(pipe))
+    kwargs = dict(video.get("default_call_args") or {})
+    for key, value in (("use_resolution_binning", False), ("clean_caption", False), ("clip_skip", None)):
+        if key in params:
+            kwargs[key] = value
+    negative = video.get("negative_prompt") if "negative_prompt" in params else None
+    if negative is not None:
+        kwargs["negative_prompt"] = negative
+    return kwargs
+
+
 def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable[[Any], Any]:
     """The smallest call that runs every component of a known pipeline once: 1 step, a few pixels, fixed seed.
 
@@ -392,21 +416,15 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
         kwargs.update(height=side, width=side)
     kwargs.update(_video_kwargs(pipe, params, kwargs, image))
     # what the call cannot go without though its signature defaults it (the recipe's video.default_call_args)
-    kwargs.update(shipped_video(type(pipe)).get("default_call_args") or {})
-    # clip_skip: I2VGenXL defaults to 1, whose path reads text_encoder.text_model (gone from transformers 5's CLIP)
-    for key, value in (("use_resolution_binning", False), ("clean_caption", False),
-                       ("max_sequence_length", _text_length(pipe)), ("clip_skip", None)):
-        if key in params:
-            kwargs[key] = value
+    kwargs.update(call_defaults(pipe))
+    if "max_sequence_length" in params:
+        kwargs["max_sequence_length"] = _text_length(pipe)
     if inputs:  # the user's pictures at the tiny call's size (img2img without height/width makes its input's)
         kwargs.update(sized_inputs(params, dict(inputs), (side, side)))
         strength = kwargs.get("strength")  # a user's strength below 1: the fewest steps it denoises one of
         if isinstance(strength, float):
             steps = kwargs["num_inference_steps"]
             kwargs["num_inference_steps"] = fewest_steps(type(pipe), steps, strength) or steps
-    negative = default_negative_prompt(pipe) if "negative_prompt" in params else None
-    if negative is not None:
-        kwargs["negative_prompt"] = negative
     kwargs.update(fitted_to_area(params, (side, side), kwargs.get("image")))  # Flux Kontext: the tiny call's size
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...diagnose.call import call_params, frames_argument
+from ...diagnose.call import call_defaults, call_params, frames_argument
 from ...training.methods import method_of
 from ..outputs import written_atomically
 from .sharded import save_full_model
@@ -143,12 +143,13 @@ def validate(run: Any, step: int) -> Path | None:
             kwargs.update(animate, height=height, width=width, segment_frame_length=run.data.frames)
         else:
             kwargs.update(validation_inputs(pipe, run.data, (s.resolution, s.resolution)))
-        kwargs.update(_prompt_length(run.tp, pipe))
-        if "use_resolution_binning" in call_params(pipe):  # the size trained is the size made, as generate's: PixArt's
-            kwargs["use_resolution_binning"] = False  # binning swaps it for its table's, and fails on another sample_size
+        kwargs.update(_prompt_length(run.tp, pipe), **call_defaults(pipe))
+        params = call_params(pipe)
+        # by name, and only where the call takes one (SVD's and Wan Animate's first parameter is their image); only
+        # what the call takes (SD upscale's makes its input's size: no height or width)
+        prompt = {"prompt": s.validation_prompt} if "prompt" in params else {}
+        kwargs = {k: v for k, v in kwargs.items() if k in params or any(p.kind is p.VAR_KEYWORD for p in params.values())}
         generator = torch.Generator("cpu").manual_seed(s.seed)
-        # by name, and only where the call takes one (SVD's and Wan Animate's first parameter is their image)
-        prompt = {"prompt": s.validation_prompt} if "prompt" in call_params(pipe) else {}
         out = pipe(generator=generator, **prompt, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
     if not run.accelerator.is_main_process:
