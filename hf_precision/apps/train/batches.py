@@ -33,11 +33,11 @@ def encode_batch(run: Run, indices: list[int], step: int | None = None) -> dict[
         # a draw per step (.draws): the sample's draws up to the step's pick, the ones the cache would hold first
         found = [_sample_latents(run, i, draws.choice(run.settings.seed, step, i) + 1) for i in indices]
     latents = torch.cat([f["latents"] for f in found])
-    # an edit's reference latents, the channels beyond the latents, an I2V model's encodings of the first frame,
-    # Wan Animate's pose latents and face video
-    refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in ("reference_latents", "condition_latents",
-            "image_embeds", "image_latents", "first_frame_latents", "pose_latents", "face_pixel_values")
-            if all(k in f for f in found)}
+    # every encoding beside the latents, whatever its builder named it (an edit's reference latents, the channels
+    # beyond the latents, an I2V model's first-frame encodings, Wan VACE's control latents, Wan Animate's pose and
+    # face): a list of names here once dropped VACE's control_latents, and tp.loss refused every batch
+    keys = set.intersection(*(set(f) for f in found)) - {"latents", draws.KEY}
+    refs = {k: torch.cat([f[k] for f in found]).to(tp_device(tp)) for k in sorted(keys)}
     if all(draws.KEY in f for f in found):
         refs["condition_latents"] = draws.pick(found, indices, run.settings.seed, step).to(tp_device(tp))
     cond = None
