@@ -110,3 +110,18 @@ def assert_plan_bytes(pipe: Any, folder: Any, layout: Any, overrides: Any = None
     held = {c: held_bytes(getattr(pipe, c)) for c in planned.components}
     assert held == {c: p.total_bytes for c, p in planned.components.items()}
     assert held == {c: module_bytes(getattr(pipe, c)) for c in planned.components}
+
+
+def write_clips(folder: Any, frames: int = 5, side: int = 16, caption: str = "a cat walking") -> Any:
+    """Two GIF clips of ``frames`` frames (grey ramps, one per clip) with a caption file each: a video training set."""
+    from pathlib import Path
+
+    from PIL import Image
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for i in range(2):
+        shots = [Image.fromarray(np.full((side, side, 3), (20 * j + 50 * i) % 256, np.uint8)) for j in range(frames)]
+        shots[0].save(folder / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
+        (folder / f"c{i}.txt").write_text(caption)
+    return folder

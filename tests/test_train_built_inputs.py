@@ -4,10 +4,9 @@ and tp.loss refused every step after the model had loaded."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from PIL import Image
 
+from checks import write_clips
 from hf_precision.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -18,12 +17,7 @@ def test_wan_vace_trains_on_its_control_latents(tmp_path, monkeypatch):
 
     pipe = make_pipeline("wan_vace")
     folder = save_pipeline(pipe, tmp_path / "vace")
-    clips = tmp_path / "clips"
-    clips.mkdir()
-    for i in range(2):
-        shots = [Image.fromarray(np.full((16, 16, 3), 20 * j + 50 * i, np.uint8)) for j in range(5)]
-        shots[0].save(clips / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
-        (clips / f"c{i}.txt").write_text("a cat walking")
+    clips = write_clips(tmp_path / "clips")
     seen = []
     cls = type(pipe.transformer)
     original = cls.forward

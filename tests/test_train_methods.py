@@ -3,11 +3,10 @@ a full fine-tune (the denoiser folder loads back), and a Wan LoRA on clips with 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from checks import write_clips
 from hf_precision.cli import main
 
 
@@ -44,12 +43,7 @@ def test_wan_lora_on_clips(tmp_path):
     from hf_precision.testing import make_pipeline, save_pipeline
 
     wan = save_pipeline(make_pipeline("wan"), tmp_path / "wan")
-    clips = tmp_path / "clips"
-    clips.mkdir()
-    for i in range(2):
-        frames = [Image.fromarray(np.full((16, 16, 3), 20 * j + 50 * i, np.uint8)) for j in range(5)]
-        frames[0].save(clips / f"c{i}.gif", save_all=True, append_images=frames[1:], duration=100)
-        (clips / f"c{i}.txt").write_text("a cat walking")
+    clips = write_clips(tmp_path / "clips")
     out = tmp_path / "wan-lora"
     assert main(["train", "--model", str(wan), "--data", str(clips), "--out", str(out), "--frames", "5",
                  "--resolution", "16", "--device", "cpu", "--quiet", "--steps", "2", "--lora-rank", "4",

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from checks import write_clips
 from hf_precision.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -21,15 +22,6 @@ def _photos(root, side=32):
     for i in range(2):
         Image.fromarray(np.full((side, side, 3), 60 + 40 * i, np.uint8)).save(root / f"i{i}.png")
         (root / f"i{i}.txt").write_text("a cat")
-    return root
-
-
-def _clips(root, frames, side=16):
-    root.mkdir()
-    for i in range(2):
-        shots = [Image.fromarray(np.full((side, side, 3), (20 * j + 50 * i) % 256, np.uint8)) for j in range(frames)]
-        shots[0].save(root / f"c{i}.gif", save_all=True, append_images=shots[1:], duration=100)
-        (root / f"c{i}.txt").write_text("a cat walking")
     return root
 
 
@@ -55,7 +47,7 @@ def test_validation_of_a_model_whose_call_needs_an_input(kind, video, tmp_path, 
 
     monkeypatch.setattr(type(pipe), "__call__", recording)
     frames = ["--frames", "9", "--resolution", "16"] if video else ["--resolution", "32"]
-    data = _clips(tmp_path / "clips", 9) if video else _photos(tmp_path / "photos")
+    data = write_clips(tmp_path / "clips", 9) if video else _photos(tmp_path / "photos")
     out = tmp_path / "out"
     assert _train(folder, data, out, "--validation-inference-steps", "2", *frames) == 0
     assert sorted(p.suffix for p in (out / "validation").iterdir()) == [".gif" if video else ".png"] * 2
@@ -82,7 +74,7 @@ def test_validation_steps_an_image_to_image_call_cannot_denoise_are_refused_befo
     assert "--validation-inference-steps 4 or more" in err[0] and "--strength" not in err[0]
 
 
-def test_an_edit_models_validation_starts_from_the_reference_at_the_trained_size(tmp_path, monkeypatch):
+def test_an_edit_models_validation_starts_from_the_reference_at_the_trained_size(tmp_path, monkeypatch, capsys):
     # Flux Kontext resizes its input to about a megapixel unless told not to (pipeline_flux_kontext.py:938): a
     # validation call of a tiny model ran for minutes at 1024x1024
     from hf_precision.testing import make_pipeline, save_pipeline
@@ -106,3 +98,4 @@ def test_an_edit_models_validation_starts_from_the_reference_at_the_trained_size
                   "--validation-inference-steps", "2") == 0
     assert len(calls) == 2 and all(c["image"].size == (32, 32) and c["_auto_resize"] is False for c in calls)
     assert np.asarray(calls[0]["image"])[0, 0, 0] == 250  # the reference, not the target (60)
+    assert "trained 1 step:" in capsys.readouterr().out  # not "1 steps"

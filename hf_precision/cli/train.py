@@ -203,7 +203,7 @@ def _report(result) -> int:
     losses = result.losses
     if losses:
         first, last = losses[min(losses)], losses[max(losses)]
-        print(f"trained {result.step} steps: loss {first:.4f} (step {min(losses)}) -> {last:.4f} (step {max(losses)}); "
+        print(f"trained {result.step} step{'s' * (result.step != 1)}: loss {first:.4f} (step {min(losses)}) -> {last:.4f} (step {max(losses)}); "
               f"{result.skipped} skipped step(s)")
     if result.saved is not None:
         from ..training.methods import method_of
