@@ -229,3 +229,37 @@ def test_the_moe_stand_in_runs_both_routing_paths_on_meta(inference_output):
             assert inference_output and "bincount" in str(err), err
         else:
             assert not inference_output and own.peak > balanced.peak
+
+
+@pytest.mark.parametrize("kind", ["sd15", "sdxl"])
+def test_the_plan_of_train_text_encoder_counts_the_text_encoders_it_trains(saved_pipeline, tiny_pipe, kind, capsys):
+    """`train --train-text-encoder` keeps the text encoders on the device, trains a LoRA on each and encodes every
+    batch with autograd on (apps/train/batches.py): the plan ignored the flag and printed cached text embeddings."""
+    from hf_precision.apps.train.plan import Options, predict_training
+    from hf_precision.cli import main
+    from hf_precision.training import prepare_training
+    from training_checks import assert_plan_output_agrees
+
+    folder = str(saved_pipeline(kind))
+    kwargs = dict(rank=4, resolution=64)
+    plain = predict_training(folder, "t4", options=Options(2, False, True), **kwargs)
+    text = predict_training(folder, "t4", options=Options(2, False, True, True), **kwargs)
+    encoders = [n for n in plain.weights if n.startswith("text_encoder")]
+    pipe = tiny_pipe(kind)
+    tp = prepare_training(pipe, device="cpu", layout="cpu-avx2", rank=4, train={"unet": "lora",
+                                                                                 **{n: "lora" for n in encoders}})
+    # the trainable count is the training layer's own, the encoders' LoRA included
+    assert text.trainable_params == sum(p.numel() for p in tp.parameters()) > plain.trainable_params
+    added = text.trainable_params - plain.trainable_params
+    assert (text.masters, text.grads, text.optimizer) == tuple(v + added * k for v, k in zip(
+        (plain.masters, plain.grads, plain.optimizer), (4, 4, 8)))
+    assert text.text_held > 0 and text.activations == plain.activations + text.text_held
+    # cached latents take the VAE off the device; the trained encoders stay, their weights resident in the step
+    resident = sum(text.weights[n] for n in encoders)
+    assert text.phases["train step"] == plain.phases["train step"] + resident + added * 16 + text.text_held
+    assert main(["train", "--plan", "--model", folder, "--device", "t4", "--resolution", "64", "--lora-rank", "4",
+                 "--batch-size", "2", "--train-text-encoder"]) == 0
+    out = capsys.readouterr().out
+    assert "text embeddings" not in out and "the text encoders train (LoRA) and encode every batch" in out
+    assert "of which the text encoders' forward held for backward" in out
+    assert_plan_output_agrees(out)
