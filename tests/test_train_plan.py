@@ -235,7 +235,7 @@ def test_the_moe_stand_in_runs_both_routing_paths_on_meta(inference_output):
 def test_the_plan_of_train_text_encoder_counts_the_text_encoders_it_trains(saved_pipeline, tiny_pipe, kind, capsys):
     """`train --train-text-encoder` keeps the text encoders on the device, trains a LoRA on each and encodes every
     batch with autograd on (apps/train/batches.py): the plan ignored the flag and printed cached text embeddings."""
-    from hf_precision.apps.train.plan import Options, predict_training
+    from hf_precision.apps.train.plan import Options, choose, predict_training
     from hf_precision.cli import main
     from hf_precision.training import prepare_training
     from training_checks import assert_plan_output_agrees
@@ -257,8 +257,12 @@ def test_the_plan_of_train_text_encoder_counts_the_text_encoders_it_trains(saved
     # cached latents take the VAE off the device; the trained encoders stay, their weights resident in the step
     resident = sum(text.weights[n] for n in encoders)
     assert text.phases["train step"] == plain.phases["train step"] + resident + added * 16 + text.text_held
+    # --max-memory's ladder changes the batch, checkpointing and cache, never whether the encoders train
+    _, tried = choose(folder, "t4", 1, method="lora", frames=0, batch_size=2, gradient_checkpointing=False,
+                      cached=False, text_encoders=True, **kwargs)
+    assert len(tried) > 1 and all(t.options.text_encoders for t in tried)
     assert main(["train", "--plan", "--model", folder, "--device", "t4", "--resolution", "64", "--lora-rank", "4",
-                 "--batch-size", "2", "--train-text-encoder"]) == 0
+                 "--batch-size", "2", "--train-text-encoder", "--max-memory", "100GB"]) == 0
     out = capsys.readouterr().out
     assert "text embeddings" not in out and "the text encoders train (LoRA) and encode every batch" in out
     assert "of which the text encoders' forward held for backward" in out
