@@ -23,13 +23,15 @@ from hf_precision.runtime.memory import proc_bytes
 from hf_precision.training import example_batch, prepare_training
 torch.set_num_threads(1)
 folder, denoiser, batch, side, tokens = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+text = sys.argv[6:] == ["text"]  # --train-text-encoder: a LoRA on the text encoder, which encodes every step
 pipe = hp.load_pipeline(folder, "cpu", layout="cpu-avx2")
-tp = prepare_training(pipe, device="cpu", layout="cpu-avx2", train={denoiser: "lora"}, rank=4)
+train = {denoiser: "lora", **({"text_encoder": "lora"} if text else {})}
+tp = prepare_training(pipe, device="cpu", layout="cpu-avx2", train=train, rank=4)
 opt = torch.optim.AdamW(tp.parameters(), lr=1e-4)
 # the batch the plan counts, as the text encoders would give it (its prompts padded to the plan's text tokens)
 data = example_batch(getattr(pipe, denoiser), batch, side=side, tokens=tokens)
 def step():
-    loss = tp.loss(data)
+    loss = tp.loss({**data, **tp.encode_prompt(["a photo of a cat"] * batch)} if text else data)
     tp.backward(loss)
     tp.step(opt)
 step()
@@ -49,15 +51,17 @@ def mid_sd15(tmp_path_factory) -> Path:
     return save_pipeline(pipe, tmp_path_factory.mktemp("sd15-mid"))
 
 
-def _measured_step(folder: Path, batch: int, resolution: int) -> tuple[int, int]:
-    """(predicted, measured) bytes of one LoRA training step's activations and gradients of ``folder``'s denoiser."""
+def _measured_step(folder: Path, batch: int, resolution: int, text: bool = False) -> tuple[int, int]:
+    """(predicted, measured) bytes of one LoRA training step's activations and gradients of ``folder``'s denoiser
+    (and, with ``text``, of its text encoder's LoRA, as `train --train-text-encoder` trains it)."""
     from hf_precision.apps.train.plan import Options, planned_model, predict_training, text_tokens
 
     m = planned_model(str(folder), "cpu-avx2", None)
     pred = predict_training(str(folder), "cpu-avx2", rank=4, resolution=resolution,
-                            options=Options(batch, False, True), _cached_model=m)
+                            options=Options(batch, False, True, text), _cached_model=m)
     env = subprocess_env(MALLOC_MMAP_THRESHOLD_="65536", OMP_NUM_THREADS="1")
     args = [str(folder), m.denoiser, str(batch), str(resolution // m.geometry.vae_factor), str(text_tokens(m.index))]
+    args += ["text"] if text else []
     proc = subprocess.run([sys.executable, "-c", MEASURE, *args], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -229,3 +233,65 @@ def test_the_moe_stand_in_runs_both_routing_paths_on_meta(inference_output):
             assert inference_output and "bincount" in str(err), err
         else:
             assert not inference_output and own.peak > balanced.peak
+
+
+@pytest.mark.parametrize("kind", ["sd15", "sdxl"])
+def test_the_plan_of_train_text_encoder_counts_the_text_encoders_it_trains(saved_pipeline, tiny_pipe, kind, capsys):
+    """`train --train-text-encoder` keeps the text encoders on the device, trains a LoRA on each and encodes every
+    batch with autograd on (apps/train/batches.py): the plan ignored the flag and printed cached text embeddings."""
+    from hf_precision.apps.train.plan import Options, choose, predict_training
+    from hf_precision.cli import main
+    from hf_precision.training import prepare_training
+    from training_checks import assert_plan_output_agrees
+
+    folder = str(saved_pipeline(kind))
+    kwargs = dict(rank=4, resolution=64)
+    plain = predict_training(folder, "t4", options=Options(2, False, True), **kwargs)
+    text = predict_training(folder, "t4", options=Options(2, False, True, True), **kwargs)
+    encoders = [n for n in plain.weights if n.startswith("text_encoder")]
+    pipe = tiny_pipe(kind)
+    tp = prepare_training(pipe, device="cpu", layout="cpu-avx2", rank=4, train={"unet": "lora",
+                                                                                 **{n: "lora" for n in encoders}})
+    # the trainable count is the training layer's own, the encoders' LoRA included
+    assert text.trainable_params == sum(p.numel() for p in tp.parameters()) > plain.trainable_params
+    added = text.trainable_params - plain.trainable_params
+    assert (text.masters, text.grads, text.optimizer) == tuple(v + added * k for v, k in zip(
+        (plain.masters, plain.grads, plain.optimizer), (4, 4, 8)))
+    assert text.text_held > 0 and text.activations == plain.activations + text.text_held
+    # cached latents take the VAE off the device; the trained encoders stay, their weights resident in the step
+    resident = sum(text.weights[n] for n in encoders)
+    assert text.phases["train step"] == plain.phases["train step"] + resident + added * 16 + text.text_held
+    # --max-memory's ladder changes the batch, checkpointing and cache, never whether the encoders train
+    _, tried = choose(folder, "t4", 1, method="lora", frames=0, batch_size=2, gradient_checkpointing=False,
+                      cached=False, text_encoders=True, **kwargs)
+    assert len(tried) > 1 and all(t.options.text_encoders for t in tried)
+    assert main(["train", "--plan", "--model", folder, "--device", "t4", "--resolution", "64", "--lora-rank", "4",
+                 "--batch-size", "2", "--train-text-encoder", "--max-memory", "100GB"]) == 0
+    out = capsys.readouterr().out
+    assert "text embeddings" not in out and "the text encoders train (LoRA) and encode every batch" in out
+    assert "of which the text encoders' forward held for backward" in out
+    assert_plan_output_agrees(out)
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc to reset the RSS peak")
+def test_predicted_text_encoder_training_step_matches_measured_cpu_step(tmp_path):
+    """The step of `train --train-text-encoder` against a measured CPU one: the whole within the denoiser test's 15%,
+    and the part the trained text encoder adds (its forward held for backward, its LoRA's gradients) too; a plan
+    that ignored the flag predicted no part at all."""
+    from hf_precision.testing.pipelines import make_sd15, save_pipeline
+
+    # a text encoder wide and deep enough for its part to stand out of RSS: 12 layers of 256 over 77 tokens
+    pipe = make_sd15(size={"unet": {"block_out_channels": [32, 64], "layers_per_block": 1, "norm_num_groups": 8,
+                                    "cross_attention_dim": 256},
+                           "text_encoder": {"hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 12,
+                                            "num_attention_heads": 4}})
+    folder = save_pipeline(pipe, tmp_path / "sd15-text")
+    plain_predicted, plain_measured = _measured_step(folder, 2, 128)
+    predicted, measured = _measured_step(folder, 2, 128, text=True)
+    part_predicted, part_measured = predicted - plain_predicted, measured - plain_measured
+    print(f"predicted {predicted / 2**20:.1f} MiB, measured {measured / 2**20:.1f} MiB; text encoder part predicted "
+          f"{part_predicted / 2**20:.1f} MiB, measured {part_measured / 2**20:.1f} MiB")
+    assert part_measured > 8 * 2**20, part_measured  # large enough for RSS to resolve
+    assert abs(predicted - measured) <= 0.15 * measured, (predicted, measured)
+    assert abs(part_predicted - part_measured) <= 0.15 * part_measured, (part_predicted, part_measured)

@@ -50,6 +50,9 @@ def print_prediction(pred: Any, budget: int | None) -> None:
           f"{size_text(pred.grads)}, AdamW state {size_text(pred.optimizer)}")
     print(f"activations: train step {size_text(pred.activations)} (forward + backward), VAE encode "
           f"{size_text(pred.encode_activations)}")
+    if pred.text_held:
+        print(f"  of which the text encoders' forward held for backward: {size_text(pred.text_held)} (they train: "
+              f"encoded every batch with autograd on, alive until the denoiser's backward reaches them)")
     if pred.fp8_copies:
         print(f"  of which fp8 weight copies held for backward: {size_text(pred.fp8_copies)} (the fp8 layers compute "
               f"from upcast copies; autograd keeps those on the gradient's path until backward)")
@@ -104,15 +107,17 @@ def plan_command(args: argparse.Namespace, overrides: Any = None) -> int:
     if experts:  # the two experts have one shape: the memory below holds for either
         print(experts)
     kwargs = dict(method=handler.name, rank=args.lora_rank, resolution=resolution, frames=frames)
+    # the LoRA handler alone puts adapters on the text encoders (training/methods/lora.py program_train)
+    text = bool(getattr(args, "train_text_encoder", False)) and handler.name == "lora"
     if budget is None:
         pred = predict_training(args.model, device, options=Options(args.batch_size, args.gradient_checkpointing,
-                                                                    args.cache), overrides=overrides,
+                                                                    args.cache, text), overrides=overrides,
                                 _cached_model=m, **kwargs)
         print_prediction(pred, None)
         return 0
     pred, tried = choose(args.model, device, budget, batch_size=args.batch_size,
                          gradient_checkpointing=args.gradient_checkpointing, cached=args.cache,
-                         overrides=overrides, **kwargs)
+                         overrides=overrides, text_encoders=text, **kwargs)
     for other in tried[:-1]:  # its phases too: a setting that did not fit is told apart by the phase that broke it
         phases = ", ".join(f"{phase} {size_text(peak)}" for phase, peak in other.phases.items())
         print(f"  tried {other.options.describe()}: {phases}; peak {other.verdict(budget)}")

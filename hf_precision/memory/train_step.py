@@ -18,7 +18,7 @@ from ..errors import RecipeError
 from .counting import count_live_bytes, with_values
 from .stand_ins import standing_in
 
-__all__ = ["cast_floats", "held_fp8_copies", "step_activations", "store_fp8", "make_trainable"]
+__all__ = ["cast_floats", "held_fp8_copies", "step_activations", "store_fp8", "make_trainable", "text_encoder_held"]
 
 
 def cast_floats(value: Any, dtype: Any, key: str = "") -> Any:
@@ -129,6 +129,37 @@ def step_activations(module: Any, batch: Mapping[str, Any], objective: str, chec
         del loss
     grads = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
     return max(live.peak - grads, 0), copies  # gradients are counted once, below, with the optimizer
+
+
+def text_encoder_held(module: Any, batch: int, length: int) -> int:
+    """Bytes a trained text encoder's forward on ``batch`` captions of ``length`` tokens (at most its position table)
+    leaves alive: what it saved for backward and its output, held while the denoiser's step runs and until backward
+    reaches the encoder. Every layer's output is asked for, as SDXL's ``encode_prompt`` reads ``hidden_states[-2]``
+    (with autograd on, each is saved by the next layer's norm anyway).
+
+    Example:
+        >>> import torch
+        >>> from transformers import CLIPTextConfig, CLIPTextModel
+        >>> with torch.device("meta"):
+        ...     clip = CLIPTextModel(CLIPTextConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+        ...                                         num_attention_heads=2, max_position_embeddings=77))
+        >>> _ = make_trainable(clip, "lora", 2)
+        >>> text_encoder_held(clip, 2, 1000) == text_encoder_held(clip, 2, 77) > text_encoder_held(clip, 1, 77) > 0
+        True
+    """
+    import torch
+
+    length = min(length, int(getattr(module.config, "max_position_embeddings", length) or length))
+    ids = torch.zeros(batch, length, dtype=torch.long, device="meta")
+    module.train()
+    # a weight's view made in forward (linear's transpose, saved for backward) is counted with its storage's bytes:
+    # weights are counted apart, so their storages are left out here
+    weights = {t.untyped_storage()._cdata for t in itertools.chain(module.parameters(), module.buffers())}
+    with count_live_bytes(grad=True) as live:
+        out = module(input_ids=ids, output_hidden_states=True)
+        held = live.live - sum(entry[0] for key, entry in live.refs.items() if key in weights)
+        del out
+    return held
 
 
 # torch's own words when an op needs values a meta tensor does not have (.item(), .tolist(), nonzero, boolean

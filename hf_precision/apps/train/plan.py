@@ -30,10 +30,16 @@ class Options:
     batch_size: int
     gradient_checkpointing: bool
     cached: bool
+    text_encoders: bool = False  # --train-text-encoder: LoRA on every text encoder, encoded every step with autograd
 
     def describe(self) -> str:
-        cache = ("cached latents and text embeddings (VAE and text encoders off the device while training)"
-                 if self.cached else "encoders stay on the device and encode every batch")
+        if self.text_encoders:  # apps/train/batches.py: a text encoder that trains is never read from the cache
+            cache = ("cached latents (VAE off the device while training); the text encoders train (LoRA) and encode "
+                     "every batch" if self.cached else
+                     "encoders stay on the device and encode every batch; the text encoders train (LoRA)")
+        else:
+            cache = ("cached latents and text embeddings (VAE and text encoders off the device while training)"
+                     if self.cached else "encoders stay on the device and encode every batch")
         return f"batch size {self.batch_size}, gradient checkpointing {'on' if self.gradient_checkpointing else 'off'}, {cache}"
 
 
@@ -52,6 +58,7 @@ class TrainingPrediction:
     phases: dict[str, int]
     storage: dict[str, str] = dataclasses.field(default_factory=dict)  # the quantized components' layouts
     fp8_copies: int = 0  # of the activations: compute-dtype copies of fp8-stored weights held for backward
+    text_held: int = 0  # of the activations: what the trained text encoders' forward holds for backward
 
     @property
     def peak(self) -> int:
@@ -187,15 +194,20 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
         raise RecipeError(f"--plan: {type(module).__name__} reads values of its own tensors in forward ({err}), so "
                           f"its training step cannot be counted on the meta device; run train without --plan on a "
                           f"few --steps to measure it") from None
+    text_trainable, text_held = _text_encoder_parts(m, rank, options) if options.text_encoders else (0, 0)
+    trainable += text_trainable
+    activations += text_held
     weights = {n: c.total_bytes for n, c in m.plan.components.items()}
     # the denoiser's own weights that train become masters (counted below), no longer frozen storage
-    owned = den.total_bytes * trainable // max(den.params, 1) if method_of(method).every_weight else 0
+    owned = den.total_bytes * (trainable - text_trainable) // max(den.params, 1) if method_of(method).every_weight else 0
     frozen_den = weights[m.denoiser] - owned
     masters = trainable * 4
     grads = trainable * 4
     optimizer = trainable * 4 * ADAM_STATES
     encoders = sum(v for n, v in weights.items() if n != m.denoiser)
-    resident = frozen_den + (0 if options.cached else encoders)
+    # cached, the VAE and frozen text encoders leave the device (apps/train/cache.py offload_encoders); trained ones stay
+    texts = sum(v for n, v in weights.items() if n.startswith("text_encoder")) if options.text_encoders else 0
+    resident = frozen_den + (texts if options.cached else encoders)
     vae_dtype = getattr(torch, m.plan.components["vae"].compute) if "vae" in m.plan.components else compute
     encode = _encode_activations(m, vae_dtype, options.batch_size, resolution, frames)
     # Encoding (the cache pass before step 1, or every batch without a cache) runs with every component on the device.
@@ -203,7 +215,24 @@ def _predict(m: PlannedModel, method: str, rank: int, resolution: int, frames: i
               "train step": resident + masters + grads + optimizer + activations}
     storage = {n: c.storage for n, c in m.plan.components.items() if is_quantized(c.storage)}
     return TrainingPrediction(options, weights, trainable, masters, grads, optimizer, activations, encode, phases,
-                              storage, copies)
+                              storage, copies, text_held)
+
+
+def _text_encoder_parts(m: PlannedModel, rank: int, options: Options) -> tuple[int, int]:
+    """The text encoders as ``train --train-text-encoder`` trains them: their LoRA's trainable parameters (the
+    training layer's own injection, training.methods.lora) and the bytes their forward on one batch of captions
+    holds for backward (:func:`hf_precision.memory.train_step.text_encoder_held`)."""
+    import torch
+
+    from ...memory.train_step import make_trainable, text_encoder_held
+
+    trainable = held = 0
+    for name in [n for n in m.plan.components if n.startswith("text_encoder")]:
+        module = meta_module(m.index, m.configs, name, getattr(torch, m.plan.components[name].compute))
+        trainable += make_trainable(module, "lora", rank)
+        # --gradient-checkpointing checkpoints the denoiser alone (apps/train/prepare.py): the encoders save it all
+        held += text_encoder_held(module, options.batch_size, text_tokens(m.index))
+    return trainable, held
 
 
 def _encode_activations(m: PlannedModel, dtype: Any, batch: int, resolution: int, frames: int) -> int:
@@ -218,8 +247,10 @@ def _encode_activations(m: PlannedModel, dtype: Any, batch: int, resolution: int
     return vae_encode_peak(vae, shape, dtype, encode=vae_latents)
 
 
-def options_ladder(batch_size: int, gradient_checkpointing: bool, cached: bool) -> list[Options]:
-    """The settings to try, cheapest in speed first: as asked; cached; + gradient checkpointing; then halved batches.
+def options_ladder(batch_size: int, gradient_checkpointing: bool, cached: bool, text_encoders: bool = False
+                   ) -> list[Options]:
+    """The settings to try, cheapest in speed first: as asked; cached; + gradient checkpointing; then halved batches
+    (``text_encoders``, whether they train, is the run's choice and stays as given).
 
     Example:
         >>> [(o.batch_size, o.gradient_checkpointing, o.cached) for o in options_ladder(2, False, False)]
@@ -228,15 +259,15 @@ def options_ladder(batch_size: int, gradient_checkpointing: bool, cached: bool) 
     sizes = [batch_size]
     while sizes[-1] > 1:
         sizes.append(sizes[-1] // 2)
-    candidates = [Options(batch_size, gradient_checkpointing, cached)]
+    candidates = [Options(batch_size, gradient_checkpointing, cached, text_encoders)]
     for b in sizes:
-        candidates += [Options(b, gradient_checkpointing, True), Options(b, True, True)]
+        candidates += [Options(b, gradient_checkpointing, True, text_encoders), Options(b, True, True, text_encoders)]
     return list(dict.fromkeys(candidates))
 
 
 def choose(model: str, device: Any, budget: int, *, method: str, rank: int, resolution: int, frames: int,
-           batch_size: int, gradient_checkpointing: bool, cached: bool, overrides: Any = None
-           ) -> tuple[TrainingPrediction, list[TrainingPrediction]]:
+           batch_size: int, gradient_checkpointing: bool, cached: bool, overrides: Any = None,
+           text_encoders: bool = False) -> tuple[TrainingPrediction, list[TrainingPrediction]]:
     """The first prediction of :func:`options_ladder` that fits ``budget`` (else the least peak); and every one tried.
 
     Example:
@@ -252,7 +283,7 @@ def choose(model: str, device: Any, budget: int, *, method: str, rank: int, reso
     from ...memory.planner import choose as choose_fitting
 
     m = planned_model(model, device, overrides)
-    choice = choose_fitting(options_ladder(batch_size, gradient_checkpointing, cached),
+    choice = choose_fitting(options_ladder(batch_size, gradient_checkpointing, cached, text_encoders),
                             lambda opt: predict_training(model, device, method=method, rank=rank, resolution=resolution,
                                                          frames=frames, options=opt, overrides=overrides,
                                                          _cached_model=m), budget)
