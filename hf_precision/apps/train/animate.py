@@ -16,7 +16,6 @@ video of another size than the clip, a face video that is not square) is one lin
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,18 +46,10 @@ def animates(pipeline: str) -> bool:
 def _columns(folder: Path, names: Sequence[str]) -> dict[Path, dict[str, Any]]:
     """file_name (resolved) -> its metadata.jsonl row's values of the columns ``names`` (lines the caption reader
     refused are skipped: it names them)."""
-    meta = folder / "metadata.jsonl"
-    rows: dict[Path, dict[str, Any]] = {}
-    if not meta.is_file():
-        return rows
-    for line in meta.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            continue
-        if isinstance(row, dict) and "file_name" in row:
-            rows[(folder / str(row["file_name"])).resolve()] = {c: row[c] for c in names if c in row}
-    return rows
+    from .references import metadata_rows
+
+    return {(folder / str(row["file_name"])).resolve(): {c: row[c] for c in names if c in row}
+            for _, row in metadata_rows(folder)}
 
 
 def attach_animate(folder: Path, samples: Sequence[Any], reference_column: str, reference_dir: Any,

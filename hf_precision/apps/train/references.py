@@ -21,14 +21,37 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ...errors import RecipeError, excerpt
 
-__all__ = ["find_references", "attach_references", "check_reference_family", "edits_images", "prompt_reads_image",
+__all__ = ["metadata_rows", "find_references", "attach_references", "check_reference_family", "edits_images", "prompt_reads_image",
            "check_pairs", "edit_clip"]
+
+def metadata_rows(folder: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, row) of each line of ``folder``'s metadata.jsonl that is a JSON object with a ``file_name``;
+    the lines the caption reader refuses (and names) are skipped, as is a folder without one.
+
+    Example:
+        >>> import tempfile
+        >>> d = Path(tempfile.mkdtemp())
+        >>> _ = (d / "metadata.jsonl").write_text('{"file_name": "a.png"}\\nnot json\\n{"text": "x"}\\n')
+        >>> list(metadata_rows(d)), list(metadata_rows(d / "none"))
+        ([(1, {'file_name': 'a.png'})], [])
+    """
+    meta = folder / "metadata.jsonl"
+    if not meta.is_file():
+        return
+    for n, line in enumerate(meta.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        try:
+            row = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # named by the caption reader
+        if isinstance(row, dict) and "file_name" in row:
+            yield n, row
+
 
 def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, Path]:
     """target -> reference from metadata.jsonl's ``column`` (lines _from_metadata refused are skipped here)."""
@@ -36,14 +59,8 @@ def _from_column(folder: Path, column: str, problems: list[str]) -> dict[Path, P
 
     meta = folder / "metadata.jsonl"
     found: dict[Path, Path] = {}
-    if not meta.is_file():
-        return found
-    for n, line in enumerate(meta.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
-        try:
-            row = json.loads(line) if line.strip() else None
-        except json.JSONDecodeError:
-            continue  # named by the caption reader
-        if not isinstance(row, dict) or column not in row or "file_name" not in row:
+    for n, row in metadata_rows(folder):
+        if column not in row:
             continue
         where, value = f"{meta}: line {n}: reference column {column!r}", row[column]
         if not (isinstance(value, str) and value.strip()):
