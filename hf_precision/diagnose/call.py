@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from torch import nn
 
 __all__ = ["default_call", "pipeline_modules", "call_params", "schedulable", "steps_problem", "needed_inputs", "call_inputs",
-           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt", "size_refused"]
+           "frames_argument", "fitted_to_area", "sized_inputs", "default_negative_prompt", "size_refused", "call_defaults", "taken"]
 
 # The names a video pipeline's __call__ takes its frame count by: num_frames (most), video_length (Latte), frames
 # (Sana-Video, pipeline_sana_video.py:725). Every command that sets a frame count asks frames_argument, so a pipeline
@@ -337,6 +337,22 @@ def default_negative_prompt(pipe: Any) -> str | None:
     return shipped_video(type(pipe)).get("negative_prompt")
 
 
+def taken(params: Mapping[str, Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``kwargs`` a call with ``params`` (:func:`call_params`) takes: every one where it takes ``**kwargs`` or its
+    parameters are unknown, else those it names (SD upscale's call has no height or width: it makes its input's size).
+
+    Example:
+        >>> import inspect
+        >>> taken(inspect.signature(lambda prompt, image=None: 0).parameters, {"image": 1, "height": 8})
+        {'image': 1}
+        >>> taken(inspect.signature(lambda prompt, **kw: 0).parameters, {"height": 8})
+        {'height': 8}
+    """
+    if not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(kwargs)
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
 def call_defaults(pipe: Any) -> dict[str, Any]:
     """What a call of ``pipe`` needs beside its inputs, though its signature defaults it: the recipe's
     ``video.default_call_args`` and ``negative_prompt`` (EasyAnimate's chat template fails on None), binning off (the
@@ -427,7 +443,7 @@ def default_call(pipe: Any, inputs: Mapping[str, Any] | None = None) -> Callable
             kwargs["num_inference_steps"] = fewest_steps(type(pipe), steps, strength) or steps
     kwargs.update(fitted_to_area(params, (side, side), kwargs.get("image")))  # Flux Kontext: the tiny call's size
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in kwargs.items() if accepts_any or k in params or not params}
+    kwargs = taken(params, kwargs)
 
     def run(p: Any) -> Any:
         if "generator" in params or accepts_any:

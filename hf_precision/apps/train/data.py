@@ -415,6 +415,22 @@ def to_pixels(sample: Sample, frames: int | None = None) -> Any:
     return t / 127.5 - 1.0
 
 
+def to_pictures(pixels: Any) -> list[Any]:
+    """:func:`to_pixels`' inverse: (3, H, W) or (3, F, H, W) in [-1, 1] -> a PIL image per frame, as a pipeline's
+    ``__call__`` takes its input pictures.
+
+    Example:
+        >>> import torch
+        >>> [p.size for p in to_pictures(torch.zeros(3, 2, 8, 16))], to_pictures(torch.ones(3, 4, 4))[0].getpixel((0, 0))
+        ([(16, 8), (16, 8)], (255, 255, 255))
+    """
+    from PIL import Image
+
+    frames = pixels.unbind(1) if pixels.dim() == 4 else [pixels]
+    return [Image.fromarray(((f.float() + 1) * 127.5).round().clamp(0, 255).byte().permute(1, 2, 0).numpy())
+            for f in frames]
+
+
 # --------------------------------------------------------------------------------------------- order
 
 
@@ -488,21 +504,15 @@ class TrainData:
         s = self.samples[i]
         if s.pose is None or s.face is None or s.reference is None:
             return {}
-        pose = ((to_pixels(dataclasses.replace(s, path=s.pose), self.frames) + 1.0) * 127.5).round().clamp(0, 255)
         return {"image": open_image(s.reference),
-                "pose_video": [Image.fromarray(f.byte().permute(1, 2, 0).numpy()) for f in pose.unbind(1)],
+                "pose_video": to_pictures(to_pixels(dataclasses.replace(s, path=s.pose), self.frames)),
                 "face_video": [Image.fromarray(f) for f in _read_clip(s.face, self.frames)]}
 
     def reference_image(self, i: int) -> Any:
         """Sample ``i``'s reference as a PIL image at its target's bucket (the pixels its reference latents come
         from), for a pipeline that encodes the prompt with it; None when it has none."""
-        from PIL import Image
-
         s = self.samples[i]
-        if s.reference is None:
-            return None
-        pixels = (to_pixels(dataclasses.replace(s, path=s.reference)) + 1.0) * 127.5
-        return Image.fromarray(pixels.round().clamp(0, 255).byte().permute(1, 2, 0).numpy())
+        return None if s.reference is None else to_pictures(to_pixels(dataclasses.replace(s, path=s.reference)))[0]
 
 
 def read_data(data: str | Path, geometry: ModelGeometry, resolution: int, *, frames: int | None = None,

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ...diagnose.call import call_defaults, call_params, frames_argument
+from ...diagnose.call import call_defaults, call_params, frames_argument, taken
 from ...training.methods import method_of
 from ..outputs import written_atomically
 from .sharded import save_full_model
@@ -80,20 +80,17 @@ def validation_inputs(pipe: Any, data: Any, size: tuple[int, int] | None = None)
     from PIL import Image
 
     from ...diagnose.call import call_inputs, fitted_to_area, sized_inputs
+    from .data import to_pictures
 
     cls = pipe if isinstance(pipe, type) else type(pipe)
     needed = call_inputs(cls)
     if not needed or not data.samples:
         return {}
     width, height = data.samples[0].bucket
-
-    def pictures(pixels: Any) -> list[Any]:  # (3, H, W) or (3, F, H, W) in [-1, 1] -> PIL, a frame each
-        return [Image.fromarray(((f.permute(1, 2, 0).float().numpy() + 1) * 127.5).round().clip(0, 255)
-                                .astype(np.uint8)) for f in (pixels.unbind(1) if pixels.dim() == 4 else [pixels])]
-
-    frames = pictures(data.pixels([0])[0])
-    reference = data.reference_pixels([0]) if not data.frames and hasattr(data, "reference_pixels") else None
-    picture = pictures(reference[0])[0] if reference is not None else frames[0]
+    frames = to_pictures(data.pixels([0])[0])
+    # an edit model's reference (a first-frame edit model's is already its clip's first frame: references.edit_clip)
+    reference = data.reference_image(0) if not data.frames and hasattr(data, "reference_image") else None
+    picture = reference if reference is not None else frames[0]
     mask = np.zeros((height, width), np.uint8)
     mask[height // 4:3 * height // 4, width // 4:3 * width // 4] = 255
     made = {"image": picture, "control_image": picture, "mask_image": Image.fromarray(mask).convert("RGB"),
@@ -148,7 +145,7 @@ def validate(run: Any, step: int) -> Path | None:
         # by name, and only where the call takes one (SVD's and Wan Animate's first parameter is their image); only
         # what the call takes (SD upscale's makes its input's size: no height or width)
         prompt = {"prompt": s.validation_prompt} if "prompt" in params else {}
-        kwargs = {k: v for k, v in kwargs.items() if k in params or any(p.kind is p.VAR_KEYWORD for p in params.values())}
+        kwargs = taken(params, kwargs)
         generator = torch.Generator("cpu").manual_seed(s.seed)
         out = pipe(generator=generator, **prompt, **quiet_call(pipe, kwargs))
     offload_encoders(run, "cpu", True)
