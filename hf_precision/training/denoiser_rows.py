@@ -25,7 +25,8 @@ from .inputs.registry import config_value
 from .rules import TrainingError
 
 __all__ = ["DenoiserRow", "ROWS", "add_rows", "row_of", "no_row", "condition_channels", "condition_of",
-           "condition_made", "built_keys", "check_built", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value"]
+           "condition_made", "built_keys", "check_built", "noisy_inputs", "call_inputs", "example_batch", "model_output", "config_value",
+           "text_length"]
 
 TOKENS = ("flux", "ltx")  # packings that turn latents into a token sequence (the target is packed the same way)
 PACKED = (*TOKENS, "patch")  # packings whose target is packed as the latents are (patch: 2x2 patches into channels)
@@ -317,6 +318,23 @@ def _pack(row: DenoiserRow, x: torch.Tensor) -> Any:
     return x.reshape(b, c, f * h * w).transpose(1, 2)
 
 
+def text_length(row: DenoiserRow, config: Mapping[str, Any], key: str) -> int | None:
+    """The tokens the denoiser was built to take under conditioning ``key``: its row's ``text_len``, a number or a
+    config key (CogVideoX pads the prompt to ``max_text_seq_length``, HunyuanDiT to ``text_len`` / ``text_len_t5``:
+    their position or padding tables); None where the row fixes none.
+
+    Example:
+        >>> row = DenoiserRow("hidden_states", "", text_len={"prompt_embeds": "max_text_seq_length", "image_embeds": 257})
+        >>> [text_length(row, {"max_text_seq_length": 226}, k) for k in ("prompt_embeds", "image_embeds", "x")]
+        [226, 257, None]
+    """
+    length = row.text_len.get(key)
+    if isinstance(length, int):
+        return length
+    value = config.get(length) if length else None
+    return int(value) if value else None
+
+
 def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8, frames: int = 2, tokens: int = 4,
                   seed: int = 0, latent: tuple[int, ...] | None = None, device: Any = None) -> dict[str, torch.Tensor]:
     """A small random batch shaped for ``module`` from its config: latents (VAE layout) and conditioning; ``latent``:
@@ -351,9 +369,8 @@ def example_batch(module: torch.nn.Module, batch_size: int = 1, *, side: int = 8
             pooled = int(config["projection_class_embeddings_input_dim"]) - 6 * int(config["addition_time_embed_dim"])
             batch["pooled_prompt_embeds"] = randn(batch_size, pooled)
         # CogVideoX pads the prompt to max_text_seq_length, HunyuanDiT to text_len / text_len_t5 (its padding table)
-        length = row.text_len.get(key, "")
-        if not isinstance(length, int):  # a config key; else the prompt, one token for an image embedding (SVD)
-            length = int(config.get(length) or (1 if key == "image_embeds" else tokens))
+        # else the prompt, one token for an image embedding (SVD)
+        length = text_length(row, config, key) or (1 if key == "image_embeds" else tokens)
         shape = (batch_size, int(dim)) if key == "pooled_prompt_embeds" else (batch_size, length, int(dim))
         layers = config.get(row.text_layers[key]) if key in row.text_layers else None
         if isinstance(layers, int):  # that many hidden states stacked per token (Krea 2's num_text_layers)

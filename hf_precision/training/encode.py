@@ -230,9 +230,9 @@ def encode_prompt(tp: Any, prompts: str | list[str], **options: Any) -> dict[str
     batch: dict[str, torch.Tensor] = {}
     for extra, names in (({}, row.encode), *row.encode_more):
         kwargs = {**wanted, **options, **extra}
-        length = config.get(row.text_len.get(str(names[0]), ""))
+        length = denoiser_rows.text_length(row, config, str(names[0]))
         if length:  # CogVideoX, HunyuanDiT: the denoiser was built for prompts of exactly this many tokens
-            kwargs["max_sequence_length"] = int(length)
+            kwargs["max_sequence_length"] = length
         kwargs = {k: v for k, v in kwargs.items() if k in params}
         # SD3 requires prompt_2/prompt_3 (no defaults); None makes it reuse `prompt`, as its __call__ does
         kwargs.update({k: None for k, p in params.items() if k.startswith("prompt_") and k not in kwargs

@@ -107,12 +107,11 @@ def _prompt_length(tp: Any, pipe: Any) -> dict[str, int]:
     """``max_sequence_length`` where the denoiser was built for prompts of exactly as many tokens as training pads
     them to (its row's ``text_len``: CogVideoX's ``max_text_seq_length``; the call's default, 226, fails inside
     diffusers' joint position table on a model built for another length)."""
-    from ...training.denoiser_rows import row_of
+    from ...training.denoiser_rows import row_of, text_length
 
     denoiser = tp._denoiser()
-    key = row_of(denoiser).text_len.get("prompt_embeds")
-    length = key if isinstance(key, int) else getattr(denoiser, "config", {}).get(key or "")
-    return {"max_sequence_length": int(length)} if length and "max_sequence_length" in call_params(pipe) else {}
+    length = text_length(row_of(denoiser), getattr(denoiser, "config", {}), "prompt_embeds")
+    return {"max_sequence_length": length} if length and "max_sequence_length" in call_params(pipe) else {}
 
 
 def validate(run: Any, step: int) -> Path | None:
